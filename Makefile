@@ -1,0 +1,98 @@
+# minite — `make` builds build/libminite.so (the preloaded shim) and build/minite (the CLI).
+#
+#   make test          CPU tests (what CI runs); closes with "tests: N passed, N failed, N skipped"
+#   make test SAN=1    the same under AddressSanitizer + UndefinedBehaviorSanitizer (in build-san/)
+#   make fuzz          libFuzzer on the spec parser for FUZZ_SECONDS
+#   make gputest       GPU tests (device machine: H200, sm_90)
+#   make bench         kernel benchmarks (device machine); writes build/bench.json
+#
+# The shim links no cuBLAS and no CUDA runtime: it finds cuBLAS already loaded in the process and
+# reaches the GPU through the driver API (libcuda.so.1 via dlopen), with its kernels embedded as
+# sm_90a fatbins. README.md says why.
+
+CUDA_HOME    ?= /usr/local/cuda
+NVCC         ?= $(CUDA_HOME)/bin/nvcc
+PYTHON       ?= python3
+CLANG        ?= clang
+SAN          ?= 0
+FUZZ_SECONDS ?= 60
+
+B := build
+ifeq ($(SAN),1)
+B := build-san
+SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+endif
+
+CFLAGS  := -std=c11 -O2 -g -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -fPIC \
+           -fvisibility=hidden -D_GNU_SOURCE -I. -I$(CUDA_HOME)/include $(SANFLAGS)
+LDLIBS  := -ldl -lpthread -lm
+NVFLAGS := -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --Werror all-warnings -I.
+
+SPEC_OBJ := $(patsubst %.c,$(B)/%.o,$(wildcard spec/*.c))
+SHIM_OBJ := $(patsubst %.c,$(B)/%.o,$(wildcard shim/*.c))
+KERN_OBJ := $(patsubst %.c,$(B)/%.o,$(wildcard kernels/*.c))
+KERN_CU  := $(wildcard kernels/*.cu)
+FATBIN_OBJ := $(patsubst kernels/%.cu,$(B)/kernels/%.fatbin.o,$(KERN_CU))
+LIB_OBJ  := $(SPEC_OBJ) $(SHIM_OBJ) $(KERN_OBJ) $(FATBIN_OBJ)
+
+CPU_TESTS := $(patsubst tests/cpu/%.c,$(B)/tests/cpu/%,$(wildcard tests/cpu/test_*.c))
+GPU_TESTS := $(patsubst tests/gpu/%.c,$(B)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
+PY_CPU_TESTS := $(wildcard tests/cpu/test_*.py)
+SH_CPU_TESTS := $(wildcard tests/cpu/test_*.sh)
+
+.PHONY: all test gputest bench fuzz clean
+all: $(B)/libminite.so $(B)/minite
+
+$(B)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+# One fatbin per kernel file, embedded as the bytes of a hidden symbol mt_fatbin_<file>.
+$(B)/kernels/%.fatbin: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -fatbin -o $@ $<
+
+$(B)/kernels/%.fatbin.o: $(B)/kernels/%.fatbin kernels/fatbin.S
+	$(CC) -c -x assembler-with-cpp -DMT_FATBIN_PATH='"$<"' -DMT_FATBIN_SYM=mt_fatbin_$* \
+	    kernels/fatbin.S -o $@
+
+# Everything the library holds, as an archive the tests link against (they pull only what they use).
+$(B)/libmt.a: $(LIB_OBJ)
+	@rm -f $@
+	$(AR) rcs $@ $^
+
+$(B)/libminite.so: $(LIB_OBJ)
+	$(CC) -shared $(SANFLAGS) -Wl,-z,defs -Wl,--exclude-libs,ALL -o $@ $^ $(LDLIBS)
+
+$(B)/minite: $(B)/scripts/minite.o $(B)/libmt.a
+	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/tests/cpu/%: $(B)/tests/cpu/%.o $(B)/libmt.a
+	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/tests/gpu/%: $(B)/tests/gpu/%.o $(B)/libmt.a
+	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
+
+# Rules of test fixtures that need more than one object (fake cuBLAS libraries, ...).
+-include tests/cpu/rules.mk
+
+test: all $(CPU_TESTS) $(TEST_FIXTURES)
+	@MT_BUILD=$(B) MT_SAN=$(SAN) PYTHON=$(PYTHON) tests/run $(CPU_TESTS) \
+	    $(addprefix $(PYTHON) ,$(PY_CPU_TESTS)) $(addprefix bash ,$(SH_CPU_TESTS))
+
+gputest: all $(GPU_TESTS)
+	@MT_BUILD=$(B) PYTHON=$(PYTHON) tests/run $(GPU_TESTS) \
+	    $(addprefix $(PYTHON) ,$(wildcard tests/gpu/test_*.py))
+
+$(B)/fuzz_spec: tests/fuzz_spec.c spec/spec.c spec/spec.h
+	@mkdir -p $(B)
+	$(CLANG) -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined $< spec/spec.c -o $@
+
+fuzz: $(B)/fuzz_spec
+	@mkdir -p $(B)/fuzz-corpus
+	$(B)/fuzz_spec -max_total_time=$(FUZZ_SECONDS) -max_len=4096 $(B)/fuzz-corpus tests/fuzz-seeds
+
+clean:
+	rm -rf build build-san
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

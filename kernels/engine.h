@@ -1,0 +1,87 @@
+/* engine.h — the NVFP4 W4A4 engine: the C API that the shim calls to run one routed GEMM.
+ *
+ * Runs on the CUDA driver API only (libcuda.so.1 through dlopen, see kernels/driver.h): no CUDA
+ * runtime, no cuBLAS. Kernels come from a fatbin built for sm_90a and embedded in the library; a
+ * module is loaded once per CUDA context, on first use.
+ *
+ * Shapes are in token terms, row-major: x[M][K] activations, W[N][K] weight (N output channels),
+ * y[M][N] = x . W^T. A cuBLAS TN call (m = N, n = M, k = K, A = W, B = x, C = y) maps onto it
+ * directly: lda, ldb and ldc are the row strides below.
+ *
+ * Every function returns MT_OK or a status the shim turns into a counted fallback reason; none of
+ * them synchronizes the caller's stream, allocates memory or reads device memory back to the host
+ * except where it says so.
+ */
+#ifndef MT_ENGINE_H
+#define MT_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spec/spec.h"
+
+typedef struct CUstream_st *mt_stream; /* a CUstream (== cudaStream_t) */
+
+enum mt_status {
+  MT_OK = 0,
+  MT_ERR_NO_DRIVER,    /* libcuda.so.1 or a needed entry point not found */
+  MT_ERR_NO_DEVICE,    /* no current context, or the device is not sm_90 */
+  MT_ERR_UNSUPPORTED,  /* a shape, type or stride the kernels do not take */
+  MT_ERR_CAPTURE,      /* would need to load or allocate while the stream is capturing */
+  MT_ERR_NOMEM,        /* the workspace given is too small, or an allocation failed */
+  MT_ERR_CUDA,         /* a driver call or launch failed */
+};
+const char *mt_status_name(enum mt_status s);
+
+enum mt_dtype { MT_DTYPE_BF16, MT_DTYPE_FP16, MT_DTYPE_FP32 };
+
+/* The numerics of the spec that the kernels need. */
+typedef struct {
+  enum mt_scale act_scale;
+  enum mt_scale weight_scale;
+  enum mt_wblock weight_block;
+} mt_numerics;
+
+void mt_numerics_from_spec(const mt_spec *s, mt_numerics *n);
+
+/* A weight quantized into the GEMM's layout (device memory the caller owns). */
+typedef struct {
+  int n, k;
+  mt_numerics num;
+  void *data;   /* codes and scales, in the order the GEMM reads them */
+  float *outer; /* S: n floats (row) or 1 (tensor) */
+} mt_qweight;
+
+/* Bytes of device memory a quantized n x k weight takes (data and outer together). */
+size_t mt_qweight_bytes(int n, int k, const mt_numerics *num);
+
+/* Point q at `mem` (mt_qweight_bytes of device memory) for an n x k weight. */
+int mt_qweight_bind(mt_qweight *q, int n, int k, const mt_numerics *num, void *mem);
+
+/* Quantize W (n rows of k, row stride ldw, BF16 or FP16) into q on `stream`. */
+int mt_quantize_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, mt_stream stream);
+
+/* One routed GEMM:  y = acc * ((1/S_a[i]) * (1/S_w[j])) * alpha + beta * c + bias, one RNE cast. */
+typedef struct {
+  int m, n, k;             /* tokens, output channels, inner */
+  const void *x;           /* [m][k], row stride ldx, type xtype */
+  size_t ldx;
+  enum mt_dtype xtype;     /* BF16 or FP16 */
+  const mt_qweight *w;     /* [n][k] */
+  void *y;                 /* [m][n], row stride ldy, type ytype (BF16 or FP16) */
+  size_t ldy;
+  enum mt_dtype ytype;
+  const void *c;           /* beta's operand, [m][n], row stride ldc, type ytype; may be y */
+  size_t ldc;
+  const void *bias;        /* [n] or NULL, type biastype */
+  enum mt_dtype biastype;  /* BF16, FP16 or FP32 */
+  float alpha, beta;
+  void *workspace;         /* device scratch of at least mt_gemm_workspace_bytes(m, k, ...) */
+  size_t workspace_bytes;
+} mt_gemm_args;
+
+size_t mt_gemm_workspace_bytes(int m, int k, const mt_numerics *num);
+
+int mt_gemm(const mt_gemm_args *a, mt_stream stream);
+
+#endif

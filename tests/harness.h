@@ -1,0 +1,77 @@
+/* harness.h — the tests' harness, one header for CPU and GPU tests.
+ *
+ * A test is a `static void name(void)` run by RUN(name). CHECK and CHECKF record a failure and
+ * go on (so one run shows every broken assertion of a test); SKIP ends the test as skipped with
+ * a reason, never as passed. mt_test_done() prints the program's counts as a line
+ * "#mt-counts PASSED FAILED SKIPPED", which tests/run sums into the closing line of `make test`,
+ * and returns the exit status.
+ */
+#ifndef MT_TESTS_HARNESS_H
+#define MT_TESTS_HARNESS_H
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#define MT_TEST_MAX_MESSAGES 8 /* per test; more failures are counted, not printed */
+
+static int mt_t_passed, mt_t_failed, mt_t_skipped;
+static int mt_t_cur_failures, mt_t_cur_skipped;
+
+__attribute__((format(printf, 4, 5), unused)) static void
+mt_t_fail(const char *file, int line, const char *expr, const char *fmt, ...) {
+  if (mt_t_cur_failures++ >= MT_TEST_MAX_MESSAGES)
+    return;
+  printf("    %s:%d: CHECK(%s) failed", file, line, expr);
+  if (fmt[0]) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf(": ");
+    vprintf(fmt, ap);
+    va_end(ap);
+  }
+  printf("\n");
+}
+
+#define CHECK(cond) CHECKF(cond, "%s", "")
+#define CHECKF(cond, ...)                                                                          \
+  do {                                                                                             \
+    if (!(cond))                                                                                   \
+      mt_t_fail(__FILE__, __LINE__, #cond, __VA_ARGS__);                                           \
+  } while (0)
+
+/* End the current test as skipped; the reason is printed. */
+#define SKIP(...)                                                                                  \
+  do {                                                                                             \
+    mt_t_cur_skipped = 1;                                                                          \
+    printf("    skipped: ");                                                                       \
+    printf(__VA_ARGS__);                                                                           \
+    printf("\n");                                                                                  \
+    return;                                                                                        \
+  } while (0)
+
+#define RUN(fn) mt_t_run(#fn, fn)
+
+__attribute__((unused)) static void mt_t_run(const char *name, void (*fn)(void)) {
+  mt_t_cur_failures = 0;
+  mt_t_cur_skipped = 0;
+  fn();
+  if (mt_t_cur_failures) {
+    mt_t_failed++;
+    printf("FAIL %s (%d failed checks)\n", name, mt_t_cur_failures);
+  } else if (mt_t_cur_skipped) {
+    mt_t_skipped++;
+    printf("skip %s\n", name);
+  } else {
+    mt_t_passed++;
+    printf("ok   %s\n", name);
+  }
+  fflush(stdout);
+}
+
+__attribute__((unused)) static int mt_test_done(void) {
+  printf("#mt-counts %d %d %d\n", mt_t_passed, mt_t_failed, mt_t_skipped);
+  fflush(stdout);
+  return mt_t_failed ? 1 : 0;
+}
+
+#endif
