@@ -73,8 +73,9 @@ $(B)/tests/cpu/%: $(B)/tests/cpu/%.o $(B)/libmt.a
 $(B)/tests/gpu/%: $(B)/tests/gpu/%.o $(B)/libmt.a
 	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
 
-# Rules of test fixtures that need more than one object (fake cuBLAS libraries, ...).
--include tests/cpu/rules.mk
+# Rules of test fixtures and tools that need more than one object (fake cuBLAS libraries, ...):
+# each area keeps its own fragment, tests/cpu/<area>.mk, adding its targets to TEST_FIXTURES.
+-include $(wildcard tests/cpu/*.mk)
 
 test: all $(CPU_TESTS) $(TEST_FIXTURES)
 	@MT_BUILD=$(B) MT_SAN=$(SAN) PYTHON=$(PYTHON) tests/run $(CPU_TESTS) \
