@@ -44,12 +44,16 @@ typedef struct {
 
 void mt_numerics_from_spec(const mt_spec *s, mt_numerics *n);
 
-/* A weight quantized into the GEMM's layout (device memory the caller owns). */
+/* A weight quantized for the GEMM (device memory the caller owns, laid out by mt_qweight_bind):
+ * the exact BF16 dequantized weight that the tensor cores read at large M, and the packed NVFP4
+ * codes and scales that the small-M path streams at 4.5 bits per weight. */
 typedef struct {
   int n, k;
   mt_numerics num;
-  void *data;   /* codes and scales, in the order the GEMM reads them */
-  float *outer; /* S: n floats (row) or 1 (tensor) */
+  uint16_t *xhat;   /* [n][k] BF16: e2m1(code) * scale, exact; the outer scale is not applied */
+  uint8_t *codes;   /* [n][k/2] E2M1 codes, spec/nvfp4.h layout */
+  uint8_t *scales;  /* [n][k/16] E4M3 block scales, spec/nvfp4.h layout */
+  float *outer;     /* S: n floats (row) or 1 (tensor) */
 } mt_qweight;
 
 /* Bytes of device memory a quantized n x k weight takes (data and outer together). */

@@ -1,0 +1,27 @@
+/* gemm.h — launchers of the W4A4 GEMM kernels (kernels/gemm.cu), called by the engine after the
+ * activations are quantized.
+ *
+ * Both paths multiply exact BF16 dequantized operands with the same wgmma instruction
+ * (m64nNk16, BF16 in, FP32 accumulate) over K in one fixed order, one CTA per output tile, no
+ * split-K and no atomics, so a row's result does not depend on M, on its position or on the path
+ * (tests/gpu/test_kernels.c proves it bitwise). The small-M path streams the packed NVFP4 weight
+ * and decodes it in registers; the large-M path reads the BF16 dequantized weight through TMA.
+ */
+#ifndef MT_GEMM_H
+#define MT_GEMM_H
+
+#include "kernels/engine.h"
+
+/* The quantized activations the engine prepared in its workspace. */
+typedef struct {
+  const uint16_t *xhat; /* [m][k] BF16 dequantized activations (exact), row stride k */
+  const float *outer;   /* S_a: m floats (row) or 1 (tensor) */
+} mt_qact;
+
+/* Rows up to which the small-M (weight-streaming) path runs. */
+#define MT_GEMM_SMALL_M 64
+
+/* Run a->y = ... for the activations q (a->x is not read here). */
+int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream);
+
+#endif
