@@ -74,8 +74,9 @@ $(B)/tests/gpu/%: $(B)/tests/gpu/%.o $(B)/libmt.a
 	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
 
 # Rules of test fixtures and tools that need more than one object (fake cuBLAS libraries, ...):
-# each area keeps its own fragment, tests/cpu/<area>.mk, adding its targets to TEST_FIXTURES.
--include $(wildcard tests/cpu/*.mk)
+# each area keeps its own fragment (tests/cpu/<area>.mk, tests/gpu/<area>.mk, scripts/<area>.mk),
+# adding what `make test` needs to TEST_FIXTURES.
+-include $(wildcard tests/cpu/*.mk tests/gpu/*.mk scripts/*.mk)
 
 test: all $(CPU_TESTS) $(TEST_FIXTURES)
 	@MT_BUILD=$(B) MT_SAN=$(SAN) PYTHON=$(PYTHON) tests/run $(CPU_TESTS) \
