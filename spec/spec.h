@@ -24,6 +24,10 @@
  *
  * With format = bf16 nothing is quantized: routed GEMMs run in cuBLAS BF16 and only the statistics
  * differ from an unrouted run; the nvfp4 knobs must then be absent.
+ *
+ * Spacing around "=" is free, lines may end in CRLF, a leading UTF-8 byte order mark is skipped;
+ * keywords and values are lower case. Each knob is given once, each route listed once. Lines are
+ * at most MT_SPEC_LINE_MAX bytes of printable ASCII and tabs (comments may hold UTF-8).
  */
 #ifndef MT_SPEC_H
 #define MT_SPEC_H
@@ -35,6 +39,7 @@
 #define MT_SPEC_MAX_ROUTES 64
 #define MT_SPEC_LINE_MAX 1024  /* longer lines are an error, not truncated */
 #define MT_SPEC_FILE_MAX (1 << 20)
+#define MT_SPEC_CANONICAL_MAX 4096 /* holds the canonical text of any spec (64 routes included) */
 
 enum mt_format { MT_FORMAT_BF16, MT_FORMAT_NVFP4 };
 enum mt_scale { MT_SCALE_ROW, MT_SCALE_TENSOR };
@@ -73,7 +78,8 @@ typedef struct {
 } mt_spec_errors;
 
 /* Parse spec text of `len` bytes (need not be NUL-terminated). Returns 0 and fills *out, or -1 and
- * fills *errs (every error found, not only the first). Never crashes on any input. */
+ * fills *errs (every error found, not only the first) leaving *out unchanged. Never crashes on any
+ * input. errs may be NULL; every function here resets *errs first. */
 int mt_spec_parse(const char *text, size_t len, mt_spec *out, mt_spec_errors *errs);
 
 /* Read and parse a file; an unreadable or oversized file is one error with line 0. */
@@ -85,18 +91,26 @@ int mt_spec_builtin(const char *name, mt_spec *out);
 /* Names of the built-ins, NULL-terminated. */
 extern const char *const mt_spec_builtin_names[];
 
-/* MINITE_SPEC's value: a built-in name, else a file path. */
+/* A built-in's one-line description, and its spec text; NULL when there is none of that name. */
+const char *mt_spec_builtin_about(const char *name);
+const char *mt_spec_builtin_text(const char *name);
+
+/* MINITE_SPEC's value: a built-in name, else a file path (a file named like a built-in is read
+ * as "./name"). */
 int mt_spec_load(const char *name_or_path, mt_spec *out, mt_spec_errors *errs);
 
 /* Add routes from MINITE_ROUTE's syntax: "1536x2048,2048x768" (commas and/or spaces). Routes
- * already present are kept once. Returns 0, or -1 with one error (line 0) naming the bad item. */
+ * already present are kept once; NULL or an empty list adds nothing. Returns 0, or -1 with one
+ * error (line 0) naming the bad item, leaving *s unchanged. */
 int mt_spec_add_routes(mt_spec *s, const char *list, mt_spec_errors *errs);
 
 /* 1 when a weight of out x in is routed. */
 int mt_spec_routes(const mt_spec *s, uint32_t out, uint32_t in);
 
-/* The canonical text: knobs in a fixed order with single spaces, then one route per line sorted;
- * no comments, no name. Returns the length written (or needed, snprintf-style). */
+/* The canonical text: knobs in a fixed order, "key = value" with single spaces (format = bf16
+ * alone for bf16), then "route OUTxIN" one per line sorted by (out, in); no comments, no name;
+ * each line ends in "\n". Returns the length written (or needed, snprintf-style: buf may be NULL
+ * when size is 0). */
 size_t mt_spec_canonical(const mt_spec *s, char *buf, size_t size);
 
 /* FNV-1a 64 of the canonical text. */

@@ -1,0 +1,131 @@
+/* minite.c — the command-line tool (build/minite): list, show and check execution specs.
+ *
+ *   minite spec list                          the built-ins, one per line with a description
+ *   minite spec show NAME|PATH [--route LIST] a spec's canonical text and fingerprint
+ *   minite spec check PATH...                 parse spec files; report every error
+ *
+ * Results go to stdout, errors to stderr. Exit status: 0 success, 2 bad spec or bad usage.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "spec/spec.h"
+
+#define EXIT_BAD 2
+
+static const char usage_text[] =
+    "usage: minite spec list\n"
+    "       minite spec show NAME|PATH [--route OUTxIN,...]\n"
+    "       minite spec check PATH...\n"
+    "\n"
+    "  spec list   the built-in specs, one per line with a description\n"
+    "  spec show   a built-in (by name) or a spec file: '# name: X', the canonical text,\n"
+    "              then 'fingerprint: <16 hex digits>'; --route adds routes as MINITE_ROUTE does\n"
+    "  spec check  parse spec files: 'PATH: ok (fingerprint ...)' or one line per error\n"
+    "              'PATH:LINE: what is wrong' on stderr, and exit status 2\n"
+    "\n"
+    "Environment of the preloaded library: MINITE_SPEC=NAME|PATH selects the spec,\n"
+    "MINITE_ROUTE=OUTxIN,... adds routes (weight shapes out x in) to it.\n";
+
+__attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "minite: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n%s", usage_text);
+  va_end(ap);
+  return EXIT_BAD;
+}
+
+/* `where` is the path (or name) the errors belong to. */
+static void print_errors(const char *where, const mt_spec_errors *errs) {
+  for (int i = 0; i < errs->n; i++) {
+    if (errs->e[i].line > 0)
+      fprintf(stderr, "%s:%d: %s\n", where, errs->e[i].line, errs->e[i].msg);
+    else
+      fprintf(stderr, "%s: %s\n", where, errs->e[i].msg);
+  }
+  if (errs->dropped)
+    fprintf(stderr, "%s: %d more errors not shown\n", where, errs->dropped);
+}
+
+static int cmd_list(int argc, char **argv) {
+  (void)argv;
+  if (argc != 0)
+    return usage_error("spec list takes no arguments");
+  for (int i = 0; mt_spec_builtin_names[i]; i++)
+    printf("%-14s %s\n", mt_spec_builtin_names[i], mt_spec_builtin_about(mt_spec_builtin_names[i]));
+  return 0;
+}
+
+static void print_spec(const mt_spec *s) {
+  char text[MT_SPEC_CANONICAL_MAX];
+  mt_spec_canonical(s, text, sizeof text);
+  printf("# name: %s\n%sfingerprint: %016" PRIx64 "\n", s->name[0] ? s->name : "(none)", text,
+         mt_spec_fingerprint(s));
+}
+
+static int cmd_show(int argc, char **argv) {
+  mt_spec spec;
+  mt_spec_errors errs;
+  const char *routes = NULL;
+  if (argc == 3 && strcmp(argv[1], "--route") == 0)
+    routes = argv[2];
+  else if (argc != 1)
+    return usage_error("spec show takes one NAME or PATH (and optionally --route LIST)");
+  if (mt_spec_load(argv[0], &spec, &errs)) {
+    print_errors(argv[0], &errs);
+    return EXIT_BAD;
+  }
+  if (routes && mt_spec_add_routes(&spec, routes, &errs)) {
+    print_errors("--route", &errs);
+    return EXIT_BAD;
+  }
+  print_spec(&spec);
+  return 0;
+}
+
+static int cmd_check(int argc, char **argv) {
+  int status = 0;
+  if (argc < 1)
+    return usage_error("spec check needs a PATH");
+  for (int i = 0; i < argc; i++) {
+    mt_spec spec;
+    mt_spec_errors errs;
+    if (mt_spec_parse_file(argv[i], &spec, &errs)) {
+      print_errors(argv[i], &errs);
+      status = EXIT_BAD;
+    } else {
+      printf("%s: ok (fingerprint %016" PRIx64 ")\n", argv[i], mt_spec_fingerprint(&spec));
+    }
+  }
+  return status;
+}
+
+static int cmd_spec(int argc, char **argv) {
+  static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+  } commands[] = {{"list", cmd_list}, {"show", cmd_show}, {"check", cmd_check}};
+  if (argc < 1)
+    return usage_error("spec needs a command: list, show or check");
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (strcmp(argv[0], commands[i].name) == 0)
+      return commands[i].run(argc - 1, argv + 1);
+  return usage_error("unknown spec command \"%s\" (known: list, show, check)", argv[0]);
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+                    strcmp(argv[1], "help") == 0)) {
+    fputs(usage_text, stdout);
+    return 0;
+  }
+  if (argc < 2)
+    return usage_error("no command given");
+  if (strcmp(argv[1], "spec") == 0)
+    return cmd_spec(argc - 2, argv + 2);
+  return usage_error("unknown command \"%s\" (known: spec)", argv[1]);
+}
