@@ -48,7 +48,8 @@ static void print_errors(const char *where, const mt_spec_errors *errs) {
       fprintf(stderr, "%s: %s\n", where, errs->e[i].msg);
   }
   if (errs->dropped)
-    fprintf(stderr, "%s: %d more errors not shown\n", where, errs->dropped);
+    fprintf(stderr, "%s: %d more error%s not shown\n", where, errs->dropped,
+            errs->dropped == 1 ? "" : "s");
 }
 
 static int cmd_list(int argc, char **argv) {

@@ -499,6 +499,21 @@ static size_t skip_bom(const char *text, size_t len) {
   return len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
 }
 
+/* Errors in line order, whole-spec ones (line 0) last: the whole-spec checks run after the lines. */
+static void sort_errors(mt_spec_errors *errs) {
+  for (int i = 1; i < errs->n; i++) {
+    mt_spec_error e = errs->e[i];
+    int key = e.line ? e.line : MT_SPEC_FILE_MAX + 1, k = i;
+    for (; k > 0; k--) {
+      int prev = errs->e[k - 1].line ? errs->e[k - 1].line : MT_SPEC_FILE_MAX + 1;
+      if (prev <= key)
+        break;
+      errs->e[k] = errs->e[k - 1];
+    }
+    errs->e[k] = e;
+  }
+}
+
 static void reset_errors(mt_spec_errors *errs) {
   errs->n = 0;
   errs->dropped = 0;
@@ -525,6 +540,7 @@ int mt_spec_parse(const char *text, size_t len, mt_spec *out, mt_spec_errors *er
     parse_line(&st, line, p, n);
   }
   check_whole(&st);
+  sort_errors(errs);
   if (has_errors(errs))
     return -1;
   if (out)
