@@ -54,6 +54,8 @@ typedef struct {
   uint8_t *codes;   /* [n][k/2] E2M1 codes, spec/nvfp4.h layout */
   uint8_t *scales;  /* [n][k/16] E4M3 block scales, spec/nvfp4.h layout */
   float *outer;     /* S: n floats (row) or 1 (tensor) */
+  uint8_t *frag;    /* codes and scales again, in the small-M kernel's fragment order
+                       (mt_gemm_frag_bytes in kernels/gemm.h; written by mt_gemm_pack_weight) */
 } mt_qweight;
 
 /* Bytes of device memory a quantized n x k weight takes (data and outer together). */

@@ -21,6 +21,12 @@ typedef struct {
 /* Rows up to which the small-M (weight-streaming) path runs. */
 #define MT_GEMM_SMALL_M 64
 
+/* Bytes of the small-M kernel's copy of an n x k weight's codes and scales (mt_qweight.frag). */
+size_t mt_gemm_frag_bytes(int n, int k);
+
+/* Rearrange q's codes and scales into q->frag; the engine calls it after quantizing a weight. */
+int mt_gemm_pack_weight(const mt_qweight *q, mt_stream stream);
+
 /* Run a->y = ... for the activations q (a->x is not read here). */
 int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream);
 
