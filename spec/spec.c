@@ -8,6 +8,7 @@
 #include "spec/spec.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -503,9 +504,9 @@ static size_t skip_bom(const char *text, size_t len) {
 static void sort_errors(mt_spec_errors *errs) {
   for (int i = 1; i < errs->n; i++) {
     mt_spec_error e = errs->e[i];
-    int key = e.line ? e.line : MT_SPEC_FILE_MAX + 1, k = i;
+    int key = e.line ? e.line : INT_MAX, k = i;
     for (; k > 0; k--) {
-      int prev = errs->e[k - 1].line ? errs->e[k - 1].line : MT_SPEC_FILE_MAX + 1;
+      int prev = errs->e[k - 1].line ? errs->e[k - 1].line : INT_MAX;
       if (prev <= key)
         break;
       errs->e[k] = errs->e[k - 1];
@@ -529,6 +530,11 @@ int mt_spec_parse(const char *text, size_t len, mt_spec *out, mt_spec_errors *er
   st.errs = errs;
   if (!text)
     len = 0;
+  if (len > MT_SPEC_FILE_MAX) { /* also keeps line numbers far from INT_MAX */
+    add_error(errs, 0, "spec text of %zu bytes is larger than %d: not a spec", len,
+              MT_SPEC_FILE_MAX);
+    return -1;
+  }
   size_t pos = len ? skip_bom(text, len) : 0;
   for (int line = 1; pos < len; line++) {
     const char *p = text + pos;

@@ -77,9 +77,10 @@ typedef struct {
   mt_spec_error e[MT_SPEC_MAX_ERRORS];
 } mt_spec_errors;
 
-/* Parse spec text of `len` bytes (need not be NUL-terminated). Returns 0 and fills *out, or -1 and
- * fills *errs (every error found, not only the first) leaving *out unchanged. Never crashes on any
- * input. errs may be NULL; every function here resets *errs first. */
+/* Parse spec text of `len` bytes (need not be NUL-terminated; more than MT_SPEC_FILE_MAX is one
+ * error). Returns 0 and fills *out, or -1 and fills *errs (every error found, not only the first,
+ * in line order, line-0 errors last) leaving *out unchanged. Never crashes on any input. errs may
+ * be NULL; every function here resets *errs first. */
 int mt_spec_parse(const char *text, size_t len, mt_spec *out, mt_spec_errors *errs);
 
 /* Read and parse a file; an unreadable or oversized file is one error with line 0. */

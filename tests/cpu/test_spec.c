@@ -443,7 +443,8 @@ static void file_too_large(void) {
   mt_spec s;
   mt_spec_errors e;
   CHECK(mt_spec_parse_file(path, &s, &e) == -1 && HAS_ERROR(&e, 0, "larger than"));
-  CHECK(mt_spec_parse(text, len, &s, &e) == 0); /* text itself is fine: the limit is on files */
+  CHECK(mt_spec_parse(text, len, &s, &e) == -1 && HAS_ERROR(&e, 0, "larger than"));
+  CHECK(mt_spec_parse(text, len - 1, &s, &e) == 0); /* the limit itself is fine */
   unlink(path);
   free(text);
 }
