@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- knobs ------------------------------------------------------------------------------------ */
+/* ---- knobs ----------------------------------------------------------------------------------- */
 
 /* The canonical order is this order (name excluded). A knob's values are listed in the order of
  * its enum, so a value's index is the enum value. */
@@ -72,7 +72,7 @@ const char *mt_scale_name(enum mt_scale s) { return value_name(K_ACT_SCALE, (uns
 const char *mt_wblock_name(enum mt_wblock b) { return value_name(K_WEIGHT_BLOCK, (unsigned)b); }
 const char *mt_wcache_name(enum mt_wcache c) { return value_name(K_WEIGHT_CACHE, (unsigned)c); }
 
-/* ---- errors ----------------------------------------------------------------------------------- */
+/* ---- errors ---------------------------------------------------------------------------------- */
 
 __attribute__((format(printf, 3, 4))) static void add_error(mt_spec_errors *errs, int line,
                                                             const char *fmt, ...) {
@@ -128,7 +128,7 @@ static const char *expected_values(enum knob k, char *buf, size_t size) {
   return buf;
 }
 
-/* ---- small text helpers ----------------------------------------------------------------------- */
+/* ---- small text helpers ---------------------------------------------------------------------- */
 
 static int is_space(char c) { return c == ' ' || c == '\t'; }
 
@@ -207,7 +207,7 @@ static int route_insert(mt_route *routes, int *nroutes, mt_route r) {
   return 0;
 }
 
-/* ---- the parser ------------------------------------------------------------------------------- */
+/* ---- the parser ------------------------------------------------------------------------------ */
 
 typedef struct {
   mt_spec_errors *errs;
@@ -329,8 +329,8 @@ static void parse_knob_line(parse_state *st, int line, const char *p, size_t n) 
     return;
   }
   if (st->knob_line[k]) {
-    add_error(st->errs, line, "knob \"%s\" given twice (first on line %d): keep one",
-              knobs[k].key, st->knob_line[k]);
+    add_error(st->errs, line, "knob \"%s\" given twice (first on line %d): keep one", knobs[k].key,
+              st->knob_line[k]);
     return;
   }
   st->knob_line[k] = line;
@@ -405,7 +405,8 @@ static int is_route_line(const char *p, size_t n) {
 
 static void parse_line(parse_state *st, int line, const char *p, size_t n) {
   if (n > MT_SPEC_LINE_MAX) {
-    add_error(st->errs, line, "line longer than %d bytes (split it: a route line per few shapes)",
+    add_error(st->errs, line,
+              "line longer than %d bytes (split it: a spec may hold many route lines)",
               MT_SPEC_LINE_MAX);
     st->content_lines++;
     return;
@@ -430,7 +431,7 @@ static void parse_line(parse_state *st, int line, const char *p, size_t n) {
               quote(p, n).s);
 }
 
-/* ---- whole-spec checks ------------------------------------------------------------------------ */
+/* ---- whole-spec checks ----------------------------------------------------------------------- */
 
 static void missing_knob(parse_state *st, enum knob k) {
   char expect[64];
@@ -500,7 +501,7 @@ static size_t skip_bom(const char *text, size_t len) {
   return len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
 }
 
-/* Errors in line order, whole-spec ones (line 0) last: the whole-spec checks run after the lines. */
+/* Errors in line order, whole-spec ones (line 0) last: those checks run after the lines. */
 static void sort_errors(mt_spec_errors *errs) {
   for (int i = 1; i < errs->n; i++) {
     mt_spec_error e = errs->e[i];
@@ -554,7 +555,7 @@ int mt_spec_parse(const char *text, size_t len, mt_spec *out, mt_spec_errors *er
   return 0;
 }
 
-/* ---- files and names -------------------------------------------------------------------------- */
+/* ---- files and names ------------------------------------------------------------------------- */
 
 static int read_file(const char *path, char **text, size_t *len, mt_spec_errors *errs) {
   FILE *f = fopen(path, "rb");
@@ -605,7 +606,7 @@ int mt_spec_parse_file(const char *path, mt_spec *out, mt_spec_errors *errs) {
   return rc;
 }
 
-/* ---- built-ins -------------------------------------------------------------------------------- */
+/* ---- built-ins ------------------------------------------------------------------------------- */
 
 #define NVFP4_COMMON                                                                               \
   "format = nvfp4\n"                                                                               \
@@ -678,7 +679,7 @@ int mt_spec_load(const char *name_or_path, mt_spec *out, mt_spec_errors *errs) {
   return rc;
 }
 
-/* ---- routes ----------------------------------------------------------------------------------- */
+/* ---- routes ---------------------------------------------------------------------------------- */
 
 int mt_spec_add_routes(mt_spec *s, const char *list, mt_spec_errors *errs) {
   mt_spec_errors scratch;
@@ -719,7 +720,7 @@ int mt_spec_routes(const mt_spec *s, uint32_t out, uint32_t in) {
   return 0;
 }
 
-/* ---- canonical form and fingerprint ----------------------------------------------------------- */
+/* ---- canonical form and fingerprint ---------------------------------------------------------- */
 
 typedef struct {
   char *buf;

@@ -15,7 +15,8 @@
  *   block_scale  = e4m3             e4m3                       (nvfp4: required)
  *   act_scale    = row              row | tensor               (nvfp4: required)
  *   weight_scale = tensor           tensor | row               (nvfp4: required)
- *   weight_block = 1x16             1x16 | 16x16               (nvfp4: required; 16x16 needs weight_scale = tensor)
+ *   weight_block = 1x16             1x16 | 16x16               (nvfp4: required; 16x16 needs
+ *                                                               weight_scale = tensor)
  *   rounding     = rne              rne                        (nvfp4: required)
  *   accumulate   = fp32             fp32                       (nvfp4: required)
  *   backward     = bf16             bf16                       (nvfp4: required)

@@ -13,14 +13,21 @@
 #include "spec/spec.h"
 #include "tests/harness.h"
 
-/* ---- helpers ---------------------------------------------------------------------------------- */
+/* ---- helpers --------------------------------------------------------------------------------- */
 
 /* The knobs of nvfp4-row, one per line, in the documented order. */
 static const char *const base_lines[][2] = {
-    {"format", "nvfp4"},       {"element", "e2m1"},       {"block", "16"},
-    {"block_scale", "e4m3"},   {"act_scale", "row"},      {"weight_scale", "tensor"},
-    {"weight_block", "1x16"},  {"rounding", "rne"},       {"accumulate", "fp32"},
-    {"backward", "bf16"},      {"weight_cache", "requantize"},
+    {"format", "nvfp4"},
+    {"element", "e2m1"},
+    {"block", "16"},
+    {"block_scale", "e4m3"},
+    {"act_scale", "row"},
+    {"weight_scale", "tensor"},
+    {"weight_block", "1x16"},
+    {"rounding", "rne"},
+    {"accumulate", "fp32"},
+    {"backward", "bf16"},
+    {"weight_cache", "requantize"},
 };
 #define NBASE ((int)(sizeof base_lines / sizeof base_lines[0]))
 
@@ -103,7 +110,7 @@ static void temp_file(char path[64], const char *text, size_t len) {
     close(fd);
 }
 
-/* ---- built-ins -------------------------------------------------------------------------------- */
+/* ---- built-ins ------------------------------------------------------------------------------- */
 
 static void builtins_parse(void) {
   mt_spec s;
@@ -164,7 +171,7 @@ static void builtin_fingerprints_pinned(void) {
   CHECK(mt_spec_fingerprint(&s) == 0x8f1590ca8f574577ull);
 }
 
-/* ---- every knob and value ---------------------------------------------------------------------- */
+/* ---- every knob and value -------------------------------------------------------------------- */
 
 static void every_knob_value(void) {
   static const struct {
@@ -248,7 +255,7 @@ static void spacing_comments_crlf_bom(void) {
   CHECK(parse(text, &s, &e) == 0 && mt_spec_fingerprint(&s) == mt_spec_fingerprint(&want));
 }
 
-/* ---- error classes ---------------------------------------------------------------------------- */
+/* ---- error classes --------------------------------------------------------------------------- */
 
 static void error_unknown_knob(void) {
   char text[1024];
@@ -301,8 +308,9 @@ static void error_missing_knob(void) {
 }
 
 static void error_route_syntax(void) {
-  static const char *const bad[] = {"1536x", "x2048", "0x16", "16x0", "12x-3", "axb", "1536X2048",
-                                    "4294967296x1", "1536x2048x3", "1536*2048", "+5x5", "1536"};
+  static const char *const bad[] = {"1536x",       "x2048",     "0x16",      "16x0",
+                                    "12x-3",       "axb",       "1536X2048", "4294967296x1",
+                                    "1536x2048x3", "1536*2048", "+5x5",      "1536"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     char text[256], quoted[64];
     snprintf(text, sizeof text, "format = bf16\n\nroute 8x16 %s\n", bad[i]);
@@ -413,7 +421,7 @@ static void failure_leaves_output(void) {
   CHECK(parse("format = bf16\n", NULL, NULL) == 0);
 }
 
-/* ---- files and names -------------------------------------------------------------------------- */
+/* ---- files and names ------------------------------------------------------------------------- */
 
 static void files(void) {
   char path[64];
@@ -461,7 +469,7 @@ static void enum_names(void) {
   CHECK(strcmp(mt_scale_name((enum mt_scale)7), "invalid") == 0);
 }
 
-/* ---- MINITE_ROUTE ----------------------------------------------------------------------------- */
+/* ---- MINITE_ROUTE ---------------------------------------------------------------------------- */
 
 static void add_routes(void) {
   mt_spec s, before;
@@ -473,7 +481,8 @@ static void add_routes(void) {
   CHECK(mt_spec_add_routes(&s, "2048x768,1536x2048", &e) == 0 && s.nroutes == 2);
   CHECK(s.routes[0].out == 1536 && s.routes[1].out == 2048); /* kept sorted */
   CHECK(mt_spec_add_routes(&s, " 1536x2048 , 2048x768\t4x8 ", &e) == 0 && s.nroutes == 3);
-  CHECK(mt_spec_routes(&s, 1536, 2048) && mt_spec_routes(&s, 2048, 768) && mt_spec_routes(&s, 4, 8));
+  CHECK(mt_spec_routes(&s, 1536, 2048) && mt_spec_routes(&s, 2048, 768) &&
+        mt_spec_routes(&s, 4, 8));
   CHECK(!mt_spec_routes(&s, 2048, 1536) && !mt_spec_routes(&s, 768, 2048));
   before = s;
   CHECK(mt_spec_add_routes(&s, "16x16,1536x,32x32", &e) == -1 && e.n == 1);
@@ -496,7 +505,7 @@ static void add_routes_matches_route_lines(void) {
   CHECK(same_fields(&a, &b) && mt_spec_fingerprint(&a) == mt_spec_fingerprint(&b));
 }
 
-/* ---- canonical form and fingerprint ----------------------------------------------------------- */
+/* ---- canonical form and fingerprint ---------------------------------------------------------- */
 
 /* Every valid knob combination (12 nvfp4 and bf16) times a few route sets. */
 #define NVARIANTS (13 * 4)
@@ -613,7 +622,7 @@ static void canonical_snprintf_semantics(void) {
   CHECK(mt_spec_canonical(&s, NULL, 0) < MT_SPEC_CANONICAL_MAX);
 }
 
-/* ---- random input ----------------------------------------------------------------------------- */
+/* ---- random input ---------------------------------------------------------------------------- */
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint32_t rng(void) {
@@ -652,8 +661,9 @@ static size_t random_valid_spec(char *buf, size_t max) {
  * byte checks, the grammar and the round trip of a good parse are all reached. */
 static size_t random_input(char *buf, size_t max) {
   static const char *const words[] = {
-      "format", "nvfp4", "bf16", "=", " ", "\n", "\r\n", "#", "route", "1536x2048", "act_scale",
-      "row", "tensor", "weight_block", "16x16", "weight_scale", "x", "0", "name", "\t", "e2m1"};
+      "format", "nvfp4",        "bf16",      "=",         " ",    "\n",     "\r\n",
+      "#",      "route",        "1536x2048", "act_scale", "row",  "tensor", "weight_block",
+      "16x16",  "weight_scale", "x",         "0",         "name", "\t",     "e2m1"};
   size_t len = rng() % max;
   switch (rng() % 3) {
   case 0:
