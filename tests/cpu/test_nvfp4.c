@@ -464,6 +464,31 @@ static void quantize_tiny_row_overflows_coefficient(void) {
   mt_nvfp4_free(&q);
 }
 
+/* Two rows where TE's order of FP32 operations decides the result (found by search; any other
+ * order gives the other answer).
+ * Row A: amax 736, second block amax 138.  S = fl(2688/736) = 0x1.d37a7p+1, fl(S * fl(1/6)) =
+ *   0x1.37a6f6p-1, t = fl(138 * that) = 0x1.500002p+6 = 84.00001 -> E4M3 88 (0x6b); the order
+ *   fl(fl(138 * S) * fl(1/6)) gives exactly 84, the tie between 80 and 88, -> 80 (0x6a).
+ * Row B: amax 2.15625 (the only block), element 1.2578125. s_b = 448, fl(1/S) = 0x1.a4924ap-11,
+ *   fl(448 * fl(1/S)) = 0x1.7p-2, c_b = fl(1 / that) = 0x1.642c86p+1 and x * c_b = 3.5 exactly: the
+ *   tie 3 | 4 -> 4 (code 6). c_b = fl(S / 448) would be 0x1.642c84p+1, x * c_b = 3.4999998 -> 3. */
+static void te_order_of_operations(void) {
+  float a[32] = {0};
+  a[0] = 736.0f;
+  a[16] = 138.0f;
+  mt_nvfp4 q;
+  quantize_row(a, 32, &q);
+  CHECKF(scale_at(&q, 0, 1) == 0x6b, "s_b 0x%02x", scale_at(&q, 0, 1));
+  mt_nvfp4_free(&q);
+  float b[16] = {0};
+  b[0] = 2.15625f;
+  b[7] = 1.2578125f;
+  quantize_row(b, 16, &q);
+  CHECK(scale_at(&q, 0, 0) == 0x7e);
+  CHECKF(code_at(&q, 0, 7) == 0x6, "code 0x%x", code_at(&q, 0, 7));
+  mt_nvfp4_free(&q);
+}
+
 static void packing_order(void) {
   /* Row amax 6 -> S = 448; block amax 6 -> t = fl(6 * fl(448 * fl(1/6))) = 448 -> s_b = 448,
    * 1/S = fl(1/448), c_b = 1/fl(448 * fl(1/448)) = 1: the codes are those of x itself. */
@@ -719,6 +744,7 @@ int main(void) {
   RUN(quantize_one_huge_value);
   RUN(quantize_bf16_subnormals_in_normal_row);
   RUN(quantize_tiny_row_overflows_coefficient);
+  RUN(te_order_of_operations);
   RUN(packing_order);
   RUN(quantize_nan_inf_rows);
   RUN(per_tensor_vs_per_row);
