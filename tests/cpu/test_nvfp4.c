@@ -599,6 +599,30 @@ static void blocks_16x16(void) {
   mt_nvfp4_free(&rows);
 }
 
+/* The row stride ld is honoured: a matrix inside a wider buffer quantizes as the compact one. */
+static void quantize_row_stride(void) {
+  enum { R = 3, K = 32, LD = 40 };
+  float compact[R * K], wide[R * LD];
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < LD; c++) {
+      wide[r * LD + c] = (c < K) ? rng_bf16(1.0f) : NAN; /* the padding must never be read */
+      if (c < K)
+        compact[r * K + c] = wide[r * LD + c];
+    }
+  for (int kind = 0; kind < 2; kind++) {
+    mt_nvfp4 a, b;
+    enum mt_scale outer = kind ? MT_SCALE_TENSOR : MT_SCALE_ROW;
+    CHECK(mt_nvfp4_alloc(&a, R, K, outer, MT_WBLOCK_1X16) == 0);
+    CHECK(mt_nvfp4_alloc(&b, R, K, outer, MT_WBLOCK_1X16) == 0);
+    mt_ref_quantize(compact, K, &a);
+    mt_ref_quantize(wide, LD, &b);
+    CHECK(!memcmp(a.codes, b.codes, R * K / 2) && !memcmp(a.scales, b.scales, R * K / 16));
+    CHECK(!memcmp(a.outer, b.outer, (kind ? 1 : R) * sizeof(float)) && !isnan(b.outer[0]));
+    mt_nvfp4_free(&a);
+    mt_nvfp4_free(&b);
+  }
+}
+
 static void alloc_rejects_bad_shapes(void) {
   mt_nvfp4 q;
   CHECK(mt_nvfp4_alloc(&q, 16, 24, MT_SCALE_ROW, MT_WBLOCK_1X16) == -1);   /* K % 16 */
@@ -749,6 +773,7 @@ int main(void) {
   RUN(quantize_nan_inf_rows);
   RUN(per_tensor_vs_per_row);
   RUN(blocks_16x16);
+  RUN(quantize_row_stride);
   RUN(alloc_rejects_bad_shapes);
   RUN(dequant_exact_in_bf16_and_fp16);
   RUN(gemm_against_direct);
