@@ -19,7 +19,7 @@
 #error "spec/nvfp4.c defines the numerics bit for bit: build it without -ffast-math"
 #endif
 /* Excess precision (x87) would round some products twice; SSE evaluates FP32 in FP32. */
-_Static_assert(FLT_EVAL_METHOD == 0, "the reference needs FP32 evaluated in FP32 (FLT_EVAL_METHOD 0)");
+_Static_assert(FLT_EVAL_METHOD == 0, "the reference needs FP32 evaluated in FP32");
 
 /* ---- single rounded FP32 steps ---------------------------------------------------------------
  * The volatile store forces each result to be rounded to FP32 on its own, whatever contraction
@@ -55,7 +55,7 @@ uint16_t mt_float_to_bf16(float f) {
   if (isnan(f)) /* truncating could clear every payload bit and give Inf: set the quiet bit */
     return (uint16_t)((u >> 16) | 0x0040u);
   /* RNE on the 16 dropped bits: add just under half, plus one when the kept LSB is odd. A carry
-   * into the exponent is the correct next binade, and past the largest finite value it gives Inf. */
+   * into the exponent is the correct next binade; past the largest finite value it gives Inf. */
   uint32_t lsb = (u >> 16) & 1u;
   return (uint16_t)((u + 0x7fffu + lsb) >> 16);
 }

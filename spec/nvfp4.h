@@ -1,4 +1,4 @@
-/* nvfp4.h — the CPU reference of the spec's numerics: the executable definition of NVFP4 in minite.
+/* nvfp4.h — the CPU reference of the spec's numerics: the executable definition of NVFP4.
  *
  * The GPU kernels are tested against this code: codes, block scales and outer scales bit for bit,
  * GEMM results within FP32-accumulation error of mt_ref_gemm (which accumulates in double). It

@@ -2,8 +2,8 @@
  * tests/cpu/test_nvfp4_numpy.py, which compares it with numpy + ml_dtypes. Built by
  * tests/cpu/nvfp4.mk as $(MT_BUILD)/tests/cpu/nvfp4_tool.
  *
- *   nvfp4_tool e2m1 N | e4m3 N | bf16 N | fp16 N | outer N    stdin N float32; stdout N codes
- *                                                             (uint8, uint8, uint16, uint16, float32)
+ *   nvfp4_tool e2m1 N | e4m3 N | bf16 N | fp16 N | outer N    stdin N float32; stdout N results
+ *                                                 (uint8, uint8, uint16, uint16, float32)
  *   nvfp4_tool e4m3dec                                        stdout the 256 E4M3 values (float32)
  *   nvfp4_tool quantize ROWS COLS row|tensor 1x16|16x16       stdin ROWS*COLS float32;
  *                                                             stdout outer, scales, codes

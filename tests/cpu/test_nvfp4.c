@@ -55,7 +55,7 @@ static float rng_bf16(float scale) {
   return mt_bf16_to_float(mt_float_to_bf16(s * scale));
 }
 
-/* ---- a second formulation of the rounding: nearest value of a table, ties to the even code ---- */
+/* ---- a second formulation of rounding: nearest value of a table, ties to the even code ---- */
 
 /* Code of the nearest of the `n` non-negative values (ascending, code i has value[i]); a value
  * exactly at a midpoint (computed exactly in double) goes to the even code; past the largest
@@ -181,7 +181,7 @@ static void e4m3_rounding_cases(void) {
   CHECK(mt_e4m3_rne_satfinite(-1e-30f) == 0x80);  /* sign kept on underflow */
   CHECK(mt_e4m3_rne_satfinite(-0.0f) == 0x80);
   /* normals: in [1, 2) the quantum is 1/8 */
-  CHECK(mt_e4m3_rne_satfinite(1.0625f) == 0x38);  /* 1 + q/2: tie between 1.0 (m=0) and 1.125 -> 1.0 */
+  CHECK(mt_e4m3_rne_satfinite(1.0625f) == 0x38);  /* tie 1.0 (m=0) | 1.125 (m=1) -> 1.0 */
   CHECK(mt_e4m3_rne_satfinite(1.1875f) == 0x3a);  /* 1.125 (m=1) vs 1.25 (m=2) -> 1.25 */
   CHECK(mt_e4m3_rne_satfinite(nextafterf(1.0625f, 2.0f)) == 0x39);
   CHECK(mt_e4m3_rne_satfinite(1.9375f) == 0x40);  /* 1.875 vs 2.0 -> 2.0, carry into the exponent */
@@ -231,7 +231,8 @@ static void conversions_against_cuda_headers(void) {
   const float edge[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 0x1p-10f, 464.0f};
   for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
     for (int s = -1; s <= 1; s += 2) {
-      float probe[3] = {nextafterf(s * edge[i], 0.0f), s * edge[i], nextafterf(s * edge[i], s * 1e9f)};
+      float e = s * edge[i];
+      float probe[3] = {nextafterf(e, 0.0f), e, nextafterf(e, s * 1e9f)};
       for (int p = 0; p < 3; p++) {
         CHECK(mt_e2m1_rne_satfinite(probe[p]) ==
               (uint8_t)__nv_cvt_float_to_fp4(probe[p], __NV_E2M1, cudaRoundNearest));
@@ -562,7 +563,8 @@ static void per_tensor_vs_per_row(void) {
     mt_nvfp4_free(&alone);
   }
   /* per tensor: the small rows share row 0's S, so they differ from their per-row result */
-  CHECK(row.outer[1] > tensor.outer[0] && memcmp(row.scales + K / 16, tensor.scales + K / 16, K / 16));
+  CHECK(row.outer[1] > tensor.outer[0]);
+  CHECK(memcmp(row.scales + K / 16, tensor.scales + K / 16, K / 16) != 0);
   mt_nvfp4_free(&row);
   mt_nvfp4_free(&tensor);
 }
@@ -715,7 +717,8 @@ static void gemm_against_direct(void) {
     for (int i = 0; i < GM; i++)
       for (int j = 0; j < n; j++) {
         double want = direct(&a, &w, i, j, 1.5f);
-        CHECKF(y[i * 16 + j] == want, "kind %zu (%d, %d): %a vs %a", kind, i, j, y[i * 16 + j], want);
+        CHECKF(y[i * 16 + j] == want, "kind %zu (%d, %d): %a vs %a", kind, i, j, y[i * 16 + j],
+               want);
         CHECK(y2[i * 16 + j] == want + -0.25 * (double)c[i * 16 + j] + (double)bias[j]);
         CHECK(mt_ref_gemm_abs(&a, &w, i, j) >= fabs(want / 1.5) * (1 - 1e-12));
       }
