@@ -41,6 +41,7 @@ PY_CPU_TESTS := $(wildcard tests/cpu/test_*.py)
 SH_CPU_TESTS := $(wildcard tests/cpu/test_*.sh)
 
 .PHONY: all test gputest bench fuzz clean
+.PRECIOUS: $(B)/kernels/%.fatbin
 all: $(B)/libminite.so $(B)/minite
 
 $(B)/%.o: %.c

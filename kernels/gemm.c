@@ -1,0 +1,141 @@
+/* gemm.c — host side of the GEMM kernels (kernels/gemm.cu): choose the path and the tile, describe
+ * the operands, launch on the caller's stream. No allocation, no synchronisation: legal inside a
+ * CUDA graph capture once the module is loaded. */
+#include "kernels/gemm.h"
+
+#include <stddef.h>
+
+#include "kernels/driver.h"
+#include "kernels/gemm_args.h"
+
+size_t mt_gemm_frag_bytes(int n, int k) {
+  if (n <= 0 || k <= 0 || n % 16)
+    return 0; /* the small-M path needs whole groups of 16 rows */
+  return MT_FRAG_CODES_BYTES(n, k) + MT_FRAG_SCALES_BYTES(n, k);
+}
+
+static int launch(const char *fn, unsigned gx, unsigned gy, unsigned threads, unsigned smem,
+                  mt_stream stream, void *args) {
+  const mt_driver *d = mt_driver_get();
+  if (!d)
+    return MT_ERR_NO_DRIVER;
+  CUfunction f;
+  int st = mt_kernel_get("gemm", fn, (CUstream)stream, &f);
+  if (st != MT_OK)
+    return st;
+  if (smem > 48 * 1024 &&
+      d->func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem) != CUDA_SUCCESS)
+    return MT_ERR_CUDA;
+  CUlaunchConfig cfg = {0};
+  cfg.gridDimX = gx;
+  cfg.gridDimY = gy;
+  cfg.gridDimZ = 1;
+  cfg.blockDimX = threads;
+  cfg.blockDimY = 1;
+  cfg.blockDimZ = 1;
+  cfg.sharedMemBytes = smem;
+  cfg.hStream = (CUstream)stream;
+  void *params[] = {args};
+  return d->launch_kernel_ex(&cfg, f, params, NULL) == CUDA_SUCCESS ? MT_OK : MT_ERR_CUDA;
+}
+
+int mt_gemm_pack_weight(const mt_qweight *q, mt_stream stream) {
+  size_t chunks = mt_gemm_frag_bytes(q->n, q->k) / 16;
+  if (!chunks)
+    return MT_OK;
+  mt_pack_args a = {q->codes, q->scales, q->frag, q->n, q->k};
+  return launch("mt_gemm_pack", (unsigned)((chunks + 255) / 256), 1, 256, 0, stream, &a);
+}
+
+static void epilogue_args(const mt_gemm_args *a, const mt_qact *q, mt_epilogue_args *e) {
+  e->m = a->m;
+  e->n = a->n;
+  e->k = a->k;
+  e->sa = q->outer;
+  e->sw = a->w->outer;
+  e->sa_row = a->w->num.act_scale == MT_SCALE_ROW;
+  e->sw_row = a->w->num.weight_scale == MT_SCALE_ROW;
+  e->y = a->y;
+  e->ldy = (long long)a->ldy;
+  e->c = a->beta != 0.0f ? a->c : NULL; /* beta == 0: C is not read, as in cuBLAS */
+  e->ldc = (long long)a->ldc;
+  e->bias = a->bias;
+  e->ytype = (int)a->ytype;
+  e->biastype = (int)a->biastype;
+  e->alpha = a->alpha;
+  e->beta = a->beta;
+}
+
+static int small_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
+  mt_small_args s = {q->xhat, a->w->frag, {0}};
+  epilogue_args(a, q, &s.e);
+  int nt = a->m <= 8 ? 1 : a->m <= 16 ? 2 : a->m <= 32 ? 4 : 8;
+  static const char *const names[] = {"mt_gemm_small_t1", "mt_gemm_small_t2", "mt_gemm_small_t4",
+                                      "mt_gemm_small_t8"};
+  int which = nt == 1 ? 0 : nt == 2 ? 1 : nt == 4 ? 2 : 3;
+  unsigned grid = (unsigned)((a->n + 16 * MT_SMALL_WARPS - 1) / (16 * MT_SMALL_WARPS));
+  return launch(names[which], grid, 1, 128, MT_SMALL_SMEM(nt), stream, &s);
+}
+
+/* A K-major BF16 matrix of rows x k as TMA sees it: boxes of 64 columns (128 bytes, the swizzle
+ * span) by box_rows rows; reads past the matrix return zeros, which add nothing to a sum. */
+static int tensor_map(CUtensorMap *map, const void *base, int rows, int k, int box_rows) {
+  const mt_driver *d = mt_driver_get();
+  cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
+  cuuint64_t strides[1] = {(cuuint64_t)k * 2};
+  cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
+  cuuint32_t elem_strides[2] = {1, 1};
+  CUresult r = d->tensor_map_encode_tiled(
+      map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, elem_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? MT_OK : MT_ERR_UNSUPPORTED;
+}
+
+static int sm_count(void) {
+  const mt_driver *d = mt_driver_get();
+  CUdevice dev;
+  int n = 0;
+  if (d->ctx_get_device(&dev) != CUDA_SUCCESS ||
+      d->device_get_attribute(&n, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS || n <= 0)
+    return 132;
+  return n;
+}
+
+/* The tile width with the least estimated time: waves of tiles times a tile's cost, taken as its
+ * width plus a fixed 64 columns' worth for the activation loads and the epilogue. */
+static int large_bn(int m, int n) {
+  static const int widths[] = {256, 192, 128};
+  int sms = sm_count(), best = 256;
+  long long best_cost = -1;
+  for (int i = 0; i < 3; i++) {
+    long long tiles = (long long)((m + MT_LARGE_BM - 1) / MT_LARGE_BM) * ((n + widths[i] - 1) / widths[i]);
+    long long cost = (tiles + sms - 1) / sms * (widths[i] + 64);
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      best = widths[i];
+    }
+  }
+  return best;
+}
+
+static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
+  static mt_large_args proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
+  mt_large_args l = proto;
+  int bn = large_bn(a->m, a->n);
+  int st = tensor_map(&l.ta, q->xhat, a->m, a->k, MT_LARGE_BM);
+  if (st == MT_OK)
+    st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, bn);
+  if (st != MT_OK)
+    return st;
+  epilogue_args(a, q, &l.e);
+  unsigned gx = (unsigned)((a->m + MT_LARGE_BM - 1) / MT_LARGE_BM), gy = (unsigned)((a->n + bn - 1) / bn);
+  const char *fn = bn == 256 ? "mt_gemm_large_n256" : bn == 192 ? "mt_gemm_large_n192" : "mt_gemm_large_n128";
+  return launch(fn, gx, gy, 384, MT_LARGE_SMEM(bn), stream, &l);
+}
+
+int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
+  if (a->m <= MT_GEMM_SMALL_M && mt_gemm_frag_bytes(a->n, a->k) && a->w->frag)
+    return small_path(a, q, stream);
+  return large_path(a, q, stream);
+}
