@@ -1,0 +1,48 @@
+/* log.h — the shim's log: NCCL-style lines "host:pid:tid minite LEVEL message".
+ *
+ * MINITE_LOG_LEVEL = WARN (default) | INFO | TRACE | NONE picks what is written; MINITE_LOG_FILE
+ * (a path template: %h host, %p pid, %r rank from RANK, %% a percent sign) where, stderr by
+ * default. Each line is written with one write(2), so lines of several threads or processes
+ * sharing a file never interleave. Nothing is ever written to stdout.
+ *
+ * The level check is one relaxed atomic load, so a disabled log line costs a load and a branch.
+ * Before mt_log_init() the level is WARN and the destination stderr: the few warnings that can
+ * happen while the shim is inert (a real cuBLAS function not found) still reach the user.
+ */
+#ifndef MT_LOG_H
+#define MT_LOG_H
+
+#include <stdatomic.h>
+
+enum mt_log_level { MT_LOG_NONE = 0, MT_LOG_WARN = 1, MT_LOG_INFO = 2, MT_LOG_TRACE = 3 };
+
+extern atomic_int mt_log_level_now;
+
+/* Read MINITE_LOG_LEVEL and MINITE_LOG_FILE (once; later calls do nothing). Returns the number of
+ * configuration errors found (each already warned about). */
+int mt_log_init(void);
+
+/* Close the log file (at exit); later lines go to stderr. */
+void mt_log_close(void);
+
+__attribute__((format(printf, 2, 3))) void mt_log_write(enum mt_log_level level, const char *fmt, ...);
+
+#define MT_LOG(level, ...)                                                                         \
+  do {                                                                                             \
+    if (atomic_load_explicit(&mt_log_level_now, memory_order_relaxed) >= (level))                  \
+      mt_log_write((level), __VA_ARGS__);                                                          \
+  } while (0)
+
+#define MT_WARN(...) MT_LOG(MT_LOG_WARN, __VA_ARGS__)
+#define MT_INFO(...) MT_LOG(MT_LOG_INFO, __VA_ARGS__)
+#define MT_TRACE(...) MT_LOG(MT_LOG_TRACE, __VA_ARGS__)
+
+/* A warning written once per call site (once per distinct problem), whatever the thread count. */
+#define MT_WARN_ONCE(...)                                                                          \
+  do {                                                                                             \
+    static atomic_flag mt_warned_ = ATOMIC_FLAG_INIT;                                              \
+    if (!atomic_flag_test_and_set_explicit(&mt_warned_, memory_order_relaxed))                     \
+      MT_WARN(__VA_ARGS__);                                                                        \
+  } while (0)
+
+#endif

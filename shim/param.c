@@ -1,0 +1,109 @@
+/* param.c — reading MINITE_* variables once, echoing non-defaults, rejecting bad values. */
+#include "shim/param.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "shim/log.h"
+
+const char *mt_param_str(const char *name) {
+  const char *v = getenv(name);
+  if (!v || !v[0])
+    return NULL;
+  MT_INFO("%s set by environment to %s", name, v);
+  return v;
+}
+
+static void choices_text(const char *const choices[], char *buf, size_t size) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int i = 0; choices[i] && used < size; i++)
+    used += (size_t)snprintf(buf + used, size - used, "%s%s", i ? ", " : "", choices[i]);
+}
+
+int mt_param_choice(const char *name, const char *const choices[], int def, int *errors) {
+  const char *v = getenv(name);
+  if (!v || !v[0])
+    return def;
+  for (int i = 0; choices[i]; i++) {
+    if (strcasecmp(v, choices[i]) == 0) {
+      if (i != def)
+        MT_INFO("%s set by environment to %s", name, choices[i]);
+      return i;
+    }
+  }
+  char list[256];
+  choices_text(choices, list, sizeof list);
+  MT_WARN("invalid value '%s' for %s: use one of %s; using the default %s", v, name, list,
+          choices[def]);
+  if (errors)
+    (*errors)++;
+  return def;
+}
+
+int mt_param_bool(const char *name, int def, int *errors) {
+  static const char *const words[] = {"0", "1", "false", "true", "no", "yes", "off", "on", NULL};
+  int i = mt_param_choice(name, words, def, errors);
+  return i % 2;
+}
+
+static char host_name[256];
+
+static void read_host(void) {
+  if (gethostname(host_name, sizeof host_name - 1) != 0)
+    host_name[0] = '\0';
+  host_name[sizeof host_name - 1] = '\0';
+  char *dot = strchr(host_name, '.');
+  if (dot)
+    *dot = '\0';
+}
+
+const char *mt_param_host(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, read_host);
+  return host_name;
+}
+
+const char *mt_param_rank(void) {
+  const char *r = getenv("RANK");
+  if (!r || !r[0] || strlen(r) > 9 || strspn(r, "0123456789") != strlen(r))
+    return "0";
+  return r;
+}
+
+int mt_param_path(const char *tmpl, char *out, size_t size) {
+  size_t used = 0;
+  for (const char *p = tmpl; *p; p++) {
+    char piece[300];
+    const char *add = piece;
+    if (p[0] == '%' && p[1] == 'h') {
+      add = mt_param_host();
+      p++;
+    } else if (p[0] == '%' && p[1] == 'p') {
+      snprintf(piece, sizeof piece, "%ld", (long)getpid());
+      p++;
+    } else if (p[0] == '%' && p[1] == 'r') {
+      add = mt_param_rank();
+      p++;
+    } else if (p[0] == '%' && p[1] == '%') {
+      strcpy(piece, "%");
+      p++;
+    } else {
+      piece[0] = *p;
+      piece[1] = '\0';
+    }
+    size_t len = strlen(add);
+    if (used + len + 1 > size)
+      return -1;
+    memcpy(out + used, add, len);
+    used += len;
+  }
+  if (used + 1 > size)
+    return -1;
+  out[used] = '\0';
+  return 0;
+}

@@ -1,0 +1,33 @@
+/* param.h — the MINITE_* environment variables: each read once, with a default.
+ *
+ * A value other than the default is logged at INFO ("MINITE_X set by environment to V"), the way
+ * NCCL echoes its NCCL_* settings; an invalid value is a WARN naming the accepted values, and the
+ * default is used. Callers count invalid values as configuration errors (MINITE_STRICT).
+ */
+#ifndef MT_PARAM_H
+#define MT_PARAM_H
+
+#include <stddef.h>
+
+/* The value of `name`, NULL when unset or empty (an empty variable means "not set"). A set value
+ * is logged at INFO. */
+const char *mt_param_str(const char *name);
+
+/* One of `choices` (NULL-terminated, matched ignoring case); returns its index, or `def` when
+ * unset. An invalid value is warned about, adds one to *errors and gives `def`. */
+int mt_param_choice(const char *name, const char *const choices[], int def, int *errors);
+
+/* 0 or 1 ("0"/"1", "false"/"true", "no"/"yes", "off"/"on"); otherwise as mt_param_choice. */
+int mt_param_bool(const char *name, int def, int *errors);
+
+/* Expand a path template: %h host name, %p pid, %r rank (RANK, else 0), %% percent; any other
+ * %x is kept as written. Returns 0, or -1 when the result does not fit in `size`. */
+int mt_param_path(const char *tmpl, char *out, size_t size);
+
+/* The host name, cut at the first dot ("" when unknown). */
+const char *mt_param_host(void);
+
+/* RANK when it holds a non-negative integer, else "0". */
+const char *mt_param_rank(void);
+
+#endif

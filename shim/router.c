@@ -1,0 +1,109 @@
+/* router.c — the routing rules, as one ordered list of checks per call. */
+#include "shim/router.h"
+
+#include <stdint.h>
+
+static const char *const reason_names[MT_R_COUNT] = {
+    [MT_R_UNROUTED] = "unrouted",         [MT_R_ROUTED] = "routed",
+    [MT_R_DGRAD] = "backward dgrad",      [MT_R_WGRAD] = "backward wgrad",
+    [MT_R_DTYPE] = "dtype",               [MT_R_COMPUTE] = "compute type",
+    [MT_R_LAYOUT] = "layout",             [MT_R_EPILOGUE] = "epilogue",
+    [MT_R_POINTER_MODE] = "pointer mode", [MT_R_K_ALIGN] = "k alignment",
+    [MT_R_NO_ENGINE] = "no engine",
+};
+
+const char *mt_reason_name(enum mt_reason r) {
+  return r >= 0 && r < MT_R_COUNT ? reason_names[r] : "?";
+}
+
+/* Rows of 16 bytes: what TMA loads need. The engine (issue 5) may relax or tighten this; it is
+ * the one place to change. Element sizes here are 2 bytes (BF16/FP16 only reach the check). */
+#define MT_ALIGN_BYTES 16
+#define MT_ALIGN_ELEMS (MT_ALIGN_BYTES / 2)
+/* NVFP4 scales one E4M3 factor per 16 consecutive K elements (DESIGN.md §3). */
+#define MT_K_BLOCK 16
+
+static int routed(const mt_spec *s, int64_t out, int64_t in) {
+  if (out <= 0 || in <= 0 || out > UINT32_MAX || in > UINT32_MAX)
+    return 0;
+  return mt_spec_routes(s, (uint32_t)out, (uint32_t)in);
+}
+
+enum mt_role mt_route_role(const mt_spec *s, const mt_call *c) {
+  int ta = c->transa != MT_OP_N, tb = c->transb != MT_OP_N;
+  if (ta && !tb && routed(s, c->m, c->k))
+    return MT_ROLE_FORWARD;
+  if (!ta && !tb && routed(s, c->k, c->m))
+    return MT_ROLE_DGRAD;
+  if (!ta && tb && routed(s, c->n, c->m))
+    return MT_ROLE_WGRAD;
+  return MT_ROLE_NONE;
+}
+
+static int half_type(int t) { return t == CUDA_R_16BF || t == CUDA_R_16F; }
+
+static int dtype_ok(const mt_call *c) {
+  return half_type(c->atype) && c->atype == c->btype && half_type(c->ctype) &&
+         c->dtype == c->ctype;
+}
+
+static int compute_ok(const mt_call *c) {
+  /* PyTorch casts CUDA_R_32F (0) into the compute-type argument (DESIGN.md §6). */
+  if (c->compute != CUBLAS_COMPUTE_32F && c->compute != CUDA_R_32F)
+    return 0;
+  return c->scale_type == -1 || c->scale_type == CUDA_R_32F;
+}
+
+static int aligned(const void *p) { return ((uintptr_t)p % MT_ALIGN_BYTES) == 0; }
+
+static int layout_ok(const mt_call *c) {
+  if (!c->details_ok)
+    return 0; /* something could not be read: never guess a layout */
+  if (c->order_a || c->order_b || c->order_c || c->order_d)
+    return 0;
+  if (c->entry == MT_FN_cublasLtMatmul && (c->batch != 1 || c->pointer_arrays))
+    return 0;
+  /* TN: A is k x m, B is k x n, C is m x n, all column-major. */
+  if (c->lda < c->k || c->ldb < c->k || c->ldc < c->m || c->ldd < c->m)
+    return 0;
+  if (c->lda % MT_ALIGN_ELEMS || c->ldb % MT_ALIGN_ELEMS || c->ldc % MT_ALIGN_ELEMS ||
+      c->ldd % MT_ALIGN_ELEMS)
+    return 0;
+  if (!c->pointer_arrays && !(aligned(c->a) && aligned(c->b) && aligned(c->c) && aligned(c->d)))
+    return 0;
+  return 1;
+}
+
+static int epilogue_ok(const mt_call *c) {
+  if (c->epilogue == CUBLASLT_EPILOGUE_DEFAULT)
+    return 1;
+  if (c->epilogue != CUBLASLT_EPILOGUE_BIAS)
+    return 0;
+  return c->bias_type == -1 || half_type(c->bias_type) || c->bias_type == CUDA_R_32F;
+}
+
+enum mt_reason mt_route_decide(const mt_spec *s, const mt_call *c) {
+  switch (mt_route_role(s, c)) {
+  case MT_ROLE_NONE:
+    return MT_R_UNROUTED;
+  case MT_ROLE_DGRAD:
+    return MT_R_DGRAD;
+  case MT_ROLE_WGRAD:
+    return MT_R_WGRAD;
+  case MT_ROLE_FORWARD:
+    break;
+  }
+  if (!dtype_ok(c))
+    return MT_R_DTYPE;
+  if (!compute_ok(c))
+    return MT_R_COMPUTE;
+  if (c->ptr_mode != MT_PTR_HOST && c->details_ok)
+    return MT_R_POINTER_MODE;
+  if (!epilogue_ok(c))
+    return MT_R_EPILOGUE;
+  if (!layout_ok(c))
+    return MT_R_LAYOUT;
+  if (c->k % MT_K_BLOCK)
+    return MT_R_K_ALIGN;
+  return MT_R_ROUTED;
+}

@@ -1,0 +1,44 @@
+/* router.h — does the spec route this GEMM, and if not, why not.
+ *
+ * A call "involves" a routed weight when its ops and dims are those of one of the three GEMMs
+ * PyTorch runs with a weight W of out x in (DESIGN.md §6):
+ *   forward  TN  m = out, k = in      y = x W^T     (A = W transposed, B = activations)
+ *   dgrad    NN  m = in,  k = out     dx = dy W
+ *   wgrad    NT  m = in,  n = out     dW = dy^T x   (C has the weight's shape)
+ * A forward call is routed when the engine can take it; every other call that involves a routed
+ * weight passes through to cuBLAS with a named reason, which the statistics count.
+ */
+#ifndef MT_ROUTER_H
+#define MT_ROUTER_H
+
+#include "shim/call.h"
+#include "spec/spec.h"
+
+enum mt_reason {
+  MT_R_UNROUTED = 0,   /* involves no routed weight: plain pass-through, no reason counted */
+  MT_R_ROUTED,         /* a forward expert GEMM the spec routes */
+  MT_R_DGRAD,          /* the spec's backward = bf16: cuBLAS computes it */
+  MT_R_WGRAD,
+  MT_R_DTYPE,          /* A, B not both BF16 or both FP16; C not BF16/FP16 */
+  MT_R_COMPUTE,        /* compute type not FP32 (68 or legacy 0); Lt scale type not FP32 */
+  MT_R_LAYOUT,         /* order, leading dimension, alignment or batch layout */
+  MT_R_EPILOGUE,       /* Lt epilogue other than DEFAULT or BIAS, or an odd bias type */
+  MT_R_POINTER_MODE,   /* alpha/beta on the device */
+  MT_R_K_ALIGN,        /* k not a multiple of the 16-element NVFP4 block */
+  MT_R_NO_ENGINE,      /* routed, but the engine did not run it (not connected yet) */
+  MT_R_COUNT
+};
+
+/* "backward dgrad", "k alignment", ...: the names in logs and statistics. */
+const char *mt_reason_name(enum mt_reason r);
+
+enum mt_role { MT_ROLE_NONE, MT_ROLE_FORWARD, MT_ROLE_DGRAD, MT_ROLE_WGRAD };
+
+/* Which GEMM of a routed weight this is, from ops and dims only (cheap: no details needed). */
+enum mt_role mt_route_role(const mt_spec *s, const mt_call *c);
+
+/* The decision for one problem (not a grouped call: split it with mt_call_group). A forward call
+ * must have its details read (mt_norm_details) first. */
+enum mt_reason mt_route_decide(const mt_spec *s, const mt_call *c);
+
+#endif

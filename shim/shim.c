@@ -1,0 +1,186 @@
+/* shim.c — start-up from the environment, and the path of one active call. */
+#include "shim/shim.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "shim/exec.h"
+#include "shim/log.h"
+#include "shim/param.h"
+#include "shim/router.h"
+#include "shim/stats.h"
+
+atomic_int mt_shim_on;
+static mt_spec spec; /* written once before mt_shim_on is set, read-only afterwards */
+
+const mt_spec *mt_shim_spec(void) { return &spec; }
+
+/* All of a spec's errors in one line: the user fixes them in one go. */
+static void warn_spec_errors(const char *what, const char *value, const mt_spec_errors *errs) {
+  char text[1024];
+  size_t used = 0;
+  text[0] = '\0';
+  for (int i = 0; i < errs->n && used < sizeof text; i++) {
+    if (errs->e[i].line)
+      used += (size_t)snprintf(text + used, sizeof text - used, "%sline %d: %s", i ? "; " : "",
+                               errs->e[i].line, errs->e[i].msg);
+    else
+      used += (size_t)snprintf(text + used, sizeof text - used, "%s%s", i ? "; " : "",
+                               errs->e[i].msg);
+  }
+  if (errs->dropped && used < sizeof text)
+    snprintf(text + used, sizeof text - used, "; and %d more", errs->dropped);
+  MT_WARN("%s=%s: %s", what, value, text);
+}
+
+static int is_file(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0;
+}
+
+static int load_spec(const char *name) {
+  mt_spec_errors errs = {0};
+  if (mt_spec_load(name, &spec, &errs) == 0)
+    return 0;
+  if (!strchr(name, '/') && !is_file(name)) {
+    char names[256];
+    size_t used = 0;
+    names[0] = '\0';
+    for (int i = 0; mt_spec_builtin_names[i] && used < sizeof names; i++)
+      used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
+                               mt_spec_builtin_names[i]);
+    MT_WARN("MINITE_SPEC=%s is neither a built-in spec (%s) nor a readable file: set it to a "
+            "built-in name or to the path of a spec file", name, names);
+    return -1;
+  }
+  warn_spec_errors("MINITE_SPEC", name, &errs);
+  return -1;
+}
+
+static int load_routes(void) {
+  const char *list = mt_param_str("MINITE_ROUTE");
+  if (!list)
+    return 0;
+  mt_spec_errors errs = {0};
+  if (mt_spec_add_routes(&spec, list, &errs) == 0)
+    return 0;
+  warn_spec_errors("MINITE_ROUTE", list, &errs);
+  MT_WARN("MINITE_ROUTE takes weight shapes OUTxIN separated by commas or spaces, e.g. "
+          "MINITE_ROUTE=1536x2048,2048x768");
+  return -1;
+}
+
+static void info_started(const char *role, const char *stats) {
+  char routes[MT_SPEC_MAX_ROUTES * 24];
+  size_t used = 0;
+  routes[0] = '\0';
+  for (int i = 0; i < spec.nroutes && used < sizeof routes; i++)
+    used += (size_t)snprintf(routes + used, sizeof routes - used, " %ux%u",
+                             (unsigned)spec.routes[i].out, (unsigned)spec.routes[i].in);
+  MT_INFO("minite %s active: spec %s (%s, fingerprint %016llx), role '%s', routes:%s, "
+          "statistics %s", MT_VERSION, spec.name, mt_format_name(spec.format),
+          (unsigned long long)mt_spec_fingerprint(&spec), role ? role : "",
+          spec.nroutes ? routes : " none", stats ? stats : "off");
+}
+
+static int refuse(int strict) {
+  if (strict) {
+    MT_WARN("MINITE_STRICT=1: ending the program with exit status 2 because of the "
+            "configuration error above");
+    exit(2);
+  }
+  MT_WARN("the shim stays inert for this run: every GEMM goes to cuBLAS unchanged (fix the "
+          "setting above, or set MINITE_STRICT=1 to stop at such errors)");
+  return -1;
+}
+
+int mt_shim_init(void) {
+  const char *name = getenv("MINITE_SPEC");
+  if (!name || !name[0])
+    return 0; /* inert: nothing read, opened, allocated or printed */
+  int soft_errors = mt_log_init();
+  int strict = mt_param_bool("MINITE_STRICT", 0, &soft_errors);
+  mt_param_str("MINITE_SPEC");
+  int hard_errors = load_spec(name) != 0;
+  if (!hard_errors)
+    hard_errors = load_routes() != 0;
+  const char *role = mt_param_str("MINITE_ROLE");
+  const char *stats = mt_param_str("MINITE_STATS");
+  if (hard_errors)
+    return refuse(strict);
+  if (strict && soft_errors)
+    return refuse(strict);
+  if (stats && mt_stats_open(stats) != 0)
+    return refuse(strict);
+  if (spec.format == MT_FORMAT_NVFP4 && spec.nroutes == 0)
+    MT_WARN("spec %s routes no GEMM: add route lines to the spec or set MINITE_ROUTE. To find a "
+            "model's expert shapes, run it once with MINITE_SPEC=bf16 MINITE_STATS=stats.jsonl "
+            "and read suggested_routes in the summary record", spec.name);
+  mt_stats_start(&spec, role, MT_VERSION);
+  info_started(role, stats);
+  atomic_store_explicit(&mt_shim_on, 1, memory_order_release);
+  return 0;
+}
+
+void mt_shim_fini(void) {
+  if (!atomic_exchange(&mt_shim_on, 0))
+    return;
+  mt_stats_finish();
+}
+
+/* One problem's decision; forward calls need the details (pointer mode, Lt layouts) first. */
+static enum mt_reason decide(mt_call *c) {
+  if (mt_route_role(&spec, c) == MT_ROLE_FORWARD)
+    mt_norm_details(c);
+  return mt_route_decide(&spec, c);
+}
+
+/* A grouped call is routed when every group that involves a routed weight is routed; otherwise
+ * the first group's fallback reason is the call's. */
+static enum mt_reason decide_grouped(mt_call *c) {
+  enum mt_reason call_reason = MT_R_UNROUTED;
+  int any_unrouted = 0;
+  for (int64_t g = 0; g < c->group_count; g++) {
+    mt_call one;
+    mt_call_group(c, g, &one);
+    if (mt_route_role(&spec, &one) == MT_ROLE_FORWARD && !c->details)
+      mt_norm_details(c), mt_call_group(c, g, &one);
+    enum mt_reason r = mt_route_decide(&spec, &one);
+    mt_stats_census(&one);
+    if (r == MT_R_UNROUTED)
+      any_unrouted = 1;
+    else if (call_reason == MT_R_UNROUTED || call_reason == MT_R_ROUTED)
+      call_reason = r;
+  }
+  /* A grouped call mixing routed and unrouted problems cannot be split here: issue 5 decides. */
+  if (call_reason == MT_R_ROUTED && any_unrouted)
+    call_reason = MT_R_LAYOUT;
+  return call_reason;
+}
+
+int mt_shim_begin(mt_call *c, cublasStatus_t *status) {
+  enum mt_reason r;
+  if (c->group_count > 0) {
+    r = decide_grouped(c);
+  } else {
+    r = decide(c);
+    mt_stats_census(c);
+  }
+  int ran = 0;
+  if (r == MT_R_ROUTED && spec.format != MT_FORMAT_BF16) {
+    r = mt_exec_routed(&spec, c, status);
+    ran = r == MT_R_ROUTED;
+  }
+  mt_stats_count(r);
+  if (r != MT_R_UNROUTED)
+    MT_TRACE("%s %c%c m=%lld n=%lld k=%lld: %s", mt_fn_name(c->entry), c->transa ? 'T' : 'N',
+             c->transb ? 'T' : 'N', (long long)c->m, (long long)c->n, (long long)c->k,
+             mt_reason_name(r));
+  return ran;
+}
+
+__attribute__((constructor)) static void shim_constructor(void) { mt_shim_init(); }
+
+__attribute__((destructor)) static void shim_destructor(void) { mt_shim_fini(); }

@@ -1,0 +1,365 @@
+/* stats.c — counters, census and the JSONL statistics file. */
+#include "shim/stats.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shim/log.h"
+#include "shim/param.h"
+
+static atomic_ullong n_calls, n_routed, n_passthrough, n_fallbacks[MT_R_COUNT];
+
+typedef struct {
+  int used;
+  int entry, transa, transb, atype, btype, ctype;
+  int64_t m, n, k;
+  unsigned long long count;
+} census_row;
+
+#define DISTINCT_N_KEPT 8
+typedef struct {
+  int used;
+  int atype, ctype;
+  int64_t m, k;
+  unsigned long long calls;
+  int distinct_n; /* saturates at DISTINCT_N_KEPT */
+  int64_t n_seen[DISTINCT_N_KEPT];
+} shape_row;
+
+/* Static tables: nothing is allocated, and untouched pages of a process that never routes stay
+ * unmapped. */
+static census_row census[MT_CENSUS_SIZE];
+static shape_row shapes[MT_SHAPES_SIZE];
+static unsigned long long census_overflow, shapes_overflow;
+static pthread_mutex_t census_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int stats_fd = -1;
+static pid_t owner_pid;
+static char stats_path[4096];
+static char start_fields[2048]; /* pid .. fingerprint, shared by both records */
+
+/* fork() while another thread holds the lock would leave the child's copy locked forever. */
+static void lock_census(void) { pthread_mutex_lock(&census_lock); }
+static void unlock_census(void) { pthread_mutex_unlock(&census_lock); }
+
+int mt_stats_open(const char *tmpl) {
+  if (mt_param_path(tmpl, stats_path, sizeof stats_path) != 0) {
+    MT_WARN("MINITE_STATS=%s expands to a path longer than %zu bytes: use a shorter path", tmpl,
+            sizeof stats_path);
+    return -1;
+  }
+  int fd = open(stats_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    MT_WARN("cannot open MINITE_STATS=%s (%s): %s; make sure the directory exists and is "
+            "writable, or unset MINITE_STATS", tmpl, stats_path, strerror(errno));
+    return -1;
+  }
+  stats_fd = fd;
+  owner_pid = getpid();
+  pthread_atfork(lock_census, unlock_census, unlock_census);
+  return 0;
+}
+
+int mt_stats_enabled(void) { return stats_fd >= 0; }
+
+/* --- a small buffered writer: one record may be large (the census), and write(2) is the only
+ * way out, so that no stdio buffer is ever shared with a forked child ---------------------- */
+
+typedef struct {
+  char buf[8192];
+  size_t used;
+  int fd, failed;
+} writer;
+
+static void w_flush(writer *w) {
+  size_t off = 0;
+  while (off < w->used && !w->failed) {
+    ssize_t n = write(w->fd, w->buf + off, w->used - off);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      w->failed = 1;
+    else
+      off += (size_t)n;
+  }
+  w->used = 0;
+}
+
+__attribute__((format(printf, 2, 3))) static void w_printf(writer *w, const char *fmt, ...) {
+  for (int attempt = 0; attempt < 2; attempt++) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(w->buf + w->used, sizeof w->buf - w->used, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < sizeof w->buf - w->used) {
+      w->used += (size_t)n;
+      return;
+    }
+    w->buf[w->used] = '\0';
+    w_flush(w);
+  }
+}
+
+/* A JSON string of printable ASCII; anything else becomes \u00XX. */
+static void json_str(char *out, size_t size, const char *s) {
+  size_t used = 0;
+  if (size < 3)
+    return;
+  out[used++] = '"';
+  for (; *s && used + 8 < size; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\')
+      used += (size_t)snprintf(out + used, size - used, "\\%c", ch);
+    else if (ch < 0x20 || ch >= 0x7f)
+      used += (size_t)snprintf(out + used, size - used, "\\u%04x", ch);
+    else
+      out[used++] = (char)ch;
+  }
+  out[used++] = '"';
+  out[used] = '\0';
+}
+
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void mt_stats_start(const mt_spec *s, const char *role, const char *version) {
+  if (stats_fd < 0)
+    return;
+  char host[600], role_json[300], name_json[200], version_json[100], routes[MT_SPEC_MAX_ROUTES * 24];
+  json_str(host, sizeof host, mt_param_host());
+  json_str(role_json, sizeof role_json, role ? role : "");
+  json_str(name_json, sizeof name_json, s->name);
+  json_str(version_json, sizeof version_json, version);
+  size_t used = 0;
+  routes[0] = '\0';
+  for (int i = 0; i < s->nroutes; i++)
+    used += (size_t)snprintf(routes + used, sizeof routes - used, "%s\"%" PRIu32 "x%" PRIu32 "\"",
+                             i ? ", " : "", s->routes[i].out, s->routes[i].in);
+  snprintf(start_fields, sizeof start_fields,
+           "\"pid\": %ld, \"host\": %s, \"rank\": %s, \"role\": %s, \"spec\": %s, "
+           "\"fingerprint\": \"%016" PRIx64 "\"",
+           (long)owner_pid, host, mt_param_rank(), role_json, name_json, mt_spec_fingerprint(s));
+  writer w = {.fd = stats_fd};
+  w_printf(&w, "{\"event\": \"start\", \"time\": %.6f, %s, \"routes\": [%s], \"version\": %s}\n",
+           now_seconds(), start_fields, routes, version_json);
+  w_flush(&w);
+}
+
+void mt_stats_count(enum mt_reason reason) {
+  atomic_fetch_add_explicit(&n_calls, 1, memory_order_relaxed);
+  if (reason == MT_R_ROUTED) {
+    atomic_fetch_add_explicit(&n_routed, 1, memory_order_relaxed);
+    return;
+  }
+  atomic_fetch_add_explicit(&n_passthrough, 1, memory_order_relaxed);
+  if (reason != MT_R_UNROUTED)
+    atomic_fetch_add_explicit(&n_fallbacks[reason], 1, memory_order_relaxed);
+}
+
+static uint64_t mix(uint64_t h, int64_t v) {
+  h ^= (uint64_t)v;
+  h *= 0x100000001b3ULL;
+  return h ^ (h >> 29);
+}
+
+static void census_add(const mt_call *c) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  h = mix(mix(mix(h, c->entry), c->transa * 4 + c->transb), c->m);
+  h = mix(mix(mix(h, c->n), c->k), ((int64_t)c->atype << 32) ^ (c->btype << 16) ^ c->ctype);
+  for (unsigned i = 0; i < MT_CENSUS_SIZE; i++) {
+    census_row *r = &census[(h + i) % MT_CENSUS_SIZE];
+    if (!r->used) {
+      *r = (census_row){1, (int)c->entry, c->transa, c->transb, c->atype, c->btype, c->ctype,
+                        c->m, c->n, c->k, 1};
+      return;
+    }
+    if (r->entry == (int)c->entry && r->transa == c->transa && r->transb == c->transb &&
+        r->m == c->m && r->n == c->n && r->k == c->k && r->atype == c->atype &&
+        r->btype == c->btype && r->ctype == c->ctype) {
+      r->count++;
+      return;
+    }
+  }
+  census_overflow++;
+}
+
+static int suggestible(const mt_call *c) {
+  return c->transa != MT_OP_N && c->transb == MT_OP_N && c->atype == c->btype &&
+         (c->atype == CUDA_R_16BF || c->atype == CUDA_R_16F) && c->m > 0 && c->k > 0;
+}
+
+static void shape_add(const mt_call *c) {
+  uint64_t h = mix(mix(mix(0xcbf29ce484222325ULL, c->m), c->k), c->atype * 64 + c->ctype);
+  for (unsigned i = 0; i < MT_SHAPES_SIZE; i++) {
+    shape_row *r = &shapes[(h + i) % MT_SHAPES_SIZE];
+    if (!r->used)
+      *r = (shape_row){.used = 1, .atype = c->atype, .ctype = c->ctype, .m = c->m, .k = c->k};
+    else if (r->m != c->m || r->k != c->k || r->atype != c->atype || r->ctype != c->ctype)
+      continue;
+    r->calls++;
+    int seen = 0;
+    for (int j = 0; j < r->distinct_n && !seen; j++)
+      seen = r->n_seen[j] == c->n;
+    if (!seen && r->distinct_n < DISTINCT_N_KEPT)
+      r->n_seen[r->distinct_n++] = c->n;
+    return;
+  }
+  shapes_overflow++;
+}
+
+void mt_stats_census(const mt_call *one) {
+  if (stats_fd < 0)
+    return;
+  pthread_mutex_lock(&census_lock);
+  census_add(one);
+  if (suggestible(one))
+    shape_add(one);
+  pthread_mutex_unlock(&census_lock);
+}
+
+void mt_stats_get(mt_stats_counts *out) {
+  out->gemm_calls = atomic_load(&n_calls);
+  out->routed = atomic_load(&n_routed);
+  out->passthrough = atomic_load(&n_passthrough);
+  for (int r = 0; r < MT_R_COUNT; r++)
+    out->fallbacks[r] = atomic_load(&n_fallbacks[r]);
+}
+
+static int by_calls_desc(const void *x, const void *y) {
+  const shape_row *a = *(const shape_row *const *)x, *b = *(const shape_row *const *)y;
+  if (a->calls != b->calls)
+    return a->calls < b->calls ? 1 : -1;
+  return a->m != b->m ? (a->m < b->m ? -1 : 1) : (a->k < b->k ? -1 : a->k > b->k);
+}
+
+/* Caller holds census_lock. The same weight shape seen as BF16 and as FP16 is suggested once. */
+static int suggest_locked(mt_route *routes, int max) {
+  static const shape_row *picked[MT_SHAPES_SIZE];
+  int npicked = 0, n = 0;
+  for (int i = 0; i < MT_SHAPES_SIZE; i++) {
+    const shape_row *r = &shapes[i];
+    if (r->used && (r->distinct_n >= MT_SUGGEST_DISTINCT_N || r->calls >= MT_SUGGEST_CALLS))
+      picked[npicked++] = r;
+  }
+  qsort(picked, (size_t)npicked, sizeof picked[0], by_calls_desc);
+  for (int i = 0; i < npicked && n < max; i++) {
+    int dup = 0;
+    for (int j = 0; j < n && !dup; j++)
+      dup = routes[j].out == picked[i]->m && routes[j].in == picked[i]->k;
+    if (!dup && picked[i]->m <= UINT32_MAX && picked[i]->k <= UINT32_MAX)
+      routes[n++] = (mt_route){(uint32_t)picked[i]->m, (uint32_t)picked[i]->k};
+  }
+  return n;
+}
+
+int mt_stats_suggest(mt_route *routes, int max) {
+  pthread_mutex_lock(&census_lock);
+  int n = suggest_locked(routes, max);
+  pthread_mutex_unlock(&census_lock);
+  return n;
+}
+
+void mt_stats_reset(void) {
+  pthread_mutex_lock(&census_lock);
+  memset(census, 0, sizeof census);
+  memset(shapes, 0, sizeof shapes);
+  census_overflow = shapes_overflow = 0;
+  pthread_mutex_unlock(&census_lock);
+  atomic_store(&n_calls, 0);
+  atomic_store(&n_routed, 0);
+  atomic_store(&n_passthrough, 0);
+  for (int r = 0; r < MT_R_COUNT; r++)
+    atomic_store(&n_fallbacks[r], 0);
+}
+
+static const char *type_name(int t, char *buf, size_t size) {
+  switch (t) {
+  case CUDA_R_16BF: return "bf16";
+  case CUDA_R_16F: return "f16";
+  case CUDA_R_32F: return "f32";
+  case CUDA_R_64F: return "f64";
+  case CUDA_R_8F_E4M3: return "f8e4m3";
+  case CUDA_R_8F_E5M2: return "f8e5m2";
+  case CUDA_R_8I: return "i8";
+  case CUDA_R_32I: return "i32";
+  default: snprintf(buf, size, "type%d", t); return buf;
+  }
+}
+
+static char op_char(int op) { return op == 0 ? 'N' : op == 1 ? 'T' : op == 2 ? 'C' : '?'; }
+
+static void write_census(writer *w) {
+  int first = 1;
+  for (int i = 0; i < MT_CENSUS_SIZE; i++) {
+    const census_row *r = &census[i];
+    if (!r->used)
+      continue;
+    char b1[16], b2[16], b3[16];
+    w_printf(w,
+             "%s{\"entry\": \"%s\", \"ops\": \"%c%c\", \"m\": %" PRId64 ", \"n\": %" PRId64
+             ", \"k\": %" PRId64 ", \"types\": \"%s*%s->%s\", \"count\": %llu}",
+             first ? "" : ", ", mt_fn_name((enum mt_fn)r->entry), op_char(r->transa),
+             op_char(r->transb), r->m, r->n, r->k, type_name(r->atype, b1, sizeof b1),
+             type_name(r->btype, b2, sizeof b2), type_name(r->ctype, b3, sizeof b3), r->count);
+    first = 0;
+  }
+}
+
+static void log_summary(const mt_stats_counts *c) {
+  char reasons[512];
+  size_t used = 0;
+  reasons[0] = '\0';
+  for (int r = MT_R_DGRAD; r < MT_R_COUNT; r++)
+    if (c->fallbacks[r] && used < sizeof reasons)
+      used += (size_t)snprintf(reasons + used, sizeof reasons - used, "%s%s %llu",
+                               used ? ", " : "", mt_reason_name(r), c->fallbacks[r]);
+  MT_INFO("summary: %llu GEMM calls, %llu routed, %llu passed through%s%s%s", c->gemm_calls,
+          c->routed, c->passthrough, used ? " (" : "", reasons, used ? ")" : "");
+}
+
+void mt_stats_finish(void) {
+  mt_stats_counts c;
+  mt_stats_get(&c);
+  log_summary(&c);
+  if (stats_fd < 0 || getpid() != owner_pid)
+    return;
+  pthread_mutex_lock(&census_lock);
+  writer w = {.fd = stats_fd};
+  w_printf(&w, "{\"event\": \"summary\", \"time\": %.6f, %s, \"gemm_calls\": %llu, \"routed\": "
+               "%llu, \"passthrough\": %llu, \"fallbacks\": {",
+           now_seconds(), start_fields, c.gemm_calls, c.routed, c.passthrough);
+  int first = 1;
+  for (int r = MT_R_DGRAD; r < MT_R_COUNT; r++) {
+    if (!c.fallbacks[r])
+      continue;
+    w_printf(&w, "%s\"%s\": %llu", first ? "" : ", ", mt_reason_name(r), c.fallbacks[r]);
+    first = 0;
+  }
+  w_printf(&w, "}, \"census\": [");
+  write_census(&w);
+  w_printf(&w, "], \"census_overflow\": %llu, \"suggested_routes\": [", census_overflow);
+  static mt_route routes[MT_SUGGEST_MAX];
+  int n = suggest_locked(routes, MT_SUGGEST_MAX);
+  for (int i = 0; i < n; i++)
+    w_printf(&w, "%s\"route %" PRIu32 "x%" PRIu32 "\"", i ? ", " : "", routes[i].out,
+             routes[i].in);
+  w_printf(&w, "]}\n");
+  w_flush(&w);
+  close(stats_fd);
+  stats_fd = -1;
+  pthread_mutex_unlock(&census_lock);
+  if (w.failed)
+    MT_WARN("could not write the summary to %s: %s", stats_path, strerror(errno));
+}

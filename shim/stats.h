@@ -1,0 +1,58 @@
+/* stats.h — counters, the census of GEMM shapes, and the JSON lines written to MINITE_STATS.
+ *
+ * The file (a path template, see param.h) gets a "start" record when the shim starts and a
+ * "summary" record at exit: calls, routed, passed through, fallbacks by reason, the census and
+ * the suggested routes. Counters are atomics; the census is a fixed-size table under one mutex
+ * (bounded: shapes past its size are counted as census_overflow). A child forked after start
+ * writes nothing: the file is its parent's.
+ *
+ * Suggested routes: a TN shape with A and B both BF16 or both FP16 (the layout of F.linear) whose
+ * weight m x k was seen with at least MT_SUGGEST_DISTINCT_N different token counts n (experts get
+ * a different number of tokens at every step; a dense layer sees one n per batch shape), or in
+ * at least MT_SUGGEST_CALLS calls. Printed as spec lines, "route MxK", most calls first.
+ */
+#ifndef MT_STATS_H
+#define MT_STATS_H
+
+#include "shim/call.h"
+#include "shim/router.h"
+#include "spec/spec.h"
+
+#define MT_CENSUS_SIZE 4096     /* distinct (entry, ops, m, n, k, types) kept */
+#define MT_SHAPES_SIZE 1024     /* distinct TN weight shapes tracked for suggestions */
+#define MT_SUGGEST_DISTINCT_N 3
+#define MT_SUGGEST_CALLS 1000
+#define MT_SUGGEST_MAX 64
+
+/* Open the statistics file from its template; 0, or -1 after a warning saying why. */
+int mt_stats_open(const char *tmpl);
+
+/* 1 when a statistics file is open (and the census is kept). */
+int mt_stats_enabled(void);
+
+/* Write the start record. */
+void mt_stats_start(const mt_spec *s, const char *role, const char *version);
+
+/* Count one call with the decision taken for it. */
+void mt_stats_count(enum mt_reason reason);
+
+/* Add one problem to the census (a grouped call adds one per group). */
+void mt_stats_census(const mt_call *one);
+
+/* Write the summary record and close the file (no-op in a forked child or without a file), and
+ * log the counts at INFO. */
+void mt_stats_finish(void);
+
+/* For tests: the counters so far. */
+typedef struct {
+  unsigned long long gemm_calls, routed, passthrough, fallbacks[MT_R_COUNT];
+} mt_stats_counts;
+void mt_stats_get(mt_stats_counts *out);
+
+/* For tests: the suggested routes so far, as "MxK" into routes[]; returns how many. */
+int mt_stats_suggest(mt_route *routes, int max);
+
+/* For tests: forget everything counted (the file stays as it is). */
+void mt_stats_reset(void);
+
+#endif
