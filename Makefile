@@ -81,11 +81,11 @@ $(B)/tests/gpu/%: $(B)/tests/gpu/%.o $(B)/libmt.a
 
 test: all $(CPU_TESTS) $(TEST_FIXTURES)
 	@MT_BUILD=$(B) MT_SAN=$(SAN) PYTHON=$(PYTHON) tests/run $(CPU_TESTS) \
-	    $(addprefix $(PYTHON) ,$(PY_CPU_TESTS)) $(addprefix bash ,$(SH_CPU_TESTS))
+	    $(foreach t,$(PY_CPU_TESTS),'$(PYTHON) $(t)') $(foreach t,$(SH_CPU_TESTS),'bash $(t)')
 
 gputest: all $(GPU_TESTS)
 	@MT_BUILD=$(B) PYTHON=$(PYTHON) tests/run $(GPU_TESTS) \
-	    $(addprefix $(PYTHON) ,$(wildcard tests/gpu/test_*.py))
+	    $(foreach t,$(wildcard tests/gpu/test_*.py),'$(PYTHON) $(t)')
 
 $(B)/fuzz_spec: tests/fuzz_spec.c spec/spec.c spec/spec.h
 	@mkdir -p $(B)
