@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# test_exports.sh — libminite.so exports exactly the hooks listed in shim/hooks.def (MT_HOOK
+# lines), nothing else: a stray export could interpose on some other library's symbol in the
+# user's process. Also: the library needs no cuBLAS and no CUDA runtime (DT_NEEDED).
+set -u
+lib="${MT_BUILD:-build}/libminite.so"
+pass=0 fail=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; shift; printf '    %s\n' "$@"; fail=$((fail + 1)); }
+
+want=$(grep -o '^MT_HOOK([A-Za-z0-9_]*' shim/hooks.def | sed 's/^MT_HOOK(//' | sort)
+# A sanitizer build adds the runtime's own instrumentation symbols; they are not ours to judge.
+have=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -v -E '^(__asan|__ubsan|__odr_asan|__sanitizer|_init$|_fini$)' | sort)
+if [ -n "$want" ] && [ "$want" = "$have" ]; then
+  ok "exports_are_the_hook_list ($(echo "$want" | wc -l) symbols)"
+else
+  bad exports_are_the_hook_list "missing: $(comm -23 <(echo "$want") <(echo "$have") | tr '\n' ' ')" \
+      "extra:   $(comm -13 <(echo "$want") <(echo "$have") | tr '\n' ' ')"
+fi
+
+# Every hook a CUDA 13 toolkit exports is in the list (when the toolkit is here to ask).
+real="${CUDA_HOME:-/usr/local/cuda}/lib64/libcublas.so.13"
+if [ -e "$real" ]; then
+  missing=$(nm -D --defined-only "$real" | awk '{print $3}' | sed 's/@.*//' |
+            grep -E '^cublasGemm(Ex|StridedBatchedEx|BatchedEx|GroupedBatchedEx)(_64)?$' |
+            sort | comm -23 - <(echo "$want"))
+  if [ -z "$missing" ]; then ok "every_cublas13_gemm_ex_entry_is_hooked"
+  else bad every_cublas13_gemm_ex_entry_is_hooked "not hooked: $missing"; fi
+else
+  echo "    skipped: no $real"
+  echo "skip every_cublas13_gemm_ex_entry_is_hooked"
+  skipped=1
+fi
+
+needed=$(readelf -d "$lib" | grep NEEDED | grep -o -E 'lib(cublas|cublasLt|cudart)[^]]*' || true)
+if [ -z "$needed" ]; then ok "no_cublas_or_cudart_dependency"
+else bad no_cublas_or_cudart_dependency "DT_NEEDED: $needed"; fi
+
+echo "#mt-counts $pass $fail ${skipped:-0}"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,485 @@
+/* test_shim_preload.c — the shim preloaded into programs that use (fake) cuBLAS.
+ *
+ * Runs tests/cpu/fake's app (a battery of calls through every hooked entry point) in both
+ * arrangements — linked to cuBLAS directly, and dlopen()ing a library that depends on cuBLAS with
+ * RTLD_LOCAL, as PyTorch does — without the shim, inert, and active under the bf16 and nvfp4-row
+ * specs, and checks: arguments arrive unchanged (the app checks, exit 0), results are bitwise the
+ * same in every run, the statistics file holds the counts and reasons the router must give, and
+ * bad settings give their message and change nothing. Needs the fixtures of tests/cpu/shim.mk.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/harness.h"
+
+extern char **environ;
+
+static char build[PATH_MAX], tmp[PATH_MAX], preload[2 * PATH_MAX];
+
+typedef struct {
+  int status;      /* exit status, or 128 + signal */
+  pid_t pid;
+  char err[32768]; /* stderr */
+  long out_bytes;  /* bytes written to stdout: must stay 0 */
+} run_result;
+
+static char *read_file(const char *path, long *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = malloc((size_t)n + 1);
+  if (fread(s, 1, (size_t)n, f) != (size_t)n)
+    n = 0;
+  s[n] = '\0';
+  fclose(f);
+  if (len)
+    *len = n;
+  return s;
+}
+
+static int exists(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0;
+}
+
+/* Run argv with the environment of this process minus MINITE_*, LD_PRELOAD and RANK, plus
+ * `env` (NULL-terminated "K=V"), and the shim preloaded when `shim` is set. */
+static void run(const char *const argv[], const char *const env[], int shim, run_result *r) {
+  char errpath[PATH_MAX + 16], outpath[PATH_MAX + 16];
+  snprintf(errpath, sizeof errpath, "%s/stderr", tmp);
+  snprintf(outpath, sizeof outpath, "%s/stdout", tmp);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    for (char **e = environ; *e;) {
+      if (!strncmp(*e, "MINITE_", 7) || !strncmp(*e, "LD_PRELOAD=", 11) || !strncmp(*e, "RANK=", 5) ||
+          !strncmp(*e, "FAKE_APP_", 9)) {
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)(strchr(*e, '=') - *e), *e);
+        unsetenv(name);
+      } else {
+        e++;
+      }
+    }
+    for (int i = 0; env && env[i]; i++)
+      putenv((char *)env[i]);
+    if (shim)
+      setenv("LD_PRELOAD", preload, 1);
+    int fd = open(errpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r->pid = pid;
+  r->status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  char *err = read_file(errpath, NULL);
+  snprintf(r->err, sizeof r->err, "%s", err ? err : "");
+  free(err);
+  char *out = read_file(outpath, &r->out_bytes);
+  free(out);
+}
+
+/* --- the two arrangements --------------------------------------------------------------- */
+
+enum arrangement { DIRECT, DLOPEN };
+
+static void app(enum arrangement arr, const char *tag, const char *const env[], int shim,
+                run_result *r) {
+  char exe[PATH_MAX + 64], lib[PATH_MAX + 64], out[PATH_MAX + 64], expect[PATH_MAX + 64];
+  snprintf(out, sizeof out, "%s/%s.out", tmp, tag);
+  snprintf(expect, sizeof expect, "%s/%s.expect", tmp, tag);
+  snprintf(lib, sizeof lib, "%s/tests/cpu/fake/libfakeapp.so", build);
+  if (arr == DIRECT) {
+    snprintf(exe, sizeof exe, "%s/tests/cpu/fake/app_direct", build);
+    const char *argv[] = {exe, out, expect, NULL};
+    run(argv, env, shim, r);
+  } else {
+    snprintf(exe, sizeof exe, "%s/tests/cpu/fake/app_dlopen", build);
+    const char *argv[] = {exe, lib, out, expect, NULL};
+    run(argv, env, shim, r);
+  }
+}
+
+static char *baseline;
+static long baseline_len;
+
+/* The run's results equal the baseline's, byte for byte. */
+static int same_results(const char *tag) {
+  char path[PATH_MAX + 64];
+  snprintf(path, sizeof path, "%s/%s.out", tmp, tag);
+  long len;
+  char *s = read_file(path, &len);
+  int same = s && baseline && len == baseline_len && memcmp(s, baseline, (size_t)len) == 0;
+  free(s);
+  return same;
+}
+
+static void tmp_path(char *out, size_t size, const char *name) {
+  snprintf(out, size, "%s/%s", tmp, name);
+}
+
+/* --- reading the statistics file ---------------------------------------------------------- */
+
+static long json_int(const char *s, const char *key) {
+  char pat[128];
+  snprintf(pat, sizeof pat, "\"%s\": ", key);
+  const char *p = s ? strstr(s, pat) : NULL;
+  return p ? strtol(p + strlen(pat), NULL, 10) : -1;
+}
+
+/* The count of a reason inside the summary's "fallbacks" object; 0 when absent. */
+static long fallback(const char *summary, const char *reason) {
+  const char *f = strstr(summary, "\"fallbacks\": {");
+  if (!f)
+    return -1;
+  const char *end = strchr(f, '}');
+  char pat[96];
+  snprintf(pat, sizeof pat, "\"%s\": ", reason);
+  const char *p = strstr(f, pat);
+  return p && p < end ? strtol(p + strlen(pat), NULL, 10) : 0;
+}
+
+typedef struct {
+  long calls, routed_eligible, unrouted;
+  long reasons[16];
+} expectation;
+
+static const char *const reason_keys[] = {"backward_dgrad", "backward_wgrad", "dtype",
+                                          "compute_type", "layout", "epilogue", "pointer_mode",
+                                          "k_alignment", NULL};
+static const char *const reason_names[] = {"backward dgrad", "backward wgrad", "dtype",
+                                           "compute type", "layout", "epilogue", "pointer mode",
+                                           "k alignment", NULL};
+
+static void read_expectation(const char *tag, expectation *e) {
+  char path[PATH_MAX + 64], entry[128], reason[64];
+  snprintf(path, sizeof path, "%s/%s.expect", tmp, tag);
+  memset(e, 0, sizeof *e);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return;
+  while (fscanf(f, "%127s %63s", entry, reason) == 2) {
+    if (!strcmp(entry, "-"))
+      continue;
+    e->calls++;
+    if (!strcmp(reason, "ROUTED"))
+      e->routed_eligible++;
+    else if (!strcmp(reason, "unrouted"))
+      e->unrouted++;
+    for (int i = 0; reason_keys[i]; i++)
+      if (!strcmp(reason, reason_keys[i]))
+        e->reasons[i]++;
+  }
+  fclose(f);
+}
+
+/* Lines of a stats file: the first and the last, and how many. */
+static int stats_lines(const char *path, char **first, char **last) {
+  char *s = read_file(path, NULL);
+  *first = *last = NULL;
+  if (!s)
+    return 0;
+  int n = 0;
+  for (char *line = strtok(s, "\n"); line; line = strtok(NULL, "\n"), n++) {
+    if (!*first)
+      *first = strdup(line);
+    free(*last);
+    *last = strdup(line);
+  }
+  free(s);
+  return n;
+}
+
+/* Every line parses as JSON (when a Python is at hand). */
+static int json_parses(const char *path) {
+  const char *py = getenv("PYTHON") ? getenv("PYTHON") : "python3";
+  char cmd[2 * PATH_MAX];
+  snprintf(cmd, sizeof cmd,
+           "%s -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' '%s' 2>/dev/null",
+           py, path);
+  int rc = system(cmd);
+  return rc == 0 || (WIFEXITED(rc) && WEXITSTATUS(rc) == 127);
+}
+
+static void check_counts(const char *path, const char *tag, int bf16) {
+  expectation e;
+  read_expectation(tag, &e);
+  char *start, *summary;
+  int lines = stats_lines(path, &start, &summary);
+  CHECKF(lines == 2, "%s: %d lines", path, lines);
+  CHECKF(json_parses(path), "%s is not JSON lines", path);
+  CHECK(start && strstr(start, "{\"event\": \"start\""));
+  CHECK(start && strstr(start, bf16 ? "\"spec\": \"bf16\"" : "\"spec\": \"nvfp4-row\""));
+  CHECK(start && strstr(start, "\"fingerprint\": \"") && strstr(start, "\"version\": "));
+  CHECK(summary && strstr(summary, "{\"event\": \"summary\""));
+  if (!summary)
+    return;
+  CHECKF(json_int(summary, "gemm_calls") == e.calls, "%ld calls, expected %ld",
+         json_int(summary, "gemm_calls"), e.calls);
+  long routed = bf16 ? e.routed_eligible : 0;
+  CHECKF(json_int(summary, "routed") == routed, "%ld routed, expected %ld",
+         json_int(summary, "routed"), routed);
+  CHECK(json_int(summary, "passthrough") == e.calls - routed);
+  CHECKF(fallback(summary, "no engine") == (bf16 ? 0 : e.routed_eligible), "no engine %ld",
+         fallback(summary, "no engine"));
+  for (int i = 0; reason_keys[i]; i++)
+    CHECKF(fallback(summary, reason_names[i]) == e.reasons[i], "%s: %ld, expected %ld",
+           reason_names[i], fallback(summary, reason_names[i]), e.reasons[i]);
+  /* GemmEx calls 1, 2 and those failing on compute type, pointer mode and lda share one shape */
+  CHECK(strstr(summary, "{\"entry\": \"cublasGemmEx\", \"ops\": \"TN\", \"m\": 64, \"n\": 5, "
+                        "\"k\": 32, \"types\": \"bf16*bf16->bf16\", \"count\": 5}"));
+  CHECK(strstr(summary, "{\"entry\": \"cublasLtMatmul\", \"ops\": \"NN\", \"m\": 32, \"n\": 5, "
+                        "\"k\": 64, \"types\": \"bf16*bf16->bf16\", \"count\": 1}"));
+  /* 64x32 is seen with n = 3, 4, 5, 6, 9; 16x16 and 48x24 with one n each */
+  CHECKF(strstr(summary, "\"suggested_routes\": [\"route 64x32\"]"), "%s",
+         strstr(summary, "suggested_routes"));
+  free(start), free(summary);
+}
+
+static const char *const routes_env = "MINITE_ROUTE=64x32,48x24";
+
+/* --- tests ------------------------------------------------------------------------------ */
+
+static void without_shim(void) {
+  run_result r;
+  app(DIRECT, "base", NULL, 0, &r);
+  CHECKF(r.status == 0, "exit %d: %s", r.status, r.err);
+  char path[PATH_MAX + 64];
+  snprintf(path, sizeof path, "%s/base.out", tmp);
+  baseline = read_file(path, &baseline_len);
+  CHECK(baseline && baseline_len > 1000);
+  app(DLOPEN, "base_dlopen", NULL, 0, &r);
+  CHECKF(r.status == 0, "exit %d: %s", r.status, r.err);
+  CHECK(same_results("base_dlopen"));
+}
+
+static void inert_changes_nothing_and_writes_nothing(void) {
+  char stats[PATH_MAX + 64], log[PATH_MAX + 64], env1[PATH_MAX + 80], env2[PATH_MAX + 80];
+  tmp_path(stats, sizeof stats, "inert.jsonl");
+  tmp_path(log, sizeof log, "inert.log");
+  snprintf(env1, sizeof env1, "MINITE_STATS=%s", stats);
+  snprintf(env2, sizeof env2, "MINITE_LOG_FILE=%s", log);
+  const char *env[] = {env1, env2, "MINITE_LOG_LEVEL=TRACE", "MINITE_STRICT=1", NULL};
+  for (int arr = DIRECT; arr <= DLOPEN; arr++) {
+    run_result r;
+    app(arr, "inert", env, 1, &r);
+    CHECKF(r.status == 0, "exit %d: %s", r.status, r.err);
+    CHECKF(r.err[0] == '\0', "stderr: %s", r.err);
+    CHECK(r.out_bytes == 0);
+    CHECK(same_results("inert"));
+    CHECK(!exists(stats) && !exists(log));
+  }
+}
+
+static void active(enum arrangement arr, int bf16) {
+  const char *tag = arr == DIRECT ? (bf16 ? "bf16_direct" : "nvfp4_direct")
+                                  : (bf16 ? "bf16_dlopen" : "nvfp4_dlopen");
+  char stats[PATH_MAX + 64], env1[PATH_MAX + 80];
+  snprintf(stats, sizeof stats, "%s/%s.jsonl", tmp, tag);
+  snprintf(env1, sizeof env1, "MINITE_STATS=%s", stats);
+  const char *env[] = {env1, bf16 ? "MINITE_SPEC=bf16" : "MINITE_SPEC=nvfp4-row", routes_env,
+                       NULL};
+  run_result r;
+  app(arr, tag, env, 1, &r);
+  CHECKF(r.status == 0, "exit %d: %s", r.status, r.err);
+  CHECKF(r.err[0] == '\0', "stderr at the default level: %s", r.err);
+  CHECK(r.out_bytes == 0);
+  CHECKF(same_results(tag), "%s: results differ from the run without the shim", tag);
+  check_counts(stats, tag, bf16);
+}
+
+static void active_direct_nvfp4(void) { active(DIRECT, 0); }
+static void active_dlopen_nvfp4(void) { active(DLOPEN, 0); }
+static void active_direct_bf16(void) { active(DIRECT, 1); }
+static void active_dlopen_bf16(void) { active(DLOPEN, 1); }
+
+/* A bad setting: its message, the shim inert (no stats file), results unchanged, exit 0. */
+static void bad_setting(const char *tag, const char *setting, const char *message) {
+  char stats[PATH_MAX + 64], env1[PATH_MAX + 80];
+  snprintf(stats, sizeof stats, "%s/%s.jsonl", tmp, tag);
+  snprintf(env1, sizeof env1, "MINITE_STATS=%s", stats);
+  /* the setting under test comes last, so that it overrides the good ones before it */
+  const char *env[] = {env1, "MINITE_SPEC=nvfp4-row", routes_env, setting, NULL};
+  run_result r;
+  app(DIRECT, tag, env, 1, &r);
+  CHECKF(r.status == 0, "%s: exit %d", setting, r.status);
+  CHECKF(strstr(r.err, message), "%s: no '%s' in: %s", setting, message, r.err);
+  CHECKF(strstr(r.err, "inert"), "%s: the shim does not say it is inert: %s", setting, r.err);
+  CHECKF(same_results(tag), "%s changed results", setting);
+  CHECK(r.out_bytes == 0);
+  if (strncmp(setting, "MINITE_STATS=", 13))
+    CHECKF(!exists(stats), "%s: a stats file was written", setting);
+}
+
+static void bad_spec_name(void) {
+  bad_setting("bad_spec", "MINITE_SPEC=nvfp5", "MINITE_SPEC=nvfp5 is neither a built-in");
+}
+
+static void bad_spec_file(void) {
+  static char setting[2 * PATH_MAX];
+  char path[PATH_MAX + 64];
+  tmp_path(path, sizeof path, "bad.spec");
+  FILE *f = fopen(path, "w");
+  fputs("# a spec with a typo\nformat = nvfp5\n", f);
+  fclose(f);
+  snprintf(setting, sizeof setting, "MINITE_SPEC=%s", path);
+  bad_setting("bad_spec_file", setting, "line 2");
+}
+
+static void bad_route(void) { bad_setting("bad_route", "MINITE_ROUTE=64by32", "MINITE_ROUTE"); }
+
+static void bad_stats_path(void) {
+  static char setting[2 * PATH_MAX];
+  snprintf(setting, sizeof setting, "MINITE_STATS=%s/no/such/dir/s.jsonl", tmp);
+  bad_setting("bad_stats", setting, "cannot open MINITE_STATS");
+}
+
+/* A bad log level is warned about and the default used; the shim stays active. */
+static void bad_log_level(void) {
+  char stats[PATH_MAX + 64], env1[PATH_MAX + 80];
+  tmp_path(stats, sizeof stats, "bad_level.jsonl");
+  snprintf(env1, sizeof env1, "MINITE_STATS=%s", stats);
+  const char *env[] = {"MINITE_LOG_LEVEL=LOUD", env1, "MINITE_SPEC=bf16", routes_env, NULL};
+  run_result r;
+  app(DIRECT, "bad_level", env, 1, &r);
+  CHECK(r.status == 0);
+  CHECKF(strstr(r.err, "invalid value 'LOUD' for MINITE_LOG_LEVEL: use one of NONE, WARN, INFO, "
+                       "TRACE; using the default WARN"), "%s", r.err);
+  CHECK(same_results("bad_level"));
+  char *first, *last;
+  CHECK(stats_lines(stats, &first, &last) == 2);
+  free(first), free(last);
+}
+
+static void strict_exits_2(void) {
+  const char *bad[] = {"MINITE_SPEC=nvfp5", "MINITE_ROUTE=1x", "MINITE_LOG_LEVEL=LOUD", NULL};
+  for (int i = 0; bad[i]; i++) {
+    const char *env[] = {"MINITE_STRICT=1", bad[i], i ? "MINITE_SPEC=bf16" : routes_env, NULL};
+    run_result r;
+    app(DIRECT, "strict", env, 1, &r);
+    CHECKF(r.status == 2, "%s: exit %d", bad[i], r.status);
+    CHECKF(strstr(r.err, "MINITE_STRICT=1: ending the program with exit status 2"), "%s", r.err);
+  }
+  const char *good[] = {"MINITE_STRICT=1", "MINITE_SPEC=bf16", NULL};
+  run_result r;
+  app(DIRECT, "strict_ok", good, 1, &r);
+  CHECKF(r.status == 0 && r.err[0] == '\0', "exit %d: %s", r.status, r.err);
+}
+
+static void forked_child_writes_nothing(void) {
+  char stats[PATH_MAX + 64], env1[PATH_MAX + 80];
+  tmp_path(stats, sizeof stats, "fork.jsonl");
+  snprintf(env1, sizeof env1, "MINITE_STATS=%s", stats);
+  const char *env[] = {env1, "MINITE_SPEC=bf16", routes_env, "FAKE_APP_FORK=1", NULL};
+  run_result r;
+  app(DIRECT, "fork", env, 1, &r);
+  CHECKF(r.status == 0, "exit %d: %s", r.status, r.err);
+  char *first, *last;
+  int lines = stats_lines(stats, &first, &last);
+  CHECKF(lines == 2, "%d lines: the child wrote to its parent's file", lines);
+  expectation e;
+  read_expectation("fork", &e);
+  CHECK(json_int(last, "gemm_calls") == e.calls);
+  CHECKF(json_int(last, "pid") == r.pid, "pid %ld, parent %ld", json_int(last, "pid"),
+         (long)r.pid);
+  free(first), free(last);
+}
+
+static void log_file_and_templates(void) {
+  char env1[PATH_MAX + 80], env2[PATH_MAX + 80], host[256];
+  snprintf(env1, sizeof env1, "MINITE_LOG_FILE=%s/log.%%h.%%p.%%r.%%%%", tmp);
+  snprintf(env2, sizeof env2, "MINITE_STATS=%s/stats.%%r.%%p", tmp);
+  const char *env[] = {env1, env2, "MINITE_LOG_LEVEL=TRACE", "MINITE_SPEC=nvfp4-row", routes_env,
+                       "RANK=3", "MINITE_ROLE=learner", NULL};
+  run_result r;
+  app(DLOPEN, "logfile", env, 1, &r);
+  CHECKF(r.status == 0 && r.err[0] == '\0', "exit %d, stderr: %s", r.status, r.err);
+  gethostname(host, sizeof host);
+  host[sizeof host - 1] = '\0';
+  if (strchr(host, '.'))
+    *strchr(host, '.') = '\0';
+  char log[PATH_MAX + 600], stats[PATH_MAX + 64], prefix[400];
+  snprintf(log, sizeof log, "%s/log.%s.%ld.3.%%", tmp, host, (long)r.pid);
+  snprintf(stats, sizeof stats, "%s/stats.3.%ld", tmp, (long)r.pid);
+  snprintf(prefix, sizeof prefix, "%s:%ld:", host, (long)r.pid);
+  char *text = read_file(log, NULL);
+  CHECKF(text, "no log file %s", log);
+  if (text) {
+    CHECKF(!strncmp(text, prefix, strlen(prefix)), "line format: %.80s", text);
+    CHECK(strstr(text, " minite INFO MINITE_SPEC set by environment to nvfp4-row\n"));
+    CHECK(strstr(text, " minite INFO minite ") && strstr(text, " active: spec nvfp4-row"));
+    CHECK(strstr(text, " minite TRACE cublasGemmEx NN m=32 n=5 k=64: backward dgrad\n"));
+    CHECK(strstr(text, " minite INFO summary: 34 GEMM calls, 0 routed, 34 passed through"));
+  }
+  free(text);
+  char *first, *last;
+  CHECK(stats_lines(stats, &first, &last) == 2);
+  CHECK(first && strstr(first, "\"rank\": 3, \"role\": \"learner\""));
+  free(first), free(last);
+}
+
+static void nvfp4_without_routes_warns(void) {
+  const char *env[] = {"MINITE_SPEC=nvfp4-row", NULL};
+  run_result r;
+  app(DIRECT, "noroutes", env, 1, &r);
+  CHECK(r.status == 0);
+  CHECKF(strstr(r.err, "routes no GEMM") && strstr(r.err, "MINITE_SPEC=bf16"), "%s", r.err);
+  CHECK(same_results("noroutes"));
+}
+
+int main(void) {
+  const char *b = getenv("MT_BUILD") ? getenv("MT_BUILD") : "build";
+  if (!realpath(b, build)) {
+    printf("no build directory %s\n", b);
+    return 1;
+  }
+  char path[PATH_MAX + 64], lib[PATH_MAX + 32];
+  snprintf(path, sizeof path, "%s/tests/cpu/fake/preload_first.txt", build);
+  char *first = read_file(path, NULL);
+  if (first && strchr(first, '\n'))
+    *strchr(first, '\n') = '\0';
+  snprintf(lib, sizeof lib, "%s/libminite.so", build);
+  snprintf(preload, sizeof preload, "%s%s%s", first && first[0] ? first : "",
+           first && first[0] ? " " : "", lib);
+  free(first);
+  snprintf(tmp, sizeof tmp, "/tmp/mt_shim_preload.XXXXXX");
+  if (!mkdtemp(tmp)) {
+    printf("mkdtemp: %s\n", strerror(errno));
+    return 1;
+  }
+  RUN(without_shim);
+  RUN(inert_changes_nothing_and_writes_nothing);
+  RUN(active_direct_nvfp4);
+  RUN(active_dlopen_nvfp4);
+  RUN(active_direct_bf16);
+  RUN(active_dlopen_bf16);
+  RUN(bad_spec_name);
+  RUN(bad_spec_file);
+  RUN(bad_route);
+  RUN(bad_stats_path);
+  RUN(bad_log_level);
+  RUN(strict_exits_2);
+  RUN(forked_child_writes_nothing);
+  RUN(log_file_and_templates);
+  RUN(nvfp4_without_routes_warns);
+  free(baseline);
+  char cmd[PATH_MAX + 16];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+  if (!mt_t_failed && system(cmd) != 0)
+    printf("could not remove %s\n", tmp);
+  return mt_test_done();
+}

@@ -1,0 +1,236 @@
+/* test_shim_units.c — the shim's modules one at a time: the router's decision table, parameter
+ * parsing and path templates, the log line format, the census's suggested-route rule, and the
+ * hook's answer when no real cuBLAS is in the process. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "shim/log.h"
+#include "shim/param.h"
+#include "shim/router.h"
+#include "shim/stats.h"
+#include "tests/harness.h"
+
+static mt_spec spec;
+
+/* A forward call PyTorch's F.linear would make for the routed weight 64x32, details read. */
+static mt_call forward(void) {
+  static _Alignas(16) char buf[4][64];
+  return (mt_call){
+      .entry = MT_FN_cublasGemmEx, .transa = CUBLAS_OP_T, .transb = CUBLAS_OP_N,
+      .m = 64, .n = 5, .k = 32, .atype = CUDA_R_16BF, .btype = CUDA_R_16BF,
+      .ctype = CUDA_R_16BF, .dtype = CUDA_R_16BF, .compute = CUBLAS_COMPUTE_32F, .scale_type = -1,
+      .a = buf[0], .b = buf[1], .c = buf[2], .d = buf[2], .lda = 32, .ldb = 32, .ldc = 64,
+      .ldd = 64, .batch = 1, .ptr_mode = MT_PTR_HOST, .device = -1,
+      .epilogue = CUBLASLT_EPILOGUE_DEFAULT, .bias_type = -1, .details = 1, .details_ok = 1,
+  };
+}
+
+static void setup_spec(void) {
+  mt_spec_errors errs = {0};
+  CHECK(mt_spec_builtin("nvfp4-row", &spec) == 0);
+  CHECK(mt_spec_add_routes(&spec, "64x32, 48x24", &errs) == 0);
+}
+
+static void router_decision_table(void) {
+  setup_spec();
+  struct {
+    const char *what;
+    mt_call c;
+    enum mt_reason want;
+  } rows[24];
+  int n = 0;
+  mt_call c = forward();
+#define ROW(text, expr, reason)                                                                    \
+  do {                                                                                             \
+    c = forward();                                                                                 \
+    expr;                                                                                          \
+    rows[n].what = text, rows[n].c = c, rows[n].want = reason, n++;                                \
+  } while (0)
+  ROW("F.linear forward", (void)0, MT_R_ROUTED);
+  ROW("legacy compute type CUDA_R_32F", c.compute = CUDA_R_32F, MT_R_ROUTED);
+  ROW("FP16 operands and output", (c.atype = c.btype = c.ctype = c.dtype = CUDA_R_16F),
+      MT_R_ROUTED);
+  ROW("op C counts as op T", c.transa = CUBLAS_OP_C, MT_R_ROUTED);
+  ROW("Lt BIAS epilogue", (c.entry = MT_FN_cublasLtMatmul, c.epilogue = CUBLASLT_EPILOGUE_BIAS,
+                           c.scale_type = CUDA_R_32F), MT_R_ROUTED);
+  ROW("unrouted shape", (c.m = 16, c.k = 16), MT_R_UNROUTED);
+  ROW("TT is no GEMM of the weight", c.transb = CUBLAS_OP_T, MT_R_UNROUTED);
+  ROW("dgrad NN", (c.transa = CUBLAS_OP_N, c.m = 32, c.k = 64), MT_R_DGRAD);
+  ROW("wgrad NT", (c.transa = CUBLAS_OP_N, c.transb = CUBLAS_OP_T, c.m = 32, c.n = 64, c.k = 5),
+      MT_R_WGRAD);
+  ROW("FP32 operands", (c.atype = c.btype = CUDA_R_32F), MT_R_DTYPE);
+  ROW("mixed BF16/FP16", c.btype = CUDA_R_16F, MT_R_DTYPE);
+  ROW("FP32 output", (c.ctype = c.dtype = CUDA_R_32F), MT_R_DTYPE);
+  ROW("TF32 compute", c.compute = CUBLAS_COMPUTE_32F_FAST_TF32, MT_R_COMPUTE);
+  ROW("Lt FP16 scale type", (c.entry = MT_FN_cublasLtMatmul, c.scale_type = CUDA_R_16F),
+      MT_R_COMPUTE);
+  ROW("device pointer mode", c.ptr_mode = MT_PTR_DEVICE, MT_R_POINTER_MODE);
+  ROW("Lt RELU epilogue", c.epilogue = CUBLASLT_EPILOGUE_RELU, MT_R_EPILOGUE);
+  ROW("Lt BIAS of FP64", (c.epilogue = CUBLASLT_EPILOGUE_BIAS, c.bias_type = CUDA_R_64F),
+      MT_R_EPILOGUE);
+  ROW("row-major Lt", c.order_b = CUBLASLT_ORDER_ROW, MT_R_LAYOUT);
+  ROW("Lt batch", (c.entry = MT_FN_cublasLtMatmul, c.batch = 2), MT_R_LAYOUT);
+  ROW("ld not a multiple of 8", c.ldb = 36, MT_R_LAYOUT);
+  ROW("unaligned pointer", c.b = (const char *)c.b + 2, MT_R_LAYOUT);
+  ROW("details unreadable", c.details_ok = 0, MT_R_LAYOUT);
+  ROW("k not a multiple of 16", (c.m = 48, c.k = 24, c.lda = c.ldb = 24, c.ldc = c.ldd = 48),
+      MT_R_K_ALIGN);
+  ROW("strided batch of routed problems", (c.entry = MT_FN_cublasGemmStridedBatchedEx,
+                                           c.batch = 3), MT_R_ROUTED);
+#undef ROW
+  for (int i = 0; i < n; i++) {
+    enum mt_reason got = mt_route_decide(&spec, &rows[i].c);
+    CHECKF(got == rows[i].want, "%s: %s, expected %s", rows[i].what, mt_reason_name(got),
+           mt_reason_name(rows[i].want));
+  }
+}
+
+static void reason_names(void) {
+  const char *want[MT_R_COUNT] = {"unrouted", "routed", "backward dgrad", "backward wgrad",
+                                  "dtype", "compute type", "layout", "epilogue", "pointer mode",
+                                  "k alignment", "no engine"};
+  for (int r = 0; r < MT_R_COUNT; r++)
+    CHECKF(!strcmp(mt_reason_name(r), want[r]), "%d: %s", r, mt_reason_name(r));
+  CHECK(!strcmp(mt_reason_name(MT_R_COUNT), "?"));
+}
+
+static void params(void) {
+  char out[64], want[64];
+  setenv("RANK", "7", 1);
+  CHECK(mt_param_path("a.%r.%%.%p.%x", out, sizeof out) == 0);
+  snprintf(want, sizeof want, "a.7.%%.%ld.%%x", (long)getpid());
+  CHECKF(!strcmp(out, want), "%s", out);
+  setenv("RANK", "-1", 1);
+  CHECK(mt_param_path("%r", out, sizeof out) == 0 && !strcmp(out, "0"));
+  CHECK(mt_param_path("%h", out, sizeof out) == 0 && !strchr(out, '.'));
+  CHECK(mt_param_path("0123456789", out, 10) == -1);
+  static const char *const levels[] = {"NONE", "WARN", "INFO", NULL};
+  int errors = 0;
+  atomic_store(&mt_log_level_now, MT_LOG_NONE); /* the warning below is expected */
+  setenv("MT_TEST_LEVEL", "info", 1);
+  CHECK(mt_param_choice("MT_TEST_LEVEL", levels, 1, &errors) == 2 && errors == 0);
+  setenv("MT_TEST_LEVEL", "LOUD", 1);
+  CHECK(mt_param_choice("MT_TEST_LEVEL", levels, 1, &errors) == 1 && errors == 1);
+  unsetenv("MT_TEST_LEVEL");
+  CHECK(mt_param_choice("MT_TEST_LEVEL", levels, 1, &errors) == 1 && errors == 1);
+  setenv("MT_TEST_BOOL", "yes", 1);
+  CHECK(mt_param_bool("MT_TEST_BOOL", 0, &errors) == 1);
+  setenv("MT_TEST_BOOL", "2", 1);
+  CHECK(mt_param_bool("MT_TEST_BOOL", 0, &errors) == 0 && errors == 2);
+  setenv("MT_TEST_STR", "", 1);
+  CHECK(mt_param_str("MT_TEST_STR") == NULL);
+  atomic_store(&mt_log_level_now, MT_LOG_WARN);
+}
+
+/* Capture what the log writes to fd 2 while fn runs. */
+static void capture_stderr(void (*fn)(void), char *out, size_t size) {
+  char path[] = "/tmp/mt_log_test.XXXXXX";
+  int fd = mkstemp(path), saved = dup(2);
+  fflush(stderr);
+  dup2(fd, 2);
+  fn();
+  dup2(saved, 2);
+  close(saved);
+  ssize_t n = pread(fd, out, size - 1, 0);
+  out[n > 0 ? n : 0] = '\0';
+  close(fd);
+  unlink(path);
+}
+
+static void warn_twice_once(void) {
+  for (int i = 0; i < 2; i++)
+    MT_WARN_ONCE("once %d", 41 + i);
+  MT_INFO("not at the WARN level");
+}
+
+static void log_none(void) {
+  atomic_store(&mt_log_level_now, MT_LOG_NONE);
+  MT_WARN("silent");
+  atomic_store(&mt_log_level_now, MT_LOG_WARN);
+}
+
+static void log_lines(void) {
+  char text[512], want[300];
+  capture_stderr(warn_twice_once, text, sizeof text);
+  snprintf(want, sizeof want, "%s:%ld:%ld minite WARN once 41\n", mt_param_host(), (long)getpid(),
+           (long)gettid());
+  CHECKF(!strcmp(text, want), "got '%s', want '%s'", text, want);
+  capture_stderr(log_none, text, sizeof text);
+  CHECKF(text[0] == '\0', "%s", text);
+}
+
+static mt_call shape(int ta, int64_t m, int64_t n, int64_t k, int type) {
+  mt_call c = forward();
+  c.transa = ta, c.m = m, c.n = n, c.k = k;
+  c.atype = c.btype = c.ctype = c.dtype = type;
+  return c;
+}
+
+static void suggested_routes_rule(void) {
+  char path[] = "/tmp/mt_stats_test.XXXXXX";
+  close(mkstemp(path));
+  CHECK(mt_stats_open(path) == 0);
+  mt_stats_reset();
+  for (int n = 1; n <= 3; n++) { /* three token counts: an expert */
+    mt_call c = shape(CUBLAS_OP_T, 1536, n, 2048, CUDA_R_16BF);
+    mt_stats_census(&c);
+  }
+  for (int i = 0; i < 999; i++) { /* one token count, 999 calls: not yet */
+    mt_call c = shape(CUBLAS_OP_T, 4096, 8, 1024, CUDA_R_16BF);
+    mt_stats_census(&c);
+  }
+  for (int i = 0; i < 1000; i++) { /* one token count, 1000 calls */
+    mt_call c = shape(CUBLAS_OP_T, 2048, 8, 768, CUDA_R_16F);
+    mt_stats_census(&c);
+  }
+  for (int n = 1; n <= 5; n++) { /* never: backward layout, FP32, and the same shape in FP16 */
+    mt_call nn = shape(CUBLAS_OP_N, 512, n, 256, CUDA_R_16BF);
+    mt_call f32 = shape(CUBLAS_OP_T, 256, n, 512, CUDA_R_32F);
+    mt_call f16 = shape(CUBLAS_OP_T, 1536, n, 2048, CUDA_R_16F);
+    mt_stats_census(&nn), mt_stats_census(&f32), mt_stats_census(&f16);
+  }
+  mt_route r[8];
+  int n = mt_stats_suggest(r, 8);
+  CHECKF(n == 2, "%d suggestions", n);
+  CHECK(n >= 1 && r[0].out == 2048 && r[0].in == 768); /* most calls first */
+  CHECK(n >= 2 && r[1].out == 1536 && r[1].in == 2048);
+  mt_stats_reset();
+  unlink(path);
+}
+
+static cublasStatus_t statuses[2];
+
+static void call_twice(void) {
+  for (int i = 0; i < 2; i++)
+    statuses[i] = cublasGemmEx(NULL, CUBLAS_OP_T, CUBLAS_OP_N, 1, 1, 1, NULL, NULL, CUDA_R_16BF,
+                               1, NULL, CUDA_R_16BF, 1, NULL, NULL, CUDA_R_16BF, 1,
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+static int count(const char *text, const char *what) {
+  int n = 0;
+  for (const char *p = strstr(text, what); p; p = strstr(p + 1, what))
+    n++;
+  return n;
+}
+
+/* This program holds no cuBLAS: the hook answers NOT_INITIALIZED, never crashes, warns once. */
+static void no_real_cublas(void) {
+  char text[2048];
+  capture_stderr(call_twice, text, sizeof text);
+  CHECK(statuses[0] == CUBLAS_STATUS_NOT_INITIALIZED);
+  CHECK(statuses[1] == CUBLAS_STATUS_NOT_INITIALIZED);
+  CHECKF(count(text, "cannot find the real cublasGemmEx") == 1, "%s", text);
+}
+
+int main(void) {
+  RUN(router_decision_table);
+  RUN(reason_names);
+  RUN(params);
+  RUN(log_lines);
+  RUN(suggested_routes_rule);
+  RUN(no_real_cublas);
+  return mt_test_done();
+}
