@@ -1,0 +1,104 @@
+/* quant.c — launches the quantization kernels of kernels/quant.cu: picks the kernel and the CTA
+ * shape for a matrix (see quant.cu for what each thread owns) and, for a per-tensor outer scale,
+ * zeroes the amax word and runs the amax pass first. Launches only, so it is legal inside CUDA
+ * graph capture once the module is loaded.
+ */
+#include "kernels/quant.h"
+
+#include <stdio.h>
+
+#include "kernels/driver.h"
+
+/* CTAs of about this many threads; a row (per-row S) may take up to 512. */
+#define CTA_THREADS 256
+#define MAX_ROW_THREADS 512
+
+typedef struct {
+  char name[40];
+  unsigned grid_x, grid_y, block_x, block_y;
+} launch_shape;
+
+static unsigned pow2_at_least(unsigned v) {
+  unsigned p = 1;
+  while (p < v)
+    p <<= 1;
+  return p;
+}
+
+/* Threads per row for `blocks` blocks: a power of two up to a warp (rows share warps), else whole
+ * warps (a warp never spans two rows). */
+static unsigned row_threads(unsigned blocks) {
+  return blocks <= 32 ? pow2_at_least(blocks) : (blocks + 31) / 32 * 32;
+}
+
+static int pick_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
+  const char *type = p->fp16 ? "fp16" : "bf16";
+  unsigned rows = (unsigned)p->rows, nblk = (unsigned)p->cols / 16;
+  if (tile16) {
+    s->block_x = nblk < 16 ? pow2_at_least(nblk) : 16;
+    s->block_y = 16;
+    s->grid_y = (nblk + s->block_x - 1) / s->block_x;
+    snprintf(s->name, sizeof s->name, "mt_quant_tile_%s", type);
+  } else if (p->row_outer) {
+    /* One CTA spans the whole row, so its threads may own several blocks each. */
+    unsigned nb = 1;
+    while (nb <= 8 && (nblk + nb - 1) / nb > MAX_ROW_THREADS)
+      nb *= 2;
+    if (nb > 8)
+      return MT_ERR_UNSUPPORTED;
+    s->block_x = row_threads((nblk + nb - 1) / nb);
+    s->block_y = s->block_x >= CTA_THREADS ? 1 : CTA_THREADS / s->block_x;
+    s->grid_y = 1;
+    snprintf(s->name, sizeof s->name, "mt_quant_row_%s_nb%u", type, nb);
+  } else {
+    unsigned tx = row_threads(nblk);
+    s->block_x = tx > CTA_THREADS ? CTA_THREADS : tx;
+    s->block_y = CTA_THREADS / s->block_x;
+    s->grid_y = (nblk + s->block_x - 1) / s->block_x;
+    snprintf(s->name, sizeof s->name, "mt_quant_tensor_%s", type);
+  }
+  s->grid_x = (rows + s->block_y - 1) / s->block_y;
+  return s->grid_y <= 65535 ? MT_OK : MT_ERR_UNSUPPORTED;
+}
+
+static int launch(const mt_driver *d, CUfunction f, unsigned gx, unsigned gy, unsigned bx,
+                  unsigned by, const mt_quant_params *p, mt_stream stream) {
+  CUlaunchConfig cfg = {0};
+  cfg.gridDimX = gx;
+  cfg.gridDimY = gy;
+  cfg.gridDimZ = 1;
+  cfg.blockDimX = bx;
+  cfg.blockDimY = by;
+  cfg.blockDimZ = 1;
+  cfg.hStream = stream;
+  void *args[] = {(void *)p};
+  return d->launch_kernel_ex(&cfg, f, args, NULL) == CUDA_SUCCESS ? MT_OK : MT_ERR_CUDA;
+}
+
+int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) {
+  const mt_driver *d = mt_driver_get();
+  if (!d)
+    return MT_ERR_NO_DRIVER;
+  if (p->rows <= 0 || p->cols <= 0 || p->cols % 16 || (tile16 && (p->row_outer || p->rows % 16)))
+    return MT_ERR_UNSUPPORTED;
+  launch_shape s;
+  CUfunction quant, amax = NULL;
+  int status = pick_shape(p, tile16, &s);
+  if (status == MT_OK)
+    status = mt_kernel_get("quant", s.name, stream, &quant);
+  if (status == MT_OK && !p->row_outer)
+    status = mt_kernel_get("quant", p->fp16 ? "mt_quant_amax_fp16" : "mt_quant_amax_bf16", stream,
+                           &amax);
+  if (status != MT_OK)
+    return status;
+  if (amax) {
+    /* The amax pass ends in atomicMax on FP32 bits: exact and independent of order. */
+    if (d->memset_d8_async((CUdeviceptr)p->amax, 0, sizeof *p->amax, stream) != CUDA_SUCCESS)
+      return MT_ERR_CUDA;
+    unsigned warps = (unsigned)p->rows < 8192 ? (unsigned)p->rows : 8192; /* a row per warp */
+    status = launch(d, amax, (warps + 7) / 8, 1, 256, 1, p, stream);
+    if (status != MT_OK)
+      return status;
+  }
+  return launch(d, quant, s.grid_x, s.grid_y, s.block_x, s.block_y, p, stream);
+}

@@ -1,0 +1,35 @@
+/* quant.h — NVFP4 quantization on the GPU (kernels in kernels/quant.cu, launched by kernels/quant.c):
+ * BF16 or FP16 rows to the exact BF16 dequantized matrix the tensor cores read, and optionally the
+ * packed codes and E4M3 scales, bit-identical to mt_ref_quantize (spec/nvfp4.c).
+ *
+ * mt_quant_params is the one by-value argument of every kernel: C and CUDA C++ both include this
+ * header, so it holds only fixed-width types and pointers.
+ */
+#ifndef MT_QUANT_H
+#define MT_QUANT_H
+
+#include <stdint.h>
+
+typedef struct {
+  const void *x;      /* [rows][cols] BF16 or FP16, row stride ldx elements; 16-byte aligned rows */
+  int64_t ldx;
+  int32_t rows, cols; /* cols % 16 == 0 */
+  int32_t fp16;       /* input is FP16 (else BF16) */
+  int32_t row_outer;  /* one S per row (else one for the matrix, from *amax) */
+  uint16_t *xhat;     /* [rows][cols] BF16 e2m1(code) * scale, row stride cols */
+  uint8_t *codes;     /* [rows][cols/2] or NULL */
+  uint8_t *scales;    /* [rows][cols/16] or NULL */
+  float *outer;       /* S: rows floats or 1 */
+  uint32_t *amax;     /* per-tensor: max |x| as FP32 bits, zeroed then built by the amax kernel */
+} mt_quant_params;
+
+#ifndef __CUDACC__
+#include "kernels/engine.h"
+
+/* Quantize as p says with 1x16 blocks (tile16 = 0) or 16x16 tiles (tile16 = 1: needs per-tensor S
+ * and rows % 16 == 0). Per-tensor S zeroes *p->amax and runs an amax pass first. Launches only:
+ * no allocation, no synchronisation (legal inside graph capture once the module is loaded). */
+int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream);
+#endif
+
+#endif

@@ -1,0 +1,363 @@
+/* bench_kernels.c — `make bench` (device machine): time the engine's W4A4 GEMM (mt_gemm, weights
+ * pre-quantized, activation quantization included as a routed call does it) against cuBLAS BF16
+ * (cublasGemmEx TN) on MoE expert shapes, and the quantization kernels in GB/s.
+ *
+ * Method (DESIGN.md §7): random data; each measurement is a CUDA graph of many calls whose weights
+ * rotate over the experts of a layer (128, so they stream from HBM rather than sit in L2), timed
+ * with CUDA events around whole replays after one warm-up replay; the median of REPLAYS replays
+ * divided by the calls per graph is the time per call. Both sides run in the same process on the
+ * same buffers' shapes. Prints a table and writes JSON to argv[1] (default build/bench.json).
+ */
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/engine.h"
+#include "kernels/quant.h"
+
+#define EXPERTS 128
+#define REPLAYS 7
+#define POOL_ELEMS ((size_t)64 << 20) /* random BF16 values the buffers are filled from */
+
+typedef struct {
+  const char *name;
+  int n, k;
+} shape;
+
+static const shape shapes[] = {
+    {"qwen3_gate_up", 1536, 2048},
+    {"qwen3_down", 2048, 768},
+    {"dsv3_gate_up", 4096, 7168},
+    {"dsv3_down", 7168, 2048},
+};
+static const int ms[] = {1, 4, 16, 64, 256, 1024, 4096, 16384};
+#define NSHAPES ((int)(sizeof shapes / sizeof shapes[0]))
+#define NMS ((int)(sizeof ms / sizeof ms[0]))
+
+static uint16_t *pool;
+static cudaStream_t stream;
+static cublasHandle_t blas;
+static FILE *json;
+static int json_first = 1;
+
+#define CUDA_OK(call)                                                                              \
+  do {                                                                                             \
+    cudaError_t e_ = (call);                                                                       \
+    if (e_ != cudaSuccess) {                                                                       \
+      fprintf(stderr, "bench: %s: %s (line %d)\n", #call, cudaGetErrorString(e_), __LINE__);      \
+      exit(1);                                                                                     \
+    }                                                                                              \
+  } while (0)
+
+static uint64_t rng = 0x9E3779B97F4A7C15ULL;
+static uint64_t rnd(void) {
+  rng ^= rng >> 12;
+  rng ^= rng << 25;
+  rng ^= rng >> 27;
+  return rng * 0x2545F4914F6CDD1DULL;
+}
+
+/* A BF16 value of random sign, |x| in [2^-3, 2^3): typical activations and weights, no zeros. */
+static uint16_t rnd_bf16(void) {
+  uint64_t r = rnd();
+  uint16_t exp = (uint16_t)(124 + (r >> 8) % 6), man = (uint16_t)(r & 0x7f);
+  return (uint16_t)(((r >> 16) & 1) << 15 | exp << 7 | man);
+}
+
+/* Fill `elems` BF16 of device memory from the random pool at a random offset. */
+static void fill(void *dst, size_t elems) {
+  size_t done = 0;
+  while (done < elems) {
+    size_t off = rnd() % POOL_ELEMS, len = POOL_ELEMS - off;
+    if (len > elems - done)
+      len = elems - done;
+    CUDA_OK(cudaMemcpy((uint16_t *)dst + done, pool + off, len * 2, cudaMemcpyDeviceToDevice));
+    done += len;
+  }
+}
+
+static void *dmalloc(size_t bytes) {
+  void *p = NULL;
+  CUDA_OK(cudaMalloc(&p, bytes));
+  return p;
+}
+
+static int cmp_float(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return (x > y) - (x < y);
+}
+
+/* One call of the thing measured, for call number i of a graph. Returns 0 on success. */
+typedef int (*call_fn)(void *ctx, int i);
+
+/* Median seconds per call over REPLAYS replays of a graph of `calls` calls; < 0 when a call or
+ * the capture failed. */
+static double time_calls(call_fn fn, void *ctx, int calls) {
+  for (int i = 0; i < 2; i++) /* outside capture first: modules load, cuBLAS picks its kernels */
+    if (fn(ctx, i) != 0)
+      return -1;
+  CUDA_OK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  int failed = 0;
+  for (int i = 0; i < calls && !failed; i++)
+    failed = fn(ctx, i) != 0;
+  cudaError_t e = cudaStreamEndCapture(stream, &graph);
+  if (failed || e != cudaSuccess) {
+    fprintf(stderr, "bench: capture failed (%s)\n", failed ? "a call failed" : cudaGetErrorString(e));
+    if (e == cudaSuccess)
+      cudaGraphDestroy(graph);
+    cudaGetLastError();
+    return -1;
+  }
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t ev[REPLAYS + 1];
+  for (int i = 0; i <= REPLAYS; i++)
+    CUDA_OK(cudaEventCreate(&ev[i]));
+  CUDA_OK(cudaGraphLaunch(exec, stream)); /* warm-up */
+  for (int r = 0; r < REPLAYS; r++) {
+    CUDA_OK(cudaEventRecord(ev[r], stream));
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+  }
+  CUDA_OK(cudaEventRecord(ev[REPLAYS], stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  float ms_each[REPLAYS];
+  for (int r = 0; r < REPLAYS; r++)
+    CUDA_OK(cudaEventElapsedTime(&ms_each[r], ev[r], ev[r + 1]));
+  qsort(ms_each, REPLAYS, sizeof ms_each[0], cmp_float);
+  for (int i = 0; i <= REPLAYS; i++)
+    cudaEventDestroy(ev[i]);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return ms_each[REPLAYS / 2] * 1e-3 / calls;
+}
+
+/* ---- GEMMs --------------------------------------------------------------------------------- */
+
+typedef struct {
+  const shape *s;
+  int m;
+  uint16_t *w_bf16; /* EXPERTS x n x k */
+  mt_qweight q[EXPERTS];
+  uint16_t *x, *y;
+  void *ws;
+  size_t ws_bytes;
+  int experts; /* rotated over */
+} gemm_ctx;
+
+static int call_ours(void *p, int i) {
+  gemm_ctx *g = p;
+  mt_gemm_args a = {.m = g->m, .n = g->s->n, .k = g->s->k, .x = g->x, .ldx = (size_t)g->s->k,
+                    .xtype = MT_DTYPE_BF16, .w = &g->q[i % g->experts], .y = g->y,
+                    .ldy = (size_t)g->s->n, .ytype = MT_DTYPE_BF16, .alpha = 1.0f,
+                    .workspace = g->ws, .workspace_bytes = g->ws_bytes};
+  int st = mt_gemm(&a, (mt_stream)stream);
+  if (st != MT_OK)
+    fprintf(stderr, "bench: mt_gemm %s m=%d: %s\n", g->s->name, g->m, mt_status_name(st));
+  return st;
+}
+
+static int call_cublas(void *p, int i) {
+  gemm_ctx *g = p;
+  const float alpha = 1.0f, beta = 0.0f;
+  const uint16_t *w = g->w_bf16 + (size_t)(i % g->experts) * g->s->n * g->s->k;
+  cublasStatus_t st = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, g->s->n, g->m, g->s->k, &alpha,
+                                   w, CUDA_R_16BF, g->s->k, g->x, CUDA_R_16BF, g->s->k, &beta,
+                                   g->y, CUDA_R_16BF, g->s->n, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    fprintf(stderr, "bench: cublasGemmEx %s m=%d: status %d\n", g->s->name, g->m, (int)st);
+  return st != CUBLAS_STATUS_SUCCESS;
+}
+
+static void json_row(const char *fmt_fields) {
+  fprintf(json, "%s\n    %s", json_first ? "" : ",", fmt_fields);
+  json_first = 0;
+}
+
+static void bench_shape(const shape *s, const mt_numerics *num) {
+  static gemm_ctx g;
+  memset(&g, 0, sizeof g);
+  g.s = s;
+  g.experts = EXPERTS;
+  size_t wn = (size_t)s->n * (size_t)s->k, qbytes = mt_qweight_bytes(s->n, s->k, num);
+  int max_m = ms[NMS - 1];
+  g.w_bf16 = dmalloc(wn * 2 * EXPERTS);
+  fill(g.w_bf16, wn * EXPERTS);
+  char *qmem = dmalloc(qbytes * EXPERTS);
+  for (int e = 0; e < EXPERTS; e++) {
+    if (mt_qweight_bind(&g.q[e], s->n, s->k, num, qmem + qbytes * e) != MT_OK ||
+        mt_quantize_weight(g.w_bf16 + wn * e, MT_DTYPE_BF16, (size_t)s->k, &g.q[e],
+                           (mt_stream)stream) != MT_OK) {
+      fprintf(stderr, "bench: quantizing %s failed\n", s->name);
+      exit(1);
+    }
+  }
+  CUDA_OK(cudaStreamSynchronize(stream));
+  g.x = dmalloc((size_t)max_m * s->k * 2);
+  fill(g.x, (size_t)max_m * s->k);
+  g.y = dmalloc((size_t)max_m * s->n * 2);
+  g.ws_bytes = mt_gemm_workspace_bytes(max_m, s->k, num);
+  g.ws = dmalloc(g.ws_bytes);
+
+  for (int i = 0; i < NMS; i++) {
+    g.m = ms[i];
+    /* enough calls that a replay runs well past launch gaps, few when each is long */
+    int calls = g.m <= 256 ? 256 : g.m <= 1024 ? 64 : 16;
+    double t_ours = time_calls(call_ours, &g, calls);
+    double t_blas = time_calls(call_cublas, &g, calls);
+    double flop = 2.0 * g.m * s->n * s->k;
+    double wbytes_ours = (double)wn * 0.5 + (double)wn / 16; /* codes + E4M3 scales */
+    double wbytes_blas = (double)wn * 2;
+    printf("%-14s %6d %5d %5d | %9.2f %9.2f | %6.2f | %7.1f %7.1f | %7.0f %7.0f\n", s->name,
+           g.m, s->n, s->k, t_ours * 1e6, t_blas * 1e6, t_ours > 0 ? t_blas / t_ours : 0,
+           t_ours > 0 ? flop / t_ours * 1e-12 : 0, flop / t_blas * 1e-12,
+           t_ours > 0 ? wbytes_ours / t_ours * 1e-9 : 0, wbytes_blas / t_blas * 1e-9);
+    fflush(stdout);
+    char row[512];
+    snprintf(row, sizeof row,
+             "{\"kind\": \"gemm\", \"shape\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, "
+             "\"calls_per_graph\": %d, \"experts\": %d, \"ours_us\": %.3f, \"cublas_bf16_us\": "
+             "%.3f, \"speedup\": %.3f, \"ours_tflops\": %.2f, \"cublas_tflops\": %.2f, "
+             "\"ours_weight_gbps\": %.1f, \"cublas_weight_gbps\": %.1f}",
+             s->name, g.m, s->n, s->k, calls, g.experts, t_ours * 1e6, t_blas * 1e6,
+             t_ours > 0 ? t_blas / t_ours : 0, t_ours > 0 ? flop / t_ours * 1e-12 : 0,
+             flop / t_blas * 1e-12, t_ours > 0 ? wbytes_ours / t_ours * 1e-9 : 0,
+             wbytes_blas / t_blas * 1e-9);
+    json_row(row);
+  }
+  cudaFree(g.w_bf16);
+  cudaFree(qmem);
+  cudaFree(g.x);
+  cudaFree(g.y);
+  cudaFree(g.ws);
+}
+
+/* ---- quantization -------------------------------------------------------------------------- */
+
+#define QSETS 4 /* input/output sets rotated over, 4 x 64 MB: far past L2 */
+
+typedef struct {
+  mt_quant_params p[QSETS];
+  int tile16;
+} quant_ctx;
+
+static int call_quant(void *p, int i) {
+  quant_ctx *q = p;
+  return mt_quantize(&q->p[i % QSETS], q->tile16, (mt_stream)stream);
+}
+
+static int call_copy(void *p, int i) {
+  quant_ctx *q = p;
+  size_t bytes = (size_t)q->p[0].rows * (size_t)q->p[0].cols * 2;
+  return cudaMemcpyAsync(q->p[i % QSETS].xhat, q->p[i % QSETS].x, bytes, cudaMemcpyDeviceToDevice,
+                         stream) != cudaSuccess;
+}
+
+static void bench_quant(void) {
+  enum { ROWS = 8192, COLS = 2048 };
+  static quant_ctx q;
+  size_t elems = (size_t)ROWS * COLS;
+  for (int i = 0; i < QSETS; i++) {
+    void *x = dmalloc(elems * 2);
+    fill(x, elems);
+    q.p[i] = (mt_quant_params){.x = x, .ldx = COLS, .rows = ROWS, .cols = COLS,
+                               .xhat = dmalloc(elems * 2), .codes = dmalloc(elems / 2),
+                               .scales = dmalloc(elems / 16), .outer = dmalloc(ROWS * 4 + 256)};
+    q.p[i].amax = (uint32_t *)(q.p[i].outer + ROWS);
+  }
+  struct {
+    const char *name;
+    int row_outer, codes, tile16;
+    call_fn fn;
+  } variants[] = {
+      {"act_row_scale (xhat + S)", 1, 0, 0, call_quant},
+      {"act_tensor_scale (amax pass + xhat)", 0, 0, 0, call_quant},
+      {"weight_row_1x16 (xhat+codes+scales)", 1, 1, 0, call_quant},
+      {"weight_tensor_16x16 (all outputs)", 0, 1, 1, call_quant},
+      {"cudaMemcpy D2D (ceiling)", 1, 0, 0, call_copy},
+  };
+  printf("quantization %dx%d BF16 (GB/s of bytes read + written, each input read once)\n", ROWS,
+         COLS);
+  for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+    uint8_t *codes[QSETS], *scales[QSETS];
+    for (int i = 0; i < QSETS; i++) {
+      codes[i] = q.p[i].codes;
+      scales[i] = q.p[i].scales;
+      q.p[i].row_outer = variants[v].row_outer;
+      if (!variants[v].codes)
+        q.p[i].codes = NULL, q.p[i].scales = NULL;
+    }
+    q.tile16 = variants[v].tile16;
+    double t = time_calls(variants[v].fn, &q, 64);
+    double bytes = (double)elems * 2 * 2 + (variants[v].fn == call_copy ? 0 : ROWS * 4.0);
+    if (variants[v].codes)
+      bytes += (double)elems / 2 + (double)elems / 16;
+    printf("  %-38s %8.2f us %8.0f GB/s\n", variants[v].name, t * 1e6, bytes / t * 1e-9);
+    char row[384];
+    snprintf(row, sizeof row,
+             "{\"kind\": \"quant\", \"variant\": \"%s\", \"rows\": %d, \"cols\": %d, \"us\": %.3f, "
+             "\"gbps\": %.1f}",
+             variants[v].name, ROWS, COLS, t * 1e6, bytes / t * 1e-9);
+    json_row(row);
+    for (int i = 0; i < QSETS; i++)
+      q.p[i].codes = codes[i], q.p[i].scales = scales[i];
+  }
+  for (int i = 0; i < QSETS; i++) {
+    cudaFree((void *)q.p[i].x);
+    cudaFree(q.p[i].xhat);
+    cudaFree(q.p[i].codes);
+    cudaFree(q.p[i].scales);
+    cudaFree(q.p[i].outer);
+  }
+}
+
+int main(int argc, char **argv) {
+  const char *out = argc > 1 ? argv[1] : "build/bench.json";
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    fprintf(stderr, "bench: no GPU\n");
+    return 1;
+  }
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS)
+    return 1;
+  void *blas_ws = dmalloc(64 << 20); /* a workspace of its own, so capture never allocates */
+  cublasSetStream(blas, stream);
+  cublasSetWorkspace(blas, blas_ws, 64 << 20);
+  uint16_t *host = malloc(POOL_ELEMS * 2);
+  for (size_t i = 0; i < POOL_ELEMS; i++)
+    host[i] = rnd_bf16();
+  pool = dmalloc(POOL_ELEMS * 2);
+  CUDA_OK(cudaMemcpy(pool, host, POOL_ELEMS * 2, cudaMemcpyHostToDevice));
+  free(host);
+  json = fopen(out, "w");
+  if (!json) {
+    perror(out);
+    return 1;
+  }
+  struct cudaDeviceProp prop;
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  fprintf(json, "{\"device\": \"%s\", \"experts\": %d, \"replays\": %d, \"results\": [", prop.name,
+          EXPERTS, REPLAYS);
+
+  bench_quant();
+  mt_numerics num = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16}; /* nvfp4-row */
+  printf("\n");
+  printf("W4A4 GEMM (nvfp4-row, weights pre-quantized, activation quantization included) vs "
+         "cuBLAS BF16, %s\n",
+         prop.name);
+  printf("%-14s %6s %5s %5s | %9s %9s | %6s | %7s %7s | %7s %7s\n", "shape", "M", "N", "K",
+         "ours us", "cublas us", "ratio", "TF/s", "TF/s", "wGB/s", "wGB/s");
+  for (int s = 0; s < NSHAPES; s++)
+    bench_shape(&shapes[s], &num);
+  fprintf(json, "\n]}\n");
+  fclose(json);
+  printf("\nwrote %s\n", out);
+  return 0;
+}

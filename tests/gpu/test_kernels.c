@@ -1,0 +1,875 @@
+/* test_kernels.c — GPU tests of the engine (kernels/): quantization bit for bit against the CPU
+ * reference (spec/nvfp4.c), the W4A4 GEMM against mt_ref_gemm within the FP32-accumulation bound,
+ * bitwise batch invariance, strides, epilogue variants, NaN rows, and the argument checks.
+ *
+ * Fresh random inputs every run (the seed is printed; MT_TEST_SEED=N repeats a run); every output
+ * buffer is poisoned with a random byte before each launch, so an element never written cannot
+ * pass; every CUDA status is checked. Without an sm_90 GPU the GPU tests report skipped.
+ * Uses the CUDA runtime for allocation and copies (the engine itself uses only the driver table).
+ *
+ * GEMM accuracy bound (DESIGN.md §3). Every dequantized element e2m1 * s_b is exact in BF16 and
+ * every product of two is exact in FP32. Within one 16-element K block both operands share their
+ * block scales, so the block's sum is s_a * s_w * sum(q_a * q_w): the code products are multiples
+ * of 1/4 up to 36, sixteen of them fit in 12 bits, and s_a * s_w (E4M3 significands, 4 bits each)
+ * adds at most 8: at most 20 significant bits, exact in FP32 however the tensor core adds them.
+ * Only the K/16 additions of block sums into the FP32 accumulator round, each by at most one unit
+ * in the last place of the running sum (2^-23 relative: tensor cores may truncate), so
+ *     |acc - exact| <= (K/16) * 2^-23 * sum_k |products|.
+ * The epilogue adds four FP32 roundings (1/S_a, 1/S_w, their product and the two multiplies are
+ * 2^-24 each; we allow 4 * 2^-23), the beta*C and bias terms two more of their own size, and the
+ * final cast to the output type half an ulp: 2^-9 relative for BF16 (8 significant bits), 2^-12
+ * for FP16, plus half the smallest subnormal. Hence, with A = mt_ref_gemm_abs * |alpha|:
+ *     |y - ref| <= (K/16 + 4) * 2^-23 * A + 2^-22 * (|beta*C| + |bias|) + u * (|ref| + err) + tiny
+ * where u = 2^-8 (BF16) or 2^-11 (FP16) — twice the half-ulp, so a value near a binade edge
+ * passes — and err is the FP32 part before it.
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/engine.h"
+#include "kernels/quant.h"
+#include "spec/nvfp4.h"
+#include "tests/harness.h"
+
+/* ---- random numbers ------------------------------------------------------------------------ */
+
+static uint64_t rng_state;
+
+static uint64_t rnd(void) { /* xorshift64* */
+  rng_state ^= rng_state >> 12;
+  rng_state ^= rng_state << 25;
+  rng_state ^= rng_state >> 27;
+  return rng_state * 0x2545F4914F6CDD1DULL;
+}
+
+static int rnd_below(int n) { return (int)(rnd() % (uint64_t)n); }
+
+static float rnd_unit(void) { return (float)(rnd() >> 40) * 0x1p-24f; } /* [0, 1) */
+
+/* ---- GPU plumbing -------------------------------------------------------------------------- */
+
+static int gpu_state = -1; /* -1 unknown, 0 none, 1 usable */
+
+static int have_gpu(void) {
+  if (gpu_state < 0) {
+    int count = 0;
+    struct cudaDeviceProp prop;
+    gpu_state = cudaGetDeviceCount(&count) == cudaSuccess && count > 0 &&
+                cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9 &&
+                prop.minor == 0 && cudaSetDevice(0) == cudaSuccess && cudaFree(0) == cudaSuccess;
+  }
+  return gpu_state;
+}
+
+#define NEED_GPU()                                                                                 \
+  do {                                                                                             \
+    if (!have_gpu())                                                                               \
+      SKIP("no sm_90 GPU");                                                                        \
+  } while (0)
+
+/* A failed CUDA call ends the test as failed (the caller returns). */
+#define CU(call)                                                                                   \
+  do {                                                                                             \
+    cudaError_t cu_err_ = (call);                                                                  \
+    CHECKF(cu_err_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(cu_err_));                  \
+    if (cu_err_ != cudaSuccess)                                                                    \
+      goto out;                                                                                    \
+  } while (0)
+
+#define MT(call)                                                                                   \
+  do {                                                                                             \
+    int mt_st_ = (call);                                                                           \
+    CHECKF(mt_st_ == MT_OK, "%s: %s", #call, mt_status_name((enum mt_status)mt_st_));             \
+    if (mt_st_ != MT_OK)                                                                           \
+      goto out;                                                                                    \
+  } while (0)
+
+/* Device buffers of one test, freed together. */
+#define MAX_BUFS 32
+static void *bufs[MAX_BUFS];
+static int nbufs;
+
+static void *dev_alloc(size_t bytes) {
+  void *p = NULL;
+  if (nbufs == MAX_BUFS || cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess)
+    return NULL;
+  bufs[nbufs++] = p;
+  return p;
+}
+
+static void dev_free_all(void) {
+  for (int i = 0; i < nbufs; i++)
+    cudaFree(bufs[i]);
+  nbufs = 0;
+}
+
+static int poison(void *p, size_t bytes) {
+  return cudaMemset(p, 1 + rnd_below(255), bytes) == cudaSuccess;
+}
+
+/* Launch errors surface at the next synchronisation: check both. */
+static cudaError_t sync_check(void) {
+  cudaError_t e = cudaGetLastError();
+  return e != cudaSuccess ? e : cudaDeviceSynchronize();
+}
+
+static uint32_t float_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+/* ---- inputs -------------------------------------------------------------------------------- */
+
+static uint16_t to_half(float f, int fp16) { return fp16 ? mt_float_to_fp16(f) : mt_float_to_bf16(f); }
+static float from_half(uint16_t h, int fp16) { return fp16 ? mt_fp16_to_float(h) : mt_bf16_to_float(h); }
+
+/* A random finite normal value of the type, |x| in about [2^lo, 2^hi). */
+static uint16_t rnd_value(int fp16, int lo, int hi) {
+  float m = 1.0f + rnd_unit();
+  float v = ldexpf(m, lo + rnd_below(hi - lo));
+  return to_half((rnd() & 1) ? -v : v, fp16);
+}
+
+enum row_kind {
+  ROW_RANDOM,    /* values over a few binades */
+  ROW_WIDE,      /* every binade of the type: zero and subnormal E4M3 scales */
+  ROW_TIES,      /* S = 2^j and s_b = 2^p, so x * c_b lands exactly on E2M1 midpoints */
+  ROW_ZEROS,     /* +0 and -0 only */
+  ROW_ZERO_BLKS, /* random, with all-zero blocks */
+  ROW_SUBNORMAL, /* subnormals of the input type and zeros: S clamps, c_b overflows (BF16) */
+  ROW_TINY,      /* normal but below 2688 / FLT_MAX (BF16): S = FLT_MAX */
+  ROW_HUGE,      /* near the type's largest value */
+  ROW_NAN,       /* one NaN */
+  ROW_INF,       /* one +-Inf */
+  ROW_KINDS
+};
+
+static const float tie_points[] = {0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f,
+                                   1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f, 6.0f};
+
+/* Fill one row of `cols` halves. tie_j: the exponent j of S = 2^j the ties rows are built for (the
+ * row or the whole matrix holds 2688 * 2^-j as its amax); tie_p: the block exponent p of s_b. */
+static void fill_row(uint16_t *row, int cols, int fp16, enum row_kind kind, int tie_j,
+                     const int *tie_p) {
+  int max_exp = fp16 ? 15 : 127;
+  for (int c = 0; c < cols; c++) {
+    uint16_t h = 0;
+    switch (kind) {
+    case ROW_RANDOM:
+      h = rnd_value(fp16, -4, 4);
+      break;
+    case ROW_WIDE:
+      h = fp16 ? (uint16_t)(rnd() % 0x7c00u) : (uint16_t)(rnd() % 0x7f80u);
+      h |= (uint16_t)((rnd() & 1) << 15);
+      break;
+    case ROW_TIES: {
+      int p = tie_p[c / 16];
+      float t = tie_points[rnd_below((int)(sizeof tie_points / sizeof tie_points[0]))];
+      if (c % 16 == 0)
+        t = 6.0f; /* the block's amax: s_b = e4m3(6 * 2^p * (1/6)) = 2^p */
+      float v = ldexpf(t, p - tie_j);
+      h = to_half((rnd() & 1) ? -v : v, fp16);
+      break;
+    }
+    case ROW_ZEROS:
+      h = (uint16_t)((rnd() & 1) << 15);
+      break;
+    case ROW_ZERO_BLKS:
+      h = (c / 16) % 3 == 1 ? (uint16_t)((rnd() & 1) << 15) : rnd_value(fp16, -3, 3);
+      break;
+    case ROW_SUBNORMAL:
+      h = rnd_below(3) == 0 ? 0 : (uint16_t)(1 + rnd() % (fp16 ? 0x3ffu : 0x7fu));
+      h |= (uint16_t)((rnd() & 1) << 15);
+      break;
+    case ROW_TINY:
+      h = fp16 ? rnd_value(1, -14, -12) : rnd_value(0, -126, -118);
+      break;
+    case ROW_HUGE:
+      h = rnd_value(fp16, max_exp - 3, max_exp);
+      break;
+    case ROW_NAN:
+    case ROW_INF:
+    case ROW_KINDS:
+      h = rnd_value(fp16, -4, 4);
+      break;
+    }
+    row[c] = h;
+  }
+  if (kind == ROW_TIES) /* the row's amax 2688 * 2^-j: S = 2^j, and block 0 saturates to 448 */
+    row[0] = to_half(ldexpf(2688.0f, -tie_j), fp16);
+  if (kind == ROW_NAN)
+    row[rnd_below(cols)] = fp16 ? 0x7e00 : 0x7fc0;
+  if (kind == ROW_INF)
+    row[rnd_below(cols)] = (uint16_t)((fp16 ? 0x7c00 : 0x7f80) | ((rnd() & 1) << 15));
+}
+
+/* rows x cols in a row stride ld; the padding holds NaN, so reading it would show. kinds: the row
+ * kinds to cycle through (shuffled). For 16x16 tiles, tie exponents are shared by a tile. */
+static uint16_t *make_matrix(int rows, int cols, size_t ld, int fp16, const enum row_kind *kinds,
+                             int nkinds, int tile16) {
+  uint16_t *x = malloc((size_t)rows * ld * sizeof *x);
+  int *tie_p = malloc((size_t)(cols / 16) * sizeof *tie_p);
+  int tie_j = rnd_below(11);
+  for (int r = 0; r < rows; r++) {
+    if (!tile16 || r % 16 == 0)
+      for (int b = 0; b < cols / 16; b++)
+        tie_p[b] = -9 + rnd_below(18); /* s_b from E4M3's smallest subnormal to 256 */
+    enum row_kind kind = kinds[rnd_below(nkinds)];
+    if (tile16 && kinds[0] == ROW_TIES)
+      kind = ROW_TIES;
+    fill_row(x + (size_t)r * ld, cols, fp16, kind, tie_j, tie_p);
+    for (size_t c = (size_t)cols; c < ld; c++)
+      x[(size_t)r * ld + c] = fp16 ? 0x7e00 : 0x7fc0;
+  }
+  free(tie_p);
+  return x;
+}
+
+/* ---- quantization -------------------------------------------------------------------------- */
+
+typedef struct {
+  int rows, cols;
+  size_t ld;
+  int fp16;
+  enum mt_scale outer;
+  int tile16;
+} qcase;
+
+static int same_float(float a, float b) {
+  return (isnan(a) && isnan(b)) || float_bits(a) == float_bits(b);
+}
+
+/* Quantize x on the GPU (with and without codes and scales) and compare every output with
+ * mt_ref_quantize. */
+static void check_quant(const qcase *qc, const uint16_t *x) {
+  size_t rows = (size_t)qc->rows, cols = (size_t)qc->cols, nouter = qc->outer == MT_SCALE_ROW ? rows : 1;
+  float *xf = malloc(rows * qc->ld * sizeof *xf);
+  uint16_t *xhat = malloc(rows * cols * 2), *xhat2 = malloc(rows * cols * 2);
+  uint8_t *codes = malloc(rows * cols / 2), *scales = malloc(rows * cols / 16);
+  float *outer_h = malloc(nouter * sizeof(float)), *outer2 = malloc(nouter * sizeof(float));
+  mt_nvfp4 ref;
+  int ok_alloc = mt_nvfp4_alloc(&ref, qc->rows, qc->cols, qc->outer,
+                                qc->tile16 ? MT_WBLOCK_16X16 : MT_WBLOCK_1X16) == 0;
+  CHECK(ok_alloc);
+  if (!ok_alloc)
+    goto out;
+  for (size_t i = 0; i < rows * qc->ld; i++)
+    xf[i] = from_half(x[i], qc->fp16);
+  mt_ref_quantize(xf, qc->ld, &ref);
+
+  void *dx = dev_alloc(rows * qc->ld * 2), *dxhat = dev_alloc(rows * cols * 2);
+  void *dcodes = dev_alloc(rows * cols / 2), *dscales = dev_alloc(rows * cols / 16);
+  void *douter = dev_alloc((nouter + 1) * sizeof(float));
+  CHECK(dx && dxhat && dcodes && dscales && douter);
+  if (!(dx && dxhat && dcodes && dscales && douter))
+    goto out;
+  CU(cudaMemcpy(dx, x, rows * qc->ld * 2, cudaMemcpyHostToDevice));
+  mt_quant_params p = {
+      .x = dx,
+      .ldx = (int64_t)qc->ld,
+      .rows = qc->rows,
+      .cols = qc->cols,
+      .fp16 = qc->fp16,
+      .row_outer = qc->outer == MT_SCALE_ROW,
+      .xhat = dxhat,
+      .codes = dcodes,
+      .scales = dscales,
+      .outer = douter,
+      .amax = (uint32_t *)douter + nouter,
+  };
+  CHECK(poison(dxhat, rows * cols * 2) && poison(dcodes, rows * cols / 2) &&
+        poison(dscales, rows * cols / 16) && poison(douter, (nouter + 1) * sizeof(float)));
+  MT(mt_quantize(&p, qc->tile16, NULL));
+  CU(sync_check());
+  CU(cudaMemcpy(xhat, dxhat, rows * cols * 2, cudaMemcpyDeviceToHost));
+  CU(cudaMemcpy(codes, dcodes, rows * cols / 2, cudaMemcpyDeviceToHost));
+  CU(cudaMemcpy(scales, dscales, rows * cols / 16, cudaMemcpyDeviceToHost));
+  CU(cudaMemcpy(outer_h, douter, nouter * sizeof(float), cudaMemcpyDeviceToHost));
+
+  /* The hot path: no codes, no scales; xhat and S must not change. */
+  p.codes = NULL;
+  p.scales = NULL;
+  CHECK(poison(dxhat, rows * cols * 2) && poison(douter, (nouter + 1) * sizeof(float)));
+  MT(mt_quantize(&p, qc->tile16, NULL));
+  CU(sync_check());
+  CU(cudaMemcpy(xhat2, dxhat, rows * cols * 2, cudaMemcpyDeviceToHost));
+  CU(cudaMemcpy(outer2, douter, nouter * sizeof(float), cudaMemcpyDeviceToHost));
+
+  long bad_codes = 0, bad_scales = 0, bad_outer = 0, bad_xhat = 0, bad_hot = 0;
+  for (size_t i = 0; i < nouter; i++) {
+    if (!same_float(outer_h[i], ref.outer[i]) && bad_outer++ == 0)
+      CHECKF(0, "S[%zu] = %a, reference %a", i, outer_h[i], ref.outer[i]);
+    bad_hot += !same_float(outer2[i], outer_h[i]);
+  }
+  for (size_t i = 0; i < rows * cols / 2; i++)
+    if (codes[i] != ref.codes[i] && bad_codes++ == 0)
+      CHECKF(0, "codes byte (row %zu, col %zu) = %02x, reference %02x", i / (cols / 2),
+             2 * (i % (cols / 2)), codes[i], ref.codes[i]);
+  for (size_t i = 0; i < rows * cols / 16; i++)
+    if (scales[i] != ref.scales[i] && bad_scales++ == 0)
+      CHECKF(0, "scale (row %zu, block %zu) = %02x, reference %02x", i / (cols / 16),
+             i % (cols / 16), scales[i], ref.scales[i]);
+  for (size_t r = 0; r < rows; r++)
+    for (size_t c = 0; c < cols; c++) {
+      uint16_t want = mt_float_to_bf16(mt_ref_dequant(&ref, (int)r, (int)c));
+      uint16_t got = xhat[r * cols + c];
+      if (got != want && bad_xhat++ == 0)
+        CHECKF(0, "xhat[%zu][%zu] = %04x, reference %04x (x = %04x)", r, c, got, want,
+               x[r * qc->ld + c]);
+      bad_hot += xhat2[r * cols + c] != got;
+    }
+  CHECKF(!bad_codes && !bad_scales && !bad_outer && !bad_xhat && !bad_hot,
+         "%dx%d ld %zu %s %s %s: %ld codes, %ld scales, %ld S, %ld xhat differ; %ld hot-path "
+         "differences",
+         qc->rows, qc->cols, qc->ld, qc->fp16 ? "fp16" : "bf16", mt_scale_name(qc->outer),
+         qc->tile16 ? "16x16" : "1x16", bad_codes, bad_scales, bad_outer, bad_xhat, bad_hot);
+out:
+  mt_nvfp4_free(&ref);
+  free(xf);
+  free(xhat);
+  free(xhat2);
+  free(codes);
+  free(scales);
+  free(outer_h);
+  free(outer2);
+  dev_free_all();
+}
+
+static const enum row_kind finite_kinds[] = {ROW_RANDOM, ROW_WIDE,  ROW_TIES, ROW_ZEROS,
+                                             ROW_ZERO_BLKS, ROW_SUBNORMAL, ROW_TINY, ROW_HUGE};
+static const enum row_kind all_kinds[] = {ROW_RANDOM,    ROW_WIDE,      ROW_TIES, ROW_ZEROS,
+                                          ROW_ZERO_BLKS, ROW_SUBNORMAL, ROW_TINY, ROW_HUGE,
+                                          ROW_NAN,       ROW_INF};
+#define NKINDS(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static size_t rnd_ld(int cols) { return (size_t)cols + (rnd() & 1 ? 8u * (size_t)(1 + rnd_below(5)) : 0u); }
+
+static void run_quant(int rows, int cols, size_t ld, int fp16, enum mt_scale outer, int tile16,
+                      const enum row_kind *kinds, int nkinds) {
+  qcase qc = {rows, cols, ld, fp16, outer, tile16};
+  uint16_t *x = make_matrix(rows, cols, ld, fp16, kinds, nkinds, tile16);
+  check_quant(&qc, x);
+  free(x);
+}
+
+/* Per-row S, 1x16: the activations' hot path, every row kind, K across the kernel variants (one
+ * block per thread up to K = 8192, then 2, 4, 8). */
+static void quant_row_scale(void) {
+  NEED_GPU();
+  static const int ks[] = {16, 48, 256, 768, 2048, 7168, 12288, 24576, 40960};
+  for (int fp16 = 0; fp16 < 2; fp16++)
+    for (int i = 0; i < NKINDS(ks); i++) {
+      int rows = ks[i] > 8192 ? 37 : 301;
+      run_quant(rows, ks[i], rnd_ld(ks[i]), fp16, MT_SCALE_ROW, 0, all_kinds, NKINDS(all_kinds));
+    }
+}
+
+/* Exact E2M1 midpoints everywhere: every tie rule of the reference, with S = 2^j per row. */
+static void quant_ties(void) {
+  NEED_GPU();
+  static const enum row_kind ties[] = {ROW_TIES};
+  for (int fp16 = 0; fp16 < 2; fp16++) {
+    run_quant(256, 512, 512, fp16, MT_SCALE_ROW, 0, ties, 1);
+    run_quant(256, 512, 520, fp16, MT_SCALE_TENSOR, 0, ties, 1); /* one j for the matrix */
+    run_quant(64, 512, 512, fp16, MT_SCALE_TENSOR, 1, ties, 1);
+  }
+}
+
+/* One S for the matrix: an amax pass first; a NaN or Inf anywhere zeroes everything. */
+static void quant_tensor_scale(void) {
+  NEED_GPU();
+  static const int ks[] = {16, 96, 2048, 7168};
+  static const enum row_kind nan_rows[] = {ROW_RANDOM, ROW_NAN};
+  static const enum row_kind inf_rows[] = {ROW_RANDOM, ROW_INF};
+  for (int fp16 = 0; fp16 < 2; fp16++)
+    for (int i = 0; i < NKINDS(ks); i++) {
+      for (int kind = 0; kind < NKINDS(finite_kinds); kind++) /* one kind: its own extremes */
+        run_quant(33, ks[i], rnd_ld(ks[i]), fp16, MT_SCALE_TENSOR, 0, &finite_kinds[kind], 1);
+      run_quant(300, ks[i], rnd_ld(ks[i]), fp16, MT_SCALE_TENSOR, 0, finite_kinds,
+                NKINDS(finite_kinds));
+      run_quant(40, ks[i], rnd_ld(ks[i]), fp16, MT_SCALE_TENSOR, 0, nan_rows, 2);
+      run_quant(40, ks[i], rnd_ld(ks[i]), fp16, MT_SCALE_TENSOR, 0, inf_rows, 2);
+    }
+}
+
+/* Weights: 16x16 tiles under one S, and per-row S with 1x16 blocks. */
+static void quant_weight_blocks(void) {
+  NEED_GPU();
+  static const int ks[] = {16, 48, 768, 2048};
+  static const enum row_kind nan_rows[] = {ROW_RANDOM, ROW_NAN};
+  for (int fp16 = 0; fp16 < 2; fp16++)
+    for (int i = 0; i < NKINDS(ks); i++) {
+      for (int kind = 0; kind < NKINDS(finite_kinds); kind++)
+        run_quant(32, ks[i], rnd_ld(ks[i]), fp16, MT_SCALE_TENSOR, 1, &finite_kinds[kind], 1);
+      run_quant(160, ks[i], rnd_ld(ks[i]), fp16, MT_SCALE_TENSOR, 1, finite_kinds,
+                NKINDS(finite_kinds));
+      run_quant(32, ks[i], rnd_ld(ks[i]), fp16, MT_SCALE_TENSOR, 1, nan_rows, 2);
+    }
+}
+
+/* ---- the GEMM ------------------------------------------------------------------------------ */
+
+/* A quantized weight on the GPU and its reference. */
+typedef struct {
+  void *mem;
+  mt_qweight q;
+  mt_nvfp4 ref;
+} weight;
+
+/* Quantize a random n x k weight both ways and check the GPU copy bit for bit. */
+static int make_weight(weight *w, int n, int k, const mt_numerics *num, int fp16) {
+  size_t ld = rnd_ld(k);
+  /* magnitudes that keep every output finite in FP16 */
+  static const enum row_kind kinds[] = {ROW_RANDOM, ROW_RANDOM, ROW_RANDOM, ROW_ZERO_BLKS};
+  uint16_t *x = make_matrix(n, k, ld, fp16, kinds, NKINDS(kinds), 0);
+  float *xf = malloc((size_t)n * ld * sizeof *xf);
+  int ok = 0;
+  for (size_t i = 0; i < (size_t)n * ld; i++)
+    xf[i] = from_half(x[i], fp16);
+  size_t bytes = mt_qweight_bytes(n, k, num);
+  void *dw = dev_alloc((size_t)n * ld * 2);
+  w->mem = dev_alloc(bytes);
+  if (mt_nvfp4_alloc(&w->ref, n, k, num->weight_scale, num->weight_block) != 0 || !dw || !w->mem ||
+      !bytes)
+    goto done;
+  mt_ref_quantize(xf, ld, &w->ref);
+  if (mt_qweight_bind(&w->q, n, k, num, w->mem) != MT_OK || !poison(w->mem, bytes) ||
+      cudaMemcpy(dw, x, (size_t)n * ld * 2, cudaMemcpyHostToDevice) != cudaSuccess)
+    goto done;
+  int st = mt_quantize_weight(dw, fp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16, ld, &w->q, NULL);
+  CHECKF(st == MT_OK, "mt_quantize_weight: %s", mt_status_name((enum mt_status)st));
+  if (st != MT_OK || sync_check() != cudaSuccess)
+    goto done;
+  size_t ncodes = (size_t)n * (size_t)k / 2, nscales = ncodes / 8;
+  size_t nouter = num->weight_scale == MT_SCALE_ROW ? (size_t)n : 1;
+  uint8_t *codes = malloc(ncodes), *scales = malloc(nscales);
+  float *outer = malloc(nouter * sizeof *outer);
+  uint16_t *xhat = malloc((size_t)n * (size_t)k * 2);
+  if (cudaMemcpy(codes, w->q.codes, ncodes, cudaMemcpyDeviceToHost) == cudaSuccess &&
+      cudaMemcpy(scales, w->q.scales, nscales, cudaMemcpyDeviceToHost) == cudaSuccess &&
+      cudaMemcpy(outer, w->q.outer, nouter * sizeof *outer, cudaMemcpyDeviceToHost) == cudaSuccess &&
+      cudaMemcpy(xhat, w->q.xhat, (size_t)n * (size_t)k * 2, cudaMemcpyDeviceToHost) == cudaSuccess) {
+    long bad = 0;
+    bad += memcmp(codes, w->ref.codes, ncodes) != 0;
+    bad += memcmp(scales, w->ref.scales, nscales) != 0;
+    for (size_t i = 0; i < nouter; i++)
+      bad += !same_float(outer[i], w->ref.outer[i]);
+    for (int r = 0; r < n; r++)
+      for (int c = 0; c < k; c++)
+        bad += xhat[(size_t)r * (size_t)k + (size_t)c] != mt_float_to_bf16(mt_ref_dequant(&w->ref, r, c));
+    CHECKF(bad == 0, "mt_quantize_weight %dx%d differs from the reference (%ld)", n, k, bad);
+    ok = bad == 0;
+  }
+  free(codes);
+  free(scales);
+  free(outer);
+  free(xhat);
+done:
+  free(x);
+  free(xf);
+  return ok;
+}
+
+/* Activations: random rows (optionally some NaN rows) on the host, the GPU copy, the reference. */
+typedef struct {
+  uint16_t *host; /* [m][ld] */
+  void *dev;
+  size_t ld;
+  mt_nvfp4 ref;
+} acts;
+
+static int make_acts(acts *a, int m, int k, size_t ld, int fp16, enum mt_scale outer,
+                     const int *nan_rows, int nnan) {
+  static const enum row_kind kinds[] = {ROW_RANDOM, ROW_RANDOM, ROW_RANDOM, ROW_ZERO_BLKS,
+                                        ROW_ZEROS};
+  a->ld = ld;
+  a->host = make_matrix(m, k, ld, fp16, kinds, NKINDS(kinds), 0);
+  for (int i = 0; i < nnan; i++)
+    a->host[(size_t)nan_rows[i] * ld + (size_t)rnd_below(k)] = fp16 ? 0x7e00 : 0x7fc0;
+  float *xf = malloc((size_t)m * ld * sizeof *xf);
+  for (size_t i = 0; i < (size_t)m * ld; i++)
+    xf[i] = from_half(a->host[i], fp16);
+  int ok = mt_nvfp4_alloc(&a->ref, m, k, outer, MT_WBLOCK_1X16) == 0;
+  if (ok)
+    mt_ref_quantize(xf, ld, &a->ref);
+  free(xf);
+  a->dev = dev_alloc((size_t)m * ld * 2);
+  return ok && a->dev &&
+         cudaMemcpy(a->dev, a->host, (size_t)m * ld * 2, cudaMemcpyHostToDevice) == cudaSuccess;
+}
+
+static void free_acts(acts *a) {
+  free(a->host);
+  mt_nvfp4_free(&a->ref);
+}
+
+typedef struct {
+  int m, n, k;
+  mt_numerics num;
+  int xfp16;
+  enum mt_dtype ytype, biastype;
+  int with_bias, in_place; /* in_place: C is y */
+  float alpha, beta;
+  size_t ldx, ldy;
+  int nan_rows[2], nnan;
+} gcase;
+
+static float out_value(const void *y, size_t i, enum mt_dtype t) {
+  uint16_t h = ((const uint16_t *)y)[i];
+  return t == MT_DTYPE_FP16 ? mt_fp16_to_float(h) : mt_bf16_to_float(h);
+}
+
+/* sum_k |a[i][k] * w[j][k]| * |(1/S_a[i]) * (1/S_w[j])| for every (i, j): mt_ref_gemm_abs, from
+ * dequantized copies (mt_ref_gemm_abs per element would double the reference's cost). */
+static double *abs_sums(const mt_nvfp4 *a, const mt_nvfp4 *w) {
+  int m = a->rows, n = w->rows, k = a->cols;
+  float *ad = malloc((size_t)m * k * sizeof *ad), *wd = malloc((size_t)n * k * sizeof *wd);
+  double *out = malloc((size_t)m * n * sizeof *out);
+  for (int i = 0; i < m; i++)
+    for (int c = 0; c < k; c++)
+      ad[(size_t)i * k + c] = fabsf(mt_ref_dequant(a, i, c));
+  for (int j = 0; j < n; j++)
+    for (int c = 0; c < k; c++)
+      wd[(size_t)j * k + c] = fabsf(mt_ref_dequant(w, j, c));
+  for (int i = 0; i < m; i++)
+    for (int j = 0; j < n; j++) {
+      double acc = 0;
+      for (int c = 0; c < k; c++)
+        acc += (double)ad[(size_t)i * k + c] * wd[(size_t)j * k + c];
+      double sa = a->outer[a->outer_kind == MT_SCALE_ROW ? i : 0];
+      double sw = w->outer[w->outer_kind == MT_SCALE_ROW ? j : 0];
+      out[(size_t)i * n + j] = acc / fabs(sa * sw);
+    }
+  free(ad);
+  free(wd);
+  return out;
+}
+
+/* Run one GEMM case and check every output against mt_ref_gemm within the bound of the header. */
+static void check_gemm(const gcase *g) {
+  weight w = {0};
+  acts a = {0};
+  size_t ysize = (size_t)g->m * g->ldy;
+  uint16_t *y0 = malloc(ysize * 2), *y = malloc(ysize * 2);
+  float *cf = malloc(ysize * sizeof *cf), *biasf = malloc((size_t)g->n * sizeof *biasf);
+  double *ref = malloc(ysize * sizeof *ref);
+  void *bias_h = malloc((size_t)g->n * 4);
+  if (!make_weight(&w, g->n, g->k, &g->num, 0) ||
+      !make_acts(&a, g->m, g->k, g->ldx, g->xfp16, g->num.act_scale, g->nan_rows, g->nnan)) {
+    CHECKF(0, "setting up %dx%dx%d failed", g->m, g->n, g->k);
+    goto out;
+  }
+  /* y's initial contents: C when in place, else poison (then y0 records what is there). */
+  for (size_t i = 0; i < ysize; i++) {
+    y0[i] = to_half((rnd_unit() - 0.5f) * 4.0f, g->ytype == MT_DTYPE_FP16);
+    cf[i] = out_value(y0, i, g->ytype);
+  }
+  for (int j = 0; j < g->n; j++) {
+    float b = (rnd_unit() - 0.5f) * 2.0f;
+    if (g->biastype == MT_DTYPE_FP32) {
+      ((float *)bias_h)[j] = b;
+    } else {
+      ((uint16_t *)bias_h)[j] = to_half(b, g->biastype == MT_DTYPE_FP16);
+      b = from_half(((uint16_t *)bias_h)[j], g->biastype == MT_DTYPE_FP16);
+    }
+    biasf[j] = b;
+  }
+  void *dy = dev_alloc(ysize * 2), *dc = dev_alloc(ysize * 2), *dbias = dev_alloc((size_t)g->n * 4);
+  size_t ws_bytes = mt_gemm_workspace_bytes(g->m, g->k, &g->num);
+  void *ws = dev_alloc(ws_bytes);
+  if (!dy || !dc || !dbias || !ws)
+    goto out;
+  CU(cudaMemcpy(dc, y0, ysize * 2, cudaMemcpyHostToDevice));
+  if (g->in_place)
+    CU(cudaMemcpy(dy, y0, ysize * 2, cudaMemcpyHostToDevice));
+  else {
+    CHECK(poison(dy, ysize * 2));
+    CU(cudaMemcpy(y0, dy, ysize * 2, cudaMemcpyDeviceToHost));
+  }
+  CU(cudaMemcpy(dbias, bias_h, (size_t)g->n * 4, cudaMemcpyHostToDevice));
+  CHECK(poison(ws, ws_bytes));
+  mt_gemm_args args = {
+      .m = g->m, .n = g->n, .k = g->k,
+      .x = a.dev, .ldx = g->ldx, .xtype = g->xfp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16,
+      .w = &w.q,
+      .y = dy, .ldy = g->ldy, .ytype = g->ytype,
+      .c = g->in_place ? dy : dc, .ldc = g->ldy,
+      .bias = g->with_bias ? dbias : NULL, .biastype = g->biastype,
+      .alpha = g->alpha, .beta = g->beta,
+      .workspace = ws, .workspace_bytes = ws_bytes,
+  };
+  MT(mt_gemm(&args, NULL));
+  CU(sync_check());
+  CU(cudaMemcpy(y, dy, ysize * 2, cudaMemcpyDeviceToHost));
+
+  mt_ref_gemm(&a.ref, &w.ref, g->alpha, g->beta, cf, g->ldy, g->with_bias ? biasf : NULL, ref,
+              g->ldy);
+  double *abs_all = abs_sums(&a.ref, &w.ref);
+  double u = g->ytype == MT_DTYPE_FP16 ? 0x1p-11 : 0x1p-8;
+  double tiny = g->ytype == MT_DTYPE_FP16 ? 0x1p-24 : 0x1p-133;
+  long bad = 0, bad_pad = 0, bad_nan = 0;
+  double worst = 0;
+  for (int i = 0; i < g->m; i++) {
+    int nan_row = 0;
+    for (int t = 0; t < g->nnan; t++)
+      nan_row |= g->nan_rows[t] == i;
+    for (size_t j = 0; j < g->ldy; j++) {
+      size_t at = (size_t)i * g->ldy + j;
+      if (j >= (size_t)g->n) { /* padding past n: untouched */
+        bad_pad += y[at] != y0[at];
+        continue;
+      }
+      float got = out_value(y, at, g->ytype);
+      if (nan_row || isnan(ref[at])) {
+        if (!isnan(got) && bad_nan++ == 0)
+          CHECKF(0, "y[%d][%zu] = %g, want NaN (NaN row)", i, j, got);
+        continue;
+      }
+      double abs_sum = abs_all[(size_t)i * g->n + j] * fabs((double)g->alpha);
+      double side = 0;
+      if (g->beta != 0.0f)
+        side += fabs((double)g->beta * cf[at]);
+      if (g->with_bias)
+        side += fabs((double)biasf[j]);
+      double err32 = ((double)g->k / 16 + 4) * 0x1p-23 * abs_sum + 0x1p-22 * side;
+      double bound = err32 + u * (fabs(ref[at]) + err32) + tiny;
+      double err = fabs((double)got - ref[at]);
+      if (!(err <= bound) && bad++ == 0)
+        CHECKF(0, "y[%d][%zu] = %.9g, reference %.9g, error %.3g > bound %.3g", i, j, got,
+               ref[at], err, bound);
+      if (bound > 0 && err / bound > worst)
+        worst = err / bound;
+    }
+  }
+  CHECKF(!bad && !bad_pad && !bad_nan,
+         "%dx%dx%d act %s weight %s %s, y %s: %ld outside the bound, %ld padding written, %ld "
+         "not NaN",
+         g->m, g->n, g->k, mt_scale_name(g->num.act_scale), mt_scale_name(g->num.weight_scale),
+         mt_wblock_name(g->num.weight_block), g->ytype == MT_DTYPE_FP16 ? "fp16" : "bf16", bad,
+         bad_pad, bad_nan);
+  printf("    %dx%dx%d act %s weight %s %s y %s%s%s: worst error %.3f of the bound\n", g->m, g->n,
+         g->k, mt_scale_name(g->num.act_scale), mt_scale_name(g->num.weight_scale),
+         mt_wblock_name(g->num.weight_block), g->ytype == MT_DTYPE_FP16 ? "fp16" : "bf16",
+         g->beta != 0 ? (g->in_place ? " beta C=y" : " beta") : "", g->with_bias ? " bias" : "",
+         worst);
+  free(abs_all);
+out:
+  mt_nvfp4_free(&w.ref);
+  free_acts(&a);
+  free(y0);
+  free(y);
+  free(cf);
+  free(biasf);
+  free(ref);
+  free(bias_h);
+  dev_free_all();
+}
+
+static const mt_numerics numerics_row = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
+
+/* Shapes across both paths (M <= 64 streams the packed weight; larger M reads xhat by TMA), every
+ * spec numerics, both output types. */
+static void gemm_accuracy(void) {
+  NEED_GPU();
+  static const int shapes[][3] = {{1, 256, 512}, {7, 1536, 256}, {64, 384, 768},
+                                  {65, 256, 512}, {96, 256, 1024}, {129, 272, 160}};
+  static const mt_numerics nums[] = {
+      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
+      {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
+      {MT_SCALE_TENSOR, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
+      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_16X16},
+  };
+  for (int s = 0; s < NKINDS(shapes); s++)
+    for (int v = 0; v < NKINDS(nums); v++) {
+      gcase g = {.m = shapes[s][0], .n = shapes[s][1], .k = shapes[s][2], .num = nums[v],
+                 .xfp16 = (s + v) % 3 == 2, .ytype = (s + v) % 2 ? MT_DTYPE_FP16 : MT_DTYPE_BF16,
+                 .biastype = MT_DTYPE_FP32, .alpha = 1.0f, .beta = 0.0f};
+      g.ldx = (size_t)g.k;
+      g.ldy = (size_t)g.n;
+      check_gemm(&g);
+    }
+}
+
+/* ldx != k, ldy != n (padding must stay untouched), alpha, beta with C != y and C == y, biases of
+ * every type, FP16 activations. */
+static void gemm_epilogue_and_strides(void) {
+  NEED_GPU();
+  static const int ms[] = {5, 130};
+  for (int s = 0; s < NKINDS(ms); s++)
+    for (int v = 0; v < 6; v++) {
+      gcase g = {.m = ms[s], .n = 256, .k = 512, .num = numerics_row, .xfp16 = v % 2,
+                 .ytype = v % 3 == 1 ? MT_DTYPE_FP16 : MT_DTYPE_BF16,
+                 .biastype = v < 2 ? MT_DTYPE_FP32 : v < 4 ? MT_DTYPE_BF16 : MT_DTYPE_FP16,
+                 .with_bias = v != 5, .in_place = v % 2, .alpha = 0.75f - 0.5f * (float)v,
+                 .beta = v == 2 ? 0.0f : 1.25f - 0.5f * (float)v};
+      g.ldx = (size_t)g.k + 8 * (size_t)(1 + v);
+      g.ldy = (size_t)g.n + 8 * (size_t)(2 + v);
+      check_gemm(&g);
+    }
+}
+
+/* A row holding NaN gives NaN in that row only; the others stay within the bound. */
+static void gemm_nan_rows(void) {
+  NEED_GPU();
+  static const int ms[] = {8, 130};
+  for (int s = 0; s < NKINDS(ms); s++) {
+    gcase g = {.m = ms[s], .n = 256, .k = 256, .num = numerics_row, .ytype = MT_DTYPE_BF16,
+               .biastype = MT_DTYPE_FP32, .alpha = 1.0f, .nan_rows = {1, ms[s] - 1}, .nnan = 2};
+    g.ldx = (size_t)g.k;
+    g.ldy = (size_t)g.n;
+    check_gemm(&g);
+  }
+}
+
+/* Row r's bits do not depend on M, on its position, or on the path: every run below is compared
+ * bit for bit with one 4096-row GEMM and with 1-row GEMMs. */
+static void gemm_batch_invariance(void) {
+  NEED_GPU();
+  enum { ROWS = 4096 + 320, N = 320, K = 512 };
+  weight w = {0};
+  acts a = {0};
+  uint16_t *full = malloc((size_t)ROWS * N * 2), *part = malloc((size_t)ROWS * N * 2);
+  if (!make_weight(&w, N, K, &numerics_row, 0) ||
+      !make_acts(&a, ROWS, K, K, 0, MT_SCALE_ROW, NULL, 0)) {
+    CHECKF(0, "setup failed");
+    goto out;
+  }
+  void *dy = dev_alloc((size_t)ROWS * N * 2);
+  size_t ws_bytes = mt_gemm_workspace_bytes(ROWS, K, &numerics_row);
+  void *ws = dev_alloc(ws_bytes);
+  if (!dy || !ws)
+    goto out;
+  mt_gemm_args args = {.n = N, .k = K, .ldx = K, .xtype = MT_DTYPE_BF16, .w = &w.q, .ldy = N,
+                       .ytype = MT_DTYPE_BF16, .alpha = 1.0f, .workspace = ws,
+                       .workspace_bytes = ws_bytes};
+  /* Reference: rows [0, 4096) in one call, rows [4096, ROWS) as a second 4096-row call that
+   * starts 320 rows earlier (the overlap is checked too). */
+  CHECK(poison(dy, (size_t)ROWS * N * 2));
+  args.m = 4096;
+  args.x = a.dev;
+  args.y = dy;
+  MT(mt_gemm(&args, NULL));
+  CU(sync_check());
+  CU(cudaMemcpy(full, dy, (size_t)4096 * N * 2, cudaMemcpyDeviceToHost));
+  args.x = (const uint16_t *)a.dev + (size_t)320 * K;
+  MT(mt_gemm(&args, NULL));
+  CU(sync_check());
+  CU(cudaMemcpy(part, dy, (size_t)4096 * N * 2, cudaMemcpyDeviceToHost));
+  CHECKF(memcmp(part, full + (size_t)320 * N, (size_t)(4096 - 320) * N * 2) == 0,
+         "rows 320..4095 differ when they sit 320 rows earlier in the call");
+  memcpy(full + (size_t)4096 * N, part + (size_t)(4096 - 320) * N, (size_t)320 * N * 2);
+
+  static const int ms[] = {1, 2, 7, 64, 257, 4096};
+  long bad = 0;
+  for (int i = 0; i < NKINDS(ms); i++) {
+    int offsets[3] = {0, 1 + rnd_below(63), rnd_below(ROWS - ms[i] + 1)};
+    for (int o = 0; o < 3; o++) {
+      args.m = ms[i];
+      args.x = (const uint16_t *)a.dev + (size_t)offsets[o] * K;
+      CHECK(poison(dy, (size_t)ms[i] * N * 2));
+      MT(mt_gemm(&args, NULL));
+      CU(sync_check());
+      CU(cudaMemcpy(part, dy, (size_t)ms[i] * N * 2, cudaMemcpyDeviceToHost));
+      for (int r = 0; r < ms[i]; r++)
+        if (memcmp(part + (size_t)r * N, full + (size_t)(offsets[o] + r) * N, N * 2) != 0 &&
+            bad++ == 0)
+          CHECKF(0, "M = %d at row offset %d: row %d differs from the 4096-row call", ms[i],
+                 offsets[o], r);
+    }
+  }
+  for (int t = 0; t < 48; t++) { /* single rows, anywhere */
+    int r = t < 2 ? t * (ROWS - 1) : rnd_below(ROWS);
+    args.m = 1;
+    args.x = (const uint16_t *)a.dev + (size_t)r * K;
+    CHECK(poison(dy, N * 2));
+    MT(mt_gemm(&args, NULL));
+    CU(sync_check());
+    CU(cudaMemcpy(part, dy, N * 2, cudaMemcpyDeviceToHost));
+    if (memcmp(part, full + (size_t)r * N, N * 2) != 0 && bad++ == 0)
+      CHECKF(0, "the 1-row GEMM of row %d differs from the 4096-row call", r);
+  }
+  CHECKF(bad == 0, "%ld rows not batch invariant", bad);
+out:
+  mt_nvfp4_free(&w.ref);
+  free_acts(&a);
+  free(full);
+  free(part);
+  dev_free_all();
+}
+
+/* ---- argument checks (no GPU needed: they fail before any launch) ---------------------------- */
+
+static void gemm_rejects_bad_arguments(void) {
+  static _Alignas(256) unsigned char fake[4096]; /* never touched: every call must refuse */
+  mt_qweight w = {.n = 64, .k = 64, .num = numerics_row, .xhat = (uint16_t *)fake};
+  mt_gemm_args good = {.m = 4, .n = 64, .k = 64, .x = fake, .ldx = 64, .xtype = MT_DTYPE_BF16,
+                       .w = &w, .y = fake, .ldy = 64, .ytype = MT_DTYPE_BF16, .alpha = 1.0f,
+                       .workspace = fake, .workspace_bytes = 0};
+  mt_gemm_args a = good;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_NOMEM); /* workspace too small */
+  a.workspace_bytes = mt_gemm_workspace_bytes(4, 64, &numerics_row) - 1;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_NOMEM);
+  good.workspace_bytes = sizeof fake;
+  a = good, a.k = 40, w.k = 40, a.ldx = 40;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED); /* k % 16 */
+  w.k = 64;
+  a = good, a.ldx = 60;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED); /* ldx < k */
+  a = good, a.ldx = 68;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED); /* rows not on 16 bytes */
+  a = good, a.x = fake + 2;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED);
+  a = good, a.xtype = MT_DTYPE_FP32;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED);
+  a = good, a.ytype = MT_DTYPE_FP32;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED);
+  a = good, a.n = 48;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED); /* weight shape */
+  a = good, a.m = 0;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED);
+  a = good, a.beta = 1.0f;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED); /* beta without C */
+  a = good, a.ldy = 32;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED);
+  CHECK(mt_gemm(NULL, NULL) == MT_ERR_UNSUPPORTED);
+
+  mt_numerics tile_row = {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_16X16};
+  CHECK(mt_qweight_bytes(64, 64, &tile_row) == 0); /* 16x16 needs one S per matrix */
+  mt_numerics tile = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_16X16};
+  CHECK(mt_qweight_bytes(40, 64, &tile) == 0); /* rows % 16 */
+  CHECK(mt_qweight_bytes(64, 40, &numerics_row) == 0);
+  size_t bytes = mt_qweight_bytes(64, 64, &numerics_row);
+  CHECK(bytes >= 64 * 64 * 2 + 64 * 32 + 64 * 4 + 4);
+  mt_qweight q;
+  CHECK(mt_qweight_bind(&q, 64, 64, &numerics_row, fake + 16) == MT_ERR_UNSUPPORTED);
+  CHECK(mt_qweight_bind(&q, 64, 64, &numerics_row, fake) == MT_OK);
+  CHECK((uintptr_t)q.codes % 256 == 0 && (uintptr_t)q.scales % 256 == 0 &&
+        (uintptr_t)q.outer % 256 == 0 && (void *)q.xhat == (void *)fake);
+  CHECK((size_t)((unsigned char *)q.outer - fake) + 4 <= bytes);
+  CHECK(mt_quantize_weight(fake + 2, MT_DTYPE_BF16, 64, &q, NULL) == MT_ERR_UNSUPPORTED);
+  CHECK(mt_quantize_weight(fake, MT_DTYPE_FP32, 64, &q, NULL) == MT_ERR_UNSUPPORTED);
+  CHECK(strcmp(mt_status_name(MT_ERR_CAPTURE), "stream capture") == 0);
+}
+
+int main(void) {
+  const char *seed_env = getenv("MT_TEST_SEED");
+  uint64_t seed = seed_env ? strtoull(seed_env, NULL, 0) : (uint64_t)time(NULL) ^ (uint64_t)clock();
+  printf("seed %llu (MT_TEST_SEED repeats it)\n", (unsigned long long)seed);
+  rng_state = seed * 2654435761ULL + 0x9E3779B97F4A7C15ULL;
+  RUN(gemm_rejects_bad_arguments);
+  RUN(quant_row_scale);
+  RUN(quant_ties);
+  RUN(quant_tensor_scale);
+  RUN(quant_weight_blocks);
+  RUN(gemm_accuracy);
+  RUN(gemm_epilogue_and_strides);
+  RUN(gemm_nan_rows);
+  RUN(gemm_batch_invariance);
+  return mt_test_done();
+}
