@@ -10,19 +10,27 @@
 
 #define MT_EXPORT __attribute__((visibility("default")))
 
+/* Set while a hook of this thread is inside the real cuBLAS: should one cuBLAS entry point ever
+ * call another through its PLT (libcublas calling cublasLtMatmul), the inner call goes straight
+ * through, so that one GEMM is never counted or routed twice. Initial-exec TLS: the library is
+ * preloaded, so its TLS is in the static block and costs one memory access. */
+static _Thread_local int in_real __attribute__((tls_model("initial-exec")));
+
 #define MT_HOOK(name, lib, params, ...)                                                            \
   MT_EXPORT cublasStatus_t name params {                                                           \
     mt_fn_##name real = MT_REAL_FN(name);                                                          \
     if (!real)                                                                                     \
       return mt_real_missing(MT_FN_##name);                                                        \
-    if (!mt_shim_active())                                                                         \
+    if (!mt_shim_active() || in_real)                                                              \
       return real(__VA_ARGS__);                                                                    \
     mt_call call;                                                                                  \
     cublasStatus_t status;                                                                         \
     mt_norm_##name(&call, __VA_ARGS__);                                                            \
-    if (mt_shim_begin(&call, &status))                                                             \
-      return status;                                                                               \
-    return real(__VA_ARGS__);                                                                      \
+    in_real = 1;                                                                                   \
+    if (!mt_shim_begin(&call, &status))                                                            \
+      status = real(__VA_ARGS__);                                                                  \
+    in_real = 0;                                                                                   \
+    return status;                                                                                 \
   }
 #define MT_REAL(name, lib, ret, params)
 #include "shim/hooks.def"

@@ -1,0 +1,147 @@
+/* bench_shim.c — what the shim adds to one cuBLAS call, in ns, measured on the CPU against the
+ * fake libcublas/libcublasLt of the tests (a benchmark, not a test).
+ *
+ *   make bench-shim
+ *
+ * Method: this program re-runs itself in child processes, without the shim and with
+ * LD_PRELOAD=libminite.so in each mode below. Each child times a tight loop of CALLS calls of a
+ * 1x1x1 GEMM (the fake does almost nothing, so the loop measures the call path), REPS times, and
+ * reports the median ns per call. The shim's cost is a mode's median minus the median without
+ * the shim. Pinning to one CPU and an idle machine make the numbers steadier.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shim/cuda_api.h"
+
+#define CALLS 200000
+#define REPS 21
+
+static double now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The child: median ns per call of the entry point named by argv. */
+static int child(const char *entry) {
+  cublasHandle_t h;
+  cublasLtHandle_t lth;
+  cublasCreate_v2(&h);
+  cublasLtCreate(&lth);
+  uint16_t a = 0x3f80, b = 0x3f80, c = 0; /* BF16 1.0 */
+  const float one = 1, zero = 0;
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t la, lb, lc;
+  cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  int32_t t = CUBLAS_OP_T;
+  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t);
+  cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, 16, 16, 16);
+  cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, 16, 1, 16);
+  cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, 16, 1, 16);
+  static _Alignas(16) uint16_t A[256], B[16], C[16];
+  int lt = !strcmp(entry, "lt");
+  double per_call[REPS];
+  for (int r = 0; r < REPS; r++) {
+    double t0 = now_ns();
+    for (int i = 0; i < CALLS; i++) {
+      if (lt)
+        cublasLtMatmul(lth, desc, &one, A, la, B, lb, &zero, C, lc, C, lc, NULL, NULL, 0, NULL);
+      else
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 1, 1, 1, &one, &a, CUDA_R_16BF, 1, &b,
+                     CUDA_R_16BF, 1, &zero, &c, CUDA_R_16BF, 1, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT);
+    }
+    per_call[r] = (now_ns() - t0) / CALLS;
+  }
+  qsort(per_call, REPS, sizeof per_call[0], cmp_double);
+  printf("%.2f\n", per_call[REPS / 2]);
+  return 0;
+}
+
+typedef struct {
+  const char *name, *entry;
+  const char *env[4]; /* set in the child; NULL-terminated */
+  int shim;
+} mode;
+
+/* Run one mode in a child; its median ns per call. */
+static double run_mode(const char *self, const char *lib, const mode *m) {
+  int fds[2];
+  if (pipe(fds) != 0)
+    return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    close(fds[0]);
+    unsetenv("MINITE_SPEC"), unsetenv("MINITE_STATS"), unsetenv("MINITE_ROUTE");
+    unsetenv("LD_PRELOAD");
+    for (int i = 0; m->env[i]; i++)
+      putenv((char *)m->env[i]);
+    if (m->shim)
+      setenv("LD_PRELOAD", lib, 1);
+    execl(self, self, "--child", m->entry, (char *)NULL);
+    _exit(127);
+  }
+  close(fds[1]);
+  char buf[64] = {0};
+  ssize_t n = read(fds[0], buf, sizeof buf - 1);
+  close(fds[0]);
+  int status;
+  waitpid(pid, &status, 0);
+  return n > 0 && WIFEXITED(status) && !WEXITSTATUS(status) ? atof(buf) : -1;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && !strcmp(argv[1], "--child"))
+    return child(argv[2]);
+  if (argc != 2) {
+    fprintf(stderr, "usage: %s BUILD/libminite.so\n", argv[0]);
+    return 2;
+  }
+  char stats[64];
+  snprintf(stats, sizeof stats, "MINITE_STATS=/tmp/mt_bench_%ld.jsonl", (long)getpid());
+  const mode modes[] = {
+      {"cublasGemmEx, no shim", "gemm", {NULL}, 0},
+      {"cublasGemmEx, inert (MINITE_SPEC unset)", "gemm", {NULL}, 1},
+      {"cublasGemmEx, pass-through, no stats", "gemm", {"MINITE_SPEC=bf16", NULL}, 1},
+      {"cublasGemmEx, pass-through + stats", "gemm", {"MINITE_SPEC=bf16", stats, NULL}, 1},
+      {"cublasGemmEx, routed shape (bf16) + stats", "gemm",
+       {"MINITE_SPEC=bf16", stats, "MINITE_ROUTE=1x1", NULL}, 1},
+      {"cublasLtMatmul, no shim", "lt", {NULL}, 0},
+      {"cublasLtMatmul, pass-through + stats", "lt", {"MINITE_SPEC=bf16", stats, NULL}, 1},
+      {"cublasLtMatmul, routed shape (bf16) + stats", "lt",
+       {"MINITE_SPEC=bf16", stats, "MINITE_ROUTE=16x16", NULL}, 1},
+  };
+  printf("bench_shim: ns per call added by libminite.so, against the fake cuBLAS of the tests\n"
+         "method: median over %d repetitions of a loop of %d calls of a 1x1x1 GEMM (Lt: 16x1x16),\n"
+         "each mode in its own process; added = mode median - median without the shim\n\n",
+         REPS, CALLS);
+  double base = 0;
+  for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+    double ns = run_mode("/proc/self/exe", argv[1], &modes[i]);
+    if (ns < 0) {
+      printf("%-46s failed\n", modes[i].name);
+      continue;
+    }
+    if (!modes[i].shim)
+      base = ns, printf("%-46s %8.1f ns per call\n", modes[i].name, ns);
+    else
+      printf("%-46s %8.1f ns per call, %+7.1f ns added\n", modes[i].name, ns, ns - base);
+  }
+  char path[64];
+  snprintf(path, sizeof path, "%s", stats + strlen("MINITE_STATS="));
+  unlink(path);
+  printf("\ntargets: inert < 50 ns, pass-through with statistics < 300 ns\n");
+  return 0;
+}

@@ -1,0 +1,11 @@
+# scripts/shim.mk — `make bench-shim`: the shim's added cost per call on the CPU, against the fake
+# cuBLAS of tests/cpu/shim.mk (a benchmark, not a test; see scripts/bench_shim.c for the method).
+
+$(B)/scripts/bench_shim: scripts/bench_shim.c $(FAKE_LIBS) shim/cuda_api.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< -L$(FAKE) -Wl,--disable-new-dtags -Wl,-rpath,'$$ORIGIN/../tests/cpu/fake' \
+	    -l:libcublas.so.13 -l:libcublasLt.so.13
+
+.PHONY: bench-shim
+bench-shim: $(B)/libminite.so $(B)/scripts/bench_shim
+	$(B)/scripts/bench_shim $(abspath $(B)/libminite.so)
