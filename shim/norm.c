@@ -219,13 +219,15 @@ void mt_norm_cublasLtMatmul(mt_call *call, cublasLtHandle_t lightHandle,
 static int lt_layout_details(void *layout, int *order, int64_t *ld, int64_t *batch,
                              int64_t *stride, int *pointer_array) {
   int32_t ord, count;
-  uint32_t mode;
+  uint32_t mode = CUBLASLT_BATCH_MODE_STRIDED;
   if (layout_get(layout, CUBLASLT_MATRIX_LAYOUT_ORDER, &ord, sizeof ord) ||
       layout_get(layout, CUBLASLT_MATRIX_LAYOUT_LD, ld, sizeof *ld) ||
       layout_get(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count) ||
-      layout_get(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, stride, sizeof *stride) ||
-      layout_get(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode))
+      layout_get(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, stride, sizeof *stride))
     return -1;
+  /* BATCH_MODE is recent (pointer-array batches); a cuBLASLt without it only has strided ones. */
+  if (layout_get(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode))
+    mode = CUBLASLT_BATCH_MODE_STRIDED;
   *order = ord;
   if (count > *batch)
     *batch = count;

@@ -300,12 +300,22 @@ static const char *type_name(int t, char *buf, size_t size) {
 
 static char op_char(int op) { return op == 0 ? 'N' : op == 1 ? 'T' : op == 2 ? 'C' : '?'; }
 
+static int by_count_desc(const void *x, const void *y) {
+  const census_row *a = *(const census_row *const *)x, *b = *(const census_row *const *)y;
+  return a->count != b->count ? (a->count < b->count ? 1 : -1) : 0;
+}
+
+/* Most frequent shapes first: the ones a reader looks for. Caller holds census_lock. */
 static void write_census(writer *w) {
-  int first = 1;
-  for (int i = 0; i < MT_CENSUS_SIZE; i++) {
-    const census_row *r = &census[i];
-    if (!r->used)
-      continue;
+  static const census_row *rows[MT_CENSUS_SIZE];
+  int nrows = 0;
+  for (int i = 0; i < MT_CENSUS_SIZE; i++)
+    if (census[i].used)
+      rows[nrows++] = &census[i];
+  qsort(rows, (size_t)nrows, sizeof rows[0], by_count_desc);
+  for (int i = 0; i < nrows; i++) {
+    const census_row *r = rows[i];
+    int first = i == 0;
     char b1[16], b2[16], b3[16];
     w_printf(w,
              "%s{\"entry\": \"%s\", \"ops\": \"%c%c\", \"m\": %" PRId64 ", \"n\": %" PRId64
@@ -313,7 +323,6 @@ static void write_census(writer *w) {
              first ? "" : ", ", mt_fn_name((enum mt_fn)r->entry), op_char(r->transa),
              op_char(r->transb), r->m, r->n, r->k, type_name(r->atype, b1, sizeof b1),
              type_name(r->btype, b2, sizeof b2), type_name(r->ctype, b3, sizeof b3), r->count);
-    first = 0;
   }
 }
 

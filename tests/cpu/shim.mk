@@ -22,10 +22,10 @@ $(FAKE)/libcublasLt.so.13: tests/cpu/fake/fake_cublasLt.c tests/cpu/fake/libcubl
 FAKE_LIBS := $(FAKE)/libcublas.so.13 $(FAKE)/libcublasLt.so.13
 
 $(FAKE)/libfakeapp.so: tests/cpu/fake/fake_app.c $(FAKE_LIBS) $(FAKE_HDRS)
-	$(CC) $(CFLAGS) -shared -o $@ $< $(FAKE_LDFLAGS) -l:libcublas.so.13 -l:libcublasLt.so.13
+	$(CC) $(CFLAGS) -pthread -shared -o $@ $< $(FAKE_LDFLAGS) -l:libcublas.so.13 -l:libcublasLt.so.13
 
 $(FAKE)/app_direct: tests/cpu/fake/app_direct.c tests/cpu/fake/fake_app.c $(FAKE_LIBS) $(FAKE_HDRS)
-	$(CC) $(CFLAGS) -o $@ tests/cpu/fake/app_direct.c tests/cpu/fake/fake_app.c $(FAKE_LDFLAGS) \
+	$(CC) $(CFLAGS) -pthread -o $@ tests/cpu/fake/app_direct.c tests/cpu/fake/fake_app.c $(FAKE_LDFLAGS) \
 	    -l:libcublas.so.13 -l:libcublasLt.so.13
 
 $(FAKE)/app_dlopen: tests/cpu/fake/app_dlopen.c

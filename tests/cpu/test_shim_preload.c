@@ -215,7 +215,7 @@ static int json_parses(const char *path) {
   return rc == 0 || (WIFEXITED(rc) && WEXITSTATUS(rc) == 127);
 }
 
-static void check_counts(const char *path, const char *tag, int bf16) {
+static void check_counts(const char *path, const char *tag, int bf16, int census) {
   expectation e;
   read_expectation(tag, &e);
   char *start, *summary;
@@ -233,12 +233,17 @@ static void check_counts(const char *path, const char *tag, int bf16) {
   long routed = bf16 ? e.routed_eligible : 0;
   CHECKF(json_int(summary, "routed") == routed, "%ld routed, expected %ld",
          json_int(summary, "routed"), routed);
-  CHECK(json_int(summary, "passthrough") == e.calls - routed);
+  CHECKF(json_int(summary, "passthrough") == e.calls - routed, "%ld passed through",
+         json_int(summary, "passthrough"));
   CHECKF(fallback(summary, "no engine") == (bf16 ? 0 : e.routed_eligible), "no engine %ld",
          fallback(summary, "no engine"));
   for (int i = 0; reason_keys[i]; i++)
     CHECKF(fallback(summary, reason_names[i]) == e.reasons[i], "%s: %ld, expected %ld",
            reason_names[i], fallback(summary, reason_names[i]), e.reasons[i]);
+  if (!census) {
+    free(start), free(summary);
+    return;
+  }
   /* GemmEx calls 1, 2 and those failing on compute type, pointer mode and lda share one shape */
   CHECK(strstr(summary, "{\"entry\": \"cublasGemmEx\", \"ops\": \"TN\", \"m\": 64, \"n\": 5, "
                         "\"k\": 32, \"types\": \"bf16*bf16->bf16\", \"count\": 5}"));
@@ -299,7 +304,7 @@ static void active(enum arrangement arr, int bf16) {
   CHECKF(r.err[0] == '\0', "stderr at the default level: %s", r.err);
   CHECK(r.out_bytes == 0);
   CHECKF(same_results(tag), "%s: results differ from the run without the shim", tag);
-  check_counts(stats, tag, bf16);
+  check_counts(stats, tag, bf16, 1);
 }
 
 static void active_direct_nvfp4(void) { active(DIRECT, 0); }
@@ -399,6 +404,27 @@ static void forked_child_writes_nothing(void) {
   free(first), free(last);
 }
 
+/* Threads calling at once: every call counted, every argument intact (the app checks). */
+static void threads_count_every_call(void) {
+  char stats[PATH_MAX + 64], env1[PATH_MAX + 80];
+  tmp_path(stats, sizeof stats, "threads.jsonl");
+  snprintf(env1, sizeof env1, "MINITE_STATS=%s", stats);
+  const char *env[] = {env1, "MINITE_SPEC=nvfp4-row", routes_env, "FAKE_APP_THREADS=8", NULL};
+  for (int arr = DIRECT; arr <= DLOPEN; arr++) {
+    run_result r;
+    app(arr, "threads", env, 1, &r);
+    CHECKF(r.status == 0, "exit %d: %s", r.status, r.err);
+    CHECK(same_results("threads"));
+    check_counts(stats, "threads", 0, 0);
+  }
+  char *first, *last;
+  stats_lines(stats, &first, &last);
+  CHECKF(last && strstr(last, "\"ops\": \"TN\", \"m\": 64, \"n\": 5, \"k\": 32, \"types\": "
+                              "\"bf16*bf16->bf16\", \"count\": 4005}"), "census: %.300s",
+         last ? strstr(last, "census") : "");
+  free(first), free(last);
+}
+
 static void log_file_and_templates(void) {
   char env1[PATH_MAX + 80], env2[PATH_MAX + 80], host[256];
   snprintf(env1, sizeof env1, "MINITE_LOG_FILE=%s/log.%%h.%%p.%%r.%%%%", tmp);
@@ -474,6 +500,7 @@ int main(void) {
   RUN(bad_log_level);
   RUN(strict_exits_2);
   RUN(forked_child_writes_nothing);
+  RUN(threads_count_every_call);
   RUN(log_file_and_templates);
   RUN(nvfp4_without_routes_warns);
   free(baseline);

@@ -21,7 +21,7 @@ typedef struct {
   long attr_gets;  /* cublasLt*GetAttribute calls so far (the shim's reads) */
 } fake_record;
 
-/* The record of libcublas.so.13 (fake) and of libcublasLt.so.13 (fake). */
+/* The calling thread's record of libcublas.so.13 (fake) and of libcublasLt.so.13 (fake). */
 void fake_cublas_last(fake_record *out);
 void fake_cublasLt_last(fake_record *out);
 

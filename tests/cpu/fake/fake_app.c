@@ -6,9 +6,11 @@
  * bytes to `out` (compared bitwise across runs with and without the shim), and writes one line
  * "<entry> <reason>" per call to `expect`: the reason the router must give under a spec routing
  * the weights 64x32 and 48x24 (ROUTED stands for "routed" under bf16 and "no engine" under nvfp4).
- * Built twice: into the direct-link test program, and into libfakeapp.so, which a program
+ * FAKE_APP_FORK=1 adds a fork()ed child that makes one call; FAKE_APP_THREADS=N adds N threads
+ * making THREAD_CALLS routed-shape calls each, at the same time. Built twice: into the direct-link test program, and into libfakeapp.so, which a program
  * dlopen()s with RTLD_LOCAL as PyTorch loads cuBLAS.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -333,6 +335,46 @@ static void forked_child(void) {
   }
 }
 
+#define THREAD_CALLS 500
+
+static void *thread_calls(void *arg) {
+  (void)arg;
+  void *a = matrix(BF, 32 * 64), *b = matrix(BF, 32 * 5), *c = matrix(BF, 64 * 5);
+  long bad = 0;
+  for (int i = 0; i < THREAD_CALLS; i++) {
+    bad += cublasGemmEx(handle, OPT, OPN, 64, 5, 32, &one, a, BF, 32, b, BF, 32, &zero, c, BF, 64,
+                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS;
+    uint64_t want[] = {U(handle), I(OPT), I(OPN), 64, 5, 32, U(&one), U(a), I(BF), 32,
+                       U(b), I(BF), 32, U(&zero), U(c), I(BF), 64, I(CUBLAS_COMPUTE_32F),
+                       I(CUBLAS_GEMM_DEFAULT)};
+    fake_record r;
+    fake_cublas_last(&r);
+    bad += r.nargs != 19 || memcmp(r.args, want, sizeof want) != 0;
+  }
+  free(a), free(b), free(c);
+  return (void *)bad;
+}
+
+/* The threads share the handle, as threads of a program sharing one cuBLAS handle do (a real
+ * program serialises them on one stream; the fake has no state to race on). */
+static void threads(int n) {
+  pthread_t t[64];
+  n = n > 64 ? 64 : n;
+  for (int i = 0; i < n; i++)
+    pthread_create(&t[i], NULL, thread_calls, NULL);
+  for (int i = 0; i < n; i++) {
+    void *bad;
+    pthread_join(t[i], &bad);
+    if (bad) {
+      fprintf(stderr, "fake_app: thread %d: %ld calls failed or changed arguments\n", i,
+              (long)bad);
+      failures++;
+    }
+  }
+  for (int i = 0; i < n * THREAD_CALLS; i++)
+    fprintf(expect_file, "cublasGemmEx ROUTED\n");
+}
+
 EXPORT int fake_app_run(const char *out_path, const char *expect_path) {
   out_file = fopen(out_path, "wb");
   expect_file = fopen(expect_path, "w");
@@ -354,6 +396,9 @@ EXPORT int fake_app_run(const char *out_path, const char *expect_path) {
   grouped(0, "ROUTED", OPT, OPN, 64, 9, 32);
   grouped(1, "layout", OPT, OPN, 16, 4, 16);
   lt_calls();
+  const char *threads_env = getenv("FAKE_APP_THREADS");
+  if (threads_env)
+    threads(atoi(threads_env));
   cublasDestroy_v2(handle);
   fclose(out_file);
   fclose(expect_file);

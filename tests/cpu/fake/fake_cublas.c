@@ -17,7 +17,8 @@ struct cublasContext {
   cublasPointerMode_t mode;
 };
 
-static fake_record last;
+/* Per thread: the app checks the record of its own last call, whatever other threads do. */
+static _Thread_local fake_record last;
 
 EXPORT void fake_cublas_last(fake_record *out) { *out = last; }
 

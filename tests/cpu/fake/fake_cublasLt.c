@@ -16,7 +16,8 @@ typedef struct {
   size_t size[NATTR]; /* 0: not an attribute the fake knows */
 } attrs;
 
-static fake_record last;
+/* Per thread: the app checks the record of its own last call, whatever other threads do. */
+static _Thread_local fake_record last;
 EXPORT void fake_cublasLt_last(fake_record *out) { *out = last; }
 
 static void put(attrs *a, int id, const void *v, size_t size) {
@@ -28,7 +29,7 @@ static void put32(attrs *a, int id, int32_t v) { put(a, id, &v, 4); }
 static void put64(attrs *a, int id, int64_t v) { put(a, id, &v, 8); }
 
 static cublasStatus_t get_attr(const attrs *a, int id, void *buf, size_t size, size_t *written) {
-  __atomic_fetch_add(&last.attr_gets, 1, __ATOMIC_RELAXED);
+  last.attr_gets++;
   if (id < 0 || id >= NATTR || !a->size[id])
     return CUBLAS_STATUS_INVALID_VALUE;
   if (size == 0 && written) {
