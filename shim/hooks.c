@@ -16,8 +16,11 @@
  * preloaded, so its TLS is in the static block and costs one memory access. */
 static _Thread_local int in_real __attribute__((tls_model("initial-exec")));
 
+/* Everything but the common case lives in a function of its own — the first lookup, a missing
+ * real function, the active path — so that the inert hook is a load, a load, a branch and a tail
+ * call, with no argument spilled to the stack. */
 #define MT_HOOK(name, lib, params, ...)                                                            \
-  MT_EXPORT cublasStatus_t name params {                                                           \
+  __attribute__((noinline)) static cublasStatus_t slow_##name params {                             \
     mt_fn_##name real = MT_REAL_FN(name);                                                          \
     if (!real)                                                                                     \
       return mt_real_missing(MT_FN_##name);                                                        \
@@ -31,6 +34,13 @@ static _Thread_local int in_real __attribute__((tls_model("initial-exec")));
       status = real(__VA_ARGS__);                                                                  \
     in_real = 0;                                                                                   \
     return status;                                                                                 \
+  }                                                                                                \
+  MT_EXPORT cublasStatus_t name params {                                                           \
+    mt_fn_##name real = (mt_fn_##name)atomic_load_explicit(&mt_real_ptr[MT_FN_##name],             \
+                                                           memory_order_acquire);                  \
+    if (__builtin_expect(real && !mt_shim_active(), 1))                                            \
+      return real(__VA_ARGS__);                                                                    \
+    return slow_##name(__VA_ARGS__);                                                               \
   }
 #define MT_REAL(name, lib, ret, params)
 #include "shim/hooks.def"
