@@ -19,7 +19,7 @@ static int log_inited;
 static const char *const level_names[] = {"NONE", "WARN", "INFO", "TRACE", NULL};
 
 void mt_log_write(enum mt_log_level level, const char *fmt, ...) {
-  char line[1024];
+  char line[2048]; /* a spec error can be long; longer lines are cut */
   int used = snprintf(line, sizeof line, "%s:%ld:%ld minite %s ", mt_param_host(), (long)getpid(),
                       (long)syscall(SYS_gettid), level_names[level]);
   if (used < 0 || (size_t)used >= sizeof line)

@@ -17,22 +17,26 @@ static mt_spec spec; /* written once before mt_shim_on is set, read-only afterwa
 
 const mt_spec *mt_shim_spec(void) { return &spec; }
 
-/* All of a spec's errors in one line: the user fixes them in one go. */
-static void warn_spec_errors(const char *what, const char *value, const mt_spec_errors *errs) {
-  char text[1024];
-  size_t used = 0;
-  text[0] = '\0';
-  for (int i = 0; i < errs->n && used < sizeof text; i++) {
+/* The configuration error that makes the shim inert, said once, with its fix. */
+static char problem[1536];
+
+/* All of a spec's errors in one message: the user fixes them in one go. */
+static void spec_problem(const char *what, const char *value, const mt_spec_errors *errs,
+                         const char *hint) {
+  size_t used = (size_t)snprintf(problem, sizeof problem, "%s=%s: ", what, value);
+  for (int i = 0; i < errs->n && used < sizeof problem; i++) {
     if (errs->e[i].line)
-      used += (size_t)snprintf(text + used, sizeof text - used, "%sline %d: %s", i ? "; " : "",
-                               errs->e[i].line, errs->e[i].msg);
+      used += (size_t)snprintf(problem + used, sizeof problem - used, "%sline %d: %s",
+                               i ? "; " : "", errs->e[i].line, errs->e[i].msg);
     else
-      used += (size_t)snprintf(text + used, sizeof text - used, "%s%s", i ? "; " : "",
+      used += (size_t)snprintf(problem + used, sizeof problem - used, "%s%s", i ? "; " : "",
                                errs->e[i].msg);
   }
-  if (errs->dropped && used < sizeof text)
-    snprintf(text + used, sizeof text - used, "; and %d more", errs->dropped);
-  MT_WARN("%s=%s: %s", what, value, text);
+  if (errs->dropped && used < sizeof problem)
+    used += (size_t)snprintf(problem + used, sizeof problem - used, "; and %d more",
+                             errs->dropped);
+  if (hint && used < sizeof problem)
+    snprintf(problem + used, sizeof problem - used, " (%s)", hint);
 }
 
 static int is_file(const char *path) {
@@ -51,11 +55,13 @@ static int load_spec(const char *name) {
     for (int i = 0; mt_spec_builtin_names[i] && used < sizeof names; i++)
       used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
                                mt_spec_builtin_names[i]);
-    MT_WARN("MINITE_SPEC=%s is neither a built-in spec (%s) nor a readable file: set it to a "
-            "built-in name or to the path of a spec file", name, names);
+    snprintf(problem, sizeof problem, "MINITE_SPEC=%s is neither a built-in spec (%s) nor a "
+             "readable file: set it to a built-in name or to the path of a spec file", name,
+             names);
     return -1;
   }
-  warn_spec_errors("MINITE_SPEC", name, &errs);
+  spec_problem("MINITE_SPEC", name, &errs, "fix the spec file; `minite spec check FILE` lists "
+               "every error");
   return -1;
 }
 
@@ -66,9 +72,7 @@ static int load_routes(void) {
   mt_spec_errors errs = {0};
   if (mt_spec_add_routes(&spec, list, &errs) == 0)
     return 0;
-  warn_spec_errors("MINITE_ROUTE", list, &errs);
-  MT_WARN("MINITE_ROUTE takes weight shapes OUTxIN separated by commas or spaces, e.g. "
-          "MINITE_ROUTE=1536x2048,2048x768");
+  spec_problem("MINITE_ROUTE", list, &errs, NULL); /* the parser's message shows the syntax */
   return -1;
 }
 
@@ -85,14 +89,14 @@ static void info_started(const char *role, const char *stats) {
           spec.nroutes ? routes : " none", stats ? stats : "off");
 }
 
+/* A configuration error: one message, then inert, or exit status 2 under MINITE_STRICT=1. */
 static int refuse(int strict) {
   if (strict) {
-    MT_WARN("MINITE_STRICT=1: ending the program with exit status 2 because of the "
-            "configuration error above");
+    MT_WARN("%s%sMINITE_STRICT=1: ending the program with exit status 2", problem,
+            problem[0] ? "; " : "a configuration error above; ");
     exit(2);
   }
-  MT_WARN("the shim stays inert for this run: every GEMM goes to cuBLAS unchanged (fix the "
-          "setting above, or set MINITE_STRICT=1 to stop at such errors)");
+  MT_WARN("%s; the shim is inert for this run: every GEMM goes to cuBLAS unchanged", problem);
   return -1;
 }
 
@@ -112,7 +116,7 @@ int mt_shim_init(void) {
     return refuse(strict);
   if (strict && soft_errors)
     return refuse(strict);
-  if (stats && mt_stats_open(stats) != 0)
+  if (stats && mt_stats_open(stats, problem, sizeof problem) != 0)
     return refuse(strict);
   if (spec.format == MT_FORMAT_NVFP4 && spec.nroutes == 0)
     MT_WARN("spec %s routes no GEMM: add route lines to the spec or set MINITE_ROUTE. To find a "

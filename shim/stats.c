@@ -51,16 +51,16 @@ static char start_fields[2048]; /* pid .. fingerprint, shared by both records */
 static void lock_census(void) { pthread_mutex_lock(&census_lock); }
 static void unlock_census(void) { pthread_mutex_unlock(&census_lock); }
 
-int mt_stats_open(const char *tmpl) {
+int mt_stats_open(const char *tmpl, char *why, size_t size) {
   if (mt_param_path(tmpl, stats_path, sizeof stats_path) != 0) {
-    MT_WARN("MINITE_STATS=%s expands to a path longer than %zu bytes: use a shorter path", tmpl,
-            sizeof stats_path);
+    snprintf(why, size, "MINITE_STATS=%s expands to a path longer than %zu bytes: use a shorter "
+             "path", tmpl, sizeof stats_path);
     return -1;
   }
   int fd = open(stats_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) {
-    MT_WARN("cannot open MINITE_STATS=%s (%s): %s; make sure the directory exists and is "
-            "writable, or unset MINITE_STATS", tmpl, stats_path, strerror(errno));
+    snprintf(why, size, "cannot open MINITE_STATS=%s (%s): %s; make sure the directory exists "
+             "and is writable, or unset MINITE_STATS", tmpl, stats_path, strerror(errno));
     return -1;
   }
   stats_fd = fd;

@@ -24,8 +24,8 @@
 #define MT_SUGGEST_CALLS 1000
 #define MT_SUGGEST_MAX 64
 
-/* Open the statistics file from its template; 0, or -1 after a warning saying why. */
-int mt_stats_open(const char *tmpl);
+/* Open the statistics file from its template; 0, or -1 with the problem and its fix in `why`. */
+int mt_stats_open(const char *tmpl, char *why, size_t size);
 
 /* 1 when a statistics file is open (and the census is kept). */
 int mt_stats_enabled(void);

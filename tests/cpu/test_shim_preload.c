@@ -324,6 +324,9 @@ static void bad_setting(const char *tag, const char *setting, const char *messag
   CHECKF(r.status == 0, "%s: exit %d", setting, r.status);
   CHECKF(strstr(r.err, message), "%s: no '%s' in: %s", setting, message, r.err);
   CHECKF(strstr(r.err, "inert"), "%s: the shim does not say it is inert: %s", setting, r.err);
+  const char *second = strstr(r.err, "minite WARN");
+  CHECKF(second && !strstr(second + 1, "minite WARN"), "%s: more than one message: %s", setting,
+         r.err);
   CHECKF(same_results(tag), "%s changed results", setting);
   CHECK(r.out_bytes == 0);
   if (strncmp(setting, "MINITE_STATS=", 13))

@@ -171,7 +171,8 @@ static mt_call shape(int ta, int64_t m, int64_t n, int64_t k, int type) {
 static void suggested_routes_rule(void) {
   char path[] = "/tmp/mt_stats_test.XXXXXX";
   close(mkstemp(path));
-  CHECK(mt_stats_open(path) == 0);
+  char why[256] = "";
+  CHECKF(mt_stats_open(path, why, sizeof why) == 0, "%s", why);
   mt_stats_reset();
   for (int n = 1; n <= 3; n++) { /* three token counts: an expert */
     mt_call c = shape(CUBLAS_OP_T, 1536, n, 2048, CUDA_R_16BF);
