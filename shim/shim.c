@@ -1,6 +1,7 @@
 /* shim.c — start-up from the environment, and the path of one active call. */
 #include "shim/shim.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,8 @@
 
 atomic_int mt_shim_on;
 static mt_spec spec; /* written once before mt_shim_on is set, read-only afterwards */
+static char role_name[256];
+static pthread_once_t first_call = PTHREAD_ONCE_INIT;
 
 const mt_spec *mt_shim_spec(void) { return &spec; }
 
@@ -76,6 +79,17 @@ static int load_routes(void) {
   return -1;
 }
 
+/* PyTorch settings that decide which cuBLAS entry points the shim sees (DESIGN.md §6). */
+static void info_torch_settings(void) {
+  static const char *const names[] = {"TORCH_BLAS_PREFER_CUBLASLT", "DISABLE_ADDMM_CUDA_LT",
+                                      "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE", NULL};
+  for (int i = 0; names[i]; i++) {
+    const char *v = getenv(names[i]);
+    if (v)
+      MT_INFO("%s=%s", names[i], v);
+  }
+}
+
 static void info_started(const char *role, const char *stats) {
   char routes[MT_SPEC_MAX_ROUTES * 24];
   size_t used = 0;
@@ -87,6 +101,7 @@ static void info_started(const char *role, const char *stats) {
           "statistics %s", MT_VERSION, spec.name, mt_format_name(spec.format),
           (unsigned long long)mt_spec_fingerprint(&spec), role ? role : "",
           spec.nroutes ? routes : " none", stats ? stats : "off");
+  info_torch_settings();
 }
 
 /* A configuration error: one message, then inert, or exit status 2 under MINITE_STRICT=1. */
@@ -116,13 +131,9 @@ int mt_shim_init(void) {
     return refuse(strict);
   if (strict && soft_errors)
     return refuse(strict);
-  if (stats && mt_stats_open(stats, problem, sizeof problem) != 0)
+  if (stats && mt_stats_check(stats, problem, sizeof problem) != 0)
     return refuse(strict);
-  if (spec.format == MT_FORMAT_NVFP4 && spec.nroutes == 0)
-    MT_WARN("spec %s routes no GEMM: add route lines to the spec or set MINITE_ROUTE. To find a "
-            "model's expert shapes, run it once with MINITE_SPEC=bf16 MINITE_STATS=stats.jsonl "
-            "and read suggested_routes in the summary record", spec.name);
-  mt_stats_start(&spec, role, MT_VERSION);
+  snprintf(role_name, sizeof role_name, "%s", role ? role : "");
   info_started(role, stats);
   atomic_store_explicit(&mt_shim_on, 1, memory_order_release);
   return 0;
@@ -164,7 +175,18 @@ static enum mt_reason decide_grouped(mt_call *c) {
   return call_reason;
 }
 
+/* What only a process that uses cuBLAS should do or say: the statistics file and its start
+ * record, the warning about a spec that routes nothing. */
+static void start_on_first_call(void) {
+  if (spec.format == MT_FORMAT_NVFP4 && spec.nroutes == 0)
+    MT_WARN("spec %s routes no GEMM: add route lines to the spec or set MINITE_ROUTE. To find a "
+            "model's expert shapes, run it once with MINITE_SPEC=bf16 MINITE_STATS=stats.jsonl "
+            "and read suggested_routes in the summary record", spec.name);
+  mt_stats_start(&spec, role_name, MT_VERSION);
+}
+
 int mt_shim_begin(mt_call *c, cublasStatus_t *status) {
+  pthread_once(&first_call, start_on_first_call);
   enum mt_reason r;
   if (c->group_count > 0) {
     r = decide_grouped(c);

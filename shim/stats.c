@@ -42,7 +42,8 @@ static shape_row shapes[MT_SHAPES_SIZE];
 static unsigned long long census_overflow, shapes_overflow;
 static pthread_mutex_t census_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int stats_fd = -1;
+static int stats_on;      /* MINITE_STATS given and checked: the census is kept */
+static int stats_fd = -1; /* opened at the first GEMM call (mt_stats_start) */
 static pid_t owner_pid;
 static char stats_path[4096];
 static char start_fields[2048]; /* pid .. fingerprint, shared by both records */
@@ -51,25 +52,37 @@ static char start_fields[2048]; /* pid .. fingerprint, shared by both records */
 static void lock_census(void) { pthread_mutex_lock(&census_lock); }
 static void unlock_census(void) { pthread_mutex_unlock(&census_lock); }
 
-int mt_stats_open(const char *tmpl, char *why, size_t size) {
+static int writable_dir_of(const char *path) {
+  char dir[sizeof stats_path];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash)
+    return access(".", W_OK | X_OK) == 0;
+  if (slash == dir)
+    slash[1] = '\0';
+  else
+    *slash = '\0';
+  return access(dir, W_OK | X_OK) == 0;
+}
+
+int mt_stats_check(const char *tmpl, char *why, size_t size) {
   if (mt_param_path(tmpl, stats_path, sizeof stats_path) != 0) {
     snprintf(why, size, "MINITE_STATS=%s expands to a path longer than %zu bytes: use a shorter "
              "path", tmpl, sizeof stats_path);
     return -1;
   }
-  int fd = open(stats_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    snprintf(why, size, "cannot open MINITE_STATS=%s (%s): %s; make sure the directory exists "
+  if (!writable_dir_of(stats_path) || (access(stats_path, F_OK) == 0 && access(stats_path, W_OK))) {
+    snprintf(why, size, "cannot write MINITE_STATS=%s (%s): %s; make sure the directory exists "
              "and is writable, or unset MINITE_STATS", tmpl, stats_path, strerror(errno));
     return -1;
   }
-  stats_fd = fd;
   owner_pid = getpid();
+  stats_on = 1;
   pthread_atfork(lock_census, unlock_census, unlock_census);
   return 0;
 }
 
-int mt_stats_enabled(void) { return stats_fd >= 0; }
+int mt_stats_enabled(void) { return stats_on; }
 
 /* --- a small buffered writer: one record may be large (the census), and write(2) is the only
  * way out, so that no stdio buffer is ever shared with a forked child ---------------------- */
@@ -135,8 +148,13 @@ static double now_seconds(void) {
 }
 
 void mt_stats_start(const mt_spec *s, const char *role, const char *version) {
-  if (stats_fd < 0)
+  if (!stats_on || getpid() != owner_pid)
     return;
+  stats_fd = open(stats_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  if (stats_fd < 0) {
+    MT_WARN("cannot open %s (%s): no statistics for this process", stats_path, strerror(errno));
+    return;
+  }
   char host[600], role_json[300], name_json[200], version_json[100], routes[MT_SPEC_MAX_ROUTES * 24];
   json_str(host, sizeof host, mt_param_host());
   json_str(role_json, sizeof role_json, role ? role : "");
@@ -220,7 +238,7 @@ static void shape_add(const mt_call *c) {
 }
 
 void mt_stats_census(const mt_call *one) {
-  if (stats_fd < 0)
+  if (!stats_on)
     return;
   pthread_mutex_lock(&census_lock);
   census_add(one);

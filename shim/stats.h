@@ -1,9 +1,11 @@
 /* stats.h — counters, the census of GEMM shapes, and the JSON lines written to MINITE_STATS.
  *
- * The file (a path template, see param.h) gets a "start" record when the shim starts and a
- * "summary" record at exit: calls, routed, passed through, fallbacks by reason, the census and
- * the suggested routes. Counters are atomics; the census is a fixed-size table under one mutex
- * (bounded: shapes past its size are counted as census_overflow). A child forked after start
+ * The file (a path template, see param.h) is checked when the shim starts, and created at the
+ * first GEMM call, with a "start" record; a "summary" record follows at exit: calls, routed,
+ * passed through, fallbacks by reason, the census and the suggested routes. A process that never
+ * calls cuBLAS writes no file: in a job preloaded as a whole, shells, compilers and launcher
+ * processes leave nothing behind. Counters are atomics; the census is a fixed-size table under
+ * one mutex (bounded: shapes past its size are counted as census_overflow). A forked child
  * writes nothing: the file is its parent's.
  *
  * Suggested routes: a TN shape with A and B both BF16 or both FP16 (the layout of F.linear) whose
@@ -24,13 +26,14 @@
 #define MT_SUGGEST_CALLS 1000
 #define MT_SUGGEST_MAX 64
 
-/* Open the statistics file from its template; 0, or -1 with the problem and its fix in `why`. */
-int mt_stats_open(const char *tmpl, char *why, size_t size);
+/* Expand the file's template and check that it can be written (at start); 0, or -1 with the
+ * problem and its fix in `why`. */
+int mt_stats_check(const char *tmpl, char *why, size_t size);
 
-/* 1 when a statistics file is open (and the census is kept). */
+/* 1 when statistics are on (and the census is kept). */
 int mt_stats_enabled(void);
 
-/* Write the start record. */
+/* Create the file and write the start record (at the first GEMM call; once). */
 void mt_stats_start(const mt_spec *s, const char *role, const char *version);
 
 /* Count one call with the decision taken for it. */

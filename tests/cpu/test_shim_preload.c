@@ -353,7 +353,7 @@ static void bad_route(void) { bad_setting("bad_route", "MINITE_ROUTE=64by32", "M
 static void bad_stats_path(void) {
   static char setting[2 * PATH_MAX];
   snprintf(setting, sizeof setting, "MINITE_STATS=%s/no/such/dir/s.jsonl", tmp);
-  bad_setting("bad_stats", setting, "cannot open MINITE_STATS");
+  bad_setting("bad_stats", setting, "cannot write MINITE_STATS");
 }
 
 /* A bad log level is warned about and the default used; the shim stays active. */
@@ -461,6 +461,22 @@ static void log_file_and_templates(void) {
   free(first), free(last);
 }
 
+/* A process that never calls cuBLAS (a shell, a compiler, a launcher under the same LD_PRELOAD)
+ * writes no file and says nothing, even with a spec that would warn. */
+static void no_gemm_no_file(void) {
+  char stats[PATH_MAX + 64], env1[PATH_MAX + 80], exe[PATH_MAX + 64];
+  tmp_path(stats, sizeof stats, "nogemm.jsonl");
+  snprintf(env1, sizeof env1, "MINITE_STATS=%s", stats);
+  snprintf(exe, sizeof exe, "%s/tests/cpu/fake/app_dlopen", build);
+  const char *argv[] = {exe, NULL}; /* usage error: exits 2 before loading anything */
+  const char *env[] = {env1, "MINITE_SPEC=nvfp4-row", NULL};
+  run_result r;
+  run(argv, env, 1, &r);
+  CHECK(r.status == 2);
+  CHECKF(r.err[0] == '\0', "%s", r.err);
+  CHECK(!exists(stats));
+}
+
 static void nvfp4_without_routes_warns(void) {
   const char *env[] = {"MINITE_SPEC=nvfp4-row", NULL};
   run_result r;
@@ -505,6 +521,7 @@ int main(void) {
   RUN(forked_child_writes_nothing);
   RUN(threads_count_every_call);
   RUN(log_file_and_templates);
+  RUN(no_gemm_no_file);
   RUN(nvfp4_without_routes_warns);
   free(baseline);
   char cmd[PATH_MAX + 16];
