@@ -222,7 +222,10 @@ static int lt_layout_details(void *layout, int *order, int64_t *ld, int64_t *bat
   uint32_t mode = CUBLASLT_BATCH_MODE_STRIDED;
   if (layout_get(layout, CUBLASLT_MATRIX_LAYOUT_ORDER, &ord, sizeof ord) ||
       layout_get(layout, CUBLASLT_MATRIX_LAYOUT_LD, ld, sizeof *ld) ||
-      layout_get(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count) ||
+      layout_get(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count))
+    return -1;
+  *stride = 0; /* meaningless for one problem: not read, one library call fewer */
+  if (count > 1 &&
       layout_get(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, stride, sizeof *stride))
     return -1;
   /* BATCH_MODE is recent (pointer-array batches); a cuBLASLt without it only has strided ones. */
