@@ -15,7 +15,8 @@
 
 #include "kernels/engine.h"
 
-/* One fatbin per kernel file (kernels/NAME.cu), embedded by the Makefile through kernels/fatbin.S. */
+/* One fatbin per kernel file (kernels/NAME.cu), embedded by the Makefile through kernels/fatbin.S.
+ * Strong references: they are what pulls the fatbin objects out of libmt.a into a test binary. */
 extern const char mt_fatbin_quant[];
 extern const char mt_fatbin_gemm[];
 
