@@ -90,9 +90,10 @@ def bitwise_equal(a_path, b_path, what):
     if a.keys() != b.keys():
         harness.check(False, f"{what}: different tensors saved")
         return False
+    def raw(t):  # the bytes: NaNs compare equal to themselves, -0.0 differs from 0.0
+        return t.contiguous().reshape(-1).view(torch.uint8)
     differing = [k for k in a if a[k].shape != b[k].shape or a[k].dtype != b[k].dtype
-                 or not torch.equal(a[k].contiguous().view(torch.uint8),
-                                    b[k].contiguous().view(torch.uint8))]
+                 or not torch.equal(raw(a[k]), raw(b[k]))]
     harness.check(not differing, f"{what}: {len(differing)} of {len(a)} tensors differ, "
                                  f"e.g. {differing[:5]}")
     return not differing
