@@ -1,0 +1,308 @@
+"""test_gap_report.py — scripts/gap-report and the minite-logprobs format (scripts/logprobs.py) on
+small log-prob files that each test writes: metrics against values computed by hand, truncated
+and corrupt lines skipped and counted, refusals (tokens that differ, a wrong header, a newer
+version, swapped files, different models) with exit status 3, usage errors with 2, --json that
+parses, and a PNG (magic bytes) for one run and for several.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import harness  # noqa: E402
+import logprobs  # noqa: E402
+
+GAP_REPORT = os.path.join(ROOT, "scripts", "gap-report")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+MODEL = {"name": "test", "layers": 2, "seed": 0, "checksum": 123.25}
+TMP = tempfile.mkdtemp(prefix="mt-gap-report-")
+
+# Two sequences of two tokens. Sampler log-probs -1..-4; the learner's differ by
+# r = lp_learner - lp_sampler = 0, ln 1.5, -ln 4, ln 3, so the importance ratios are
+# 1, 1.5, 1/4, 3 (none near the bounds 2 and 1/2, where rounding would decide).
+LN15, LN3, LN4 = math.log(1.5), math.log(3.0), math.log(4.0)
+TOKENS = {0: [11, 12], 1: [13, 14]}
+PROMPTS = {0: [1, 2, 3], 1: [4, 5, 6]}
+LP_SAMPLER = {0: [-1.0, -2.0], 1: [-3.0, -4.0]}
+R = {0: [0.0, LN15], 1: [-LN4, LN3]}
+LP_LEARNER = {k: [s + r for s, r in zip(LP_SAMPLER[k], R[k])] for k in TOKENS}
+
+W = [1.0, 1.5, 0.25, 3.0]
+W_MEAN = sum(W) / 4                                           # 1.4375
+EXPECTED = {
+    "tokens": 4,
+    "abs_dlogp_mean": (LN15 + LN3 + LN4) / 4,
+    "abs_dlogp_p50": (LN15 + LN3) / 2,                        # |r| sorted: 0, ln1.5, ln3, ln4
+    "abs_dlogp_p99": LN3 + 0.97 * (LN4 - LN3),                # position 2.97 of 0..3
+    "abs_dlogp_max": LN4,
+    "dlogp_mean": (LN15 - LN4 + LN3) / 4,
+    "kl": -(LN15 - LN4 + LN3) / 4,                            # mean(lp_s - lp_l)
+    "k3_kl": (0.0 + (1.5 - LN15 - 1) + (0.25 + LN4 - 1) + (3 - LN3 - 1)) / 4,  # mean(w - r - 1)
+    "ratio_mean": W_MEAN,
+    "ratio_std": math.sqrt(sum((w - W_MEAN) ** 2 for w in W) / 4),
+    "ratio_min": 0.25,
+    "ratio_max": 3.0,
+    "ess": W_MEAN ** 2 / (sum(w * w for w in W) / 4),         # 1 / mean((w / mean w)^2)
+    "ratio_above_2": 0.25,                                    # 3
+    "ratio_below_half": 0.25,                                 # 1/4
+}
+
+
+def path(name):
+    return os.path.join(TMP, name)
+
+
+def write(name, role, lps, tokens=TOKENS, model=MODEL, spec="nvfp4-row", extra_lines=(),
+          header=None):
+    with open(path(name), "w") as f:
+        if header is not None:
+            f.write(header + "\n")
+        else:
+            logprobs.write_header(f, role, spec, model, 0)
+        for seq in sorted(lps):
+            logprobs.write_seq(f, seq, tokens[seq], lps[seq], prompt=PROMPTS.get(seq, [0]))
+        for line in extra_lines:
+            f.write(line)
+    return path(name)
+
+
+def gap_report(*args):
+    res = subprocess.run([sys.executable, GAP_REPORT] + [str(a) for a in args],
+                         capture_output=True, text=True)
+    return res.returncode, res.stdout, res.stderr
+
+
+def report_json(*args):
+    rc, out, err = gap_report("--json", *args)
+    harness.check(rc == 0, f"gap-report --json exit {rc}: {err}")
+    return json.loads(out) if rc == 0 else None
+
+
+def close(a, b):
+    return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15)
+
+
+def pair():
+    return (write("learner.jsonl", "learner", LP_LEARNER),
+            write("sampler.jsonl", "sampler", LP_SAMPLER))
+
+
+def test_metrics_match_hand_computed_values():
+    doc = report_json(*pair())
+    run = doc["runs"][0]
+    for key, want in EXPECTED.items():
+        got = run["metrics"][key]
+        harness.check(close(got, want), f"{key}: got {got!r}, expected {want!r}")
+    harness.check(run["label"] == "nvfp4-row", f"label {run['label']!r}")
+    harness.check(run["counts"]["sequences"] == 2, str(run["counts"]))
+    harness.check(all(v == 0 for k, v in run["counts"].items() if k != "sequences"),
+                  f"nothing should be skipped: {run['counts']}")
+
+
+def test_table_names_every_metric():
+    rc, out, err = gap_report(*pair(), "--label", "mine")
+    harness.check(rc == 0, f"exit {rc}: {err}")
+    for title in ("|dlogp| mean", "|dlogp| p99", "|dlogp| max", "KL", "k3 KL", "ratio mean",
+                  "ratio std", "ratio min", "ratio max", "ESS", "ratio > 2 share", "mine"):
+        harness.check(title in out, f"table lacks {title!r}:\n{out}")
+    harness.check("0.25" in out, f"ratio > 2 share 0.25 not shown:\n{out}")
+
+
+def test_truncated_and_corrupt_lines_are_skipped_and_counted():
+    bad = [
+        '{"seq": 5, "tokens": [1, 2], "logprobs": [-1.0\n',            # truncated
+        "\xff\xfe not json at all\n",                                  # garbage
+        '{"seq": 6, "tokens": [1, 2], "logprobs": [-1.0]}\n',          # lengths differ
+        '{"seq": 7, "tokens": "12", "logprobs": [-1.0, -2.0]}\n',      # tokens not a list
+        '{"seq": -1, "tokens": [1], "logprobs": [-1.0]}\n',            # bad seq
+        '[1, 2, 3]\n',                                                 # not an object
+        '{"seq": 8, "tokens": [1], "logprobs": ["x"]}\n',              # logprob not a number
+        '{"seq": 0, "tokens": [11, 12], "logprobs": [-9.0, -9.0]}\n',  # duplicate: first kept
+        '{"seq": 9, "tokens": [1], "logprobs": [-1.0]',                # last line cut short
+    ]
+    learner = write("learner-bad.jsonl", "learner", LP_LEARNER, extra_lines=bad)
+    sampler = write("sampler-more.jsonl", "sampler", {**LP_SAMPLER, 3: [-1.0]},
+                    tokens={**TOKENS, 3: [7]})
+    doc = report_json(learner, sampler)
+    run = doc["runs"][0]
+    c = run["counts"]
+    harness.check(c["corrupt_lines_learner"] == 8, f"corrupt lines counted: {c}")
+    harness.check(c["duplicate_lines"] == 1, f"duplicates counted: {c}")
+    harness.check(c["corrupt_lines_sampler"] == 0, f"sampler corrupt: {c}")
+    harness.check(c["sequences_only_sampler"] == 1 and c["sequences_only_learner"] == 0,
+                  f"missing sequences counted: {c}")
+    for key, want in EXPECTED.items():
+        harness.check(close(run["metrics"][key], want),
+                      f"{key} changed by skipped lines: {run['metrics'][key]!r} vs {want!r}")
+    rc, out, err = gap_report(learner, sampler)
+    harness.check(rc == 0 and "corrupt lines learner 8" in out, f"table notes skips:\n{out}")
+    harness.check("line" in err and "truncated or corrupt" in err, f"stderr names lines: {err}")
+
+
+def test_reader_never_raises_on_bad_lines():
+    junk = ["{}\n", "null\n", "\n", "{\"seq\":\n", "\x00\x01\x02\n", "1e999\n"]
+    name = write("junk.jsonl", "sampler", {}, extra_lines=junk)
+    f = logprobs.read(name)
+    harness.check(f.seqs == {}, f"no sequence should be read: {f.seqs}")
+    harness.check(f.corrupt == 5, f"5 corrupt lines (the blank one is ignored), got {f.corrupt}")
+
+
+def test_nonfinite_logprobs_are_counted_not_used():
+    lps = {0: [LP_LEARNER[0][0], float("nan")], 1: LP_LEARNER[1]}
+    learner = write("learner-nan.jsonl", "learner", lps)
+    with open(learner) as f:
+        harness.check("null" in f.read(), "a NaN log-prob is written as null")
+    doc = report_json(learner, path("sampler.jsonl"))
+    run = doc["runs"][0]
+    harness.check(run["counts"]["nonfinite_tokens"] == 1, f"counts {run['counts']}")
+    harness.check(run["metrics"]["tokens"] == 3, f"3 finite pairs, got {run['metrics']['tokens']}")
+
+
+def test_mismatched_tokens_are_refused():
+    learner = write("learner-other.jsonl", "learner", LP_LEARNER, tokens={0: [11, 99], 1: [13, 14]})
+    rc, out, err = gap_report(learner, path("sampler.jsonl"))
+    harness.check(rc == 3, f"exit {rc}, expected 3")
+    harness.check("sequence 0" in err and "position 1" in err, f"message names the place: {err}")
+    harness.check("--logprobs" in err, f"message says what to do: {err}")
+    shorter = write("learner-short.jsonl", "learner", {0: [-1.0], 1: LP_LEARNER[1]},
+                    tokens={0: [11], 1: [13, 14]})
+    rc, out, err = gap_report(shorter, path("sampler.jsonl"))
+    harness.check(rc == 3 and "1 tokens in the learner's" in err, f"exit {rc}: {err}")
+
+
+def test_wrong_headers_are_refused():
+    sampler = path("sampler.jsonl")
+    cases = {
+        "other-format.jsonl": '{"format": "something-else", "version": 1, "role": "learner"}',
+        "csv.jsonl": "seq,token,logprob",
+        "no-version.jsonl": '{"format": "minite-logprobs", "role": "learner"}',
+        "bad-role.jsonl": '{"format": "minite-logprobs", "version": 1, "role": "critic"}',
+    }
+    for name, header in cases.items():
+        f = write(name, "learner", LP_LEARNER, header=header)
+        rc, out, err = gap_report(f, sampler)
+        harness.check(rc == 3, f"{name}: exit {rc}, expected 3")
+        harness.check(name in err, f"{name}: message names the file: {err}")
+    rc, out, err = gap_report(path("other-format.jsonl"), sampler)
+    harness.check("not a minite-logprobs file" in err, f"message: {err}")
+    newer = write("newer.jsonl", "learner", LP_LEARNER,
+                  header='{"format": "minite-logprobs", "version": 2, "role": "learner"}')
+    rc, out, err = gap_report(newer, sampler)
+    harness.check(rc == 3 and "newer" in err, f"exit {rc}: {err}")
+    with open(path("empty.jsonl"), "w"):
+        pass
+    rc, out, err = gap_report(path("empty.jsonl"), sampler)
+    harness.check(rc == 3 and "empty" in err, f"exit {rc}: {err}")
+    rc, out, err = gap_report(path("does-not-exist.jsonl"), sampler)
+    harness.check(rc == 3 and "cannot read" in err, f"exit {rc}: {err}")
+
+
+def test_swapped_files_and_different_models_are_refused():
+    learner, sampler = pair()
+    rc, out, err = gap_report(sampler, learner)
+    harness.check(rc == 3 and "swap" in err, f"swapped: exit {rc}: {err}")
+    other = write("learner-4layers.jsonl", "learner", LP_LEARNER, model=dict(MODEL, layers=4))
+    rc, out, err = gap_report(other, sampler)
+    harness.check(rc == 3 and "different models" in err and "layers" in err,
+                  f"models: exit {rc}: {err}")
+    drift = write("learner-drift.jsonl", "learner", LP_LEARNER, model=dict(MODEL, checksum=124.0))
+    rc, out, err = gap_report(drift, sampler)
+    harness.check(rc == 3 and "checksum" in err, f"checksum: exit {rc}: {err}")
+
+
+def test_no_token_in_common_is_refused():
+    learner = write("learner-disjoint.jsonl", "learner", {5: [-1.0]}, tokens={5: [1]})
+    rc, out, err = gap_report(learner, path("sampler.jsonl"))
+    harness.check(rc == 3 and "no finite token in common" in err, f"exit {rc}: {err}")
+
+
+def test_usage_errors_exit_2():
+    learner, sampler = pair()
+    for args in ([], [learner], [learner, sampler, sampler],
+                 ["--runs", "no-colons"], ["--runs", f"a:{learner}"],
+                 [learner, sampler, "--runs", f"a:{learner}:{sampler}"],
+                 ["--runs", f"a:{learner}:{sampler}", f"a:{learner}:{sampler}"]):
+        rc, out, err = gap_report(*args)
+        harness.check(rc == 2, f"{args}: exit {rc}, expected 2 ({err.strip()[-120:]})")
+
+
+def test_several_runs_in_one_report():
+    learner, sampler = pair()
+    same = write("learner-same.jsonl", "learner", LP_SAMPLER)
+    doc = report_json("--runs", f"gap:{learner}:{sampler}", f"zero:{same}:{sampler}")
+    labels = [r["label"] for r in doc["runs"]]
+    harness.check(labels == ["gap", "zero"], f"labels {labels}")
+    zero = doc["runs"][1]["metrics"]
+    harness.check(zero["abs_dlogp_max"] == 0 and zero["kl"] == 0 and zero["ess"] == 1.0,
+                  f"identical files: {zero}")
+    harness.check(close(doc["runs"][0]["metrics"]["kl"], EXPECTED["kl"]), "first run's KL")
+    rc, out, err = gap_report("--runs", f"gap:{learner}:{sampler}", f"zero:{same}:{sampler}")
+    header = out.splitlines()[0] if out else ""
+    harness.check(rc == 0 and "gap" in header and "zero" in header, f"table columns:\n{out}")
+
+
+def require_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        harness.check(False, "matplotlib is missing: pip install -r tests/requirements.txt")
+        return False
+    return True
+
+
+def is_png(name):
+    try:
+        with open(name, "rb") as f:
+            return f.read(8) == PNG_MAGIC
+    except OSError:
+        return False
+
+
+def test_png_is_written():
+    if not require_matplotlib():
+        return
+    learner, sampler = pair()
+    one = path("one.png")
+    rc, out, err = gap_report(learner, sampler, "--png", one)
+    harness.check(rc == 0, f"exit {rc}: {err}")
+    harness.check(is_png(one), f"{one} is not a PNG")
+    several = path("several.png")
+    same = write("learner-same.jsonl", "learner", LP_SAMPLER)
+    doc = report_json("--png", several, "--runs", f"gap:{learner}:{sampler}",
+                      f"zero:{same}:{sampler}")
+    harness.check(is_png(several), f"{several} is not a PNG")
+    harness.check(doc is not None and doc.get("png") == several, f"JSON names the PNG: {doc}")
+    rc, out, err = gap_report(learner, sampler, "--png", path("no-such-dir/x.png"))
+    harness.check(rc == 4, f"unwritable PNG: exit {rc}, expected 4 ({err})")
+
+
+def test_writer_and_reader_round_trip():
+    name = path("round.jsonl")
+    with open(name, "w") as f:
+        logprobs.write_header(f, "sampler", None, MODEL, 7, sizes={"batch": 1})
+        logprobs.write_seq(f, 3, [5, 6, 7], [-0.5, float("-inf"), -1.25], prompt=[1, 2])
+    got = logprobs.read(name)
+    harness.check(got.header["spec"] == "none" and got.header["seed"] == 7, str(got.header))
+    harness.check(got.header["sizes"] == {"batch": 1}, "extra header keys kept")
+    s = got.seqs.get(3)
+    harness.check(s is not None and s.tokens == [5, 6, 7] and s.prompt == [1, 2], "sequence")
+    harness.check(s.logprobs[0] == -0.5 and math.isnan(s.logprobs[1]) and
+                  s.logprobs[2] == -1.25, f"log-probs {s.logprobs}")
+    harness.check(got.corrupt == 0 and got.duplicates == 0, "nothing skipped")
+
+
+for t in (test_metrics_match_hand_computed_values, test_table_names_every_metric,
+          test_truncated_and_corrupt_lines_are_skipped_and_counted,
+          test_reader_never_raises_on_bad_lines, test_nonfinite_logprobs_are_counted_not_used,
+          test_mismatched_tokens_are_refused, test_wrong_headers_are_refused,
+          test_swapped_files_and_different_models_are_refused, test_no_token_in_common_is_refused,
+          test_usage_errors_exit_2, test_several_runs_in_one_report, test_png_is_written,
+          test_writer_and_reader_round_trip):
+    harness.run(t)
+sys.exit(harness.done())
