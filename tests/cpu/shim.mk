@@ -28,6 +28,24 @@ $(FAKE)/app_direct: tests/cpu/fake/app_direct.c tests/cpu/fake/fake_app.c $(FAKE
 	$(CC) $(CFLAGS) -pthread -o $@ tests/cpu/fake/app_direct.c tests/cpu/fake/fake_app.c $(FAKE_LDFLAGS) \
 	    -l:libcublas.so.13 -l:libcublasLt.so.13
 
+# The same fakes under the CUDA 12 sonames and version nodes, for the lookup's second choice.
+$(FAKE)/cuda12/%.map:
+	@mkdir -p $(dir $@)
+	printf '%s {\n  global: cublas*; fake_*;\n  local: *;\n};\n' $*.so.12 > $@
+
+$(FAKE)/cuda12/libcublas.so.12: tests/cpu/fake/fake_cublas.c $(FAKE)/cuda12/libcublas.map $(FAKE_HDRS)
+	$(CC) $(CFLAGS) -shared -Wl,-soname,libcublas.so.12 \
+	    -Wl,--version-script=$(FAKE)/cuda12/libcublas.map -o $@ $<
+
+$(FAKE)/cuda12/libcublasLt.so.12: tests/cpu/fake/fake_cublasLt.c $(FAKE)/cuda12/libcublasLt.map $(FAKE_HDRS)
+	$(CC) $(CFLAGS) -shared -Wl,-soname,libcublasLt.so.12 \
+	    -Wl,--version-script=$(FAKE)/cuda12/libcublasLt.map -o $@ $<
+
+$(FAKE)/cuda12/libfakeapp.so: tests/cpu/fake/fake_app.c $(FAKE)/cuda12/libcublas.so.12 \
+                              $(FAKE)/cuda12/libcublasLt.so.12 $(FAKE_HDRS)
+	$(CC) $(CFLAGS) -pthread -shared -o $@ $< -L$(FAKE)/cuda12 -Wl,--disable-new-dtags \
+	    -Wl,-rpath,'$$ORIGIN' -l:libcublas.so.12 -l:libcublasLt.so.12
+
 $(FAKE)/app_dlopen: tests/cpu/fake/app_dlopen.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< -ldl
@@ -38,4 +56,5 @@ $(FAKE)/preload_first.txt: FORCE_SHIM_FIXTURE
 	@cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
 
 .PHONY: FORCE_SHIM_FIXTURE
-TEST_FIXTURES += $(FAKE)/libfakeapp.so $(FAKE)/app_direct $(FAKE)/app_dlopen $(FAKE)/preload_first.txt
+TEST_FIXTURES += $(FAKE)/libfakeapp.so $(FAKE)/app_direct $(FAKE)/app_dlopen $(FAKE)/preload_first.txt \
+                 $(FAKE)/cuda12/libfakeapp.so

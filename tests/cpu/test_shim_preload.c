@@ -95,14 +95,15 @@ static void run(const char *const argv[], const char *const env[], int shim, run
 
 /* --- the two arrangements --------------------------------------------------------------- */
 
-enum arrangement { DIRECT, DLOPEN };
+enum arrangement { DIRECT, DLOPEN, DLOPEN12 /* the fakes under the CUDA 12 sonames */ };
 
 static void app(enum arrangement arr, const char *tag, const char *const env[], int shim,
                 run_result *r) {
   char exe[PATH_MAX + 64], lib[PATH_MAX + 64], out[PATH_MAX + 64], expect[PATH_MAX + 64];
   snprintf(out, sizeof out, "%s/%s.out", tmp, tag);
   snprintf(expect, sizeof expect, "%s/%s.expect", tmp, tag);
-  snprintf(lib, sizeof lib, "%s/tests/cpu/fake/libfakeapp.so", build);
+  snprintf(lib, sizeof lib, "%s/tests/cpu/fake/%slibfakeapp.so", build,
+           arr == DLOPEN12 ? "cuda12/" : "");
   if (arr == DIRECT) {
     snprintf(exe, sizeof exe, "%s/tests/cpu/fake/app_direct", build);
     const char *argv[] = {exe, out, expect, NULL};
@@ -305,6 +306,18 @@ static void active(enum arrangement arr, int bf16) {
   CHECK(r.out_bytes == 0);
   CHECKF(same_results(tag), "%s: results differ from the run without the shim", tag);
   check_counts(stats, tag, bf16, 1);
+}
+
+static void active_dlopen_cuda12_nvfp4(void) {
+  char stats[PATH_MAX + 64], env1[PATH_MAX + 80];
+  tmp_path(stats, sizeof stats, "cuda12.jsonl");
+  snprintf(env1, sizeof env1, "MINITE_STATS=%s", stats);
+  const char *env[] = {env1, "MINITE_SPEC=nvfp4-row", routes_env, NULL};
+  run_result r;
+  app(DLOPEN12, "cuda12", env, 1, &r);
+  CHECKF(r.status == 0 && r.err[0] == '\0', "exit %d: %s", r.status, r.err);
+  CHECK(same_results("cuda12"));
+  check_counts(stats, "cuda12", 0, 1);
 }
 
 static void active_direct_nvfp4(void) { active(DIRECT, 0); }
@@ -512,6 +525,7 @@ int main(void) {
   RUN(active_dlopen_nvfp4);
   RUN(active_direct_bf16);
   RUN(active_dlopen_bf16);
+  RUN(active_dlopen_cuda12_nvfp4);
   RUN(bad_spec_name);
   RUN(bad_spec_file);
   RUN(bad_route);

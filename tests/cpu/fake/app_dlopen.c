@@ -8,7 +8,8 @@
 int main(int argc, char **argv) {
   if (argc != 4)
     return 2;
-  if (dlopen("libcublas.so.13", RTLD_NOW | RTLD_NOLOAD)) {
+  if (dlopen("libcublas.so.13", RTLD_NOW | RTLD_NOLOAD) ||
+      dlopen("libcublas.so.12", RTLD_NOW | RTLD_NOLOAD)) {
     fprintf(stderr, "app_dlopen: cuBLAS is loaded before the app library: wrong arrangement\n");
     return 1;
   }
