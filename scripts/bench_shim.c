@@ -4,10 +4,11 @@
  *   make bench-shim
  *
  * Method: this program re-runs itself in child processes, without the shim and with
- * LD_PRELOAD=libminite.so in each mode below. Each child times a tight loop of CALLS calls of a
- * 1x1x1 GEMM (the fake does almost nothing, so the loop measures the call path), REPS times, and
- * reports the median ns per call. The shim's cost is a mode's median minus the median without
- * the shim. Pinning to one CPU and an idle machine make the numbers steadier.
+ * LD_PRELOAD=libminite.so in each mode below. Each child times a tight loop of calls of a tiny
+ * GEMM (the fake does almost nothing, so the loop measures the call path), REPS times, and
+ * reports the median ns per call. All modes run in turn, ROUNDS times over, so that a noisy
+ * moment of a shared machine hits every mode alike; a mode's figure is the median of its rounds,
+ * and the shim's cost is that minus the figure without the shim.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -19,8 +20,9 @@
 
 #include "shim/cuda_api.h"
 
-#define CALLS 200000
+#define CALLS 200000 /* cublasGemmEx; cublasLtMatmul (16x1x16 in the fake) takes a tenth */
 #define REPS 21
+#define ROUNDS 5
 
 static double now_ns(void) {
   struct timespec ts;
@@ -51,10 +53,11 @@ static int child(const char *entry) {
   cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, 16, 1, 16);
   static _Alignas(16) uint16_t A[256], B[16], C[16];
   int lt = !strcmp(entry, "lt");
+  int calls = lt ? CALLS / 10 : CALLS;
   double per_call[REPS];
   for (int r = 0; r < REPS; r++) {
     double t0 = now_ns();
-    for (int i = 0; i < CALLS; i++) {
+    for (int i = 0; i < calls; i++) {
       if (lt)
         cublasLtMatmul(lth, desc, &one, A, la, B, lb, &zero, C, lc, C, lc, NULL, NULL, 0, NULL);
       else
@@ -62,7 +65,7 @@ static int child(const char *entry) {
                      CUDA_R_16BF, 1, &zero, &c, CUDA_R_16BF, 1, CUBLAS_COMPUTE_32F,
                      CUBLAS_GEMM_DEFAULT);
     }
-    per_call[r] = (now_ns() - t0) / CALLS;
+    per_call[r] = (now_ns() - t0) / calls;
   }
   qsort(per_call, REPS, sizeof per_call[0], cmp_double);
   printf("%.2f\n", per_call[REPS / 2]);
@@ -124,20 +127,27 @@ int main(int argc, char **argv) {
        {"MINITE_SPEC=bf16", stats, "MINITE_ROUTE=16x16", NULL}, 1},
   };
   printf("bench_shim: ns per call added by libminite.so, against the fake cuBLAS of the tests\n"
-         "method: median over %d repetitions of a loop of %d calls of a 1x1x1 GEMM (Lt: 16x1x16),\n"
-         "each mode in its own process; added = mode median - median without the shim\n\n",
-         REPS, CALLS);
+         "method: per mode, the median of %d rounds; a round is one process timing %d repetitions\n"
+         "of a loop of %d calls of a 1x1x1 cublasGemmEx (%d of a 16x1x16 cublasLtMatmul) and\n"
+         "reporting the median; modes alternate within each round. added = mode - no shim\n\n",
+         ROUNDS, REPS, CALLS, CALLS / 10);
+  enum { NMODES = sizeof modes / sizeof modes[0] };
+  double ns[NMODES][ROUNDS];
+  for (int round = 0; round < ROUNDS; round++)
+    for (int i = 0; i < NMODES; i++)
+      ns[i][round] = run_mode("/proc/self/exe", argv[1], &modes[i]);
   double base = 0;
-  for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
-    double ns = run_mode("/proc/self/exe", argv[1], &modes[i]);
-    if (ns < 0) {
+  for (int i = 0; i < NMODES; i++) {
+    qsort(ns[i], ROUNDS, sizeof ns[i][0], cmp_double);
+    double median = ns[i][ROUNDS / 2];
+    if (ns[i][0] < 0) {
       printf("%-46s failed\n", modes[i].name);
       continue;
     }
     if (!modes[i].shim)
-      base = ns, printf("%-46s %8.1f ns per call\n", modes[i].name, ns);
+      base = median, printf("%-46s %8.1f ns per call\n", modes[i].name, median);
     else
-      printf("%-46s %8.1f ns per call, %+7.1f ns added\n", modes[i].name, ns, ns - base);
+      printf("%-46s %8.1f ns per call, %+7.1f ns added\n", modes[i].name, median, median - base);
   }
   char path[64];
   snprintf(path, sizeof path, "%s", stats + strlen("MINITE_STATS="));
