@@ -1,0 +1,294 @@
+"""demo_model.py — the model of the demos: HF transformers Qwen3-MoE with random weights and
+Qwen3-30B-A3B's geometry (hidden 2048, 128 experts, top-8, expert width 768, vocabulary 151936,
+32 query heads, 4 KV heads, head_dim 128), a few layers, BF16 on the GPU.
+
+Experts run with experts_implementation="eager": a Python loop over the experts hit, each expert
+one F.linear on gate_up_proj[e] (1536x2048) and one on down_proj[e] (2048x768), so each expert
+GEMM is one cublasGemmEx that the shim can route with MINITE_ROUTE=1536x2048,2048x768
+(shared/DESIGN.md §6). "grouped_mm" would call a CUTLASS kernel that never reaches cuBLAS.
+
+The weights are drawn from one CUDA generator seeded with --seed, parameter by parameter in name
+order, so every process that builds the model with the same seed, layer count and GPU type holds
+the same weights; describe() records a float64 checksum so that gap-report can refuse to compare
+log-probs of two different models. Normal(0, 0.02) (HF's initializer_range) keeps activations near
+unit scale through the layers: every projection reads an RMS-normalised input, 0.02 * sqrt(2048)
+is about 0.9.
+
+Run it alone to check a model builds and gives finite logits:
+    python3 scripts/demo_model.py [--layers 2] [--seed 0]
+torch and transformers are imported only when a model is built, so the argument parsing and the
+file formats of the demos can be tested on a machine without them.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+ROUTE = "1536x2048,2048x768"
+GEOMETRY = {
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 768,
+}
+DEFAULT_LAYERS = 2
+DEFAULT_SEED = 0
+DEFAULT_INIT_STD = 0.02
+# The demos run on the GPU; only the CPU smoke test of the HF calls sets "cpu" (with a small
+# GEOMETRY) to exercise the same code where there is no GPU.
+DEVICE = "cuda"
+
+
+class DemoError(Exception):
+    """A condition the demo cannot run under; the message says what to do."""
+
+
+def add_model_args(parser, defaults=True):
+    """--layers/--seed/--init-std; with defaults=False they stay None (taken from a file)."""
+    parser.add_argument("--layers", type=positive_int, default=DEFAULT_LAYERS if defaults else None,
+                        help=f"decoder layers (default {DEFAULT_LAYERS})")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED if defaults else None,
+                        help=f"seed of the random weights (default {DEFAULT_SEED})")
+    parser.add_argument("--init-std", type=positive_float,
+                        default=DEFAULT_INIT_STD if defaults else None,
+                        help=f"standard deviation of the weights (default {DEFAULT_INIT_STD})")
+
+
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def nonnegative_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must not be negative")
+    return value
+
+
+def positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} must be positive")
+    return value
+
+
+def require_torch():
+    """(torch, transformers), or DemoError saying what is missing."""
+    try:
+        import torch
+    except ImportError:
+        raise DemoError("torch is not installed: the demos need torch with CUDA and "
+                        "transformers >= 5 (pip install torch transformers)") from None
+    try:
+        import transformers
+    except ImportError:
+        raise DemoError("transformers is not installed: pip install 'transformers>=5'") from None
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        raise DemoError("torch sees no CUDA GPU: the demos run on a GPU machine "
+                        "(check nvidia-smi and CUDA_VISIBLE_DEVICES)")
+    return torch, transformers
+
+
+def shim_path():
+    """Path of the preloaded libminite.so in this process, or None."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1] if len(line.split()) >= 6 else ""
+                if os.path.basename(path).startswith("libminite"):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def spec_name():
+    """The spec the shim runs under: MINITE_SPEC when the shim is loaded, else "none"."""
+    if shim_path() is None:
+        return "none"
+    return os.environ.get("MINITE_SPEC") or "none"
+
+
+def build(layers=DEFAULT_LAYERS, seed=DEFAULT_SEED, init_std=DEFAULT_INIT_STD):
+    """The model, on cuda in BF16, in eval mode, weights drawn from `seed`."""
+    torch, transformers = require_torch()
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(
+        num_hidden_layers=layers,
+        intermediate_size=6144,          # dense MLP width; unused: every layer is MoE
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,             # as Qwen3-30B-A3B: top-8 weights sum to 1
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        tie_word_embeddings=False,
+        initializer_range=init_std,
+        attention_dropout=0.0,
+        use_cache=True,
+        bos_token_id=None,
+        eos_token_id=None,               # no end token: every sequence runs to its length
+        pad_token_id=None,
+        attn_implementation="sdpa",
+        experts_implementation="eager",
+        **GEOMETRY,
+    )
+    with torch.device(DEVICE):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
+    check_structure(model, layers, transformers.__version__)
+    wrong = [n for n, p in model.named_parameters()
+             if p.dtype != torch.bfloat16 or p.device.type != DEVICE]
+    if wrong:
+        raise DemoError(f"transformers {transformers.__version__} built {wrong[0]} (and "
+                        f"{len(wrong) - 1} more) outside BF16 on cuda; the demo needs "
+                        "from_config(config, dtype=torch.bfloat16) under torch.device('cuda')")
+    init_weights(torch, model, seed, init_std)
+    model.eval()
+    return model
+
+
+def check_structure(model, layers, tf_version):
+    impl = getattr(model.config, "_experts_implementation", None)
+    if impl != "eager":
+        raise DemoError(f"transformers {tf_version}: experts implementation is {impl!r}, not "
+                        "'eager'; the shim sees expert GEMMs only through F.linear (eager). "
+                        "This demo needs transformers >= 5 with experts_implementation")
+    experts = [m for m in model.modules() if hasattr(m, "gate_up_proj") and
+               hasattr(m, "down_proj") and getattr(m.gate_up_proj, "dim", lambda: 0)() == 3]
+    if len(experts) != layers:
+        raise DemoError(f"transformers {tf_version}: found {len(experts)} expert modules with 3-D "
+                        f"gate_up_proj/down_proj, expected {layers}; this demo needs the "
+                        "transformers >= 5 layout (gate_up_proj [E, 2I, H], down_proj [E, H, I])")
+    e, i, h = GEOMETRY["num_experts"], GEOMETRY["moe_intermediate_size"], GEOMETRY["hidden_size"]
+    for m in experts:
+        if tuple(m.gate_up_proj.shape) != (e, 2 * i, h) or tuple(m.down_proj.shape) != (e, h, i):
+            raise DemoError(f"expert weights are {tuple(m.gate_up_proj.shape)} and "
+                            f"{tuple(m.down_proj.shape)}, expected {(e, 2 * i, h)} and "
+                            f"{(e, h, i)}")
+    q_out = model.model.layers[0].self_attn.q_proj.out_features
+    want = GEOMETRY["num_attention_heads"] * GEOMETRY["head_dim"]
+    if q_out != want:
+        raise DemoError(f"q_proj has {q_out} outputs, expected {want} (head_dim 128 not taken "
+                        "by this transformers version's Qwen3MoeConfig)")
+
+
+def init_weights(torch, model, seed, init_std):
+    gen = torch.Generator(device=DEVICE)
+    gen.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):   # RMSNorm gains (layer, q/k and final norms)
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, init_std, generator=gen)
+
+
+def checksum(torch, model):
+    """float64 sum of all weights: equal in two processes iff (in practice) the weights are."""
+    with torch.no_grad():
+        sums = [p.detach().sum(dtype=torch.float64) for _, p in sorted(model.named_parameters())]
+        return float(torch.stack(sums).sum().item())
+
+
+def describe(model, layers, seed, init_std):
+    """The "model" object of the log-prob file header."""
+    import torch
+    return {
+        "name": "qwen3-moe-random",
+        "layers": layers,
+        "hidden": GEOMETRY["hidden_size"],
+        "experts": GEOMETRY["num_experts"],
+        "top_k": GEOMETRY["num_experts_per_tok"],
+        "expert_width": GEOMETRY["moe_intermediate_size"],
+        "vocab": GEOMETRY["vocab_size"],
+        "heads": GEOMETRY["num_attention_heads"],
+        "kv_heads": GEOMETRY["num_key_value_heads"],
+        "head_dim": GEOMETRY["head_dim"],
+        "experts_implementation": "eager",
+        "dtype": "bfloat16",
+        "seed": seed,
+        "init_std": init_std,
+        "checksum": checksum(torch, model),
+    }
+
+
+def environment():
+    """Versions and device, for headers and summaries."""
+    import torch
+    import transformers
+    device = torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "device": device, "shim": shim_path(), "spec": spec_name()}
+
+
+def cuda_timer(torch):
+    """A callable returning seconds since the previous call, the GPU synchronised at each call."""
+    state = {"t": None}
+
+    def lap():
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        prev, state["t"] = state["t"], now
+        return None if prev is None else now - prev
+    return lap
+
+
+def fail(prog, err):
+    print(f"{prog}: {err}", file=sys.stderr)
+    return 1
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Build the demo model and check its logits.")
+    add_model_args(p)
+    p.add_argument("--tokens", type=positive_int, default=128, help="tokens of the check batch")
+    args = p.parse_args(argv)
+    try:
+        torch, _ = require_torch()
+        lap = cuda_timer(torch)
+        lap()
+        model = build(args.layers, args.seed, args.init_std)
+        build_s = lap()
+        gen = torch.Generator().manual_seed(args.seed + 1)
+        ids = torch.randint(0, GEOMETRY["vocab_size"], (2, args.tokens), generator=gen)
+        ids = ids.to(DEVICE)
+        with torch.no_grad():
+            out = model(input_ids=ids, output_hidden_states=True)
+        logits = out.logits.float()
+        rms = [float(h.float().pow(2).mean().sqrt()) for h in out.hidden_states]
+        info = {"demo": "model", "params": sum(p.numel() for p in model.parameters()),
+                "build_s": build_s, "logits_finite": bool(torch.isfinite(logits).all()),
+                "logits_std": float(logits.std()), "hidden_rms_by_layer": rms,
+                "model": describe(model, args.layers, args.seed, args.init_std),
+                **environment()}
+    except DemoError as e:
+        return fail("demo_model", e)
+    print(json.dumps(info))
+    if not info["logits_finite"]:
+        return fail("demo_model", "logits are not finite: lower --init-std")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
