@@ -151,8 +151,9 @@ def build(layers=DEFAULT_LAYERS, seed=DEFAULT_SEED, init_std=DEFAULT_INIT_STD):
         experts_implementation="eager",
         **GEOMETRY,
     )
-    with torch.device(DEVICE):
+    with torch.device(DEVICE):  # weights made on the GPU: building 1.9e9 of them on the CPU is slow
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.to(DEVICE)  # a no-op unless this transformers version built something elsewhere
     if hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation("eager")
     check_structure(model, layers, transformers.__version__)
@@ -160,8 +161,8 @@ def build(layers=DEFAULT_LAYERS, seed=DEFAULT_SEED, init_std=DEFAULT_INIT_STD):
              if p.dtype != torch.bfloat16 or p.device.type != DEVICE]
     if wrong:
         raise DemoError(f"transformers {transformers.__version__} built {wrong[0]} (and "
-                        f"{len(wrong) - 1} more) outside BF16 on cuda; the demo needs "
-                        "from_config(config, dtype=torch.bfloat16) under torch.device('cuda')")
+                        f"{len(wrong) - 1} more) in another dtype than BF16; the demo needs "
+                        "from_config(config, dtype=torch.bfloat16) to build BF16 weights")
     init_weights(torch, model, seed, init_std)
     model.eval()
     return model

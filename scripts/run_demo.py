@@ -56,8 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=demo_model.positive_int, default=8, help="sampler prompts")
     p.add_argument("--prompt-len", type=demo_model.positive_int, default=64)
     p.add_argument("--new-tokens", type=demo_model.positive_int, default=64)
-    p.add_argument("--repeats", type=demo_model.positive_int, default=1,
-                   help="timed generate calls of the sampler")
+    p.add_argument("--repeats", type=demo_model.positive_int, default=3,
+                   help="timed generate calls of the sampler; the median counts (default 3)")
     p.add_argument("--train-batch", type=demo_model.positive_int, default=8)
     p.add_argument("--train-seq", type=demo_model.positive_int, default=256)
     p.add_argument("--train-steps", type=demo_model.positive_int, default=10)
@@ -115,6 +115,12 @@ def child_env(args, spec, role):
     return env
 
 
+def show(path):
+    """A path as the user reads it: relative to the repository root when it lies inside."""
+    path = os.path.abspath(path)
+    return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
+
+
 def tail(path, lines):
     try:
         with open(path, errors="replace") as f:
@@ -167,7 +173,7 @@ def run_child(args, name, argv, env):
         why = f"timed out after {args.timeout} s" if rc == "timeout" else f"exit {rc}"
         if rc == 0:
             why = "printed no JSON summary"
-        print(f"[run] {name} FAILED ({why}); last lines of {os.path.relpath(err_path, ROOT)}:\n"
+        print(f"[run] {name} FAILED ({why}); last lines of {show(err_path)}:\n"
               + "".join("    " + x + "\n" for x in result["stderr_tail"].splitlines()),
               flush=True)
     else:
@@ -378,13 +384,13 @@ def main(argv=None):
             verdict = f"DIFFERENT ({why})"
         notes.append("bf16 under the shim vs no shim, sampler output: " + verdict)
     if png:
-        notes.append(f"abs(dlogp) distributions: {os.path.relpath(png, ROOT)}")
+        notes.append(f"abs(dlogp) distributions: {show(png)}")
     failed = [c["name"] for r in runs for c in (r["sampler"], r["learner"]) if not c["ok"]]
     failed += [f"gap-report {r['spec']}" for r in runs if scored(r) and not r.get("gap")]
     if png is None and any(r.get("gap") for r in runs if r["spec"] != BASELINE):
         failed.append("gap-report --png")
     if failed:
-        logs = os.path.relpath(os.path.join(args.out, "logs"), ROOT)
+        logs = show(os.path.join(args.out, "logs"))
         notes.append("FAILED: " + ", ".join(failed) + f" (logs in {logs})")
     notes.append(f"wall time {time.time() - start:.0f} s")
     report = text + "\n\n" + "\n".join("- " + n for n in notes) + "\n"
