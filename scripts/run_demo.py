@@ -63,6 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--train-steps", type=demo_model.positive_int, default=10)
     p.add_argument("--train-warmup", type=demo_model.nonnegative_int, default=2)
     args = p.parse_args(argv)
+    args.out = os.path.abspath(args.out)  # children run from the repository root
     args.spec_list = [s for s in args.specs.split(",") if s]
     if not args.spec_list or BASELINE in args.spec_list:
         p.error(f"--specs: give spec names (e.g. {','.join(SPECS)}); the no-shim run "
