@@ -12,6 +12,8 @@
 /* CTAs of about this many threads; a row (per-row S) may take up to 512. */
 #define CTA_THREADS 256
 #define MAX_ROW_THREADS 512
+/* Rows above which the per-row kernel is shaped for bandwidth rather than latency. */
+#define MANY_ROWS 512
 
 typedef struct {
   char name[40];
@@ -31,6 +33,21 @@ static unsigned row_threads(unsigned blocks) {
   return blocks <= 32 ? pow2_at_least(blocks) : (blocks + 31) / 32 * 32;
 }
 
+/* Blocks of 16 per thread for the per-row kernel over many rows. Measured on the H200 (make bench
+ * with --sweep; K = 768, 2048, 7168): 2 or 4 blocks a thread (64 or 128 bytes in flight each) and
+ * at most 128 threads a row reach 3.8-3.9 TB/s where one block a thread reaches 3.0-3.7; among
+ * those the shape with the fewest idle threads wins, and on a tie 2 blocks a thread when that
+ * still gives 64 threads a row. Few rows are latency-bound: one block a thread, as wide as the row. */
+static unsigned blocks_per_thread(unsigned nblk, unsigned rows) {
+  if (rows <= MANY_ROWS)
+    return 1;
+  unsigned t2 = row_threads((nblk + 1) / 2), t4 = row_threads((nblk + 3) / 4);
+  unsigned cap2 = 2 * t2, cap4 = 4 * t4;
+  if (t2 <= 128 && (cap2 < cap4 || (cap2 == cap4 && t2 >= 64)))
+    return 2;
+  return t4 <= 128 ? 4 : 8;
+}
+
 static int pick_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
   const char *type = p->fp16 ? "fp16" : "bf16";
   unsigned rows = (unsigned)p->rows, nblk = (unsigned)p->cols / 16;
@@ -41,13 +58,14 @@ static int pick_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
     snprintf(s->name, sizeof s->name, "mt_quant_tile_%s", type);
   } else if (p->row_outer) {
     /* One CTA spans the whole row, so its threads may own several blocks each. */
-    unsigned nb = 1;
+    unsigned nb = blocks_per_thread(nblk, rows);
     while (nb <= 8 && (nblk + nb - 1) / nb > MAX_ROW_THREADS)
       nb *= 2;
     if (nb > 8)
       return MT_ERR_UNSUPPORTED;
     s->block_x = row_threads((nblk + nb - 1) / nb);
-    s->block_y = s->block_x >= CTA_THREADS ? 1 : CTA_THREADS / s->block_x;
+    unsigned cta = rows > MANY_ROWS ? CTA_THREADS / 2 : CTA_THREADS;
+    s->block_y = s->block_x >= cta ? 1 : cta / s->block_x;
     s->grid_y = 1;
     snprintf(s->name, sizeof s->name, "mt_quant_row_%s_nb%u", type, nb);
   } else {

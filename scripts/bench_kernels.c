@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/driver.h"
 #include "kernels/engine.h"
 #include "kernels/gemm.h"
 #include "kernels/quant.h"
@@ -343,7 +344,87 @@ static void bench_quant(void) {
   }
 }
 
+/* ---- CTA shapes of the per-row quantization kernel (--sweep) ------------------------------- */
+
+typedef struct {
+  mt_quant_params p[QSETS];
+  CUfunction f;
+  unsigned tx, ty;
+} shaped_ctx;
+
+static int call_shaped(void *p, int i) {
+  shaped_ctx *c = p;
+  const mt_quant_params *q = &c->p[i % QSETS];
+  CUlaunchConfig cfg = {0};
+  cfg.gridDimX = ((unsigned)q->rows + c->ty - 1) / c->ty;
+  cfg.gridDimY = cfg.gridDimZ = 1;
+  cfg.blockDimX = c->tx;
+  cfg.blockDimY = c->ty;
+  cfg.blockDimZ = 1;
+  cfg.hStream = (CUstream)stream;
+  void *args[] = {(void *)q};
+  return mt_driver_get()->launch_kernel_ex(&cfg, c->f, args, NULL) != CUDA_SUCCESS;
+}
+
+static unsigned threads_for(unsigned blocks) {
+  unsigned t = 1;
+  if (blocks > 32)
+    return (blocks + 31) / 32 * 32;
+  while (t < blocks)
+    t <<= 1;
+  return t;
+}
+
+/* The row kernel (BF16, xhat + S only) over blocks per thread and rows per CTA, to choose the
+ * launcher's shapes: GB/s at large M, microseconds at M = 1. */
+static void sweep_quant(void) {
+  static const int ks[] = {768, 2048, 7168};
+  static const int nbs[] = {1, 2, 4, 8};
+  static const unsigned tys[] = {1, 2, 4, 8, 16};
+  static shaped_ctx c;
+  printf("\nper-row quantization kernel shapes (BF16 in, xhat + S out)\n");
+  for (int ki = 0; ki < 3; ki++) {
+    int k = ks[ki], rows = (int)(((size_t)64 << 20) / ((size_t)k * 2)); /* 64 MB of input */
+    size_t elems = (size_t)rows * k;
+    for (int i = 0; i < QSETS; i++) {
+      void *x = dmalloc(elems * 2);
+      fill(x, elems);
+      c.p[i] = (mt_quant_params){.x = x, .ldx = k, .rows = rows, .cols = k, .row_outer = 1,
+                                 .xhat = dmalloc(elems * 2), .outer = dmalloc((size_t)rows * 4)};
+    }
+    for (int n = 0; n < 4; n++) {
+      unsigned blocks = (unsigned)(k / 16 + nbs[n] - 1) / (unsigned)nbs[n];
+      c.tx = threads_for(blocks);
+      char name[64];
+      snprintf(name, sizeof name, "mt_quant_row_bf16_nb%d", nbs[n]);
+      if (c.tx > 512 || mt_kernel_get("quant", name, (CUstream)stream, &c.f) != MT_OK)
+        continue;
+      for (int t = 0; t < 5; t++) {
+        c.ty = tys[t];
+        if (c.tx * c.ty > 512 || c.tx * c.ty < 32)
+          continue;
+        for (int i = 0; i < QSETS; i++)
+          c.p[i].rows = rows;
+        double t_big = time_calls(call_shaped, &c, 32);
+        for (int i = 0; i < QSETS; i++)
+          c.p[i].rows = 1;
+        double t_one = time_calls(call_shaped, &c, 256);
+        printf("  K %5d nb %d  %3u x %2u threads: %6.0f GB/s (%d rows), M=1 %5.2f us\n", k, nbs[n],
+               c.tx, c.ty, (double)elems * 4 / t_big * 1e-9, rows, t_one * 1e6);
+      }
+    }
+    for (int i = 0; i < QSETS; i++) {
+      cudaFree((void *)c.p[i].x);
+      cudaFree(c.p[i].xhat);
+      cudaFree(c.p[i].outer);
+    }
+  }
+}
+
 int main(int argc, char **argv) {
+  int sweep = argc > 1 && strcmp(argv[1], "--sweep") == 0;
+  if (sweep)
+    argc--, argv++;
   const char *out = argc > 1 ? argv[1] : "build/bench.json";
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -373,6 +454,10 @@ int main(int argc, char **argv) {
   fprintf(json, "{\"device\": \"%s\", \"experts\": %d, \"replays\": %d, \"results\": [", prop.name,
           EXPERTS, REPLAYS);
 
+  if (sweep) {
+    sweep_quant();
+    return 0;
+  }
   bench_quant();
   mt_numerics num = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16}; /* nvfp4-row */
   printf("\n");

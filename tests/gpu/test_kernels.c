@@ -361,15 +361,17 @@ static void run_quant(int rows, int cols, size_t ld, int fp16, enum mt_scale out
   free(x);
 }
 
-/* Per-row S, 1x16: the activations' hot path, every row kind, K across the kernel variants (one
- * block per thread up to K = 8192, then 2, 4, 8). */
+/* Per-row S, 1x16: the activations' hot path, every row kind, K across the kernel variants: few
+ * rows (one block per thread up to K = 8192, then 2, 4, 8) and many (2, 4 or 8 per thread). */
 static void quant_row_scale(void) {
   NEED_GPU();
-  static const int ks[] = {16, 48, 256, 768, 2048, 7168, 12288, 24576, 40960};
+  static const int ks[] = {16, 48, 256, 512, 768, 2048, 4096, 7168, 12288, 24576, 40960};
   for (int fp16 = 0; fp16 < 2; fp16++)
     for (int i = 0; i < NKINDS(ks); i++) {
-      int rows = ks[i] > 8192 ? 37 : 301;
-      run_quant(rows, ks[i], rnd_ld(ks[i]), fp16, MT_SCALE_ROW, 0, all_kinds, NKINDS(all_kinds));
+      run_quant(ks[i] > 8192 ? 37 : 301, ks[i], rnd_ld(ks[i]), fp16, MT_SCALE_ROW, 0, all_kinds,
+                NKINDS(all_kinds));
+      run_quant(513 + rnd_below(300), ks[i], rnd_ld(ks[i]), fp16, MT_SCALE_ROW, 0, all_kinds,
+                NKINDS(all_kinds));
     }
 }
 
