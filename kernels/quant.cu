@@ -36,6 +36,8 @@ __device__ __forceinline__ void allow_dependents() {
  * 16x16 tiles, TY == 16, the tile's amax through shared memory. */
 template <bool FP16, int NB, bool ROW, bool TILE>
 __device__ __forceinline__ void quantize(const mt_quant_params &p) {
+  if (p.only_if && *p.only_if == 0) /* the same for the whole grid: no barrier is left waiting */
+    return;
   const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x;
   const int nblk = p.cols >> 4;
   const int r = blockIdx.x * blockDim.y + ty;
@@ -127,6 +129,8 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
 /* max |x| over the whole matrix into *p.amax (FP32 bits; the launcher zeroes it first): one warp
  * per row at a time, four 16-byte loads in flight per lane, one atomicMax per warp. */
 template <bool FP16> __device__ __forceinline__ void amax_pass(const mt_quant_params &p) {
+  if (p.only_if && *p.only_if == 0)
+    return;
   const int lane = threadIdx.x & 31;
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int nwarps = (gridDim.x * blockDim.x) >> 5;

@@ -21,6 +21,7 @@ typedef struct {
   uint8_t *scales;    /* [rows][cols/16] or NULL */
   float *outer;       /* S: rows floats or 1 */
   uint32_t *amax;     /* per-tensor: max |x| as FP32 bits, zeroed then built by the amax kernel */
+  const uint32_t *only_if; /* NULL, or a device word: the kernels do nothing when it reads 0 */
 } mt_quant_params;
 
 #ifndef __CUDACC__
