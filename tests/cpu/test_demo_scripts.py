@@ -152,9 +152,48 @@ def test_tiny_model_through_the_real_hf_calls_on_cpu():
         harness.check(m["tokens"] == 18 and m["abs_dlogp_max"] < 0.5, f"gap on CPU: {m}")
 
 
+SITECUSTOMIZE = TINY.split("main = ")[0] + """
+if sys.argv and sys.argv[0] == "-c":  # run_demo's GPU probe
+    import torch
+    torch.cuda.is_available = lambda: True
+"""
+
+
+def test_make_run_driver_on_cpu_with_a_pretend_gpu():
+    if not have_torch():
+        harness.skip("torch/transformers not installed")
+    lib = os.path.join(ROOT, os.environ.get("MT_BUILD", "build"), "libminite.so")
+    if not os.path.exists(lib):
+        harness.skip(f"{lib} not built")
+    fake = os.path.join(TMP, "fake")
+    os.makedirs(os.path.join(fake, "bin"), exist_ok=True)
+    smi = os.path.join(fake, "bin", "nvidia-smi")
+    with open(smi, "w") as f:
+        f.write("#!/bin/sh\necho 'GPU 0: pretend'\n")
+    os.chmod(smi, 0o755)
+    with open(os.path.join(fake, "sitecustomize.py"), "w") as f:
+        f.write(SITECUSTOMIZE.format(scripts=SCRIPTS))
+    env = dict(os.environ, PATH=os.path.join(fake, "bin") + os.pathsep + os.environ["PATH"],
+               PYTHONPATH=fake)
+    out = os.path.join(TMP, "run")
+    rc, stdout, err = script("run_demo.py", "--lib", lib, "--out", out, "--batch", 2,
+                             "--prompt-len", 4, "--new-tokens", 3, "--train-batch", 2,
+                             "--train-seq", 8, "--train-steps", 1, "--train-warmup", 0,
+                             "--repeats", 1, env=env)
+    harness.check(rc == 0, f"exit {rc}: {stdout[-2000:]} {err[-2000:]}")
+    for spec in ("none", "bf16", "nvfp4-tensor", "nvfp4-row"):
+        harness.check(f"| {spec}" in stdout, f"table row {spec}:\n{stdout}")
+        for name in (f"sampler-{spec}.jsonl", f"learner-{spec}.jsonl", f"gap-{spec}.json"):
+            harness.check(os.path.exists(os.path.join(out, name)), f"{name} written")
+    for name in ("table.md", "summary.json"):
+        harness.check(os.path.exists(os.path.join(out, name)), f"{name} written")
+    harness.check("bit-identical" in stdout, f"bf16 pass-through noted:\n{stdout}")
+
+
 for t in (test_run_demo_without_gpu_says_so_and_succeeds, test_bad_arguments_exit_2,
           test_learner_refuses_bad_input_before_loading_a_model,
           test_demos_without_torch_say_what_to_install,
-          test_tiny_model_through_the_real_hf_calls_on_cpu):
+          test_tiny_model_through_the_real_hf_calls_on_cpu,
+          test_make_run_driver_on_cpu_with_a_pretend_gpu):
     harness.run(t)
 sys.exit(harness.done())
