@@ -5,4 +5,7 @@
 # Everything lands in build/run/. On a machine without a GPU it says so and succeeds.
 .PHONY: run
 run: all
+	@if [ "$(SAN)" = 1 ]; then \
+	    echo "make run: runs the normal build; an ASan shim inside Python needs libasan first in LD_PRELOAD"; \
+	    exit 2; fi
 	@$(PYTHON) scripts/run_demo.py --lib $(abspath $(B)/libminite.so) --out $(B)/run $(RUN_ARGS)
