@@ -6,6 +6,6 @@
 .PHONY: run
 run: all
 	@if [ "$(SAN)" = 1 ]; then \
-	    echo "make run: runs the normal build; an ASan shim inside Python needs libasan first in LD_PRELOAD"; \
+	    echo "make run: use the normal build (an ASan shim in Python needs libasan preloaded)"; \
 	    exit 2; fi
 	@$(PYTHON) scripts/run_demo.py --lib $(abspath $(B)/libminite.so) --out $(B)/run $(RUN_ARGS)
