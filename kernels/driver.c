@@ -19,6 +19,7 @@
  * Strong references: they are what pulls the fatbin objects out of libmt.a into a test binary. */
 extern const char mt_fatbin_quant[];
 extern const char mt_fatbin_gemm[];
+extern const char mt_fatbin_wcheck[];
 
 static const struct {
   const char *name;
@@ -26,6 +27,7 @@ static const struct {
 } kernel_files[] = {
     {"quant", mt_fatbin_quant},
     {"gemm", mt_fatbin_gemm},
+    {"wcheck", mt_fatbin_wcheck},
 };
 #define NFILES ((int)(sizeof kernel_files / sizeof kernel_files[0]))
 

@@ -28,7 +28,9 @@
   X(memcpy_htod, cuMemcpyHtoD, "cuMemcpyHtoD_v2")                                                  \
   X(memcpy_dtoh, cuMemcpyDtoH, "cuMemcpyDtoH_v2")                                                  \
   X(memset_d8_async, cuMemsetD8Async, "cuMemsetD8Async")                                           \
-  X(ctx_synchronize, cuCtxSynchronize, "cuCtxSynchronize")
+  X(ctx_synchronize, cuCtxSynchronize, "cuCtxSynchronize")                                       \
+  X(stream_synchronize, cuStreamSynchronize, "cuStreamSynchronize")                                \
+  X(memcpy_dtoh_async, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")
 
 typedef struct {
 #define MT_DRIVER_FIELD(field, decl, sym) __typeof__(&decl) field;

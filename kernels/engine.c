@@ -88,8 +88,7 @@ int mt_qweight_bind(mt_qweight *q, int n, int k, const mt_numerics *num, void *m
 /* The amax word of a per-tensor outer section (see outer_bytes). */
 static uint32_t *amax_word(float *outer) { return (uint32_t *)(outer + 1); }
 
-/* The kernels read *only_if themselves (the per-tensor amax word is zeroed regardless: scratch).
- * The fragment repacking runs regardless too: on unchanged codes it rewrites the same bytes. */
+/* The kernels read *only_if themselves (the per-tensor amax word is zeroed regardless: scratch). */
 int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q,
                           const uint32_t *only_if, mt_stream stream) {
   if (!w || !q || !q->xhat || !weight_shape_ok(q->n, q->k, &q->num) ||
@@ -113,7 +112,7 @@ int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qwei
   int status = mt_quantize(&p, q->num.weight_block == MT_WBLOCK_16X16, stream);
   if (status != MT_OK)
     return status;
-  return mt_gemm_pack_weight(q, stream);
+  return mt_gemm_pack_weight(q, only_if, stream);
 }
 
 int mt_quantize_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q,

@@ -67,6 +67,20 @@ int mt_qweight_bind(mt_qweight *q, int n, int k, const mt_numerics *num, void *m
 /* Quantize W (n rows of k, row stride ldw, BF16 or FP16) into q on `stream`. */
 int mt_quantize_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, mt_stream stream);
 
+/* The same, done only when the device word *only_if is non-zero when the kernels run (they read it
+ * themselves: nothing is read back); NULL quantizes unconditionally. */
+int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q,
+                          const uint32_t *only_if, mt_stream stream);
+
+/* The frozen cache's refresh: quantize W into q only when W's bytes differ from those of the last
+ * quantization recorded in `state` (MT_REFRESH_STATE_BYTES of device memory, zeroed before the
+ * first use). A hash of the whole weight is compared on the device (kernels/wcheck.cu): nothing
+ * is read back, so it is legal inside graph capture and a replay checks again. Cost when nothing
+ * changed: one read of the weight. */
+#define MT_REFRESH_STATE_BYTES 64
+int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state,
+                      mt_stream stream);
+
 /* One routed GEMM:  y = acc * ((1/S_a[i]) * (1/S_w[j])) * alpha + beta * c + bias, one RNE cast. */
 typedef struct {
   int m, n, k;             /* tokens, output channels, inner */

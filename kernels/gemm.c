@@ -39,11 +39,11 @@ static int launch(const char *fn, unsigned gx, unsigned gy, unsigned threads, un
   return d->launch_kernel_ex(&cfg, f, params, NULL) == CUDA_SUCCESS ? MT_OK : MT_ERR_CUDA;
 }
 
-int mt_gemm_pack_weight(const mt_qweight *q, mt_stream stream) {
+int mt_gemm_pack_weight(const mt_qweight *q, const uint32_t *only_if, mt_stream stream) {
   size_t chunks = mt_gemm_frag_bytes(q->n, q->k) / 16;
   if (!chunks)
     return MT_OK;
-  mt_pack_args a = {q->codes, q->scales, q->frag, q->n, q->k};
+  mt_pack_args a = {q->codes, q->scales, q->frag, only_if, q->n, q->k};
   return launch("mt_gemm_pack", (unsigned)((chunks + 255) / 256), 1, 256, 0, stream, &a);
 }
 

@@ -342,6 +342,8 @@ MT_SMALL(8)
 // weight repacking into fragment order (gemm_args.h); one thread per 16 output bytes
 
 extern "C" __global__ void mt_gemm_pack(const __grid_constant__ mt_pack_args a) {
+  if (a.only_if && *a.only_if == 0)
+    return;
   size_t sgroups = ((size_t)a.k + 63) / 64, s8groups = ((size_t)a.k + 127) / 128, kb = (size_t)a.k / 16;
   size_t ncodes = (size_t)a.n / 16 * sgroups * 32, nscales = (size_t)a.n / 16 * s8groups * 8;
   size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;

@@ -24,8 +24,9 @@ typedef struct {
 /* Bytes of the small-M kernel's copy of an n x k weight's codes and scales (mt_qweight.frag). */
 size_t mt_gemm_frag_bytes(int n, int k);
 
-/* Rearrange q's codes and scales into q->frag; the engine calls it after quantizing a weight. */
-int mt_gemm_pack_weight(const mt_qweight *q, mt_stream stream);
+/* Rearrange q's codes and scales into q->frag; the engine calls it after quantizing a weight.
+ * With only_if (a device word), the kernel does nothing when the word reads 0. */
+int mt_gemm_pack_weight(const mt_qweight *q, const uint32_t *only_if, mt_stream stream);
 
 /* Run a->y = ... for the activations q (a->x is not read here). */
 int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream);

@@ -43,6 +43,7 @@ typedef struct {
   const uint8_t *codes;  /* [n][k/2] */
   const uint8_t *scales; /* [n][k/16] */
   uint8_t *frag;
+  const uint32_t *only_if; /* NULL, or a device word: nothing to do when it reads 0 */
   int n, k;
 } mt_pack_args;
 

@@ -1,0 +1,38 @@
+/* wcheck.c — the frozen cache's refresh (engine.h: mt_refresh_weight): the change check of
+ * kernels/wcheck.cu, then the weight's quantization, which runs only when the check found a
+ * change. */
+#include <stddef.h>
+
+#include "kernels/driver.h"
+#include "kernels/engine.h"
+#include "kernels/wcheck.h"
+
+_Static_assert(sizeof(mt_wcheck_state) <= MT_REFRESH_STATE_BYTES, "refresh state too small");
+
+/* Enough CTAs of 256 threads to keep every SM streaming, few enough that the last-CTA handoff
+ * stays cheap. */
+#define CHECK_CTAS 264
+
+int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state,
+                      mt_stream stream) {
+  const mt_driver *d = mt_driver_get();
+  if (!d)
+    return MT_ERR_NO_DRIVER;
+  if (!w || !q || !state || q->k % 16 || ldw % 8 || ((uintptr_t)w & 15))
+    return MT_ERR_UNSUPPORTED;
+  CUfunction f;
+  int st = mt_kernel_get("wcheck", "mt_wcheck", (CUstream)stream, &f);
+  if (st != MT_OK)
+    return st;
+  mt_wcheck_args a = {w, (int64_t)ldw, q->n, q->k, (mt_wcheck_state *)state};
+  CUlaunchConfig cfg = {0};
+  cfg.gridDimX = CHECK_CTAS;
+  cfg.gridDimY = cfg.gridDimZ = 1;
+  cfg.blockDimX = 256;
+  cfg.blockDimY = cfg.blockDimZ = 1;
+  cfg.hStream = (CUstream)stream;
+  void *params[] = {&a};
+  if (d->launch_kernel_ex(&cfg, f, params, NULL) != CUDA_SUCCESS)
+    return MT_ERR_CUDA;
+  return mt_quantize_weight_if(w, type, ldw, q, &((mt_wcheck_state *)state)->dirty, stream);
+}

@@ -1,0 +1,53 @@
+// wcheck.cu — has a weight changed since it was last quantized? The frozen weight cache's check.
+//
+// The shim keeps quantized weights across calls (weight_cache = frozen) but must never use a stale
+// one when the program overwrites a weight in place (an RL sampler does at every weight sync). At
+// each call this kernel hashes the whole BF16/FP16 weight on the device and sets the dirty word
+// when the hash differs from the one of the last quantization; the quantization kernels that
+// follow on the stream run only when it is set. No host read-back, so a captured graph replays
+// the check too. Cost: one read of the weight (2 bytes per element).
+//
+// The hash is a sum mod 2^64 of a 64-bit mix of each 16-byte piece and its position: integer
+// addition is exact and order-free, so the result is the same whatever the grid. A changed weight
+// goes unseen only if the two sums collide (about 2^-64). tests/gpu/test_kernels.c checks that an
+// unchanged weight is not requantized, and that changing one element is seen.
+#include <stdint.h>
+
+#include "kernels/wcheck.h"
+
+__device__ static inline uint64_t mix64(uint64_t z) { // splitmix64's finalizer
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+extern "C" __global__ void __launch_bounds__(256) mt_wcheck(const mt_wcheck_args a) {
+  const int per_row = a.cols / 8; // 16-byte pieces of a row (cols % 16 == 0)
+  const uint64_t pieces = (uint64_t)a.rows * per_row;
+  uint64_t h = 0;
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < pieces; i += (uint64_t)gridDim.x * blockDim.x) {
+    uint64_t r = i / per_row, j = i % per_row;
+    uint4 v = *(const uint4 *)((const uint16_t *)a.w + r * a.ldw + j * 8);
+    uint64_t lo = (uint64_t)v.y << 32 | v.x, hi = (uint64_t)v.w << 32 | v.z;
+    h += mix64(lo + 0x9E3779B97F4A7C15ull * (2 * i + 1)) ^ mix64(hi ^ (0xD6E8FEB86659FD93ull * (i + 1)));
+  }
+  for (int o = 16; o > 0; o >>= 1) h += __shfl_xor_sync(0xffffffffu, h, o);
+  __shared__ uint64_t warp_sum[8];
+  if (threadIdx.x % 32 == 0) warp_sum[threadIdx.x / 32] = h;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  uint64_t s = 0;
+  for (int w = 0; w < (int)blockDim.x / 32; w++) s += warp_sum[w];
+  mt_wcheck_state *st = a.state;
+  atomicAdd((unsigned long long *)&st->sum, (unsigned long long)s);
+  __threadfence();
+  // the last CTA to finish compares, keeps the new hash and resets the words for the next call
+  if (atomicAdd(&st->done, 1u) != gridDim.x - 1) return;
+  __threadfence();
+  uint64_t sum = *(volatile uint64_t *)&st->sum;
+  st->dirty = !st->valid || sum != st->hash;
+  st->hash = sum;
+  st->valid = 1;
+  st->sum = 0;
+  st->done = 0;
+}
