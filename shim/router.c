@@ -9,7 +9,8 @@ static const char *const reason_names[MT_R_COUNT] = {
     [MT_R_DTYPE] = "dtype",               [MT_R_COMPUTE] = "compute type",
     [MT_R_LAYOUT] = "layout",             [MT_R_EPILOGUE] = "epilogue",
     [MT_R_POINTER_MODE] = "pointer mode", [MT_R_K_ALIGN] = "k alignment",
-    [MT_R_NO_ENGINE] = "no engine",
+    [MT_R_NO_ENGINE] = "no engine",       [MT_R_CAPTURE] = "capture",
+    [MT_R_NOMEM] = "out of memory",       [MT_R_ENGINE] = "engine error",
 };
 
 const char *mt_reason_name(enum mt_reason r) {

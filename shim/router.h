@@ -25,7 +25,10 @@ enum mt_reason {
   MT_R_EPILOGUE,       /* Lt epilogue other than DEFAULT or BIAS, or an odd bias type */
   MT_R_POINTER_MODE,   /* alpha/beta on the device */
   MT_R_K_ALIGN,        /* k not a multiple of the 16-element NVFP4 block */
-  MT_R_NO_ENGINE,      /* routed, but the engine did not run it (not connected yet) */
+  MT_R_NO_ENGINE,      /* routed, but no engine can run it here (no CUDA driver, no sm_90 device) */
+  MT_R_CAPTURE,        /* would have to load kernels, allocate or read back while capturing */
+  MT_R_NOMEM,          /* the engine's device memory could not be had (or MINITE_CACHE_MB) */
+  MT_R_ENGINE,         /* the engine refused the problem or a launch failed */
   MT_R_COUNT
 };
 

@@ -12,6 +12,7 @@
 #include "shim/param.h"
 #include "shim/router.h"
 #include "shim/stats.h"
+#include "shim/wcache.h"
 
 atomic_int mt_shim_on;
 static mt_spec spec; /* written once before mt_shim_on is set, read-only afterwards */
@@ -125,6 +126,8 @@ int mt_shim_init(void) {
   int hard_errors = load_spec(name) != 0;
   if (!hard_errors)
     hard_errors = load_routes() != 0;
+  if (!hard_errors)
+    soft_errors += mt_wcache_init(&spec);
   const char *role = mt_param_str("MINITE_ROLE");
   const char *stats = mt_param_str("MINITE_STATS");
   if (hard_errors)

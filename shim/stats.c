@@ -15,6 +15,7 @@
 
 #include "shim/log.h"
 #include "shim/param.h"
+#include "shim/wcache.h"
 
 static atomic_ullong n_calls, n_routed, n_passthrough, n_fallbacks[MT_R_COUNT];
 
@@ -382,7 +383,13 @@ void mt_stats_finish(void) {
   for (int i = 0; i < n; i++)
     w_printf(&w, "%s\"route %" PRIu32 "x%" PRIu32 "\"", i ? ", " : "", routes[i].out,
              routes[i].in);
-  w_printf(&w, "]}\n");
+  size_t bytes;
+  int entries;
+  unsigned long long full;
+  mt_wcache_usage(&bytes, &entries, &full);
+  w_printf(&w, "], \"engine\": {\"weight_cache\": \"%s\", \"device_bytes\": %zu, "
+               "\"frozen_weights\": %d, \"cache_full\": %llu}}\n",
+           mt_wcache_mode(), bytes, entries, full);
   w_flush(&w);
   close(stats_fd);
   stats_fd = -1;

@@ -90,7 +90,8 @@ static void router_decision_table(void) {
 static void reason_names(void) {
   const char *want[MT_R_COUNT] = {"unrouted", "routed", "backward dgrad", "backward wgrad",
                                   "dtype", "compute type", "layout", "epilogue", "pointer mode",
-                                  "k alignment", "no engine"};
+                                  "k alignment", "no engine", "capture", "out of memory",
+                                  "engine error"};
   for (int r = 0; r < MT_R_COUNT; r++)
     CHECKF(!strcmp(mt_reason_name(r), want[r]), "%d: %s", r, mt_reason_name(r));
   CHECK(!strcmp(mt_reason_name(MT_R_COUNT), "?"));

@@ -1,0 +1,231 @@
+/* wcache.c — the engine's device memory per CUDA context (see wcache.h). */
+#include "shim/wcache.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "kernels/driver.h"
+#include "shim/log.h"
+#include "shim/param.h"
+
+#define MAX_CONTEXTS 16    /* GPUs (primary contexts) one process drives */
+#define MAX_STREAMS 64     /* streams with scratch, per context */
+#define MAX_ENTRIES 8192   /* frozen weights, per context */
+#define ALIGN 256          /* what mt_qweight_bind and the workspace want */
+
+typedef struct {
+  CUstream stream;
+  CUdeviceptr mem;
+  size_t bytes;
+} scratch;
+
+typedef struct {
+  mt_weight_ref ref;
+  CUdeviceptr mem; /* quantized weight, then the refresh state */
+  mt_qweight q;
+} entry;
+
+typedef struct {
+  CUcontext ctx;
+  scratch scratch[MAX_STREAMS];
+  int nscratch;
+  entry *entries; /* open addressing over MAX_ENTRIES slots, allocated with the context */
+  int nentries;
+} context;
+
+static context contexts[MAX_CONTEXTS];
+static int ncontexts;
+static int frozen;
+static size_t cache_limit, held;
+static unsigned long long cache_full;
+
+int mt_wcache_init(const mt_spec *s) {
+  static const char *const modes[] = {"requantize", "frozen", NULL};
+  int errors = 0;
+  int def = s->weight_cache == MT_WCACHE_FROZEN;
+  frozen = mt_param_choice("MINITE_WEIGHT_CACHE", modes, def, &errors) == 1;
+  const char *mb = mt_param_str("MINITE_CACHE_MB");
+  cache_limit = (size_t)8192 << 20;
+  if (mb) {
+    char *end;
+    unsigned long long v = strtoull(mb, &end, 10);
+    if (*end || end == mb || v > (1ull << 30)) {
+      MT_WARN("MINITE_CACHE_MB=%s is not a number of MiB (e.g. 8192); using 8192", mb);
+      errors++;
+    } else {
+      cache_limit = (size_t)v << 20;
+    }
+  }
+  return errors;
+}
+
+const char *mt_wcache_mode(void) { return frozen ? "frozen" : "requantize"; }
+
+void mt_wcache_usage(size_t *bytes, int *entries, unsigned long long *full) {
+  int n = 0;
+  for (int i = 0; i < ncontexts; i++)
+    n += contexts[i].nentries;
+  *bytes = held;
+  *entries = n;
+  *full = cache_full;
+}
+
+static size_t round_up(size_t v) { return (v + ALIGN - 1) / ALIGN * ALIGN; }
+
+static context *context_current(const mt_driver *d) {
+  CUcontext ctx = NULL;
+  if (d->ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx)
+    return NULL;
+  for (int i = 0; i < ncontexts; i++)
+    if (contexts[i].ctx == ctx)
+      return &contexts[i];
+  if (ncontexts == MAX_CONTEXTS)
+    return NULL;
+  context *c = &contexts[ncontexts];
+  c->entries = calloc(MAX_ENTRIES, sizeof *c->entries);
+  if (!c->entries)
+    return NULL;
+  c->ctx = ctx;
+  ncontexts++;
+  return c;
+}
+
+static enum mt_reason device_alloc(const mt_driver *d, size_t bytes, CUdeviceptr *out) {
+  if (d->mem_alloc(out, bytes) != CUDA_SUCCESS) {
+    MT_WARN_ONCE("could not allocate %zu bytes of device memory for the engine: routed GEMMs that "
+                 "need more fall back to cuBLAS (reason \"out of memory\")", bytes);
+    return MT_R_NOMEM;
+  }
+  held += bytes;
+  return MT_R_ROUTED;
+}
+
+/* This stream's scratch, at least `bytes` long. Growing waits for the stream, so that the old
+ * buffer is no longer read when it is freed; it is the one synchronisation in the shim, rare
+ * (the largest call so far grows it) and never while capturing. */
+static enum mt_reason scratch_get(const mt_driver *d, context *c, CUstream stream, size_t bytes,
+                                  int capturing, CUdeviceptr *out) {
+  scratch *s = NULL;
+  for (int i = 0; i < c->nscratch && !s; i++)
+    if (c->scratch[i].stream == stream)
+      s = &c->scratch[i];
+  if (!s) {
+    if (c->nscratch == MAX_STREAMS)
+      return MT_R_NOMEM;
+    s = &c->scratch[c->nscratch++];
+    s->stream = stream;
+  }
+  if (s->bytes < bytes) {
+    if (capturing)
+      return MT_R_CAPTURE;
+    size_t want = bytes + bytes / 4; /* room for the next, slightly larger call */
+    if (s->mem) {
+      if (d->stream_synchronize(stream) != CUDA_SUCCESS)
+        return MT_R_ENGINE;
+      d->mem_free(s->mem);
+      held -= s->bytes;
+      s->mem = 0;
+      s->bytes = 0;
+    }
+    enum mt_reason r = device_alloc(d, want, &s->mem);
+    if (r != MT_R_ROUTED)
+      return r;
+    s->bytes = want;
+  }
+  *out = s->mem;
+  return MT_R_ROUTED;
+}
+
+static int same_ref(const mt_weight_ref *a, const mt_weight_ref *b) {
+  return a->w == b->w && a->n == b->n && a->k == b->k && a->ldw == b->ldw && a->type == b->type &&
+         a->num.act_scale == b->num.act_scale && a->num.weight_scale == b->num.weight_scale &&
+         a->num.weight_block == b->num.weight_block;
+}
+
+static size_t slot_of(const mt_weight_ref *w) {
+  uint64_t h = (uint64_t)(uintptr_t)w->w * 0x9E3779B97F4A7C15ull ^ (uint64_t)w->n << 32 ^ (uint64_t)w->k;
+  return (size_t)(h >> 40) % MAX_ENTRIES;
+}
+
+/* The frozen entry of w: found, or made (NULL when none can be made: full, capturing, no memory). */
+static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, int capturing,
+                        mt_stream stream, enum mt_reason *why) {
+  size_t i = slot_of(w);
+  for (int probes = 0; probes < MAX_ENTRIES; probes++, i = (i + 1) % MAX_ENTRIES) {
+    if (!c->entries[i].mem)
+      break;
+    if (same_ref(&c->entries[i].ref, w))
+      return &c->entries[i];
+  }
+  size_t qbytes = round_up(mt_qweight_bytes(w->n, w->k, &w->num));
+  size_t bytes = qbytes + MT_REFRESH_STATE_BYTES;
+  *why = MT_R_ROUTED;
+  if (c->nentries >= MAX_ENTRIES / 2 || held + bytes > cache_limit) {
+    cache_full++;
+    return NULL; /* requantized in scratch instead: slower, never wrong */
+  }
+  if (capturing) {
+    *why = MT_R_CAPTURE;
+    return NULL;
+  }
+  CUdeviceptr mem;
+  if ((*why = device_alloc(d, bytes, &mem)) != MT_R_ROUTED)
+    return NULL;
+  /* a zeroed state has no hash yet: the first refresh quantizes */
+  if (d->memset_d8_async(mem + qbytes, 0, MT_REFRESH_STATE_BYTES, stream) != CUDA_SUCCESS) {
+    d->mem_free(mem);
+    held -= bytes;
+    *why = MT_R_ENGINE;
+    return NULL;
+  }
+  entry *e = &c->entries[i];
+  e->ref = *w;
+  e->mem = mem;
+  mt_qweight_bind(&e->q, w->n, w->k, &w->num, (void *)mem);
+  c->nentries++;
+  return e;
+}
+
+static enum mt_reason from_status(int st) {
+  switch (st) {
+  case MT_OK: return MT_R_ROUTED;
+  case MT_ERR_CAPTURE: return MT_R_CAPTURE;
+  case MT_ERR_NOMEM: return MT_R_NOMEM;
+  case MT_ERR_NO_DRIVER:
+  case MT_ERR_NO_DEVICE: return MT_R_NO_ENGINE;
+  default: return MT_R_ENGINE;
+  }
+}
+
+enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream, int capturing,
+                                 mt_engine_mem *out) {
+  const mt_driver *d = mt_driver_get();
+  if (!d)
+    return MT_R_NO_ENGINE;
+  context *c = context_current(d);
+  if (!c)
+    return MT_R_NO_ENGINE;
+  size_t ws = round_up(mt_gemm_workspace_bytes(m, w->k, &w->num));
+  size_t qbytes = round_up(mt_qweight_bytes(w->n, w->k, &w->num));
+  if (!ws || !qbytes)
+    return MT_R_ENGINE;
+  entry *e = NULL;
+  enum mt_reason why = MT_R_ROUTED;
+  if (frozen && !(e = entry_get(d, c, w, capturing, stream, &why)) && why != MT_R_ROUTED)
+    return why;
+  CUdeviceptr mem;
+  enum mt_reason r = scratch_get(d, c, (CUstream)stream, ws + (e ? 0 : qbytes), capturing, &mem);
+  if (r != MT_R_ROUTED)
+    return r;
+  out->workspace = (void *)mem;
+  out->workspace_bytes = ws;
+  if (e) {
+    out->q = &e->q;
+    return from_status(mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + qbytes),
+                                         stream));
+  }
+  static mt_qweight q; /* under the exec lock, used until the call's launches are enqueued */
+  mt_qweight_bind(&q, w->n, w->k, &w->num, (void *)(mem + ws));
+  out->q = &q;
+  return from_status(mt_quantize_weight(w->w, w->type, w->ldw, &q, stream));
+}

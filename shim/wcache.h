@@ -1,0 +1,58 @@
+/* wcache.h — the engine's device memory in the shim, per CUDA context: a scratch buffer per
+ * stream, and the quantized weights kept under weight_cache = frozen.
+ *
+ * Scratch holds a call's quantized activations (and, under requantize, its quantized weight). It
+ * belongs to one stream, so stream order alone keeps one call from overwriting what an earlier
+ * call on that stream still reads; it only grows, to the largest call seen. Growing (and creating
+ * a frozen entry) allocates, so it is refused while the stream is capturing: a program that
+ * captures CUDA graphs runs its routed shapes once before capturing (PyTorch's warm-up does), or
+ * the captured calls fall back to cuBLAS with the reason "capture".
+ *
+ * Frozen entries are keyed by the weight's address, shape, row stride, type and numerics, and are
+ * refreshed at every call on the device (mt_refresh_weight: a hash of the whole weight, compared
+ * with the one of its last quantization). The guarantee: a frozen weight is never stale, whatever
+ * wrote it; the cost per call: one read of the BF16 weight instead of a full requantization.
+ * MINITE_CACHE_MB bounds the entries; past it, weights are requantized in scratch instead.
+ *
+ * Not thread-safe by itself: shim/exec.c calls it under its lock.
+ */
+#ifndef MT_WCACHE_H
+#define MT_WCACHE_H
+
+#include <stddef.h>
+
+#include "kernels/engine.h"
+#include "shim/router.h"
+
+typedef struct {
+  const void *w;        /* the weight, [n][k] with row stride ldw */
+  int n, k;
+  size_t ldw;
+  enum mt_dtype type;
+  mt_numerics num;
+} mt_weight_ref;
+
+/* What one routed problem gets. */
+typedef struct {
+  void *workspace;
+  size_t workspace_bytes;
+  mt_qweight *q;        /* quantized (or refreshed) on the stream, ready for mt_gemm */
+} mt_engine_mem;
+
+/* Read MINITE_WEIGHT_CACHE (overrides the spec's weight_cache) and MINITE_CACHE_MB. Returns the
+ * number of invalid values (each warned about). */
+int mt_wcache_init(const mt_spec *s);
+
+/* Device memory for a problem of m tokens on `stream`, with W quantized as the cache mode says. A
+ * reason other than MT_R_ROUTED means the call goes to cuBLAS (nothing was written to its
+ * output). */
+enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream, int capturing,
+                                 mt_engine_mem *out);
+
+/* "requantize" or "frozen": the mode in force. */
+const char *mt_wcache_mode(void);
+
+/* For the summary: device bytes held, frozen entries, and calls that found the cache full. */
+void mt_wcache_usage(size_t *bytes, int *entries, unsigned long long *full);
+
+#endif
