@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# scripts/gpu_session.sh [STEP...] — everything the device machine is for, in one call: build, GPU
+# tests, benchmarks and the demo run, each step under its own time limit so that one hang does not
+# cost the others. Logs go to $OUT (the device tool's output folder) or build/gpu-session.
+# Steps: build kernels torch sanitize bench benchshim run (default: all but sanitize).
+set -u
+cd "$(dirname "$0")/.."
+out=${OUT:-build/gpu-session}
+mkdir -p "$out"
+steps=${*:-build kernels bench benchshim torch run}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.used --format=csv \
+    >"$out/gpu.txt" 2>&1
+
+step() { # name, limit in seconds, command...
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc in $((SECONDS - t0)) s"
+  tail -n 25 "$out/$name.log"
+}
+
+for s in $steps; do
+  case $s in
+  build) step build 240 make -j16 all ;;
+  kernels) make -s build/tests/gpu/test_kernels >/dev/null 2>&1; step kernels 180 build/tests/gpu/test_kernels ;;
+  torch) step torch 420 make gputest ;;
+  sanitize) step sanitize 300 compute-sanitizer --tool memcheck build/tests/gpu/test_kernels ;;
+  bench) step bench 300 make bench && cp build/bench.json "$out/" 2>/dev/null ;;
+  benchshim) step benchshim 120 make bench-shim ;;
+  run) step run 540 make run ${RUN_ARGS:+RUN_ARGS="$RUN_ARGS"} && cp build/run/table.md build/run/gap.png "$out/" 2>/dev/null ;;
+  *) echo "unknown step $s" ;;
+  esac
+done
