@@ -821,11 +821,6 @@ out:
 
 /* ---- conditional weight quantization (the frozen cache's refresh) -------------------------- */
 
-/* Declared in kernels/engine.h by the frozen-cache work; repeated here (identically) so that this
- * test builds before that header lands. */
-int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q,
-                          const uint32_t *only_if, mt_stream stream);
-
 /* With the device word at 0 nothing of the quantized weight changes (even with another W); at 1
  * it is W's quantization, bit for bit. */
 static void quant_weight_only_if(void) {
