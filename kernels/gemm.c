@@ -3,6 +3,7 @@
  * CUDA graph capture once the module is loaded. */
 #include "kernels/gemm.h"
 
+#include <pthread.h>
 #include <stddef.h>
 
 #include "kernels/driver.h"
@@ -14,8 +15,33 @@ size_t mt_gemm_frag_bytes(int n, int k) {
   return MT_FRAG_CODES_BYTES(n, k) + MT_FRAG_SCALES_BYTES(n, k);
 }
 
+/* Raising a kernel's shared-memory limit is a driver call; done once per function (a function
+ * is per context, so a second GPU gets its own). */
+#define MAX_CONFIGURED 64
+static CUfunction configured[MAX_CONFIGURED];
+static pthread_mutex_t configured_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int allow_smem(const mt_driver *d, CUfunction f, unsigned smem) {
+  int st = MT_OK;
+  pthread_mutex_lock(&configured_lock);
+  int i = 0;
+  while (i < MAX_CONFIGURED && configured[i] && configured[i] != f)
+    i++;
+  if (i == MAX_CONFIGURED || configured[i] != f) {
+    if (d->func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem) != CUDA_SUCCESS)
+      st = MT_ERR_CUDA;
+    else if (i < MAX_CONFIGURED)
+      configured[i] = f;
+  }
+  pthread_mutex_unlock(&configured_lock);
+  return st;
+}
+
+/* dependent: launched with programmatic stream serialization, so the kernel may start while the
+ * kernel before it (the activation quantization) finishes; it waits (griddepcontrol.wait) before
+ * reading that kernel's output. */
 static int launch(const char *fn, unsigned gx, unsigned gy, unsigned threads, unsigned smem,
-                  mt_stream stream, void *args) {
+                  int dependent, mt_stream stream, void *args) {
   const mt_driver *d = mt_driver_get();
   if (!d)
     return MT_ERR_NO_DRIVER;
@@ -23,9 +49,11 @@ static int launch(const char *fn, unsigned gx, unsigned gy, unsigned threads, un
   int st = mt_kernel_get("gemm", fn, (CUstream)stream, &f);
   if (st != MT_OK)
     return st;
-  if (smem > 48 * 1024 &&
-      d->func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem) != CUDA_SUCCESS)
-    return MT_ERR_CUDA;
+  if (smem > 48 * 1024 && (st = allow_smem(d, f, smem)) != MT_OK)
+    return st;
+  CUlaunchAttribute attr;
+  attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attr.value.programmaticStreamSerializationAllowed = 1;
   CUlaunchConfig cfg = {0};
   cfg.gridDimX = gx;
   cfg.gridDimY = gy;
@@ -35,6 +63,8 @@ static int launch(const char *fn, unsigned gx, unsigned gy, unsigned threads, un
   cfg.blockDimZ = 1;
   cfg.sharedMemBytes = smem;
   cfg.hStream = (CUstream)stream;
+  cfg.attrs = dependent ? &attr : NULL;
+  cfg.numAttrs = dependent ? 1 : 0;
   void *params[] = {args};
   return d->launch_kernel_ex(&cfg, f, params, NULL) == CUDA_SUCCESS ? MT_OK : MT_ERR_CUDA;
 }
@@ -44,7 +74,7 @@ int mt_gemm_pack_weight(const mt_qweight *q, const uint32_t *only_if, mt_stream 
   if (!chunks)
     return MT_OK;
   mt_pack_args a = {q->codes, q->scales, q->frag, only_if, q->n, q->k};
-  return launch("mt_gemm_pack", (unsigned)((chunks + 255) / 256), 1, 256, 0, stream, &a);
+  return launch("mt_gemm_pack", (unsigned)((chunks + 255) / 256), 1, 256, 0, 0, stream, &a);
 }
 
 static void epilogue_args(const mt_gemm_args *a, const mt_qact *q, mt_epilogue_args *e) {
@@ -74,7 +104,7 @@ static int small_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
                                       "mt_gemm_small_t8"};
   int which = nt == 1 ? 0 : nt == 2 ? 1 : nt == 4 ? 2 : 3;
   unsigned grid = (unsigned)((a->n + 16 * MT_SMALL_WARPS - 1) / (16 * MT_SMALL_WARPS));
-  return launch(names[which], grid, 1, 128, MT_SMALL_SMEM(nt), stream, &s);
+  return launch(names[which], grid, 1, 128, MT_SMALL_SMEM(nt), 1, stream, &s);
 }
 
 /* A K-major BF16 matrix of rows x k as TMA sees it: boxes of 64 columns (128 bytes, the swizzle
@@ -131,7 +161,7 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   epilogue_args(a, q, &l.e);
   unsigned gx = (unsigned)((a->m + MT_LARGE_BM - 1) / MT_LARGE_BM), gy = (unsigned)((a->n + bn - 1) / bn);
   const char *fn = bn == 256 ? "mt_gemm_large_n256" : bn == 192 ? "mt_gemm_large_n192" : "mt_gemm_large_n128";
-  return launch(fn, gx, gy, 384, MT_LARGE_SMEM(bn), stream, &l);
+  return launch(fn, gx, gy, 384, MT_LARGE_SMEM(bn), 1, stream, &l);
 }
 
 int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {

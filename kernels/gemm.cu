@@ -59,6 +59,11 @@ __device__ static inline float epilogue(const mt_epilogue_args &e, float acc, fl
 
 __device__ static inline uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
+// Programmatic dependent launch: the GEMMs are launched so that they may start while the
+// activation quantization before them still runs; this waits for that grid to complete and its
+// writes to be visible. A no-op when the launch did not allow overlap.
+__device__ static inline void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
 __device__ static inline void mbar_init(uint64_t *bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
 }
@@ -147,9 +152,18 @@ template <int BN> __device__ static void run(const mt_large_args &a) {
   if (wg == 0) { // producer: one thread keeps the ring of stages full
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x != 0) return;
-    for (int kb = 0; kb < kt; kb++) {
+    // the weight tiles of the first stages before waiting for the activations' quantization
+    int pre = kt < S ? kt : S;
+    for (int kb = 0; kb < pre; kb++) {
+      mbar_expect_tx(&full[kb], SB);
+      tma_load_2d(smem + kb * SB + A_BYTES, &a.tw, &full[kb], kb * BK, n0);
+    }
+    grid_dependency_wait();
+    for (int kb = 0; kb < pre; kb++)
+      tma_load_2d(smem + kb * SB, &a.ta, &full[kb], kb * BK, m0);
+    for (int kb = pre; kb < kt; kb++) {
       int s = kb % S;
-      if (kb >= S) mbar_wait(&empty[s], ((kb / S) & 1) ^ 1);
+      mbar_wait(&empty[s], ((kb / S) & 1) ^ 1);
       uint8_t *sa = smem + s * SB, *sw = sa + A_BYTES;
       mbar_expect_tx(&full[s], SB);
       tma_load_2d(sa, &a.ta, &full[s], kb * BK, m0);
@@ -173,6 +187,7 @@ template <int BN> __device__ static void run(const mt_large_args &a) {
     asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     if (threadIdx.x % 32 == 0) mbar_arrive(&empty[s]);
   }
+  grid_dependency_wait(); // S_a comes from the quantization too
   store_tile<BN>(a.e, d, m0, n0, cw);
 }
 } // namespace large
@@ -189,9 +204,10 @@ MT_LARGE(256)
 // small M
 
 namespace small {
-constexpr int WARPS = MT_SMALL_WARPS, KC = MT_SMALL_KC, STAGES = MT_SMALL_STAGES;
+constexpr int WARPS = MT_SMALL_WARPS, KC = MT_SMALL_KC;
 constexpr int CODES = MT_SMALL_CODES, SCALES = MT_SMALL_SCALES, PITCH = MT_SMALL_PITCH;
 template <int NT> __host__ __device__ constexpr int stage_bytes() { return MT_SMALL_STAGE_BYTES(NT); }
+template <int NT> __host__ __device__ constexpr int stages() { return MT_SMALL_STAGES(NT); }
 
 __device__ static inline void cp16(void *dst, const void *src, bool valid) {
   // src-size 0 writes 16 zero bytes: blocks past k and tokens past m read as zero
@@ -199,8 +215,8 @@ __device__ static inline void cp16(void *dst, const void *src, bool valid) {
                : "memory");
 }
 
-// Chunk c of this CTA's weight fragments and of the activations into stage buffer st.
-template <int NT> __device__ static void load_chunk(const mt_small_args &a, uint8_t *st, int c) {
+// Chunk c of this CTA's weight fragments into stage buffer st.
+__device__ static void load_weights(const mt_small_args &a, uint8_t *st, int c) {
   int n = a.e.n, k = a.e.k, t = threadIdx.x;
   size_t sgroups = ((size_t)k + 63) / 64, s8groups = ((size_t)k + 127) / 128;
   const uint8_t *codes = a.frag, *scales = a.frag + MT_FRAG_CODES_BYTES(n, k);
@@ -216,11 +232,15 @@ template <int NT> __device__ static void load_chunk(const mt_small_args &a, uint
     bool ok = R < n / 16 && S8 < s8groups;
     cp16(st + CODES + i * 16, scales + ok * (((size_t)R * s8groups + S8) * 128 + (off % 8) * 16), ok);
   }
+}
+
+// Chunk c of the (quantized, dequantized) activations into stage buffer st.
+template <int NT> __device__ static void load_acts(const mt_small_args &a, uint8_t *st, int c) {
   uint8_t *act = st + CODES + SCALES;
-  for (int i = t; i < NT * 8 * (KC / 8); i += 128) { // 16 bytes = 8 columns
+  for (int i = threadIdx.x; i < NT * 8 * (KC / 8); i += 128) { // 16 bytes = 8 columns
     int tok = i / (KC / 8), col = c * KC + (i % (KC / 8)) * 8;
-    bool ok = tok < a.e.m && col < k;
-    cp16(act + tok * PITCH + (i % (KC / 8)) * 16, a.xa + ok * ((size_t)tok * k + col), ok);
+    bool ok = tok < a.e.m && col < a.e.k;
+    cp16(act + tok * PITCH + (i % (KC / 8)) * 16, a.xa + ok * ((size_t)tok * a.e.k + col), ok);
   }
 }
 
@@ -254,6 +274,36 @@ __device__ static inline uint32_t scale_x2(uint32_t e4m3) {
   return *(uint32_t *)&b;
 }
 
+// The A fragment of one k16 step: rows g and g+8, columns 2q, 2q+1, 2q+8, 2q+9 of the 16-row
+// group, exact BF16 (e2m1 * e4m3 has at most 6 significant bits). cw holds the step's four code
+// bytes in register order; byte u of sc_g / sc_g8 the rows' block scales.
+__device__ static inline void weight_frag(uint32_t cw, uint32_t sc_g, uint32_t sc_g8, int u, uint32_t (&ra)[4]) {
+  uint32_t s0 = scale_x2(sc_g >> (8 * u)), s1 = scale_x2(sc_g8 >> (8 * u));
+  uint32_t p0, p1, p2, p3;
+  decode4(cw, 0, p0, p1); // bytes 0, 1: rows g, g+8, columns 2q, 2q+1
+  decode4(cw, 1, p2, p3); // bytes 2, 3: rows g, g+8, columns 2q+8, 2q+9
+  ra[0] = bf16x2_mul(p0, s0);
+  ra[1] = bf16x2_mul(p1, s1);
+  ra[2] = bf16x2_mul(p2, s0);
+  ra[3] = bf16x2_mul(p3, s1);
+}
+
+// One k16 step for every token tile: B fragments (tokens 8nt + g, columns 2q.. and 2q+8..) from
+// the staged activations, accumulated in K order into d.
+template <int NT>
+__device__ static inline void mma_step(float (&d)[NT][4], const uint32_t (&ra)[4], const uint8_t *act, int s, int g,
+                                       int q) {
+#pragma unroll
+  for (int nt = 0; nt < NT; nt++) {
+    const uint8_t *b = act + (nt * 8 + g) * PITCH + s * 32 + q * 4;
+    uint32_t b0 = *(const uint32_t *)b, b1 = *(const uint32_t *)(b + 16);
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[nt][0]), "+f"(d[nt][1]), "+f"(d[nt][2]), "+f"(d[nt][3])
+        : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(b0), "r"(b1));
+  }
+}
+
 template <int NT> __device__ static void run(const mt_small_args &a) {
   extern __shared__ __align__(16) uint8_t smem[];
   int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
@@ -263,15 +313,24 @@ template <int NT> __device__ static void run(const mt_small_args &a) {
 #pragma unroll
   for (int i = 0; i < NT; i++) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.0f;
 
+  // The weights do not depend on the kernel before this one (the activation quantization, which
+  // lets this grid start early): their first chunks are requested before waiting for it.
+  constexpr int STAGES = stages<NT>();
+  for (int c = 0; c < STAGES - 1 && c < chunks; c++)
+    load_weights(a, smem + c * stage_bytes<NT>(), c);
+  grid_dependency_wait();
   for (int c = 0; c < STAGES - 1; c++) {
-    if (c < chunks) load_chunk<NT>(a, smem + c * stage_bytes<NT>(), c);
+    if (c < chunks) load_acts<NT>(a, smem + c * stage_bytes<NT>(), c);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   }
   for (int c = 0; c < chunks; c++) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
     __syncthreads();
     int next = c + STAGES - 1;
-    if (next < chunks) load_chunk<NT>(a, smem + (next % STAGES) * stage_bytes<NT>(), next);
+    if (next < chunks) {
+      load_weights(a, smem + (next % STAGES) * stage_bytes<NT>(), next);
+      load_acts<NT>(a, smem + (next % STAGES) * stage_bytes<NT>(), next);
+    }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     if (!active) continue;
     const uint8_t *st = smem + (c % STAGES) * stage_bytes<NT>();
@@ -279,36 +338,30 @@ template <int NT> __device__ static void run(const mt_small_args &a) {
     const uint8_t *act = st + CODES + SCALES;
     int steps = min(KC / 16, ksteps - c * (KC / 16));
     // 16-byte loads: codes for 4 steps (512 contiguous bytes a warp), scales for 8 steps (rows g
-    // and g+8; the four lanes of a quad read the same bytes)
+    // and g+8; the four lanes of a quad read the same bytes). A full group of 8 steps decodes all
+    // its fragments first, with no branch in between, so the decode of one step overlaps the
+    // previous steps' MMAs instead of waiting behind them (one warp per scheduler has no other
+    // work to hide latency with).
     for (int s8 = 0; s8 < steps; s8 += 8) {
       uint4 sc4 = *(const uint4 *)(scales + (s8 / 8) * 128 + g * 16);
-      uint32_t sc[4] = {sc4.x, sc4.y, sc4.z, sc4.w};
+      if (s8 + 8 <= steps) {
+        uint4 c0 = *(const uint4 *)(codes + (s8 / 4) * 512 + lane * 16);
+        uint4 c1 = *(const uint4 *)(codes + (s8 / 4 + 1) * 512 + lane * 16);
+        uint32_t cw[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+        uint32_t ra[8][4];
 #pragma unroll
-      for (int h = 0; h < 2; h++) {
-        if (s8 + 4 * h >= steps) break;
-        uint4 c4 = *(const uint4 *)(codes + ((s8 + 4 * h) / 4) * 512 + lane * 16);
-        uint32_t cw[4] = {c4.x, c4.y, c4.z, c4.w};
+        for (int u = 0; u < 8; u++)
+          weight_frag(cw[u], u < 4 ? sc4.x : sc4.y, u < 4 ? sc4.z : sc4.w, u % 4, ra[u]);
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-          int s = s8 + 4 * h + u;
-          if (s >= steps) break;
-          uint32_t s0 = scale_x2(sc[h] >> (8 * u)), s1 = scale_x2(sc[2 + h] >> (8 * u));
-          uint32_t ra[4], p0, p1, p2, p3;
-          decode4(cw[u], 0, p0, p1); // bytes 0, 1: rows g, g+8, columns 2q, 2q+1
-          decode4(cw[u], 1, p2, p3); // bytes 2, 3: rows g, g+8, columns 2q+8, 2q+9
-          ra[0] = bf16x2_mul(p0, s0);
-          ra[1] = bf16x2_mul(p1, s1);
-          ra[2] = bf16x2_mul(p2, s0);
-          ra[3] = bf16x2_mul(p3, s1);
-#pragma unroll
-          for (int nt = 0; nt < NT; nt++) {
-            const uint8_t *b = act + (nt * 8 + g) * PITCH + s * 32 + q * 4;
-            uint32_t b0 = *(const uint32_t *)b, b1 = *(const uint32_t *)(b + 16);
-            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                         "{%8,%9}, {%0,%1,%2,%3};\n"
-                         : "+f"(d[nt][0]), "+f"(d[nt][1]), "+f"(d[nt][2]), "+f"(d[nt][3])
-                         : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(b0), "r"(b1));
-          }
+        for (int u = 0; u < 8; u++)
+          mma_step<NT>(d, ra[u], act, s8 + u, g, q);
+      } else {
+        for (int s = s8; s < steps; s++) { // the last steps of k, when k % 128 != 0
+          uint32_t cw = ((const uint32_t *)(codes + (s / 4) * 512 + lane * 16))[s % 4];
+          int u = s - s8;
+          uint32_t ra[4];
+          weight_frag(cw, u < 4 ? sc4.x : sc4.y, u < 4 ? sc4.z : sc4.w, u % 4, ra);
+          mma_step<NT>(d, ra, act, s, g, q);
         }
       }
     }

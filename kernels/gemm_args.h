@@ -57,12 +57,12 @@ typedef struct {
 #define MT_LARGE_SMEM(bn) (1024 + MT_LARGE_STAGES(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16))
 #define MT_SMALL_WARPS 4
 #define MT_SMALL_KC 256
-#define MT_SMALL_STAGES 3
+#define MT_SMALL_STAGES(nt) ((nt) <= 2 ? 8 : (nt) == 4 ? 6 : 4) /* deep: few SMs stream the weight */
 #define MT_SMALL_CODES (MT_SMALL_WARPS * (MT_SMALL_KC / 64) * 512)
 #define MT_SMALL_SCALES (MT_SMALL_WARPS * (MT_SMALL_KC / 128) * 128)
 #define MT_SMALL_PITCH (MT_SMALL_KC * 2 + 16) /* 16 extra bytes spread 8 tokens over all banks */
 #define MT_SMALL_STAGE_BYTES(nt) (MT_SMALL_CODES + MT_SMALL_SCALES + (nt) * 8 * MT_SMALL_PITCH)
-#define MT_SMALL_SMEM(nt) (MT_SMALL_STAGES * MT_SMALL_STAGE_BYTES(nt))
+#define MT_SMALL_SMEM(nt) (MT_SMALL_STAGES(nt) * MT_SMALL_STAGE_BYTES(nt))
 
 /* Fragment order (mt_qweight.frag), for n % 16 == 0. Codes: for each group of 16 rows R and 64
  * columns S, 512 bytes: lane l = 4g + q of the warp owns bytes 16l..16l+15, four per k16 step s,

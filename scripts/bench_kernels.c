@@ -203,7 +203,13 @@ static void json_row(const char *fmt_fields) {
   json_first = 0;
 }
 
+/* MT_BENCH_ONLY=NAME:M runs that one row alone (no quantization table): for a profiler. */
+static const char *only_name;
+static int only_m;
+
 static void bench_shape(const shape *s, const mt_numerics *num) {
+  if (only_name && strcmp(only_name, s->name) != 0)
+    return;
   static gemm_ctx g;
   memset(&g, 0, sizeof g);
   g.s = s;
@@ -230,6 +236,8 @@ static void bench_shape(const shape *s, const mt_numerics *num) {
 
   for (int i = 0; i < NMS; i++) {
     g.m = ms[i];
+    if (only_name && g.m != only_m)
+      continue;
     /* enough calls that a replay runs well past launch gaps, few when each is long */
     int calls = g.m <= 256 ? 256 : g.m <= 1024 ? 64 : 16;
     double t_ours = time_calls(call_ours, &g, calls);
@@ -458,7 +466,15 @@ int main(int argc, char **argv) {
     sweep_quant();
     return 0;
   }
-  bench_quant();
+  static char only[64];
+  const char *env = getenv("MT_BENCH_ONLY");
+  if (env && snprintf(only, sizeof only, "%s", env) < (int)sizeof only && strchr(only, ':')) {
+    *strchr(only, ':') = '\0';
+    only_name = only;
+    only_m = atoi(only + strlen(only) + 1);
+  } else {
+    bench_quant();
+  }
   mt_numerics num = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16}; /* nvfp4-row */
   printf("\n");
   printf("W4A4 GEMM (nvfp4-row, weights pre-quantized, activation quantization included) vs "

@@ -2,7 +2,7 @@
 # scripts/gpu_session.sh [STEP...] — everything the device machine is for, in one call: build, GPU
 # tests, benchmarks and the demo run, each step under its own time limit so that one hang does not
 # cost the others. Logs go to $OUT (the device tool's output folder) or build/gpu-session.
-# Steps: build kernels torch sanitize bench benchshim run (default: all but sanitize).
+# Steps: build kernels torch sanitize bench benchshim ncu run (default: all but sanitize and ncu).
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-session}
@@ -29,6 +29,13 @@ for s in $steps; do
   sanitize) step sanitize 300 compute-sanitizer --tool memcheck build/tests/gpu/test_kernels ;;
   bench) step bench 300 make bench && cp build/bench.json "$out/" 2>/dev/null ;;
   benchshim) step benchshim 120 make bench-shim ;;
+  ncu) # the GEMM kernels of two rows of the benchmark under Nsight Compute (clocks left alone)
+    for cfg in ${NCU_ROWS:-qwen3_gate_up:4096 qwen3_gate_up:1}; do
+      step "ncu-${cfg/:/-}" 240 env MT_BENCH_ONLY="$cfg" ncu --clock-control none \
+          --kernel-name 'regex:mt_gemm_(large|small)' --launch-count 1 --section SpeedOfLight \
+          --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+          --section LaunchStats --section Occupancy build/scripts/bench_kernels "$out/ncu.json"
+    done ;;
   run) step run 540 make run ${RUN_ARGS:+RUN_ARGS="$RUN_ARGS"} && cp build/run/table.md build/run/gap.png "$out/" 2>/dev/null ;;
   *) echo "unknown step $s" ;;
   esac
