@@ -25,7 +25,7 @@ for s in $steps; do
   case $s in
   build) step build 240 make -j16 all ;;
   kernels) make -s build/tests/gpu/test_kernels >/dev/null 2>&1; step kernels 180 build/tests/gpu/test_kernels ;;
-  torch) step torch 420 make gputest ;;
+  torch) step torch ${TORCH_LIMIT:-420} make gputest ;;
   sanitize) step sanitize 300 compute-sanitizer --tool memcheck build/tests/gpu/test_kernels ;;
   bench) step bench 300 make bench && cp build/bench.json "$out/" 2>/dev/null ;;
   benchshim) step benchshim 120 make bench-shim ;;
@@ -36,7 +36,7 @@ for s in $steps; do
           --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
           --section LaunchStats --section Occupancy build/scripts/bench_kernels "$out/ncu.json"
     done ;;
-  run) step run 540 make run ${RUN_ARGS:+RUN_ARGS="$RUN_ARGS"} && cp build/run/table.md build/run/gap.png "$out/" 2>/dev/null ;;
+  run) step run ${RUN_LIMIT:-540} make run ${RUN_ARGS:+RUN_ARGS="$RUN_ARGS"} && cp build/run/table.md build/run/gap.png "$out/" 2>/dev/null ;;
   *) echo "unknown step $s" ;;
   esac
 done
