@@ -77,8 +77,11 @@ def test_bf16_under_the_shim_samples_what_plain_pytorch_samples():
         harness.check(y is not None and x.tokens == y.tokens, f"sequence {k}: tokens differ")
         harness.check(y is not None and x.logprobs == y.logprobs,
                       f"sequence {k}: log-probs differ (bf16 must pass every call through)")
+    # under bf16 a routed call is counted as routed and computed by cuBLAS itself: the expert
+    # shapes must have matched, and the log-probs above show cuBLAS's bits came back
     if stats is not None:
-        harness.check(stats.get("routed", -1) == 0, f"bf16 routed {stats.get('routed')} calls")
+        harness.check(stats.get("routed", 0) > 0 and not stats.get("fallbacks", {}).get("no engine"),
+                      f"bf16: routed {stats.get('routed')}, fallbacks {stats.get('fallbacks')}")
 
 
 harness.run(test_generate_under_nvfp4_row_and_gap_report)

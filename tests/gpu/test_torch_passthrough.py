@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import harness  # noqa: E402
@@ -112,12 +113,14 @@ def compare(case, lt):
     if case == "moe" and not HAVE_TRANSFORMERS:
         harness.skip("transformers is not installed")
     tag = f"{case}_lt{int(lt)}"
-    base1, _ = child(case, tag + "_base1", lt, False)
-    base2, _ = child(case, tag + "_base2", lt, False)
+    # the three runs are independent processes: run them side by side (most of each is start-up)
+    with ThreadPoolExecutor(3) as pool:
+        runs = [pool.submit(child, case, tag + suffix, lt, shim)
+                for suffix, shim in (("_base1", False), ("_base2", False), ("_shim", True))]
+        (base1, _), (base2, _), (shimmed, summary) = [r.result() for r in runs]
     if not bitwise_equal(base1, base2, f"{tag}: PyTorch alone, run twice"):
         harness.skip(f"{tag}: PyTorch is not deterministic here without the shim; "
                      "no bitwise comparison is possible")
-    shimmed, summary = child(case, tag + "_shim", lt, True)
     print(f"    {tag}: {summary and summary['gemm_calls']} GEMM calls through the shim")
     bitwise_equal(base1, shimmed, f"{tag}: with the shim vs without")
     if not summary:
