@@ -103,8 +103,8 @@ static int small_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   static const char *const names[] = {"mt_gemm_small_t1", "mt_gemm_small_t2", "mt_gemm_small_t4",
                                       "mt_gemm_small_t8"};
   int which = nt == 1 ? 0 : nt == 2 ? 1 : nt == 4 ? 2 : 3;
-  unsigned grid = (unsigned)((a->n + 16 * MT_SMALL_WARPS - 1) / (16 * MT_SMALL_WARPS));
-  return launch(names[which], grid, 1, 128, MT_SMALL_SMEM(nt), 1, stream, &s);
+  unsigned grid = (unsigned)((a->n + 16 * MT_SMALL_GROUPS - 1) / (16 * MT_SMALL_GROUPS));
+  return launch(names[which], grid, 1, 32 * MT_SMALL_WARPS, MT_SMALL_SMEM(nt), 1, stream, &s);
 }
 
 /* A K-major BF16 matrix of rows x k as TMA sees it: boxes of 64 columns (128 bytes, the swizzle

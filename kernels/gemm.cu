@@ -204,7 +204,7 @@ MT_LARGE(256)
 // small M
 
 namespace small {
-constexpr int WARPS = MT_SMALL_WARPS, KC = MT_SMALL_KC;
+constexpr int GROUPS = MT_SMALL_GROUPS, THREADS = 32 * MT_SMALL_WARPS, KC = MT_SMALL_KC;
 constexpr int CODES = MT_SMALL_CODES, SCALES = MT_SMALL_SCALES, PITCH = MT_SMALL_PITCH;
 template <int NT> __host__ __device__ constexpr int stage_bytes() { return MT_SMALL_STAGE_BYTES(NT); }
 template <int NT> __host__ __device__ constexpr int stages() { return MT_SMALL_STAGES(NT); }
@@ -220,14 +220,14 @@ __device__ static void load_weights(const mt_small_args &a, uint8_t *st, int c) 
   int n = a.e.n, k = a.e.k, t = threadIdx.x;
   size_t sgroups = ((size_t)k + 63) / 64, s8groups = ((size_t)k + 127) / 128;
   const uint8_t *codes = a.frag, *scales = a.frag + MT_FRAG_CODES_BYTES(n, k);
-  for (int i = t; i < CODES / 16; i += 128) { // 2 KB per warp: 4 groups of 64 columns
-    int w = i / (CODES / 16 / WARPS), off = i % (CODES / 16 / WARPS), R = blockIdx.x * WARPS + w;
+  for (int i = t; i < CODES / 16; i += THREADS) { // 2 KB per group: 4 blocks of 64 columns
+    int w = i / (CODES / 16 / GROUPS), off = i % (CODES / 16 / GROUPS), R = blockIdx.x * GROUPS + w;
     size_t S = (size_t)c * (KC / 64) + off / 32;
     bool ok = R < n / 16 && S < sgroups;
     cp16(st + i * 16, codes + ok * (((size_t)R * sgroups + S) * 512 + (off % 32) * 16), ok);
   }
-  for (int i = t; i < SCALES / 16; i += 128) { // 256 B per warp: 2 groups of 128 columns
-    int w = i / (SCALES / 16 / WARPS), off = i % (SCALES / 16 / WARPS), R = blockIdx.x * WARPS + w;
+  for (int i = t; i < SCALES / 16; i += THREADS) { // 256 B per group: 2 blocks of 128 columns
+    int w = i / (SCALES / 16 / GROUPS), off = i % (SCALES / 16 / GROUPS), R = blockIdx.x * GROUPS + w;
     size_t S8 = (size_t)c * (KC / 128) + off / 8;
     bool ok = R < n / 16 && S8 < s8groups;
     cp16(st + CODES + i * 16, scales + ok * (((size_t)R * s8groups + S8) * 128 + (off % 8) * 16), ok);
@@ -237,7 +237,7 @@ __device__ static void load_weights(const mt_small_args &a, uint8_t *st, int c) 
 // Chunk c of the (quantized, dequantized) activations into stage buffer st.
 template <int NT> __device__ static void load_acts(const mt_small_args &a, uint8_t *st, int c) {
   uint8_t *act = st + CODES + SCALES;
-  for (int i = threadIdx.x; i < NT * 8 * (KC / 8); i += 128) { // 16 bytes = 8 columns
+  for (int i = threadIdx.x; i < NT * 8 * (KC / 8); i += THREADS) { // 16 bytes = 8 columns
     int tok = i / (KC / 8), col = c * KC + (i % (KC / 8)) * 8;
     bool ok = tok < a.e.m && col < a.e.k;
     cp16(act + tok * PITCH + (i % (KC / 8)) * 16, a.xa + ok * ((size_t)tok * a.e.k + col), ok);
@@ -274,18 +274,20 @@ __device__ static inline uint32_t scale_x2(uint32_t e4m3) {
   return *(uint32_t *)&b;
 }
 
-// The A fragment of one k16 step: rows g and g+8, columns 2q, 2q+1, 2q+8, 2q+9 of the 16-row
-// group, exact BF16 (e2m1 * e4m3 has at most 6 significant bits). cw holds the step's four code
-// bytes in register order; byte u of sc_g / sc_g8 the rows' block scales.
-__device__ static inline void weight_frag(uint32_t cw, uint32_t sc_g, uint32_t sc_g8, int u, uint32_t (&ra)[4]) {
-  uint32_t s0 = scale_x2(sc_g >> (8 * u)), s1 = scale_x2(sc_g8 >> (8 * u));
-  uint32_t p0, p1, p2, p3;
-  decode4(cw, 0, p0, p1); // bytes 0, 1: rows g, g+8, columns 2q, 2q+1
-  decode4(cw, 1, p2, p3); // bytes 2, 3: rows g, g+8, columns 2q+8, 2q+9
-  ra[0] = bf16x2_mul(p0, s0);
-  ra[1] = bf16x2_mul(p1, s1);
-  ra[2] = bf16x2_mul(p2, s0);
-  ra[3] = bf16x2_mul(p3, s1);
+// The A fragment of one k16 step for a warp that owns 8 of the group's 16 rows (half 0: rows
+// g, half 1: rows g+8, put in the MMA's rows g; its rows g+8 are zero): columns 2q, 2q+1, 2q+8,
+// 2q+9, exact BF16 (e2m1 * e4m3 has at most 6 significant bits). cw holds the step's four code
+// bytes in fragment order (gemm_args.h); byte u of sc the row's block scales. Two warps per
+// group halve each warp's decode: one warp per scheduler decoding 16 rows issued ~90
+// instructions a step and kept the MMA chain waiting.
+__device__ static inline void weight_frag(uint32_t cw, uint32_t sc, int u, int half, uint32_t (&ra)[4]) {
+  uint32_t x = __byte_perm(cw, 0, half ? 0x4431 : 0x4420); // this half's bytes: columns 2q.., 2q+8..
+  uint32_t s = scale_x2(sc >> (8 * u)), p0, p1;
+  decode4(x, 0, p0, p1);
+  ra[0] = bf16x2_mul(p0, s);
+  ra[1] = 0;
+  ra[2] = bf16x2_mul(p1, s);
+  ra[3] = 0;
 }
 
 // One k16 step for every token tile: B fragments (tokens 8nt + g, columns 2q.. and 2q+8..) from
@@ -307,8 +309,9 @@ __device__ static inline void mma_step(float (&d)[NT][4], const uint32_t (&ra)[4
 template <int NT> __device__ static void run(const mt_small_args &a) {
   extern __shared__ __align__(16) uint8_t smem[];
   int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+  int group = w / 2, half = w % 2;
   int ksteps = a.e.k / 16, chunks = (a.e.k + KC - 1) / KC;
-  bool active = blockIdx.x * WARPS + w < a.e.n / 16;
+  bool active = blockIdx.x * GROUPS + group < a.e.n / 16;
   float d[NT][4];
 #pragma unroll
   for (int i = 0; i < NT; i++) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.0f;
@@ -334,7 +337,7 @@ template <int NT> __device__ static void run(const mt_small_args &a) {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     if (!active) continue;
     const uint8_t *st = smem + (c % STAGES) * stage_bytes<NT>();
-    const uint8_t *codes = st + w * (CODES / WARPS), *scales = st + CODES + w * (SCALES / WARPS);
+    const uint8_t *codes = st + group * (CODES / GROUPS), *scales = st + CODES + group * (SCALES / GROUPS);
     const uint8_t *act = st + CODES + SCALES;
     int steps = min(KC / 16, ksteps - c * (KC / 16));
     // 16-byte loads: codes for 4 steps (512 contiguous bytes a warp), scales for 8 steps (rows g
@@ -344,6 +347,7 @@ template <int NT> __device__ static void run(const mt_small_args &a) {
     // work to hide latency with).
     for (int s8 = 0; s8 < steps; s8 += 8) {
       uint4 sc4 = *(const uint4 *)(scales + (s8 / 8) * 128 + g * 16);
+      uint32_t sc_lo = half ? sc4.z : sc4.x, sc_hi = half ? sc4.w : sc4.y; // steps 0-3, 4-7
       if (s8 + 8 <= steps) {
         uint4 c0 = *(const uint4 *)(codes + (s8 / 4) * 512 + lane * 16);
         uint4 c1 = *(const uint4 *)(codes + (s8 / 4 + 1) * 512 + lane * 16);
@@ -351,7 +355,7 @@ template <int NT> __device__ static void run(const mt_small_args &a) {
         uint32_t ra[8][4];
 #pragma unroll
         for (int u = 0; u < 8; u++)
-          weight_frag(cw[u], u < 4 ? sc4.x : sc4.y, u < 4 ? sc4.z : sc4.w, u % 4, ra[u]);
+          weight_frag(cw[u], u < 4 ? sc_lo : sc_hi, u % 4, half, ra[u]);
 #pragma unroll
         for (int u = 0; u < 8; u++)
           mma_step<NT>(d, ra[u], act, s8 + u, g, q);
@@ -360,15 +364,15 @@ template <int NT> __device__ static void run(const mt_small_args &a) {
           uint32_t cw = ((const uint32_t *)(codes + (s / 4) * 512 + lane * 16))[s % 4];
           int u = s - s8;
           uint32_t ra[4];
-          weight_frag(cw, u < 4 ? sc4.x : sc4.y, u < 4 ? sc4.z : sc4.w, u % 4, ra);
+          weight_frag(cw, u < 4 ? sc_lo : sc_hi, u % 4, half, ra);
           mma_step<NT>(d, ra, act, s, g, q);
         }
       }
     }
   }
   if (!active) return;
-  int ch0 = (blockIdx.x * WARPS + w) * 16 + g;
-  float inv_w0 = inv_row(a.e.sw, a.e.sw_row, ch0), inv_w1 = inv_row(a.e.sw, a.e.sw_row, ch0 + 8);
+  int ch = (blockIdx.x * GROUPS + group) * 16 + 8 * half + g;
+  float inv_w = inv_row(a.e.sw, a.e.sw_row, ch);
 #pragma unroll
   for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -376,14 +380,13 @@ template <int NT> __device__ static void run(const mt_small_args &a) {
       int tok = nt * 8 + 2 * q + j;
       if (tok >= a.e.m) continue;
       float inv_a = inv_row(a.e.sa, a.e.sa_row, tok);
-      store_elem(a.e.y, tok * a.e.ldy + ch0, a.e.ytype, epilogue(a.e, d[nt][j], inv_a, inv_w0, tok, ch0));
-      store_elem(a.e.y, tok * a.e.ldy + ch0 + 8, a.e.ytype, epilogue(a.e, d[nt][2 + j], inv_a, inv_w1, tok, ch0 + 8));
+      store_elem(a.e.y, tok * a.e.ldy + ch, a.e.ytype, epilogue(a.e, d[nt][j], inv_a, inv_w, tok, ch));
     }
 }
 } // namespace small
 
 #define MT_SMALL(NT)                                                                               \
-  extern "C" __global__ void __launch_bounds__(128) mt_gemm_small_t##NT(const __grid_constant__ mt_small_args a) { \
+  extern "C" __global__ void __launch_bounds__(32 * MT_SMALL_WARPS, 1) mt_gemm_small_t##NT(const __grid_constant__ mt_small_args a) { \
     small::run<NT>(a);                                                                             \
   }
 MT_SMALL(1)

@@ -55,11 +55,12 @@ typedef struct {
 #define MT_LARGE_STAGES(bn) ((bn) == 256 ? 4 : (bn) == 192 ? 5 : 6)
 #define MT_LARGE_STAGE_BYTES(bn) (MT_LARGE_BM * MT_LARGE_BK * 2 + (bn) * MT_LARGE_BK * 2)
 #define MT_LARGE_SMEM(bn) (1024 + MT_LARGE_STAGES(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16))
-#define MT_SMALL_WARPS 4
+#define MT_SMALL_GROUPS 4 /* groups of 16 output channels per CTA */
+#define MT_SMALL_WARPS 8  /* two per group: one for each 8 rows */
 #define MT_SMALL_KC 256
 #define MT_SMALL_STAGES(nt) ((nt) <= 2 ? 8 : (nt) == 4 ? 6 : 4) /* deep: few SMs stream the weight */
-#define MT_SMALL_CODES (MT_SMALL_WARPS * (MT_SMALL_KC / 64) * 512)
-#define MT_SMALL_SCALES (MT_SMALL_WARPS * (MT_SMALL_KC / 128) * 128)
+#define MT_SMALL_CODES (MT_SMALL_GROUPS * (MT_SMALL_KC / 64) * 512)
+#define MT_SMALL_SCALES (MT_SMALL_GROUPS * (MT_SMALL_KC / 128) * 128)
 #define MT_SMALL_PITCH (MT_SMALL_KC * 2 + 16) /* 16 extra bytes spread 8 tokens over all banks */
 #define MT_SMALL_STAGE_BYTES(nt) (MT_SMALL_CODES + MT_SMALL_SCALES + (nt) * 8 * MT_SMALL_PITCH)
 #define MT_SMALL_SMEM(nt) (MT_SMALL_STAGES(nt) * MT_SMALL_STAGE_BYTES(nt))
