@@ -59,24 +59,22 @@ def add_model_args(parser, defaults=True):
                         help=f"standard deviation of the weights (default {DEFAULT_INIT_STD})")
 
 
-def positive_int(text):
+def _int_at_least(text, low, what):
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{value} {what}")
     return value
+
+
+def positive_int(text):
+    return _int_at_least(text, 1, "must be at least 1")
 
 
 def nonnegative_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must not be negative")
-    return value
+    return _int_at_least(text, 0, "must not be negative")
 
 
 def positive_float(text):

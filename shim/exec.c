@@ -112,17 +112,29 @@ static enum mt_reason read_pointers(const mt_call *c, int64_t count, int capturi
   return MT_R_ROUTED;
 }
 
+/* Group g of a call with device arrays of pointers: its dims, and its host alpha and beta (one
+ * per group in a grouped call; a batched call is one group). */
+static void group_of(const mt_call *c, int64_t g, mt_call *one, const float **alpha,
+                     const float **beta) {
+  if (c->group_count > 0) {
+    mt_call_group(c, g, one);
+    *alpha = (const float *)c->alpha + g;
+    *beta = (const float *)c->beta + g;
+  } else {
+    *one = *c;
+    *alpha = c->alpha;
+    *beta = c->beta;
+  }
+}
+
 /* cublasGemmBatchedEx and cublasGemmGroupedBatchedEx: device arrays of pointers, and (grouped)
  * host arrays of shapes and scalars, one per group. */
 static enum mt_reason run_arrays(const mt_spec *s, mt_call *c, int capturing) {
   int64_t groups = c->group_count > 0 ? c->group_count : 1, count = 0;
+  mt_call one;
+  const float *alpha, *beta;
   for (int64_t g = 0; g < groups; g++) {
-    mt_call one;
-    if (c->group_count > 0)
-      mt_call_group(c, g, &one);
-    else
-      one = *c;
-    const float *beta = c->group_count > 0 ? (const float *)c->beta + g : c->beta;
+    group_of(c, g, &one, &alpha, &beta);
     if (one.batch > 1 && *beta != 0.0f)
       return MT_R_LAYOUT;
     count += one.batch;
@@ -133,16 +145,10 @@ static enum mt_reason run_arrays(const mt_spec *s, mt_call *c, int capturing) {
     return r;
   int64_t at = 0;
   for (int64_t g = 0; g < groups && r == MT_R_ROUTED; g++) {
-    mt_call one;
-    if (c->group_count > 0)
-      mt_call_group(c, g, &one);
-    else
-      one = *c;
-    const float *alpha = c->group_count > 0 ? (const float *)c->alpha + g : c->alpha;
-    const float *beta = c->group_count > 0 ? (const float *)c->beta + g : c->beta;
+    group_of(c, g, &one, &alpha, &beta);
     for (int64_t i = 0; i < one.batch && r == MT_R_ROUTED; i++, at++)
-      r = run_problem(s, &one, p[at], p[count + at], p[2 * count + at], p[2 * count + at], alpha, beta,
-                      capturing);
+      r = run_problem(s, &one, p[at], p[count + at], p[2 * count + at], p[2 * count + at], alpha,
+                      beta, capturing);
   }
   free(p);
   return r;
