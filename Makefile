@@ -83,7 +83,7 @@ test: all $(CPU_TESTS) $(TEST_FIXTURES)
 	@MT_BUILD=$(B) MT_SAN=$(SAN) PYTHON=$(PYTHON) tests/run $(CPU_TESTS) \
 	    $(foreach t,$(PY_CPU_TESTS),'$(PYTHON) $(t)') $(foreach t,$(SH_CPU_TESTS),'bash $(t)')
 
-gputest: all $(GPU_TESTS)
+gputest: all $(GPU_TESTS) $(TEST_FIXTURES)
 	@MT_BUILD=$(B) PYTHON=$(PYTHON) tests/run $(GPU_TESTS) \
 	    $(foreach t,$(wildcard tests/gpu/test_*.py),'$(PYTHON) $(t)')
 
