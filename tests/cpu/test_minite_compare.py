@@ -313,6 +313,22 @@ def test_unknown_fields_and_records_are_ignored():
                   f"shadow, probe, summary read past: {doc['a']}")
 
 
+def test_digests_dropped_by_the_shim_are_reported():
+    ys = rows(2, 16)
+    lines = [digest(i, i, y) for i, y in enumerate(ys)]
+    summary = '{"event": "summary", "digests": {"written": %d, "dropped": %d}}'
+    a = write("drop-a.jsonl", lines + [summary % (2, 7), summary % (0, 1),
+                                       '{"event": "summary", "digests": {"dropped": -1}}'],
+              summary=False)
+    b = write("drop-b.jsonl", lines)
+    doc = compare_json(a, b)
+    harness.check(doc["a"]["shim_digests"] == {"written": 2, "dropped": 8}, str(doc["a"]))
+    harness.check(doc["b"]["shim_digests"] is None, "no counts in B's summary")
+    harness.check(doc["total"]["equal"] == 2, "the join is unchanged")
+    rc, out, err = compare(a, b)
+    harness.check(rc == 0 and "the shim dropped 8 digests" in out, f"table:\n{out}")
+
+
 def test_empty_join_is_reported_not_an_error():
     ys = rows(2, 13)
     a = write("join-a.jsonl", [digest(1, 1, ys[0])])
@@ -339,7 +355,8 @@ def test_json_has_the_documented_fields():
     harness.check(doc["format"] == "minite-compare" and doc["version"] == 1, str(doc)[:200])
     harness.check(doc["fingerprint"] == FP and doc["spec"] == "nvfp4-row", "fingerprint, spec")
     for side in ("a", "b"):
-        want = {"path", "spec", "fingerprint", "starts", "digests", "skipped", "other_records"}
+        want = {"path", "spec", "fingerprint", "starts", "digests", "skipped", "other_records",
+                "shim_digests"}
         harness.check(set(doc[side]) == want, f"{side}: {sorted(doc[side])}")
         harness.check(set(doc[side]["starts"][0]) == {"role", "pid", "host", "rank"}, "starts")
     stats = {"rows_a", "rows_b", "matched", "equal", "equal_pct", "differing", "diff_p50",
@@ -379,6 +396,7 @@ for t in (test_identical_rows_are_all_equal, test_scaled_rows_are_estimated_exac
           test_several_start_records_must_agree, test_unreadable_files_and_usage_errors_exit_2,
           test_truncated_and_corrupt_lines_are_skipped_and_counted,
           test_keys_inconsistent_within_one_file, test_unknown_fields_and_records_are_ignored,
+          test_digests_dropped_by_the_shim_are_reported,
           test_empty_join_is_reported_not_an_error, test_json_has_the_documented_fields,
           test_sketch_reference):
     harness.run(t)
