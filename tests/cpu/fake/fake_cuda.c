@@ -1,0 +1,570 @@
+/* fake_cuda.c — a fake libcuda.so.1 for the CPU tests of the engine path of the shim: the driver
+ * entry points of kernels/driver.h (MT_DRIVER_FUNCTIONS, under their exported names) over a
+ * host-memory "GPU" (device pointers are host pointers, as in the fake cuBLAS): one context, an
+ * sm_90 H200 (CC 9.0, 132 SMs). It computes nothing. It logs what the engine does (launches with
+ * their configuration and by-value argument, allocations, memsets, read-backs, synchronisations)
+ * and refuses what the real driver refuses (an unknown function or one the module does not hold,
+ * more than 48 KiB of dynamic shared memory without the function's attribute, a memset outside an
+ * allocation). Knobs (tests/cpu/fake/fake_cuda.h): capturing streams, no context, a memory limit,
+ * a failing launch or module load.
+ *
+ * A GEMM launch marks its output (FAKE_CUDA_MARK) as the GPU would overwrite it, nothing more.
+ */
+#include "tests/cpu/fake/fake_cuda.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/gemm_args.h"
+#include "kernels/quant.h"
+#include "kernels/wcheck.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAX_EVENTS 8192
+#define MAX_ALLOCS 1024
+#define MAX_MODULES 16
+#define MAX_FUNCTIONS 128
+#define MAX_CAPTURING 16
+#define DEFAULT_SMEM (48 * 1024)
+#define MAX_SMEM 232448 /* sm_90's opt-in limit per block */
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static fake_cuda_event *events;
+static int nevents;
+static fake_cuda_counts counts;
+
+typedef struct {
+  char *p;
+  size_t bytes;
+} allocation;
+static allocation allocs[MAX_ALLOCS];
+
+typedef struct {
+  const char *image;
+  size_t size;
+} module;
+static module modules[MAX_MODULES];
+static int nmodules;
+
+typedef struct {
+  module *mod;
+  char name[48];
+  int max_smem; /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */
+} function;
+static function functions[MAX_FUNCTIONS];
+static int nfunctions;
+
+static CUstream capturing[MAX_CAPTURING];
+static int context_present = 1;
+static long long mem_limit = -1;
+static char fail_name[48];
+static int fail_in; /* launches of fail_name (or any) until the failing one; 0: none */
+static int fail_loads;
+static int cc_major = 9, cc_minor = 0;
+
+/* The context handle: any fixed non-NULL address. */
+static int the_context;
+
+static fake_cuda_event *event_new(int kind) {
+  if (!events)
+    events = calloc(MAX_EVENTS, sizeof *events);
+  if (!events || nevents == MAX_EVENTS)
+    return NULL;
+  fake_cuda_event *e = &events[nevents++];
+  memset(e, 0, sizeof *e);
+  e->kind = kind;
+  return e;
+}
+
+static void log_simple(int kind, CUstream stream, uint64_t ptr, size_t bytes, int value,
+                       CUresult result) {
+  fake_cuda_event *e = event_new(kind);
+  if (e) {
+    e->stream = stream;
+    e->ptr = ptr;
+    e->bytes = bytes;
+    e->value = value;
+    e->result = result;
+  }
+}
+
+static int any_capturing(void) {
+  for (int i = 0; i < MAX_CAPTURING; i++)
+    if (capturing[i])
+      return 1;
+  return 0;
+}
+
+static int is_capturing(CUstream s) {
+  for (int i = 0; i < MAX_CAPTURING; i++)
+    if (capturing[i] && capturing[i] == s)
+      return 1;
+  return 0;
+}
+
+/* Operations that are illegal while a stream captures in global mode (PyTorch's default). */
+static void note_capture_violation(void) {
+  if (any_capturing())
+    counts.during_capture++;
+}
+
+static allocation *allocation_of(const void *p, size_t bytes) {
+  for (int i = 0; i < MAX_ALLOCS; i++) {
+    allocation *a = &allocs[i];
+    if (a->p && (const char *)p >= a->p && bytes <= a->bytes &&
+        (size_t)((const char *)p - a->p) <= a->bytes - bytes)
+      return a;
+  }
+  return NULL;
+}
+
+static void env_config(void) {
+  const char *v = getenv("FAKE_CUDA_MEM_LIMIT");
+  if (v && *v)
+    mem_limit = strtoll(v, NULL, 0);
+  v = getenv("FAKE_CUDA_NO_CONTEXT");
+  if (v && *v == '1')
+    context_present = 0;
+  v = getenv("FAKE_CUDA_CAPTURING");
+  for (int n = 0; v && *v && n < MAX_CAPTURING; n++) {
+    char *end;
+    capturing[n] = (CUstream)(uintptr_t)strtoull(v, &end, 0);
+    v = *end == ',' ? end + 1 : NULL;
+  }
+  v = getenv("FAKE_CUDA_FAIL_LAUNCH");
+  if (v && *v) {
+    const char *colon = strchr(v, ':');
+    if (colon) {
+      size_t len = (size_t)(colon - v) < sizeof fail_name - 1 ? (size_t)(colon - v) : sizeof fail_name - 1;
+      memcpy(fail_name, v, len);
+      fail_name[len] = '\0';
+      v = colon + 1;
+    }
+    fail_in = atoi(v);
+  }
+  v = getenv("FAKE_CUDA_CC");
+  if (v && *v) {
+    cc_major = atoi(v);
+    cc_minor = strchr(v, '.') ? atoi(strchr(v, '.') + 1) : 0;
+  }
+}
+
+__attribute__((constructor)) static void fake_cuda_init(void) { env_config(); }
+
+/* --- the fake's own functions (fake_cuda.h) ------------------------------------------------ */
+
+EXPORT int fake_cuda_events(const fake_cuda_event **out) {
+  pthread_mutex_lock(&lock);
+  if (!events)
+    events = calloc(MAX_EVENTS, sizeof *events);
+  *out = events;
+  int n = nevents;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+EXPORT void fake_cuda_counts_get(fake_cuda_counts *out) {
+  pthread_mutex_lock(&lock);
+  *out = counts;
+  pthread_mutex_unlock(&lock);
+}
+
+EXPORT void fake_cuda_set_capturing(CUstream stream, int on) {
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < MAX_CAPTURING; i++)
+    if (capturing[i] == stream)
+      capturing[i] = NULL;
+  for (int i = 0; on && i < MAX_CAPTURING; i++)
+    if (!capturing[i]) {
+      capturing[i] = stream;
+      break;
+    }
+  pthread_mutex_unlock(&lock);
+}
+
+EXPORT void fake_cuda_set_context(int present) { context_present = present; }
+
+EXPORT void fake_cuda_set_mem_limit(long long bytes) {
+  pthread_mutex_lock(&lock);
+  mem_limit = bytes;
+  pthread_mutex_unlock(&lock);
+}
+
+EXPORT void fake_cuda_fail_launch(const char *name, int nth) {
+  pthread_mutex_lock(&lock);
+  snprintf(fail_name, sizeof fail_name, "%s", name ? name : "");
+  fail_in = nth;
+  pthread_mutex_unlock(&lock);
+}
+
+EXPORT void fake_cuda_fail_loads(int n) { fail_loads = n; }
+
+EXPORT int fake_cuda_is_device(const void *p, size_t bytes) {
+  pthread_mutex_lock(&lock);
+  int in = allocation_of(p, bytes) != NULL;
+  pthread_mutex_unlock(&lock);
+  return in;
+}
+
+/* --- the driver ------------------------------------------------------------------------- */
+
+EXPORT CUresult cuInit(unsigned int flags) {
+  (void)flags;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetErrorName(CUresult error, const char **str) {
+  *str = error == CUDA_SUCCESS ? "CUDA_SUCCESS" : "CUDA_ERROR_FAKE";
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) {
+  *ctx = context_present ? (CUcontext)(void *)&the_context : NULL;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *dev) {
+  if (!context_present)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  *dev = 0;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attr, CUdevice dev) {
+  if (dev != 0)
+    return CUDA_ERROR_INVALID_DEVICE;
+  switch (attr) {
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = cc_major; break;
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = cc_minor; break;
+  case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = 132; break;
+  case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *value = MAX_SMEM; break;
+  default: *value = 0;
+  }
+  return CUDA_SUCCESS;
+}
+
+/* The size of a fatbin from its header (magic, version, header size, payload size). */
+static size_t fatbin_size(const char *image) {
+  uint32_t magic;
+  uint16_t header;
+  uint64_t payload;
+  memcpy(&magic, image, 4);
+  memcpy(&header, image + 6, 2);
+  memcpy(&payload, image + 8, 8);
+  return magic == 0xBA55ED50u ? header + payload : 0;
+}
+
+EXPORT CUresult cuModuleLoadData(CUmodule *out, const void *image) {
+  pthread_mutex_lock(&lock);
+  note_capture_violation();
+  CUresult r = CUDA_SUCCESS;
+  size_t size = image ? fatbin_size(image) : 0;
+  if (fail_loads > 0) {
+    fail_loads--;
+    r = CUDA_ERROR_INVALID_IMAGE;
+  } else if (!size || nmodules == MAX_MODULES) {
+    counts.invalid += !size;
+    r = CUDA_ERROR_INVALID_IMAGE;
+  } else if (cc_major != 9 || cc_minor != 0) {
+    r = CUDA_ERROR_NO_BINARY_FOR_GPU;
+  } else {
+    modules[nmodules] = (module){image, size};
+    *out = (CUmodule)(void *)&modules[nmodules++];
+    counts.module_loads++;
+  }
+  log_simple(FAKE_EV_LOAD, NULL, (uint64_t)(uintptr_t)image, size, 0, r);
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+/* The image holds the kernel's code section (".text.NAME"): the names the host code asks for
+ * must be those the .cu files define. */
+static int image_has(const module *m, const char *name) {
+  char sect[64];
+  int len = snprintf(sect, sizeof sect, ".text.%s", name);
+  if (len <= 0 || (size_t)len >= sizeof sect)
+    return 0;
+  return memmem(m->image, m->size, sect, (size_t)len + 1) != NULL;
+}
+
+EXPORT CUresult cuModuleGetFunction(CUfunction *out, CUmodule hmod, const char *name) {
+  pthread_mutex_lock(&lock);
+  module *m = (module *)(void *)hmod;
+  CUresult r = CUDA_SUCCESS;
+  if (m < modules || m >= modules + nmodules || strlen(name) >= sizeof functions[0].name) {
+    counts.invalid++;
+    r = CUDA_ERROR_INVALID_HANDLE;
+  } else if (!image_has(m, name)) {
+    counts.invalid++;
+    r = CUDA_ERROR_NOT_FOUND;
+  } else {
+    function *f = NULL;
+    for (int i = 0; i < nfunctions && !f; i++)
+      if (functions[i].mod == m && !strcmp(functions[i].name, name))
+        f = &functions[i];
+    if (!f && nfunctions < MAX_FUNCTIONS) {
+      f = &functions[nfunctions++];
+      f->mod = m;
+      strcpy(f->name, name);
+      f->max_smem = DEFAULT_SMEM;
+    }
+    if (f)
+      *out = (CUfunction)(void *)f;
+    else
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+static function *function_of(CUfunction f) {
+  function *p = (function *)(void *)f;
+  return p >= functions && p < functions + nfunctions ? p : NULL;
+}
+
+EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attr, int value) {
+  pthread_mutex_lock(&lock);
+  function *f = function_of(hfunc);
+  CUresult r = CUDA_SUCCESS;
+  if (!f || (attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES && (value < 0 || value > MAX_SMEM))) {
+    counts.invalid++;
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else if (attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
+    f->max_smem = value;
+  }
+  fake_cuda_event *e = event_new(FAKE_EV_SETATTR);
+  if (e) {
+    snprintf(e->name, sizeof e->name, "%s", f ? f->name : "?");
+    e->value = value;
+    e->result = r;
+  }
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+/* Bytes of the by-value argument struct of a kernel, by its name (the headers of kernels/). */
+static size_t args_size(const char *name) {
+  if (!strncmp(name, "mt_quant_", 9))
+    return sizeof(mt_quant_params);
+  if (!strcmp(name, "mt_wcheck"))
+    return sizeof(mt_wcheck_args);
+  if (!strcmp(name, "mt_gemm_pack"))
+    return sizeof(mt_pack_args);
+  if (!strncmp(name, "mt_gemm_small_", 14))
+    return sizeof(mt_small_args);
+  if (!strncmp(name, "mt_gemm_large_", 14))
+    return sizeof(mt_large_args);
+  return 0;
+}
+
+/* The GEMM's output, as the GPU would overwrite it: y[i][j] for i < m, j < n, row stride ldy. */
+static void mark_output(const mt_epilogue_args *e) {
+  for (long long i = 0; i < e->m; i++)
+    for (long long j = 0; j < e->n; j++)
+      ((uint16_t *)e->y)[i * e->ldy + j] = FAKE_CUDA_MARK;
+}
+
+static int launch_config_ok(const CUlaunchConfig *c, const function *f) {
+  unsigned threads = c->blockDimX * c->blockDimY * c->blockDimZ;
+  return c->gridDimX && c->gridDimY && c->gridDimZ && c->gridDimY <= 65535 &&
+         c->gridDimZ <= 65535 && threads && threads <= 1024 &&
+         (c->sharedMemBytes <= DEFAULT_SMEM || (int)c->sharedMemBytes <= f->max_smem) &&
+         (c->numAttrs == 0 || c->attrs);
+}
+
+static int should_fail(const char *name) {
+  if (fail_in <= 0 || (fail_name[0] && strcmp(fail_name, name)))
+    return 0;
+  return --fail_in == 0;
+}
+
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
+                                 void **extra) {
+  pthread_mutex_lock(&lock);
+  function *fn = function_of(f);
+  CUresult r = CUDA_SUCCESS;
+  if (!fn || !config || !params || !params[0] || extra || !launch_config_ok(config, fn)) {
+    counts.invalid++;
+    r = fn ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+  } else if (should_fail(fn->name)) {
+    r = CUDA_ERROR_LAUNCH_FAILED;
+  }
+  fake_cuda_event *e = event_new(FAKE_EV_LAUNCH);
+  if (e && config) {
+    snprintf(e->name, sizeof e->name, "%s", fn ? fn->name : "?");
+    e->grid[0] = config->gridDimX, e->grid[1] = config->gridDimY, e->grid[2] = config->gridDimZ;
+    e->block[0] = config->blockDimX, e->block[1] = config->blockDimY, e->block[2] = config->blockDimZ;
+    e->smem = config->sharedMemBytes;
+    e->stream = config->hStream;
+    e->nattrs = (int)config->numAttrs;
+    for (unsigned i = 0; i < config->numAttrs && config->attrs; i++)
+      if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION &&
+          config->attrs[i].value.programmaticStreamSerializationAllowed)
+        e->pdl = 1;
+    e->result = r;
+    if (fn && params && params[0]) {
+      e->args_bytes = args_size(fn->name);
+      memcpy(e->args, params[0], e->args_bytes);
+    }
+  }
+  if (r == CUDA_SUCCESS) {
+    counts.launches++;
+    if (!strncmp(fn->name, "mt_gemm_small_", 14))
+      mark_output(&((const mt_small_args *)params[0])->e);
+    else if (!strncmp(fn->name, "mt_gemm_large_", 14))
+      mark_output(&((const mt_large_args *)params[0])->e);
+  }
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+EXPORT CUresult cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType type, cuuint32_t rank,
+                                       void *base, const cuuint64_t *dims,
+                                       const cuuint64_t *strides, const cuuint32_t *box,
+                                       const cuuint32_t *elem_strides,
+                                       CUtensorMapInterleave interleave,
+                                       CUtensorMapSwizzle swizzle,
+                                       CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill fill) {
+  (void)type, (void)box, (void)elem_strides, (void)interleave, (void)swizzle, (void)l2, (void)fill;
+  pthread_mutex_lock(&lock);
+  CUresult r = CUDA_SUCCESS;
+  if (((uintptr_t)map & 63) || ((uintptr_t)base & 15) || rank != 2) {
+    counts.invalid++;
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    memset(map, 0, sizeof *map);
+    memcpy(map, &base, sizeof base); /* so that a test can tell the maps apart */
+  }
+  log_simple(FAKE_EV_TMAP, NULL, (uint64_t)(uintptr_t)base, rank == 2 ? dims[1] * strides[0] : 0,
+             0, r);
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus *status) {
+  pthread_mutex_lock(&lock);
+  *status = is_capturing(stream) ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAlloc(CUdeviceptr *out, size_t bytes) {
+  pthread_mutex_lock(&lock);
+  note_capture_violation();
+  CUresult r = CUDA_SUCCESS;
+  allocation *slot = NULL;
+  for (int i = 0; i < MAX_ALLOCS && !slot; i++)
+    if (!allocs[i].p)
+      slot = &allocs[i];
+  char *p = NULL;
+  if (!bytes) {
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else if (!slot || (mem_limit >= 0 && counts.live_bytes + bytes > (unsigned long long)mem_limit) ||
+             !(p = aligned_alloc(256, (bytes + 255) / 256 * 256))) {
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  } else {
+    *slot = (allocation){p, bytes};
+    *out = (CUdeviceptr)(uintptr_t)p;
+    counts.allocs++;
+    counts.live_allocs++;
+    counts.live_bytes += bytes;
+  }
+  log_simple(FAKE_EV_ALLOC, NULL, (uint64_t)(uintptr_t)p, bytes, 0, r);
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+EXPORT CUresult cuMemFree(CUdeviceptr ptr) {
+  pthread_mutex_lock(&lock);
+  note_capture_violation();
+  CUresult r = CUDA_SUCCESS;
+  size_t bytes = 0;
+  allocation *a = NULL;
+  for (int i = 0; i < MAX_ALLOCS && !a; i++)
+    if (allocs[i].p && (CUdeviceptr)(uintptr_t)allocs[i].p == ptr)
+      a = &allocs[i];
+  if (!a) {
+    counts.bad_frees++;
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    bytes = a->bytes;
+    free(a->p);
+    *a = (allocation){0};
+    counts.frees++;
+    counts.live_allocs--;
+    counts.live_bytes -= bytes;
+  }
+  log_simple(FAKE_EV_FREE, NULL, ptr, bytes, 0, r);
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream stream) {
+  pthread_mutex_lock(&lock);
+  CUresult r = CUDA_SUCCESS;
+  if (!allocation_of((void *)(uintptr_t)dst, n)) {
+    counts.invalid++;
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    memset((void *)(uintptr_t)dst, value, n);
+  }
+  log_simple(FAKE_EV_MEMSET, stream, dst, n, value, r);
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+/* Read-backs: the source is the program's "device" memory (host memory here, allocated by the
+ * program, not through this driver), so it is not checked against the allocations. */
+EXPORT CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
+  pthread_mutex_lock(&lock);
+  CUresult r = CUDA_SUCCESS;
+  if (is_capturing(stream)) {
+    counts.during_capture++;
+    r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  } else {
+    memcpy(dst, (const void *)(uintptr_t)src, n);
+  }
+  log_simple(FAKE_EV_DTOH, stream, src, n, 0, r);
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+EXPORT CUresult cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
+  pthread_mutex_lock(&lock);
+  note_capture_violation();
+  memcpy(dst, (const void *)(uintptr_t)src, n);
+  log_simple(FAKE_EV_DTOH, NULL, src, n, 0, CUDA_SUCCESS);
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n) {
+  pthread_mutex_lock(&lock);
+  note_capture_violation();
+  memcpy((void *)(uintptr_t)dst, src, n);
+  log_simple(FAKE_EV_HTOD, NULL, dst, n, 0, CUDA_SUCCESS);
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream stream) {
+  pthread_mutex_lock(&lock);
+  CUresult r = CUDA_SUCCESS;
+  if (is_capturing(stream)) {
+    counts.during_capture++;
+    r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  log_simple(FAKE_EV_SYNC, stream, 0, 0, 0, r);
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+EXPORT CUresult cuCtxSynchronize(void) {
+  pthread_mutex_lock(&lock);
+  note_capture_violation();
+  log_simple(FAKE_EV_CTX_SYNC, NULL, 0, 0, 0, CUDA_SUCCESS);
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}

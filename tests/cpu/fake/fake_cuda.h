@@ -1,0 +1,77 @@
+/* fake_cuda.h — what the fake libcuda.so.1 (tests/cpu/fake/fake_cuda.c) adds to the driver API
+ * for the tests: its log of the calls that matter to the engine, and the knobs that provoke the
+ * engine's fallbacks. Found by the test with dlsym on the fake's handle.
+ *
+ * The fake is a host-memory "GPU": device pointers are host pointers, one context, an sm_90 H200.
+ * It computes nothing; a GEMM kernel's launch only marks the elements of its output with
+ * FAKE_CUDA_MARK (as the GPU would overwrite them), so that a test sees which elements the engine
+ * would have written, and a fallback that recomputes an already overwritten output shows.
+ */
+#ifndef MT_FAKE_CUDA_H
+#define MT_FAKE_CUDA_H
+
+#include <cuda.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define FAKE_CUDA_MARK 0xBEEF   /* 16-bit pattern a GEMM launch writes into its output */
+#define FAKE_CUDA_ARGS_MAX 512  /* bytes of a kernel's by-value argument kept per launch */
+
+enum fake_cuda_kind {
+  FAKE_EV_LAUNCH,   /* cuLaunchKernelEx (also failed ones: result != 0) */
+  FAKE_EV_ALLOC,    /* cuMemAlloc_v2: ptr, bytes (failed ones: result != 0, ptr 0) */
+  FAKE_EV_FREE,     /* cuMemFree_v2: ptr, bytes */
+  FAKE_EV_MEMSET,   /* cuMemsetD8Async: ptr, bytes, value, stream */
+  FAKE_EV_DTOH,     /* cuMemcpyDtoH(Async): ptr (source), bytes, stream (async only) */
+  FAKE_EV_HTOD,     /* cuMemcpyHtoD: ptr (destination), bytes */
+  FAKE_EV_SYNC,     /* cuStreamSynchronize: stream */
+  FAKE_EV_CTX_SYNC, /* cuCtxSynchronize */
+  FAKE_EV_LOAD,     /* cuModuleLoadData: ptr (the image) */
+  FAKE_EV_TMAP,     /* cuTensorMapEncodeTiled: ptr (the base), bytes (rows * row pitch) */
+  FAKE_EV_SETATTR,  /* cuFuncSetAttribute: name, value */
+};
+
+typedef struct {
+  int kind;               /* enum fake_cuda_kind */
+  int result;             /* the CUresult returned */
+  char name[48];          /* the kernel (LAUNCH, SETATTR) */
+  unsigned grid[3], block[3], smem;
+  int pdl;                /* launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1 */
+  int nattrs;
+  CUstream stream;
+  uint64_t ptr;
+  size_t bytes;
+  int value;
+  size_t args_bytes;      /* bytes kept of the kernel's argument struct (by its name) */
+  unsigned char args[FAKE_CUDA_ARGS_MAX] __attribute__((aligned(64)));
+} fake_cuda_event;
+
+typedef struct {
+  long allocs, frees, live_allocs, bad_frees;
+  size_t live_bytes;
+  long module_loads, launches;
+  long invalid;           /* calls the real driver would refuse (bad handle, config, pointer) */
+  long during_capture;    /* allocations, frees, loads, syncs, read-backs while a stream captures */
+} fake_cuda_counts;
+
+/* The log so far (events are never removed; the array stays valid until the next driver call). */
+typedef int (*fake_cuda_events_fn)(const fake_cuda_event **events);
+typedef void (*fake_cuda_counts_fn)(fake_cuda_counts *out);
+/* Mark (on = 1) or unmark a stream as capturing a graph. */
+typedef void (*fake_cuda_set_capturing_fn)(CUstream stream, int on);
+/* 0: cuCtxGetCurrent gives NULL (no current context). */
+typedef void (*fake_cuda_set_context_fn)(int present);
+/* Live bytes past which cuMemAlloc fails with CUDA_ERROR_OUT_OF_MEMORY; -1: no limit. */
+typedef void (*fake_cuda_set_mem_limit_fn)(long long bytes);
+/* Fail the nth launch from now (1 = the next) of kernel `name` (NULL: of any kernel). */
+typedef void (*fake_cuda_fail_launch_fn)(const char *name, int nth);
+/* Fail the next n cuModuleLoadData calls with CUDA_ERROR_INVALID_IMAGE. */
+typedef void (*fake_cuda_fail_loads_fn)(int n);
+/* 1: [p, p + bytes) lies inside one live allocation. */
+typedef int (*fake_cuda_is_device_fn)(const void *p, size_t bytes);
+
+/* Environment read at load: FAKE_CUDA_MEM_LIMIT=bytes, FAKE_CUDA_NO_CONTEXT=1,
+ * FAKE_CUDA_CAPTURING=handle,handle (hex or decimal stream handles), FAKE_CUDA_FAIL_LAUNCH=[name:]n,
+ * FAKE_CUDA_CC=major.minor (default 9.0). */
+
+#endif
