@@ -104,7 +104,7 @@ static long lt_calls(void) {
 static int load_fakes(const char *build, int with_cuda) {
   char path[PATH_MAX + 64];
   if (with_cuda) {
-    snprintf(path, sizeof path, "%s/tests/cpu/fake/libcuda.so.1", build);
+    snprintf(path, sizeof path, "%s/tests/cpu/fake/driver/libcuda.so.1", build);
     if (!(lib_cuda = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
       return printf("    child: %s\n", dlerror()), -1;
     cuda_events = (fake_cuda_events_fn)sym(lib_cuda, "fake_cuda_events");
