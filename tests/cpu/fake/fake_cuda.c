@@ -67,9 +67,14 @@ static int cc_major = 9, cc_minor = 0;
 /* The context handle: any fixed non-NULL address. */
 static int the_context;
 
+/* The log, aligned as its argument copies must be (mt_large_args holds CUtensorMaps). */
+static void events_alloc(void) {
+  if (!events && (events = aligned_alloc(_Alignof(fake_cuda_event), MAX_EVENTS * sizeof *events)))
+    memset(events, 0, MAX_EVENTS * sizeof *events);
+}
+
 static fake_cuda_event *event_new(int kind) {
-  if (!events)
-    events = calloc(MAX_EVENTS, sizeof *events);
+  events_alloc();
   if (!events || nevents == MAX_EVENTS)
     return NULL;
   fake_cuda_event *e = &events[nevents++];
@@ -157,8 +162,7 @@ __attribute__((constructor)) static void fake_cuda_init(void) { env_config(); }
 
 EXPORT int fake_cuda_events(const fake_cuda_event **out) {
   pthread_mutex_lock(&lock);
-  if (!events)
-    events = calloc(MAX_EVENTS, sizeof *events);
+  events_alloc();
   *out = events;
   int n = nevents;
   pthread_mutex_unlock(&lock);

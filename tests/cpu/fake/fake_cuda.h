@@ -43,7 +43,7 @@ typedef struct {
   size_t bytes;
   int value;
   size_t args_bytes;      /* bytes kept of the kernel's argument struct (by its name) */
-  unsigned char args[FAKE_CUDA_ARGS_MAX] __attribute__((aligned(64)));
+  unsigned char args[FAKE_CUDA_ARGS_MAX] __attribute__((aligned(128))); /* as CUtensorMap */
 } fake_cuda_event;
 
 typedef struct {
