@@ -763,6 +763,21 @@ static void scenario_arrays(void) {
                  " mt_quant_row_bf16_nb1 tmap tmap mt_gemm_large_n128+pdl");
   check_call_args(find_launch(t, "mt_gemm_small_", 0) + 1, &g1[0], g1[0].y, NULL, 0.0f, NULL);
   check_call_args(find_launch(t, "mt_gemm_large_", 0) + 1, &g1[1], g1[1].y, NULL, 0.0f, NULL);
+  /* beta != 0 with more than one problem: layout (nothing read back), cuBLAS computes */
+  uint16_t *want_beta[BATCH];
+  for (int i = 0; i < BATCH; i++)
+    want_beta[i] = reference(&p[i], &half);
+  calls = cublas_calls();
+  t = now();
+  CHECK(hook_batched(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, a, CUDA_R_16BF, IN, b,
+                     CUDA_R_16BF, IN, &half, c, CUDA_R_16BF, OUT, BATCH, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+  CHECK_TRACE(t, "");
+  CHECK(cublas_calls() == calls + 1);
+  for (int i = 0; i < BATCH; i++) {
+    CHECK(!memcmp(p[i].y, want_beta[i], sy * 2));
+    free(want_beta[i]);
+  }
   /* while capturing: the read-back is refused, cuBLAS computes */
   set_capturing(S1, 1);
   uint16_t *want[BATCH];
@@ -1080,7 +1095,7 @@ static void pointer_arrays_read_back(void) {
   child_result r;
   run_child("arrays", NULL, &r);
   check_child("arrays", &r);
-  const char *reasons[] = {"capture=1", NULL};
+  const char *reasons[] = {"capture=1", "layout=1", NULL};
   check_counts(&r, 2, reasons);
   child_free(&r);
 }
