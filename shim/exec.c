@@ -58,12 +58,11 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const void
       .workspace = mem.workspace, .workspace_bytes = mem.workspace_bytes,
   };
   int st = mt_gemm(&a, c->stream);
-  if (st == MT_OK)
-    return MT_R_ROUTED;
-  MT_WARN_ONCE("the NVFP4 engine could not run a routed GEMM (m=%lld n=%lld k=%lld): %s; such calls "
-               "fall back to cuBLAS", (long long)c->m, (long long)c->n, (long long)c->k,
-               mt_status_name((enum mt_status)st));
-  return st == MT_ERR_CAPTURE ? MT_R_CAPTURE : st == MT_ERR_NOMEM ? MT_R_NOMEM : MT_R_ENGINE;
+  if (st != MT_OK && st != MT_ERR_CAPTURE)
+    MT_WARN_ONCE("the NVFP4 engine could not run a routed GEMM (m=%lld n=%lld k=%lld): %s; such "
+                 "calls fall back to cuBLAS", (long long)c->m, (long long)c->n, (long long)c->k,
+                 mt_status_name((enum mt_status)st));
+  return mt_engine_reason(st);
 }
 
 static const char *advance(const void *p, int64_t elems) { return (const char *)p + 2 * elems; }
@@ -131,14 +130,16 @@ static void group_of(const mt_call *c, int64_t g, mt_call *one, const float **al
  * host arrays of shapes and scalars, one per group. */
 static enum mt_reason run_arrays(const mt_spec *s, mt_call *c, int capturing) {
   int64_t groups = c->group_count > 0 ? c->group_count : 1, count = 0;
+  int reads_c = 0; /* across the whole call: a problem of any group may fail after others ran */
   mt_call one;
   const float *alpha, *beta;
   for (int64_t g = 0; g < groups; g++) {
     group_of(c, g, &one, &alpha, &beta);
-    if (one.batch > 1 && *beta != 0.0f)
-      return MT_R_LAYOUT;
+    reads_c |= one.batch > 0 && *beta != 0.0f;
     count += one.batch;
   }
+  if (count > 1 && reads_c)
+    return MT_R_LAYOUT;
   void **p;
   enum mt_reason r = read_pointers(c, count, capturing, &p);
   if (r != MT_R_ROUTED)
@@ -163,8 +164,11 @@ static int stream_capturing(const mt_call *c) {
 }
 
 enum mt_reason mt_exec_routed(const mt_spec *s, mt_call *c, cublasStatus_t *status) {
-  if (!mt_driver_get())
+  if (!mt_driver_get()) {
+    MT_WARN_ONCE("no CUDA driver (libcuda.so.1) in this process: routed GEMMs run in cuBLAS "
+                 "(reason \"no engine\")");
     return MT_R_NO_ENGINE;
+  }
   pthread_mutex_lock(&lock);
   int capturing = stream_capturing(c);
   enum mt_reason r;

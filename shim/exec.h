@@ -1,10 +1,8 @@
 /* exec.h — the seam between the router and the NVFP4 engine (kernels/engine.h).
  *
- * mt_exec_routed is the only place a routed call can leave cuBLAS. Until the engine is connected
- * (issue 5) it runs nothing and says "no engine", and the hook forwards the call to cuBLAS.
- * Issue 5 replaces its body: map the TN call onto mt_gemm_args (x = B, W = A quantized through
- * the weight cache, y = D, c = C, the Lt bias), read alpha/beta from the host (the router only
- * routes host pointer mode), launch on c->stream, and turn each mt_status into a fallback reason.
+ * mt_exec_routed is the only place a routed call leaves cuBLAS (shim/exec.c: the TN call mapped
+ * onto mt_gemm_args, the weight from shim/wcache.c, the call's stream and scalars); anything
+ * that stops it is a fallback reason, and the hook then forwards the call to cuBLAS unchanged.
  */
 #ifndef MT_EXEC_H
 #define MT_EXEC_H

@@ -37,7 +37,8 @@ __attribute__((format(printf, 2, 3))) void mt_log_write(enum mt_log_level level,
 #define MT_INFO(...) MT_LOG(MT_LOG_INFO, __VA_ARGS__)
 #define MT_TRACE(...) MT_LOG(MT_LOG_TRACE, __VA_ARGS__)
 
-/* A warning written once per call site (once per distinct problem), whatever the thread count. */
+/* A warning written once per call site and process, whatever the thread count: each site names
+ * one kind of problem. */
 #define MT_WARN_ONCE(...)                                                                          \
   do {                                                                                             \
     static atomic_flag mt_warned_ = ATOMIC_FLAG_INIT;                                              \

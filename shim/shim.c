@@ -172,7 +172,7 @@ static enum mt_reason decide_grouped(mt_call *c) {
     else if (call_reason == MT_R_UNROUTED || call_reason == MT_R_ROUTED)
       call_reason = r;
   }
-  /* A grouped call mixing routed and unrouted problems cannot be split here: issue 5 decides. */
+  /* A grouped call mixing routed and unrouted problems is not split: cuBLAS runs all of it. */
   if (call_reason == MT_R_ROUTED && any_unrouted)
     call_reason = MT_R_LAYOUT;
   return call_reason;

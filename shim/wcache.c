@@ -36,7 +36,7 @@ typedef struct {
 static context contexts[MAX_CONTEXTS];
 static int ncontexts;
 static int frozen;
-static size_t cache_limit, held;
+static size_t cache_limit, held, cached; /* limit and bytes of frozen entries; held: all bytes */
 static unsigned long long cache_full;
 
 int mt_wcache_init(const mt_spec *s) {
@@ -120,8 +120,11 @@ static enum mt_reason scratch_get(const mt_driver *d, context *c, CUstream strea
       return MT_R_CAPTURE;
     size_t want = bytes + bytes / 4; /* room for the next, slightly larger call */
     if (s->mem) {
-      if (d->stream_synchronize(stream) != CUDA_SUCCESS)
+      if (d->stream_synchronize(stream) != CUDA_SUCCESS) {
+        MT_WARN_ONCE("could not wait for a stream to grow the engine's scratch: routed GEMMs that "
+                     "need more fall back to cuBLAS (reason \"engine error\")");
         return MT_R_ENGINE;
+      }
       d->mem_free(s->mem);
       held -= s->bytes;
       s->mem = 0;
@@ -160,7 +163,7 @@ static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, 
   size_t qbytes = round_up(mt_qweight_bytes(w->n, w->k, &w->num));
   size_t bytes = qbytes + MT_REFRESH_STATE_BYTES;
   *why = MT_R_ROUTED;
-  if (c->nentries >= MAX_ENTRIES / 2 || held + bytes > cache_limit) {
+  if (c->nentries >= MAX_ENTRIES / 2 || cached + bytes > cache_limit) {
     cache_full++;
     return NULL; /* requantized in scratch instead: slower, never wrong */
   }
@@ -173,11 +176,13 @@ static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, 
     return NULL;
   /* a zeroed state has no hash yet: the first refresh quantizes */
   if (d->memset_d8_async(mem + qbytes, 0, MT_REFRESH_STATE_BYTES, stream) != CUDA_SUCCESS) {
+    MT_WARN_ONCE("could not clear a frozen weight's state: such calls fall back to cuBLAS");
     d->mem_free(mem);
     held -= bytes;
     *why = MT_R_ENGINE;
     return NULL;
   }
+  cached += bytes;
   entry *e = &c->entries[i];
   e->ref = *w;
   e->mem = mem;
@@ -186,8 +191,8 @@ static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, 
   return e;
 }
 
-static enum mt_reason from_status(int st) {
-  switch (st) {
+enum mt_reason mt_engine_reason(int status) {
+  switch (status) {
   case MT_OK: return MT_R_ROUTED;
   case MT_ERR_CAPTURE: return MT_R_CAPTURE;
   case MT_ERR_NOMEM: return MT_R_NOMEM;
@@ -197,14 +202,25 @@ static enum mt_reason from_status(int st) {
   }
 }
 
+/* A weight's quantization (or refresh) as a reason; a failure other than capture warned once. */
+static enum mt_reason weight_status(int st) {
+  if (st != MT_OK && st != MT_ERR_CAPTURE)
+    MT_WARN_ONCE("the NVFP4 engine could not quantize a routed weight: %s; such calls fall back to "
+                 "cuBLAS", mt_status_name((enum mt_status)st));
+  return mt_engine_reason(st);
+}
+
 enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream, int capturing,
                                  mt_engine_mem *out) {
   const mt_driver *d = mt_driver_get();
   if (!d)
     return MT_R_NO_ENGINE;
   context *c = context_current(d);
-  if (!c)
+  if (!c) {
+    MT_WARN_ONCE("no current CUDA context for a routed GEMM (or more than %d): it runs in cuBLAS "
+                 "(reason \"no engine\")", MAX_CONTEXTS);
     return MT_R_NO_ENGINE;
+  }
   size_t ws = round_up(mt_gemm_workspace_bytes(m, w->k, &w->num));
   size_t qbytes = round_up(mt_qweight_bytes(w->n, w->k, &w->num));
   if (!ws || !qbytes)
@@ -221,11 +237,11 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   out->workspace_bytes = ws;
   if (e) {
     out->q = &e->q;
-    return from_status(mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + qbytes),
-                                         stream));
+    return weight_status(mt_refresh_weight(w->w, w->type, w->ldw, &e->q,
+                                           (void *)(e->mem + qbytes), stream));
   }
   static mt_qweight q; /* under the exec lock, used until the call's launches are enqueued */
   mt_qweight_bind(&q, w->n, w->k, &w->num, (void *)(mem + ws));
   out->q = &q;
-  return from_status(mt_quantize_weight(w->w, w->type, w->ldw, &q, stream));
+  return weight_status(mt_quantize_weight(w->w, w->type, w->ldw, &q, stream));
 }

@@ -12,7 +12,8 @@
  * refreshed at every call on the device (mt_refresh_weight: a hash of the whole weight, compared
  * with the one of its last quantization). The guarantee: a frozen weight is never stale, whatever
  * wrote it; the cost per call: one read of the BF16 weight instead of a full requantization.
- * MINITE_CACHE_MB bounds the entries; past it, weights are requantized in scratch instead.
+ * MINITE_CACHE_MB bounds the entries (not the scratch); past it, weights are requantized in
+ * scratch instead.
  *
  * Not thread-safe by itself: shim/exec.c calls it under its lock.
  */
@@ -51,6 +52,9 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
 
 /* "requantize" or "frozen": the mode in force. */
 const char *mt_wcache_mode(void);
+
+/* The fallback reason of an engine status (MT_OK: MT_R_ROUTED). */
+enum mt_reason mt_engine_reason(int status);
 
 /* For the summary: device bytes held, frozen entries, and calls that found the cache full. */
 void mt_wcache_usage(size_t *bytes, int *entries, unsigned long long *full);

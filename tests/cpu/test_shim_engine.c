@@ -11,7 +11,6 @@
  * is bitwise what the fake cuBLAS computes without the shim. The parent checks the child's exit,
  * its stderr (warnings) and the summary record of the statistics file.
  *
- * MT_ENGINE_KNOWN_BUGS=1 adds two tests that fail on the code as it is (see their comments).
  * "No engine" without any libcuda is covered by test_shim_preload.c (its nvfp4 runs).
  */
 #include <dlfcn.h>
@@ -1122,8 +1121,8 @@ static void frozen_capture_needs_an_entry(void) {
   child_free(&r);
 }
 
-/* Expected to fail until a failure inside the weight cache's preparation (a failed module load or
- * quantization launch) is warned about as a failed GEMM launch is. */
+/* A failure inside the weight cache's preparation (a failed module load or quantization launch)
+ * is warned about, as a failed GEMM launch is. */
 static void weight_quantization_failure_warns(void) {
   const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_quant_tensor_bf16:1", NULL};
   child_result r;
@@ -1135,7 +1134,8 @@ static void weight_quantization_failure_warns(void) {
   child_free(&r);
 }
 
-/* Expected to fail until exec.c refuses beta != 0 for any call of more than one problem. */
+/* exec.c refuses beta != 0 for any call of more than one problem, across groups: a problem that
+ * fails after others ran would leave cuBLAS reading outputs the engine already overwrote. */
 static void grouped_beta_failure_after_a_problem_ran(void) {
   const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_gemm_small_t1:2", NULL};
   child_result r;
@@ -1177,11 +1177,8 @@ int main(int argc, char **argv) {
   RUN(pointer_arrays_read_back);
   RUN(fp16_through_gemm_ex_64);
   RUN(frozen_capture_needs_an_entry);
-  /* Bugs these tests show (see their comments): run with MT_ENGINE_KNOWN_BUGS=1. */
-  if (getenv("MT_ENGINE_KNOWN_BUGS")) {
-    RUN(grouped_beta_failure_after_a_problem_ran);
-    RUN(weight_quantization_failure_warns);
-  }
+  RUN(grouped_beta_failure_after_a_problem_ran);
+  RUN(weight_quantization_failure_warns);
   char cmd[PATH_MAX + 16];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
   if (!mt_t_failed && system(cmd) != 0)
