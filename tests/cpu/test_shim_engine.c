@@ -29,6 +29,7 @@
 #include "kernels/wcheck.h"
 #include "tests/cpu/fake/fake.h"
 #include "tests/cpu/fake/fake_cuda.h"
+#include "tests/cpu/preload.h"
 #include "tests/harness.h"
 
 extern char **environ;
@@ -863,21 +864,6 @@ static int child_main(const char *name, const char *build) {
 
 static char self[PATH_MAX], build[PATH_MAX], tmp[PATH_MAX], preload[2 * PATH_MAX];
 
-static char *read_file(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  if (fread(s, 1, (size_t)n, f) != (size_t)n)
-    n = 0;
-  s[n] = '\0';
-  fclose(f);
-  return s;
-}
-
 typedef struct {
   int status;
   char *out, *err, *summary;
@@ -921,9 +907,9 @@ static void run_child(const char *name, const char *const env[], child_result *r
   int status = 0;
   waitpid(pid, &status, 0);
   r->status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r->out = read_file(out);
-  r->err = read_file(err);
-  char *s = read_file(stats);
+  r->out = mt_t_read_file(out, NULL);
+  r->err = mt_t_read_file(err, NULL);
+  char *s = mt_t_read_file(stats, NULL);
   char *last = s ? strstr(s, "{\"event\": \"summary\"") : NULL;
   r->summary = last ? strdup(last) : NULL;
   free(s);
@@ -1152,14 +1138,7 @@ int main(int argc, char **argv) {
     printf("no build directory %s\n", b);
     return 1;
   }
-  char path[PATH_MAX + 64];
-  snprintf(path, sizeof path, "%s/tests/cpu/fake/preload_first.txt", build);
-  char *first = read_file(path);
-  if (first && strchr(first, '\n'))
-    *strchr(first, '\n') = '\0';
-  snprintf(preload, sizeof preload, "%s%s%s/libminite.so", first && first[0] ? first : "",
-           first && first[0] ? " " : "", build);
-  free(first);
+  mt_t_preload_value(build, preload, sizeof preload);
   snprintf(tmp, sizeof tmp, "/tmp/mt_shim_engine.XXXXXX");
   if (!mkdtemp(tmp)) {
     printf("mkdtemp: %s\n", strerror(errno));

@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/cpu/preload.h"
 #include "tests/harness.h"
 
 extern char **environ;
@@ -29,23 +30,6 @@ typedef struct {
   char err[32768]; /* stderr */
   long out_bytes;  /* bytes written to stdout: must stay 0 */
 } run_result;
-
-static char *read_file(const char *path, long *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  if (fread(s, 1, (size_t)n, f) != (size_t)n)
-    n = 0;
-  s[n] = '\0';
-  fclose(f);
-  if (len)
-    *len = n;
-  return s;
-}
 
 static int exists(const char *path) {
   struct stat st;
@@ -86,10 +70,10 @@ static void run(const char *const argv[], const char *const env[], int shim, run
   waitpid(pid, &status, 0);
   r->pid = pid;
   r->status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  char *err = read_file(errpath, NULL);
+  char *err = mt_t_read_file(errpath, NULL);
   snprintf(r->err, sizeof r->err, "%s", err ? err : "");
   free(err);
-  char *out = read_file(outpath, &r->out_bytes);
+  char *out = mt_t_read_file(outpath, &r->out_bytes);
   free(out);
 }
 
@@ -123,7 +107,7 @@ static int same_results(const char *tag) {
   char path[PATH_MAX + 64];
   snprintf(path, sizeof path, "%s/%s.out", tmp, tag);
   long len;
-  char *s = read_file(path, &len);
+  char *s = mt_t_read_file(path, &len);
   int same = s && baseline && len == baseline_len && memcmp(s, baseline, (size_t)len) == 0;
   free(s);
   return same;
@@ -190,7 +174,7 @@ static void read_expectation(const char *tag, expectation *e) {
 
 /* Lines of a stats file: the first and the last, and how many. */
 static int stats_lines(const char *path, char **first, char **last) {
-  char *s = read_file(path, NULL);
+  char *s = mt_t_read_file(path, NULL);
   *first = *last = NULL;
   if (!s)
     return 0;
@@ -266,7 +250,7 @@ static void without_shim(void) {
   CHECKF(r.status == 0, "exit %d: %s", r.status, r.err);
   char path[PATH_MAX + 64];
   snprintf(path, sizeof path, "%s/base.out", tmp);
-  baseline = read_file(path, &baseline_len);
+  baseline = mt_t_read_file(path, &baseline_len);
   CHECK(baseline && baseline_len > 1000);
   app(DLOPEN, "base_dlopen", NULL, 0, &r);
   CHECKF(r.status == 0, "exit %d: %s", r.status, r.err);
@@ -465,7 +449,7 @@ static void log_file_and_templates(void) {
   snprintf(log, sizeof log, "%s/log.%s.%ld.3.%%", tmp, host, (long)r.pid);
   snprintf(stats, sizeof stats, "%s/stats.3.%ld", tmp, (long)r.pid);
   snprintf(prefix, sizeof prefix, "%s:%ld:", host, (long)r.pid);
-  char *text = read_file(log, NULL);
+  char *text = mt_t_read_file(log, NULL);
   CHECKF(text, "no log file %s", log);
   if (text) {
     CHECKF(!strncmp(text, prefix, strlen(prefix)), "line format: %.80s", text);
@@ -512,15 +496,7 @@ int main(void) {
     printf("no build directory %s\n", b);
     return 1;
   }
-  char path[PATH_MAX + 64], lib[PATH_MAX + 32];
-  snprintf(path, sizeof path, "%s/tests/cpu/fake/preload_first.txt", build);
-  char *first = read_file(path, NULL);
-  if (first && strchr(first, '\n'))
-    *strchr(first, '\n') = '\0';
-  snprintf(lib, sizeof lib, "%s/libminite.so", build);
-  snprintf(preload, sizeof preload, "%s%s%s", first && first[0] ? first : "",
-           first && first[0] ? " " : "", lib);
-  free(first);
+  mt_t_preload_value(build, preload, sizeof preload);
   snprintf(tmp, sizeof tmp, "/tmp/mt_shim_preload.XXXXXX");
   if (!mkdtemp(tmp)) {
     printf("mkdtemp: %s\n", strerror(errno));
