@@ -15,8 +15,12 @@
 //    dequantized operands into 128B-swizzled shared memory (a ring of stages), one thread issues
 //    the copies, two consumer warpgroups issue wgmma (64 tokens each);
 //  - small M (mt_gemm_small_tNT): the weight streams at 4.5 bits per element in fragment order and
-//    is decoded in registers; each warp owns 16 output channels and runs mma.sync with the tokens
-//    as the MMA's N (NT tiles of 8 tokens), so the weight decode is shared by every token.
+//    is decoded in registers; two warps own each group of 16 output channels (8 rows each, the
+//    MMA's other 8 rows zero) and run mma.sync with the tokens as the MMA's N (NT tiles of 8
+//    tokens), so the weight decode is shared by every token.
+// The two paths start under programmatic dependent launch: they fetch weights before
+// griddepcontrol.wait lets them read the activations the quantization kernel before them writes.
+// kernels/NOTES.md has the measurements and what bounds each path.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

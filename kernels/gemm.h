@@ -1,11 +1,13 @@
 /* gemm.h — launchers of the W4A4 GEMM kernels (kernels/gemm.cu), called by the engine after the
  * activations are quantized.
  *
- * Both paths multiply exact BF16 dequantized operands with the same wgmma instruction
- * (m64nNk16, BF16 in, FP32 accumulate) over K in one fixed order, one CTA per output tile, no
- * split-K and no atomics, so a row's result does not depend on M, on its position or on the path
- * (tests/gpu/test_kernels.c proves it bitwise). The small-M path streams the packed NVFP4 weight
- * and decodes it in registers; the large-M path reads the BF16 dequantized weight through TMA.
+ * Both paths multiply exact BF16 dequantized operands in k16 tensor-core steps (mma.sync
+ * m16n8k16 for small M, wgmma m64nNk16 for large M: the same bits on NVFP4 operands,
+ * scripts/probe_mma.cu) with FP32 accumulation over K in one fixed order, one CTA per output tile,
+ * no split-K and no atomics, so a row's result does not depend on M, on its position or on the
+ * path (tests/gpu/test_kernels.c proves it bitwise). The small-M path streams the packed NVFP4
+ * weight and decodes it in registers; the large-M path reads the BF16 dequantized weight through
+ * TMA.
  */
 #ifndef MT_GEMM_H
 #define MT_GEMM_H
