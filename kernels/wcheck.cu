@@ -9,8 +9,10 @@
 //
 // The hash is a sum mod 2^64 of a 64-bit mix of each 16-byte piece and its position: integer
 // addition is exact and order-free, so the result is the same whatever the grid. A changed weight
-// goes unseen only if the two sums collide (about 2^-64). tests/gpu/test_kernels.c checks that an
-// unchanged weight is not requantized, and that changing one element is seen.
+// goes unseen only if the two sums collide (about 2^-64). Tested through the shim by
+// tests/gpu/test_routed.py (a weight overwritten in place between two calls is seen; written, not
+// yet run on a device) and, for the launches and the state's handling, on the CPU by
+// tests/cpu/test_shim_engine.c; the conditional quantization it drives by test_kernels.c.
 #include <stdint.h>
 
 #include "kernels/wcheck.h"
