@@ -182,3 +182,51 @@ int mt_kernel_get(const char *module, const char *fn, CUstream stream, CUfunctio
     return MT_OK;
   return function_load(d, ctx, file, fn, stream, out);
 }
+
+/* Raising a function's shared-memory limit is a driver call: done once per function (a function
+ * belongs to one context, so each GPU's copy gets its own). */
+#define MAX_CONFIGURED 64
+static CUfunction configured[MAX_CONFIGURED];
+static pthread_mutex_t configured_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int allow_smem(const mt_driver *d, CUfunction f, unsigned smem) {
+  int st = MT_OK;
+  pthread_mutex_lock(&configured_lock);
+  int i = 0;
+  while (i < MAX_CONFIGURED && configured[i] && configured[i] != f)
+    i++;
+  if (i == MAX_CONFIGURED || configured[i] != f) {
+    if (d->func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem) !=
+        CUDA_SUCCESS)
+      st = MT_ERR_CUDA;
+    else if (i < MAX_CONFIGURED)
+      configured[i] = f;
+  }
+  pthread_mutex_unlock(&configured_lock);
+  return st;
+}
+
+int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem,
+              int dependent, CUstream stream, void *args) {
+  const mt_driver *d = mt_driver_get();
+  if (!d)
+    return MT_ERR_NO_DRIVER;
+  if (smem > 48 * 1024 && allow_smem(d, f, smem) != MT_OK)
+    return MT_ERR_CUDA;
+  CUlaunchAttribute attr;
+  attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attr.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig cfg = {0};
+  cfg.gridDimX = gx;
+  cfg.gridDimY = gy;
+  cfg.gridDimZ = 1;
+  cfg.blockDimX = bx;
+  cfg.blockDimY = by;
+  cfg.blockDimZ = 1;
+  cfg.sharedMemBytes = smem;
+  cfg.hStream = stream;
+  cfg.attrs = dependent ? &attr : NULL;
+  cfg.numAttrs = dependent ? 1 : 0;
+  void *params[] = {args};
+  return d->launch_kernel_ex(&cfg, f, params, NULL) == CUDA_SUCCESS ? MT_OK : MT_ERR_CUDA;
+}

@@ -47,4 +47,12 @@ const mt_driver *mt_driver_get(void);
  * loaded and `stream` is capturing (loading is not legal then), or another mt_status. */
 int mt_kernel_get(const char *module, const char *fn, CUstream stream, CUfunction *out);
 
+/* Launch f with its one by-value argument struct `args` on `stream`: a grid of gx x gy CTAs of
+ * bx x by threads with `smem` bytes of dynamic shared memory (the function's limit is raised
+ * once, when that is over 48 KB), with programmatic stream serialization when `dependent` is set
+ * (the kernel may then start before the previous one ends, and waits with griddepcontrol.wait
+ * before reading what that one wrote). MT_OK, or MT_ERR_CUDA. */
+int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem,
+              int dependent, CUstream stream, void *args);
+
 #endif

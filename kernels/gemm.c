@@ -3,7 +3,6 @@
  * CUDA graph capture once the module is loaded. */
 #include "kernels/gemm.h"
 
-#include <pthread.h>
 #include <stddef.h>
 
 #include "kernels/driver.h"
@@ -15,58 +14,15 @@ size_t mt_gemm_frag_bytes(int n, int k) {
   return MT_FRAG_CODES_BYTES(n, k) + MT_FRAG_SCALES_BYTES(n, k);
 }
 
-/* Raising a kernel's shared-memory limit is a driver call; done once per function (a function
- * is per context, so a second GPU gets its own). */
-#define MAX_CONFIGURED 64
-static CUfunction configured[MAX_CONFIGURED];
-static pthread_mutex_t configured_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static int allow_smem(const mt_driver *d, CUfunction f, unsigned smem) {
-  int st = MT_OK;
-  pthread_mutex_lock(&configured_lock);
-  int i = 0;
-  while (i < MAX_CONFIGURED && configured[i] && configured[i] != f)
-    i++;
-  if (i == MAX_CONFIGURED || configured[i] != f) {
-    if (d->func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem) != CUDA_SUCCESS)
-      st = MT_ERR_CUDA;
-    else if (i < MAX_CONFIGURED)
-      configured[i] = f;
-  }
-  pthread_mutex_unlock(&configured_lock);
-  return st;
-}
-
-/* dependent: launched with programmatic stream serialization, so the kernel may start while the
- * kernel before it (the activation quantization) finishes; it waits (griddepcontrol.wait) before
- * reading that kernel's output. */
+/* dependent: launched with programmatic stream serialization (driver.h: mt_launch); the GEMM
+ * kernels wait for the activation quantization before reading its output. */
 static int launch(const char *fn, unsigned gx, unsigned gy, unsigned threads, unsigned smem,
                   int dependent, mt_stream stream, void *args) {
-  const mt_driver *d = mt_driver_get();
-  if (!d)
-    return MT_ERR_NO_DRIVER;
   CUfunction f;
   int st = mt_kernel_get("gemm", fn, (CUstream)stream, &f);
   if (st != MT_OK)
     return st;
-  if (smem > 48 * 1024 && (st = allow_smem(d, f, smem)) != MT_OK)
-    return st;
-  CUlaunchAttribute attr;
-  attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-  attr.value.programmaticStreamSerializationAllowed = 1;
-  CUlaunchConfig cfg = {0};
-  cfg.gridDimX = gx;
-  cfg.gridDimY = gy;
-  cfg.gridDimZ = 1;
-  cfg.blockDimX = threads;
-  cfg.blockDimY = 1;
-  cfg.blockDimZ = 1;
-  cfg.sharedMemBytes = smem;
-  cfg.hStream = (CUstream)stream;
-  cfg.attrs = dependent ? &attr : NULL;
-  cfg.numAttrs = dependent ? 1 : 0;
-  void *params[] = {args};
-  return d->launch_kernel_ex(&cfg, f, params, NULL) == CUDA_SUCCESS ? MT_OK : MT_ERR_CUDA;
+  return mt_launch(f, gx, gy, threads, 1, smem, dependent, (CUstream)stream, args);
 }
 
 int mt_gemm_pack_weight(const mt_qweight *q, const uint32_t *only_if, mt_stream stream) {

@@ -79,20 +79,6 @@ static int pick_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
   return s->grid_y <= 65535 ? MT_OK : MT_ERR_UNSUPPORTED;
 }
 
-static int launch(const mt_driver *d, CUfunction f, unsigned gx, unsigned gy, unsigned bx,
-                  unsigned by, const mt_quant_params *p, mt_stream stream) {
-  CUlaunchConfig cfg = {0};
-  cfg.gridDimX = gx;
-  cfg.gridDimY = gy;
-  cfg.gridDimZ = 1;
-  cfg.blockDimX = bx;
-  cfg.blockDimY = by;
-  cfg.blockDimZ = 1;
-  cfg.hStream = stream;
-  void *args[] = {(void *)p};
-  return d->launch_kernel_ex(&cfg, f, args, NULL) == CUDA_SUCCESS ? MT_OK : MT_ERR_CUDA;
-}
-
 int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) {
   const mt_driver *d = mt_driver_get();
   if (!d)
@@ -114,9 +100,9 @@ int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) {
     if (d->memset_d8_async((CUdeviceptr)p->amax, 0, sizeof *p->amax, stream) != CUDA_SUCCESS)
       return MT_ERR_CUDA;
     unsigned warps = (unsigned)p->rows < 8192 ? (unsigned)p->rows : 8192; /* a row per warp */
-    status = launch(d, amax, (warps + 7) / 8, 1, 256, 1, p, stream);
+    status = mt_launch(amax, (warps + 7) / 8, 1, 256, 1, 0, 0, stream, (void *)p);
     if (status != MT_OK)
       return status;
   }
-  return launch(d, quant, s.grid_x, s.grid_y, s.block_x, s.block_y, p, stream);
+  return mt_launch(quant, s.grid_x, s.grid_y, s.block_x, s.block_y, 0, 0, stream, (void *)p);
 }

@@ -15,9 +15,6 @@ _Static_assert(sizeof(mt_wcheck_state) <= MT_REFRESH_STATE_BYTES, "refresh state
 
 int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state,
                       mt_stream stream) {
-  const mt_driver *d = mt_driver_get();
-  if (!d)
-    return MT_ERR_NO_DRIVER;
   if (!w || !q || !state || q->k % 16 || ldw % 8 || ((uintptr_t)w & 15))
     return MT_ERR_UNSUPPORTED;
   CUfunction f;
@@ -25,14 +22,7 @@ int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight 
   if (st != MT_OK)
     return st;
   mt_wcheck_args a = {w, (int64_t)ldw, q->n, q->k, (mt_wcheck_state *)state};
-  CUlaunchConfig cfg = {0};
-  cfg.gridDimX = CHECK_CTAS;
-  cfg.gridDimY = cfg.gridDimZ = 1;
-  cfg.blockDimX = 256;
-  cfg.blockDimY = cfg.blockDimZ = 1;
-  cfg.hStream = (CUstream)stream;
-  void *params[] = {&a};
-  if (d->launch_kernel_ex(&cfg, f, params, NULL) != CUDA_SUCCESS)
+  if (mt_launch(f, CHECK_CTAS, 1, 256, 1, 0, 0, (CUstream)stream, &a) != MT_OK)
     return MT_ERR_CUDA;
   return mt_quantize_weight_if(w, type, ldw, q, &((mt_wcheck_state *)state)->dirty, stream);
 }
