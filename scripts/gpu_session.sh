@@ -34,7 +34,8 @@ for s in $steps; do
       step "ncu-${cfg/:/-}" 240 env MT_BENCH_ONLY="$cfg" ncu --clock-control none \
           --kernel-name 'regex:mt_gemm_(large|small)' --launch-count 1 --section SpeedOfLight \
           --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
-          --section LaunchStats --section Occupancy build/scripts/bench_kernels "$out/ncu.json"
+          --section LaunchStats --section Occupancy --section SourceCounters \
+          --print-source sass --page source build/scripts/bench_kernels "$out/ncu.json"
     done ;;
   run) step run ${RUN_LIMIT:-540} make run ${RUN_ARGS:+RUN_ARGS="$RUN_ARGS"} && cp build/run/table.md build/run/gap.png "$out/" 2>/dev/null ;;
   *) echo "unknown step $s" ;;
