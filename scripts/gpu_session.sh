@@ -35,7 +35,7 @@ for s in $steps; do
           --kernel-name 'regex:mt_gemm_(large|small)' --launch-count 1 --section SpeedOfLight \
           --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
           --section LaunchStats --section Occupancy --section SourceCounters \
-          --print-source sass --page source build/scripts/bench_kernels "$out/ncu.json"
+          build/scripts/bench_kernels "$out/ncu.json"
     done ;;
   run) step run ${RUN_LIMIT:-540} make run ${RUN_ARGS:+RUN_ARGS="$RUN_ARGS"} && cp build/run/table.md build/run/gap.png "$out/" 2>/dev/null ;;
   *) echo "unknown step $s" ;;
