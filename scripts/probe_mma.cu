@@ -53,7 +53,7 @@ __device__ static uint64_t desc128(uint32_t addr) {
   return d;
 }
 
-#include "probe_wgmma_n256.inc"
+#include "../kernels/wgmma.cuh" // mt_wgmma_m64n256k16, the large-M kernel's own wrapper
 
 // (1a) wgmma m64n256k16 SS: one warpgroup, whole K, tiles of 64 K staged through shared memory.
 __global__ void __launch_bounds__(128) k_wgmma_ss(const uint16_t *A, const uint16_t *B, float *D) {
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(128) k_wgmma_ss(const uint16_t *A, const uint1
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
     for (int kk = 0; kk < 4; kk++) {
       uint64_t da = desc128(smem_u32(sa) + kk * 32), db = desc128(smem_u32(sb) + kk * 32);
-      wgmma_m64n256k16_ss(d, da, db);
+      mt_wgmma_m64n256k16(d, da, db);
     }
     asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     __syncthreads();
