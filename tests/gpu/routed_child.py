@@ -8,8 +8,9 @@ Cases:
            W2' a separate copy of W2 (another address, so another cache entry)
   graph    a routed F.linear captured in a CUDA graph after a warm-up on the capture stream; x and
            W overwritten in place between replays; eager results for the same inputs
-  graph_cold  the same capture with no warm-up: the shim must fall back (reason "capture") and
-           the graph must still compute cuBLAS's result
+  graph_cold  the same capture with no routed warm-up (only an FP32 GEMM, so that cuBLAS has its
+           handle): the shim must fall back (reason "capture") and the graph must still compute
+           cuBLAS's result
 """
 import sys
 
@@ -51,9 +52,11 @@ def capture(warm):
     x, w = rand(5, K, seed=5), rand(N, K, seed=6)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    if warm:  # PyTorch's own pattern: run once on the capture stream before capturing
-        with torch.cuda.stream(s):
+    with torch.cuda.stream(s):
+        if warm:  # PyTorch's own pattern: run once on the capture stream before capturing
             F.linear(x, w)
+        else:  # cuBLAS itself cannot create its handle while capturing: make it with an FP32
+            torch.mm(x.float(), w.float().t())  # GEMM, which the shim never routes
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
