@@ -18,7 +18,8 @@
 /* One fatbin per kernel file (kernels/NAME.cu), embedded by the Makefile through kernels/fatbin.S.
  * Strong references: they are what pulls the fatbin objects out of libmt.a into a test binary. */
 extern const char mt_fatbin_quant[];
-extern const char mt_fatbin_gemm[];
+extern const char mt_fatbin_gemm_small[];
+extern const char mt_fatbin_gemm_large[];
 extern const char mt_fatbin_wcheck[];
 
 static const struct {
@@ -26,7 +27,8 @@ static const struct {
   const char *image;
 } kernel_files[] = {
     {"quant", mt_fatbin_quant},
-    {"gemm", mt_fatbin_gemm},
+    {"gemm_small", mt_fatbin_gemm_small},
+    {"gemm_large", mt_fatbin_gemm_large},
     {"wcheck", mt_fatbin_wcheck},
 };
 #define NFILES ((int)(sizeof kernel_files / sizeof kernel_files[0]))

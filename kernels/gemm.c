@@ -1,4 +1,4 @@
-/* gemm.c — host side of the GEMM kernels (kernels/gemm.cu): choose the path and the tile, describe
+/* gemm.c — host side of the GEMM kernels (kernels/gemm_small.cu, kernels/gemm_large.cu): choose the path and the tile, describe
  * the operands, launch on the caller's stream. No allocation, no synchronisation: legal inside a
  * CUDA graph capture once the module is loaded. */
 #include "kernels/gemm.h"
@@ -16,10 +16,10 @@ size_t mt_gemm_frag_bytes(int n, int k) {
 
 /* dependent: launched with programmatic stream serialization (driver.h: mt_launch); the GEMM
  * kernels wait for the activation quantization before reading its output. */
-static int launch(const char *fn, unsigned gx, unsigned gy, unsigned threads, unsigned smem,
+static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, unsigned threads, unsigned smem,
                   int dependent, mt_stream stream, void *args) {
   CUfunction f;
-  int st = mt_kernel_get("gemm", fn, (CUstream)stream, &f);
+  int st = mt_kernel_get(file, fn, (CUstream)stream, &f);
   if (st != MT_OK)
     return st;
   return mt_launch(f, gx, gy, threads, 1, smem, dependent, (CUstream)stream, args);
@@ -30,7 +30,7 @@ int mt_gemm_pack_weight(const mt_qweight *q, const uint32_t *only_if, mt_stream 
   if (!chunks)
     return MT_OK;
   mt_pack_args a = {q->codes, q->scales, q->frag, only_if, q->n, q->k};
-  return launch("mt_gemm_pack", (unsigned)((chunks + 255) / 256), 1, 256, 0, 0, stream, &a);
+  return launch("gemm_small", "mt_gemm_pack", (unsigned)((chunks + 255) / 256), 1, 256, 0, 0, stream, &a);
 }
 
 static void epilogue_args(const mt_gemm_args *a, const mt_qact *q, mt_epilogue_args *e) {
@@ -60,7 +60,7 @@ static int small_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
                                       "mt_gemm_small_t8"};
   int which = nt == 1 ? 0 : nt == 2 ? 1 : nt == 4 ? 2 : 3;
   unsigned grid = (unsigned)((a->n + 16 * MT_SMALL_GROUPS - 1) / (16 * MT_SMALL_GROUPS));
-  return launch(names[which], grid, 1, 32 * MT_SMALL_WARPS, MT_SMALL_SMEM(nt), 1, stream, &s);
+  return launch("gemm_small", names[which], grid, 1, 32 * MT_SMALL_WARPS, MT_SMALL_SMEM(nt), 1, stream, &s);
 }
 
 /* A K-major BF16 matrix of rows x k as TMA sees it: boxes of 64 columns (128 bytes, the swizzle
@@ -117,7 +117,7 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   epilogue_args(a, q, &l.e);
   unsigned gx = (unsigned)((a->m + MT_LARGE_BM - 1) / MT_LARGE_BM), gy = (unsigned)((a->n + bn - 1) / bn);
   const char *fn = bn == 256 ? "mt_gemm_large_n256" : bn == 192 ? "mt_gemm_large_n192" : "mt_gemm_large_n128";
-  return launch(fn, gx, gy, 384, MT_LARGE_SMEM(bn), 1, stream, &l);
+  return launch("gemm_large", fn, gx, gy, 384, MT_LARGE_SMEM(bn), 1, stream, &l);
 }
 
 int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {

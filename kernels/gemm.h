@@ -1,4 +1,4 @@
-/* gemm.h — launchers of the W4A4 GEMM kernels (kernels/gemm.cu), called by the engine after the
+/* gemm.h — launchers of the W4A4 GEMM kernels (kernels/gemm_small.cu, kernels/gemm_large.cu), called by the engine after the
  * activations are quantized.
  *
  * Both paths multiply exact BF16 dequantized operands in k16 tensor-core steps (mma.sync

@@ -1,5 +1,5 @@
 /* gemm_args.h — the by-value arguments of the GEMM kernels: kernels/gemm.c fills them, the kernels
- * of kernels/gemm.cu read them (one struct per kernel, passed whole through cuLaunchKernelEx).
+ * of kernels/gemm_small.cu and kernels/gemm_large.cu read them (one struct per kernel, passed whole through cuLaunchKernelEx).
  * Plain C, included by both. */
 #ifndef MT_GEMM_ARGS_H
 #define MT_GEMM_ARGS_H

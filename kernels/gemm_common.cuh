@@ -1,0 +1,46 @@
+// gemm_common.cuh — what both GEMM paths share, so that a row's bits never depend on the path: the
+// epilogue (the order of gemm_args.h, each operation rounded on its own) and the device helpers of
+// kernels/gemm_small.cu and kernels/gemm_large.cu.
+#pragma once
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "kernels/gemm_args.h"
+
+enum { DT_BF16 = 0, DT_FP16 = 1, DT_FP32 = 2 }; // enum mt_dtype, kernels/engine.h
+
+// epilogue
+
+__device__ static inline float load_elem(const void *p, long long i, int type) {
+  if (type == DT_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+  if (type == DT_FP16) return __half2float(((const __half *)p)[i]);
+  return ((const float *)p)[i];
+}
+
+__device__ static inline void store_elem(void *p, long long i, int type, float v) {
+  if (type == DT_BF16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+  else ((__half *)p)[i] = __float2half_rn(v);
+}
+
+// 1/S by the correctly rounded reciprocal: the same bits as the reference's 1.0f / S.
+__device__ static inline float inv_row(const float *s, int per_row, int i) { return __frcp_rn(s[per_row ? i : 0]); }
+
+// acc of output (i, j) to its final value, in the order of gemm_args.h; _rn keeps the compiler
+// from contracting into FMAs, which would make the bits depend on how each path was compiled.
+__device__ static inline float epilogue(const mt_epilogue_args &e, float acc, float inv_a, float inv_w, int i,
+                                        int j) {
+  float t = __fmul_rn(__fmul_rn(acc, __fmul_rn(inv_a, inv_w)), e.alpha);
+  if (e.c) t = __fadd_rn(t, __fmul_rn(e.beta, load_elem(e.c, i * e.ldc + j, e.ytype)));
+  if (e.bias) t = __fadd_rn(t, load_elem(e.bias, j, e.biastype));
+  return t;
+}
+
+
+__device__ static inline uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// Programmatic dependent launch: the GEMMs are launched so that they may start while the
+// activation quantization before them still runs; this waits for that grid to complete and its
+// writes to be visible. A no-op when the launch did not allow overlap.
+__device__ static inline void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
