@@ -83,9 +83,11 @@ test: all $(CPU_TESTS) $(TEST_FIXTURES)
 	@MT_BUILD=$(B) MT_SAN=$(SAN) PYTHON=$(PYTHON) tests/run $(CPU_TESTS) \
 	    $(foreach t,$(PY_CPU_TESTS),'$(PYTHON) $(t)') $(foreach t,$(SH_CPU_TESTS),'bash $(t)')
 
+# GPUTEST_PY picks the Python GPU tests (default: all), e.g. GPUTEST_PY=tests/gpu/test_routed.py
+GPUTEST_PY ?= $(wildcard tests/gpu/test_*.py)
 gputest: all $(GPU_TESTS) $(TEST_FIXTURES)
 	@MT_BUILD=$(B) PYTHON=$(PYTHON) tests/run $(GPU_TESTS) \
-	    $(foreach t,$(wildcard tests/gpu/test_*.py),'$(PYTHON) $(t)')
+	    $(foreach t,$(GPUTEST_PY),'$(PYTHON) $(t)')
 
 $(B)/fuzz_spec: tests/fuzz_spec.c spec/spec.c spec/spec.h
 	@mkdir -p $(B)

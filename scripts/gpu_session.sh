@@ -3,6 +3,7 @@
 # tests, benchmarks and the demo run, each step under its own time limit so that one hang does not
 # cost the others. Logs go to $OUT (the device tool's output folder) or build/gpu-session.
 # Steps: build kernels torch sanitize bench benchshim ncu run (default: all but sanitize and ncu).
+# GPU_PY="tests/gpu/test_a.py ..." narrows the torch step to those Python tests.
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-session}
@@ -25,7 +26,7 @@ for s in $steps; do
   case $s in
   build) step build 240 make -j16 all ;;
   kernels) make -s build/tests/gpu/test_kernels >/dev/null 2>&1; step kernels 180 build/tests/gpu/test_kernels ;;
-  torch) step torch ${TORCH_LIMIT:-420} make gputest ;;
+  torch) step torch ${TORCH_LIMIT:-420} make gputest ${GPU_PY:+GPUTEST_PY="$GPU_PY"} ;;
   sanitize) step sanitize 300 compute-sanitizer --tool memcheck build/tests/gpu/test_kernels ;;
   bench) step bench 300 make bench && cp build/bench.json "$out/" 2>/dev/null ;;
   benchshim) step benchshim 120 make bench-shim ;;
