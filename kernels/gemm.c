@@ -4,6 +4,8 @@
 #include "kernels/gemm.h"
 
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/driver.h"
 #include "kernels/gemm_args.h"
@@ -105,6 +107,18 @@ static int large_bn(int m, int n) {
   return best;
 }
 
+/* MT_LARGE_VARIANT (read once; for measurements, not for users): "1" runs the previous kernel
+ * (mt_gemm_large_v1_nBN, one tile per CTA), "np" the current kernel with one CTA per tile instead
+ * of a persistent grid of one CTA per SM. Same bits either way. */
+static int large_variant(void) {
+  static int v = -1;
+  if (v < 0) {
+    const char *s = getenv("MT_LARGE_VARIANT");
+    v = !s ? 0 : !strcmp(s, "1") ? 1 : !strcmp(s, "np") ? 2 : 0;
+  }
+  return v;
+}
+
 static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   static mt_large_args proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
   mt_large_args l = proto;
@@ -115,9 +129,17 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   if (st != MT_OK)
     return st;
   epilogue_args(a, q, &l.e);
-  unsigned gx = (unsigned)((a->m + MT_LARGE_BM - 1) / MT_LARGE_BM), gy = (unsigned)((a->n + bn - 1) / bn);
+  unsigned tiles_m = (unsigned)((a->m + MT_LARGE_BM - 1) / MT_LARGE_BM), tiles_n = (unsigned)((a->n + bn - 1) / bn);
+  int variant = large_variant();
+  if (variant == 1) {
+    const char *fn = bn == 256 ? "mt_gemm_large_v1_n256" : bn == 192 ? "mt_gemm_large_v1_n192" : "mt_gemm_large_v1_n128";
+    return launch("gemm_large", fn, tiles_m, tiles_n, 384, MT_LARGE_SMEM(bn), 1, stream, &l);
+  }
+  /* persistent: one CTA per SM (one fits: ~200 KB of shared memory), each walking its tiles */
+  unsigned tiles = tiles_m * tiles_n, sms = (unsigned)sm_count();
+  unsigned grid = variant == 2 || tiles < sms ? tiles : sms;
   const char *fn = bn == 256 ? "mt_gemm_large_n256" : bn == 192 ? "mt_gemm_large_n192" : "mt_gemm_large_n128";
-  return launch("gemm_large", fn, gx, gy, 384, MT_LARGE_SMEM(bn), 1, stream, &l);
+  return launch("gemm_large", fn, grid, 1, 384, MT_LARGE_SMEM(bn), 1, stream, &l);
 }
 
 int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {

@@ -54,7 +54,8 @@ typedef struct {
 #define MT_LARGE_BK 64
 #define MT_LARGE_STAGES(bn) ((bn) == 256 ? 4 : (bn) == 192 ? 5 : 6)
 #define MT_LARGE_STAGE_BYTES(bn) (MT_LARGE_BM * MT_LARGE_BK * 2 + (bn) * MT_LARGE_BK * 2)
-#define MT_LARGE_SMEM(bn) (1024 + MT_LARGE_STAGES(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16))
+/* stages, their two barriers, and per consumer warpgroup 1/S_w and bias of BN columns (floats) */
+#define MT_LARGE_SMEM(bn) (1024 + MT_LARGE_STAGES(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4)
 #define MT_SMALL_GROUPS 4 /* groups of 16 output channels per CTA */
 #define MT_SMALL_WARPS 8  /* two per group: one for each 8 rows */
 #define MT_SMALL_KC 256

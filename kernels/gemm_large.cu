@@ -3,13 +3,25 @@
 //
 // Exactness (DESIGN.md §4): every dequantized element e2m1 * e4m3 is exact in BF16 and every
 // product of two is exact in FP32, so the tensor cores compute the NVFP4 products exactly; the
-// outer scales are applied in the epilogue (kernels/gemm_common.cuh). Tiles of 128 tokens x BN
+// outer scales are applied in the epilogue, in the order of gemm_args.h. Tiles of 128 tokens x BN
 // channels; TMA brings the BF16 dequantized operands into 128B-swizzled shared memory (a ring of
 // stages), one thread issues the copies, two consumer warpgroups issue wgmma (64 tokens each);
 // k16 steps over K in increasing order into one FP32 accumulator per output, from zero, no
 // split-K, no atomics: the arithmetic of the small path (kernels/gemm_small.cu), which
-// scripts/probe_mma.cu showed gives the same bits. The grid starts under programmatic dependent
-// launch and fetches weight tiles before griddepcontrol.wait.
+// scripts/probe_mma.cu showed gives the same bits. A consumer keeps one wgmma group in flight
+// across K steps (the groups chain on the same accumulators in issue order, so the sums do not
+// change). The grid is persistent: each CTA walks tiles blockIdx.x, + gridDim.x, ..., so the
+// producer fills the next tile's stages while the consumers run the epilogue. It starts under
+// programmatic dependent launch and fetches its first weight tiles before griddepcontrol.wait.
+//
+// The epilogue does per tile what does not depend on the element (1/S_a of a thread's two rows,
+// 1/S_w and the bias as floats in shared memory, the output type, whether C or a bias exist) and
+// per element only the multiplies and adds of gemm_args.h, each rounded on its own
+// (__fmul_rn/__fadd_rn, never contracted), then stores pairs of outputs as 4 bytes.
+//
+// mt_gemm_large_v1_nBN is the previous version (one tile per CTA, wgmma.wait_group 0 after every
+// K step, the per-element epilogue of gemm_common.cuh), kept so that kernels/gemm.c can run it
+// for comparison (MT_LARGE_VARIANT=1).
 //
 // Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (spec/nvfp4.c) within the
 // FP32-accumulation bound, and bitwise across M, row positions and the two paths.
@@ -46,6 +58,11 @@ __device__ static inline void tma_load_2d(void *dst, const CUtensorMap *map, uin
                : "memory");
 }
 
+// A barrier among the 128 threads of one consumer warpgroup (id 0 is __syncthreads').
+__device__ static inline void warpgroup_sync(int id) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
+
 // Descriptor of a K-major tile in the layout TMA writes with 128B swizzle: rows of 128 bytes
 // (64 BF16 along K), groups of 8 rows 1024 bytes apart, tile base 1024-byte aligned. A step of 16
 // along K inside the 128-byte row moves the start address by 32 bytes (the swizzle is applied by
@@ -60,13 +77,231 @@ template <int BN> __device__ static inline void wgmma_step(float *d, uint64_t da
   else mt_wgmma_m64n128k16(d, da, db);
 }
 
-
-
 namespace large {
 constexpr int BM = MT_LARGE_BM, BK = MT_LARGE_BK;
 constexpr int A_BYTES = BM * BK * 2;
 
-// Consumer warpgroup cw (0 or 1) owns tokens m0 + 64 cw .. + 63 of the tile.
+// Output element types as template parameters: a pair of adjacent outputs is one 4-byte word.
+template <typename OUT> __device__ static __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi); // each half rounded as __float2bfloat16_rn
+  uint32_t u;
+  __builtin_memcpy(&u, &h, 4);
+  return u;
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  uint32_t u;
+  __builtin_memcpy(&u, &h, 4);
+  return u;
+}
+__device__ static __forceinline__ float to_float(__nv_bfloat16 h) { return __bfloat162float(h); }
+__device__ static __forceinline__ float to_float(__half h) { return __half2float(h); }
+template <typename OUT> __device__ static __forceinline__ float2 unpack2(uint32_t u) {
+  OUT h[2];
+  __builtin_memcpy(h, &u, 4);
+  return make_float2(to_float(h[0]), to_float(h[1]));
+}
+template <typename OUT> __device__ static __forceinline__ OUT from_float(float v);
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+// What a consumer warpgroup keeps per tile in shared memory: 1/S_w of the tile's columns (when S_w
+// is per row) and the bias as floats (exact from any of its types).
+template <int BN> struct columns {
+  float inv_w[BN];
+  float bias[BN];
+};
+
+// Fill cols for the tile at n0 (only what the call has); the warpgroup's barrier before keeps the
+// previous tile's readers, the one after this tile's.
+template <int BN> __device__ static void prepare_columns(const mt_epilogue_args &e, columns<BN> *cols, int n0, int cw) {
+  if (!e.sw_row && !e.bias)
+    return;
+  warpgroup_sync(1 + cw);
+  for (int c = threadIdx.x % 128; c < BN; c += 128) {
+    int col = n0 + c;
+    if (col >= e.n)
+      break;
+    if (e.sw_row)
+      cols->inv_w[c] = __frcp_rn(e.sw[col]);
+    if (e.bias)
+      cols->bias[c] = load_elem(e.bias, col, e.biastype);
+  }
+  warpgroup_sync(1 + cw);
+}
+
+// The tile's outputs of consumer warpgroup cw (tokens m0 + 64 cw .. + 63): d[4c + 2i + j] is row
+// 16w + g + 8i, column 8c + 2q + j (wgmma.cuh). Per element exactly epilogue() of
+// gemm_common.cuh: t = (acc * ((1/S_a) * (1/S_w))) * alpha, + beta * c, + bias, one rounding each.
+// SW_ROW: 1/S_w per column from shared memory, else one value; EXTRA: C or a bias exist; FULL:
+// all BN columns exist (no column checks).
+template <int BN, typename OUT, bool SW_ROW, bool EXTRA, bool FULL>
+__device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, const float *d, int m0, int n0, int cw,
+                                                  const columns<BN> *cols, float inv_w) {
+  const int t = threadIdx.x % 128, w = t / 32, g = (t % 32) / 4, q = t % 4;
+  const int avail = e.n - n0 - 2 * q; // this thread's column 8c + j exists when 8c + j < avail
+  const float alpha = e.alpha, beta = e.beta;
+  const OUT *cmat = (const OUT *)e.c;
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    int row = m0 + 64 * cw + 16 * w + g + 8 * i;
+    if (row >= e.m)
+      continue;
+    float inv_a = __frcp_rn(e.sa[e.sa_row ? row : 0]);
+    float scale = __fmul_rn(inv_a, inv_w); // used when !SW_ROW
+    OUT *y = (OUT *)e.y + (long long)row * e.ldy + n0 + 2 * q;
+    const OUT *c = EXTRA && cmat ? cmat + (long long)row * e.ldc + n0 + 2 * q : nullptr;
+#pragma unroll
+    for (int cb = 0; cb < BN / 8; cb++) {
+      const int at = 8 * cb, lc = 8 * cb + 2 * q; // offset from y, column within the tile
+      if (!FULL && at >= avail)
+        continue;
+      const bool pair = FULL || at + 1 < avail;
+      float s0 = scale, s1 = scale;
+      if constexpr (SW_ROW) {
+        float2 iw = *(const float2 *)&cols->inv_w[lc];
+        s0 = __fmul_rn(inv_a, iw.x);
+        s1 = __fmul_rn(inv_a, iw.y);
+      }
+      float v0 = __fmul_rn(__fmul_rn(d[4 * cb + 2 * i], s0), alpha);
+      float v1 = __fmul_rn(__fmul_rn(d[4 * cb + 2 * i + 1], s1), alpha);
+      if constexpr (EXTRA) {
+        if (c) {
+          float2 cv;
+          if (pair)
+            cv = unpack2<OUT>(*(const uint32_t *)(c + at));
+          else
+            cv = make_float2(to_float(c[at]), 0.0f);
+          v0 = __fadd_rn(v0, __fmul_rn(beta, cv.x));
+          v1 = __fadd_rn(v1, __fmul_rn(beta, cv.y));
+        }
+        if (e.bias) {
+          float2 b = *(const float2 *)&cols->bias[lc];
+          v0 = __fadd_rn(v0, b.x);
+          v1 = __fadd_rn(v1, b.y);
+        }
+      }
+      if (pair)
+        *(uint32_t *)(y + at) = pack2<OUT>(v0, v1);
+      else
+        y[at] = from_float<OUT>(v0);
+    }
+  }
+}
+
+template <int BN, typename OUT>
+__device__ static __forceinline__ void store_tile_as(const mt_epilogue_args &e, const float *d, int m0, int n0, int cw,
+                                                     const columns<BN> *cols, float inv_w) {
+  const bool extra = e.c || e.bias, full = n0 + BN <= e.n;
+  if (e.sw_row) {
+    if (extra) store_tile<BN, OUT, true, true, false>(e, d, m0, n0, cw, cols, inv_w);
+    else if (full) store_tile<BN, OUT, true, false, true>(e, d, m0, n0, cw, cols, inv_w);
+    else store_tile<BN, OUT, true, false, false>(e, d, m0, n0, cw, cols, inv_w);
+  } else {
+    if (extra) store_tile<BN, OUT, false, true, false>(e, d, m0, n0, cw, cols, inv_w);
+    else if (full) store_tile<BN, OUT, false, false, true>(e, d, m0, n0, cw, cols, inv_w);
+    else store_tile<BN, OUT, false, false, false>(e, d, m0, n0, cw, cols, inv_w);
+  }
+}
+
+template <int BN> __device__ static void run(const mt_large_args &a) {
+  constexpr int S = MT_LARGE_STAGES(BN), SB = MT_LARGE_STAGE_BYTES(BN);
+  extern __shared__ uint8_t smem_raw[];
+  // 1024-aligned by an offset on the shared array itself, so the compiler keeps the shared
+  // address space (LDS for the column table rather than generic loads)
+  uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint64_t *full = (uint64_t *)(smem + S * SB), *empty = full + S;
+  columns<BN> *cols_all = (columns<BN> *)(empty + S);
+  const int tiles_n = (a.e.n + BN - 1) / BN, tiles = (a.e.m + BM - 1) / BM * tiles_n;
+  const int kt = (a.e.k + BK - 1) / BK;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; s++) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 8); // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  // k-block number `it` counts on across this CTA's tiles: stage it % S, phase (it / S) & 1.
+  if (wg == 0) { // producer: one thread keeps the ring of stages full
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x != 0 || (int)blockIdx.x >= tiles)
+      return;
+    // the weight tiles of the first stages before waiting for the activations' quantization
+    const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * BM;
+    for (int kb = 0; kb < pre; kb++) {
+      mbar_expect_tx(&full[kb], SB);
+      tma_load_2d(smem + kb * SB + A_BYTES, &a.tw, &full[kb], kb * BK, n_first);
+    }
+    grid_dependency_wait();
+    for (int kb = 0; kb < pre; kb++)
+      tma_load_2d(smem + kb * SB, &a.ta, &full[kb], kb * BK, m_first);
+    int it = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
+      for (int kb = 0; kb < kt; kb++, it++) {
+        if (it < pre) // issued above (the first tile)
+          continue;
+        const int s = it % S;
+        mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
+        uint8_t *sa = smem + s * SB, *sw = sa + A_BYTES;
+        mbar_expect_tx(&full[s], SB);
+        tma_load_2d(sa, &a.ta, &full[s], kb * BK, m0);
+        tma_load_2d(sw, &a.tw, &full[s], kb * BK, n0);
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int cw = wg - 1;
+  columns<BN> *cols = cols_all + cw;
+  bool waited = false;
+  int it = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
+    float d[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+    for (int kb = 0; kb < kt; kb++, it++) {
+      const int s = it % S;
+      mbar_wait(&full[s], (it / S) & 1);
+      uint32_t sa = smem_u32(smem + s * SB) + cw * 64 * 128, sw = smem_u32(smem + s * SB + A_BYTES);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; kk++) wgmma_step<BN>(d, desc_sw128(sa + 32 * kk), desc_sw128(sw + 32 * kk));
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      // the previous step's group is complete: its stage goes back to the producer
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+      if (kb > 0 && threadIdx.x % 32 == 0)
+        mbar_arrive(&empty[(it - 1) % S]);
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    if (threadIdx.x % 32 == 0)
+      mbar_arrive(&empty[(it - 1) % S]);
+    if (!waited) { // S_a comes from the quantization too
+      grid_dependency_wait();
+      waited = true;
+    }
+    prepare_columns<BN>(a.e, cols, n0, cw);
+    const float inv_w = a.e.sw_row ? 0.0f : __frcp_rn(a.e.sw[0]);
+    if (a.e.ytype == DT_BF16)
+      store_tile_as<BN, __nv_bfloat16>(a.e, d, m0, n0, cw, cols, inv_w);
+    else
+      store_tile_as<BN, __half>(a.e, d, m0, n0, cw, cols, inv_w);
+  }
+}
+} // namespace large
+
+// The previous version (v1), unchanged: see the file's opening comment.
+namespace large_v1 {
+constexpr int BM = MT_LARGE_BM, BK = MT_LARGE_BK;
+constexpr int A_BYTES = BM * BK * 2;
+
 template <int BN> __device__ static void store_tile(const mt_epilogue_args &e, const float *d, int m0, int n0, int cw) {
   int t = threadIdx.x % 128, w = t / 32, g = (t % 32) / 4, q = t % 4;
 #pragma unroll
@@ -97,16 +332,15 @@ template <int BN> __device__ static void run(const mt_large_args &a) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; s++) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 8); // one arrival per consumer warp
+      mbar_init(&empty[s], 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
 
-  if (wg == 0) { // producer: one thread keeps the ring of stages full
+  if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x != 0) return;
-    // the weight tiles of the first stages before waiting for the activations' quantization
     int pre = kt < S ? kt : S;
     for (int kb = 0; kb < pre; kb++) {
       mbar_expect_tx(&full[kb], SB);
@@ -141,16 +375,18 @@ template <int BN> __device__ static void run(const mt_large_args &a) {
     asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     if (threadIdx.x % 32 == 0) mbar_arrive(&empty[s]);
   }
-  grid_dependency_wait(); // S_a comes from the quantization too
+  grid_dependency_wait();
   store_tile<BN>(a.e, d, m0, n0, cw);
 }
-} // namespace large
+} // namespace large_v1
 
 #define MT_LARGE(BN)                                                                               \
   extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_n##BN(const __grid_constant__ mt_large_args a) { \
     large::run<BN>(a);                                                                             \
+  }                                                                                                \
+  extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_v1_n##BN(const __grid_constant__ mt_large_args a) { \
+    large_v1::run<BN>(a);                                                                          \
   }
 MT_LARGE(128)
 MT_LARGE(192)
 MT_LARGE(256)
-

@@ -819,6 +819,69 @@ out:
   dev_free_all();
 }
 
+/* The large path's persistent grid walks several tiles per CTA when there are more tiles than
+ * SMs (here 33 x 9 = 297 tiles of 128 x 192, the last row and column of tiles partial), and its
+ * epilogue's column checks: every output is written (two runs under different poison agree), and
+ * sampled rows are bitwise those of 1-row calls (the small path). Then an odd N with per-row S_w
+ * against the reference (the last column stored alone). */
+static void gemm_large_tiles(void) {
+  NEED_GPU();
+  enum { M = 4096 + 37, N = 1552, K = 256 };
+  weight w = {0};
+  acts a = {0};
+  size_t ybytes = (size_t)M * N * 2;
+  uint16_t *y1 = malloc(ybytes), *y2 = malloc(ybytes), *row = malloc((size_t)N * 2);
+  if (!make_weight(&w, N, K, &numerics_row, 0) || !make_acts(&a, M, K, K, 0, MT_SCALE_ROW, NULL, 0)) {
+    CHECKF(0, "setup failed");
+    goto out;
+  }
+  void *dy = dev_alloc(ybytes);
+  size_t ws_bytes = mt_gemm_workspace_bytes(M, K, &numerics_row);
+  void *ws = dev_alloc(ws_bytes);
+  if (!dy || !ws)
+    goto out;
+  mt_gemm_args args = {.m = M, .n = N, .k = K, .x = a.dev, .ldx = K, .xtype = MT_DTYPE_BF16,
+                       .w = &w.q, .y = dy, .ldy = N, .ytype = MT_DTYPE_BF16, .alpha = 1.0f,
+                       .workspace = ws, .workspace_bytes = ws_bytes};
+  CU(cudaMemset(dy, 0x11, ybytes));
+  MT(mt_gemm(&args, NULL));
+  CU(sync_check());
+  CU(cudaMemcpy(y1, dy, ybytes, cudaMemcpyDeviceToHost));
+  CU(cudaMemset(dy, 0xEE, ybytes));
+  MT(mt_gemm(&args, NULL));
+  CU(sync_check());
+  CU(cudaMemcpy(y2, dy, ybytes, cudaMemcpyDeviceToHost));
+  CHECKF(memcmp(y1, y2, ybytes) == 0, "%dx%dx%d: outputs left unwritten or not deterministic", M, N, K);
+  long bad = 0;
+  for (int t = 0; t < 40; t++) {
+    int r = t < 2 ? t * (M - 1) : rnd_below(M);
+    args.m = 1;
+    args.x = (const uint16_t *)a.dev + (size_t)r * K;
+    CHECK(poison(dy, (size_t)N * 2));
+    MT(mt_gemm(&args, NULL));
+    CU(sync_check());
+    CU(cudaMemcpy(row, dy, (size_t)N * 2, cudaMemcpyDeviceToHost));
+    if (memcmp(row, y1 + (size_t)r * N, (size_t)N * 2) != 0 && bad++ == 0)
+      CHECKF(0, "the 1-row GEMM of row %d differs from the %d-row call", r, M);
+  }
+  CHECKF(bad == 0, "%ld rows differ between the paths", bad);
+out:
+  mt_nvfp4_free(&w.ref);
+  free_acts(&a);
+  free(y1);
+  free(y2);
+  free(row);
+  dev_free_all();
+  static const mt_numerics w_row = {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16};
+  for (int v = 0; v < 2; v++) {
+    gcase g = {.m = 200, .n = 271, .k = 256, .num = w_row, .ytype = v ? MT_DTYPE_FP16 : MT_DTYPE_BF16,
+               .biastype = MT_DTYPE_BF16, .with_bias = v, .alpha = 1.5f, .beta = v ? 0.5f : 0.0f};
+    g.ldx = (size_t)g.k;
+    g.ldy = 280;
+    check_gemm(&g);
+  }
+}
+
 /* ---- conditional weight quantization (the frozen cache's refresh) -------------------------- */
 
 /* With the device word at 0 nothing of the quantized weight changes (even with another W); at 1
@@ -1111,6 +1174,7 @@ int main(void) {
   RUN(gemm_epilogue_and_strides);
   RUN(gemm_nan_rows);
   RUN(gemm_batch_invariance);
+  RUN(gemm_large_tiles);
   RUN(engine_contexts_and_capture);
   return mt_test_done();
 }
