@@ -13,7 +13,7 @@
 size_t mt_gemm_frag_bytes(int n, int k) {
   if (n <= 0 || k <= 0 || n % 16)
     return 0; /* the small-M path needs whole groups of 16 rows */
-  return MT_FRAG_CODES_BYTES(n, k) + MT_FRAG_SCALES_BYTES(n, k);
+  return MT_FRAG_BYTES(n, k);
 }
 
 /* dependent: launched with programmatic stream serialization (driver.h: mt_launch); the GEMM
@@ -54,15 +54,17 @@ static void epilogue_args(const mt_gemm_args *a, const mt_qact *q, mt_epilogue_a
   e->beta = a->beta;
 }
 
+/* One CTA per 16 output channels (gemm_small.cu); the kernel's token capacity is the smallest of
+ * 8, 16, 32, 64 rows that holds m (its stages and MMA tiles are sized by it). */
 static int small_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   mt_small_args s = {q->xhat, a->w->frag, {0}};
   epilogue_args(a, q, &s.e);
-  int nt = a->m <= 8 ? 1 : a->m <= 16 ? 2 : a->m <= 32 ? 4 : 8;
-  static const char *const names[] = {"mt_gemm_small_t1", "mt_gemm_small_t2", "mt_gemm_small_t4",
-                                      "mt_gemm_small_t8"};
-  int which = nt == 1 ? 0 : nt == 2 ? 1 : nt == 4 ? 2 : 3;
-  unsigned grid = (unsigned)((a->n + 16 * MT_SMALL_GROUPS - 1) / (16 * MT_SMALL_GROUPS));
-  return launch("gemm_small", names[which], grid, 1, 32 * MT_SMALL_WARPS, MT_SMALL_SMEM(nt), 1, stream, &s);
+  int rows = a->m <= 8 ? 8 : a->m <= 16 ? 16 : a->m <= 32 ? 32 : 64;
+  static const char *const names[] = {"mt_gemm_small_m8", "mt_gemm_small_m16", "mt_gemm_small_m32",
+                                      "mt_gemm_small_m64"};
+  int which = rows == 8 ? 0 : rows == 16 ? 1 : rows == 32 ? 2 : 3;
+  unsigned grid = (unsigned)(a->n / (8 * MT_SMALL_WARPS));
+  return launch("gemm_small", names[which], grid, 1, 32 * MT_SMALL_WARPS, MT_SMALL_SMEM(rows), 1, stream, &s);
 }
 
 /* A K-major BF16 matrix of rows x k as TMA sees it: boxes of 64 columns (128 bytes, the swizzle

@@ -49,30 +49,31 @@ typedef struct {
 
 /* Tiles and shared memory of the kernels, one definition for the launcher and the kernels.
  * Large M: 128 tokens x BN channels, K in steps of 64 (one 128-byte swizzle span of BF16), a ring
- * of stages sized to fill ~200 KB. Small M: 4 warps x 16 channels, stages of 256 columns. */
+ * of stages sized to fill ~200 KB. Small M: 2 warps x 8 channels, stages of 256 columns. */
 #define MT_LARGE_BM 128
 #define MT_LARGE_BK 64
 #define MT_LARGE_STAGES(bn) ((bn) == 256 ? 4 : (bn) == 192 ? 5 : 6)
 #define MT_LARGE_STAGE_BYTES(bn) (MT_LARGE_BM * MT_LARGE_BK * 2 + (bn) * MT_LARGE_BK * 2)
 /* stages, their two barriers, and per consumer warpgroup 1/S_w and bias of BN columns (floats) */
 #define MT_LARGE_SMEM(bn) (1024 + MT_LARGE_STAGES(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4)
-#define MT_SMALL_GROUPS 4 /* groups of 16 output channels per CTA */
-#define MT_SMALL_WARPS 8  /* two per group: one for each 8 rows */
-#define MT_SMALL_KC 256
-#define MT_SMALL_STAGES(nt) ((nt) <= 2 ? 8 : (nt) == 4 ? 6 : 4) /* deep: few SMs stream the weight */
-#define MT_SMALL_CODES (MT_SMALL_GROUPS * (MT_SMALL_KC / 64) * 512)
-#define MT_SMALL_SCALES (MT_SMALL_GROUPS * (MT_SMALL_KC / 128) * 128)
+#define MT_SMALL_WARPS 2 /* one CTA per 16 output channels, 8 per warp */
+#define MT_SMALL_KC 256   /* columns per stage */
+/* Stages per token capacity (8, 16, 32 or 64 rows): deep enough that a CTA has all of K = 2048
+ * requested from the start at 8 rows; fewer where the activations make a stage large. */
+#define MT_SMALL_STAGES(rows) ((rows) <= 8 ? 8 : (rows) == 16 ? 6 : (rows) == 32 ? 4 : 3)
+#define MT_SMALL_WBYTES (MT_SMALL_WARPS * (MT_SMALL_KC / 128) * MT_FRAG_UNIT)
 #define MT_SMALL_PITCH (MT_SMALL_KC * 2 + 16) /* 16 extra bytes spread 8 tokens over all banks */
-#define MT_SMALL_STAGE_BYTES(nt) (MT_SMALL_CODES + MT_SMALL_SCALES + (nt) * 8 * MT_SMALL_PITCH)
-#define MT_SMALL_SMEM(nt) (MT_SMALL_STAGES(nt) * MT_SMALL_STAGE_BYTES(nt))
+#define MT_SMALL_STAGE_BYTES(rows) (MT_SMALL_WBYTES + (rows) * MT_SMALL_PITCH)
+#define MT_SMALL_SMEM(rows) (MT_SMALL_STAGES(rows) * MT_SMALL_STAGE_BYTES(rows))
 
-/* Fragment order (mt_qweight.frag), for n % 16 == 0. Codes: for each group of 16 rows R and 64
- * columns S, 512 bytes: lane l = 4g + q of the warp owns bytes 16l..16l+15, four per k16 step s,
- * in the order of mma.sync's A registers: code bytes q of rows 16R+g and 16R+g+8, then bytes q+4
- * of the same rows (byte q of a 16-block holds elements 2q and 2q+1). Scales: for each R and 128
- * columns, 128 bytes: 16 per g, the 8 scales of row 16R+g then the 8 of row 16R+g+8. Blocks past
- * k are zero. */
-#define MT_FRAG_CODES_BYTES(n, k) ((size_t)(n) / 16 * (((size_t)(k) + 63) / 64) * 512)
-#define MT_FRAG_SCALES_BYTES(n, k) ((size_t)(n) / 16 * (((size_t)(k) + 127) / 128) * 128)
+/* Fragment order (mt_qweight.frag), for n % 16 == 0: units of 8 rows H (8H .. 8H+7) x 128 columns
+ * S8, unit (H, S8) at byte (H * ceil(k/128) + S8) * 640, so a warp's rows are contiguous over K.
+ * A unit: 512 code bytes, lane l = 4g + q of the warp owning bytes 16l..16l+15, two per k16 step s
+ * (0..7) in the order of mma.sync's B registers: code byte q of row 8H+g's block 8S8+s (elements 2q,
+ * 2q+1), then its byte q+4 (2q+8, 2q+9); then 128 scale bytes, 16 per g: row 8H+g's 8 block
+ * scales as BF16 (exact; one byte more per 16 elements than E4M3, so no conversion in the GEMM).
+ * Blocks past k are zero. 5 bits per weight. */
+#define MT_FRAG_UNIT 640
+#define MT_FRAG_BYTES(n, k) ((size_t)(n) / 8 * (((size_t)(k) + 127) / 128) * MT_FRAG_UNIT)
 
 #endif

@@ -375,8 +375,8 @@ static void check_call_args(int from, const problem *p, const void *c, const voi
 
 /* --- scenarios -------------------------------------------------------------------------- */
 
-#define SMALL_CALL "mt_quant_row_bf16_nb1 mt_gemm_small_t1+pdl"
-#define SMALL_CALL_FIRST "mt_quant_row_bf16_nb1 smem mt_gemm_small_t1+pdl"
+#define SMALL_CALL "mt_quant_row_bf16_nb1 mt_gemm_small_m8+pdl"
+#define SMALL_CALL_FIRST "mt_quant_row_bf16_nb1 smem mt_gemm_small_m8+pdl"
 #define WEIGHT_QUANT "memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 mt_gemm_pack"
 
 /* requantize: the kernels of a call in order, on its stream; scratch per stream, grown once. */
@@ -385,7 +385,7 @@ static void scenario_requantize(void) {
   int t = now();
   expect_routed(&p, S1, &zero);
   CHECK_TRACE(t, "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack "
-                 "mt_quant_row_bf16_nb1 smem mt_gemm_small_t1+pdl");
+                 "mt_quant_row_bf16_nb1 smem mt_gemm_small_m8+pdl");
   CHECK(all_on(t, S1));
   check_call_args(t, &p, p.y, NULL, 0.0f, NULL);
   long first_bytes = device_bytes();
@@ -408,11 +408,11 @@ static void scenario_requantize(void) {
   CHECK(all_on(t, S1));
   check_call_args(t, &big, big.y, NULL, 0.0f, NULL);
   CHECK(device_bytes() > first_bytes);
-  /* fewer tokens again: no allocation, and 17..32 tokens take the 4-tile small kernel */
+  /* fewer tokens again: no allocation, and 17..32 tokens take the 32-row small kernel */
   problem mid = make(OUT, 20, OUT);
   t = now();
   expect_routed(&mid, S1, &zero);
-  CHECK_TRACE(t, WEIGHT_QUANT " mt_quant_row_bf16_nb1 smem mt_gemm_small_t4+pdl");
+  CHECK_TRACE(t, WEIGHT_QUANT " mt_quant_row_bf16_nb1 smem mt_gemm_small_m32+pdl");
   const mt_quant_params *a0 = quant_args(find_launch(t, "mt_quant_row_bf16", 0));
   /* a second stream gets its own scratch: one allocation, no synchronisation */
   long before = device_bytes();
@@ -467,7 +467,7 @@ static void scenario_lt(void) {
   int t = now();
   lt_call(&p, c, NULL, -1, &zero);
   CHECK_TRACE(t, "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack "
-                 "mt_quant_row_bf16_nb1 smem mt_gemm_small_t1+pdl");
+                 "mt_quant_row_bf16_nb1 smem mt_gemm_small_m8+pdl");
   check_call_args(t, &p, c, NULL, 0.0f, NULL);
   t = now();
   lt_call(&p, c, bias, -1, &half);
@@ -492,7 +492,7 @@ static void scenario_frozen(void) {
   expect_routed(&p, S1, &zero);
   CHECK_TRACE(t, "alloc memset64 alloc load mt_wcheck load memset4 mt_quant_amax_bf16 "
                  "mt_quant_tensor_bf16 load mt_gemm_pack mt_quant_row_bf16_nb1 smem "
-                 "mt_gemm_small_t1+pdl");
+                 "mt_gemm_small_m8+pdl");
   CHECK(all_on(t, S1));
   int wc = find_launch(t, "mt_wcheck", 0), ms = find_kind(t, FAKE_EV_MEMSET, 0);
   const mt_wcheck_args *w = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
@@ -575,7 +575,7 @@ static void scenario_capture_module(void) {
   t = now();
   expect_routed(&p, S1, &zero);
   CHECK_TRACE(t, "load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack "
-                 "mt_quant_row_bf16_nb1 smem mt_gemm_small_t1+pdl");
+                 "mt_quant_row_bf16_nb1 smem mt_gemm_small_m8+pdl");
   check_driver_clean();
   unmake(&p);
 }
@@ -593,15 +593,15 @@ static void scenario_oom(void) {
   unmake(&p);
 }
 
-/* The GEMM kernel's launch fails (FAKE_CUDA_FAIL_LAUNCH=mt_gemm_small_t1:1): engine error. */
+/* The GEMM kernel's launch fails (FAKE_CUDA_FAIL_LAUNCH=mt_gemm_small_m8:1): engine error. */
 static void scenario_launch_fail(void) {
   problem p = make(OUT, 8, OUT);
   int t = now();
   expect_fallback(&p, S1, &half);
-  CHECKF(find_launch(t, "mt_gemm_small_t1", 0) >= 0 && event(find_launch(t, "mt_gemm_small_t1", 0))->result,
+  CHECKF(find_launch(t, "mt_gemm_small_m8", 0) >= 0 && event(find_launch(t, "mt_gemm_small_m8", 0))->result,
          "%s", trace(t));
   expect_routed(&p, S1, &zero);
-  fail_launch("mt_gemm_small_t1", 1);
+  fail_launch("mt_gemm_small_m8", 1);
   expect_fallback(&p, S1, &zero);
   check_driver_clean();
   unmake(&p);
@@ -632,7 +632,7 @@ static void scenario_fp16(void) {
                          CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
   CHECK(cublas_calls() == calls && marked(p.y, before, OUT, 8, OUT));
   CHECK_TRACE(t, "alloc load memset4 mt_quant_amax_fp16 mt_quant_tensor_fp16 load mt_gemm_pack "
-                 "mt_quant_row_fp16_nb1 smem mt_gemm_small_t1+pdl");
+                 "mt_quant_row_fp16_nb1 smem mt_gemm_small_m8+pdl");
   const mt_quant_params *w = quant_args(find_launch(t, "mt_quant_tensor_fp16", 0));
   const mt_quant_params *a = quant_args(find_launch(t, "mt_quant_row_fp16", 0));
   CHECK(w && w->fp16 && w->x == p.w && a && a->fp16 && a->x == p.x);
@@ -803,7 +803,7 @@ static void scenario_arrays(void) {
 }
 
 /* A grouped call whose groups hold one problem each with beta != 0, the second failing after the
- * first ran on the engine (FAKE_CUDA_FAIL_LAUNCH=mt_gemm_small_t1:2): cuBLAS then recomputes the
+ * first ran on the engine (FAKE_CUDA_FAIL_LAUNCH=mt_gemm_small_m8:2): cuBLAS then recomputes the
  * first problem from a C the engine already overwrote. exec.c refuses beta != 0 only for a group
  * of more than one problem. */
 static void scenario_grouped_beta_partial(void) {
@@ -1050,7 +1050,7 @@ static void out_of_memory_warns_once(void) {
 }
 
 static void launch_failure_is_engine_error(void) {
-  const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_gemm_small_t1:1", NULL};
+  const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_gemm_small_m8:1", NULL};
   child_result r;
   run_child("launch_fail", env, &r);
   check_child("launch_fail", &r);
@@ -1127,7 +1127,7 @@ static void weight_quantization_failure_warns(void) {
 /* exec.c refuses beta != 0 for any call of more than one problem, across groups: a problem that
  * fails after others ran would leave cuBLAS reading outputs the engine already overwrote. */
 static void grouped_beta_failure_after_a_problem_ran(void) {
-  const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_gemm_small_t1:2", NULL};
+  const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_gemm_small_m8:2", NULL};
   child_result r;
   run_child("grouped_beta_partial", env, &r);
   check_child("grouped_beta_partial", &r);
