@@ -93,12 +93,14 @@ static int sm_count(void) {
 }
 
 /* The tile width with the least estimated time: waves of tiles times a tile's cost, taken as its
- * width plus a fixed 64 columns' worth for the activation loads and the epilogue. */
-static int large_bn(int m, int n) {
-  static const int widths[] = {256, 192, 128};
+ * width plus a fixed 64 columns' worth for the activation loads and the epilogue. Narrow tiles
+ * (64, 96) put more SMs to work at medium M (M = 256: 48 tiles of 128 x 64 rather than 16 of
+ * 128 x 192). widths: the first `count` of 256, 192, 128, 96, 64. */
+static int large_bn(int m, int n, int count) {
+  static const int widths[] = {256, 192, 128, 96, 64};
   int sms = sm_count(), best = 256;
   long long best_cost = -1;
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < count; i++) {
     long long tiles = (long long)((m + MT_LARGE_BM - 1) / MT_LARGE_BM) * ((n + widths[i] - 1) / widths[i]);
     long long cost = (tiles + sms - 1) / sms * (widths[i] + 64);
     if (best_cost < 0 || cost < best_cost) {
@@ -124,7 +126,8 @@ static int large_variant(void) {
 static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   static mt_large_args proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
   mt_large_args l = proto;
-  int bn = large_bn(a->m, a->n);
+  int variant = large_variant();
+  int bn = large_bn(a->m, a->n, variant == 1 ? 3 : 5);
   int st = tensor_map(&l.ta, q->xhat, a->m, a->k, MT_LARGE_BM);
   if (st == MT_OK)
     st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, bn);
@@ -132,7 +135,6 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
     return st;
   epilogue_args(a, q, &l.e);
   unsigned tiles_m = (unsigned)((a->m + MT_LARGE_BM - 1) / MT_LARGE_BM), tiles_n = (unsigned)((a->n + bn - 1) / bn);
-  int variant = large_variant();
   if (variant == 1) {
     const char *fn = bn == 256 ? "mt_gemm_large_v1_n256" : bn == 192 ? "mt_gemm_large_v1_n192" : "mt_gemm_large_v1_n128";
     return launch("gemm_large", fn, tiles_m, tiles_n, 384, MT_LARGE_SMEM(bn), 1, stream, &l);
@@ -140,7 +142,9 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   /* persistent: one CTA per SM (one fits: ~200 KB of shared memory), each walking its tiles */
   unsigned tiles = tiles_m * tiles_n, sms = (unsigned)sm_count();
   unsigned grid = variant == 2 || tiles < sms ? tiles : sms;
-  const char *fn = bn == 256 ? "mt_gemm_large_n256" : bn == 192 ? "mt_gemm_large_n192" : "mt_gemm_large_n128";
+  const char *fn = bn == 256 ? "mt_gemm_large_n256" : bn == 192 ? "mt_gemm_large_n192" : bn == 128 ? "mt_gemm_large_n128"
+                 : bn == 96  ? "mt_gemm_large_n96"
+                             : "mt_gemm_large_n64";
   return launch("gemm_large", fn, grid, 1, 384, MT_LARGE_SMEM(bn), 1, stream, &l);
 }
 

@@ -52,7 +52,7 @@ typedef struct {
  * of stages sized to fill ~200 KB. Small M: 2 warps x 8 channels, stages of 256 columns. */
 #define MT_LARGE_BM 128
 #define MT_LARGE_BK 64
-#define MT_LARGE_STAGES(bn) ((bn) == 256 ? 4 : (bn) == 192 ? 5 : 6)
+#define MT_LARGE_STAGES(bn) ((bn) == 256 ? 4 : (bn) == 192 ? 5 : (bn) == 128 ? 6 : (bn) == 96 ? 7 : 8)
 #define MT_LARGE_STAGE_BYTES(bn) (MT_LARGE_BM * MT_LARGE_BK * 2 + (bn) * MT_LARGE_BK * 2)
 /* stages, their two barriers, and per consumer warpgroup 1/S_w and bias of BN columns (floats) */
 #define MT_LARGE_SMEM(bn) (1024 + MT_LARGE_STAGES(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4)

@@ -74,7 +74,9 @@ __device__ static inline uint64_t desc_sw128(uint32_t addr) {
 template <int BN> __device__ static inline void wgmma_step(float *d, uint64_t da, uint64_t db) {
   if constexpr (BN == 256) mt_wgmma_m64n256k16(d, da, db);
   else if constexpr (BN == 192) mt_wgmma_m64n192k16(d, da, db);
-  else mt_wgmma_m64n128k16(d, da, db);
+  else if constexpr (BN == 128) mt_wgmma_m64n128k16(d, da, db);
+  else if constexpr (BN == 96) mt_wgmma_m64n96k16(d, da, db);
+  else mt_wgmma_m64n64k16(d, da, db);
 }
 
 namespace large {
@@ -383,10 +385,16 @@ template <int BN> __device__ static void run(const mt_large_args &a) {
 #define MT_LARGE(BN)                                                                               \
   extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_n##BN(const __grid_constant__ mt_large_args a) { \
     large::run<BN>(a);                                                                             \
-  }                                                                                                \
+  }
+#define MT_LARGE_V1(BN)                                                                            \
   extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_v1_n##BN(const __grid_constant__ mt_large_args a) { \
     large_v1::run<BN>(a);                                                                          \
   }
+MT_LARGE(64)
+MT_LARGE(96)
 MT_LARGE(128)
 MT_LARGE(192)
 MT_LARGE(256)
+MT_LARGE_V1(128)
+MT_LARGE_V1(192)
+MT_LARGE_V1(256)

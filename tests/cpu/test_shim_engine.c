@@ -404,7 +404,7 @@ static void scenario_requantize(void) {
   t = now();
   expect_routed(&big, S1, &zero);
   CHECK_TRACE(t, "sync free alloc " WEIGHT_QUANT " mt_quant_row_bf16_nb1 tmap tmap load smem "
-                 "mt_gemm_large_n128+pdl");
+                 "mt_gemm_large_n64+pdl");
   CHECK(all_on(t, S1));
   check_call_args(t, &big, big.y, NULL, 0.0f, NULL);
   CHECK(device_bytes() > first_bytes);
@@ -762,8 +762,8 @@ static void scenario_arrays(void) {
                      beta, gc, CUDA_R_16BF, ldc, 2, size, CUBLAS_COMPUTE_32F) == CUBLAS_STATUS_SUCCESS);
   CHECK(cublas_calls() == calls);
   CHECK_TRACE(t, "dtoh dtoh dtoh sync " WEIGHT_QUANT " " SMALL_CALL " " WEIGHT_QUANT
-                 " mt_quant_row_bf16_nb1 tmap tmap load smem mt_gemm_large_n128+pdl " WEIGHT_QUANT
-                 " mt_quant_row_bf16_nb1 tmap tmap mt_gemm_large_n128+pdl");
+                 " mt_quant_row_bf16_nb1 tmap tmap load smem mt_gemm_large_n64+pdl " WEIGHT_QUANT
+                 " mt_quant_row_bf16_nb1 tmap tmap mt_gemm_large_n64+pdl");
   check_call_args(find_launch(t, "mt_gemm_small_", 0) + 1, &g1[0], g1[0].y, NULL, 0.0f, NULL);
   check_call_args(find_launch(t, "mt_gemm_large_", 0) + 1, &g1[1], g1[1].y, NULL, 0.0f, NULL);
   /* beta != 0 with more than one problem: layout (nothing read back), cuBLAS computes */

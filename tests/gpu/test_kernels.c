@@ -820,13 +820,13 @@ out:
 }
 
 /* The large path's persistent grid walks several tiles per CTA when there are more tiles than
- * SMs (here 33 x 9 = 297 tiles of 128 x 192, the last row and column of tiles partial), and its
- * epilogue's column checks: every output is written (two runs under different poison agree), and
- * sampled rows are bitwise those of 1-row calls (the small path). Then an odd N with per-row S_w
- * against the reference (the last column stored alone). */
+ * SMs (here 33 x 8 = 264 tiles of 128 x 192, the last row of tiles partial): every output is
+ * written (two runs under different poison agree), and sampled rows are bitwise those of 1-row
+ * calls (the small path). Then an odd N with per-row S_w against the reference (tiles of 128 x
+ * 64, the last one partial, its last column stored alone), without and with beta and bias. */
 static void gemm_large_tiles(void) {
   NEED_GPU();
-  enum { M = 4096 + 37, N = 1552, K = 256 };
+  enum { M = 4096 + 37, N = 1536, K = 256 };
   weight w = {0};
   acts a = {0};
   size_t ybytes = (size_t)M * N * 2;
