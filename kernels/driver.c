@@ -21,6 +21,7 @@ extern const char mt_fatbin_quant[];
 extern const char mt_fatbin_gemm_small[];
 extern const char mt_fatbin_gemm_large[];
 extern const char mt_fatbin_wcheck[];
+extern const char mt_fatbin_instr[];
 
 static const struct {
   const char *name;
@@ -30,6 +31,7 @@ static const struct {
     {"gemm_small", mt_fatbin_gemm_small},
     {"gemm_large", mt_fatbin_gemm_large},
     {"wcheck", mt_fatbin_wcheck},
+    {"instr", mt_fatbin_instr},
 };
 #define NFILES ((int)(sizeof kernel_files / sizeof kernel_files[0]))
 

@@ -10,7 +10,9 @@
  * call on that stream, so two threads must not interleave their launches. Any failure before the
  * GEMM kernel is launched leaves the output untouched, and the hook forwards the call to cuBLAS
  * with the reason. Batched calls with beta != 0 are not routed: a failure after some problems ran
- * could not be undone, and cuBLAS would then read outputs the engine already overwrote.
+ * could not be undone, and cuBLAS would then read outputs the engine already overwrote. After the
+ * GEMM, the sampled instruments of shim/instr.c are enqueued behind it, under the same lock (the
+ * probe reuses the call's workspace and quantized weight).
  */
 #include "shim/exec.h"
 
@@ -19,6 +21,7 @@
 #include <stdlib.h>
 
 #include "kernels/driver.h"
+#include "shim/instr.h"
 #include "shim/log.h"
 #include "shim/wcache.h"
 
@@ -58,6 +61,15 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const void
       .workspace = mem.workspace, .workspace_bytes = mem.workspace_bytes,
   };
   int st = mt_gemm(&a, c->stream);
+  if (st == MT_OK && mt_instr_enabled()) {
+    mt_instr_call ic;
+    mt_instr_from_call(s, c, alpha, beta, &ic);
+    ic.engine = &a;
+    ic.frozen_sum = mem.wsum;
+    ic.w = A, ic.x = B, ic.y = D;
+    ic.capturing = capturing;
+    mt_instr_after(&ic);
+  }
   if (st != MT_OK && st != MT_ERR_CAPTURE)
     MT_WARN_ONCE("the NVFP4 engine could not run a routed GEMM (m=%lld n=%lld k=%lld): %s; such "
                  "calls fall back to cuBLAS", (long long)c->m, (long long)c->n, (long long)c->k,

@@ -51,6 +51,41 @@ int mt_param_bool(const char *name, int def, int *errors) {
   return i % 2;
 }
 
+/* "N/D" or a decimal, nothing after it; -1 when it is neither or outside [0, 1]. */
+static double parse_rate(const char *v) {
+  char *end;
+  double r = strtod(v, &end);
+  if (end == v)
+    return -1;
+  if (*end == '/') {
+    const char *den = end + 1;
+    double d = strtod(den, &end);
+    if (end == den || !(d > 0))
+      return -1;
+    r /= d;
+  }
+  if (*end || !(r >= 0 && r <= 1))
+    return -1;
+  return r;
+}
+
+double mt_param_rate(const char *name, double def, int *errors) {
+  const char *v = getenv(name);
+  if (!v || !v[0])
+    return def;
+  double r = parse_rate(v);
+  if (r < 0) {
+    MT_WARN("invalid value '%s' for %s: use a rate in [0, 1] as a decimal (0.015625) or a "
+            "fraction (1/64), 0 to turn it off; using the default %g", v, name, def);
+    if (errors)
+      (*errors)++;
+    return def;
+  }
+  if (r != def)
+    MT_INFO("%s set by environment to %s", name, v);
+  return r;
+}
+
 static char host_name[256];
 
 static void read_host(void) {

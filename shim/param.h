@@ -20,6 +20,11 @@ int mt_param_choice(const char *name, const char *const choices[], int def, int 
 /* 0 or 1 ("0"/"1", "false"/"true", "no"/"yes", "off"/"on"); otherwise as mt_param_choice. */
 int mt_param_bool(const char *name, int def, int *errors);
 
+/* A sampling rate in [0, 1]: a decimal ("0.015625", "1", "0") or a fraction ("1/64"); `def` when
+ * unset. A set value is logged at INFO; an invalid one is warned about (with the accepted forms),
+ * adds one to *errors and gives `def`. */
+double mt_param_rate(const char *name, double def, int *errors);
+
 /* Expand a path template: %h host name, %p pid, %r rank (RANK, else 0), %% percent; any other
  * %x is kept as written. Returns 0, or -1 when the result does not fit in `size`. */
 int mt_param_path(const char *tmpl, char *out, size_t size);

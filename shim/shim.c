@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "shim/exec.h"
+#include "shim/instr.h"
 #include "shim/log.h"
 #include "shim/param.h"
 #include "shim/router.h"
@@ -130,6 +131,8 @@ int mt_shim_init(void) {
     soft_errors += mt_wcache_init(&spec);
   const char *role = mt_param_str("MINITE_ROLE");
   const char *stats = mt_param_str("MINITE_STATS");
+  if (!hard_errors)
+    soft_errors += mt_instr_init(&spec, stats != NULL);
   if (hard_errors)
     return refuse(strict);
   if (strict && soft_errors)
@@ -145,6 +148,7 @@ int mt_shim_init(void) {
 void mt_shim_fini(void) {
   if (!atomic_exchange(&mt_shim_on, 0))
     return;
+  mt_instr_drain();
   mt_stats_finish();
 }
 
@@ -201,6 +205,8 @@ int mt_shim_begin(mt_call *c, cublasStatus_t *status) {
   if (r == MT_R_ROUTED && spec.format != MT_FORMAT_BF16) {
     r = mt_exec_routed(&spec, c, status);
     ran = r == MT_R_ROUTED;
+  } else if (r == MT_R_ROUTED && c->group_count == 0 && mt_instr_enabled()) {
+    ran = mt_instr_bf16(&spec, c, status); /* bf16: cuBLAS runs it, then the instruments */
   }
   mt_stats_count(r);
   if (r != MT_R_UNROUTED)

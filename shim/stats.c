@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "shim/instr.h"
 #include "shim/log.h"
 #include "shim/param.h"
 #include "shim/wcache.h"
@@ -42,6 +43,7 @@ static census_row census[MT_CENSUS_SIZE];
 static shape_row shapes[MT_SHAPES_SIZE];
 static unsigned long long census_overflow, shapes_overflow;
 static pthread_mutex_t census_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t file_lock = PTHREAD_MUTEX_INITIALIZER; /* stats_fd between threads */
 
 static int stats_on;      /* MINITE_STATS given and checked: the census is kept */
 static int stats_fd = -1; /* opened at the first GEMM call (mt_stats_start) */
@@ -175,6 +177,24 @@ void mt_stats_start(const mt_spec *s, const char *role, const char *version) {
            now_seconds(), start_fields, routes, version_json);
   w_flush(&w);
 }
+
+void mt_stats_append(const char *lines, size_t len) {
+  pthread_mutex_lock(&file_lock);
+  if (stats_fd >= 0 && getpid() == owner_pid) {
+    writer w = {.fd = stats_fd};
+    while (len) {
+      size_t piece = len < sizeof w.buf ? len : sizeof w.buf;
+      memcpy(w.buf, lines, piece);
+      w.used = piece;
+      w_flush(&w);
+      lines += piece;
+      len -= piece;
+    }
+  }
+  pthread_mutex_unlock(&file_lock);
+}
+
+static void emit_to_writer(void *ctx, const char *text) { w_printf((writer *)ctx, "%s", text); }
 
 void mt_stats_count(enum mt_reason reason) {
   atomic_fetch_add_explicit(&n_calls, 1, memory_order_relaxed);
@@ -388,11 +408,15 @@ void mt_stats_finish(void) {
   unsigned long long full;
   mt_wcache_usage(&bytes, &entries, &full);
   w_printf(&w, "], \"engine\": {\"weight_cache\": \"%s\", \"device_bytes\": %zu, "
-               "\"frozen_weights\": %d, \"cache_full\": %llu}}\n",
+               "\"frozen_weights\": %d, \"cache_full\": %llu}",
            mt_wcache_mode(), bytes, entries, full);
+  mt_instr_summary(emit_to_writer, &w);
+  w_printf(&w, "}\n");
+  pthread_mutex_lock(&file_lock);
   w_flush(&w);
   close(stats_fd);
   stats_fd = -1;
+  pthread_mutex_unlock(&file_lock);
   pthread_mutex_unlock(&census_lock);
   if (w.failed)
     MT_WARN("could not write the summary to %s: %s", stats_path, strerror(errno));

@@ -16,6 +16,8 @@
 #ifndef MT_STATS_H
 #define MT_STATS_H
 
+#include <stddef.h>
+
 #include "shim/call.h"
 #include "shim/router.h"
 #include "spec/spec.h"
@@ -41,6 +43,10 @@ void mt_stats_count(enum mt_reason reason);
 
 /* Add one problem to the census (a grouped call adds one per group). */
 void mt_stats_census(const mt_call *one);
+
+/* Append complete JSON lines to the file (thread-safe: the instruments' writer thread calls it);
+ * nothing when there is no file, after the summary, or in a forked child. */
+void mt_stats_append(const char *lines, size_t len);
 
 /* Write the summary record and close the file (no-op in a forked child or without a file), and
  * log the counts at INFO. */

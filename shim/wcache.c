@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "kernels/driver.h"
+#include "kernels/wcheck.h"
 #include "shim/log.h"
 #include "shim/param.h"
 
@@ -235,8 +236,10 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
     return r;
   out->workspace = (void *)mem;
   out->workspace_bytes = ws;
+  out->wsum = NULL;
   if (e) {
     out->q = &e->q;
+    out->wsum = &((const mt_wcheck_state *)(uintptr_t)(e->mem + qbytes))->hash;
     return weight_status(mt_refresh_weight(w->w, w->type, w->ldw, &e->q,
                                            (void *)(e->mem + qbytes), stream));
   }

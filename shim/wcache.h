@@ -21,6 +21,7 @@
 #define MT_WCACHE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "kernels/engine.h"
 #include "shim/router.h"
@@ -38,6 +39,8 @@ typedef struct {
   void *workspace;
   size_t workspace_bytes;
   mt_qweight *q;        /* quantized (or refreshed) on the stream, ready for mt_gemm */
+  const uint64_t *wsum; /* frozen: the device word holding the weight's content hash as of this
+                           call (kernels/wcheck.h, mt_wcheck_state.hash); NULL under requantize */
 } mt_engine_mem;
 
 /* Read MINITE_WEIGHT_CACHE (overrides the spec's weight_cache) and MINITE_CACHE_MB. Returns the

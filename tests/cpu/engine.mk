@@ -8,9 +8,9 @@
 ENGINE_FAKE := $(B)/tests/cpu/fake
 
 $(ENGINE_FAKE)/driver/libcuda.so.1: tests/cpu/fake/fake_cuda.c tests/cpu/fake/fake_cuda.h \
-                                    kernels/gemm_args.h kernels/quant.h kernels/wcheck.h
+                                    kernels/gemm_args.h kernels/quant.h kernels/wcheck.h kernels/instr.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
+	$(CC) $(CFLAGS) -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread -lm
 
 TEST_FIXTURES += $(ENGINE_FAKE)/driver/libcuda.so.1 $(ENGINE_FAKE)/libcublas.so.13 \
                  $(ENGINE_FAKE)/libcublasLt.so.13 $(ENGINE_FAKE)/preload_first.txt

@@ -12,12 +12,14 @@
  */
 #include "tests/cpu/fake/fake_cuda.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/gemm_args.h"
+#include "kernels/instr.h"
 #include "kernels/quant.h"
 #include "kernels/wcheck.h"
 
@@ -356,6 +358,14 @@ static size_t args_size(const char *name) {
     return sizeof(mt_wcheck_args);
   if (!strcmp(name, "mt_gemm_pack"))
     return sizeof(mt_pack_args);
+  if (!strcmp(name, "mt_instr_digest"))
+    return sizeof(mt_instr_digest_args);
+  if (!strcmp(name, "mt_instr_weight"))
+    return sizeof(mt_instr_weight_args);
+  if (!strcmp(name, "mt_instr_shadow"))
+    return sizeof(mt_instr_shadow_args);
+  if (!strcmp(name, "mt_instr_probe"))
+    return sizeof(mt_instr_probe_args);
   if (!strncmp(name, "mt_gemm_small_", 14))
     return sizeof(mt_small_args);
   if (!strncmp(name, "mt_gemm_large_", 14))
@@ -368,6 +378,91 @@ static void mark_output(const mt_epilogue_args *e) {
   for (long long i = 0; i < e->m; i++)
     for (long long j = 0; j < e->n; j++)
       ((uint16_t *)e->y)[i * e->ldy + j] = FAKE_CUDA_MARK;
+}
+
+/* --- the instruments' kernels, on the host (kernels/instr.h's twin) ------------------------- */
+
+static void instr_digest(const mt_instr_digest_args *a) {
+  for (int r = 0; r < a->m; r++) {
+    const uint16_t *x = (const uint16_t *)a->x + (int64_t)r * a->ldx;
+    uint64_t h = mt_instr_row_hash(x, a->k, a->xtype);
+    if (!a->all && h >= a->threshold)
+      continue;
+    unsigned slot = a->hdr->selected++;
+    if ((int)slot >= a->cap)
+      continue;
+    const uint16_t *y = (const uint16_t *)a->y + (int64_t)r * a->ldy;
+    mt_instr_row *out = a->rows + slot;
+    out->row_hash = h;
+    out->out_hash = mt_instr_out_hash(y, a->n, a->ytype);
+    mt_instr_sketch(y, a->n, a->ytype, out->sketch);
+  }
+}
+
+static void instr_weight(const mt_instr_weight_args *a) {
+  if (!a->hdr->selected)
+    return;
+  if (a->frozen_sum) {
+    a->hdr->wsum = *a->frozen_sum;
+  } else {
+    uint64_t sum = 0, per_row = (uint64_t)a->k / 8;
+    for (int r = 0; r < a->n; r++)
+      sum += mt_instr_content_sum((const uint16_t *)a->w + (int64_t)r * a->ldw, (size_t)a->k * 2,
+                                  r * per_row);
+    a->hdr->wsum += sum;
+  }
+  if (a->bias)
+    a->hdr->bsum = mt_instr_content_sum(a->bias, (size_t)a->bias_bytes, 0);
+}
+
+static float max_f(float a, float b) { return a > b ? a : b; }
+
+static void instr_shadow(const mt_instr_shadow_args *a) {
+  float mx;
+  memcpy(&mx, &a->hdr->shadow_max_bits, 4);
+  for (int r = 0; r < a->m; r++)
+    for (int j = 0; j < a->n; j++) {
+      float y = mt_instr_half_to_float(((const uint16_t *)a->y)[r * a->ld + j], a->type);
+      float ref = mt_instr_half_to_float(((const uint16_t *)a->ref)[r * a->ld + j], a->type);
+      if (!isfinite(y) || !isfinite(ref)) {
+        a->hdr->shadow_nonfinite++;
+        continue;
+      }
+      double d = (double)y - ref;
+      a->hdr->shadow_d2 += d * d;
+      a->hdr->shadow_r2 += (double)ref * ref;
+      mx = max_f(mx, fabsf(y - ref));
+    }
+  memcpy(&a->hdr->shadow_max_bits, &mx, 4);
+}
+
+static void instr_probe(const mt_instr_probe_args *a) {
+  float mx;
+  memcpy(&mx, &a->hdr->probe_max_bits, 4);
+  for (int p = 0; p < a->nrows; p++) {
+    const uint16_t *in = (const uint16_t *)a->y + (int64_t)a->rows[p] * a->ldy;
+    const uint16_t *alone = (const uint16_t *)a->alone + (int64_t)p * a->n;
+    int differ = 0;
+    for (int j = 0; j < a->n; j++)
+      if (in[j] != alone[j]) {
+        differ = 1;
+        mx = max_f(mx, fabsf(mt_instr_half_to_float(in[j], a->type) -
+                             mt_instr_half_to_float(alone[j], a->type)));
+      }
+    a->hdr->probe_differing += (unsigned)differ;
+  }
+  memcpy(&a->hdr->probe_max_bits, &mx, 4);
+}
+
+static void run_instr(const char *name, const void *args) {
+  if (!strcmp(name, "mt_instr_digest"))
+    instr_digest(args);
+  else if (!strcmp(name, "mt_instr_weight"))
+    instr_weight(args);
+  else if (!strcmp(name, "mt_instr_shadow"))
+    instr_shadow(args);
+  else if (!strcmp(name, "mt_instr_probe"))
+    instr_probe(args);
 }
 
 static int launch_config_ok(const CUlaunchConfig *c, const function *f) {
@@ -419,6 +514,8 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, voi
       mark_output(&((const mt_small_args *)params[0])->e);
     else if (!strncmp(fn->name, "mt_gemm_large_", 14))
       mark_output(&((const mt_large_args *)params[0])->e);
+    else if (!strncmp(fn->name, "mt_instr_", 9))
+      run_instr(fn->name, params[0]);
   }
   pthread_mutex_unlock(&lock);
   return r;
@@ -571,4 +668,117 @@ EXPORT CUresult cuCtxSynchronize(void) {
   log_simple(FAKE_EV_CTX_SYNC, NULL, 0, 0, 0, CUDA_SUCCESS);
   pthread_mutex_unlock(&lock);
   return CUDA_SUCCESS;
+}
+
+/* --- events and pinned memory (the instruments) --------------------------------------------- */
+
+typedef struct {
+  int live, recorded;
+  pthread_t recorder;
+} fake_event;
+
+#define MAX_FAKE_EVENTS 4096
+static fake_event cu_events[MAX_FAKE_EVENTS];
+static int hold_events;
+static long event_queries, event_queries_same_thread;
+
+EXPORT void fake_cuda_hold_events(int on) {
+  pthread_mutex_lock(&lock);
+  hold_events = on;
+  pthread_mutex_unlock(&lock);
+}
+
+EXPORT void fake_cuda_event_queries(long *queries, long *same_thread) {
+  pthread_mutex_lock(&lock);
+  *queries = event_queries;
+  *same_thread = event_queries_same_thread;
+  pthread_mutex_unlock(&lock);
+}
+
+static fake_event *fake_event_of(CUevent ev) {
+  fake_event *e = (fake_event *)(void *)ev;
+  return e >= cu_events && e < cu_events + MAX_FAKE_EVENTS && e->live ? e : NULL;
+}
+
+EXPORT CUresult cuEventCreate(CUevent *out, unsigned int flags) {
+  (void)flags;
+  pthread_mutex_lock(&lock);
+  note_capture_violation();
+  CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+  for (int i = 0; i < MAX_FAKE_EVENTS; i++)
+    if (!cu_events[i].live) {
+      cu_events[i] = (fake_event){.live = 1};
+      *out = (CUevent)(void *)&cu_events[i];
+      r = CUDA_SUCCESS;
+      break;
+    }
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+EXPORT CUresult cuEventDestroy_v2(CUevent ev) {
+  pthread_mutex_lock(&lock);
+  fake_event *e = fake_event_of(ev);
+  if (e)
+    e->live = 0;
+  else
+    counts.invalid++;
+  pthread_mutex_unlock(&lock);
+  return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+EXPORT CUresult cuEventRecord(CUevent ev, CUstream stream) {
+  pthread_mutex_lock(&lock);
+  fake_event *e = fake_event_of(ev);
+  CUresult r = CUDA_SUCCESS;
+  if (!e) {
+    counts.invalid++;
+    r = CUDA_ERROR_INVALID_HANDLE;
+  } else {
+    e->recorded = 1;
+    e->recorder = pthread_self();
+  }
+  log_simple(FAKE_EV_RECORD, stream, (uint64_t)(uintptr_t)ev, 0, 0, r);
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+EXPORT CUresult cuEventQuery(CUevent ev) {
+  pthread_mutex_lock(&lock);
+  fake_event *e = fake_event_of(ev);
+  CUresult r = CUDA_SUCCESS;
+  if (!e) {
+    counts.invalid++;
+    r = CUDA_ERROR_INVALID_HANDLE;
+  } else {
+    event_queries++;
+    if (e->recorded && pthread_equal(e->recorder, pthread_self()))
+      event_queries_same_thread++;
+    if (hold_events)
+      r = CUDA_ERROR_NOT_READY;
+  }
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+EXPORT CUresult cuMemHostAlloc(void **out, size_t bytes, unsigned int flags) {
+  (void)flags;
+  pthread_mutex_lock(&lock);
+  note_capture_violation();
+  void *p = bytes ? aligned_alloc(256, (bytes + 255) / 256 * 256) : NULL;
+  if (p)
+    *out = p;
+  log_simple(FAKE_EV_HOSTALLOC, NULL, (uint64_t)(uintptr_t)p, bytes, 0,
+             p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);
+  pthread_mutex_unlock(&lock);
+  return p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuMemFreeHost(void *p) {
+  free(p);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+  return ctx == (CUcontext)(void *)&the_context ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }

@@ -29,6 +29,8 @@ enum fake_cuda_kind {
   FAKE_EV_LOAD,     /* cuModuleLoadData: ptr (the image) */
   FAKE_EV_TMAP,     /* cuTensorMapEncodeTiled: ptr (the base), bytes (rows * row pitch) */
   FAKE_EV_SETATTR,  /* cuFuncSetAttribute: name, value */
+  FAKE_EV_RECORD,   /* cuEventRecord: ptr (the event), stream */
+  FAKE_EV_HOSTALLOC,/* cuMemHostAlloc: ptr, bytes */
 };
 
 typedef struct {
@@ -69,6 +71,16 @@ typedef void (*fake_cuda_fail_launch_fn)(const char *name, int nth);
 typedef void (*fake_cuda_fail_loads_fn)(int n);
 /* 1: [p, p + bytes) lies inside one live allocation. */
 typedef int (*fake_cuda_is_device_fn)(const void *p, size_t bytes);
+
+/* 1: cuEventQuery answers CUDA_ERROR_NOT_READY for every event (work "in flight" forever); 0:
+ * events are complete once recorded (the default: the fake runs everything at once). */
+typedef void (*fake_cuda_hold_events_fn)(int on);
+/* Event queries answered so far, and how many of them came from the thread that recorded the
+ * event (the instruments must query from their own thread). */
+typedef void (*fake_cuda_event_queries_fn)(long *queries, long *same_thread);
+
+/* The instruments' kernels (kernels/instr.cu) run on the host through the twin in
+ * kernels/instr.h: the fake computes their results so that records can be checked end to end. */
 
 /* Environment read at load: FAKE_CUDA_MEM_LIMIT=bytes, FAKE_CUDA_NO_CONTEXT=1,
  * FAKE_CUDA_CAPTURING=handle,handle (hex or decimal stream handles), FAKE_CUDA_FAIL_LAUNCH=[name:]n,

@@ -1,0 +1,76 @@
+/* instr.c — launchers of the instruments' kernels (kernels/instr.cu) and the few driver entry
+ * points only the instruments use (events and pinned host memory), found in the process's
+ * libcuda.so.1 as kernels/driver.c finds its own. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "kernels/driver.h"
+#include "kernels/engine.h"
+#include "kernels/instr.h"
+
+static mt_instr_driver table;
+static const mt_instr_driver *loaded;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void load(void) {
+  if (!mt_driver_get())
+    return;
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!lib)
+    return;
+  static const char *const names[] = {"cuEventCreate",  "cuEventRecord",  "cuEventQuery",
+                                      "cuEventDestroy_v2", "cuMemHostAlloc", "cuMemFreeHost",
+                                      "cuCtxSetCurrent"};
+  void *syms[sizeof names / sizeof names[0]];
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!(syms[i] = dlsym(lib, names[i])))
+      return;
+  memcpy(&table.event_create, &syms[0], sizeof syms[0]);
+  memcpy(&table.event_record, &syms[1], sizeof syms[1]);
+  memcpy(&table.event_query, &syms[2], sizeof syms[2]);
+  memcpy(&table.event_destroy, &syms[3], sizeof syms[3]);
+  memcpy(&table.mem_host_alloc, &syms[4], sizeof syms[4]);
+  memcpy(&table.mem_free_host, &syms[5], sizeof syms[5]);
+  memcpy(&table.ctx_set_current, &syms[6], sizeof syms[6]);
+  loaded = &table;
+}
+
+const mt_instr_driver *mt_instr_driver_get(void) {
+  pthread_once(&once, load);
+  return loaded;
+}
+
+static int launch(const char *fn, unsigned grid, void *args, mt_stream stream) {
+  CUfunction f;
+  int st = mt_kernel_get("instr", fn, (CUstream)stream, &f);
+  if (st != MT_OK)
+    return st;
+  return mt_launch(f, grid ? grid : 1, 1, 256, 1, 0, 0, (CUstream)stream, args);
+}
+
+static unsigned min_u(unsigned a, unsigned b) { return a < b ? a : b; }
+
+int mt_instr_launch_digest(const mt_instr_digest_args *a, mt_stream stream) {
+  mt_instr_digest_args copy = *a;
+  return launch("mt_instr_digest", (unsigned)((a->m + 7) / 8), &copy, stream);
+}
+
+/* Enough CTAs to stream the weight at full bandwidth (as kernels/wcheck.c); one for a frozen
+ * weight, whose sum is already stored. */
+int mt_instr_launch_weight(const mt_instr_weight_args *a, mt_stream stream) {
+  mt_instr_weight_args copy = *a;
+  unsigned pieces = (unsigned)((int64_t)a->n * (a->k / 8) / 256 + 1);
+  return launch("mt_instr_weight", a->frozen_sum ? 1 : min_u(264, pieces), &copy, stream);
+}
+
+int mt_instr_launch_shadow(const mt_instr_shadow_args *a, mt_stream stream) {
+  mt_instr_shadow_args copy = *a;
+  unsigned blocks = (unsigned)((int64_t)a->m * a->n / 1024 + 1);
+  return launch("mt_instr_shadow", min_u(264, blocks), &copy, stream);
+}
+
+int mt_instr_launch_probe(const mt_instr_probe_args *a, mt_stream stream) {
+  mt_instr_probe_args copy = *a;
+  return launch("mt_instr_probe", (unsigned)a->nrows, &copy, stream);
+}

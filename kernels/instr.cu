@@ -1,0 +1,190 @@
+// instr.cu — the instruments' kernels (shim/instr.c enqueues them after a routed GEMM, on the
+// call's stream, into a result block the host reads later without synchronizing the stream):
+//   mt_instr_digest  row hashes of the activations, and for the rows the rate picks by content,
+//                    the output row's hash and its 8-value sketch (scheme 1, kernels/instr.h)
+//   mt_instr_weight  the content sums of the weight and bias, only when a row was digested
+//   mt_instr_shadow  sum (y - ref)^2, sum ref^2 and max |y - ref| of the routed output against
+//                    the BF16 GEMM's
+//   mt_instr_probe   rows recomputed alone against their in-batch rows, bit for bit
+// Integer sums (hashes) are exact and order-free, so any grid gives the same bits; the sketch is
+// an FP32 sum whose order the format leaves free. Tested on the CPU through the host twin in
+// kernels/instr.h (tests/cpu/test_shim_instr.c: twin against scripts/minite-compare's Python
+// reference) and on the H200 by tests/gpu/test_instruments.py (digests of two processes with
+// different batchings join bitwise; probe and shadow figures).
+#include <stdint.h>
+
+#include "kernels/instr.h"
+
+namespace {
+
+__device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_sumf(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// content_sum of a row of `elems` 2-byte elements (16-byte aligned: the router's rule), this
+// lane's share; the last piece zero-padded.
+__device__ uint64_t row_sum_lane(const uint16_t *row, int elems, int lane) {
+  uint64_t h = 0;
+  const int pieces = (elems + 7) / 8;
+  for (int i = lane; i < pieces; i += 32) {
+    uint64_t lo, hi;
+    if (8 * i + 8 <= elems) {
+      uint4 v = *(const uint4 *)(row + 8 * i);
+      lo = (uint64_t)v.y << 32 | v.x;
+      hi = (uint64_t)v.w << 32 | v.z;
+    } else {
+      uint16_t e[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int j = 0; 8 * i + j < elems; j++) e[j] = row[8 * i + j];
+      lo = (uint64_t)e[3] << 48 | (uint64_t)e[2] << 32 | (uint64_t)e[1] << 16 | e[0];
+      hi = (uint64_t)e[7] << 48 | (uint64_t)e[6] << 32 | (uint64_t)e[5] << 16 | e[4];
+    }
+    h += mt_instr_piece((uint64_t)i, lo, hi);
+  }
+  return h;
+}
+
+__device__ __forceinline__ float abs_diff(float a, float b) { return fabsf(a - b); }
+
+} // namespace
+
+extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr_digest_args a) {
+  const int lane = threadIdx.x % 32;
+  const int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= a.m) return;
+  const uint16_t *x = (const uint16_t *)a.x + (int64_t)r * a.ldx;
+  uint64_t row_hash = mt_instr_mix64(warp_sum(row_sum_lane(x, a.k, lane)) ^
+                                     mt_instr_tag((uint64_t)a.k, a.xtype));
+  if (!a.all && row_hash >= a.threshold) return;
+  unsigned slot = 0;
+  if (lane == 0) slot = atomicAdd(&a.hdr->selected, 1u);
+  slot = __shfl_sync(0xffffffffu, slot, 0);
+  if ((int)slot >= a.cap) return; // counted by `selected`; the host reports the excess as dropped
+  const uint16_t *y = (const uint16_t *)a.y + (int64_t)r * a.ldy;
+  uint64_t out_hash = mt_instr_mix64(warp_sum(row_sum_lane(y, a.n, lane)) ^
+                                     mt_instr_tag((uint64_t)a.n, a.ytype));
+  float s[MT_INSTR_SKETCH];
+  for (int i = 0; i < MT_INSTR_SKETCH; i++) s[i] = 0.0f;
+  for (int j = lane; j < a.n; j += 32) {
+    float v = mt_instr_half_to_float(y[j], a.ytype);
+    for (int i = 0; i < MT_INSTR_SKETCH; i++) s[i] += mt_instr_sign(i, j) * v;
+  }
+  const float scale = 1.0f / sqrtf((float)a.n);
+  mt_instr_row *out = a.rows + slot;
+  for (int i = 0; i < MT_INSTR_SKETCH; i++) {
+    float t = warp_sumf(s[i]);
+    if (lane == 0) out->sketch[i] = t * scale;
+  }
+  if (lane == 0) {
+    out->row_hash = row_hash;
+    out->out_hash = out_hash;
+  }
+}
+
+// Grid-stride over the weight's 16-byte pieces, numbered as kernels/wcheck.cu numbers them (its
+// stored sum of a frozen weight is then this very sum); the bias in CTA 0.
+extern "C" __global__ void __launch_bounds__(256) mt_instr_weight(const mt_instr_weight_args a) {
+  if (a.hdr->selected == 0) return; // nothing digested: the weight's identity is not needed
+  __shared__ uint64_t warp_part[8];
+  uint64_t h = 0, b = 0;
+  if (!a.frozen_sum) {
+    const int per_row = a.k / 8;
+    const uint64_t pieces = (uint64_t)a.n * per_row;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < pieces;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+      uint64_t r = i / per_row, j = i % per_row;
+      uint4 v = *(const uint4 *)((const uint16_t *)a.w + r * a.ldw + j * 8);
+      h += mt_instr_piece(i, (uint64_t)v.y << 32 | v.x, (uint64_t)v.w << 32 | v.z);
+    }
+  }
+  if (blockIdx.x == 0 && a.bias) {
+    const unsigned char *p = (const unsigned char *)a.bias;
+    for (int64_t off = 16 * (int64_t)threadIdx.x; off < a.bias_bytes; off += 16 * blockDim.x) {
+      unsigned char e[16];
+      for (int j = 0; j < 16; j++) e[j] = off + j < a.bias_bytes ? p[off + j] : 0;
+      uint64_t lo = 0, hi = 0;
+      for (int j = 7; j >= 0; j--) lo = lo << 8 | e[j], hi = hi << 8 | e[8 + j];
+      b += mt_instr_piece((uint64_t)(off / 16), lo, hi);
+    }
+  }
+  h = warp_sum(h);
+  b = warp_sum(b);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_part[warp] = h;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint64_t s = 0;
+    for (int w = 0; w < (int)blockDim.x / 32; w++) s += warp_part[w];
+    if (a.frozen_sum) {
+      if (blockIdx.x == 0) a.hdr->wsum = *a.frozen_sum;
+    } else {
+      atomicAdd((unsigned long long *)&a.hdr->wsum, (unsigned long long)s);
+    }
+  }
+  __syncthreads();
+  if (lane == 0) warp_part[warp] = b;
+  __syncthreads();
+  if (threadIdx.x == 0 && blockIdx.x == 0 && a.bias) {
+    uint64_t s = 0;
+    for (int w = 0; w < (int)blockDim.x / 32; w++) s += warp_part[w];
+    a.hdr->bsum = s;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) mt_instr_shadow(const mt_instr_shadow_args a) {
+  const uint64_t total = (uint64_t)a.m * a.n;
+  double d2 = 0.0, r2 = 0.0;
+  float mx = 0.0f;
+  unsigned bad = 0;
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (uint64_t)gridDim.x * blockDim.x) {
+    uint64_t r = i / a.n, j = i % a.n;
+    float y = mt_instr_half_to_float(((const uint16_t *)a.y)[r * a.ld + j], a.type);
+    float ref = mt_instr_half_to_float(((const uint16_t *)a.ref)[r * a.ld + j], a.type);
+    if (!isfinite(y) || !isfinite(ref)) {
+      bad++;
+      continue;
+    }
+    double d = (double)y - (double)ref;
+    d2 += d * d;
+    r2 += (double)ref * ref;
+    mx = fmaxf(mx, abs_diff(y, ref));
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    d2 += __shfl_xor_sync(0xffffffffu, d2, o);
+    r2 += __shfl_xor_sync(0xffffffffu, r2, o);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    bad += __shfl_xor_sync(0xffffffffu, bad, o);
+  }
+  if (threadIdx.x % 32) return;
+  atomicAdd(&a.hdr->shadow_d2, d2);
+  atomicAdd(&a.hdr->shadow_r2, r2);
+  atomicMax(&a.hdr->shadow_max_bits, __float_as_uint(mx)); // non-negative: ordered as integers
+  if (bad) atomicAdd(&a.hdr->shadow_nonfinite, bad);
+}
+
+// One CTA per probed row.
+extern "C" __global__ void __launch_bounds__(256) mt_instr_probe(const mt_instr_probe_args a) {
+  const int p = blockIdx.x;
+  if (p >= a.nrows) return;
+  const uint16_t *in_batch = (const uint16_t *)a.y + (int64_t)a.rows[p] * a.ldy;
+  const uint16_t *alone = (const uint16_t *)a.alone + (int64_t)p * a.n;
+  int differ = 0;
+  float mx = 0.0f;
+  for (int j = threadIdx.x; j < a.n; j += blockDim.x) {
+    if (in_batch[j] == alone[j]) continue;
+    differ = 1;
+    float d = abs_diff(mt_instr_half_to_float(in_batch[j], a.type),
+                       mt_instr_half_to_float(alone[j], a.type));
+    mx = fmaxf(mx, d != d ? __int_as_float(0x7f800000) : d); // NaN against a number: Inf
+  }
+  differ = __syncthreads_or(differ);
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (threadIdx.x % 32 == 0 && mx > 0.0f) atomicMax(&a.hdr->probe_max_bits, __float_as_uint(mx));
+  if (threadIdx.x == 0 && differ) atomicAdd(&a.hdr->probe_differing, 1u);
+}

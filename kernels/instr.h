@@ -1,0 +1,240 @@
+/* instr.h — the instruments' device side (kernels/instr.cu) and its host twin: the result block
+ * one instrumented call fills, the kernels' by-value arguments, and the hash and sketch math of
+ * the row digests (scheme 1 of scripts/minite-compare), written once for both sides.
+ *
+ * Plain C, included by the .cu (the MT_HD functions are then __host__ __device__), by
+ * kernels/instr.c and shim/instr.c, and by the fake libcuda of the CPU tests, which runs the same
+ * functions on the host in place of the kernels.
+ *
+ * Hashes (all 64-bit, wrap-around arithmetic):
+ *   mix64(z)               splitmix64's finalizer (as kernels/wcheck.cu)
+ *   piece(i, lo, hi)       mix64(lo + G (2i + 1)) ^ mix64(hi ^ H (i + 1)): the i-th 16-byte piece
+ *                          of a byte string, lo/hi its two little-endian 8-byte halves
+ *   content_sum(bytes)     sum of piece(i, ...) over the pieces, the last one zero-padded: the
+ *                          same sum kernels/wcheck.cu keeps for a frozen weight, so a frozen
+ *                          weight's stored hash is its content sum and costs nothing here
+ *   tag(len, type)         mix64(len << 4 | (type + 1)), type an mt_dtype
+ *   row hash               mix64(content_sum(x row, K elements) ^ tag(K, xtype))
+ *   output hash            mix64(content_sum(y row, N elements) ^ tag(N, ytype))
+ *   weight id              mix64(content_sum(W, N rows of K) ^ tag(N << 28 | K, wtype))
+ *   bias id                0 without bias; else mix64(content_sum(bias) ^ tag(N, biastype))
+ *   key                    fold(KEY_SEED, row hash, weight id, ytype + 1, bits of alpha, bias id)
+ *                          with fold(h, v) = mix64(h ^ v), left to right
+ * A row is digested when its row hash is below the rate as a fraction of 2^64 (every row when the
+ * rate is 1), so two processes pick the same rows whatever their batches.
+ */
+#ifndef MT_INSTR_H
+#define MT_INSTR_H
+
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#define MT_HD __host__ __device__ static inline
+#else
+#define MT_HD static inline
+#endif
+
+#define MT_INSTR_SKETCH 8
+#define MT_INSTR_SKETCH_SEED 0x6D696E6974652D31ull /* "minite-1" */
+#define MT_INSTR_KEY_SEED 0x6D696E6974656B31ull    /* "minitek1" */
+#define MT_INSTR_MUL_G 0x9E3779B97F4A7C15ull
+#define MT_INSTR_MUL_H 0xD6E8FEB86659FD93ull
+#define MT_INSTR_PROBE_ROWS 4 /* rows a probe recomputes alone: first, last, two between */
+
+/* One digested row, as the kernel writes it; the key is finished on the host. */
+typedef struct {
+  uint64_t row_hash, out_hash;
+  float sketch[MT_INSTR_SKETCH];
+} mt_instr_row;
+
+/* What one instrumented call's kernels fill (zeroed before them), then copied to the host. */
+typedef struct {
+  uint64_t wsum;          /* content_sum of the weight (0 when no row was digested) */
+  uint64_t bsum;          /* content_sum of the bias */
+  uint32_t selected;      /* rows whose row hash passed the rate (may exceed the rows kept) */
+  uint32_t probe_differing;
+  double shadow_d2, shadow_r2; /* sum (y - ref)^2 and sum ref^2 over finite elements */
+  uint32_t shadow_max_bits;    /* max |y - ref| (a non-negative float's bits: ordered as integers) */
+  uint32_t shadow_nonfinite;   /* elements where y or ref is NaN or Inf */
+  uint32_t probe_max_bits;     /* max |in-batch - alone| over the probed rows */
+  uint32_t pad[3];
+} mt_instr_header;
+
+/* mt_instr_digest: one warp per row of x (m rows). */
+typedef struct {
+  const void *x;        /* [m][k] 2-byte elements, row stride ldx (elements) */
+  const void *y;        /* [m][n] 2-byte elements, row stride ldy */
+  int64_t ldx, ldy;
+  int32_t m, n, k, xtype, ytype, all; /* all: every row is digested */
+  uint64_t threshold;   /* a row is digested when its row hash < threshold */
+  mt_instr_header *hdr;
+  mt_instr_row *rows;   /* room for cap rows */
+  int32_t cap, pad;
+} mt_instr_digest_args;
+
+/* mt_instr_weight: the weight's and bias's content sums, only when a row was digested. */
+typedef struct {
+  const void *w;        /* [n][k] 2-byte elements, row stride ldw */
+  int64_t ldw;
+  const uint64_t *frozen_sum; /* the frozen cache's stored sum of this weight, or NULL */
+  const void *bias;     /* NULL or bias_bytes of bias */
+  int64_t bias_bytes;
+  int32_t n, k;
+  mt_instr_header *hdr;
+} mt_instr_weight_args;
+
+/* mt_instr_shadow: the shadow error of y against ref (same layout). */
+typedef struct {
+  const void *y, *ref;
+  int64_t ld;
+  int32_t m, n, type, pad;
+  mt_instr_header *hdr;
+} mt_instr_shadow_args;
+
+/* mt_instr_probe: rows[i] of y against row i of alone (n elements each, row stride n). */
+typedef struct {
+  const void *y;
+  const void *alone;
+  int64_t ldy;
+  int32_t rows[MT_INSTR_PROBE_ROWS];
+  int32_t nrows, n, type, pad;
+  mt_instr_header *hdr;
+} mt_instr_probe_args;
+
+/* --- the math, one copy for both sides ---------------------------------------------------- */
+
+MT_HD uint64_t mt_instr_mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+MT_HD uint64_t mt_instr_piece(uint64_t i, uint64_t lo, uint64_t hi) {
+  return mt_instr_mix64(lo + MT_INSTR_MUL_G * (2 * i + 1)) ^ mt_instr_mix64(hi ^ (MT_INSTR_MUL_H * (i + 1)));
+}
+
+MT_HD uint64_t mt_instr_tag(uint64_t len, int type) {
+  return mt_instr_mix64(len << 4 | (uint64_t)(type + 1));
+}
+
+/* sign(i, j) of the scheme-1 sketch: -1 when the top bit of mix64(SEED ^ (i << 32 | j)) is set. */
+MT_HD float mt_instr_sign(int i, int j) {
+  return (mt_instr_mix64(MT_INSTR_SKETCH_SEED ^ ((uint64_t)i << 32 | (uint64_t)j)) >> 63) ? -1.0f
+                                                                                          : 1.0f;
+}
+
+MT_HD uint64_t mt_instr_fold(uint64_t h, uint64_t v) { return mt_instr_mix64(h ^ v); }
+
+MT_HD float mt_instr_half_to_float(uint16_t h, int type) {
+  uint32_t bits;
+  if (type == 0) { /* MT_DTYPE_BF16 */
+    bits = (uint32_t)h << 16;
+  } else { /* FP16 */
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    if (exp == 0x1f) {
+      bits = sign | 0x7f800000u | man << 13;
+    } else if (exp) {
+      bits = sign | (exp + 112) << 23 | man << 13;
+    } else if (!man) {
+      bits = sign;
+    } else { /* subnormal: normalise */
+      int e = -1;
+      do {
+        man <<= 1;
+        e++;
+      } while (!(man & 0x400));
+      bits = sign | (uint32_t)(112 - e) << 23 | (man & 0x3ff) << 13;
+    }
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+/* --- host-only helpers: the whole-row forms the host twin and the shim use ---------------- */
+#ifndef __CUDACC__
+#include <math.h>
+#include <stddef.h>
+
+/* content_sum of `bytes` bytes at p (zero-padded to a multiple of 16), pieces numbered from
+ * `first`: a matrix is the sum of its rows with first = row * pieces per row. */
+static inline uint64_t mt_instr_content_sum(const void *p, size_t bytes, uint64_t first) {
+  uint64_t sum = 0;
+  const unsigned char *b = (const unsigned char *)p;
+  for (size_t off = 0, i = first; off < bytes; off += 16, i++) {
+    unsigned char piece[16] = {0};
+    memcpy(piece, b + off, bytes - off < 16 ? bytes - off : 16);
+    uint64_t lo, hi;
+    memcpy(&lo, piece, 8);
+    memcpy(&hi, piece + 8, 8);
+    sum += mt_instr_piece(i, lo, hi);
+  }
+  return sum;
+}
+
+static inline uint64_t mt_instr_row_hash(const uint16_t *x, int k, int xtype) {
+  return mt_instr_mix64(mt_instr_content_sum(x, (size_t)k * 2, 0) ^ mt_instr_tag((uint64_t)k, xtype));
+}
+
+static inline uint64_t mt_instr_out_hash(const uint16_t *y, int n, int ytype) {
+  return mt_instr_mix64(mt_instr_content_sum(y, (size_t)n * 2, 0) ^ mt_instr_tag((uint64_t)n, ytype));
+}
+
+static inline uint64_t mt_instr_weight_id(uint64_t wsum, int n, int k, int wtype) {
+  return mt_instr_mix64(wsum ^ mt_instr_tag((uint64_t)n << 28 | (uint64_t)k, wtype));
+}
+
+static inline uint64_t mt_instr_bias_id(int has_bias, uint64_t bsum, int n, int btype) {
+  return has_bias ? mt_instr_mix64(bsum ^ mt_instr_tag((uint64_t)n, btype)) : 0;
+}
+
+static inline uint64_t mt_instr_key(uint64_t row_hash, uint64_t weight_id, int ytype, float alpha,
+                                    uint64_t bias_id) {
+  uint32_t abits;
+  memcpy(&abits, &alpha, 4);
+  uint64_t h = mt_instr_fold(MT_INSTR_KEY_SEED, row_hash);
+  h = mt_instr_fold(h, weight_id);
+  h = mt_instr_fold(h, (uint64_t)(ytype + 1));
+  h = mt_instr_fold(h, abits);
+  return mt_instr_fold(h, bias_id);
+}
+
+/* The scheme-1 sketch of an output row, FP32 sums in element order. */
+static inline void mt_instr_sketch(const uint16_t *y, int n, int ytype, float out[MT_INSTR_SKETCH]) {
+  float scale = 1.0f / sqrtf((float)n);
+  for (int i = 0; i < MT_INSTR_SKETCH; i++) {
+    float s = 0.0f;
+    for (int j = 0; j < n; j++)
+      s += mt_instr_sign(i, j) * mt_instr_half_to_float(y[j], ytype);
+    out[i] = s * scale;
+  }
+}
+
+/* --- the launchers (kernels/instr.c) and the driver calls only the instruments make ------- */
+
+#include <cuda.h>
+
+#include "kernels/engine.h"
+
+typedef struct {
+  __typeof__(&cuEventCreate) event_create;
+  __typeof__(&cuEventRecord) event_record;
+  __typeof__(&cuEventQuery) event_query;
+  __typeof__(&cuEventDestroy) event_destroy;
+  __typeof__(&cuMemHostAlloc) mem_host_alloc;
+  __typeof__(&cuMemFreeHost) mem_free_host;
+  __typeof__(&cuCtxSetCurrent) ctx_set_current;
+} mt_instr_driver;
+
+/* The table, or NULL when the process's libcuda.so.1 lacks one of them. Thread-safe. */
+const mt_instr_driver *mt_instr_driver_get(void);
+
+/* Each enqueues its kernel on `stream` (no other driver call): MT_OK or an mt_status. */
+int mt_instr_launch_digest(const mt_instr_digest_args *a, mt_stream stream);
+int mt_instr_launch_weight(const mt_instr_weight_args *a, mt_stream stream);
+int mt_instr_launch_shadow(const mt_instr_shadow_args *a, mt_stream stream);
+int mt_instr_launch_probe(const mt_instr_probe_args *a, mt_stream stream);
+
+#endif /* !__CUDACC__ */
+#endif

@@ -1,0 +1,835 @@
+/* instr.c — the instruments of routed calls (see instr.h): sampling, the slot pool, the
+ * background writer and the records.
+ *
+ * A slot is a result block (mt_instr_header + up to ROWS_PER_SLOT digested rows) in device
+ * memory, its twin in pinned host memory and an event. The calling thread takes a free slot,
+ * enqueues memset, kernels, the asynchronous copy and the event record on the call's stream, and
+ * hands the slot to the writer; the writer thread polls the event (cuEventQuery: it never waits
+ * on the caller's stream), turns the host block into records and frees the slot. The calling
+ * thread never synchronizes, allocates only at the first instrumented call of a context (never
+ * while capturing: instruments are skipped then), and never reads device memory.
+ *
+ * The shadow's output and the probe's rows go to one scratch buffer per context (MINITE_INSTR_MB,
+ * allocated once). A call on another stream than the buffer's last user takes it only when the
+ * event recorded after that use has completed (queried, not waited for); else it skips the
+ * shadow and probe with the reason "busy". Same-stream reuse is ordered by the stream itself.
+ */
+#include "shim/instr.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/driver.h"
+#include "kernels/instr.h"
+#include "shim/log.h"
+#include "shim/param.h"
+#include "shim/real.h"
+#include "shim/stats.h"
+
+#define MAX_CONTEXTS 8
+#define SLOTS 256            /* per context: calls whose results are in flight at once */
+#define ROWS_PER_SLOT 128    /* digested rows kept per call; more are counted as dropped */
+#define SLOT_BYTES (sizeof(mt_instr_header) + ROWS_PER_SLOT * sizeof(mt_instr_row))
+#define DRAIN_SECONDS 2.0    /* at exit: how long completed work is waited for */
+#define POLL_NS 200000       /* the writer's sleep between scans while work is in flight */
+
+enum { K_SHADOW = 1, K_PROBE = 2, K_DIGEST = 4 };
+enum slot_state { S_FREE, S_FLIGHT, S_LOST };
+
+enum skip { SK_CAPTURE, SK_NO_SLOT, SK_BETA, SK_ENTRY, SK_SCRATCH, SK_BUSY, SK_ERROR, SK_EXIT, SK_COUNT };
+static const char *const skip_names[SK_COUNT] = {"capture", "no slot", "beta", "entry",
+                                                 "scratch size", "busy", "error", "exit"};
+
+typedef struct context context;
+
+typedef struct {
+  _Atomic int state;
+  context *ctx;
+  CUevent ev;
+  CUdeviceptr dev;
+  unsigned char *host;
+  /* what the writer needs to finish the records */
+  int kinds, route, m, n, k, xtype, ytype, wtype, biastype, has_bias, probe_rows;
+  float alpha;
+} slot;
+
+struct context {
+  CUcontext cu;
+  CUdeviceptr mem;          /* SLOTS blocks, then the scratch */
+  unsigned char *host;      /* SLOTS blocks, pinned */
+  size_t scratch_bytes;
+  CUstream scratch_stream;  /* last user of the scratch */
+  CUevent scratch_ev;       /* recorded after that use */
+  int scratch_used;
+  int next;                 /* where the search for a free slot starts */
+  slot slots[SLOTS];
+};
+
+typedef struct {
+  unsigned long long calls, skipped[SK_COUNT];
+} instrument;
+
+typedef struct {
+  unsigned long long shadow_calls, shadow_nonfinite, probe_calls, probe_rows, probe_differing,
+      digest_calls, digest_rows, digest_dropped;
+  double rel_l2_sum, rel_l2_max, shadow_max_abs, probe_max_abs;
+  unsigned long long shadow_seen, probe_seen; /* the sampling counters */
+} route_stats;
+
+static double rate_shadow, rate_probe, rate_digest;
+static uint64_t period_shadow, period_probe, digest_threshold;
+static int digest_all, enabled;
+static size_t scratch_limit;
+static const mt_spec *spec_now;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* everything below */
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+static context contexts[MAX_CONTEXTS];
+static int ncontexts;
+static route_stats routes[MT_SPEC_MAX_ROUTES];
+static instrument shadow, probe, digest;
+static unsigned long long digest_written, digest_dropped, dropped_slots;
+static size_t device_bytes, host_bytes;
+static int in_flight, writer_started, stopping, stopped;
+static pthread_t writer;
+
+static void lock_all(void) { pthread_mutex_lock(&lock); }
+static void unlock_all(void) { pthread_mutex_unlock(&lock); }
+/* The child of a fork has no writer thread and no usable CUDA: it instruments nothing. */
+static void child_after_fork(void) {
+  enabled = 0;
+  writer_started = 0;
+  pthread_mutex_unlock(&lock);
+}
+
+static uint64_t period_of(double rate) {
+  if (rate <= 0)
+    return 0;
+  double p = ceil(1.0 / rate - 1e-9);
+  return p < 1 ? 1 : p > 1e18 ? (uint64_t)1e18 : (uint64_t)p;
+}
+
+int mt_instr_init(const mt_spec *s, int stats_on) {
+  int errors = 0;
+  spec_now = s;
+  rate_shadow = mt_param_rate("MINITE_SHADOW", 1.0 / 64, &errors);
+  rate_probe = mt_param_rate("MINITE_PROBE", 1.0 / 64, &errors);
+  rate_digest = mt_param_rate("MINITE_DIGEST", 1.0 / 64, &errors);
+  const char *mb = mt_param_str("MINITE_INSTR_MB");
+  scratch_limit = (size_t)64 << 20;
+  if (mb) {
+    char *end;
+    unsigned long long v = strtoull(mb, &end, 10);
+    if (*end || end == mb || v > (1ull << 20)) {
+      MT_WARN("MINITE_INSTR_MB=%s is not a number of MiB (e.g. 64); using 64", mb);
+      errors++;
+    } else {
+      scratch_limit = (size_t)v << 20;
+    }
+  }
+  period_shadow = period_of(rate_shadow);
+  period_probe = period_of(rate_probe);
+  digest_all = rate_digest >= 1.0;
+  digest_threshold = rate_digest > 0 && !digest_all ? (uint64_t)ldexp(rate_digest, 64) : 0;
+  enabled = stats_on && (period_shadow || period_probe || rate_digest > 0);
+  if (!stats_on && (getenv("MINITE_SHADOW") || getenv("MINITE_PROBE") || getenv("MINITE_DIGEST")))
+    MT_WARN("MINITE_SHADOW, MINITE_PROBE and MINITE_DIGEST write to the statistics file: set "
+            "MINITE_STATS=PATH to get them");
+  if (enabled)
+    pthread_atfork(lock_all, unlock_all, child_after_fork);
+  return errors;
+}
+
+int mt_instr_enabled(void) { return enabled; }
+
+/* --- the routes ---------------------------------------------------------------------------- */
+
+static int route_index(const mt_spec *s, int out, int in) {
+  for (int i = 0; i < s->nroutes; i++)
+    if ((int)s->routes[i].out == out && (int)s->routes[i].in == in)
+      return i;
+  return -1;
+}
+
+/* --- contexts and slots (under lock) ----------------------------------------------------- */
+
+static context *context_get(const mt_driver *d, const mt_instr_driver *e) {
+  CUcontext cu = NULL;
+  if (d->ctx_get_current(&cu) != CUDA_SUCCESS || !cu)
+    return NULL;
+  for (int i = 0; i < ncontexts; i++)
+    if (contexts[i].cu == cu)
+      return contexts[i].mem ? &contexts[i] : NULL;
+  if (ncontexts == MAX_CONTEXTS)
+    return NULL;
+  context *c = &contexts[ncontexts++];
+  c->cu = cu; /* a failure below leaves it without memory: never retried */
+  size_t bytes = SLOTS * SLOT_BYTES + scratch_limit;
+  void *host = NULL;
+  if (d->mem_alloc(&c->mem, bytes) != CUDA_SUCCESS) {
+    c->mem = 0;
+    MT_WARN("could not allocate %zu bytes of device memory for the instruments: they are off on "
+            "this GPU (lower MINITE_INSTR_MB)", bytes);
+    return NULL;
+  }
+  if (e->mem_host_alloc(&host, SLOTS * SLOT_BYTES, 0) != CUDA_SUCCESS) {
+    d->mem_free(c->mem);
+    c->mem = 0;
+    MT_WARN("could not allocate pinned host memory for the instruments: they are off on this GPU");
+    return NULL;
+  }
+  c->host = host;
+  c->scratch_bytes = scratch_limit;
+  int ok = e->event_create(&c->scratch_ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS;
+  for (int i = 0; i < SLOTS && ok; i++) {
+    slot *s = &c->slots[i];
+    s->ctx = c;
+    s->dev = c->mem + (CUdeviceptr)(i * SLOT_BYTES);
+    s->host = c->host + i * SLOT_BYTES;
+    ok = e->event_create(&s->ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS;
+  }
+  if (!ok) {
+    MT_WARN("could not create CUDA events for the instruments: they are off on this GPU");
+    c->mem = 0; /* the memory stays allocated (events may refer to it); counted below */
+  }
+  device_bytes += bytes;
+  host_bytes += SLOTS * SLOT_BYTES;
+  return c->mem ? c : NULL;
+}
+
+static slot *slot_take(context *c) {
+  for (int i = 0; i < SLOTS; i++) {
+    slot *s = &c->slots[(c->next + i) % SLOTS];
+    if (atomic_load_explicit(&s->state, memory_order_acquire) == S_FREE) {
+      c->next = (c->next + i + 1) % SLOTS;
+      return s;
+    }
+  }
+  return NULL;
+}
+
+/* --- the writer thread -------------------------------------------------------------------- */
+
+typedef struct {
+  char *buf;
+  size_t used, size;
+} text;
+
+__attribute__((format(printf, 2, 3))) static void put(text *t, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(t->buf + t->used, t->size - t->used, fmt, ap);
+  va_end(ap);
+  if (n > 0)
+    t->used = (size_t)n < t->size - t->used ? t->used + (size_t)n : t->size - 1;
+}
+
+static void put_float(text *t, double v) {
+  if (isfinite(v))
+    put(t, "%.9g", v);
+  else
+    put(t, "null");
+}
+
+static float float_of_bits(uint32_t b) {
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+}
+
+static void route_name(int route, char *out, size_t size) {
+  snprintf(out, size, "%" PRIu32 "x%" PRIu32, spec_now->routes[route].out,
+           spec_now->routes[route].in);
+}
+
+/* The records of one completed slot (its host block), and its share of the aggregates. */
+static void slot_records(const slot *s, text *t) {
+  const mt_instr_header *h = (const mt_instr_header *)s->host;
+  const mt_instr_row *rows = (const mt_instr_row *)(s->host + sizeof *h);
+  char route[48];
+  route_name(s->route, route, sizeof route);
+  route_stats *r = &routes[s->route];
+  if (s->kinds & K_DIGEST) {
+    unsigned kept = h->selected < ROWS_PER_SLOT ? h->selected : ROWS_PER_SLOT;
+    uint64_t wid = mt_instr_weight_id(h->wsum, s->n, s->k, s->wtype);
+    uint64_t bid = mt_instr_bias_id(s->has_bias, h->bsum, s->n, s->biastype);
+    for (unsigned i = 0; i < kept; i++) {
+      uint64_t key = mt_instr_key(rows[i].row_hash, wid, s->ytype, s->alpha, bid);
+      put(t, "{\"event\": \"digest\", \"scheme\": 1, \"route\": \"%s\", \"key\": \"%016" PRIx64
+             "\", \"hash\": \"%016" PRIx64 "\", \"n\": %d, \"sketch\": [",
+          route, key, rows[i].out_hash, s->n);
+      for (int j = 0; j < MT_INSTR_SKETCH; j++) {
+        put(t, j ? ", " : "");
+        put_float(t, rows[i].sketch[j]);
+      }
+      put(t, "]}\n");
+    }
+    r->digest_calls++;
+    r->digest_rows += kept;
+    r->digest_dropped += h->selected - kept;
+    digest_written += kept;
+    digest_dropped += h->selected - kept;
+  }
+  if (s->kinds & K_SHADOW) {
+    double rel = h->shadow_r2 > 0 ? sqrt(h->shadow_d2 / h->shadow_r2) : h->shadow_d2 > 0 ? INFINITY : 0;
+    double mx = float_of_bits(h->shadow_max_bits);
+    put(t, "{\"event\": \"shadow\", \"route\": \"%s\", \"m\": %d, \"rel_l2\": ", route, s->m);
+    put_float(t, rel);
+    put(t, ", \"max_abs\": ");
+    put_float(t, mx);
+    put(t, ", \"nonfinite\": %" PRIu32 "}\n", h->shadow_nonfinite);
+    r->shadow_calls++;
+    r->shadow_nonfinite += h->shadow_nonfinite;
+    r->rel_l2_sum += rel;
+    r->rel_l2_max = fmax(r->rel_l2_max, rel);
+    r->shadow_max_abs = fmax(r->shadow_max_abs, mx);
+  }
+  if (s->kinds & K_PROBE) {
+    double mx = float_of_bits(h->probe_max_bits);
+    put(t, "{\"event\": \"probe\", \"route\": \"%s\", \"m\": %d, \"rows\": %d, \"differing\": %" PRIu32
+           ", \"max_abs\": ", route, s->m, s->probe_rows, h->probe_differing);
+    put_float(t, mx);
+    put(t, "}\n");
+    r->probe_calls++;
+    r->probe_rows += (unsigned)s->probe_rows;
+    r->probe_differing += h->probe_differing;
+    r->probe_max_abs = fmax(r->probe_max_abs, mx);
+  }
+}
+
+static void count_lost(const slot *s, enum skip why) {
+  if (s->kinds & K_SHADOW)
+    shadow.skipped[why]++;
+  if (s->kinds & K_PROBE)
+    probe.skipped[why]++;
+  if (s->kinds & K_DIGEST)
+    digest.skipped[why]++;
+}
+
+/* One scan over the slots in flight: finished ones become records. Returns how many finished.
+ * Called with lock held; drops it around the formatting and the write. */
+static int scan(const mt_instr_driver *e, text *t) {
+  int done = 0;
+  for (int ci = 0; ci < ncontexts; ci++) {
+    context *c = &contexts[ci];
+    if (!c->mem)
+      continue;
+    int current = 0;
+    for (int i = 0; i < SLOTS; i++) {
+      slot *s = &c->slots[i];
+      if (atomic_load_explicit(&s->state, memory_order_acquire) != S_FLIGHT)
+        continue;
+      if (!current && e->ctx_set_current(c->cu) != CUDA_SUCCESS)
+        break;
+      current = 1;
+      CUresult q = e->event_query(s->ev);
+      if (q == CUDA_ERROR_NOT_READY)
+        continue;
+      t->used = 0;
+      if (q == CUDA_SUCCESS)
+        slot_records(s, t);
+      else
+        count_lost(s, SK_ERROR);
+      atomic_store_explicit(&s->state, S_FREE, memory_order_release);
+      in_flight--;
+      done++;
+      if (t->used) {
+        pthread_mutex_unlock(&lock);
+        mt_stats_append(t->buf, t->used);
+        pthread_mutex_lock(&lock);
+      }
+    }
+  }
+  return done;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void *writer_main(void *arg) {
+  (void)arg;
+  const mt_instr_driver *e = mt_instr_driver_get();
+  static char buf[ROWS_PER_SLOT * 320 + 4096];
+  text t = {buf, 0, sizeof buf};
+  double deadline = 0;
+  pthread_mutex_lock(&lock);
+  for (;;) {
+    while (!in_flight && !stopping)
+      pthread_cond_wait(&wake, &lock);
+    if (stopping && !deadline)
+      deadline = now_s() + DRAIN_SECONDS;
+    if (stopping && (!in_flight || now_s() > deadline))
+      break;
+    if (!scan(e, &t)) {
+      pthread_mutex_unlock(&lock);
+      nanosleep(&(struct timespec){0, POLL_NS}, NULL);
+      pthread_mutex_lock(&lock);
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return NULL;
+}
+
+void mt_instr_drain(void) {
+  pthread_mutex_lock(&lock);
+  if (stopped || !writer_started) {
+    stopped = 1;
+    pthread_mutex_unlock(&lock);
+    return;
+  }
+  stopping = 1;
+  pthread_cond_broadcast(&wake);
+  pthread_mutex_unlock(&lock);
+  pthread_join(writer, NULL);
+  pthread_mutex_lock(&lock);
+  stopped = 1;
+  for (int ci = 0; ci < ncontexts; ci++)
+    for (int i = 0; i < SLOTS && contexts[ci].mem; i++) {
+      slot *s = &contexts[ci].slots[i];
+      if (atomic_load(&s->state) == S_FLIGHT) {
+        count_lost(s, SK_EXIT);
+        atomic_store(&s->state, S_LOST);
+      }
+    }
+  in_flight = 0;
+  pthread_mutex_unlock(&lock);
+}
+
+static void drain_at_exit(void) { mt_instr_drain(); }
+
+/* Under lock. Registered at the first instrumented call, after the program has initialized CUDA:
+ * atexit handlers run in reverse order, so the drain runs before the driver's own teardown. */
+static int writer_start(void) {
+  if (writer_started)
+    return 1;
+  if (stopped)
+    return 0;
+  if (pthread_create(&writer, NULL, writer_main, NULL) != 0) {
+    MT_WARN_ONCE("could not start the instruments' writer thread: instruments are off");
+    enabled = 0;
+    return 0;
+  }
+  writer_started = 1;
+  atexit(drain_at_exit);
+  return 1;
+}
+
+/* --- the calling side ---------------------------------------------------------------------- */
+
+static int stream_capturing(const mt_driver *d, mt_stream stream) {
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (d->stream_is_capturing((CUstream)stream, &st) != CUDA_SUCCESS)
+    return 1;
+  return st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+static int single_problem(const mt_call *c) {
+  return (c->entry == MT_FN_cublasGemmEx || c->entry == MT_FN_cublasGemmEx_64 ||
+          c->entry == MT_FN_cublasLtMatmul) && c->batch == 1 && !c->pointer_arrays &&
+         c->group_count == 0;
+}
+
+/* The call again through the real cuBLAS, tokens [row, row + rows) of it, output into `out`
+ * (row stride ldo) with beta = 0. Lt reruns only whole calls (its layouts fix the token count). */
+static int rerun_cublas(const mt_call *c, int64_t row, int64_t rows, void *out, int64_t ldo) {
+  static const float zero = 0.0f;
+  const char *b = (const char *)c->b + 2 * row * c->ldb;
+  if (c->entry == MT_FN_cublasGemmEx) {
+    mt_fn_cublasGemmEx f = MT_REAL_FN(cublasGemmEx);
+    return f && f(c->handle, c->transa, c->transb, (int)c->m, (int)rows, (int)c->k, c->alpha, c->a,
+                  c->atype, (int)c->lda, b, c->btype, (int)c->ldb, &zero, out, c->ctype, (int)ldo,
+                  c->compute, c->algo) == CUBLAS_STATUS_SUCCESS;
+  }
+  if (c->entry == MT_FN_cublasGemmEx_64) {
+    mt_fn_cublasGemmEx_64 f = MT_REAL_FN(cublasGemmEx_64);
+    return f && f(c->handle, c->transa, c->transb, c->m, rows, c->k, c->alpha, c->a, c->atype,
+                  c->lda, b, c->btype, c->ldb, &zero, out, c->ctype, ldo, c->compute,
+                  c->algo) == CUBLAS_STATUS_SUCCESS;
+  }
+  if (c->entry == MT_FN_cublasLtMatmul && row == 0 && rows == c->n && ldo == c->ldd) {
+    mt_fn_cublasLtMatmul f = MT_REAL_FN(cublasLtMatmul);
+    return f && f(c->handle, c->lt_desc, c->alpha, c->a, c->lt_adesc, c->b, c->lt_bdesc, &zero,
+                  c->c, c->lt_cdesc, out, c->lt_ddesc, c->lt_algo, c->workspace,
+                  (size_t)c->workspace_bytes, c->stream) == CUBLAS_STATUS_SUCCESS;
+  }
+  return 0;
+}
+
+/* Rows the probe recomputes: first, last and two spread between, distinct. */
+static int probe_rows_of(int m, int32_t rows[MT_INSTR_PROBE_ROWS]) {
+  int cand[MT_INSTR_PROBE_ROWS] = {0, m / 3, (2 * m) / 3, m - 1}, n = 0;
+  for (int i = 0; i < MT_INSTR_PROBE_ROWS; i++) {
+    int dup = 0;
+    for (int j = 0; j < n; j++)
+      dup |= rows[j] == cand[i];
+    if (!dup)
+      rows[n++] = cand[i];
+  }
+  return n;
+}
+
+/* The probe's rows alone: through the engine (M = 1 each, the call's own quantized weight and
+ * workspace, ordered after the call on its stream) or, for bf16, through cuBLAS. */
+static int run_probe(const mt_instr_call *ic, CUdeviceptr scratch, mt_instr_probe_args *pa) {
+  pa->nrows = probe_rows_of(ic->m, pa->rows);
+  for (int i = 0; i < pa->nrows; i++) {
+    void *out = (void *)(scratch + (CUdeviceptr)(2 * (size_t)i * ic->n));
+    if (ic->engine) {
+      mt_gemm_args one = *ic->engine;
+      one.m = 1;
+      one.x = (const char *)ic->x + 2 * (size_t)pa->rows[i] * ic->ldx;
+      one.y = out;
+      one.ldy = (size_t)ic->n;
+      one.c = NULL;
+      one.beta = 0.0f;
+      if (mt_gemm(&one, (mt_stream)ic->call->stream) != MT_OK)
+        return 0;
+    } else if (!rerun_cublas(ic->call, pa->rows[i], 1, out, ic->n)) {
+      return 0;
+    }
+  }
+  pa->y = ic->y;
+  pa->alone = (const void *)scratch;
+  pa->ldy = (int64_t)ic->ldy;
+  pa->n = ic->n;
+  pa->type = ic->ytype;
+  return 1;
+}
+
+/* Can the scratch serve this stream now (see the file comment)? Under lock. */
+static int scratch_free(const mt_instr_driver *e, context *c, CUstream stream) {
+  if (!c->scratch_used || c->scratch_stream == stream)
+    return 1;
+  return e->event_query(c->scratch_ev) == CUDA_SUCCESS;
+}
+
+typedef struct {
+  int route, shadow, probe;
+} sampled;
+
+/* Which instruments this call gets (the per-route counters advance here). Under lock. */
+static sampled sample(const mt_instr_call *ic) {
+  sampled p = {route_index(ic->spec, ic->n, ic->k), 0, 0};
+  if (p.route < 0)
+    return p;
+  route_stats *r = &routes[p.route];
+  if (period_shadow)
+    p.shadow = r->shadow_seen++ % period_shadow == 0;
+  if (period_probe && ic->m > 1)
+    p.probe = r->probe_seen++ % period_probe == 0;
+  return p;
+}
+
+static void skip_all(int kinds, enum skip why) {
+  if (kinds & K_SHADOW)
+    shadow.skipped[why]++;
+  if (kinds & K_PROBE)
+    probe.skipped[why]++;
+  if (kinds & K_DIGEST)
+    digest.skipped[why]++;
+}
+
+/* Enqueue the chosen instruments into slot s on the call's stream; returns the kinds enqueued
+ * (0 when the memset failed: nothing was enqueued). Under lock. */
+static int enqueue(const mt_instr_call *ic, context *c, slot *s, int kinds, const mt_driver *d,
+                   const mt_instr_driver *e) {
+  CUstream stream = (CUstream)ic->call->stream;
+  mt_instr_header *hdr = (mt_instr_header *)s->dev;
+  if (d->memset_d8_async(s->dev, 0, sizeof *hdr, stream) != CUDA_SUCCESS)
+    return 0;
+  if (kinds & K_DIGEST) {
+    mt_instr_digest_args da = {
+        .x = ic->x, .y = ic->y, .ldx = (int64_t)ic->ldx, .ldy = (int64_t)ic->ldy, .m = ic->m,
+        .n = ic->n, .k = ic->k, .xtype = ic->xtype, .ytype = ic->ytype, .all = digest_all,
+        .threshold = digest_threshold, .hdr = hdr,
+        .rows = (mt_instr_row *)(s->dev + sizeof *hdr), .cap = ROWS_PER_SLOT};
+    size_t bias_elem = ic->biastype == MT_DTYPE_FP32 ? 4 : 2;
+    mt_instr_weight_args wa = {.w = ic->w, .ldw = (int64_t)ic->ldw, .frozen_sum = ic->frozen_sum,
+                               .bias = ic->bias, .bias_bytes = ic->bias ? (int64_t)(bias_elem * ic->n) : 0,
+                               .n = ic->n, .k = ic->k, .hdr = hdr};
+    if (mt_instr_launch_digest(&da, (mt_stream)stream) != MT_OK ||
+        mt_instr_launch_weight(&wa, (mt_stream)stream) != MT_OK) {
+      digest.skipped[SK_ERROR]++;
+      kinds &= ~K_DIGEST;
+    }
+  }
+  CUdeviceptr scratch = c->mem + (CUdeviceptr)(SLOTS * SLOT_BYTES);
+  size_t probe_bytes = (size_t)MT_INSTR_PROBE_ROWS * ic->n * 2;
+  if (kinds & K_PROBE) {
+    mt_instr_probe_args pa = {.hdr = hdr};
+    if (!run_probe(ic, scratch, &pa) || mt_instr_launch_probe(&pa, (mt_stream)stream) != MT_OK) {
+      probe.skipped[SK_ERROR]++;
+      kinds &= ~K_PROBE;
+    } else {
+      s->probe_rows = pa.nrows;
+    }
+  }
+  if (kinds & K_SHADOW) {
+    CUdeviceptr ref = scratch + (CUdeviceptr)((probe_bytes + 255) / 256 * 256);
+    mt_instr_shadow_args sa = {.y = ic->y, .ref = (const void *)ref, .ld = (int64_t)ic->ldy,
+                               .m = ic->m, .n = ic->n, .type = ic->ytype, .hdr = hdr};
+    if (!rerun_cublas(ic->call, 0, ic->m, (void *)ref, (int64_t)ic->ldy) ||
+        mt_instr_launch_shadow(&sa, (mt_stream)stream) != MT_OK) {
+      shadow.skipped[SK_ERROR]++;
+      kinds &= ~K_SHADOW;
+    }
+  }
+  if (kinds & (K_PROBE | K_SHADOW)) {
+    c->scratch_used = 1;
+    c->scratch_stream = stream;
+    e->event_record(c->scratch_ev, stream);
+  }
+  return kinds;
+}
+
+/* The scratch's room and availability for the probe and shadow; under lock. */
+static int scratch_gate(const mt_instr_call *ic, context *c, const mt_instr_driver *e, int kinds) {
+  size_t probe_bytes = ((size_t)MT_INSTR_PROBE_ROWS * ic->n * 2 + 255) / 256 * 256;
+  size_t shadow_bytes = 2 * ((size_t)(ic->m - 1) * ic->ldy + (size_t)ic->n);
+  if ((kinds & K_SHADOW) && probe_bytes + shadow_bytes > c->scratch_bytes) {
+    shadow.skipped[SK_SCRATCH]++;
+    kinds &= ~K_SHADOW;
+  }
+  if ((kinds & K_PROBE) && probe_bytes > c->scratch_bytes) {
+    probe.skipped[SK_SCRATCH]++;
+    kinds &= ~K_PROBE;
+  }
+  if ((kinds & (K_PROBE | K_SHADOW)) && !scratch_free(e, c, (CUstream)ic->call->stream)) {
+    skip_all(kinds & (K_PROBE | K_SHADOW), SK_BUSY);
+    kinds &= ~(K_PROBE | K_SHADOW);
+  }
+  return kinds;
+}
+
+void mt_instr_after(const mt_instr_call *ic) {
+  if (!enabled)
+    return;
+  const mt_driver *d = mt_driver_get();
+  const mt_instr_driver *e = mt_instr_driver_get();
+  pthread_mutex_lock(&lock);
+  sampled p = sample(ic);
+  int kinds = (p.shadow ? K_SHADOW : 0) | (p.probe ? K_PROBE : 0) | (rate_digest > 0 ? K_DIGEST : 0);
+  if (p.route < 0 || !kinds || !d || !e || stopped) {
+    pthread_mutex_unlock(&lock);
+    return;
+  }
+  if (kinds & K_SHADOW)
+    shadow.calls++;
+  if (kinds & K_PROBE)
+    probe.calls++;
+  if (kinds & K_DIGEST)
+    digest.calls++;
+  /* beta != 0: y is beta C + ..., and C may be y itself, already overwritten */
+  if (ic->beta != 0.0f) {
+    skip_all(kinds, SK_BETA);
+    pthread_mutex_unlock(&lock);
+    return;
+  }
+  if ((kinds & K_SHADOW) && !single_problem(ic->call)) {
+    shadow.skipped[SK_ENTRY]++;
+    kinds &= ~K_SHADOW;
+  }
+  if ((kinds & K_PROBE) && !ic->engine && ic->call->entry == MT_FN_cublasLtMatmul) {
+    probe.skipped[SK_ENTRY]++;
+    kinds &= ~K_PROBE;
+  }
+  context *c = NULL;
+  slot *s = NULL;
+  if (ic->capturing || stream_capturing(d, (mt_stream)ic->call->stream)) {
+    skip_all(kinds, SK_CAPTURE);
+    kinds = 0;
+  } else if (!(c = context_get(d, e)) || !writer_start()) {
+    skip_all(kinds, SK_ERROR);
+    kinds = 0;
+  } else if (!(s = slot_take(c))) {
+    skip_all(kinds, SK_NO_SLOT);
+    dropped_slots++;
+    kinds = 0;
+  }
+  if (kinds)
+    kinds = scratch_gate(ic, c, e, kinds);
+  if (kinds) {
+    s->kinds = kinds;
+    s->route = p.route;
+    s->m = ic->m, s->n = ic->n, s->k = ic->k;
+    s->xtype = ic->xtype, s->ytype = ic->ytype, s->wtype = ic->wtype;
+    s->has_bias = ic->bias != NULL, s->biastype = ic->biastype;
+    s->alpha = ic->alpha;
+    s->probe_rows = 0;
+    int got = enqueue(ic, c, s, kinds, d, e);
+    skip_all(kinds & ~got, SK_ERROR);
+    CUstream stream = (CUstream)ic->call->stream;
+    if (got && (d->memcpy_dtoh_async(s->host, s->dev, SLOT_BYTES, stream) != CUDA_SUCCESS ||
+                e->event_record(s->ev, stream) != CUDA_SUCCESS)) {
+      /* enqueued work whose end cannot be known: the slot is never reused */
+      skip_all(got, SK_ERROR);
+      atomic_store(&s->state, S_LOST);
+    } else if (got) {
+      s->kinds = got;
+      atomic_store_explicit(&s->state, S_FLIGHT, memory_order_release);
+      in_flight++;
+      pthread_cond_signal(&wake);
+    }
+  }
+  pthread_mutex_unlock(&lock);
+}
+
+/* --- bf16: cuBLAS is the routed engine ------------------------------------------------------ */
+
+static enum mt_dtype dtype_of(int cuda_type) {
+  return cuda_type == CUDA_R_16F ? MT_DTYPE_FP16 : cuda_type == CUDA_R_32F ? MT_DTYPE_FP32 : MT_DTYPE_BF16;
+}
+
+void mt_instr_from_call(const mt_spec *s, const mt_call *c, const float *alpha, const float *beta,
+                        mt_instr_call *out) {
+  int bias = c->entry == MT_FN_cublasLtMatmul && c->epilogue == CUBLASLT_EPILOGUE_BIAS;
+  *out = (mt_instr_call){
+      .spec = s, .call = c, .w = c->a, .ldw = (size_t)c->lda, .wtype = dtype_of(c->atype),
+      .m = (int)c->n, .n = (int)c->m, .k = (int)c->k, .x = c->b, .ldx = (size_t)c->ldb,
+      .xtype = dtype_of(c->btype), .y = c->d, .ldy = (size_t)c->ldd, .ytype = dtype_of(c->dtype),
+      .alpha = *alpha, .beta = *beta,
+      .bias = bias ? c->bias : NULL,
+      .biastype = !bias || c->bias_type == -1 ? dtype_of(c->dtype) : dtype_of(c->bias_type)};
+}
+
+int mt_instr_bf16(const mt_spec *s, const mt_call *c, cublasStatus_t *status) {
+  if (!enabled || !single_problem(c) || c->m > INT32_MAX || c->n > INT32_MAX || c->k > INT32_MAX ||
+      !mt_driver_get() || !mt_instr_driver_get())
+    return 0;
+  if (c->entry == MT_FN_cublasLtMatmul) {
+    mt_fn_cublasLtMatmul f = MT_REAL_FN(cublasLtMatmul);
+    if (!f)
+      return 0;
+    *status = f(c->handle, c->lt_desc, c->alpha, c->a, c->lt_adesc, c->b, c->lt_bdesc, c->beta,
+                c->c, c->lt_cdesc, c->d, c->lt_ddesc, c->lt_algo, c->workspace,
+                (size_t)c->workspace_bytes, c->stream);
+  } else if (c->entry == MT_FN_cublasGemmEx) {
+    mt_fn_cublasGemmEx f = MT_REAL_FN(cublasGemmEx);
+    if (!f)
+      return 0;
+    *status = f(c->handle, c->transa, c->transb, (int)c->m, (int)c->n, (int)c->k, c->alpha, c->a,
+                c->atype, (int)c->lda, c->b, c->btype, (int)c->ldb, c->beta, (void *)c->c,
+                c->ctype, (int)c->ldc, c->compute, c->algo);
+  } else {
+    mt_fn_cublasGemmEx_64 f = MT_REAL_FN(cublasGemmEx_64);
+    if (!f)
+      return 0;
+    *status = f(c->handle, c->transa, c->transb, c->m, c->n, c->k, c->alpha, c->a, c->atype,
+                c->lda, c->b, c->btype, c->ldb, c->beta, (void *)c->c, c->ctype, c->ldc,
+                c->compute, c->algo);
+  }
+  if (*status == CUBLAS_STATUS_SUCCESS) {
+    mt_instr_call ic;
+    mt_instr_from_call(s, c, (const float *)c->alpha, (const float *)c->beta, &ic);
+    mt_instr_after(&ic);
+  }
+  return 1;
+}
+
+/* --- the summary --------------------------------------------------------------------------- */
+
+static void emit_skips(void (*emit)(void *, const char *), void *ctx, const instrument *in) {
+  char b[96];
+  emit(ctx, "\"skipped\": {");
+  int first = 1;
+  for (int i = 0; i < SK_COUNT; i++) {
+    if (!in->skipped[i])
+      continue;
+    snprintf(b, sizeof b, "%s\"%s\": %llu", first ? "" : ", ", skip_names[i], in->skipped[i]);
+    emit(ctx, b);
+    first = 0;
+  }
+  emit(ctx, "}");
+}
+
+static void fmt_num(char *out, size_t size, double v) {
+  if (isfinite(v))
+    snprintf(out, size, "%.9g", v);
+  else
+    snprintf(out, size, "null");
+}
+
+static void emit_route(void (*emit)(void *, const char *), void *ctx, int i, int first) {
+  const route_stats *r = &routes[i];
+  char name[48], b[768], mean[32], rmax[32], smax[32], pmax[32];
+  route_name(i, name, sizeof name);
+  fmt_num(mean, sizeof mean, r->shadow_calls ? r->rel_l2_sum / r->shadow_calls : NAN);
+  fmt_num(rmax, sizeof rmax, r->shadow_calls ? r->rel_l2_max : NAN);
+  fmt_num(smax, sizeof smax, r->shadow_calls ? r->shadow_max_abs : NAN);
+  fmt_num(pmax, sizeof pmax, r->probe_calls ? r->probe_max_abs : NAN);
+  snprintf(b, sizeof b,
+           "%s\"%s\": {\"shadow\": {\"calls\": %llu, \"rel_l2_mean\": %s, \"rel_l2_max\": %s, "
+           "\"max_abs\": %s, \"nonfinite\": %llu}, \"probe\": {\"calls\": %llu, \"rows\": %llu, "
+           "\"differing\": %llu, \"max_abs\": %s}, \"digest\": {\"calls\": %llu, \"written\": %llu, "
+           "\"dropped\": %llu}}",
+           first ? "" : ", ", name, r->shadow_calls, mean, rmax, smax, r->shadow_nonfinite,
+           r->probe_calls, r->probe_rows, r->probe_differing, pmax, r->digest_calls, r->digest_rows,
+           r->digest_dropped);
+  emit(ctx, b);
+}
+
+void mt_instr_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
+  if (!spec_now || !(period_shadow || period_probe || rate_digest > 0))
+    return;
+  pthread_mutex_lock(&lock);
+  char b[512];
+  const struct {
+    const char *name;
+    double rate;
+    const instrument *in;
+  } ins[3] = {{"shadow", rate_shadow, &shadow}, {"probe", rate_probe, &probe},
+              {"digest", rate_digest, &digest}};
+  emit(ctx, ", \"instruments\": {");
+  for (int i = 0; i < 3; i++) {
+    snprintf(b, sizeof b, "\"%s\": {\"rate\": %.9g, \"calls\": %llu, ", ins[i].name, ins[i].rate,
+             ins[i].in->calls);
+    emit(ctx, b);
+    emit_skips(emit, ctx, ins[i].in);
+    emit(ctx, "}, ");
+  }
+  snprintf(b, sizeof b, "\"slots\": %d, \"dropped_calls\": %llu, \"device_bytes\": %zu, "
+           "\"host_bytes\": %zu, \"routes\": {", SLOTS, dropped_slots, device_bytes, host_bytes);
+  emit(ctx, b);
+  int first = 1;
+  for (int i = 0; i < spec_now->nroutes; i++) {
+    const route_stats *r = &routes[i];
+    if (!(r->shadow_calls || r->probe_calls || r->digest_calls))
+      continue;
+    emit_route(emit, ctx, i, first);
+    first = 0;
+  }
+  unsigned long long lost = digest.skipped[SK_NO_SLOT] + digest.skipped[SK_EXIT];
+  snprintf(b, sizeof b, "}}, \"digests\": {\"written\": %llu, \"dropped\": %llu, "
+           "\"dropped_calls\": %llu}", digest_written, digest_dropped, lost);
+  emit(ctx, b);
+  pthread_mutex_unlock(&lock);
+}
+
+void mt_instr_get(mt_instr_counts *out) {
+  pthread_mutex_lock(&lock);
+  memset(out, 0, sizeof *out);
+  for (int i = 0; i < MT_SPEC_MAX_ROUTES; i++) {
+    out->shadow_calls += routes[i].shadow_calls;
+    out->probe_calls += routes[i].probe_calls;
+    out->probe_rows += routes[i].probe_rows;
+    out->probe_differing += routes[i].probe_differing;
+  }
+  out->digest_written = digest_written;
+  out->digest_dropped = digest_dropped;
+  out->dropped_slots = dropped_slots;
+  out->skipped_capture =
+      shadow.skipped[SK_CAPTURE] + probe.skipped[SK_CAPTURE] + digest.skipped[SK_CAPTURE];
+  pthread_mutex_unlock(&lock);
+}

@@ -1,0 +1,86 @@
+/* instr.h — the mismatch instruments of a routed call (DESIGN.md §5): shadow error, invariance
+ * probe and row digests, each sampled, none synchronizing the caller's stream.
+ *
+ *   MINITE_SHADOW=rate  every ceil(1/rate)-th routed call of a route (the first included) also
+ *                       runs the original BF16 GEMM (the real cuBLAS entry point) into scratch:
+ *                       relative L2 and max |diff| of the routed output against it
+ *   MINITE_PROBE=rate   every ceil(1/rate)-th routed call with M > 1 of a route recomputes up to
+ *                       4 rows (first, last, two between) alone (M = 1) and compares bit for bit
+ *   MINITE_DIGEST=rate  output rows whose input-row hash is below rate * 2^64: a "digest" record
+ *                       (scheme 1 of scripts/minite-compare; hashes in kernels/instr.h)
+ *   MINITE_INSTR_MB     device scratch for the shadow's output and the probe's rows, per GPU
+ * Rates are a number in [0, 1] ("0.015625") or a fraction ("1/64"); 0 turns an instrument off.
+ * They need MINITE_STATS (the records go there).
+ *
+ * After a routed GEMM (shim/exec.c for the engine, shim.c for spec bf16, whose routed calls are
+ * cuBLAS's), mt_instr_after enqueues the instruments' kernels on the call's stream into a result
+ * slot, copies the slot to pinned host memory with cuMemcpyDtoHAsync and records an event; one
+ * background thread per process polls the events and writes the records. Slots are a fixed pool:
+ * a call that finds none free is not instrumented and counted as dropped. Nothing runs while the
+ * stream captures a graph (counted as skipped). At exit, what completes within 2 s is written;
+ * the rest is counted as dropped.
+ */
+#ifndef MT_INSTR_SHIM_H
+#define MT_INSTR_SHIM_H
+
+#include <stddef.h>
+
+#include "kernels/engine.h"
+#include "shim/call.h"
+#include "spec/spec.h"
+
+/* Read MINITE_SHADOW, MINITE_PROBE, MINITE_DIGEST, MINITE_INSTR_MB. stats_on: MINITE_STATS is
+ * set (otherwise every instrument is off). Returns the number of invalid values (each warned). */
+int mt_instr_init(const mt_spec *s, int stats_on);
+
+/* 1 when any instrument is on (and the process is not a forked child). */
+int mt_instr_enabled(void);
+
+/* One routed problem, in the engine's terms (y[m][n] = x[m][k] . W[n][k]^T). */
+typedef struct {
+  const mt_spec *spec;
+  const mt_call *call;        /* the problem as cuBLAS saw it (shadow and bf16 probe rerun it) */
+  const mt_gemm_args *engine; /* the engine's arguments, or NULL when cuBLAS computed y (bf16) */
+  const uint64_t *frozen_sum; /* the frozen cache's stored content sum of W, or NULL */
+  const void *w;
+  size_t ldw;
+  enum mt_dtype wtype;
+  int m, n, k;
+  const void *x;
+  size_t ldx;
+  enum mt_dtype xtype;
+  const void *y;
+  size_t ldy;
+  enum mt_dtype ytype;
+  float alpha, beta;
+  const void *bias;
+  enum mt_dtype biastype;
+  int capturing;
+} mt_instr_call;
+
+/* An mt_instr_call from a TN problem and its host alpha and beta (engine and frozen_sum NULL). */
+void mt_instr_from_call(const mt_spec *s, const mt_call *c, const float *alpha, const float *beta,
+                        mt_instr_call *out);
+
+/* Enqueue the sampled instruments of one routed problem whose output is already enqueued. */
+void mt_instr_after(const mt_instr_call *ic);
+
+/* Spec bf16: run a routed single-problem call through the real cuBLAS, then its instruments.
+ * Returns 1 when it ran the call (result in *status), 0 when the hook must run it itself. */
+int mt_instr_bf16(const mt_spec *s, const mt_call *c, cublasStatus_t *status);
+
+/* Stop the background writer after writing what completes within the time limit (at exit). */
+void mt_instr_drain(void);
+
+/* The summary's parts: `emit` receives JSON text, the instruments' object (",\"instruments\":
+ * {...}, \"digests\": {...}"), nothing when every instrument is off. */
+void mt_instr_summary(void (*emit)(void *ctx, const char *text), void *ctx);
+
+/* For tests: totals so far. */
+typedef struct {
+  unsigned long long shadow_calls, probe_calls, probe_rows, probe_differing, digest_written,
+      digest_dropped, dropped_slots, skipped_capture;
+} mt_instr_counts;
+void mt_instr_get(mt_instr_counts *out);
+
+#endif

@@ -1,0 +1,747 @@
+/* test_shim_instr.c — the instruments of routed calls (shim/instr.c: MINITE_SHADOW, MINITE_PROBE,
+ * MINITE_DIGEST) on the CPU, through the preloaded shim with the fake cuBLAS and the fake
+ * libcuda.so.1 of tests/cpu/fake, which runs the instruments' kernels on the host through the
+ * twin in kernels/instr.h.
+ *
+ * In-process: the rate parser; the host twin of the digest math (mix64, signs, sketch) against
+ * the Python reference in scripts/minite-compare.
+ * Children (`test_shim_instr child SCENARIO BUILD`, each under LD_PRELOAD): the launch sequence
+ * after a routed GEMM, the per-route sampling, capture (skipped, nothing allocated or read back),
+ * the bounded slots (drops counted, never a wait), event queries only on the writer thread and no
+ * synchronisation, spec bf16 (shadow exactly 0, probe 0 differing), and records that
+ * scripts/minite-compare reads and joins across two processes with different batchings.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kernels/instr.h"
+#include "shim/param.h"
+#include "tests/cpu/fake/fake.h"
+#include "tests/cpu/fake/fake_cuda.h"
+#include "tests/cpu/preload.h"
+#include "tests/harness.h"
+
+extern char **environ;
+
+#define OUT 256
+#define IN 512
+#define OUT2 1024
+#define ROUTES "MINITE_ROUTE=256x512,1024x512"
+#define S1 ((CUstream)(uintptr_t)0x1000)
+
+/* ======================================================================================== */
+/* The child.                                                                               */
+/* ======================================================================================== */
+
+static void *lib_cublas, *lib_cuda;
+static cublasHandle_t handle;
+static const float one = 1.0f, zero = 0.0f, half = 0.5f;
+static __typeof__(&cublasGemmEx) hook_gemm;
+static void (*cublas_last)(fake_record *);
+static fake_cuda_events_fn cuda_events;
+static fake_cuda_counts_fn cuda_counts;
+static fake_cuda_set_capturing_fn set_capturing;
+static fake_cuda_hold_events_fn hold_events;
+static fake_cuda_event_queries_fn event_queries;
+static uint32_t seed = 777;
+
+static uint16_t *matrix(size_t elems) {
+  uint16_t *p = aligned_alloc(64, (elems * 2 + 63) / 64 * 64);
+  for (size_t i = 0; i < elems; i++) {
+    seed = seed * 1664525u + 1013904223u;
+    p[i] = fake_float_to_bf16((float)((int)(seed >> 25) - 64) / 64.0f);
+  }
+  return p;
+}
+
+static void *sym(void *lib, const char *name) {
+  void *p = dlsym(lib, name);
+  if (!p)
+    printf("    child: %s not found\n", name);
+  return p;
+}
+
+static int load_fakes(const char *build) {
+  char path[PATH_MAX + 64];
+  snprintf(path, sizeof path, "%s/tests/cpu/fake/driver/libcuda.so.1", build);
+  if (!(lib_cuda = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
+    return printf("    child: %s\n", dlerror()), -1;
+  cuda_events = (fake_cuda_events_fn)sym(lib_cuda, "fake_cuda_events");
+  cuda_counts = (fake_cuda_counts_fn)sym(lib_cuda, "fake_cuda_counts_get");
+  set_capturing = (fake_cuda_set_capturing_fn)sym(lib_cuda, "fake_cuda_set_capturing");
+  hold_events = (fake_cuda_hold_events_fn)sym(lib_cuda, "fake_cuda_hold_events");
+  event_queries = (fake_cuda_event_queries_fn)sym(lib_cuda, "fake_cuda_event_queries");
+  snprintf(path, sizeof path, "%s/tests/cpu/fake/libcublas.so.13", build);
+  if (!(lib_cublas = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
+    return printf("    child: %s\n", dlerror()), -1;
+  snprintf(path, sizeof path, "%s/tests/cpu/fake/libcublasLt.so.13", build);
+  if (!dlopen(path, RTLD_NOW | RTLD_LOCAL))
+    return printf("    child: %s\n", dlerror()), -1;
+  hook_gemm = (__typeof__(hook_gemm))dlsym(RTLD_DEFAULT, "cublasGemmEx");
+  cublas_last = (void (*)(fake_record *))sym(lib_cublas, "fake_cublas_last");
+  __typeof__(&cublasCreate_v2) create = (__typeof__(create))sym(lib_cublas, "cublasCreate_v2");
+  __typeof__(&cublasSetStream_v2) set = (__typeof__(set))sym(lib_cublas, "cublasSetStream_v2");
+  if (!hook_gemm || !cublas_last || !create || !set || !cuda_events || !hold_events ||
+      !event_queries || create(&handle))
+    return -1;
+  set(handle, (cudaStream_t)S1);
+  return 0;
+}
+
+static long cublas_calls(void) {
+  fake_record r;
+  cublas_last(&r);
+  return r.calls;
+}
+
+static int now(void) {
+  const fake_cuda_event *e;
+  return cuda_events(&e);
+}
+
+static const fake_cuda_event *event(int i) {
+  const fake_cuda_event *e;
+  cuda_events(&e);
+  return &e[i];
+}
+
+/* The events since `from` as words (launches by name without the engine's, which
+ * test_shim_engine.c checks: "gemm" stands for the engine's kernels of one problem). */
+static const char *trace(int from) {
+  static char s[4096];
+  size_t used = 0;
+  s[0] = '\0';
+  for (int i = from; i < now() && used < sizeof s - 64; i++) {
+    const fake_cuda_event *e = event(i);
+    const char *w = NULL;
+    char buf[64];
+    int engine = e->kind == FAKE_EV_LAUNCH && strncmp(e->name, "mt_instr_", 9);
+    if (engine || (e->kind == FAKE_EV_MEMSET && e->bytes == 4) || e->kind == FAKE_EV_TMAP ||
+        e->kind == FAKE_EV_SETATTR) {
+      if (engine && (!strncmp(e->name, "mt_gemm_small", 13) ||
+                     !strncmp(e->name, "mt_gemm_large", 13))) {
+        w = "gemm";
+      } else {
+        continue;
+      }
+    } else if (e->kind == FAKE_EV_LAUNCH) {
+      w = e->name + 9; /* digest, weight, shadow, probe */
+    } else {
+      switch (e->kind) {
+      case FAKE_EV_ALLOC: w = "alloc"; break;
+      case FAKE_EV_FREE: w = "free"; break;
+      case FAKE_EV_MEMSET: snprintf(buf, sizeof buf, "memset%zu", e->bytes), w = buf; break;
+      case FAKE_EV_DTOH: w = "dtoh"; break;
+      case FAKE_EV_SYNC: w = "sync"; break;
+      case FAKE_EV_CTX_SYNC: w = "ctxsync"; break;
+      case FAKE_EV_LOAD: w = "load"; break;
+      case FAKE_EV_RECORD: w = "record"; break;
+      case FAKE_EV_HOSTALLOC: w = "hostalloc"; break;
+      default: w = "?";
+      }
+    }
+    used += (size_t)snprintf(s + used, sizeof s - used, "%s%s", used ? " " : "", w);
+  }
+  return s;
+}
+
+#define CHECK_TRACE(from, want)                                                                    \
+  do {                                                                                             \
+    const char *got_ = trace(from);                                                                \
+    CHECKF(!strcmp(got_, want), "\n      got  %s\n      want %s", got_, want);                    \
+  } while (0)
+
+static int find_launch(int from, const char *name, int nth) {
+  for (int i = from; i < now(); i++) {
+    const fake_cuda_event *e = event(i);
+    if (e->kind == FAKE_EV_LAUNCH && !strcmp(e->name, name) && nth-- == 0)
+      return i;
+  }
+  return -1;
+}
+
+static void check_clean(void) {
+  fake_cuda_counts c;
+  cuda_counts(&c);
+  CHECKF(c.invalid == 0, "%ld driver calls the real driver would refuse", c.invalid);
+  CHECKF(c.during_capture == 0, "%ld allocations or read-backs while capturing", c.during_capture);
+}
+
+typedef struct {
+  int out, tokens;
+  uint16_t *w, *x, *y;
+} problem;
+
+static problem make(int out, int tokens) {
+  problem p = {out, tokens, matrix((size_t)out * IN), matrix((size_t)tokens * IN), NULL};
+  p.y = matrix((size_t)out * tokens);
+  return p;
+}
+
+static void unmake(problem *p) { free(p->w), free(p->x), free(p->y); }
+
+/* Rows [row, row + tokens) of p's activations through the hook, into p's output rows. */
+static cublasStatus_t gemm_rows(const problem *p, int row, int tokens, const float *beta) {
+  return hook_gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, p->out, tokens, IN, &one, p->w, CUDA_R_16BF,
+                   IN, p->x + (size_t)row * IN, CUDA_R_16BF, IN, beta, p->y + (size_t)row * p->out,
+                   CUDA_R_16BF, p->out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+static cublasStatus_t gemm(const problem *p, const float *beta) {
+  return gemm_rows(p, 0, p->tokens, beta);
+}
+
+/* The keys the twin gives p's rows (weight content, bf16 output, alpha 1, no bias), as #info
+ * lines the parent looks for in the statistics file. */
+static void print_keys(const problem *p) {
+  uint64_t wsum = 0;
+  for (int r = 0; r < p->out; r++)
+    wsum += mt_instr_content_sum(p->w + (size_t)r * IN, IN * 2, (uint64_t)r * (IN / 8));
+  uint64_t wid = mt_instr_weight_id(wsum, p->out, IN, 0);
+  for (int i = 0; i < p->tokens; i++)
+    printf("#info key %016" PRIx64 "\n",
+           mt_instr_key(mt_instr_row_hash(p->x + (size_t)i * IN, IN, 0), wid, 0, 1.0f, 0));
+}
+
+/* MINITE_DIGEST=1 (others 0): after the GEMM, the result block zeroed, the digest and weight
+ * kernels with the call's operands, the copy to the host and the event; nothing synchronized. */
+static void scenario_digest(void) {
+  problem p = make(OUT, 8);
+  int t = now();
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  CHECK_TRACE(t, "alloc load load gemm alloc hostalloc memset64 load digest weight dtoh record");
+  int d = find_launch(t, "mt_instr_digest", 0), w = find_launch(t, "mt_instr_weight", 0);
+  const mt_instr_digest_args *da = d >= 0 ? (const mt_instr_digest_args *)event(d)->args : NULL;
+  const mt_instr_weight_args *wa = w >= 0 ? (const mt_instr_weight_args *)event(w)->args : NULL;
+  CHECK(da && da->x == p.x && da->y == p.y && da->ldx == IN && da->ldy == OUT && da->m == 8 &&
+        da->n == OUT && da->k == IN && da->all == 1 && da->cap > 0);
+  CHECK(da && event(d)->grid[0] == 1 && event(d)->block[0] == 256 && event(d)->stream == S1);
+  CHECK(wa && wa->w == p.w && wa->ldw == IN && wa->n == OUT && wa->k == IN && !wa->frozen_sum &&
+        !wa->bias && wa->hdr == da->hdr);
+  print_keys(&p);
+  /* again, and 3 more rows of another problem: no allocation, no load */
+  t = now();
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  CHECK_TRACE(t, "gemm memset64 digest weight dtoh record");
+  problem q = make(OUT, 3);
+  CHECK(gemm(&q, &zero) == CUBLAS_STATUS_SUCCESS);
+  print_keys(&q);
+  /* beta != 0: not digested (C is the output, already overwritten) */
+  t = now();
+  CHECK(gemm(&q, &half) == CUBLAS_STATUS_SUCCESS);
+  CHECK_TRACE(t, "gemm");
+  long queries, same;
+  event_queries(&queries, &same);
+  CHECKF(same == 0, "%ld event queries on the thread that recorded the event", same);
+  check_clean();
+  unmake(&p), unmake(&q);
+}
+
+/* Frozen weights: the digest reads the cache's stored sum instead of hashing the weight. */
+static void scenario_digest_frozen(void) {
+  problem p = make(OUT, 4);
+  int t = now();
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  int wc = find_launch(t, "mt_wcheck", 0), w = find_launch(t, "mt_instr_weight", 0);
+  CHECK(wc >= 0 && w > wc);
+  const mt_instr_weight_args *wa = w >= 0 ? (const mt_instr_weight_args *)event(w)->args : NULL;
+  CHECK(wa && wa->frozen_sum && event(w)->grid[0] == 1);
+  print_keys(&p);
+  unmake(&p);
+}
+
+/* Sampling: shadow every 3rd call of a route, probe every 2nd call with M > 1, per route. */
+static void scenario_sampling(void) {
+  problem a = make(OUT, 8), b = make(OUT2, 5), single = make(OUT, 1);
+  int shadows = 0, probes = 0;
+  for (int i = 0; i < 7; i++) {
+    long calls = cublas_calls();
+    int t = now();
+    CHECK(gemm(&a, &zero) == CUBLAS_STATUS_SUCCESS);
+    int want_shadow = i % 3 == 0, want_probe = i % 2 == 0;
+    int got_shadow = find_launch(t, "mt_instr_shadow", 0) >= 0;
+    int got_probe = find_launch(t, "mt_instr_probe", 0) >= 0;
+    CHECKF(got_shadow == want_shadow && got_probe == want_probe, "call %d: shadow %d probe %d", i,
+           got_shadow, got_probe);
+    CHECKF(cublas_calls() == calls + want_shadow, "call %d: the shadow reruns cuBLAS once", i);
+    if (got_probe) { /* 4 rows alone through the engine, then the comparison */
+      int pr = find_launch(t, "mt_instr_probe", 0);
+      const mt_instr_probe_args *pa = (const mt_instr_probe_args *)event(pr)->args;
+      CHECK(pa->nrows == 4 && pa->rows[0] == 0 && pa->rows[1] == 2 && pa->rows[2] == 5 &&
+            pa->rows[3] == 7 && pa->y == a.y && pa->n == OUT && pa->ldy == OUT);
+      int g = 0;
+      for (int e = t; e < pr; e++)
+        g += event(e)->kind == FAKE_EV_LAUNCH && !strncmp(event(e)->name, "mt_gemm_small", 13);
+      CHECKF(g == 5, "%d GEMM launches before the probe, want the call's and 4 alone", g);
+    }
+    if (got_shadow) {
+      int sh = find_launch(t, "mt_instr_shadow", 0);
+      const mt_instr_shadow_args *sa = (const mt_instr_shadow_args *)event(sh)->args;
+      CHECK(sa->y == a.y && sa->m == 8 && sa->n == OUT && sa->ld == OUT && sa->ref != a.y);
+    }
+    shadows += got_shadow, probes += got_probe;
+    /* route 1024x512 counts on its own: its first call is sampled too */
+    if (i < 2) {
+      t = now();
+      CHECK(gemm(&b, &zero) == CUBLAS_STATUS_SUCCESS);
+      CHECK((find_launch(t, "mt_instr_shadow", 0) >= 0) == (i == 0));
+    }
+    /* M = 1 calls do not advance the probe's counter */
+    t = now();
+    CHECK(gemm(&single, &zero) == CUBLAS_STATUS_SUCCESS);
+    CHECK(find_launch(t, "mt_instr_probe", 0) < 0);
+  }
+  printf("#info shadows %d\n#info probes %d\n", shadows, probes);
+  check_clean();
+  unmake(&a), unmake(&b), unmake(&single);
+}
+
+/* Capture: the routed call runs (warm), its instruments are skipped; nothing is allocated, read
+ * back or recorded while the stream captures. */
+static void scenario_capture(void) {
+  problem p = make(OUT, 8);
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  set_capturing(S1, 1);
+  int t = now();
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  CHECK_TRACE(t, "gemm");
+  set_capturing(S1, 0);
+  t = now();
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  CHECK(find_launch(t, "mt_instr_digest", 0) >= 0);
+  check_clean();
+  unmake(&p);
+}
+
+/* Bounded: with every event held "in flight", calls past the pool's slots are not instrumented
+ * (dropped and counted) and never wait; a call of more rows than a slot keeps drops the rest;
+ * released events drain; held ones at exit are counted after the drain's time limit. */
+static void scenario_bounded(void) {
+  problem p = make(OUT, 2), big = make(OUT, 200);
+  CHECK(gemm(&big, &zero) == CUBLAS_STATUS_SUCCESS); /* 200 rows: 128 kept */
+  usleep(100000);
+  hold_events(1);
+  int digests = 0;
+  for (int i = 0; i < 300; i++) {
+    int t = now();
+    CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+    digests += find_launch(t, "mt_instr_digest", 0) >= 0;
+  }
+  printf("#info held_digests %d\n", digests);
+  hold_events(0);
+  usleep(300000); /* the writer drains what was held */
+  for (int i = 0; i < 3; i++)
+    CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  usleep(100000);
+  hold_events(1); /* these stay in flight through exit */
+  for (int i = 0; i < 5; i++)
+    CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  const fake_cuda_event *e;
+  int n = cuda_events(&e), syncs = 0;
+  for (int i = 0; i < n; i++)
+    syncs += e[i].kind == FAKE_EV_SYNC || e[i].kind == FAKE_EV_CTX_SYNC;
+  CHECKF(syncs == 0, "%d synchronisations", syncs);
+  check_clean();
+  unmake(&p), unmake(&big);
+}
+
+/* A process run for the join: problem rows in batches given by MT_BATCHES ("64" or "7,1,..."),
+ * taken from the end backwards when MT_REVERSE=1. Same seed: same weight and rows. */
+static void scenario_join(void) {
+  problem p = make(OUT, 64);
+  const char *spec = getenv("MT_BATCHES");
+  int reverse = getenv("MT_REVERSE") && getenv("MT_REVERSE")[0] == '1';
+  int sizes[64], n = 0;
+  for (const char *s = spec; s && *s && n < 64;) {
+    char *end;
+    sizes[n++] = (int)strtol(s, &end, 10);
+    s = *end == ',' ? end + 1 : end;
+  }
+  int done = 0;
+  for (int i = 0; done < 64; i = (i + 1) % n) {
+    int len = sizes[i] < 64 - done ? sizes[i] : 64 - done;
+    int row = reverse ? 64 - done - len : done;
+    CHECK(gemm_rows(&p, row, len, &zero) == CUBLAS_STATUS_SUCCESS);
+    done += len;
+  }
+  unmake(&p);
+}
+
+static const struct {
+  const char *name;
+  void (*fn)(void);
+} scenarios[] = {
+    {"digest", scenario_digest},     {"digest_frozen", scenario_digest_frozen},
+    {"sampling", scenario_sampling}, {"capture", scenario_capture},
+    {"bounded", scenario_bounded},   {"join", scenario_join},
+};
+
+static int child_main(const char *name, const char *build) {
+  if (load_fakes(build) != 0)
+    return 3;
+  for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
+    if (!strcmp(scenarios[i].name, name)) {
+      scenarios[i].fn();
+      fflush(stdout);
+      return mt_t_cur_failures ? 1 : 0;
+    }
+  printf("    child: no scenario %s\n", name);
+  return 3;
+}
+
+/* ======================================================================================== */
+/* The parent.                                                                              */
+/* ======================================================================================== */
+
+static char self[PATH_MAX], build[PATH_MAX], tmp[PATH_MAX], preload[2 * PATH_MAX];
+
+typedef struct {
+  int status;
+  char *out, *err, *stats, *summary;
+  char path[PATH_MAX + 64];
+} child_result;
+
+static void child_free(child_result *r) { free(r->out), free(r->err), free(r->stats); }
+
+/* Scenario `name` under nvfp4-row with the routes and statistics, the instruments at `env` ("K=V",
+ * NULL-terminated; every MINITE_ instrument not named is 0). */
+static void run_child(const char *name, const char *tag, const char *const env[], child_result *r) {
+  char out[PATH_MAX + 64], err[PATH_MAX + 64];
+  snprintf(out, sizeof out, "%s/%s.out", tmp, tag);
+  snprintf(err, sizeof err, "%s/%s.err", tmp, tag);
+  snprintf(r->path, sizeof r->path, "%s/%s.jsonl", tmp, tag);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    for (char **e = environ; *e;) {
+      if (!strncmp(*e, "MINITE_", 7) || !strncmp(*e, "LD_PRELOAD=", 11) ||
+          !strncmp(*e, "FAKE_", 5) || !strncmp(*e, "MT_BATCHES=", 11) || !strncmp(*e, "MT_REVERSE=", 11)) {
+        char var[256];
+        snprintf(var, sizeof var, "%.*s", (int)(strchr(*e, '=') - *e), *e);
+        unsetenv(var);
+      } else {
+        e++;
+      }
+    }
+    setenv("MINITE_SPEC", "nvfp4-row", 1);
+    putenv((char *)ROUTES);
+    setenv("MINITE_STATS", r->path, 1);
+    setenv("MINITE_SHADOW", "0", 1);
+    setenv("MINITE_PROBE", "0", 1);
+    setenv("MINITE_DIGEST", "0", 1);
+    for (int i = 0; env && env[i]; i++)
+      putenv((char *)env[i]);
+    setenv("LD_PRELOAD", preload, 1);
+    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    execl(self, self, "child", name, build, (char *)NULL);
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r->status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r->out = mt_t_read_file(out, NULL);
+  r->err = mt_t_read_file(err, NULL);
+  r->stats = mt_t_read_file(r->path, NULL);
+  r->summary = r->stats ? strstr(r->stats, "{\"event\": \"summary\"") : NULL;
+}
+
+static void check_child(const char *name, const child_result *r) {
+  int only_info = 1;
+  for (const char *line = r->out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : "")
+    if (strncmp(line, "#info ", 6))
+      only_info = 0;
+  if (!only_info || r->status)
+    printf("    child %s (exit %d):\n%s    stderr: %.2000s\n", name, r->status, r->out ? r->out : "",
+           r->err ? r->err : "");
+  CHECKF(r->status == 0 && only_info, "scenario %s failed", name);
+}
+
+static int count_of(const char *s, const char *needle) {
+  int n = 0;
+  for (const char *p = s; p && (p = strstr(p, needle)); p++)
+    n++;
+  return n;
+}
+
+/* The integer after "key": " in s after `within` (the first occurrence of that text), or -1. */
+static long json_int_in(const char *s, const char *within, const char *key) {
+  const char *w = s && within ? strstr(s, within) : s;
+  char pat[128];
+  snprintf(pat, sizeof pat, "\"%s\": ", key);
+  const char *p = w ? strstr(w, pat) : NULL;
+  return p ? strtol(p + strlen(pat), NULL, 10) : -1;
+}
+
+static double json_num_in(const char *s, const char *within, const char *key) {
+  const char *w = s && within ? strstr(s, within) : s;
+  char pat[128];
+  snprintf(pat, sizeof pat, "\"%s\": ", key);
+  const char *p = w ? strstr(w, pat) : NULL;
+  return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
+static long info(const child_result *r, const char *key) {
+  char pat[96];
+  snprintf(pat, sizeof pat, "#info %s ", key);
+  const char *p = r->out ? strstr(r->out, pat) : NULL;
+  return p ? strtol(p + strlen(pat), NULL, 10) : -1;
+}
+
+/* Every "#info key K" of the child is the key of a digest record in its statistics file. */
+static void check_keys_in_file(const child_result *r, int want_keys) {
+  int keys = 0, found = 0;
+  for (const char *p = r->out; p && (p = strstr(p, "#info key ")); p++) {
+    char key[17] = {0}, pat[40];
+    memcpy(key, p + 10, 16);
+    snprintf(pat, sizeof pat, "\"key\": \"%s\"", key);
+    keys++;
+    found += r->stats && strstr(r->stats, pat) != NULL;
+  }
+  CHECKF(keys == want_keys && found == keys, "%d of %d keys found (want %d)", found, keys, want_keys);
+}
+
+static void env_rates(void) {
+  static const struct {
+    const char *value;
+    double want;
+    int error;
+  } cases[] = {{"1/64", 1.0 / 64, 0}, {"0.25", 0.25, 0}, {"1", 1, 0},      {"0", 0, 0},
+               {"0/5", 0, 0},         {"abc", 0.5, 1},   {"2", 0.5, 1},     {"-0.1", 0.5, 1},
+               {"1/0", 0.5, 1},       {"0.5x", 0.5, 1},  {"1/64/2", 0.5, 1}, {"nan", 0.5, 1}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    setenv("MT_TEST_RATE", cases[i].value, 1);
+    int errors = 0;
+    double r = mt_param_rate("MT_TEST_RATE", 0.5, &errors);
+    CHECKF(r == cases[i].want && errors == cases[i].error, "%s: %g (%d errors)", cases[i].value, r,
+           errors);
+  }
+  unsetenv("MT_TEST_RATE");
+  int errors = 0;
+  CHECK(mt_param_rate("MT_TEST_RATE", 0.125, &errors) == 0.125 && errors == 0);
+}
+
+/* The twin's mix64, signs and sketch against scripts/minite-compare's Python reference. */
+static void twin_matches_python_reference(void) {
+  const char *py = getenv("PYTHON") ? getenv("PYTHON") : "python3";
+  char rows_path[PATH_MAX + 32], script[PATH_MAX + 32], outp[PATH_MAX + 32], cmd[4 * PATH_MAX];
+  snprintf(rows_path, sizeof rows_path, "%s/rows.txt", tmp);
+  snprintf(script, sizeof script, "%s/ref.py", tmp);
+  snprintf(outp, sizeof outp, "%s/ref.out", tmp);
+  enum { NROWS = 6 };
+  static const int lens[NROWS] = {1, 7, 16, 100, 768, 2048};
+  FILE *f = fopen(rows_path, "w");
+  uint16_t *rows[NROWS];
+  uint32_t s = 99;
+  for (int r = 0; r < NROWS; r++) {
+    rows[r] = malloc((size_t)lens[r] * 2);
+    for (int j = 0; j < lens[r]; j++) {
+      s = s * 1664525u + 1013904223u;
+      rows[r][j] = (uint16_t)(0x3c00 + (s >> 20) % 0x800) ^ (uint16_t)((s >> 3) & 0x8000);
+      fprintf(f, "%s%.9g", j ? " " : "", mt_instr_half_to_float(rows[r][j], 0));
+    }
+    fprintf(f, "\n");
+  }
+  fclose(f);
+  f = fopen(script, "w");
+  fprintf(f, "import importlib.machinery, sys\n"
+             "m = importlib.machinery.SourceFileLoader('mc', 'scripts/minite-compare').load_module()\n"
+             "for z in (0, 1, 0x6D696E6974652D31, 2**64 - 1): print('mix %%d %%d' %% (z, m.mix64(z)))\n"
+             "for line in open(sys.argv[1]):\n"
+             "    row = [float(v) for v in line.split()]\n"
+             "    print('sketch ' + ' '.join('%%.17g' %% v for v in m.sketch(row)))\n");
+  fclose(f);
+  snprintf(cmd, sizeof cmd, "%s %s %s > %s", py, script, rows_path, outp);
+  if (system(cmd) != 0) {
+    for (int r = 0; r < NROWS; r++)
+      free(rows[r]);
+    SKIP("%s could not run scripts/minite-compare's reference", py);
+  }
+  char *ref = mt_t_read_file(outp, NULL);
+  const char *p = ref;
+  int mixes = 0, sketches = 0;
+  while (p && *p) {
+    if (!strncmp(p, "mix ", 4)) {
+      unsigned long long z = strtoull(p + 4, (char **)&p, 10), want = strtoull(p, NULL, 10);
+      CHECKF(mt_instr_mix64(z) == want, "mix64(%llu)", z);
+      mixes++;
+    } else if (!strncmp(p, "sketch ", 7) && sketches < NROWS) {
+      float got[MT_INSTR_SKETCH];
+      mt_instr_sketch(rows[sketches], lens[sketches], 0, got);
+      double norm = 0;
+      for (int j = 0; j < lens[sketches]; j++)
+        norm += pow(mt_instr_half_to_float(rows[sketches][j], 0), 2);
+      p += 7;
+      for (int i = 0; i < MT_INSTR_SKETCH; i++) {
+        double want = strtod(p, (char **)&p);
+        /* FP32 sums: within a few ulps of the row's norm */
+        CHECKF(fabs(got[i] - want) <= 1e-6 * sqrt(norm) + 1e-30, "row %d value %d: %.9g vs %.17g",
+               sketches, i, got[i], want);
+      }
+      sketches++;
+    }
+    p = strchr(p, '\n');
+    p = p ? p + 1 : NULL;
+  }
+  CHECKF(mixes == 4 && sketches == NROWS, "%d mixes, %d sketches read", mixes, sketches);
+  free(ref);
+  for (int r = 0; r < NROWS; r++)
+    free(rows[r]);
+}
+
+static void digest_launches_and_records(void) {
+  const char *env[] = {"MINITE_DIGEST=1", NULL};
+  child_result r;
+  run_child("digest", "digest", env, &r);
+  check_child("digest", &r);
+  /* 8 + 8 + 3 rows; the beta call skipped */
+  CHECKF(count_of(r.stats, "\"event\": \"digest\"") == 19, "%d digest records",
+         count_of(r.stats, "\"event\": \"digest\""));
+  check_keys_in_file(&r, 11);
+  CHECK(json_int_in(r.summary, "\"digests\": {", "written") == 19 &&
+        json_int_in(r.summary, "\"digests\": {", "dropped") == 0);
+  CHECK(json_int_in(r.summary, "\"digest\": {\"rate\"", "calls") == 4 &&
+        json_int_in(r.summary, "\"digest\": {\"rate\"", "beta") == 1);
+  /* the fake GEMM writes the mark everywhere: every output row has the same hash */
+  uint16_t mark[OUT];
+  for (int i = 0; i < OUT; i++)
+    mark[i] = FAKE_CUDA_MARK;
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"hash\": \"%016" PRIx64 "\"", mt_instr_out_hash(mark, OUT, 0));
+  CHECK(count_of(r.stats, pat) == 19);
+  CHECKF(r.err && !r.err[0], "stderr: %s", r.err);
+  child_free(&r);
+}
+
+static void digest_frozen_uses_the_cache_sum(void) {
+  const char *env[] = {"MINITE_DIGEST=1", "MINITE_WEIGHT_CACHE=frozen", NULL};
+  child_result r;
+  run_child("digest_frozen", "digest_frozen", env, &r);
+  check_child("digest_frozen", &r);
+  /* the fake's wcheck computes nothing: the stored sum is 0, so the key differs from the twin's:
+   * what is checked is that the frozen sum (not a hash of the weight) reached the records */
+  CHECK(count_of(r.stats, "\"event\": \"digest\"") == 4);
+  child_free(&r);
+}
+
+static void sampling_is_per_route_and_deterministic(void) {
+  const char *env[] = {"MINITE_SHADOW=1/3", "MINITE_PROBE=0.5", NULL};
+  child_result r;
+  run_child("sampling", "sampling", env, &r);
+  check_child("sampling", &r);
+  CHECK(info(&r, "shadows") == 3 && info(&r, "probes") == 4);
+  /* the route's M = 1 calls count for the shadow too: 14 calls, every 3rd */
+  CHECKF(json_int_in(r.summary, "\"256x512\": {\"shadow\"", "calls") == 5,
+         "%s", r.summary ? r.summary : "(no summary)");
+  CHECK(json_int_in(r.summary, "\"256x512\": {\"shadow\"", "rows") == 16);
+  CHECK(json_int_in(r.summary, "\"256x512\": {\"shadow\"", "differing") == 0);
+  CHECK(json_int_in(r.summary, "\"1024x512\": {\"shadow\"", "calls") == 1);
+  CHECK(count_of(r.stats, "\"event\": \"shadow\"") == 6 && count_of(r.stats, "\"event\": \"probe\"") == 5);
+  /* the fake GEMM's mark against cuBLAS's product: a finite, non-zero error */
+  double rel = json_num_in(r.summary, "\"256x512\": {\"shadow\"", "rel_l2_mean");
+  CHECKF(rel > 0 && isfinite(rel), "rel_l2_mean %g", rel);
+  child_free(&r);
+}
+
+static void capture_skips_the_instruments(void) {
+  const char *env[] = {"MINITE_DIGEST=1", NULL};
+  child_result r;
+  run_child("capture", "capture", env, &r);
+  check_child("capture", &r);
+  CHECK(json_int_in(r.summary, "\"digest\": {\"rate\"", "capture") == 1);
+  CHECK(count_of(r.stats, "\"event\": \"digest\"") == 16);
+  child_free(&r);
+}
+
+static void bounded_slots_drop_and_count(void) {
+  const char *env[] = {"MINITE_DIGEST=1", NULL};
+  child_result r;
+  run_child("bounded", "bounded", env, &r);
+  check_child("bounded", &r);
+  long held = info(&r, "held_digests");
+  CHECKF(held == 256, "%ld calls instrumented while every event was held, want the 256 slots", held);
+  /* 128 of the big call's 200 rows + 256 x 2 + 3 x 2 written; 72 rows dropped; 44 calls found no
+   * slot; 5 calls in flight at exit */
+  CHECKF(json_int_in(r.summary, "\"digests\": {", "written") == 128 + 512 + 6, "%s",
+         r.summary ? strstr(r.summary, "\"digests\"") : "");
+  CHECK(json_int_in(r.summary, "\"digests\": {", "dropped") == 72);
+  CHECK(json_int_in(r.summary, "\"digest\": {\"rate\"", "no slot") == 44);
+  CHECK(json_int_in(r.summary, "\"digest\": {\"rate\"", "exit") == 5);
+  CHECK(json_int_in(r.summary, "\"instruments\": {", "dropped_calls") == 44);
+  child_free(&r);
+}
+
+/* Two processes, the same rows in different batches: minite-compare joins every row, equal. */
+static void join_two_batchings_through_minite_compare(void) {
+  const char *py = getenv("PYTHON") ? getenv("PYTHON") : "python3";
+  const char *spec_env[2] = {"MINITE_SPEC=nvfp4-row", "MINITE_SPEC=bf16"};
+  for (int s = 0; s < 2; s++) {
+    const char *a_env[] = {"MINITE_DIGEST=1", "MT_BATCHES=64", spec_env[s], NULL};
+    const char *b_env[] = {"MINITE_DIGEST=1", "MINITE_SHADOW=1", "MINITE_PROBE=1",
+                           "MT_BATCHES=7,1", "MT_REVERSE=1", spec_env[s], NULL};
+    child_result a, b;
+    run_child("join", s ? "join_bf16_a" : "join_a", a_env, &a);
+    run_child("join", s ? "join_bf16_b" : "join_b", b_env, &b);
+    check_child("join a", &a);
+    check_child("join b", &b);
+    char cmd[4 * PATH_MAX], out[PATH_MAX + 32];
+    snprintf(out, sizeof out, "%s/compare%d.json", tmp, s);
+    snprintf(cmd, sizeof cmd, "%s scripts/minite-compare %s %s --json > %s", py, a.path, b.path, out);
+    int st = system(cmd);
+    char *doc = mt_t_read_file(out, NULL);
+    CHECKF(st == 0 && doc, "minite-compare exit %d", st);
+    const char *total = doc ? strstr(doc, "\"total\"") : NULL;
+    CHECKF(json_int_in(total, NULL, "matched") == 64 && json_int_in(total, NULL, "equal") == 64,
+           "%s: %.600s", spec_env[s], total ? total : "(no total)");
+    if (s == 1) { /* bf16: cuBLAS against cuBLAS: the shadow is exactly 0, no row differs alone */
+      CHECKF(json_num_in(b.summary, "\"256x512\": {\"shadow\"", "rel_l2_max") == 0.0 &&
+             json_num_in(b.summary, "\"256x512\": {\"shadow\"", "max_abs") == 0.0, "%s",
+             b.summary ? b.summary : "");
+      CHECK(json_int_in(b.summary, "\"256x512\": {\"shadow\"", "calls") > 0);
+      CHECK(json_int_in(b.summary, "\"256x512\": {\"shadow\"", "differing") == 0 &&
+            json_int_in(b.summary, "\"256x512\": {\"shadow\"", "rows") > 0);
+    }
+    free(doc);
+    child_free(&a), child_free(&b);
+  }
+}
+
+int main(int argc, char **argv) {
+  if (argc == 4 && !strcmp(argv[1], "child"))
+    return child_main(argv[2], argv[3]);
+  const char *b = getenv("MT_BUILD") ? getenv("MT_BUILD") : "build";
+  if (!realpath(b, build) || !realpath("/proc/self/exe", self)) {
+    printf("no build directory %s\n", b);
+    return 1;
+  }
+  mt_t_preload_value(build, preload, sizeof preload);
+  snprintf(tmp, sizeof tmp, "/tmp/mt_shim_instr.XXXXXX");
+  if (!mkdtemp(tmp)) {
+    printf("mkdtemp: %s\n", strerror(errno));
+    return 1;
+  }
+  RUN(env_rates);
+  RUN(twin_matches_python_reference);
+  RUN(digest_launches_and_records);
+  RUN(digest_frozen_uses_the_cache_sum);
+  RUN(sampling_is_per_route_and_deterministic);
+  RUN(capture_skips_the_instruments);
+  RUN(bounded_slots_drop_and_count);
+  RUN(join_two_batchings_through_minite_compare);
+  char cmd[PATH_MAX + 16];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+  if (!mt_t_failed && system(cmd) != 0)
+    printf("could not remove %s\n", tmp);
+  return mt_test_done();
+}
