@@ -1,6 +1,7 @@
 /* engine.c — the engine's C API (kernels/engine.h): status names, the quantized weight's layout,
  * weight quantization, and one routed GEMM (validate, quantize the activations into the caller's
- * workspace, hand over to the GEMM launcher of kernels/gemm.c).
+ * workspace, hand over to the GEMM launcher of kernels/gemm.c; for a few tokens the small-M kernel
+ * quantizes them itself).
  *
  * Nothing here allocates, synchronizes or reads device memory back: mt_gemm and mt_quantize_weight
  * only enqueue work on the caller's stream, so both are legal inside CUDA graph capture (once the
@@ -156,6 +157,8 @@ int mt_gemm(const mt_gemm_args *a, mt_stream stream) {
     return MT_ERR_NOMEM;
   if (!mt_driver_get())
     return MT_ERR_NO_DRIVER;
+  if (mt_gemm_fuses_quant(a)) /* few tokens: the GEMM quantizes them itself, bit for bit the same */
+    return mt_gemm_launch_fused(a, stream);
   char *ws = a->workspace;
   float *outer = (float *)(ws + section((size_t)a->m * (size_t)a->k * 2));
   mt_quant_params p = {

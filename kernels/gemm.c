@@ -57,7 +57,7 @@ static void epilogue_args(const mt_gemm_args *a, const mt_qact *q, mt_epilogue_a
 /* One CTA per 16 output channels (gemm_small.cu); the kernel's token capacity is the smallest of
  * 8, 16, 32, 64 rows that holds m (its stages and MMA tiles are sized by it). */
 static int small_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
-  mt_small_args s = {q->xhat, a->w->frag, {0}};
+  mt_small_args s = {q->xhat, a->w->frag, {0}, NULL, 0, 0};
   epilogue_args(a, q, &s.e);
   int rows = a->m <= 8 ? 8 : a->m <= 16 ? 16 : a->m <= 32 ? 32 : 64;
   static const char *const names[] = {"mt_gemm_small_m8", "mt_gemm_small_m16", "mt_gemm_small_m32",
@@ -65,6 +65,22 @@ static int small_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   int which = rows == 8 ? 0 : rows == 16 ? 1 : rows == 32 ? 2 : 3;
   unsigned grid = (unsigned)(a->n / (8 * MT_SMALL_WARPS));
   return launch("gemm_small", names[which], grid, 1, 32 * MT_SMALL_WARPS, MT_SMALL_SMEM(rows), 1, stream, &s);
+}
+
+/* Fused: few tokens whose quantized rows fit the kernel's shared memory (gemm_args.h). The separate
+ * quantization launch cost ~1.7 µs at M = 1 against a GEMM budget of ~2.5 µs (kernels/NOTES.md);
+ * at m <= 4 each CTA quantizing the m x k activations itself costs less. */
+int mt_gemm_fuses_quant(const mt_gemm_args *a) {
+  return a->m <= MT_SMALL_FUSE_M && mt_gemm_frag_bytes(a->n, a->k) && a->w->frag &&
+         (size_t)a->m * (2 * (size_t)a->k + 16) <= MT_SMALL_FUSE_XHAT;
+}
+
+int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream) {
+  mt_qact none = {NULL, NULL};
+  mt_small_args s = {NULL, a->w->frag, {0}, a->x, (long long)a->ldx, a->xtype == MT_DTYPE_FP16};
+  epilogue_args(a, &none, &s.e);
+  unsigned grid = (unsigned)(a->n / (8 * MT_SMALL_WARPS));
+  return launch("gemm_small", "mt_gemm_small_q4", grid, 1, 32 * MT_SMALL_WARPS, MT_SMALL_FUSE_SMEM, 0, stream, &s);
 }
 
 /* A K-major BF16 matrix of rows x k as TMA sees it: boxes of 64 columns (128 bytes, the swizzle

@@ -30,6 +30,11 @@ size_t mt_gemm_frag_bytes(int n, int k);
  * With only_if (a device word), the kernel does nothing when the word reads 0. */
 int mt_gemm_pack_weight(const mt_qweight *q, const uint32_t *only_if, mt_stream stream);
 
+/* Whether the call runs the small-M kernel that quantizes the activations itself (few tokens); then
+ * the engine launches mt_gemm_launch_fused instead of quantizing and calling mt_gemm_launch. */
+int mt_gemm_fuses_quant(const mt_gemm_args *a);
+int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream);
+
 /* Run a->y = ... for the activations q (a->x is not read here). */
 int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream);
 

@@ -31,11 +31,15 @@ typedef struct {
   mt_epilogue_args e;
 } mt_large_args;
 
-/* Small M: the weight in fragment order, the activations read directly. */
+/* Small M: the weight in fragment order, the activations read directly: quantized (xa) or, for the
+ * fused kernel mt_gemm_small_q4, raw (x, quantized in the kernel; then e.sa is not read). */
 typedef struct {
-  const uint16_t *xa;   /* [m][k] BF16 dequantized activations, row stride k */
+  const uint16_t *xa;   /* [m][k] BF16 dequantized activations, row stride k; NULL when fused */
   const uint8_t *frag;  /* mt_qweight.frag */
   mt_epilogue_args e;
+  const void *x;        /* fused: [m][k] BF16 or FP16 activations, row stride ldx elements */
+  long long ldx;
+  int xfp16;
 } mt_small_args;
 
 /* Repacking a quantized weight into fragment order. */
@@ -65,6 +69,15 @@ typedef struct {
 #define MT_SMALL_PITCH (MT_SMALL_KC * 2 + 16) /* 16 extra bytes spread 8 tokens over all banks */
 #define MT_SMALL_STAGE_BYTES(rows) (MT_SMALL_WBYTES + (rows) * MT_SMALL_PITCH)
 #define MT_SMALL_SMEM(rows) (MT_SMALL_STAGES(rows) * MT_SMALL_STAGE_BYTES(rows))
+/* The fused kernel (activation quantization inside, m <= MT_SMALL_FUSE_M): the weight ring, one
+ * zero A row, per-row S and amax (64 bytes), and the whole quantized activations, m rows of 2k + 16
+ * bytes, in MT_SMALL_FUSE_XHAT bytes (4 rows of k = 4096; 1 row of k = 16384). One fixed size, so
+ * the function's shared-memory limit is set once. */
+#define MT_SMALL_FUSE_M 4
+#define MT_SMALL_FUSE_STAGES 8
+#define MT_SMALL_FUSE_META (MT_SMALL_PITCH + 64)
+#define MT_SMALL_FUSE_XHAT (4 * (2 * 4096 + 16))
+#define MT_SMALL_FUSE_SMEM (MT_SMALL_FUSE_STAGES * MT_SMALL_WBYTES + MT_SMALL_FUSE_META + MT_SMALL_FUSE_XHAT)
 
 /* Fragment order (mt_qweight.frag), for n % 16 == 0: units of 8 rows H (8H .. 8H+7) x 128 columns
  * S8, unit (H, S8) at byte (H * ceil(k/128) + S8) * 640, so a warp's rows are contiguous over K.

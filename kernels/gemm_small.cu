@@ -73,54 +73,74 @@ __device__ static inline void weight_frag(uint32_t x, uint32_t s2, uint32_t &b0,
   b1 = *(uint32_t *)&r1;
 }
 
-// One k16 step for every tile of 16 tokens: A fragments (tokens 16tt + g and + 8, columns 2q.. and
-// 2q+8..) from the staged activations, accumulated in K order into d. With ROWS == 8 the tokens
-// g + 8 are zero registers.
-template <int ROWS>
-__device__ static inline void mma_step(float (&d)[(ROWS + 15) / 16][4], uint32_t b0, uint32_t b1, const uint8_t *act,
-                                       int s, int g, int q) {
+// The A fragments of one k16 step for every tile of 16 tokens: tokens 16tt + g and + 8, columns
+// 2q.. and 2q+8.., from the staged activations (r: token g's row at the step's column 2q, pitch
+// bytes a row). With ROWS == 8 the tokens g + 8 are zero registers.
+template <int ROWS> struct afrag {
+  uint32_t v[(ROWS + 15) / 16][4];
+};
+
+template <int ROWS> __device__ static inline afrag<ROWS> load_a(const uint8_t *r, int pitch) {
+  afrag<ROWS> a;
 #pragma unroll
   for (int tt = 0; tt < (ROWS + 15) / 16; tt++) {
-    const uint8_t *r = act + (tt * 16 + g) * PITCH + s * 32 + q * 4;
-    uint32_t a0 = *(const uint32_t *)r, a2 = *(const uint32_t *)(r + 16), a1 = 0, a3 = 0;
-    if (ROWS >= 16) {
-      a1 = *(const uint32_t *)(r + 8 * PITCH);
-      a3 = *(const uint32_t *)(r + 8 * PITCH + 16);
-    }
+    const uint8_t *t = r + tt * 16 * pitch;
+    a.v[tt][0] = *(const uint32_t *)t;
+    a.v[tt][2] = *(const uint32_t *)(t + 16);
+    a.v[tt][1] = ROWS >= 16 ? *(const uint32_t *)(t + 8 * pitch) : 0u;
+    a.v[tt][3] = ROWS >= 16 ? *(const uint32_t *)(t + 8 * pitch + 16) : 0u;
+  }
+  return a;
+}
+
+// One k16 step: accumulated in K order into d.
+template <int ROWS>
+__device__ static inline void mma_step(float (&d)[(ROWS + 15) / 16][4], uint32_t b0, uint32_t b1, const afrag<ROWS> &a) {
+#pragma unroll
+  for (int tt = 0; tt < (ROWS + 15) / 16; tt++)
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(d[tt][0]), "+f"(d[tt][1]), "+f"(d[tt][2]), "+f"(d[tt][3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
+        : "r"(a.v[tt][0]), "r"(a.v[tt][1]), "r"(a.v[tt][2]), "r"(a.v[tt][3]), "r"(b0), "r"(b1));
 }
 
-// Steps s0 .. s0 + n - 1 of one unit (8 steps of 128 columns): codes and scales for all 8 steps in
-// two 16-byte loads (the four lanes of a quad read the same scale bytes). A whole unit decodes all
-// its fragments before its MMAs, with no branch between, so decode overlaps the MMA chain.
+// Steps s0 .. s0 + n - 1 of one unit (8 steps of 128 columns). A 4-byte code word and a 4-byte
+// scale word hold two steps (the four lanes of a quad read the same scale bytes). Software
+// pipelined in a loop that is not unrolled: each MMA is followed, in program order, by the decode
+// of the next step, and the next pair's words and A fragments are loaded a pair ahead, so decode
+// and loads issue while the MMA chain waits (one warp per scheduler has nothing else to hide them
+// with). Unrolled, ptxas sometimes hoisted all eight decodes above the eight MMAs, which then ran
+// back to back on the chain: about twice the time per unit.
+__device__ static inline uint32_t scale_lo(uint32_t sc) { return __byte_perm(sc, 0, 0x1010); }
+__device__ static inline uint32_t scale_hi(uint32_t sc) { return __byte_perm(sc, 0, 0x3232); }
+
 template <int ROWS>
-__device__ static inline void unit_steps(float (&d)[(ROWS + 15) / 16][4], const uint8_t *unit, const uint8_t *act,
-                                         int s0, int n, int lane) {
-  int g = lane / 4, q = lane % 4;
-  uint4 c4 = *(const uint4 *)(unit + lane * 16), s4 = *(const uint4 *)(unit + 512 + g * 16);
-  uint32_t cw[4] = {c4.x, c4.y, c4.z, c4.w}, sw[4] = {s4.x, s4.y, s4.z, s4.w};
-  if (n == 8) {
-    uint32_t b[8][2];
-#pragma unroll
-    for (int u = 0; u < 8; u++)
-      weight_frag(u % 2 ? cw[u / 2] >> 16 : cw[u / 2], __byte_perm(sw[u / 2], 0, u % 2 ? 0x3232 : 0x1010), b[u][0],
-                  b[u][1]);
-#pragma unroll
-    for (int u = 0; u < 8; u++)
-      mma_step<ROWS>(d, b[u][0], b[u][1], act, s0 + u, g, q);
-  } else {
-    for (int u = 0; u < n; u++) { // the last steps of k, when k % 128 != 0
-      uint32_t b0, b1;
-      uint32_t w = u / 2 == 0 ? cw[0] : u / 2 == 1 ? cw[1] : u / 2 == 2 ? cw[2] : cw[3];
-      uint32_t sc = u / 2 == 0 ? sw[0] : u / 2 == 1 ? sw[1] : u / 2 == 2 ? sw[2] : sw[3];
-      weight_frag(u % 2 ? w >> 16 : w, __byte_perm(sc, 0, u % 2 ? 0x3232 : 0x1010), b0, b1);
-      mma_step<ROWS>(d, b0, b1, act, s0 + u, g, q);
-    }
+__device__ static inline void unit_steps(float (&d)[(ROWS + 15) / 16][4], const uint8_t *unit, const uint8_t *arow,
+                                         int pitch, int s0, int n, int lane) {
+  const uint32_t *cp = (const uint32_t *)(unit + lane * 16), *sp = (const uint32_t *)(unit + 512 + (lane / 4) * 16);
+  const uint8_t *ar = arow + s0 * 32;
+  uint32_t w = cp[0], sc = sp[0], b0, b1;
+  afrag<ROWS> a0 = load_a<ROWS>(ar, pitch), a1 = a0;
+  if (n > 1) a1 = load_a<ROWS>(ar + 32, pitch);
+  weight_frag(w, scale_lo(sc), b0, b1);
+#pragma unroll 1
+  for (int p = 0; p < n / 2; p++) {
+    // the next pair's words: past the last pair these read the next 4 bytes of shared memory
+    // (the next lane's codes, the next row's or unit's scales), unused; its A only when it exists
+    uint32_t wn = cp[p + 1], scn = sp[p + 1], c0, c1;
+    afrag<ROWS> an0 = a0, an1 = a1;
+    if (2 * p + 2 < n) an0 = load_a<ROWS>(ar + 64, pitch);
+    if (2 * p + 3 < n) an1 = load_a<ROWS>(ar + 96, pitch);
+    mma_step<ROWS>(d, b0, b1, a0);
+    weight_frag(w >> 16, scale_hi(sc), c0, c1);
+    mma_step<ROWS>(d, c0, c1, a1);
+    w = wn, sc = scn;
+    weight_frag(w, scale_lo(sc), b0, b1);
+    a0 = an0, a1 = an1;
+    ar += 64;
   }
+  if (n % 2) // the last step of k, when k % 32 != 0
+    mma_step<ROWS>(d, b0, b1, a0);
 }
 
 template <int ROWS> __device__ static void run(const mt_small_args &a) {
@@ -156,12 +176,12 @@ template <int ROWS> __device__ static void run(const mt_small_args &a) {
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     const uint8_t *st = smem + (c % STAGES) * stage_bytes<ROWS>();
-    const uint8_t *units = st + w * WCHUNK, *act = st + WBYTES;
+    const uint8_t *units = st + w * WCHUNK, *arow = st + WBYTES + g * PITCH + q * 4;
     int steps = min(KC / 16, ksteps - c * (KC / 16));
 #pragma unroll
     for (int u = 0; u < KC / 128; u++)
       if (u * 8 < steps)
-        unit_steps<ROWS>(d, units + u * UNIT, act, u * 8, min(8, steps - u * 8), lane);
+        unit_steps<ROWS>(d, units + u * UNIT, arow, PITCH, u * 8, min(8, steps - u * 8), lane);
   }
   int ch = (blockIdx.x * WARPS + w) * 8 + 2 * q;
   float inv_w[2] = {inv_row(a.e.sw, a.e.sw_row, ch), inv_row(a.e.sw, a.e.sw_row, ch + 1)};
@@ -177,6 +197,94 @@ template <int ROWS> __device__ static void run(const mt_small_args &a) {
         store_elem(a.e.y, tok * a.e.ldy + ch + j, a.e.ytype, epilogue(a.e, d[tt][2 * h + j], inv_a, inv_w[j], tok, ch + j));
     }
 }
+
+// The fused variant for m <= MT_SMALL_FUSE_M: the CTA quantizes the raw activations itself (no
+// separate launch, whose ~1.7 µs at M = 1 was most of the budget) with the device steps of
+// kernels/quant.cuh, bit for bit as mt_quantize: the domain's amax as the maximum of FP32 bits
+// (exact, any order), S = outer_scale(amax), each block by mt_q::block, a NaN/Inf domain giving
+// zero xhat and a NaN S. The whole of xhat (m rows of k) stays in shared memory for the MMAs; only
+// the weights stream through the ring. Each CTA redoes the m x k quantization: cheap at m <= 4.
+template <bool FP16> __device__ static inline uint32_t x_block(const mt_small_args &a, int r, int b, uint32_t (&v)[8]) {
+  const uint4 *src = (const uint4 *)((const char *)a.x + ((size_t)r * (size_t)a.ldx + (size_t)b * 16) * 2);
+  uint4 v0 = src[0], v1 = src[1];
+  v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
+  return mt_q::block_amax_bits<FP16>(v);
+}
+
+template <bool FP16> __device__ static void fused_amax(const mt_small_args &a, uint32_t *amax) {
+  int nblk = a.e.k / 16;
+  for (int i = threadIdx.x; i < a.e.m * nblk; i += THREADS) {
+    uint32_t v[8];
+    int r = i / nblk;
+    atomicMax(&amax[a.e.sa_row ? r : 0], x_block<FP16>(a, r, i % nblk, v));
+  }
+}
+
+template <bool FP16> __device__ static void fused_quantize(const mt_small_args &a, const float *S, uint8_t *xs, int xp) {
+  int nblk = a.e.k / 16;
+  for (int i = threadIdx.x; i < a.e.m * nblk; i += THREADS) {
+    uint32_t v[8], xh[8] = {0, 0, 0, 0, 0, 0, 0, 0}, cd[2];
+    int r = i / nblk, b = i % nblk;
+    uint32_t amax_b = x_block<FP16>(a, r, b, v);
+    float Sr = S[r];
+    if (Sr == Sr)
+      mt_q::block<FP16, false>(v, amax_b, mt_q::S_over_6(Sr), mt_q::inv_S(Sr), xh, cd);
+    uint4 *dst = (uint4 *)(xs + r * xp + b * 32);
+    dst[0] = make_uint4(xh[0], xh[1], xh[2], xh[3]);
+    dst[1] = make_uint4(xh[4], xh[5], xh[6], xh[7]);
+  }
+}
+
+__device__ static void run_fused(const mt_small_args &a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int STAGES = MT_SMALL_FUSE_STAGES;
+  uint8_t *zero = smem + STAGES * WBYTES, *xs = zero + MT_SMALL_FUSE_META;
+  float *S = (float *)(zero + PITCH);
+  uint32_t *amax = (uint32_t *)(S + 8);
+  int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+  int ksteps = a.e.k / 16, chunks = (a.e.k + KC - 1) / KC, xp = 2 * a.e.k + 16;
+  float d[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+
+  // The weights first (they do not depend on the kernel before this one), one group per chunk.
+  for (int c = 0; c < STAGES - 1; c++) {
+    if (c < chunks) load_weights(a, smem + c * WBYTES, c);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
+  for (int i = t; i < PITCH / 16; i += THREADS) // the A rows of tokens past m
+    ((uint4 *)zero)[i] = make_uint4(0, 0, 0, 0);
+  if (t < 8) amax[t] = 0;
+  grid_dependency_wait();
+  __syncthreads();
+  if (a.xfp16) fused_amax<true>(a, amax);
+  else fused_amax<false>(a, amax);
+  __syncthreads();
+  if (t < a.e.m) S[t] = mt_q::outer_scale(__uint_as_float(amax[a.e.sa_row ? t : 0]));
+  __syncthreads();
+  if (a.xfp16) fused_quantize<true>(a, S, xs, xp);
+  else fused_quantize<false>(a, S, xs, xp);
+
+  for (int c = 0; c < chunks; c++) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
+    __syncthreads();
+    int next = c + STAGES - 1;
+    if (next < chunks) load_weights(a, smem + (next % STAGES) * WBYTES, next);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    const uint8_t *units = smem + (c % STAGES) * WBYTES + w * WCHUNK;
+    const uint8_t *arow = (g < a.e.m ? xs + g * xp + c * (KC * 2) : zero) + q * 4;
+    int steps = min(KC / 16, ksteps - c * (KC / 16));
+#pragma unroll
+    for (int u = 0; u < KC / 128; u++)
+      if (u * 8 < steps)
+        unit_steps<8>(d, units + u * UNIT, arow, xp, u * 8, min(8, steps - u * 8), lane);
+  }
+  int ch = (blockIdx.x * WARPS + w) * 8 + 2 * q, tok = g;
+  if (tok >= a.e.m) return;
+  float inv_a = mt_q::inv_S(S[tok]);
+#pragma unroll
+  for (int j = 0; j < 2; j++)
+    store_elem(a.e.y, tok * a.e.ldy + ch + j, a.e.ytype,
+               epilogue(a.e, d[0][j], inv_a, inv_row(a.e.sw, a.e.sw_row, ch + j), tok, ch + j));
+}
 } // namespace small
 
 #define MT_SMALL(ROWS)                                                                             \
@@ -187,6 +295,10 @@ MT_SMALL(8)
 MT_SMALL(16)
 MT_SMALL(32)
 MT_SMALL(64)
+
+extern "C" __global__ void __launch_bounds__(32 * MT_SMALL_WARPS) mt_gemm_small_q4(const __grid_constant__ mt_small_args a) {
+  small::run_fused(a);
+}
 
 
 // weight repacking into fragment order (gemm_args.h); one thread per 16 output bytes: a unit of

@@ -414,6 +414,22 @@ static void scenario_requantize(void) {
   expect_routed(&mid, S1, &zero);
   CHECK_TRACE(t, WEIGHT_QUANT " mt_quant_row_bf16_nb1 smem mt_gemm_small_m32+pdl");
   const mt_quant_params *a0 = quant_args(find_launch(t, "mt_quant_row_bf16", 0));
+  /* 1..4 tokens: one GEMM launch that quantizes the activations itself, from the caller's x, in
+   * plain stream order (no quantization kernel before it to overlap) */
+  problem few = make(OUT, 3, OUT);
+  t = now();
+  expect_routed(&few, S1, &half);
+  CHECK_TRACE(t, WEIGHT_QUANT " smem mt_gemm_small_q4");
+  int fq = find_launch(t, "mt_gemm_small_q4", 0), fpack = find_launch(t, "mt_gemm_pack", 0);
+  if (fq >= 0 && fpack >= 0) {
+    const mt_small_args *fa = (const mt_small_args *)event(fq)->args;
+    const mt_quant_params *fw = quant_args(find_launch(t, "mt_quant_tensor_bf16", 0));
+    CHECK(fa->x == few.x && fa->ldx == IN && !fa->xfp16 && !fa->xa &&
+          fa->frag == ((const mt_pack_args *)event(fpack)->args)->frag);
+    CHECK(fa->e.m == 3 && fa->e.n == OUT && fa->e.k == IN && fa->e.y == few.y && fa->e.ldy == OUT);
+    CHECK(fa->e.sa_row && fw && fa->e.sw == fw->outer && !fa->e.sw_row && fa->e.beta == 0.5f &&
+          fa->e.c == few.y);
+  }
   /* a second stream gets its own scratch: one allocation, no synchronisation */
   long before = device_bytes();
   t = now();
@@ -425,7 +441,7 @@ static void scenario_requantize(void) {
   CHECKF(a1 && a0 && a1->xhat != a0->xhat, "two streams share the activations' scratch");
   printf("#info device_bytes %ld\n", device_bytes());
   check_driver_clean();
-  unmake(&p), unmake(&big), unmake(&mid);
+  unmake(&p), unmake(&big), unmake(&mid), unmake(&few);
 }
 
 /* cublasLtMatmul, with and without the BIAS epilogue; C and D separate. */
@@ -988,7 +1004,7 @@ static void requantize_kernels_in_order(void) {
   child_result r;
   run_child("requantize", NULL, &r);
   check_child("requantize", &r);
-  check_counts(&r, 6, NULL);
+  check_counts(&r, 7, NULL);
   CHECKF(r.err && !r.err[0], "stderr: %s", r.err);
   CHECK(r.summary && strstr(r.summary, "\"engine\": {\"weight_cache\": \"requantize\""));
   CHECKF(json_int(r.summary, "device_bytes") == info(&r, "device_bytes") &&
