@@ -63,6 +63,33 @@ __device__ static inline void warpgroup_sync(int id) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
 }
 
+// Clusters of 2 CTAs (the multicast variant): rank, a barrier over both CTAs' threads, an arrival
+// on the barrier at the same offset in CTA `cta` of the cluster, and a TMA load written into both
+// CTAs' shared memory at the same offset (completing on each CTA's barrier at the same offset).
+__device__ static inline uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+__device__ static inline void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+__device__ static inline void mbar_arrive_in(uint64_t *bar, uint32_t cta) {
+  asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+               "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(bar)),
+               "r"(cta)
+               : "memory");
+}
+
+__device__ static inline void tma_load_2d_both(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+               " [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(smem_u32(dst)),
+               "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"((uint16_t)3)
+               : "memory");
+}
+
 // Descriptor of a K-major tile in the layout TMA writes with 128B swizzle: rows of 128 bytes
 // (64 BF16 along K), groups of 8 rows 1024 bytes apart, tile base 1024-byte aligned. A step of 16
 // along K inside the 128-byte row moves the start address by 32 bytes (the swizzle is applied by
@@ -297,6 +324,120 @@ template <int BN> __device__ static void run(const mt_large_args &a) {
       store_tile_as<BN, __half>(a.e, d, m0, n0, cw, cols, inv_w);
   }
 }
+
+// The multicast variant (mt_gemm_large_mc_nBN, MT_LARGE_VARIANT=mc): clusters of 2 CTAs on the
+// same BN channels and adjacent 128-token blocks (pair p: tokens 256 (p / tiles_n) + 128 rank).
+// Each CTA loads its own activations and half of the weight tile (BN / 2 rows, the tensor map's box),
+// multicast into both CTAs, so L2 serves 16 KB + BN x 64 bytes per k-block and CTA instead of
+// 16 KB + BN x 128. A stage is refilled only when the consumers of both CTAs have released it
+// (empty barriers count 16 warps). Same K loop, same epilogue, same bits. A CTA whose block lies
+// past M (odd number of 128-token blocks) loads no activations but still supplies its half of the
+// weight; its outputs are not stored.
+template <int BN> __device__ static void run_mc(const mt_large_args &a) {
+  constexpr int S = MT_LARGE_STAGES(BN), SB = MT_LARGE_STAGE_BYTES(BN), HALF = BN / 2 * BK * 2;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint64_t *full = (uint64_t *)(smem + S * SB), *empty = full + S;
+  columns<BN> *cols_all = (columns<BN> *)(empty + S);
+  const int tiles_n = (a.e.n + BN - 1) / BN, pairs = (a.e.m + 2 * BM - 1) / (2 * BM) * tiles_n;
+  const int kt = (a.e.k + BK - 1) / BK;
+  const int wg = threadIdx.x / 128, rank = (int)cluster_rank();
+  const int cluster = (int)blockIdx.x / 2, clusters = (int)gridDim.x / 2;
+  // bytes a stage receives: activations unless the block lies past M, the weight's second half
+  // unless it lies wholly past N (a load wholly out of bounds is not issued; those rows keep stale
+  // values that reach only outputs that are not stored)
+  auto stage_bytes = [](bool a_live, bool half1_live) {
+    return (uint32_t)((a_live ? A_BYTES : 0) + HALF + (half1_live ? HALF : 0));
+  };
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; s++) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 16); // one arrival per consumer warp of both CTAs
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  cluster_sync(); // both CTAs' barriers exist before either multicasts into the other
+
+  if (wg == 0) { // producer: one thread; the warpgroup stays until the final cluster barrier
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 0 && cluster < pairs) {
+      const int pre = kt < S ? kt : S;
+      const int n_first = cluster % tiles_n * BN;
+      const int m_first = (cluster / tiles_n * 2 + rank) * BM;
+      for (int kb = 0; kb < pre; kb++) {
+        mbar_expect_tx(&full[kb], stage_bytes(m_first < a.e.m, n_first + BN / 2 < a.e.n));
+        if (n_first + rank * BN / 2 < a.e.n)
+          tma_load_2d_both(smem + kb * SB + A_BYTES + rank * HALF, &a.tw, &full[kb], kb * BK, n_first + rank * BN / 2);
+      }
+      grid_dependency_wait();
+      if (m_first < a.e.m)
+        for (int kb = 0; kb < pre; kb++)
+          tma_load_2d(smem + kb * SB, &a.ta, &full[kb], kb * BK, m_first);
+      int it = 0;
+      for (int p = cluster; p < pairs; p += clusters) {
+        const int m0 = (p / tiles_n * 2 + rank) * BM, n0 = p % tiles_n * BN;
+        const bool live = m0 < a.e.m, live1 = n0 + BN / 2 < a.e.n, mine = rank == 0 || live1;
+        for (int kb = 0; kb < kt; kb++, it++) {
+          if (it < pre)
+            continue;
+          const int s = it % S;
+          mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
+          uint8_t *sa = smem + s * SB, *sw = sa + A_BYTES;
+          mbar_expect_tx(&full[s], stage_bytes(live, live1));
+          if (live)
+            tma_load_2d(sa, &a.ta, &full[s], kb * BK, m0);
+          if (mine)
+            tma_load_2d_both(sw + rank * HALF, &a.tw, &full[s], kb * BK, n0 + rank * BN / 2);
+        }
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int cw = wg - 1;
+    columns<BN> *cols = cols_all + cw;
+    bool waited = false;
+    int it = 0;
+    for (int p = cluster; p < pairs; p += clusters) {
+      const int m0 = (p / tiles_n * 2 + rank) * BM, n0 = p % tiles_n * BN;
+      float d[BN / 2];
+#pragma unroll
+      for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+      for (int kb = 0; kb < kt; kb++, it++) {
+        const int s = it % S;
+        mbar_wait(&full[s], (it / S) & 1);
+        uint32_t sa = smem_u32(smem + s * SB) + cw * 64 * 128, sw = smem_u32(smem + s * SB + A_BYTES);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) wgmma_step<BN>(d, desc_sw128(sa + 32 * kk), desc_sw128(sw + 32 * kk));
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        if (kb > 0 && threadIdx.x % 32 == 0) {
+          mbar_arrive_in(&empty[(it - 1) % S], 0);
+          mbar_arrive_in(&empty[(it - 1) % S], 1);
+        }
+      }
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      if (threadIdx.x % 32 == 0) {
+        mbar_arrive_in(&empty[(it - 1) % S], 0);
+        mbar_arrive_in(&empty[(it - 1) % S], 1);
+      }
+      if (!waited) {
+        grid_dependency_wait();
+        waited = true;
+      }
+      if (m0 >= a.e.m) // a block past M: it only supplied its half of the weight
+        continue;
+      prepare_columns<BN>(a.e, cols, n0, cw);
+      const float inv_w = a.e.sw_row ? 0.0f : __frcp_rn(a.e.sw[0]);
+      if (a.e.ytype == DT_BF16)
+        store_tile_as<BN, __nv_bfloat16>(a.e, d, m0, n0, cw, cols, inv_w);
+      else
+        store_tile_as<BN, __half>(a.e, d, m0, n0, cw, cols, inv_w);
+    }
+  }
+  cluster_sync(); // the peer may still arrive on this CTA's barriers until it is done
+}
 } // namespace large
 
 // The previous version (v1), unchanged: see the file's opening comment.
@@ -395,6 +536,14 @@ MT_LARGE(96)
 MT_LARGE(128)
 MT_LARGE(192)
 MT_LARGE(256)
+#define MT_LARGE_MC(BN)                                                                            \
+  extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)                   \
+      mt_gemm_large_mc_n##BN(const __grid_constant__ mt_large_args a) {                            \
+    large::run_mc<BN>(a);                                                                          \
+  }
+MT_LARGE_MC(128)
+MT_LARGE_MC(192)
+MT_LARGE_MC(256)
 MT_LARGE_V1(128)
 MT_LARGE_V1(192)
 MT_LARGE_V1(256)
