@@ -1,5 +1,5 @@
 /* instr.c — launchers of the instruments' kernels (kernels/instr.cu) and the few driver entry
- * points only the instruments use (events and pinned host memory), found in the process's
+ * points only the instruments use (mapped pinned host memory), found in the process's
  * libcuda.so.1 as kernels/driver.c finds its own. */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -19,20 +19,15 @@ static void load(void) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (!lib)
     return;
-  static const char *const names[] = {"cuEventCreate",  "cuEventRecord",  "cuEventQuery",
-                                      "cuEventDestroy_v2", "cuMemHostAlloc", "cuMemFreeHost",
-                                      "cuCtxSetCurrent"};
+  static const char *const names[] = {"cuMemHostAlloc", "cuMemHostGetDevicePointer_v2",
+                                      "cuMemFreeHost"};
   void *syms[sizeof names / sizeof names[0]];
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (!(syms[i] = dlsym(lib, names[i])))
       return;
-  memcpy(&table.event_create, &syms[0], sizeof syms[0]);
-  memcpy(&table.event_record, &syms[1], sizeof syms[1]);
-  memcpy(&table.event_query, &syms[2], sizeof syms[2]);
-  memcpy(&table.event_destroy, &syms[3], sizeof syms[3]);
-  memcpy(&table.mem_host_alloc, &syms[4], sizeof syms[4]);
-  memcpy(&table.mem_free_host, &syms[5], sizeof syms[5]);
-  memcpy(&table.ctx_set_current, &syms[6], sizeof syms[6]);
+  memcpy(&table.mem_host_alloc, &syms[0], sizeof syms[0]);
+  memcpy(&table.mem_host_get_device_pointer, &syms[1], sizeof syms[1]);
+  memcpy(&table.mem_free_host, &syms[2], sizeof syms[2]);
   loaded = &table;
 }
 
@@ -73,4 +68,9 @@ int mt_instr_launch_shadow(const mt_instr_shadow_args *a, mt_stream stream) {
 int mt_instr_launch_probe(const mt_instr_probe_args *a, mt_stream stream) {
   mt_instr_probe_args copy = *a;
   return launch("mt_instr_probe", (unsigned)a->nrows, &copy, stream);
+}
+
+int mt_instr_launch_publish(const mt_instr_publish_args *a, mt_stream stream) {
+  mt_instr_publish_args copy = *a;
+  return launch("mt_instr_publish", 1, &copy, stream);
 }

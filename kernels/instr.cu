@@ -6,6 +6,7 @@
 //   mt_instr_shadow  sum (y - ref)^2, sum ref^2 and max |y - ref| of the routed output against
 //                    the BF16 GEMM's
 //   mt_instr_probe   rows recomputed alone against their in-batch rows, bit for bit
+//   mt_instr_publish the result block into mapped pinned host memory, then the slot's flag
 // Integer sums (hashes) are exact and order-free, so any grid gives the same bits; the sketch is
 // an FP32 sum whose order the format leaves free. Tested on the CPU through the host twin in
 // kernels/instr.h (tests/cpu/test_shim_instr.c: twin against scripts/minite-compare's Python
@@ -187,4 +188,18 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_probe(const mt_instr_
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   if (threadIdx.x % 32 == 0 && mx > 0.0f) atomicMax(&a.hdr->probe_max_bits, __float_as_uint(mx));
   if (threadIdx.x == 0 && differ) atomicAdd(&a.hdr->probe_differing, 1u);
+}
+
+// One CTA: copy the block over PCIe, make every thread's writes visible system-wide, then raise
+// the flag the host polls (the fences before the barrier order all copies before the flag).
+extern "C" __global__ void __launch_bounds__(256) mt_instr_publish(const mt_instr_publish_args a) {
+  const uint4 *src = (const uint4 *)a.src;
+  uint4 *dst = (uint4 *)a.dst;
+  for (int64_t i = threadIdx.x; i < a.bytes / 16; i += blockDim.x) dst[i] = src[i];
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    *(volatile uint32_t *)a.flag = a.seq;
+  }
 }

@@ -102,6 +102,16 @@ typedef struct {
   mt_instr_header *hdr;
 } mt_instr_probe_args;
 
+/* mt_instr_publish: the result block to mapped pinned host memory, then the slot's flag (the
+ * host polls it: no CUDA call is needed to learn that the results are there). */
+typedef struct {
+  const void *src;      /* device block */
+  void *dst;            /* mapped pinned host block (device address) */
+  uint32_t *flag;       /* mapped pinned host word (device address) */
+  int64_t bytes;        /* a multiple of 16 */
+  uint32_t seq, pad;
+} mt_instr_publish_args;
+
 /* --- the math, one copy for both sides ---------------------------------------------------- */
 
 MT_HD uint64_t mt_instr_mix64(uint64_t z) {
@@ -218,13 +228,9 @@ static inline void mt_instr_sketch(const uint16_t *y, int n, int ytype, float ou
 #include "kernels/engine.h"
 
 typedef struct {
-  __typeof__(&cuEventCreate) event_create;
-  __typeof__(&cuEventRecord) event_record;
-  __typeof__(&cuEventQuery) event_query;
-  __typeof__(&cuEventDestroy) event_destroy;
   __typeof__(&cuMemHostAlloc) mem_host_alloc;
+  __typeof__(&cuMemHostGetDevicePointer) mem_host_get_device_pointer;
   __typeof__(&cuMemFreeHost) mem_free_host;
-  __typeof__(&cuCtxSetCurrent) ctx_set_current;
 } mt_instr_driver;
 
 /* The table, or NULL when the process's libcuda.so.1 lacks one of them. Thread-safe. */
@@ -235,6 +241,7 @@ int mt_instr_launch_digest(const mt_instr_digest_args *a, mt_stream stream);
 int mt_instr_launch_weight(const mt_instr_weight_args *a, mt_stream stream);
 int mt_instr_launch_shadow(const mt_instr_shadow_args *a, mt_stream stream);
 int mt_instr_launch_probe(const mt_instr_probe_args *a, mt_stream stream);
+int mt_instr_launch_publish(const mt_instr_publish_args *a, mt_stream stream);
 
 #endif /* !__CUDACC__ */
 #endif

@@ -2,17 +2,19 @@
  * background writer and the records.
  *
  * A slot is a result block (mt_instr_header + up to ROWS_PER_SLOT digested rows) in device
- * memory, its twin in pinned host memory and an event. The calling thread takes a free slot,
- * enqueues memset, kernels, the asynchronous copy and the event record on the call's stream, and
- * hands the slot to the writer; the writer thread polls the event (cuEventQuery: it never waits
- * on the caller's stream), turns the host block into records and frees the slot. The calling
- * thread never synchronizes, allocates only at the first instrumented call of a context (never
- * while capturing: instruments are skipped then), and never reads device memory.
+ * memory, its twin in mapped pinned host memory and a flag word there. The calling thread takes a
+ * free slot, enqueues a memset and the kernels on the call's stream, last mt_instr_publish, which
+ * copies the block into the host twin and then writes the slot's sequence number into its flag;
+ * the slot goes to the writer thread, which polls the flags (plain memory reads: it makes no CUDA
+ * call at all, so it is safe while another thread captures a graph, and at exit), turns finished
+ * blocks into records and frees the slots. The calling thread never synchronizes, allocates only
+ * at the first instrumented call of a context (never while capturing: instruments are skipped
+ * then), and never reads device memory.
  *
  * The shadow's output and the probe's rows go to one scratch buffer per context (MINITE_INSTR_MB,
- * allocated once). A call on another stream than the buffer's last user takes it only when the
- * event recorded after that use has completed (queried, not waited for); else it skips the
- * shadow and probe with the reason "busy". Same-stream reuse is ordered by the stream itself.
+ * allocated once). A call on another stream than the buffer's last user takes it only when that
+ * user's slot has been published (its flag, read from host memory); else it skips the shadow and
+ * probe with the reason "busy". Same-stream reuse is ordered by the stream itself.
  */
 #include "shim/instr.h"
 
@@ -54,8 +56,9 @@ typedef struct context context;
 typedef struct {
   _Atomic int state;
   context *ctx;
-  CUevent ev;
-  CUdeviceptr dev;
+  uint32_t seq;          /* what the publish kernel writes into the flag when this use is done */
+  uint32_t *flag;        /* host address of the flag */
+  CUdeviceptr dev, host_dev, flag_dev; /* the block; the host twin and flag, as device addresses */
   unsigned char *host;
   /* what the writer needs to finish the records */
   int kinds, route, m, n, k, xtype, ytype, wtype, biastype, has_bias, probe_rows;
@@ -65,10 +68,11 @@ typedef struct {
 struct context {
   CUcontext cu;
   CUdeviceptr mem;          /* SLOTS blocks, then the scratch */
-  unsigned char *host;      /* SLOTS blocks, pinned */
+  unsigned char *host;      /* SLOTS blocks, then SLOTS flags: mapped pinned host memory */
   size_t scratch_bytes;
   CUstream scratch_stream;  /* last user of the scratch */
-  CUevent scratch_ev;       /* recorded after that use */
+  slot *scratch_slot;       /* ... whose publication ends that use */
+  uint32_t scratch_seq;
   int scratch_used;
   int next;                 /* where the search for a free slot starts */
   slot slots[SLOTS];
@@ -181,29 +185,33 @@ static context *context_get(const mt_driver *d, const mt_instr_driver *e) {
             "this GPU (lower MINITE_INSTR_MB)", bytes);
     return NULL;
   }
-  if (e->mem_host_alloc(&host, SLOTS * SLOT_BYTES, 0) != CUDA_SUCCESS) {
+  size_t host_size = SLOTS * (SLOT_BYTES + sizeof(uint32_t));
+  CUdeviceptr host_dev = 0;
+  if (e->mem_host_alloc(&host, host_size, CU_MEMHOSTALLOC_DEVICEMAP) != CUDA_SUCCESS ||
+      e->mem_host_get_device_pointer(&host_dev, host, 0) != CUDA_SUCCESS) {
+    if (host)
+      e->mem_free_host(host);
     d->mem_free(c->mem);
     c->mem = 0;
-    MT_WARN("could not allocate pinned host memory for the instruments: they are off on this GPU");
+    MT_WARN("could not allocate mapped pinned host memory for the instruments: they are off on "
+            "this GPU");
     return NULL;
   }
+  memset(host, 0, host_size);
   c->host = host;
   c->scratch_bytes = scratch_limit;
-  int ok = e->event_create(&c->scratch_ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS;
-  for (int i = 0; i < SLOTS && ok; i++) {
+  for (int i = 0; i < SLOTS; i++) {
     slot *s = &c->slots[i];
     s->ctx = c;
     s->dev = c->mem + (CUdeviceptr)(i * SLOT_BYTES);
     s->host = c->host + i * SLOT_BYTES;
-    ok = e->event_create(&s->ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS;
-  }
-  if (!ok) {
-    MT_WARN("could not create CUDA events for the instruments: they are off on this GPU");
-    c->mem = 0; /* the memory stays allocated (events may refer to it); counted below */
+    s->host_dev = host_dev + (CUdeviceptr)(i * SLOT_BYTES);
+    s->flag = (uint32_t *)(c->host + SLOTS * SLOT_BYTES) + i;
+    s->flag_dev = host_dev + (CUdeviceptr)(SLOTS * SLOT_BYTES + i * sizeof(uint32_t));
   }
   device_bytes += bytes;
-  host_bytes += SLOTS * SLOT_BYTES;
-  return c->mem ? c : NULL;
+  host_bytes += host_size;
+  return c;
 }
 
 static slot *slot_take(context *c) {
@@ -315,30 +323,22 @@ static void count_lost(const slot *s, enum skip why) {
     digest.skipped[why]++;
 }
 
-/* One scan over the slots in flight: finished ones become records. Returns how many finished.
- * Called with lock held; drops it around the formatting and the write. */
-static int scan(const mt_instr_driver *e, text *t) {
+static int published(const slot *s) {
+  return __atomic_load_n(s->flag, __ATOMIC_ACQUIRE) == s->seq;
+}
+
+/* One scan over the slots in flight: published ones become records. Returns how many. Called
+ * with lock held; drops it around the write. */
+static int scan(text *t) {
   int done = 0;
   for (int ci = 0; ci < ncontexts; ci++) {
     context *c = &contexts[ci];
-    if (!c->mem)
-      continue;
-    int current = 0;
-    for (int i = 0; i < SLOTS; i++) {
+    for (int i = 0; i < SLOTS && c->mem; i++) {
       slot *s = &c->slots[i];
-      if (atomic_load_explicit(&s->state, memory_order_acquire) != S_FLIGHT)
-        continue;
-      if (!current && e->ctx_set_current(c->cu) != CUDA_SUCCESS)
-        break;
-      current = 1;
-      CUresult q = e->event_query(s->ev);
-      if (q == CUDA_ERROR_NOT_READY)
+      if (atomic_load_explicit(&s->state, memory_order_acquire) != S_FLIGHT || !published(s))
         continue;
       t->used = 0;
-      if (q == CUDA_SUCCESS)
-        slot_records(s, t);
-      else
-        count_lost(s, SK_ERROR);
+      slot_records(s, t);
       atomic_store_explicit(&s->state, S_FREE, memory_order_release);
       in_flight--;
       done++;
@@ -360,7 +360,6 @@ static double now_s(void) {
 
 static void *writer_main(void *arg) {
   (void)arg;
-  const mt_instr_driver *e = mt_instr_driver_get();
   static char buf[ROWS_PER_SLOT * 320 + 4096];
   text t = {buf, 0, sizeof buf};
   double deadline = 0;
@@ -372,7 +371,7 @@ static void *writer_main(void *arg) {
       deadline = now_s() + DRAIN_SECONDS;
     if (stopping && (!in_flight || now_s() > deadline))
       break;
-    if (!scan(e, &t)) {
+    if (!scan(&t)) {
       pthread_mutex_unlock(&lock);
       nanosleep(&(struct timespec){0, POLL_NS}, NULL);
       pthread_mutex_lock(&lock);
@@ -509,10 +508,11 @@ static int run_probe(const mt_instr_call *ic, CUdeviceptr scratch, mt_instr_prob
 }
 
 /* Can the scratch serve this stream now (see the file comment)? Under lock. */
-static int scratch_free(const mt_instr_driver *e, context *c, CUstream stream) {
+static int scratch_free(context *c, CUstream stream) {
   if (!c->scratch_used || c->scratch_stream == stream)
     return 1;
-  return e->event_query(c->scratch_ev) == CUDA_SUCCESS;
+  /* the slot may have been published again since: its sequence only grows */
+  return (int32_t)(__atomic_load_n(c->scratch_slot->flag, __ATOMIC_ACQUIRE) - c->scratch_seq) >= 0;
 }
 
 typedef struct {
@@ -543,8 +543,7 @@ static void skip_all(int kinds, enum skip why) {
 
 /* Enqueue the chosen instruments into slot s on the call's stream; returns the kinds enqueued
  * (0 when the memset failed: nothing was enqueued). Under lock. */
-static int enqueue(const mt_instr_call *ic, context *c, slot *s, int kinds, const mt_driver *d,
-                   const mt_instr_driver *e) {
+static int enqueue(const mt_instr_call *ic, context *c, slot *s, int kinds, const mt_driver *d) {
   CUstream stream = (CUstream)ic->call->stream;
   mt_instr_header *hdr = (mt_instr_header *)s->dev;
   if (d->memset_d8_async(s->dev, 0, sizeof *hdr, stream) != CUDA_SUCCESS)
@@ -586,16 +585,11 @@ static int enqueue(const mt_instr_call *ic, context *c, slot *s, int kinds, cons
       kinds &= ~K_SHADOW;
     }
   }
-  if (kinds & (K_PROBE | K_SHADOW)) {
-    c->scratch_used = 1;
-    c->scratch_stream = stream;
-    e->event_record(c->scratch_ev, stream);
-  }
   return kinds;
 }
 
 /* The scratch's room and availability for the probe and shadow; under lock. */
-static int scratch_gate(const mt_instr_call *ic, context *c, const mt_instr_driver *e, int kinds) {
+static int scratch_gate(const mt_instr_call *ic, context *c, int kinds) {
   size_t probe_bytes = ((size_t)MT_INSTR_PROBE_ROWS * ic->n * 2 + 255) / 256 * 256;
   size_t shadow_bytes = 2 * ((size_t)(ic->m - 1) * ic->ldy + (size_t)ic->n);
   if ((kinds & K_SHADOW) && probe_bytes + shadow_bytes > c->scratch_bytes) {
@@ -606,7 +600,7 @@ static int scratch_gate(const mt_instr_call *ic, context *c, const mt_instr_driv
     probe.skipped[SK_SCRATCH]++;
     kinds &= ~K_PROBE;
   }
-  if ((kinds & (K_PROBE | K_SHADOW)) && !scratch_free(e, c, (CUstream)ic->call->stream)) {
+  if ((kinds & (K_PROBE | K_SHADOW)) && !scratch_free(c, (CUstream)ic->call->stream)) {
     skip_all(kinds & (K_PROBE | K_SHADOW), SK_BUSY);
     kinds &= ~(K_PROBE | K_SHADOW);
   }
@@ -659,7 +653,7 @@ void mt_instr_after(const mt_instr_call *ic) {
     kinds = 0;
   }
   if (kinds)
-    kinds = scratch_gate(ic, c, e, kinds);
+    kinds = scratch_gate(ic, c, kinds);
   if (kinds) {
     s->kinds = kinds;
     s->route = p.route;
@@ -668,16 +662,23 @@ void mt_instr_after(const mt_instr_call *ic) {
     s->has_bias = ic->bias != NULL, s->biastype = ic->biastype;
     s->alpha = ic->alpha;
     s->probe_rows = 0;
-    int got = enqueue(ic, c, s, kinds, d, e);
+    int got = enqueue(ic, c, s, kinds, d);
     skip_all(kinds & ~got, SK_ERROR);
-    CUstream stream = (CUstream)ic->call->stream;
-    if (got && (d->memcpy_dtoh_async(s->host, s->dev, SLOT_BYTES, stream) != CUDA_SUCCESS ||
-                e->event_record(s->ev, stream) != CUDA_SUCCESS)) {
+    s->seq++;
+    mt_instr_publish_args pa = {.src = (const void *)s->dev, .dst = (void *)s->host_dev,
+                                .flag = (uint32_t *)s->flag_dev, .bytes = SLOT_BYTES, .seq = s->seq};
+    if (got && mt_instr_launch_publish(&pa, (mt_stream)ic->call->stream) != MT_OK) {
       /* enqueued work whose end cannot be known: the slot is never reused */
       skip_all(got, SK_ERROR);
       atomic_store(&s->state, S_LOST);
     } else if (got) {
       s->kinds = got;
+      if (got & (K_PROBE | K_SHADOW)) {
+        c->scratch_used = 1;
+        c->scratch_stream = (CUstream)ic->call->stream;
+        c->scratch_slot = s;
+        c->scratch_seq = s->seq;
+      }
       atomic_store_explicit(&s->state, S_FLIGHT, memory_order_release);
       in_flight++;
       pthread_cond_signal(&wake);

@@ -366,6 +366,8 @@ static size_t args_size(const char *name) {
     return sizeof(mt_instr_shadow_args);
   if (!strcmp(name, "mt_instr_probe"))
     return sizeof(mt_instr_probe_args);
+  if (!strcmp(name, "mt_instr_publish"))
+    return sizeof(mt_instr_publish_args);
   if (!strncmp(name, "mt_gemm_small_", 14))
     return sizeof(mt_small_args);
   if (!strncmp(name, "mt_gemm_large_", 14))
@@ -454,6 +456,23 @@ static void instr_probe(const mt_instr_probe_args *a) {
   memcpy(&a->hdr->probe_max_bits, &mx, 4);
 }
 
+/* Publications whose flag write is held back (fake_cuda_hold_events). */
+#define MAX_HELD 4096
+static struct {
+  uint32_t *flag, seq;
+} held[MAX_HELD];
+static int nheld, hold_events;
+
+static void instr_publish(const mt_instr_publish_args *a) {
+  memcpy(a->dst, a->src, (size_t)a->bytes);
+  if (hold_events && nheld < MAX_HELD) {
+    held[nheld].flag = a->flag;
+    held[nheld++].seq = a->seq;
+  } else {
+    __atomic_store_n(a->flag, a->seq, __ATOMIC_RELEASE);
+  }
+}
+
 static void run_instr(const char *name, const void *args) {
   if (!strcmp(name, "mt_instr_digest"))
     instr_digest(args);
@@ -463,6 +482,8 @@ static void run_instr(const char *name, const void *args) {
     instr_shadow(args);
   else if (!strcmp(name, "mt_instr_probe"))
     instr_probe(args);
+  else if (!strcmp(name, "mt_instr_publish"))
+    instr_publish(args);
 }
 
 static int launch_config_ok(const CUlaunchConfig *c, const function *f) {
@@ -679,12 +700,15 @@ typedef struct {
 
 #define MAX_FAKE_EVENTS 4096
 static fake_event cu_events[MAX_FAKE_EVENTS];
-static int hold_events;
 static long event_queries, event_queries_same_thread;
 
 EXPORT void fake_cuda_hold_events(int on) {
   pthread_mutex_lock(&lock);
   hold_events = on;
+  for (int i = 0; !on && i < nheld; i++)
+    __atomic_store_n(held[i].flag, held[i].seq, __ATOMIC_RELEASE);
+  if (!on)
+    nheld = 0;
   pthread_mutex_unlock(&lock);
 }
 
@@ -772,6 +796,13 @@ EXPORT CUresult cuMemHostAlloc(void **out, size_t bytes, unsigned int flags) {
              p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);
   pthread_mutex_unlock(&lock);
   return p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Mapped pinned memory: under UVA its device address is its host address. */
+EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *out, void *p, unsigned int flags) {
+  (void)flags;
+  *out = (CUdeviceptr)(uintptr_t)p;
+  return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemFreeHost(void *p) {

@@ -72,8 +72,9 @@ typedef void (*fake_cuda_fail_loads_fn)(int n);
 /* 1: [p, p + bytes) lies inside one live allocation. */
 typedef int (*fake_cuda_is_device_fn)(const void *p, size_t bytes);
 
-/* 1: cuEventQuery answers CUDA_ERROR_NOT_READY for every event (work "in flight" forever); 0:
- * events are complete once recorded (the default: the fake runs everything at once). */
+/* 1: cuEventQuery answers CUDA_ERROR_NOT_READY for every event, and the instruments' publish
+ * kernel copies its block but holds back its flag write (work "in flight" forever); 0: release
+ * the held flags, and events are complete once recorded (the default). */
 typedef void (*fake_cuda_hold_events_fn)(int on);
 /* Event queries answered so far, and how many of them came from the thread that recorded the
  * event (the instruments must query from their own thread). */
