@@ -65,10 +65,12 @@ typedef struct {
 /* Stages per token capacity (8, 16, 32 or 64 rows): deep enough that a CTA has all of K = 2048
  * requested from the start at 8 rows; fewer where the activations make a stage large. */
 #define MT_SMALL_STAGES(rows) ((rows) <= 8 ? 8 : (rows) == 16 ? 6 : (rows) == 32 ? 4 : 3)
-#define MT_SMALL_WBYTES (MT_SMALL_WARPS * (MT_SMALL_KC / 128) * MT_FRAG_UNIT)
+#define MT_SMALL_WBYTES (MT_SMALL_WARPS * (MT_SMALL_KC / 32) * MT_FRAG_REC)
 #define MT_SMALL_PITCH (MT_SMALL_KC * 2 + 16) /* 16 extra bytes spread 8 tokens over all banks */
 #define MT_SMALL_STAGE_BYTES(rows) (MT_SMALL_WBYTES + (rows) * MT_SMALL_PITCH)
-#define MT_SMALL_SMEM(rows) (MT_SMALL_STAGES(rows) * MT_SMALL_STAGE_BYTES(rows))
+/* the step loop loads a record (two steps) ahead without a bound check: slack past the end */
+#define MT_SMALL_SLACK 256
+#define MT_SMALL_SMEM(rows) (MT_SMALL_STAGES(rows) * MT_SMALL_STAGE_BYTES(rows) + MT_SMALL_SLACK)
 /* The fused kernel (activation quantization inside, m <= MT_SMALL_FUSE_M): the weight ring, one
  * zero A row, per-row S and amax (64 bytes), and the whole quantized activations, m rows of 2k + 16
  * bytes, in MT_SMALL_FUSE_XHAT bytes (4 rows of k = 4096; 1 row of k = 16384). One fixed size, so
@@ -77,16 +79,16 @@ typedef struct {
 #define MT_SMALL_FUSE_STAGES 8
 #define MT_SMALL_FUSE_META (MT_SMALL_PITCH + 64)
 #define MT_SMALL_FUSE_XHAT (4 * (2 * 4096 + 16))
-#define MT_SMALL_FUSE_SMEM (MT_SMALL_FUSE_STAGES * MT_SMALL_WBYTES + MT_SMALL_FUSE_META + MT_SMALL_FUSE_XHAT)
+#define MT_SMALL_FUSE_SMEM (MT_SMALL_FUSE_STAGES * MT_SMALL_WBYTES + MT_SMALL_FUSE_META + MT_SMALL_FUSE_XHAT + MT_SMALL_SLACK)
 
-/* Fragment order (mt_qweight.frag), for n % 16 == 0: units of 8 rows H (8H .. 8H+7) x 128 columns
- * S8, unit (H, S8) at byte (H * ceil(k/128) + S8) * 640, so a warp's rows are contiguous over K.
- * A unit: 512 code bytes, lane l = 4g + q of the warp owning bytes 16l..16l+15, two per k16 step s
- * (0..7) in the order of mma.sync's B registers: code byte q of row 8H+g's block 8S8+s (elements 2q,
- * 2q+1), then its byte q+4 (2q+8, 2q+9); then 128 scale bytes, 16 per g: row 8H+g's 8 block
- * scales as BF16 (exact; one byte more per 16 elements than E4M3, so no conversion in the GEMM).
- * Blocks past k are zero. 5 bits per weight. */
-#define MT_FRAG_UNIT 640
-#define MT_FRAG_BYTES(n, k) ((size_t)(n) / 8 * (((size_t)(k) + 127) / 128) * MT_FRAG_UNIT)
+/* Fragment order (mt_qweight.frag), for n % 16 == 0: records of 8 rows H (8H .. 8H+7) x 32
+ * columns P (two k16 steps), record (H, P) at byte (H * ceil(k/32) + P) * 160, so a warp's rows
+ * are contiguous over K. A record: 128 code bytes, lane l = 4g + q of the warp owning bytes
+ * 4l..4l+3 in the order of mma.sync's B registers: code byte q of row 8H+g's block 2P (elements
+ * 2q, 2q+1), its byte q+4 (2q+8, 2q+9), then the same two of block 2P+1; then 32 scale bytes, 4
+ * per g: row 8H+g's block scales 2P and 2P+1 as BF16 (exact; one byte more per 16 elements than
+ * E4M3, so no conversion in the GEMM). Blocks past k are zero. 5 bits per weight. */
+#define MT_FRAG_REC 160
+#define MT_FRAG_BYTES(n, k) ((size_t)(n) / 8 * (((size_t)(k) + 31) / 32) * MT_FRAG_REC)
 
 #endif

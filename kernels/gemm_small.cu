@@ -20,26 +20,25 @@
 
 namespace small {
 constexpr int WARPS = MT_SMALL_WARPS, THREADS = 32 * WARPS, KC = MT_SMALL_KC, PITCH = MT_SMALL_PITCH;
-constexpr int UNIT = MT_FRAG_UNIT, WBYTES = MT_SMALL_WBYTES, WCHUNK = (KC / 128) * UNIT; // per warp
+constexpr int REC = MT_FRAG_REC, WBYTES = MT_SMALL_WBYTES, WCHUNK = (KC / 32) * REC; // per warp
 template <int ROWS> __host__ __device__ constexpr int stage_bytes() { return MT_SMALL_STAGE_BYTES(ROWS); }
 template <int ROWS> __host__ __device__ constexpr int stages() { return MT_SMALL_STAGES(ROWS); }
 
 __device__ static inline void cp16(void *dst, const void *src, bool valid) {
-  // src-size 0 writes 16 zero bytes: units past k read as zero
+  // src-size 0 writes 16 zero bytes: records past k read as zero
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
 }
 
-// Chunk c of this CTA's weight units (each warp's 8 rows: KC / 128 contiguous units of 640 bytes)
-// into stage buffer st.
+// Chunk c of this CTA's weight records (each warp's 8 rows: KC / 32 contiguous records of 160
+// bytes) into stage buffer st.
 __device__ static void load_weights(const mt_small_args &a, uint8_t *st, int c) {
-  size_t s8groups = ((size_t)a.e.k + 127) / 128;
+  size_t pairs = ((size_t)a.e.k + 31) / 32;
   constexpr int PER_WARP = WCHUNK / 16;
   for (int i = threadIdx.x; i < WARPS * PER_WARP; i += THREADS) {
     int w = i / PER_WARP, off = i % PER_WARP;
-    size_t unit = (size_t)c * (KC / 128) + off / (UNIT / 16);
-    bool ok = unit < s8groups;
-    const uint8_t *src = a.frag + ((size_t)(blockIdx.x * WARPS + w) * s8groups + c * (KC / 128)) * UNIT + off * 16;
+    bool ok = (size_t)c * (KC / 32) + off / (REC / 16) < pairs;
+    const uint8_t *src = a.frag + ((size_t)(blockIdx.x * WARPS + w) * pairs + c * (KC / 32)) * REC + off * 16;
     cp16(st + i * 16, ok ? src : a.frag, ok);
   }
 }
@@ -104,33 +103,31 @@ __device__ static inline void mma_step(float (&d)[(ROWS + 15) / 16][4], uint32_t
         : "r"(a.v[tt][0]), "r"(a.v[tt][1]), "r"(a.v[tt][2]), "r"(a.v[tt][3]), "r"(b0), "r"(b1));
 }
 
-// Steps s0 .. s0 + n - 1 of one unit (8 steps of 128 columns). A 4-byte code word and a 4-byte
-// scale word hold two steps (the four lanes of a quad read the same scale bytes). Software
-// pipelined in a loop that is not unrolled: each MMA is followed, in program order, by the decode
-// of the next step, and the next pair's words and A fragments are loaded a pair ahead, so decode
-// and loads issue while the MMA chain waits (one warp per scheduler has nothing else to hide them
-// with). Unrolled, ptxas sometimes hoisted all eight decodes above the eight MMAs, which then ran
-// back to back on the chain: about twice the time per unit.
+// Steps 0 .. n - 1 of one chunk: records of two steps (gemm_args.h), the lane's 4-byte code word
+// and its row's 4-byte scale word in each (the four lanes of a quad read the same scale word; 32
+// lanes read 128 contiguous code bytes: no bank conflict). Software pipelined in a loop that is
+// not unrolled: each MMA is followed, in program order, by the decode of the next step, and the
+// next record's words and A fragments are loaded a record ahead, so decode and loads issue while
+// the MMA chain waits (one warp per scheduler has nothing else to hide them with). Unrolled, ptxas
+// sometimes hoisted all eight decodes of a group above its eight MMAs, which then ran back to back
+// on the chain: about twice the time per step.
 __device__ static inline uint32_t scale_lo(uint32_t sc) { return __byte_perm(sc, 0, 0x1010); }
 __device__ static inline uint32_t scale_hi(uint32_t sc) { return __byte_perm(sc, 0, 0x3232); }
 
 template <int ROWS>
-__device__ static inline void unit_steps(float (&d)[(ROWS + 15) / 16][4], const uint8_t *unit, const uint8_t *arow,
-                                         int pitch, int s0, int n, int lane) {
-  const uint32_t *cp = (const uint32_t *)(unit + lane * 16), *sp = (const uint32_t *)(unit + 512 + (lane / 4) * 16);
-  const uint8_t *ar = arow + s0 * 32;
-  uint32_t w = cp[0], sc = sp[0], b0, b1;
-  afrag<ROWS> a0 = load_a<ROWS>(ar, pitch), a1 = a0;
-  if (n > 1) a1 = load_a<ROWS>(ar + 32, pitch);
+__device__ static inline void chunk_steps(float (&d)[(ROWS + 15) / 16][4], const uint8_t *rec, const uint8_t *arow,
+                                          int pitch, int n, int lane) {
+  const uint8_t *cp = rec + lane * 4, *sp = rec + 128 + (lane / 4) * 4, *ar = arow;
+  uint32_t w = *(const uint32_t *)cp, sc = *(const uint32_t *)sp, b0, b1;
+  afrag<ROWS> a0 = load_a<ROWS>(ar, pitch), a1 = load_a<ROWS>(ar + 32, pitch);
   weight_frag(w, scale_lo(sc), b0, b1);
 #pragma unroll 1
   for (int p = 0; p < n / 2; p++) {
-    // the next pair's words: past the last pair these read the next 4 bytes of shared memory
-    // (the next lane's codes, the next row's or unit's scales), unused; its A only when it exists
-    uint32_t wn = cp[p + 1], scn = sp[p + 1], c0, c1;
-    afrag<ROWS> an0 = a0, an1 = a1;
-    if (2 * p + 2 < n) an0 = load_a<ROWS>(ar + 64, pitch);
-    if (2 * p + 3 < n) an1 = load_a<ROWS>(ar + 96, pitch);
+    // the next record's words and A: past the chunk's last step these read up to 160 bytes past
+    // it (the other warp's records, the activations, the next row, or MT_SMALL_SLACK), unused
+    cp += REC, sp += REC;
+    uint32_t wn = *(const uint32_t *)cp, scn = *(const uint32_t *)sp, c0, c1;
+    afrag<ROWS> an0 = load_a<ROWS>(ar + 64, pitch), an1 = load_a<ROWS>(ar + 96, pitch);
     mma_step<ROWS>(d, b0, b1, a0);
     weight_frag(w >> 16, scale_hi(sc), c0, c1);
     mma_step<ROWS>(d, c0, c1, a1);
@@ -176,12 +173,8 @@ template <int ROWS> __device__ static void run(const mt_small_args &a) {
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     const uint8_t *st = smem + (c % STAGES) * stage_bytes<ROWS>();
-    const uint8_t *units = st + w * WCHUNK, *arow = st + WBYTES + g * PITCH + q * 4;
     int steps = min(KC / 16, ksteps - c * (KC / 16));
-#pragma unroll
-    for (int u = 0; u < KC / 128; u++)
-      if (u * 8 < steps)
-        unit_steps<ROWS>(d, units + u * UNIT, arow, PITCH, u * 8, min(8, steps - u * 8), lane);
+    chunk_steps<ROWS>(d, st + w * WCHUNK, st + WBYTES + g * PITCH + q * 4, PITCH, steps, lane);
   }
   int ch = (blockIdx.x * WARPS + w) * 8 + 2 * q;
   float inv_w[2] = {inv_row(a.e.sw, a.e.sw_row, ch), inv_row(a.e.sw, a.e.sw_row, ch + 1)};
@@ -269,13 +262,9 @@ __device__ static void run_fused(const mt_small_args &a) {
     int next = c + STAGES - 1;
     if (next < chunks) load_weights(a, smem + (next % STAGES) * WBYTES, next);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
-    const uint8_t *units = smem + (c % STAGES) * WBYTES + w * WCHUNK;
     const uint8_t *arow = (g < a.e.m ? xs + g * xp + c * (KC * 2) : zero) + q * 4;
     int steps = min(KC / 16, ksteps - c * (KC / 16));
-#pragma unroll
-    for (int u = 0; u < KC / 128; u++)
-      if (u * 8 < steps)
-        unit_steps<8>(d, units + u * UNIT, arow, xp, u * 8, min(8, steps - u * 8), lane);
+    chunk_steps<8>(d, smem + (c % STAGES) * WBYTES + w * WCHUNK, arow, xp, steps, lane);
   }
   int ch = (blockIdx.x * WARPS + w) * 8 + 2 * q, tok = g;
   if (tok >= a.e.m) return;
@@ -301,41 +290,44 @@ extern "C" __global__ void __launch_bounds__(32 * MT_SMALL_WARPS) mt_gemm_small_
 }
 
 
-// weight repacking into fragment order (gemm_args.h); one thread per 16 output bytes: a unit of
-// 8 rows x 128 columns is 32 lanes' code bytes then 8 rows' BF16 scales
+// weight repacking into fragment order (gemm_args.h); one thread per 16 output bytes: a record of
+// 8 rows x 32 columns is 8 x 16 code bytes (4 lanes each) then 2 x 16 bytes of BF16 scales (4 rows
+// each)
 
 extern "C" __global__ void mt_gemm_pack(const __grid_constant__ mt_pack_args a) {
   if (a.only_if && *a.only_if == 0)
     return;
-  size_t s8groups = ((size_t)a.k + 127) / 128, kb = (size_t)a.k / 16;
-  size_t chunks = (size_t)a.n / 8 * s8groups * (MT_FRAG_UNIT / 16);
+  size_t pairs = ((size_t)a.k + 31) / 32, kb = (size_t)a.k / 16;
+  size_t chunks = (size_t)a.n / 8 * pairs * (MT_FRAG_REC / 16);
   size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= chunks)
     return;
-  size_t u = i / (MT_FRAG_UNIT / 16), H = u / s8groups, S8 = u % s8groups;
-  int j = (int)(i % (MT_FRAG_UNIT / 16));
+  size_t r = i / (MT_FRAG_REC / 16), H = r / pairs, P = r % pairs;
+  int j = (int)(i % (MT_FRAG_REC / 16));
   uint8_t out[16];
-  if (j < 32) { // lane j = 4g + q: bytes q and q + 4 of row 8H + g, block by block
-    int g = j / 4, q = j % 4;
-    const uint8_t *r = a.codes + (8 * H + g) * (size_t)(a.k / 2);
-    for (int s = 0; s < 8; s++) {
-      size_t b = 8 * S8 + s;
-      bool ok = b < kb;
-      out[2 * s] = ok ? r[b * 8 + q] : 0;
-      out[2 * s + 1] = ok ? r[b * 8 + q + 4] : 0;
-    }
-  } else { // row 8H + g's scales as BF16 (exact: 4 significant bits, exponent within range)
-    int g = j - 32;
-    const uint8_t *r = a.scales + (8 * H + g) * kb;
-    for (int s = 0; s < 8; s++) {
-      size_t b = 8 * S8 + s;
-      uint16_t v = 0;
-      if (b < kb) {
-        __nv_bfloat16 h = __float2bfloat16_rn(mt_q::e4m3_to_float(r[b] & 0x7fu));
-        v = *(uint16_t *)&h;
+  for (int o = 0; o < 4; o++) {
+    if (j < 8) { // lane l = 4g + q: bytes q and q + 4 of row 8H + g, blocks 2P and 2P + 1
+      int l = 4 * j + o, g = l / 4, q = l % 4;
+      const uint8_t *row = a.codes + (8 * H + g) * (size_t)(a.k / 2);
+      for (int s = 0; s < 2; s++) {
+        size_t b = 2 * P + s;
+        bool ok = b < kb;
+        out[4 * o + 2 * s] = ok ? row[b * 8 + q] : 0;
+        out[4 * o + 2 * s + 1] = ok ? row[b * 8 + q + 4] : 0;
       }
-      out[2 * s] = (uint8_t)v;
-      out[2 * s + 1] = (uint8_t)(v >> 8);
+    } else { // row 8H + g's scales of blocks 2P, 2P + 1 as BF16 (exact: 4 significant bits)
+      int g = 4 * (j - 8) + o;
+      const uint8_t *row = a.scales + (8 * H + g) * kb;
+      for (int s = 0; s < 2; s++) {
+        size_t b = 2 * P + s;
+        uint16_t v = 0;
+        if (b < kb) {
+          __nv_bfloat16 h = __float2bfloat16_rn(mt_q::e4m3_to_float(row[b] & 0x7fu));
+          v = *(uint16_t *)&h;
+        }
+        out[4 * o + 2 * s] = (uint8_t)v;
+        out[4 * o + 2 * s + 1] = (uint8_t)(v >> 8);
+      }
     }
   }
   *(uint4 *)(a.frag + i * 16) = *(uint4 *)out;
