@@ -129,8 +129,9 @@ static int large_bn(int m, int n, int count) {
 
 /* MT_LARGE_VARIANT (read once; for measurements, not for users): "1" runs the previous kernel
  * (mt_gemm_large_v1_nBN, one tile per CTA), "np" the current kernel with one CTA per tile instead
- * of a persistent grid of one CTA per SM, "mc" clusters of 2 CTAs sharing the weight tile by TMA
- * multicast (mt_gemm_large_mc_nBN). Same bits in every case. */
+ * of a persistent grid of one CTA per SM, "mc" clusters of 2 CTAs sharing the weight or the
+ * activation tile by TMA multicast (mt_gemm_large_mcw_nBN, mt_gemm_large_mca_nBN). Same bits in
+ * every case. */
 enum { LARGE_V5, LARGE_V1, LARGE_NP, LARGE_MC };
 static int large_variant(void) {
   static int v = -1;
@@ -145,10 +146,13 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   static mt_large_args proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
   mt_large_args l = proto;
   int variant = large_variant();
-  int bn = large_bn(a->m, a->n, variant == LARGE_V5 || variant == LARGE_NP ? 5 : 3);
-  int st = tensor_map(&l.ta, q->xhat, a->m, a->k, MT_LARGE_BM);
-  if (st == MT_OK) /* multicast: each CTA of a pair loads half of the weight tile */
-    st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, variant == LARGE_MC ? bn / 2 : bn);
+  int bn = large_bn(a->m, a->n, variant == LARGE_V1 ? 3 : 5);
+  /* multicast: pairs of CTAs share the weight tile (wide tiles) or the activation tile (narrow
+   * ones), each CTA loading half of it */
+  int share_w = variant == LARGE_MC && bn > 128, share_a = variant == LARGE_MC && bn <= 128;
+  int st = tensor_map(&l.ta, q->xhat, a->m, a->k, share_a ? MT_LARGE_BM / 2 : MT_LARGE_BM);
+  if (st == MT_OK)
+    st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, share_w ? bn / 2 : bn);
   if (st != MT_OK)
     return st;
   epilogue_args(a, q, &l.e);
@@ -158,9 +162,12 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
     const char *fn = bn == 256 ? "mt_gemm_large_v1_n256" : bn == 192 ? "mt_gemm_large_v1_n192" : "mt_gemm_large_v1_n128";
     return launch("gemm_large", fn, tiles_m, tiles_n, 384, MT_LARGE_SMEM(bn), 1, stream, &l);
   }
-  if (variant == LARGE_MC) { /* persistent clusters of 2 over pairs of 128-token blocks */
-    unsigned pairs = (tiles_m + 1) / 2 * tiles_n, clusters = pairs < sms / 2 ? pairs : sms / 2;
-    const char *fn = bn == 256 ? "mt_gemm_large_mc_n256" : bn == 192 ? "mt_gemm_large_mc_n192" : "mt_gemm_large_mc_n128";
+  if (variant == LARGE_MC) { /* persistent clusters of 2 over pairs of tiles */
+    unsigned pairs = share_w ? (tiles_m + 1) / 2 * tiles_n : tiles_m * ((tiles_n + 1) / 2);
+    unsigned clusters = pairs < sms / 2 ? pairs : sms / 2;
+    const char *fn = bn == 256 ? "mt_gemm_large_mcw_n256" : bn == 192 ? "mt_gemm_large_mcw_n192"
+                   : bn == 128 ? "mt_gemm_large_mca_n128" : bn == 96 ? "mt_gemm_large_mca_n96"
+                               : "mt_gemm_large_mca_n64";
     return launch("gemm_large", fn, 2 * clusters, 1, 384, MT_LARGE_SMEM(bn), 1, stream, &l);
   }
   /* persistent: one CTA per SM (one fits: ~200 KB of shared memory), each walking its tiles */

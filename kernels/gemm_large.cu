@@ -19,9 +19,10 @@
 // per element only the multiplies and adds of gemm_args.h, each rounded on its own
 // (__fmul_rn/__fadd_rn, never contracted), then stores pairs of outputs as 4 bytes.
 //
-// mt_gemm_large_v1_nBN is the previous version (one tile per CTA, wgmma.wait_group 0 after every
-// K step, the per-element epilogue of gemm_common.cuh), kept so that kernels/gemm.c can run it
-// for comparison (MT_LARGE_VARIANT=1).
+// Variants kernels/gemm.c runs for comparison (MT_LARGE_VARIANT): mt_gemm_large_v1_nBN, the
+// previous version (one tile per CTA, wgmma.wait_group 0 after every K step, the per-element
+// epilogue of gemm_common.cuh; =1); mt_gemm_large_mcw_nBN and mt_gemm_large_mca_nBN, clusters of 2
+// CTAs sharing the weight or the activation tile by TMA multicast (=mc; see run_mc).
 //
 // Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (spec/nvfp4.c) within the
 // FP32-accumulation bound, and bitwise across M, row positions and the two paths.
@@ -325,29 +326,54 @@ template <int BN> __device__ static void run(const mt_large_args &a) {
   }
 }
 
-// The multicast variant (mt_gemm_large_mc_nBN, MT_LARGE_VARIANT=mc): clusters of 2 CTAs on the
-// same BN channels and adjacent 128-token blocks (pair p: tokens 256 (p / tiles_n) + 128 rank).
-// Each CTA loads its own activations and half of the weight tile (BN / 2 rows, the tensor map's box),
-// multicast into both CTAs, so L2 serves 16 KB + BN x 64 bytes per k-block and CTA instead of
-// 16 KB + BN x 128. A stage is refilled only when the consumers of both CTAs have released it
-// (empty barriers count 16 warps). Same K loop, same epilogue, same bits. A CTA whose block lies
-// past M (odd number of 128-token blocks) loads no activations but still supplies its half of the
-// weight; its outputs are not stored.
-template <int BN> __device__ static void run_mc(const mt_large_args &a) {
-  constexpr int S = MT_LARGE_STAGES(BN), SB = MT_LARGE_STAGE_BYTES(BN), HALF = BN / 2 * BK * 2;
+// The multicast variants: clusters of 2 CTAs that share one operand tile by TMA multicast, each
+// CTA loading half of it into both CTAs' shared memory (the tensor map's box is that half).
+// SHARE_A = false (mt_gemm_large_mcw_nBN): the pair sits on the same BN channels and adjacent
+// 128-token blocks and shares the weight tile: L2 serves 16 KB + BN x 64 bytes a k-block and CTA
+// instead of 16 KB + BN x 128. SHARE_A = true (mt_gemm_large_mca_nBN): the pair sits on the same
+// 128 tokens and adjacent BN-channel blocks and shares the activation tile: 8 KB + BN x 128.
+// A stage is refilled only when the consumers of both CTAs have released it (empty barriers count
+// 16 warps). Same K loop, same epilogue, same bits. A CTA whose own tile lies past M or N (odd
+// number of blocks) loads no own operand but still supplies its half of the shared one; its
+// outputs are not stored. A shared half wholly past M or N is not loaded: its rows keep stale
+// values that reach only outputs that are not stored.
+template <int BN, bool SHARE_A> __device__ static void run_mc(const mt_large_args &a) {
+  constexpr int S = MT_LARGE_STAGES(BN), SB = MT_LARGE_STAGE_BYTES(BN), W_BYTES = SB - A_BYTES;
+  constexpr int HALF = (SHARE_A ? A_BYTES : W_BYTES) / 2, OWN = SHARE_A ? W_BYTES : A_BYTES;
+  constexpr int HALF_ROWS = (SHARE_A ? BM : BN) / 2;
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint64_t *full = (uint64_t *)(smem + S * SB), *empty = full + S;
   columns<BN> *cols_all = (columns<BN> *)(empty + S);
-  const int tiles_n = (a.e.n + BN - 1) / BN, pairs = (a.e.m + 2 * BM - 1) / (2 * BM) * tiles_n;
+  const int tiles_m = (a.e.m + BM - 1) / BM, tiles_n = (a.e.n + BN - 1) / BN;
+  const int inner = SHARE_A ? (tiles_n + 1) / 2 : tiles_n; // pairs along the fast dimension
+  const int pairs = SHARE_A ? tiles_m * inner : (tiles_m + 1) / 2 * tiles_n;
   const int kt = (a.e.k + BK - 1) / BK;
   const int wg = threadIdx.x / 128, rank = (int)cluster_rank();
   const int cluster = (int)blockIdx.x / 2, clusters = (int)gridDim.x / 2;
-  // bytes a stage receives: activations unless the block lies past M, the weight's second half
-  // unless it lies wholly past N (a load wholly out of bounds is not issued; those rows keep stale
-  // values that reach only outputs that are not stored)
-  auto stage_bytes = [](bool a_live, bool half1_live) {
-    return (uint32_t)((a_live ? A_BYTES : 0) + HALF + (half1_live ? HALF : 0));
+
+  // pair p: this CTA's tile, the first row of the shared tile (tokens or channels) and its limit
+  struct pair_tile {
+    int m0, n0, shared0;
+    bool own, half0, half1; // own operand exists; the shared tile's halves exist
+  };
+  auto tile_of = [&](int p) {
+    pair_tile t;
+    if (SHARE_A) {
+      t.m0 = p / inner * BM;
+      t.n0 = (p % inner * 2 + rank) * BN;
+      t.shared0 = t.m0;
+      t.own = t.n0 < a.e.n;
+      t.half1 = t.m0 + HALF_ROWS < a.e.m;
+    } else {
+      t.m0 = (p / tiles_n * 2 + rank) * BM;
+      t.n0 = p % tiles_n * BN;
+      t.shared0 = t.n0;
+      t.own = t.m0 < a.e.m;
+      t.half1 = t.n0 + HALF_ROWS < a.e.n;
+    }
+    t.half0 = true; // the pair's first block always exists
+    return t;
   };
 
   if (threadIdx.x == 0) {
@@ -362,33 +388,45 @@ template <int BN> __device__ static void run_mc(const mt_large_args &a) {
   if (wg == 0) { // producer: one thread; the warpgroup stays until the final cluster barrier
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x == 0 && cluster < pairs) {
+      // the loads of k-block kb of tile t into stage s: weight part and activation part
+      auto bytes_of = [&](const pair_tile &t) {
+        return (uint32_t)((t.own ? OWN : 0) + HALF + (t.half1 ? HALF : 0));
+      };
+      auto load_w = [&](const pair_tile &t, int s, int kb) {
+        uint8_t *sw = smem + s * SB + A_BYTES;
+        if (!SHARE_A && (rank == 0 || t.half1))
+          tma_load_2d_both(sw + rank * HALF, &a.tw, &full[s], kb * BK, t.shared0 + rank * HALF_ROWS);
+        if (SHARE_A && t.own)
+          tma_load_2d(sw, &a.tw, &full[s], kb * BK, t.n0);
+      };
+      auto load_a = [&](const pair_tile &t, int s, int kb) {
+        uint8_t *sa = smem + s * SB;
+        if (SHARE_A && (rank == 0 || t.half1))
+          tma_load_2d_both(sa + rank * HALF, &a.ta, &full[s], kb * BK, t.shared0 + rank * HALF_ROWS);
+        if (!SHARE_A && t.own)
+          tma_load_2d(sa, &a.ta, &full[s], kb * BK, t.m0);
+      };
+      // the weight parts of the first stages before waiting for the activations' quantization
       const int pre = kt < S ? kt : S;
-      const int n_first = cluster % tiles_n * BN;
-      const int m_first = (cluster / tiles_n * 2 + rank) * BM;
+      const pair_tile first = tile_of(cluster);
       for (int kb = 0; kb < pre; kb++) {
-        mbar_expect_tx(&full[kb], stage_bytes(m_first < a.e.m, n_first + BN / 2 < a.e.n));
-        if (n_first + rank * BN / 2 < a.e.n)
-          tma_load_2d_both(smem + kb * SB + A_BYTES + rank * HALF, &a.tw, &full[kb], kb * BK, n_first + rank * BN / 2);
+        mbar_expect_tx(&full[kb], bytes_of(first));
+        load_w(first, kb, kb);
       }
       grid_dependency_wait();
-      if (m_first < a.e.m)
-        for (int kb = 0; kb < pre; kb++)
-          tma_load_2d(smem + kb * SB, &a.ta, &full[kb], kb * BK, m_first);
+      for (int kb = 0; kb < pre; kb++)
+        load_a(first, kb, kb);
       int it = 0;
       for (int p = cluster; p < pairs; p += clusters) {
-        const int m0 = (p / tiles_n * 2 + rank) * BM, n0 = p % tiles_n * BN;
-        const bool live = m0 < a.e.m, live1 = n0 + BN / 2 < a.e.n, mine = rank == 0 || live1;
+        const pair_tile t = tile_of(p);
         for (int kb = 0; kb < kt; kb++, it++) {
-          if (it < pre)
+          if (it < pre) // issued above (the first tile)
             continue;
           const int s = it % S;
           mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
-          uint8_t *sa = smem + s * SB, *sw = sa + A_BYTES;
-          mbar_expect_tx(&full[s], stage_bytes(live, live1));
-          if (live)
-            tma_load_2d(sa, &a.ta, &full[s], kb * BK, m0);
-          if (mine)
-            tma_load_2d_both(sw + rank * HALF, &a.tw, &full[s], kb * BK, n0 + rank * BN / 2);
+          mbar_expect_tx(&full[s], bytes_of(t));
+          load_a(t, s, kb);
+          load_w(t, s, kb);
         }
       }
     }
@@ -399,7 +437,7 @@ template <int BN> __device__ static void run_mc(const mt_large_args &a) {
     bool waited = false;
     int it = 0;
     for (int p = cluster; p < pairs; p += clusters) {
-      const int m0 = (p / tiles_n * 2 + rank) * BM, n0 = p % tiles_n * BN;
+      const pair_tile t = tile_of(p);
       float d[BN / 2];
 #pragma unroll
       for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
@@ -426,14 +464,14 @@ template <int BN> __device__ static void run_mc(const mt_large_args &a) {
         grid_dependency_wait();
         waited = true;
       }
-      if (m0 >= a.e.m) // a block past M: it only supplied its half of the weight
+      if (!t.own) // a tile past M or N: it only supplied its half of the shared operand
         continue;
-      prepare_columns<BN>(a.e, cols, n0, cw);
+      prepare_columns<BN>(a.e, cols, t.n0, cw);
       const float inv_w = a.e.sw_row ? 0.0f : __frcp_rn(a.e.sw[0]);
       if (a.e.ytype == DT_BF16)
-        store_tile_as<BN, __nv_bfloat16>(a.e, d, m0, n0, cw, cols, inv_w);
+        store_tile_as<BN, __nv_bfloat16>(a.e, d, t.m0, t.n0, cw, cols, inv_w);
       else
-        store_tile_as<BN, __half>(a.e, d, m0, n0, cw, cols, inv_w);
+        store_tile_as<BN, __half>(a.e, d, t.m0, t.n0, cw, cols, inv_w);
     }
   }
   cluster_sync(); // the peer may still arrive on this CTA's barriers until it is done
@@ -536,14 +574,16 @@ MT_LARGE(96)
 MT_LARGE(128)
 MT_LARGE(192)
 MT_LARGE(256)
-#define MT_LARGE_MC(BN)                                                                            \
+#define MT_LARGE_MC(BN, SHARE_A, NAME)                                                             \
   extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)                   \
-      mt_gemm_large_mc_n##BN(const __grid_constant__ mt_large_args a) {                            \
-    large::run_mc<BN>(a);                                                                          \
+      NAME(const __grid_constant__ mt_large_args a) {                                              \
+    large::run_mc<BN, SHARE_A>(a);                                                                 \
   }
-MT_LARGE_MC(128)
-MT_LARGE_MC(192)
-MT_LARGE_MC(256)
+MT_LARGE_MC(192, false, mt_gemm_large_mcw_n192)
+MT_LARGE_MC(256, false, mt_gemm_large_mcw_n256)
+MT_LARGE_MC(64, true, mt_gemm_large_mca_n64)
+MT_LARGE_MC(96, true, mt_gemm_large_mca_n96)
+MT_LARGE_MC(128, true, mt_gemm_large_mca_n128)
 MT_LARGE_V1(128)
 MT_LARGE_V1(192)
 MT_LARGE_V1(256)
