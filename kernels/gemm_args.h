@@ -53,7 +53,7 @@ typedef struct {
 
 /* Tiles and shared memory of the kernels, one definition for the launcher and the kernels.
  * Large M: 128 tokens x BN channels, K in steps of 64 (one 128-byte swizzle span of BF16), a ring
- * of stages sized to fill ~200 KB. Small M: 2 warps x 8 channels, stages of 256 columns. */
+ * of stages sized to fill ~200 KB. Small M: 2 warps x 8 channels, stages of 512 columns. */
 #define MT_LARGE_BM 128
 #define MT_LARGE_BK 64
 #define MT_LARGE_STAGES(bn) ((bn) == 256 ? 4 : (bn) == 192 ? 5 : (bn) == 128 ? 6 : (bn) == 96 ? 7 : 8)
@@ -61,10 +61,10 @@ typedef struct {
 /* stages, their two barriers, and per consumer warpgroup 1/S_w and bias of BN columns (floats) */
 #define MT_LARGE_SMEM(bn) (1024 + MT_LARGE_STAGES(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4)
 #define MT_SMALL_WARPS 2 /* one CTA per 16 output channels, 8 per warp */
-#define MT_SMALL_KC 256   /* columns per stage */
-/* Stages per token capacity (8, 16, 32 or 64 rows): deep enough that a CTA has all of K = 2048
- * requested from the start at 8 rows; fewer where the activations make a stage large. */
-#define MT_SMALL_STAGES(rows) ((rows) <= 8 ? 8 : (rows) == 16 ? 6 : (rows) == 32 ? 4 : 3)
+#define MT_SMALL_KC 512   /* columns per stage: 4 chunk turns (barrier, requests) for k = 2048 */
+/* Stages per token capacity (8, 16, 32 or 64 rows): at 8 rows 3 of k = 2048's 4 chunks are
+ * requested from the start; fewer where the activations make a stage large (~54-143 KB). */
+#define MT_SMALL_STAGES(rows) ((rows) <= 8 ? 4 : (rows) == 16 ? 3 : 2)
 #define MT_SMALL_WBYTES (MT_SMALL_WARPS * (MT_SMALL_KC / 32) * MT_FRAG_REC)
 #define MT_SMALL_PITCH (MT_SMALL_KC * 2 + 16) /* 16 extra bytes spread 8 tokens over all banks */
 #define MT_SMALL_STAGE_BYTES(rows) (MT_SMALL_WBYTES + (rows) * MT_SMALL_PITCH)
@@ -76,7 +76,7 @@ typedef struct {
  * bytes, in MT_SMALL_FUSE_XHAT bytes (4 rows of k = 4096; 1 row of k = 16384). One fixed size, so
  * the function's shared-memory limit is set once. */
 #define MT_SMALL_FUSE_M 4
-#define MT_SMALL_FUSE_STAGES 8
+#define MT_SMALL_FUSE_STAGES 4
 #define MT_SMALL_FUSE_META (MT_SMALL_PITCH + 64)
 #define MT_SMALL_FUSE_XHAT (4 * (2 * 4096 + 16))
 #define MT_SMALL_FUSE_SMEM (MT_SMALL_FUSE_STAGES * MT_SMALL_WBYTES + MT_SMALL_FUSE_META + MT_SMALL_FUSE_XHAT + MT_SMALL_SLACK)

@@ -30,16 +30,38 @@ __device__ static inline void cp16(void *dst, const void *src, bool valid) {
                : "memory");
 }
 
-// Chunk c of this CTA's weight records (each warp's 8 rows: KC / 32 contiguous records of 160
-// bytes) into stage buffer st.
-__device__ static void load_weights(const mt_small_args &a, uint8_t *st, int c) {
-  size_t pairs = ((size_t)a.e.k + 31) / 32;
-  constexpr int PER_WARP = WCHUNK / 16;
-  for (int i = threadIdx.x; i < WARPS * PER_WARP; i += THREADS) {
-    int w = i / PER_WARP, off = i % PER_WARP;
-    bool ok = (size_t)c * (KC / 32) + off / (REC / 16) < pairs;
-    const uint8_t *src = a.frag + ((size_t)(blockIdx.x * WARPS + w) * pairs + c * (KC / 32)) * REC + off * 16;
-    cp16(st + i * 16, ok ? src : a.frag, ok);
+// This thread's share of every chunk's weight records (each warp's 8 rows: KC / 32 contiguous
+// records of 160 bytes, the chunks of a warp contiguous too): at most a few
+// 16-byte pieces, their sources for chunk 0 and their places in a stage, computed once so that a
+// chunk's requests cost a few instructions.
+constexpr int WPIECES = WARPS * WCHUNK / 16, WPER_THREAD = (WPIECES + THREADS - 1) / THREADS;
+struct wloader {
+  const uint8_t *src[WPER_THREAD];
+  int rec[WPER_THREAD]; // record index within the chunk
+  int pairs;            // records per warp over all of k
+};
+
+__device__ static wloader make_wloader(const mt_small_args &a) {
+  wloader l;
+  l.pairs = (a.e.k + 31) / 32;
+#pragma unroll
+  for (int j = 0; j < WPER_THREAD; j++) {
+    int i = min((int)threadIdx.x + j * THREADS, WPIECES - 1), w = i / (WCHUNK / 16), off = i % (WCHUNK / 16);
+    l.src[j] = a.frag + (size_t)(blockIdx.x * WARPS + w) * l.pairs * REC + off * 16;
+    l.rec[j] = off / (REC / 16);
+  }
+  return l;
+}
+
+// Chunk c of this CTA's weight records into stage buffer st; records past k read as zero.
+__device__ static inline void load_weights(const mt_small_args &a, const wloader &l, uint8_t *st, int c) {
+#pragma unroll
+  for (int j = 0; j < WPER_THREAD; j++) {
+    int i = threadIdx.x + j * THREADS;
+    if (i < WPIECES) {
+      bool ok = c * (KC / 32) + l.rec[j] < l.pairs;
+      cp16(st + i * 16, ok ? l.src[j] + (size_t)c * WCHUNK : a.frag, ok);
+    }
   }
 }
 
@@ -146,13 +168,14 @@ template <int ROWS> __device__ static void run(const mt_small_args &a) {
   int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
   int ksteps = a.e.k / 16, chunks = (a.e.k + KC - 1) / KC, rows = min(a.e.m, ROWS);
   float d[TT][4];
+  const wloader wl = make_wloader(a);
 #pragma unroll
   for (int i = 0; i < TT; i++) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.0f;
 
   // The weights do not depend on the kernel before this one (the activation quantization, which
   // lets this grid start early): their first chunks are requested before waiting for it.
   for (int c = 0; c < STAGES - 1 && c < chunks; c++)
-    load_weights(a, smem + c * stage_bytes<ROWS>(), c);
+    load_weights(a, wl, smem + c * stage_bytes<ROWS>(), c);
   // Token rows past m read as zero in every stage; cp.async never writes them.
   for (int i = t; i < STAGES * (ROWS - rows) * (PITCH / 16); i += THREADS) {
     int st = i / ((ROWS - rows) * (PITCH / 16)), r = i % ((ROWS - rows) * (PITCH / 16));
@@ -168,7 +191,7 @@ template <int ROWS> __device__ static void run(const mt_small_args &a) {
     __syncthreads();
     int next = c + STAGES - 1;
     if (next < chunks) {
-      load_weights(a, smem + (next % STAGES) * stage_bytes<ROWS>(), next);
+      load_weights(a, wl, smem + (next % STAGES) * stage_bytes<ROWS>(), next);
       load_acts<ROWS>(a, smem + (next % STAGES) * stage_bytes<ROWS>(), next, rows);
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -237,10 +260,11 @@ __device__ static void run_fused(const mt_small_args &a) {
   int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
   int ksteps = a.e.k / 16, chunks = (a.e.k + KC - 1) / KC, xp = 2 * a.e.k + 16;
   float d[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+  const wloader wl = make_wloader(a);
 
   // The weights first (they do not depend on the kernel before this one), one group per chunk.
   for (int c = 0; c < STAGES - 1; c++) {
-    if (c < chunks) load_weights(a, smem + c * WBYTES, c);
+    if (c < chunks) load_weights(a, wl, smem + c * WBYTES, c);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   }
   for (int i = t; i < PITCH / 16; i += THREADS) // the A rows of tokens past m
@@ -260,7 +284,7 @@ __device__ static void run_fused(const mt_small_args &a) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
     __syncthreads();
     int next = c + STAGES - 1;
-    if (next < chunks) load_weights(a, smem + (next % STAGES) * WBYTES, next);
+    if (next < chunks) load_weights(a, wl, smem + (next % STAGES) * WBYTES, next);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     const uint8_t *arow = (g < a.e.m ? xs + g * xp + c * (KC * 2) : zero) + q * 4;
     int steps = min(KC / 16, ksteps - c * (KC / 16));
