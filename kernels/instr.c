@@ -51,12 +51,12 @@ int mt_instr_launch_digest(const mt_instr_digest_args *a, mt_stream stream) {
   return launch("mt_instr_digest", (unsigned)((a->m + 7) / 8), &copy, stream);
 }
 
-/* Enough CTAs to stream the weight at full bandwidth (as kernels/wcheck.c); one for a frozen
- * weight, whose sum is already stored. */
-int mt_instr_launch_weight(const mt_instr_weight_args *a, mt_stream stream) {
-  mt_instr_weight_args copy = *a;
-  unsigned pieces = (unsigned)((int64_t)a->n * (a->k / 8) / 256 + 1);
-  return launch("mt_instr_weight", a->frozen_sum ? 1 : min_u(264, pieces), &copy, stream);
+/* Enough CTAs to stream the weight at full bandwidth (as kernels/wcheck.c) when it is hashed here;
+ * one otherwise (a frozen weight's sum is stored; no digest: only the publication). */
+int mt_instr_launch_finish(const mt_instr_finish_args *a, mt_stream stream) {
+  mt_instr_finish_args copy = *a;
+  unsigned pieces = a->w ? (unsigned)((int64_t)a->n * (a->k / 8) / 256 + 1) : 1;
+  return launch("mt_instr_finish", a->frozen_sum ? 1 : min_u(264, pieces), &copy, stream);
 }
 
 int mt_instr_launch_shadow(const mt_instr_shadow_args *a, mt_stream stream) {
@@ -70,7 +70,3 @@ int mt_instr_launch_probe(const mt_instr_probe_args *a, mt_stream stream) {
   return launch("mt_instr_probe", (unsigned)a->nrows, &copy, stream);
 }
 
-int mt_instr_launch_publish(const mt_instr_publish_args *a, mt_stream stream) {
-  mt_instr_publish_args copy = *a;
-  return launch("mt_instr_publish", 1, &copy, stream);
-}

@@ -2,11 +2,12 @@
 // call's stream, into a result block the host reads later without synchronizing the stream):
 //   mt_instr_digest  row hashes of the activations, and for the rows the rate picks by content,
 //                    the output row's hash and its 8-value sketch (scheme 1, kernels/instr.h)
-//   mt_instr_weight  the content sums of the weight and bias, only when a row was digested
 //   mt_instr_shadow  sum (y - ref)^2, sum ref^2 and max |y - ref| of the routed output against
 //                    the BF16 GEMM's
 //   mt_instr_probe   rows recomputed alone against their in-batch rows, bit for bit
-//   mt_instr_publish the result block into mapped pinned host memory, then the slot's flag
+//   mt_instr_finish  the content sums of the weight and bias (only when a row was digested), then
+//                    the publication: the result block into mapped pinned host memory, the slot's
+//                    flag last (the host polls it; it never waits on the stream)
 // Integer sums (hashes) are exact and order-free, so any grid gives the same bits; the sketch is
 // an FP32 sum whose order the format leaves free. Tested on the CPU through the host twin in
 // kernels/instr.h (tests/cpu/test_shim_instr.c: twin against scripts/minite-compare's Python
@@ -88,12 +89,15 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr
 }
 
 // Grid-stride over the weight's 16-byte pieces, numbered as kernels/wcheck.cu numbers them (its
-// stored sum of a frozen weight is then this very sum); the bias in CTA 0.
-extern "C" __global__ void __launch_bounds__(256) mt_instr_weight(const mt_instr_weight_args a) {
-  if (a.hdr->selected == 0) return; // nothing digested: the weight's identity is not needed
+// stored sum of a frozen weight is then this very sum); the bias in CTA 0; then the last CTA to
+// finish publishes the block.
+extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr_finish_args a) {
   __shared__ uint64_t warp_part[8];
+  __shared__ bool last;
+  mt_instr_header *hdr = a.hdr;
+  const bool digest = a.w && hdr->selected > 0; // the same for the whole grid
   uint64_t h = 0, b = 0;
-  if (!a.frozen_sum) {
+  if (digest && !a.frozen_sum) {
     const int per_row = a.k / 8;
     const uint64_t pieces = (uint64_t)a.n * per_row;
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < pieces;
@@ -103,37 +107,61 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_weight(const mt_instr
       h += mt_instr_piece(i, (uint64_t)v.y << 32 | v.x, (uint64_t)v.w << 32 | v.z);
     }
   }
-  if (blockIdx.x == 0 && a.bias) {
+  if (digest && blockIdx.x == 0 && a.bias) {
     const unsigned char *p = (const unsigned char *)a.bias;
     for (int64_t off = 16 * (int64_t)threadIdx.x; off < a.bias_bytes; off += 16 * blockDim.x) {
-      unsigned char e[16];
-      for (int j = 0; j < 16; j++) e[j] = off + j < a.bias_bytes ? p[off + j] : 0;
       uint64_t lo = 0, hi = 0;
-      for (int j = 7; j >= 0; j--) lo = lo << 8 | e[j], hi = hi << 8 | e[8 + j];
+      for (int j = 7; j >= 0; j--) {
+        lo = lo << 8 | (off + j < a.bias_bytes ? p[off + j] : 0);
+        hi = hi << 8 | (off + 8 + j < a.bias_bytes ? p[off + 8 + j] : 0);
+      }
       b += mt_instr_piece((uint64_t)(off / 16), lo, hi);
     }
   }
   h = warp_sum(h);
   b = warp_sum(b);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   if (lane == 0) warp_part[warp] = h;
   __syncthreads();
   if (threadIdx.x == 0) {
     uint64_t s = 0;
-    for (int w = 0; w < (int)blockDim.x / 32; w++) s += warp_part[w];
-    if (a.frozen_sum) {
-      if (blockIdx.x == 0) a.hdr->wsum = *a.frozen_sum;
-    } else {
-      atomicAdd((unsigned long long *)&a.hdr->wsum, (unsigned long long)s);
+    for (int w = 0; w < warps; w++) s += warp_part[w];
+    if (digest && a.frozen_sum) {
+      hdr->wsum = *a.frozen_sum;
+    } else if (digest) {
+      atomicAdd((unsigned long long *)&hdr->wsum, (unsigned long long)s);
     }
   }
   __syncthreads();
   if (lane == 0) warp_part[warp] = b;
   __syncthreads();
-  if (threadIdx.x == 0 && blockIdx.x == 0 && a.bias) {
-    uint64_t s = 0;
-    for (int w = 0; w < (int)blockDim.x / 32; w++) s += warp_part[w];
-    a.hdr->bsum = s;
+  if (threadIdx.x == 0) {
+    if (digest && blockIdx.x == 0 && a.bias) {
+      uint64_t s = 0;
+      for (int w = 0; w < warps; w++) s += warp_part[w];
+      hdr->bsum = s;
+    }
+    __threadfence();
+    last = atomicAdd(&hdr->finished, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  // the publication: every CTA's sums are in the header (fenced before their count)
+  __threadfence();
+  const unsigned rows = min((unsigned)a.cap, *(volatile unsigned *)&hdr->selected);
+  const int64_t words = (int64_t)(sizeof(mt_instr_header) + rows * sizeof(mt_instr_row)) / 16;
+  const uint4 *src = (const uint4 *)hdr;
+  uint4 *dst = (uint4 *)a.dst;
+  for (int64_t i = threadIdx.x; i < words; i += blockDim.x)
+    dst[i] = __ldcg(src + i); // from L2, where the other CTAs' sums and atomics are
+  __syncthreads();
+  for (int i = threadIdx.x; i < (int)(sizeof(mt_instr_header) / 16); i += blockDim.x)
+    ((uint4 *)hdr)[i] = make_uint4(0, 0, 0, 0); // ready for the slot's next use
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    *(volatile uint32_t *)a.flag = a.seq;
   }
 }
 
@@ -190,16 +218,3 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_probe(const mt_instr_
   if (threadIdx.x == 0 && differ) atomicAdd(&a.hdr->probe_differing, 1u);
 }
 
-// One CTA: copy the block over PCIe, make every thread's writes visible system-wide, then raise
-// the flag the host polls (the fences before the barrier order all copies before the flag).
-extern "C" __global__ void __launch_bounds__(256) mt_instr_publish(const mt_instr_publish_args a) {
-  const uint4 *src = (const uint4 *)a.src;
-  uint4 *dst = (uint4 *)a.dst;
-  for (int64_t i = threadIdx.x; i < a.bytes / 16; i += blockDim.x) dst[i] = src[i];
-  __threadfence_system();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    *(volatile uint32_t *)a.flag = a.seq;
-  }
-}

@@ -48,7 +48,8 @@ typedef struct {
   float sketch[MT_INSTR_SKETCH];
 } mt_instr_row;
 
-/* What one instrumented call's kernels fill (zeroed before them), then copied to the host. */
+/* What one instrumented call's kernels fill, then published to the host by mt_instr_finish, which
+ * also zeroes it for the slot's next use (a slot is zeroed with a memset before its first use). */
 typedef struct {
   uint64_t wsum;          /* content_sum of the weight (0 when no row was digested) */
   uint64_t bsum;          /* content_sum of the bias */
@@ -58,7 +59,8 @@ typedef struct {
   uint32_t shadow_max_bits;    /* max |y - ref| (a non-negative float's bits: ordered as integers) */
   uint32_t shadow_nonfinite;   /* elements where y or ref is NaN or Inf */
   uint32_t probe_max_bits;     /* max |in-batch - alone| over the probed rows */
-  uint32_t pad[3];
+  uint32_t finished;           /* CTAs of mt_instr_finish done (the last one publishes) */
+  uint32_t pad[2];
 } mt_instr_header;
 
 /* mt_instr_digest: one warp per row of x (m rows). */
@@ -73,16 +75,23 @@ typedef struct {
   int32_t cap, pad;
 } mt_instr_digest_args;
 
-/* mt_instr_weight: the weight's and bias's content sums, only when a row was digested. */
+/* mt_instr_finish, the last kernel of an instrumented call: the weight's and bias's content sums
+ * (only when a row was digested), then, in the last CTA to finish, the publication: the header and
+ * the digested rows copied into mapped pinned host memory, the header zeroed, the slot's flag set
+ * to seq (the host polls it: no CUDA call is needed to learn that the results are there). */
 typedef struct {
-  const void *w;        /* [n][k] 2-byte elements, row stride ldw */
+  const void *w;        /* [n][k] 2-byte elements, row stride ldw; NULL: no digest in this call */
   int64_t ldw;
   const uint64_t *frozen_sum; /* the frozen cache's stored sum of this weight, or NULL */
   const void *bias;     /* NULL or bias_bytes of bias */
   int64_t bias_bytes;
   int32_t n, k;
-  mt_instr_header *hdr;
-} mt_instr_weight_args;
+  mt_instr_header *hdr; /* followed by the rows */
+  void *dst;            /* mapped pinned host block (device address) */
+  uint32_t *flag;       /* mapped pinned host word (device address) */
+  int32_t cap;          /* rows the block holds */
+  uint32_t seq;
+} mt_instr_finish_args;
 
 /* mt_instr_shadow: the shadow error of y against ref (same layout). */
 typedef struct {
@@ -101,16 +110,6 @@ typedef struct {
   int32_t nrows, n, type, pad;
   mt_instr_header *hdr;
 } mt_instr_probe_args;
-
-/* mt_instr_publish: the result block to mapped pinned host memory, then the slot's flag (the
- * host polls it: no CUDA call is needed to learn that the results are there). */
-typedef struct {
-  const void *src;      /* device block */
-  void *dst;            /* mapped pinned host block (device address) */
-  uint32_t *flag;       /* mapped pinned host word (device address) */
-  int64_t bytes;        /* a multiple of 16 */
-  uint32_t seq, pad;
-} mt_instr_publish_args;
 
 /* --- the math, one copy for both sides ---------------------------------------------------- */
 
@@ -238,10 +237,9 @@ const mt_instr_driver *mt_instr_driver_get(void);
 
 /* Each enqueues its kernel on `stream` (no other driver call): MT_OK or an mt_status. */
 int mt_instr_launch_digest(const mt_instr_digest_args *a, mt_stream stream);
-int mt_instr_launch_weight(const mt_instr_weight_args *a, mt_stream stream);
+int mt_instr_launch_finish(const mt_instr_finish_args *a, mt_stream stream);
 int mt_instr_launch_shadow(const mt_instr_shadow_args *a, mt_stream stream);
 int mt_instr_launch_probe(const mt_instr_probe_args *a, mt_stream stream);
-int mt_instr_launch_publish(const mt_instr_publish_args *a, mt_stream stream);
 
 #endif /* !__CUDACC__ */
 #endif

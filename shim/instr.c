@@ -3,8 +3,9 @@
  *
  * A slot is a result block (mt_instr_header + up to ROWS_PER_SLOT digested rows) in device
  * memory, its twin in mapped pinned host memory and a flag word there. The calling thread takes a
- * free slot, enqueues a memset and the kernels on the call's stream, last mt_instr_publish, which
- * copies the block into the host twin and then writes the slot's sequence number into its flag;
+ * free slot and enqueues the kernels on the call's stream, last mt_instr_finish, which copies the
+ * block into the host twin, zeroes it for the next use and writes the slot's sequence number into
+ * its flag;
  * the slot goes to the writer thread, which polls the flags (plain memory reads: it makes no CUDA
  * call at all, so it is safe while another thread captures a graph, and at exit), turns finished
  * blocks into records and frees the slots. The calling thread never synchronizes, allocates only
@@ -56,7 +57,8 @@ typedef struct context context;
 typedef struct {
   _Atomic int state;
   context *ctx;
-  uint32_t seq;          /* what the publish kernel writes into the flag when this use is done */
+  uint32_t seq;          /* what mt_instr_finish writes into the flag when this use is done */
+  int used;              /* the block has been zeroed (a memset before its first use) */
   uint32_t *flag;        /* host address of the flag */
   CUdeviceptr dev, host_dev, flag_dev; /* the block; the host twin and flag, as device addresses */
   unsigned char *host;
@@ -546,20 +548,16 @@ static void skip_all(int kinds, enum skip why) {
 static int enqueue(const mt_instr_call *ic, context *c, slot *s, int kinds, const mt_driver *d) {
   CUstream stream = (CUstream)ic->call->stream;
   mt_instr_header *hdr = (mt_instr_header *)s->dev;
-  if (d->memset_d8_async(s->dev, 0, sizeof *hdr, stream) != CUDA_SUCCESS)
+  if (!s->used && d->memset_d8_async(s->dev, 0, sizeof *hdr, stream) != CUDA_SUCCESS)
     return 0;
+  s->used = 1;
   if (kinds & K_DIGEST) {
     mt_instr_digest_args da = {
         .x = ic->x, .y = ic->y, .ldx = (int64_t)ic->ldx, .ldy = (int64_t)ic->ldy, .m = ic->m,
         .n = ic->n, .k = ic->k, .xtype = ic->xtype, .ytype = ic->ytype, .all = digest_all,
         .threshold = digest_threshold, .hdr = hdr,
         .rows = (mt_instr_row *)(s->dev + sizeof *hdr), .cap = ROWS_PER_SLOT};
-    size_t bias_elem = ic->biastype == MT_DTYPE_FP32 ? 4 : 2;
-    mt_instr_weight_args wa = {.w = ic->w, .ldw = (int64_t)ic->ldw, .frozen_sum = ic->frozen_sum,
-                               .bias = ic->bias, .bias_bytes = ic->bias ? (int64_t)(bias_elem * ic->n) : 0,
-                               .n = ic->n, .k = ic->k, .hdr = hdr};
-    if (mt_instr_launch_digest(&da, (mt_stream)stream) != MT_OK ||
-        mt_instr_launch_weight(&wa, (mt_stream)stream) != MT_OK) {
+    if (mt_instr_launch_digest(&da, (mt_stream)stream) != MT_OK) {
       digest.skipped[SK_ERROR]++;
       kinds &= ~K_DIGEST;
     }
@@ -586,6 +584,21 @@ static int enqueue(const mt_instr_call *ic, context *c, slot *s, int kinds, cons
     }
   }
   return kinds;
+}
+
+/* The last launch of an instrumented call: the weight's identity when rows were digested, then
+ * the publication of the block (kernels/instr.h). MT_OK or an mt_status. */
+static int finish(const mt_instr_call *ic, slot *s, int kinds) {
+  size_t bias_elem = ic->biastype == MT_DTYPE_FP32 ? 4 : 2;
+  int digest_on = kinds & K_DIGEST;
+  s->seq++;
+  mt_instr_finish_args fa = {
+      .w = digest_on ? ic->w : NULL, .ldw = (int64_t)ic->ldw,
+      .frozen_sum = digest_on ? ic->frozen_sum : NULL, .bias = digest_on ? ic->bias : NULL,
+      .bias_bytes = digest_on && ic->bias ? (int64_t)(bias_elem * ic->n) : 0, .n = ic->n,
+      .k = ic->k, .hdr = (mt_instr_header *)s->dev, .dst = (void *)s->host_dev,
+      .flag = (uint32_t *)s->flag_dev, .cap = ROWS_PER_SLOT, .seq = s->seq};
+  return mt_instr_launch_finish(&fa, (mt_stream)ic->call->stream);
 }
 
 /* The scratch's room and availability for the probe and shadow; under lock. */
@@ -664,10 +677,7 @@ void mt_instr_after(const mt_instr_call *ic) {
     s->probe_rows = 0;
     int got = enqueue(ic, c, s, kinds, d);
     skip_all(kinds & ~got, SK_ERROR);
-    s->seq++;
-    mt_instr_publish_args pa = {.src = (const void *)s->dev, .dst = (void *)s->host_dev,
-                                .flag = (uint32_t *)s->flag_dev, .bytes = SLOT_BYTES, .seq = s->seq};
-    if (got && mt_instr_launch_publish(&pa, (mt_stream)ic->call->stream) != MT_OK) {
+    if (got && finish(ic, s, got) != MT_OK) {
       /* enqueued work whose end cannot be known: the slot is never reused */
       skip_all(got, SK_ERROR);
       atomic_store(&s->state, S_LOST);

@@ -134,7 +134,7 @@ static const char *trace(int from) {
         continue;
       }
     } else if (e->kind == FAKE_EV_LAUNCH) {
-      w = e->name + 9; /* digest, weight, shadow, probe, publish */
+      w = e->name + 9; /* digest, shadow, probe, finish */
     } else {
       switch (e->kind) {
       case FAKE_EV_ALLOC: w = "alloc"; break;
@@ -212,26 +212,28 @@ static void print_keys(const problem *p) {
            mt_instr_key(mt_instr_row_hash(p->x + (size_t)i * IN, IN, 0), wid, 0, 1.0f, 0));
 }
 
-/* MINITE_DIGEST=1 (others 0): after the GEMM, the result block zeroed, the digest and weight
- * kernels with the call's operands, the copy to the host and the event; nothing synchronized. */
+/* MINITE_DIGEST=1 (others 0): after the GEMM, the digest kernel and mt_instr_finish with the
+ * call's operands (the slot's block zeroed once before its first use); nothing synchronized,
+ * nothing read back. */
 static void scenario_digest(void) {
   problem p = make(OUT, 8);
   int t = now();
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
-  CHECK_TRACE(t, "alloc load load gemm alloc hostalloc memset64 load digest weight publish");
-  int d = find_launch(t, "mt_instr_digest", 0), w = find_launch(t, "mt_instr_weight", 0);
+  CHECK_TRACE(t, "alloc load load gemm alloc hostalloc memset64 load digest finish");
+  int d = find_launch(t, "mt_instr_digest", 0), w = find_launch(t, "mt_instr_finish", 0);
   const mt_instr_digest_args *da = d >= 0 ? (const mt_instr_digest_args *)event(d)->args : NULL;
-  const mt_instr_weight_args *wa = w >= 0 ? (const mt_instr_weight_args *)event(w)->args : NULL;
+  const mt_instr_finish_args *wa = w >= 0 ? (const mt_instr_finish_args *)event(w)->args : NULL;
   CHECK(da && da->x == p.x && da->y == p.y && da->ldx == IN && da->ldy == OUT && da->m == 8 &&
         da->n == OUT && da->k == IN && da->all == 1 && da->cap > 0);
   CHECK(da && event(d)->grid[0] == 1 && event(d)->block[0] == 256 && event(d)->stream == S1);
   CHECK(wa && wa->w == p.w && wa->ldw == IN && wa->n == OUT && wa->k == IN && !wa->frozen_sum &&
-        !wa->bias && wa->hdr == da->hdr);
+        !wa->bias && wa->hdr == da->hdr && wa->seq == 1 && wa->cap == da->cap);
+  CHECK(w >= 0 && event(w)->grid[0] > 1); /* the weight is hashed by a grid */
   print_keys(&p);
   /* again, and 3 more rows of another problem: no allocation, no load */
   t = now();
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
-  CHECK_TRACE(t, "gemm memset64 digest weight publish");
+  CHECK_TRACE(t, "gemm memset64 digest finish");
   problem q = make(OUT, 3);
   CHECK(gemm(&q, &zero) == CUBLAS_STATUS_SUCCESS);
   print_keys(&q);
@@ -251,9 +253,9 @@ static void scenario_digest_frozen(void) {
   problem p = make(OUT, 4);
   int t = now();
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
-  int wc = find_launch(t, "mt_wcheck", 0), w = find_launch(t, "mt_instr_weight", 0);
+  int wc = find_launch(t, "mt_wcheck", 0), w = find_launch(t, "mt_instr_finish", 0);
   CHECK(wc >= 0 && w > wc);
-  const mt_instr_weight_args *wa = w >= 0 ? (const mt_instr_weight_args *)event(w)->args : NULL;
+  const mt_instr_finish_args *wa = w >= 0 ? (const mt_instr_finish_args *)event(w)->args : NULL;
   CHECK(wa && wa->frozen_sum && event(w)->grid[0] == 1);
   print_keys(&p);
   unmake(&p);

@@ -360,14 +360,12 @@ static size_t args_size(const char *name) {
     return sizeof(mt_pack_args);
   if (!strcmp(name, "mt_instr_digest"))
     return sizeof(mt_instr_digest_args);
-  if (!strcmp(name, "mt_instr_weight"))
-    return sizeof(mt_instr_weight_args);
   if (!strcmp(name, "mt_instr_shadow"))
     return sizeof(mt_instr_shadow_args);
   if (!strcmp(name, "mt_instr_probe"))
     return sizeof(mt_instr_probe_args);
-  if (!strcmp(name, "mt_instr_publish"))
-    return sizeof(mt_instr_publish_args);
+  if (!strcmp(name, "mt_instr_finish"))
+    return sizeof(mt_instr_finish_args);
   if (!strncmp(name, "mt_gemm_small_", 14))
     return sizeof(mt_small_args);
   if (!strncmp(name, "mt_gemm_large_", 14))
@@ -399,22 +397,6 @@ static void instr_digest(const mt_instr_digest_args *a) {
     out->out_hash = mt_instr_out_hash(y, a->n, a->ytype);
     mt_instr_sketch(y, a->n, a->ytype, out->sketch);
   }
-}
-
-static void instr_weight(const mt_instr_weight_args *a) {
-  if (!a->hdr->selected)
-    return;
-  if (a->frozen_sum) {
-    a->hdr->wsum = *a->frozen_sum;
-  } else {
-    uint64_t sum = 0, per_row = (uint64_t)a->k / 8;
-    for (int r = 0; r < a->n; r++)
-      sum += mt_instr_content_sum((const uint16_t *)a->w + (int64_t)r * a->ldw, (size_t)a->k * 2,
-                                  r * per_row);
-    a->hdr->wsum += sum;
-  }
-  if (a->bias)
-    a->hdr->bsum = mt_instr_content_sum(a->bias, (size_t)a->bias_bytes, 0);
 }
 
 static float max_f(float a, float b) { return a > b ? a : b; }
@@ -463,8 +445,25 @@ static struct {
 } held[MAX_HELD];
 static int nheld, hold_events;
 
-static void instr_publish(const mt_instr_publish_args *a) {
-  memcpy(a->dst, a->src, (size_t)a->bytes);
+/* The grid's work and then the last CTA's publication, in one go. */
+static void instr_finish(const mt_instr_finish_args *a) {
+  mt_instr_header *h = a->hdr;
+  if (a->w && h->selected) {
+    if (a->frozen_sum) {
+      h->wsum = *a->frozen_sum;
+    } else {
+      uint64_t sum = 0, per_row = (uint64_t)a->k / 8;
+      for (int r = 0; r < a->n; r++)
+        sum += mt_instr_content_sum((const uint16_t *)a->w + (int64_t)r * a->ldw,
+                                    (size_t)a->k * 2, r * per_row);
+      h->wsum += sum;
+    }
+    if (a->bias)
+      h->bsum = mt_instr_content_sum(a->bias, (size_t)a->bias_bytes, 0);
+  }
+  unsigned rows = h->selected < (unsigned)a->cap ? h->selected : (unsigned)a->cap;
+  memcpy(a->dst, h, sizeof *h + rows * sizeof(mt_instr_row));
+  memset(h, 0, sizeof *h);
   if (hold_events && nheld < MAX_HELD) {
     held[nheld].flag = a->flag;
     held[nheld++].seq = a->seq;
@@ -476,14 +475,12 @@ static void instr_publish(const mt_instr_publish_args *a) {
 static void run_instr(const char *name, const void *args) {
   if (!strcmp(name, "mt_instr_digest"))
     instr_digest(args);
-  else if (!strcmp(name, "mt_instr_weight"))
-    instr_weight(args);
   else if (!strcmp(name, "mt_instr_shadow"))
     instr_shadow(args);
   else if (!strcmp(name, "mt_instr_probe"))
     instr_probe(args);
-  else if (!strcmp(name, "mt_instr_publish"))
-    instr_publish(args);
+  else if (!strcmp(name, "mt_instr_finish"))
+    instr_finish(args);
 }
 
 static int launch_config_ok(const CUlaunchConfig *c, const function *f) {
