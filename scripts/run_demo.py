@@ -4,6 +4,7 @@ shim for each spec, once without it, and one table of what came out.
     python3 scripts/run_demo.py [--specs bf16,nvfp4-tensor,nvfp4-row] [--out build/run]
         [--layers 2] [--batch 8] [--prompt-len 64] [--new-tokens 64]
         [--train-batch 8] [--train-seq 256] [--train-steps 10] [--train-warmup 2]
+        [--overhead-spec nvfp4-row | --overhead-spec none]
 
 Without a GPU (no nvidia-smi, or torch sees no CUDA device) it prints one line saying so and
 exits 0. Otherwise, for "none" (no LD_PRELOAD: the throughput baseline) and then each spec:
@@ -15,8 +16,14 @@ MINITE_SPEC=<spec> MINITE_ROUTE=1536x2048,2048x768 MINITE_ROLE=sampler|learner
 MINITE_STATS=OUT/stats/<spec>-<role>-%p.jsonl. Then scripts/gap-report per spec
 (OUT/gap-<spec>.json) and over all specs (OUT/gap.png), and the table: learner and sampler
 tokens/s with their ratio to the no-shim run, routed GEMM calls (from the shim's summary record,
-the last line of each stats file), and the log-prob gap (|dlogp| mean / p99 / max, KL, share of
-importance ratios above 2). The table is printed and written to OUT/table.md, every number to
+the last line of each stats file), the log-prob gap (|dlogp| mean / p99 / max, KL, share of
+importance ratios above 2), and the instruments (shim/instr.c, at their default rates): the
+learner's shadow error (relative L2 of the routed GEMMs against BF16 cuBLAS, mean / max over the
+sampled calls), the invariance probe (rows that differ when recomputed alone / rows probed, learner
+and sampler together), and the learner-sampler digest join of scripts/minite-compare (rows in
+both, and the share of them bitwise equal). Last, the instruments' overhead: the learner once more
+under --overhead-spec (default nvfp4-row) with MINITE_SHADOW=MINITE_PROBE=MINITE_DIGEST=0, its
+training tokens/s against the run with the instruments at their defaults. The table is printed and written to OUT/table.md, every number to
 OUT/summary.json, each child's stdout and stderr to OUT/logs/. A child that fails is reported with
 the tail of its stderr; the table still shows what finished. Exit status 0 when everything ran,
 1 when something failed.
@@ -62,6 +69,9 @@ def parse_args(argv=None):
     p.add_argument("--train-seq", type=demo_model.positive_int, default=256)
     p.add_argument("--train-steps", type=demo_model.positive_int, default=10)
     p.add_argument("--train-warmup", type=demo_model.nonnegative_int, default=2)
+    p.add_argument("--overhead-spec", default="nvfp4-row",
+                   help="spec whose learner runs again with every instrument off, to measure "
+                        "their overhead ('none': skip; default nvfp4-row)")
     args = p.parse_args(argv)
     args.out = os.path.abspath(args.out)  # children run from the repository root
     args.spec_list = [s for s in args.specs.split(",") if s]
@@ -96,7 +106,7 @@ def gpu_check(python):
 
 # ---- children -----------------------------------------------------------------------------------
 
-def child_env(args, spec, role):
+def child_env(args, spec, role, instruments=True):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     kept = [x for x in env.get("LD_PRELOAD", "").split(":")
             if x and not os.path.basename(x).startswith("libminite")]
@@ -113,6 +123,11 @@ def child_env(args, spec, role):
     env["MINITE_ROUTE"] = demo_model.ROUTE
     env["MINITE_ROLE"] = role
     env["MINITE_STATS"] = os.path.join(args.out, "stats", f"{spec}-{role}-%p.jsonl")
+    if not instruments:  # the overhead run: every instrument off (their defaults are on)
+        env.update(MINITE_SHADOW="0", MINITE_PROBE="0", MINITE_DIGEST="0")
+    else:  # the defaults, whatever the caller's environment says
+        for key in ("MINITE_SHADOW", "MINITE_PROBE", "MINITE_DIGEST"):
+            env.pop(key, None)
     return env
 
 
@@ -182,16 +197,22 @@ def run_child(args, name, argv, env):
     return result
 
 
-def shim_summary(args, spec, role, pid):
-    """The shim's summary record of the child `pid` (or of the newest file of spec and role)."""
+def stats_file(args, spec, role, pid):
+    """The statistics file of the child `pid` (or the newest of spec and role), or None."""
     if spec == BASELINE:
         return None
     pattern = os.path.join(args.out, "stats", f"{spec}-{role}-*.jsonl")
     exact = os.path.join(args.out, "stats", f"{spec}-{role}-{pid}.jsonl")
     files = [exact] if os.path.exists(exact) else sorted(glob.glob(pattern), key=os.path.getmtime)
-    if not files:
+    return files[-1] if files else None
+
+
+def shim_summary(args, spec, role, pid):
+    """The shim's summary record of the child `pid` (or of the newest file of spec and role)."""
+    path = stats_file(args, spec, role, pid)
+    if not path:
         return None
-    rec = last_json(files[-1], "event")
+    rec = last_json(path, "event")
     return rec if rec and rec.get("event") == "summary" else None
 
 
@@ -222,7 +243,64 @@ def run_spec(args, spec):
         "spec": spec, "files": files, "sampler": sampler, "learner": learner,
         "stats": {"sampler": shim_summary(args, spec, "sampler", sampler["pid"]),
                   "learner": shim_summary(args, spec, "learner", learner["pid"])},
+        "stats_files": {"sampler": stats_file(args, spec, "sampler", sampler["pid"]),
+                        "learner": stats_file(args, spec, "learner", learner["pid"])},
     }
+
+
+def run_overhead(args, runs):
+    """The learner of --overhead-spec again with every instrument off: training tokens/s with the
+    instruments at their defaults (the spec's run) and without, and the relative cost."""
+    spec = args.overhead_spec
+    run = next((r for r in runs if r["spec"] == spec), None)
+    if run is None or spec == BASELINE:
+        return None
+    child = run_child(args, f"learner-{spec}-instruments-off", [
+        args.python, os.path.join(HERE, "demo_learner.py"), "--train", "--batch",
+        str(args.train_batch), "--seq", str(args.train_seq), "--steps", str(args.train_steps),
+        "--warmup", str(args.train_warmup)] + model_args(args),
+        child_env(args, spec, "overhead", instruments=False))
+    on = (run["learner"]["summary"] or {}).get("train_tokens_per_s")
+    off = (child["summary"] or {}).get("train_tokens_per_s")
+    return {"spec": spec, "child": child, "on": on, "off": off,
+            "overhead_pct": 100.0 * (off / on - 1.0) if on and off else None}
+
+
+# ---- the instruments' figures -----------------------------------------------------------------
+
+def instrument_figures(run):
+    """From the summary records: the learner's shadow error (mean over sampled calls, weighted
+    by calls, and max), the probe's rows differing / probed (both roles)."""
+    fig = {"shadow_calls": 0, "shadow_mean": None, "shadow_max": None, "probe_rows": 0,
+           "probe_differing": 0}
+    weighted = 0.0
+    for role in ("learner", "sampler"):
+        rec = run["stats"].get(role) or {}
+        for r in (rec.get("instruments") or {}).get("routes", {}).values():
+            sh, pr = r.get("shadow", {}), r.get("probe", {})
+            fig["probe_rows"] += pr.get("rows") or 0
+            fig["probe_differing"] += pr.get("differing") or 0
+            if role == "learner" and sh.get("calls") and sh.get("rel_l2_mean") is not None:
+                fig["shadow_calls"] += sh["calls"]
+                weighted += sh["rel_l2_mean"] * sh["calls"]
+                fig["shadow_max"] = max(fig["shadow_max"] or 0.0, sh.get("rel_l2_max") or 0.0)
+    if fig["shadow_calls"]:
+        fig["shadow_mean"] = weighted / fig["shadow_calls"]
+    return fig
+
+
+def digest_join(run):
+    """scripts/minite-compare of the learner's and the sampler's statistics files (--json)."""
+    a, b = run["stats_files"].get("learner"), run["stats_files"].get("sampler")
+    if run["spec"] == BASELINE or not a or not b:
+        return None
+    res = subprocess.run([sys.executable, os.path.join(HERE, "minite-compare"), a, b, "--json"],
+                         capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        print(f"[run] minite-compare {run['spec']} FAILED (exit {res.returncode}): "
+              f"{res.stderr.strip()[-500:]}", flush=True)
+        return None
+    return json.loads(res.stdout)["total"]
 
 
 # ---- gap reports ------------------------------------------------------------------------------
@@ -318,6 +396,19 @@ def gap_cells(run):
             num(m["kl"]), num(m["ratio_above_2"])]
 
 
+def instrument_cells(run):
+    if run["spec"] == BASELINE:
+        return ["-", "-", "-"]
+    f = run.get("instruments") or {}
+    shadow = (f"{num(f['shadow_mean'])} / {num(f['shadow_max'])} ({f['shadow_calls']} calls)"
+              if f.get("shadow_mean") is not None else "-")
+    probe = f"{f['probe_differing']} / {f['probe_rows']}" if f.get("probe_rows") else "-"
+    j = run.get("join")
+    join = "-" if not j else (f"{j['matched']} / " + ("-" if j["equal_pct"] is None
+                                                       else f"{j['equal_pct']:.1f}"))
+    return [shadow, probe, join]
+
+
 def table(runs):
     base = next((r for r in runs if r["spec"] == BASELINE), None)
 
@@ -328,7 +419,8 @@ def table(runs):
     base_s = tps(base, "sampler", "tokens_per_s") if base else None
     head = ["spec", "learner tok/s (vs no shim)", "sampler tok/s (vs no shim)",
             "routed calls learner / sampler", "abs(dlogp) mean / p99 / max", "KL",
-            "ratio>2 share"]
+            "ratio>2 share", "shadow rel-L2 mean / max", "probe rows differing / probed",
+            "digest join: rows / equal %"]
     rows = []
     for r in runs:
         label = "none (no shim)" if r["spec"] == BASELINE else r["spec"]
@@ -336,7 +428,7 @@ def table(runs):
                      ratio_cell(tps(r, "learner", "train_tokens_per_s"),
                                 None if r is base else base_l),
                      ratio_cell(tps(r, "sampler", "tokens_per_s"), None if r is base else base_s),
-                     routed_cell(r)] + gap_cells(r))
+                     routed_cell(r)] + gap_cells(r) + instrument_cells(r))
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
@@ -357,8 +449,13 @@ def main(argv=None):
         os.remove(old)
     start = time.time()
     runs = [run_spec(args, spec) for spec in [BASELINE] + args.spec_list]
+    overhead = None
+    if args.overhead_spec != BASELINE:
+        overhead = run_overhead(args, runs)
     for r in runs:
         r["gap"] = gap_report(args, r)
+        r["instruments"] = instrument_figures(r)
+        r["join"] = digest_join(r)
     png = gap_png(args, runs)
     bf16 = next((r for r in runs if r["spec"] == "bf16"), None)
     passthrough = None
@@ -384,9 +481,25 @@ def main(argv=None):
             why = passthrough.get("why") or f"max |dlogp| {passthrough['max_abs_diff']:.3g}"
             verdict = f"DIFFERENT ({why})"
         notes.append("bf16 under the shim vs no shim, sampler output: " + verdict)
+    notes.append("shadow: relative L2 of the learner's routed GEMMs against BF16 cuBLAS on the "
+                 "sampled calls (MINITE_SHADOW default 1/64); probe: rows recomputed alone that "
+                 "differ bitwise, learner and sampler (MINITE_PROBE 1/64); digest join: "
+                 "scripts/minite-compare learner vs sampler, rows digested by both (MINITE_DIGEST "
+                 "1/64 of rows, picked by content) and the share bitwise equal")
+    if overhead:
+        if overhead["overhead_pct"] is not None:
+            notes.append(f"instruments' overhead ({overhead['spec']} learner, training tokens/s): "
+                         f"{overhead['on']:,.0f} at the default rates vs {overhead['off']:,.0f} "
+                         f"with all three off: {overhead['overhead_pct']:+.1f}% time per step "
+                         "(target: within 5%)")
+        else:
+            notes.append(f"instruments' overhead: not measured ({overhead['spec']} learner "
+                         "run failed)")
     if png:
         notes.append(f"abs(dlogp) distributions: {show(png)}")
     failed = [c["name"] for r in runs for c in (r["sampler"], r["learner"]) if not c["ok"]]
+    if overhead and not overhead["child"]["ok"]:
+        failed.append(overhead["child"]["name"])
     failed += [f"gap-report {r['spec']}" for r in runs if scored(r) and not r.get("gap")]
     if png is None and any(r.get("gap") for r in runs if r["spec"] != BASELINE):
         failed.append("gap-report --png")
@@ -400,7 +513,8 @@ def main(argv=None):
         f.write(report)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({"args": {k: v for k, v in vars(args).items()}, "runs": runs, "png": png,
-                   "bf16_passthrough": passthrough, "failed": failed}, f, indent=1, default=str)
+                   "bf16_passthrough": passthrough, "overhead": overhead, "failed": failed}, f,
+                  indent=1, default=str)
     return 1 if failed else 0
 
 
