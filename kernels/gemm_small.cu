@@ -1,6 +1,7 @@
-// gemm_small.cu — the small-M path of the W4A4 GEMM (mt_gemm_small_mROWS) and the weight repacking
-// into its fragment order (mt_gemm_pack). y[m][n] = x[m][k] . W[n][k]^T on NVFP4 operands, exactly,
-// through BF16 mma.sync with FP32 accumulation.
+// gemm_small.cu — the small-M path of the W4A4 GEMM (mt_gemm_small_mROWS, and mt_gemm_small_q4 that
+// also quantizes the activations) and the weight repacking into its fragment order (mt_gemm_pack).
+// y[m][n] = x[m][k] . W[n][k]^T on NVFP4 operands, exactly, through BF16 mma.sync with FP32
+// accumulation.
 //
 // One CTA of two warps per 16 output channels (n / 16 CTAs: 96 for gate_up, so most SMs share the
 // work); each warp owns 8 channels. The MMA's M is the tokens (A: the quantized activations, staged
@@ -9,12 +10,13 @@
 // operand). k16 steps over K in increasing order into one FP32 accumulator per output, from zero,
 // no split-K: the arithmetic of the large path (kernels/gemm_large.cu), which scripts/probe_mma.cu
 // showed gives the same bits (within a step every product is exact and the block sum is exact in
-// FP32, so which operand is A does not matter). The grid starts under programmatic dependent launch
-// and requests its first weight chunks before griddepcontrol.wait.
+// FP32, so which operand is A does not matter). mt_gemm_small_mROWS start under programmatic
+// dependent launch and request their first weight chunks before griddepcontrol.wait; q4 runs in
+// plain stream order (nothing before it to overlap) and quantizes while its weights arrive.
 //
 // Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (spec/nvfp4.c) within the
-// FP32-accumulation bound, and bitwise across M, row positions and the two paths.
-// kernels/NOTES.md has the measurements.
+// FP32-accumulation bound, and bitwise across M (1 and 2 run q4, 7 m8, 64 m64), row positions and
+// the two paths. kernels/NOTES.md has the measurements and the SASS counts.
 #include "kernels/gemm_common.cuh"
 #include "kernels/quant.cuh"
 
@@ -31,9 +33,9 @@ __device__ static inline void cp16(void *dst, const void *src, bool valid) {
 }
 
 // This thread's share of every chunk's weight records (each warp's 8 rows: KC / 32 contiguous
-// records of 160 bytes, the chunks of a warp contiguous too): at most a few
-// 16-byte pieces, their sources for chunk 0 and their places in a stage, computed once so that a
-// chunk's requests cost a few instructions.
+// records of 160 bytes, the chunks of a warp contiguous too): a few 16-byte pieces, their sources
+// for chunk 0 and their places in a stage, computed once so that a chunk's requests cost a few
+// instructions.
 constexpr int WPIECES = WARPS * WCHUNK / 16, WPER_THREAD = (WPIECES + THREADS - 1) / THREADS;
 struct wloader {
   const uint8_t *src[WPER_THREAD];
