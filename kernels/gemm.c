@@ -127,17 +127,35 @@ static int large_bn(int m, int n, int count) {
   return best;
 }
 
+/* Tiles of 64 tokens (width 64 or 128) when their estimated time beats that of the 128-token
+ * width bn: the cost of large_bn with a tile costing half its width plus 32; 0 to keep bn. */
+static int large_m64_bn(int m, int n, int bn) {
+  int sms = sm_count();
+  long long best = ((long long)(m + MT_LARGE_BM - 1) / MT_LARGE_BM * ((n + bn - 1) / bn) + sms - 1) / sms * (bn + 64);
+  int pick = 0;
+  for (int w = 128; w >= 64; w -= 64) {
+    long long tiles = (long long)((m + 63) / 64) * ((n + w - 1) / w);
+    long long cost = (tiles + sms - 1) / sms * (w / 2 + 32);
+    if (cost < best) {
+      best = cost;
+      pick = w;
+    }
+  }
+  return pick;
+}
+
 /* MT_LARGE_VARIANT (read once; for measurements, not for users): "1" runs the previous kernel
  * (mt_gemm_large_v1_nBN, one tile per CTA), "np" the current kernel with one CTA per tile instead
  * of a persistent grid of one CTA per SM, "mc" clusters of 2 CTAs sharing the weight or the
- * activation tile by TMA multicast (mt_gemm_large_mcw_nBN, mt_gemm_large_mca_nBN). Same bits in
- * every case. */
-enum { LARGE_V5, LARGE_V1, LARGE_NP, LARGE_MC };
+ * activation tile by TMA multicast (mt_gemm_large_mcw_nBN, mt_gemm_large_mca_nBN), "m64" also
+ * tiles of 64 tokens (mt_gemm_large_m64_n64/n128) where they cost less. Same bits in every case. */
+enum { LARGE_V5, LARGE_V1, LARGE_NP, LARGE_MC, LARGE_M64 };
 static int large_variant(void) {
   static int v = -1;
   if (v < 0) {
     const char *s = getenv("MT_LARGE_VARIANT");
-    v = !s ? LARGE_V5 : !strcmp(s, "1") ? LARGE_V1 : !strcmp(s, "np") ? LARGE_NP : !strcmp(s, "mc") ? LARGE_MC : LARGE_V5;
+    v = !s ? LARGE_V5 : !strcmp(s, "1") ? LARGE_V1 : !strcmp(s, "np") ? LARGE_NP : !strcmp(s, "mc") ? LARGE_MC
+        : !strcmp(s, "m64") ? LARGE_M64 : LARGE_V5;
   }
   return v;
 }
@@ -169,6 +187,17 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
                    : bn == 128 ? "mt_gemm_large_mca_n128" : bn == 96 ? "mt_gemm_large_mca_n96"
                                : "mt_gemm_large_mca_n64";
     return launch("gemm_large", fn, 2 * clusters, 1, 384, MT_LARGE_SMEM(bn), 1, stream, &l);
+  }
+  if (variant == LARGE_M64 && large_m64_bn(a->m, a->n, bn)) { /* 64 x 64 or 64 x 128 tiles */
+    int bn64 = large_m64_bn(a->m, a->n, bn);
+    st = tensor_map(&l.ta, q->xhat, a->m, a->k, 64);
+    if (st == MT_OK)
+      st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, bn64);
+    if (st != MT_OK)
+      return st;
+    unsigned tiles = (unsigned)((a->m + 63) / 64) * (unsigned)((a->n + bn64 - 1) / bn64);
+    return launch("gemm_large", bn64 == 64 ? "mt_gemm_large_m64_n64" : "mt_gemm_large_m64_n128", tiles < sms ? tiles : sms,
+                  1, 384, MT_LARGE_SMEM_BM(64, bn64), 1, stream, &l);
   }
   /* persistent: one CTA per SM (one fits: ~200 KB of shared memory), each walking its tiles */
   unsigned tiles = tiles_m * tiles_n;

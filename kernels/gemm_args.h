@@ -60,6 +60,12 @@ typedef struct {
 #define MT_LARGE_STAGE_BYTES(bn) (MT_LARGE_BM * MT_LARGE_BK * 2 + (bn) * MT_LARGE_BK * 2)
 /* stages, their two barriers, and per consumer warpgroup 1/S_w and bias of BN columns (floats) */
 #define MT_LARGE_SMEM(bn) (1024 + MT_LARGE_STAGES(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4)
+/* The same for tiles of bm = 64 or 128 tokens (64: as many stages as fit in 192 KB). */
+#define MT_LARGE_STAGE_BYTES_BM(bm, bn) ((bm)*MT_LARGE_BK * 2 + (bn)*MT_LARGE_BK * 2)
+#define MT_LARGE_STAGES_BM(bm, bn) \
+  ((bm) == MT_LARGE_BM ? MT_LARGE_STAGES(bn) : 196608 / MT_LARGE_STAGE_BYTES_BM(bm, bn))
+#define MT_LARGE_SMEM_BM(bm, bn) \
+  (1024 + MT_LARGE_STAGES_BM(bm, bn) * (MT_LARGE_STAGE_BYTES_BM(bm, bn) + 16) + 2 * 2 * (bn)*4)
 #define MT_SMALL_WARPS 2 /* one CTA per 16 output channels, 8 per warp */
 #define MT_SMALL_KC 512   /* columns per stage: 4 chunk turns (barrier, requests) for k = 2048 */
 /* Stages per token capacity (8, 16, 32 or 64 rows): at 8 rows 3 of k = 2048's 4 chunks are

@@ -104,7 +104,8 @@ template <int BN> __device__ static inline void wgmma_step(float *d, uint64_t da
   else if constexpr (BN == 192) mt_wgmma_m64n192k16(d, da, db);
   else if constexpr (BN == 128) mt_wgmma_m64n128k16(d, da, db);
   else if constexpr (BN == 96) mt_wgmma_m64n96k16(d, da, db);
-  else mt_wgmma_m64n64k16(d, da, db);
+  else if constexpr (BN == 64) mt_wgmma_m64n64k16(d, da, db);
+  else mt_wgmma_m64n32k16(d, da, db);
 }
 
 namespace large {
@@ -161,13 +162,13 @@ template <int BN> __device__ static void prepare_columns(const mt_epilogue_args 
   warpgroup_sync(1 + cw);
 }
 
-// The tile's outputs of consumer warpgroup cw (tokens m0 + 64 cw .. + 63): d[4c + 2i + j] is row
-// 16w + g + 8i, column 8c + 2q + j (wgmma.cuh). Per element exactly epilogue() of
+// The outputs of one consumer warpgroup: 64 tokens from row0 by BN channels from n0 (its part of
+// the tile); d[4c + 2i + j] is row 16w + g + 8i, column 8c + 2q + j (wgmma.cuh). Per element exactly epilogue() of
 // gemm_common.cuh: t = (acc * ((1/S_a) * (1/S_w))) * alpha, + beta * c, + bias, one rounding each.
 // SW_ROW: 1/S_w per column from shared memory, else one value; EXTRA: C or a bias exist; FULL:
 // all BN columns exist (no column checks).
 template <int BN, typename OUT, bool SW_ROW, bool EXTRA, bool FULL>
-__device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, const float *d, int m0, int n0, int cw,
+__device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, const float *d, int row0, int n0,
                                                   const columns<BN> *cols, float inv_w) {
   const int t = threadIdx.x % 128, w = t / 32, g = (t % 32) / 4, q = t % 4;
   const int avail = e.n - n0 - 2 * q; // this thread's column 8c + j exists when 8c + j < avail
@@ -175,7 +176,7 @@ __device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, con
   const OUT *cmat = (const OUT *)e.c;
 #pragma unroll
   for (int i = 0; i < 2; i++) {
-    int row = m0 + 64 * cw + 16 * w + g + 8 * i;
+    int row = row0 + 16 * w + g + 8 * i;
     if (row >= e.m)
       continue;
     float inv_a = __frcp_rn(e.sa[e.sa_row ? row : 0]);
@@ -221,29 +222,33 @@ __device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, con
 }
 
 template <int BN, typename OUT>
-__device__ static __forceinline__ void store_tile_as(const mt_epilogue_args &e, const float *d, int m0, int n0, int cw,
+__device__ static __forceinline__ void store_tile_as(const mt_epilogue_args &e, const float *d, int row0, int n0,
                                                      const columns<BN> *cols, float inv_w) {
   const bool extra = e.c || e.bias, full = n0 + BN <= e.n;
   if (e.sw_row) {
-    if (extra) store_tile<BN, OUT, true, true, false>(e, d, m0, n0, cw, cols, inv_w);
-    else if (full) store_tile<BN, OUT, true, false, true>(e, d, m0, n0, cw, cols, inv_w);
-    else store_tile<BN, OUT, true, false, false>(e, d, m0, n0, cw, cols, inv_w);
+    if (extra) store_tile<BN, OUT, true, true, false>(e, d, row0, n0, cols, inv_w);
+    else if (full) store_tile<BN, OUT, true, false, true>(e, d, row0, n0, cols, inv_w);
+    else store_tile<BN, OUT, true, false, false>(e, d, row0, n0, cols, inv_w);
   } else {
-    if (extra) store_tile<BN, OUT, false, true, false>(e, d, m0, n0, cw, cols, inv_w);
-    else if (full) store_tile<BN, OUT, false, false, true>(e, d, m0, n0, cw, cols, inv_w);
-    else store_tile<BN, OUT, false, false, false>(e, d, m0, n0, cw, cols, inv_w);
+    if (extra) store_tile<BN, OUT, false, true, false>(e, d, row0, n0, cols, inv_w);
+    else if (full) store_tile<BN, OUT, false, false, true>(e, d, row0, n0, cols, inv_w);
+    else store_tile<BN, OUT, false, false, false>(e, d, row0, n0, cols, inv_w);
   }
 }
 
-template <int BN> __device__ static void run(const mt_large_args &a) {
-  constexpr int S = MT_LARGE_STAGES(BN), SB = MT_LARGE_STAGE_BYTES(BN);
+// BMT = 128: the two consumer warpgroups take 64 tokens each of a 128 x BN tile. BMT = 64
+// (mt_gemm_large_m64_nBN, for medium M): a 64 x BN tile, each warpgroup taking BN / 2 of its
+// channels (twice the tiles of 128 rows, for as many tokens; the same k16 chain per output).
+template <int BN, int BMT = BM> __device__ static void run(const mt_large_args &a) {
+  constexpr int S = MT_LARGE_STAGES_BM(BMT, BN), SB = MT_LARGE_STAGE_BYTES_BM(BMT, BN);
+  constexpr int AT = BMT * BK * 2, W = BMT == BM ? BN : BN / 2; // A bytes a stage; a warpgroup's width
   extern __shared__ uint8_t smem_raw[];
   // 1024-aligned by an offset on the shared array itself, so the compiler keeps the shared
   // address space (LDS for the column table rather than generic loads)
   uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint64_t *full = (uint64_t *)(smem + S * SB), *empty = full + S;
   columns<BN> *cols_all = (columns<BN> *)(empty + S);
-  const int tiles_n = (a.e.n + BN - 1) / BN, tiles = (a.e.m + BM - 1) / BM * tiles_n;
+  const int tiles_n = (a.e.n + BN - 1) / BN, tiles = (a.e.m + BMT - 1) / BMT * tiles_n;
   const int kt = (a.e.k + BK - 1) / BK;
   const int wg = threadIdx.x / 128;
 
@@ -262,23 +267,23 @@ template <int BN> __device__ static void run(const mt_large_args &a) {
     if (threadIdx.x != 0 || (int)blockIdx.x >= tiles)
       return;
     // the weight tiles of the first stages before waiting for the activations' quantization
-    const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * BM;
+    const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * BMT;
     for (int kb = 0; kb < pre; kb++) {
       mbar_expect_tx(&full[kb], SB);
-      tma_load_2d(smem + kb * SB + A_BYTES, &a.tw, &full[kb], kb * BK, n_first);
+      tma_load_2d(smem + kb * SB + AT, &a.tw, &full[kb], kb * BK, n_first);
     }
     grid_dependency_wait();
     for (int kb = 0; kb < pre; kb++)
       tma_load_2d(smem + kb * SB, &a.ta, &full[kb], kb * BK, m_first);
     int it = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
+      const int m0 = tile / tiles_n * BMT, n0 = tile % tiles_n * BN;
       for (int kb = 0; kb < kt; kb++, it++) {
         if (it < pre) // issued above (the first tile)
           continue;
         const int s = it % S;
         mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
-        uint8_t *sa = smem + s * SB, *sw = sa + A_BYTES;
+        uint8_t *sa = smem + s * SB, *sw = sa + AT;
         mbar_expect_tx(&full[s], SB);
         tma_load_2d(sa, &a.ta, &full[s], kb * BK, m0);
         tma_load_2d(sw, &a.tw, &full[s], kb * BK, n0);
@@ -289,21 +294,23 @@ template <int BN> __device__ static void run(const mt_large_args &a) {
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   const int cw = wg - 1;
-  columns<BN> *cols = cols_all + cw;
+  columns<W> *cols = (columns<W> *)(cols_all + cw);
   bool waited = false;
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
-    float d[BN / 2];
+    const int m0 = tile / tiles_n * BMT, n0 = tile % tiles_n * BN;
+    const int row0 = BMT == BM ? m0 + 64 * cw : m0, n0w = BMT == BM ? n0 : n0 + W * cw;
+    float d[W / 2];
 #pragma unroll
-    for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+    for (int i = 0; i < W / 2; i++) d[i] = 0.0f;
     for (int kb = 0; kb < kt; kb++, it++) {
       const int s = it % S;
       mbar_wait(&full[s], (it / S) & 1);
-      uint32_t sa = smem_u32(smem + s * SB) + cw * 64 * 128, sw = smem_u32(smem + s * SB + A_BYTES);
+      uint32_t sa = smem_u32(smem + s * SB) + (BMT == BM ? cw * 64 * 128 : 0);
+      uint32_t sw = smem_u32(smem + s * SB + AT) + (BMT == BM ? 0 : cw * W * 128);
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; kk++) wgmma_step<BN>(d, desc_sw128(sa + 32 * kk), desc_sw128(sw + 32 * kk));
+      for (int kk = 0; kk < BK / 16; kk++) wgmma_step<W>(d, desc_sw128(sa + 32 * kk), desc_sw128(sw + 32 * kk));
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       // the previous step's group is complete: its stage goes back to the producer
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
@@ -317,12 +324,12 @@ template <int BN> __device__ static void run(const mt_large_args &a) {
       grid_dependency_wait();
       waited = true;
     }
-    prepare_columns<BN>(a.e, cols, n0, cw);
+    prepare_columns<W>(a.e, cols, n0w, cw);
     const float inv_w = a.e.sw_row ? 0.0f : __frcp_rn(a.e.sw[0]);
     if (a.e.ytype == DT_BF16)
-      store_tile_as<BN, __nv_bfloat16>(a.e, d, m0, n0, cw, cols, inv_w);
+      store_tile_as<W, __nv_bfloat16>(a.e, d, row0, n0w, cols, inv_w);
     else
-      store_tile_as<BN, __half>(a.e, d, m0, n0, cw, cols, inv_w);
+      store_tile_as<W, __half>(a.e, d, row0, n0w, cols, inv_w);
   }
 }
 
@@ -469,9 +476,9 @@ template <int BN, bool SHARE_A> __device__ static void run_mc(const mt_large_arg
       prepare_columns<BN>(a.e, cols, t.n0, cw);
       const float inv_w = a.e.sw_row ? 0.0f : __frcp_rn(a.e.sw[0]);
       if (a.e.ytype == DT_BF16)
-        store_tile_as<BN, __nv_bfloat16>(a.e, d, t.m0, t.n0, cw, cols, inv_w);
+        store_tile_as<BN, __nv_bfloat16>(a.e, d, t.m0 + 64 * cw, t.n0, cols, inv_w);
       else
-        store_tile_as<BN, __half>(a.e, d, t.m0, t.n0, cw, cols, inv_w);
+        store_tile_as<BN, __half>(a.e, d, t.m0 + 64 * cw, t.n0, cols, inv_w);
     }
   }
   cluster_sync(); // the peer may still arrive on this CTA's barriers until it is done
@@ -565,6 +572,10 @@ template <int BN> __device__ static void run(const mt_large_args &a) {
   extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_n##BN(const __grid_constant__ mt_large_args a) { \
     large::run<BN>(a);                                                                             \
   }
+#define MT_LARGE_M64(BN)                                                                           \
+  extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_m64_n##BN(const __grid_constant__ mt_large_args a) { \
+    large::run<BN, 64>(a);                                                                         \
+  }
 #define MT_LARGE_V1(BN)                                                                            \
   extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_v1_n##BN(const __grid_constant__ mt_large_args a) { \
     large_v1::run<BN>(a);                                                                          \
@@ -574,6 +585,8 @@ MT_LARGE(96)
 MT_LARGE(128)
 MT_LARGE(192)
 MT_LARGE(256)
+MT_LARGE_M64(64)
+MT_LARGE_M64(128)
 #define MT_LARGE_MC(BN, SHARE_A, NAME)                                                             \
   extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)                   \
       NAME(const __grid_constant__ mt_large_args a) {                                              \
