@@ -160,11 +160,26 @@ static int large_variant(void) {
   return v;
 }
 
+/* MT_LARGE_BN (read once; for measurements): a tile width the launcher takes instead of its own
+ * choice (256, 192 or 128 for every variant; 96 or 64 for v5 and np). */
+static int large_forced_bn(int variant) {
+  static int w = -1;
+  if (w < 0) {
+    const char *s = getenv("MT_LARGE_BN");
+    w = s ? atoi(s) : 0;
+  }
+  if (w == 256 || w == 192 || w == 128 || ((w == 96 || w == 64) && (variant == LARGE_V5 || variant == LARGE_NP)))
+    return w;
+  return 0;
+}
+
 static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   static mt_large_args proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
   mt_large_args l = proto;
   int variant = large_variant();
-  int bn = large_bn(a->m, a->n, variant == LARGE_V1 ? 3 : 5);
+  int bn = large_forced_bn(variant);
+  if (!bn)
+    bn = large_bn(a->m, a->n, variant == LARGE_V1 ? 3 : 5);
   /* multicast: pairs of CTAs share the weight tile (wide tiles) or the activation tile (narrow
    * ones), each CTA loading half of it */
   int share_w = variant == LARGE_MC && bn > 128, share_a = variant == LARGE_MC && bn <= 128;
