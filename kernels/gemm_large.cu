@@ -4,7 +4,7 @@
 // Exactness (DESIGN.md §4): every dequantized element e2m1 * e4m3 is exact in BF16 and every
 // product of two is exact in FP32, so the tensor cores compute the NVFP4 products exactly; the
 // outer scales are applied in the epilogue, in the order of gemm_args.h. Tiles of 128 tokens x BN
-// channels; TMA brings the BF16 dequantized operands into 128B-swizzled shared memory (a ring of
+// channels (BN 64 to 256, chosen by kernels/gemm.c); TMA brings the BF16 dequantized operands into 128B-swizzled shared memory (a ring of
 // stages), one thread issues the copies, two consumer warpgroups issue wgmma (64 tokens each);
 // k16 steps over K in increasing order into one FP32 accumulator per output, from zero, no
 // split-K, no atomics: the arithmetic of the small path (kernels/gemm_small.cu), which
@@ -22,7 +22,8 @@
 // Variants kernels/gemm.c runs for comparison (MT_LARGE_VARIANT): mt_gemm_large_v1_nBN, the
 // previous version (one tile per CTA, wgmma.wait_group 0 after every K step, the per-element
 // epilogue of gemm_common.cuh; =1); mt_gemm_large_mcw_nBN and mt_gemm_large_mca_nBN, clusters of 2
-// CTAs sharing the weight or the activation tile by TMA multicast (=mc; see run_mc).
+// CTAs sharing the weight or the activation tile by TMA multicast (=mc; see run_mc);
+// mt_gemm_large_m64_nBN, tiles of 64 tokens (=m64; see run).
 //
 // Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (spec/nvfp4.c) within the
 // FP32-accumulation bound, and bitwise across M, row positions and the two paths.
