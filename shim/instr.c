@@ -144,6 +144,8 @@ int mt_instr_init(const mt_spec *s, int stats_on) {
   }
   period_shadow = period_of(rate_shadow);
   period_probe = period_of(rate_probe);
+  if (!period_shadow && !period_probe)
+    scratch_limit = 0; /* only the digests: no scratch */
   digest_all = rate_digest >= 1.0;
   digest_threshold = rate_digest > 0 && !digest_all ? (uint64_t)ldexp(rate_digest, 64) : 0;
   enabled = stats_on && (period_shadow || period_probe || rate_digest > 0);

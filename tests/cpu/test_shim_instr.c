@@ -37,12 +37,14 @@ extern char **environ;
 #define OUT2 1024
 #define ROUTES "MINITE_ROUTE=256x512,1024x512"
 #define S1 ((CUstream)(uintptr_t)0x1000)
+#define S2 ((CUstream)(uintptr_t)0x2000)
 
 /* ======================================================================================== */
 /* The child.                                                                               */
 /* ======================================================================================== */
 
 static void *lib_cublas, *lib_cuda;
+static __typeof__(&cublasSetStream_v2) set_stream_fn;
 static cublasHandle_t handle;
 static const float one = 1.0f, zero = 0.0f, half = 0.5f;
 static __typeof__(&cublasGemmEx) hook_gemm;
@@ -93,9 +95,12 @@ static int load_fakes(const char *build) {
   if (!hook_gemm || !cublas_last || !create || !set || !cuda_events || !hold_events ||
       !event_queries || create(&handle))
     return -1;
+  set_stream_fn = set;
   set(handle, (cudaStream_t)S1);
   return 0;
 }
+
+static void set_stream(CUstream s) { set_stream_fn(handle, (cudaStream_t)s); }
 
 static long cublas_calls(void) {
   fake_record r;
@@ -378,10 +383,55 @@ static void scenario_join(void) {
   unmake(&p);
 }
 
+/* The scratch of the shadow and probe serves another stream only once its last user's slot is
+ * published: until then that stream's calls skip them ("busy"), never wait or order the streams. */
+static void scenario_busy(void) {
+  problem p = make(OUT, 4);
+  hold_events(1);
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS); /* S1: shadow and probe in flight */
+  set_stream(S2);
+  int t = now();
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  CHECK(find_launch(t, "mt_instr_shadow", 0) < 0 && find_launch(t, "mt_instr_probe", 0) < 0);
+  CHECK(find_launch(t, "mt_instr_finish", 0) >= 0); /* the digest still runs */
+  set_stream(S1); /* the scratch's own stream: ordered by the stream itself */
+  t = now();
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  CHECK(find_launch(t, "mt_instr_shadow", 0) >= 0);
+  hold_events(0);
+  set_stream(S2);
+  t = now();
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  CHECK(find_launch(t, "mt_instr_shadow", 0) >= 0 && find_launch(t, "mt_instr_probe", 0) >= 0);
+  check_clean();
+  unmake(&p);
+}
+
+/* A forked child instruments nothing and exits without waiting for a writer it does not have. */
+static void scenario_fork(void) {
+  problem p = make(OUT, 4);
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int t = now();
+    int ok = gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS && find_launch(t, "mt_instr_", 0) < 0;
+    for (int i = t; i < now(); i++)
+      ok &= strncmp(event(i)->name, "mt_instr_", 9) != 0;
+    exit(ok ? 0 : 1); /* exit(), not _exit(): the atexit drain must not hang */
+  }
+  int status = -1;
+  waitpid(pid, &status, 0);
+  CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "forked child: status %d", status);
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS); /* the parent goes on */
+  unmake(&p);
+}
+
 static const struct {
   const char *name;
   void (*fn)(void);
 } scenarios[] = {
+    {"busy", scenario_busy},         {"fork", scenario_fork},
     {"digest", scenario_digest},     {"digest_frozen", scenario_digest_frozen},
     {"sampling", scenario_sampling}, {"capture", scenario_capture},
     {"bounded", scenario_bounded},   {"join", scenario_join},
@@ -684,6 +734,27 @@ static void bounded_slots_drop_and_count(void) {
   child_free(&r);
 }
 
+static void scratch_busy_on_another_stream(void) {
+  const char *env[] = {"MINITE_SHADOW=1", "MINITE_PROBE=1", "MINITE_DIGEST=1", NULL};
+  child_result r;
+  run_child("busy", "busy", env, &r);
+  check_child("busy", &r);
+  CHECK(json_int_in(r.summary, "\"shadow\": {\"rate\"", "busy") == 1 &&
+        json_int_in(r.summary, "\"probe\": {\"rate\"", "busy") == 1);
+  CHECK(json_int_in(r.summary, "\"digests\": {", "written") == 16);
+  child_free(&r);
+}
+
+static void fork_child_instruments_nothing(void) {
+  const char *env[] = {"MINITE_DIGEST=1", NULL};
+  child_result r;
+  run_child("fork", "fork", env, &r);
+  check_child("fork", &r);
+  CHECK(count_of(r.stats, "\"event\": \"summary\"") == 1);
+  CHECK(json_int_in(r.summary, "\"digests\": {", "written") == 8);
+  child_free(&r);
+}
+
 /* Two processes, the same rows in different batches: minite-compare joins every row, equal. */
 static void join_two_batchings_through_minite_compare(void) {
   const char *py = getenv("PYTHON") ? getenv("PYTHON") : "python3";
@@ -740,6 +811,8 @@ int main(int argc, char **argv) {
   RUN(sampling_is_per_route_and_deterministic);
   RUN(capture_skips_the_instruments);
   RUN(bounded_slots_drop_and_count);
+  RUN(scratch_busy_on_another_stream);
+  RUN(fork_child_instruments_nothing);
   RUN(join_two_batchings_through_minite_compare);
   char cmd[PATH_MAX + 16];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
