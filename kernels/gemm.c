@@ -27,12 +27,26 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
   return mt_launch(f, gx, gy, threads, 1, smem, dependent, (CUstream)stream, args);
 }
 
+/* MT_SMALL_DECODE=shift (read once; for measurements, not for users): the small-M kernels' experimental
+ * decode by shifts and masks (gemm_small.cu: weight_frag_shift) and the fragment order it reads,
+ * written by mt_gemm_pack_shift. Same bits when the GPU keeps BF16 subnormal inputs, which the GPU
+ * tests check when run with it. */
+static int small_shift(void) {
+  static int v = -1;
+  if (v < 0) {
+    const char *s = getenv("MT_SMALL_DECODE");
+    v = s && !strcmp(s, "shift");
+  }
+  return v;
+}
+
 int mt_gemm_pack_weight(const mt_qweight *q, const uint32_t *only_if, mt_stream stream) {
   size_t chunks = mt_gemm_frag_bytes(q->n, q->k) / 16;
   if (!chunks)
     return MT_OK;
   mt_pack_args a = {q->codes, q->scales, q->frag, only_if, q->n, q->k};
-  return launch("gemm_small", "mt_gemm_pack", (unsigned)((chunks + 255) / 256), 1, 256, 0, 0, stream, &a);
+  return launch("gemm_small", small_shift() ? "mt_gemm_pack_shift" : "mt_gemm_pack", (unsigned)((chunks + 255) / 256), 1,
+                256, 0, 0, stream, &a);
 }
 
 static void epilogue_args(const mt_gemm_args *a, const mt_qact *q, mt_epilogue_args *e) {
@@ -60,9 +74,10 @@ static int small_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   mt_small_args s = {q->xhat, a->w->frag, {0}, NULL, 0, 0};
   epilogue_args(a, q, &s.e);
   int rows = a->m <= 8 ? 8 : a->m <= 16 ? 16 : a->m <= 32 ? 32 : 64;
-  static const char *const names[] = {"mt_gemm_small_m8", "mt_gemm_small_m16", "mt_gemm_small_m32",
-                                      "mt_gemm_small_m64"};
-  int which = rows == 8 ? 0 : rows == 16 ? 1 : rows == 32 ? 2 : 3;
+  static const char *const names[] = {"mt_gemm_small_m8",       "mt_gemm_small_m16",       "mt_gemm_small_m32",
+                                      "mt_gemm_small_m64",      "mt_gemm_small_m8_shift", "mt_gemm_small_m16_shift",
+                                      "mt_gemm_small_m32_shift", "mt_gemm_small_m64_shift"};
+  int which = (rows == 8 ? 0 : rows == 16 ? 1 : rows == 32 ? 2 : 3) + 4 * small_shift();
   unsigned grid = (unsigned)(a->n / (8 * MT_SMALL_WARPS));
   return launch("gemm_small", names[which], grid, 1, 32 * MT_SMALL_WARPS, MT_SMALL_SMEM(rows), 1, stream, &s);
 }
@@ -80,7 +95,8 @@ int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream) {
   mt_small_args s = {NULL, a->w->frag, {0}, a->x, (long long)a->ldx, a->xtype == MT_DTYPE_FP16};
   epilogue_args(a, &none, &s.e);
   unsigned grid = (unsigned)(a->n / (8 * MT_SMALL_WARPS));
-  return launch("gemm_small", "mt_gemm_small_q4", grid, 1, 32 * MT_SMALL_WARPS, MT_SMALL_FUSE_SMEM, 0, stream, &s);
+  return launch("gemm_small", small_shift() ? "mt_gemm_small_q4_shift" : "mt_gemm_small_q4", grid, 1,
+                32 * MT_SMALL_WARPS, MT_SMALL_FUSE_SMEM, 0, stream, &s);
 }
 
 /* A K-major BF16 matrix of rows x k as TMA sees it: boxes of 64 columns (128 bytes, the swizzle
@@ -95,6 +111,21 @@ static int tensor_map(CUtensorMap *map, const void *base, int rows, int k, int b
       map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, elem_strides,
       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? MT_OK : MT_ERR_UNSUPPORTED;
+}
+
+/* The output y[m][n] (row stride ldy elements, BF16 or FP16) for TMA stores of 64 x 64 boxes,
+ * 128B-swizzled in shared memory; stores past m or n are clipped. */
+static int output_map(CUtensorMap *map, void *y, enum mt_dtype type, int m, int n, size_t ldy) {
+  const mt_driver *d = mt_driver_get();
+  cuuint64_t dims[2] = {(cuuint64_t)n, (cuuint64_t)m};
+  cuuint64_t strides[1] = {(cuuint64_t)ldy * 2};
+  cuuint32_t box[2] = {64, 64};
+  cuuint32_t elem_strides[2] = {1, 1};
+  CUresult r = d->tensor_map_encode_tiled(
+      map, type == MT_DTYPE_FP16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, y, dims,
+      strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? MT_OK : MT_ERR_UNSUPPORTED;
 }
 
@@ -148,14 +179,15 @@ static int large_m64_bn(int m, int n, int bn) {
  * (mt_gemm_large_v1_nBN, one tile per CTA), "np" the current kernel with one CTA per tile instead
  * of a persistent grid of one CTA per SM, "mc" clusters of 2 CTAs sharing the weight or the
  * activation tile by TMA multicast (mt_gemm_large_mcw_nBN, mt_gemm_large_mca_nBN), "m64" also
- * tiles of 64 tokens (mt_gemm_large_m64_n64/n128) where they cost less. Same bits in every case. */
-enum { LARGE_V5, LARGE_V1, LARGE_NP, LARGE_MC, LARGE_M64 };
+ * tiles of 64 tokens (mt_gemm_large_m64_n64/n128) where they cost less, "ts" outputs stored by
+ * TMA from shared memory (mt_gemm_large_ts_nBN). Same bits in every case. */
+enum { LARGE_V5, LARGE_V1, LARGE_NP, LARGE_MC, LARGE_M64, LARGE_TS };
 static int large_variant(void) {
   static int v = -1;
   if (v < 0) {
     const char *s = getenv("MT_LARGE_VARIANT");
     v = !s ? LARGE_V5 : !strcmp(s, "1") ? LARGE_V1 : !strcmp(s, "np") ? LARGE_NP : !strcmp(s, "mc") ? LARGE_MC
-        : !strcmp(s, "m64") ? LARGE_M64 : LARGE_V5;
+        : !strcmp(s, "m64") ? LARGE_M64 : !strcmp(s, "ts") ? LARGE_TS : LARGE_V5;
   }
   return v;
 }
@@ -179,7 +211,7 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   int variant = large_variant();
   int bn = large_forced_bn(variant);
   if (!bn)
-    bn = large_bn(a->m, a->n, variant == LARGE_V1 ? 3 : 5);
+    bn = large_bn(a->m, a->n, variant == LARGE_V1 || variant == LARGE_TS ? 3 : 5);
   /* multicast: pairs of CTAs share the weight tile (wide tiles) or the activation tile (narrow
    * ones), each CTA loading half of it */
   int share_w = variant == LARGE_MC && bn > 128, share_a = variant == LARGE_MC && bn <= 128;
@@ -213,6 +245,14 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
     unsigned tiles = (unsigned)((a->m + 63) / 64) * (unsigned)((a->n + bn64 - 1) / bn64);
     return launch("gemm_large", bn64 == 64 ? "mt_gemm_large_m64_n64" : "mt_gemm_large_m64_n128", tiles < sms ? tiles : sms,
                   1, 384, MT_LARGE_SMEM_BM(64, bn64), 1, stream, &l);
+  }
+  if (variant == LARGE_TS && bn >= 128) {
+    st = output_map(&l.ty, a->y, a->ytype, a->m, a->n, a->ldy);
+    if (st != MT_OK)
+      return st;
+    unsigned tiles = tiles_m * tiles_n;
+    const char *fn = bn == 256 ? "mt_gemm_large_ts_n256" : bn == 192 ? "mt_gemm_large_ts_n192" : "mt_gemm_large_ts_n128";
+    return launch("gemm_large", fn, tiles < sms ? tiles : sms, 1, 384, MT_LARGE_SMEM_TS(bn), 1, stream, &l);
   }
   /* persistent: one CTA per SM (one fits: ~200 KB of shared memory), each walking its tiles */
   unsigned tiles = tiles_m * tiles_n;

@@ -28,6 +28,7 @@ typedef struct {
 typedef struct {
   CUtensorMap ta; /* activations [m][k], box 64 x 128 rows */
   CUtensorMap tw; /* weight [n][k], box 64 x BN rows */
+  CUtensorMap ty; /* output [m][n] (the ts variant only), box 64 x 64 rows */
   mt_epilogue_args e;
 } mt_large_args;
 
@@ -64,6 +65,10 @@ typedef struct {
 #define MT_LARGE_STAGE_BYTES_BM(bm, bn) ((bm)*MT_LARGE_BK * 2 + (bn)*MT_LARGE_BK * 2)
 #define MT_LARGE_STAGES_BM(bm, bn) \
   ((bm) == MT_LARGE_BM ? MT_LARGE_STAGES(bn) : 196608 / MT_LARGE_STAGE_BYTES_BM(bm, bn))
+/* The ts variant: one stage fewer, then a 1024-aligned staging tile of 128 x bn outputs. */
+#define MT_LARGE_STAGES_TS(bn) (MT_LARGE_STAGES(bn) - 1)
+#define MT_LARGE_SMEM_TS(bn) \
+  (1024 + MT_LARGE_STAGES_TS(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4 + 1024 + 128 * (bn)*2)
 #define MT_LARGE_SMEM_BM(bm, bn) \
   (1024 + MT_LARGE_STAGES_BM(bm, bn) * (MT_LARGE_STAGE_BYTES_BM(bm, bn) + 16) + 2 * 2 * (bn)*4)
 #define MT_SMALL_WARPS 2 /* one CTA per 16 output channels, 8 per warp */

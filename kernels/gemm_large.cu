@@ -23,7 +23,8 @@
 // previous version (one tile per CTA, wgmma.wait_group 0 after every K step, the per-element
 // epilogue of gemm_common.cuh; =1); mt_gemm_large_mcw_nBN and mt_gemm_large_mca_nBN, clusters of 2
 // CTAs sharing the weight or the activation tile by TMA multicast (=mc; see run_mc);
-// mt_gemm_large_m64_nBN, tiles of 64 tokens (=m64; see run).
+// mt_gemm_large_m64_nBN, tiles of 64 tokens (=m64; see run); mt_gemm_large_ts_nBN, outputs
+// through shared memory and TMA stores (=ts; see run_ts).
 //
 // Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (spec/nvfp4.c) within the
 // FP32-accumulation bound, and bitwise across M, row positions and the two paths.
@@ -91,6 +92,19 @@ __device__ static inline void tma_load_2d_both(void *dst, const CUtensorMap *map
                "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"((uint16_t)3)
                : "memory");
 }
+
+// TMA stores (the ts variant): a box from shared memory to global, grouped; the shared memory may be
+// written again once wait_read says the group has read it. Ordinary stores to shared memory that a
+// TMA store reads need fence_async_shared in each writing thread first (HOPPER.md).
+__device__ static inline void tma_store_2d(const CUtensorMap *map, const void *src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map),
+               "r"(smem_u32(src)), "r"(c0), "r"(c1)
+               : "memory");
+}
+__device__ static inline void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ static inline void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ static inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+__device__ static inline void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // Descriptor of a K-major tile in the layout TMA writes with 128B swizzle: rows of 128 bytes
 // (64 BF16 along K), groups of 8 rows 1024 bytes apart, tile base 1024-byte aligned. A step of 16
@@ -168,9 +182,12 @@ template <int BN> __device__ static void prepare_columns(const mt_epilogue_args 
 // gemm_common.cuh: t = (acc * ((1/S_a) * (1/S_w))) * alpha, + beta * c, + bias, one rounding each.
 // SW_ROW: 1/S_w per column from shared memory, else one value; EXTRA: C or a bias exist; FULL:
 // all BN columns exist (no column checks).
-template <int BN, typename OUT, bool SW_ROW, bool EXTRA, bool FULL>
+// STAGED (the ts variant): the outputs go as BF16/FP16 pairs into `stage` instead, BN / 64 boxes
+// of 64 rows x 128 bytes in the 128B-swizzled layout a TMA store reads (16-byte chunk c of row r
+// at chunk c ^ (r % 8)); columns past N keep stale values that the store clips.
+template <int BN, typename OUT, bool SW_ROW, bool EXTRA, bool FULL, bool STAGED = false>
 __device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, const float *d, int row0, int n0,
-                                                  const columns<BN> *cols, float inv_w) {
+                                                  const columns<BN> *cols, float inv_w, uint8_t *stage = nullptr) {
   const int t = threadIdx.x % 128, w = t / 32, g = (t % 32) / 4, q = t % 4;
   const int avail = e.n - n0 - 2 * q; // this thread's column 8c + j exists when 8c + j < avail
   const float alpha = e.alpha, beta = e.beta;
@@ -214,7 +231,10 @@ __device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, con
           v1 = __fadd_rn(v1, b.y);
         }
       }
-      if (pair)
+      if constexpr (STAGED)
+        *(uint32_t *)(stage + cb / 8 * 8192 + (16 * w + g + 8 * i) * 128 + ((cb % 8 ^ g) << 4) + 4 * q) =
+            pack2<OUT>(v0, v1);
+      else if (pair)
         *(uint32_t *)(y + at) = pack2<OUT>(v0, v1);
       else
         y[at] = from_float<OUT>(v0);
@@ -222,18 +242,18 @@ __device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, con
   }
 }
 
-template <int BN, typename OUT>
+template <int BN, typename OUT, bool STAGED = false>
 __device__ static __forceinline__ void store_tile_as(const mt_epilogue_args &e, const float *d, int row0, int n0,
-                                                     const columns<BN> *cols, float inv_w) {
+                                                     const columns<BN> *cols, float inv_w, uint8_t *stage = nullptr) {
   const bool extra = e.c || e.bias, full = n0 + BN <= e.n;
   if (e.sw_row) {
-    if (extra) store_tile<BN, OUT, true, true, false>(e, d, row0, n0, cols, inv_w);
-    else if (full) store_tile<BN, OUT, true, false, true>(e, d, row0, n0, cols, inv_w);
-    else store_tile<BN, OUT, true, false, false>(e, d, row0, n0, cols, inv_w);
+    if (extra) store_tile<BN, OUT, true, true, false, STAGED>(e, d, row0, n0, cols, inv_w, stage);
+    else if (full) store_tile<BN, OUT, true, false, true, STAGED>(e, d, row0, n0, cols, inv_w, stage);
+    else store_tile<BN, OUT, true, false, false, STAGED>(e, d, row0, n0, cols, inv_w, stage);
   } else {
-    if (extra) store_tile<BN, OUT, false, true, false>(e, d, row0, n0, cols, inv_w);
-    else if (full) store_tile<BN, OUT, false, false, true>(e, d, row0, n0, cols, inv_w);
-    else store_tile<BN, OUT, false, false, false>(e, d, row0, n0, cols, inv_w);
+    if (extra) store_tile<BN, OUT, false, true, false, STAGED>(e, d, row0, n0, cols, inv_w, stage);
+    else if (full) store_tile<BN, OUT, false, false, true, STAGED>(e, d, row0, n0, cols, inv_w, stage);
+    else store_tile<BN, OUT, false, false, false, STAGED>(e, d, row0, n0, cols, inv_w, stage);
   }
 }
 
@@ -332,6 +352,113 @@ template <int BN, int BMT = BM> __device__ static void run(const mt_large_args &
     else
       store_tile_as<W, __half>(a.e, d, row0, n0w, cols, inv_w);
   }
+}
+
+// The TMA-store variant (mt_gemm_large_ts_nBN, MT_LARGE_VARIANT=ts): v5 with one stage fewer and
+// the epilogue writing its outputs into a staging tile in shared memory (64 x BN per consumer
+// warpgroup) that one thread then stores by TMA (boxes of 64 x 64, clipped at M and N): full
+// 128-byte lines instead of 16-byte pieces from 8 rows per store instruction, and the stores
+// overlap the next tile's K loop. Same arithmetic, same bits.
+template <int BN> __device__ static void run_ts(const mt_large_args &a) {
+  constexpr int S = MT_LARGE_STAGES_TS(BN), SB = MT_LARGE_STAGE_BYTES(BN);
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint64_t *full = (uint64_t *)(smem + S * SB), *empty = full + S;
+  columns<BN> *cols_all = (columns<BN> *)(empty + S);
+  uint8_t *staging = smem + ((S * SB + 16 * S + 2 * (int)sizeof(columns<BN>) + 1023) & ~1023);
+  const int tiles_n = (a.e.n + BN - 1) / BN, tiles = (a.e.m + BM - 1) / BM * tiles_n;
+  const int kt = (a.e.k + BK - 1) / BK;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; s++) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x != 0 || (int)blockIdx.x >= tiles)
+      return;
+    const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * BM;
+    for (int kb = 0; kb < pre; kb++) {
+      mbar_expect_tx(&full[kb], SB);
+      tma_load_2d(smem + kb * SB + A_BYTES, &a.tw, &full[kb], kb * BK, n_first);
+    }
+    grid_dependency_wait();
+    for (int kb = 0; kb < pre; kb++)
+      tma_load_2d(smem + kb * SB, &a.ta, &full[kb], kb * BK, m_first);
+    int it = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
+      for (int kb = 0; kb < kt; kb++, it++) {
+        if (it < pre)
+          continue;
+        const int s = it % S;
+        mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
+        uint8_t *sa = smem + s * SB, *sw = sa + A_BYTES;
+        mbar_expect_tx(&full[s], SB);
+        tma_load_2d(sa, &a.ta, &full[s], kb * BK, m0);
+        tma_load_2d(sw, &a.tw, &full[s], kb * BK, n0);
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int cw = wg - 1, lead = threadIdx.x % 128 == 0;
+  columns<BN> *cols = cols_all + cw;
+  uint8_t *stage = staging + cw * 64 * BN * 2;
+  bool waited = false;
+  int it = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN, row0 = m0 + 64 * cw;
+    float d[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+    for (int kb = 0; kb < kt; kb++, it++) {
+      const int s = it % S;
+      mbar_wait(&full[s], (it / S) & 1);
+      uint32_t sa = smem_u32(smem + s * SB) + cw * 64 * 128, sw = smem_u32(smem + s * SB + A_BYTES);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; kk++) wgmma_step<BN>(d, desc_sw128(sa + 32 * kk), desc_sw128(sw + 32 * kk));
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+      if (kb > 0 && threadIdx.x % 32 == 0)
+        mbar_arrive(&empty[(it - 1) % S]);
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    if (threadIdx.x % 32 == 0)
+      mbar_arrive(&empty[(it - 1) % S]);
+    if (!waited) {
+      grid_dependency_wait();
+      waited = true;
+    }
+    if (row0 >= a.e.m) // no rows of this warpgroup exist
+      continue;
+    prepare_columns<BN>(a.e, cols, n0, cw);
+    if (lead) // the previous tile's store has read the staging tile
+      bulk_wait_read();
+    warpgroup_sync(1 + cw);
+    const float inv_w = a.e.sw_row ? 0.0f : __frcp_rn(a.e.sw[0]);
+    if (a.e.ytype == DT_BF16)
+      store_tile_as<BN, __nv_bfloat16, true>(a.e, d, row0, n0, cols, inv_w, stage);
+    else
+      store_tile_as<BN, __half, true>(a.e, d, row0, n0, cols, inv_w, stage);
+    fence_async_shared();
+    warpgroup_sync(1 + cw);
+    if (lead) {
+      for (int b = 0; b < BN / 64 && n0 + 64 * b < a.e.n; b++)
+        tma_store_2d(&a.ty, stage + b * 8192, n0 + 64 * b, row0);
+      bulk_commit();
+    }
+  }
+  if (lead)
+    bulk_wait_all();
 }
 
 // The multicast variants: clusters of 2 CTAs that share one operand tile by TMA multicast, each
@@ -577,6 +704,10 @@ template <int BN> __device__ static void run(const mt_large_args &a) {
   extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_m64_n##BN(const __grid_constant__ mt_large_args a) { \
     large::run<BN, 64>(a);                                                                         \
   }
+#define MT_LARGE_TS(BN)                                                                            \
+  extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_ts_n##BN(const __grid_constant__ mt_large_args a) { \
+    large::run_ts<BN>(a);                                                                          \
+  }
 #define MT_LARGE_V1(BN)                                                                            \
   extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_v1_n##BN(const __grid_constant__ mt_large_args a) { \
     large_v1::run<BN>(a);                                                                          \
@@ -588,6 +719,9 @@ MT_LARGE(192)
 MT_LARGE(256)
 MT_LARGE_M64(64)
 MT_LARGE_M64(128)
+MT_LARGE_TS(128)
+MT_LARGE_TS(192)
+MT_LARGE_TS(256)
 #define MT_LARGE_MC(BN, SHARE_A, NAME)                                                             \
   extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)                   \
       NAME(const __grid_constant__ mt_large_args a) {                                              \

@@ -96,6 +96,36 @@ __device__ static inline void weight_frag(uint32_t x, uint32_t s2, uint32_t &b0,
   b1 = *(uint32_t *)&r1;
 }
 
+// The experimental decode (MT_SMALL_DECODE=shift, gemm.c; fragment order "shift", gemm_args.h):
+// the two B words of step H of a record by shifts and masks alone. Each element's 3 magnitude bits
+// land at BF16 bits 6..8 (e2m1 x 2^-126: exponent = the e2m1 exponent, subnormal for 0 and 0.5)
+// and its sign at bit 15; then two exact BF16x2 multiplies, by the scale x 2^118 (stored so) and
+// by 2^8. ~5 instead of ~11 ALU instructions a step; correct only if HMUL2.BF16 keeps subnormal
+// inputs, which the GPU tests decide.
+template <int H> __device__ static inline void weight_frag_shift(uint32_t w, uint32_t s2, uint32_t &b0, uint32_t &b1) {
+  constexpr int j0 = 2 * H, j1 = 2 * H + 1;
+  uint32_t m0 = 6 - 3 * j0 >= 0 ? w << (6 - 3 * j0) : w >> (3 * j0 - 6);
+  uint32_t m1 = 6 - 3 * j1 >= 0 ? w << (6 - 3 * j1) : w >> (3 * j1 - 6);
+  uint32_t p0 = (m0 & 0x01C001C0u) | ((w << j0) & 0x80008000u);
+  uint32_t p1 = (m1 & 0x01C001C0u) | ((w << j1) & 0x80008000u);
+  const uint32_t two8 = 0x43804380u; // 256 in both halves
+  __nv_bfloat162 r0 = __hmul2(*(__nv_bfloat162 *)&p0, *(__nv_bfloat162 *)&s2);
+  __nv_bfloat162 r1 = __hmul2(*(__nv_bfloat162 *)&p1, *(__nv_bfloat162 *)&s2);
+  r0 = __hmul2(r0, *(const __nv_bfloat162 *)&two8);
+  r1 = __hmul2(r1, *(const __nv_bfloat162 *)&two8);
+  b0 = *(uint32_t *)&r0;
+  b1 = *(uint32_t *)&r1;
+}
+
+// Step H (0 or 1) of a record's code word w and scale word sc, in either decode.
+template <bool SHIFT, int H> __device__ static inline void step_frag(uint32_t w, uint32_t sc, uint32_t &b0, uint32_t &b1) {
+  uint32_t s2 = __byte_perm(sc, 0, H ? 0x3232 : 0x1010);
+  if (SHIFT)
+    weight_frag_shift<H>(w, s2, b0, b1);
+  else
+    weight_frag(H ? w >> 16 : w, s2, b0, b1);
+}
+
 // The A fragments of one k16 step for every tile of 16 tokens: tokens 16tt + g and + 8, columns
 // 2q.. and 2q+8.., from the staged activations (r: token g's row at the step's column 2q, pitch
 // bytes a row). With ROWS == 8 the tokens g + 8 are zero registers.
@@ -135,16 +165,13 @@ __device__ static inline void mma_step(float (&d)[(ROWS + 15) / 16][4], uint32_t
 // the MMA chain waits (one warp per scheduler has nothing else to hide them with). Unrolled, ptxas
 // sometimes hoisted all eight decodes of a group above its eight MMAs, which then ran back to back
 // on the chain: about twice the time per step.
-__device__ static inline uint32_t scale_lo(uint32_t sc) { return __byte_perm(sc, 0, 0x1010); }
-__device__ static inline uint32_t scale_hi(uint32_t sc) { return __byte_perm(sc, 0, 0x3232); }
-
-template <int ROWS>
+template <int ROWS, bool SHIFT>
 __device__ static inline void chunk_steps(float (&d)[(ROWS + 15) / 16][4], const uint8_t *rec, const uint8_t *arow,
                                           int pitch, int n, int lane) {
   const uint8_t *cp = rec + lane * 4, *sp = rec + 128 + (lane / 4) * 4, *ar = arow;
   uint32_t w = *(const uint32_t *)cp, sc = *(const uint32_t *)sp, b0, b1;
   afrag<ROWS> a0 = load_a<ROWS>(ar, pitch), a1 = load_a<ROWS>(ar + 32, pitch);
-  weight_frag(w, scale_lo(sc), b0, b1);
+  step_frag<SHIFT, 0>(w, sc, b0, b1);
 #pragma unroll 1
   for (int p = 0; p < n / 2; p++) {
     // the next record's words and A: past the chunk's last step these read up to 160 bytes past
@@ -153,10 +180,10 @@ __device__ static inline void chunk_steps(float (&d)[(ROWS + 15) / 16][4], const
     uint32_t wn = *(const uint32_t *)cp, scn = *(const uint32_t *)sp, c0, c1;
     afrag<ROWS> an0 = load_a<ROWS>(ar + 64, pitch), an1 = load_a<ROWS>(ar + 96, pitch);
     mma_step<ROWS>(d, b0, b1, a0);
-    weight_frag(w >> 16, scale_hi(sc), c0, c1);
+    step_frag<SHIFT, 1>(w, sc, c0, c1);
     mma_step<ROWS>(d, c0, c1, a1);
     w = wn, sc = scn;
-    weight_frag(w, scale_lo(sc), b0, b1);
+    step_frag<SHIFT, 0>(w, sc, b0, b1);
     a0 = an0, a1 = an1;
     ar += 64;
   }
@@ -164,7 +191,7 @@ __device__ static inline void chunk_steps(float (&d)[(ROWS + 15) / 16][4], const
     mma_step<ROWS>(d, b0, b1, a0);
 }
 
-template <int ROWS> __device__ static void run(const mt_small_args &a) {
+template <int ROWS, bool SHIFT> __device__ static void run(const mt_small_args &a) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int TT = (ROWS + 15) / 16, STAGES = stages<ROWS>();
   int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
@@ -199,7 +226,7 @@ template <int ROWS> __device__ static void run(const mt_small_args &a) {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     const uint8_t *st = smem + (c % STAGES) * stage_bytes<ROWS>();
     int steps = min(KC / 16, ksteps - c * (KC / 16));
-    chunk_steps<ROWS>(d, st + w * WCHUNK, st + WBYTES + g * PITCH + q * 4, PITCH, steps, lane);
+    chunk_steps<ROWS, SHIFT>(d, st + w * WCHUNK, st + WBYTES + g * PITCH + q * 4, PITCH, steps, lane);
   }
   int ch = (blockIdx.x * WARPS + w) * 8 + 2 * q;
   float inv_w[2] = {inv_row(a.e.sw, a.e.sw_row, ch), inv_row(a.e.sw, a.e.sw_row, ch + 1)};
@@ -253,7 +280,7 @@ template <bool FP16> __device__ static void fused_quantize(const mt_small_args &
   }
 }
 
-__device__ static void run_fused(const mt_small_args &a) {
+template <bool SHIFT> __device__ static void run_fused(const mt_small_args &a) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int STAGES = MT_SMALL_FUSE_STAGES;
   uint8_t *zero = smem + STAGES * WBYTES, *xs = zero + MT_SMALL_FUSE_META;
@@ -290,7 +317,7 @@ __device__ static void run_fused(const mt_small_args &a) {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     const uint8_t *arow = (g < a.e.m ? xs + g * xp + c * (KC * 2) : zero) + q * 4;
     int steps = min(KC / 16, ksteps - c * (KC / 16));
-    chunk_steps<8>(d, smem + (c % STAGES) * WBYTES + w * WCHUNK, arow, xp, steps, lane);
+    chunk_steps<8, SHIFT>(d, smem + (c % STAGES) * WBYTES + w * WCHUNK, arow, xp, steps, lane);
   }
   int ch = (blockIdx.x * WARPS + w) * 8 + 2 * q, tok = g;
   if (tok >= a.e.m) return;
@@ -304,7 +331,10 @@ __device__ static void run_fused(const mt_small_args &a) {
 
 #define MT_SMALL(ROWS)                                                                             \
   extern "C" __global__ void __launch_bounds__(32 * MT_SMALL_WARPS) mt_gemm_small_m##ROWS(const __grid_constant__ mt_small_args a) { \
-    small::run<ROWS>(a);                                                                           \
+    small::run<ROWS, false>(a);                                                                    \
+  }                                                                                                \
+  extern "C" __global__ void __launch_bounds__(32 * MT_SMALL_WARPS) mt_gemm_small_m##ROWS##_shift(const __grid_constant__ mt_small_args a) { \
+    small::run<ROWS, true>(a);                                                                     \
   }
 MT_SMALL(8)
 MT_SMALL(16)
@@ -312,7 +342,10 @@ MT_SMALL(32)
 MT_SMALL(64)
 
 extern "C" __global__ void __launch_bounds__(32 * MT_SMALL_WARPS) mt_gemm_small_q4(const __grid_constant__ mt_small_args a) {
-  small::run_fused(a);
+  small::run_fused<false>(a);
+}
+extern "C" __global__ void __launch_bounds__(32 * MT_SMALL_WARPS) mt_gemm_small_q4_shift(const __grid_constant__ mt_small_args a) {
+  small::run_fused<true>(a);
 }
 
 
@@ -320,7 +353,22 @@ extern "C" __global__ void __launch_bounds__(32 * MT_SMALL_WARPS) mt_gemm_small_
 // 8 rows x 32 columns is 8 x 16 code bytes (4 lanes each) then 2 x 16 bytes of BF16 scales (4 rows
 // each)
 
-extern "C" __global__ void mt_gemm_pack(const __grid_constant__ mt_pack_args a) {
+namespace small {
+// One lane's code word of record P in the "shift" order: word j (0, 1: step 2P's b0, b1; 2, 3:
+// step 2P+1's) holds its low element's magnitude at bits 3j..3j+2 and sign at 15-j, its high
+// element's at 16+3j.. and 31-j, so that weight_frag_shift needs one shift per field.
+__device__ static uint32_t shift_word(const uint8_t *row, size_t P, size_t kb, int q) {
+  uint32_t w = 0;
+  for (int j = 0; j < 4; j++) {
+    size_t b = 2 * P + j / 2;
+    uint32_t byte = b < kb ? row[b * 8 + q + 4 * (j % 2)] : 0;
+    uint32_t lo = byte & 15, hi = byte >> 4;
+    w |= (lo & 7) << (3 * j) | (lo >> 3) << (15 - j) | (hi & 7) << (16 + 3 * j) | (hi >> 3) << (31 - j);
+  }
+  return w;
+}
+
+template <bool SHIFT> __device__ static void pack(const mt_pack_args &a) {
   if (a.only_if && *a.only_if == 0)
     return;
   size_t pairs = ((size_t)a.k + 31) / 32, kb = (size_t)a.k / 16;
@@ -335,20 +383,25 @@ extern "C" __global__ void mt_gemm_pack(const __grid_constant__ mt_pack_args a) 
     if (j < 8) { // lane l = 4g + q: bytes q and q + 4 of row 8H + g, blocks 2P and 2P + 1
       int l = 4 * j + o, g = l / 4, q = l % 4;
       const uint8_t *row = a.codes + (8 * H + g) * (size_t)(a.k / 2);
-      for (int s = 0; s < 2; s++) {
-        size_t b = 2 * P + s;
-        bool ok = b < kb;
-        out[4 * o + 2 * s] = ok ? row[b * 8 + q] : 0;
-        out[4 * o + 2 * s + 1] = ok ? row[b * 8 + q + 4] : 0;
-      }
+      uint32_t w = 0;
+      if (SHIFT)
+        w = shift_word(row, P, kb, q);
+      else
+        for (int s = 0; s < 2; s++) {
+          size_t b = 2 * P + s;
+          if (b < kb)
+            w |= (uint32_t)row[b * 8 + q] << (16 * s) | (uint32_t)row[b * 8 + q + 4] << (16 * s + 8);
+        }
+      for (int u = 0; u < 4; u++)
+        out[4 * o + u] = (uint8_t)(w >> (8 * u));
     } else { // row 8H + g's scales of blocks 2P, 2P + 1 as BF16 (exact: 4 significant bits)
       int g = 4 * (j - 8) + o;
       const uint8_t *row = a.scales + (8 * H + g) * kb;
       for (int s = 0; s < 2; s++) {
         size_t b = 2 * P + s;
         uint16_t v = 0;
-        if (b < kb) {
-          __nv_bfloat16 h = __float2bfloat16_rn(mt_q::e4m3_to_float(row[b] & 0x7fu));
+        if (b < kb) { // "shift": times 2^118, exact (448 x 2^118 < 2^127)
+          __nv_bfloat16 h = __float2bfloat16_rn(mt_q::e4m3_to_float(row[b] & 0x7fu) * (SHIFT ? 0x1p118f : 1.0f));
           v = *(uint16_t *)&h;
         }
         out[4 * o + 2 * s] = (uint8_t)v;
@@ -358,3 +411,7 @@ extern "C" __global__ void mt_gemm_pack(const __grid_constant__ mt_pack_args a) 
   }
   *(uint4 *)(a.frag + i * 16) = *(uint4 *)out;
 }
+} // namespace small
+
+extern "C" __global__ void mt_gemm_pack(const __grid_constant__ mt_pack_args a) { small::pack<false>(a); }
+extern "C" __global__ void mt_gemm_pack_shift(const __grid_constant__ mt_pack_args a) { small::pack<true>(a); }

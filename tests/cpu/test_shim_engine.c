@@ -841,10 +841,25 @@ static void scenario_grouped_beta_partial(void) {
   unmake(&p[0]), unmake(&p[1]), free(want[0]), free(want[1]);
 }
 
+/* MT_SMALL_DECODE=shift: the experimental decode's pack and kernels, nothing else changed. */
+static void scenario_small_shift(void) {
+  problem p = make(OUT, 8, OUT), few = make(OUT, 2, OUT);
+  int t = now();
+  expect_routed(&p, S1, &zero);
+  CHECK_TRACE(t, "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack_shift "
+                 "mt_quant_row_bf16_nb1 smem mt_gemm_small_m8_shift+pdl");
+  t = now();
+  expect_routed(&few, S1, &zero);
+  CHECK_TRACE(t, "memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 mt_gemm_pack_shift smem mt_gemm_small_q4_shift");
+  check_driver_clean();
+  unmake(&p), unmake(&few);
+}
+
 static const struct {
   const char *name;
   void (*fn)(void);
 } scenarios[] = {
+    {"small_shift", scenario_small_shift},
     {"requantize", scenario_requantize},
     {"lt", scenario_lt},
     {"frozen", scenario_frozen},
@@ -1076,6 +1091,15 @@ static void launch_failure_is_engine_error(void) {
   child_free(&r);
 }
 
+static void small_decode_shift_kernels(void) {
+  const char *env[] = {"MT_SMALL_DECODE=shift", NULL};
+  child_result r;
+  run_child("small_shift", env, &r);
+  check_child("small_shift", &r);
+  check_counts(&r, 2, NULL);
+  child_free(&r);
+}
+
 static void no_context_or_not_sm90_is_no_engine(void) {
   const char *no_ctx[] = {"FAKE_CUDA_NO_CONTEXT=1", NULL};
   const char *sm80[] = {"FAKE_CUDA_CC=8.0", NULL};
@@ -1171,6 +1195,7 @@ int main(int argc, char **argv) {
   RUN(capture_before_module_load);
   RUN(out_of_memory_warns_once);
   RUN(launch_failure_is_engine_error);
+  RUN(small_decode_shift_kernels);
   RUN(no_context_or_not_sm90_is_no_engine);
   RUN(strided_batched);
   RUN(pointer_arrays_read_back);
