@@ -149,11 +149,16 @@ int mt_instr_init(const mt_spec *s, int stats_on) {
   digest_all = rate_digest >= 1.0;
   digest_threshold = rate_digest > 0 && !digest_all ? (uint64_t)ldexp(rate_digest, 64) : 0;
   enabled = stats_on && (period_shadow || period_probe || rate_digest > 0);
-  if (!stats_on && (getenv("MINITE_SHADOW") || getenv("MINITE_PROBE") || getenv("MINITE_DIGEST")))
+  int asked = (getenv("MINITE_SHADOW") && rate_shadow > 0) ||
+              (getenv("MINITE_PROBE") && rate_probe > 0) || (getenv("MINITE_DIGEST") && rate_digest > 0);
+  if (!stats_on && asked)
     MT_WARN("MINITE_SHADOW, MINITE_PROBE and MINITE_DIGEST write to the statistics file: set "
             "MINITE_STATS=PATH to get them");
-  if (enabled)
+  if (enabled) {
     pthread_atfork(lock_all, unlock_all, child_after_fork);
+    MT_INFO("instruments: shadow %g of calls, probe %g of calls with M > 1, digests %g of rows; "
+            "scratch %zu MiB per GPU", rate_shadow, rate_probe, rate_digest, scratch_limit >> 20);
+  }
   return errors;
 }
 
@@ -623,7 +628,7 @@ static int scratch_gate(const mt_instr_call *ic, context *c, int kinds) {
 }
 
 void mt_instr_after(const mt_instr_call *ic) {
-  if (!enabled)
+  if (!enabled || ic->m <= 0 || ic->n <= 0)
     return;
   const mt_driver *d = mt_driver_get();
   const mt_instr_driver *e = mt_instr_driver_get();
