@@ -68,14 +68,16 @@ __device__ static inline void load_weights(const mt_small_args &a, const wloader
 }
 
 // Chunk c of the m (at most ROWS) quantized activation rows into stage buffer st; rows past m stay
-// zero (zeroed once at the start).
-template <int ROWS> __device__ static void load_acts(const mt_small_args &a, uint8_t *st, int c, int rows) {
-  uint8_t *act = st + WBYTES;
-  for (int i = threadIdx.x; i < rows * (KC / 8); i += THREADS) { // 16 bytes = 8 columns
-    int tok = i / (KC / 8), col = c * KC + (i % (KC / 8)) * 8;
-    bool ok = col < a.e.k;
-    cp16(act + tok * PITCH + (i % (KC / 8)) * 16, a.xa + ok * ((size_t)tok * a.e.k + col), ok);
-  }
+// zero (zeroed once at the start). A chunk row is KC / 8 = THREADS pieces of 16 bytes: thread t
+// takes piece t of every row, so the addresses step by a row.
+static_assert(KC / 8 == THREADS, "one 16-byte piece of each activation row per thread");
+__device__ static void load_acts(const mt_small_args &a, uint8_t *st, int c, int rows) {
+  int col = c * KC + threadIdx.x * 8;
+  bool ok = col < a.e.k;
+  const uint16_t *src = ok ? a.xa + col : a.xa;
+  uint8_t *dst = st + WBYTES + threadIdx.x * 16;
+  for (int r = 0; r < rows; r++, dst += PITCH, src += ok ? a.e.k : 0)
+    cp16(dst, src, ok);
 }
 
 // The B fragment of one k16 step: 16 bits x = code byte q (elements 2q, 2q+1) then code byte q+4
@@ -212,7 +214,7 @@ template <int ROWS, bool SHIFT> __device__ static void run(const mt_small_args &
   }
   grid_dependency_wait();
   for (int c = 0; c < STAGES - 1; c++) {
-    if (c < chunks) load_acts<ROWS>(a, smem + c * stage_bytes<ROWS>(), c, rows);
+    if (c < chunks) load_acts(a, smem + c * stage_bytes<ROWS>(), c, rows);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   }
   for (int c = 0; c < chunks; c++) {
@@ -221,7 +223,7 @@ template <int ROWS, bool SHIFT> __device__ static void run(const mt_small_args &
     int next = c + STAGES - 1;
     if (next < chunks) {
       load_weights(a, wl, smem + (next % STAGES) * stage_bytes<ROWS>(), next);
-      load_acts<ROWS>(a, smem + (next % STAGES) * stage_bytes<ROWS>(), next, rows);
+      load_acts(a, smem + (next % STAGES) * stage_bytes<ROWS>(), next, rows);
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     const uint8_t *st = smem + (c % STAGES) * stage_bytes<ROWS>();
