@@ -202,7 +202,7 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_probe(const mt_instr_
   const int p = blockIdx.x;
   if (p >= a.nrows) return;
   const uint16_t *in_batch = (const uint16_t *)a.y + (int64_t)a.rows[p] * a.ldy;
-  const uint16_t *alone = (const uint16_t *)a.alone + (int64_t)p * a.n;
+  const uint16_t *alone = (const uint16_t *)a.alone + (int64_t)p * a.ld_alone;
   int differ = 0;
   float mx = 0.0f;
   for (int j = threadIdx.x; j < a.n; j += blockDim.x) {

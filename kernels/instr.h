@@ -101,13 +101,13 @@ typedef struct {
   mt_instr_header *hdr;
 } mt_instr_shadow_args;
 
-/* mt_instr_probe: rows[i] of y against row i of alone (n elements each, row stride n). */
+/* mt_instr_probe: rows[i] of y against row i of alone (n elements each, row stride ld_alone). */
 typedef struct {
   const void *y;
   const void *alone;
   int64_t ldy;
   int32_t rows[MT_INSTR_PROBE_ROWS];
-  int32_t nrows, n, type, pad;
+  int32_t nrows, n, type, ld_alone;
   mt_instr_header *hdr;
 } mt_instr_probe_args;
 

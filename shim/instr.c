@@ -39,7 +39,6 @@
 #include "shim/stats.h"
 
 #define MAX_CONTEXTS 8
-#define SLOTS 256            /* per context: calls whose results are in flight at once */
 #define ROWS_PER_SLOT 128    /* digested rows kept per call; more are counted as dropped */
 #define SLOT_BYTES (sizeof(mt_instr_header) + ROWS_PER_SLOT * sizeof(mt_instr_row))
 #define DRAIN_SECONDS 2.0    /* at exit: how long completed work is waited for */
@@ -69,15 +68,15 @@ typedef struct {
 
 struct context {
   CUcontext cu;
-  CUdeviceptr mem;          /* SLOTS blocks, then the scratch */
-  unsigned char *host;      /* SLOTS blocks, then SLOTS flags: mapped pinned host memory */
+  CUdeviceptr mem;          /* nslots blocks, then the scratch */
+  unsigned char *host;      /* nslots blocks, then nslots flags: mapped pinned host memory */
   size_t scratch_bytes;
   CUstream scratch_stream;  /* last user of the scratch */
   slot *scratch_slot;       /* ... whose publication ends that use */
   uint32_t scratch_seq;
   int scratch_used;
   int next;                 /* where the search for a free slot starts */
-  slot slots[SLOTS];
+  slot *slots;              /* nslots of them */
 };
 
 typedef struct {
@@ -95,6 +94,7 @@ static double rate_shadow, rate_probe, rate_digest;
 static uint64_t period_shadow, period_probe, digest_threshold;
 static int digest_all, enabled;
 static size_t scratch_limit;
+static int nslots; /* per context: calls whose results may be in flight at once */
 static const mt_spec *spec_now;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* everything below */
@@ -130,6 +130,19 @@ int mt_instr_init(const mt_spec *s, int stats_on) {
   rate_shadow = mt_param_rate("MINITE_SHADOW", 1.0 / 64, &errors);
   rate_probe = mt_param_rate("MINITE_PROBE", 1.0 / 64, &errors);
   rate_digest = mt_param_rate("MINITE_DIGEST", 1.0 / 64, &errors);
+  const char *slots_text = mt_param_str("MINITE_INSTR_SLOTS");
+  nslots = 1024;
+  if (slots_text) {
+    char *end;
+    long v = strtol(slots_text, &end, 10);
+    if (*end || end == slots_text || v < 1 || v > 65536) {
+      MT_WARN("MINITE_INSTR_SLOTS=%s is not a number of slots in 1 .. 65536 (e.g. 1024); using "
+              "1024", slots_text);
+      errors++;
+    } else {
+      nslots = (int)v;
+    }
+  }
   const char *mb = mt_param_str("MINITE_INSTR_MB");
   scratch_limit = (size_t)64 << 20;
   if (mb) {
@@ -175,6 +188,8 @@ static int route_index(const mt_spec *s, int out, int in) {
 
 /* --- contexts and slots (under lock) ----------------------------------------------------- */
 
+static size_t round256(size_t v) { return (v + 255) / 256 * 256; }
+
 static context *context_get(const mt_driver *d, const mt_instr_driver *e) {
   CUcontext cu = NULL;
   if (d->ctx_get_current(&cu) != CUDA_SUCCESS || !cu)
@@ -186,7 +201,9 @@ static context *context_get(const mt_driver *d, const mt_instr_driver *e) {
     return NULL;
   context *c = &contexts[ncontexts++];
   c->cu = cu; /* a failure below leaves it without memory: never retried */
-  size_t bytes = SLOTS * SLOT_BYTES + scratch_limit;
+  if (!(c->slots = calloc((size_t)nslots, sizeof *c->slots)))
+    return NULL;
+  size_t bytes = round256((size_t)nslots * SLOT_BYTES) + scratch_limit;
   void *host = NULL;
   if (d->mem_alloc(&c->mem, bytes) != CUDA_SUCCESS) {
     c->mem = 0;
@@ -194,7 +211,7 @@ static context *context_get(const mt_driver *d, const mt_instr_driver *e) {
             "this GPU (lower MINITE_INSTR_MB)", bytes);
     return NULL;
   }
-  size_t host_size = SLOTS * (SLOT_BYTES + sizeof(uint32_t));
+  size_t host_size = (size_t)nslots * (SLOT_BYTES + sizeof(uint32_t));
   CUdeviceptr host_dev = 0;
   if (e->mem_host_alloc(&host, host_size, CU_MEMHOSTALLOC_DEVICEMAP) != CUDA_SUCCESS ||
       e->mem_host_get_device_pointer(&host_dev, host, 0) != CUDA_SUCCESS) {
@@ -209,14 +226,14 @@ static context *context_get(const mt_driver *d, const mt_instr_driver *e) {
   memset(host, 0, host_size);
   c->host = host;
   c->scratch_bytes = scratch_limit;
-  for (int i = 0; i < SLOTS; i++) {
+  for (int i = 0; i < nslots; i++) {
     slot *s = &c->slots[i];
     s->ctx = c;
     s->dev = c->mem + (CUdeviceptr)(i * SLOT_BYTES);
     s->host = c->host + i * SLOT_BYTES;
     s->host_dev = host_dev + (CUdeviceptr)(i * SLOT_BYTES);
-    s->flag = (uint32_t *)(c->host + SLOTS * SLOT_BYTES) + i;
-    s->flag_dev = host_dev + (CUdeviceptr)(SLOTS * SLOT_BYTES + i * sizeof(uint32_t));
+    s->flag = (uint32_t *)(c->host + (size_t)nslots * SLOT_BYTES) + i;
+    s->flag_dev = host_dev + (CUdeviceptr)((size_t)nslots * SLOT_BYTES + i * sizeof(uint32_t));
   }
   device_bytes += bytes;
   host_bytes += host_size;
@@ -224,10 +241,10 @@ static context *context_get(const mt_driver *d, const mt_instr_driver *e) {
 }
 
 static slot *slot_take(context *c) {
-  for (int i = 0; i < SLOTS; i++) {
-    slot *s = &c->slots[(c->next + i) % SLOTS];
+  for (int i = 0; i < nslots; i++) {
+    slot *s = &c->slots[(c->next + i) % nslots];
     if (atomic_load_explicit(&s->state, memory_order_acquire) == S_FREE) {
-      c->next = (c->next + i + 1) % SLOTS;
+      c->next = (c->next + i + 1) % nslots;
       return s;
     }
   }
@@ -342,7 +359,7 @@ static int scan(text *t) {
   int done = 0;
   for (int ci = 0; ci < ncontexts; ci++) {
     context *c = &contexts[ci];
-    for (int i = 0; i < SLOTS && c->mem; i++) {
+    for (int i = 0; i < nslots && c->mem; i++) {
       slot *s = &c->slots[i];
       if (atomic_load_explicit(&s->state, memory_order_acquire) != S_FLIGHT || !published(s))
         continue;
@@ -404,7 +421,7 @@ void mt_instr_drain(void) {
   pthread_mutex_lock(&lock);
   stopped = 1;
   for (int ci = 0; ci < ncontexts; ci++)
-    for (int i = 0; i < SLOTS && contexts[ci].mem; i++) {
+    for (int i = 0; i < nslots && contexts[ci].mem; i++) {
       slot *s = &contexts[ci].slots[i];
       if (atomic_load(&s->state) == S_FLIGHT) {
         count_lost(s, SK_EXIT);
@@ -475,6 +492,16 @@ static int rerun_cublas(const mt_call *c, int64_t row, int64_t rows, void *out, 
   return 0;
 }
 
+/* The probe's rows in the scratch: 16-byte aligned, as the router requires of a routed output. */
+static int probe_ld(int n) { return (n + 7) / 8 * 8; }
+
+/* The scratch: after the slots' blocks, 256-byte aligned; the probe's rows, then the shadow's. */
+static CUdeviceptr scratch_of(const context *c) {
+  return c->mem + (CUdeviceptr)round256((size_t)nslots * SLOT_BYTES);
+}
+
+static size_t probe_bytes_of(int n) { return round256((size_t)MT_INSTR_PROBE_ROWS * probe_ld(n) * 2); }
+
 /* Rows the probe recomputes: first, last and two spread between, distinct. */
 static int probe_rows_of(int m, int32_t rows[MT_INSTR_PROBE_ROWS]) {
   int cand[MT_INSTR_PROBE_ROWS] = {0, m / 3, (2 * m) / 3, m - 1}, n = 0;
@@ -492,19 +519,20 @@ static int probe_rows_of(int m, int32_t rows[MT_INSTR_PROBE_ROWS]) {
  * workspace, ordered after the call on its stream) or, for bf16, through cuBLAS. */
 static int run_probe(const mt_instr_call *ic, CUdeviceptr scratch, mt_instr_probe_args *pa) {
   pa->nrows = probe_rows_of(ic->m, pa->rows);
+  pa->ld_alone = probe_ld(ic->n);
   for (int i = 0; i < pa->nrows; i++) {
-    void *out = (void *)(scratch + (CUdeviceptr)(2 * (size_t)i * ic->n));
+    void *out = (void *)(scratch + (CUdeviceptr)(2 * (size_t)i * pa->ld_alone));
     if (ic->engine) {
       mt_gemm_args one = *ic->engine;
       one.m = 1;
       one.x = (const char *)ic->x + 2 * (size_t)pa->rows[i] * ic->ldx;
       one.y = out;
-      one.ldy = (size_t)ic->n;
+      one.ldy = (size_t)pa->ld_alone;
       one.c = NULL;
       one.beta = 0.0f;
       if (mt_gemm(&one, (mt_stream)ic->call->stream) != MT_OK)
         return 0;
-    } else if (!rerun_cublas(ic->call, pa->rows[i], 1, out, ic->n)) {
+    } else if (!rerun_cublas(ic->call, pa->rows[i], 1, out, pa->ld_alone)) {
       return 0;
     }
   }
@@ -569,8 +597,7 @@ static int enqueue(const mt_instr_call *ic, context *c, slot *s, int kinds, cons
       kinds &= ~K_DIGEST;
     }
   }
-  CUdeviceptr scratch = c->mem + (CUdeviceptr)(SLOTS * SLOT_BYTES);
-  size_t probe_bytes = (size_t)MT_INSTR_PROBE_ROWS * ic->n * 2;
+  CUdeviceptr scratch = scratch_of(c);
   if (kinds & K_PROBE) {
     mt_instr_probe_args pa = {.hdr = hdr};
     if (!run_probe(ic, scratch, &pa) || mt_instr_launch_probe(&pa, (mt_stream)stream) != MT_OK) {
@@ -581,7 +608,7 @@ static int enqueue(const mt_instr_call *ic, context *c, slot *s, int kinds, cons
     }
   }
   if (kinds & K_SHADOW) {
-    CUdeviceptr ref = scratch + (CUdeviceptr)((probe_bytes + 255) / 256 * 256);
+    CUdeviceptr ref = scratch + (CUdeviceptr)probe_bytes_of(ic->n);
     mt_instr_shadow_args sa = {.y = ic->y, .ref = (const void *)ref, .ld = (int64_t)ic->ldy,
                                .m = ic->m, .n = ic->n, .type = ic->ytype, .hdr = hdr};
     if (!rerun_cublas(ic->call, 0, ic->m, (void *)ref, (int64_t)ic->ldy) ||
@@ -610,7 +637,7 @@ static int finish(const mt_instr_call *ic, slot *s, int kinds) {
 
 /* The scratch's room and availability for the probe and shadow; under lock. */
 static int scratch_gate(const mt_instr_call *ic, context *c, int kinds) {
-  size_t probe_bytes = ((size_t)MT_INSTR_PROBE_ROWS * ic->n * 2 + 255) / 256 * 256;
+  size_t probe_bytes = probe_bytes_of(ic->n);
   size_t shadow_bytes = 2 * ((size_t)(ic->m - 1) * ic->ldy + (size_t)ic->n);
   if ((kinds & K_SHADOW) && probe_bytes + shadow_bytes > c->scratch_bytes) {
     shadow.skipped[SK_SCRATCH]++;
@@ -818,7 +845,7 @@ void mt_instr_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
     emit(ctx, "}, ");
   }
   snprintf(b, sizeof b, "\"slots\": %d, \"dropped_calls\": %llu, \"device_bytes\": %zu, "
-           "\"host_bytes\": %zu, \"routes\": {", SLOTS, dropped_slots, device_bytes, host_bytes);
+           "\"host_bytes\": %zu, \"routes\": {", nslots, dropped_slots, device_bytes, host_bytes);
   emit(ctx, b);
   int first = 1;
   for (int i = 0; i < spec_now->nroutes; i++) {

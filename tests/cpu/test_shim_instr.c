@@ -284,7 +284,8 @@ static void scenario_sampling(void) {
       int pr = find_launch(t, "mt_instr_probe", 0);
       const mt_instr_probe_args *pa = (const mt_instr_probe_args *)event(pr)->args;
       CHECK(pa->nrows == 4 && pa->rows[0] == 0 && pa->rows[1] == 2 && pa->rows[2] == 5 &&
-            pa->rows[3] == 7 && pa->y == a.y && pa->n == OUT && pa->ldy == OUT);
+            pa->rows[3] == 7 && pa->y == a.y && pa->n == OUT && pa->ldy == OUT &&
+            pa->ld_alone == OUT && (uintptr_t)pa->alone % 256 == 0);
       int g = 0;
       for (int e = t; e < pr; e++)
         g += event(e)->kind == FAKE_EV_LAUNCH && !strncmp(event(e)->name, "mt_gemm_small", 13);
@@ -717,7 +718,7 @@ static void capture_skips_the_instruments(void) {
 }
 
 static void bounded_slots_drop_and_count(void) {
-  const char *env[] = {"MINITE_DIGEST=1", NULL};
+  const char *env[] = {"MINITE_DIGEST=1", "MINITE_INSTR_SLOTS=256", NULL};
   child_result r;
   run_child("bounded", "bounded", env, &r);
   check_child("bounded", &r);

@@ -425,7 +425,7 @@ static void instr_probe(const mt_instr_probe_args *a) {
   memcpy(&mx, &a->hdr->probe_max_bits, 4);
   for (int p = 0; p < a->nrows; p++) {
     const uint16_t *in = (const uint16_t *)a->y + (int64_t)a->rows[p] * a->ldy;
-    const uint16_t *alone = (const uint16_t *)a->alone + (int64_t)p * a->n;
+    const uint16_t *alone = (const uint16_t *)a->alone + (int64_t)p * a->ld_alone;
     int differ = 0;
     for (int j = 0; j < a->n; j++)
       if (in[j] != alone[j]) {
