@@ -257,6 +257,56 @@ __device__ static __forceinline__ void store_tile_as(const mt_epilogue_args &e, 
   }
 }
 
+// A consumer warpgroup's position in the ring of stages, carried across its tiles.
+struct ring {
+  int s;          // stage
+  uint32_t phase; // parity of the stage's current use
+};
+
+// The K loop of one consumer warpgroup over one tile: per 64-wide step, wait for the stage, issue its
+// four k16 wgmmas as one group, wait until the previous group is complete and give its stage back
+// (to this CTA's producer, or with CLUSTER to the producers of both CTAs of the pair). da0 and db0
+// describe the warpgroup's A and B tiles in stage 0; a stage's descriptors are those plus the
+// stage's offset / 16 (the start address field, bits 0-13, holds addr / 16 < 2^14 for any shared
+// address, so the add never carries out of it), and a k16 step inside the 128-byte row adds 2.
+// The descriptors stay in uniform registers: nothing between two wgmmas but the adds.
+template <int WN, int S, int SB, bool CLUSTER>
+__device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t *empty, uint64_t da0, uint64_t db0,
+                                              int kt, ring &r) {
+  int prev = 0;
+  for (int kb = 0; kb < kt; kb++) {
+    mbar_wait(&full[r.s], r.phase);
+    const uint64_t off = (uint64_t)(r.s * (SB >> 4));
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) wgmma_step<WN>(d, da0 + off + 2 * kk, db0 + off + 2 * kk);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    if (kb > 0 && threadIdx.x % 32 == 0) {
+      if (CLUSTER) {
+        mbar_arrive_in(&empty[prev], 0);
+        mbar_arrive_in(&empty[prev], 1);
+      } else {
+        mbar_arrive(&empty[prev]);
+      }
+    }
+    prev = r.s;
+    if (++r.s == S) {
+      r.s = 0;
+      r.phase ^= 1;
+    }
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  if (threadIdx.x % 32 == 0) {
+    if (CLUSTER) {
+      mbar_arrive_in(&empty[prev], 0);
+      mbar_arrive_in(&empty[prev], 1);
+    } else {
+      mbar_arrive(&empty[prev]);
+    }
+  }
+}
+
 // BMT = 128: the two consumer warpgroups take 64 tokens each of a 128 x BN tile. BMT = 64
 // (mt_gemm_large_m64_nBN, for medium M): a 64 x BN tile, each warpgroup taking BN / 2 of its
 // channels (twice the tiles of 128 rows, for as many tokens; the same k16 chain per output).
@@ -314,33 +364,19 @@ template <int BN, int BMT = BM> __device__ static void run(const mt_large_args &
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  const int cw = wg - 1;
+  const int cw = __shfl_sync(0xffffffffu, wg - 1, 0); // the same in every lane, known so to the compiler
   columns<W> *cols = (columns<W> *)(cols_all + cw);
+  const uint64_t da0 = desc_sw128(smem_u32(smem) + (BMT == BM ? cw * 64 * 128 : 0));
+  const uint64_t db0 = desc_sw128(smem_u32(smem) + AT + (BMT == BM ? 0 : cw * W * 128));
   bool waited = false;
-  int it = 0;
+  ring r = {0, 0};
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int m0 = tile / tiles_n * BMT, n0 = tile % tiles_n * BN;
     const int row0 = BMT == BM ? m0 + 64 * cw : m0, n0w = BMT == BM ? n0 : n0 + W * cw;
     float d[W / 2];
 #pragma unroll
     for (int i = 0; i < W / 2; i++) d[i] = 0.0f;
-    for (int kb = 0; kb < kt; kb++, it++) {
-      const int s = it % S;
-      mbar_wait(&full[s], (it / S) & 1);
-      uint32_t sa = smem_u32(smem + s * SB) + (BMT == BM ? cw * 64 * 128 : 0);
-      uint32_t sw = smem_u32(smem + s * SB + AT) + (BMT == BM ? 0 : cw * W * 128);
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; kk++) wgmma_step<W>(d, desc_sw128(sa + 32 * kk), desc_sw128(sw + 32 * kk));
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      // the previous step's group is complete: its stage goes back to the producer
-      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-      if (kb > 0 && threadIdx.x % 32 == 0)
-        mbar_arrive(&empty[(it - 1) % S]);
-    }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    if (threadIdx.x % 32 == 0)
-      mbar_arrive(&empty[(it - 1) % S]);
+    k_loop<W, S, SB, false>(d, full, empty, da0, db0, kt, r);
     if (!waited) { // S_a comes from the quantization too
       grid_dependency_wait();
       waited = true;
@@ -409,31 +445,18 @@ template <int BN> __device__ static void run_ts(const mt_large_args &a) {
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  const int cw = wg - 1, lead = threadIdx.x % 128 == 0;
+  const int cw = __shfl_sync(0xffffffffu, wg - 1, 0), lead = threadIdx.x % 128 == 0;
   columns<BN> *cols = cols_all + cw;
   uint8_t *stage = staging + cw * 64 * BN * 2;
+  const uint64_t da0 = desc_sw128(smem_u32(smem) + cw * 64 * 128), db0 = desc_sw128(smem_u32(smem) + A_BYTES);
   bool waited = false;
-  int it = 0;
+  ring r = {0, 0};
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN, row0 = m0 + 64 * cw;
     float d[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
-    for (int kb = 0; kb < kt; kb++, it++) {
-      const int s = it % S;
-      mbar_wait(&full[s], (it / S) & 1);
-      uint32_t sa = smem_u32(smem + s * SB) + cw * 64 * 128, sw = smem_u32(smem + s * SB + A_BYTES);
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; kk++) wgmma_step<BN>(d, desc_sw128(sa + 32 * kk), desc_sw128(sw + 32 * kk));
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-      if (kb > 0 && threadIdx.x % 32 == 0)
-        mbar_arrive(&empty[(it - 1) % S]);
-    }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    if (threadIdx.x % 32 == 0)
-      mbar_arrive(&empty[(it - 1) % S]);
+    k_loop<BN, S, SB, false>(d, full, empty, da0, db0, kt, r);
     if (!waited) {
       grid_dependency_wait();
       waited = true;
@@ -567,34 +590,17 @@ template <int BN, bool SHARE_A> __device__ static void run_mc(const mt_large_arg
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int cw = wg - 1;
+    const int cw = __shfl_sync(0xffffffffu, wg - 1, 0);
     columns<BN> *cols = cols_all + cw;
+    const uint64_t da0 = desc_sw128(smem_u32(smem) + cw * 64 * 128), db0 = desc_sw128(smem_u32(smem) + A_BYTES);
     bool waited = false;
-    int it = 0;
+    ring r = {0, 0};
     for (int p = cluster; p < pairs; p += clusters) {
       const pair_tile t = tile_of(p);
       float d[BN / 2];
 #pragma unroll
       for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
-      for (int kb = 0; kb < kt; kb++, it++) {
-        const int s = it % S;
-        mbar_wait(&full[s], (it / S) & 1);
-        uint32_t sa = smem_u32(smem + s * SB) + cw * 64 * 128, sw = smem_u32(smem + s * SB + A_BYTES);
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) wgmma_step<BN>(d, desc_sw128(sa + 32 * kk), desc_sw128(sw + 32 * kk));
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        if (kb > 0 && threadIdx.x % 32 == 0) {
-          mbar_arrive_in(&empty[(it - 1) % S], 0);
-          mbar_arrive_in(&empty[(it - 1) % S], 1);
-        }
-      }
-      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-      if (threadIdx.x % 32 == 0) {
-        mbar_arrive_in(&empty[(it - 1) % S], 0);
-        mbar_arrive_in(&empty[(it - 1) % S], 1);
-      }
+      k_loop<BN, S, SB, true>(d, full, empty, da0, db0, kt, r);
       if (!waited) {
         grid_dependency_wait();
         waited = true;
