@@ -43,7 +43,7 @@ extern char **environ;
 /* The child.                                                                               */
 /* ======================================================================================== */
 
-static void *lib_cublas, *lib_cuda;
+static void *lib_cublas, *lib_cuda, *lib_lt;
 static __typeof__(&cublasSetStream_v2) set_stream_fn;
 static cublasHandle_t handle;
 static const float one = 1.0f, zero = 0.0f, half = 0.5f;
@@ -86,7 +86,7 @@ static int load_fakes(const char *build) {
   if (!(lib_cublas = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
     return printf("    child: %s\n", dlerror()), -1;
   snprintf(path, sizeof path, "%s/tests/cpu/fake/libcublasLt.so.13", build);
-  if (!dlopen(path, RTLD_NOW | RTLD_LOCAL))
+  if (!(lib_lt = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
     return printf("    child: %s\n", dlerror()), -1;
   hook_gemm = (__typeof__(hook_gemm))dlsym(RTLD_DEFAULT, "cublasGemmEx");
   cublas_last = (void (*)(fake_record *))sym(lib_cublas, "fake_cublas_last");
@@ -217,6 +217,46 @@ static void print_keys(const problem *p) {
            mt_instr_key(mt_instr_row_hash(p->x + (size_t)i * IN, IN, 0), wid, 0, 1.0f, 0));
 }
 
+/* cublasLtMatmul of p with an FP32 bias (the BIAS epilogue), C = D = p's output. */
+static cublasStatus_t lt_bias(const problem *p, const float *bias) {
+  __typeof__(&cublasLtCreate) lt_create = (__typeof__(lt_create))dlsym(lib_lt, "cublasLtCreate");
+  __typeof__(&cublasLtMatmulDescCreate) desc_create = (__typeof__(desc_create))dlsym(lib_lt, "cublasLtMatmulDescCreate");
+  __typeof__(&cublasLtMatmulDescSetAttribute) desc_set = (__typeof__(desc_set))dlsym(lib_lt, "cublasLtMatmulDescSetAttribute");
+  __typeof__(&cublasLtMatrixLayoutCreate) layout_create = (__typeof__(layout_create))dlsym(lib_lt, "cublasLtMatrixLayoutCreate");
+  __typeof__(&cublasLtMatmul) hook_lt = (__typeof__(hook_lt))dlsym(RTLD_DEFAULT, "cublasLtMatmul");
+  cublasLtHandle_t lt;
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t la, lb, lc;
+  if (!lt_create || !desc_create || !desc_set || !layout_create || !hook_lt || lt_create(&lt))
+    return CUBLAS_STATUS_NOT_INITIALIZED;
+  desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  int32_t ta = CUBLAS_OP_T, bias_type = CUDA_R_32F;
+  uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+  desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+  desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+  desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+  desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type);
+  layout_create(&la, CUDA_R_16BF, IN, p->out, IN);
+  layout_create(&lb, CUDA_R_16BF, IN, p->tokens, IN);
+  layout_create(&lc, CUDA_R_16BF, p->out, p->tokens, p->out);
+  static char workspace[256];
+  return hook_lt(lt, desc, &one, p->w, la, p->x, lb, &zero, p->y, lc, p->y, lc, NULL, workspace,
+                 sizeof workspace, (cudaStream_t)S1);
+}
+
+/* The keys of p's rows with an FP32 bias, as print_keys. */
+static void print_keys_bias(const problem *p, const float *bias) {
+  uint64_t wsum = 0;
+  for (int r = 0; r < p->out; r++)
+    wsum += mt_instr_content_sum(p->w + (size_t)r * IN, IN * 2, (uint64_t)r * (IN / 8));
+  uint64_t wid = mt_instr_weight_id(wsum, p->out, IN, 0);
+  uint64_t bid = mt_instr_bias_id(1, mt_instr_content_sum(bias, (size_t)p->out * 4, 0), p->out,
+                                  2 /* MT_DTYPE_FP32 */);
+  for (int i = 0; i < p->tokens; i++)
+    printf("#info key %016" PRIx64 "\n",
+           mt_instr_key(mt_instr_row_hash(p->x + (size_t)i * IN, IN, 0), wid, 0, 1.0f, bid));
+}
+
 /* MINITE_DIGEST=1 (others 0): after the GEMM, the digest kernel and mt_instr_finish with the
  * call's operands (the slot's block zeroed once before its first use); nothing synchronized,
  * nothing read back. */
@@ -242,6 +282,19 @@ static void scenario_digest(void) {
   problem q = make(OUT, 3);
   CHECK(gemm(&q, &zero) == CUBLAS_STATUS_SUCCESS);
   print_keys(&q);
+  /* cublasLtMatmul with an FP32 bias: the bias's content is in the key */
+  problem l = make(OUT, 5);
+  float *bias = aligned_alloc(64, OUT * 4);
+  for (int i = 0; i < OUT; i++)
+    bias[i] = 0.125f * (float)(i % 9) - 0.5f;
+  t = now();
+  CHECK(lt_bias(&l, bias) == CUBLAS_STATUS_SUCCESS);
+  int f = find_launch(t, "mt_instr_finish", 0);
+  const mt_instr_finish_args *fa = f >= 0 ? (const mt_instr_finish_args *)event(f)->args : NULL;
+  CHECK(fa && fa->bias == bias && fa->bias_bytes == OUT * 4);
+  print_keys_bias(&l, bias);
+  free(bias);
+  unmake(&l);
   /* beta != 0: not digested (C is the output, already overwritten) */
   t = now();
   CHECK(gemm(&q, &half) == CUBLAS_STATUS_SUCCESS);
@@ -608,8 +661,10 @@ static void twin_matches_python_reference(void) {
   }
   fclose(f);
   f = fopen(script, "w");
-  fprintf(f, "import importlib.machinery, sys\n"
-             "m = importlib.machinery.SourceFileLoader('mc', 'scripts/minite-compare').load_module()\n"
+  fprintf(f, "import importlib.machinery, importlib.util, sys\n"
+             "ld = importlib.machinery.SourceFileLoader('mc', 'scripts/minite-compare')\n"
+             "m = importlib.util.module_from_spec(importlib.util.spec_from_loader('mc', ld))\n"
+             "ld.exec_module(m)\n"
              "for z in (0, 1, 0x6D696E6974652D31, 2**64 - 1): print('mix %%d %%d' %% (z, m.mix64(z)))\n"
              "for line in open(sys.argv[1]):\n"
              "    row = [float(v) for v in line.split()]\n"
@@ -658,13 +713,13 @@ static void digest_launches_and_records(void) {
   child_result r;
   run_child("digest", "digest", env, &r);
   check_child("digest", &r);
-  /* 8 + 8 + 3 rows; the beta call skipped */
-  CHECKF(count_of(r.stats, "\"event\": \"digest\"") == 19, "%d digest records",
+  /* 8 + 8 + 3 rows, 5 of the Lt call with bias; the beta call skipped */
+  CHECKF(count_of(r.stats, "\"event\": \"digest\"") == 24, "%d digest records",
          count_of(r.stats, "\"event\": \"digest\""));
-  check_keys_in_file(&r, 11);
-  CHECK(json_int_in(r.summary, "\"digests\": {", "written") == 19 &&
+  check_keys_in_file(&r, 16);
+  CHECK(json_int_in(r.summary, "\"digests\": {", "written") == 24 &&
         json_int_in(r.summary, "\"digests\": {", "dropped") == 0);
-  CHECK(json_int_in(r.summary, "\"digest\": {\"rate\"", "calls") == 4 &&
+  CHECK(json_int_in(r.summary, "\"digest\": {\"rate\"", "calls") == 5 &&
         json_int_in(r.summary, "\"digest\": {\"rate\"", "beta") == 1);
   /* the fake GEMM writes the mark everywhere: every output row has the same hash */
   uint16_t mark[OUT];
@@ -672,7 +727,7 @@ static void digest_launches_and_records(void) {
     mark[i] = FAKE_CUDA_MARK;
   char pat[64];
   snprintf(pat, sizeof pat, "\"hash\": \"%016" PRIx64 "\"", mt_instr_out_hash(mark, OUT, 0));
-  CHECK(count_of(r.stats, pat) == 19);
+  CHECK(count_of(r.stats, pat) == 24);
   CHECKF(r.err && !r.err[0], "stderr: %s", r.err);
   child_free(&r);
 }

@@ -6,6 +6,7 @@ Cases (weight 256 x 512, BF16, Gaussian):
   batch   the same 64 rows (seed 11) through F.linear in the batches MT_BATCHES ("64" or "7,1"),
           from the last row backwards when MT_REVERSE=1; the outputs gathered in row order
   shadow  one F.linear of 64 rows; x, w and y saved for the parent's reference
+  bias    one F.linear of 64 rows with a bias (cublasLtMatmul, BIAS epilogue); x, w, b, y saved
 """
 import os
 import sys
@@ -53,7 +54,12 @@ def case_shadow():
     return {"x": f32(x), "w": f32(w), "y": f32(F.linear(x, w))}
 
 
-CASES = {"probe": case_probe, "batch": case_batch, "shadow": case_shadow}
+def case_bias():
+    w, x, b = rand(N, K, seed=30), rand(64, K, seed=31), rand(N, seed=32)
+    return {"x": f32(x), "w": f32(w), "b": f32(b), "y": f32(F.linear(x, w, b))}
+
+
+CASES = {"probe": case_probe, "batch": case_batch, "shadow": case_shadow, "bias": case_bias}
 
 if __name__ == "__main__":
     case, path = sys.argv[1], sys.argv[2]

@@ -17,11 +17,17 @@ with the child's weight routed (256x512) and reads the statistics file:
   quantization error is about 0.095 of its RMS with 1x16 E4M3-scaled blocks, so the product's is
   about sqrt(2) x 0.095 = 0.134; the CPU reference gives 0.130 .. 0.139 at M = 7 .. 300); under
   bf16 (routed calls are cuBLAS's, and the shadow reruns cuBLAS) exactly 0;
+- the digest records the GPU wrote are the definitions of kernels/instr.h and scripts/minite-compare
+  (scheme 1), recomputed here in Python from the child's operands: every key, every output hash,
+  and every sketch (against minite-compare's sketch(), within FP32 summation error), without and
+  with a bias;
 - a CUDA graph capturing a routed call with every instrument on replays correctly, and the
   captured call's instruments are skipped with the reason "capture".
 Skips (not passes) without torch or a GPU.
 """
 import glob
+import importlib.machinery
+import importlib.util
 import json
 import os
 import subprocess
@@ -179,6 +185,76 @@ def shadow_error_in_nvfp4_range_and_zero_under_bf16():
                   f"bf16: shadow {s}: cuBLAS against cuBLAS must be exactly 0")
 
 
+# ---- scheme 1 in Python (kernels/instr.h), to check what the GPU wrote -------------------------
+
+MASK = (1 << 64) - 1
+_loader = importlib.machinery.SourceFileLoader("minite_compare", COMPARE)
+MC = importlib.util.module_from_spec(importlib.util.spec_from_loader("minite_compare", _loader))
+_loader.exec_module(MC)
+
+
+def piece(i, lo, hi):
+    return MC.mix64((lo + 0x9E3779B97F4A7C15 * (2 * i + 1)) & MASK) ^ \
+        MC.mix64(hi ^ ((0xD6E8FEB86659FD93 * (i + 1)) & MASK))
+
+
+def content_sum(data):
+    data = bytes(data) + bytes(-len(data) % 16)
+    total = 0
+    for i in range(len(data) // 16):
+        lo = int.from_bytes(data[16 * i:16 * i + 8], "little")
+        hi = int.from_bytes(data[16 * i + 8:16 * i + 16], "little")
+        total = (total + piece(i, lo, hi)) & MASK
+    return total
+
+
+def tag(length, dtype):
+    return MC.mix64((length << 4 | (dtype + 1)) & MASK)
+
+
+def bf16_bytes(a):
+    """The BF16 bits of float32 values that are BF16 numbers (the child saved them as float32)."""
+    return (np.ascontiguousarray(a, dtype=np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+
+
+def expected_rows(x, w, y, b=None):
+    """{key: (hash, sketch)} of every row, as scheme 1 defines them (BF16 everywhere, alpha 1)."""
+    n, k = w.shape
+    wid = MC.mix64(content_sum(bf16_bytes(w)) ^ tag(n << 28 | k, 0))
+    bid = 0 if b is None else MC.mix64(content_sum(bf16_bytes(b)) ^ tag(n, 0))
+    rows = {}
+    for i in range(x.shape[0]):
+        row_hash = MC.mix64(content_sum(bf16_bytes(x[i])) ^ tag(k, 0))
+        h = 0x6D696E6974656B31
+        for v in (row_hash, wid, 1, 0x3F800000, bid):
+            h = MC.mix64(h ^ v)
+        out_hash = MC.mix64(content_sum(bf16_bytes(y[i])) ^ tag(n, 0))
+        rows[f"{h:016x}"] = (f"{out_hash:016x}", MC.sketch([float(v) for v in y[i]]))
+    return rows
+
+
+def digest_records_are_scheme_1():
+    need_gpu()
+    for case in ("shadow", "bias"):
+        got, path, summary = child(case, "scheme_" + case, digest=1)
+        want = expected_rows(got["x"], got["w"], got["y"], got["b"] if case == "bias" else None)
+        records = [json.loads(line) for line in open(path) if '"event": "digest"' in line]
+        harness.check(len(records) == 64, f"{case}: {len(records)} digest records, want 64")
+        keys = hashes = sketches = 0
+        for r in records:
+            if r["key"] not in want:
+                continue
+            keys += 1
+            want_hash, want_sketch = want[r["key"]]
+            hashes += r["hash"] == want_hash
+            norm = float(np.sqrt(np.sum(np.square(want_sketch)))) + 1e-30
+            sketches += all(abs(a - b) <= 1e-5 * norm for a, b in zip(r["sketch"], want_sketch))
+        print(f"    {case}: of {len(records)} records, {keys} keys, {hashes} output hashes and "
+              f"{sketches} sketches as defined")
+        harness.check(keys == hashes == sketches == 64,
+                      f"{case}: keys {keys}, hashes {hashes}, sketches {sketches} of 64 as defined")
+
+
 def graph_with_instruments_replays():
     need_gpu()
     for cache in ("requantize", "frozen"):
@@ -195,6 +271,7 @@ def graph_with_instruments_replays():
 
 
 for t in (probe_row_is_batch_invariant_tensor_is_not, digests_of_two_batchings_join_equal,
-          shadow_error_in_nvfp4_range_and_zero_under_bf16, graph_with_instruments_replays):
+          digest_records_are_scheme_1, shadow_error_in_nvfp4_range_and_zero_under_bf16,
+          graph_with_instruments_replays):
     harness.run(t)
 sys.exit(harness.done())
