@@ -240,8 +240,13 @@ static cublasStatus_t lt_bias(const problem *p, const float *bias) {
   layout_create(&lb, CUDA_R_16BF, IN, p->tokens, IN);
   layout_create(&lc, CUDA_R_16BF, p->out, p->tokens, p->out);
   static char workspace[256];
-  return hook_lt(lt, desc, &one, p->w, la, p->x, lb, &zero, p->y, lc, p->y, lc, NULL, workspace,
-                 sizeof workspace, (cudaStream_t)S1);
+  cublasStatus_t st = hook_lt(lt, desc, &one, p->w, la, p->x, lb, &zero, p->y, lc, p->y, lc, NULL,
+                              workspace, sizeof workspace, (cudaStream_t)S1);
+  ((__typeof__(&cublasLtMatmulDescDestroy))dlsym(lib_lt, "cublasLtMatmulDescDestroy"))(desc);
+  __typeof__(&cublasLtMatrixLayoutDestroy) destroy = (__typeof__(destroy))dlsym(lib_lt, "cublasLtMatrixLayoutDestroy");
+  destroy(la), destroy(lb), destroy(lc);
+  ((__typeof__(&cublasLtDestroy))dlsym(lib_lt, "cublasLtDestroy"))(lt);
+  return st;
 }
 
 /* The keys of p's rows with an FP32 bias, as print_keys. */
