@@ -861,20 +861,3 @@ void mt_instr_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
   emit(ctx, b);
   pthread_mutex_unlock(&lock);
 }
-
-void mt_instr_get(mt_instr_counts *out) {
-  pthread_mutex_lock(&lock);
-  memset(out, 0, sizeof *out);
-  for (int i = 0; i < MT_SPEC_MAX_ROUTES; i++) {
-    out->shadow_calls += routes[i].shadow_calls;
-    out->probe_calls += routes[i].probe_calls;
-    out->probe_rows += routes[i].probe_rows;
-    out->probe_differing += routes[i].probe_differing;
-  }
-  out->digest_written = digest_written;
-  out->digest_dropped = digest_dropped;
-  out->dropped_slots = dropped_slots;
-  out->skipped_capture =
-      shadow.skipped[SK_CAPTURE] + probe.skipped[SK_CAPTURE] + digest.skipped[SK_CAPTURE];
-  pthread_mutex_unlock(&lock);
-}

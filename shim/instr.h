@@ -76,11 +76,4 @@ void mt_instr_drain(void);
  * {...}, \"digests\": {...}"), nothing when every instrument is off. */
 void mt_instr_summary(void (*emit)(void *ctx, const char *text), void *ctx);
 
-/* For tests: totals so far. */
-typedef struct {
-  unsigned long long shadow_calls, probe_calls, probe_rows, probe_differing, digest_written,
-      digest_dropped, dropped_slots, skipped_capture;
-} mt_instr_counts;
-void mt_instr_get(mt_instr_counts *out);
-
 #endif
