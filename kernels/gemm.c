@@ -68,12 +68,41 @@ static void epilogue_args(const mt_gemm_args *a, const mt_qact *q, mt_epilogue_a
   e->beta = a->beta;
 }
 
+/* MT_SMALL_KERNEL (read once): "ws" runs the warp-specialized small-M kernels (gemm_small.cu:
+ * mt_gemm_small_ws_*: a chain warp that only loads ready fragments and runs the MMAs, four warps
+ * decoding for it) where they apply: m <= 16 (fused at m <= 4), k <= 8192, the default decode. Same bits
+ * as the other kernels; opt-in until measured on the device (kernels/NOTES.md, small v9). */
+static int small_ws(void) {
+  static int v = -1;
+  if (v < 0) {
+    const char *s = getenv("MT_SMALL_KERNEL");
+    v = s && !strcmp(s, "ws");
+  }
+  return v;
+}
+
+/* The ws kernels' K class (gemm_args.h: the CTA's records for all of K sit in shared memory), or
+ * -1 where they do not apply. */
+static int ws_class(const mt_gemm_args *a) {
+  if (!small_ws() || small_shift() || a->m > 16)
+    return -1;
+  return a->k <= MT_WS_KMAX(0) ? 0 : a->k <= MT_WS_KMAX(1) ? 1 : -1;
+}
+
 /* One CTA per 16 output channels (gemm_small.cu); the kernel's token capacity is the smallest of
- * 8, 16, 32, 64 rows that holds m (its stages and MMA tiles are sized by it). */
+ * 8, 16, 32, 64 rows that holds m (its stages and MMA tiles are sized by it). With ws, one CTA of
+ * five warps per 8 channels, 8 or 16 rows. */
 static int small_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   mt_small_args s = {q->xhat, a->w->frag, {0}, NULL, 0, 0};
   epilogue_args(a, q, &s.e);
-  int rows = a->m <= 8 ? 8 : a->m <= 16 ? 16 : a->m <= 32 ? 32 : 64;
+  int rows = a->m <= 8 ? 8 : a->m <= 16 ? 16 : a->m <= 32 ? 32 : 64, cls = ws_class(a);
+  if (cls >= 0) {
+    static const char *const ws_names[] = {"mt_gemm_small_ws_m8_k0", "mt_gemm_small_ws_m16_k0",
+                                           "mt_gemm_small_ws_m8_k1", "mt_gemm_small_ws_m16_k1"};
+    unsigned smem = rows == 8 ? MT_WS_SMEM(cls, 8) : MT_WS_SMEM(cls, 16);
+    return launch("gemm_small", ws_names[(rows == 16) + 2 * cls], (unsigned)(a->n / 8), 1, MT_WS_THREADS, smem, 1,
+                  stream, &s);
+  }
   static const char *const names[] = {"mt_gemm_small_m8",       "mt_gemm_small_m16",       "mt_gemm_small_m32",
                                       "mt_gemm_small_m64",      "mt_gemm_small_m8_shift", "mt_gemm_small_m16_shift",
                                       "mt_gemm_small_m32_shift", "mt_gemm_small_m64_shift"};
@@ -84,7 +113,8 @@ static int small_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
 
 /* Fused: few tokens whose quantized rows fit the kernel's shared memory (gemm_args.h). The separate
  * quantization launch cost ~1.7 µs at M = 1 against a GEMM budget of ~2.5 µs (kernels/NOTES.md);
- * at m <= 4 each CTA quantizing the m x k activations itself costs less. */
+ * at m <= 4 each CTA quantizing the m x k activations itself costs less. The ws kernels hold as many
+ * quantized rows (MT_WS_FUSE_XS: 4 rows of k = 2048 in class 0, MT_SMALL_FUSE_XHAT in class 1). */
 int mt_gemm_fuses_quant(const mt_gemm_args *a) {
   return a->m <= MT_SMALL_FUSE_M && mt_gemm_frag_bytes(a->n, a->k) && a->w->frag &&
          (size_t)a->m * (2 * (size_t)a->k + 16) <= MT_SMALL_FUSE_XHAT;
@@ -94,6 +124,10 @@ int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream) {
   mt_qact none = {NULL, NULL};
   mt_small_args s = {NULL, a->w->frag, {0}, a->x, (long long)a->ldx, a->xtype == MT_DTYPE_FP16};
   epilogue_args(a, &none, &s.e);
+  int cls = ws_class(a);
+  if (cls >= 0)
+    return launch("gemm_small", cls ? "mt_gemm_small_ws_q4_k1" : "mt_gemm_small_ws_q4_k0", (unsigned)(a->n / 8), 1,
+                  MT_WS_THREADS, cls ? MT_WS_FUSE_SMEM(1) : MT_WS_FUSE_SMEM(0), 0, stream, &s);
   unsigned grid = (unsigned)(a->n / (8 * MT_SMALL_WARPS));
   return launch("gemm_small", small_shift() ? "mt_gemm_small_q4_shift" : "mt_gemm_small_q4", grid, 1,
                 32 * MT_SMALL_WARPS, MT_SMALL_FUSE_SMEM, 0, stream, &s);

@@ -92,6 +92,28 @@ typedef struct {
 #define MT_SMALL_FUSE_XHAT (4 * (2 * 4096 + 16))
 #define MT_SMALL_FUSE_SMEM (MT_SMALL_FUSE_STAGES * MT_SMALL_WBYTES + MT_SMALL_FUSE_META + MT_SMALL_FUSE_XHAT + MT_SMALL_SLACK)
 
+/* The warp-specialized small-M kernels (gemm_small.cu: mt_gemm_small_ws_*): one CTA per 8 output
+ * channels, one chain warp (LDS + mma.sync only) and MT_WS_DEC decoder warps that turn the 5-bit
+ * records into BF16 B fragments in a ring of MT_WS_SLOTS slots of MT_WS_STEPS k16 steps. The CTA's
+ * whole K of records is copied into shared memory at the start (one bulk copy and barrier per
+ * slot's worth), so the kernels exist per K class: k <= 2048 (cls 0) and k <= 8192 (cls 1). A slot:
+ * the B fragments (32 lanes x 8 bytes a step), then, unless fused, the token rows' activations for
+ * its columns (rows x MT_WS_APITCH: 16 bytes of padding spread 8 tokens over the banks). The fused
+ * kernels (m <= 4) keep the whole quantized activations instead, as mt_gemm_small_q4 does. */
+#define MT_WS_DEC 4
+#define MT_WS_THREADS (32 * (MT_WS_DEC + 1))
+#define MT_WS_SLOTS 8
+#define MT_WS_STEPS 8
+#define MT_WS_APITCH (MT_WS_STEPS * 32 + 16)
+#define MT_WS_KMAX(cls) ((cls) ? 8192 : 2048)
+#define MT_WS_BARS(cls) (MT_WS_KMAX(cls) / (16 * MT_WS_STEPS) + 2 * MT_WS_SLOTS)
+#define MT_WS_RAW(cls) (MT_WS_KMAX(cls) / 32 * MT_FRAG_REC)
+#define MT_WS_SLOT(rows) (MT_WS_STEPS * 256 + (rows)*MT_WS_APITCH)
+#define MT_WS_SMEM(cls, rows) (MT_WS_BARS(cls) * 8 + MT_WS_RAW(cls) + MT_WS_SLOTS * MT_WS_SLOT(rows))
+/* fused: the slots hold B only; then a zero A row, S and amax (64 bytes), the quantized rows */
+#define MT_WS_FUSE_XS(cls) ((cls) ? MT_SMALL_FUSE_XHAT : 4 * (2 * 2048 + 16))
+#define MT_WS_FUSE_SMEM(cls) (MT_WS_SMEM(cls, 0) + MT_WS_APITCH + 64 + MT_WS_FUSE_XS(cls))
+
 /* Fragment order (mt_qweight.frag), for n % 16 == 0: records of 8 rows H (8H .. 8H+7) x 32
  * columns P (two k16 steps), record (H, P) at byte (H * ceil(k/32) + P) * 160, so a warp's rows
  * are contiguous over K. A record: 128 code bytes, lane l = 4g + q of the warp owning bytes

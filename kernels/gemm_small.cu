@@ -258,18 +258,19 @@ template <bool FP16> __device__ static inline uint32_t x_block(const mt_small_ar
   return mt_q::block_amax_bits<FP16>(v);
 }
 
-template <bool FP16> __device__ static void fused_amax(const mt_small_args &a, uint32_t *amax) {
+template <bool FP16, int NT = THREADS> __device__ static void fused_amax(const mt_small_args &a, uint32_t *amax) {
   int nblk = a.e.k / 16;
-  for (int i = threadIdx.x; i < a.e.m * nblk; i += THREADS) {
+  for (int i = threadIdx.x; i < a.e.m * nblk; i += NT) {
     uint32_t v[8];
     int r = i / nblk;
     atomicMax(&amax[a.e.sa_row ? r : 0], x_block<FP16>(a, r, i % nblk, v));
   }
 }
 
-template <bool FP16> __device__ static void fused_quantize(const mt_small_args &a, const float *S, uint8_t *xs, int xp) {
+template <bool FP16, int NT = THREADS>
+__device__ static void fused_quantize(const mt_small_args &a, const float *S, uint8_t *xs, int xp) {
   int nblk = a.e.k / 16;
-  for (int i = threadIdx.x; i < a.e.m * nblk; i += THREADS) {
+  for (int i = threadIdx.x; i < a.e.m * nblk; i += NT) {
     uint32_t v[8], xh[8] = {0, 0, 0, 0, 0, 0, 0, 0}, cd[2];
     int r = i / nblk, b = i % nblk;
     uint32_t amax_b = x_block<FP16>(a, r, b, v);
@@ -350,6 +351,268 @@ extern "C" __global__ void __launch_bounds__(32 * MT_SMALL_WARPS) mt_gemm_small_
   small::run_fused<true>(a);
 }
 
+
+
+// The warp-specialized kernels (mt_gemm_small_ws_*; gemm_args.h has the sizes). v7's single warp per 8
+// channels issued its ~26 instructions a k16 step at ~2.9 cycles each (ncu: one warp cannot issue
+// dependent-ish instructions faster), ~75 cycles a step against the 24 of the MMA chain. Here the
+// chain warp only loads ready fragments and runs the MMAs (~4-6 instructions a step); decoder warps
+// turn the 5-bit records into BF16 B fragments (the same weight_frag, so the same bits) in a ring of
+// slots, each decoder every DEC-th slot's worth. The CTA's records for all of K are requested at the
+// start by bulk copies, one mbarrier per slot's worth; a slot has a "full" barrier (the decoder
+// warp's 32 arrivals plus, unfused, the bytes of its activation rows, copied in by the decoder) and
+// an "empty" one (the chain warp's 32 arrivals). The arithmetic is that of run(): the same k16
+// steps over K in increasing order into one FP32 accumulator from zero, the same epilogue.
+namespace ws {
+constexpr int DEC = MT_WS_DEC, THREADS = MT_WS_THREADS, NS = MT_WS_SLOTS, CS = MT_WS_STEPS, CREC = CS / 2;
+constexpr int CCOLS = CS * 16, APITCH = MT_WS_APITCH, BBYTES = CS * 256;
+static_assert(CS % 2 == 0 && MT_WS_KMAX(1) / CCOLS <= THREADS, "a thread per slot's worth of records");
+
+__device__ static inline void bar_init(uint64_t *bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+}
+__device__ static inline void bar_arrive_tx(uint64_t *bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// bytes still to come for the current phase, without an arrival
+__device__ static inline void bar_expect_tx(uint64_t *bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ static inline void bar_arrive(uint64_t *bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ static inline void bar_wait(uint64_t *bar, int parity) {
+  asm volatile("{\n.reg .pred p;\nWS_WAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               "@!p bra WS_WAIT;\n}\n" ::"r"(smem_u32(bar)),
+               "r"(parity)
+               : "memory");
+}
+// bytes (a multiple of 16, both addresses 16-byte aligned) from global into shared memory,
+// completing on bar
+__device__ static inline void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
+// One record (two k16 steps) of this lane into its B fragments, step by step 256 bytes apart.
+__device__ static inline void decode_record(const uint8_t *rec, uint8_t *out, int lane, int g) {
+  uint32_t w = *(const uint32_t *)(rec + lane * 4), sc = *(const uint32_t *)(rec + 128 + g * 4), b0, b1, c0, c1;
+  small::step_frag<false, 0>(w, sc, b0, b1);
+  small::step_frag<false, 1>(w, sc, c0, c1);
+  *(uint2 *)(out + lane * 8) = make_uint2(b0, b1);
+  *(uint2 *)(out + 256 + lane * 8) = make_uint2(c0, c1);
+}
+
+// Decoder warp dw: slots' worth c = dw, dw + DEC, ... into slot c % NS once the chain has emptied
+// it; unfused, its lanes r < rows then copy token r's activations for the slot's columns (the
+// weights are decoded before waiting for the activation quantization, which may still run).
+template <int ROWS, bool FUSED>
+__device__ static void decode(const mt_small_args &a, int dw, const uint8_t *raw, uint8_t *slots, uint64_t *rawb,
+                              uint64_t *full, uint64_t *empty, int chunks, int rows) {
+  constexpr int SLOT = MT_WS_SLOT(FUSED ? 0 : ROWS);
+  int lane = threadIdx.x % 32, g = lane / 4, k = a.e.k, pairs = (k + 31) / 32;
+  static_assert(CS * 256 == CREC * 512, "a record is two steps of 256 bytes");
+  for (int c = dw; c < chunks; c += DEC) {
+    int slot = c % NS, u = c / NS;
+    uint8_t *sb = slots + slot * SLOT;
+    if (u > 0)
+      bar_wait(&empty[slot], (u - 1) & 1);
+    bar_wait(&rawb[c], 0);
+    const uint8_t *rec = raw + c * CREC * MT_FRAG_REC;
+    if (c * CREC + CREC <= pairs) { // a whole slot's worth: unrolled, so the records' loads issue together
+#pragma unroll
+      for (int r = 0; r < CREC; r++)
+        decode_record(rec + r * MT_FRAG_REC, sb + r * 512, lane, g);
+    } else {
+      for (int r = 0; r < pairs - c * CREC; r++)
+        decode_record(rec + r * MT_FRAG_REC, sb + r * 512, lane, g);
+    }
+    if (!FUSED) { // the activations come from the kernel before this one: wait for it once
+      if (c == dw)
+        grid_dependency_wait();
+      uint32_t bytes = (uint32_t)min(CCOLS, k - c * CCOLS) * 2;
+      if (lane == 0)
+        bar_expect_tx(&full[slot], bytes * rows);
+      __syncwarp();
+      if (lane < rows)
+        bulk_copy(sb + BBYTES + lane * APITCH, a.xa + (size_t)lane * k + c * CCOLS, bytes, &full[slot]);
+    }
+    bar_arrive(&full[slot]);
+  }
+}
+
+// One slot's fragments: B (the lane's two words a step) and A (a0, a2 of mma.sync's A registers;
+// with 16 rows also a1, a3). At 8 rows, a1 and a3 (tokens g + 8) are zero operands of the MMA,
+// not loaded.
+template <int ROWS> struct slotfrag {
+  uint2 b[CS];
+  uint32_t a[CS][ROWS >= 16 ? 4 : 2];
+};
+
+// sb: the slot's B fragments at this lane's 8 bytes; ar: its A at this lane's row and column
+template <int ROWS>
+__device__ static inline void load_step(slotfrag<ROWS> &f, int s, const uint8_t *sb, const uint8_t *ar, int pitch) {
+  f.b[s] = *(const uint2 *)(sb + s * 256);
+  const uint8_t *t = ar + s * 32;
+  f.a[s][0] = *(const uint32_t *)t;
+  f.a[s][1] = *(const uint32_t *)(t + 16);
+  if (ROWS >= 16) {
+    f.a[s][2] = *(const uint32_t *)(t + 8 * pitch);
+    f.a[s][3] = *(const uint32_t *)(t + 8 * pitch + 16);
+  }
+}
+
+template <int ROWS> __device__ static inline void mma_step(float (&d)[4], const slotfrag<ROWS> &f, int s) {
+  static_assert(ROWS == 8 || ROWS == 16, "one m16 tile");
+  uint32_t a1 = ROWS >= 16 ? f.a[s][ROWS >= 16 ? 2 : 0] : 0u, a3 = ROWS >= 16 ? f.a[s][ROWS >= 16 ? 3 : 1] : 0u;
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(f.a[s][0]), "r"(a1), "r"(f.a[s][1]), "r"(a3), "r"(f.b[s].x), "r"(f.b[s].y));
+}
+
+// The chain warp: slot by slot in K order, the next slot's fragments loaded before this slot's
+// MMAs so that the loads issue while the chain waits on its previous MMA; two register sets used
+// in turn (a loop of two slots: no copies between them).
+template <int ROWS, bool FUSED>
+__device__ static void chain(float (&d)[(ROWS + 15) / 16][4], const uint8_t *slots, uint64_t *full, uint64_t *empty,
+                             int chunks, int ksteps, const uint8_t *xrow, int xp) {
+  constexpr int SLOT = MT_WS_SLOT(FUSED ? 0 : ROWS);
+  int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const uint8_t *bbase = slots + lane * 8;
+  // A of slot c: unfused, the slot's own rows; fused, the whole rows xrow (pitch xp; the zero row,
+  // which does not advance (xp 0), for tokens past m)
+  const uint8_t *abase = FUSED ? xrow + q * 4 : slots + BBYTES + g * APITCH + q * 4;
+  int astep = FUSED ? (xp ? CCOLS * 2 : 0) : SLOT, pitch = FUSED ? xp : APITCH;
+  auto aof = [&](int c) { return abase + (FUSED ? c : c % NS) * astep; };
+  // Step s's loads of the next slot follow step s's MMA in program order, so that they issue in
+  // the MMA chain's gaps; past the last slot they read a stale slot, unused.
+  auto stage = [&](int c, const slotfrag<ROWS> &f, slotfrag<ROWS> &n) {
+    int cn = c + 1 < chunks ? c + 1 : c;
+    if (c + 1 < chunks)
+      bar_wait(&full[cn % NS], (cn / NS) & 1);
+    const uint8_t *nb = bbase + (cn % NS) * SLOT, *na = aof(cn);
+    if ((c + 1) * CS <= ksteps) {
+#pragma unroll
+      for (int s = 0; s < CS; s++) {
+        mma_step<ROWS>(d[0], f, s);
+        load_step<ROWS>(n, s, nb, na, pitch);
+      }
+    } else { // the last slot of a k that is not a multiple of CS steps
+      int lim = ksteps - c * CS;
+#pragma unroll
+      for (int s = 0; s < CS; s++)
+        if (s < lim)
+          mma_step<ROWS>(d[0], f, s);
+    }
+    bar_arrive(&empty[c % NS]);
+  };
+  slotfrag<ROWS> f0, f1;
+  bar_wait(&full[0], 0);
+#pragma unroll
+  for (int s = 0; s < CS; s++)
+    load_step<ROWS>(f0, s, bbase, aof(0), pitch);
+  for (int c = 0; c < chunks; c += 2) {
+    stage(c, f0, f1);
+    if (c + 1 < chunks)
+      stage(c + 1, f1, f0);
+  }
+}
+
+template <int ROWS, int CLS, bool FUSED> __device__ static void run(const mt_small_args &a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int MAXCH = MT_WS_KMAX(CLS) / CCOLS, TT = (ROWS + 15) / 16, AROWS = FUSED ? 0 : ROWS;
+  uint64_t *rawb = (uint64_t *)smem, *full = rawb + MAXCH, *empty = full + NS;
+  uint8_t *raw = smem + MT_WS_BARS(CLS) * 8, *slots = raw + MT_WS_RAW(CLS);
+  uint8_t *zero = slots + NS * MT_WS_SLOT(AROWS); // fused only: zero row, S, amax, xs
+  float *S = (float *)(zero + APITCH);
+  uint32_t *amax = (uint32_t *)(S + 8);
+  uint8_t *xs = (uint8_t *)(amax + 8);
+  int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+  int k = a.e.k, ksteps = k / 16, chunks = (ksteps + CS - 1) / CS, pairs = (k + 31) / 32, rows = min(a.e.m, ROWS);
+  if (t < chunks)
+    bar_init(&rawb[t], 1);
+  if (t < NS) {
+    bar_init(&full[t], 32);
+    bar_init(&empty[t], 32);
+  }
+  if (FUSED) {
+    for (int i = t; i < APITCH / 16; i += THREADS)
+      ((uint4 *)zero)[i] = make_uint4(0, 0, 0, 0);
+    if (t < 8)
+      amax[t] = 0;
+  } else { // token rows past m read as zero in every slot; the copies never write them
+    for (int i = t; i < NS * (ROWS - rows) * (APITCH / 16); i += THREADS) {
+      int sl = i / ((ROWS - rows) * (APITCH / 16)), r = i % ((ROWS - rows) * (APITCH / 16));
+      *(uint4 *)(slots + sl * MT_WS_SLOT(AROWS) + BBYTES + rows * APITCH + r * 16) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  __syncthreads();
+  // This CTA's 8 rows over all of K are contiguous in fragment order; they do not depend on the
+  // kernel before this one, so they are requested before waiting for it.
+  if (t < chunks) {
+    int r0 = t * CREC, nrec = min(CREC, pairs - r0);
+    bar_arrive_tx(&rawb[t], (uint32_t)(nrec * MT_FRAG_REC));
+    bulk_copy(raw + r0 * MT_FRAG_REC, a.frag + ((size_t)blockIdx.x * pairs + r0) * MT_FRAG_REC,
+              (uint32_t)(nrec * MT_FRAG_REC), &rawb[t]);
+  }
+  if (FUSED || w == 0) // decoder warps wait in decode(), after their first weights
+    grid_dependency_wait();
+  int xp = 0;
+  if (FUSED) { // as run_fused: amax, S, then the quantized rows, by all warps
+    xp = 2 * k + 16;
+    if (a.xfp16) small::fused_amax<true, THREADS>(a, amax);
+    else small::fused_amax<false, THREADS>(a, amax);
+    __syncthreads();
+    if (t < a.e.m) S[t] = mt_q::outer_scale(__uint_as_float(amax[a.e.sa_row ? t : 0]));
+    __syncthreads();
+    if (a.xfp16) small::fused_quantize<true, THREADS>(a, S, xs, xp);
+    else small::fused_quantize<false, THREADS>(a, S, xs, xp);
+    __syncthreads();
+  }
+  if (w > 0) {
+    decode<ROWS, FUSED>(a, w - 1, raw, slots, rawb, full, empty, chunks, rows);
+    return;
+  }
+  float d[TT][4];
+#pragma unroll
+  for (int i = 0; i < TT; i++) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.0f;
+  const uint8_t *xrow = FUSED ? (g < a.e.m ? xs + g * xp : zero) : nullptr;
+  chain<ROWS, FUSED>(d, slots, full, empty, chunks, ksteps, xrow, FUSED && g < a.e.m ? xp : 0);
+  int ch = blockIdx.x * 8 + 2 * q;
+  float inv_w[2] = {inv_row(a.e.sw, a.e.sw_row, ch), inv_row(a.e.sw, a.e.sw_row, ch + 1)};
+#pragma unroll
+  for (int tt = 0; tt < TT; tt++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      int tok = tt * 16 + g + 8 * h;
+      if (tok >= a.e.m) continue;
+      float inv_a = FUSED ? mt_q::inv_S(S[tok]) : inv_row(a.e.sa, a.e.sa_row, tok);
+#pragma unroll
+      for (int j = 0; j < 2; j++)
+        store_elem(a.e.y, tok * a.e.ldy + ch + j, a.e.ytype, epilogue(a.e, d[tt][2 * h + j], inv_a, inv_w[j], tok, ch + j));
+    }
+}
+} // namespace ws
+
+#define MT_WS(ROWS, CLS)                                                                           \
+  extern "C" __global__ void __launch_bounds__(MT_WS_THREADS) mt_gemm_small_ws_m##ROWS##_k##CLS(const __grid_constant__ mt_small_args a) { \
+    ws::run<ROWS, CLS, false>(a);                                                                  \
+  }
+MT_WS(8, 0)
+MT_WS(16, 0)
+MT_WS(8, 1)
+MT_WS(16, 1)
+extern "C" __global__ void __launch_bounds__(MT_WS_THREADS) mt_gemm_small_ws_q4_k0(const __grid_constant__ mt_small_args a) {
+  ws::run<8, 0, true>(a);
+}
+extern "C" __global__ void __launch_bounds__(MT_WS_THREADS) mt_gemm_small_ws_q4_k1(const __grid_constant__ mt_small_args a) {
+  ws::run<8, 1, true>(a);
+}
 
 // weight repacking into fragment order (gemm_args.h); one thread per 16 output bytes: a record of
 // 8 rows x 32 columns is 8 x 16 code bytes (4 lanes each) then 2 x 16 bytes of BF16 scales (4 rows

@@ -408,11 +408,11 @@ static void scenario_requantize(void) {
   CHECK(all_on(t, S1));
   check_call_args(t, &big, big.y, NULL, 0.0f, NULL);
   CHECK(device_bytes() > first_bytes);
-  /* fewer tokens again: no allocation, and 17..32 tokens take the 32-row small kernel */
+  /* fewer tokens again: no allocation, and 17..32 tokens take the large path (MT_GEMM_SMALL_M) */
   problem mid = make(OUT, 20, OUT);
   t = now();
   expect_routed(&mid, S1, &zero);
-  CHECK_TRACE(t, WEIGHT_QUANT " mt_quant_row_bf16_nb1 smem mt_gemm_small_m32+pdl");
+  CHECK_TRACE(t, WEIGHT_QUANT " mt_quant_row_bf16_nb1 tmap tmap mt_gemm_large_n64+pdl");
   const mt_quant_params *a0 = quant_args(find_launch(t, "mt_quant_row_bf16", 0));
   /* 1..4 tokens: one GEMM launch that quantizes the activations itself, from the caller's x, in
    * plain stream order (no quantization kernel before it to overlap) */
@@ -855,10 +855,32 @@ static void scenario_small_shift(void) {
   unmake(&p), unmake(&few);
 }
 
+/* MT_SMALL_KERNEL=ws: the warp-specialized kernels by token capacity (8, 16; fused at <= 4), one
+ * CTA of five warps per 8 channels; the default pack; 17 tokens and more keep the large path. */
+static void scenario_small_ws(void) {
+  problem p = make(OUT, 8, OUT), mid = make(OUT, 12, OUT), few = make(OUT, 2, OUT);
+  int t = now();
+  expect_routed(&p, S1, &zero);
+  CHECK_TRACE(t, "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack "
+                 "mt_quant_row_bf16_nb1 mt_gemm_small_ws_m8_k0+pdl");
+  check_call_args(t, &p, p.y, NULL, 0.0f, NULL);
+  int g = find_launch(t, "mt_gemm_small_ws_m8_k0", 0);
+  CHECK(g >= 0 && event(g)->grid[0] == OUT / 8 && event(g)->block[0] == 160);
+  t = now();
+  expect_routed(&mid, S1, &zero);
+  CHECK_TRACE(t, WEIGHT_QUANT " mt_quant_row_bf16_nb1 smem mt_gemm_small_ws_m16_k0+pdl");
+  t = now();
+  expect_routed(&few, S1, &zero);
+  CHECK_TRACE(t, WEIGHT_QUANT " mt_gemm_small_ws_q4_k0");
+  check_driver_clean();
+  unmake(&p), unmake(&mid), unmake(&few);
+}
+
 static const struct {
   const char *name;
   void (*fn)(void);
 } scenarios[] = {
+    {"small_ws", scenario_small_ws},
     {"small_shift", scenario_small_shift},
     {"requantize", scenario_requantize},
     {"lt", scenario_lt},
@@ -1100,6 +1122,15 @@ static void small_decode_shift_kernels(void) {
   child_free(&r);
 }
 
+static void small_ws_kernels(void) {
+  const char *env[] = {"MT_SMALL_KERNEL=ws", NULL};
+  child_result r;
+  run_child("small_ws", env, &r);
+  check_child("small_ws", &r);
+  check_counts(&r, 3, NULL);
+  child_free(&r);
+}
+
 static void no_context_or_not_sm90_is_no_engine(void) {
   const char *no_ctx[] = {"FAKE_CUDA_NO_CONTEXT=1", NULL};
   const char *sm80[] = {"FAKE_CUDA_CC=8.0", NULL};
@@ -1196,6 +1227,7 @@ int main(int argc, char **argv) {
   RUN(out_of_memory_warns_once);
   RUN(launch_failure_is_engine_error);
   RUN(small_decode_shift_kernels);
+  RUN(small_ws_kernels);
   RUN(no_context_or_not_sm90_is_no_engine);
   RUN(strided_batched);
   RUN(pointer_arrays_read_back);

@@ -689,12 +689,15 @@ out:
 
 static const mt_numerics numerics_row = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
 
-/* Shapes across both paths (M <= 64 streams the packed weight; larger M reads xhat by TMA), every
- * spec numerics, both output types. */
+/* Shapes across both paths (M <= 16 streams the packed weight; larger M reads xhat by TMA), every
+ * spec numerics, both output types. k = 784 ends on an odd k16 step (a half record, a partial
+ * chunk or slot); k = 2080 is past the ws kernels' first K class (MT_SMALL_KERNEL=ws); 12 rows run
+ * the 16-row kernels, 3 the fused one. */
 static void gemm_accuracy(void) {
   NEED_GPU();
-  static const int shapes[][3] = {{1, 256, 512}, {7, 1536, 256}, {64, 384, 768},
-                                  {65, 256, 512}, {96, 256, 1024}, {129, 272, 160}};
+  static const int shapes[][3] = {{1, 256, 512},  {7, 1536, 256}, {64, 384, 768},  {65, 256, 512},
+                                  {96, 256, 1024}, {129, 272, 160}, {3, 256, 784},  {12, 512, 2048},
+                                  {2, 256, 2080},  {16, 256, 2080}};
   static const mt_numerics nums[] = {
       {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
       {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
@@ -730,10 +733,11 @@ static void gemm_epilogue_and_strides(void) {
     }
 }
 
-/* A row holding NaN gives NaN in that row only; the others stay within the bound. */
+/* A row holding NaN gives NaN in that row only; the others stay within the bound (3 rows: the
+ * fused small kernel quantizes them itself). */
 static void gemm_nan_rows(void) {
   NEED_GPU();
-  static const int ms[] = {8, 130};
+  static const int ms[] = {3, 8, 130};
   for (int s = 0; s < NKINDS(ms); s++) {
     gcase g = {.m = ms[s], .n = 256, .k = 256, .num = numerics_row, .ytype = MT_DTYPE_BF16,
                .biastype = MT_DTYPE_FP32, .alpha = 1.0f, .nan_rows = {1, ms[s] - 1}, .nnan = 2};
@@ -781,7 +785,7 @@ static void gemm_batch_invariance(void) {
          "rows 320..4095 differ when they sit 320 rows earlier in the call");
   memcpy(full + (size_t)4096 * N, part + (size_t)(4096 - 320) * N, (size_t)320 * N * 2);
 
-  static const int ms[] = {1, 2, 7, 64, 257, 4096};
+  static const int ms[] = {1, 2, 3, 7, 12, 64, 257, 4096};
   long bad = 0;
   for (int i = 0; i < NKINDS(ms); i++) {
     int offsets[3] = {0, 1 + rnd_below(63), rnd_below(ROWS - ms[i] + 1)};
