@@ -14,9 +14,14 @@
 // dependent launch and request their first weight chunks before griddepcontrol.wait; q4 runs in
 // plain stream order (nothing before it to overlap) and quantizes while its weights arrive.
 //
+// The warp-specialized kernels mt_gemm_small_ws_* (MT_SMALL_KERNEL=ws; namespace ws below): one
+// CTA of five warps per 8 channels, a chain warp that only loads ready B fragments and runs the
+// MMAs, four decoder warps that produce them into a ring of shared-memory slots.
+//
 // Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (spec/nvfp4.c) within the
-// FP32-accumulation bound, and bitwise across M (1 and 2 run q4, 7 m8, 64 m64), row positions and
-// the two paths. kernels/NOTES.md has the measurements and the SASS counts.
+// FP32-accumulation bound, and bitwise across M (1, 2, 3 run q4, 7 m8, 12 m16; 64 and more the
+// large path), row positions and the two paths; run it again with MT_SMALL_KERNEL=ws for the ws
+// kernels. kernels/NOTES.md has the measurements and the SASS counts.
 #include "kernels/gemm_common.cuh"
 #include "kernels/quant.cuh"
 
@@ -397,9 +402,10 @@ __device__ static inline void bulk_copy(void *dst, const void *src, uint32_t byt
                : "memory");
 }
 
-// One record (two k16 steps) of this lane into its B fragments, step by step 256 bytes apart.
-__device__ static inline void decode_record(const uint8_t *rec, uint8_t *out, int lane, int g) {
-  uint32_t w = *(const uint32_t *)(rec + lane * 4), sc = *(const uint32_t *)(rec + 128 + g * 4), b0, b1, c0, c1;
+// One record (two k16 steps) of this lane into its B fragments, step by step 256 bytes apart: w
+// the lane's code word, sc its row's scale word.
+__device__ static inline void decode_record(uint32_t w, uint32_t sc, uint8_t *out, int lane) {
+  uint32_t b0, b1, c0, c1;
   small::step_frag<false, 0>(w, sc, b0, b1);
   small::step_frag<false, 1>(w, sc, c0, c1);
   *(uint2 *)(out + lane * 8) = make_uint2(b0, b1);
@@ -422,13 +428,19 @@ __device__ static void decode(const mt_small_args &a, int dw, const uint8_t *raw
       bar_wait(&empty[slot], (u - 1) & 1);
     bar_wait(&rawb[c], 0);
     const uint8_t *rec = raw + c * CREC * MT_FRAG_REC;
-    if (c * CREC + CREC <= pairs) { // a whole slot's worth: unrolled, so the records' loads issue together
+    const uint8_t *cw = rec + lane * 4, *sw = rec + 128 + g * 4;
+    if (c * CREC + CREC <= pairs) { // a whole slot's worth: all its words loaded first, then decoded
+      uint32_t w[CREC], sc[CREC];
 #pragma unroll
       for (int r = 0; r < CREC; r++)
-        decode_record(rec + r * MT_FRAG_REC, sb + r * 512, lane, g);
+        w[r] = *(const uint32_t *)(cw + r * MT_FRAG_REC), sc[r] = *(const uint32_t *)(sw + r * MT_FRAG_REC);
+#pragma unroll
+      for (int r = 0; r < CREC; r++)
+        decode_record(w[r], sc[r], sb + r * 512, lane);
     } else {
       for (int r = 0; r < pairs - c * CREC; r++)
-        decode_record(rec + r * MT_FRAG_REC, sb + r * 512, lane, g);
+        decode_record(*(const uint32_t *)(cw + r * MT_FRAG_REC), *(const uint32_t *)(sw + r * MT_FRAG_REC),
+                      sb + r * 512, lane);
     }
     if (!FUSED) { // the activations come from the kernel before this one: wait for it once
       if (c == dw)
