@@ -70,8 +70,9 @@ static void epilogue_args(const mt_gemm_args *a, const mt_qact *q, mt_epilogue_a
 
 /* MT_SMALL_KERNEL (read once): "ws" runs the warp-specialized small-M kernels (gemm_small.cu:
  * mt_gemm_small_ws_*: a chain warp that only loads ready fragments and runs the MMAs, four warps
- * decoding for it) where they apply: m <= 16 (fused at m <= 4), k <= 8192, the default decode. Same bits
- * as the other kernels; opt-in until measured on the device (kernels/NOTES.md, small v9). */
+ * decoding for it) where they apply: m <= 16 (fused at m <= 4), k <= 8192; with
+ * MT_SMALL_DECODE=shift their decoders use that decode (mt_gemm_small_ws_*_shift). Same bits as
+ * the other kernels; opt-in until measured on the device (kernels/NOTES.md, small v9). */
 static int small_ws(void) {
   static int v = -1;
   if (v < 0) {
@@ -84,7 +85,7 @@ static int small_ws(void) {
 /* The ws kernels' K class (gemm_args.h: the CTA's records for all of K sit in shared memory), or
  * -1 where they do not apply. */
 static int ws_class(const mt_gemm_args *a) {
-  if (!small_ws() || small_shift() || a->m > 16)
+  if (!small_ws() || a->m > 16)
     return -1;
   return a->k <= MT_WS_KMAX(0) ? 0 : a->k <= MT_WS_KMAX(1) ? 1 : -1;
 }
@@ -97,11 +98,13 @@ static int small_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   epilogue_args(a, q, &s.e);
   int rows = a->m <= 8 ? 8 : a->m <= 16 ? 16 : a->m <= 32 ? 32 : 64, cls = ws_class(a);
   if (cls >= 0) {
-    static const char *const ws_names[] = {"mt_gemm_small_ws_m8_k0", "mt_gemm_small_ws_m16_k0",
-                                           "mt_gemm_small_ws_m8_k1", "mt_gemm_small_ws_m16_k1"};
+    static const char *const ws_names[] = {"mt_gemm_small_ws_m8_k0",       "mt_gemm_small_ws_m16_k0",
+                                           "mt_gemm_small_ws_m8_k1",       "mt_gemm_small_ws_m16_k1",
+                                           "mt_gemm_small_ws_m8_k0_shift", "mt_gemm_small_ws_m16_k0_shift",
+                                           "mt_gemm_small_ws_m8_k1_shift", "mt_gemm_small_ws_m16_k1_shift"};
     unsigned smem = rows == 8 ? MT_WS_SMEM(cls, 8) : MT_WS_SMEM(cls, 16);
-    return launch("gemm_small", ws_names[(rows == 16) + 2 * cls], (unsigned)(a->n / 8), 1, MT_WS_THREADS, smem, 1,
-                  stream, &s);
+    return launch("gemm_small", ws_names[(rows == 16) + 2 * cls + 4 * small_shift()], (unsigned)(a->n / 8), 1,
+                  MT_WS_THREADS, smem, 1, stream, &s);
   }
   static const char *const names[] = {"mt_gemm_small_m8",       "mt_gemm_small_m16",       "mt_gemm_small_m32",
                                       "mt_gemm_small_m64",      "mt_gemm_small_m8_shift", "mt_gemm_small_m16_shift",
@@ -125,9 +128,13 @@ int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream) {
   mt_small_args s = {NULL, a->w->frag, {0}, a->x, (long long)a->ldx, a->xtype == MT_DTYPE_FP16};
   epilogue_args(a, &none, &s.e);
   int cls = ws_class(a);
-  if (cls >= 0)
-    return launch("gemm_small", cls ? "mt_gemm_small_ws_q4_k1" : "mt_gemm_small_ws_q4_k0", (unsigned)(a->n / 8), 1,
-                  MT_WS_THREADS, cls ? MT_WS_FUSE_SMEM(1) : MT_WS_FUSE_SMEM(0), 0, stream, &s);
+  if (cls >= 0) { /* dependent: it requests its weights while the kernel before it ends, and waits
+                   * for that kernel before reading x or writing y */
+    static const char *const ws_names[] = {"mt_gemm_small_ws_q4_k0", "mt_gemm_small_ws_q4_k1",
+                                           "mt_gemm_small_ws_q4_k0_shift", "mt_gemm_small_ws_q4_k1_shift"};
+    return launch("gemm_small", ws_names[cls + 2 * small_shift()], (unsigned)(a->n / 8), 1, MT_WS_THREADS,
+                  cls ? MT_WS_FUSE_SMEM(1) : MT_WS_FUSE_SMEM(0), 1, stream, &s);
+  }
   unsigned grid = (unsigned)(a->n / (8 * MT_SMALL_WARPS));
   return launch("gemm_small", small_shift() ? "mt_gemm_small_q4_shift" : "mt_gemm_small_q4", grid, 1,
                 32 * MT_SMALL_WARPS, MT_SMALL_FUSE_SMEM, 0, stream, &s);

@@ -404,10 +404,10 @@ __device__ static inline void bulk_copy(void *dst, const void *src, uint32_t byt
 
 // One record (two k16 steps) of this lane into its B fragments, step by step 256 bytes apart: w
 // the lane's code word, sc its row's scale word.
-__device__ static inline void decode_record(uint32_t w, uint32_t sc, uint8_t *out, int lane) {
+template <bool SHIFT> __device__ static inline void decode_record(uint32_t w, uint32_t sc, uint8_t *out, int lane) {
   uint32_t b0, b1, c0, c1;
-  small::step_frag<false, 0>(w, sc, b0, b1);
-  small::step_frag<false, 1>(w, sc, c0, c1);
+  small::step_frag<SHIFT, 0>(w, sc, b0, b1);
+  small::step_frag<SHIFT, 1>(w, sc, c0, c1);
   *(uint2 *)(out + lane * 8) = make_uint2(b0, b1);
   *(uint2 *)(out + 256 + lane * 8) = make_uint2(c0, c1);
 }
@@ -415,7 +415,7 @@ __device__ static inline void decode_record(uint32_t w, uint32_t sc, uint8_t *ou
 // Decoder warp dw: slots' worth c = dw, dw + DEC, ... into slot c % NS once the chain has emptied
 // it; unfused, its lanes r < rows then copy token r's activations for the slot's columns (the
 // weights are decoded before waiting for the activation quantization, which may still run).
-template <int ROWS, bool FUSED>
+template <int ROWS, bool FUSED, bool SHIFT>
 __device__ static void decode(const mt_small_args &a, int dw, const uint8_t *raw, uint8_t *slots, uint64_t *rawb,
                               uint64_t *full, uint64_t *empty, int chunks, int rows) {
   constexpr int SLOT = MT_WS_SLOT(FUSED ? 0 : ROWS);
@@ -436,11 +436,11 @@ __device__ static void decode(const mt_small_args &a, int dw, const uint8_t *raw
         w[r] = *(const uint32_t *)(cw + r * MT_FRAG_REC), sc[r] = *(const uint32_t *)(sw + r * MT_FRAG_REC);
 #pragma unroll
       for (int r = 0; r < CREC; r++)
-        decode_record(w[r], sc[r], sb + r * 512, lane);
+        decode_record<SHIFT>(w[r], sc[r], sb + r * 512, lane);
     } else {
       for (int r = 0; r < pairs - c * CREC; r++)
-        decode_record(*(const uint32_t *)(cw + r * MT_FRAG_REC), *(const uint32_t *)(sw + r * MT_FRAG_REC),
-                      sb + r * 512, lane);
+        decode_record<SHIFT>(*(const uint32_t *)(cw + r * MT_FRAG_REC), *(const uint32_t *)(sw + r * MT_FRAG_REC),
+                             sb + r * 512, lane);
     }
     if (!FUSED) { // the activations come from the kernel before this one: wait for it once
       if (c == dw)
@@ -534,7 +534,7 @@ __device__ static void chain(float (&d)[(ROWS + 15) / 16][4], const uint8_t *slo
   }
 }
 
-template <int ROWS, int CLS, bool FUSED> __device__ static void run(const mt_small_args &a) {
+template <int ROWS, int CLS, bool FUSED, bool SHIFT> __device__ static void run(const mt_small_args &a) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int MAXCH = MT_WS_KMAX(CLS) / CCOLS, TT = (ROWS + 15) / 16, AROWS = FUSED ? 0 : ROWS;
   uint64_t *rawb = (uint64_t *)smem, *full = rawb + MAXCH, *empty = full + NS;
@@ -587,7 +587,7 @@ template <int ROWS, int CLS, bool FUSED> __device__ static void run(const mt_sma
     __syncthreads();
   }
   if (w > 0) {
-    decode<ROWS, FUSED>(a, w - 1, raw, slots, rawb, full, empty, chunks, rows);
+    decode<ROWS, FUSED, SHIFT>(a, w - 1, raw, slots, rawb, full, empty, chunks, rows);
     return;
   }
   float d[TT][4];
@@ -611,20 +611,20 @@ template <int ROWS, int CLS, bool FUSED> __device__ static void run(const mt_sma
 }
 } // namespace ws
 
-#define MT_WS(ROWS, CLS)                                                                           \
-  extern "C" __global__ void __launch_bounds__(MT_WS_THREADS) mt_gemm_small_ws_m##ROWS##_k##CLS(const __grid_constant__ mt_small_args a) { \
-    ws::run<ROWS, CLS, false>(a);                                                                  \
+// _shift: the decoders use the v8 decode (MT_SMALL_DECODE=shift, its fragment order)
+#define MT_WS(NAME, ROWS, CLS, FUSED)                                                              \
+  extern "C" __global__ void __launch_bounds__(MT_WS_THREADS) mt_gemm_small_ws_##NAME##_k##CLS(const __grid_constant__ mt_small_args a) { \
+    ws::run<ROWS, CLS, FUSED, false>(a);                                                           \
+  }                                                                                                \
+  extern "C" __global__ void __launch_bounds__(MT_WS_THREADS) mt_gemm_small_ws_##NAME##_k##CLS##_shift(const __grid_constant__ mt_small_args a) { \
+    ws::run<ROWS, CLS, FUSED, true>(a);                                                            \
   }
-MT_WS(8, 0)
-MT_WS(16, 0)
-MT_WS(8, 1)
-MT_WS(16, 1)
-extern "C" __global__ void __launch_bounds__(MT_WS_THREADS) mt_gemm_small_ws_q4_k0(const __grid_constant__ mt_small_args a) {
-  ws::run<8, 0, true>(a);
-}
-extern "C" __global__ void __launch_bounds__(MT_WS_THREADS) mt_gemm_small_ws_q4_k1(const __grid_constant__ mt_small_args a) {
-  ws::run<8, 1, true>(a);
-}
+MT_WS(m8, 8, 0, false)
+MT_WS(m16, 16, 0, false)
+MT_WS(q4, 8, 0, true)
+MT_WS(m8, 8, 1, false)
+MT_WS(m16, 16, 1, false)
+MT_WS(q4, 8, 1, true)
 
 // weight repacking into fragment order (gemm_args.h); one thread per 16 output bytes: a record of
 // 8 rows x 32 columns is 8 x 16 code bytes (4 lanes each) then 2 x 16 bytes of BF16 scales (4 rows

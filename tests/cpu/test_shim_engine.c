@@ -855,23 +855,36 @@ static void scenario_small_shift(void) {
   unmake(&p), unmake(&few);
 }
 
-/* MT_SMALL_KERNEL=ws: the warp-specialized kernels by token capacity (8, 16; fused at <= 4), one
- * CTA of five warps per 8 channels; the default pack; 17 tokens and more keep the large path. */
+/* MT_SMALL_KERNEL=ws: the warp-specialized kernels by token capacity (8, 16; fused at <= 4, also
+ * launched dependent), one CTA of five warps per 8 channels; the default pack; 17 tokens and more
+ * keep the large path. With MT_SMALL_DECODE=shift too: the shift pack and the _shift ws kernels. */
 static void scenario_small_ws(void) {
   problem p = make(OUT, 8, OUT), mid = make(OUT, 12, OUT), few = make(OUT, 2, OUT);
   int t = now();
   expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack "
-                 "mt_quant_row_bf16_nb1 mt_gemm_small_ws_m8_k0+pdl");
-  check_call_args(t, &p, p.y, NULL, 0.0f, NULL);
+  const char *shift = getenv("MT_SMALL_DECODE") ? "_shift" : "";
+  char want[256];
+  snprintf(want, sizeof want,
+           "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack%s "
+           "mt_quant_row_bf16_nb1 mt_gemm_small_ws_m8_k0%s+pdl",
+           shift, shift);
+  CHECK_TRACE(t, want);
+  if (!*shift) /* (it knows the default pack only) */
+    check_call_args(t, &p, p.y, NULL, 0.0f, NULL);
   int g = find_launch(t, "mt_gemm_small_ws_m8_k0", 0);
   CHECK(g >= 0 && event(g)->grid[0] == OUT / 8 && event(g)->block[0] == 160);
   t = now();
   expect_routed(&mid, S1, &zero);
-  CHECK_TRACE(t, WEIGHT_QUANT " mt_quant_row_bf16_nb1 smem mt_gemm_small_ws_m16_k0+pdl");
+  snprintf(want, sizeof want,
+           "memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 mt_gemm_pack%s mt_quant_row_bf16_nb1 smem "
+           "mt_gemm_small_ws_m16_k0%s+pdl",
+           shift, shift);
+  CHECK_TRACE(t, want);
   t = now();
   expect_routed(&few, S1, &zero);
-  CHECK_TRACE(t, WEIGHT_QUANT " mt_gemm_small_ws_q4_k0");
+  snprintf(want, sizeof want, "memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 mt_gemm_pack%s mt_gemm_small_ws_q4_k0%s+pdl",
+           shift, shift);
+  CHECK_TRACE(t, want);
   check_driver_clean();
   unmake(&p), unmake(&mid), unmake(&few);
 }
@@ -1123,12 +1136,15 @@ static void small_decode_shift_kernels(void) {
 }
 
 static void small_ws_kernels(void) {
-  const char *env[] = {"MT_SMALL_KERNEL=ws", NULL};
-  child_result r;
-  run_child("small_ws", env, &r);
-  check_child("small_ws", &r);
-  check_counts(&r, 3, NULL);
-  child_free(&r);
+  const char *env[] = {"MT_SMALL_KERNEL=ws", NULL, NULL};
+  for (int shift = 0; shift < 2; shift++) {
+    env[1] = shift ? "MT_SMALL_DECODE=shift" : NULL;
+    child_result r;
+    run_child("small_ws", env, &r);
+    check_child("small_ws", &r);
+    check_counts(&r, 3, NULL);
+    child_free(&r);
+  }
 }
 
 static void no_context_or_not_sm90_is_no_engine(void) {
