@@ -128,12 +128,12 @@ int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream) {
   mt_small_args s = {NULL, a->w->frag, {0}, a->x, (long long)a->ldx, a->xtype == MT_DTYPE_FP16};
   epilogue_args(a, &none, &s.e);
   int cls = ws_class(a);
-  if (cls >= 0) { /* dependent: it requests its weights while the kernel before it ends, and waits
-                   * for that kernel before reading x or writing y */
+  if (cls >= 0) { /* not dependent: the kernel before it may be the weight's pack, which it reads
+                   * before griddepcontrol.wait */
     static const char *const ws_names[] = {"mt_gemm_small_ws_q4_k0", "mt_gemm_small_ws_q4_k1",
                                            "mt_gemm_small_ws_q4_k0_shift", "mt_gemm_small_ws_q4_k1_shift"};
     return launch("gemm_small", ws_names[cls + 2 * small_shift()], (unsigned)(a->n / 8), 1, MT_WS_THREADS,
-                  cls ? MT_WS_FUSE_SMEM(1) : MT_WS_FUSE_SMEM(0), 1, stream, &s);
+                  cls ? MT_WS_FUSE_SMEM(1) : MT_WS_FUSE_SMEM(0), 0, stream, &s);
   }
   unsigned grid = (unsigned)(a->n / (8 * MT_SMALL_WARPS));
   return launch("gemm_small", small_shift() ? "mt_gemm_small_q4_shift" : "mt_gemm_small_q4", grid, 1,

@@ -855,8 +855,8 @@ static void scenario_small_shift(void) {
   unmake(&p), unmake(&few);
 }
 
-/* MT_SMALL_KERNEL=ws: the warp-specialized kernels by token capacity (8, 16; fused at <= 4, also
- * launched dependent), one CTA of five warps per 8 channels; the default pack; 17 tokens and more
+/* MT_SMALL_KERNEL=ws: the warp-specialized kernels by token capacity (8, 16; fused at <= 4, in
+ * plain stream order after the pack it reads), one CTA of five warps per 8 channels; the default pack; 17 tokens and more
  * keep the large path. With MT_SMALL_DECODE=shift too: the shift pack and the _shift ws kernels. */
 static void scenario_small_ws(void) {
   problem p = make(OUT, 8, OUT), mid = make(OUT, 12, OUT), few = make(OUT, 2, OUT);
@@ -882,7 +882,7 @@ static void scenario_small_ws(void) {
   CHECK_TRACE(t, want);
   t = now();
   expect_routed(&few, S1, &zero);
-  snprintf(want, sizeof want, "memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 mt_gemm_pack%s mt_gemm_small_ws_q4_k0%s+pdl",
+  snprintf(want, sizeof want, "memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 mt_gemm_pack%s mt_gemm_small_ws_q4_k0%s",
            shift, shift);
   CHECK_TRACE(t, want);
   check_driver_clean();
