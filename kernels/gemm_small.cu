@@ -504,13 +504,15 @@ __device__ static void chain(float (&d)[(ROWS + 15) / 16][4], const uint8_t *slo
   // the MMA chain's gaps; past the last slot they read a stale slot, unused.
   auto stage = [&](int c, const slotfrag<ROWS> &f, slotfrag<ROWS> &n) {
     int cn = c + 1 < chunks ? c + 1 : c;
-    if (c + 1 < chunks)
-      bar_wait(&full[cn % NS], (cn / NS) & 1);
     const uint8_t *nb = bbase + (cn % NS) * SLOT, *na = aof(cn);
-    if ((c + 1) * CS <= ksteps) {
+    if ((c + 1) * CS <= ksteps) { // the wait for the next slot after the first MMA, in its shadow
+      mma_step<ROWS>(d[0], f, 0);
+      if (c + 1 < chunks)
+        bar_wait(&full[cn % NS], (cn / NS) & 1);
 #pragma unroll
       for (int s = 0; s < CS; s++) {
-        mma_step<ROWS>(d[0], f, s);
+        if (s > 0)
+          mma_step<ROWS>(d[0], f, s);
         load_step<ROWS>(n, s, nb, na, pitch);
       }
     } else { // the last slot of a k that is not a multiple of CS steps
