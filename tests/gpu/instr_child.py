@@ -9,22 +9,13 @@ Cases (weight 256 x 512, BF16, Gaussian):
   bias    one F.linear of 64 rows with a bias (cublasLtMatmul, BIAS epilogue); x, w, b, y saved
 """
 import os
-import sys
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
+from shim_child import child_main, f32, rand
+
 N, K = 256, 512
-
-
-def rand(*shape, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    return torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32).to(torch.bfloat16)
-
-
-def f32(t):
-    return t.float().cpu().numpy()
 
 
 def case_probe():
@@ -62,7 +53,4 @@ def case_bias():
 CASES = {"probe": case_probe, "batch": case_batch, "shadow": case_shadow, "bias": case_bias}
 
 if __name__ == "__main__":
-    case, path = sys.argv[1], sys.argv[2]
-    result = CASES[case]()
-    torch.cuda.synchronize()
-    np.savez(path, **result)
+    child_main(CASES)

@@ -12,22 +12,12 @@ Cases:
            handle): the shim must fall back (reason "capture") and the graph must still compute
            cuBLAS's result
 """
-import sys
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 
+from shim_child import child_main, f32, rand
+
 N, K = 256, 512
-
-
-def rand(*shape, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    return torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32).to(torch.bfloat16)
-
-
-def f32(t):
-    return t.float().cpu().numpy()
 
 
 def case_linear():
@@ -76,7 +66,4 @@ CASES = {"linear": case_linear, "inplace": case_inplace,
          "graph": lambda: capture(True), "graph_cold": lambda: capture(False)}
 
 if __name__ == "__main__":
-    case, path = sys.argv[1], sys.argv[2]
-    result = CASES[case]()
-    torch.cuda.synchronize()
-    np.savez(path, **result)
+    child_main(CASES)

@@ -25,7 +25,6 @@ with the child's weight routed (256x512) and reads the statistics file:
   captured call's instruments are skipped with the reason "capture".
 Skips (not passes) without torch or a GPU.
 """
-import glob
 import importlib.machinery
 import importlib.util
 import json
@@ -36,13 +35,9 @@ import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import harness  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shim_child import ROOT, harness, need_gpu, reference_gemm, run_child  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILD = os.environ.get("MT_BUILD", "build")
-LIB = os.path.join(ROOT, BUILD, "libminite.so")
-TOOL = os.path.join(ROOT, BUILD, "tests", "cpu", "nvfp4_tool")
 CHILD = os.path.join(ROOT, "tests", "gpu", "instr_child.py")
 ROUTED_CHILD = os.path.join(ROOT, "tests", "gpu", "routed_child.py")
 COMPARE = os.path.join(ROOT, "scripts", "minite-compare")
@@ -50,46 +45,17 @@ TMP = tempfile.mkdtemp(prefix="mt_instr_")
 N, K = 256, 512
 ROUTE = f"{N}x{K}"
 
-try:
-    import torch
-    HAVE_CUDA = torch.cuda.is_available()
-except ImportError:
-    torch, HAVE_CUDA = None, False
-
-
-def need_gpu():
-    if torch is None:
-        harness.skip("torch is not installed")
-    if not HAVE_CUDA:
-        harness.skip("no CUDA device")
-    for path, how in ((LIB, "make"), (TOOL, f"make {BUILD}/tests/cpu/nvfp4_tool")):
-        if not os.path.exists(path):
-            raise RuntimeError(f"{path} missing: run {how} first")
-
 
 def child(case, tag, spec="nvfp4-row", cache="requantize", shadow=0, probe=0, digest=0,
           extra=None, script=CHILD):
     """Run a case; returns (arrays, statistics file path, its summary record)."""
-    out = os.path.join(TMP, tag + ".npz")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MINITE_", "MT_BATCHES",
-                                                                    "MT_REVERSE"))}
-    env["LD_PRELOAD"] = (env["LD_PRELOAD"] + ":" if env.get("LD_PRELOAD") else "") + LIB
-    env.update(MINITE_SPEC=spec, MINITE_ROUTE=ROUTE, MINITE_WEIGHT_CACHE=cache,
-               MINITE_STATS=os.path.join(TMP, tag + ".%p.jsonl"), MINITE_SHADOW=str(shadow),
-               MINITE_PROBE=str(probe), MINITE_DIGEST=str(digest))
-    env.update(extra or {})
-    proc = subprocess.run([sys.executable, script, case, out], env=env, capture_output=True,
-                          text=True, timeout=300)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{tag}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-    files = glob.glob(os.path.join(TMP, tag + ".*.jsonl"))
+    minite = dict(MINITE_SPEC=spec, MINITE_ROUTE=ROUTE, MINITE_WEIGHT_CACHE=cache,
+                  MINITE_SHADOW=str(shadow), MINITE_PROBE=str(probe), MINITE_DIGEST=str(digest))
+    extra = dict({"MT_BATCHES": None, "MT_REVERSE": None}, **(extra or {}))
+    arrays, files, summary = run_child(script, case, tag, TMP, minite, extra)
     harness.check(len(files) == 1, f"{tag}: {len(files)} statistics files")
-    summary = None
-    if files:
-        lines = [json.loads(line) for line in open(files[0])]
-        summary = lines[-1] if lines and lines[-1].get("event") == "summary" else None
     harness.check(summary is not None, f"{tag}: no statistics summary")
-    return np.load(out), files[0] if files else None, summary or {}
+    return arrays, files[0] if files else None, summary or {}
 
 
 def route_stats(summary, what):
@@ -152,16 +118,6 @@ def digests_of_two_batchings_join_equal():
                   f"rate 1/4: rows A {total['rows_a']}, B {total['rows_b']}, matched {total['matched']}")
 
 
-def reference(x, w):
-    args = [TOOL, "gemm", str(x.shape[0]), str(N), str(K), "row", "tensor", "1x16",
-            float(1.0).hex(), float(0.0).hex(), "0", "0"]
-    data = x.astype(np.float32).tobytes() + w.astype(np.float32).tobytes()
-    proc = subprocess.run(args, input=data, capture_output=True, timeout=60)
-    if proc.returncode != 0:
-        raise RuntimeError(f"nvfp4_tool: {proc.stderr.decode()}")
-    return np.frombuffer(proc.stdout, dtype=np.float64).reshape(x.shape[0], N)
-
-
 def shadow_error_in_nvfp4_range_and_zero_under_bf16():
     need_gpu()
     got, path, summary = child("shadow", "shadow_row", shadow=1, digest=1)
@@ -169,7 +125,7 @@ def shadow_error_in_nvfp4_range_and_zero_under_bf16():
     s = route_stats(summary, "shadow")
     x, w = got["x"].astype(np.float64), got["w"].astype(np.float64)
     exact = x @ w.T
-    expected = float(np.linalg.norm(reference(got["x"], got["w"]) - exact) / np.linalg.norm(exact))
+    expected = float(np.linalg.norm(reference_gemm(got["x"], got["w"]) - exact) / np.linalg.norm(exact))
     print(f"    nvfp4-row: shadow {s}; CPU reference {expected:.4f}")
     harness.check(s.get("calls") == 1, f"shadow calls {s.get('calls')} "
                   f"(skipped: {summary.get('instruments', {}).get('shadow')})")

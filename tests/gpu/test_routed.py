@@ -14,73 +14,26 @@ MINITE_SPEC=nvfp4-row and the child's weight routed (256x512), then checks:
   the reason "capture" and still gives cuBLAS's result.
 Skips (not passes) without torch or a GPU.
 """
-import glob
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import harness  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shim_child import ROOT, harness, need_gpu, reference_gemm, run_child  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILD = os.environ.get("MT_BUILD", "build")
-LIB = os.path.join(ROOT, BUILD, "libminite.so")
-TOOL = os.path.join(ROOT, BUILD, "tests", "cpu", "nvfp4_tool")
 CHILD = os.path.join(ROOT, "tests", "gpu", "routed_child.py")
 TMP = tempfile.mkdtemp(prefix="mt_routed_")
 N, K = 256, 512
 
-try:
-    import torch
-    HAVE_CUDA = torch.cuda.is_available()
-except ImportError:
-    torch, HAVE_CUDA = None, False
-
-
-def need_gpu():
-    if torch is None:
-        harness.skip("torch is not installed")
-    if not HAVE_CUDA:
-        harness.skip("no CUDA device")
-    for path, how in ((LIB, "make"), (TOOL, f"make {BUILD}/tests/cpu/nvfp4_tool")):
-        if not os.path.exists(path):
-            raise RuntimeError(f"{path} missing: run {how} first")
-
 
 def child(case, tag, cache="requantize", shim=True):
     """Run a case; returns (arrays, stats summary or None)."""
-    out = os.path.join(TMP, tag + ".npz")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MINITE_")}
-    if shim:
-        env["LD_PRELOAD"] = (env["LD_PRELOAD"] + ":" if env.get("LD_PRELOAD") else "") + LIB
-        env.update(MINITE_SPEC="nvfp4-row", MINITE_ROUTE=f"{N}x{K}", MINITE_WEIGHT_CACHE=cache,
-                   MINITE_STATS=os.path.join(TMP, tag + ".%p.jsonl"))
-    proc = subprocess.run([sys.executable, CHILD, case, out], env=env, capture_output=True,
-                          text=True, timeout=300)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{tag}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-    summary = None
-    for f in glob.glob(os.path.join(TMP, tag + ".*.jsonl")):
-        lines = [json.loads(line) for line in open(f)]
-        summary = lines[-1] if lines and lines[-1].get("event") == "summary" else None
+    minite = dict(MINITE_SPEC="nvfp4-row", MINITE_ROUTE=f"{N}x{K}", MINITE_WEIGHT_CACHE=cache)
+    arrays, _, summary = run_child(CHILD, case, tag, TMP, minite if shim else None)
     harness.check(not shim or summary is not None, f"{tag}: no statistics summary")
-    return np.load(out), summary
-
-
-def reference(x, w):
-    """spec/nvfp4.c's GEMM (double, unrounded) for y = x w^T under nvfp4-row."""
-    m = x.shape[0]
-    args = [TOOL, "gemm", str(m), str(N), str(K), "row", "tensor", "1x16",
-            float(1.0).hex(), float(0.0).hex(), "0", "0"]
-    data = x.astype(np.float32).tobytes() + w.astype(np.float32).tobytes()
-    proc = subprocess.run(args, input=data, capture_output=True, timeout=60)
-    if proc.returncode != 0:
-        raise RuntimeError(f"nvfp4_tool: {proc.stderr.decode()}")
-    return np.frombuffer(proc.stdout, dtype=np.float64).reshape(m, N)
+    return arrays, summary
 
 
 def routed_linear_matches_the_reference():
@@ -89,7 +42,7 @@ def routed_linear_matches_the_reference():
     w = got["w"]
     for m in (1, 7, 64, 300):
         x, y = got[f"x{m}"], got[f"y{m}"].astype(np.float64)
-        ref = reference(x, w)
+        ref = reference_gemm(x, w)
         # FP32 accumulation of exact block sums (README.md, Numerics); the sum of |x||w| stands
         # for the dequantized products' (each within a factor 2 of x w), and 2^-8 is BF16 output
         bound = (K / 16 + 4) * 2.0 ** -23 * 2 * (np.abs(x) @ np.abs(w).T) + 2.0 ** -8 * np.abs(ref)

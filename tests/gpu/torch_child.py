@@ -7,7 +7,6 @@ so that the parent can compare runs with and without the shim bit for bit. Input
 seeds; nothing here knows whether libminite.so is preloaded.
 """
 import json
-import os
 import sys
 
 import torch

@@ -1,0 +1,96 @@
+"""shim_child.py — what the GPU tests that run a workload in a child process under the shim share
+(test_routed.py, test_instruments.py): the paths, the skip without torch or a GPU, running one case
+of a child script with the shim preloaded and reading its statistics, and the CPU reference GEMM.
+The child scripts (routed_child.py, instr_child.py) use its child half: rand, f32, child_main.
+Not a test itself (tests/run runs only test_*.py).
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import harness  # noqa: E402
+
+BUILD = os.environ.get("MT_BUILD", "build")
+LIB = os.path.join(ROOT, BUILD, "libminite.so")
+TOOL = os.path.join(ROOT, BUILD, "tests", "cpu", "nvfp4_tool")
+
+# ---- the parent's half ---------------------------------------------------------------------
+
+
+def need_gpu():
+    """Skip (not pass) without torch or a CUDA device; fail without the library or the tool."""
+    try:
+        import torch
+    except ImportError:
+        harness.skip("torch is not installed")
+    if not torch.cuda.is_available():
+        harness.skip("no CUDA device")
+    for path, how in ((LIB, "make"), (TOOL, f"make {BUILD}/tests/cpu/nvfp4_tool")):
+        if not os.path.exists(path):
+            raise RuntimeError(f"{path} missing: run {how} first")
+
+
+def run_child(script, case, tag, tmp, minite=None, extra=None):
+    """Run `script CASE OUT.npz` in its own process: with the shim preloaded and `minite` (a dict
+    of MINITE_* settings; the statistics go to tmp/TAG.PID.jsonl) unless minite is None, and with
+    `extra` environment variables (a value None unsets it). Every MINITE_* and every `extra` key of
+    the caller's environment is dropped first. Returns (arrays, statistics files, the last file's summary record or None)."""
+    out = os.path.join(tmp, tag + ".npz")
+    drop = set(extra or {})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINITE_") and k not in drop}
+    if minite is not None:
+        env["LD_PRELOAD"] = (env["LD_PRELOAD"] + ":" if env.get("LD_PRELOAD") else "") + LIB
+        env.update(minite, MINITE_STATS=os.path.join(tmp, tag + ".%p.jsonl"))
+    env.update({k: v for k, v in (extra or {}).items() if v is not None})
+    proc = subprocess.run([sys.executable, script, case, out], env=env, capture_output=True,
+                          text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{tag}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    files = sorted(glob.glob(os.path.join(tmp, tag + ".*.jsonl")))
+    summary = None
+    for f in files:
+        lines = [json.loads(line) for line in open(f)]
+        summary = lines[-1] if lines and lines[-1].get("event") == "summary" else None
+    return np.load(out), files, summary
+
+
+def reference_gemm(x, w):
+    """spec/nvfp4.c's GEMM (double, unrounded) for y = x w^T under nvfp4-row (per-row activation
+    scale, per-tensor weight scale, 1x16 blocks), through tests/cpu/nvfp4_tool."""
+    (m, k), n = x.shape, w.shape[0]
+    args = [TOOL, "gemm", str(m), str(n), str(k), "row", "tensor", "1x16",
+            float(1.0).hex(), float(0.0).hex(), "0", "0"]
+    data = x.astype(np.float32).tobytes() + w.astype(np.float32).tobytes()
+    proc = subprocess.run(args, input=data, capture_output=True, timeout=60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"nvfp4_tool: {proc.stderr.decode()}")
+    return np.frombuffer(proc.stdout, dtype=np.float64).reshape(m, n)
+
+# ---- the child's half (torch is imported here only, inside the child process) -----------------
+
+
+def rand(*shape, seed):
+    """Gaussian BF16 on the GPU from a seeded generator: the same values in every process."""
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32).to(torch.bfloat16)
+
+
+def f32(t):
+    return t.float().cpu().numpy()
+
+
+def child_main(cases):
+    """A child script's entry point: argv = CASE OUT; runs cases[CASE]() and saves its arrays."""
+    import torch
+    case, path = sys.argv[1], sys.argv[2]
+    result = cases[case]()
+    torch.cuda.synchronize()
+    np.savez(path, **result)
