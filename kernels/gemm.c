@@ -72,7 +72,8 @@ static void epilogue_args(const mt_gemm_args *a, const mt_qact *q, mt_epilogue_a
  * mt_gemm_small_ws_*: a chain warp that only loads ready fragments and runs the MMAs, four warps
  * decoding for it) where they apply: m <= 16 (fused at m <= 4), k <= 8192; with
  * MT_SMALL_DECODE=shift their decoders use that decode (mt_gemm_small_ws_*_shift). Same bits as
- * the other kernels; opt-in until measured on the device (kernels/NOTES.md, small v9). */
+ * the other kernels (GPU tests and memcheck pass under it), but not faster on the H200, 2x slower
+ * on DeepSeek's shapes (kernels/NOTES.md, v9): for measurements, not for users. */
 static int small_ws(void) {
   static int v = -1;
   if (v < 0) {

@@ -22,8 +22,7 @@ typedef struct {
 
 /* Rows up to which the small-M (weight-streaming) path runs. 16, not 64: on the H200 (make bench,
  * kernels/NOTES.md) the small kernels at M = 64 took 21.7 µs (gate_up), 13.1 (down), 74.0
- * (DeepSeek 7168x2048), 119.6 (4096x7168) where the large path took 12.4, 8.0, 20.0 and 34.0 at
- * M = 256, whose tiles cost the same as M = 17..128's single row of tiles. */
+ * (DeepSeek 7168x2048), 119.6 (4096x7168); the large path at M = 64 took 9.6, 6.6, 17.7, 36.8. */
 #define MT_GEMM_SMALL_M 16
 
 /* Bytes of the small-M kernel's copy of an n x k weight's codes and scales (mt_qweight.frag). */
