@@ -253,7 +253,7 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   int variant = large_variant();
   int bn = large_forced_bn(variant);
   if (!bn)
-    bn = large_bn(a->m, a->n, variant == LARGE_V1 || variant == LARGE_TS ? 3 : 5);
+    bn = large_bn(a->m, a->n, variant == LARGE_V1 ? 3 : 5);
   /* multicast: pairs of CTAs share the weight tile (wide tiles) or the activation tile (narrow
    * ones), each CTA loading half of it */
   int share_w = variant == LARGE_MC && bn > 128, share_a = variant == LARGE_MC && bn <= 128;
@@ -288,7 +288,10 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
     return launch("gemm_large", bn64 == 64 ? "mt_gemm_large_m64_n64" : "mt_gemm_large_m64_n128", tiles < sms ? tiles : sms,
                   1, 384, MT_LARGE_SMEM_BM(64, bn64), 1, stream, &l);
   }
-  if (variant == LARGE_TS && bn >= 128) {
+  /* ts only where its rows end on 16 bytes: device call 3 saw the TMA store write the whole
+   * 16-byte piece holding column n - 1 (n = 271: column 271 of the caller's padding written);
+   * other widths and shapes take the default kernel (this condition has not run on the GPU) */
+  if (variant == LARGE_TS && bn >= 128 && a->n % 8 == 0) {
     st = output_map(&l.ty, a->y, a->ytype, a->m, a->n, a->ldy);
     if (st != MT_OK)
       return st;
