@@ -29,10 +29,7 @@
 #include "kernels/wcheck.h"
 #include "tests/cpu/fake/fake.h"
 #include "tests/cpu/fake/fake_cuda.h"
-#include "tests/cpu/preload.h"
-#include "tests/harness.h"
-
-extern char **environ;
+#include "tests/cpu/scenario.h"
 
 #define OUT 256 /* the routed weight: OUT x IN (cuBLAS m x k) */
 #define IN 512
@@ -69,27 +66,12 @@ static fake_cuda_is_device_fn is_device;
 
 static uint32_t seed = 4321;
 
-/* Values k/64 in [-1, 1): exact in BF16. */
-static uint16_t *matrix(size_t elems) {
-  uint16_t *p = aligned_alloc(64, (elems * 2 + 63) / 64 * 64);
-  for (size_t i = 0; i < elems; i++) {
-    seed = seed * 1664525u + 1013904223u;
-    p[i] = fake_float_to_bf16((float)((int)(seed >> 25) - 64) / 64.0f);
-  }
-  return p;
-}
+static uint16_t *matrix(size_t elems) { return mt_t_matrix(&seed, elems); }
 
 static uint16_t *copy_of(const uint16_t *p, size_t elems) {
   uint16_t *c = aligned_alloc(64, (elems * 2 + 63) / 64 * 64);
   memcpy(c, p, elems * 2);
   return c;
-}
-
-static void *sym(void *lib, const char *name) {
-  void *p = dlsym(lib, name);
-  if (!p)
-    printf("    child: %s not found\n", name);
-  return p;
 }
 
 static long cublas_calls(void) {
@@ -110,13 +92,13 @@ static int load_fakes(const char *build, int with_cuda) {
     snprintf(path, sizeof path, "%s/tests/cpu/fake/driver/libcuda.so.1", build);
     if (!(lib_cuda = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
       return printf("    child: %s\n", dlerror()), -1;
-    cuda_events = (fake_cuda_events_fn)sym(lib_cuda, "fake_cuda_events");
-    cuda_counts = (fake_cuda_counts_fn)sym(lib_cuda, "fake_cuda_counts_get");
-    set_capturing = (fake_cuda_set_capturing_fn)sym(lib_cuda, "fake_cuda_set_capturing");
-    set_mem_limit = (fake_cuda_set_mem_limit_fn)sym(lib_cuda, "fake_cuda_set_mem_limit");
-    fail_launch = (fake_cuda_fail_launch_fn)sym(lib_cuda, "fake_cuda_fail_launch");
-    fail_loads = (fake_cuda_fail_loads_fn)sym(lib_cuda, "fake_cuda_fail_loads");
-    is_device = (fake_cuda_is_device_fn)sym(lib_cuda, "fake_cuda_is_device");
+    cuda_events = (fake_cuda_events_fn)mt_t_sym(lib_cuda, "fake_cuda_events");
+    cuda_counts = (fake_cuda_counts_fn)mt_t_sym(lib_cuda, "fake_cuda_counts_get");
+    set_capturing = (fake_cuda_set_capturing_fn)mt_t_sym(lib_cuda, "fake_cuda_set_capturing");
+    set_mem_limit = (fake_cuda_set_mem_limit_fn)mt_t_sym(lib_cuda, "fake_cuda_set_mem_limit");
+    fail_launch = (fake_cuda_fail_launch_fn)mt_t_sym(lib_cuda, "fake_cuda_fail_launch");
+    fail_loads = (fake_cuda_fail_loads_fn)mt_t_sym(lib_cuda, "fake_cuda_fail_loads");
+    is_device = (fake_cuda_is_device_fn)mt_t_sym(lib_cuda, "fake_cuda_is_device");
   }
   snprintf(path, sizeof path, "%s/tests/cpu/fake/libcublas.so.13", build);
   if (!(lib_cublas = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
@@ -129,19 +111,19 @@ static int load_fakes(const char *build, int with_cuda) {
   hook_batched = (__typeof__(hook_batched))dlsym(RTLD_DEFAULT, "cublasGemmBatchedEx");
   hook_grouped = (__typeof__(hook_grouped))dlsym(RTLD_DEFAULT, "cublasGemmGroupedBatchedEx");
   hook_lt = (__typeof__(hook_lt))dlsym(RTLD_DEFAULT, "cublasLtMatmul");
-  fake_gemm = (__typeof__(fake_gemm))sym(lib_cublas, "cublasGemmEx");
-  fake_strided = (__typeof__(fake_strided))sym(lib_cublas, "cublasGemmStridedBatchedEx");
-  fake_batched = (__typeof__(fake_batched))sym(lib_cublas, "cublasGemmBatchedEx");
-  fake_grouped = (__typeof__(fake_grouped))sym(lib_cublas, "cublasGemmGroupedBatchedEx");
-  fake_lt = (__typeof__(fake_lt))sym(lib_lt, "cublasLtMatmul");
-  cublas_last = (void (*)(fake_record *))sym(lib_cublas, "fake_cublas_last");
-  lt_last = (void (*)(fake_record *))sym(lib_lt, "fake_cublasLt_last");
+  fake_gemm = (__typeof__(fake_gemm))mt_t_sym(lib_cublas, "cublasGemmEx");
+  fake_strided = (__typeof__(fake_strided))mt_t_sym(lib_cublas, "cublasGemmStridedBatchedEx");
+  fake_batched = (__typeof__(fake_batched))mt_t_sym(lib_cublas, "cublasGemmBatchedEx");
+  fake_grouped = (__typeof__(fake_grouped))mt_t_sym(lib_cublas, "cublasGemmGroupedBatchedEx");
+  fake_lt = (__typeof__(fake_lt))mt_t_sym(lib_lt, "cublasLtMatmul");
+  cublas_last = (void (*)(fake_record *))mt_t_sym(lib_cublas, "fake_cublas_last");
+  lt_last = (void (*)(fake_record *))mt_t_sym(lib_lt, "fake_cublasLt_last");
   /* the shim is preloaded: its hooks are not the fake's functions */
   if (!hook_gemm || hook_gemm == fake_gemm || !hook_lt || hook_lt == fake_lt || !hook_strided ||
       !hook_batched || !hook_grouped || !cublas_last || !lt_last)
     return printf("    child: the shim's hooks are not in front of the fake cuBLAS\n"), -1;
-  __typeof__(&cublasCreate_v2) create = (__typeof__(create))sym(lib_cublas, "cublasCreate_v2");
-  __typeof__(&cublasLtCreate) lt_create = (__typeof__(lt_create))sym(lib_lt, "cublasLtCreate");
+  __typeof__(&cublasCreate_v2) create = (__typeof__(create))mt_t_sym(lib_cublas, "cublasCreate_v2");
+  __typeof__(&cublasLtCreate) lt_create = (__typeof__(lt_create))mt_t_sym(lib_lt, "cublasLtCreate");
   if (!create || !lt_create || create(&handle) || lt_create(&lt_handle))
     return -1;
   return 0;
@@ -889,10 +871,7 @@ static void scenario_small_ws(void) {
   unmake(&p), unmake(&mid), unmake(&few);
 }
 
-static const struct {
-  const char *name;
-  void (*fn)(void);
-} scenarios[] = {
+static const mt_t_scenario scenarios[] = {
     {"small_ws", scenario_small_ws},
     {"small_shift", scenario_small_shift},
     {"requantize", scenario_requantize},
@@ -911,99 +890,18 @@ static const struct {
     {"grouped_beta_partial", scenario_grouped_beta_partial},
 };
 
-static int child_main(const char *name, const char *build) {
-  if (load_fakes(build, 1) != 0)
-    return 3;
-  for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
-    if (!strcmp(scenarios[i].name, name)) {
-      scenarios[i].fn();
-      fflush(stdout);
-      return mt_t_cur_failures ? 1 : 0;
-    }
-  printf("    child: no scenario %s\n", name);
-  return 3;
-}
+static int load_all(const char *build) { return load_fakes(build, 1); }
 
 /* ======================================================================================== */
 /* The parent: a child per scenario, its stderr and statistics.                              */
 /* ======================================================================================== */
 
-static char self[PATH_MAX], build[PATH_MAX], tmp[PATH_MAX], preload[2 * PATH_MAX];
-
-typedef struct {
-  int status;
-  char *out, *err, *summary;
-} child_result;
-
-static void child_free(child_result *r) { free(r->out), free(r->err), free(r->summary); }
-
-/* Run scenario `name` with MINITE_SPEC=nvfp4-row, the routes, statistics, the shim preloaded,
- * and `env` (NULL-terminated "K=V", applied last). */
-static void run_child(const char *name, const char *const env[], child_result *r) {
-  char out[PATH_MAX + 64], err[PATH_MAX + 64], stats[PATH_MAX + 64];
-  snprintf(out, sizeof out, "%s/%s.out", tmp, name);
-  snprintf(err, sizeof err, "%s/%s.err", tmp, name);
-  snprintf(stats, sizeof stats, "%s/%s.jsonl", tmp, name);
-  fflush(stdout);
-  pid_t pid = fork();
-  if (pid == 0) {
-    for (char **e = environ; *e;) {
-      if (!strncmp(*e, "MINITE_", 7) || !strncmp(*e, "LD_PRELOAD=", 11) ||
-          !strncmp(*e, "FAKE_", 5) || !strncmp(*e, "RANK=", 5)) {
-        char var[256];
-        snprintf(var, sizeof var, "%.*s", (int)(strchr(*e, '=') - *e), *e);
-        unsetenv(var);
-      } else {
-        e++;
-      }
-    }
-    setenv("MINITE_SPEC", "nvfp4-row", 1);
-    /* the instruments (on by default) add launches: tests/cpu/test_shim_instr.c checks them */
-    setenv("MINITE_SHADOW", "0", 1);
-    setenv("MINITE_PROBE", "0", 1);
-    setenv("MINITE_DIGEST", "0", 1);
-    putenv((char *)ROUTES);
-    setenv("MINITE_STATS", stats, 1);
-    for (int i = 0; env && env[i]; i++)
-      putenv((char *)env[i]);
-    setenv("LD_PRELOAD", preload, 1);
-    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 2);
-    execl(self, self, "child", name, build, (char *)NULL);
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r->status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r->out = mt_t_read_file(out, NULL);
-  r->err = mt_t_read_file(err, NULL);
-  char *s = mt_t_read_file(stats, NULL);
-  char *last = s ? strstr(s, "{\"event\": \"summary\"") : NULL;
-  r->summary = last ? strdup(last) : NULL;
-  free(s);
+/* Scenario `name` with the defaults of tests/cpu/scenario.h and `env` ("K=V", NULL-terminated). */
+static void run_child(const char *name, const char *const env[], mt_t_child *r) {
+  mt_t_run_child(name, name, env, r);
 }
 
-/* The child passed: exit 0 and nothing on stdout but "#info" lines (its failed checks otherwise,
- * shown here). */
-static void check_child(const char *name, const child_result *r) {
-  int only_info = 1;
-  for (const char *line = r->out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : "")
-    if (strncmp(line, "#info ", 6))
-      only_info = 0;
-  if (!only_info || r->status)
-    printf("    child %s (exit %d):\n%s    stderr: %.2000s\n", name, r->status, r->out ? r->out : "",
-           r->err ? r->err : "");
-  CHECKF(r->status == 0 && only_info, "scenario %s failed", name);
-}
-
-static long json_int(const char *s, const char *key) {
-  char pat[128];
-  snprintf(pat, sizeof pat, "\"%s\": ", key);
-  const char *p = s ? strstr(s, pat) : NULL;
-  return p ? strtol(p + strlen(pat), NULL, 10) : -1;
-}
+static long json_int(const char *s, const char *key) { return mt_t_json_int_in(s, NULL, key); }
 
 static long fallback(const char *summary, const char *reason) {
   const char *f = summary ? strstr(summary, "\"fallbacks\": {") : NULL;
@@ -1016,23 +914,9 @@ static long fallback(const char *summary, const char *reason) {
   return p && p < end ? strtol(p + strlen(pat), NULL, 10) : 0;
 }
 
-static long info(const child_result *r, const char *key) {
-  char pat[96];
-  snprintf(pat, sizeof pat, "#info %s ", key);
-  const char *p = r->out ? strstr(r->out, pat) : NULL;
-  return p ? strtol(p + strlen(pat), NULL, 10) : -1;
-}
-
-static int count_of(const char *s, const char *needle) {
-  int n = 0;
-  for (const char *p = s; p && (p = strstr(p, needle)); p++)
-    n++;
-  return n;
-}
-
 /* The summary's routed calls and fallbacks: `reasons` is "name=N" strings, NULL-terminated;
  * every other reason must be absent. */
-static void check_counts(const child_result *r, long routed, const char *const reasons[]) {
+static void check_counts(const mt_t_child *r, long routed, const char *const reasons[]) {
   static const char *const all[] = {"capture", "out of memory", "engine error", "no engine",
                                     "layout", "dtype", NULL};
   CHECKF(r->summary, "no summary record");
@@ -1051,99 +935,99 @@ static void check_counts(const child_result *r, long routed, const char *const r
 }
 
 static void requantize_kernels_in_order(void) {
-  child_result r;
+  mt_t_child r;
   run_child("requantize", NULL, &r);
-  check_child("requantize", &r);
+  mt_t_check_child("requantize", &r);
   check_counts(&r, 7, NULL);
   CHECKF(r.err && !r.err[0], "stderr: %s", r.err);
   CHECK(r.summary && strstr(r.summary, "\"engine\": {\"weight_cache\": \"requantize\""));
-  CHECKF(json_int(r.summary, "device_bytes") == info(&r, "device_bytes") &&
-         info(&r, "device_bytes") > 0, "device_bytes %ld, the fake holds %ld",
-         json_int(r.summary, "device_bytes"), info(&r, "device_bytes"));
+  CHECKF(json_int(r.summary, "device_bytes") == mt_t_info(&r, "device_bytes") &&
+         mt_t_info(&r, "device_bytes") > 0, "device_bytes %ld, the fake holds %ld",
+         json_int(r.summary, "device_bytes"), mt_t_info(&r, "device_bytes"));
   CHECK(json_int(r.summary, "frozen_weights") == 0 && json_int(r.summary, "cache_full") == 0);
-  child_free(&r);
+  mt_t_child_free(&r);
 }
 
 static void lt_routed_with_bias(void) {
-  child_result r;
+  mt_t_child r;
   run_child("lt", NULL, &r);
-  check_child("lt", &r);
+  mt_t_check_child("lt", &r);
   check_counts(&r, 3, NULL);
-  child_free(&r);
+  mt_t_child_free(&r);
 }
 
 static void frozen_entries_and_cache_full(void) {
   const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", "MINITE_CACHE_MB=2", NULL};
-  child_result r;
+  mt_t_child r;
   run_child("frozen", env, &r);
-  check_child("frozen", &r);
+  mt_t_check_child("frozen", &r);
   check_counts(&r, 5, NULL);
   CHECK(r.summary && strstr(r.summary, "\"engine\": {\"weight_cache\": \"frozen\""));
   CHECKF(json_int(r.summary, "frozen_weights") == 2, "%ld", json_int(r.summary, "frozen_weights"));
   CHECKF(json_int(r.summary, "cache_full") == 2, "%ld", json_int(r.summary, "cache_full"));
-  CHECKF(json_int(r.summary, "device_bytes") == info(&r, "device_bytes"), "%ld, the fake holds %ld",
-         json_int(r.summary, "device_bytes"), info(&r, "device_bytes"));
-  child_free(&r);
+  CHECKF(json_int(r.summary, "device_bytes") == mt_t_info(&r, "device_bytes"), "%ld, the fake holds %ld",
+         json_int(r.summary, "device_bytes"), mt_t_info(&r, "device_bytes"));
+  mt_t_child_free(&r);
 }
 
 static void capture_falls_back_until_warm(void) {
-  child_result r;
+  mt_t_child r;
   run_child("capture", NULL, &r);
-  check_child("capture", &r);
+  mt_t_check_child("capture", &r);
   const char *reasons[] = {"capture=3", NULL};
   check_counts(&r, 2, reasons);
-  child_free(&r);
+  mt_t_child_free(&r);
 }
 
 static void capture_before_module_load(void) {
-  child_result r;
+  mt_t_child r;
   run_child("capture_module", NULL, &r);
-  check_child("capture_module", &r);
+  mt_t_check_child("capture_module", &r);
   const char *reasons[] = {"capture=1", "engine error=1", NULL};
   check_counts(&r, 1, reasons);
-  child_free(&r);
+  mt_t_child_free(&r);
 }
 
 static void out_of_memory_warns_once(void) {
   const char *env[] = {"FAKE_CUDA_MEM_LIMIT=4096", NULL};
-  child_result r;
+  mt_t_child r;
   run_child("oom", env, &r);
-  check_child("oom", &r);
+  mt_t_check_child("oom", &r);
   const char *reasons[] = {"out of memory=2", NULL};
   check_counts(&r, 1, reasons);
-  CHECKF(count_of(r.err, " minite WARN ") == 1 && strstr(r.err, "out of memory"), "stderr: %s", r.err);
-  child_free(&r);
+  CHECKF(mt_t_count_of(r.err, " minite WARN ") == 1 && strstr(r.err, "out of memory"), "stderr: %s", r.err);
+  mt_t_child_free(&r);
 }
 
 static void launch_failure_is_engine_error(void) {
   const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_gemm_small_m8:1", NULL};
-  child_result r;
+  mt_t_child r;
   run_child("launch_fail", env, &r);
-  check_child("launch_fail", &r);
+  mt_t_check_child("launch_fail", &r);
   const char *reasons[] = {"engine error=2", NULL};
   check_counts(&r, 1, reasons);
-  CHECKF(count_of(r.err, " minite WARN ") == 1 && strstr(r.err, "CUDA error"), "stderr: %s", r.err);
-  child_free(&r);
+  CHECKF(mt_t_count_of(r.err, " minite WARN ") == 1 && strstr(r.err, "CUDA error"), "stderr: %s", r.err);
+  mt_t_child_free(&r);
 }
 
 static void small_decode_shift_kernels(void) {
   const char *env[] = {"MT_SMALL_DECODE=shift", NULL};
-  child_result r;
+  mt_t_child r;
   run_child("small_shift", env, &r);
-  check_child("small_shift", &r);
+  mt_t_check_child("small_shift", &r);
   check_counts(&r, 2, NULL);
-  child_free(&r);
+  mt_t_child_free(&r);
 }
 
 static void small_ws_kernels(void) {
   const char *env[] = {"MT_SMALL_KERNEL=ws", NULL, NULL};
   for (int shift = 0; shift < 2; shift++) {
     env[1] = shift ? "MT_SMALL_DECODE=shift" : NULL;
-    child_result r;
+    mt_t_child r;
     run_child("small_ws", env, &r);
-    check_child("small_ws", &r);
+    mt_t_check_child("small_ws", &r);
     check_counts(&r, 3, NULL);
-    child_free(&r);
+    mt_t_child_free(&r);
   }
 }
 
@@ -1152,89 +1036,76 @@ static void no_context_or_not_sm90_is_no_engine(void) {
   const char *sm80[] = {"FAKE_CUDA_CC=8.0", NULL};
   const char *const *envs[] = {no_ctx, sm80};
   for (int i = 0; i < 2; i++) {
-    child_result r;
+    mt_t_child r;
     run_child("no_engine", envs[i], &r);
-    check_child("no_engine", &r);
+    mt_t_check_child("no_engine", &r);
     const char *reasons[] = {"no engine=2", NULL};
     check_counts(&r, 0, reasons);
-    child_free(&r);
+    mt_t_child_free(&r);
   }
 }
 
 static void strided_batched(void) {
-  child_result r;
+  mt_t_child r;
   run_child("strided", NULL, &r);
-  check_child("strided", &r);
+  mt_t_check_child("strided", &r);
   const char *reasons[] = {"layout=1", NULL};
   check_counts(&r, 2, reasons);
-  child_free(&r);
+  mt_t_child_free(&r);
 }
 
 static void pointer_arrays_read_back(void) {
-  child_result r;
+  mt_t_child r;
   run_child("arrays", NULL, &r);
-  check_child("arrays", &r);
+  mt_t_check_child("arrays", &r);
   const char *reasons[] = {"capture=1", "layout=1", NULL};
   check_counts(&r, 2, reasons);
-  child_free(&r);
+  mt_t_child_free(&r);
 }
 
 static void fp16_through_gemm_ex_64(void) {
-  child_result r;
+  mt_t_child r;
   run_child("fp16", NULL, &r);
-  check_child("fp16", &r);
+  mt_t_check_child("fp16", &r);
   check_counts(&r, 1, NULL);
-  child_free(&r);
+  mt_t_child_free(&r);
 }
 
 static void frozen_capture_needs_an_entry(void) {
   const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", NULL};
-  child_result r;
+  mt_t_child r;
   run_child("frozen_capture", env, &r);
-  check_child("frozen_capture", &r);
+  mt_t_check_child("frozen_capture", &r);
   const char *reasons[] = {"capture=1", NULL};
   check_counts(&r, 3, reasons);
   CHECK(json_int(r.summary, "frozen_weights") == 2 && json_int(r.summary, "cache_full") == 0);
-  child_free(&r);
+  mt_t_child_free(&r);
 }
 
 /* A failure inside the weight cache's preparation (a failed module load or quantization launch)
  * is warned about, as a failed GEMM launch is. */
 static void weight_quantization_failure_warns(void) {
   const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_quant_tensor_bf16:1", NULL};
-  child_result r;
+  mt_t_child r;
   run_child("weight_quant_fail", env, &r);
-  check_child("weight_quant_fail", &r);
+  mt_t_check_child("weight_quant_fail", &r);
   const char *reasons[] = {"engine error=1", NULL};
   check_counts(&r, 1, reasons);
-  CHECKF(count_of(r.err, " minite WARN ") == 1, "no warning for an engine error; stderr: %s", r.err);
-  child_free(&r);
+  CHECKF(mt_t_count_of(r.err, " minite WARN ") == 1, "no warning for an engine error; stderr: %s", r.err);
+  mt_t_child_free(&r);
 }
 
 /* exec.c refuses beta != 0 for any call of more than one problem, across groups: a problem that
  * fails after others ran would leave cuBLAS reading outputs the engine already overwrote. */
 static void grouped_beta_failure_after_a_problem_ran(void) {
   const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_gemm_small_m8:2", NULL};
-  child_result r;
+  mt_t_child r;
   run_child("grouped_beta_partial", env, &r);
-  check_child("grouped_beta_partial", &r);
-  child_free(&r);
+  mt_t_check_child("grouped_beta_partial", &r);
+  mt_t_child_free(&r);
 }
 
-int main(int argc, char **argv) {
-  if (argc == 4 && !strcmp(argv[1], "child"))
-    return child_main(argv[2], argv[3]);
-  const char *b = getenv("MT_BUILD") ? getenv("MT_BUILD") : "build";
-  if (!realpath(b, build) || !realpath("/proc/self/exe", self)) {
-    printf("no build directory %s\n", b);
-    return 1;
-  }
-  mt_t_preload_value(build, preload, sizeof preload);
-  snprintf(tmp, sizeof tmp, "/tmp/mt_shim_engine.XXXXXX");
-  if (!mkdtemp(tmp)) {
-    printf("mkdtemp: %s\n", strerror(errno));
-    return 1;
-  }
+static void tests(void) {
   RUN(requantize_kernels_in_order);
   RUN(lt_routed_with_bias);
   RUN(frozen_entries_and_cache_full);
@@ -1251,9 +1122,9 @@ int main(int argc, char **argv) {
   RUN(frozen_capture_needs_an_entry);
   RUN(grouped_beta_failure_after_a_problem_ran);
   RUN(weight_quantization_failure_warns);
-  char cmd[PATH_MAX + 16];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-  if (!mt_t_failed && system(cmd) != 0)
-    printf("could not remove %s\n", tmp);
-  return mt_test_done();
+}
+
+int main(int argc, char **argv) {
+  return mt_t_scenario_main(argc, argv, "/tmp/mt_shim_engine.XXXXXX", ROUTES, load_all, scenarios,
+                            sizeof scenarios / sizeof scenarios[0], tests);
 }

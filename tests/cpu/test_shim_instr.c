@@ -27,10 +27,7 @@
 #include "shim/param.h"
 #include "tests/cpu/fake/fake.h"
 #include "tests/cpu/fake/fake_cuda.h"
-#include "tests/cpu/preload.h"
-#include "tests/harness.h"
-
-extern char **environ;
+#include "tests/cpu/scenario.h"
 
 #define OUT 256
 #define IN 512
@@ -56,32 +53,18 @@ static fake_cuda_hold_events_fn hold_events;
 static fake_cuda_event_queries_fn event_queries;
 static uint32_t seed = 777;
 
-static uint16_t *matrix(size_t elems) {
-  uint16_t *p = aligned_alloc(64, (elems * 2 + 63) / 64 * 64);
-  for (size_t i = 0; i < elems; i++) {
-    seed = seed * 1664525u + 1013904223u;
-    p[i] = fake_float_to_bf16((float)((int)(seed >> 25) - 64) / 64.0f);
-  }
-  return p;
-}
-
-static void *sym(void *lib, const char *name) {
-  void *p = dlsym(lib, name);
-  if (!p)
-    printf("    child: %s not found\n", name);
-  return p;
-}
+static uint16_t *matrix(size_t elems) { return mt_t_matrix(&seed, elems); }
 
 static int load_fakes(const char *build) {
   char path[PATH_MAX + 64];
   snprintf(path, sizeof path, "%s/tests/cpu/fake/driver/libcuda.so.1", build);
   if (!(lib_cuda = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
     return printf("    child: %s\n", dlerror()), -1;
-  cuda_events = (fake_cuda_events_fn)sym(lib_cuda, "fake_cuda_events");
-  cuda_counts = (fake_cuda_counts_fn)sym(lib_cuda, "fake_cuda_counts_get");
-  set_capturing = (fake_cuda_set_capturing_fn)sym(lib_cuda, "fake_cuda_set_capturing");
-  hold_events = (fake_cuda_hold_events_fn)sym(lib_cuda, "fake_cuda_hold_events");
-  event_queries = (fake_cuda_event_queries_fn)sym(lib_cuda, "fake_cuda_event_queries");
+  cuda_events = (fake_cuda_events_fn)mt_t_sym(lib_cuda, "fake_cuda_events");
+  cuda_counts = (fake_cuda_counts_fn)mt_t_sym(lib_cuda, "fake_cuda_counts_get");
+  set_capturing = (fake_cuda_set_capturing_fn)mt_t_sym(lib_cuda, "fake_cuda_set_capturing");
+  hold_events = (fake_cuda_hold_events_fn)mt_t_sym(lib_cuda, "fake_cuda_hold_events");
+  event_queries = (fake_cuda_event_queries_fn)mt_t_sym(lib_cuda, "fake_cuda_event_queries");
   snprintf(path, sizeof path, "%s/tests/cpu/fake/libcublas.so.13", build);
   if (!(lib_cublas = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
     return printf("    child: %s\n", dlerror()), -1;
@@ -89,9 +72,9 @@ static int load_fakes(const char *build) {
   if (!(lib_lt = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
     return printf("    child: %s\n", dlerror()), -1;
   hook_gemm = (__typeof__(hook_gemm))dlsym(RTLD_DEFAULT, "cublasGemmEx");
-  cublas_last = (void (*)(fake_record *))sym(lib_cublas, "fake_cublas_last");
-  __typeof__(&cublasCreate_v2) create = (__typeof__(create))sym(lib_cublas, "cublasCreate_v2");
-  __typeof__(&cublasSetStream_v2) set = (__typeof__(set))sym(lib_cublas, "cublasSetStream_v2");
+  cublas_last = (void (*)(fake_record *))mt_t_sym(lib_cublas, "fake_cublas_last");
+  __typeof__(&cublasCreate_v2) create = (__typeof__(create))mt_t_sym(lib_cublas, "cublasCreate_v2");
+  __typeof__(&cublasSetStream_v2) set = (__typeof__(set))mt_t_sym(lib_cublas, "cublasSetStream_v2");
   if (!hook_gemm || !cublas_last || !create || !set || !cuda_events || !hold_events ||
       !event_queries || create(&handle))
     return -1;
@@ -486,114 +469,16 @@ static void scenario_fork(void) {
   unmake(&p);
 }
 
-static const struct {
-  const char *name;
-  void (*fn)(void);
-} scenarios[] = {
+static const mt_t_scenario scenarios[] = {
     {"busy", scenario_busy},         {"fork", scenario_fork},
     {"digest", scenario_digest},     {"digest_frozen", scenario_digest_frozen},
     {"sampling", scenario_sampling}, {"capture", scenario_capture},
     {"bounded", scenario_bounded},   {"join", scenario_join},
 };
 
-static int child_main(const char *name, const char *build) {
-  if (load_fakes(build) != 0)
-    return 3;
-  for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
-    if (!strcmp(scenarios[i].name, name)) {
-      scenarios[i].fn();
-      fflush(stdout);
-      return mt_t_cur_failures ? 1 : 0;
-    }
-  printf("    child: no scenario %s\n", name);
-  return 3;
-}
-
 /* ======================================================================================== */
 /* The parent.                                                                              */
 /* ======================================================================================== */
-
-static char self[PATH_MAX], build[PATH_MAX], tmp[PATH_MAX], preload[2 * PATH_MAX];
-
-typedef struct {
-  int status;
-  char *out, *err, *stats, *summary;
-  char path[PATH_MAX + 64];
-} child_result;
-
-static void child_free(child_result *r) { free(r->out), free(r->err), free(r->stats); }
-
-/* Scenario `name` under nvfp4-row with the routes and statistics, the instruments at `env` ("K=V",
- * NULL-terminated; every MINITE_ instrument not named is 0). */
-static void run_child(const char *name, const char *tag, const char *const env[], child_result *r) {
-  char out[PATH_MAX + 64], err[PATH_MAX + 64];
-  snprintf(out, sizeof out, "%s/%s.out", tmp, tag);
-  snprintf(err, sizeof err, "%s/%s.err", tmp, tag);
-  snprintf(r->path, sizeof r->path, "%s/%s.jsonl", tmp, tag);
-  fflush(stdout);
-  pid_t pid = fork();
-  if (pid == 0) {
-    for (char **e = environ; *e;) {
-      if (!strncmp(*e, "MINITE_", 7) || !strncmp(*e, "LD_PRELOAD=", 11) ||
-          !strncmp(*e, "FAKE_", 5) || !strncmp(*e, "MT_BATCHES=", 11) || !strncmp(*e, "MT_REVERSE=", 11)) {
-        char var[256];
-        snprintf(var, sizeof var, "%.*s", (int)(strchr(*e, '=') - *e), *e);
-        unsetenv(var);
-      } else {
-        e++;
-      }
-    }
-    setenv("MINITE_SPEC", "nvfp4-row", 1);
-    putenv((char *)ROUTES);
-    setenv("MINITE_STATS", r->path, 1);
-    setenv("MINITE_SHADOW", "0", 1);
-    setenv("MINITE_PROBE", "0", 1);
-    setenv("MINITE_DIGEST", "0", 1);
-    for (int i = 0; env && env[i]; i++)
-      putenv((char *)env[i]);
-    setenv("LD_PRELOAD", preload, 1);
-    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 2);
-    execl(self, self, "child", name, build, (char *)NULL);
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r->status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r->out = mt_t_read_file(out, NULL);
-  r->err = mt_t_read_file(err, NULL);
-  r->stats = mt_t_read_file(r->path, NULL);
-  r->summary = r->stats ? strstr(r->stats, "{\"event\": \"summary\"") : NULL;
-}
-
-static void check_child(const char *name, const child_result *r) {
-  int only_info = 1;
-  for (const char *line = r->out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : "")
-    if (strncmp(line, "#info ", 6))
-      only_info = 0;
-  if (!only_info || r->status)
-    printf("    child %s (exit %d):\n%s    stderr: %.2000s\n", name, r->status, r->out ? r->out : "",
-           r->err ? r->err : "");
-  CHECKF(r->status == 0 && only_info, "scenario %s failed", name);
-}
-
-static int count_of(const char *s, const char *needle) {
-  int n = 0;
-  for (const char *p = s; p && (p = strstr(p, needle)); p++)
-    n++;
-  return n;
-}
-
-/* The integer after "key": " in s after `within` (the first occurrence of that text), or -1. */
-static long json_int_in(const char *s, const char *within, const char *key) {
-  const char *w = s && within ? strstr(s, within) : s;
-  char pat[128];
-  snprintf(pat, sizeof pat, "\"%s\": ", key);
-  const char *p = w ? strstr(w, pat) : NULL;
-  return p ? strtol(p + strlen(pat), NULL, 10) : -1;
-}
 
 static double json_num_in(const char *s, const char *within, const char *key) {
   const char *w = s && within ? strstr(s, within) : s;
@@ -603,15 +488,8 @@ static double json_num_in(const char *s, const char *within, const char *key) {
   return p ? strtod(p + strlen(pat), NULL) : NAN;
 }
 
-static long info(const child_result *r, const char *key) {
-  char pat[96];
-  snprintf(pat, sizeof pat, "#info %s ", key);
-  const char *p = r->out ? strstr(r->out, pat) : NULL;
-  return p ? strtol(p + strlen(pat), NULL, 10) : -1;
-}
-
 /* Every "#info key K" of the child is the key of a digest record in its statistics file. */
-static void check_keys_in_file(const child_result *r, int want_keys) {
+static void check_keys_in_file(const mt_t_child *r, int want_keys) {
   int keys = 0, found = 0;
   for (const char *p = r->out; p && (p = strstr(p, "#info key ")); p++) {
     char key[17] = {0}, pat[40];
@@ -647,9 +525,9 @@ static void env_rates(void) {
 static void twin_matches_python_reference(void) {
   const char *py = getenv("PYTHON") ? getenv("PYTHON") : "python3";
   char rows_path[PATH_MAX + 32], script[PATH_MAX + 32], outp[PATH_MAX + 32], cmd[4 * PATH_MAX];
-  snprintf(rows_path, sizeof rows_path, "%s/rows.txt", tmp);
-  snprintf(script, sizeof script, "%s/ref.py", tmp);
-  snprintf(outp, sizeof outp, "%s/ref.out", tmp);
+  snprintf(rows_path, sizeof rows_path, "%s/rows.txt", mt_t_paths.tmp);
+  snprintf(script, sizeof script, "%s/ref.py", mt_t_paths.tmp);
+  snprintf(outp, sizeof outp, "%s/ref.out", mt_t_paths.tmp);
   enum { NROWS = 6 };
   static const int lens[NROWS] = {1, 7, 16, 100, 768, 2048};
   FILE *f = fopen(rows_path, "w");
@@ -715,105 +593,105 @@ static void twin_matches_python_reference(void) {
 
 static void digest_launches_and_records(void) {
   const char *env[] = {"MINITE_DIGEST=1", NULL};
-  child_result r;
-  run_child("digest", "digest", env, &r);
-  check_child("digest", &r);
+  mt_t_child r;
+  mt_t_run_child("digest", "digest", env, &r);
+  mt_t_check_child("digest", &r);
   /* 8 + 8 + 3 rows, 5 of the Lt call with bias; the beta call skipped */
-  CHECKF(count_of(r.stats, "\"event\": \"digest\"") == 24, "%d digest records",
-         count_of(r.stats, "\"event\": \"digest\""));
+  CHECKF(mt_t_count_of(r.stats, "\"event\": \"digest\"") == 24, "%d digest records",
+         mt_t_count_of(r.stats, "\"event\": \"digest\""));
   check_keys_in_file(&r, 16);
-  CHECK(json_int_in(r.summary, "\"digests\": {", "written") == 24 &&
-        json_int_in(r.summary, "\"digests\": {", "dropped") == 0);
-  CHECK(json_int_in(r.summary, "\"digest\": {\"rate\"", "calls") == 5 &&
-        json_int_in(r.summary, "\"digest\": {\"rate\"", "beta") == 1);
+  CHECK(mt_t_json_int_in(r.summary, "\"digests\": {", "written") == 24 &&
+        mt_t_json_int_in(r.summary, "\"digests\": {", "dropped") == 0);
+  CHECK(mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "calls") == 5 &&
+        mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "beta") == 1);
   /* the fake GEMM writes the mark everywhere: every output row has the same hash */
   uint16_t mark[OUT];
   for (int i = 0; i < OUT; i++)
     mark[i] = FAKE_CUDA_MARK;
   char pat[64];
   snprintf(pat, sizeof pat, "\"hash\": \"%016" PRIx64 "\"", mt_instr_out_hash(mark, OUT, 0));
-  CHECK(count_of(r.stats, pat) == 24);
+  CHECK(mt_t_count_of(r.stats, pat) == 24);
   CHECKF(r.err && !r.err[0], "stderr: %s", r.err);
-  child_free(&r);
+  mt_t_child_free(&r);
 }
 
 static void digest_frozen_uses_the_cache_sum(void) {
   const char *env[] = {"MINITE_DIGEST=1", "MINITE_WEIGHT_CACHE=frozen", NULL};
-  child_result r;
-  run_child("digest_frozen", "digest_frozen", env, &r);
-  check_child("digest_frozen", &r);
+  mt_t_child r;
+  mt_t_run_child("digest_frozen", "digest_frozen", env, &r);
+  mt_t_check_child("digest_frozen", &r);
   /* the fake's wcheck computes nothing: the stored sum is 0, so the key differs from the twin's:
    * what is checked is that the frozen sum (not a hash of the weight) reached the records */
-  CHECK(count_of(r.stats, "\"event\": \"digest\"") == 4);
-  child_free(&r);
+  CHECK(mt_t_count_of(r.stats, "\"event\": \"digest\"") == 4);
+  mt_t_child_free(&r);
 }
 
 static void sampling_is_per_route_and_deterministic(void) {
   const char *env[] = {"MINITE_SHADOW=1/3", "MINITE_PROBE=0.5", NULL};
-  child_result r;
-  run_child("sampling", "sampling", env, &r);
-  check_child("sampling", &r);
-  CHECK(info(&r, "shadows") == 3 && info(&r, "probes") == 4);
+  mt_t_child r;
+  mt_t_run_child("sampling", "sampling", env, &r);
+  mt_t_check_child("sampling", &r);
+  CHECK(mt_t_info(&r, "shadows") == 3 && mt_t_info(&r, "probes") == 4);
   /* the route's M = 1 calls count for the shadow too: 14 calls, every 3rd */
-  CHECKF(json_int_in(r.summary, "\"256x512\": {\"shadow\"", "calls") == 5,
+  CHECKF(mt_t_json_int_in(r.summary, "\"256x512\": {\"shadow\"", "calls") == 5,
          "%s", r.summary ? r.summary : "(no summary)");
-  CHECK(json_int_in(r.summary, "\"256x512\": {\"shadow\"", "rows") == 16);
-  CHECK(json_int_in(r.summary, "\"256x512\": {\"shadow\"", "differing") == 0);
-  CHECK(json_int_in(r.summary, "\"1024x512\": {\"shadow\"", "calls") == 1);
-  CHECK(count_of(r.stats, "\"event\": \"shadow\"") == 6 && count_of(r.stats, "\"event\": \"probe\"") == 5);
+  CHECK(mt_t_json_int_in(r.summary, "\"256x512\": {\"shadow\"", "rows") == 16);
+  CHECK(mt_t_json_int_in(r.summary, "\"256x512\": {\"shadow\"", "differing") == 0);
+  CHECK(mt_t_json_int_in(r.summary, "\"1024x512\": {\"shadow\"", "calls") == 1);
+  CHECK(mt_t_count_of(r.stats, "\"event\": \"shadow\"") == 6 && mt_t_count_of(r.stats, "\"event\": \"probe\"") == 5);
   /* the fake GEMM's mark against cuBLAS's product: a finite, non-zero error */
   double rel = json_num_in(r.summary, "\"256x512\": {\"shadow\"", "rel_l2_mean");
   CHECKF(rel > 0 && isfinite(rel), "rel_l2_mean %g", rel);
-  child_free(&r);
+  mt_t_child_free(&r);
 }
 
 static void capture_skips_the_instruments(void) {
   const char *env[] = {"MINITE_DIGEST=1", NULL};
-  child_result r;
-  run_child("capture", "capture", env, &r);
-  check_child("capture", &r);
-  CHECK(json_int_in(r.summary, "\"digest\": {\"rate\"", "capture") == 1);
-  CHECK(count_of(r.stats, "\"event\": \"digest\"") == 16);
-  child_free(&r);
+  mt_t_child r;
+  mt_t_run_child("capture", "capture", env, &r);
+  mt_t_check_child("capture", &r);
+  CHECK(mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "capture") == 1);
+  CHECK(mt_t_count_of(r.stats, "\"event\": \"digest\"") == 16);
+  mt_t_child_free(&r);
 }
 
 static void bounded_slots_drop_and_count(void) {
   const char *env[] = {"MINITE_DIGEST=1", "MINITE_INSTR_SLOTS=256", NULL};
-  child_result r;
-  run_child("bounded", "bounded", env, &r);
-  check_child("bounded", &r);
-  long held = info(&r, "held_digests");
+  mt_t_child r;
+  mt_t_run_child("bounded", "bounded", env, &r);
+  mt_t_check_child("bounded", &r);
+  long held = mt_t_info(&r, "held_digests");
   CHECKF(held == 256, "%ld calls instrumented while every event was held, want the 256 slots", held);
   /* 128 of the big call's 200 rows + 256 x 2 + 3 x 2 written; 72 rows dropped; 44 calls found no
    * slot; 5 calls in flight at exit */
-  CHECKF(json_int_in(r.summary, "\"digests\": {", "written") == 128 + 512 + 6, "%s",
+  CHECKF(mt_t_json_int_in(r.summary, "\"digests\": {", "written") == 128 + 512 + 6, "%s",
          r.summary ? strstr(r.summary, "\"digests\"") : "");
-  CHECK(json_int_in(r.summary, "\"digests\": {", "dropped") == 72);
-  CHECK(json_int_in(r.summary, "\"digest\": {\"rate\"", "no slot") == 44);
-  CHECK(json_int_in(r.summary, "\"digest\": {\"rate\"", "exit") == 5);
-  CHECK(json_int_in(r.summary, "\"instruments\": {", "dropped_calls") == 44);
-  child_free(&r);
+  CHECK(mt_t_json_int_in(r.summary, "\"digests\": {", "dropped") == 72);
+  CHECK(mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "no slot") == 44);
+  CHECK(mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "exit") == 5);
+  CHECK(mt_t_json_int_in(r.summary, "\"instruments\": {", "dropped_calls") == 44);
+  mt_t_child_free(&r);
 }
 
 static void scratch_busy_on_another_stream(void) {
   const char *env[] = {"MINITE_SHADOW=1", "MINITE_PROBE=1", "MINITE_DIGEST=1", NULL};
-  child_result r;
-  run_child("busy", "busy", env, &r);
-  check_child("busy", &r);
-  CHECK(json_int_in(r.summary, "\"shadow\": {\"rate\"", "busy") == 1 &&
-        json_int_in(r.summary, "\"probe\": {\"rate\"", "busy") == 1);
-  CHECK(json_int_in(r.summary, "\"digests\": {", "written") == 16);
-  child_free(&r);
+  mt_t_child r;
+  mt_t_run_child("busy", "busy", env, &r);
+  mt_t_check_child("busy", &r);
+  CHECK(mt_t_json_int_in(r.summary, "\"shadow\": {\"rate\"", "busy") == 1 &&
+        mt_t_json_int_in(r.summary, "\"probe\": {\"rate\"", "busy") == 1);
+  CHECK(mt_t_json_int_in(r.summary, "\"digests\": {", "written") == 16);
+  mt_t_child_free(&r);
 }
 
 static void fork_child_instruments_nothing(void) {
   const char *env[] = {"MINITE_DIGEST=1", NULL};
-  child_result r;
-  run_child("fork", "fork", env, &r);
-  check_child("fork", &r);
-  CHECK(count_of(r.stats, "\"event\": \"summary\"") == 1);
-  CHECK(json_int_in(r.summary, "\"digests\": {", "written") == 8);
-  child_free(&r);
+  mt_t_child r;
+  mt_t_run_child("fork", "fork", env, &r);
+  mt_t_check_child("fork", &r);
+  CHECK(mt_t_count_of(r.stats, "\"event\": \"summary\"") == 1);
+  CHECK(mt_t_json_int_in(r.summary, "\"digests\": {", "written") == 8);
+  mt_t_child_free(&r);
 }
 
 /* Two processes, the same rows in different batches: minite-compare joins every row, equal. */
@@ -824,47 +702,34 @@ static void join_two_batchings_through_minite_compare(void) {
     const char *a_env[] = {"MINITE_DIGEST=1", "MT_BATCHES=64", spec_env[s], NULL};
     const char *b_env[] = {"MINITE_DIGEST=1", "MINITE_SHADOW=1", "MINITE_PROBE=1",
                            "MT_BATCHES=7,1", "MT_REVERSE=1", spec_env[s], NULL};
-    child_result a, b;
-    run_child("join", s ? "join_bf16_a" : "join_a", a_env, &a);
-    run_child("join", s ? "join_bf16_b" : "join_b", b_env, &b);
-    check_child("join a", &a);
-    check_child("join b", &b);
+    mt_t_child a, b;
+    mt_t_run_child("join", s ? "join_bf16_a" : "join_a", a_env, &a);
+    mt_t_run_child("join", s ? "join_bf16_b" : "join_b", b_env, &b);
+    mt_t_check_child("join a", &a);
+    mt_t_check_child("join b", &b);
     char cmd[4 * PATH_MAX], out[PATH_MAX + 32];
-    snprintf(out, sizeof out, "%s/compare%d.json", tmp, s);
+    snprintf(out, sizeof out, "%s/compare%d.json", mt_t_paths.tmp, s);
     snprintf(cmd, sizeof cmd, "%s scripts/minite-compare %s %s --json > %s", py, a.path, b.path, out);
     int st = system(cmd);
     char *doc = mt_t_read_file(out, NULL);
     CHECKF(st == 0 && doc, "minite-compare exit %d", st);
     const char *total = doc ? strstr(doc, "\"total\"") : NULL;
-    CHECKF(json_int_in(total, NULL, "matched") == 64 && json_int_in(total, NULL, "equal") == 64,
+    CHECKF(mt_t_json_int_in(total, NULL, "matched") == 64 && mt_t_json_int_in(total, NULL, "equal") == 64,
            "%s: %.600s", spec_env[s], total ? total : "(no total)");
     if (s == 1) { /* bf16: cuBLAS against cuBLAS: the shadow is exactly 0, no row differs alone */
       CHECKF(json_num_in(b.summary, "\"256x512\": {\"shadow\"", "rel_l2_max") == 0.0 &&
              json_num_in(b.summary, "\"256x512\": {\"shadow\"", "max_abs") == 0.0, "%s",
              b.summary ? b.summary : "");
-      CHECK(json_int_in(b.summary, "\"256x512\": {\"shadow\"", "calls") > 0);
-      CHECK(json_int_in(b.summary, "\"256x512\": {\"shadow\"", "differing") == 0 &&
-            json_int_in(b.summary, "\"256x512\": {\"shadow\"", "rows") > 0);
+      CHECK(mt_t_json_int_in(b.summary, "\"256x512\": {\"shadow\"", "calls") > 0);
+      CHECK(mt_t_json_int_in(b.summary, "\"256x512\": {\"shadow\"", "differing") == 0 &&
+            mt_t_json_int_in(b.summary, "\"256x512\": {\"shadow\"", "rows") > 0);
     }
     free(doc);
-    child_free(&a), child_free(&b);
+    mt_t_child_free(&a), mt_t_child_free(&b);
   }
 }
 
-int main(int argc, char **argv) {
-  if (argc == 4 && !strcmp(argv[1], "child"))
-    return child_main(argv[2], argv[3]);
-  const char *b = getenv("MT_BUILD") ? getenv("MT_BUILD") : "build";
-  if (!realpath(b, build) || !realpath("/proc/self/exe", self)) {
-    printf("no build directory %s\n", b);
-    return 1;
-  }
-  mt_t_preload_value(build, preload, sizeof preload);
-  snprintf(tmp, sizeof tmp, "/tmp/mt_shim_instr.XXXXXX");
-  if (!mkdtemp(tmp)) {
-    printf("mkdtemp: %s\n", strerror(errno));
-    return 1;
-  }
+static void tests(void) {
   RUN(env_rates);
   RUN(twin_matches_python_reference);
   RUN(digest_launches_and_records);
@@ -875,9 +740,9 @@ int main(int argc, char **argv) {
   RUN(scratch_busy_on_another_stream);
   RUN(fork_child_instruments_nothing);
   RUN(join_two_batchings_through_minite_compare);
-  char cmd[PATH_MAX + 16];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-  if (!mt_t_failed && system(cmd) != 0)
-    printf("could not remove %s\n", tmp);
-  return mt_test_done();
+}
+
+int main(int argc, char **argv) {
+  return mt_t_scenario_main(argc, argv, "/tmp/mt_shim_instr.XXXXXX", ROUTES, load_fakes, scenarios,
+                            sizeof scenarios / sizeof scenarios[0], tests);
 }

@@ -1,0 +1,207 @@
+/* scenario.h — what the CPU tests that run each scenario in a child process under the preloaded
+ * shim share (tests/cpu/test_shim_engine.c, tests/cpu/test_shim_instr.c): random BF16 matrices,
+ * symbols of the fakes, the child (a clean environment with nvfp4-row, the routes and statistics,
+ * the instruments off unless a scenario asks; its stdout, stderr and statistics file kept), reading
+ * what it wrote, and the main that dispatches "child NAME BUILD" or runs the parent's tests. */
+#ifndef MT_TESTS_SCENARIO_H
+#define MT_TESTS_SCENARIO_H
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/cpu/fake/fake.h"
+#include "tests/cpu/preload.h"
+#include "tests/harness.h"
+
+#define MT_T_UNUSED __attribute__((unused))
+
+extern char **environ;
+
+/* Values k/64 in [-1, 1): exact in BF16; the generator (an LCG in *seed) is the same everywhere. */
+MT_T_UNUSED static uint16_t *mt_t_matrix(uint32_t *seed, size_t elems) {
+  uint16_t *p = aligned_alloc(64, (elems * 2 + 63) / 64 * 64);
+  for (size_t i = 0; i < elems; i++) {
+    *seed = *seed * 1664525u + 1013904223u;
+    p[i] = fake_float_to_bf16((float)((int)(*seed >> 25) - 64) / 64.0f);
+  }
+  return p;
+}
+
+MT_T_UNUSED static void *mt_t_sym(void *lib, const char *name) {
+  void *p = dlsym(lib, name);
+  if (!p)
+    printf("    child: %s not found\n", name);
+  return p;
+}
+
+/* ---- the parent ------------------------------------------------------------------------ */
+
+static struct {
+  char self[PATH_MAX], build[PATH_MAX], tmp[PATH_MAX], preload[2 * PATH_MAX];
+  const char *routes; /* "MINITE_ROUTE=..." */
+} mt_t_paths;
+
+typedef struct {
+  int status;
+  char *out, *err, *stats; /* the child's stdout, stderr and statistics file (NULL if none) */
+  const char *summary;     /* its summary record, inside stats */
+  char path[PATH_MAX + 64];
+} mt_t_child;
+
+/* Variables of the caller's environment that would change a child's behaviour. */
+static int mt_t_scrubbed(const char *e) {
+  static const char *const prefixes[] = {"MINITE_", "LD_PRELOAD=", "FAKE_", "RANK=", "MT_BATCHES=",
+                                         "MT_REVERSE="};
+  for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++)
+    if (!strncmp(e, prefixes[i], strlen(prefixes[i])))
+      return 1;
+  return 0;
+}
+
+static void mt_t_child_env(const char *stats, const char *const env[]) {
+  for (char **e = environ; *e;) {
+    if (mt_t_scrubbed(*e)) {
+      char var[256];
+      snprintf(var, sizeof var, "%.*s", (int)(strchr(*e, '=') - *e), *e);
+      unsetenv(var);
+    } else {
+      e++;
+    }
+  }
+  setenv("MINITE_SPEC", "nvfp4-row", 1);
+  putenv((char *)mt_t_paths.routes);
+  setenv("MINITE_STATS", stats, 1);
+  setenv("MINITE_SHADOW", "0", 1); /* the instruments add launches: on only where asked */
+  setenv("MINITE_PROBE", "0", 1);
+  setenv("MINITE_DIGEST", "0", 1);
+  for (int i = 0; env && env[i]; i++)
+    putenv((char *)env[i]);
+  setenv("LD_PRELOAD", mt_t_paths.preload, 1);
+}
+
+/* Run scenario `name` in a child under the shim, its files named after `tag`, with `env`
+ * ("K=V", NULL-terminated) applied after the defaults of mt_t_child_env. */
+MT_T_UNUSED static void mt_t_run_child(const char *name, const char *tag, const char *const env[],
+                                       mt_t_child *r) {
+  char out[PATH_MAX + 64], err[PATH_MAX + 64];
+  snprintf(out, sizeof out, "%s/%s.out", mt_t_paths.tmp, tag);
+  snprintf(err, sizeof err, "%s/%s.err", mt_t_paths.tmp, tag);
+  snprintf(r->path, sizeof r->path, "%s/%s.jsonl", mt_t_paths.tmp, tag);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    mt_t_child_env(r->path, env);
+    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    execl(mt_t_paths.self, mt_t_paths.self, "child", name, mt_t_paths.build, (char *)NULL);
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r->status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r->out = mt_t_read_file(out, NULL);
+  r->err = mt_t_read_file(err, NULL);
+  r->stats = mt_t_read_file(r->path, NULL);
+  r->summary = r->stats ? strstr(r->stats, "{\"event\": \"summary\"") : NULL;
+}
+
+MT_T_UNUSED static void mt_t_child_free(mt_t_child *r) { free(r->out), free(r->err), free(r->stats); }
+
+/* The child passed: exit 0 and nothing on stdout but "#info" lines (its failed checks otherwise,
+ * shown here). */
+MT_T_UNUSED static void mt_t_check_child(const char *name, const mt_t_child *r) {
+  int only_info = 1;
+  for (const char *line = r->out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : "")
+    if (strncmp(line, "#info ", 6))
+      only_info = 0;
+  if (!only_info || r->status)
+    printf("    child %s (exit %d):\n%s    stderr: %.2000s\n", name, r->status, r->out ? r->out : "",
+           r->err ? r->err : "");
+  CHECKF(r->status == 0 && only_info, "scenario %s failed", name);
+}
+
+MT_T_UNUSED static int mt_t_count_of(const char *s, const char *needle) {
+  int n = 0;
+  for (const char *p = s; p && (p = strstr(p, needle)); p++)
+    n++;
+  return n;
+}
+
+/* The integer after "key": " in s, after the first occurrence of `within` when it is not NULL;
+ * -1 when absent. */
+MT_T_UNUSED static long mt_t_json_int_in(const char *s, const char *within, const char *key) {
+  const char *w = s && within ? strstr(s, within) : s;
+  char pat[128];
+  snprintf(pat, sizeof pat, "\"%s\": ", key);
+  const char *p = w ? strstr(w, pat) : NULL;
+  return p ? strtol(p + strlen(pat), NULL, 10) : -1;
+}
+
+/* The child's "#info KEY N" line: N, or -1. */
+MT_T_UNUSED static long mt_t_info(const mt_t_child *r, const char *key) {
+  char pat[96];
+  snprintf(pat, sizeof pat, "#info %s ", key);
+  const char *p = r->out ? strstr(r->out, pat) : NULL;
+  return p ? strtol(p + strlen(pat), NULL, 10) : -1;
+}
+
+/* ---- main ------------------------------------------------------------------------------ */
+
+typedef struct {
+  const char *name;
+  void (*fn)(void);
+} mt_t_scenario;
+
+static int mt_t_child_main(const char *name, const char *build, int (*load)(const char *),
+                           const mt_t_scenario *sc, size_t n) {
+  if (load(build) != 0)
+    return 3;
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(sc[i].name, name)) {
+      sc[i].fn();
+      fflush(stdout);
+      return mt_t_cur_failures ? 1 : 0;
+    }
+  printf("    child: no scenario %s\n", name);
+  return 3;
+}
+
+/* "child NAME BUILD": load the fakes from BUILD and run scenario NAME. Otherwise the parent: the
+ * paths (MT_BUILD or build; a temporary folder from `tmpl`), then `tests`, then the folder is
+ * removed unless a test failed. */
+MT_T_UNUSED static int mt_t_scenario_main(int argc, char **argv, const char *tmpl, const char *routes,
+                                          int (*load)(const char *), const mt_t_scenario *sc,
+                                          size_t n, void (*tests)(void)) {
+  if (argc == 4 && !strcmp(argv[1], "child"))
+    return mt_t_child_main(argv[2], argv[3], load, sc, n);
+  const char *b = getenv("MT_BUILD") ? getenv("MT_BUILD") : "build";
+  if (!realpath(b, mt_t_paths.build) || !realpath("/proc/self/exe", mt_t_paths.self)) {
+    printf("no build directory %s\n", b);
+    return 1;
+  }
+  mt_t_paths.routes = routes;
+  mt_t_preload_value(mt_t_paths.build, mt_t_paths.preload, sizeof mt_t_paths.preload);
+  snprintf(mt_t_paths.tmp, sizeof mt_t_paths.tmp, "%s", tmpl);
+  if (!mkdtemp(mt_t_paths.tmp)) {
+    printf("mkdtemp: %s\n", strerror(errno));
+    return 1;
+  }
+  tests();
+  char cmd[PATH_MAX + 16];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", mt_t_paths.tmp);
+  if (!mt_t_failed && system(cmd) != 0)
+    printf("could not remove %s\n", mt_t_paths.tmp);
+  return mt_test_done();
+}
+
+#endif
