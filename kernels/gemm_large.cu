@@ -390,11 +390,13 @@ template <int BN, int BMT = BM> __device__ static void run(const mt_large_args &
   }
 }
 
-// The TMA-store variant (mt_gemm_large_ts_nBN, MT_LARGE_VARIANT=ts): v5 with one stage fewer and
+// The TMA-store variant (mt_gemm_large_ts_nBN, MT_LARGE_VARIANT=ts): v6 with one stage fewer and
 // the epilogue writing its outputs into a staging tile in shared memory (64 x BN per consumer
 // warpgroup) that one thread then stores by TMA (boxes of 64 x 64, clipped at M and N): full
 // 128-byte lines instead of 16-byte pieces from 8 rows per store instruction, and the stores
-// overlap the next tile's K loop. Same arithmetic, same bits.
+// overlap the next tile's K loop. Same arithmetic, same bits. The clip at N works in 16-byte
+// pieces: at N = 271 device call 3 saw column 271 (the caller's padding) written, so kernels/gemm.c
+// runs it only when N % 8 == 0.
 template <int BN> __device__ static void run_ts(const mt_large_args &a) {
   constexpr int S = MT_LARGE_STAGES_TS(BN), SB = MT_LARGE_STAGE_BYTES(BN);
   extern __shared__ uint8_t smem_raw[];
