@@ -3,12 +3,12 @@
  * CUDA graph capture once the module is loaded. */
 #include "kernels/gemm.h"
 
+#include <pthread.h>
 #include <stddef.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "kernels/driver.h"
 #include "kernels/gemm_args.h"
+#include "shim/param.h"
 
 size_t mt_gemm_frag_bytes(int n, int k) {
   if (n <= 0 || k <= 0 || n % 16)
@@ -27,17 +27,52 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
   return mt_launch(f, gx, gy, threads, 1, smem, dependent, (CUstream)stream, args);
 }
 
-/* MT_SMALL_DECODE=shift (read once; for measurements, not for users): the small-M kernels' experimental
- * decode by shifts and masks (gemm_small.cu: weight_frag_shift) and the fragment order it reads,
- * written by mt_gemm_pack_shift. Same bits when the GPU keeps BF16 subnormal inputs, which the GPU
- * tests check when run with it. */
+/* The kernel measurement knobs (kernels/NOTES.md; README "The engine"), read once through
+ * shim/param.h like every setting, so that a set one is logged at INFO and an invalid one warned
+ * about; for measurements, not for users, and leaving them unset runs the measured defaults.
+ *  MT_SMALL_DECODE=shift: the small-M kernels' decode by shifts and masks (gemm_small.cu:
+ *    weight_frag_shift) and the fragment order it reads (mt_gemm_pack_shift). Same bits on the H200.
+ *  MT_SMALL_KERNEL=ws: the warp-specialized small-M kernels (mt_gemm_small_ws_*: a chain warp that
+ *    only loads ready fragments and runs the MMAs, four warps decoding for it) where they apply:
+ *    m <= 16 (fused at m <= 4), k <= 8192. Same bits, not faster, 2x slower on DeepSeek's shapes.
+ *  MT_LARGE_VARIANT: "1" the previous large-M kernel (mt_gemm_large_v1_nBN, one tile per CTA), "np"
+ *    the current one with one CTA per tile instead of a persistent grid, "mc" clusters of 2 CTAs
+ *    sharing the weight or the activation tile by TMA multicast (mt_gemm_large_mcw/mca_nBN), "m64"
+ *    also tiles of 64 tokens where they cost less, "ts" outputs stored by TMA from shared memory
+ *    (mt_gemm_large_ts_nBN, only where n % 8 == 0). Same bits in every case.
+ *  MT_LARGE_BN: a tile width taken instead of the launcher's choice (256, 192 or 128 for every
+ *    variant; 96 or 64 for the default and np). */
+enum { LARGE_V5, LARGE_V1, LARGE_NP, LARGE_MC, LARGE_M64, LARGE_TS };
+static struct {
+  int small_shift, small_ws, large_variant, large_bn;
+} knobs;
+static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
+
+static void knobs_read(void) {
+  static const char *const decode[] = {"default", "shift", NULL}, *const small[] = {"default", "ws", NULL};
+  static const char *const large[] = {"default", "1", "np", "mc", "m64", "ts", NULL};
+  static const char *const widths[] = {"default", "256", "192", "128", "96", "64", NULL};
+  static const int width_of[] = {0, 256, 192, 128, 96, 64};
+  int errors = 0; /* a warning is enough: these are not the user's settings */
+  knobs.small_shift = mt_param_choice("MT_SMALL_DECODE", decode, 0, &errors) == 1;
+  knobs.small_ws = mt_param_choice("MT_SMALL_KERNEL", small, 0, &errors) == 1;
+  knobs.large_variant = mt_param_choice("MT_LARGE_VARIANT", large, 0, &errors); /* order of the enum */
+  knobs.large_bn = width_of[mt_param_choice("MT_LARGE_BN", widths, 0, &errors)];
+}
+
 static int small_shift(void) {
-  static int v = -1;
-  if (v < 0) {
-    const char *s = getenv("MT_SMALL_DECODE");
-    v = s && !strcmp(s, "shift");
-  }
-  return v;
+  pthread_once(&knobs_once, knobs_read);
+  return knobs.small_shift;
+}
+
+static int small_ws(void) {
+  pthread_once(&knobs_once, knobs_read);
+  return knobs.small_ws;
+}
+
+static int large_variant(void) {
+  pthread_once(&knobs_once, knobs_read);
+  return knobs.large_variant;
 }
 
 int mt_gemm_pack_weight(const mt_qweight *q, const uint32_t *only_if, mt_stream stream) {
@@ -66,21 +101,6 @@ static void epilogue_args(const mt_gemm_args *a, const mt_qact *q, mt_epilogue_a
   e->biastype = (int)a->biastype;
   e->alpha = a->alpha;
   e->beta = a->beta;
-}
-
-/* MT_SMALL_KERNEL (read once): "ws" runs the warp-specialized small-M kernels (gemm_small.cu:
- * mt_gemm_small_ws_*: a chain warp that only loads ready fragments and runs the MMAs, four warps
- * decoding for it) where they apply: m <= 16 (fused at m <= 4), k <= 8192; with
- * MT_SMALL_DECODE=shift their decoders use that decode (mt_gemm_small_ws_*_shift). Same bits as
- * the other kernels (GPU tests and memcheck pass under it), but not faster on the H200, 2x slower
- * on DeepSeek's shapes (kernels/NOTES.md, v9): for measurements, not for users. */
-static int small_ws(void) {
-  static int v = -1;
-  if (v < 0) {
-    const char *s = getenv("MT_SMALL_KERNEL");
-    v = s && !strcmp(s, "ws");
-  }
-  return v;
 }
 
 /* The ws kernels' K class (gemm_args.h: the CTA's records for all of K sit in shared memory), or
@@ -217,31 +237,10 @@ static int large_m64_bn(int m, int n, int bn) {
   return pick;
 }
 
-/* MT_LARGE_VARIANT (read once; for measurements, not for users): "1" runs the previous kernel
- * (mt_gemm_large_v1_nBN, one tile per CTA), "np" the current kernel with one CTA per tile instead
- * of a persistent grid of one CTA per SM, "mc" clusters of 2 CTAs sharing the weight or the
- * activation tile by TMA multicast (mt_gemm_large_mcw_nBN, mt_gemm_large_mca_nBN), "m64" also
- * tiles of 64 tokens (mt_gemm_large_m64_n64/n128) where they cost less, "ts" outputs stored by
- * TMA from shared memory (mt_gemm_large_ts_nBN). Same bits in every case. */
-enum { LARGE_V5, LARGE_V1, LARGE_NP, LARGE_MC, LARGE_M64, LARGE_TS };
-static int large_variant(void) {
-  static int v = -1;
-  if (v < 0) {
-    const char *s = getenv("MT_LARGE_VARIANT");
-    v = !s ? LARGE_V5 : !strcmp(s, "1") ? LARGE_V1 : !strcmp(s, "np") ? LARGE_NP : !strcmp(s, "mc") ? LARGE_MC
-        : !strcmp(s, "m64") ? LARGE_M64 : !strcmp(s, "ts") ? LARGE_TS : LARGE_V5;
-  }
-  return v;
-}
-
-/* MT_LARGE_BN (read once; for measurements): a tile width the launcher takes instead of its own
- * choice (256, 192 or 128 for every variant; 96 or 64 for v5 and np). */
+/* MT_LARGE_BN where the variant has that width, else 0 (the launcher's choice). */
 static int large_forced_bn(int variant) {
-  static int w = -1;
-  if (w < 0) {
-    const char *s = getenv("MT_LARGE_BN");
-    w = s ? atoi(s) : 0;
-  }
+  pthread_once(&knobs_once, knobs_read);
+  int w = knobs.large_bn;
   if (w == 256 || w == 192 || w == 128 || ((w == 96 || w == 64) && (variant == LARGE_V5 || variant == LARGE_NP)))
     return w;
   return 0;
