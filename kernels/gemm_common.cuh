@@ -44,3 +44,26 @@ __device__ static inline uint32_t smem_u32(const void *p) { return (uint32_t)__c
 // activation quantization before them still runs; this waits for that grid to complete and its
 // writes to be visible. A no-op when the launch did not allow overlap.
 __device__ static inline void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// mbarriers in shared memory (sm_90): the large path's stage ring and the small path's ws slots.
+__device__ static inline void mbar_init(uint64_t *bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+}
+
+// one arrival, and `bytes` more expected before the phase completes
+__device__ static inline void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ static inline void mbar_arrive(uint64_t *bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
+__device__ static inline void mbar_wait(uint64_t *bar, int parity) {
+  asm volatile("{\n.reg .pred p;\nWAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               "@!p bra WAIT;\n}\n" ::"r"(smem_u32(bar)),
+               "r"(parity)
+               : "memory");
+}

@@ -34,27 +34,6 @@
 
 // shared-memory barriers, TMA and wgmma descriptors (sm_90a)
 
-__device__ static inline void mbar_init(uint64_t *bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
-}
-
-__device__ static inline void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-}
-
-__device__ static inline void mbar_arrive(uint64_t *bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-
-__device__ static inline void mbar_wait(uint64_t *bar, int parity) {
-  asm volatile("{\n.reg .pred p;\nWAIT:\n"
-               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-               "@!p bra WAIT;\n}\n" ::"r"(smem_u32(bar)),
-               "r"(parity)
-               : "memory");
-}
-
 __device__ static inline void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
                ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
@@ -340,7 +319,7 @@ template <int BN, int BMT = BM> __device__ static void run(const mt_large_args &
     // the weight tiles of the first stages before waiting for the activations' quantization
     const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * BMT;
     for (int kb = 0; kb < pre; kb++) {
-      mbar_expect_tx(&full[kb], SB);
+      mbar_arrive_expect_tx(&full[kb], SB);
       tma_load_2d(smem + kb * SB + AT, &a.tw, &full[kb], kb * BK, n_first);
     }
     grid_dependency_wait();
@@ -355,7 +334,7 @@ template <int BN, int BMT = BM> __device__ static void run(const mt_large_args &
         const int s = it % S;
         mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
         uint8_t *sa = smem + s * SB, *sw = sa + AT;
-        mbar_expect_tx(&full[s], SB);
+        mbar_arrive_expect_tx(&full[s], SB);
         tma_load_2d(sa, &a.ta, &full[s], kb * BK, m0);
         tma_load_2d(sw, &a.tw, &full[s], kb * BK, n0);
       }
@@ -423,7 +402,7 @@ template <int BN> __device__ static void run_ts(const mt_large_args &a) {
       return;
     const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * BM;
     for (int kb = 0; kb < pre; kb++) {
-      mbar_expect_tx(&full[kb], SB);
+      mbar_arrive_expect_tx(&full[kb], SB);
       tma_load_2d(smem + kb * SB + A_BYTES, &a.tw, &full[kb], kb * BK, n_first);
     }
     grid_dependency_wait();
@@ -438,7 +417,7 @@ template <int BN> __device__ static void run_ts(const mt_large_args &a) {
         const int s = it % S;
         mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
         uint8_t *sa = smem + s * SB, *sw = sa + A_BYTES;
-        mbar_expect_tx(&full[s], SB);
+        mbar_arrive_expect_tx(&full[s], SB);
         tma_load_2d(sa, &a.ta, &full[s], kb * BK, m0);
         tma_load_2d(sw, &a.tw, &full[s], kb * BK, n0);
       }
@@ -570,7 +549,7 @@ template <int BN, bool SHARE_A> __device__ static void run_mc(const mt_large_arg
       const int pre = kt < S ? kt : S;
       const pair_tile first = tile_of(cluster);
       for (int kb = 0; kb < pre; kb++) {
-        mbar_expect_tx(&full[kb], bytes_of(first));
+        mbar_arrive_expect_tx(&full[kb], bytes_of(first));
         load_w(first, kb, kb);
       }
       grid_dependency_wait();
@@ -584,7 +563,7 @@ template <int BN, bool SHARE_A> __device__ static void run_mc(const mt_large_arg
             continue;
           const int s = it % S;
           mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
-          mbar_expect_tx(&full[s], bytes_of(t));
+          mbar_arrive_expect_tx(&full[s], bytes_of(t));
           load_a(t, s, kb);
           load_w(t, s, kb);
         }
@@ -667,7 +646,7 @@ template <int BN> __device__ static void run(const mt_large_args &a) {
     if (threadIdx.x != 0) return;
     int pre = kt < S ? kt : S;
     for (int kb = 0; kb < pre; kb++) {
-      mbar_expect_tx(&full[kb], SB);
+      mbar_arrive_expect_tx(&full[kb], SB);
       tma_load_2d(smem + kb * SB + A_BYTES, &a.tw, &full[kb], kb * BK, n0);
     }
     grid_dependency_wait();
@@ -677,7 +656,7 @@ template <int BN> __device__ static void run(const mt_large_args &a) {
       int s = kb % S;
       mbar_wait(&empty[s], ((kb / S) & 1) ^ 1);
       uint8_t *sa = smem + s * SB, *sw = sa + A_BYTES;
-      mbar_expect_tx(&full[s], SB);
+      mbar_arrive_expect_tx(&full[s], SB);
       tma_load_2d(sa, &a.ta, &full[s], kb * BK, m0);
       tma_load_2d(sw, &a.tw, &full[s], kb * BK, n0);
     }

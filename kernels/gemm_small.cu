@@ -375,25 +375,9 @@ constexpr int DEC = MT_WS_DEC, THREADS = MT_WS_THREADS, NS = MT_WS_SLOTS, CS = M
 constexpr int CCOLS = CS * 16, APITCH = MT_WS_APITCH, BBYTES = CS * 256;
 static_assert(CS % 2 == 0 && MT_WS_KMAX(1) / CCOLS <= THREADS, "a thread per slot's worth of records");
 
-__device__ static inline void bar_init(uint64_t *bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
-}
-__device__ static inline void bar_arrive_tx(uint64_t *bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
 // bytes still to come for the current phase, without an arrival
-__device__ static inline void bar_expect_tx(uint64_t *bar, uint32_t bytes) {
+__device__ static inline void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
   asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ static inline void bar_arrive(uint64_t *bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ static inline void bar_wait(uint64_t *bar, int parity) {
-  asm volatile("{\n.reg .pred p;\nWS_WAIT:\n"
-               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-               "@!p bra WS_WAIT;\n}\n" ::"r"(smem_u32(bar)),
-               "r"(parity)
-               : "memory");
 }
 // bytes (a multiple of 16, both addresses 16-byte aligned) from global into shared memory,
 // completing on bar
@@ -427,8 +411,8 @@ __device__ static void decode(const mt_small_args &a, int dw, const uint8_t *raw
     int slot = c % NS, u = c / NS;
     uint8_t *sb = slots + slot * SLOT;
     if (u > 0)
-      bar_wait(&empty[slot], (u - 1) & 1);
-    bar_wait(&rawb[c], 0);
+      mbar_wait(&empty[slot], (u - 1) & 1);
+    mbar_wait(&rawb[c], 0);
     const uint8_t *rec = raw + c * CREC * MT_FRAG_REC;
     const uint8_t *cw = rec + lane * 4, *sw = rec + 128 + g * 4;
     if (c * CREC + CREC <= pairs) { // a whole slot's worth: all its words loaded first, then decoded
@@ -449,12 +433,12 @@ __device__ static void decode(const mt_small_args &a, int dw, const uint8_t *raw
         grid_dependency_wait();
       uint32_t bytes = (uint32_t)min(CCOLS, k - c * CCOLS) * 2;
       if (lane == 0)
-        bar_expect_tx(&full[slot], bytes * rows);
+        mbar_expect_tx(&full[slot], bytes * rows);
       __syncwarp();
       if (lane < rows)
         bulk_copy(sb + BBYTES + lane * APITCH, a.xa + (size_t)lane * k + c * CCOLS, bytes, &full[slot]);
     }
-    bar_arrive(&full[slot]);
+    mbar_arrive(&full[slot]);
   }
 }
 
@@ -510,7 +494,7 @@ __device__ static void chain(float (&d)[(ROWS + 15) / 16][4], const uint8_t *slo
     if ((c + 1) * CS <= ksteps) { // the wait for the next slot after the first MMA, in its shadow
       mma_step<ROWS>(d[0], f, 0);
       if (c + 1 < chunks)
-        bar_wait(&full[cn % NS], (cn / NS) & 1);
+        mbar_wait(&full[cn % NS], (cn / NS) & 1);
 #pragma unroll
       for (int s = 0; s < CS; s++) {
         if (s > 0)
@@ -524,10 +508,10 @@ __device__ static void chain(float (&d)[(ROWS + 15) / 16][4], const uint8_t *slo
         if (s < lim)
           mma_step<ROWS>(d[0], f, s);
     }
-    bar_arrive(&empty[c % NS]);
+    mbar_arrive(&empty[c % NS]);
   };
   slotfrag<ROWS> f0, f1;
-  bar_wait(&full[0], 0);
+  mbar_wait(&full[0], 0);
 #pragma unroll
   for (int s = 0; s < CS; s++)
     load_step<ROWS>(f0, s, bbase, aof(0), pitch);
@@ -550,10 +534,10 @@ template <int ROWS, int CLS, bool FUSED, bool SHIFT> __device__ static void run(
   int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
   int k = a.e.k, ksteps = k / 16, chunks = (ksteps + CS - 1) / CS, pairs = (k + 31) / 32, rows = min(a.e.m, ROWS);
   if (t < chunks)
-    bar_init(&rawb[t], 1);
+    mbar_init(&rawb[t], 1);
   if (t < NS) {
-    bar_init(&full[t], 32);
-    bar_init(&empty[t], 32);
+    mbar_init(&full[t], 32);
+    mbar_init(&empty[t], 32);
   }
   if (FUSED) {
     for (int i = t; i < APITCH / 16; i += THREADS)
@@ -572,7 +556,7 @@ template <int ROWS, int CLS, bool FUSED, bool SHIFT> __device__ static void run(
   // kernel before this one, so they are requested before waiting for it.
   if (t < chunks) {
     int r0 = t * CREC, nrec = min(CREC, pairs - r0);
-    bar_arrive_tx(&rawb[t], (uint32_t)(nrec * MT_FRAG_REC));
+    mbar_arrive_expect_tx(&rawb[t], (uint32_t)(nrec * MT_FRAG_REC));
     bulk_copy(raw + r0 * MT_FRAG_REC, a.frag + ((size_t)blockIdx.x * pairs + r0) * MT_FRAG_REC,
               (uint32_t)(nrec * MT_FRAG_REC), &rawb[t]);
   }
