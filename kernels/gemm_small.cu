@@ -200,6 +200,26 @@ __device__ static inline void chunk_steps(float (&d)[(ROWS + 15) / 16][4], const
     mma_step<ROWS>(d, b0, b1, a0);
 }
 
+// The warp's accumulators to y through the epilogue: d[tt] holds, in lane (g, q), tokens
+// 16 tt + g (d[tt][0..1]) and 16 tt + g + 8 (d[tt][2..3]) of channels ch and ch + 1. A token's
+// 1/S_a is 1/S[tok] from the CTA's own quantization when FUSED, else from the quantization kernel's.
+template <int TT, bool FUSED>
+__device__ static inline void store_acc(const mt_epilogue_args &e, const float (&d)[TT][4], int ch, int g,
+                                        const float *S) {
+  float inv_w[2] = {inv_row(e.sw, e.sw_row, ch), inv_row(e.sw, e.sw_row, ch + 1)};
+#pragma unroll
+  for (int tt = 0; tt < TT; tt++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      int tok = tt * 16 + g + 8 * h;
+      if (tok >= e.m) continue;
+      float inv_a = FUSED ? mt_q::inv_S(S[tok]) : inv_row(e.sa, e.sa_row, tok);
+#pragma unroll
+      for (int j = 0; j < 2; j++)
+        store_elem(e.y, tok * e.ldy + ch + j, e.ytype, epilogue(e, d[tt][2 * h + j], inv_a, inv_w[j], tok, ch + j));
+    }
+}
+
 template <int ROWS, bool SHIFT> __device__ static void run(const mt_small_args &a) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int TT = (ROWS + 15) / 16, STAGES = stages<ROWS>();
@@ -237,19 +257,7 @@ template <int ROWS, bool SHIFT> __device__ static void run(const mt_small_args &
     int steps = min(KC / 16, ksteps - c * (KC / 16));
     chunk_steps<ROWS, SHIFT>(d, st + w * WCHUNK, st + WBYTES + g * PITCH + q * 4, PITCH, steps, lane);
   }
-  int ch = (blockIdx.x * WARPS + w) * 8 + 2 * q;
-  float inv_w[2] = {inv_row(a.e.sw, a.e.sw_row, ch), inv_row(a.e.sw, a.e.sw_row, ch + 1)};
-#pragma unroll
-  for (int tt = 0; tt < TT; tt++)
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      int tok = tt * 16 + g + 8 * h;
-      if (tok >= a.e.m) continue;
-      float inv_a = inv_row(a.e.sa, a.e.sa_row, tok);
-#pragma unroll
-      for (int j = 0; j < 2; j++)
-        store_elem(a.e.y, tok * a.e.ldy + ch + j, a.e.ytype, epilogue(a.e, d[tt][2 * h + j], inv_a, inv_w[j], tok, ch + j));
-    }
+  store_acc<TT, false>(a.e, d, (blockIdx.x * WARPS + w) * 8 + 2 * q, g, nullptr);
 }
 
 // The fused variant for m <= MT_SMALL_FUSE_M: the CTA quantizes the raw activations itself (no
@@ -583,19 +591,7 @@ template <int ROWS, int CLS, bool FUSED, bool SHIFT> __device__ static void run(
   for (int i = 0; i < TT; i++) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.0f;
   const uint8_t *xrow = FUSED ? (g < a.e.m ? xs + g * xp : zero) : nullptr;
   chain<ROWS, FUSED>(d, slots, full, empty, chunks, ksteps, xrow, FUSED && g < a.e.m ? xp : 0);
-  int ch = blockIdx.x * 8 + 2 * q;
-  float inv_w[2] = {inv_row(a.e.sw, a.e.sw_row, ch), inv_row(a.e.sw, a.e.sw_row, ch + 1)};
-#pragma unroll
-  for (int tt = 0; tt < TT; tt++)
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      int tok = tt * 16 + g + 8 * h;
-      if (tok >= a.e.m) continue;
-      float inv_a = FUSED ? mt_q::inv_S(S[tok]) : inv_row(a.e.sa, a.e.sa_row, tok);
-#pragma unroll
-      for (int j = 0; j < 2; j++)
-        store_elem(a.e.y, tok * a.e.ldy + ch + j, a.e.ytype, epilogue(a.e, d[tt][2 * h + j], inv_a, inv_w[j], tok, ch + j));
-    }
+  small::store_acc<TT, FUSED>(a.e, d, blockIdx.x * 8 + 2 * q, g, S);
 }
 } // namespace ws
 
