@@ -286,6 +286,49 @@ __device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t
   }
 }
 
+// The stage ring's barriers, by one thread: "full" completes on the producer's arrival and the
+// stage's bytes, "empty" on `consumers` arrivals (one per consumer warp: 8, or 16 across a cluster
+// of 2); the fence makes them visible to the async proxy (TMA) and the cluster.
+template <int S> __device__ static __forceinline__ void init_ring(uint64_t *full, uint64_t *empty, int consumers) {
+  for (int s = 0; s < S; s++) {
+    mbar_init(&full[s], 1);
+    mbar_init(&empty[s], consumers);
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// The producer thread of a persistent CTA: the weight tiles of the first stages before waiting for
+// the activations' quantization (griddepcontrol.wait), then the ring over this CTA's tiles (tile =
+// blockIdx.x, + gridDim.x, ...) and each tile's K blocks in order. k-block number `it` counts on
+// across the tiles: stage it % S, phase (it / S) & 1. A stage holds AT bytes of the BMT-row
+// activation tile, then the BN-row weight tile.
+template <int S, int SB, int AT, int BMT, int BN>
+__device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *smem, uint64_t *full, uint64_t *empty,
+                                               int tiles, int tiles_n, int kt) {
+  const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * BMT;
+  for (int kb = 0; kb < pre; kb++) {
+    mbar_arrive_expect_tx(&full[kb], SB);
+    tma_load_2d(smem + kb * SB + AT, &a.tw, &full[kb], kb * BK, n_first);
+  }
+  grid_dependency_wait();
+  for (int kb = 0; kb < pre; kb++)
+    tma_load_2d(smem + kb * SB, &a.ta, &full[kb], kb * BK, m_first);
+  int it = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int m0 = tile / tiles_n * BMT, n0 = tile % tiles_n * BN;
+    for (int kb = 0; kb < kt; kb++, it++) {
+      if (it < pre) // issued above (the first tile)
+        continue;
+      const int s = it % S;
+      mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
+      uint8_t *sa = smem + s * SB, *sw = sa + AT;
+      mbar_arrive_expect_tx(&full[s], SB);
+      tma_load_2d(sa, &a.ta, &full[s], kb * BK, m0);
+      tma_load_2d(sw, &a.tw, &full[s], kb * BK, n0);
+    }
+  }
+}
+
 // BMT = 128: the two consumer warpgroups take 64 tokens each of a 128 x BN tile. BMT = 64
 // (mt_gemm_large_m64_nBN, for medium M): a 64 x BN tile, each warpgroup taking BN / 2 of its
 // channels (twice the tiles of 128 rows, for as many tokens; the same k16 chain per output).
@@ -302,13 +345,8 @@ template <int BN, int BMT = BM> __device__ static void run(const mt_large_args &
   const int kt = (a.e.k + BK - 1) / BK;
   const int wg = threadIdx.x / 128;
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; s++) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 8); // one arrival per consumer warp
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  if (threadIdx.x == 0)
+    init_ring<S>(full, empty, 8);
   __syncthreads();
 
   // k-block number `it` counts on across this CTA's tiles: stage it % S, phase (it / S) & 1.
@@ -316,29 +354,7 @@ template <int BN, int BMT = BM> __device__ static void run(const mt_large_args &
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x != 0 || (int)blockIdx.x >= tiles)
       return;
-    // the weight tiles of the first stages before waiting for the activations' quantization
-    const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * BMT;
-    for (int kb = 0; kb < pre; kb++) {
-      mbar_arrive_expect_tx(&full[kb], SB);
-      tma_load_2d(smem + kb * SB + AT, &a.tw, &full[kb], kb * BK, n_first);
-    }
-    grid_dependency_wait();
-    for (int kb = 0; kb < pre; kb++)
-      tma_load_2d(smem + kb * SB, &a.ta, &full[kb], kb * BK, m_first);
-    int it = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const int m0 = tile / tiles_n * BMT, n0 = tile % tiles_n * BN;
-      for (int kb = 0; kb < kt; kb++, it++) {
-        if (it < pre) // issued above (the first tile)
-          continue;
-        const int s = it % S;
-        mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
-        uint8_t *sa = smem + s * SB, *sw = sa + AT;
-        mbar_arrive_expect_tx(&full[s], SB);
-        tma_load_2d(sa, &a.ta, &full[s], kb * BK, m0);
-        tma_load_2d(sw, &a.tw, &full[s], kb * BK, n0);
-      }
-    }
+    produce<S, SB, AT, BMT, BN>(a, smem, full, empty, tiles, tiles_n, kt);
     return;
   }
 
@@ -387,41 +403,15 @@ template <int BN> __device__ static void run_ts(const mt_large_args &a) {
   const int kt = (a.e.k + BK - 1) / BK;
   const int wg = threadIdx.x / 128;
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; s++) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 8);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  if (threadIdx.x == 0)
+    init_ring<S>(full, empty, 8);
   __syncthreads();
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x != 0 || (int)blockIdx.x >= tiles)
       return;
-    const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * BM;
-    for (int kb = 0; kb < pre; kb++) {
-      mbar_arrive_expect_tx(&full[kb], SB);
-      tma_load_2d(smem + kb * SB + A_BYTES, &a.tw, &full[kb], kb * BK, n_first);
-    }
-    grid_dependency_wait();
-    for (int kb = 0; kb < pre; kb++)
-      tma_load_2d(smem + kb * SB, &a.ta, &full[kb], kb * BK, m_first);
-    int it = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
-      for (int kb = 0; kb < kt; kb++, it++) {
-        if (it < pre)
-          continue;
-        const int s = it % S;
-        mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
-        uint8_t *sa = smem + s * SB, *sw = sa + A_BYTES;
-        mbar_arrive_expect_tx(&full[s], SB);
-        tma_load_2d(sa, &a.ta, &full[s], kb * BK, m0);
-        tma_load_2d(sw, &a.tw, &full[s], kb * BK, n0);
-      }
-    }
+    produce<S, SB, A_BYTES, BM, BN>(a, smem, full, empty, tiles, tiles_n, kt);
     return;
   }
 
@@ -515,13 +505,8 @@ template <int BN, bool SHARE_A> __device__ static void run_mc(const mt_large_arg
     return t;
   };
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; s++) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 16); // one arrival per consumer warp of both CTAs
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  if (threadIdx.x == 0)
+    init_ring<S>(full, empty, 16);
   cluster_sync(); // both CTAs' barriers exist before either multicasts into the other
 
   if (wg == 0) { // producer: one thread; the warpgroup stays until the final cluster barrier
@@ -632,13 +617,8 @@ template <int BN> __device__ static void run(const mt_large_args &a) {
   int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN, kt = (a.e.k + BK - 1) / BK;
   int wg = threadIdx.x / 128;
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; s++) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 8);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  if (threadIdx.x == 0)
+    large::init_ring<S>(full, empty, 8);
   __syncthreads();
 
   if (wg == 0) {
