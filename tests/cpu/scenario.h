@@ -42,6 +42,17 @@ MT_T_UNUSED static void *mt_t_sym(void *lib, const char *name) {
   return p;
 }
 
+/* BUILD/REL opened with RTLD_LOCAL (a fake's own symbols stay out of the global scope, where the
+ * shim's hooks must be found first); NULL, said on stdout, when it fails. */
+MT_T_UNUSED static void *mt_t_open(const char *build, const char *rel) {
+  char path[PATH_MAX + 64];
+  snprintf(path, sizeof path, "%s/%s", build, rel);
+  void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!lib)
+    printf("    child: %s\n", dlerror());
+  return lib;
+}
+
 /* ---- the parent ------------------------------------------------------------------------ */
 
 static struct {

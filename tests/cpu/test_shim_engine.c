@@ -87,11 +87,9 @@ static long lt_calls(void) {
 }
 
 static int load_fakes(const char *build, int with_cuda) {
-  char path[PATH_MAX + 64];
   if (with_cuda) {
-    snprintf(path, sizeof path, "%s/tests/cpu/fake/driver/libcuda.so.1", build);
-    if (!(lib_cuda = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
-      return printf("    child: %s\n", dlerror()), -1;
+    if (!(lib_cuda = mt_t_open(build, "tests/cpu/fake/driver/libcuda.so.1")))
+      return -1;
     cuda_events = (fake_cuda_events_fn)mt_t_sym(lib_cuda, "fake_cuda_events");
     cuda_counts = (fake_cuda_counts_fn)mt_t_sym(lib_cuda, "fake_cuda_counts_get");
     set_capturing = (fake_cuda_set_capturing_fn)mt_t_sym(lib_cuda, "fake_cuda_set_capturing");
@@ -100,12 +98,10 @@ static int load_fakes(const char *build, int with_cuda) {
     fail_loads = (fake_cuda_fail_loads_fn)mt_t_sym(lib_cuda, "fake_cuda_fail_loads");
     is_device = (fake_cuda_is_device_fn)mt_t_sym(lib_cuda, "fake_cuda_is_device");
   }
-  snprintf(path, sizeof path, "%s/tests/cpu/fake/libcublas.so.13", build);
-  if (!(lib_cublas = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
-    return printf("    child: %s\n", dlerror()), -1;
-  snprintf(path, sizeof path, "%s/tests/cpu/fake/libcublasLt.so.13", build);
-  if (!(lib_lt = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
-    return printf("    child: %s\n", dlerror()), -1;
+  if (!(lib_cublas = mt_t_open(build, "tests/cpu/fake/libcublas.so.13")))
+    return -1;
+  if (!(lib_lt = mt_t_open(build, "tests/cpu/fake/libcublasLt.so.13")))
+    return -1;
   hook_gemm = (__typeof__(hook_gemm))dlsym(RTLD_DEFAULT, "cublasGemmEx");
   hook_strided = (__typeof__(hook_strided))dlsym(RTLD_DEFAULT, "cublasGemmStridedBatchedEx");
   hook_batched = (__typeof__(hook_batched))dlsym(RTLD_DEFAULT, "cublasGemmBatchedEx");

@@ -56,21 +56,17 @@ static uint32_t seed = 777;
 static uint16_t *matrix(size_t elems) { return mt_t_matrix(&seed, elems); }
 
 static int load_fakes(const char *build) {
-  char path[PATH_MAX + 64];
-  snprintf(path, sizeof path, "%s/tests/cpu/fake/driver/libcuda.so.1", build);
-  if (!(lib_cuda = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
-    return printf("    child: %s\n", dlerror()), -1;
+  if (!(lib_cuda = mt_t_open(build, "tests/cpu/fake/driver/libcuda.so.1")))
+    return -1;
   cuda_events = (fake_cuda_events_fn)mt_t_sym(lib_cuda, "fake_cuda_events");
   cuda_counts = (fake_cuda_counts_fn)mt_t_sym(lib_cuda, "fake_cuda_counts_get");
   set_capturing = (fake_cuda_set_capturing_fn)mt_t_sym(lib_cuda, "fake_cuda_set_capturing");
   hold_events = (fake_cuda_hold_events_fn)mt_t_sym(lib_cuda, "fake_cuda_hold_events");
   event_queries = (fake_cuda_event_queries_fn)mt_t_sym(lib_cuda, "fake_cuda_event_queries");
-  snprintf(path, sizeof path, "%s/tests/cpu/fake/libcublas.so.13", build);
-  if (!(lib_cublas = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
-    return printf("    child: %s\n", dlerror()), -1;
-  snprintf(path, sizeof path, "%s/tests/cpu/fake/libcublasLt.so.13", build);
-  if (!(lib_lt = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
-    return printf("    child: %s\n", dlerror()), -1;
+  if (!(lib_cublas = mt_t_open(build, "tests/cpu/fake/libcublas.so.13")))
+    return -1;
+  if (!(lib_lt = mt_t_open(build, "tests/cpu/fake/libcublasLt.so.13")))
+    return -1;
   hook_gemm = (__typeof__(hook_gemm))dlsym(RTLD_DEFAULT, "cublasGemmEx");
   cublas_last = (void (*)(fake_record *))mt_t_sym(lib_cublas, "fake_cublas_last");
   __typeof__(&cublasCreate_v2) create = (__typeof__(create))mt_t_sym(lib_cublas, "cublasCreate_v2");
