@@ -130,31 +130,8 @@ int mt_instr_init(const mt_spec *s, int stats_on) {
   rate_shadow = mt_param_rate("MINITE_SHADOW", 1.0 / 64, &errors);
   rate_probe = mt_param_rate("MINITE_PROBE", 1.0 / 64, &errors);
   rate_digest = mt_param_rate("MINITE_DIGEST", 1.0 / 64, &errors);
-  const char *slots_text = mt_param_str("MINITE_INSTR_SLOTS");
-  nslots = 1024;
-  if (slots_text) {
-    char *end;
-    long v = strtol(slots_text, &end, 10);
-    if (*end || end == slots_text || v < 1 || v > 65536) {
-      MT_WARN("MINITE_INSTR_SLOTS=%s is not a number of slots in 1 .. 65536 (e.g. 1024); using "
-              "1024", slots_text);
-      errors++;
-    } else {
-      nslots = (int)v;
-    }
-  }
-  const char *mb = mt_param_str("MINITE_INSTR_MB");
-  scratch_limit = (size_t)64 << 20;
-  if (mb) {
-    char *end;
-    unsigned long long v = strtoull(mb, &end, 10);
-    if (*end || end == mb || v > (1ull << 20)) {
-      MT_WARN("MINITE_INSTR_MB=%s is not a number of MiB (e.g. 64); using 64", mb);
-      errors++;
-    } else {
-      scratch_limit = (size_t)v << 20;
-    }
-  }
+  nslots = (int)mt_param_count("MINITE_INSTR_SLOTS", 1024, 1, 65536, "slots", &errors);
+  scratch_limit = (size_t)mt_param_count("MINITE_INSTR_MB", 64, 0, 1ull << 20, "MiB", &errors) << 20;
   period_shadow = period_of(rate_shadow);
   period_probe = period_of(rate_probe);
   if (!period_shadow && !period_probe)

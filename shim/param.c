@@ -86,6 +86,23 @@ double mt_param_rate(const char *name, double def, int *errors) {
   return r;
 }
 
+unsigned long long mt_param_count(const char *name, unsigned long long def, unsigned long long min,
+                                  unsigned long long max, const char *unit, int *errors) {
+  const char *v = mt_param_str(name);
+  if (!v)
+    return def;
+  char *end;
+  unsigned long long n = strtoull(v, &end, 10);
+  if (*end || end == v || v[0] == '-' || n < min || n > max) {
+    MT_WARN("%s=%s is not a number of %s in %llu .. %llu (e.g. %llu); using %llu", name, v, unit,
+            min, max, def, def);
+    if (errors)
+      (*errors)++;
+    return def;
+  }
+  return n;
+}
+
 static char host_name[256];
 
 static void read_host(void) {

@@ -25,6 +25,12 @@ int mt_param_bool(const char *name, int def, int *errors);
  * adds one to *errors and gives `def`. */
 double mt_param_rate(const char *name, double def, int *errors);
 
+/* A whole number in [min, max] (decimal digits only), `def` when unset. A set value is logged at
+ * INFO; an invalid one is warned about (naming `unit`, the range and the default), adds one to
+ * *errors and gives `def`. */
+unsigned long long mt_param_count(const char *name, unsigned long long def, unsigned long long min,
+                                  unsigned long long max, const char *unit, int *errors);
+
 /* Expand a path template: %h host name, %p pid, %r rank (RANK, else 0), %% percent; any other
  * %x is kept as written. Returns 0, or -1 when the result does not fit in `size`. */
 int mt_param_path(const char *tmpl, char *out, size_t size);

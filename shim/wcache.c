@@ -45,18 +45,7 @@ int mt_wcache_init(const mt_spec *s) {
   int errors = 0;
   int def = s->weight_cache == MT_WCACHE_FROZEN;
   frozen = mt_param_choice("MINITE_WEIGHT_CACHE", modes, def, &errors) == 1;
-  const char *mb = mt_param_str("MINITE_CACHE_MB");
-  cache_limit = (size_t)8192 << 20;
-  if (mb) {
-    char *end;
-    unsigned long long v = strtoull(mb, &end, 10);
-    if (*end || end == mb || v > (1ull << 30)) {
-      MT_WARN("MINITE_CACHE_MB=%s is not a number of MiB (e.g. 8192); using 8192", mb);
-      errors++;
-    } else {
-      cache_limit = (size_t)v << 20;
-    }
-  }
+  cache_limit = (size_t)mt_param_count("MINITE_CACHE_MB", 8192, 0, 1ull << 30, "MiB", &errors) << 20;
   return errors;
 }
 

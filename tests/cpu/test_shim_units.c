@@ -122,6 +122,20 @@ static void params(void) {
   CHECK(mt_param_bool("MT_TEST_BOOL", 0, &errors) == 0 && errors == 2);
   setenv("MT_TEST_STR", "", 1);
   CHECK(mt_param_str("MT_TEST_STR") == NULL);
+  static const struct {
+    const char *value;
+    unsigned long long want;
+    int error;
+  } counts[] = {{"64", 64, 0}, {"1", 1, 0}, {"65536", 65536, 0}, {"0", 1024, 1}, {"65537", 1024, 1},
+                {"-1", 1024, 1}, {"12x", 1024, 1}, {"x", 1024, 1}, {"18446744073709551617", 1024, 1}};
+  for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+    setenv("MT_TEST_COUNT", counts[i].value, 1);
+    int e = 0;
+    unsigned long long v = mt_param_count("MT_TEST_COUNT", 1024, 1, 65536, "slots", &e);
+    CHECKF(v == counts[i].want && e == counts[i].error, "%s: %llu (%d errors)", counts[i].value, v, e);
+  }
+  unsetenv("MT_TEST_COUNT");
+  CHECK(mt_param_count("MT_TEST_COUNT", 1024, 1, 65536, "slots", &errors) == 1024);
   atomic_store(&mt_log_level_now, MT_LOG_WARN);
 }
 
