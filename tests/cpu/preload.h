@@ -1,5 +1,5 @@
 /* preload.h — what the tests that run programs under the preloaded shim share: reading a file
- * whole, and the LD_PRELOAD value (build/libminite.so, after the sanitizer runtime that
+ * whole, a fallback count of a statistics summary, and the LD_PRELOAD value (build/libminite.so, after the sanitizer runtime that
  * tests/cpu/shim.mk names in preload_first.txt for SAN=1 builds, which must come first). */
 #ifndef MT_TESTS_PRELOAD_H
 #define MT_TESTS_PRELOAD_H
@@ -24,6 +24,19 @@ __attribute__((unused)) static char *mt_t_read_file(const char *path, long *len)
   if (len)
     *len = n;
   return s;
+}
+
+/* The count of a reason inside a summary record's "fallbacks" object: 0 when absent, -1 when the
+ * record (or the object) is missing. */
+__attribute__((unused)) static long mt_t_fallback(const char *summary, const char *reason) {
+  const char *f = summary ? strstr(summary, "\"fallbacks\": {") : NULL;
+  if (!f)
+    return -1;
+  const char *end = strchr(f, '}');
+  char pat[96];
+  snprintf(pat, sizeof pat, "\"%s\": ", reason);
+  const char *p = strstr(f, pat);
+  return p && p < end ? strtol(p + strlen(pat), NULL, 10) : 0;
 }
 
 /* LD_PRELOAD for the library in `build` (an absolute path). */

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "tests/cpu/fake/fake.h"
+#include "tests/cpu/fake/fake_cuda.h"
 #include "tests/cpu/preload.h"
 #include "tests/harness.h"
 
@@ -40,6 +41,20 @@ MT_T_UNUSED static void *mt_t_sym(void *lib, const char *name) {
   if (!p)
     printf("    child: %s not found\n", name);
   return p;
+}
+
+/* The fake libcuda's event log (set by the child's loader): how many events so far, and one. */
+static fake_cuda_events_fn cuda_events;
+
+MT_T_UNUSED static int now(void) {
+  const fake_cuda_event *e;
+  return cuda_events(&e);
+}
+
+MT_T_UNUSED static const fake_cuda_event *event(int i) {
+  const fake_cuda_event *e;
+  cuda_events(&e);
+  return &e[i];
 }
 
 /* BUILD/REL opened with RTLD_LOCAL (a fake's own symbols stay out of the global scope, where the

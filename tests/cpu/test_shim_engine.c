@@ -56,7 +56,6 @@ static __typeof__(&cublasLtMatmul) hook_lt, fake_lt;
 static void (*cublas_last)(fake_record *);
 static void (*lt_last)(fake_record *);
 
-static fake_cuda_events_fn cuda_events;
 static fake_cuda_counts_fn cuda_counts;
 static fake_cuda_set_capturing_fn set_capturing;
 static fake_cuda_set_mem_limit_fn set_mem_limit;
@@ -131,17 +130,6 @@ static void set_stream(CUstream s) {
 }
 
 /* --- the log ---------------------------------------------------------------------------- */
-
-static int now(void) {
-  const fake_cuda_event *e;
-  return cuda_events(&e);
-}
-
-static const fake_cuda_event *event(int i) {
-  const fake_cuda_event *e;
-  cuda_events(&e);
-  return &e[i];
-}
 
 /* The events since `from` as words: kernel names (+pdl: programmatic serialization; !fail: the
  * launch failed), alloc, free, memsetBYTES, sync, dtoh, load (a module), tmap, smem (a function's
@@ -899,17 +887,6 @@ static void run_child(const char *name, const char *const env[], mt_t_child *r) 
 
 static long json_int(const char *s, const char *key) { return mt_t_json_int_in(s, NULL, key); }
 
-static long fallback(const char *summary, const char *reason) {
-  const char *f = summary ? strstr(summary, "\"fallbacks\": {") : NULL;
-  if (!f)
-    return -1;
-  const char *end = strchr(f, '}');
-  char pat[96];
-  snprintf(pat, sizeof pat, "\"%s\": ", reason);
-  const char *p = strstr(f, pat);
-  return p && p < end ? strtol(p + strlen(pat), NULL, 10) : 0;
-}
-
 /* The summary's routed calls and fallbacks: `reasons` is "name=N" strings, NULL-terminated;
  * every other reason must be absent. */
 static void check_counts(const mt_t_child *r, long routed, const char *const reasons[]) {
@@ -925,8 +902,8 @@ static void check_counts(const mt_t_child *r, long routed, const char *const rea
     for (int j = 0; reasons && reasons[j]; j++)
       if (!strncmp(reasons[j], all[i], strlen(all[i])) && reasons[j][strlen(all[i])] == '=')
         want = atol(reasons[j] + strlen(all[i]) + 1);
-    CHECKF(fallback(r->summary, all[i]) == want, "%s: %ld, want %ld", all[i],
-           fallback(r->summary, all[i]), want);
+    CHECKF(mt_t_fallback(r->summary, all[i]) == want, "%s: %ld, want %ld", all[i],
+           mt_t_fallback(r->summary, all[i]), want);
   }
 }
 

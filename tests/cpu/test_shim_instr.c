@@ -46,7 +46,6 @@ static cublasHandle_t handle;
 static const float one = 1.0f, zero = 0.0f, half = 0.5f;
 static __typeof__(&cublasGemmEx) hook_gemm;
 static void (*cublas_last)(fake_record *);
-static fake_cuda_events_fn cuda_events;
 static fake_cuda_counts_fn cuda_counts;
 static fake_cuda_set_capturing_fn set_capturing;
 static fake_cuda_hold_events_fn hold_events;
@@ -85,17 +84,6 @@ static long cublas_calls(void) {
   fake_record r;
   cublas_last(&r);
   return r.calls;
-}
-
-static int now(void) {
-  const fake_cuda_event *e;
-  return cuda_events(&e);
-}
-
-static const fake_cuda_event *event(int i) {
-  const fake_cuda_event *e;
-  cuda_events(&e);
-  return &e[i];
 }
 
 /* The events since `from` as words (launches by name without the engine's, which

@@ -126,18 +126,6 @@ static long json_int(const char *s, const char *key) {
   return p ? strtol(p + strlen(pat), NULL, 10) : -1;
 }
 
-/* The count of a reason inside the summary's "fallbacks" object; 0 when absent. */
-static long fallback(const char *summary, const char *reason) {
-  const char *f = strstr(summary, "\"fallbacks\": {");
-  if (!f)
-    return -1;
-  const char *end = strchr(f, '}');
-  char pat[96];
-  snprintf(pat, sizeof pat, "\"%s\": ", reason);
-  const char *p = strstr(f, pat);
-  return p && p < end ? strtol(p + strlen(pat), NULL, 10) : 0;
-}
-
 typedef struct {
   long calls, routed_eligible, unrouted;
   long reasons[16];
@@ -220,11 +208,11 @@ static void check_counts(const char *path, const char *tag, int bf16, int census
          json_int(summary, "routed"), routed);
   CHECKF(json_int(summary, "passthrough") == e.calls - routed, "%ld passed through",
          json_int(summary, "passthrough"));
-  CHECKF(fallback(summary, "no engine") == (bf16 ? 0 : e.routed_eligible), "no engine %ld",
-         fallback(summary, "no engine"));
+  CHECKF(mt_t_fallback(summary, "no engine") == (bf16 ? 0 : e.routed_eligible), "no engine %ld",
+         mt_t_fallback(summary, "no engine"));
   for (int i = 0; reason_keys[i]; i++)
-    CHECKF(fallback(summary, reason_names[i]) == e.reasons[i], "%s: %ld, expected %ld",
-           reason_names[i], fallback(summary, reason_names[i]), e.reasons[i]);
+    CHECKF(mt_t_fallback(summary, reason_names[i]) == e.reasons[i], "%s: %ld, expected %ld",
+           reason_names[i], mt_t_fallback(summary, reason_names[i]), e.reasons[i]);
   if (!census) {
     free(start), free(summary);
     return;
