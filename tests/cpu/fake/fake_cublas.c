@@ -112,18 +112,40 @@ static cublasStatus_t strided(cublasHandle_t h, int ta, int tb, int64_t m, int64
   return CUBLAS_STATUS_SUCCESS;
 }
 
+/* The bodies of each entry point and its _64 twin: the same argument record (the 64-bit form
+ * widens the integers, as recorded) and the same computation. */
+#define EX_BODY                                                                                    \
+  uint64_t args[] = {U(handle), I(transa), I(transb), I(m),     I(n),     I(k),    U(alpha),       \
+                     U(A),      I(Atype),  I(lda),    U(B),     I(Btype), I(ldb),  U(beta),        \
+                     U(C),      I(Ctype),  I(ldc),    I(computeType), I(algo)};                    \
+  record(__func__, sizeof args / sizeof args[0], args);                                            \
+  return strided(handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype, ldb, 0, beta, \
+                 C, Ctype, ldc, 0, 1, computeType)
+
+#define STRIDED_BODY                                                                               \
+  uint64_t args[] = {U(handle), I(transa),  I(transb),  I(m),       I(n),     I(k),                \
+                     U(alpha),  U(A),       I(Atype),   I(lda),     I(strideA), U(B),              \
+                     I(Btype),  I(ldb),     I(strideB), U(beta),    U(C),     I(Ctype),            \
+                     I(ldc),    I(strideC), I(batchCount), I(computeType), I(algo)};               \
+  record(__func__, sizeof args / sizeof args[0], args);                                            \
+  return strided(handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb,    \
+                 strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType)
+
+#define BATCHED_BODY                                                                               \
+  uint64_t args[] = {U(handle), I(transa), I(transb), I(m),     I(n),    I(k),    U(alpha),        \
+                     U(Aarray), I(Atype),  I(lda),    U(Barray), I(Btype), I(ldb), U(beta),        \
+                     U(Carray), I(Ctype),  I(ldc),    I(batchCount), I(computeType), I(algo)};     \
+  record(__func__, sizeof args / sizeof args[0], args);                                            \
+  return batched(transa, transb, m, n, k, alpha, Aarray, Atype, lda, Barray, Btype, ldb, beta,     \
+                 Carray, Ctype, ldc, batchCount, computeType)
+
 EXPORT cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                                    cublasOperation_t transb, int m, int n, int k,
                                    const void *alpha, const void *A, cudaDataType Atype, int lda,
                                    const void *B, cudaDataType Btype, int ldb, const void *beta,
                                    void *C, cudaDataType Ctype, int ldc,
                                    cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
-  uint64_t args[] = {U(handle), I(transa), I(transb), I(m),     I(n),     I(k),    U(alpha),
-                     U(A),      I(Atype),  I(lda),    U(B),     I(Btype), I(ldb),  U(beta),
-                     U(C),      I(Ctype),  I(ldc),    I(computeType), I(algo)};
-  record(__func__, sizeof args / sizeof args[0], args);
-  return strided(handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype, ldb, 0, beta,
-                 C, Ctype, ldc, 0, 1, computeType);
+  EX_BODY;
 }
 
 EXPORT cublasStatus_t cublasGemmEx_64(cublasHandle_t handle, cublasOperation_t transa,
@@ -132,12 +154,7 @@ EXPORT cublasStatus_t cublasGemmEx_64(cublasHandle_t handle, cublasOperation_t t
                                       int64_t lda, const void *B, cudaDataType Btype, int64_t ldb,
                                       const void *beta, void *C, cudaDataType Ctype, int64_t ldc,
                                       cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
-  uint64_t args[] = {U(handle), I(transa), I(transb), I(m),     I(n),     I(k),    U(alpha),
-                     U(A),      I(Atype),  I(lda),    U(B),     I(Btype), I(ldb),  U(beta),
-                     U(C),      I(Ctype),  I(ldc),    I(computeType), I(algo)};
-  record(__func__, sizeof args / sizeof args[0], args);
-  return strided(handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype, ldb, 0, beta,
-                 C, Ctype, ldc, 0, 1, computeType);
+  EX_BODY;
 }
 
 EXPORT cublasStatus_t cublasGemmStridedBatchedEx(
@@ -146,13 +163,7 @@ EXPORT cublasStatus_t cublasGemmStridedBatchedEx(
     const void *B, cudaDataType Btype, int ldb, long long int strideB, const void *beta, void *C,
     cudaDataType Ctype, int ldc, long long int strideC, int batchCount,
     cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
-  uint64_t args[] = {U(handle), I(transa),  I(transb),  I(m),       I(n),     I(k),
-                     U(alpha),  U(A),       I(Atype),   I(lda),     I(strideA), U(B),
-                     I(Btype),  I(ldb),     I(strideB), U(beta),    U(C),     I(Ctype),
-                     I(ldc),    I(strideC), I(batchCount), I(computeType), I(algo)};
-  record(__func__, sizeof args / sizeof args[0], args);
-  return strided(handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb,
-                 strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType);
+  STRIDED_BODY;
 }
 
 EXPORT cublasStatus_t cublasGemmStridedBatchedEx_64(
@@ -161,13 +172,7 @@ EXPORT cublasStatus_t cublasGemmStridedBatchedEx_64(
     long long int strideA, const void *B, cudaDataType Btype, int64_t ldb, long long int strideB,
     const void *beta, void *C, cudaDataType Ctype, int64_t ldc, long long int strideC,
     int64_t batchCount, cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
-  uint64_t args[] = {U(handle), I(transa),  I(transb),  I(m),       I(n),     I(k),
-                     U(alpha),  U(A),       I(Atype),   I(lda),     I(strideA), U(B),
-                     I(Btype),  I(ldb),     I(strideB), U(beta),    U(C),     I(Ctype),
-                     I(ldc),    I(strideC), I(batchCount), I(computeType), I(algo)};
-  record(__func__, sizeof args / sizeof args[0], args);
-  return strided(handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb,
-                 strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType);
+  STRIDED_BODY;
 }
 
 static cublasStatus_t batched(int ta, int tb, int64_t m, int64_t n, int64_t k, const void *alpha,
@@ -193,12 +198,7 @@ EXPORT cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation
                                           void *const Carray[], cudaDataType Ctype, int ldc,
                                           int batchCount, cublasComputeType_t computeType,
                                           cublasGemmAlgo_t algo) {
-  uint64_t args[] = {U(handle), I(transa), I(transb), I(m),     I(n),    I(k),    U(alpha),
-                     U(Aarray), I(Atype),  I(lda),    U(Barray), I(Btype), I(ldb), U(beta),
-                     U(Carray), I(Ctype),  I(ldc),    I(batchCount), I(computeType), I(algo)};
-  record(__func__, sizeof args / sizeof args[0], args);
-  return batched(transa, transb, m, n, k, alpha, Aarray, Atype, lda, Barray, Btype, ldb, beta,
-                 Carray, Ctype, ldc, batchCount, computeType);
+  BATCHED_BODY;
 }
 
 EXPORT cublasStatus_t cublasGemmBatchedEx_64(
@@ -207,12 +207,7 @@ EXPORT cublasStatus_t cublasGemmBatchedEx_64(
     int64_t lda, const void *const Barray[], cudaDataType Btype, int64_t ldb, const void *beta,
     void *const Carray[], cudaDataType Ctype, int64_t ldc, int64_t batchCount,
     cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
-  uint64_t args[] = {U(handle), I(transa), I(transb), I(m),     I(n),    I(k),    U(alpha),
-                     U(Aarray), I(Atype),  I(lda),    U(Barray), I(Btype), I(ldb), U(beta),
-                     U(Carray), I(Ctype),  I(ldc),    I(batchCount), I(computeType), I(algo)};
-  record(__func__, sizeof args / sizeof args[0], args);
-  return batched(transa, transb, m, n, k, alpha, Aarray, Atype, lda, Barray, Btype, ldb, beta,
-                 Carray, Ctype, ldc, batchCount, computeType);
+  BATCHED_BODY;
 }
 
 /* Grouped: group g's problems share its ops, dims, lds, alpha[g] and beta[g]; the pointer arrays
