@@ -2,8 +2,10 @@
 # scripts/gpu_session.sh [STEP...] — everything the device machine is for, in one call: build, GPU
 # tests, benchmarks and the demo run, each step under its own time limit so that one hang does not
 # cost the others. Logs go to $OUT (the device tool's output folder) or build/gpu-session.
-# Steps: build kernels torch sanitize bench benchshim ncu run (default: all but sanitize and ncu).
-# GPU_PY="tests/gpu/test_a.py ..." narrows the torch step to those Python tests.
+# Steps: build kernels torch sanitize bench benchshim ncu probe run (default: all but sanitize, ncu
+# and probe). GPU_PY="tests/gpu/test_a.py ..." narrows the torch step to those Python tests;
+# TAG=-x appends -x to the log names (the same steps again under another setting, e.g.
+# MT_LARGE_VARIANT=ts TAG=-ts scripts/gpu_session.sh kernels sanitize).
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-session}
@@ -16,10 +18,10 @@ step() { # name, limit in seconds, command...
   local name=$1 limit=$2
   shift 2
   local t0=$SECONDS
-  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  timeout "$limit" "$@" >"$out/$name${TAG:-}.log" 2>&1
   local rc=$?
-  echo "== $name: exit $rc in $((SECONDS - t0)) s"
-  tail -n 25 "$out/$name.log"
+  echo "== $name${TAG:-}: exit $rc in $((SECONDS - t0)) s"
+  tail -n 25 "$out/$name${TAG:-}.log"
 }
 
 for s in $steps; do
@@ -37,6 +39,11 @@ for s in $steps; do
           --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
           --section LaunchStats --section Occupancy --section SourceCounters \
           build/scripts/bench_kernels "$out/ncu.json"
+    done ;;
+  probe) # the experiments behind kernels/NOTES.md's floors (scripts/probe_*.cu)
+    for p in mma chain; do
+      nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o "build/probe_$p" "scripts/probe_$p.cu" &&
+        step "probe-$p" 60 "build/probe_$p"
     done ;;
   run) step run ${RUN_LIMIT:-540} make run ${RUN_ARGS:+RUN_ARGS="$RUN_ARGS"} && cp build/run/table.md build/run/gap.png "$out/" 2>/dev/null ;;
   *) echo "unknown step $s" ;;
