@@ -38,6 +38,26 @@ __device__ static inline float epilogue(const mt_epilogue_args &e, float acc, fl
 }
 
 
+// The decode of the 5-bit records (gemm_args.h), shared by the small path's weights and the large
+// ra kernel's activations: one k16 step's fragment pair of a record's row g, from 16 bits x = code
+// byte q (elements 2q, 2q+1) then code byte q+4 (2q+8, 2q+9), and s2 the block scale as BF16 in
+// both halves. Magnitudes by byte permutations of two 8-entry tables (high and low bytes of the
+// BF16 values 0 .. 6); the four sign bits (3, 7, 11, 15) moved to bits 15 and 31 of each pair by
+// one multiply each (no carries reach them); then one BF16x2 multiply per pair, exact (e2m1 * e4m3
+// has at most 6 significant bits).
+__device__ static inline void weight_frag(uint32_t x, uint32_t s2, uint32_t &b0, uint32_t &b1) {
+  uint32_t sel = x & 0x7777u;
+  uint32_t hi = __byte_perm(0x3F3F3F00u, 0x40404040u, sel); // high bytes of 0,.5,1,1.5,2,3,4,6
+  uint32_t lo = __byte_perm(0xC0800000u, 0xC0804000u, sel); // low bytes
+  uint32_t sg = x & 0x8888u;
+  uint32_t p0 = __byte_perm(lo, hi, 0x5140) | ((sg * 0x01001000u) & 0x80008000u); // bit 3 -> 15, 7 -> 31
+  uint32_t p1 = __byte_perm(lo, hi, 0x7362) | ((sg * 0x00010010u) & 0x80008000u); // bit 11 -> 15, 15 -> 31
+  __nv_bfloat162 r0 = __hmul2(*(__nv_bfloat162 *)&p0, *(__nv_bfloat162 *)&s2);
+  __nv_bfloat162 r1 = __hmul2(*(__nv_bfloat162 *)&p1, *(__nv_bfloat162 *)&s2);
+  b0 = *(uint32_t *)&r0;
+  b1 = *(uint32_t *)&r1;
+}
+
 __device__ static inline uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 // Programmatic dependent launch: the GEMMs are launched so that they may start while the
