@@ -35,14 +35,16 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
  *  MT_SMALL_KERNEL=ws: the warp-specialized small-M kernels (mt_gemm_small_ws_*: a chain warp that
  *    only loads ready fragments and runs the MMAs, four warps decoding for it) where they apply:
  *    m <= 16 (fused at m <= 4), k <= 8192. Same bits, not faster, 2x slower on DeepSeek's shapes.
- *  MT_LARGE_VARIANT: "1" the previous large-M kernel (mt_gemm_large_v1_nBN, one tile per CTA), "np"
- *    the current one with one CTA per tile instead of a persistent grid, "mc" clusters of 2 CTAs
- *    sharing the weight or the activation tile by TMA multicast (mt_gemm_large_mcw/mca_nBN), "m64"
- *    also tiles of 64 tokens where they cost less, "ts" outputs stored by TMA from shared memory
- *    (mt_gemm_large_ts_nBN, only where n % 8 == 0). Same bits in every case.
+ *  MT_LARGE_VARIANT: the default stores the outputs by TMA from shared memory (mt_gemm_large_ts_nBN)
+ *    where the tile is 128 to 256 wide, n % 8 == 0 and y suits a tensor map, else runs
+ *    mt_gemm_large_nBN (per-thread stores); "v6" runs mt_gemm_large_nBN everywhere, "1" the first
+ *    large-M kernel (mt_gemm_large_v1_nBN, one tile per CTA), "np" v6 with one CTA per tile instead
+ *    of a persistent grid, "mc" clusters of 2 CTAs sharing the weight or the activation tile by TMA
+ *    multicast (mt_gemm_large_mcw/mca_nBN), "m64" v6 with tiles of 64 tokens where they cost less.
+ *    Same bits in every case.
  *  MT_LARGE_BN: a tile width taken instead of the launcher's choice (256, 192 or 128 for every
  *    variant; 96 or 64 for the default and np). */
-enum { LARGE_V5, LARGE_V1, LARGE_NP, LARGE_MC, LARGE_M64, LARGE_TS };
+enum { LARGE_DEFAULT, LARGE_V1, LARGE_NP, LARGE_MC, LARGE_M64, LARGE_V6 };
 static struct {
   int small_shift, small_ws, large_variant, large_bn;
 } knobs;
@@ -50,7 +52,7 @@ static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
 
 static void knobs_read(void) {
   static const char *const decode[] = {"default", "shift", NULL}, *const small[] = {"default", "ws", NULL};
-  static const char *const large[] = {"default", "1", "np", "mc", "m64", "ts", NULL};
+  static const char *const large[] = {"default", "1", "np", "mc", "m64", "v6", NULL};
   static const char *const widths[] = {"default", "256", "192", "128", "96", "64", NULL};
   static const int width_of[] = {0, 256, 192, 128, 96, 64};
   int errors = 0; /* a warning is enough: these are not the user's settings */
@@ -241,7 +243,7 @@ static int large_m64_bn(int m, int n, int bn) {
 static int large_forced_bn(int variant) {
   pthread_once(&knobs_once, knobs_read);
   int w = knobs.large_bn;
-  if (w == 256 || w == 192 || w == 128 || ((w == 96 || w == 64) && (variant == LARGE_V5 || variant == LARGE_NP)))
+  if (w == 256 || w == 192 || w == 128 || ((w == 96 || w == 64) && (variant == LARGE_DEFAULT || variant == LARGE_V6 || variant == LARGE_NP)))
     return w;
   return 0;
 }
@@ -287,13 +289,11 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
     return launch("gemm_large", bn64 == 64 ? "mt_gemm_large_m64_n64" : "mt_gemm_large_m64_n128", tiles < sms ? tiles : sms,
                   1, 384, MT_LARGE_SMEM_BM(64, bn64), 1, stream, &l);
   }
-  /* ts only where its rows end on 16 bytes: device call 3 saw the TMA store write the whole
-   * 16-byte piece holding column n - 1 (n = 271: column 271 of the caller's padding written);
-   * other widths and shapes take the default kernel (this condition has not run on the GPU) */
-  if (variant == LARGE_TS && bn >= 128 && a->n % 8 == 0) {
-    st = output_map(&l.ty, a->y, a->ytype, a->m, a->n, a->ldy);
-    if (st != MT_OK)
-      return st;
+  /* TMA stores only where the rows end on 16 bytes: the store clips at n by 16-byte pieces (at
+   * n = 271 it wrote column 271, the caller's padding; H200, 2026-11-29), so n % 8 == 0; and only
+   * where y suits a tensor map (16-byte aligned base and row stride), else per-thread stores. */
+  if (variant == LARGE_DEFAULT && bn >= 128 && a->n % 8 == 0 &&
+      output_map(&l.ty, a->y, a->ytype, a->m, a->n, a->ldy) == MT_OK) {
     unsigned tiles = tiles_m * tiles_n;
     const char *fn = bn == 256 ? "mt_gemm_large_ts_n256" : bn == 192 ? "mt_gemm_large_ts_n192" : "mt_gemm_large_ts_n128";
     return launch("gemm_large", fn, tiles < sms ? tiles : sms, 1, 384, MT_LARGE_SMEM_TS(bn), 1, stream, &l);

@@ -5,7 +5,7 @@
 # Steps: build kernels torch sanitize bench benchshim ncu probe run (default: all but sanitize, ncu
 # and probe). GPU_PY="tests/gpu/test_a.py ..." narrows the torch step to those Python tests;
 # TAG=-x appends -x to the log names (the same steps again under another setting, e.g.
-# MT_LARGE_VARIANT=ts TAG=-ts scripts/gpu_session.sh kernels sanitize).
+# MT_LARGE_VARIANT=v6 TAG=-v6 scripts/gpu_session.sh kernels sanitize).
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-session}
