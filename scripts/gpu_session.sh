@@ -2,8 +2,9 @@
 # scripts/gpu_session.sh [STEP...] — everything the device machine is for, in one call: build, GPU
 # tests, benchmarks and the demo run, each step under its own time limit so that one hang does not
 # cost the others. Logs go to $OUT (the device tool's output folder) or build/gpu-session.
-# Steps: build kernels torch sanitize bench benchshim ncu probe run (default: all but sanitize, ncu
-# and probe). GPU_PY="tests/gpu/test_a.py ..." narrows the torch step to those Python tests;
+# Steps: build kernels torch sanitize bench benchshim ncu probe ab run (default: all but sanitize,
+# ncu, probe and ab). ab: the benchmark rows AB_ROWS ("qwen3_gate_up:4096 ...") one at a time,
+# their table lines into ab.log (with TAG, ab-TAG.log; set a knob beside it to compare). GPU_PY="tests/gpu/test_a.py ..." narrows the torch step to those Python tests;
 # TAG=-x appends -x to the log names (the same steps again under another setting, e.g.
 # MT_LARGE_VARIANT=v6 TAG=-v6 scripts/gpu_session.sh kernels sanitize).
 set -u
@@ -45,6 +46,12 @@ for s in $steps; do
       nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o "build/probe_$p" "scripts/probe_$p.cu" &&
         step "probe-$p" 60 "build/probe_$p"
     done ;;
+  ab)
+    for r in ${AB_ROWS:-}; do
+      echo "== ab${TAG:-} $r"
+      MT_BENCH_ONLY=$r timeout 60 build/scripts/bench_kernels "$out/ab.json" 2>&1 | grep -E "^${r%%:*} |rror"
+    done >"$out/ab${TAG:-}.log" 2>&1
+    cat "$out/ab${TAG:-}.log" ;;
   run) step run ${RUN_LIMIT:-540} make run ${RUN_ARGS:+RUN_ARGS="$RUN_ARGS"} && cp build/run/table.md build/run/gap.png "$out/" 2>/dev/null ;;
   *) echo "unknown step $s" ;;
   esac
