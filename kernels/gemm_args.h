@@ -30,6 +30,7 @@ typedef struct {
   CUtensorMap tw; /* weight [n][k], box 64 x BN rows */
   CUtensorMap ty; /* output [m][n] (the ts variant only), box 64 x 64 rows */
   mt_epilogue_args e;
+  const uint8_t *ra; /* the ra variant: the activations as records (MT_ACT_REC_BYTES), ta unused */
 } mt_large_args;
 
 /* Small M: the weight in fragment order, the activations read directly: quantized (xa) or, for the
@@ -69,6 +70,14 @@ typedef struct {
 #define MT_LARGE_STAGES_TS(bn) (MT_LARGE_STAGES(bn) - 1)
 #define MT_LARGE_SMEM_TS(bn) \
   (1024 + MT_LARGE_STAGES_TS(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4 + 1024 + 128 * (bn)*2)
+/* The ra variant (activations as records, decoded in registers; outputs as ts): a stage is the
+ * BN x 64 weight tile (128B-swizzled, 1024-aligned) then the 128 x 64 activation records (5120
+ * bytes, a multiple of 1024); as many stages as fit beside the staging tile. */
+#define MT_LARGE_RA_A_BYTES (MT_LARGE_BM / 8 * 2 * MT_FRAG_REC)
+#define MT_LARGE_STAGE_BYTES_RA(bn) ((bn)*MT_LARGE_BK * 2 + MT_LARGE_RA_A_BYTES)
+#define MT_LARGE_STAGES_RA(bn) ((bn) == 256 ? 4 : (bn) == 192 ? 5 : 8)
+#define MT_LARGE_SMEM_RA(bn) \
+  (1024 + MT_LARGE_STAGES_RA(bn) * (MT_LARGE_STAGE_BYTES_RA(bn) + 16) + 2 * 2 * (bn)*4 + 1024 + 128 * (bn)*2)
 #define MT_LARGE_SMEM_BM(bm, bn) \
   (1024 + MT_LARGE_STAGES_BM(bm, bn) * (MT_LARGE_STAGE_BYTES_BM(bm, bn) + 16) + 2 * 2 * (bn)*4)
 #define MT_SMALL_WARPS 2 /* one CTA per 16 output channels, 8 per warp */
@@ -123,5 +132,17 @@ typedef struct {
  * E4M3, so no conversion in the GEMM). Blocks past k are zero. 5 bits per weight. */
 #define MT_FRAG_REC 160
 #define MT_FRAG_BYTES(n, k) ((size_t)(n) / 8 * (((size_t)(k) + 31) / 32) * MT_FRAG_REC)
+
+/* Activations as records (MT_LARGE_VARIANT=ra: written by the quantization kernels' record mode,
+ * mt_quant_params.records, read by mt_gemm_large_ra_nBN): the record above with tokens as its rows
+ * (lane l = 4g + q: code bytes q and q+4 of token 8H+g's blocks 2P and 2P+1, then the 8 tokens'
+ * BF16 scale pairs), arranged by bands of 128 tokens so that one stage of the large kernel (128
+ * tokens x 64 columns: 16 row groups x 2 records) is 32 contiguous records, 5120 bytes, one bulk
+ * copy: record (H, P) at ((H / 16 * MT_ACT_PAIRS(k) + P) * 16 + H % 16) * 160. Pairs run to a
+ * whole 64 columns and tokens to a whole band: those past k or m are zero records (written). */
+#define MT_ACT_PAIRS(k) (2 * (((size_t)(k) + 63) / 64))
+#define MT_ACT_BAND 128
+#define MT_ACT_REC_BYTES(m, k) \
+  (((size_t)(m) + MT_ACT_BAND - 1) / MT_ACT_BAND * (MT_ACT_BAND / 8) * MT_ACT_PAIRS(k) * MT_FRAG_REC)
 
 #endif

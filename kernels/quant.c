@@ -1,13 +1,14 @@
 /* quant.c — launches the quantization kernels of kernels/quant.cu: picks the kernel and the CTA
- * shape for a matrix (see quant.cu for what each thread owns) and, for a per-tensor outer scale,
- * zeroes the amax word and runs the amax pass first. Launches only, so it is legal inside CUDA
- * graph capture once the module is loaded.
+ * shape for a matrix (see quant.cu for what each thread owns; with p->records, the record-mode
+ * kernels) and, for a per-tensor outer scale, zeroes the amax word and runs the amax pass first.
+ * Launches only, so it is legal inside CUDA graph capture once the module is loaded.
  */
 #include "kernels/quant.h"
 
 #include <stdio.h>
 
 #include "kernels/driver.h"
+#include "kernels/gemm_args.h"
 
 /* CTAs of about this many threads; a row (per-row S) may take up to 512. */
 #define CTA_THREADS 256
@@ -48,9 +49,41 @@ static unsigned blocks_per_thread(unsigned nblk, unsigned rows) {
   return t4 <= 128 ? 4 : 8;
 }
 
+/* The record mode (p->records): threads own pairs of blocks over the padded layout (gemm_args.h:
+ * whole 64-column steps, whole bands of 128 rows), the same CTA shapes otherwise. */
+static int pick_rec_shape(const mt_quant_params *p, launch_shape *s) {
+  const char *type = p->fp16 ? "fp16" : "bf16";
+  unsigned nblk = (unsigned)MT_ACT_PAIRS(p->cols) * 2;
+  unsigned rows = (unsigned)((p->rows + MT_ACT_BAND - 1) / MT_ACT_BAND * MT_ACT_BAND);
+  if (p->row_outer) {
+    unsigned nb = blocks_per_thread(nblk, (unsigned)p->rows);
+    if (nb < 2)
+      nb = 2;
+    while (nb <= 8 && (nblk + nb - 1) / nb > MAX_ROW_THREADS)
+      nb *= 2;
+    if (nb > 8)
+      return MT_ERR_UNSUPPORTED;
+    s->block_x = row_threads((nblk + nb - 1) / nb);
+    unsigned cta = (unsigned)p->rows > MANY_ROWS ? CTA_THREADS / 2 : CTA_THREADS;
+    s->block_y = s->block_x >= cta ? 1 : cta / s->block_x;
+    s->grid_y = 1;
+    snprintf(s->name, sizeof s->name, "mt_quant_row_rec_%s_nb%u", type, nb);
+  } else {
+    unsigned tx = row_threads(nblk / 2);
+    s->block_x = tx > CTA_THREADS ? CTA_THREADS : tx;
+    s->block_y = CTA_THREADS / s->block_x;
+    s->grid_y = (nblk / 2 + s->block_x - 1) / s->block_x;
+    snprintf(s->name, sizeof s->name, "mt_quant_tensor_rec_%s", type);
+  }
+  s->grid_x = (rows + s->block_y - 1) / s->block_y;
+  return s->grid_y <= 65535 ? MT_OK : MT_ERR_UNSUPPORTED;
+}
+
 static int pick_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
   const char *type = p->fp16 ? "fp16" : "bf16";
   unsigned rows = (unsigned)p->rows, nblk = (unsigned)p->cols / 16;
+  if (p->records)
+    return pick_rec_shape(p, s);
   if (tile16) {
     s->block_x = nblk < 16 ? pow2_at_least(nblk) : 16;
     s->block_y = 16;
@@ -83,7 +116,7 @@ int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) {
   const mt_driver *d = mt_driver_get();
   if (!d)
     return MT_ERR_NO_DRIVER;
-  if (p->rows <= 0 || p->cols <= 0 || p->cols % 16 || (tile16 && (p->row_outer || p->rows % 16)))
+  if (p->rows <= 0 || p->cols <= 0 || p->cols % 16 || (tile16 && (p->row_outer || p->rows % 16 || p->records)))
     return MT_ERR_UNSUPPORTED;
   launch_shape s;
   CUfunction quant, amax = NULL;

@@ -1,12 +1,14 @@
 /* quant.cu — NVFP4 quantization kernels: BF16/FP16 rows (row stride ldx) to the exact BF16
  * dequantized matrix xhat = e2m1(code) * s_b (outer scale not applied: what the tensor cores
  * read), and optionally the packed E2M1 codes and E4M3 block scales, with the FP32 outer scale S
- * per row or per tensor; 1x16 blocks, or 16x16 tiles for weights.
+ * per row or per tensor; 1x16 blocks, or 16x16 tiles for weights. Or (the record mode, for the
+ * large-M ra kernel, MT_LARGE_VARIANT=ra) the same codes and scales as the 5-bit records of
+ * gemm_args.h (MT_ACT_REC_BYTES: ~0.63 bytes an element written instead of xhat's 2), with S.
  *
  * Bit-identical to mt_ref_quantize (spec/nvfp4.c): the same IEEE FP32 operations in the same
  * order (TE's), each rounded on its own (__fmul_rn / __frcp_rn / __fdiv_rn: no FMA contraction,
- * correctly rounded division, denormals kept). tests/gpu/test_kernels.c checks codes, scales, S
- * and xhat bit for bit against the reference on random and adversarial inputs.
+ * correctly rounded division, denormals kept). tests/gpu/test_kernels.c checks codes, scales, S,
+ * xhat and the records bit for bit against the reference on random and adversarial inputs.
  *
  * Layout of the work: one thread owns NB blocks of 16 elements of one row (two 16-byte loads and
  * stores per block, coalesced across the row's threads); a CTA holds TY rows of TX threads. The
@@ -15,6 +17,7 @@
  */
 #include <stdint.h>
 
+#include "kernels/gemm_args.h"
 #include "kernels/quant.cuh"
 #include "kernels/quant.h"
 
@@ -31,10 +34,33 @@ __device__ __forceinline__ void allow_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+/* The record of 8 rows x 32 columns (gemm_args.h) that row r's blocks b (even) and b + 1 belong
+ * to, in the ra layout: bands of 128 rows, the band's records by column pair, then row group. */
+__device__ __forceinline__ uint8_t *record_of(const mt_quant_params &p, int r, int b, int pairs) {
+  return p.records + (((size_t)(r / MT_ACT_BAND) * pairs + b / 2) * (MT_ACT_BAND / 8) + (r / 8) % (MT_ACT_BAND / 8)) *
+                         MT_FRAG_REC;
+}
+
+/* Row r's part of one record from its blocks b (cd0, scale code sb0) and b + 1 (cd1, sb1): lane
+ * 4g + q's code word holds code bytes q and q + 4 of each block (gemm_args.h), the scale word the
+ * two scales as BF16 (exact: an E4M3 value has 4 significant bits). 16 + 4 bytes. */
+__device__ __forceinline__ void store_record(uint8_t *rec, int g, const uint32_t (&cd0)[2], const uint32_t (&cd1)[2],
+                                             uint32_t sb0, uint32_t sb1) {
+  const uint32_t a01 = __byte_perm(cd0[0], cd0[1], 0x5140), a23 = __byte_perm(cd0[0], cd0[1], 0x7362);
+  const uint32_t b01 = __byte_perm(cd1[0], cd1[1], 0x5140), b23 = __byte_perm(cd1[0], cd1[1], 0x7362);
+  *(uint4 *)(rec + 16 * g) = make_uint4(__byte_perm(a01, b01, 0x5410), __byte_perm(a01, b01, 0x7632),
+                                        __byte_perm(a23, b23, 0x5410), __byte_perm(a23, b23, 0x7632));
+  *(uint32_t *)(rec + 128 + 4 * g) =
+      __float_as_uint(e4m3_to_float(sb0)) >> 16 | (__float_as_uint(e4m3_to_float(sb1)) & 0xffff0000u);
+}
+
 /* Rows r = blockIdx.x * TY + ty; thread tx owns blocks blockIdx.y * TX * NB + tx + j * TX. ROW: S
  * from the row's amax (the launcher makes one CTA span the whole row); else S from *p.amax. TILE:
- * 16x16 tiles, TY == 16, the tile's amax through shared memory. */
-template <bool FP16, int NB, bool ROW, bool TILE>
+ * 16x16 tiles, TY == 16, the tile's amax through shared memory. REC (NB even): the output is
+ * p.records instead; thread tx owns the pairs of blocks blockIdx.y * TX * NB / 2 + tx + i * TX
+ * (blocks j = 2i and 2i + 1 of its NB), over the rows and pairs the layout pads to (zeros: rows
+ * past p.rows load as zero, so their S is 1 and their codes and scales 0; S is not written). */
+template <bool FP16, int NB, bool ROW, bool TILE, bool REC = false>
 __device__ __forceinline__ void quantize(const mt_quant_params &p) {
   if (p.only_if && *p.only_if == 0) /* the same for the whole grid: no barrier is left waiting */
     return;
@@ -43,12 +69,13 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
   const int r = blockIdx.x * blockDim.y + ty;
   const bool row_ok = r < p.rows;
   const int b0 = blockIdx.y * (TX * NB) + tx;
+  auto block_of = [&](int j) { return REC ? 2 * (blockIdx.y * (TX * NB / 2) + tx + (j >> 1) * TX) + (j & 1) : b0 + j * TX; };
   const char *xrow = (const char *)p.x + (size_t)(row_ok ? r : 0) * (size_t)p.ldx * 2;
 
   uint32_t w[NB][8], amax_b[NB];
 #pragma unroll
   for (int j = 0; j < NB; j++) {
-    const int b = b0 + j * TX;
+    const int b = block_of(j);
     uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
     if (row_ok && b < nblk) {
       const uint4 *src = (const uint4 *)(xrow + (size_t)b * 32);
@@ -97,6 +124,26 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
     amax_b[0] = tile_max[tx];
   }
 
+  if (REC) {
+    const int pairs = (int)MT_ACT_PAIRS(p.cols);
+    if (r >= (p.rows + MT_ACT_BAND - 1) / MT_ACT_BAND * MT_ACT_BAND)
+      return;
+    const bool bad = !(S == S);
+    const float s_over_6 = S_over_6(S), inv_s = inv_S(S);
+#pragma unroll
+    for (int j = 0; j < NB; j += 2) {
+      const int b = block_of(j);
+      if (b >= 2 * pairs)
+        break;
+      uint32_t xh[8], cd0[2] = {0, 0}, cd1[2] = {0, 0}, sb0 = 0, sb1 = 0;
+      if (!bad) {
+        sb0 = block<FP16, true>(w[j], amax_b[j], s_over_6, inv_s, xh, cd0);
+        sb1 = block<FP16, true>(w[j + 1], amax_b[j + 1], s_over_6, inv_s, xh, cd1);
+      }
+      store_record(record_of(p, r, b, pairs), r % 8, cd0, cd1, sb0, sb1);
+    }
+    return;
+  }
   if (!row_ok)
     return;
   /* A domain holding NaN or Inf: codes, scales and xhat all 0; its NaN S makes the GEMM's
@@ -106,7 +153,7 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
   const size_t row_base = (size_t)r * (size_t)p.cols;
 #pragma unroll
   for (int j = 0; j < NB; j++) {
-    const int b = b0 + j * TX;
+    const int b = block_of(j);
     if (b >= nblk)
       break;
     uint32_t xh[8] = {0, 0, 0, 0, 0, 0, 0, 0}, cd[2] = {0, 0}, sb_code = 0;
@@ -191,3 +238,29 @@ MT_QUANT_ROW(fp16, true, 8)
   }
 MT_QUANT_TENSOR(bf16, false)
 MT_QUANT_TENSOR(fp16, true)
+
+/* The record mode (mt_quant_params.records, for MT_LARGE_VARIANT=ra): per-row S with 2, 4 or 8
+ * blocks a thread (pairs of adjacent blocks), per-tensor S with 2. */
+#define MT_QUANT_REC(type, fp16)                                                                   \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
+      mt_quant_row_rec_##type##_nb2(const mt_quant_params p) {                                     \
+    allow_dependents();                                                                            \
+    quantize<fp16, 2, true, false, true>(p);                                                       \
+  }                                                                                                \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
+      mt_quant_row_rec_##type##_nb4(const mt_quant_params p) {                                     \
+    allow_dependents();                                                                            \
+    quantize<fp16, 4, true, false, true>(p);                                                       \
+  }                                                                                                \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
+      mt_quant_row_rec_##type##_nb8(const mt_quant_params p) {                                     \
+    allow_dependents();                                                                            \
+    quantize<fp16, 8, true, false, true>(p);                                                       \
+  }                                                                                                \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
+      mt_quant_tensor_rec_##type(const mt_quant_params p) {                                        \
+    allow_dependents();                                                                            \
+    quantize<fp16, 2, false, false, true>(p);                                                      \
+  }
+MT_QUANT_REC(bf16, false)
+MT_QUANT_REC(fp16, true)

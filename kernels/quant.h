@@ -1,6 +1,7 @@
 /* quant.h — NVFP4 quantization on the GPU (kernels in kernels/quant.cu, launched by kernels/quant.c):
  * BF16 or FP16 rows to the exact BF16 dequantized matrix the tensor cores read, and optionally the
- * packed codes and E4M3 scales, bit-identical to mt_ref_quantize (spec/nvfp4.c).
+ * packed codes and E4M3 scales, bit-identical to mt_ref_quantize (spec/nvfp4.c); or the same codes
+ * and scales as the 5-bit records the large-M ra kernel reads (mt_quant_params.records).
  *
  * mt_quant_params is the one by-value argument of every kernel: C and CUDA C++ both include this
  * header, so it holds only fixed-width types and pointers.
@@ -22,6 +23,10 @@ typedef struct {
   float *outer;       /* S: rows floats or 1 */
   uint32_t *amax;     /* per-tensor: max |x| as FP32 bits, zeroed then built by the amax kernel */
   const uint32_t *only_if; /* NULL, or a device word: the kernels do nothing when it reads 0 */
+  uint8_t *records;   /* NULL, or: the codes and scales as 5-bit records for the large-M ra kernel
+                         (kernels/gemm_args.h, MT_ACT_REC_BYTES(rows, cols) bytes, zero records
+                         past rows and cols included) instead of xhat, codes and scales (not
+                         written then); 1x16 blocks only */
 } mt_quant_params;
 
 #ifndef __CUDACC__

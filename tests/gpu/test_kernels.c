@@ -35,6 +35,7 @@
 
 #include "kernels/driver.h"
 #include "kernels/engine.h"
+#include "kernels/gemm_args.h"
 #include "kernels/quant.h"
 #include "spec/nvfp4.h"
 #include "tests/harness.h"
@@ -248,14 +249,46 @@ static int same_float(float a, float b) {
   return (isnan(a) && isnan(b)) || float_bits(a) == float_bits(b);
 }
 
-/* Quantize x on the GPU (with and without codes and scales) and compare every output with
- * mt_ref_quantize. */
+/* The record mode (mt_quant_params.records, MT_LARGE_VARIANT=ra's activations): read every record
+ * of the layout (gemm_args.h) back into codes and scales and compare them with the reference: lane
+ * 4g + q's code word holds code bytes q and q + 4 of row 8H + g's blocks 2P and 2P + 1, the scale
+ * word of g their scales as BF16; rows past `rows` and blocks past cols / 16 must be zero records.
+ * Returns the number of wrong bytes (the first one reported). */
+static long check_records(const uint8_t *rec, const mt_nvfp4 *ref, int rows, int cols) {
+  size_t pairs = MT_ACT_PAIRS(cols), nblk = (size_t)cols / 16;
+  size_t rows_pad = ((size_t)rows + MT_ACT_BAND - 1) / MT_ACT_BAND * MT_ACT_BAND;
+  long bad = 0;
+  for (size_t r = 0; r < rows_pad; r++)
+    for (size_t P = 0; P < pairs; P++) {
+      size_t H = r / 8, g = r % 8;
+      const uint8_t *at = rec + ((r / MT_ACT_BAND * pairs + P) * (MT_ACT_BAND / 8) + H % (MT_ACT_BAND / 8)) * MT_FRAG_REC;
+      for (int half = 0; half < 2; half++) {
+        size_t b = 2 * P + (size_t)half;
+        int real = r < (size_t)rows && b < nblk;
+        for (int q = 0; q < 8; q++) { /* code byte q of block b: lane 4g + q % 4, byte 2 half + q / 4 */
+          uint8_t got = at[16 * g + 4 * (q % 4) + 2 * half + q / 4];
+          uint8_t want = real ? ref->codes[r * (size_t)cols / 2 + b * 8 + (size_t)q] : 0;
+          if (got != want && bad++ == 0)
+            CHECKF(0, "record code byte (row %zu, block %zu, byte %d) = %02x, reference %02x", r, b, q, got, want);
+        }
+        uint16_t got_s = (uint16_t)(at[128 + 4 * g + 2 * half] | at[128 + 4 * g + 2 * half + 1] << 8);
+        uint16_t want_s = real ? mt_float_to_bf16(mt_e4m3_to_float(ref->scales[r * nblk + b])) : 0;
+        if (got_s != want_s && bad++ == 0)
+          CHECKF(0, "record scale (row %zu, block %zu) = %04x, reference %04x", r, b, got_s, want_s);
+      }
+    }
+  return bad;
+}
+
+/* Quantize x on the GPU (with and without codes and scales, and for 1x16 blocks as records) and
+ * compare every output with mt_ref_quantize. */
 static void check_quant(const qcase *qc, const uint16_t *x) {
   size_t rows = (size_t)qc->rows, cols = (size_t)qc->cols, nouter = qc->outer == MT_SCALE_ROW ? rows : 1;
   float *xf = malloc(rows * qc->ld * sizeof *xf);
   uint16_t *xhat = malloc(rows * cols * 2), *xhat2 = malloc(rows * cols * 2);
   uint8_t *codes = malloc(rows * cols / 2), *scales = malloc(rows * cols / 16);
   float *outer_h = malloc(nouter * sizeof(float)), *outer2 = malloc(nouter * sizeof(float));
+  uint8_t *rec_h = NULL;
   mt_nvfp4 ref;
   int ok_alloc = mt_nvfp4_alloc(&ref, qc->rows, qc->cols, qc->outer,
                                 qc->tile16 ? MT_WBLOCK_16X16 : MT_WBLOCK_1X16) == 0;
@@ -304,6 +337,26 @@ static void check_quant(const qcase *qc, const uint16_t *x) {
   CU(cudaMemcpy(xhat2, dxhat, rows * cols * 2, cudaMemcpyDeviceToHost));
   CU(cudaMemcpy(outer2, douter, nouter * sizeof(float), cudaMemcpyDeviceToHost));
 
+  long bad_rec = 0;
+  if (!qc->tile16) { /* the record mode: the same codes, scales and S in the ra layout */
+    size_t rec_bytes = MT_ACT_REC_BYTES(rows, cols);
+    rec_h = malloc(rec_bytes);
+    void *drec = dev_alloc(rec_bytes);
+    CHECK(rec_h && drec);
+    if (!rec_h || !drec)
+      goto out;
+    p.xhat = NULL;
+    p.records = drec;
+    CHECK(poison(drec, rec_bytes) && poison(douter, (nouter + 1) * sizeof(float)));
+    MT(mt_quantize(&p, 0, NULL));
+    CU(sync_check());
+    CU(cudaMemcpy(rec_h, drec, rec_bytes, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(outer2, douter, nouter * sizeof(float), cudaMemcpyDeviceToHost));
+    bad_rec = check_records(rec_h, &ref, qc->rows, qc->cols);
+    for (size_t i = 0; i < nouter; i++)
+      bad_rec += !same_float(outer2[i], ref.outer[i]);
+  }
+
   long bad_codes = 0, bad_scales = 0, bad_outer = 0, bad_xhat = 0, bad_hot = 0;
   for (size_t i = 0; i < nouter; i++) {
     if (!same_float(outer_h[i], ref.outer[i]) && bad_outer++ == 0)
@@ -327,11 +380,11 @@ static void check_quant(const qcase *qc, const uint16_t *x) {
                x[r * qc->ld + c]);
       bad_hot += xhat2[r * cols + c] != got;
     }
-  CHECKF(!bad_codes && !bad_scales && !bad_outer && !bad_xhat && !bad_hot,
+  CHECKF(!bad_codes && !bad_scales && !bad_outer && !bad_xhat && !bad_hot && !bad_rec,
          "%dx%d ld %zu %s %s %s: %ld codes, %ld scales, %ld S, %ld xhat differ; %ld hot-path "
-         "differences",
+         "differences; %ld in the records",
          qc->rows, qc->cols, qc->ld, qc->fp16 ? "fp16" : "bf16", mt_scale_name(qc->outer),
-         qc->tile16 ? "16x16" : "1x16", bad_codes, bad_scales, bad_outer, bad_xhat, bad_hot);
+         qc->tile16 ? "16x16" : "1x16", bad_codes, bad_scales, bad_outer, bad_xhat, bad_hot, bad_rec);
 out:
   mt_nvfp4_free(&ref);
   free(xf);
@@ -341,6 +394,7 @@ out:
   free(scales);
   free(outer_h);
   free(outer2);
+  free(rec_h);
   dev_free_all();
 }
 
@@ -826,11 +880,11 @@ out:
 /* The large path's persistent grid walks several tiles per CTA when there are more tiles than
  * SMs (here 33 x 8 = 264 tiles of 128 x 192, the last row of tiles partial): every output is
  * written (two runs under different poison agree), and sampled rows are bitwise those of 1-row
- * calls (the small path). Then an odd N with per-row S_w against the reference (tiles of 128 x
- * 64, the last one partial, its last column stored alone), without and with beta and bias. */
-static void gemm_large_tiles(void) {
-  NEED_GPU();
-  enum { M = 4096 + 37, N = 1536, K = 256 };
+ * calls (the small path); K = 256 and K = 160 (a last K step of 32 columns). Then an odd N with
+ * per-row S_w against the reference (tiles of 128 x 64, the last one partial, its last column
+ * stored alone), without and with beta and bias. */
+static void large_tiles_case(int K) {
+  enum { M = 4096 + 37, N = 1536 };
   weight w = {0};
   acts a = {0};
   size_t ybytes = (size_t)M * N * 2;
@@ -868,7 +922,7 @@ static void gemm_large_tiles(void) {
     if (memcmp(row, y1 + (size_t)r * N, (size_t)N * 2) != 0 && bad++ == 0)
       CHECKF(0, "the 1-row GEMM of row %d differs from the %d-row call", r, M);
   }
-  CHECKF(bad == 0, "%ld rows differ between the paths", bad);
+  CHECKF(bad == 0, "%ld rows differ between the paths (K = %d)", bad, K);
 out:
   mt_nvfp4_free(&w.ref);
   free_acts(&a);
@@ -876,6 +930,12 @@ out:
   free(y2);
   free(row);
   dev_free_all();
+}
+
+static void gemm_large_tiles(void) {
+  NEED_GPU();
+  large_tiles_case(256);
+  large_tiles_case(160);
   static const mt_numerics w_row = {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16};
   for (int v = 0; v < 2; v++) {
     gcase g = {.m = 200, .n = 271, .k = 256, .num = w_row, .ytype = v ? MT_DTYPE_FP16 : MT_DTYPE_BF16,
