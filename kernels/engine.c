@@ -124,7 +124,7 @@ int mt_quantize_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight
 size_t mt_gemm_workspace_bytes(int m, int k, const mt_numerics *num) {
   if (!num || m <= 0 || k <= 0)
     return 0;
-  return section((size_t)m * (size_t)k * 2) + outer_bytes(m, num->act_scale);
+  return section(mt_gemm_act_bytes(m, k)) + outer_bytes(m, num->act_scale);
 }
 
 static int is_half(enum mt_dtype t) { return t == MT_DTYPE_BF16 || t == MT_DTYPE_FP16; }
@@ -160,7 +160,8 @@ int mt_gemm(const mt_gemm_args *a, mt_stream stream) {
   if (mt_gemm_fuses_quant(a)) /* few tokens: the GEMM quantizes them itself, bit for bit the same */
     return mt_gemm_launch_fused(a, stream);
   char *ws = a->workspace;
-  float *outer = (float *)(ws + section((size_t)a->m * (size_t)a->k * 2));
+  float *outer = (float *)(ws + section(mt_gemm_act_bytes(a->m, a->k)));
+  int records = mt_gemm_act_records(a); /* MT_LARGE_VARIANT=ra: 5-bit records instead of xhat */
   mt_quant_params p = {
       .x = a->x,
       .ldx = (int64_t)a->ldx,
@@ -168,13 +169,14 @@ int mt_gemm(const mt_gemm_args *a, mt_stream stream) {
       .cols = a->k,
       .fp16 = a->xtype == MT_DTYPE_FP16,
       .row_outer = num->act_scale == MT_SCALE_ROW,
-      .xhat = (uint16_t *)ws,
+      .xhat = records ? NULL : (uint16_t *)ws,
       .outer = outer,
       .amax = amax_word(outer),
+      .records = records ? (uint8_t *)ws : NULL,
   };
   int status = mt_quantize(&p, 0, stream);
   if (status != MT_OK)
     return status;
-  mt_qact q = {.xhat = p.xhat, .outer = outer};
+  mt_qact q = {.xhat = p.xhat, .outer = outer, .rec = p.records};
   return mt_gemm_launch(a, &q, stream);
 }

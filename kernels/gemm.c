@@ -40,11 +40,15 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
  *    mt_gemm_large_nBN (per-thread stores); "v6" runs mt_gemm_large_nBN everywhere, "1" the first
  *    large-M kernel (mt_gemm_large_v1_nBN, one tile per CTA), "np" v6 with one CTA per tile instead
  *    of a persistent grid, "mc" clusters of 2 CTAs sharing the weight or the activation tile by TMA
- *    multicast (mt_gemm_large_mcw/mca_nBN), "m64" v6 with tiles of 64 tokens where they cost less.
+ *    multicast (mt_gemm_large_mcw/mca_nBN), "m64" v6 with tiles of 64 tokens where they cost less,
+ *    "ra" where the default would store by TMA, the activations quantized into 5-bit records
+ *    (gemm_args.h: ~2.6 instead of 4 bytes of quantization traffic an element, 5 KB instead of
+ *    16 KB a stage) that the kernel decodes into wgmma's A registers (mt_gemm_large_ra_nBN; the
+ *    engine's workspace then holds the records, mt_gemm_act_records), else as the default.
  *    Same bits in every case.
  *  MT_LARGE_BN: a tile width taken instead of the launcher's choice (256, 192 or 128 for every
  *    variant; 96 or 64 for the default and np). */
-enum { LARGE_DEFAULT, LARGE_V1, LARGE_NP, LARGE_MC, LARGE_M64, LARGE_V6 };
+enum { LARGE_DEFAULT, LARGE_V1, LARGE_NP, LARGE_MC, LARGE_M64, LARGE_V6, LARGE_RA };
 static struct {
   int small_shift, small_ws, large_variant, large_bn;
 } knobs;
@@ -52,7 +56,7 @@ static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
 
 static void knobs_read(void) {
   static const char *const decode[] = {"default", "shift", NULL}, *const small[] = {"default", "ws", NULL};
-  static const char *const large[] = {"default", "1", "np", "mc", "m64", "v6", NULL};
+  static const char *const large[] = {"default", "1", "np", "mc", "m64", "v6", "ra", NULL};
   static const char *const widths[] = {"default", "256", "192", "128", "96", "64", NULL};
   static const int width_of[] = {0, 256, 192, 128, 96, 64};
   int errors = 0; /* a warning is enough: these are not the user's settings */
@@ -147,7 +151,7 @@ int mt_gemm_fuses_quant(const mt_gemm_args *a) {
 }
 
 int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream) {
-  mt_qact none = {NULL, NULL};
+  mt_qact none = {NULL, NULL, NULL};
   mt_small_args s = {NULL, a->w->frag, {0}, a->x, (long long)a->ldx, a->xtype == MT_DTYPE_FP16};
   epilogue_args(a, &none, &s.e);
   int cls = ws_class(a);
@@ -243,15 +247,67 @@ static int large_m64_bn(int m, int n, int bn) {
 static int large_forced_bn(int variant) {
   pthread_once(&knobs_once, knobs_read);
   int w = knobs.large_bn;
-  if (w == 256 || w == 192 || w == 128 || ((w == 96 || w == 64) && (variant == LARGE_DEFAULT || variant == LARGE_V6 || variant == LARGE_NP)))
+  if (w == 256 || w == 192 || w == 128 ||
+      ((w == 96 || w == 64) && (variant == LARGE_DEFAULT || variant == LARGE_V6 || variant == LARGE_NP || variant == LARGE_RA)))
     return w;
   return 0;
+}
+
+static int takes_small_path(const mt_gemm_args *a) {
+  return a->m <= MT_GEMM_SMALL_M && mt_gemm_frag_bytes(a->n, a->k) && a->w->frag;
+}
+
+/* The ra kernel's tile width for this call, or 0 where it does not run: MT_LARGE_VARIANT=ra, the
+ * large path, and what the default's TMA-store kernel needs (width 128-256, n % 8 == 0, y suits a
+ * tensor map, whose description is left in ty). The engine asks it before quantizing (records or
+ * xhat) and the launcher again, with the same answer. */
+static int ra_width(const mt_gemm_args *a, CUtensorMap *ty) {
+  if (large_variant() != LARGE_RA || takes_small_path(a))
+    return 0;
+  int bn = large_forced_bn(LARGE_RA);
+  if (!bn)
+    bn = large_bn(a->m, a->n, 5);
+  if (bn < 128 || a->n % 8 || output_map(ty, a->y, a->ytype, a->m, a->n, a->ldy) != MT_OK)
+    return 0;
+  return bn;
+}
+
+int mt_gemm_act_records(const mt_gemm_args *a) {
+  CUtensorMap ty;
+  return ra_width(a, &ty) != 0;
+}
+
+size_t mt_gemm_act_bytes(int m, int k) {
+  size_t xhat = (size_t)m * (size_t)k * 2, rec = MT_ACT_REC_BYTES(m, k);
+  return large_variant() == LARGE_RA && rec > xhat ? rec : xhat;
+}
+
+/* The ra kernel on activations given as records (q->rec): the TMA-store kernel's grid and epilogue. */
+static int ra_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
+  static mt_large_args proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
+  mt_large_args l = proto;
+  int bn = ra_width(a, &l.ty);
+  if (!bn) /* records were made for a call the ra kernel does not take: not the engine's doing */
+    return MT_ERR_UNSUPPORTED;
+  int st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, bn);
+  if (st != MT_OK)
+    return st;
+  epilogue_args(a, q, &l.e);
+  l.ra = q->rec;
+  unsigned tiles = (unsigned)((a->m + MT_LARGE_BM - 1) / MT_LARGE_BM) * (unsigned)((a->n + bn - 1) / bn);
+  unsigned sms = (unsigned)sm_count();
+  const char *fn = bn == 256 ? "mt_gemm_large_ra_n256" : bn == 192 ? "mt_gemm_large_ra_n192" : "mt_gemm_large_ra_n128";
+  return launch("gemm_large", fn, tiles < sms ? tiles : sms, 1, 384, MT_LARGE_SMEM_RA(bn), 1, stream, &l);
 }
 
 static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   static mt_large_args proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
   mt_large_args l = proto;
+  if (q->rec)
+    return ra_path(a, q, stream);
   int variant = large_variant();
+  if (variant == LARGE_RA) /* where its kernel does not run (xhat given): the default */
+    variant = LARGE_DEFAULT;
   int bn = large_forced_bn(variant);
   if (!bn)
     bn = large_bn(a->m, a->n, variant == LARGE_V1 ? 3 : 5);
@@ -308,7 +364,7 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
 }
 
 int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
-  if (a->m <= MT_GEMM_SMALL_M && mt_gemm_frag_bytes(a->n, a->k) && a->w->frag)
+  if (takes_small_path(a))
     return small_path(a, q, stream);
   return large_path(a, q, stream);
 }

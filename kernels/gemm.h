@@ -18,6 +18,8 @@
 typedef struct {
   const uint16_t *xhat; /* [m][k] BF16 dequantized activations (exact), row stride k */
   const float *outer;   /* S_a: m floats (row) or 1 (tensor) */
+  const uint8_t *rec;   /* instead of xhat where mt_gemm_act_records says so: the activations as
+                           5-bit records (gemm_args.h, MT_ACT_REC_BYTES), else NULL */
 } mt_qact;
 
 /* Rows up to which the small-M (weight-streaming) path runs. 16, not 64: on the H200 (make bench,
@@ -36,6 +38,12 @@ int mt_gemm_pack_weight(const mt_qweight *q, const uint32_t *only_if, mt_stream 
  * the engine launches mt_gemm_launch_fused instead of quantizing and calling mt_gemm_launch. */
 int mt_gemm_fuses_quant(const mt_gemm_args *a);
 int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream);
+
+/* Whether mt_gemm_launch wants this call's activations as records (mt_qact.rec; the large-M ra
+ * kernel under MT_LARGE_VARIANT=ra) rather than xhat; and the bytes the activations take either
+ * way for m x k (the larger of the two layouts under ra, else xhat's). */
+int mt_gemm_act_records(const mt_gemm_args *a);
+size_t mt_gemm_act_bytes(int m, int k);
 
 /* Run a->y = ... for the activations q (a->x is not read here). */
 int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream);

@@ -24,13 +24,15 @@
 // epilogue of gemm_common.cuh; =1); mt_gemm_large_mcw_nBN and mt_gemm_large_mca_nBN, clusters of 2
 // CTAs sharing the weight or the activation tile by TMA multicast (=mc; see run_mc);
 // mt_gemm_large_m64_nBN, tiles of 64 tokens (=m64; see run); mt_gemm_large_ts_nBN, outputs
-// through shared memory and TMA stores (=ts; see run_ts).
+// through shared memory and TMA stores (=ts; see run_ts); mt_gemm_large_ra_nBN, ts with the
+// activations as 5-bit records decoded in registers, wgmma with A from registers (=ra; see run_ts).
 //
 // Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (spec/nvfp4.c) within the
 // FP32-accumulation bound, and bitwise across M, row positions and the two paths.
 // kernels/NOTES.md has the measurements.
 #include "kernels/gemm_common.cuh"
 #include "kernels/wgmma.cuh"
+#include "kernels/wgmma_rs.cuh"
 
 // shared-memory barriers, TMA and wgmma descriptors (sm_90a)
 
@@ -85,12 +87,28 @@ __device__ static inline void bulk_wait_read() { asm volatile("cp.async.bulk.wai
 __device__ static inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 __device__ static inline void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// A plain bulk copy (no tensor map) of `bytes` (a multiple of 16, both addresses 16-byte aligned)
+// from global into this CTA's shared memory, completing on bar (the ra variant's records).
+__device__ static inline void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
 // Descriptor of a K-major tile in the layout TMA writes with 128B swizzle: rows of 128 bytes
 // (64 BF16 along K), groups of 8 rows 1024 bytes apart, tile base 1024-byte aligned. A step of 16
 // along K inside the 128-byte row moves the start address by 32 bytes (the swizzle is applied by
 // the hardware on the final address).
 __device__ static inline uint64_t desc_sw128(uint32_t addr) {
   return (uint64_t)((addr >> 4) & 0x3FFF) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+// A from registers (the ra variant: widths 128, 192, 256).
+template <int BN> __device__ static inline void wgmma_rs_step(float *d, const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (BN == 256) mt_wgmma_rs_m64n256k16(d, a, db);
+  else if constexpr (BN == 192) mt_wgmma_rs_m64n192k16(d, a, db);
+  else mt_wgmma_rs_m64n128k16(d, a, db);
 }
 
 template <int BN> __device__ static inline void wgmma_step(float *d, uint64_t da, uint64_t db) {
@@ -286,6 +304,76 @@ __device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t
   }
 }
 
+// The ra variant's A operand: the A fragments of one 64-wide K step for this warp's 16 tokens
+// (wgmma with A from registers: per warp the mma.sync m16n8k16 A layout), decoded from the stage's
+// records (gemm_args.h, MT_ACT_REC_BYTES: column pair P = 2kb + pl, row group h at (pl * 16 + h) *
+// 160). cp and sp point at this lane's code word and its row's scale word in the record of the
+// warp's first row group (tokens g; the next record holds tokens g + 8). k16 step kk = 2 pl + hs
+// takes the low (hs = 0: block 2P) or high half of the code word and of the scale word.
+__device__ static __forceinline__ void decode_a(const uint8_t *cp, const uint8_t *sp, uint32_t (&A)[4][4]) {
+#pragma unroll
+  for (int pl = 0; pl < 2; pl++) {
+    const int o = pl * (MT_ACT_BAND / 8) * MT_FRAG_REC;
+    const uint32_t w0 = *(const uint32_t *)(cp + o), w1 = *(const uint32_t *)(cp + o + MT_FRAG_REC);
+    const uint32_t s0 = *(const uint32_t *)(sp + o), s1 = *(const uint32_t *)(sp + o + MT_FRAG_REC);
+#pragma unroll
+    for (int hs = 0; hs < 2; hs++) {
+      const uint32_t sel = hs ? 0x3232 : 0x1010;
+      weight_frag(hs ? w0 >> 16 : w0, __byte_perm(s0, 0, sel), A[2 * pl + hs][0], A[2 * pl + hs][2]);
+      weight_frag(hs ? w1 >> 16 : w1, __byte_perm(s1, 0, sel), A[2 * pl + hs][1], A[2 * pl + hs][3]);
+    }
+  }
+}
+
+// Keeps the compiler from moving the A registers' computation across the wgmma.fence after it.
+__device__ static __forceinline__ void fence_operands(uint32_t (&A)[4][4]) {
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) asm volatile("" : "+r"(A[i][j])::"memory");
+}
+
+// The K loop of the ra variant: k_loop with A decoded into registers. Step kb decodes its A into
+// register set kb % 2 while step kb - 1's group may still run (its wgmmas read the other set); the
+// wait_group 1 after issuing step kb completes step kb - 1's group, so the set step kb + 1 writes
+// is free (the PTX ISA's rule for A in registers), and its stage is given back. B is at the
+// stage's start (db0), the records after it (cp, sp: this thread's words in stage 0).
+template <int BN, int S, int SB>
+__device__ static __forceinline__ void k_loop_ra(float *d, uint64_t *full, uint64_t *empty, const uint8_t *cp,
+                                                 const uint8_t *sp, uint64_t db0, int kt, ring &r) {
+  uint32_t a0[4][4], a1[4][4];
+  int prev = 0;
+  auto step = [&](uint32_t(&A)[4][4], int kb) {
+    mbar_wait(&full[r.s], r.phase);
+    decode_a(cp + r.s * SB, sp + r.s * SB, A);
+    fence_operands(A);
+    const uint64_t off = (uint64_t)(r.s * (SB >> 4));
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) wgmma_rs_step<BN>(d, A[kk], db0 + off + 2 * kk);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    fence_operands(A);
+    if (kb > 0 && threadIdx.x % 32 == 0)
+      mbar_arrive(&empty[prev]);
+    prev = r.s;
+    if (++r.s == S) {
+      r.s = 0;
+      r.phase ^= 1;
+    }
+  };
+  int kb = 0;
+  for (; kb + 1 < kt; kb += 2) {
+    step(a0, kb);
+    step(a1, kb + 1);
+  }
+  if (kb < kt)
+    step(a0, kb);
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  if (threadIdx.x % 32 == 0)
+    mbar_arrive(&empty[prev]);
+}
+
 // The stage ring's barriers, by one thread: "full" completes on the producer's arrival and the
 // stage's bytes, "empty" on `consumers` arrivals (one per consumer warp: 8, or 16 across a cluster
 // of 2); the fence makes them visible to the async proxy (TMA) and the cluster.
@@ -325,6 +413,38 @@ __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *
       mbar_arrive_expect_tx(&full[s], SB);
       tma_load_2d(sa, &a.ta, &full[s], kb * BK, m0);
       tma_load_2d(sw, &a.tw, &full[s], kb * BK, n0);
+    }
+  }
+}
+
+// The producer of the ra variant: produce with the stage's weight tile first (TMA, swizzled) and
+// the 128 tokens' records after it, one bulk copy of 5120 contiguous bytes (gemm_args.h: band
+// m0 / 128, column pairs 2kb and 2kb + 1).
+template <int S, int SB, int BN>
+__device__ static __forceinline__ void produce_ra(const mt_large_args &a, uint8_t *smem, uint64_t *full, uint64_t *empty,
+                                                  int tiles, int tiles_n, int kt) {
+  constexpr int WT = BN * BK * 2, RB = MT_LARGE_RA_A_BYTES;
+  auto records = [&](int m0, int kb) { return a.ra + ((size_t)(m0 / BM) * kt + kb) * RB; };
+  const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * BM;
+  for (int kb = 0; kb < pre; kb++) {
+    mbar_arrive_expect_tx(&full[kb], SB);
+    tma_load_2d(smem + kb * SB, &a.tw, &full[kb], kb * BK, n_first);
+  }
+  grid_dependency_wait();
+  for (int kb = 0; kb < pre; kb++)
+    bulk_load(smem + kb * SB + WT, records(m_first, kb), RB, &full[kb]);
+  int it = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
+    for (int kb = 0; kb < kt; kb++, it++) {
+      if (it < pre) // issued above (the first tile)
+        continue;
+      const int s = it % S;
+      mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
+      uint8_t *sw = smem + s * SB;
+      mbar_arrive_expect_tx(&full[s], SB);
+      tma_load_2d(sw, &a.tw, &full[s], kb * BK, n0);
+      bulk_load(sw + WT, records(m0, kb), RB, &full[s]);
     }
   }
 }
@@ -392,8 +512,13 @@ template <int BN, int BMT = BM> __device__ static void run(const mt_large_args &
 // overlap the next tile's K loop. Same arithmetic, same bits. The clip at N works in 16-byte
 // pieces: at N = 271 device call 3 saw column 271 (the caller's padding) written, so kernels/gemm.c
 // runs it only when N % 8 == 0.
-template <int BN> __device__ static void run_ts(const mt_large_args &a) {
-  constexpr int S = MT_LARGE_STAGES_TS(BN), SB = MT_LARGE_STAGE_BYTES(BN);
+// RA (mt_gemm_large_ra_nBN, MT_LARGE_VARIANT=ra): the activations come as 5-bit records
+// (gemm_args.h: 5 KB a stage instead of 16 KB of BF16) that each consumer thread decodes into its
+// A fragments (k_loop_ra: wgmma with A from registers, the same products, so the same bits); the
+// weight tile sits first in a stage (produce_ra).
+template <int BN, bool RA = false> __device__ static void run_ts(const mt_large_args &a) {
+  constexpr int S = RA ? MT_LARGE_STAGES_RA(BN) : MT_LARGE_STAGES_TS(BN);
+  constexpr int SB = RA ? MT_LARGE_STAGE_BYTES_RA(BN) : MT_LARGE_STAGE_BYTES(BN);
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint64_t *full = (uint64_t *)(smem + S * SB), *empty = full + S;
@@ -411,7 +536,10 @@ template <int BN> __device__ static void run_ts(const mt_large_args &a) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x != 0 || (int)blockIdx.x >= tiles)
       return;
-    produce<S, SB, A_BYTES, BM, BN>(a, smem, full, empty, tiles, tiles_n, kt);
+    if constexpr (RA)
+      produce_ra<S, SB, BN>(a, smem, full, empty, tiles, tiles_n, kt);
+    else
+      produce<S, SB, A_BYTES, BM, BN>(a, smem, full, empty, tiles, tiles_n, kt);
     return;
   }
 
@@ -419,7 +547,13 @@ template <int BN> __device__ static void run_ts(const mt_large_args &a) {
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0), lead = threadIdx.x % 128 == 0;
   columns<BN> *cols = cols_all + cw;
   uint8_t *stage = staging + cw * 64 * BN * 2;
-  const uint64_t da0 = desc_sw128(smem_u32(smem) + cw * 64 * 128), db0 = desc_sw128(smem_u32(smem) + A_BYTES);
+  const uint64_t da0 = desc_sw128(smem_u32(smem) + cw * 64 * 128);
+  const uint64_t db0 = desc_sw128(smem_u32(smem) + (RA ? 0 : A_BYTES));
+  // RA: this thread's code word and scale word in the stage-0 record of its warp's first row group
+  // (8 cw + 2 w of the band's 16)
+  const int lane = threadIdx.x % 32, h0 = 8 * cw + 2 * ((threadIdx.x % 128) / 32);
+  const uint8_t *rec0 = smem + BN * BK * 2 + h0 * MT_FRAG_REC;
+  const uint8_t *cp = rec0 + 4 * lane, *sp = rec0 + 128 + 4 * (lane / 4);
   bool waited = false;
   ring r = {0, 0};
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -427,7 +561,10 @@ template <int BN> __device__ static void run_ts(const mt_large_args &a) {
     float d[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
-    k_loop<BN, S, SB, false>(d, full, empty, da0, db0, kt, r);
+    if constexpr (RA)
+      k_loop_ra<BN, S, SB>(d, full, empty, cp, sp, db0, kt, r);
+    else
+      k_loop<BN, S, SB, false>(d, full, empty, da0, db0, kt, r);
     if (!waited) {
       grid_dependency_wait();
       waited = true;
@@ -689,6 +826,13 @@ MT_LARGE_M64(128)
 MT_LARGE_TS(128)
 MT_LARGE_TS(192)
 MT_LARGE_TS(256)
+#define MT_LARGE_RA(BN)                                                                            \
+  extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_ra_n##BN(const __grid_constant__ mt_large_args a) { \
+    large::run_ts<BN, true>(a);                                                                    \
+  }
+MT_LARGE_RA(128)
+MT_LARGE_RA(192)
+MT_LARGE_RA(256)
 #define MT_LARGE_MC(BN, SHARE_A, NAME)                                                             \
   extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)                   \
       NAME(const __grid_constant__ mt_large_args a) {                                              \

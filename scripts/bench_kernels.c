@@ -18,6 +18,7 @@
 #include "kernels/driver.h"
 #include "kernels/engine.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_args.h"
 #include "kernels/quant.h"
 
 #define EXPERTS 128
@@ -151,12 +152,11 @@ typedef struct {
   int experts; /* rotated over */
 } gemm_ctx;
 
+static mt_gemm_args ours_args(const gemm_ctx *g, int i);
+
 static int call_ours(void *p, int i) {
   gemm_ctx *g = p;
-  mt_gemm_args a = {.m = g->m, .n = g->s->n, .k = g->s->k, .x = g->x, .ldx = (size_t)g->s->k,
-                    .xtype = MT_DTYPE_BF16, .w = &g->q[i % g->experts], .y = g->y,
-                    .ldy = (size_t)g->s->n, .ytype = MT_DTYPE_BF16, .alpha = 1.0f,
-                    .workspace = g->ws, .workspace_bytes = g->ws_bytes};
+  mt_gemm_args a = ours_args(g, i);
   int st = mt_gemm(&a, (mt_stream)stream);
   if (st != MT_OK)
     fprintf(stderr, "bench: mt_gemm %s m=%d: %s\n", g->s->name, g->m, mt_status_name(st));
@@ -164,24 +164,36 @@ static int call_ours(void *p, int i) {
 }
 
 /* The two halves of call_ours: the activation quantization alone, and the GEMM launcher alone on
- * activations quantized once beforehand (the workspace keeps them). */
+ * activations quantized once beforehand (the workspace keeps them), in the layout the engine uses
+ * for the call: xhat, or under MT_LARGE_VARIANT=ra where its kernel runs, 5-bit records
+ * (mt_gemm_act_records); S after the activations' section (mt_gemm_act_bytes). */
+static mt_gemm_args ours_args(const gemm_ctx *g, int i) {
+  mt_gemm_args a = {.m = g->m, .n = g->s->n, .k = g->s->k, .x = g->x, .ldx = (size_t)g->s->k,
+                    .xtype = MT_DTYPE_BF16, .w = &g->q[i % g->experts], .y = g->y,
+                    .ldy = (size_t)g->s->n, .ytype = MT_DTYPE_BF16, .alpha = 1.0f,
+                    .workspace = g->ws, .workspace_bytes = g->ws_bytes};
+  return a;
+}
+
+static float *act_outer(const gemm_ctx *g) {
+  return (float *)((char *)g->ws + (mt_gemm_act_bytes(g->m, g->s->k) + 255) / 256 * 256);
+}
+
 static int call_act_quant(void *p, int i) {
   gemm_ctx *g = p;
-  (void)i;
+  mt_gemm_args a = ours_args(g, i);
+  int records = mt_gemm_act_records(&a);
   mt_quant_params q = {.x = g->x, .ldx = g->s->k, .rows = g->m, .cols = g->s->k, .row_outer = 1,
-                       .xhat = g->ws,
-                       .outer = (float *)((char *)g->ws + ((size_t)g->m * g->s->k * 2 + 255) / 256 * 256)};
+                       .xhat = records ? NULL : g->ws, .outer = act_outer(g),
+                       .records = records ? g->ws : NULL};
   return mt_quantize(&q, 0, (mt_stream)stream);
 }
 
 static int call_gemm_only(void *p, int i) {
   gemm_ctx *g = p;
-  mt_gemm_args a = {.m = g->m, .n = g->s->n, .k = g->s->k, .x = g->x, .ldx = (size_t)g->s->k,
-                    .xtype = MT_DTYPE_BF16, .w = &g->q[i % g->experts], .y = g->y,
-                    .ldy = (size_t)g->s->n, .ytype = MT_DTYPE_BF16, .alpha = 1.0f,
-                    .workspace = g->ws, .workspace_bytes = g->ws_bytes};
-  mt_qact q = {.xhat = g->ws,
-               .outer = (const float *)((char *)g->ws + ((size_t)g->m * g->s->k * 2 + 255) / 256 * 256)};
+  mt_gemm_args a = ours_args(g, i);
+  int records = mt_gemm_act_records(&a);
+  mt_qact q = {.xhat = records ? NULL : g->ws, .outer = act_outer(g), .rec = records ? g->ws : NULL};
   return mt_gemm_launch(&a, &q, (mt_stream)stream);
 }
 
@@ -297,8 +309,10 @@ static int call_copy(void *p, int i) {
 static void bench_quant(void) {
   enum { ROWS = 8192, COLS = 2048 };
   static quant_ctx q;
-  size_t elems = (size_t)ROWS * COLS;
+  size_t elems = (size_t)ROWS * COLS, rec_bytes = MT_ACT_REC_BYTES(ROWS, COLS);
+  uint8_t *records[QSETS];
   for (int i = 0; i < QSETS; i++) {
+    records[i] = dmalloc(rec_bytes);
     void *x = dmalloc(elems * 2);
     fill(x, elems);
     q.p[i] = (mt_quant_params){.x = x, .ldx = COLS, .rows = ROWS, .cols = COLS,
@@ -308,14 +322,16 @@ static void bench_quant(void) {
   }
   struct {
     const char *name;
-    int row_outer, codes, tile16;
+    int row_outer, codes, tile16, records;
     call_fn fn;
   } variants[] = {
-      {"act_row_scale (xhat + S)", 1, 0, 0, call_quant},
-      {"act_tensor_scale (amax pass + xhat)", 0, 0, 0, call_quant},
-      {"weight_row_1x16 (xhat+codes+scales)", 1, 1, 0, call_quant},
-      {"weight_tensor_16x16 (all outputs)", 0, 1, 1, call_quant},
-      {"cudaMemcpy D2D (ceiling)", 1, 0, 0, call_copy},
+      {"act_row_scale (xhat + S)", 1, 0, 0, 0, call_quant},
+      {"act_tensor_scale (amax pass + xhat)", 0, 0, 0, 0, call_quant},
+      {"act_row_scale records (ra: 5-bit + S)", 1, 0, 0, 1, call_quant},
+      {"act_tensor_scale records (ra)", 0, 0, 0, 1, call_quant},
+      {"weight_row_1x16 (xhat+codes+scales)", 1, 1, 0, 0, call_quant},
+      {"weight_tensor_16x16 (all outputs)", 0, 1, 1, 0, call_quant},
+      {"cudaMemcpy D2D (ceiling)", 1, 0, 0, 0, call_copy},
   };
   printf("quantization %dx%d BF16 (GB/s of bytes read + written, each input read once)\n", ROWS,
          COLS);
@@ -327,10 +343,13 @@ static void bench_quant(void) {
       q.p[i].row_outer = variants[v].row_outer;
       if (!variants[v].codes)
         q.p[i].codes = NULL, q.p[i].scales = NULL;
+      q.p[i].records = variants[v].records ? records[i] : NULL;
     }
     q.tile16 = variants[v].tile16;
     double t = time_calls(variants[v].fn, &q, 64);
-    double bytes = (double)elems * 2 * 2 + (variants[v].fn == call_copy ? 0 : ROWS * 4.0);
+    double bytes = (double)elems * 2 * (variants[v].records ? 1 : 2) + (variants[v].fn == call_copy ? 0 : ROWS * 4.0);
+    if (variants[v].records)
+      bytes += (double)rec_bytes;
     if (variants[v].codes)
       bytes += (double)elems / 2 + (double)elems / 16;
     printf("  %-38s %8.2f us %8.0f GB/s\n", variants[v].name, t * 1e6, bytes / t * 1e-9);
@@ -341,9 +360,10 @@ static void bench_quant(void) {
              variants[v].name, ROWS, COLS, t * 1e6, bytes / t * 1e-9);
     json_row(row);
     for (int i = 0; i < QSETS; i++)
-      q.p[i].codes = codes[i], q.p[i].scales = scales[i];
+      q.p[i].codes = codes[i], q.p[i].scales = scales[i], q.p[i].records = NULL;
   }
   for (int i = 0; i < QSETS; i++) {
+    cudaFree(records[i]);
     cudaFree((void *)q.p[i].x);
     cudaFree(q.p[i].xhat);
     cudaFree(q.p[i].codes);
