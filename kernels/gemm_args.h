@@ -118,7 +118,9 @@ typedef struct {
 #define MT_WS_BARS(cls) (MT_WS_KMAX(cls) / (16 * MT_WS_STEPS) + 2 * MT_WS_SLOTS)
 #define MT_WS_RAW(cls) (MT_WS_KMAX(cls) / 32 * MT_FRAG_REC)
 #define MT_WS_SLOT(rows) (MT_WS_STEPS * 256 + (rows)*MT_WS_APITCH)
-#define MT_WS_SMEM(cls, rows) (MT_WS_BARS(cls) * 8 + MT_WS_RAW(cls) + MT_WS_SLOTS * MT_WS_SLOT(rows))
+/* the last MT_WS_KEEP bytes: the v10 chain's keeper stores (gemm_small.cu: rkeep), never read */
+#define MT_WS_KEEP 64
+#define MT_WS_SMEM(cls, rows) (MT_WS_BARS(cls) * 8 + MT_WS_RAW(cls) + MT_WS_SLOTS * MT_WS_SLOT(rows) + MT_WS_KEEP)
 /* fused: the slots hold B only; then a zero A row, S and amax (64 bytes), the quantized rows */
 #define MT_WS_FUSE_XS(cls) ((cls) ? MT_SMALL_FUSE_XHAT : 4 * (2 * 2048 + 16))
 #define MT_WS_FUSE_SMEM(cls) (MT_WS_SMEM(cls, 0) + MT_WS_APITCH + 64 + MT_WS_FUSE_XS(cls))

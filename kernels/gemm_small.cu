@@ -464,8 +464,9 @@ template <int ROWS> __device__ static inline void mma_step(float (&d)[4], const 
 
 // The chain warp: slot by slot in K order, the next slot's fragments loaded before this slot's
 // MMAs so that the loads issue while the chain waits on its previous MMA; two register sets used
-// in turn (a loop of two slots: no copies between them).
-template <int ROWS, bool FUSED>
+// in turn (a loop of two slots: no copies between them). WAIT false: no barriers, for
+// scripts/probe_chain.cu on slots already full.
+template <int ROWS, bool FUSED, bool WAIT = true>
 __device__ static void chain(float (&d)[(ROWS + 15) / 16][4], const uint8_t *slots, uint64_t *full, uint64_t *empty,
                              int chunks, int ksteps, const uint8_t *xrow, int xp) {
   constexpr int SLOT = MT_WS_SLOT(FUSED ? 0 : ROWS);
@@ -483,7 +484,7 @@ __device__ static void chain(float (&d)[(ROWS + 15) / 16][4], const uint8_t *slo
     const uint8_t *nb = bbase + (cn % NS) * SLOT, *na = aof(cn);
     if ((c + 1) * CS <= ksteps) { // the wait for the next slot after the first MMA, in its shadow
       mma_step<ROWS>(d[0], f, 0);
-      if (c + 1 < chunks)
+      if (WAIT && c + 1 < chunks)
         mbar_wait(&full[cn % NS], (cn / NS) & 1);
 #pragma unroll
       for (int s = 0; s < CS; s++) {
@@ -498,10 +499,12 @@ __device__ static void chain(float (&d)[(ROWS + 15) / 16][4], const uint8_t *slo
         if (s < lim)
           mma_step<ROWS>(d[0], f, s);
     }
-    mbar_arrive(&empty[c % NS]);
+    if (WAIT)
+      mbar_arrive(&empty[c % NS]);
   };
   slotfrag<ROWS> f0, f1;
-  mbar_wait(&full[0], 0);
+  if (WAIT)
+    mbar_wait(&full[0], 0);
 #pragma unroll
   for (int s = 0; s < CS; s++)
     load_step<ROWS>(f0, s, bbase, aof(0), pitch);
@@ -512,7 +515,132 @@ __device__ static void chain(float (&d)[(ROWS + 15) / 16][4], const uint8_t *slo
   }
 }
 
-template <int ROWS, int CLS, bool FUSED, bool SHIFT> __device__ static void run(const mt_small_args &a) {
+// v10 (kernels/NOTES.md): the chain warp on a ring of register sets. mma.sync's source registers
+// stay locked until the MMA completes (~27 cycles) and issue is in order, so an instruction that
+// writes a register an MMA in flight reads stalls the warp until then; ptxas takes the sources as
+// read at issue and schedules HMMA as fixed latency, so it puts the next loads into them right
+// after the MMA (chain() above: ~46 cycles a step in scripts/probe_chain.cu), and left to itself it
+// folds any ring of sets back into two with the loads one step ahead. So the order is pinned by
+// ptxas's own rules for volatile shared-memory accesses, which it never reorders: after MMA j, the
+// loads of step j + 2 (ld.volatile), then a keeper of step j: a store (st.volatile) of MMA j's
+// registers and of its first results, predicated off by a condition ptxas cannot prove false. The
+// keeper reads MMA j's result, so it is not issued before MMA j has completed; it keeps MMA j's
+// registers alive until then, so ptxas puts no other value in them; and the loads of step j + 3,
+// which may take them, come after it. The same loads and MMAs, in the same order, as chain().
+template <int ROWS> struct rset {
+  uint32_t a[4], b0, b1;
+};
+
+// Step operands: B from shared address b (this lane's 8 bytes), A by one ldmatrix.x4 from this
+// lane's row address a (lanes 8i .. 8i + 7 give the 16-byte rows of the A registers' matrix i: rows
+// 0-7 then 8-15 of the tile, columns 0-7 of the step, then the same for columns 8-15), which loads
+// exactly mma.sync's A fragment. With 8 rows, matrices 1 and 3 (tokens g + 8) are loaded from rows
+// 0-7 again: any value serves (their outputs are not stored), and loaded values are the set's own
+// registers (ptxas builds constant zeros into copies of the set, which the keeper would not keep).
+template <int ROWS> __device__ static inline void rload(rset<ROWS> &r, uint32_t b, uint32_t a) {
+  asm volatile("ld.volatile.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(r.b0), "=r"(r.b1) : "r"(b) : "memory");
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r.a[0]), "=r"(r.a[1]), "=r"(r.a[2]), "=r"(r.a[3])
+               : "r"(a)
+               : "memory");
+}
+
+template <int ROWS> __device__ static inline void rmma(float (&d)[4], const rset<ROWS> &r) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(r.a[0]), "r"(r.a[1]), "r"(r.a[2]), "r"(r.a[3]), "r"(r.b0), "r"(r.b1));
+}
+
+// The keeper of MMA j: stores, to 64 bytes at shared address at that nothing reads, of every
+// register MMA j read (set r and the accumulators c it started from: ptxas may give each MMA new
+// accumulator registers) and of its results d. Reading d, they issue only after the MMA has
+// completed; as volatile accesses they stay after the loads before them in program order and before
+// the loads after them. (Predicated off by a condition ptxas cannot prove, they would cost no
+// shared-memory cycles, but ptxas turns them into branches around them in the kernels.)
+template <int ROWS>
+__device__ static inline void rkeep(uint32_t at, const rset<ROWS> &r, const float (&d)[4], const float (&c)[4]) {
+  asm volatile("st.volatile.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
+               "st.volatile.shared.v2.b32 [%0+16], {%5, %6};\n"
+               "st.volatile.shared.v4.f32 [%0+32], {%7, %8, %9, %10};\n"
+               "st.volatile.shared.v4.f32 [%0+48], {%11, %12, %13, %14};\n" ::"r"(at),
+               "r"(r.a[0]), "r"(r.a[1]), "r"(r.a[2]), "r"(r.a[3]), "r"(r.b0), "r"(r.b1), "f"(d[0]), "f"(d[1]),
+               "f"(d[2]), "f"(d[3]), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3])
+               : "memory");
+}
+
+// MMA of set cur, then (after), then step operands into set nxt, then cur's keeper
+#define MT_RING_STEP(cur, nxt, bp, ap, after)                                                      \
+  {                                                                                                \
+    float c_[4] = {d[0], d[1], d[2], d[3]};                                                        \
+    rmma<ROWS>(d, cur);                                                                            \
+    after;                                                                                         \
+    rload<ROWS>(nxt, bp, ap);                                                                      \
+    rkeep<ROWS>(kat, cur, d, c_);                                                                  \
+  }
+
+// The chain warp of run() on the ring (WAIT false: no barriers, for scripts/probe_chain.cu on slots
+// already full). Slot c's steps 0..7 use sets 0, 1, 2, 3, 0, 1, 2, 3; steps 6 and 7 load the next
+// slot's first two steps, after waiting for it before step 2's MMA.
+// The tile row whose 16-byte pieces this lane gives ldmatrix (see rload).
+template <int ROWS> __device__ static inline int ring_row(int lane) { return lane % 8 + (ROWS >= 16 && lane / 8 % 2 ? 8 : 0); }
+
+// xrow (fused only): this lane's ldmatrix row, the quantized row of token ring_row or the zero row
+// past m; xadv: whether it advances with k (not the zero row). keep: MT_WS_KEEP bytes for the
+// keepers' stores.
+template <int ROWS, bool FUSED, bool WAIT = true>
+__device__ static void chain_ring(float (&d)[4], const uint8_t *slots, uint64_t *full, uint64_t *empty, int chunks,
+                                  int ksteps, const uint8_t *xrow, bool xadv, uint8_t *keep) {
+  static_assert(CS == 8, "the loop body is one slot of 8 steps on 4 sets");
+  constexpr int SLOT = MT_WS_SLOT(FUSED ? 0 : ROWS);
+  int lane = threadIdx.x % 32, half = lane / 16 * 16;
+  uint32_t bbase = smem_u32(slots) + lane * 8;
+  // this lane's ldmatrix row: unfused, its row of the slot's activations; fused, xrow
+  uint32_t abase = (FUSED ? smem_u32(xrow) : smem_u32(slots) + BBYTES + ring_row<ROWS>(lane) * APITCH) + half;
+  int astep = FUSED ? (xadv ? CCOLS * 2 : 0) : SLOT;
+  auto bof = [&](int c) { return bbase + (c % NS) * SLOT; };
+  auto aof = [&](int c) { return abase + (FUSED ? c : c % NS) * astep; };
+  uint32_t kat = smem_u32(keep);
+  rset<ROWS> r0, r1, r2, r3;
+  if (WAIT)
+    mbar_wait(&full[0], 0);
+  rload<ROWS>(r0, bof(0), aof(0));
+  rload<ROWS>(r1, bof(0) + 256, aof(0) + 32);
+  int whole = ksteps / CS;
+#pragma unroll 1
+  for (int c = 0; c < whole; c++) {
+    int cn = c + 1 < chunks ? c + 1 : c; // past the last slot: a stale one, unused
+    uint32_t b = bof(c), a = aof(c), bn = bof(cn), an = aof(cn);
+    MT_RING_STEP(r0, r2, b + 512, a + 64, )
+    MT_RING_STEP(r1, r3, b + 768, a + 96, )
+    if (WAIT && c + 1 < chunks)
+      mbar_wait(&full[cn % NS], (cn / NS) & 1);
+    MT_RING_STEP(r2, r0, b + 1024, a + 128, )
+    MT_RING_STEP(r3, r1, b + 1280, a + 160, )
+    MT_RING_STEP(r0, r2, b + 1536, a + 192, )
+    MT_RING_STEP(r1, r3, b + 1792, a + 224, )
+    MT_RING_STEP(r2, r0, bn, an, )
+    // slot c's last loads were two steps ago: its release waits for little
+    MT_RING_STEP(r3, r1, bn + 256, an + 32, if (WAIT) mbar_arrive(&empty[c % NS]))
+  }
+  int left = ksteps - whole * CS; // the last slot of a k that is not a multiple of CS steps
+  if (left > 0) {
+    uint32_t b = bof(whole), a = aof(whole);
+    rmma<ROWS>(d, r0);
+    if (left > 1)
+      rmma<ROWS>(d, r1);
+    for (int s = 2; s < left; s++) {
+      rload<ROWS>(r2, b + s * 256, a + s * 32);
+      rmma<ROWS>(d, r2);
+    }
+    if (WAIT)
+      mbar_arrive(&empty[whole % NS]);
+  }
+}
+#undef MT_RING_STEP
+
+// RING: the chain warp is chain_ring (v10), else chain
+template <int ROWS, int CLS, bool FUSED, bool SHIFT, bool RING> __device__ static void run(const mt_small_args &a) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int MAXCH = MT_WS_KMAX(CLS) / CCOLS, TT = (ROWS + 15) / 16, AROWS = FUSED ? 0 : ROWS;
   uint64_t *rawb = (uint64_t *)smem, *full = rawb + MAXCH, *empty = full + NS;
@@ -571,20 +699,29 @@ template <int ROWS, int CLS, bool FUSED, bool SHIFT> __device__ static void run(
   float d[TT][4];
 #pragma unroll
   for (int i = 0; i < TT; i++) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.0f;
-  const uint8_t *xrow = FUSED ? (g < a.e.m ? xs + g * xp : zero) : nullptr;
-  chain<ROWS, FUSED>(d, slots, full, empty, chunks, ksteps, xrow, FUSED && g < a.e.m ? xp : 0);
+  if (RING) {
+    int r = ring_row<ROWS>(lane);
+    uint8_t *keep = smem + (FUSED ? MT_WS_FUSE_SMEM(CLS) : MT_WS_SMEM(CLS, ROWS)) - MT_WS_KEEP;
+    chain_ring<ROWS, FUSED>(d[0], slots, full, empty, chunks, ksteps, FUSED && r < a.e.m ? xs + r * xp : zero,
+                            FUSED && r < a.e.m, keep);
+  } else {
+    const uint8_t *xrow = FUSED ? (g < a.e.m ? xs + g * xp : zero) : nullptr;
+    chain<ROWS, FUSED>(d, slots, full, empty, chunks, ksteps, xrow, FUSED && g < a.e.m ? xp : 0);
+  }
   small::store_acc<TT, FUSED>(a.e, d, blockIdx.x * 8 + 2 * q, g, S);
 }
 } // namespace ws
 
-// _shift: the decoders use the v8 decode (MT_SMALL_DECODE=shift, its fragment order)
-#define MT_WS(NAME, ROWS, CLS, FUSED)                                                              \
-  extern "C" __global__ void __launch_bounds__(MT_WS_THREADS) mt_gemm_small_ws_##NAME##_k##CLS(const __grid_constant__ mt_small_args a) { \
-    ws::run<ROWS, CLS, FUSED, false>(a);                                                           \
+// _shift: the decoders use the v8 decode (MT_SMALL_DECODE=shift, its fragment order); ws10: the
+// chain warp is chain_ring (v10, MT_SMALL_KERNEL=ws10)
+#define MT_WS1(PRE, NAME, ROWS, CLS, FUSED, RING)                                                  \
+  extern "C" __global__ void __launch_bounds__(MT_WS_THREADS) mt_gemm_small_##PRE##_##NAME##_k##CLS(const __grid_constant__ mt_small_args a) { \
+    ws::run<ROWS, CLS, FUSED, false, RING>(a);                                                     \
   }                                                                                                \
-  extern "C" __global__ void __launch_bounds__(MT_WS_THREADS) mt_gemm_small_ws_##NAME##_k##CLS##_shift(const __grid_constant__ mt_small_args a) { \
-    ws::run<ROWS, CLS, FUSED, true>(a);                                                            \
+  extern "C" __global__ void __launch_bounds__(MT_WS_THREADS) mt_gemm_small_##PRE##_##NAME##_k##CLS##_shift(const __grid_constant__ mt_small_args a) { \
+    ws::run<ROWS, CLS, FUSED, true, RING>(a);                                                      \
   }
+#define MT_WS(NAME, ROWS, CLS, FUSED) MT_WS1(ws, NAME, ROWS, CLS, FUSED, false) MT_WS1(ws10, NAME, ROWS, CLS, FUSED, true)
 MT_WS(m8, 8, 0, false)
 MT_WS(m16, 16, 0, false)
 MT_WS(q4, 8, 0, true)
