@@ -272,7 +272,7 @@ static int takes_small_path(const mt_gemm_args *a) {
  * tensor map, whose description is left in ty). The engine asks it before quantizing (records or
  * xhat) and the launcher again, with the same answer. */
 static int ra_width(const mt_gemm_args *a, CUtensorMap *ty) {
-  if (large_variant() != LARGE_RA || takes_small_path(a))
+  if (large_variant() != LARGE_RA || takes_small_path(a) || !mt_driver_get())
     return 0;
   int bn = large_forced_bn(LARGE_RA);
   if (!bn)
