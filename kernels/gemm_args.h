@@ -72,12 +72,13 @@ typedef struct {
   (1024 + MT_LARGE_STAGES_TS(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4 + 1024 + 128 * (bn)*2)
 /* The ra variant (activations as records, decoded in registers; outputs as ts): a stage is the
  * BN x 64 weight tile (128B-swizzled, 1024-aligned) then the 128 x 64 activation records (5120
- * bytes, a multiple of 1024); as many stages as fit beside the staging tile. */
+ * bytes, a multiple of 1024); as many stages as fit beside the staging tile; 16 bytes more for
+ * the decode's table words. */
 #define MT_LARGE_RA_A_BYTES (MT_LARGE_BM / 8 * 2 * MT_FRAG_REC)
 #define MT_LARGE_STAGE_BYTES_RA(bn) ((bn)*MT_LARGE_BK * 2 + MT_LARGE_RA_A_BYTES)
 #define MT_LARGE_STAGES_RA(bn) ((bn) == 256 ? 4 : (bn) == 192 ? 5 : 8)
 #define MT_LARGE_SMEM_RA(bn) \
-  (1024 + MT_LARGE_STAGES_RA(bn) * (MT_LARGE_STAGE_BYTES_RA(bn) + 16) + 2 * 2 * (bn)*4 + 1024 + 128 * (bn)*2)
+  (1024 + MT_LARGE_STAGES_RA(bn) * (MT_LARGE_STAGE_BYTES_RA(bn) + 16) + 2 * 2 * (bn)*4 + 16 + 1024 + 128 * (bn)*2)
 #define MT_LARGE_SMEM_BM(bm, bn) \
   (1024 + MT_LARGE_STAGES_BM(bm, bn) * (MT_LARGE_STAGE_BYTES_BM(bm, bn) + 16) + 2 * 2 * (bn)*4)
 #define MT_SMALL_WARPS 2 /* one CTA per 16 output channels, 8 per warp */

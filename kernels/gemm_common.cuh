@@ -44,11 +44,14 @@ __device__ static inline float epilogue(const mt_epilogue_args &e, float acc, fl
 // both halves. Magnitudes by byte permutations of two 8-entry tables (high and low bytes of the
 // BF16 values 0 .. 6); the four sign bits (3, 7, 11, 15) moved to bits 15 and 31 of each pair by
 // one multiply each (no carries reach them); then one BF16x2 multiply per pair, exact (e2m1 * e4m3
-// has at most 6 significant bits).
-__device__ static inline void weight_frag(uint32_t x, uint32_t s2, uint32_t &b0, uint32_t &b1) {
+// has at most 6 significant bits). hi0 and lo0 are constants, the tables' first words (a byte
+// permutation takes one of its two words from a register): the large ra kernel passes them in
+// registers that it loaded once.
+__device__ static inline void weight_frag(uint32_t x, uint32_t s2, uint32_t &b0, uint32_t &b1,
+                                          uint32_t hi0 = 0x3F3F3F00u, uint32_t lo0 = 0xC0800000u) {
   uint32_t sel = x & 0x7777u;
-  uint32_t hi = __byte_perm(0x3F3F3F00u, 0x40404040u, sel); // high bytes of 0,.5,1,1.5,2,3,4,6
-  uint32_t lo = __byte_perm(0xC0800000u, 0xC0804000u, sel); // low bytes
+  uint32_t hi = __byte_perm(hi0, 0x40404040u, sel); // high bytes of 0,.5,1,1.5,2,3,4,6
+  uint32_t lo = __byte_perm(lo0, 0xC0804000u, sel); // low bytes
   uint32_t sg = x & 0x8888u;
   uint32_t p0 = __byte_perm(lo, hi, 0x5140) | ((sg * 0x01001000u) & 0x80008000u); // bit 3 -> 15, 7 -> 31
   uint32_t p1 = __byte_perm(lo, hi, 0x7362) | ((sg * 0x00010010u) & 0x80008000u); // bit 11 -> 15, 15 -> 31

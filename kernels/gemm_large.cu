@@ -309,8 +309,10 @@ __device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t
 // records (gemm_args.h, MT_ACT_REC_BYTES: column pair P = 2kb + pl, row group h at (pl * 16 + h) *
 // 160). cp and sp point at this lane's code word and its row's scale word in the record of the
 // warp's first row group (tokens g; the next record holds tokens g + 8). k16 step kk = 2 pl + hs
-// takes the low (hs = 0: block 2P) or high half of the code word and of the scale word.
-__device__ static __forceinline__ void decode_a(const uint8_t *cp, const uint8_t *sp, uint32_t (&A)[4][4]) {
+// takes the low (hs = 0: block 2P) or high half of the code word and of the scale word. hi0, lo0:
+// weight_frag's table words, in registers.
+__device__ static __forceinline__ void decode_a(const uint8_t *cp, const uint8_t *sp, uint32_t (&A)[4][4],
+                                                uint32_t hi0, uint32_t lo0) {
 #pragma unroll
   for (int pl = 0; pl < 2; pl++) {
     const int o = pl * (MT_ACT_BAND / 8) * MT_FRAG_REC;
@@ -319,8 +321,8 @@ __device__ static __forceinline__ void decode_a(const uint8_t *cp, const uint8_t
 #pragma unroll
     for (int hs = 0; hs < 2; hs++) {
       const uint32_t sel = hs ? 0x3232 : 0x1010;
-      weight_frag(hs ? w0 >> 16 : w0, __byte_perm(s0, 0, sel), A[2 * pl + hs][0], A[2 * pl + hs][2]);
-      weight_frag(hs ? w1 >> 16 : w1, __byte_perm(s1, 0, sel), A[2 * pl + hs][1], A[2 * pl + hs][3]);
+      weight_frag(hs ? w0 >> 16 : w0, __byte_perm(s0, 0, sel), A[2 * pl + hs][0], A[2 * pl + hs][2], hi0, lo0);
+      weight_frag(hs ? w1 >> 16 : w1, __byte_perm(s1, 0, sel), A[2 * pl + hs][1], A[2 * pl + hs][3], hi0, lo0);
     }
   }
 }
@@ -337,15 +339,19 @@ __device__ static __forceinline__ void fence_operands(uint32_t (&A)[4][4]) {
 // register set kb % 2 while step kb - 1's group may still run (its wgmmas read the other set); the
 // wait_group 1 after issuing step kb completes step kb - 1's group, so the set step kb + 1 writes
 // is free (the PTX ISA's rule for A in registers), and its stage is given back. B is at the
-// stage's start (db0), the records after it (cp, sp: this thread's words in stage 0).
+// stage's start (db0), the records after it (cp, sp: this thread's words in stage 0). tabs: the
+// two table words of weight_frag, read from shared memory so that they stay in registers (as
+// constants ptxas copied them from uniform registers before each use: ~16 MOV a step).
 template <int BN, int S, int SB>
 __device__ static __forceinline__ void k_loop_ra(float *d, uint64_t *full, uint64_t *empty, const uint8_t *cp,
-                                                 const uint8_t *sp, uint64_t db0, int kt, ring &r) {
+                                                 const uint8_t *sp, uint64_t db0, int kt, ring &r,
+                                                 const uint32_t *tabs) {
   uint32_t a0[4][4], a1[4][4];
+  const uint32_t hi0 = tabs[0], lo0 = tabs[1];
   int prev = 0;
   auto step = [&](uint32_t(&A)[4][4], int kb) {
     mbar_wait(&full[r.s], r.phase);
-    decode_a(cp + r.s * SB, sp + r.s * SB, A);
+    decode_a(cp + r.s * SB, sp + r.s * SB, A, hi0, lo0);
     fence_operands(A);
     const uint64_t off = (uint64_t)(r.s * (SB >> 4));
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -523,13 +529,19 @@ template <int BN, bool RA = false> __device__ static void run_ts(const mt_large_
   uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint64_t *full = (uint64_t *)(smem + S * SB), *empty = full + S;
   columns<BN> *cols_all = (columns<BN> *)(empty + S);
-  uint8_t *staging = smem + ((S * SB + 16 * S + 2 * (int)sizeof(columns<BN>) + 1023) & ~1023);
+  uint32_t *tabs = (uint32_t *)(cols_all + 2); // RA: weight_frag's table words (k_loop_ra)
+  uint8_t *staging = smem + ((S * SB + 16 * S + 2 * (int)sizeof(columns<BN>) + (RA ? 16 : 0) + 1023) & ~1023);
   const int tiles_n = (a.e.n + BN - 1) / BN, tiles = (a.e.m + BM - 1) / BM * tiles_n;
   const int kt = (a.e.k + BK - 1) / BK;
   const int wg = threadIdx.x / 128;
 
-  if (threadIdx.x == 0)
+  if (threadIdx.x == 0) {
     init_ring<S>(full, empty, 8);
+    if constexpr (RA) {
+      tabs[0] = 0x3F3F3F00u;
+      tabs[1] = 0xC0800000u;
+    }
+  }
   __syncthreads();
 
   if (wg == 0) {
@@ -562,7 +574,7 @@ template <int BN, bool RA = false> __device__ static void run_ts(const mt_large_
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
     if constexpr (RA)
-      k_loop_ra<BN, S, SB>(d, full, empty, cp, sp, db0, kt, r);
+      k_loop_ra<BN, S, SB>(d, full, empty, cp, sp, db0, kt, r, tabs);
     else
       k_loop<BN, S, SB, false>(d, full, empty, da0, db0, kt, r);
     if (!waited) {
