@@ -38,7 +38,8 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
  *    "ws10": the same with the chain warp on a ring of register sets (v10, mt_gemm_small_ws10_*:
  *    ldmatrix for A, stores that pin the order; ~29-32 instead of ~46 cycles a k16 step in its
  *    SASS) and 55 instead of 113 registers (5 instead of 3 CTAs an SM). Same bits by construction;
- *    not run on a GPU yet.
+ *    not run on a GPU yet. "ws10p": ws10 with the keeper stores predicated off (mt_gemm_small_ws10p_*:
+ *    no shared-memory traffic for them, ~37 cycles a step static).
  *  MT_LARGE_VARIANT: the default stores the outputs by TMA from shared memory (mt_gemm_large_ts_nBN)
  *    where the tile is 128 to 256 wide, n % 8 == 0 and y suits a tensor map, else runs
  *    mt_gemm_large_nBN (per-thread stores); "v6" runs mt_gemm_large_nBN everywhere, "1" the first
@@ -60,13 +61,13 @@ static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
 
 static void knobs_read(void) {
   static const char *const decode[] = {"default", "shift", NULL};
-  static const char *const small[] = {"default", "ws", "ws10", NULL};
+  static const char *const small[] = {"default", "ws", "ws10", "ws10p", NULL};
   static const char *const large[] = {"default", "1", "np", "mc", "m64", "v6", "ra", NULL};
   static const char *const widths[] = {"default", "256", "192", "128", "96", "64", NULL};
   static const int width_of[] = {0, 256, 192, 128, 96, 64};
   int errors = 0; /* a warning is enough: these are not the user's settings */
   knobs.small_shift = mt_param_choice("MT_SMALL_DECODE", decode, 0, &errors) == 1;
-  knobs.small_ws = mt_param_choice("MT_SMALL_KERNEL", small, 0, &errors); /* 0, 1 ws, 2 ws10 */
+  knobs.small_ws = mt_param_choice("MT_SMALL_KERNEL", small, 0, &errors); /* 0, 1 ws, 2 ws10, 3 ws10p */
   knobs.large_variant = mt_param_choice("MT_LARGE_VARIANT", large, 0, &errors); /* order of the enum */
   knobs.large_bn = width_of[mt_param_choice("MT_LARGE_BN", widths, 0, &errors)];
 }
@@ -136,9 +137,11 @@ static int small_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
         "mt_gemm_small_ws_m8_k1_shift",   "mt_gemm_small_ws_m16_k1_shift",   "mt_gemm_small_ws10_m8_k0",
         "mt_gemm_small_ws10_m16_k0",      "mt_gemm_small_ws10_m8_k1",        "mt_gemm_small_ws10_m16_k1",
         "mt_gemm_small_ws10_m8_k0_shift", "mt_gemm_small_ws10_m16_k0_shift", "mt_gemm_small_ws10_m8_k1_shift",
-        "mt_gemm_small_ws10_m16_k1_shift"};
+        "mt_gemm_small_ws10_m16_k1_shift", "mt_gemm_small_ws10p_m8_k0",     "mt_gemm_small_ws10p_m16_k0",
+        "mt_gemm_small_ws10p_m8_k1",       "mt_gemm_small_ws10p_m16_k1",    "mt_gemm_small_ws10p_m8_k0_shift",
+        "mt_gemm_small_ws10p_m16_k0_shift", "mt_gemm_small_ws10p_m8_k1_shift", "mt_gemm_small_ws10p_m16_k1_shift"};
     unsigned smem = rows == 8 ? MT_WS_SMEM(cls, 8) : MT_WS_SMEM(cls, 16);
-    int which = (rows == 16) + 2 * cls + 4 * small_shift() + 8 * (small_ws() == 2);
+    int which = (rows == 16) + 2 * cls + 4 * small_shift() + 8 * (small_ws() - 1);
     return launch("gemm_small", ws_names[which], (unsigned)(a->n / 8), 1, MT_WS_THREADS, smem, 1, stream, &s);
   }
   static const char *const names[] = {"mt_gemm_small_m8",       "mt_gemm_small_m16",       "mt_gemm_small_m32",
@@ -168,8 +171,10 @@ int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream) {
     static const char *const ws_names[] = {"mt_gemm_small_ws_q4_k0",         "mt_gemm_small_ws_q4_k1",
                                            "mt_gemm_small_ws_q4_k0_shift",   "mt_gemm_small_ws_q4_k1_shift",
                                            "mt_gemm_small_ws10_q4_k0",       "mt_gemm_small_ws10_q4_k1",
-                                           "mt_gemm_small_ws10_q4_k0_shift", "mt_gemm_small_ws10_q4_k1_shift"};
-    return launch("gemm_small", ws_names[cls + 2 * small_shift() + 4 * (small_ws() == 2)], (unsigned)(a->n / 8), 1,
+                                           "mt_gemm_small_ws10_q4_k0_shift", "mt_gemm_small_ws10_q4_k1_shift",
+                                           "mt_gemm_small_ws10p_q4_k0",       "mt_gemm_small_ws10p_q4_k1",
+                                           "mt_gemm_small_ws10p_q4_k0_shift", "mt_gemm_small_ws10p_q4_k1_shift"};
+    return launch("gemm_small", ws_names[cls + 2 * small_shift() + 4 * (small_ws() - 1)], (unsigned)(a->n / 8), 1,
                   MT_WS_THREADS, cls ? MT_WS_FUSE_SMEM(1) : MT_WS_FUSE_SMEM(0), 0, stream, &s);
   }
   unsigned grid = (unsigned)(a->n / (8 * MT_SMALL_WARPS));

@@ -556,17 +556,32 @@ template <int ROWS> __device__ static inline void rmma(float (&d)[4], const rset
 // register MMA j read (set r and the accumulators c it started from: ptxas may give each MMA new
 // accumulator registers) and of its results d. Reading d, they issue only after the MMA has
 // completed; as volatile accesses they stay after the loads before them in program order and before
-// the loads after them. (Predicated off by a condition ptxas cannot prove, they would cost no
-// shared-memory cycles, but ptxas turns them into branches around them in the kernels.)
-template <int ROWS>
-__device__ static inline void rkeep(uint32_t at, const rset<ROWS> &r, const float (&d)[4], const float (&c)[4]) {
-  asm volatile("st.volatile.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
-               "st.volatile.shared.v2.b32 [%0+16], {%5, %6};\n"
-               "st.volatile.shared.v4.f32 [%0+32], {%7, %8, %9, %10};\n"
-               "st.volatile.shared.v4.f32 [%0+48], {%11, %12, %13, %14};\n" ::"r"(at),
-               "r"(r.a[0]), "r"(r.a[1]), "r"(r.a[2]), "r"(r.a[3]), "r"(r.b0), "r"(r.b1), "f"(d[0]), "f"(d[1]),
-               "f"(d[2]), "f"(d[3]), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3])
-               : "memory");
+// the loads after them. PRED (the ws10p kernels): predicated off, by never (zero, which ptxas cannot
+// know) ANDed with this MMA's starting accumulator (so the predicate is computed per step: from a
+// value fixed over the loop, ptxas turns the stores into branches around them): no shared-memory
+// cycles, a few more issue cycles (SASS: 37 instead of 32 cycles a step static). Which costs less
+// the GPU decides (the 4 stores a step are 14 shared-memory wavefronts if 16-byte stores to one
+// address take 4).
+template <int ROWS, bool PRED>
+__device__ static inline void rkeep(uint32_t at, uint32_t never, const rset<ROWS> &r, const float (&d)[4],
+                                    const float (&c)[4]) {
+  if (PRED)
+    asm volatile("{\n.reg .pred p;\n.reg .b32 t;\nand.b32 t, %15, %0;\nsetp.ne.u32 p, t, 0;\n"
+                 "@p st.volatile.shared.v4.b32 [%1], {%2, %3, %4, %5};\n"
+                 "@p st.volatile.shared.v2.b32 [%1+16], {%6, %7};\n"
+                 "@p st.volatile.shared.v4.f32 [%1+32], {%8, %9, %10, %11};\n"
+                 "@p st.volatile.shared.v4.f32 [%1+48], {%12, %13, %14, %15};\n}\n" ::"r"(never),
+                 "r"(at), "r"(r.a[0]), "r"(r.a[1]), "r"(r.a[2]), "r"(r.a[3]), "r"(r.b0), "r"(r.b1), "f"(d[0]),
+                 "f"(d[1]), "f"(d[2]), "f"(d[3]), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3])
+                 : "memory");
+  else
+    asm volatile("st.volatile.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
+                 "st.volatile.shared.v2.b32 [%0+16], {%5, %6};\n"
+                 "st.volatile.shared.v4.f32 [%0+32], {%7, %8, %9, %10};\n"
+                 "st.volatile.shared.v4.f32 [%0+48], {%11, %12, %13, %14};\n" ::"r"(at),
+                 "r"(r.a[0]), "r"(r.a[1]), "r"(r.a[2]), "r"(r.a[3]), "r"(r.b0), "r"(r.b1), "f"(d[0]), "f"(d[1]),
+                 "f"(d[2]), "f"(d[3]), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3])
+                 : "memory");
 }
 
 // MMA of set cur, then (after), then step operands into set nxt, then cur's keeper
@@ -576,7 +591,7 @@ __device__ static inline void rkeep(uint32_t at, const rset<ROWS> &r, const floa
     rmma<ROWS>(d, cur);                                                                            \
     after;                                                                                         \
     rload<ROWS>(nxt, bp, ap);                                                                      \
-    rkeep<ROWS>(kat, cur, d, c_);                                                                  \
+    rkeep<ROWS, PRED>(kat, never, cur, d, c_);                                                     \
   }
 
 // The chain warp of run() on the ring (WAIT false: no barriers, for scripts/probe_chain.cu on slots
@@ -588,7 +603,7 @@ template <int ROWS> __device__ static inline int ring_row(int lane) { return lan
 // xrow (fused only): this lane's ldmatrix row, the quantized row of token ring_row or the zero row
 // past m; xadv: whether it advances with k (not the zero row). keep: MT_WS_KEEP bytes for the
 // keepers' stores.
-template <int ROWS, bool FUSED, bool WAIT = true>
+template <int ROWS, bool FUSED, bool PRED, bool WAIT = true>
 __device__ static void chain_ring(float (&d)[4], const uint8_t *slots, uint64_t *full, uint64_t *empty, int chunks,
                                   int ksteps, const uint8_t *xrow, bool xadv, uint8_t *keep) {
   static_assert(CS == 8, "the loop body is one slot of 8 steps on 4 sets");
@@ -600,7 +615,7 @@ __device__ static void chain_ring(float (&d)[4], const uint8_t *slots, uint64_t 
   int astep = FUSED ? (xadv ? CCOLS * 2 : 0) : SLOT;
   auto bof = [&](int c) { return bbase + (c % NS) * SLOT; };
   auto aof = [&](int c) { return abase + (FUSED ? c : c % NS) * astep; };
-  uint32_t kat = smem_u32(keep);
+  uint32_t kat = smem_u32(keep), never = (uint32_t)ksteps >> 31; // ksteps >= 0
   rset<ROWS> r0, r1, r2, r3;
   if (WAIT)
     mbar_wait(&full[0], 0);
@@ -639,8 +654,8 @@ __device__ static void chain_ring(float (&d)[4], const uint8_t *slots, uint64_t 
 }
 #undef MT_RING_STEP
 
-// RING: the chain warp is chain_ring (v10), else chain
-template <int ROWS, int CLS, bool FUSED, bool SHIFT, bool RING> __device__ static void run(const mt_small_args &a) {
+// RING: the chain warp is chain_ring (v10; 2: with its keepers predicated off), else chain
+template <int ROWS, int CLS, bool FUSED, bool SHIFT, int RING> __device__ static void run(const mt_small_args &a) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int MAXCH = MT_WS_KMAX(CLS) / CCOLS, TT = (ROWS + 15) / 16, AROWS = FUSED ? 0 : ROWS;
   uint64_t *rawb = (uint64_t *)smem, *full = rawb + MAXCH, *empty = full + NS;
@@ -702,8 +717,8 @@ template <int ROWS, int CLS, bool FUSED, bool SHIFT, bool RING> __device__ stati
   if (RING) {
     int r = ring_row<ROWS>(lane);
     uint8_t *keep = smem + (FUSED ? MT_WS_FUSE_SMEM(CLS) : MT_WS_SMEM(CLS, ROWS)) - MT_WS_KEEP;
-    chain_ring<ROWS, FUSED>(d[0], slots, full, empty, chunks, ksteps, FUSED && r < a.e.m ? xs + r * xp : zero,
-                            FUSED && r < a.e.m, keep);
+    chain_ring<ROWS, FUSED, RING == 2>(d[0], slots, full, empty, chunks, ksteps, FUSED && r < a.e.m ? xs + r * xp : zero,
+                                       FUSED && r < a.e.m, keep);
   } else {
     const uint8_t *xrow = FUSED ? (g < a.e.m ? xs + g * xp : zero) : nullptr;
     chain<ROWS, FUSED>(d, slots, full, empty, chunks, ksteps, xrow, FUSED && g < a.e.m ? xp : 0);
@@ -713,7 +728,7 @@ template <int ROWS, int CLS, bool FUSED, bool SHIFT, bool RING> __device__ stati
 } // namespace ws
 
 // _shift: the decoders use the v8 decode (MT_SMALL_DECODE=shift, its fragment order); ws10: the
-// chain warp is chain_ring (v10, MT_SMALL_KERNEL=ws10)
+// chain warp is chain_ring (v10, MT_SMALL_KERNEL=ws10); ws10p: with its keepers predicated off
 #define MT_WS1(PRE, NAME, ROWS, CLS, FUSED, RING)                                                  \
   extern "C" __global__ void __launch_bounds__(MT_WS_THREADS) mt_gemm_small_##PRE##_##NAME##_k##CLS(const __grid_constant__ mt_small_args a) { \
     ws::run<ROWS, CLS, FUSED, false, RING>(a);                                                     \
@@ -721,7 +736,8 @@ template <int ROWS, int CLS, bool FUSED, bool SHIFT, bool RING> __device__ stati
   extern "C" __global__ void __launch_bounds__(MT_WS_THREADS) mt_gemm_small_##PRE##_##NAME##_k##CLS##_shift(const __grid_constant__ mt_small_args a) { \
     ws::run<ROWS, CLS, FUSED, true, RING>(a);                                                      \
   }
-#define MT_WS(NAME, ROWS, CLS, FUSED) MT_WS1(ws, NAME, ROWS, CLS, FUSED, false) MT_WS1(ws10, NAME, ROWS, CLS, FUSED, true)
+#define MT_WS(NAME, ROWS, CLS, FUSED)                                                              \
+  MT_WS1(ws, NAME, ROWS, CLS, FUSED, 0) MT_WS1(ws10, NAME, ROWS, CLS, FUSED, 1) MT_WS1(ws10p, NAME, ROWS, CLS, FUSED, 2)
 MT_WS(m8, 8, 0, false)
 MT_WS(m16, 16, 0, false)
 MT_WS(q4, 8, 0, true)

@@ -15,6 +15,7 @@
 //   shift  v7 with the shift decode (MT_SMALL_DECODE=shift)
 //   ws     the ws kernels' chain warp (ws::chain, v9: 1 warp a CTA) on slots already full
 //   v10    the same with v10's chain loop (ws::chain_ring: a ring of register sets, ldmatrix)
+//   v10p   v10 with its keeper stores predicated off (the ws10p kernels)
 // And each kernel's time per launch from CUDA events around a graph of 100 launches (median of 5),
 // with an empty kernel for the launch floor, at 48 and 128 steps (down's and gate_up's K).
 //
@@ -160,14 +161,14 @@ template <bool SHIFT> __global__ void k_steps(const uint8_t *img, sample *out, f
 // steps, ws::NS slots reused), without barriers: chain() as run(), and v10's chain_ring.
 constexpr int WS_SLOT = MT_WS_SLOT(8);
 static_assert(ws::NS * WS_SLOT <= SMEM, "the slots fit the probe's shared memory");
-template <bool RING> __global__ void k_ws(const uint8_t *img, sample *out, float *sink, int steps) {
+template <int RING> __global__ void k_ws(const uint8_t *img, sample *out, float *sink, int steps) {
   extern __shared__ __align__(16) uint8_t smem[];
   fill(smem, img);
   float d[1][4] = {{0, 0, 0, 0}};
   long long c0 = clock64(), t0 = gtime();
   if (RING)
-    ws::chain_ring<8, false, false>(d[0], smem, nullptr, nullptr, steps / 8, steps, nullptr, false,
-                                    smem + SMEM - 64);
+    ws::chain_ring<8, false, RING == 2, false>(d[0], smem, nullptr, nullptr, steps / 8, steps, nullptr, false,
+                                                smem + SMEM - 64);
   else
     ws::chain<8, false, false>(d, smem, nullptr, nullptr, steps / 8, steps, nullptr, 0);
   record(out, c0, t0);
@@ -253,7 +254,8 @@ int main() {
   probe probes[] = {{"empty", k_empty, 64}, {"const", k_const, 32}, {"lds", k_lds, 32},
                     {"lds2", k_lds2, 32},
                     {"busy", k_lds, 160},  {"v7", k_steps<false>, 64}, {"shift", k_steps<true>, 64},
-                    {"ws", k_ws<false>, 32},    {"v10", k_ws<true>, 32}};
+                    {"ws", k_ws<0>, 32},       {"v10", k_ws<1>, 32},
+                    {"v10p", k_ws<2>, 32}};
   std::vector<uint8_t> h = make_image();
   uint8_t *img;
   sample *dout;
