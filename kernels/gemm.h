@@ -22,10 +22,11 @@ typedef struct {
                            5-bit records (gemm_args.h, MT_ACT_REC_BYTES), else NULL */
 } mt_qact;
 
-/* Rows up to which the small-M (weight-streaming) path runs. 16, not 64: on the H200 (make bench,
- * kernels/NOTES.md) the small kernels at M = 64 took 21.7 µs (gate_up), 13.1 (down), 74.0
- * (DeepSeek 7168x2048), 119.6 (4096x7168); the large path at M = 64 took 9.6, 6.6, 17.7, 36.8. */
-#define MT_GEMM_SMALL_M 16
+/* Rows up to which the small-M (weight-streaming) path runs. 8: on the H200 (make bench,
+ * kernels/NOTES.md) the small kernels at M = 16 took 10.5 µs (gate_up), 6.6 (down), 20.1
+ * (DeepSeek 7168x2048), 37.7 (4096x7168), the large path's one row of tiles at M = 64 9.6, 6.6,
+ * 17.6, 36.5; at M = 4 the small path still wins on three of the four shapes. */
+#define MT_GEMM_SMALL_M 8
 
 /* Bytes of the small-M kernel's copy of an n x k weight's codes and scales (mt_qweight.frag). */
 size_t mt_gemm_frag_bytes(int n, int k);

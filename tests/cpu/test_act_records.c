@@ -1,9 +1,10 @@
-/* test_act_records.c — the workspace accounting of the large-M ra variant (MT_LARGE_VARIANT=ra,
- * kernels/gemm.c): under it the engine's workspace must hold the activations as 5-bit records
- * (kernels/gemm_args.h, MT_ACT_REC_BYTES: whole bands of 128 tokens and whole 64-column steps,
- * which at few tokens exceed the BF16 copy) before S; without it nothing changes. The knob is read
- * once per process, so the ra half runs in a child with the variable set. The GPU side (records bit
- * for bit, GEMM bits under the variant) is tests/gpu/test_kernels.c's. */
+/* test_act_records.c — the workspace accounting of the large-M ra kernel (kernels/gemm.c): where
+ * it may run (the default, which takes it for n >= 4096, and MT_LARGE_VARIANT=ra) the engine's
+ * workspace must hold the activations as 5-bit records (kernels/gemm_args.h, MT_ACT_REC_BYTES:
+ * whole bands of 128 tokens and whole 64-column steps, which at few tokens exceed the BF16 copy)
+ * before S; where it cannot (MT_LARGE_VARIANT=ts) the section is the BF16 copy. The knob is read
+ * once per process, so each setting runs in a child with the variable set. The GPU side (records
+ * bit for bit, GEMM bits under every setting) is tests/gpu/test_kernels.c's. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -25,8 +26,8 @@ static int holds(int m, int k, size_t act) {
   return mt_gemm_workspace_bytes(m, k, &num) >= round256(act) + (size_t)m * 4;
 }
 
-/* Default: the activations' section is the BF16 copy, as before the variant existed. */
-static void default_layout_unchanged(void) {
+/* Without ra: the activations' section is the BF16 copy. */
+static void xhat_layout(void) {
   for (int i = 0; i < NSHAPES; i++) {
     int m = shapes[i][0], k = shapes[i][1];
     CHECKF(mt_gemm_act_bytes(m, k) == (size_t)m * k * 2, "m=%d k=%d: %zu", m, k, mt_gemm_act_bytes(m, k));
@@ -48,25 +49,33 @@ static void ra_layout_fits(void) {
   CHECK(MT_ACT_REC_BYTES(129, 65) == 4 * MT_LARGE_RA_A_BYTES);
 }
 
-/* The ra half in a child that sets the variable before any knob is read (the parent has read
- * none yet either: this runs first); its checks print there, its status comes back here. */
-static void ra_in_child(void) {
+/* fn in a child that sets MT_LARGE_VARIANT (or unsets it) before any knob is read; its checks
+ * print there, its status comes back here. */
+static void in_child(const char *variant, void (*fn)(void)) {
   fflush(stdout);
   pid_t pid = fork();
   if (pid == 0) {
-    setenv("MT_LARGE_VARIANT", "ra", 1);
-    ra_layout_fits();
+    if (variant)
+      setenv("MT_LARGE_VARIANT", variant, 1);
+    else
+      unsetenv("MT_LARGE_VARIANT");
+    fn();
     fflush(stdout);
     _exit(mt_t_cur_failures ? 1 : 0);
   }
   int status = 0;
   CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
-  CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child's checks failed (status %d)", status);
+  CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s: the child's checks failed (status %d)",
+         variant ? variant : "default", status);
 }
 
+static void ra_variant(void) { in_child("ra", ra_layout_fits); }
+static void default_has_room_for_records(void) { in_child(NULL, ra_layout_fits); }
+static void ts_variant_keeps_xhat(void) { in_child("ts", xhat_layout); }
+
 int main(void) {
-  unsetenv("MT_LARGE_VARIANT");
-  RUN(ra_in_child);
-  RUN(default_layout_unchanged);
+  RUN(ra_variant);
+  RUN(default_has_room_for_records);
+  RUN(ts_variant_keeps_xhat);
   return mt_test_done();
 }

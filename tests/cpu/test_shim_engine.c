@@ -374,7 +374,7 @@ static void scenario_requantize(void) {
   CHECK(all_on(t, S1));
   check_call_args(t, &big, big.y, NULL, 0.0f, NULL);
   CHECK(device_bytes() > first_bytes);
-  /* fewer tokens again: no allocation, and 17..32 tokens take the large path (MT_GEMM_SMALL_M) */
+  /* fewer tokens again: no allocation, and more than MT_GEMM_SMALL_M (8) tokens take the large path */
   problem mid = make(OUT, 20, OUT);
   t = now();
   expect_routed(&mid, S1, &zero);
@@ -822,7 +822,7 @@ static void scenario_small_shift(void) {
 }
 
 /* MT_SMALL_KERNEL=ws: the warp-specialized kernels by token capacity (8, 16; fused at <= 4, in
- * plain stream order after the pack it reads), one CTA of five warps per 8 channels; the default pack; 17 tokens and more
+ * plain stream order after the pack it reads), one CTA of five warps per 8 channels; the default pack; 9 tokens and more
  * keep the large path. With MT_SMALL_DECODE=shift too: the shift pack and the _shift ws kernels. */
 static void scenario_small_ws(void) {
   problem p = make(OUT, 8, OUT), mid = make(OUT, 12, OUT), few = make(OUT, 2, OUT);
@@ -842,9 +842,9 @@ static void scenario_small_ws(void) {
   t = now();
   expect_routed(&mid, S1, &zero);
   snprintf(want, sizeof want,
-           "memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 mt_gemm_pack%s mt_quant_row_bf16_nb1 smem "
-           "mt_gemm_small_ws_m16_k0%s+pdl",
-           shift, shift);
+           "memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 mt_gemm_pack%s mt_quant_row_bf16_nb1 tmap tmap load "
+           "smem mt_gemm_large_n64+pdl",
+           shift);
   CHECK_TRACE(t, want);
   t = now();
   expect_routed(&few, S1, &zero);
