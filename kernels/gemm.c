@@ -30,57 +30,31 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
 /* The kernel measurement knobs (kernels/NOTES.md; README "The engine"), read once through
  * shim/param.h like every setting, so that a set one is logged at INFO and an invalid one warned
  * about; for measurements, not for users, and leaving them unset runs the measured defaults.
- *  MT_SMALL_DECODE=shift: the small-M kernels' decode by shifts and masks (gemm_small.cu:
- *    weight_frag_shift) and the fragment order it reads (mt_gemm_pack_shift). Same bits on the H200.
- *  MT_SMALL_KERNEL=ws: the warp-specialized small-M kernels (mt_gemm_small_ws_*: a chain warp that
- *    only loads ready fragments and runs the MMAs, four warps decoding for it) where they apply:
- *    m <= 16 (fused at m <= 4), k <= 8192. Same bits, not faster, 2x slower on DeepSeek's shapes.
- *    "ws10": the same with the chain warp on a ring of register sets (v10, mt_gemm_small_ws10_*:
- *    ldmatrix for A, stores that pin the order; ~29-32 instead of ~46 cycles a k16 step in its
- *    SASS) and 55 instead of 113 registers (5 instead of 3 CTAs an SM). Same bits by construction;
- *    not run on a GPU yet. "ws10p": ws10 with the keeper stores predicated off (mt_gemm_small_ws10p_*:
- *    no shared-memory traffic for them, ~37 cycles a step static).
  *  MT_LARGE_VARIANT: the default stores the outputs by TMA from shared memory (mt_gemm_large_ts_nBN)
  *    where the tile is 128 to 256 wide, n % 8 == 0 and y suits a tensor map, else runs
- *    mt_gemm_large_nBN (per-thread stores); "v6" runs mt_gemm_large_nBN everywhere, "1" the first
- *    large-M kernel (mt_gemm_large_v1_nBN, one tile per CTA), "np" v6 with one CTA per tile instead
- *    of a persistent grid, "mc" clusters of 2 CTAs sharing the weight or the activation tile by TMA
- *    multicast (mt_gemm_large_mcw/mca_nBN), "m64" v6 with tiles of 64 tokens where they cost less,
- *    "ra" where the default would store by TMA, the activations quantized into 5-bit records
- *    (gemm_args.h: ~2.6 instead of 4 bytes of quantization traffic an element, 5 KB instead of
- *    16 KB a stage) that the kernel decodes into wgmma's A registers (mt_gemm_large_ra_nBN; the
- *    engine's workspace then holds the records, mt_gemm_act_records), else as the default. The
- *    default takes ra itself where n >= MT_RA_MIN_N; "ts" is the default without ra.
- *    Same bits in every case.
+ *    mt_gemm_large_nBN (v6, per-thread stores); "v6" runs mt_gemm_large_nBN everywhere; "ra" where
+ *    the default would store by TMA, the activations quantized into 5-bit records (gemm_args.h:
+ *    ~2.6 instead of 4 bytes of quantization traffic an element, 5 KB instead of 16 KB a stage)
+ *    that the kernel decodes into wgmma's A registers (mt_gemm_large_ra_nBN; the engine's workspace
+ *    then holds the records, mt_gemm_act_records), else as the default. The default takes ra
+ *    itself where n >= MT_RA_MIN_N; "ts" is the default without ra. Same bits in every case.
  *  MT_LARGE_BN: a tile width taken instead of the launcher's choice (256, 192 or 128 for every
- *    variant; 96 or 64 for the default and np). */
-enum { LARGE_DEFAULT, LARGE_V1, LARGE_NP, LARGE_MC, LARGE_M64, LARGE_V6, LARGE_RA, LARGE_TS };
+ *    variant; 96 or 64 for v6, where the default runs it).
+ * The other knobs and kernels measured in earlier sessions (small-M: warp-specialized, shift
+ * decode, 16-64 rows; large-M: v1, np, mc, m64) lost and were removed (kernels/NOTES.md). */
+enum { LARGE_DEFAULT, LARGE_V6, LARGE_RA, LARGE_TS };
 static struct {
-  int small_shift, small_ws, large_variant, large_bn;
+  int large_variant, large_bn;
 } knobs;
 static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
 
 static void knobs_read(void) {
-  static const char *const decode[] = {"default", "shift", NULL};
-  static const char *const small[] = {"default", "ws", "ws10", "ws10p", NULL};
-  static const char *const large[] = {"default", "1", "np", "mc", "m64", "v6", "ra", "ts", NULL};
+  static const char *const large[] = {"default", "v6", "ra", "ts", NULL};
   static const char *const widths[] = {"default", "256", "192", "128", "96", "64", NULL};
   static const int width_of[] = {0, 256, 192, 128, 96, 64};
   int errors = 0; /* a warning is enough: these are not the user's settings */
-  knobs.small_shift = mt_param_choice("MT_SMALL_DECODE", decode, 0, &errors) == 1;
-  knobs.small_ws = mt_param_choice("MT_SMALL_KERNEL", small, 0, &errors); /* 0, 1 ws, 2 ws10, 3 ws10p */
   knobs.large_variant = mt_param_choice("MT_LARGE_VARIANT", large, 0, &errors); /* order of the enum */
   knobs.large_bn = width_of[mt_param_choice("MT_LARGE_BN", widths, 0, &errors)];
-}
-
-static int small_shift(void) {
-  pthread_once(&knobs_once, knobs_read);
-  return knobs.small_shift;
-}
-
-static int small_ws(void) {
-  pthread_once(&knobs_once, knobs_read);
-  return knobs.small_ws;
 }
 
 static int large_variant(void) {
@@ -93,8 +67,7 @@ int mt_gemm_pack_weight(const mt_qweight *q, const uint32_t *only_if, mt_stream 
   if (!chunks)
     return MT_OK;
   mt_pack_args a = {q->codes, q->scales, q->frag, only_if, q->n, q->k};
-  return launch("gemm_small", small_shift() ? "mt_gemm_pack_shift" : "mt_gemm_pack", (unsigned)((chunks + 255) / 256), 1,
-                256, 0, 0, stream, &a);
+  return launch("gemm_small", "mt_gemm_pack", (unsigned)((chunks + 255) / 256), 1, 256, 0, 0, stream, &a);
 }
 
 static void epilogue_args(const mt_gemm_args *a, const mt_qact *q, mt_epilogue_args *e) {
@@ -116,47 +89,18 @@ static void epilogue_args(const mt_gemm_args *a, const mt_qact *q, mt_epilogue_a
   e->beta = a->beta;
 }
 
-/* The ws kernels' K class (gemm_args.h: the CTA's records for all of K sit in shared memory), or
- * -1 where they do not apply. */
-static int ws_class(const mt_gemm_args *a) {
-  if (!small_ws() || a->m > 16)
-    return -1;
-  return a->k <= MT_WS_KMAX(0) ? 0 : a->k <= MT_WS_KMAX(1) ? 1 : -1;
-}
-
-/* One CTA per 16 output channels (gemm_small.cu); the kernel's token capacity is the smallest of
- * 8, 16, 32, 64 rows that holds m (its stages and MMA tiles are sized by it). With ws, one CTA of
- * five warps per 8 channels, 8 or 16 rows. */
+/* One CTA per 16 output channels (gemm_small.cu), token capacity MT_SMALL_ROWS. */
+_Static_assert(MT_GEMM_SMALL_M <= MT_SMALL_ROWS, "the small path's kernel holds at most MT_SMALL_ROWS tokens");
 static int small_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   mt_small_args s = {q->xhat, a->w->frag, {0}, NULL, 0, 0};
   epilogue_args(a, q, &s.e);
-  int rows = a->m <= 8 ? 8 : a->m <= 16 ? 16 : a->m <= 32 ? 32 : 64, cls = ws_class(a);
-  if (cls >= 0) {
-    static const char *const ws_names[] = {
-        "mt_gemm_small_ws_m8_k0",         "mt_gemm_small_ws_m16_k0",         "mt_gemm_small_ws_m8_k1",
-        "mt_gemm_small_ws_m16_k1",        "mt_gemm_small_ws_m8_k0_shift",    "mt_gemm_small_ws_m16_k0_shift",
-        "mt_gemm_small_ws_m8_k1_shift",   "mt_gemm_small_ws_m16_k1_shift",   "mt_gemm_small_ws10_m8_k0",
-        "mt_gemm_small_ws10_m16_k0",      "mt_gemm_small_ws10_m8_k1",        "mt_gemm_small_ws10_m16_k1",
-        "mt_gemm_small_ws10_m8_k0_shift", "mt_gemm_small_ws10_m16_k0_shift", "mt_gemm_small_ws10_m8_k1_shift",
-        "mt_gemm_small_ws10_m16_k1_shift", "mt_gemm_small_ws10p_m8_k0",     "mt_gemm_small_ws10p_m16_k0",
-        "mt_gemm_small_ws10p_m8_k1",       "mt_gemm_small_ws10p_m16_k1",    "mt_gemm_small_ws10p_m8_k0_shift",
-        "mt_gemm_small_ws10p_m16_k0_shift", "mt_gemm_small_ws10p_m8_k1_shift", "mt_gemm_small_ws10p_m16_k1_shift"};
-    unsigned smem = rows == 8 ? MT_WS_SMEM(cls, 8) : MT_WS_SMEM(cls, 16);
-    int which = (rows == 16) + 2 * cls + 4 * small_shift() + 8 * (small_ws() - 1);
-    return launch("gemm_small", ws_names[which], (unsigned)(a->n / 8), 1, MT_WS_THREADS, smem, 1, stream, &s);
-  }
-  static const char *const names[] = {"mt_gemm_small_m8",       "mt_gemm_small_m16",       "mt_gemm_small_m32",
-                                      "mt_gemm_small_m64",      "mt_gemm_small_m8_shift", "mt_gemm_small_m16_shift",
-                                      "mt_gemm_small_m32_shift", "mt_gemm_small_m64_shift"};
-  int which = (rows == 8 ? 0 : rows == 16 ? 1 : rows == 32 ? 2 : 3) + 4 * small_shift();
   unsigned grid = (unsigned)(a->n / (8 * MT_SMALL_WARPS));
-  return launch("gemm_small", names[which], grid, 1, 32 * MT_SMALL_WARPS, MT_SMALL_SMEM(rows), 1, stream, &s);
+  return launch("gemm_small", "mt_gemm_small_m8", grid, 1, 32 * MT_SMALL_WARPS, MT_SMALL_SMEM, 1, stream, &s);
 }
 
 /* Fused: few tokens whose quantized rows fit the kernel's shared memory (gemm_args.h). The separate
  * quantization launch cost ~1.7 µs at M = 1 against a GEMM budget of ~2.5 µs (kernels/NOTES.md);
- * at m <= 4 each CTA quantizing the m x k activations itself costs less. The ws kernels hold as many
- * quantized rows (MT_WS_FUSE_XS: 4 rows of k = 2048 in class 0, MT_SMALL_FUSE_XHAT in class 1). */
+ * at m <= 4 each CTA quantizing the m x k activations itself costs less. */
 int mt_gemm_fuses_quant(const mt_gemm_args *a) {
   return a->m <= MT_SMALL_FUSE_M && mt_gemm_frag_bytes(a->n, a->k) && a->w->frag &&
          (size_t)a->m * (2 * (size_t)a->k + 16) <= MT_SMALL_FUSE_XHAT;
@@ -166,21 +110,8 @@ int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream) {
   mt_qact none = {NULL, NULL, NULL};
   mt_small_args s = {NULL, a->w->frag, {0}, a->x, (long long)a->ldx, a->xtype == MT_DTYPE_FP16};
   epilogue_args(a, &none, &s.e);
-  int cls = ws_class(a);
-  if (cls >= 0) { /* not dependent: the kernel before it may be the weight's pack, which it reads
-                   * before griddepcontrol.wait */
-    static const char *const ws_names[] = {"mt_gemm_small_ws_q4_k0",         "mt_gemm_small_ws_q4_k1",
-                                           "mt_gemm_small_ws_q4_k0_shift",   "mt_gemm_small_ws_q4_k1_shift",
-                                           "mt_gemm_small_ws10_q4_k0",       "mt_gemm_small_ws10_q4_k1",
-                                           "mt_gemm_small_ws10_q4_k0_shift", "mt_gemm_small_ws10_q4_k1_shift",
-                                           "mt_gemm_small_ws10p_q4_k0",       "mt_gemm_small_ws10p_q4_k1",
-                                           "mt_gemm_small_ws10p_q4_k0_shift", "mt_gemm_small_ws10p_q4_k1_shift"};
-    return launch("gemm_small", ws_names[cls + 2 * small_shift() + 4 * (small_ws() - 1)], (unsigned)(a->n / 8), 1,
-                  MT_WS_THREADS, cls ? MT_WS_FUSE_SMEM(1) : MT_WS_FUSE_SMEM(0), 0, stream, &s);
-  }
   unsigned grid = (unsigned)(a->n / (8 * MT_SMALL_WARPS));
-  return launch("gemm_small", small_shift() ? "mt_gemm_small_q4_shift" : "mt_gemm_small_q4", grid, 1,
-                32 * MT_SMALL_WARPS, MT_SMALL_FUSE_SMEM, 0, stream, &s);
+  return launch("gemm_small", "mt_gemm_small_q4", grid, 1, 32 * MT_SMALL_WARPS, MT_SMALL_FUSE_SMEM, 0, stream, &s);
 }
 
 /* A K-major BF16 matrix of rows x k as TMA sees it: boxes of 64 columns (128 bytes, the swizzle
@@ -226,12 +157,12 @@ static int sm_count(void) {
 /* The tile width with the least estimated time: waves of tiles times a tile's cost, taken as its
  * width plus a fixed 64 columns' worth for the activation loads and the epilogue. Narrow tiles
  * (64, 96) put more SMs to work at medium M (M = 256: 48 tiles of 128 x 64 rather than 16 of
- * 128 x 192). widths: the first `count` of 256, 192, 128, 96, 64. */
-static int large_bn(int m, int n, int count) {
+ * 128 x 192). */
+static int large_bn(int m, int n) {
   static const int widths[] = {256, 192, 128, 96, 64};
   int sms = sm_count(), best = 256;
   long long best_cost = -1;
-  for (int i = 0; i < count; i++) {
+  for (int i = 0; i < 5; i++) {
     long long tiles = (long long)((m + MT_LARGE_BM - 1) / MT_LARGE_BM) * ((n + widths[i] - 1) / widths[i]);
     long long cost = (tiles + sms - 1) / sms * (widths[i] + 64);
     if (best_cost < 0 || cost < best_cost) {
@@ -242,31 +173,10 @@ static int large_bn(int m, int n, int count) {
   return best;
 }
 
-/* Tiles of 64 tokens (width 64 or 128) when their estimated time beats that of the 128-token
- * width bn: the cost of large_bn with a tile costing half its width plus 32; 0 to keep bn. */
-static int large_m64_bn(int m, int n, int bn) {
-  int sms = sm_count();
-  long long best = ((long long)(m + MT_LARGE_BM - 1) / MT_LARGE_BM * ((n + bn - 1) / bn) + sms - 1) / sms * (bn + 64);
-  int pick = 0;
-  for (int w = 128; w >= 64; w -= 64) {
-    long long tiles = (long long)((m + 63) / 64) * ((n + w - 1) / w);
-    long long cost = (tiles + sms - 1) / sms * (w / 2 + 32);
-    if (cost < best) {
-      best = cost;
-      pick = w;
-    }
-  }
-  return pick;
-}
-
-/* MT_LARGE_BN where the variant has that width, else 0 (the launcher's choice). */
-static int large_forced_bn(int variant) {
+/* MT_LARGE_BN, or 0 (the launcher's choice). */
+static int large_forced_bn(void) {
   pthread_once(&knobs_once, knobs_read);
-  int w = knobs.large_bn;
-  if (w == 256 || w == 192 || w == 128 ||
-      ((w == 96 || w == 64) && variant != LARGE_V1 && variant != LARGE_MC && variant != LARGE_M64))
-    return w;
-  return 0;
+  return knobs.large_bn;
 }
 
 static int takes_small_path(const mt_gemm_args *a) {
@@ -291,9 +201,9 @@ static int takes_ra(const mt_gemm_args *a) {
 static int ra_width(const mt_gemm_args *a, CUtensorMap *ty) {
   if (!takes_ra(a) || takes_small_path(a) || !mt_driver_get())
     return 0;
-  int bn = large_forced_bn(LARGE_RA);
+  int bn = large_forced_bn();
   if (!bn)
-    bn = large_bn(a->m, a->n, 5);
+    bn = large_bn(a->m, a->n);
   if (bn < 128 || a->n % 8 || output_map(ty, a->y, a->ytype, a->m, a->n, a->ldy) != MT_OK)
     return 0;
   return bn;
@@ -333,58 +243,27 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   mt_large_args l = proto;
   if (q->rec)
     return ra_path(a, q, stream);
-  int variant = large_variant();
-  if (variant == LARGE_RA || variant == LARGE_TS) /* ra where its kernel does not run: the default */
-    variant = LARGE_DEFAULT;
-  int bn = large_forced_bn(variant);
+  int bn = large_forced_bn();
   if (!bn)
-    bn = large_bn(a->m, a->n, variant == LARGE_V1 ? 3 : 5);
-  /* multicast: pairs of CTAs share the weight tile (wide tiles) or the activation tile (narrow
-   * ones), each CTA loading half of it */
-  int share_w = variant == LARGE_MC && bn > 128, share_a = variant == LARGE_MC && bn <= 128;
-  int st = tensor_map(&l.ta, q->xhat, a->m, a->k, share_a ? MT_LARGE_BM / 2 : MT_LARGE_BM);
+    bn = large_bn(a->m, a->n);
+  int st = tensor_map(&l.ta, q->xhat, a->m, a->k, MT_LARGE_BM);
   if (st == MT_OK)
-    st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, share_w ? bn / 2 : bn);
+    st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, bn);
   if (st != MT_OK)
     return st;
   epilogue_args(a, q, &l.e);
-  unsigned tiles_m = (unsigned)((a->m + MT_LARGE_BM - 1) / MT_LARGE_BM), tiles_n = (unsigned)((a->n + bn - 1) / bn);
-  unsigned sms = (unsigned)sm_count();
-  if (variant == LARGE_V1) {
-    const char *fn = bn == 256 ? "mt_gemm_large_v1_n256" : bn == 192 ? "mt_gemm_large_v1_n192" : "mt_gemm_large_v1_n128";
-    return launch("gemm_large", fn, tiles_m, tiles_n, 384, MT_LARGE_SMEM(bn), 1, stream, &l);
-  }
-  if (variant == LARGE_MC) { /* persistent clusters of 2 over pairs of tiles */
-    unsigned pairs = share_w ? (tiles_m + 1) / 2 * tiles_n : tiles_m * ((tiles_n + 1) / 2);
-    unsigned clusters = pairs < sms / 2 ? pairs : sms / 2;
-    const char *fn = bn == 256 ? "mt_gemm_large_mcw_n256" : bn == 192 ? "mt_gemm_large_mcw_n192"
-                   : bn == 128 ? "mt_gemm_large_mca_n128" : bn == 96 ? "mt_gemm_large_mca_n96"
-                               : "mt_gemm_large_mca_n64";
-    return launch("gemm_large", fn, 2 * clusters, 1, 384, MT_LARGE_SMEM(bn), 1, stream, &l);
-  }
-  if (variant == LARGE_M64 && large_m64_bn(a->m, a->n, bn)) { /* 64 x 64 or 64 x 128 tiles */
-    int bn64 = large_m64_bn(a->m, a->n, bn);
-    st = tensor_map(&l.ta, q->xhat, a->m, a->k, 64);
-    if (st == MT_OK)
-      st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, bn64);
-    if (st != MT_OK)
-      return st;
-    unsigned tiles = (unsigned)((a->m + 63) / 64) * (unsigned)((a->n + bn64 - 1) / bn64);
-    return launch("gemm_large", bn64 == 64 ? "mt_gemm_large_m64_n64" : "mt_gemm_large_m64_n128", tiles < sms ? tiles : sms,
-                  1, 384, MT_LARGE_SMEM_BM(64, bn64), 1, stream, &l);
-  }
-  /* TMA stores only where the rows end on 16 bytes: the store clips at n by 16-byte pieces (at
-   * n = 271 it wrote column 271, the caller's padding; H200, 2026-11-29), so n % 8 == 0; and only
-   * where y suits a tensor map (16-byte aligned base and row stride), else per-thread stores. */
-  if (variant == LARGE_DEFAULT && bn >= 128 && a->n % 8 == 0 &&
+  unsigned tiles = (unsigned)((a->m + MT_LARGE_BM - 1) / MT_LARGE_BM) * (unsigned)((a->n + bn - 1) / bn);
+  unsigned sms = (unsigned)sm_count(), grid = tiles < sms ? tiles : sms;
+  /* TMA stores (all but v6; ra where its kernel does not run is the default) only where the rows
+   * end on 16 bytes: the store clips at n by 16-byte pieces (at n = 271 it wrote column 271, the
+   * caller's padding; H200, 2026-11-29), so n % 8 == 0; and only where y suits a tensor map
+   * (16-byte aligned base and row stride), else per-thread stores. */
+  if (large_variant() != LARGE_V6 && bn >= 128 && a->n % 8 == 0 &&
       output_map(&l.ty, a->y, a->ytype, a->m, a->n, a->ldy) == MT_OK) {
-    unsigned tiles = tiles_m * tiles_n;
     const char *fn = bn == 256 ? "mt_gemm_large_ts_n256" : bn == 192 ? "mt_gemm_large_ts_n192" : "mt_gemm_large_ts_n128";
-    return launch("gemm_large", fn, tiles < sms ? tiles : sms, 1, 384, MT_LARGE_SMEM_TS(bn), 1, stream, &l);
+    return launch("gemm_large", fn, grid, 1, 384, MT_LARGE_SMEM_TS(bn), 1, stream, &l);
   }
   /* persistent: one CTA per SM (one fits: ~200 KB of shared memory), each walking its tiles */
-  unsigned tiles = tiles_m * tiles_n;
-  unsigned grid = variant == LARGE_NP || tiles < sms ? tiles : sms;
   const char *fn = bn == 256 ? "mt_gemm_large_n256" : bn == 192 ? "mt_gemm_large_n192" : bn == 128 ? "mt_gemm_large_n128"
                  : bn == 96  ? "mt_gemm_large_n96"
                              : "mt_gemm_large_n64";

@@ -62,10 +62,6 @@ typedef struct {
 #define MT_LARGE_STAGE_BYTES(bn) (MT_LARGE_BM * MT_LARGE_BK * 2 + (bn) * MT_LARGE_BK * 2)
 /* stages, their two barriers, and per consumer warpgroup 1/S_w and bias of BN columns (floats) */
 #define MT_LARGE_SMEM(bn) (1024 + MT_LARGE_STAGES(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4)
-/* The same for tiles of bm = 64 or 128 tokens (64: as many stages as fit in 192 KB). */
-#define MT_LARGE_STAGE_BYTES_BM(bm, bn) ((bm)*MT_LARGE_BK * 2 + (bn)*MT_LARGE_BK * 2)
-#define MT_LARGE_STAGES_BM(bm, bn) \
-  ((bm) == MT_LARGE_BM ? MT_LARGE_STAGES(bn) : 196608 / MT_LARGE_STAGE_BYTES_BM(bm, bn))
 /* The ts variant: one stage fewer, then a 1024-aligned staging tile of 128 x bn outputs. */
 #define MT_LARGE_STAGES_TS(bn) (MT_LARGE_STAGES(bn) - 1)
 #define MT_LARGE_SMEM_TS(bn) \
@@ -79,19 +75,18 @@ typedef struct {
 #define MT_LARGE_STAGES_RA(bn) ((bn) == 256 ? 4 : (bn) == 192 ? 5 : 8)
 #define MT_LARGE_SMEM_RA(bn) \
   (1024 + MT_LARGE_STAGES_RA(bn) * (MT_LARGE_STAGE_BYTES_RA(bn) + 16) + 2 * 2 * (bn)*4 + 16 + 1024 + 128 * (bn)*2)
-#define MT_LARGE_SMEM_BM(bm, bn) \
-  (1024 + MT_LARGE_STAGES_BM(bm, bn) * (MT_LARGE_STAGE_BYTES_BM(bm, bn) + 16) + 2 * 2 * (bn)*4)
 #define MT_SMALL_WARPS 2 /* one CTA per 16 output channels, 8 per warp */
 #define MT_SMALL_KC 512   /* columns per stage: 4 chunk turns (barrier, requests) for k = 2048 */
-/* Stages per token capacity (8, 16, 32 or 64 rows): at 8 rows 3 of k = 2048's 4 chunks are
- * requested from the start; fewer where the activations make a stage large (~54-143 KB). */
-#define MT_SMALL_STAGES(rows) ((rows) <= 8 ? 4 : (rows) == 16 ? 3 : 2)
+/* Token capacity MT_SMALL_ROWS (the small path's m <= MT_GEMM_SMALL_M, gemm.h); 4 stages: 3 of
+ * k = 2048's 4 chunks are requested from the start. */
+#define MT_SMALL_ROWS 8
+#define MT_SMALL_STAGES 4
 #define MT_SMALL_WBYTES (MT_SMALL_WARPS * (MT_SMALL_KC / 32) * MT_FRAG_REC)
 #define MT_SMALL_PITCH (MT_SMALL_KC * 2 + 16) /* 16 extra bytes spread 8 tokens over all banks */
-#define MT_SMALL_STAGE_BYTES(rows) (MT_SMALL_WBYTES + (rows) * MT_SMALL_PITCH)
+#define MT_SMALL_STAGE_BYTES (MT_SMALL_WBYTES + MT_SMALL_ROWS * MT_SMALL_PITCH)
 /* the step loop loads a record (two steps) ahead without a bound check: slack past the end */
 #define MT_SMALL_SLACK 256
-#define MT_SMALL_SMEM(rows) (MT_SMALL_STAGES(rows) * MT_SMALL_STAGE_BYTES(rows) + MT_SMALL_SLACK)
+#define MT_SMALL_SMEM (MT_SMALL_STAGES * MT_SMALL_STAGE_BYTES + MT_SMALL_SLACK)
 /* The fused kernel (activation quantization inside, m <= MT_SMALL_FUSE_M): the weight ring, one
  * zero A row, per-row S and amax (64 bytes), and the whole quantized activations, m rows of 2k + 16
  * bytes, in MT_SMALL_FUSE_XHAT bytes (4 rows of k = 4096; 1 row of k = 16384). One fixed size, so
@@ -101,30 +96,6 @@ typedef struct {
 #define MT_SMALL_FUSE_META (MT_SMALL_PITCH + 64)
 #define MT_SMALL_FUSE_XHAT (4 * (2 * 4096 + 16))
 #define MT_SMALL_FUSE_SMEM (MT_SMALL_FUSE_STAGES * MT_SMALL_WBYTES + MT_SMALL_FUSE_META + MT_SMALL_FUSE_XHAT + MT_SMALL_SLACK)
-
-/* The warp-specialized small-M kernels (gemm_small.cu: mt_gemm_small_ws_*): one CTA per 8 output
- * channels, one chain warp (LDS + mma.sync only) and MT_WS_DEC decoder warps that turn the 5-bit
- * records into BF16 B fragments in a ring of MT_WS_SLOTS slots of MT_WS_STEPS k16 steps. The CTA's
- * whole K of records is copied into shared memory at the start (one bulk copy and barrier per
- * slot's worth), so the kernels exist per K class: k <= 2048 (cls 0) and k <= 8192 (cls 1). A slot:
- * the B fragments (32 lanes x 8 bytes a step), then, unless fused, the token rows' activations for
- * its columns (rows x MT_WS_APITCH: 16 bytes of padding spread 8 tokens over the banks). The fused
- * kernels (m <= 4) keep the whole quantized activations instead, as mt_gemm_small_q4 does. */
-#define MT_WS_DEC 4
-#define MT_WS_THREADS (32 * (MT_WS_DEC + 1))
-#define MT_WS_SLOTS 8
-#define MT_WS_STEPS 8
-#define MT_WS_APITCH (MT_WS_STEPS * 32 + 16)
-#define MT_WS_KMAX(cls) ((cls) ? 8192 : 2048)
-#define MT_WS_BARS(cls) (MT_WS_KMAX(cls) / (16 * MT_WS_STEPS) + 2 * MT_WS_SLOTS)
-#define MT_WS_RAW(cls) (MT_WS_KMAX(cls) / 32 * MT_FRAG_REC)
-#define MT_WS_SLOT(rows) (MT_WS_STEPS * 256 + (rows)*MT_WS_APITCH)
-/* the last MT_WS_KEEP bytes: the v10 chain's keeper stores (gemm_small.cu: rkeep), never read */
-#define MT_WS_KEEP 64
-#define MT_WS_SMEM(cls, rows) (MT_WS_BARS(cls) * 8 + MT_WS_RAW(cls) + MT_WS_SLOTS * MT_WS_SLOT(rows) + MT_WS_KEEP)
-/* fused: the slots hold B only; then a zero A row, S and amax (64 bytes), the quantized rows */
-#define MT_WS_FUSE_XS(cls) ((cls) ? MT_SMALL_FUSE_XHAT : 4 * (2 * 2048 + 16))
-#define MT_WS_FUSE_SMEM(cls) (MT_WS_SMEM(cls, 0) + MT_WS_APITCH + 64 + MT_WS_FUSE_XS(cls))
 
 /* Fragment order (mt_qweight.frag), for n % 16 == 0: records of 8 rows H (8H .. 8H+7) x 32
  * columns P (two k16 steps), record (H, P) at byte (H * ceil(k/32) + P) * 160, so a warp's rows

@@ -68,7 +68,7 @@ __device__ static inline uint32_t smem_u32(const void *p) { return (uint32_t)__c
 // writes to be visible. A no-op when the launch did not allow overlap.
 __device__ static inline void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
-// mbarriers in shared memory (sm_90): the large path's stage ring and the small path's ws slots.
+// mbarriers in shared memory (sm_90): the large path's stage ring.
 __device__ static inline void mbar_init(uint64_t *bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
 }

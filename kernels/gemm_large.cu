@@ -19,13 +19,13 @@
 // per element only the multiplies and adds of gemm_args.h, each rounded on its own
 // (__fmul_rn/__fadd_rn, never contracted), then stores pairs of outputs as 4 bytes.
 //
-// Variants kernels/gemm.c runs for comparison (MT_LARGE_VARIANT): mt_gemm_large_v1_nBN, the
-// previous version (one tile per CTA, wgmma.wait_group 0 after every K step, the per-element
-// epilogue of gemm_common.cuh; =1); mt_gemm_large_mcw_nBN and mt_gemm_large_mca_nBN, clusters of 2
-// CTAs sharing the weight or the activation tile by TMA multicast (=mc; see run_mc);
-// mt_gemm_large_m64_nBN, tiles of 64 tokens (=m64; see run); mt_gemm_large_ts_nBN, outputs
-// through shared memory and TMA stores (=ts; see run_ts); mt_gemm_large_ra_nBN, ts with the
-// activations as 5-bit records decoded in registers, wgmma with A from registers (=ra; see run_ts).
+// kernels/gemm.c's default runs mt_gemm_large_ts_nBN, outputs through shared memory and TMA
+// stores (see run_ts), where it applies, else mt_gemm_large_nBN (v6, per-thread stores; also
+// everywhere under MT_LARGE_VARIANT=v6), and for n >= 4096 mt_gemm_large_ra_nBN, ts with the
+// activations as 5-bit records decoded in registers, wgmma with A from registers (see run_ts;
+// MT_LARGE_VARIANT=ra forces it, =ts forbids it). The variants measured against these and removed
+// (v1: one tile per CTA; np; mc: clusters sharing a tile by TMA multicast; m64: tiles of 64
+// tokens) are in kernels/NOTES.md and git history.
 //
 // Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (spec/nvfp4.c) within the
 // FP32-accumulation bound, and bitwise across M, row positions and the two paths.
@@ -45,33 +45,6 @@ __device__ static inline void tma_load_2d(void *dst, const CUtensorMap *map, uin
 // A barrier among the 128 threads of one consumer warpgroup (id 0 is __syncthreads').
 __device__ static inline void warpgroup_sync(int id) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
-}
-
-// Clusters of 2 CTAs (the multicast variant): rank, a barrier over both CTAs' threads, an arrival
-// on the barrier at the same offset in CTA `cta` of the cluster, and a TMA load written into both
-// CTAs' shared memory at the same offset (completing on each CTA's barrier at the same offset).
-__device__ static inline uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-
-__device__ static inline void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-__device__ static inline void mbar_arrive_in(uint64_t *bar, uint32_t cta) {
-  asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-               "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(bar)),
-               "r"(cta)
-               : "memory");
-}
-
-__device__ static inline void tma_load_2d_both(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-               " [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(smem_u32(dst)),
-               "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"((uint16_t)3)
-               : "memory");
 }
 
 // TMA stores (the ts variant): a box from shared memory to global, grouped; the shared memory may be
@@ -116,8 +89,7 @@ template <int BN> __device__ static inline void wgmma_step(float *d, uint64_t da
   else if constexpr (BN == 192) mt_wgmma_m64n192k16(d, da, db);
   else if constexpr (BN == 128) mt_wgmma_m64n128k16(d, da, db);
   else if constexpr (BN == 96) mt_wgmma_m64n96k16(d, da, db);
-  else if constexpr (BN == 64) mt_wgmma_m64n64k16(d, da, db);
-  else mt_wgmma_m64n32k16(d, da, db);
+  else mt_wgmma_m64n64k16(d, da, db);
 }
 
 namespace large {
@@ -262,12 +234,12 @@ struct ring {
 
 // The K loop of one consumer warpgroup over one tile: per 64-wide step, wait for the stage, issue its
 // four k16 wgmmas as one group, wait until the previous group is complete and give its stage back
-// (to this CTA's producer, or with CLUSTER to the producers of both CTAs of the pair). da0 and db0
+// to the producer. da0 and db0
 // describe the warpgroup's A and B tiles in stage 0; a stage's descriptors are those plus the
 // stage's offset / 16 (the start address field, bits 0-13, holds addr / 16 < 2^14 for any shared
 // address, so the add never carries out of it), and a k16 step inside the 128-byte row adds 2.
 // The descriptors stay in uniform registers: nothing between two wgmmas but the adds.
-template <int WN, int S, int SB, bool CLUSTER>
+template <int WN, int S, int SB>
 __device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t *empty, uint64_t da0, uint64_t db0,
                                               int kt, ring &r) {
   int prev = 0;
@@ -279,14 +251,8 @@ __device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t
     for (int kk = 0; kk < BK / 16; kk++) wgmma_step<WN>(d, da0 + off + 2 * kk, db0 + off + 2 * kk);
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-    if (kb > 0 && threadIdx.x % 32 == 0) {
-      if (CLUSTER) {
-        mbar_arrive_in(&empty[prev], 0);
-        mbar_arrive_in(&empty[prev], 1);
-      } else {
-        mbar_arrive(&empty[prev]);
-      }
-    }
+    if (kb > 0 && threadIdx.x % 32 == 0)
+      mbar_arrive(&empty[prev]);
     prev = r.s;
     if (++r.s == S) {
       r.s = 0;
@@ -294,14 +260,8 @@ __device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t
     }
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-  if (threadIdx.x % 32 == 0) {
-    if (CLUSTER) {
-      mbar_arrive_in(&empty[prev], 0);
-      mbar_arrive_in(&empty[prev], 1);
-    } else {
-      mbar_arrive(&empty[prev]);
-    }
-  }
+  if (threadIdx.x % 32 == 0)
+    mbar_arrive(&empty[prev]);
 }
 
 // The ra variant's A operand: the A fragments of one 64-wide K step for this warp's 16 tokens
@@ -381,8 +341,8 @@ __device__ static __forceinline__ void k_loop_ra(float *d, uint64_t *full, uint6
 }
 
 // The stage ring's barriers, by one thread: "full" completes on the producer's arrival and the
-// stage's bytes, "empty" on `consumers` arrivals (one per consumer warp: 8, or 16 across a cluster
-// of 2); the fence makes them visible to the async proxy (TMA) and the cluster.
+// stage's bytes, "empty" on `consumers` arrivals (one per consumer warp: 8); the fence makes them visible
+// to the async proxy (TMA).
 template <int S> __device__ static __forceinline__ void init_ring(uint64_t *full, uint64_t *empty, int consumers) {
   for (int s = 0; s < S; s++) {
     mbar_init(&full[s], 1);
@@ -394,28 +354,28 @@ template <int S> __device__ static __forceinline__ void init_ring(uint64_t *full
 // The producer thread of a persistent CTA: the weight tiles of the first stages before waiting for
 // the activations' quantization (griddepcontrol.wait), then the ring over this CTA's tiles (tile =
 // blockIdx.x, + gridDim.x, ...) and each tile's K blocks in order. k-block number `it` counts on
-// across the tiles: stage it % S, phase (it / S) & 1. A stage holds AT bytes of the BMT-row
-// activation tile, then the BN-row weight tile.
-template <int S, int SB, int AT, int BMT, int BN>
+// across the tiles: stage it % S, phase (it / S) & 1. A stage holds the 128-row activation tile
+// (A_BYTES), then the BN-row weight tile.
+template <int S, int SB, int BN>
 __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *smem, uint64_t *full, uint64_t *empty,
                                                int tiles, int tiles_n, int kt) {
-  const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * BMT;
+  const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * BM;
   for (int kb = 0; kb < pre; kb++) {
     mbar_arrive_expect_tx(&full[kb], SB);
-    tma_load_2d(smem + kb * SB + AT, &a.tw, &full[kb], kb * BK, n_first);
+    tma_load_2d(smem + kb * SB + A_BYTES, &a.tw, &full[kb], kb * BK, n_first);
   }
   grid_dependency_wait();
   for (int kb = 0; kb < pre; kb++)
     tma_load_2d(smem + kb * SB, &a.ta, &full[kb], kb * BK, m_first);
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int m0 = tile / tiles_n * BMT, n0 = tile % tiles_n * BN;
+    const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
     for (int kb = 0; kb < kt; kb++, it++) {
       if (it < pre) // issued above (the first tile)
         continue;
       const int s = it % S;
       mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
-      uint8_t *sa = smem + s * SB, *sw = sa + AT;
+      uint8_t *sa = smem + s * SB, *sw = sa + A_BYTES;
       mbar_arrive_expect_tx(&full[s], SB);
       tma_load_2d(sa, &a.ta, &full[s], kb * BK, m0);
       tma_load_2d(sw, &a.tw, &full[s], kb * BK, n0);
@@ -455,19 +415,16 @@ __device__ static __forceinline__ void produce_ra(const mt_large_args &a, uint8_
   }
 }
 
-// BMT = 128: the two consumer warpgroups take 64 tokens each of a 128 x BN tile. BMT = 64
-// (mt_gemm_large_m64_nBN, for medium M): a 64 x BN tile, each warpgroup taking BN / 2 of its
-// channels (twice the tiles of 128 rows, for as many tokens; the same k16 chain per output).
-template <int BN, int BMT = BM> __device__ static void run(const mt_large_args &a) {
-  constexpr int S = MT_LARGE_STAGES_BM(BMT, BN), SB = MT_LARGE_STAGE_BYTES_BM(BMT, BN);
-  constexpr int AT = BMT * BK * 2, W = BMT == BM ? BN : BN / 2; // A bytes a stage; a warpgroup's width
+// v6 (mt_gemm_large_nBN): the two consumer warpgroups take 64 tokens each of a 128 x BN tile.
+template <int BN> __device__ static void run(const mt_large_args &a) {
+  constexpr int S = MT_LARGE_STAGES(BN), SB = MT_LARGE_STAGE_BYTES(BN);
   extern __shared__ uint8_t smem_raw[];
   // 1024-aligned by an offset on the shared array itself, so the compiler keeps the shared
   // address space (LDS for the column table rather than generic loads)
   uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint64_t *full = (uint64_t *)(smem + S * SB), *empty = full + S;
   columns<BN> *cols_all = (columns<BN> *)(empty + S);
-  const int tiles_n = (a.e.n + BN - 1) / BN, tiles = (a.e.m + BMT - 1) / BMT * tiles_n;
+  const int tiles_n = (a.e.n + BN - 1) / BN, tiles = (a.e.m + BM - 1) / BM * tiles_n;
   const int kt = (a.e.k + BK - 1) / BK;
   const int wg = threadIdx.x / 128;
 
@@ -480,38 +437,37 @@ template <int BN, int BMT = BM> __device__ static void run(const mt_large_args &
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x != 0 || (int)blockIdx.x >= tiles)
       return;
-    produce<S, SB, AT, BMT, BN>(a, smem, full, empty, tiles, tiles_n, kt);
+    produce<S, SB, BN>(a, smem, full, empty, tiles, tiles_n, kt);
     return;
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0); // the same in every lane, known so to the compiler
-  columns<W> *cols = (columns<W> *)(cols_all + cw);
-  const uint64_t da0 = desc_sw128(smem_u32(smem) + (BMT == BM ? cw * 64 * 128 : 0));
-  const uint64_t db0 = desc_sw128(smem_u32(smem) + AT + (BMT == BM ? 0 : cw * W * 128));
+  columns<BN> *cols = cols_all + cw;
+  const uint64_t da0 = desc_sw128(smem_u32(smem) + cw * 64 * 128);
+  const uint64_t db0 = desc_sw128(smem_u32(smem) + A_BYTES);
   bool waited = false;
   ring r = {0, 0};
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int m0 = tile / tiles_n * BMT, n0 = tile % tiles_n * BN;
-    const int row0 = BMT == BM ? m0 + 64 * cw : m0, n0w = BMT == BM ? n0 : n0 + W * cw;
-    float d[W / 2];
+    const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN, row0 = m0 + 64 * cw;
+    float d[BN / 2];
 #pragma unroll
-    for (int i = 0; i < W / 2; i++) d[i] = 0.0f;
-    k_loop<W, S, SB, false>(d, full, empty, da0, db0, kt, r);
+    for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+    k_loop<BN, S, SB>(d, full, empty, da0, db0, kt, r);
     if (!waited) { // S_a comes from the quantization too
       grid_dependency_wait();
       waited = true;
     }
-    prepare_columns<W>(a.e, cols, n0w, cw);
+    prepare_columns<BN>(a.e, cols, n0, cw);
     const float inv_w = a.e.sw_row ? 0.0f : __frcp_rn(a.e.sw[0]);
     if (a.e.ytype == DT_BF16)
-      store_tile_as<W, __nv_bfloat16>(a.e, d, row0, n0w, cols, inv_w);
+      store_tile_as<BN, __nv_bfloat16>(a.e, d, row0, n0, cols, inv_w);
     else
-      store_tile_as<W, __half>(a.e, d, row0, n0w, cols, inv_w);
+      store_tile_as<BN, __half>(a.e, d, row0, n0, cols, inv_w);
   }
 }
 
-// The TMA-store variant (mt_gemm_large_ts_nBN, MT_LARGE_VARIANT=ts): v6 with one stage fewer and
+// The TMA-store kernel (mt_gemm_large_ts_nBN, the default where it applies): v6 with one stage fewer and
 // the epilogue writing its outputs into a staging tile in shared memory (64 x BN per consumer
 // warpgroup) that one thread then stores by TMA (boxes of 64 x 64, clipped at M and N): full
 // 128-byte lines instead of 16-byte pieces from 8 rows per store instruction, and the stores
@@ -551,7 +507,7 @@ template <int BN, bool RA = false> __device__ static void run_ts(const mt_large_
     if constexpr (RA)
       produce_ra<S, SB, BN>(a, smem, full, empty, tiles, tiles_n, kt);
     else
-      produce<S, SB, A_BYTES, BM, BN>(a, smem, full, empty, tiles, tiles_n, kt);
+      produce<S, SB, BN>(a, smem, full, empty, tiles, tiles_n, kt);
     return;
   }
 
@@ -576,7 +532,7 @@ template <int BN, bool RA = false> __device__ static void run_ts(const mt_large_
     if constexpr (RA)
       k_loop_ra<BN, S, SB>(d, full, empty, cp, sp, db0, kt, r, tabs);
     else
-      k_loop<BN, S, SB, false>(d, full, empty, da0, db0, kt, r);
+      k_loop<BN, S, SB>(d, full, empty, da0, db0, kt, r);
     if (!waited) {
       grid_dependency_wait();
       waited = true;
@@ -604,237 +560,21 @@ template <int BN, bool RA = false> __device__ static void run_ts(const mt_large_
     bulk_wait_all();
 }
 
-// The multicast variants: clusters of 2 CTAs that share one operand tile by TMA multicast, each
-// CTA loading half of it into both CTAs' shared memory (the tensor map's box is that half).
-// SHARE_A = false (mt_gemm_large_mcw_nBN): the pair sits on the same BN channels and adjacent
-// 128-token blocks and shares the weight tile: L2 serves 16 KB + BN x 64 bytes a k-block and CTA
-// instead of 16 KB + BN x 128. SHARE_A = true (mt_gemm_large_mca_nBN): the pair sits on the same
-// 128 tokens and adjacent BN-channel blocks and shares the activation tile: 8 KB + BN x 128.
-// A stage is refilled only when the consumers of both CTAs have released it (empty barriers count
-// 16 warps). Same K loop, same epilogue, same bits. A CTA whose own tile lies past M or N (odd
-// number of blocks) loads no own operand but still supplies its half of the shared one; its
-// outputs are not stored. A shared half wholly past M or N is not loaded: its rows keep stale
-// values that reach only outputs that are not stored.
-template <int BN, bool SHARE_A> __device__ static void run_mc(const mt_large_args &a) {
-  constexpr int S = MT_LARGE_STAGES(BN), SB = MT_LARGE_STAGE_BYTES(BN), W_BYTES = SB - A_BYTES;
-  constexpr int HALF = (SHARE_A ? A_BYTES : W_BYTES) / 2, OWN = SHARE_A ? W_BYTES : A_BYTES;
-  constexpr int HALF_ROWS = (SHARE_A ? BM : BN) / 2;
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  uint64_t *full = (uint64_t *)(smem + S * SB), *empty = full + S;
-  columns<BN> *cols_all = (columns<BN> *)(empty + S);
-  const int tiles_m = (a.e.m + BM - 1) / BM, tiles_n = (a.e.n + BN - 1) / BN;
-  const int inner = SHARE_A ? (tiles_n + 1) / 2 : tiles_n; // pairs along the fast dimension
-  const int pairs = SHARE_A ? tiles_m * inner : (tiles_m + 1) / 2 * tiles_n;
-  const int kt = (a.e.k + BK - 1) / BK;
-  const int wg = threadIdx.x / 128, rank = (int)cluster_rank();
-  const int cluster = (int)blockIdx.x / 2, clusters = (int)gridDim.x / 2;
-
-  // pair p: this CTA's tile, the first row of the shared tile (tokens or channels) and its limit
-  struct pair_tile {
-    int m0, n0, shared0;
-    bool own, half0, half1; // own operand exists; the shared tile's halves exist
-  };
-  auto tile_of = [&](int p) {
-    pair_tile t;
-    if (SHARE_A) {
-      t.m0 = p / inner * BM;
-      t.n0 = (p % inner * 2 + rank) * BN;
-      t.shared0 = t.m0;
-      t.own = t.n0 < a.e.n;
-      t.half1 = t.m0 + HALF_ROWS < a.e.m;
-    } else {
-      t.m0 = (p / tiles_n * 2 + rank) * BM;
-      t.n0 = p % tiles_n * BN;
-      t.shared0 = t.n0;
-      t.own = t.m0 < a.e.m;
-      t.half1 = t.n0 + HALF_ROWS < a.e.n;
-    }
-    t.half0 = true; // the pair's first block always exists
-    return t;
-  };
-
-  if (threadIdx.x == 0)
-    init_ring<S>(full, empty, 16);
-  cluster_sync(); // both CTAs' barriers exist before either multicasts into the other
-
-  if (wg == 0) { // producer: one thread; the warpgroup stays until the final cluster barrier
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (threadIdx.x == 0 && cluster < pairs) {
-      // the loads of k-block kb of tile t into stage s: weight part and activation part
-      auto bytes_of = [&](const pair_tile &t) {
-        return (uint32_t)((t.own ? OWN : 0) + HALF + (t.half1 ? HALF : 0));
-      };
-      auto load_w = [&](const pair_tile &t, int s, int kb) {
-        uint8_t *sw = smem + s * SB + A_BYTES;
-        if (!SHARE_A && (rank == 0 || t.half1))
-          tma_load_2d_both(sw + rank * HALF, &a.tw, &full[s], kb * BK, t.shared0 + rank * HALF_ROWS);
-        if (SHARE_A && t.own)
-          tma_load_2d(sw, &a.tw, &full[s], kb * BK, t.n0);
-      };
-      auto load_a = [&](const pair_tile &t, int s, int kb) {
-        uint8_t *sa = smem + s * SB;
-        if (SHARE_A && (rank == 0 || t.half1))
-          tma_load_2d_both(sa + rank * HALF, &a.ta, &full[s], kb * BK, t.shared0 + rank * HALF_ROWS);
-        if (!SHARE_A && t.own)
-          tma_load_2d(sa, &a.ta, &full[s], kb * BK, t.m0);
-      };
-      // the weight parts of the first stages before waiting for the activations' quantization
-      const int pre = kt < S ? kt : S;
-      const pair_tile first = tile_of(cluster);
-      for (int kb = 0; kb < pre; kb++) {
-        mbar_arrive_expect_tx(&full[kb], bytes_of(first));
-        load_w(first, kb, kb);
-      }
-      grid_dependency_wait();
-      for (int kb = 0; kb < pre; kb++)
-        load_a(first, kb, kb);
-      int it = 0;
-      for (int p = cluster; p < pairs; p += clusters) {
-        const pair_tile t = tile_of(p);
-        for (int kb = 0; kb < kt; kb++, it++) {
-          if (it < pre) // issued above (the first tile)
-            continue;
-          const int s = it % S;
-          mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
-          mbar_arrive_expect_tx(&full[s], bytes_of(t));
-          load_a(t, s, kb);
-          load_w(t, s, kb);
-        }
-      }
-    }
-  } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int cw = __shfl_sync(0xffffffffu, wg - 1, 0);
-    columns<BN> *cols = cols_all + cw;
-    const uint64_t da0 = desc_sw128(smem_u32(smem) + cw * 64 * 128), db0 = desc_sw128(smem_u32(smem) + A_BYTES);
-    bool waited = false;
-    ring r = {0, 0};
-    for (int p = cluster; p < pairs; p += clusters) {
-      const pair_tile t = tile_of(p);
-      float d[BN / 2];
-#pragma unroll
-      for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
-      k_loop<BN, S, SB, true>(d, full, empty, da0, db0, kt, r);
-      if (!waited) {
-        grid_dependency_wait();
-        waited = true;
-      }
-      if (!t.own) // a tile past M or N: it only supplied its half of the shared operand
-        continue;
-      prepare_columns<BN>(a.e, cols, t.n0, cw);
-      const float inv_w = a.e.sw_row ? 0.0f : __frcp_rn(a.e.sw[0]);
-      if (a.e.ytype == DT_BF16)
-        store_tile_as<BN, __nv_bfloat16>(a.e, d, t.m0 + 64 * cw, t.n0, cols, inv_w);
-      else
-        store_tile_as<BN, __half>(a.e, d, t.m0 + 64 * cw, t.n0, cols, inv_w);
-    }
-  }
-  cluster_sync(); // the peer may still arrive on this CTA's barriers until it is done
-}
 } // namespace large
-
-// The previous version (v1), unchanged: see the file's opening comment.
-namespace large_v1 {
-constexpr int BM = MT_LARGE_BM, BK = MT_LARGE_BK;
-constexpr int A_BYTES = BM * BK * 2;
-
-template <int BN> __device__ static void store_tile(const mt_epilogue_args &e, const float *d, int m0, int n0, int cw) {
-  int t = threadIdx.x % 128, w = t / 32, g = (t % 32) / 4, q = t % 4;
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    int row = m0 + 64 * cw + 16 * w + g + 8 * i;
-    if (row >= e.m) continue;
-    float inv_a = inv_row(e.sa, e.sa_row, row);
-#pragma unroll
-    for (int c = 0; c < BN / 8; c++)
-#pragma unroll
-      for (int j = 0; j < 2; j++) {
-        int col = n0 + 8 * c + 2 * q + j;
-        if (col >= e.n) continue;
-        float v = epilogue(e, d[4 * c + 2 * i + j], inv_a, inv_row(e.sw, e.sw_row, col), row, col);
-        store_elem(e.y, row * e.ldy + col, e.ytype, v);
-      }
-  }
-}
-
-template <int BN> __device__ static void run(const mt_large_args &a) {
-  constexpr int S = MT_LARGE_STAGES(BN), SB = MT_LARGE_STAGE_BYTES(BN);
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-  uint64_t *full = (uint64_t *)(smem + S * SB), *empty = full + S;
-  int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN, kt = (a.e.k + BK - 1) / BK;
-  int wg = threadIdx.x / 128;
-
-  if (threadIdx.x == 0)
-    large::init_ring<S>(full, empty, 8);
-  __syncthreads();
-
-  if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (threadIdx.x != 0) return;
-    int pre = kt < S ? kt : S;
-    for (int kb = 0; kb < pre; kb++) {
-      mbar_arrive_expect_tx(&full[kb], SB);
-      tma_load_2d(smem + kb * SB + A_BYTES, &a.tw, &full[kb], kb * BK, n0);
-    }
-    grid_dependency_wait();
-    for (int kb = 0; kb < pre; kb++)
-      tma_load_2d(smem + kb * SB, &a.ta, &full[kb], kb * BK, m0);
-    for (int kb = pre; kb < kt; kb++) {
-      int s = kb % S;
-      mbar_wait(&empty[s], ((kb / S) & 1) ^ 1);
-      uint8_t *sa = smem + s * SB, *sw = sa + A_BYTES;
-      mbar_arrive_expect_tx(&full[s], SB);
-      tma_load_2d(sa, &a.ta, &full[s], kb * BK, m0);
-      tma_load_2d(sw, &a.tw, &full[s], kb * BK, n0);
-    }
-    return;
-  }
-
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  int cw = wg - 1;
-  float d[BN / 2];
-#pragma unroll
-  for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
-  for (int kb = 0; kb < kt; kb++) {
-    int s = kb % S;
-    mbar_wait(&full[s], (kb / S) & 1);
-    uint32_t sa = smem_u32(smem + s * SB) + cw * 64 * 128, sw = smem_u32(smem + s * SB + A_BYTES);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) wgmma_step<BN>(d, desc_sw128(sa + 32 * kk), desc_sw128(sw + 32 * kk));
-    asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    if (threadIdx.x % 32 == 0) mbar_arrive(&empty[s]);
-  }
-  grid_dependency_wait();
-  store_tile<BN>(a.e, d, m0, n0, cw);
-}
-} // namespace large_v1
 
 #define MT_LARGE(BN)                                                                               \
   extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_n##BN(const __grid_constant__ mt_large_args a) { \
     large::run<BN>(a);                                                                             \
   }
-#define MT_LARGE_M64(BN)                                                                           \
-  extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_m64_n##BN(const __grid_constant__ mt_large_args a) { \
-    large::run<BN, 64>(a);                                                                         \
-  }
 #define MT_LARGE_TS(BN)                                                                            \
   extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_ts_n##BN(const __grid_constant__ mt_large_args a) { \
     large::run_ts<BN>(a);                                                                          \
-  }
-#define MT_LARGE_V1(BN)                                                                            \
-  extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_v1_n##BN(const __grid_constant__ mt_large_args a) { \
-    large_v1::run<BN>(a);                                                                          \
   }
 MT_LARGE(64)
 MT_LARGE(96)
 MT_LARGE(128)
 MT_LARGE(192)
 MT_LARGE(256)
-MT_LARGE_M64(64)
-MT_LARGE_M64(128)
 MT_LARGE_TS(128)
 MT_LARGE_TS(192)
 MT_LARGE_TS(256)
@@ -845,16 +585,3 @@ MT_LARGE_TS(256)
 MT_LARGE_RA(128)
 MT_LARGE_RA(192)
 MT_LARGE_RA(256)
-#define MT_LARGE_MC(BN, SHARE_A, NAME)                                                             \
-  extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)                   \
-      NAME(const __grid_constant__ mt_large_args a) {                                              \
-    large::run_mc<BN, SHARE_A>(a);                                                                 \
-  }
-MT_LARGE_MC(192, false, mt_gemm_large_mcw_n192)
-MT_LARGE_MC(256, false, mt_gemm_large_mcw_n256)
-MT_LARGE_MC(64, true, mt_gemm_large_mca_n64)
-MT_LARGE_MC(96, true, mt_gemm_large_mca_n96)
-MT_LARGE_MC(128, true, mt_gemm_large_mca_n128)
-MT_LARGE_V1(128)
-MT_LARGE_V1(192)
-MT_LARGE_V1(256)

@@ -12,10 +12,8 @@
 //   busy   lds with 4 more warps on the SM issuing dependent integer work
 //   v7     the default kernel's own step loop (small::chunk_steps) over records and activations
 //          already in shared memory: decode + loads + MMA, 2 warps a CTA
-//   shift  v7 with the shift decode (MT_SMALL_DECODE=shift)
-//   ws     the ws kernels' chain warp (ws::chain, v9: 1 warp a CTA) on slots already full
-//   v10    the same with v10's chain loop (ws::chain_ring: a ring of register sets, ldmatrix)
-//   v10p   v10 with its keeper stores predicated off (the ws10p kernels)
+// (The rows shift, ws, v10 and v10p probed kernels since removed; their numbers are in
+// kernels/NOTES.md.)
 // And each kernel's time per launch from CUDA events around a graph of 100 launches (median of 5),
 // with an empty kernel for the launch floor, at 48 and 128 steps (down's and gate_up's K).
 //
@@ -144,35 +142,17 @@ __global__ void k_lds2(const uint8_t *img, sample *out, float *sink, int steps) 
 }
 
 
-// The default small-M kernel's step loop (and its shift twin) on data already in shared memory.
-template <bool SHIFT> __global__ void k_steps(const uint8_t *img, sample *out, float *sink, int steps) {
+// The default small-M kernel's step loop on data already in shared memory.
+__global__ void k_steps(const uint8_t *img, sample *out, float *sink, int steps) {
   extern __shared__ __align__(16) uint8_t smem[];
   fill(smem, img);
   int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   float d[1][4] = {{0, 0, 0, 0}};
   long long c0 = clock64(), t0 = gtime();
-  small::chunk_steps<8, SHIFT>(d, smem + w * (REC_BYTES / 2), smem + REC_BYTES + g * APITCH + q * 4, APITCH, steps,
+  small::chunk_steps<8>(d, smem + w * (REC_BYTES / 2), smem + REC_BYTES + g * APITCH + q * 4, APITCH, steps,
                                lane);
   record(out, c0, t0);
   sink[blockIdx.x * 64 + threadIdx.x] = d[0][0] + d[0][1] + d[0][2] + d[0][3];
-}
-
-// The ws kernels' chain warp on ready slots (B fragments and 8 activation rows per slot of 8
-// steps, ws::NS slots reused), without barriers: chain() as run(), and v10's chain_ring.
-constexpr int WS_SLOT = MT_WS_SLOT(8);
-static_assert(ws::NS * WS_SLOT <= SMEM, "the slots fit the probe's shared memory");
-template <int RING> __global__ void k_ws(const uint8_t *img, sample *out, float *sink, int steps) {
-  extern __shared__ __align__(16) uint8_t smem[];
-  fill(smem, img);
-  float d[1][4] = {{0, 0, 0, 0}};
-  long long c0 = clock64(), t0 = gtime();
-  if (RING)
-    ws::chain_ring<8, false, RING == 2, false>(d[0], smem, nullptr, nullptr, steps / 8, steps, nullptr, false,
-                                                smem + SMEM - 64);
-  else
-    ws::chain<8, false, false>(d, smem, nullptr, nullptr, steps / 8, steps, nullptr, 0);
-  record(out, c0, t0);
-  sink[blockIdx.x * 32 + threadIdx.x] = d[0][0] + d[0][1] + d[0][2] + d[0][3];
 }
 
 typedef void (*kernel_fn)(const uint8_t *, sample *, float *, int);
@@ -252,10 +232,7 @@ static void per_launch(const probe &p, int grid, int steps, const uint8_t *img, 
 int main() {
   srand(7);
   probe probes[] = {{"empty", k_empty, 64}, {"const", k_const, 32}, {"lds", k_lds, 32},
-                    {"lds2", k_lds2, 32},
-                    {"busy", k_lds, 160},  {"v7", k_steps<false>, 64}, {"shift", k_steps<true>, 64},
-                    {"ws", k_ws<0>, 32},       {"v10", k_ws<1>, 32},
-                    {"v10p", k_ws<2>, 32}};
+                    {"lds2", k_lds2, 32},    {"busy", k_lds, 160},  {"v7", k_steps, 64}};
   std::vector<uint8_t> h = make_image();
   uint8_t *img;
   sample *dout;

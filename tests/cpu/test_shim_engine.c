@@ -807,57 +807,7 @@ static void scenario_grouped_beta_partial(void) {
   unmake(&p[0]), unmake(&p[1]), free(want[0]), free(want[1]);
 }
 
-/* MT_SMALL_DECODE=shift: the experimental decode's pack and kernels, nothing else changed. */
-static void scenario_small_shift(void) {
-  problem p = make(OUT, 8, OUT), few = make(OUT, 2, OUT);
-  int t = now();
-  expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack_shift "
-                 "mt_quant_row_bf16_nb1 smem mt_gemm_small_m8_shift+pdl");
-  t = now();
-  expect_routed(&few, S1, &zero);
-  CHECK_TRACE(t, "memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 mt_gemm_pack_shift smem mt_gemm_small_q4_shift");
-  check_driver_clean();
-  unmake(&p), unmake(&few);
-}
-
-/* MT_SMALL_KERNEL=ws: the warp-specialized kernels by token capacity (8, 16; fused at <= 4, in
- * plain stream order after the pack it reads), one CTA of five warps per 8 channels; the default pack; 9 tokens and more
- * keep the large path. With MT_SMALL_DECODE=shift too: the shift pack and the _shift ws kernels. */
-static void scenario_small_ws(void) {
-  problem p = make(OUT, 8, OUT), mid = make(OUT, 12, OUT), few = make(OUT, 2, OUT);
-  int t = now();
-  expect_routed(&p, S1, &zero);
-  const char *shift = getenv("MT_SMALL_DECODE") ? "_shift" : "";
-  char want[256];
-  snprintf(want, sizeof want,
-           "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack%s "
-           "mt_quant_row_bf16_nb1 mt_gemm_small_ws_m8_k0%s+pdl",
-           shift, shift);
-  CHECK_TRACE(t, want);
-  if (!*shift) /* (it knows the default pack only) */
-    check_call_args(t, &p, p.y, NULL, 0.0f, NULL);
-  int g = find_launch(t, "mt_gemm_small_ws_m8_k0", 0);
-  CHECK(g >= 0 && event(g)->grid[0] == OUT / 8 && event(g)->block[0] == 160);
-  t = now();
-  expect_routed(&mid, S1, &zero);
-  snprintf(want, sizeof want,
-           "memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 mt_gemm_pack%s mt_quant_row_bf16_nb1 tmap tmap load "
-           "smem mt_gemm_large_n64+pdl",
-           shift);
-  CHECK_TRACE(t, want);
-  t = now();
-  expect_routed(&few, S1, &zero);
-  snprintf(want, sizeof want, "memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 mt_gemm_pack%s mt_gemm_small_ws_q4_k0%s",
-           shift, shift);
-  CHECK_TRACE(t, want);
-  check_driver_clean();
-  unmake(&p), unmake(&mid), unmake(&few);
-}
-
 static const mt_t_scenario scenarios[] = {
-    {"small_ws", scenario_small_ws},
-    {"small_shift", scenario_small_shift},
     {"requantize", scenario_requantize},
     {"lt", scenario_lt},
     {"frozen", scenario_frozen},
@@ -983,27 +933,6 @@ static void launch_failure_is_engine_error(void) {
   mt_t_child_free(&r);
 }
 
-static void small_decode_shift_kernels(void) {
-  const char *env[] = {"MT_SMALL_DECODE=shift", NULL};
-  mt_t_child r;
-  run_child("small_shift", env, &r);
-  mt_t_check_child("small_shift", &r);
-  check_counts(&r, 2, NULL);
-  mt_t_child_free(&r);
-}
-
-static void small_ws_kernels(void) {
-  const char *env[] = {"MT_SMALL_KERNEL=ws", NULL, NULL};
-  for (int shift = 0; shift < 2; shift++) {
-    env[1] = shift ? "MT_SMALL_DECODE=shift" : NULL;
-    mt_t_child r;
-    run_child("small_ws", env, &r);
-    mt_t_check_child("small_ws", &r);
-    check_counts(&r, 3, NULL);
-    mt_t_child_free(&r);
-  }
-}
-
 static void no_context_or_not_sm90_is_no_engine(void) {
   const char *no_ctx[] = {"FAKE_CUDA_NO_CONTEXT=1", NULL};
   const char *sm80[] = {"FAKE_CUDA_CC=8.0", NULL};
@@ -1086,8 +1015,6 @@ static void tests(void) {
   RUN(capture_before_module_load);
   RUN(out_of_memory_warns_once);
   RUN(launch_failure_is_engine_error);
-  RUN(small_decode_shift_kernels);
-  RUN(small_ws_kernels);
   RUN(no_context_or_not_sm90_is_no_engine);
   RUN(strided_batched);
   RUN(pointer_arrays_read_back);
