@@ -743,10 +743,10 @@ out:
 
 static const mt_numerics numerics_row = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
 
-/* Shapes across both paths (M <= 16 streams the packed weight; larger M reads xhat by TMA), every
- * spec numerics, both output types. k = 784 ends on an odd k16 step (a half record, a partial
- * chunk or slot); k = 2080 is past the ws kernels' first K class (MT_SMALL_KERNEL=ws); 12 rows run
- * the 16-row kernels, 3 the fused one. */
+/* Shapes across both paths (M <= 8 streams the packed weight, M <= 3 through the fused kernel that
+ * quantizes the activations itself; larger M reads xhat by TMA), every spec numerics, both output
+ * types. k = 784 ends on an odd k16 step (a half record, a partial chunk); k = 2080 ends on a
+ * partial chunk of 32 columns; 12 and 16 rows take the large path's one row of tiles. */
 static void gemm_accuracy(void) {
   NEED_GPU();
   static const int shapes[][3] = {{1, 256, 512},  {7, 1536, 256}, {64, 384, 768},  {65, 256, 512},
@@ -801,80 +801,112 @@ static void gemm_nan_rows(void) {
   }
 }
 
+/* A batch invariance run: an n x k weight, rows x k activations, an output and a workspace for
+ * all of them, and the arguments of a call. */
+typedef struct {
+  weight w;
+  acts a;
+  void *dy;
+  mt_gemm_args args;
+} inv_case;
+
+static int inv_setup(inv_case *c, int rows, int n, int k) {
+  if (!make_weight(&c->w, n, k, &numerics_row, 0) || !make_acts(&c->a, rows, k, k, 0, MT_SCALE_ROW, NULL, 0)) {
+    CHECKF(0, "setup failed");
+    return 0;
+  }
+  size_t ws_bytes = mt_gemm_workspace_bytes(rows, k, &numerics_row);
+  void *ws = dev_alloc(ws_bytes);
+  c->dy = dev_alloc((size_t)rows * n * 2);
+  c->args = (mt_gemm_args){.m = rows, .n = n, .k = k, .x = c->a.dev, .ldx = k, .xtype = MT_DTYPE_BF16,
+                           .w = &c->w.q, .y = c->dy, .ldy = n, .ytype = MT_DTYPE_BF16, .alpha = 1.0f,
+                           .workspace = ws, .workspace_bytes = ws_bytes};
+  return c->dy && ws;
+}
+
+static void inv_free(inv_case *c) {
+  mt_nvfp4_free(&c->w.ref);
+  free_acts(&c->a);
+  dev_free_all();
+}
+
+/* Activation rows [offset, offset + m) through one m-row call, into out (host). */
+static int inv_run(inv_case *c, int m, int offset, uint16_t *out) {
+  size_t bytes = (size_t)m * (size_t)c->args.n * 2;
+  c->args.m = m;
+  c->args.x = (const uint16_t *)c->a.dev + (size_t)offset * (size_t)c->args.k;
+  CHECK(poison(c->dy, bytes));
+  MT(mt_gemm(&c->args, NULL));
+  CU(sync_check());
+  CU(cudaMemcpy(out, c->dy, bytes, cudaMemcpyDeviceToHost));
+  return 1;
+out:
+  return 0;
+}
+
+/* The rows of an m-row call at offset (into part) that differ from those of the full_rows-row
+ * call `full`, the first of them reported; 0 when the call failed (reported as such). */
+static long inv_differ(inv_case *c, int m, int offset, const uint16_t *full, int full_rows, uint16_t *part) {
+  size_t n = (size_t)c->args.n;
+  long bad = 0;
+  if (!inv_run(c, m, offset, part))
+    return 0;
+  for (int r = 0; r < m; r++)
+    if (memcmp(part + (size_t)r * n, full + (size_t)(offset + r) * n, n * 2) != 0 && bad++ == 0)
+      CHECKF(0, "n = %zu, M = %d at row offset %d: row %d differs from the %d-row call", n, m, offset, r,
+             full_rows);
+  return bad;
+}
+
+/* At n = 4096 the default takes the ra kernel wherever its tile is 128 or more wide: rows of the
+ * 4096-row call (tiles of 128 x 256: ra) and of a 512-row one (4 x 32 tiles of 128 x 128 fill one
+ * wave of 132 SMs: ra) against M = 1 (the fused small kernel), 7 (the small kernel), 64 and 257
+ * (one wave of 64- and 96-wide tiles: v6), bit for bit. */
+static void batch_invariance_wide(void) {
+  enum { N = 4096, K = 512, ROWS = 4096 };
+  inv_case c = {0};
+  uint16_t *full = malloc((size_t)ROWS * N * 2), *part = malloc((size_t)ROWS * N * 2);
+  if (inv_setup(&c, ROWS, N, K) && inv_run(&c, ROWS, 0, full)) {
+    static const int ms[] = {1, 7, 64, 257, 512};
+    long bad = 0;
+    for (int i = 0; i < NKINDS(ms); i++)
+      bad += inv_differ(&c, ms[i], rnd_below(ROWS - ms[i] + 1), full, ROWS, part);
+    CHECKF(bad == 0, "%ld rows not batch invariant at n = %d", bad, N);
+  }
+  inv_free(&c);
+  free(full);
+  free(part);
+}
+
 /* Row r's bits do not depend on M, on its position, or on the path: every run below is compared
- * bit for bit with one 4096-row GEMM and with 1-row GEMMs. */
+ * bit for bit with one 4096-row GEMM and with 1-row GEMMs. Then the same across the default's
+ * kernels at n >= 4096 (batch_invariance_wide). */
 static void gemm_batch_invariance(void) {
   NEED_GPU();
   enum { ROWS = 4096 + 320, N = 320, K = 512 };
-  weight w = {0};
-  acts a = {0};
+  inv_case c = {0};
   uint16_t *full = malloc((size_t)ROWS * N * 2), *part = malloc((size_t)ROWS * N * 2);
-  if (!make_weight(&w, N, K, &numerics_row, 0) ||
-      !make_acts(&a, ROWS, K, K, 0, MT_SCALE_ROW, NULL, 0)) {
-    CHECKF(0, "setup failed");
-    goto out;
-  }
-  void *dy = dev_alloc((size_t)ROWS * N * 2);
-  size_t ws_bytes = mt_gemm_workspace_bytes(ROWS, K, &numerics_row);
-  void *ws = dev_alloc(ws_bytes);
-  if (!dy || !ws)
-    goto out;
-  mt_gemm_args args = {.n = N, .k = K, .ldx = K, .xtype = MT_DTYPE_BF16, .w = &w.q, .ldy = N,
-                       .ytype = MT_DTYPE_BF16, .alpha = 1.0f, .workspace = ws,
-                       .workspace_bytes = ws_bytes};
   /* Reference: rows [0, 4096) in one call, rows [4096, ROWS) as a second 4096-row call that
    * starts 320 rows earlier (the overlap is checked too). */
-  CHECK(poison(dy, (size_t)ROWS * N * 2));
-  args.m = 4096;
-  args.x = a.dev;
-  args.y = dy;
-  MT(mt_gemm(&args, NULL));
-  CU(sync_check());
-  CU(cudaMemcpy(full, dy, (size_t)4096 * N * 2, cudaMemcpyDeviceToHost));
-  args.x = (const uint16_t *)a.dev + (size_t)320 * K;
-  MT(mt_gemm(&args, NULL));
-  CU(sync_check());
-  CU(cudaMemcpy(part, dy, (size_t)4096 * N * 2, cudaMemcpyDeviceToHost));
-  CHECKF(memcmp(part, full + (size_t)320 * N, (size_t)(4096 - 320) * N * 2) == 0,
-         "rows 320..4095 differ when they sit 320 rows earlier in the call");
-  memcpy(full + (size_t)4096 * N, part + (size_t)(4096 - 320) * N, (size_t)320 * N * 2);
-
-  static const int ms[] = {1, 2, 3, 7, 12, 64, 257, 4096};
-  long bad = 0;
-  for (int i = 0; i < NKINDS(ms); i++) {
-    int offsets[3] = {0, 1 + rnd_below(63), rnd_below(ROWS - ms[i] + 1)};
-    for (int o = 0; o < 3; o++) {
-      args.m = ms[i];
-      args.x = (const uint16_t *)a.dev + (size_t)offsets[o] * K;
-      CHECK(poison(dy, (size_t)ms[i] * N * 2));
-      MT(mt_gemm(&args, NULL));
-      CU(sync_check());
-      CU(cudaMemcpy(part, dy, (size_t)ms[i] * N * 2, cudaMemcpyDeviceToHost));
-      for (int r = 0; r < ms[i]; r++)
-        if (memcmp(part + (size_t)r * N, full + (size_t)(offsets[o] + r) * N, N * 2) != 0 &&
-            bad++ == 0)
-          CHECKF(0, "M = %d at row offset %d: row %d differs from the 4096-row call", ms[i],
-                 offsets[o], r);
+  if (inv_setup(&c, ROWS, N, K) && inv_run(&c, 4096, 0, full) && inv_run(&c, 4096, 320, part)) {
+    CHECKF(memcmp(part, full + (size_t)320 * N, (size_t)(4096 - 320) * N * 2) == 0,
+           "rows 320..4095 differ when they sit 320 rows earlier in the call");
+    memcpy(full + (size_t)4096 * N, part + (size_t)(4096 - 320) * N, (size_t)320 * N * 2);
+    static const int ms[] = {1, 2, 3, 7, 12, 64, 257, 4096};
+    long bad = 0;
+    for (int i = 0; i < NKINDS(ms); i++) {
+      int offsets[3] = {0, 1 + rnd_below(63), rnd_below(ROWS - ms[i] + 1)};
+      for (int o = 0; o < 3; o++)
+        bad += inv_differ(&c, ms[i], offsets[o], full, 4096, part);
     }
+    for (int t = 0; t < 48; t++) /* single rows, anywhere */
+      bad += inv_differ(&c, 1, t < 2 ? t * (ROWS - 1) : rnd_below(ROWS), full, 4096, part);
+    CHECKF(bad == 0, "%ld rows not batch invariant", bad);
   }
-  for (int t = 0; t < 48; t++) { /* single rows, anywhere */
-    int r = t < 2 ? t * (ROWS - 1) : rnd_below(ROWS);
-    args.m = 1;
-    args.x = (const uint16_t *)a.dev + (size_t)r * K;
-    CHECK(poison(dy, N * 2));
-    MT(mt_gemm(&args, NULL));
-    CU(sync_check());
-    CU(cudaMemcpy(part, dy, N * 2, cudaMemcpyDeviceToHost));
-    if (memcmp(part, full + (size_t)r * N, N * 2) != 0 && bad++ == 0)
-      CHECKF(0, "the 1-row GEMM of row %d differs from the 4096-row call", r);
-  }
-  CHECKF(bad == 0, "%ld rows not batch invariant", bad);
-out:
-  mt_nvfp4_free(&w.ref);
-  free_acts(&a);
+  inv_free(&c);
   free(full);
   free(part);
-  dev_free_all();
+  batch_invariance_wide();
 }
 
 /* The large path's persistent grid walks several tiles per CTA when there are more tiles than
@@ -944,6 +976,12 @@ static void gemm_large_tiles(void) {
     g.ldy = 280;
     check_gemm(&g);
   }
+  /* n >= 4096: the default's ra kernel (4 x 32 tiles of 128 x 128, one wave of 132 SMs) */
+  gcase wide = {.m = 400, .n = 4096, .k = 256, .num = numerics_row, .ytype = MT_DTYPE_BF16,
+                .biastype = MT_DTYPE_FP32, .alpha = 1.0f};
+  wide.ldx = (size_t)wide.k;
+  wide.ldy = (size_t)wide.n;
+  check_gemm(&wide);
 }
 
 /* ---- conditional weight quantization (the frozen cache's refresh) -------------------------- */
