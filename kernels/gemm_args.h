@@ -28,7 +28,7 @@ typedef struct {
 typedef struct {
   CUtensorMap ta; /* activations [m][k], box 64 x 128 rows */
   CUtensorMap tw; /* weight [n][k], box 64 x BN rows */
-  CUtensorMap ty; /* output [m][n] (the ts variant only), box 64 x 64 rows */
+  CUtensorMap ty; /* output [m][n] (the ts and ra kernels only), box 64 x 64 rows */
   mt_epilogue_args e;
   const uint8_t *ra; /* the ra variant: the activations as records (MT_ACT_REC_BYTES), ta unused */
 } mt_large_args;

@@ -1,5 +1,6 @@
 // gemm_small.cu — the small-M path of the W4A4 GEMM (mt_gemm_small_m8, up to 8 tokens, and
-// mt_gemm_small_q4 that also quantizes the activations, up to 4) and the weight repacking into its fragment order (mt_gemm_pack).
+// mt_gemm_small_q4 that also quantizes the activations, up to 4) and the weight repacking into its
+// fragment order (mt_gemm_pack).
 // y[m][n] = x[m][k] . W[n][k]^T on NVFP4 operands, exactly, through BF16 mma.sync with FP32
 // accumulation.
 //
@@ -11,7 +12,7 @@
 // no split-K: the arithmetic of the large path (kernels/gemm_large.cu), which scripts/probe_mma.cu
 // showed gives the same bits (within a step every product is exact and the block sum is exact in
 // FP32, so which operand is A does not matter). mt_gemm_small_m8 starts under programmatic
-// dependent launch and request their first weight chunks before griddepcontrol.wait; q4 runs in
+// dependent launch and requests its first weight chunks before griddepcontrol.wait; q4 runs in
 // plain stream order (nothing before it to overlap) and quantizes while its weights arrive.
 //
 // The variants measured against these and removed (warp-specialized kernels, a shift decode,
