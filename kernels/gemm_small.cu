@@ -24,6 +24,12 @@
 #include "kernels/gemm_common.cuh"
 #include "kernels/quant.cuh"
 
+// Phase marks, for scripts/probe_phases.cu (which defines MT_SMALL_MARK before including this file
+// to time where a kernel's microseconds go); nothing in the library.
+#ifndef MT_SMALL_MARK
+#define MT_SMALL_MARK(i)
+#endif
+
 namespace small {
 constexpr int WARPS = MT_SMALL_WARPS, THREADS = 32 * WARPS, KC = MT_SMALL_KC, PITCH = MT_SMALL_PITCH;
 constexpr int REC = MT_FRAG_REC, WBYTES = MT_SMALL_WBYTES, WCHUNK = (KC / 32) * REC; // per warp
@@ -174,6 +180,7 @@ __device__ static inline void store_acc(const mt_epilogue_args &e, const float (
 }
 
 __device__ static void run(const mt_small_args &a) {
+  MT_SMALL_MARK(0);
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int ROWS = MT_SMALL_ROWS, TT = (ROWS + 15) / 16, STAGES = MT_SMALL_STAGES, SBYTES = MT_SMALL_STAGE_BYTES;
   int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
@@ -193,6 +200,7 @@ __device__ static void run(const mt_small_args &a) {
     *(uint4 *)(smem + st * SBYTES + WBYTES + rows * PITCH + r * 16) = make_uint4(0, 0, 0, 0);
   }
   grid_dependency_wait();
+  MT_SMALL_MARK(1);
   for (int c = 0; c < STAGES - 1; c++) {
     if (c < chunks) load_acts(a, smem + c * SBYTES, c, rows);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -200,6 +208,8 @@ __device__ static void run(const mt_small_args &a) {
   for (int c = 0; c < chunks; c++) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
     __syncthreads();
+    if (c == 0)
+      MT_SMALL_MARK(3);
     int next = c + STAGES - 1;
     if (next < chunks) {
       load_weights(a, wl, smem + (next % STAGES) * SBYTES, next);
@@ -210,7 +220,9 @@ __device__ static void run(const mt_small_args &a) {
     int steps = min(KC / 16, ksteps - c * (KC / 16));
     chunk_steps<ROWS>(d, st + w * WCHUNK, st + WBYTES + g * PITCH + q * 4, PITCH, steps, lane);
   }
+  MT_SMALL_MARK(4);
   store_acc<TT, false>(a.e, d, (blockIdx.x * WARPS + w) * 8 + 2 * q, g, nullptr);
+  MT_SMALL_MARK(5);
 }
 
 // The fused variant for m <= MT_SMALL_FUSE_M: the CTA quantizes the raw activations itself (no
@@ -252,6 +264,7 @@ __device__ static void fused_quantize(const mt_small_args &a, const float *S, ui
 }
 
 __device__ static void run_fused(const mt_small_args &a) {
+  MT_SMALL_MARK(0);
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int STAGES = MT_SMALL_FUSE_STAGES;
   uint8_t *zero = smem + STAGES * WBYTES, *xs = zero + MT_SMALL_FUSE_META;
@@ -272,6 +285,7 @@ __device__ static void run_fused(const mt_small_args &a) {
   if (t < 8) amax[t] = 0;
   grid_dependency_wait();
   __syncthreads();
+  MT_SMALL_MARK(1);
   if (a.xfp16) fused_amax<true>(a, amax);
   else fused_amax<false>(a, amax);
   __syncthreads();
@@ -279,10 +293,13 @@ __device__ static void run_fused(const mt_small_args &a) {
   __syncthreads();
   if (a.xfp16) fused_quantize<true>(a, S, xs, xp);
   else fused_quantize<false>(a, S, xs, xp);
+  MT_SMALL_MARK(2);
 
   for (int c = 0; c < chunks; c++) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
     __syncthreads();
+    if (c == 0)
+      MT_SMALL_MARK(3);
     int next = c + STAGES - 1;
     if (next < chunks) load_weights(a, wl, smem + (next % STAGES) * WBYTES, next);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -290,6 +307,7 @@ __device__ static void run_fused(const mt_small_args &a) {
     int steps = min(KC / 16, ksteps - c * (KC / 16));
     chunk_steps<8>(d, smem + (c % STAGES) * WBYTES + w * WCHUNK, arow, xp, steps, lane);
   }
+  MT_SMALL_MARK(4);
   int ch = (blockIdx.x * WARPS + w) * 8 + 2 * q, tok = g;
   if (tok >= a.e.m) return;
   float inv_a = mt_q::inv_S(S[tok]);
@@ -297,6 +315,7 @@ __device__ static void run_fused(const mt_small_args &a) {
   for (int j = 0; j < 2; j++)
     store_elem(a.e.y, tok * a.e.ldy + ch + j, a.e.ytype,
                epilogue(a.e, d[0][j], inv_a, inv_row(a.e.sw, a.e.sw_row, ch + j), tok, ch + j));
+  MT_SMALL_MARK(5);
 }
 } // namespace small
 

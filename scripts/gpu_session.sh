@@ -42,7 +42,7 @@ for s in $steps; do
           build/scripts/bench_kernels "$out/ncu.json"
     done ;;
   probe) # the experiments behind kernels/NOTES.md's floors (scripts/probe_*.cu)
-    for p in mma chain; do
+    for p in mma chain phases; do
       nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o "build/probe_$p" "scripts/probe_$p.cu" &&
         step "probe-$p" 60 "build/probe_$p"
     done ;;
