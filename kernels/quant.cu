@@ -8,7 +8,8 @@
  * Bit-identical to mt_ref_quantize (spec/nvfp4.c): the same IEEE FP32 operations in the same
  * order (TE's), each rounded on its own (__fmul_rn / __frcp_rn / __fdiv_rn: no FMA contraction,
  * correctly rounded division, denormals kept). tests/gpu/test_kernels.c checks codes, scales, S,
- * xhat and the records bit for bit against the reference on random and adversarial inputs.
+ * xhat and the records bit for bit against the reference on random and adversarial inputs;
+ * tests/cpu/test_quant_rec_encode.c checks a host twin of the record mode's own encode (v2).
  *
  * Layout of the work: one thread owns NB blocks of 16 elements of one row (two 16-byte loads and
  * stores per block, coalesced across the row's threads); a CTA holds TY rows of TX threads. The
@@ -41,17 +42,98 @@ __device__ __forceinline__ uint8_t *record_of(const mt_quant_params &p, int r, i
                          MT_FRAG_REC;
 }
 
-/* Row r's part of one record from its blocks b (cd0, scale code sb0) and b + 1 (cd1, sb1): lane
- * 4g + q's code word holds code bytes q and q + 4 of each block (gemm_args.h), the scale word the
- * two scales as BF16 (exact: an E4M3 value has 4 significant bits). 16 + 4 bytes. */
-__device__ __forceinline__ void store_record(uint8_t *rec, int g, const uint32_t (&cd0)[2], const uint32_t (&cd1)[2],
-                                             uint32_t sb0, uint32_t sb1) {
+/* The record's four code words of row r from its blocks b (codes cd0) and b + 1 (cd1): lane 4g + q's
+ * word holds code bytes q and q + 4 of each block (gemm_args.h). */
+__device__ __forceinline__ void record_words_of_codes(const uint32_t (&cd0)[2], const uint32_t (&cd1)[2],
+                                                      uint32_t (&word)[4]) {
   const uint32_t a01 = __byte_perm(cd0[0], cd0[1], 0x5140), a23 = __byte_perm(cd0[0], cd0[1], 0x7362);
   const uint32_t b01 = __byte_perm(cd1[0], cd1[1], 0x5140), b23 = __byte_perm(cd1[0], cd1[1], 0x7362);
-  *(uint4 *)(rec + 16 * g) = make_uint4(__byte_perm(a01, b01, 0x5410), __byte_perm(a01, b01, 0x7632),
-                                        __byte_perm(a23, b23, 0x5410), __byte_perm(a23, b23, 0x7632));
-  *(uint32_t *)(rec + 128 + 4 * g) =
-      __float_as_uint(e4m3_to_float(sb0)) >> 16 | (__float_as_uint(e4m3_to_float(sb1)) & 0xffff0000u);
+  word[0] = __byte_perm(a01, b01, 0x5410), word[1] = __byte_perm(a01, b01, 0x7632);
+  word[2] = __byte_perm(a23, b23, 0x5410), word[3] = __byte_perm(a23, b23, 0x7632);
+}
+
+/* Row r's part of one record (row g of it): its four code words, and the scale word: the two
+ * block scales' values sb0, sb1 as BF16 (exact: an E4M3 value has 4 significant bits). 16 + 4 bytes. */
+__device__ __forceinline__ void store_record(uint8_t *rec, int g, const uint32_t (&word)[4], float sb0, float sb1) {
+  *(uint4 *)(rec + 16 * g) = make_uint4(word[0], word[1], word[2], word[3]);
+  *(uint32_t *)(rec + 128 + 4 * g) = __float_as_uint(sb0) >> 16 | (__float_as_uint(sb1) & 0xffff0000u);
+}
+
+/* The record mode's encode, v2 (kernels/NOTES.md, "record-mode quantization, v2"). mt_q::encode
+ * spends ~15 ALU-pipe instructions an element (compares, selects, shifts, ORs: the ALU pipe issues
+ * a warp instruction every second cycle), which made the record kernels ALU-bound; this one spends
+ * ~3, its other work on the FMA pipe. The same codes, bit for bit, for every c_b the kernels meet
+ * except c_b = +Inf (the caller takes mt_q::encode there): tests/cpu/test_quant_rec_encode.c
+ * checks a C twin of this arithmetic against mt_e2m1_rne_satfinite over the FP32 range, and the
+ * assembled words against the old byte order.
+ *
+ * E2M1 magnitude of a = |x| * c_b (finite or +Inf, never NaN since c_b is finite): with
+ * n(u) = RNE(u) to an integer, code = min(n(2a), n(a) + 2, 6 + n(clamp(a/2 - 2, 0, 1))), each
+ * term one FP32 rounding of an exact value (the FPU's own ties to even) onto the integer grid of
+ * [2^23, 2^24): 2a + 2^23 in one FFMA, a + (2^23 + 2) in one FADD, the clamp as FFMA.SAT (a/2 - 2
+ * is exact) then + (2^23 + 6). Rounding is monotone, so the min of the rounded terms is the
+ * rounding of min(2a, a + 2, a/2 + 4) clamped at 7, which is E2M1's RNE code with saturation
+ * (the last term also caps Inf and everything above 5 at 7). The three are positive floats of
+ * one binade, so the min is one integer VIMNMX3 on their bits: 0x4B000000 + code. */
+__device__ __forceinline__ float fma_sat(float a, float b, float c) {
+  float r;
+  asm("fma.rn.sat.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t e2m1_mag_biased(float a) {
+  const float t1 = __fmaf_rn(a, 2.0f, 0x1p23f);
+  const float t2 = __fadd_rn(a, 0x1p23f + 2.0f);
+  const float t3 = __fadd_rn(fma_sat(a, 0.5f, -2.0f), 0x1p23f + 6.0f);
+  return __vimin3_u32(__float_as_uint(t1), __float_as_uint(t2), __float_as_uint(t3));
+}
+
+/* PTX prmt in its generic mode: a selector nibble with bit 3 set replicates the sign bit of the
+ * byte it picks over the result byte (CUDA's __byte_perm documents only the low 3 bits). */
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+/* The four code words of a pair of blocks (words w0, w1, coefficients c0, c1, both finite), in
+ * the record's byte order directly: word q's bytes 0..3 are the element pairs of w0[q], w0[q + 4],
+ * w1[q], w1[q + 4], low element in the low nibble. Magnitudes: each biased code is added in at its
+ * nibble (an IMAD); the bias 0x4B000000 lands in bits 24-31 from nibble 0 and, shifted out
+ * past bit 31 but for 0xB0000000, from nibble 1: 0x05000000 + 0x4B000000 + 0xB0000000 = 2^32, so
+ * the sum starts at 0x05000000 and ends as the codes alone (at most 7 a nibble: no carries). Sign:
+ * x * c_b has x's sign (c_b >= +0, and the product is not NaN), the BF16/FP16 sign bits 15 and 31
+ * of each word: gathered by byte (prmt), spread by sign replication, masked onto bits 3 and 7. */
+template <bool FP16>
+__device__ __forceinline__ void record_words(const uint32_t (&w0)[8], const uint32_t (&w1)[8], float c0, float c1,
+                                             uint32_t (&word)[4]) {
+#pragma unroll
+  for (int q = 0; q < 4; q++) {
+    const uint32_t src[4] = {w0[q], w0[q + 4], w1[q], w1[q + 4]};
+    uint32_t acc = 0x05000000u;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      float lo, hi;
+      unpack<FP16>(src[k], lo, hi);
+      const float c = k < 2 ? c0 : c1;
+      acc += e2m1_mag_biased(__fmul_rn(fabsf(lo), c)) << (8 * k);
+      acc += e2m1_mag_biased(__fmul_rn(fabsf(hi), c)) << (8 * k + 4);
+    }
+    const uint32_t a = prmt(src[0], src[1], 0x7351), b = prmt(src[2], src[3], 0x7351);
+    word[q] = (prmt(a, b, 0xDC98) & 0x08080808u) | (prmt(a, b, 0xFEBA) & 0x80808080u) | acc;
+  }
+}
+
+/* mt_q::e4m3_to_float without its branch: the code's exponent and mantissa fields moved to FP32's
+ * (a subnormal E4M3 becomes a subnormal FP32), then the bias difference 2^(127 - 7) applied by an
+ * exact multiply (denormals are kept). tests/cpu/test_quant_rec_encode.c checks all 127 codes. */
+__device__ __forceinline__ float e4m3_value(uint32_t code) { return __fmul_rn(__uint_as_float(code << 20), 0x1p120f); }
+
+/* mt_q::block's scale code and encode coefficient, alone. */
+__device__ __forceinline__ float block_coef(uint32_t amax_bits, float s_over_6, float inv_s, uint32_t &sb_code, float &sb) {
+  sb_code = e4m3_rne_satfinite(__fmul_rn(__uint_as_float(amax_bits), s_over_6));
+  sb = e4m3_value(sb_code);
+  return sb_code == 0 ? 0.0f : __frcp_rn(__fmul_rn(sb, inv_s));
 }
 
 /* Rows r = blockIdx.x * TY + ty; thread tx owns blocks blockIdx.y * TX * NB + tx + j * TX. ROW: S
@@ -135,12 +217,21 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
       const int b = block_of(j);
       if (b >= 2 * pairs)
         break;
-      uint32_t xh[8], cd0[2] = {0, 0}, cd1[2] = {0, 0}, sb0 = 0, sb1 = 0;
+      uint32_t word[4] = {0, 0, 0, 0}, sb0, sb1;
+      float f0 = 0.0f, f1 = 0.0f; /* the scales' values */
       if (!bad) {
-        sb0 = block<FP16, true>(w[j], amax_b[j], s_over_6, inv_s, xh, cd0);
-        sb1 = block<FP16, true>(w[j + 1], amax_b[j + 1], s_over_6, inv_s, xh, cd1);
+        const float c0 = block_coef(amax_b[j], s_over_6, inv_s, sb0, f0);
+        const float c1 = block_coef(amax_b[j + 1], s_over_6, inv_s, sb1, f1);
+        if (c0 <= kFltMax && c1 <= kFltMax) {
+          record_words<FP16>(w[j], w[j + 1], c0, c1, word);
+        } else { /* c_b = +Inf (1/S subnormal): 0 * Inf is NaN, +6 whatever x's sign */
+          uint32_t xh[8], cd0[2], cd1[2];
+          encode_block<FP16, true>(w[j], c0, f0, xh, cd0);
+          encode_block<FP16, true>(w[j + 1], c1, f1, xh, cd1);
+          record_words_of_codes(cd0, cd1, word);
+        }
       }
-      store_record(record_of(p, r, b, pairs), r % 8, cd0, cd1, sb0, sb1);
+      store_record(record_of(p, r, b, pairs), r % 8, word, f0, f1);
     }
     return;
   }
