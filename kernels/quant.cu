@@ -27,6 +27,7 @@ using namespace mt_q;
 namespace {
 
 constexpr int kMaxThreads = 512; /* per CTA; the launcher never asks for more */
+constexpr int kAmaxThreads = 256; /* the amax pass's CTA (quant.c launches it with 256) */
 
 /* Let a kernel launched after this one with programmatic stream serialization (a GEMM that streams
  * its weights before it waits for the activations) start now; its griddepcontrol.wait still waits
@@ -265,7 +266,7 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
 }
 
 /* max |x| over the whole matrix into *p.amax (FP32 bits; the launcher zeroes it first): one warp
- * per row at a time, four 16-byte loads in flight per lane, one atomicMax per warp. */
+ * per row at a time, four 16-byte loads in flight per lane, one atomicMax per CTA. */
 template <bool FP16> __device__ __forceinline__ void amax_pass(const mt_quant_params &p) {
   if (p.only_if && *p.only_if == 0)
     return;
@@ -292,8 +293,18 @@ template <bool FP16> __device__ __forceinline__ void amax_pass(const mt_quant_pa
   }
   uint32_t bits = __float_as_uint(abs_bits_to_float<FP16>(max(m & 0xffffu, m >> 16)));
   bits = __reduce_max_sync(0xffffffffu, bits);
-  if (lane == 0 && bits != 0)
-    atomicMax(p.amax, bits);
+  /* then across the CTA's warps, so that one atomic per CTA (not per warp: 8192 on one word at
+   * 8192 rows) reaches L2, where atomics on one address are served one after another */
+  __shared__ uint32_t warp_max[kAmaxThreads / 32];
+  if (lane == 0)
+    warp_max[threadIdx.x >> 5] = bits;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    bits = lane < (int)(blockDim.x >> 5) ? warp_max[lane] : 0u;
+    bits = __reduce_max_sync(0xffffffffu, bits);
+    if (lane == 0 && bits != 0)
+      atomicMax(p.amax, bits);
+  }
 }
 
 } // namespace
@@ -324,7 +335,7 @@ MT_QUANT_ROW(fp16, true, 8)
     allow_dependents();                                                                            \
     quantize<fp16, 1, false, true>(p);                                                             \
   }                                                                                                \
-  extern "C" __global__ void __launch_bounds__(256) mt_quant_amax_##type(const mt_quant_params p) { \
+  extern "C" __global__ void __launch_bounds__(kAmaxThreads) mt_quant_amax_##type(const mt_quant_params p) { \
     amax_pass<fp16>(p);                                                                            \
   }
 MT_QUANT_TENSOR(bf16, false)
