@@ -36,20 +36,21 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
  *    the default would store by TMA, the activations quantized into 5-bit records (gemm_args.h:
  *    ~2.6 instead of 4 bytes of quantization traffic an element, 5 KB instead of 16 KB a stage)
  *    that the kernel decodes into wgmma's A registers (mt_gemm_large_ra_nBN; the engine's workspace
- *    then holds the records, mt_gemm_act_records), else as the default. The default takes ra
- *    itself where n >= MT_RA_MIN_N; "ts" is the default without ra. Same bits in every case.
+ *    then holds the records, mt_gemm_act_records), else as the default: same bits, not faster
+ *    (H200: Qwen3 shapes 2-10% slower, DeepSeek's within the run-to-run spread of +-10%; the
+ *    record quantization runs at 20.0 instead of 18.8 µs for 8192 x 2048). Same bits in every case.
  *  MT_LARGE_BN: a tile width taken instead of the launcher's choice (256, 192 or 128 for every
  *    variant; 96 or 64 for v6, where the default runs it).
  * The other knobs and kernels measured in earlier sessions (small-M: warp-specialized, shift
  * decode, 16-64 rows; large-M: v1, np, mc, m64) lost and were removed (kernels/NOTES.md). */
-enum { LARGE_DEFAULT, LARGE_V6, LARGE_RA, LARGE_TS };
+enum { LARGE_DEFAULT, LARGE_V6, LARGE_RA };
 static struct {
   int large_variant, large_bn;
 } knobs;
 static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
 
 static void knobs_read(void) {
-  static const char *const large[] = {"default", "v6", "ra", "ts", NULL};
+  static const char *const large[] = {"default", "v6", "ra", NULL};
   static const char *const widths[] = {"default", "256", "192", "128", "96", "64", NULL};
   static const int width_of[] = {0, 256, 192, 128, 96, 64};
   int errors = 0; /* a warning is enough: these are not the user's settings */
@@ -183,23 +184,12 @@ static int takes_small_path(const mt_gemm_args *a) {
   return a->m <= MT_GEMM_SMALL_M && mt_gemm_frag_bytes(a->n, a->k) && a->w->frag;
 }
 
-/* Where the default takes ra: wide outputs, whose activation tile is read once per column tile
- * (n / BN times: 28-37 at n = 7168), so the records' 3.2x fewer bytes count. H200, M = 4096
- * (kernels/NOTES.md, large ra): DeepSeek 4096x7168 routed 321 vs 357 µs, 7168x2048 167 vs 181;
- * Qwen3 gate_up (n = 1536) 51 vs 45, down (n = 2048) 28 vs 27. */
-#define MT_RA_MIN_N 4096
-
-static int takes_ra(const mt_gemm_args *a) {
-  int v = large_variant();
-  return v == LARGE_RA || (v == LARGE_DEFAULT && a->n >= MT_RA_MIN_N);
-}
-
-/* The ra kernel's tile width for this call, or 0 where it does not run: where takes_ra, the
+/* The ra kernel's tile width for this call, or 0 where it does not run: MT_LARGE_VARIANT=ra, the
  * large path, and what the default's TMA-store kernel needs (width 128-256, n % 8 == 0, y suits a
  * tensor map, whose description is left in ty). The engine asks it before quantizing (records or
  * xhat) and the launcher again, with the same answer. */
 static int ra_width(const mt_gemm_args *a, CUtensorMap *ty) {
-  if (!takes_ra(a) || takes_small_path(a) || !mt_driver_get())
+  if (large_variant() != LARGE_RA || takes_small_path(a) || !mt_driver_get())
     return 0;
   int bn = large_forced_bn();
   if (!bn)
@@ -216,8 +206,7 @@ int mt_gemm_act_records(const mt_gemm_args *a) {
 
 size_t mt_gemm_act_bytes(int m, int k) {
   size_t xhat = (size_t)m * (size_t)k * 2, rec = MT_ACT_REC_BYTES(m, k);
-  int v = large_variant(); /* n is not known here: room for records wherever ra may run */
-  return (v == LARGE_RA || v == LARGE_DEFAULT) && rec > xhat ? rec : xhat;
+  return large_variant() == LARGE_RA && rec > xhat ? rec : xhat;
 }
 
 /* The ra kernel on activations given as records (q->rec): the TMA-store kernel's grid and epilogue. */

@@ -1,10 +1,10 @@
-/* test_act_records.c — the workspace accounting of the large-M ra kernel (kernels/gemm.c): where
- * it may run (the default, which takes it for n >= 4096, and MT_LARGE_VARIANT=ra) the engine's
- * workspace must hold the activations as 5-bit records (kernels/gemm_args.h, MT_ACT_REC_BYTES:
- * whole bands of 128 tokens and whole 64-column steps, which at few tokens exceed the BF16 copy)
- * before S; where it cannot (MT_LARGE_VARIANT=ts) the section is the BF16 copy. The knob is read
- * once per process, so each setting runs in a child with the variable set. The GPU side (records
- * bit for bit, GEMM bits under every setting) is tests/gpu/test_kernels.c's. */
+/* test_act_records.c — the workspace accounting of the large-M ra kernel (MT_LARGE_VARIANT=ra,
+ * kernels/gemm.c): under it the engine's workspace must hold the activations as 5-bit records
+ * (kernels/gemm_args.h, MT_ACT_REC_BYTES: whole bands of 128 tokens and whole 64-column steps,
+ * which at few tokens exceed the BF16 copy) before S; by default (and under =v6) the section is
+ * the BF16 copy. The knob is read once per process, so each setting runs in a child with the
+ * variable set. The GPU side (records bit for bit, GEMM bits under every setting) is
+ * tests/gpu/test_kernels.c's. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -70,12 +70,12 @@ static void in_child(const char *variant, void (*fn)(void)) {
 }
 
 static void ra_variant(void) { in_child("ra", ra_layout_fits); }
-static void default_has_room_for_records(void) { in_child(NULL, ra_layout_fits); }
-static void ts_variant_keeps_xhat(void) { in_child("ts", xhat_layout); }
+static void default_keeps_xhat(void) { in_child(NULL, xhat_layout); }
+static void v6_keeps_xhat(void) { in_child("v6", xhat_layout); }
 
 int main(void) {
   RUN(ra_variant);
-  RUN(default_has_room_for_records);
-  RUN(ts_variant_keeps_xhat);
+  RUN(default_keeps_xhat);
+  RUN(v6_keeps_xhat);
   return mt_test_done();
 }

@@ -858,10 +858,10 @@ static long inv_differ(inv_case *c, int m, int offset, const uint16_t *full, int
   return bad;
 }
 
-/* At n = 4096 the default takes the ra kernel wherever its tile is 128 or more wide: rows of the
- * 4096-row call (tiles of 128 x 256: ra) and of a 512-row one (4 x 32 tiles of 128 x 128 fill one
- * wave of 132 SMs: ra) against M = 1 (the fused small kernel), 7 (the small kernel), 64 and 257
- * (one wave of 64- and 96-wide tiles: v6), bit for bit. */
+/* A wide output (n = 4096) across every kernel kind: rows of the 4096-row call (tiles of
+ * 128 x 256: the TMA-store kernel, or ra under MT_LARGE_VARIANT=ra) and of a 512-row one (4 x 32
+ * tiles of 128 x 128 fill one wave of 132 SMs: the same) against M = 1 (the fused small kernel),
+ * 7 (the small kernel), 64 and 257 (one wave of 64- and 96-wide tiles: v6), bit for bit. */
 static void batch_invariance_wide(void) {
   enum { N = 4096, K = 512, ROWS = 4096 };
   inv_case c = {0};
@@ -879,8 +879,8 @@ static void batch_invariance_wide(void) {
 }
 
 /* Row r's bits do not depend on M, on its position, or on the path: every run below is compared
- * bit for bit with one 4096-row GEMM and with 1-row GEMMs. Then the same across the default's
- * kernels at n >= 4096 (batch_invariance_wide). */
+ * bit for bit with one 4096-row GEMM and with 1-row GEMMs. Then the same at n = 4096
+ * (batch_invariance_wide). */
 static void gemm_batch_invariance(void) {
   NEED_GPU();
   enum { ROWS = 4096 + 320, N = 320, K = 512 };
@@ -976,7 +976,8 @@ static void gemm_large_tiles(void) {
     g.ldy = 280;
     check_gemm(&g);
   }
-  /* n >= 4096: the default's ra kernel (4 x 32 tiles of 128 x 128, one wave of 132 SMs) */
+  /* a wide output: 4 x 32 tiles of 128 x 128 (one wave of 132 SMs) by the TMA-store kernel, or
+   * by ra under MT_LARGE_VARIANT=ra */
   gcase wide = {.m = 400, .n = 4096, .k = 256, .num = numerics_row, .ytype = MT_DTYPE_BF16,
                 .biastype = MT_DTYPE_FP32, .alpha = 1.0f};
   wide.ldx = (size_t)wide.k;
