@@ -21,19 +21,10 @@
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_chain scripts/probe_chain.cu
 #include "kernels/gemm_small.cu"
 
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
+#include "scripts/probe.cuh"
+
 #include <vector>
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);              \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
 
 constexpr int MAXSTEPS = 128, APITCH = 2 * 16 * MAXSTEPS + 16;
 constexpr int REC_BYTES = 2 * (MAXSTEPS / 2) * MT_FRAG_REC; // 2 warps' records
@@ -179,11 +170,6 @@ static std::vector<uint8_t> make_image(void) {
   return img;
 }
 
-static double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Cycles a step and the clock, from one launch's per-CTA samples.
 static void in_kernel(const probe &p, int grid, int steps, const uint8_t *img, sample *dout, float *sink) {
   p.fn<<<grid, p.threads, SMEM>>>(img, dout, sink, steps);
@@ -200,33 +186,10 @@ static void in_kernel(const probe &p, int grid, int steps, const uint8_t *img, s
 
 // Time per launch in a graph of 100 launches, median of 5 replays.
 static void per_launch(const probe &p, int grid, int steps, const uint8_t *img, sample *dout, float *sink) {
-  cudaStream_t st;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  cudaEvent_t e0, e1;
-  CK(cudaStreamCreate(&st));
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < 100; i++)
+  double us = graph_us_per_launch(100, [&](cudaStream_t st, int) {
     p.fn<<<grid, p.threads, SMEM, st>>>(img, dout, sink, steps);
-  CK(cudaStreamEndCapture(st, &graph));
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  CK(cudaGraphLaunch(exec, st));
-  std::vector<double> us;
-  for (int r = 0; r < 5; r++) {
-    CK(cudaEventRecord(e0, st));
-    CK(cudaGraphLaunch(exec, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    us.push_back(ms * 1e3 / 100);
-  }
-  printf("%-6s grid %3d steps %3d: %6.2f us a launch (graph of 100, median of 5)\n", p.name, grid, steps, median(us));
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaGraphDestroy(graph));
-  CK(cudaStreamDestroy(st));
+  });
+  printf("%-6s grid %3d steps %3d: %6.2f us a launch (graph of 100, median of 5)\n", p.name, grid, steps, us);
 }
 
 int main() {

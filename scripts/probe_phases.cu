@@ -30,20 +30,11 @@ __device__ __forceinline__ void probe_mark(int i) {
 #include "kernels/gemm_small.cu"
 #include "kernels/engine.h"
 
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
+#include "scripts/probe.cuh"
+
 #include <cstring>
 #include <vector>
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);              \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
 
 constexpr int EXPERTS = 64, LAUNCHES = 40, WARMUP = 8;
 
@@ -58,11 +49,6 @@ struct setup {
   float *s;
   uint16_t *y;
 };
-
-static double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // Random weights in fragment order (the values do not matter for time; the scale words are BF16
 // in [1, 2) so that nothing is NaN), random BF16 activations in [0.5, 2), S = 1.
@@ -148,34 +134,11 @@ static void phases(const shape &sh, const setup &s, bool fused) {
 // Time per launch in a graph of 64 launches over 64 experts, median of 5 replays.
 static void per_launch(const shape &sh, const setup &s, bool fused) {
   unsigned grid = (unsigned)(sh.n / (8 * MT_SMALL_WARPS));
-  cudaStream_t st;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  cudaEvent_t e0, e1;
-  CK(cudaStreamCreate(&st));
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  for (int l = 0; l < EXPERTS; l++)
+  double us = graph_us_per_launch(EXPERTS, [&](cudaStream_t st, int l) {
     launch(fused, grid, args_for(sh, s, l, fused), st);
-  CK(cudaStreamEndCapture(st, &graph));
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  CK(cudaGraphLaunch(exec, st));
-  std::vector<double> us;
-  for (int r = 0; r < 5; r++) {
-    CK(cudaEventRecord(e0, st));
-    CK(cudaGraphLaunch(exec, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    us.push_back(ms * 1e3 / EXPERTS);
-  }
+  });
   printf("%-14s %-6s grid %4u | %5.2f µs a launch (graph of %d, median of 5)\n", sh.name, fused ? "q4" : "m8", grid,
-         median(us), EXPERTS);
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaGraphDestroy(graph));
-  CK(cudaStreamDestroy(st));
+         us, EXPERTS);
 }
 
 int main() {
