@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "spec/nvfp4.h"
+#include "tests/cpu/floatbits.h"
 #include "tests/harness.h"
 
 #if defined(__has_include)
@@ -24,17 +25,6 @@
 #endif
 #endif
 
-static uint32_t bits_of(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-static float float_of(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 static int same_bits(float a, float b) { return bits_of(a) == bits_of(b); }
 

@@ -13,19 +13,9 @@
 #include <string.h>
 
 #include "spec/nvfp4.h"
+#include "tests/cpu/floatbits.h"
 #include "tests/harness.h"
 
-static uint32_t bits_of(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-static float float_of(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 static float fma_sat(float a, float b, float c) {
   float r = fmaf(a, b, c);
