@@ -159,9 +159,9 @@ static int sm_count(void) {
  * width plus a fixed 64 columns' worth for the activation loads and the epilogue. Narrow tiles
  * (64, 96) put more SMs to work at medium M (M = 256: 48 tiles of 128 x 64 rather than 16 of
  * 128 x 192). */
-static int large_bn(int m, int n) {
+static int large_bn(int m, int n, int sms) {
   static const int widths[] = {256, 192, 128, 96, 64};
-  int sms = sm_count(), best = 256;
+  int best = 256;
   long long best_cost = -1;
   for (int i = 0; i < 5; i++) {
     long long tiles = (long long)((m + MT_LARGE_BM - 1) / MT_LARGE_BM) * ((n + widths[i] - 1) / widths[i]);
@@ -174,10 +174,24 @@ static int large_bn(int m, int n) {
   return best;
 }
 
-/* MT_LARGE_BN, or 0 (the launcher's choice). */
-static int large_forced_bn(void) {
+/* The tile width: MT_LARGE_BN where set, else large_bn's choice for sms SMs. */
+static int tile_width(const mt_gemm_args *a, int sms) {
   pthread_once(&knobs_once, knobs_read);
-  return knobs.large_bn;
+  return knobs.large_bn ? knobs.large_bn : large_bn(a->m, a->n, sms);
+}
+
+/* Whether the TMA-store epilogue (the ts and ra kernels) can write y with tiles bn wide, leaving
+ * y's description in ty: tiles of 128 to 256, rows that end on 16 bytes (the store clips at n by
+ * 16-byte pieces: at n = 271 it wrote column 271, the caller's padding; H200, 2026-11-29), so
+ * n % 8 == 0, and a y that suits a tensor map (16-byte aligned base and row stride). */
+static int stores_by_tma(const mt_gemm_args *a, int bn, CUtensorMap *ty) {
+  return bn >= 128 && a->n % 8 == 0 && output_map(ty, a->y, a->ytype, a->m, a->n, a->ldy) == MT_OK;
+}
+
+/* The persistent grid: one CTA per SM (one fits: ~200 KB of shared memory), each walking its tiles. */
+static unsigned persistent_grid(const mt_gemm_args *a, int bn, int sms) {
+  unsigned tiles = (unsigned)((a->m + MT_LARGE_BM - 1) / MT_LARGE_BM) * (unsigned)((a->n + bn - 1) / bn);
+  return tiles < (unsigned)sms ? tiles : (unsigned)sms;
 }
 
 static int takes_small_path(const mt_gemm_args *a) {
@@ -185,23 +199,20 @@ static int takes_small_path(const mt_gemm_args *a) {
 }
 
 /* The ra kernel's tile width for this call, or 0 where it does not run: MT_LARGE_VARIANT=ra, the
- * large path, and what the default's TMA-store kernel needs (width 128-256, n % 8 == 0, y suits a
- * tensor map, whose description is left in ty). The engine asks it before quantizing (records or
- * xhat) and the launcher again, with the same answer. */
-static int ra_width(const mt_gemm_args *a, CUtensorMap *ty) {
+ * large path, and stores_by_tma (y's description left in ty); the SM count in *sms. The engine
+ * asks it before quantizing (records or xhat) and the launcher again, with the same answer. */
+static int ra_width(const mt_gemm_args *a, CUtensorMap *ty, int *sms) {
   if (large_variant() != LARGE_RA || takes_small_path(a) || !mt_driver_get())
     return 0;
-  int bn = large_forced_bn();
-  if (!bn)
-    bn = large_bn(a->m, a->n);
-  if (bn < 128 || a->n % 8 || output_map(ty, a->y, a->ytype, a->m, a->n, a->ldy) != MT_OK)
-    return 0;
-  return bn;
+  *sms = sm_count();
+  int bn = tile_width(a, *sms);
+  return stores_by_tma(a, bn, ty) ? bn : 0;
 }
 
 int mt_gemm_act_records(const mt_gemm_args *a) {
   CUtensorMap ty;
-  return ra_width(a, &ty) != 0;
+  int sms;
+  return ra_width(a, &ty, &sms) != 0;
 }
 
 size_t mt_gemm_act_bytes(int m, int k) {
@@ -213,7 +224,7 @@ size_t mt_gemm_act_bytes(int m, int k) {
 static int ra_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   static mt_large_args proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
   mt_large_args l = proto;
-  int bn = ra_width(a, &l.ty);
+  int sms, bn = ra_width(a, &l.ty, &sms);
   if (!bn) /* records were made for a call the ra kernel does not take: not the engine's doing */
     return MT_ERR_UNSUPPORTED;
   int st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, bn);
@@ -221,10 +232,8 @@ static int ra_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
     return st;
   epilogue_args(a, q, &l.e);
   l.ra = q->rec;
-  unsigned tiles = (unsigned)((a->m + MT_LARGE_BM - 1) / MT_LARGE_BM) * (unsigned)((a->n + bn - 1) / bn);
-  unsigned sms = (unsigned)sm_count();
   const char *fn = bn == 256 ? "mt_gemm_large_ra_n256" : bn == 192 ? "mt_gemm_large_ra_n192" : "mt_gemm_large_ra_n128";
-  return launch("gemm_large", fn, tiles < sms ? tiles : sms, 1, 384, MT_LARGE_SMEM_RA(bn), 1, stream, &l);
+  return launch("gemm_large", fn, persistent_grid(a, bn, sms), 1, 384, MT_LARGE_SMEM_RA(bn), 1, stream, &l);
 }
 
 static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
@@ -232,27 +241,20 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   mt_large_args l = proto;
   if (q->rec)
     return ra_path(a, q, stream);
-  int bn = large_forced_bn();
-  if (!bn)
-    bn = large_bn(a->m, a->n);
+  int sms = sm_count(), bn = tile_width(a, sms);
   int st = tensor_map(&l.ta, q->xhat, a->m, a->k, MT_LARGE_BM);
   if (st == MT_OK)
     st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, bn);
   if (st != MT_OK)
     return st;
   epilogue_args(a, q, &l.e);
-  unsigned tiles = (unsigned)((a->m + MT_LARGE_BM - 1) / MT_LARGE_BM) * (unsigned)((a->n + bn - 1) / bn);
-  unsigned sms = (unsigned)sm_count(), grid = tiles < sms ? tiles : sms;
-  /* TMA stores (all but v6; ra where its kernel does not run is the default) only where the rows
-   * end on 16 bytes: the store clips at n by 16-byte pieces (at n = 271 it wrote column 271, the
-   * caller's padding; H200, 2026-11-29), so n % 8 == 0; and only where y suits a tensor map
-   * (16-byte aligned base and row stride), else per-thread stores. */
-  if (large_variant() != LARGE_V6 && bn >= 128 && a->n % 8 == 0 &&
-      output_map(&l.ty, a->y, a->ytype, a->m, a->n, a->ldy) == MT_OK) {
+  unsigned grid = persistent_grid(a, bn, sms);
+  /* TMA stores (all but v6; ra where its kernel does not run is the default) where they can,
+   * else per-thread stores */
+  if (large_variant() != LARGE_V6 && stores_by_tma(a, bn, &l.ty)) {
     const char *fn = bn == 256 ? "mt_gemm_large_ts_n256" : bn == 192 ? "mt_gemm_large_ts_n192" : "mt_gemm_large_ts_n128";
     return launch("gemm_large", fn, grid, 1, 384, MT_LARGE_SMEM_TS(bn), 1, stream, &l);
   }
-  /* persistent: one CTA per SM (one fits: ~200 KB of shared memory), each walking its tiles */
   const char *fn = bn == 256 ? "mt_gemm_large_n256" : bn == 192 ? "mt_gemm_large_n192" : bn == 128 ? "mt_gemm_large_n128"
                  : bn == 96  ? "mt_gemm_large_n96"
                              : "mt_gemm_large_n64";
