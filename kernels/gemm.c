@@ -43,14 +43,14 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
  *    variant; 96 or 64 for v6, where the default runs it).
  * The other knobs and kernels measured in earlier sessions (small-M: warp-specialized, shift
  * decode, 16-64 rows; large-M: v1, np, mc, m64) lost and were removed (kernels/NOTES.md). */
-enum { LARGE_DEFAULT, LARGE_V6, LARGE_RA };
+enum { LARGE_DEFAULT, LARGE_V6, LARGE_RA, LARGE_FQ };
 static struct {
   int large_variant, large_bn;
 } knobs;
 static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
 
 static void knobs_read(void) {
-  static const char *const large[] = {"default", "v6", "ra", NULL};
+  static const char *const large[] = {"default", "v6", "ra", "fq", NULL};
   static const char *const widths[] = {"default", "256", "192", "128", "96", "64", NULL};
   static const int width_of[] = {0, 256, 192, 128, 96, 64};
   int errors = 0; /* a warning is enough: these are not the user's settings */
@@ -108,7 +108,7 @@ int mt_gemm_fuses_quant(const mt_gemm_args *a) {
 }
 
 int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream) {
-  mt_qact none = {NULL, NULL, NULL};
+  mt_qact none = {NULL, NULL, NULL, NULL, a->m};
   mt_small_args s = {NULL, a->w->frag, {0}, a->x, (long long)a->ldx, a->xtype == MT_DTYPE_FP16};
   epilogue_args(a, &none, &s.e);
   unsigned grid = (unsigned)(a->n / (8 * MT_SMALL_WARPS));
@@ -209,6 +209,26 @@ static int ra_width(const mt_gemm_args *a, CUtensorMap *ty, int *sms) {
   return stores_by_tma(a, bn, ty) ? bn : 0;
 }
 
+/* The fq kernel's first rows for this call, or a->m where it does not run: MT_LARGE_VARIANT=fq, the
+ * large path, S_a per row, stores_by_tma, and a first wave of tiles (tile blockIdx.x of every CTA)
+ * that leaves rows to quantize: the bands it touches are quantized before the kernel (they are
+ * needed at once), the rest by the kernel's spare warps while its tensor cores run. */
+static int fq_rows(const mt_gemm_args *a, int bn, int sms, CUtensorMap *ty) {
+  if (large_variant() != LARGE_FQ || a->w->num.act_scale != MT_SCALE_ROW || !stores_by_tma(a, bn, ty))
+    return a->m;
+  int tiles_n = (a->n + bn - 1) / bn, grid = (int)persistent_grid(a, bn, sms);
+  long long r0 = (long long)((grid - 1) / tiles_n + 1) * MT_LARGE_BM;
+  return r0 < a->m ? (int)r0 : a->m;
+}
+
+int mt_gemm_quant_rows(const mt_gemm_args *a) {
+  if (large_variant() != LARGE_FQ || takes_small_path(a) || !mt_driver_get())
+    return a->m;
+  CUtensorMap ty;
+  int sms = sm_count();
+  return fq_rows(a, tile_width(a, sms), sms, &ty);
+}
+
 int mt_gemm_act_records(const mt_gemm_args *a) {
   CUtensorMap ty;
   int sms;
@@ -236,6 +256,22 @@ static int ra_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   return launch("gemm_large", fn, persistent_grid(a, bn, sms), 1, 384, MT_LARGE_SMEM_RA(bn), 1, stream, &l);
 }
 
+/* The fq kernel on l (activation and weight maps and the epilogue already there), or
+ * MT_ERR_UNSUPPORTED where the engine's split of the rows (q->r0) is not the one fq_rows gives. */
+static int fq_launch(const mt_gemm_args *a, const mt_qact *q, int bn, int sms, mt_large_args *l, mt_stream stream) {
+  if (!q->sync || fq_rows(a, bn, sms, &l->ty) != q->r0)
+    return MT_ERR_UNSUPPORTED;
+  l->fq_x = a->x;
+  l->fq_ldx = (long long)a->ldx;
+  l->fq_xhat = (uint16_t *)q->xhat;
+  l->fq_outer = (float *)q->outer;
+  l->fq_sync = q->sync;
+  l->fq_r0 = q->r0;
+  l->fq_fp16 = a->xtype == MT_DTYPE_FP16;
+  const char *fn = bn == 256 ? "mt_gemm_large_fq_n256" : bn == 192 ? "mt_gemm_large_fq_n192" : "mt_gemm_large_fq_n128";
+  return launch("gemm_large", fn, persistent_grid(a, bn, sms), 1, 384, MT_LARGE_SMEM_TS(bn), 1, stream, l);
+}
+
 static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   static mt_large_args proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
   mt_large_args l = proto;
@@ -251,6 +287,8 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   unsigned grid = persistent_grid(a, bn, sms);
   /* TMA stores (all but v6; ra where its kernel does not run is the default) where they can,
    * else per-thread stores */
+  if (q->r0 < a->m) /* the fq kernel quantizes rows r0 .. m-1 itself (mt_gemm_quant_rows) */
+    return fq_launch(a, q, bn, sms, &l, stream);
   if (large_variant() != LARGE_V6 && stores_by_tma(a, bn, &l.ty)) {
     const char *fn = bn == 256 ? "mt_gemm_large_ts_n256" : bn == 192 ? "mt_gemm_large_ts_n192" : "mt_gemm_large_ts_n128";
     return launch("gemm_large", fn, grid, 1, 384, MT_LARGE_SMEM_TS(bn), 1, stream, &l);

@@ -20,6 +20,9 @@ typedef struct {
   const float *outer;   /* S_a: m floats (row) or 1 (tensor) */
   const uint8_t *rec;   /* instead of xhat where mt_gemm_act_records says so: the activations as
                            5-bit records (gemm_args.h, MT_ACT_REC_BYTES), else NULL */
+  uint32_t *sync;       /* MT_FQ_SYNC_WORDS(m) words, zeroed by the quantization, where r0 < m */
+  int r0;               /* rows quantized already: m, or fewer where the GEMM quantizes the rest
+                           itself (mt_gemm_quant_rows) */
 } mt_qact;
 
 /* Rows up to which the small-M (weight-streaming) path runs. 8: on the H200 (make bench,
@@ -46,7 +49,12 @@ int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream);
 int mt_gemm_act_records(const mt_gemm_args *a);
 size_t mt_gemm_act_bytes(int m, int k);
 
-/* Run a->y = ... for the activations q (a->x is not read here). */
+/* The rows of a->x that the engine quantizes before mt_gemm_launch: a->m, or, where the large-M
+ * fq kernel quantizes the rest inside the GEMM (the rows of its first wave of tiles run on rows
+ * quantized before it starts), fewer: a multiple of 128. */
+int mt_gemm_quant_rows(const mt_gemm_args *a);
+
+/* Run a->y = ... for the activations q (a->x is read only where q->r0 < a->m). */
 int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream);
 
 #endif

@@ -31,7 +31,20 @@ typedef struct {
   CUtensorMap ty; /* output [m][n] (the ts and ra kernels only), box 64 x 64 rows */
   mt_epilogue_args e;
   const uint8_t *ra; /* the ra variant: the activations as records (MT_ACT_REC_BYTES), ta unused */
+  /* The fq variant: rows fq_r0 .. m-1 of x are quantized inside the kernel into the xhat that ta
+   * describes and into S_a (fq_outer, the e.sa array), band by band; the quantization kernel
+   * before it did rows 0 .. fq_r0-1 and zeroed fq_sync: [0] the next row to take (from fq_r0),
+   * [1 + b] the rows of band b (128 rows) done. */
+  const void *fq_x;
+  long long fq_ldx;
+  uint16_t *fq_xhat;
+  float *fq_outer;
+  uint32_t *fq_sync;
+  int fq_r0, fq_fp16;
 } mt_large_args;
+
+/* Words of mt_large_args.fq_sync for m rows. */
+#define MT_FQ_SYNC_WORDS(m) (1 + ((size_t)(m) + MT_LARGE_BM - 1) / MT_LARGE_BM)
 
 /* Small M: the weight in fragment order, the activations read directly: quantized (xa) or, for the
  * fused kernel mt_gemm_small_q4, raw (x, quantized in the kernel; then e.sa is not read). */

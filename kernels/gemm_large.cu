@@ -31,6 +31,7 @@
 // FP32-accumulation bound, and bitwise across M, row positions and the two paths.
 // kernels/NOTES.md has the measurements.
 #include "kernels/gemm_common.cuh"
+#include "kernels/quant.cuh"
 #include "kernels/wgmma.cuh"
 #include "kernels/wgmma_rs.cuh"
 
@@ -340,6 +341,90 @@ __device__ static __forceinline__ void k_loop_ra(float *d, uint64_t *full, uint6
     mbar_arrive(&empty[prev]);
 }
 
+// The fq variant's hand-over between the warps that quantize rows and the producers of other CTAs:
+// a row's xhat and S_a are plain stores, published per band by a release add after the proxy fence
+// (TMA, the async proxy, reads them); a producer takes a band by an acquire load and the same
+// fence before its TMA loads.
+__device__ static inline uint32_t ld_acquire(const uint32_t *p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ static inline void red_release_add(uint32_t *p, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ static inline void fence_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
+// Until the rows of the band at m0 are quantized (at once for the rows the kernel before did).
+__device__ static void wait_band(const mt_large_args &a, int m0) {
+  if (m0 < a.fq_r0)
+    return;
+  const uint32_t need = (uint32_t)min(BM, a.e.m - m0);
+  while (ld_acquire(&a.fq_sync[1 + m0 / BM]) < need)
+    __nanosleep(64);
+  fence_async_global();
+}
+
+// One row r of x into xhat and S_a by one warp, bit for bit the per-row kernel of quant.cu (the
+// same mt_q steps): lane l takes blocks l, l + 32, ...; a first pass for the row's amax, a second
+// (from L1/L2) for the blocks. Two passes keep it within the producer warpgroup's 40 registers.
+template <bool FP16> __device__ static void quantize_row(const mt_large_args &a, int r, int lane) {
+  const uint4 *xrow = (const uint4 *)((const char *)a.fq_x + (size_t)r * (size_t)a.fq_ldx * 2);
+  const int nblk = a.e.k / 16;
+  auto load = [&](int b, uint32_t(&w)[8]) {
+    const uint4 v0 = xrow[2 * b], v1 = xrow[2 * b + 1];
+    w[0] = v0.x, w[1] = v0.y, w[2] = v0.z, w[3] = v0.w, w[4] = v1.x, w[5] = v1.y, w[6] = v1.z, w[7] = v1.w;
+  };
+  uint32_t m = 0;
+#pragma unroll 2
+  for (int b = lane; b < nblk; b += 32) {
+    uint32_t w[8];
+    load(b, w);
+    m = max(m, mt_q::block_amax_bits<FP16>(w));
+  }
+  m = __reduce_max_sync(0xffffffffu, m);
+  const float S = mt_q::outer_scale(__uint_as_float(m));
+  if (lane == 0)
+    a.fq_outer[r] = S;
+  const bool bad = !(S == S); // NaN or Inf in the row: xhat 0, and the NaN S makes its outputs NaN
+  const float s_over_6 = mt_q::S_over_6(S), inv_s = mt_q::inv_S(S);
+  uint4 *dst = (uint4 *)(a.fq_xhat + (size_t)r * (size_t)a.e.k);
+  for (int b = lane; b < nblk; b += 32) {
+    uint32_t w[8], xh[8] = {0, 0, 0, 0, 0, 0, 0, 0}, cd[2];
+    load(b, w);
+    if (!bad)
+      mt_q::block<FP16, false>(w, mt_q::block_amax_bits<FP16>(w), s_over_6, inv_s, xh, cd);
+    dst[2 * b] = make_uint4(xh[0], xh[1], xh[2], xh[3]);
+    dst[2 * b + 1] = make_uint4(xh[4], xh[5], xh[6], xh[7]);
+  }
+}
+
+// Warps 1-3 of the producer warpgroup in every CTA: rows fq_r0 .. m-1, one at a time, in the order
+// of a shared counter (so bands finish roughly in order, and resident CTAs do the work of any not
+// yet running); each row counted into its band once its stores are visible.
+__device__ static void quantize_rows(const mt_large_args &a) {
+  const int lane = threadIdx.x % 32;
+  grid_dependency_wait(); // the counters were zeroed by the kernel before
+  for (;;) {
+    uint32_t got = 0;
+    if (lane == 0)
+      got = atomicAdd(&a.fq_sync[0], 1u);
+    const long long r = (long long)__shfl_sync(0xffffffffu, got, 0) + a.fq_r0;
+    if (r >= a.e.m)
+      return;
+    if (a.fq_fp16)
+      quantize_row<true>(a, (int)r, lane);
+    else
+      quantize_row<false>(a, (int)r, lane);
+    fence_async_global();
+    __syncwarp();
+    if (lane == 0) {
+      __threadfence();
+      red_release_add(&a.fq_sync[1 + r / BM], 1u);
+    }
+  }
+}
+
 // The stage ring's barriers, by one thread: "full" completes on the producer's arrival and the
 // stage's bytes, "empty" on `consumers` arrivals (one per consumer warp: 8); the fence makes them visible
 // to the async proxy (TMA).
@@ -356,7 +441,8 @@ template <int S> __device__ static __forceinline__ void init_ring(uint64_t *full
 // blockIdx.x, + gridDim.x, ...) and each tile's K blocks in order. k-block number `it` counts on
 // across the tiles: stage it % S, phase (it / S) & 1. A stage holds the 128-row activation tile
 // (A_BYTES), then the BN-row weight tile.
-template <int S, int SB, int BN>
+// FQ: the activation tile of a band only once its rows are quantized (wait_band).
+template <int S, int SB, int BN, bool FQ = false>
 __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *smem, uint64_t *full, uint64_t *empty,
                                                int tiles, int tiles_n, int kt) {
   const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * BM;
@@ -365,11 +451,15 @@ __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *
     tma_load_2d(smem + kb * SB + A_BYTES, &a.tw, &full[kb], kb * BK, n_first);
   }
   grid_dependency_wait();
+  if (FQ)
+    wait_band(a, m_first);
   for (int kb = 0; kb < pre; kb++)
     tma_load_2d(smem + kb * SB, &a.ta, &full[kb], kb * BK, m_first);
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
+    if (FQ && tile != (int)blockIdx.x)
+      wait_band(a, m0);
     for (int kb = 0; kb < kt; kb++, it++) {
       if (it < pre) // issued above (the first tile)
         continue;
@@ -478,7 +568,11 @@ template <int BN> __device__ static void run(const mt_large_args &a) {
 // (gemm_args.h: 5 KB a stage instead of 16 KB of BF16) that each consumer thread decodes into its
 // A fragments (k_loop_ra: wgmma with A from registers, the same products, so the same bits); the
 // weight tile sits first in a stage (produce_ra).
-template <int BN, bool RA = false> __device__ static void run_ts(const mt_large_args &a) {
+// FQ (mt_gemm_large_fq_nBN, MT_LARGE_VARIANT=fq): ts with rows fq_r0 .. m-1 of the activations
+// quantized inside the kernel by warps 1-3 of the producer warpgroup (quantize_rows), which are idle
+// otherwise, while the consumers of every CTA run the first wave of tiles on the rows the
+// quantization kernel before did; the producer takes a band's tiles once it is done (wait_band).
+template <int BN, bool RA = false, bool FQ = false> __device__ static void run_ts(const mt_large_args &a) {
   constexpr int S = RA ? MT_LARGE_STAGES_RA(BN) : MT_LARGE_STAGES_TS(BN);
   constexpr int SB = RA ? MT_LARGE_STAGE_BYTES_RA(BN) : MT_LARGE_STAGE_BYTES(BN);
   extern __shared__ uint8_t smem_raw[];
@@ -502,12 +596,16 @@ template <int BN, bool RA = false> __device__ static void run_ts(const mt_large_
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (FQ && threadIdx.x >= 32) {
+      quantize_rows(a);
+      return;
+    }
     if (threadIdx.x != 0 || (int)blockIdx.x >= tiles)
       return;
     if constexpr (RA)
       produce_ra<S, SB, BN>(a, smem, full, empty, tiles, tiles_n, kt);
     else
-      produce<S, SB, BN>(a, smem, full, empty, tiles, tiles_n, kt);
+      produce<S, SB, BN, FQ>(a, smem, full, empty, tiles, tiles_n, kt);
     return;
   }
 
@@ -539,6 +637,11 @@ template <int BN, bool RA = false> __device__ static void run_ts(const mt_large_
     }
     if (row0 >= a.e.m) // no rows of this warpgroup exist
       continue;
+    if (FQ) { // S_a of the band's rows: the producer's acquire does not reach these threads
+      if (lane == 0)
+        wait_band(a, m0);
+      __syncwarp();
+    }
     prepare_columns<BN>(a.e, cols, n0, cw);
     if (lead) // the previous tile's store has read the staging tile
       bulk_wait_read();
@@ -585,3 +688,10 @@ MT_LARGE_TS(256)
 MT_LARGE_RA(128)
 MT_LARGE_RA(192)
 MT_LARGE_RA(256)
+#define MT_LARGE_FQ(BN)                                                                            \
+  extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_fq_n##BN(const __grid_constant__ mt_large_args a) { \
+    large::run_ts<BN, false, true>(a);                                                             \
+  }
+MT_LARGE_FQ(128)
+MT_LARGE_FQ(192)
+MT_LARGE_FQ(256)

@@ -193,7 +193,8 @@ static int call_gemm_only(void *p, int i) {
   gemm_ctx *g = p;
   mt_gemm_args a = ours_args(g, i);
   int records = mt_gemm_act_records(&a);
-  mt_qact q = {.xhat = records ? NULL : g->ws, .outer = act_outer(g), .rec = records ? g->ws : NULL};
+  mt_qact q = {.xhat = records ? NULL : g->ws, .outer = act_outer(g), .rec = records ? g->ws : NULL,
+               .r0 = g->m}; /* every row quantized beforehand: under fq this times the ts kernel */
   return mt_gemm_launch(&a, &q, (mt_stream)stream);
 }
 

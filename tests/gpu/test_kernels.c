@@ -985,6 +985,22 @@ static void gemm_large_tiles(void) {
   check_gemm(&wide);
 }
 
+/* More tiles than SMs with S_a per row: under MT_LARGE_VARIANT=fq the rows past the first wave's
+ * bands (here 1536 of 2400, 11 tiles of 192 a band, 132 SMs) are quantized inside the GEMM, so
+ * these check that quantization too: FP16 and BF16 activations with ldx != k, NaN rows past and
+ * before the split, a last band of 96 rows, C, bias and FP16 output. */
+static void gemm_many_tiles(void) {
+  NEED_GPU();
+  for (int v = 0; v < 2; v++) {
+    gcase g = {.m = 2400, .n = 2048, .k = 256, .num = numerics_row, .xfp16 = !v,
+               .ytype = v ? MT_DTYPE_BF16 : MT_DTYPE_FP16, .biastype = MT_DTYPE_BF16, .with_bias = 1,
+               .alpha = 1.0f, .beta = v ? 0.0f : 0.5f, .nan_rows = {v ? 5 : 1600, 2399}, .nnan = 2};
+    g.ldx = (size_t)g.k + 24;
+    g.ldy = (size_t)g.n;
+    check_gemm(&g);
+  }
+}
+
 /* ---- conditional weight quantization (the frozen cache's refresh) -------------------------- */
 
 /* With the device word at 0 nothing of the quantized weight changes (even with another W); at 1
@@ -1278,6 +1294,7 @@ int main(void) {
   RUN(gemm_nan_rows);
   RUN(gemm_batch_invariance);
   RUN(gemm_large_tiles);
+  RUN(gemm_many_tiles);
   RUN(engine_contexts_and_capture);
   return mt_test_done();
 }
