@@ -13,7 +13,8 @@
 // showed gives the same bits (within a step every product is exact and the block sum is exact in
 // FP32, so which operand is A does not matter). mt_gemm_small_m8 starts under programmatic
 // dependent launch and requests its first weight chunks before griddepcontrol.wait; q4 runs in
-// plain stream order (nothing before it to overlap) and quantizes while its weights arrive.
+// plain stream order (nothing before it to overlap) and quantizes while its weights arrive. The
+// epilogue's S_a, S_w and bias are loaded before the K loop, in registers when it ends (epi_in).
 //
 // The variants measured against these and removed (warp-specialized kernels, a shift decode,
 // kernels for 16 to 64 tokens) are in kernels/NOTES.md and git history.
@@ -159,23 +160,82 @@ __device__ static inline void chunk_steps(float (&d)[(ROWS + 15) / 16][4], const
     mma_step<ROWS>(d, b0, b1, a0);
 }
 
-// The warp's accumulators to y through the epilogue: d[tt] holds, in lane (g, q), tokens
-// 16 tt + g (d[tt][0..1]) and 16 tt + g + 8 (d[tt][2..3]) of channels ch and ch + 1. A token's
-// 1/S_a is 1/S[tok] from the CTA's own quantization when FUSED, else from the quantization kernel's.
-template <int TT, bool FUSED>
-__device__ static inline void store_acc(const mt_epilogue_args &e, const float (&d)[TT][4], int ch, int g,
-                                        const float *S) {
-  float inv_w[2] = {inv_row(e.sw, e.sw_row, ch), inv_row(e.sw, e.sw_row, ch + 1)};
+// What the epilogue reads besides the accumulators (C aside), loaded before the step loop (S_w and
+// the bias of the fused kernel before its quantization) so that the loads' latency hides under it
+// instead of following it (three dependent global loads, one after another, were most of the
+// epilogue's ~0.5 µs at gate_up M = 1, kernels/NOTES.md): the raw S_w of the lane's channels ch and ch + 1, the raw
+// S_a of its tokens 16 tt + g and + 8 (1 for tokens past m: never read), and the bits of its
+// channels' bias (0 without bias: never read). Raw values, converted after the loop: the
+// reciprocals and the epilogue's arithmetic stay where and as they were, and a 16-bit bias's
+// conversion does not make the warp wait for its load before the loop.
+template <int TT> struct epi_in {
+  float sw[2], sa[TT][2];
+  uint32_t bias[2];
+};
+
+// S_w (the weight's) and the bias bits (the caller's) of channels ch and ch + 1. Neither is written
+// by the kernel before this one, but both are loaded after griddepcontrol.wait, for caution: what
+// follows leaves plenty of time for them.
+template <int TT> __device__ static inline void load_epi_w(const mt_epilogue_args &e, int ch, epi_in<TT> &in) {
+  bool half = e.biastype == DT_BF16 || e.biastype == DT_FP16; // load_elem's types
+#pragma unroll
+  for (int j = 0; j < 2; j++) {
+    in.sw[j] = e.sw[e.sw_row ? ch + j : 0];
+    in.bias[j] = !e.bias ? 0u : half ? ((const uint16_t *)e.bias)[ch + j] : ((const uint32_t *)e.bias)[ch + j];
+  }
+}
+
+// S_a of the lane's tokens from sa (one per row when per_row): the quantization kernel's (global
+// memory: only after griddepcontrol.wait) or the fused kernel's own (shared memory: after the
+// __syncthreads that follows its computation).
+template <int TT>
+__device__ static inline void load_epi_a(const mt_epilogue_args &e, int g, const float *sa, int per_row,
+                                         epi_in<TT> &in) {
+#pragma unroll
+  for (int tt = 0; tt < TT; tt++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      int tok = tt * 16 + g + 8 * h;
+      in.sa[tt][h] = tok >= e.m ? 1.0f : sa[per_row ? tok : 0];
+    }
+}
+
+// A bias element's bits as load_elem converts them.
+__device__ static inline float bias_value(uint32_t bits, int type) {
+  if (type == DT_BF16) return __bfloat162float(__ushort_as_bfloat16((unsigned short)bits));
+  if (type == DT_FP16) return __half2float(__ushort_as_half((unsigned short)bits));
+  return __uint_as_float(bits);
+}
+
+// Output (tok, j) from its accumulator: epilogue() (gemm_common.cuh) without the bias, then the
+// preloaded bias, which is the add epilogue() does last: the same operations in the same order, so
+// the same bits as the large path. inv_a and inv_w are __frcp_rn of the raw S, as inv_row and
+// mt_q::inv_S compute them.
+__device__ static inline float epi_out(const mt_epilogue_args &e, float acc, float inv_a, float inv_w,
+                                       uint32_t bias, int tok, int j) {
+  mt_epilogue_args nb = e;
+  nb.bias = nullptr;
+  float t = epilogue(nb, acc, inv_a, inv_w, tok, j);
+  return e.bias ? __fadd_rn(t, bias_value(bias, e.biastype)) : t;
+}
+
+// The warp's accumulators to y: d[tt] holds, in lane (g, q), tokens 16 tt + g (d[tt][0..1]) and
+// 16 tt + g + 8 (d[tt][2..3]) of channels ch and ch + 1.
+template <int TT>
+__device__ static inline void store_acc(const mt_epilogue_args &e, const float (&d)[TT][4], const epi_in<TT> &in,
+                                        int ch, int g) {
+  float inv_w[2] = {__frcp_rn(in.sw[0]), __frcp_rn(in.sw[1])};
 #pragma unroll
   for (int tt = 0; tt < TT; tt++)
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       int tok = tt * 16 + g + 8 * h;
       if (tok >= e.m) continue;
-      float inv_a = FUSED ? mt_q::inv_S(S[tok]) : inv_row(e.sa, e.sa_row, tok);
+      float inv_a = __frcp_rn(in.sa[tt][h]);
 #pragma unroll
       for (int j = 0; j < 2; j++)
-        store_elem(e.y, tok * e.ldy + ch + j, e.ytype, epilogue(e, d[tt][2 * h + j], inv_a, inv_w[j], tok, ch + j));
+        store_elem(e.y, tok * e.ldy + ch + j, e.ytype,
+                   epi_out(e, d[tt][2 * h + j], inv_a, inv_w[j], in.bias[j], tok, ch + j));
     }
 }
 
@@ -205,6 +265,10 @@ __device__ static void run(const mt_small_args &a) {
     if (c < chunks) load_acts(a, smem + c * SBYTES, c, rows);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   }
+  int ch = (blockIdx.x * WARPS + w) * 8 + 2 * q;
+  epi_in<TT> in;
+  load_epi_w(a.e, ch, in);
+  load_epi_a(a.e, g, a.e.sa, a.e.sa_row, in);
   for (int c = 0; c < chunks; c++) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
     __syncthreads();
@@ -221,7 +285,7 @@ __device__ static void run(const mt_small_args &a) {
     chunk_steps<ROWS>(d, st + w * WCHUNK, st + WBYTES + g * PITCH + q * 4, PITCH, steps, lane);
   }
   MT_SMALL_MARK(4);
-  store_acc<TT, false>(a.e, d, (blockIdx.x * WARPS + w) * 8 + 2 * q, g, nullptr);
+  store_acc<TT>(a.e, d, in, ch, g);
   MT_SMALL_MARK(5);
 }
 
@@ -284,6 +348,9 @@ __device__ static void run_fused(const mt_small_args &a) {
     ((uint4 *)zero)[i] = make_uint4(0, 0, 0, 0);
   if (t < 8) amax[t] = 0;
   grid_dependency_wait();
+  int ch = (blockIdx.x * WARPS + w) * 8 + 2 * q;
+  epi_in<1> in;
+  load_epi_w(a.e, ch, in); // in flight during the quantization and the loop
   __syncthreads();
   MT_SMALL_MARK(1);
   if (a.xfp16) fused_amax<true>(a, amax);
@@ -294,6 +361,7 @@ __device__ static void run_fused(const mt_small_args &a) {
   if (a.xfp16) fused_quantize<true>(a, S, xs, xp);
   else fused_quantize<false>(a, S, xs, xp);
   MT_SMALL_MARK(2);
+  load_epi_a(a.e, g, S, 1, in);
 
   for (int c = 0; c < chunks; c++) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
@@ -308,13 +376,12 @@ __device__ static void run_fused(const mt_small_args &a) {
     chunk_steps<8>(d, smem + (c % STAGES) * WBYTES + w * WCHUNK, arow, xp, steps, lane);
   }
   MT_SMALL_MARK(4);
-  int ch = (blockIdx.x * WARPS + w) * 8 + 2 * q, tok = g;
-  if (tok >= a.e.m) return;
-  float inv_a = mt_q::inv_S(S[tok]);
+  if (g >= a.e.m) return;
+  float inv_a = __frcp_rn(in.sa[0][0]);
 #pragma unroll
   for (int j = 0; j < 2; j++)
-    store_elem(a.e.y, tok * a.e.ldy + ch + j, a.e.ytype,
-               epilogue(a.e, d[0][j], inv_a, inv_row(a.e.sw, a.e.sw_row, ch + j), tok, ch + j));
+    store_elem(a.e.y, g * a.e.ldy + ch + j, a.e.ytype,
+               epi_out(a.e, d[0][j], inv_a, __frcp_rn(in.sw[j]), in.bias[j], g, ch + j));
   MT_SMALL_MARK(5);
 }
 } // namespace small
