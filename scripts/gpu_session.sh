@@ -48,6 +48,7 @@ for s in $steps; do
         step "probe-$p" 60 "build/probe_$p"
     done ;;
   ab)
+    make -s build/scripts/bench_kernels >/dev/null 2>&1
     for r in ${AB_ROWS:-}; do
       echo "== ab${TAG:-} $r"
       MT_BENCH_ONLY=$r timeout 60 build/scripts/bench_kernels "$out/ab.json" 2>&1 | grep -E "^${r%%:*} |rror"
