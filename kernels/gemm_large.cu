@@ -399,28 +399,76 @@ template <bool FP16> __device__ static void quantize_row(const mt_large_args &a,
   }
 }
 
-// Warps 1-3 of the producer warpgroup in every CTA: rows fq_r0 .. m-1, one at a time, in the order
-// of a shared counter (so bands finish roughly in order, and resident CTAs do the work of any not
-// yet running); each row counted into its band once its stores are visible.
+// quantize_row for k <= 32 * FQ_NB * 16 (2048) in one pass: the lane's blocks held in registers,
+// all its loads in flight at once (the two-pass loop waits for ~6 round trips a row).
+constexpr int FQ_NB = 4;
+template <bool FP16> __device__ static void quantize_row_held(const mt_large_args &a, int r, int lane) {
+  const uint4 *xrow = (const uint4 *)((const char *)a.fq_x + (size_t)r * (size_t)a.fq_ldx * 2);
+  const int nblk = a.e.k / 16;
+  uint32_t w[FQ_NB][8], m = 0;
+#pragma unroll
+  for (int j = 0; j < FQ_NB; j++) {
+    const int b = lane + 32 * j;
+    uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
+    if (b < nblk) {
+      v0 = xrow[2 * b];
+      v1 = xrow[2 * b + 1];
+    }
+    w[j][0] = v0.x, w[j][1] = v0.y, w[j][2] = v0.z, w[j][3] = v0.w;
+    w[j][4] = v1.x, w[j][5] = v1.y, w[j][6] = v1.z, w[j][7] = v1.w;
+  }
+#pragma unroll
+  for (int j = 0; j < FQ_NB; j++)
+    m = max(m, mt_q::block_amax_bits<FP16>(w[j]));
+  m = __reduce_max_sync(0xffffffffu, m);
+  const float S = mt_q::outer_scale(__uint_as_float(m));
+  if (lane == 0)
+    a.fq_outer[r] = S;
+  const bool bad = !(S == S);
+  const float s_over_6 = mt_q::S_over_6(S), inv_s = mt_q::inv_S(S);
+  uint4 *dst = (uint4 *)(a.fq_xhat + (size_t)r * (size_t)a.e.k);
+#pragma unroll
+  for (int j = 0; j < FQ_NB; j++) {
+    const int b = lane + 32 * j;
+    if (b >= nblk)
+      break;
+    uint32_t xh[8] = {0, 0, 0, 0, 0, 0, 0, 0}, cd[2];
+    if (!bad)
+      mt_q::block<FP16, false>(w[j], mt_q::block_amax_bits<FP16>(w[j]), s_over_6, inv_s, xh, cd);
+    dst[2 * b] = make_uint4(xh[0], xh[1], xh[2], xh[3]);
+    dst[2 * b + 1] = make_uint4(xh[4], xh[5], xh[6], xh[7]);
+  }
+}
+
+// Warps 1-3 of the producer warpgroup in every CTA: rows fq_r0 .. m-1, FQ_GROUP at a time (r0 is a
+// multiple of 128, so a group lies in one band), in the order of a shared counter (so bands finish
+// roughly in order, and resident CTAs do the work of any not yet running); each group counted into
+// its band once its stores are visible.
+constexpr int FQ_GROUP = 4;
 __device__ static void quantize_rows(const mt_large_args &a) {
   const int lane = threadIdx.x % 32;
+  const bool held = a.e.k <= 32 * FQ_NB * 16;
   grid_dependency_wait(); // the counters were zeroed by the kernel before
   for (;;) {
     uint32_t got = 0;
     if (lane == 0)
-      got = atomicAdd(&a.fq_sync[0], 1u);
-    const long long r = (long long)__shfl_sync(0xffffffffu, got, 0) + a.fq_r0;
-    if (r >= a.e.m)
+      got = atomicAdd(&a.fq_sync[0], (uint32_t)FQ_GROUP);
+    const long long r0 = (long long)__shfl_sync(0xffffffffu, got, 0) + a.fq_r0;
+    if (r0 >= a.e.m)
       return;
-    if (a.fq_fp16)
-      quantize_row<true>(a, (int)r, lane);
-    else
-      quantize_row<false>(a, (int)r, lane);
+    const int rows = (int)min((long long)FQ_GROUP, a.e.m - r0);
+    for (int i = 0; i < rows; i++) {
+      const int r = (int)r0 + i;
+      if (held)
+        a.fq_fp16 ? quantize_row_held<true>(a, r, lane) : quantize_row_held<false>(a, r, lane);
+      else
+        a.fq_fp16 ? quantize_row<true>(a, r, lane) : quantize_row<false>(a, r, lane);
+    }
     fence_async_global();
     __syncwarp();
     if (lane == 0) {
       __threadfence();
-      red_release_add(&a.fq_sync[1 + r / BM], 1u);
+      red_release_add(&a.fq_sync[1 + r0 / BM], (uint32_t)rows);
     }
   }
 }
@@ -595,7 +643,11 @@ template <int BN, bool RA = false, bool FQ = false> __device__ static void run_t
   __syncthreads();
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (FQ) { // the row quantizers hold a row of k = 2048 (32 registers) and its loads in flight
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 96;\n");
+    } else {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    }
     if (FQ && threadIdx.x >= 32) {
       quantize_rows(a);
       return;
@@ -609,7 +661,11 @@ template <int BN, bool RA = false, bool FQ = false> __device__ static void run_t
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  if (FQ) { // 128 x 96 + 256 x 200 <= the 384 x 168 registers of the launch (no spills at BN = 256)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 200;\n");
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  }
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0), lead = threadIdx.x % 128 == 0;
   columns<BN> *cols = cols_all + cw;
   uint8_t *stage = staging + cw * 64 * BN * 2;
