@@ -39,6 +39,11 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
  *    then holds the records, mt_gemm_act_records), else as the default: same bits, not faster
  *    (H200: Qwen3 shapes 2-10% slower, DeepSeek's within the run-to-run spread of +-10%; the
  *    record quantization runs at 20.0 instead of 18.8 µs for 8192 x 2048). Same bits in every case.
+ *    "fq" where the default would store by TMA, S_a is per row and the first wave of tiles leaves
+ *    rows: the quantization kernel does the first wave's bands (and zeroes the counters), the GEMM
+ *    (mt_gemm_large_fq_nBN) the rest in its producer warpgroup's idle warps while its consumers run
+ *    (mt_gemm_quant_rows); same bits, not faster (H200, 4th session: gate_up M = 4096 58.5 against
+ *    45.4 µs, 16384 165.4 against 165.7; the in-kernel rows come too slowly, kernels/NOTES.md).
  *  MT_LARGE_BN: a tile width taken instead of the launcher's choice (256, 192 or 128 for every
  *    variant; 96 or 64 for v6, where the default runs it).
  * The other knobs and kernels measured in earlier sessions (small-M: warp-specialized, shift

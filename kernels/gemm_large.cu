@@ -21,11 +21,12 @@
 //
 // kernels/gemm.c's default runs mt_gemm_large_ts_nBN, outputs through shared memory and TMA
 // stores (see run_ts), where it applies, else mt_gemm_large_nBN (v6, per-thread stores; also
-// everywhere under MT_LARGE_VARIANT=v6), and for n >= 4096 mt_gemm_large_ra_nBN, ts with the
-// activations as 5-bit records decoded in registers, wgmma with A from registers (see run_ts;
-// MT_LARGE_VARIANT=ra forces it, =ts forbids it). The variants measured against these and removed
-// (v1: one tile per CTA; np; mc: clusters sharing a tile by TMA multicast; m64: tiles of 64
-// tokens) are in kernels/NOTES.md and git history.
+// everywhere under MT_LARGE_VARIANT=v6). Opt-in, measured and not faster: MT_LARGE_VARIANT=ra
+// (mt_gemm_large_ra_nBN: ts with the activations as 5-bit records decoded into wgmma's A
+// registers) and =fq (mt_gemm_large_fq_nBN: ts quantizing the rows past its first wave itself, in
+// the producer warpgroup's idle warps). The variants measured and removed (v1: one tile per CTA;
+// np; mc: clusters sharing a tile by TMA multicast; m64: tiles of 64 tokens) are in
+// kernels/NOTES.md and git history.
 //
 // Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (spec/nvfp4.c) within the
 // FP32-accumulation bound, and bitwise across M, row positions and the two paths.
