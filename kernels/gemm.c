@@ -46,11 +46,15 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
  *    45.4 µs, 16384 165.4 against 165.7; the in-kernel rows come too slowly, kernels/NOTES.md).
  *  MT_LARGE_BN: a tile width taken instead of the launcher's choice (256, 192 or 128 for every
  *    variant; 96 or 64 for v6, where the default runs it).
+ *  MT_FQ_ROWS: under fq, the rows the quantization kernel does before the GEMM at least (rounded
+ *    up to 128; default 0: the first wave's bands): moves the split when the kernel's quantizers
+ *    are too slow to stay ahead of the tiles (kernels/NOTES.md, fourth session).
  * The other knobs and kernels measured in earlier sessions (small-M: warp-specialized, shift
  * decode, 16-64 rows; large-M: v1, np, mc, m64) lost and were removed (kernels/NOTES.md). */
 enum { LARGE_DEFAULT, LARGE_V6, LARGE_RA, LARGE_FQ };
 static struct {
   int large_variant, large_bn;
+  long long fq_rows;
 } knobs;
 static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
 
@@ -61,6 +65,7 @@ static void knobs_read(void) {
   int errors = 0; /* a warning is enough: these are not the user's settings */
   knobs.large_variant = mt_param_choice("MT_LARGE_VARIANT", large, 0, &errors); /* order of the enum */
   knobs.large_bn = width_of[mt_param_choice("MT_LARGE_BN", widths, 0, &errors)];
+  knobs.fq_rows = (long long)mt_param_count("MT_FQ_ROWS", 0, 0, 1ull << 30, "rows", &errors);
 }
 
 static int large_variant(void) {
@@ -223,6 +228,9 @@ static int fq_rows(const mt_gemm_args *a, int bn, int sms, CUtensorMap *ty) {
     return a->m;
   int tiles_n = (a->n + bn - 1) / bn, grid = (int)persistent_grid(a, bn, sms);
   long long r0 = (long long)((grid - 1) / tiles_n + 1) * MT_LARGE_BM;
+  long long least = (knobs.fq_rows + MT_LARGE_BM - 1) / MT_LARGE_BM * MT_LARGE_BM; /* MT_FQ_ROWS */
+  if (r0 < least)
+    r0 = least;
   return r0 < a->m ? (int)r0 : a->m;
 }
 
