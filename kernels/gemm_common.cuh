@@ -19,6 +19,7 @@ __device__ static inline float load_elem(const void *p, long long i, int type) {
   return ((const float *)p)[i];
 }
 
+// y is BF16 or FP16: the engine routes no other output type (gemm_args_ok in engine.c).
 __device__ static inline void store_elem(void *p, long long i, int type, float v) {
   if (type == DT_BF16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
   else ((__half *)p)[i] = __float2half_rn(v);
