@@ -366,78 +366,91 @@ __device__ static void wait_band(const mt_large_args &a, int m0) {
   fence_async_global();
 }
 
-// One row r of x into xhat and S_a by one warp, bit for bit the per-row kernel of quant.cu (the
-// same mt_q steps): lane l takes blocks l, l + 32, ...; a first pass for the row's amax, a second
-// (from L1/L2) for the blocks. Two passes keep it within the producer warpgroup's 40 registers.
+// The pieces of a row's quantization by one warp, bit for bit the per-row kernel of quant.cu (the
+// same mt_q steps); lane l takes blocks l, l + 32, ...: block b of row xrow (16 elements, 32 bytes);
+// the row's S from the lanes' amax bits, written by lane 0; block b of xhat from its elements
+// (zeros where S is NaN: NaN or Inf in the row, whose NaN S makes its outputs NaN).
+__device__ static __forceinline__ void load_block(const uint4 *xrow, int b, uint32_t (&w)[8]) {
+  const uint4 v0 = xrow[2 * b], v1 = xrow[2 * b + 1];
+  w[0] = v0.x, w[1] = v0.y, w[2] = v0.z, w[3] = v0.w, w[4] = v1.x, w[5] = v1.y, w[6] = v1.z, w[7] = v1.w;
+}
+
+__device__ static __forceinline__ float row_scale(const mt_large_args &a, int r, int lane, uint32_t amax) {
+  const float S = mt_q::outer_scale(__uint_as_float(__reduce_max_sync(0xffffffffu, amax)));
+  if (lane == 0)
+    a.fq_outer[r] = S;
+  return S;
+}
+
+template <bool FP16>
+__device__ static __forceinline__ void store_block(uint4 *dst, int b, const uint32_t (&w)[8], bool bad, float s_over_6,
+                                                   float inv_s) {
+  uint32_t xh[8] = {0, 0, 0, 0, 0, 0, 0, 0}, cd[2];
+  if (!bad)
+    mt_q::block<FP16, false>(w, mt_q::block_amax_bits<FP16>(w), s_over_6, inv_s, xh, cd);
+  dst[2 * b] = make_uint4(xh[0], xh[1], xh[2], xh[3]);
+  dst[2 * b + 1] = make_uint4(xh[4], xh[5], xh[6], xh[7]);
+}
+
+__device__ static __forceinline__ const uint4 *x_row(const mt_large_args &a, int r) {
+  return (const uint4 *)((const char *)a.fq_x + (size_t)r * (size_t)a.fq_ldx * 2);
+}
+__device__ static __forceinline__ uint4 *xhat_row(const mt_large_args &a, int r) {
+  return (uint4 *)(a.fq_xhat + (size_t)r * (size_t)a.e.k);
+}
+
+// Row r in two passes, any k (the fq kernels take it for k > 2048): the row's amax, then its blocks
+// again (from L1/L2), holding one block at a time.
 template <bool FP16> __device__ static void quantize_row(const mt_large_args &a, int r, int lane) {
-  const uint4 *xrow = (const uint4 *)((const char *)a.fq_x + (size_t)r * (size_t)a.fq_ldx * 2);
+  const uint4 *xrow = x_row(a, r);
   const int nblk = a.e.k / 16;
-  auto load = [&](int b, uint32_t(&w)[8]) {
-    const uint4 v0 = xrow[2 * b], v1 = xrow[2 * b + 1];
-    w[0] = v0.x, w[1] = v0.y, w[2] = v0.z, w[3] = v0.w, w[4] = v1.x, w[5] = v1.y, w[6] = v1.z, w[7] = v1.w;
-  };
   uint32_t m = 0;
 #pragma unroll 2
   for (int b = lane; b < nblk; b += 32) {
     uint32_t w[8];
-    load(b, w);
+    load_block(xrow, b, w);
     m = max(m, mt_q::block_amax_bits<FP16>(w));
   }
-  m = __reduce_max_sync(0xffffffffu, m);
-  const float S = mt_q::outer_scale(__uint_as_float(m));
-  if (lane == 0)
-    a.fq_outer[r] = S;
-  const bool bad = !(S == S); // NaN or Inf in the row: xhat 0, and the NaN S makes its outputs NaN
+  const float S = row_scale(a, r, lane, m);
+  const bool bad = !(S == S);
   const float s_over_6 = mt_q::S_over_6(S), inv_s = mt_q::inv_S(S);
-  uint4 *dst = (uint4 *)(a.fq_xhat + (size_t)r * (size_t)a.e.k);
+  uint4 *dst = xhat_row(a, r);
   for (int b = lane; b < nblk; b += 32) {
-    uint32_t w[8], xh[8] = {0, 0, 0, 0, 0, 0, 0, 0}, cd[2];
-    load(b, w);
-    if (!bad)
-      mt_q::block<FP16, false>(w, mt_q::block_amax_bits<FP16>(w), s_over_6, inv_s, xh, cd);
-    dst[2 * b] = make_uint4(xh[0], xh[1], xh[2], xh[3]);
-    dst[2 * b + 1] = make_uint4(xh[4], xh[5], xh[6], xh[7]);
+    uint32_t w[8];
+    load_block(xrow, b, w);
+    store_block<FP16>(dst, b, w, bad, s_over_6, inv_s);
   }
 }
 
-// quantize_row for k <= 32 * FQ_NB * 16 (2048) in one pass: the lane's blocks held in registers,
-// all its loads in flight at once (the two-pass loop waits for ~6 round trips a row).
+// Row r for k <= 32 * FQ_NB * 16 (2048) in one pass: the lane's blocks held in registers, all its
+// loads in flight at once (the two-pass loop waits for ~6 round trips a row).
 constexpr int FQ_NB = 4;
 template <bool FP16> __device__ static void quantize_row_held(const mt_large_args &a, int r, int lane) {
-  const uint4 *xrow = (const uint4 *)((const char *)a.fq_x + (size_t)r * (size_t)a.fq_ldx * 2);
+  const uint4 *xrow = x_row(a, r);
   const int nblk = a.e.k / 16;
   uint32_t w[FQ_NB][8], m = 0;
 #pragma unroll
   for (int j = 0; j < FQ_NB; j++) {
     const int b = lane + 32 * j;
-    uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
-    if (b < nblk) {
-      v0 = xrow[2 * b];
-      v1 = xrow[2 * b + 1];
-    }
-    w[j][0] = v0.x, w[j][1] = v0.y, w[j][2] = v0.z, w[j][3] = v0.w;
-    w[j][4] = v1.x, w[j][5] = v1.y, w[j][6] = v1.z, w[j][7] = v1.w;
+    if (b < nblk)
+      load_block(xrow, b, w[j]);
+    else
+      for (int i = 0; i < 8; i++)
+        w[j][i] = 0;
   }
 #pragma unroll
   for (int j = 0; j < FQ_NB; j++)
     m = max(m, mt_q::block_amax_bits<FP16>(w[j]));
-  m = __reduce_max_sync(0xffffffffu, m);
-  const float S = mt_q::outer_scale(__uint_as_float(m));
-  if (lane == 0)
-    a.fq_outer[r] = S;
+  const float S = row_scale(a, r, lane, m);
   const bool bad = !(S == S);
   const float s_over_6 = mt_q::S_over_6(S), inv_s = mt_q::inv_S(S);
-  uint4 *dst = (uint4 *)(a.fq_xhat + (size_t)r * (size_t)a.e.k);
+  uint4 *dst = xhat_row(a, r);
 #pragma unroll
   for (int j = 0; j < FQ_NB; j++) {
     const int b = lane + 32 * j;
     if (b >= nblk)
       break;
-    uint32_t xh[8] = {0, 0, 0, 0, 0, 0, 0, 0}, cd[2];
-    if (!bad)
-      mt_q::block<FP16, false>(w[j], mt_q::block_amax_bits<FP16>(w[j]), s_over_6, inv_s, xh, cd);
-    dst[2 * b] = make_uint4(xh[0], xh[1], xh[2], xh[3]);
-    dst[2 * b + 1] = make_uint4(xh[4], xh[5], xh[6], xh[7]);
+    store_block<FP16>(dst, b, w[j], bad, s_over_6, inv_s);
   }
 }
 
