@@ -41,11 +41,12 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
  *    record quantization runs at 20.0 instead of 18.8 µs for 8192 x 2048). Same bits in every case.
  *    "fq" where the default would store by TMA, S_a is per row and the first wave of tiles leaves
  *    rows: the quantization kernel does the first wave's bands (and zeroes the counters), the GEMM
- *    (mt_gemm_large_fq_nBN) the rest in its producer warpgroup's idle warps while its consumers run
- *    (mt_gemm_quant_rows); same bits, not faster (H200, 4th session: gate_up M = 4096 58.5 against
- *    45.4 µs, 16384 165.4 against 165.7; the in-kernel rows come too slowly, kernels/NOTES.md).
+ *    (mt_gemm_large_fq_nBN, tiles 128 or 192 wide: fq_width) the rest in its producer warpgroup's
+ *    idle warps and a fourth warpgroup while its consumers run (mt_gemm_quant_rows); same bits,
+ *    faster only at the largest M of one shape (H200, 5th session: gate_up M = 16384 157.7 against
+ *    164.8 µs; 4096 47.9 against 45.3, down and DeepSeek's slower; kernels/NOTES.md).
  *  MT_LARGE_BN: a tile width taken instead of the launcher's choice (256, 192 or 128 for every
- *    variant; 96 or 64 for v6, where the default runs it).
+ *    variant, fq taking 192 or 128 for 256; 96 or 64 for v6, where the default runs it).
  *  MT_FQ_ROWS: under fq, the rows the quantization kernel does before the GEMM at least (rounded
  *    up to 128; default 0: the first wave's bands): moves the split when the kernel's quantizers
  *    are too slow to stay ahead of the tiles (kernels/NOTES.md, fourth session).
@@ -234,12 +235,22 @@ static int fq_rows(const mt_gemm_args *a, int bn, int sms, CUtensorMap *ty) {
   return r0 < a->m ? (int)r0 : a->m;
 }
 
+/* The fq kernels' tile width for a call whose ts width is bn: at most 192 (their fourth warpgroup
+ * leaves 128 registers a thread, too few for a 256-wide tile's accumulators); in place of 256,
+ * whichever of 192 and 128 pads n less (2048: 128, 1536: 192). */
+static int fq_width(const mt_gemm_args *a, int bn) {
+  if (bn <= 192)
+    return bn;
+  int pad192 = (a->n + 191) / 192 * 192 - a->n, pad128 = (a->n + 127) / 128 * 128 - a->n;
+  return pad192 <= pad128 ? 192 : 128;
+}
+
 int mt_gemm_quant_rows(const mt_gemm_args *a) {
   if (large_variant() != LARGE_FQ || takes_small_path(a) || !mt_driver_get())
     return a->m;
   CUtensorMap ty;
   int sms = sm_count();
-  return fq_rows(a, tile_width(a, sms), sms, &ty);
+  return fq_rows(a, fq_width(a, tile_width(a, sms)), sms, &ty);
 }
 
 int mt_gemm_act_records(const mt_gemm_args *a) {
@@ -281,8 +292,8 @@ static int fq_launch(const mt_gemm_args *a, const mt_qact *q, int bn, int sms, m
   l->fq_sync = q->sync;
   l->fq_r0 = q->r0;
   l->fq_fp16 = a->xtype == MT_DTYPE_FP16;
-  const char *fn = bn == 256 ? "mt_gemm_large_fq_n256" : bn == 192 ? "mt_gemm_large_fq_n192" : "mt_gemm_large_fq_n128";
-  return launch("gemm_large", fn, persistent_grid(a, bn, sms), 1, 384, MT_LARGE_SMEM_TS(bn), 1, stream, l);
+  const char *fn = bn == 192 ? "mt_gemm_large_fq_n192" : "mt_gemm_large_fq_n128";
+  return launch("gemm_large", fn, persistent_grid(a, bn, sms), 1, MT_LARGE_FQ_THREADS, MT_LARGE_SMEM_TS(bn), 1, stream, l);
 }
 
 static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
@@ -291,6 +302,8 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   if (q->rec)
     return ra_path(a, q, stream);
   int sms = sm_count(), bn = tile_width(a, sms);
+  if (q->r0 < a->m) /* the fq kernel quantizes rows r0 .. m-1 itself (mt_gemm_quant_rows) */
+    bn = fq_width(a, bn);
   int st = tensor_map(&l.ta, q->xhat, a->m, a->k, MT_LARGE_BM);
   if (st == MT_OK)
     st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, bn);
@@ -300,7 +313,7 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   unsigned grid = persistent_grid(a, bn, sms);
   /* TMA stores (all but v6; ra where its kernel does not run is the default) where they can,
    * else per-thread stores */
-  if (q->r0 < a->m) /* the fq kernel quantizes rows r0 .. m-1 itself (mt_gemm_quant_rows) */
+  if (q->r0 < a->m)
     return fq_launch(a, q, bn, sms, &l, stream);
   if (large_variant() != LARGE_V6 && stores_by_tma(a, bn, &l.ty)) {
     const char *fn = bn == 256 ? "mt_gemm_large_ts_n256" : bn == 192 ? "mt_gemm_large_ts_n192" : "mt_gemm_large_ts_n128";

@@ -79,6 +79,8 @@ typedef struct {
 #define MT_LARGE_STAGES_TS(bn) (MT_LARGE_STAGES(bn) - 1)
 #define MT_LARGE_SMEM_TS(bn) \
   (1024 + MT_LARGE_STAGES_TS(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4 + 1024 + 128 * (bn)*2)
+/* The fq kernels (ts's shared memory): its three warpgroups and a fourth of row quantizers. */
+#define MT_LARGE_FQ_THREADS 512
 /* The ra variant (activations as records, decoded in registers; outputs as ts): a stage is the
  * BN x 64 weight tile (128B-swizzled, 1024-aligned) then the 128 x 64 activation records (5120
  * bytes, a multiple of 1024); as many stages as fit beside the staging tile; 16 bytes more for

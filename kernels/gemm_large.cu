@@ -345,7 +345,13 @@ __device__ static __forceinline__ void k_loop_ra(float *d, uint64_t *full, uint6
 // The fq variant's hand-over between the warps that quantize rows and the producers of other CTAs:
 // a row's xhat and S_a are plain stores, published per band by a release add after the proxy fence
 // (TMA, the async proxy, reads them); a producer takes a band by an acquire load and the same
-// fence before its TMA loads.
+// fence before its TMA loads. The consumers read S_a with plain loads after waiting on a stage the
+// producer filled after its acquire: quantizer's release (gpu) -> producer's acquire (gpu) ->
+// producer's mbarrier arrive (release, cta, by default) -> consumers' try_wait (acquire, cta), a
+// chain that orders the S_a stores before those loads (PTX memory model: causality order is
+// transitive); the acquire also invalidated this SM's L1, so no stale line is read. A CTA's first
+// tile, whose first stages are armed before any acquire, lies in the first wave: quantized by the
+// kernel before, ordered by the consumers' own griddepcontrol.wait.
 __device__ static inline uint32_t ld_acquire(const uint32_t *p) {
   uint32_t v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -454,10 +460,10 @@ template <bool FP16> __device__ static void quantize_row_held(const mt_large_arg
   }
 }
 
-// Warps 1-3 of the producer warpgroup in every CTA: rows fq_r0 .. m-1, FQ_GROUP at a time (r0 is a
-// multiple of 128, so a group lies in one band), in the order of a shared counter (so bands finish
-// roughly in order, and resident CTAs do the work of any not yet running); each group counted into
-// its band once its stores are visible.
+// Warps 1-3 of the producer warpgroup and the fourth warpgroup in every CTA: rows fq_r0 .. m-1,
+// FQ_GROUP at a time (r0 is a multiple of 128, so a group lies in one band), in the order of a
+// shared counter (so bands finish roughly in order, and resident CTAs do the work of any not yet
+// running); each group counted into its band once its stores are visible.
 constexpr int FQ_GROUP = 4;
 __device__ static void quantize_rows(const mt_large_args &a) {
   const int lane = threadIdx.x % 32;
@@ -631,9 +637,11 @@ template <int BN> __device__ static void run(const mt_large_args &a) {
 // A fragments (k_loop_ra: wgmma with A from registers, the same products, so the same bits); the
 // weight tile sits first in a stage (produce_ra).
 // FQ (mt_gemm_large_fq_nBN, MT_LARGE_VARIANT=fq): ts with rows fq_r0 .. m-1 of the activations
-// quantized inside the kernel by warps 1-3 of the producer warpgroup (quantize_rows), which are idle
-// otherwise, while the consumers of every CTA run the first wave of tiles on the rows the
-// quantization kernel before did; the producer takes a band's tiles once it is done (wait_band).
+// quantized inside the kernel (quantize_rows) by warps 1-3 of the producer warpgroup, idle
+// otherwise, and by a fourth warpgroup (512 threads: 128 registers a thread at launch, so widths
+// 128 and 192 only; kernels/gemm.c), while the consumers of every CTA run the first wave of tiles
+// on the rows the quantization kernel before did; the producer takes a band's tiles once it is
+// done (wait_band).
 template <int BN, bool RA = false, bool FQ = false> __device__ static void run_ts(const mt_large_args &a) {
   constexpr int S = RA ? MT_LARGE_STAGES_RA(BN) : MT_LARGE_STAGES_TS(BN);
   constexpr int SB = RA ? MT_LARGE_STAGE_BYTES_RA(BN) : MT_LARGE_STAGE_BYTES(BN);
@@ -656,9 +664,9 @@ template <int BN, bool RA = false, bool FQ = false> __device__ static void run_t
   }
   __syncthreads();
 
-  if (wg == 0) {
+  if (wg == 0 || (FQ && wg == 3)) { // wg 3: the fq kernels' fourth warpgroup (MT_LARGE_FQ_THREADS)
     if (FQ) { // the row quantizers hold a row of k = 2048 (32 registers) and its loads in flight
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 96;\n");
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
     } else {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     }
@@ -675,8 +683,8 @@ template <int BN, bool RA = false, bool FQ = false> __device__ static void run_t
     return;
   }
 
-  if (FQ) { // 128 x 96 + 256 x 200 <= the 384 x 168 registers of the launch (no spills at BN = 256)
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 200;\n");
+  if (FQ) { // 2 x 128 x 88 + 2 x 128 x 168 = the 512 x 128 registers of the launch
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 168;\n");
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   }
@@ -707,11 +715,6 @@ template <int BN, bool RA = false, bool FQ = false> __device__ static void run_t
     }
     if (row0 >= a.e.m) // no rows of this warpgroup exist
       continue;
-    if (FQ) { // S_a of the band's rows: the producer's acquire does not reach these threads
-      if (lane == 0)
-        wait_band(a, m0);
-      __syncwarp();
-    }
     prepare_columns<BN>(a.e, cols, n0, cw);
     if (lead) // the previous tile's store has read the staging tile
       bulk_wait_read();
@@ -759,9 +762,8 @@ MT_LARGE_RA(128)
 MT_LARGE_RA(192)
 MT_LARGE_RA(256)
 #define MT_LARGE_FQ(BN)                                                                            \
-  extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_fq_n##BN(const __grid_constant__ mt_large_args a) { \
+  extern "C" __global__ void __launch_bounds__(MT_LARGE_FQ_THREADS, 1) mt_gemm_large_fq_n##BN(const __grid_constant__ mt_large_args a) { \
     large::run_ts<BN, false, true>(a);                                                             \
   }
 MT_LARGE_FQ(128)
 MT_LARGE_FQ(192)
-MT_LARGE_FQ(256)

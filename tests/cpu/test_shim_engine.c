@@ -808,14 +808,15 @@ static void scenario_grouped_beta_partial(void) {
 }
 
 /* MT_LARGE_VARIANT=fq (kernels/gemm.c): a call with more tiles than SMs (8192 tokens x 1024 out:
- * 64 bands x 4 tiles of 256 on the fake's 132 SMs) has the quantization kernel do the first
- * wave's 33 bands (4224 rows; MT_FQ_ROWS raises that) and zero the counters of the GEMM, which
- * quantizes the other rows from the caller's x into the same xhat and S; where the split leaves
- * no rows the TMA-store kernel runs on all of them. */
+ * the ts kernel's width 256 becomes fq's 128, 64 bands x 8 tiles on the fake's 132 SMs) has the
+ * quantization kernel do the first wave's 17 bands (2176 rows; MT_FQ_ROWS raises that) and zero
+ * the counters of the GEMM (four warpgroups), which quantizes the other rows from the caller's x
+ * into the same xhat and S; where the split leaves no rows the TMA-store kernel runs on all of
+ * them. */
 static void scenario_fq(void) {
   const char *least = getenv("MT_FQ_ROWS");
   const int tokens = 8192;
-  int want = 4224;
+  int want = 2176;
   if (least && (atoi(least) + 127) / 128 * 128 > want)
     want = (atoi(least) + 127) / 128 * 128;
   if (want > tokens)
@@ -832,7 +833,8 @@ static void scenario_fq(void) {
     CHECKF(a->rows == want, "the quantization kernel took %d rows, want %d", a->rows, want);
     CHECK(a->x == p.x && a->ldx == IN && !a->fp16 && a->row_outer && l->e.m == tokens && ge->pdl);
     if (want < tokens) {
-      CHECKF(!strcmp(ge->name, "mt_gemm_large_fq_n256"), "GEMM %s", ge->name);
+      CHECKF(!strcmp(ge->name, "mt_gemm_large_fq_n128"), "GEMM %s", ge->name);
+      CHECKF(ge->block[0] == MT_LARGE_FQ_THREADS, "GEMM block of %u threads", ge->block[0]);
       CHECK(a->zero && a->nzero == (int32_t)MT_FQ_SYNC_WORDS(tokens) && l->fq_sync == a->zero);
       CHECK(l->fq_r0 == want && l->fq_x == p.x && l->fq_ldx == IN && !l->fq_fp16);
       CHECK(l->fq_xhat == a->xhat && l->fq_outer == a->outer && l->e.sa == a->outer);
