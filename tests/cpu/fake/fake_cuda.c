@@ -350,7 +350,17 @@ EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attr, 
   return r;
 }
 
-/* Bytes of the by-value argument struct of a kernel, by its name (the headers of kernels/). */
+/* Bytes of the by-value argument struct of a kernel, by its name (the headers of kernels/); each
+ * fits the event's copy (mt_large_args outgrew 512 bytes once, and the copy ran into the next
+ * event). */
+_Static_assert(sizeof(mt_large_args) <= FAKE_CUDA_ARGS_MAX && sizeof(mt_small_args) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_quant_params) <= FAKE_CUDA_ARGS_MAX && sizeof(mt_pack_args) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_wcheck_args) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_instr_digest_args) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_instr_shadow_args) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_instr_probe_args) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_instr_finish_args) <= FAKE_CUDA_ARGS_MAX,
+               "a kernel argument struct is larger than the fake keeps");
 static size_t args_size(const char *name) {
   if (!strncmp(name, "mt_quant_", 9))
     return sizeof(mt_quant_params);

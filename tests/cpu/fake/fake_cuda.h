@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #define FAKE_CUDA_MARK 0xBEEF   /* 16-bit pattern a GEMM launch writes into its output */
-#define FAKE_CUDA_ARGS_MAX 512  /* bytes of a kernel's by-value argument kept per launch */
+#define FAKE_CUDA_ARGS_MAX 1024 /* bytes of a kernel's by-value argument kept per launch */
 
 enum fake_cuda_kind {
   FAKE_EV_LAUNCH,   /* cuLaunchKernelEx (also failed ones: result != 0) */
