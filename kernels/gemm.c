@@ -304,7 +304,8 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   int sms = sm_count(), bn = tile_width(a, sms);
   if (q->r0 < a->m) /* the fq kernel quantizes rows r0 .. m-1 itself (mt_gemm_quant_rows) */
     bn = fq_width(a, bn);
-  int st = tensor_map(&l.ta, q->xhat, a->m, a->k, MT_LARGE_BM);
+  l.a_rows = a->m < MT_LARGE_BM ? (a->m + 7) / 8 * 8 : MT_LARGE_BM;
+  int st = tensor_map(&l.ta, q->xhat, a->m, a->k, l.a_rows);
   if (st == MT_OK)
     st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, bn);
   if (st != MT_OK)

@@ -336,6 +336,10 @@ static void check_call_args(int from, const problem *p, const void *c, const voi
   if (event(g)->name[8] == 's') {
     const mt_small_args *sa = (const mt_small_args *)event(g)->args;
     CHECK(sa->xa == a->xhat && sa->frag == pk->frag);
+  } else { /* one band: the activation box holds the tokens' rows rounded up to 8, no more */
+    const mt_large_args *la = (const mt_large_args *)event(g)->args;
+    int want = p->tokens < MT_LARGE_BM ? (p->tokens + 7) / 8 * 8 : MT_LARGE_BM;
+    CHECKF(la->a_rows == want, "activation box of %d rows for %d tokens, want %d", la->a_rows, p->tokens, want);
   }
 }
 
@@ -379,6 +383,7 @@ static void scenario_requantize(void) {
   t = now();
   expect_routed(&mid, S1, &zero);
   CHECK_TRACE(t, WEIGHT_QUANT " mt_quant_row_bf16_nb1 tmap tmap mt_gemm_large_n64+pdl");
+  check_call_args(t, &mid, mid.y, NULL, 0.0f, NULL); /* one band: a box of 24 activation rows */
   const mt_quant_params *a0 = quant_args(find_launch(t, "mt_quant_row_bf16", 0));
   /* 1..4 tokens: one GEMM launch that quantizes the activations itself, from the caller's x, in
    * plain stream order (no quantization kernel before it to overlap) */
@@ -831,6 +836,7 @@ static void scenario_fq(void) {
     const fake_cuda_event *ge = event(g);
     const mt_large_args *l = (const mt_large_args *)ge->args;
     CHECKF(a->rows == want, "the quantization kernel took %d rows, want %d", a->rows, want);
+    CHECK(l->a_rows == MT_LARGE_BM);
     CHECK(a->x == p.x && a->ldx == IN && !a->fp16 && a->row_outer && l->e.m == tokens && ge->pdl);
     if (want < tokens) {
       CHECKF(!strcmp(ge->name, "mt_gemm_large_fq_n128"), "GEMM %s", ge->name);
