@@ -311,11 +311,11 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   if (st != MT_OK)
     return st;
   epilogue_args(a, q, &l.e);
+  if (q->r0 < a->m)
+    return fq_launch(a, q, bn, sms, &l, stream);
   unsigned grid = persistent_grid(a, bn, sms);
   /* TMA stores (all but v6; ra where its kernel does not run is the default) where they can,
    * else per-thread stores */
-  if (q->r0 < a->m)
-    return fq_launch(a, q, bn, sms, &l, stream);
   if (large_variant() != LARGE_V6 && stores_by_tma(a, bn, &l.ty)) {
     const char *fn = bn == 256 ? "mt_gemm_large_ts_n256" : bn == 192 ? "mt_gemm_large_ts_n192" : "mt_gemm_large_ts_n128";
     return launch("gemm_large", fn, grid, 1, 384, MT_LARGE_SMEM_TS(bn), 1, stream, &l);
