@@ -304,8 +304,14 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   int sms = sm_count(), bn = tile_width(a, sms);
   if (q->r0 < a->m) /* the fq kernel quantizes rows r0 .. m-1 itself (mt_gemm_quant_rows) */
     bn = fq_width(a, bn);
-  l.a_rows = a->m < MT_LARGE_BM ? (a->m + 7) / 8 * 8 : MT_LARGE_BM;
-  int st = tensor_map(&l.ta, q->xhat, a->m, a->k, l.a_rows);
+  /* the last band's activation map (its rows only), then the other bands' where they exist and
+   * differ */
+  int last = a->m - (a->m - 1) / MT_LARGE_BM * MT_LARGE_BM; /* 1 to 128 */
+  l.last_rows = (last + 7) / 8 * 8;
+  int st = tensor_map(&l.ta_last, q->xhat, a->m, a->k, l.last_rows);
+  if (st == MT_OK)
+    st = a->m <= MT_LARGE_BM || l.last_rows == MT_LARGE_BM ? (l.ta = l.ta_last, MT_OK)
+                                                           : tensor_map(&l.ta, q->xhat, a->m, a->k, MT_LARGE_BM);
   if (st == MT_OK)
     st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, bn);
   if (st != MT_OK)

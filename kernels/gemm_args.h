@@ -26,7 +26,8 @@ typedef struct {
 
 /* Large M: TMA maps of the BF16 dequantized operands (128B swizzle, boxes of 64 along K). */
 typedef struct {
-  CUtensorMap ta; /* activations [m][k], box 64 x a_rows rows */
+  CUtensorMap ta;      /* activations [m][k], box 64 x 128 rows: the bands but the last */
+  CUtensorMap ta_last; /* the same, box 64 x last_rows rows: the last band */
   CUtensorMap tw; /* weight [n][k], box 64 x BN rows */
   CUtensorMap ty; /* output [m][n] (the ts and ra kernels only), box 64 x 64 rows */
   mt_epilogue_args e;
@@ -41,10 +42,10 @@ typedef struct {
   float *fq_outer;
   uint32_t *fq_sync;
   int fq_r0, fq_fp16;
-  /* Rows of ta's box: 128, or for m < 128 (one band) m rounded up to 8, so that a stage's
-   * activation load does not zero-fill the rows no token has (the rows past it keep stale shared
-   * memory; row i of the output reads row i of A alone, and rows past m are never stored). */
-  int a_rows;
+  /* Rows of ta_last's box: the last band's rows rounded up to 8, so that a stage's activation
+   * load does not zero-fill the rows no token has (the rows past it keep stale shared memory; row
+   * i of the output reads row i of A alone, and rows past m are never stored). */
+  int last_rows;
 } mt_large_args;
 
 /* Words of mt_large_args.fq_sync for m rows. */

@@ -508,37 +508,42 @@ template <int S> __device__ static __forceinline__ void init_ring(uint64_t *full
 // the activations' quantization (griddepcontrol.wait), then the ring over this CTA's tiles (tile =
 // blockIdx.x, + gridDim.x, ...) and each tile's K blocks in order. k-block number `it` counts on
 // across the tiles: stage it % S, phase (it / S) & 1. A stage holds the 128-row activation tile
-// (A_BYTES), then the BN-row weight tile; a call of fewer than 128 tokens loads only a.a_rows rows
-// of the former (gemm_args.h): the zero fill of the other rows cost DeepSeek's shapes up to half
-// their time at M = 16 (kernels/NOTES.md, fifth session).
+// (A_BYTES), then the BN-row weight tile; of the last band's activation tile only a.last_rows rows
+// are loaded (ta_last, gemm_args.h): the zero fill of the other rows cost DeepSeek's shapes up to
+// half their time at M = 16 (kernels/NOTES.md, fifth session).
 // FQ: the activation tile of a band only once its rows are quantized (wait_band).
 template <int S, int SB, int BN, bool FQ = false>
 __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *smem, uint64_t *full, uint64_t *empty,
                                                int tiles, int tiles_n, int kt) {
   const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * BM;
-  const uint32_t tx = (uint32_t)(a.a_rows * BK * 2 + BN * BK * 2); // what a stage's two loads deliver
+  // the band at m0's activation map and what a stage's two loads deliver for it
+  const int m_last = (a.e.m - 1) / BM * BM;
+  const uint32_t tx = (uint32_t)(BM * BK * 2 + BN * BK * 2), tx_last = (uint32_t)(a.last_rows * BK * 2 + BN * BK * 2);
+  auto act = [&](int m0) { return m0 == m_last ? &a.ta_last : &a.ta; };
   for (int kb = 0; kb < pre; kb++) {
-    mbar_arrive_expect_tx(&full[kb], tx);
+    mbar_arrive_expect_tx(&full[kb], m_first == m_last ? tx_last : tx);
     tma_load_2d(smem + kb * SB + A_BYTES, &a.tw, &full[kb], kb * BK, n_first);
   }
   grid_dependency_wait();
   if (FQ)
     wait_band(a, m_first);
   for (int kb = 0; kb < pre; kb++)
-    tma_load_2d(smem + kb * SB, &a.ta, &full[kb], kb * BK, m_first);
+    tma_load_2d(smem + kb * SB, act(m_first), &full[kb], kb * BK, m_first);
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
     if (FQ && tile != (int)blockIdx.x)
       wait_band(a, m0);
+    const CUtensorMap *ta = act(m0);
+    const uint32_t bytes = m0 == m_last ? tx_last : tx;
     for (int kb = 0; kb < kt; kb++, it++) {
       if (it < pre) // issued above (the first tile)
         continue;
       const int s = it % S;
       mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
       uint8_t *sa = smem + s * SB, *sw = sa + A_BYTES;
-      mbar_arrive_expect_tx(&full[s], tx);
-      tma_load_2d(sa, &a.ta, &full[s], kb * BK, m0);
+      mbar_arrive_expect_tx(&full[s], bytes);
+      tma_load_2d(sa, ta, &full[s], kb * BK, m0);
       tma_load_2d(sw, &a.tw, &full[s], kb * BK, n0);
     }
   }

@@ -36,7 +36,7 @@ static const shape shapes[] = {
     {"dsv3_gate_up", 4096, 7168},
     {"dsv3_down", 7168, 2048},
 };
-static const int ms[] = {1, 4, 16, 64, 256, 1024, 4096, 16384};
+static const int ms[] = {1, 4, 16, 64, 256, 300, 1024, 4096, 16384}; /* 300: a ragged last band */
 #define NSHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 #define NMS ((int)(sizeof ms / sizeof ms[0]))
 

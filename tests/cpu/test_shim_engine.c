@@ -336,10 +336,11 @@ static void check_call_args(int from, const problem *p, const void *c, const voi
   if (event(g)->name[8] == 's') {
     const mt_small_args *sa = (const mt_small_args *)event(g)->args;
     CHECK(sa->xa == a->xhat && sa->frag == pk->frag);
-  } else { /* one band: the activation box holds the tokens' rows rounded up to 8, no more */
+  } else { /* the last band's activation box holds its rows rounded up to 8, no more */
     const mt_large_args *la = (const mt_large_args *)event(g)->args;
-    int want = p->tokens < MT_LARGE_BM ? (p->tokens + 7) / 8 * 8 : MT_LARGE_BM;
-    CHECKF(la->a_rows == want, "activation box of %d rows for %d tokens, want %d", la->a_rows, p->tokens, want);
+    int last = p->tokens - (p->tokens - 1) / MT_LARGE_BM * MT_LARGE_BM, want = (last + 7) / 8 * 8;
+    CHECKF(la->last_rows == want, "last band's box of %d rows for %d tokens, want %d", la->last_rows, p->tokens,
+           want);
   }
 }
 
@@ -373,8 +374,8 @@ static void scenario_requantize(void) {
   problem big = make(OUT, 200, OUT + 8);
   t = now();
   expect_routed(&big, S1, &zero);
-  CHECK_TRACE(t, "sync free alloc " WEIGHT_QUANT " mt_quant_row_bf16_nb1 tmap tmap load smem "
-                 "mt_gemm_large_n64+pdl");
+  CHECK_TRACE(t, "sync free alloc " WEIGHT_QUANT " mt_quant_row_bf16_nb1 tmap tmap tmap load smem "
+                 "mt_gemm_large_n64+pdl"); /* 200 tokens: the last band's map, the first band's, W's */
   CHECK(all_on(t, S1));
   check_call_args(t, &big, big.y, NULL, 0.0f, NULL);
   CHECK(device_bytes() > first_bytes);
@@ -836,7 +837,7 @@ static void scenario_fq(void) {
     const fake_cuda_event *ge = event(g);
     const mt_large_args *l = (const mt_large_args *)ge->args;
     CHECKF(a->rows == want, "the quantization kernel took %d rows, want %d", a->rows, want);
-    CHECK(l->a_rows == MT_LARGE_BM);
+    CHECK(l->last_rows == MT_LARGE_BM);
     CHECK(a->x == p.x && a->ldx == IN && !a->fp16 && a->row_outer && l->e.m == tokens && ge->pdl);
     if (want < tokens) {
       CHECKF(!strcmp(ge->name, "mt_gemm_large_fq_n128"), "GEMM %s", ge->name);
