@@ -153,13 +153,16 @@ static int gemm_args_ok(const mt_gemm_args *a) {
 int mt_gemm(const mt_gemm_args *a, mt_stream stream) {
   if (!a || !gemm_args_ok(a))
     return MT_ERR_UNSUPPORTED;
+  int path = mt_gemm_path_of(a);
+  if (path < 0)
+    return MT_ERR_UNSUPPORTED;
   const mt_numerics *num = &a->w->num;
   if (!a->workspace || ((uintptr_t)a->workspace % SECTION_ALIGN) ||
       a->workspace_bytes < mt_gemm_workspace_bytes(a->m, a->k, num))
     return MT_ERR_NOMEM;
   if (!mt_driver_get())
     return MT_ERR_NO_DRIVER;
-  if (mt_gemm_fuses_quant(a)) /* few tokens: the GEMM quantizes them itself, bit for bit the same */
+  if (path == MT_PATH_FUSED) /* few tokens: the GEMM quantizes them itself, bit for bit the same */
     return mt_gemm_launch_fused(a, stream);
   char *ws = a->workspace;
   float *outer = (float *)(ws + section(mt_gemm_act_bytes(a->m, a->k)));

@@ -81,6 +81,13 @@ int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qwei
 int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state,
                       mt_stream stream);
 
+/* The kernels that run a GEMM: the small-M kernel that quantizes the activations itself (fused),
+ * the small-M kernel after the quantization kernel (small), the tiled tensor-core kernel (large).
+ * All give the same bits (DESIGN.md §4). AUTO, what the shim uses, lets mt_gemm_path_of
+ * (kernels/gemm.h) pick the fastest for the call; tests and make bench force the others, and a
+ * forced path that cannot take the call is MT_ERR_UNSUPPORTED. */
+enum mt_gemm_path { MT_PATH_AUTO, MT_PATH_FUSED, MT_PATH_SMALL, MT_PATH_LARGE };
+
 /* One routed GEMM:  y = acc * ((1/S_a[i]) * (1/S_w[j])) * alpha + beta * c + bias, one RNE cast. */
 typedef struct {
   int m, n, k;             /* tokens, output channels, inner */
@@ -98,6 +105,7 @@ typedef struct {
   float alpha, beta;
   void *workspace;         /* device scratch of at least mt_gemm_workspace_bytes(m, k, ...) */
   size_t workspace_bytes;
+  enum mt_gemm_path path;  /* MT_PATH_AUTO (0) */
 } mt_gemm_args;
 
 size_t mt_gemm_workspace_bytes(int m, int k, const mt_numerics *num);

@@ -110,12 +110,50 @@ static int small_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   return launch("gemm_small", "mt_gemm_small_m8", grid, 1, 32 * MT_SMALL_WARPS, MT_SMALL_SMEM, 1, stream, &s);
 }
 
-/* Fused: few tokens whose quantized rows fit the kernel's shared memory (gemm_args.h). The separate
- * quantization launch cost ~1.7 µs at M = 1 against a GEMM budget of ~2.5 µs (kernels/NOTES.md);
- * at m <= 4 each CTA quantizing the m x k activations itself costs less. */
-int mt_gemm_fuses_quant(const mt_gemm_args *a) {
-  return a->m <= MT_SMALL_FUSE_M && mt_gemm_frag_bytes(a->n, a->k) && a->w->frag &&
-         (size_t)a->m * (2 * (size_t)a->k + 16) <= MT_SMALL_FUSE_XHAT;
+static int sm_count(void) {
+  const mt_driver *d = mt_driver_get();
+  CUdevice dev;
+  int n = 0;
+  if (!d || d->ctx_get_device(&dev) != CUDA_SUCCESS ||
+      d->device_get_attribute(&n, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS || n <= 0)
+    return 132;
+  return n;
+}
+
+/* Whether path p can take the call: fused, few tokens whose quantized rows fit the kernel's shared
+ * memory (gemm_args.h); small, the kernel's token capacity; both need the packed weight. */
+static int path_fits(const mt_gemm_args *a, int p) {
+  int packed = mt_gemm_frag_bytes(a->n, a->k) && a->w->frag;
+  switch (p) {
+  case MT_PATH_FUSED:
+    return packed && a->m <= MT_SMALL_FUSE_M && (size_t)a->m * (2 * (size_t)a->k + 16) <= MT_SMALL_FUSE_XHAT;
+  case MT_PATH_SMALL:
+    return packed && a->m <= MT_SMALL_ROWS;
+  case MT_PATH_LARGE:
+    return 1;
+  default:
+    return 0;
+  }
+}
+
+/* AUTO's choice, from make bench's path table (H200; kernels/NOTES.md, sixth session):
+ * - fused where each SM's CTAs redo at most MT_GEMM_FUSE_ELEMS elements of the quantization
+ *   (m * k * waves of n / 16 CTAs): each CTA quantizes all m x k itself, and past that the
+ *   separate quantization launch (~2 µs, overlapped by PDL) costs less: Qwen3's down at 1 and 2
+ *   tokens, gate_up at 1; DeepSeek's never;
+ * - the small kernel up to MT_GEMM_SMALL_M tokens on weights of at most MT_GEMM_SMALL_W elements
+ *   (Qwen3's: 0.3-0.6 µs under the large path). On larger ones the large path's BF16 stream is as
+ *   fast per element as the small kernel's decode, and the small kernel's activation reads (m x k
+ *   per 16 channels) grow with m: DeepSeek 7168x2048 at 4 tokens 14.0 µs against 11.5. */
+int mt_gemm_path_of(const mt_gemm_args *a) {
+  if (a->path != MT_PATH_AUTO)
+    return path_fits(a, a->path) ? (int)a->path : -1;
+  long long ctas = a->n / 16, sms = sm_count(), waves = (ctas + sms - 1) / sms;
+  if ((long long)a->m * a->k * waves <= MT_GEMM_FUSE_ELEMS && path_fits(a, MT_PATH_FUSED))
+    return MT_PATH_FUSED;
+  if (a->m <= MT_GEMM_SMALL_M && (long long)a->n * a->k <= MT_GEMM_SMALL_W && path_fits(a, MT_PATH_SMALL))
+    return MT_PATH_SMALL;
+  return MT_PATH_LARGE;
 }
 
 int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream) {
@@ -154,16 +192,6 @@ static int output_map(CUtensorMap *map, void *y, enum mt_dtype type, int m, int 
       strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? MT_OK : MT_ERR_UNSUPPORTED;
-}
-
-static int sm_count(void) {
-  const mt_driver *d = mt_driver_get();
-  CUdevice dev;
-  int n = 0;
-  if (d->ctx_get_device(&dev) != CUDA_SUCCESS ||
-      d->device_get_attribute(&n, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS || n <= 0)
-    return 132;
-  return n;
 }
 
 /* The tile width with the least estimated time: waves of tiles times a tile's cost, taken as its
@@ -205,15 +233,11 @@ static unsigned persistent_grid(const mt_gemm_args *a, int bn, int sms) {
   return tiles < (unsigned)sms ? tiles : (unsigned)sms;
 }
 
-static int takes_small_path(const mt_gemm_args *a) {
-  return a->m <= MT_GEMM_SMALL_M && mt_gemm_frag_bytes(a->n, a->k) && a->w->frag;
-}
-
 /* The ra kernel's tile width for this call, or 0 where it does not run: MT_LARGE_VARIANT=ra, the
  * large path, and stores_by_tma (y's description left in ty); the SM count in *sms. The engine
  * asks it before quantizing (records or xhat) and the launcher again, with the same answer. */
 static int ra_width(const mt_gemm_args *a, CUtensorMap *ty, int *sms) {
-  if (large_variant() != LARGE_RA || takes_small_path(a) || !mt_driver_get())
+  if (large_variant() != LARGE_RA || mt_gemm_path_of(a) != MT_PATH_LARGE || !mt_driver_get())
     return 0;
   *sms = sm_count();
   int bn = tile_width(a, *sms);
@@ -246,7 +270,7 @@ static int fq_width(const mt_gemm_args *a, int bn) {
 }
 
 int mt_gemm_quant_rows(const mt_gemm_args *a) {
-  if (large_variant() != LARGE_FQ || takes_small_path(a) || !mt_driver_get())
+  if (large_variant() != LARGE_FQ || mt_gemm_path_of(a) != MT_PATH_LARGE || !mt_driver_get())
     return a->m;
   CUtensorMap ty;
   int sms = sm_count();
@@ -333,7 +357,8 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
 }
 
 int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
-  if (takes_small_path(a))
-    return small_path(a, q, stream);
-  return large_path(a, q, stream);
+  int path = mt_gemm_path_of(a);
+  if (path < 0)
+    return MT_ERR_UNSUPPORTED;
+  return path == MT_PATH_LARGE ? large_path(a, q, stream) : small_path(a, q, stream);
 }

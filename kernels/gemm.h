@@ -25,11 +25,12 @@ typedef struct {
                            itself (mt_gemm_quant_rows) */
 } mt_qact;
 
-/* Rows up to which the small-M (weight-streaming) path runs. 8: on the H200 (make bench,
- * kernels/NOTES.md) the small kernels at M = 16 took 10.5 µs (gate_up), 6.6 (down), 20.1
- * (DeepSeek 7168x2048), 37.7 (4096x7168), the large path's one row of tiles at M = 64 9.6, 6.6,
- * 17.6, 36.5; at M = 4 the small path still wins on three of the four shapes. */
+/* AUTO's thresholds (mt_gemm_path_of in kernels/gemm.c says why): the fused kernel while each SM
+ * redoes at most MT_GEMM_FUSE_ELEMS elements of the activations' quantization; the small kernel up
+ * to MT_GEMM_SMALL_M tokens on weights of at most MT_GEMM_SMALL_W elements. */
+#define MT_GEMM_FUSE_ELEMS 2048
 #define MT_GEMM_SMALL_M 8
+#define MT_GEMM_SMALL_W (1LL << 22)
 
 /* Bytes of the small-M kernel's copy of an n x k weight's codes and scales (mt_qweight.frag). */
 size_t mt_gemm_frag_bytes(int n, int k);
@@ -38,9 +39,10 @@ size_t mt_gemm_frag_bytes(int n, int k);
  * With only_if (a device word), the kernel does nothing when the word reads 0. */
 int mt_gemm_pack_weight(const mt_qweight *q, const uint32_t *only_if, mt_stream stream);
 
-/* Whether the call runs the small-M kernel that quantizes the activations itself (few tokens); then
- * the engine launches mt_gemm_launch_fused instead of quantizing and calling mt_gemm_launch. */
-int mt_gemm_fuses_quant(const mt_gemm_args *a);
+/* The path of the call (a->path, or AUTO's choice): MT_PATH_FUSED, _SMALL or _LARGE; -1 where a
+ * forced path cannot take it. For FUSED the engine launches mt_gemm_launch_fused instead of
+ * quantizing and calling mt_gemm_launch. */
+int mt_gemm_path_of(const mt_gemm_args *a);
 int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream);
 
 /* Whether mt_gemm_launch wants this call's activations as records (mt_qact.rec; the large-M ra
@@ -54,7 +56,8 @@ size_t mt_gemm_act_bytes(int m, int k);
  * quantized before it starts), fewer: a multiple of 128. */
 int mt_gemm_quant_rows(const mt_gemm_args *a);
 
-/* Run a->y = ... for the activations q (a->x is read only where q->r0 < a->m). */
+/* Run a->y = ... for the activations q (a->x is read only where q->r0 < a->m): the small kernel
+ * where mt_gemm_path_of says FUSED or SMALL, else the large one. */
 int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream);
 
 #endif

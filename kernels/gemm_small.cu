@@ -20,8 +20,9 @@
 // kernels for 16 to 64 tokens) are in kernels/NOTES.md and git history.
 //
 // Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (spec/nvfp4.c) within the
-// FP32-accumulation bound, and bitwise across M (1, 2, 3 run q4, 7 m8; 9 and more the large path),
-// row positions and the two paths. kernels/NOTES.md has the measurements and the SASS counts.
+// FP32-accumulation bound (both kernels forced, mt_gemm_args.path), bitwise across M and row
+// positions, and bitwise against the large path at every M up to 8 (gemm_paths_agree). Which
+// kernel a call gets is mt_gemm_path_of's choice (kernels/gemm.c). kernels/NOTES.md has the measurements and the SASS counts.
 #include "kernels/gemm_common.cuh"
 #include "kernels/quant.cuh"
 

@@ -150,6 +150,7 @@ typedef struct {
   void *ws;
   size_t ws_bytes;
   int experts; /* rotated over */
+  enum mt_gemm_path path;
 } gemm_ctx;
 
 static mt_gemm_args ours_args(const gemm_ctx *g, int i);
@@ -171,7 +172,7 @@ static mt_gemm_args ours_args(const gemm_ctx *g, int i) {
   mt_gemm_args a = {.m = g->m, .n = g->s->n, .k = g->s->k, .x = g->x, .ldx = (size_t)g->s->k,
                     .xtype = MT_DTYPE_BF16, .w = &g->q[i % g->experts], .y = g->y,
                     .ldy = (size_t)g->s->n, .ytype = MT_DTYPE_BF16, .alpha = 1.0f,
-                    .workspace = g->ws, .workspace_bytes = g->ws_bytes};
+                    .workspace = g->ws, .workspace_bytes = g->ws_bytes, .path = g->path};
   return a;
 }
 
@@ -216,9 +217,57 @@ static void json_row(const char *fmt_fields) {
   json_first = 0;
 }
 
-/* MT_BENCH_ONLY=NAME:M runs that one row alone (no quantization table): for a profiler. */
+/* MT_BENCH_ONLY=NAME:M runs that one row alone (any M; no quantization or path table): for a
+ * profiler. */
 static const char *only_name;
 static int only_m;
+
+/* Few tokens, each path forced (mt_gemm_args.path) and AUTO's choice: the table that sets AUTO's
+ * thresholds (kernels/gemm.c, mt_gemm_path_of). Printed after the main table. Graphs of 256 calls,
+ * as the main table's rows of few tokens. */
+static const int path_ms[] = {1, 2, 3, 4, 5, 6, 8, 12, 16};
+#define NPATH_MS ((int)(sizeof path_ms / sizeof path_ms[0]))
+static char path_table[8192];
+
+/* A time for the path table: "-" (text) or null (JSON) where the path cannot take the call. */
+static const char *path_us(char *buf, size_t size, double t, int json_form) {
+  if (t > 0)
+    snprintf(buf, size, json_form ? "%.3f" : "%7.2f", t * 1e6);
+  else
+    snprintf(buf, size, json_form ? "null" : "%7s", "-");
+  return buf;
+}
+
+static void bench_paths(gemm_ctx *g) {
+  static const char *names[] = {"auto", "fused", "small", "large"};
+  g->m = 1; /* a graph run and dropped: the first after the weights' quantization ran ~2 µs slow */
+  g->path = MT_PATH_LARGE;
+  time_calls(call_ours, g, 256);
+  for (int i = 0; i < NPATH_MS; i++) {
+    double t[4];
+    g->m = path_ms[i];
+    for (int p = MT_PATH_FUSED; p <= MT_PATH_LARGE + 1; p++) { /* AUTO last */
+      g->path = (enum mt_gemm_path)(p % (MT_PATH_LARGE + 1));
+      mt_gemm_args a = ours_args(g, 0);
+      t[g->path] = mt_gemm_path_of(&a) < 0 ? 0 : time_calls(call_ours, g, 256);
+    }
+    g->path = MT_PATH_AUTO;
+    mt_gemm_args a = ours_args(g, 0);
+    const char *pick = names[mt_gemm_path_of(&a)];
+    char b[3][16];
+    size_t used = strlen(path_table);
+    snprintf(path_table + used, sizeof path_table - used, "%-14s %3d | %s %s %s | %-5s %7.2f\n",
+             g->s->name, g->m, path_us(b[0], 16, t[1], 0), path_us(b[1], 16, t[2], 0),
+             path_us(b[2], 16, t[3], 0), pick, t[0] * 1e6);
+    char row[384];
+    snprintf(row, sizeof row,
+             "{\"kind\": \"path\", \"shape\": \"%s\", \"m\": %d, \"fused_us\": %s, "
+             "\"small_us\": %s, \"large_us\": %s, \"auto\": \"%s\", \"auto_us\": %.3f}",
+             g->s->name, g->m, path_us(b[0], 16, t[1], 1), path_us(b[1], 16, t[2], 1),
+             path_us(b[2], 16, t[3], 1), pick, t[0] * 1e6);
+    json_row(row);
+  }
+}
 
 static void bench_shape(const shape *s, const mt_numerics *num) {
   if (only_name && strcmp(only_name, s->name) != 0)
@@ -228,7 +277,7 @@ static void bench_shape(const shape *s, const mt_numerics *num) {
   g.s = s;
   g.experts = EXPERTS;
   size_t wn = (size_t)s->n * (size_t)s->k, qbytes = mt_qweight_bytes(s->n, s->k, num);
-  int max_m = ms[NMS - 1];
+  int max_m = only_name && only_m > ms[NMS - 1] ? only_m : ms[NMS - 1];
   g.w_bf16 = dmalloc(wn * 2 * EXPERTS);
   fill(g.w_bf16, wn * EXPERTS);
   char *qmem = dmalloc(qbytes * EXPERTS);
@@ -246,11 +295,11 @@ static void bench_shape(const shape *s, const mt_numerics *num) {
   g.y = dmalloc((size_t)max_m * s->n * 2);
   g.ws_bytes = mt_gemm_workspace_bytes(max_m, s->k, num);
   g.ws = dmalloc(g.ws_bytes);
+  if (!only_name) /* first: after the M = 16384 rows the clocks need a while to recover */
+    bench_paths(&g);
 
-  for (int i = 0; i < NMS; i++) {
-    g.m = ms[i];
-    if (only_name && g.m != only_m)
-      continue;
+  for (int i = 0; i < (only_name ? 1 : NMS); i++) {
+    g.m = only_name ? only_m : ms[i];
     /* enough calls that a replay runs well past launch gaps, few when each is long */
     int calls = g.m <= 256 ? 256 : g.m <= 1024 ? 64 : 16;
     double t_ours = time_calls(call_ours, &g, calls);
@@ -507,6 +556,11 @@ int main(int argc, char **argv) {
          "K", "ours us", "cublas us", "ratio", "quant", "gemm", "TF/s", "TF/s", "wGB/s", "wGB/s");
   for (int s = 0; s < NSHAPES; s++)
     bench_shape(&shapes[s], &num);
+  if (!only_name) {
+    printf("\nfew tokens: each path forced, and AUTO's choice (us per call, quantization included)\n");
+    printf("%-14s %3s | %7s %7s %7s | %-5s %7s\n", "shape", "M", "fused", "small", "large", "auto", "us");
+    printf("%s", path_table);
+  }
   fprintf(json, "\n]}\n");
   fclose(json);
   printf("\nwrote %s\n", out);

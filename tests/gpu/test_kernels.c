@@ -588,7 +588,10 @@ typedef struct {
   float alpha, beta;
   size_t ldx, ldy;
   int nan_rows[2], nnan;
+  enum mt_gemm_path path; /* AUTO, or forced */
 } gcase;
+
+static const char *const path_names[] = {"", " fused", " small", " large"};
 
 static float out_value(const void *y, size_t i, enum mt_dtype t) {
   uint16_t h = ((const uint16_t *)y)[i];
@@ -672,7 +675,7 @@ static void check_gemm(const gcase *g) {
       .c = g->in_place ? dy : dc, .ldc = g->ldy,
       .bias = g->with_bias ? dbias : NULL, .biastype = g->biastype,
       .alpha = g->alpha, .beta = g->beta,
-      .workspace = ws, .workspace_bytes = ws_bytes,
+      .workspace = ws, .workspace_bytes = ws_bytes, .path = g->path,
   };
   MT(mt_gemm(&args, NULL));
   CU(sync_check());
@@ -723,11 +726,11 @@ static void check_gemm(const gcase *g) {
          g->m, g->n, g->k, mt_scale_name(g->num.act_scale), mt_scale_name(g->num.weight_scale),
          mt_wblock_name(g->num.weight_block), g->ytype == MT_DTYPE_FP16 ? "fp16" : "bf16", bad,
          bad_pad, bad_nan);
-  printf("    %dx%dx%d act %s weight %s %s y %s%s%s: worst error %.3f of the bound\n", g->m, g->n,
+  printf("    %dx%dx%d act %s weight %s %s y %s%s%s%s: worst error %.3f of the bound\n", g->m, g->n,
          g->k, mt_scale_name(g->num.act_scale), mt_scale_name(g->num.weight_scale),
          mt_wblock_name(g->num.weight_block), g->ytype == MT_DTYPE_FP16 ? "fp16" : "bf16",
          g->beta != 0 ? (g->in_place ? " beta C=y" : " beta") : "", g->with_bias ? " bias" : "",
-         worst);
+         path_names[g->path], worst);
   free(abs_all);
 out:
   mt_nvfp4_free(&w.ref);
@@ -743,10 +746,11 @@ out:
 
 static const mt_numerics numerics_row = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
 
-/* Shapes across both paths (M <= 8 streams the packed weight, M <= 3 through the fused kernel that
- * quantizes the activations itself; larger M reads xhat by TMA), every spec numerics, both output
- * types. k = 784 ends on an odd k16 step (a half record, a partial chunk); k = 2080 ends on a
- * partial chunk of 32 columns; 12 and 16 rows take the large path's one row of tiles. */
+/* Shapes across the three paths (up to 4 tokens the fused kernel that quantizes the activations
+ * itself and the small kernel that streams the packed weight, forced in turn; up to 8 the small
+ * kernel; more, the large path, which reads xhat by TMA), every spec numerics, both output types.
+ * k = 784 ends on an odd k16 step (a half record, a partial chunk); k = 2080 ends on a partial
+ * chunk of 32 columns; 12 and 16 rows take the large path's one row of tiles. */
 static void gemm_accuracy(void) {
   NEED_GPU();
   static const int shapes[][3] = {{1, 256, 512},  {7, 1536, 256}, {64, 384, 768},  {65, 256, 512},
@@ -763,6 +767,8 @@ static void gemm_accuracy(void) {
       gcase g = {.m = shapes[s][0], .n = shapes[s][1], .k = shapes[s][2], .num = nums[v],
                  .xfp16 = (s + v) % 3 == 2, .ytype = (s + v) % 2 ? MT_DTYPE_FP16 : MT_DTYPE_BF16,
                  .biastype = MT_DTYPE_FP32, .alpha = 1.0f, .beta = 0.0f};
+      if (g.m <= MT_SMALL_ROWS)
+        g.path = g.m <= MT_SMALL_FUSE_M && v % 2 == 0 ? MT_PATH_FUSED : MT_PATH_SMALL;
       g.ldx = (size_t)g.k;
       g.ldy = (size_t)g.n;
       check_gemm(&g);
@@ -907,6 +913,44 @@ static void gemm_batch_invariance(void) {
   free(full);
   free(part);
   batch_invariance_wide();
+}
+
+/* Every path that takes a call gives its bits (mt_gemm_args.path forced): the fused kernel (up to
+ * MT_SMALL_FUSE_M rows), the small kernel (up to MT_SMALL_ROWS) and the large one, at every M they
+ * share, on rows at a random offset; k = 2080 ends on a partial chunk. A path past its rows refuses
+ * the call (MT_ERR_UNSUPPORTED) and leaves the output alone. */
+static void gemm_paths_agree(void) {
+  NEED_GPU();
+  enum { ROWS = MT_SMALL_ROWS + 1, N = 256, K = 2080 };
+  inv_case c = {0};
+  uint16_t *want = malloc((size_t)ROWS * N * 2), *got = malloc((size_t)ROWS * N * 2);
+  if (inv_setup(&c, ROWS, N, K)) {
+    long bad = 0;
+    for (int m = 1; m <= ROWS; m++) {
+      int offset = rnd_below(ROWS - m + 1);
+      c.args.path = MT_PATH_LARGE;
+      if (!inv_run(&c, m, offset, want))
+        break;
+      for (int p = MT_PATH_FUSED; p <= MT_PATH_SMALL; p++) {
+        int fits = p == MT_PATH_FUSED ? m <= MT_SMALL_FUSE_M : m <= MT_SMALL_ROWS;
+        c.args.path = (enum mt_gemm_path)p;
+        if (!fits) {
+          CHECK(poison(c.dy, (size_t)m * N * 2));
+          CHECKF(mt_gemm(&c.args, NULL) == MT_ERR_UNSUPPORTED, "path %d took M = %d", p, m);
+          continue;
+        }
+        if (!inv_run(&c, m, offset, got))
+          break;
+        if (memcmp(got, want, (size_t)m * N * 2) != 0 && bad++ == 0)
+          CHECKF(0, "M = %d: path %d differs from the large path", m, p);
+      }
+    }
+    CHECKF(bad == 0, "%ld calls differ between paths", bad);
+  }
+  c.args.path = MT_PATH_AUTO;
+  inv_free(&c);
+  free(want);
+  free(got);
 }
 
 /* The large path's persistent grid walks several tiles per CTA when there are more tiles than
@@ -1259,6 +1303,14 @@ static void gemm_rejects_bad_arguments(void) {
   CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED); /* beta without C */
   a = good, a.ldy = 32;
   CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED);
+  a = good, a.path = MT_PATH_SMALL;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED); /* a small path without the packed weight */
+  a = good, a.path = MT_PATH_FUSED;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED);
+  a = good, a.path = (enum mt_gemm_path)7;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED);
+  a = good, a.path = MT_PATH_LARGE, a.workspace_bytes = 0;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_NOMEM); /* the large path takes it: the next check refuses */
   CHECK(mt_gemm(NULL, NULL) == MT_ERR_UNSUPPORTED);
 
   mt_numerics tile_row = {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_16X16};
@@ -1294,6 +1346,7 @@ int main(void) {
   RUN(gemm_epilogue_and_strides);
   RUN(gemm_nan_rows);
   RUN(gemm_batch_invariance);
+  RUN(gemm_paths_agree);
   RUN(gemm_large_tiles);
   RUN(gemm_many_tiles);
   RUN(engine_contexts_and_capture);
