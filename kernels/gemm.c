@@ -142,7 +142,7 @@ static int path_fits(const mt_gemm_args *a, int p) {
  *   separate quantization launch (~2 µs, overlapped by PDL) costs less: Qwen3's down at 1 and 2
  *   tokens, gate_up at 1; DeepSeek's never;
  * - the small kernel up to MT_GEMM_SMALL_M tokens on weights of at most MT_GEMM_SMALL_W elements
- *   (Qwen3's: 0.3-0.6 µs under the large path). On larger ones the large path's BF16 stream is as
+ *   (Qwen3's: 0.1-0.6 µs under the large path). On larger ones the large path's BF16 stream is as
  *   fast per element as the small kernel's decode, and the small kernel's activation reads (m x k
  *   per 16 channels) grow with m: DeepSeek 7168x2048 at 4 tokens 14.0 µs against 11.5. */
 int mt_gemm_path_of(const mt_gemm_args *a) {
