@@ -120,15 +120,15 @@ static int sm_count(void) {
   return n;
 }
 
-/* Whether path p can take the call: fused, few tokens whose quantized rows fit the kernel's shared
- * memory (gemm_args.h); small, the kernel's token capacity; both need the packed weight. */
-static int path_fits(const mt_gemm_args *a, int p) {
-  int packed = mt_gemm_frag_bytes(a->n, a->k) && a->w->frag;
+/* Whether path p can take m tokens of k columns (packed: the weight's small-kernel copy exists):
+ * fused, few tokens whose quantized rows fit the kernel's shared memory (gemm_args.h); small, the
+ * kernel's token capacity; both need the packed weight. */
+static int path_fits(int p, int m, int k, int packed) {
   switch (p) {
   case MT_PATH_FUSED:
-    return packed && a->m <= MT_SMALL_FUSE_M && (size_t)a->m * (2 * (size_t)a->k + 16) <= MT_SMALL_FUSE_XHAT;
+    return packed && m <= MT_SMALL_FUSE_M && (size_t)m * (2 * (size_t)k + 16) <= MT_SMALL_FUSE_XHAT;
   case MT_PATH_SMALL:
-    return packed && a->m <= MT_SMALL_ROWS;
+    return packed && m <= MT_SMALL_ROWS;
   case MT_PATH_LARGE:
     return 1;
   default:
@@ -142,18 +142,23 @@ static int path_fits(const mt_gemm_args *a, int p) {
  *   separate quantization launch (~2 µs, overlapped by PDL) costs less: Qwen3's down at 1 and 2
  *   tokens, gate_up at 1; DeepSeek's never;
  * - the small kernel up to MT_GEMM_SMALL_M tokens on weights of at most MT_GEMM_SMALL_W elements
- *   (Qwen3's: 0.1-0.6 µs under the large path). On larger ones the large path's BF16 stream is as
- *   fast per element as the small kernel's decode, and the small kernel's activation reads (m x k
- *   per 16 channels) grow with m: DeepSeek 7168x2048 at 4 tokens 14.0 µs against 11.5. */
-int mt_gemm_path_of(const mt_gemm_args *a) {
-  if (a->path != MT_PATH_AUTO)
-    return path_fits(a, a->path) ? (int)a->path : -1;
-  long long ctas = a->n / 16, sms = sm_count(), waves = (ctas + sms - 1) / sms;
-  if ((long long)a->m * a->k * waves <= MT_GEMM_FUSE_ELEMS && path_fits(a, MT_PATH_FUSED))
+ *   (Qwen3's: 0.1-0.6 µs under the large path). On larger ones the large path's BF16 stream keeps
+ *   up with the small kernel's decode, and the small kernel's activation reads (m x k per 16
+ *   channels) grow with m: DeepSeek 7168x2048 at 4 tokens 14.0 µs against 11.5. */
+int mt_gemm_auto_path(int m, int n, int k, int packed, int sms) {
+  long long waves = ((long long)n / 16 + sms - 1) / sms;
+  if ((long long)m * k * waves <= MT_GEMM_FUSE_ELEMS && path_fits(MT_PATH_FUSED, m, k, packed))
     return MT_PATH_FUSED;
-  if (a->m <= MT_GEMM_SMALL_M && (long long)a->n * a->k <= MT_GEMM_SMALL_W && path_fits(a, MT_PATH_SMALL))
+  if (m <= MT_GEMM_SMALL_M && (long long)n * k <= MT_GEMM_SMALL_W && path_fits(MT_PATH_SMALL, m, k, packed))
     return MT_PATH_SMALL;
   return MT_PATH_LARGE;
+}
+
+int mt_gemm_path_of(const mt_gemm_args *a) {
+  int packed = mt_gemm_frag_bytes(a->n, a->k) && a->w->frag;
+  if (a->path != MT_PATH_AUTO)
+    return path_fits(a->path, a->m, a->k, packed) ? (int)a->path : -1;
+  return mt_gemm_auto_path(a->m, a->n, a->k, packed, sm_count());
 }
 
 int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream) {

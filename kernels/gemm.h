@@ -43,6 +43,9 @@ int mt_gemm_pack_weight(const mt_qweight *q, const uint32_t *only_if, mt_stream 
  * forced path cannot take it. For FUSED the engine launches mt_gemm_launch_fused instead of
  * quantizing and calling mt_gemm_launch. */
 int mt_gemm_path_of(const mt_gemm_args *a);
+/* AUTO's choice for m tokens on an n x k weight (packed: its small-kernel copy exists) on a GPU of
+ * sms SMs; mt_gemm_path_of asks it with the current device's count. */
+int mt_gemm_auto_path(int m, int n, int k, int packed, int sms);
 int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream);
 
 /* Whether mt_gemm_launch wants this call's activations as records (mt_qact.rec; the large-M ra
