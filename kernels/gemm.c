@@ -10,9 +10,12 @@
 #include "kernels/gemm_args.h"
 #include "shim/param.h"
 
+/* None for a weight AUTO never sends to the small kernels (more than MT_GEMM_SMALL_W elements,
+ * mt_gemm_path_of): DeepSeek's 4096 x 7168 expert keeps 18 MB less, and its quantization in
+ * requantize mode one pack launch less a call. The small kernels need whole groups of 16 rows. */
 size_t mt_gemm_frag_bytes(int n, int k) {
-  if (n <= 0 || k <= 0 || n % 16)
-    return 0; /* the small-M path needs whole groups of 16 rows */
+  if (n <= 0 || k <= 0 || n % 16 || (long long)n * k > MT_GEMM_SMALL_W)
+    return 0;
   return MT_FRAG_BYTES(n, k);
 }
 
@@ -158,7 +161,9 @@ int mt_gemm_path_of(const mt_gemm_args *a) {
   int packed = mt_gemm_frag_bytes(a->n, a->k) && a->w->frag;
   if (a->path != MT_PATH_AUTO)
     return path_fits(a->path, a->m, a->k, packed) ? (int)a->path : -1;
-  return mt_gemm_auto_path(a->m, a->n, a->k, packed, sm_count());
+  /* only the fused kernel's rule reads the SM count: the driver is asked where that kernel fits */
+  int sms = path_fits(MT_PATH_FUSED, a->m, a->k, packed) ? sm_count() : 1;
+  return mt_gemm_auto_path(a->m, a->n, a->k, packed, sms);
 }
 
 int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream) {

@@ -32,7 +32,9 @@ typedef struct {
 #define MT_GEMM_SMALL_M 8
 #define MT_GEMM_SMALL_W (1LL << 22)
 
-/* Bytes of the small-M kernel's copy of an n x k weight's codes and scales (mt_qweight.frag). */
+/* Bytes of the small-M kernel's copy of an n x k weight's codes and scales (mt_qweight.frag); 0
+ * where the small kernels cannot or never take the weight (n % 16, more than MT_GEMM_SMALL_W
+ * elements), which then has no copy. */
 size_t mt_gemm_frag_bytes(int n, int k);
 
 /* Rearrange q's codes and scales into q->frag; the engine calls it after quantizing a weight.

@@ -47,6 +47,19 @@ static void auto_path_edges(void) {
   CHECK(mt_gemm_auto_path(1, 16, 128, 1, 132) == F);
 }
 
+/* The small kernels' copy of the weight exists only where AUTO can use it. */
+static void fragment_copy_only_where_used(void) {
+  CHECK(mt_gemm_frag_bytes(1536, 2048) == (size_t)1536 * 2048 * 5 / 8);
+  CHECK(mt_gemm_frag_bytes(2048, 768) > 0);
+  CHECK(mt_gemm_frag_bytes(2048, 2048) > 0); /* 2^22 elements: the limit */
+  CHECK(mt_gemm_frag_bytes(2048, 2064) == 0);
+  CHECK(mt_gemm_frag_bytes(4096, 7168) == 0 && mt_gemm_frag_bytes(7168, 2048) == 0);
+  CHECK(mt_gemm_frag_bytes(271, 256) == 0); /* n % 16 */
+  mt_numerics num = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
+  CHECK(mt_qweight_bytes(7168, 2048, &num) < (size_t)7168 * 2048 * 2 * 13 / 10); /* ~2.56 B an element */
+  CHECK(mt_qweight_bytes(1536, 2048, &num) > (size_t)1536 * 2048 * 3);           /* ~3.19 */
+}
+
 /* A forced path past its rows or without the packed weight is refused before anything runs. */
 static void forced_paths_refused(void) {
   static _Alignas(256) unsigned char fake[256]; /* never touched */
@@ -70,6 +83,7 @@ static void forced_paths_refused(void) {
 int main(void) {
   RUN(auto_path_on_the_benchmark_shapes);
   RUN(auto_path_edges);
+  RUN(fragment_copy_only_where_used);
   RUN(forced_paths_refused);
   return mt_test_done();
 }
