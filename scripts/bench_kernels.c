@@ -1,6 +1,7 @@
 /* bench_kernels.c — `make bench` (device machine): time the engine's W4A4 GEMM (mt_gemm, weights
  * pre-quantized, activation quantization included as a routed call does it) against cuBLAS BF16
- * (cublasGemmEx TN) on MoE expert shapes, and the quantization kernels in GB/s.
+ * (cublasGemmEx TN) on MoE expert shapes, the quantization kernels in GB/s, and at 1-16 tokens
+ * every GEMM path forced beside AUTO's choice (the table AUTO's thresholds come from).
  *
  * Method (DESIGN.md §7): random data; each measurement is a CUDA graph of many calls whose weights
  * rotate over the experts of a layer (128, so they stream from HBM rather than sit in L2), timed
