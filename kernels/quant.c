@@ -49,30 +49,44 @@ static unsigned blocks_per_thread(unsigned nblk, unsigned rows) {
   return t4 <= 128 ? 4 : 8;
 }
 
+/* The per-row kernel's shape (one CTA spans the whole row, so its threads may own several blocks
+ * each) for rows of nblk blocks, at least `least` blocks a thread; the blocks a thread in *nb. */
+static int row_shape(unsigned nblk, unsigned rows, unsigned least, launch_shape *s, unsigned *nb) {
+  *nb = blocks_per_thread(nblk, rows);
+  if (*nb < least)
+    *nb = least;
+  while (*nb <= 8 && (nblk + *nb - 1) / *nb > MAX_ROW_THREADS)
+    *nb *= 2;
+  if (*nb > 8)
+    return MT_ERR_UNSUPPORTED;
+  s->block_x = row_threads((nblk + *nb - 1) / *nb);
+  unsigned cta = rows > MANY_ROWS ? CTA_THREADS / 2 : CTA_THREADS;
+  s->block_y = s->block_x >= cta ? 1 : cta / s->block_x;
+  s->grid_y = 1;
+  return MT_OK;
+}
+
+/* The per-tensor kernel's shape for rows of `units` thread-sized pieces: CTAs of CTA_THREADS, a
+ * row over grid_y of them where it needs more. */
+static void tensor_shape(unsigned units, launch_shape *s) {
+  unsigned tx = row_threads(units);
+  s->block_x = tx > CTA_THREADS ? CTA_THREADS : tx;
+  s->block_y = CTA_THREADS / s->block_x;
+  s->grid_y = (units + s->block_x - 1) / s->block_x;
+}
+
 /* The record mode (p->records): threads own pairs of blocks over the padded layout (gemm_args.h:
  * whole 64-column steps, whole bands of 128 rows), the same CTA shapes otherwise. */
 static int pick_rec_shape(const mt_quant_params *p, launch_shape *s) {
   const char *type = p->fp16 ? "fp16" : "bf16";
-  unsigned nblk = (unsigned)MT_ACT_PAIRS(p->cols) * 2;
+  unsigned nblk = (unsigned)MT_ACT_PAIRS(p->cols) * 2, nb;
   unsigned rows = (unsigned)((p->rows + MT_ACT_BAND - 1) / MT_ACT_BAND * MT_ACT_BAND);
   if (p->row_outer) {
-    unsigned nb = blocks_per_thread(nblk, (unsigned)p->rows);
-    if (nb < 2)
-      nb = 2;
-    while (nb <= 8 && (nblk + nb - 1) / nb > MAX_ROW_THREADS)
-      nb *= 2;
-    if (nb > 8)
+    if (row_shape(nblk, (unsigned)p->rows, 2, s, &nb) != MT_OK)
       return MT_ERR_UNSUPPORTED;
-    s->block_x = row_threads((nblk + nb - 1) / nb);
-    unsigned cta = (unsigned)p->rows > MANY_ROWS ? CTA_THREADS / 2 : CTA_THREADS;
-    s->block_y = s->block_x >= cta ? 1 : cta / s->block_x;
-    s->grid_y = 1;
     snprintf(s->name, sizeof s->name, "mt_quant_row_rec_%s_nb%u", type, nb);
   } else {
-    unsigned tx = row_threads(nblk / 2);
-    s->block_x = tx > CTA_THREADS ? CTA_THREADS : tx;
-    s->block_y = CTA_THREADS / s->block_x;
-    s->grid_y = (nblk / 2 + s->block_x - 1) / s->block_x;
+    tensor_shape(nblk / 2, s);
     snprintf(s->name, sizeof s->name, "mt_quant_tensor_rec_%s", type);
   }
   s->grid_x = (rows + s->block_y - 1) / s->block_y;
@@ -81,7 +95,7 @@ static int pick_rec_shape(const mt_quant_params *p, launch_shape *s) {
 
 static int pick_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
   const char *type = p->fp16 ? "fp16" : "bf16";
-  unsigned rows = (unsigned)p->rows, nblk = (unsigned)p->cols / 16;
+  unsigned rows = (unsigned)p->rows, nblk = (unsigned)p->cols / 16, nb;
   if (p->records)
     return pick_rec_shape(p, s);
   if (tile16) {
@@ -90,22 +104,11 @@ static int pick_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
     s->grid_y = (nblk + s->block_x - 1) / s->block_x;
     snprintf(s->name, sizeof s->name, "mt_quant_tile_%s", type);
   } else if (p->row_outer) {
-    /* One CTA spans the whole row, so its threads may own several blocks each. */
-    unsigned nb = blocks_per_thread(nblk, rows);
-    while (nb <= 8 && (nblk + nb - 1) / nb > MAX_ROW_THREADS)
-      nb *= 2;
-    if (nb > 8)
+    if (row_shape(nblk, rows, 1, s, &nb) != MT_OK)
       return MT_ERR_UNSUPPORTED;
-    s->block_x = row_threads((nblk + nb - 1) / nb);
-    unsigned cta = rows > MANY_ROWS ? CTA_THREADS / 2 : CTA_THREADS;
-    s->block_y = s->block_x >= cta ? 1 : cta / s->block_x;
-    s->grid_y = 1;
     snprintf(s->name, sizeof s->name, "mt_quant_row_%s_nb%u", type, nb);
   } else {
-    unsigned tx = row_threads(nblk);
-    s->block_x = tx > CTA_THREADS ? CTA_THREADS : tx;
-    s->block_y = CTA_THREADS / s->block_x;
-    s->grid_y = (nblk + s->block_x - 1) / s->block_x;
+    tensor_shape(nblk, s);
     snprintf(s->name, sizeof s->name, "mt_quant_tensor_%s", type);
   }
   s->grid_x = (rows + s->block_y - 1) / s->block_y;
