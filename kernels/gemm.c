@@ -204,6 +204,11 @@ static int output_map(CUtensorMap *map, void *y, enum mt_dtype type, int m, int 
   return r == CUDA_SUCCESS ? MT_OK : MT_ERR_UNSUPPORTED;
 }
 
+/* Tiles of MT_LARGE_BM tokens x bn channels over an m x n output. */
+static long long tile_count(int m, int n, int bn) {
+  return (long long)((m + MT_LARGE_BM - 1) / MT_LARGE_BM) * ((n + bn - 1) / bn);
+}
+
 /* The tile width with the least estimated time: waves of tiles times a tile's cost, taken as its
  * width plus a fixed 64 columns' worth for the activation loads and the epilogue. Narrow tiles
  * (64, 96) put more SMs to work at medium M (M = 256: 48 tiles of 128 x 64 rather than 16 of
@@ -213,7 +218,7 @@ static int large_bn(int m, int n, int sms) {
   int best = 256;
   long long best_cost = -1;
   for (int i = 0; i < 5; i++) {
-    long long tiles = (long long)((m + MT_LARGE_BM - 1) / MT_LARGE_BM) * ((n + widths[i] - 1) / widths[i]);
+    long long tiles = tile_count(m, n, widths[i]);
     long long cost = (tiles + sms - 1) / sms * (widths[i] + 64);
     if (best_cost < 0 || cost < best_cost) {
       best_cost = cost;
@@ -239,8 +244,8 @@ static int stores_by_tma(const mt_gemm_args *a, int bn, CUtensorMap *ty) {
 
 /* The persistent grid: one CTA per SM (one fits: ~200 KB of shared memory), each walking its tiles. */
 static unsigned persistent_grid(const mt_gemm_args *a, int bn, int sms) {
-  unsigned tiles = (unsigned)((a->m + MT_LARGE_BM - 1) / MT_LARGE_BM) * (unsigned)((a->n + bn - 1) / bn);
-  return tiles < (unsigned)sms ? tiles : (unsigned)sms;
+  long long tiles = tile_count(a->m, a->n, bn);
+  return (unsigned)(tiles < sms ? tiles : sms);
 }
 
 /* The ra kernel's tile width for this call, or 0 where it does not run: MT_LARGE_VARIANT=ra, the
