@@ -164,6 +164,11 @@ int mt_gemm(const mt_gemm_args *a, mt_stream stream) {
     return MT_ERR_NO_DRIVER;
   if (path == MT_PATH_FUSED) /* few tokens: the GEMM quantizes them itself, bit for bit the same */
     return mt_gemm_launch_fused(a, stream);
+  /* the path chosen once: the calls below ask mt_gemm_path_of again, which for a forced path only
+   * checks that it fits */
+  mt_gemm_args resolved = *a;
+  resolved.path = (enum mt_gemm_path)path;
+  a = &resolved;
   char *ws = a->workspace;
   float *outer = (float *)(ws + section(mt_gemm_act_bytes(a->m, a->k)));
   uint32_t *sync = (uint32_t *)((char *)outer + section(outer_bytes(a->m, num->act_scale)));
