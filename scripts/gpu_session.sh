@@ -7,7 +7,8 @@
 # ncu, probe and ab). ab: the benchmark rows AB_ROWS ("qwen3_gate_up:4096 ...") one at a time,
 # their table lines into ab.log (with TAG, ab-TAG.log; set a knob beside it to compare). GPU_PY="tests/gpu/test_a.py ..." narrows the torch step to those Python tests;
 # TAG=-x appends -x to the log names (the same steps again under another setting, e.g.
-# MT_LARGE_VARIANT=v6 TAG=-v6 scripts/gpu_session.sh kernels sanitize).
+# MT_LARGE_VARIANT=v6 TAG=-v6 scripts/gpu_session.sh kernels sanitize). PROBES="feed ..." narrows the
+# probe step; NCU_ROWS the ncu step's benchmark rows, NCU_BLAS=1 adds cuBLAS's kernels of those rows.
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-session}
@@ -41,10 +42,13 @@ for s in $steps; do
           --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
           --section LaunchStats --section Occupancy --section SourceCounters \
           build/scripts/bench_kernels "$out/ncu.json"
+      [ -n "${NCU_BLAS:-}" ] && step "ncu-blas-${cfg/:/-}" 240 env MT_BENCH_ONLY="$cfg" ncu --clock-control none \
+          --kernel-name 'regex:nvjet|xmma|cutlass|gemm_kernel|splitK|gemv' --launch-count 2 --section SpeedOfLight \
+          --section MemoryWorkloadAnalysis --section LaunchStats build/scripts/bench_kernels "$out/ncu.json"
     done ;;
-  probe) # the experiments behind kernels/NOTES.md's floors (scripts/probe_*.cu)
-    for p in mma chain phases; do
-      nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o "build/probe_$p" "scripts/probe_$p.cu" &&
+  probe) # the experiments behind kernels/NOTES.md's floors (scripts/probe_*.cu; PROBES names some)
+    for p in ${PROBES:-mma chain phases feed}; do
+      nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o "build/probe_$p" "scripts/probe_$p.cu" -lcuda &&
         step "probe-$p" 60 "build/probe_$p"
     done ;;
   ab)

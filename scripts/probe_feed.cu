@@ -1,0 +1,235 @@
+// probe_feed.cu — what bounds the large path at a few hundred tokens (kernels/NOTES.md, seventh
+// session): how fast TMA fills one SM's shared memory, alone and under the MMAs, for tiles of
+// BM tokens x BN channels on as many SMs as the tiles allow.
+//
+// The kernel is the large path's pipeline (kernels/gemm_large.cu: one producer thread, a ring of
+// 128B-swizzled stages, consumer warpgroups issuing wgmma m64nNk16 with one group in flight) with
+// no epilogue, on BF16 operands whose values do not matter: mode "null" issues nothing (launch
+// and grid cost), "feed" loads every stage and hands it back unread (the TMA alone), "mma" runs
+// the wgmmas on it as the real kernel does. Weights rotate over EXPERTS matrices, so they stream
+// from HBM as in make bench; the activations stay in L2. Per row: µs a launch (CUDA graph of
+// EXPERTS launches, median of 5 replays), the bytes each SM took into shared memory per µs and
+// in all, and TFLOP/s. The question it answers: if "feed" at 48 SMs runs near the real kernel
+// and its per-SM rate stays flat as the SMs double, each SM's ingress binds and tiles over more
+// SMs win; if the total rate stays flat instead, the L2 binds and larger tiles win.
+//
+// Build and run on the H200 (scripts/gpu_session.sh probe):
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_feed scripts/probe_feed.cu -lcuda
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "kernels/gemm_common.cuh"
+#include "kernels/wgmma.cuh"
+#include "scripts/probe.cuh"
+
+enum { NULL_RUN, FEED, MMA };
+constexpr int BK = 64, EXPERTS = 32, SMEM_STAGES = 200 * 1024;
+
+// wgmma m64nNk16 for the widths a consumer warpgroup takes here.
+template <int N> __device__ static inline void wgmma_step(float *d, uint64_t da, uint64_t db) {
+  if constexpr (N == 32) mt_wgmma_m64n32k16(d, da, db);
+  else if constexpr (N == 48) mt_wgmma_m64n48k16(d, da, db);
+  else if constexpr (N == 64) mt_wgmma_m64n64k16(d, da, db);
+  else if constexpr (N == 96) mt_wgmma_m64n96k16(d, da, db);
+  else mt_wgmma_m64n128k16(d, da, db);
+}
+
+// kernels/gemm_large.cu's descriptor of a 128B-swizzled K-major tile.
+__device__ static inline uint64_t desc_sw128(uint32_t addr) {
+  return (uint64_t)((addr >> 4) & 0x3FFF) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+__device__ static inline void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
+               ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+               : "memory");
+}
+
+// A tile's geometry: BM tokens x BN channels; WGN consumer warpgroups share the channels of each
+// 64 tokens (each a wgmma of BN / WGN), so (BM / 64) * WGN consumer warpgroups in all.
+template <int BM, int BN, int WGN> struct geom {
+  static constexpr int WG = BM / 64 * WGN, WN = BN / WGN, SB = (BM + BN) * BK * 2;
+  static constexpr int S = SMEM_STAGES / SB < 16 ? SMEM_STAGES / SB : 16;
+  static constexpr int THREADS = 128 * (1 + WG), SMEM = 1024 + S * SB + 16 * S;
+};
+
+template <int BM, int BN, int WGN>
+__device__ static void produce(const CUtensorMap *ta, const CUtensorMap *tw, uint8_t *smem, uint64_t *full,
+                               uint64_t *empty, int tiles, int tiles_n, int kt) {
+  using G = geom<BM, BN, WGN>;
+  int it = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
+    for (int kb = 0; kb < kt; kb++, it++) {
+      const int s = it % G::S;
+      if (it >= G::S)
+        mbar_wait(&empty[s], ((it / G::S) & 1) ^ 1);
+      uint8_t *sa = smem + s * G::SB;
+      mbar_arrive_expect_tx(&full[s], G::SB);
+      tma_load_2d(sa, ta, &full[s], kb * BK, m0);
+      tma_load_2d(sa + BM * BK * 2, tw, &full[s], kb * BK, n0);
+    }
+  }
+}
+
+template <int BM, int BN, int WGN, int MODE>
+__device__ static void consume(uint8_t *smem, uint64_t *full, uint64_t *empty, int tiles, int kt, float *sink) {
+  using G = geom<BM, BN, WGN>;
+  const int cw = threadIdx.x / 128 - 1, wm = cw / WGN, wn = cw % WGN;
+  const uint64_t da0 = desc_sw128(smem_u32(smem) + wm * 64 * 128);
+  const uint64_t db0 = desc_sw128(smem_u32(smem) + BM * 128 + wn * G::WN * 128);
+  int it = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    float d[G::WN / 2];
+#pragma unroll
+    for (int i = 0; i < G::WN / 2; i++) d[i] = 0.0f;
+    int prev = 0;
+    for (int kb = 0; kb < kt; kb++, it++) {
+      const int s = it % G::S;
+      mbar_wait(&full[s], (it / G::S) & 1);
+      if constexpr (MODE == MMA) {
+        const uint64_t off = (uint64_t)(s * (G::SB >> 4));
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) wgmma_step<G::WN>(d, da0 + off + 2 * kk, db0 + off + 2 * kk);
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        if (kb > 0 && threadIdx.x % 32 == 0)
+          mbar_arrive(&empty[prev]);
+        prev = s;
+      } else if (threadIdx.x % 32 == 0) {
+        mbar_arrive(&empty[s]);
+      }
+    }
+    if constexpr (MODE == MMA) {
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      if (kt > 0 && threadIdx.x % 32 == 0)
+        mbar_arrive(&empty[prev]);
+    }
+    if (d[0] == 12345.0f) // never, with these operands; keeps the accumulators live
+      sink[threadIdx.x] = d[G::WN / 2 - 1];
+  }
+}
+
+template <int BM, int BN, int WGN, int MODE>
+__global__ void __launch_bounds__(geom<BM, BN, WGN>::THREADS, 1)
+    feed(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw, int m, int n, int k,
+         float *sink) {
+  using G = geom<BM, BN, WGN>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint64_t *full = (uint64_t *)(smem + G::S * G::SB), *empty = full + G::S;
+  const int tiles_n = (n + BN - 1) / BN, tiles = (m + BM - 1) / BM * tiles_n, kt = MODE == NULL_RUN ? 0 : k / BK;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < G::S; s++) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 4 * G::WG);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    if (threadIdx.x == 0)
+      produce<BM, BN, WGN>(&ta, &tw, smem, full, empty, tiles, tiles_n, kt);
+    return;
+  }
+  consume<BM, BN, WGN, MODE>(smem, full, empty, tiles, kt, sink);
+}
+
+// A K-major BF16 matrix of rows x k for TMA, boxes of 64 columns x box_rows (kernels/gemm.c).
+static CUtensorMap tensor_map(const void *base, int rows, int k, int box_rows) {
+  CUtensorMap map;
+  cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)k * 2};
+  cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, elem_strides[2] = {1, 1};
+  CUresult r = cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box,
+                                      elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    printf("cuTensorMapEncodeTiled: %d\n", (int)r);
+    exit(1);
+  }
+  return map;
+}
+
+struct shape {
+  const char *name;
+  int n, k;
+  std::vector<uint16_t *> w; // EXPERTS weight matrices
+};
+
+// count BF16 values in [0.5, 2) (no NaN, no zero), from one random block of 1M repeated: the values
+// do not matter for time.
+static uint16_t *random_bf16(size_t count) {
+  static std::vector<uint16_t> h;
+  if (h.empty())
+    for (int i = 0; i < 1 << 20; i++)
+      h.push_back((uint16_t)(0x3f00 + rand() % 0x100));
+  uint16_t *d;
+  CK(cudaMalloc(&d, count * 2));
+  for (size_t at = 0; at < count; at += h.size())
+    CK(cudaMemcpy(d + at, h.data(), std::min(h.size(), count - at) * 2, cudaMemcpyHostToDevice));
+  return d;
+}
+
+static int g_sms;
+static float *g_sink;
+
+template <int BM, int BN, int WGN, int MODE> static void row(shape &sh, const uint16_t *x, int m) {
+  using G = geom<BM, BN, WGN>;
+  static const char *const mode[] = {"null", "feed", "mma"};
+  auto kern = feed<BM, BN, WGN, MODE>;
+  CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, G::SMEM));
+  const CUtensorMap ta = tensor_map(x, m, sh.k, BM);
+  std::vector<CUtensorMap> tw;
+  for (int e = 0; e < EXPERTS; e++)
+    tw.push_back(tensor_map(sh.w[e], sh.n, sh.k, BN));
+  const int tiles = (m + BM - 1) / BM * ((sh.n + BN - 1) / BN), grid = tiles < g_sms ? tiles : g_sms;
+  double us = graph_us_per_launch(EXPERTS, [&](cudaStream_t st, int l) {
+    kern<<<grid, G::THREADS, G::SMEM, st>>>(ta, tw[l], m, sh.n, sh.k, g_sink);
+  });
+  CK(cudaGetLastError());
+  const double bytes = (double)tiles * (BM + BN) * sh.k * 2, flop = 2.0 * m * sh.n * sh.k;
+  printf("%-16s M %5d  tile %3dx%-3d wg %d  %-4s  tiles %4d grid %3d  %8.2f us  %6.1f GB/s an SM  %5.2f TB/s  "
+         "%6.1f TFLOP/s  stages %2d\n",
+         sh.name, m, BM, BN, G::WG, mode[MODE], tiles, grid, us, bytes / grid / us * 1e-3, bytes / us * 1e-6,
+         MODE == MMA ? flop / us * 1e-6 : 0.0, G::S);
+}
+
+template <int BM, int BN, int WGN> static void rows(shape &sh, const uint16_t *x, int m) {
+  row<BM, BN, WGN, NULL_RUN>(sh, x, m);
+  row<BM, BN, WGN, FEED>(sh, x, m);
+  row<BM, BN, WGN, MMA>(sh, x, m);
+}
+
+int main() {
+  CK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0));
+  CK(cudaMalloc(&g_sink, 4096 * sizeof(float)));
+  shape shapes[] = {{"qwen3_gate_up", 1536, 2048, {}}, {"dsv3_gate_up", 4096, 7168, {}}};
+  const int mmax = 1024;
+  for (auto &sh : shapes) {
+    for (int e = 0; e < EXPERTS; e++)
+      sh.w.push_back(random_bf16((size_t)sh.n * sh.k));
+    const uint16_t *x = random_bf16((size_t)mmax * sh.k);
+    // the launcher's tile at M = 256 (128 x 64), over 24 to 132 SMs: per-SM or total rate
+    for (int m : {128, 256, 512, 1024})
+      row<128, 64, 1, FEED>(sh, x, m);
+    // the tiles that would put more SMs to work at M = 256
+    rows<128, 64, 1>(sh, x, 256);
+    rows<128, 32, 1>(sh, x, 256);
+    rows<64, 64, 1>(sh, x, 256);
+    rows<64, 64, 2>(sh, x, 256);
+    rows<64, 48, 1>(sh, x, 256);
+    rows<64, 32, 1>(sh, x, 256);
+    rows<64, 96, 2>(sh, x, 256);
+    rows<64, 128, 2>(sh, x, 256);
+    rows<128, 128, 1>(sh, x, 256);
+    for (auto *w : sh.w)
+      CK(cudaFree(w));
+    CK(cudaFree((void *)x));
+  }
+  return 0;
+}
