@@ -45,8 +45,9 @@ typedef struct {
 void mt_numerics_from_spec(const mt_spec *s, mt_numerics *n);
 
 /* A weight quantized for the GEMM (device memory the caller owns, laid out by mt_qweight_bind):
- * the exact BF16 dequantized weight that the tensor cores read at large M, and the packed NVFP4
- * codes and scales that the small-M path streams at 4.5 bits per weight. */
+ * the exact BF16 dequantized weight that the tensor cores read on the large path, and the packed
+ * NVFP4 codes and scales (4.5 bits per weight; the small-M kernels' copy in fragment order only
+ * where AUTO may use it). */
 typedef struct {
   int n, k;
   mt_numerics num;
@@ -54,7 +55,7 @@ typedef struct {
   uint8_t *codes;   /* [n][k/2] E2M1 codes, spec/nvfp4.h layout */
   uint8_t *scales;  /* [n][k/16] E4M3 block scales, spec/nvfp4.h layout */
   float *outer;     /* S: n floats (row) or 1 (tensor) */
-  uint8_t *frag;    /* codes and scales again, in the small-M kernel's fragment order
+  uint8_t *frag;    /* codes and scales again, in the small-M kernels' fragment order, or NULL
                        (mt_gemm_frag_bytes in kernels/gemm.h; written by mt_gemm_pack_weight) */
 } mt_qweight;
 
@@ -84,8 +85,9 @@ int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight 
 /* The kernels that run a GEMM: the small-M kernel that quantizes the activations itself (fused),
  * the small-M kernel after the quantization kernel (small), the tiled tensor-core kernel (large).
  * All give the same bits (DESIGN.md §4). AUTO, what the shim uses, lets mt_gemm_path_of
- * (kernels/gemm.h) pick the fastest for the call; tests and make bench force the others, and a
- * forced path that cannot take the call is MT_ERR_UNSUPPORTED. */
+ * (kernels/gemm.h) pick the fastest for the call (the fused kernel or the large path; the small
+ * kernel is no longer the fastest anywhere measured); tests and make bench force the others, and
+ * a forced path that cannot take the call is MT_ERR_UNSUPPORTED. */
 enum mt_gemm_path { MT_PATH_AUTO, MT_PATH_FUSED, MT_PATH_SMALL, MT_PATH_LARGE };
 
 /* One routed GEMM:  y = acc * ((1/S_a[i]) * (1/S_w[j])) * alpha + beta * c + bias, one RNE cast. */

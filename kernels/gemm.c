@@ -5,16 +5,19 @@
 
 #include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "kernels/driver.h"
 #include "kernels/gemm_args.h"
+#include "shim/log.h"
 #include "shim/param.h"
 
-/* None for a weight AUTO never sends to the small kernels (more than MT_GEMM_SMALL_W elements,
- * mt_gemm_path_of): DeepSeek's 4096 x 7168 expert keeps 18 MB less, and its quantization in
- * requantize mode one pack launch less a call. The small kernels need whole groups of 16 rows. */
+/* None for a weight AUTO never fuses (mt_gemm_auto_path): Qwen3's gate_up expert keeps 2 MB less
+ * (2.56 bytes an element instead of 3.19), DeepSeek's 4096 x 7168 one 18 MB, and their
+ * quantization in requantize mode one pack launch less a call. The small kernels need whole groups
+ * of 16 rows. */
 size_t mt_gemm_frag_bytes(int n, int k) {
-  if (n <= 0 || k <= 0 || n % 16 || (long long)n * k > MT_GEMM_SMALL_W)
+  if (n <= 0 || k <= 0 || n % 16 || mt_gemm_auto_path(1, n, k, 1, 132) != MT_PATH_FUSED)
     return 0;
   return MT_FRAG_BYTES(n, k);
 }
@@ -44,12 +47,16 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
  *    record quantization runs at 20.0 instead of 18.8 µs for 8192 x 2048). Same bits in every case.
  *    "fq" where the default would store by TMA, S_a is per row and the first wave of tiles leaves
  *    rows: the quantization kernel does the first wave's bands (and zeroes the counters), the GEMM
- *    (mt_gemm_large_fq_nBN, tiles 128 or 192 wide: fq_width) the rest in its producer warpgroup's
+ *    (mt_gemm_large_fq_nBN, tiles 128 or 192 wide: fq_tile) the rest in its producer warpgroup's
  *    idle warps and a fourth warpgroup while its consumers run (mt_gemm_quant_rows); same bits,
  *    faster only at the largest M of one shape (H200, 5th session: gate_up M = 16384 157.7 against
  *    164.8 µs; 4096 47.9 against 45.3, down and DeepSeek's slower; kernels/NOTES.md).
  *  MT_LARGE_BN: a tile width taken instead of the launcher's choice (256, 192 or 128 for every
- *    variant, fq taking 192 or 128 for 256; 96 or 64 for v6, where the default runs it).
+ *    variant, fq taking 192 or 128 for 256; 96 or 64 for v6, where the default runs it; 48 and 32
+ *    with tiles of 64 tokens only).
+ *  MT_LARGE_BM: the tiles' tokens, 128 or 64, instead of the launcher's choice (64 runs the
+ *    mt_gemm_large_m64_nBN kernels, widths 32 to 128, whatever the variant). A pair of the two
+ *    knobs that no kernel has is ignored, with a warning.
  *  MT_FQ_ROWS: under fq, the rows the quantization kernel does before the GEMM at least (rounded
  *    up to 128; default 0: the first wave's bands): moves the split when the kernel's quantizers
  *    are too slow to stay ahead of the tiles (kernels/NOTES.md, fourth session).
@@ -57,18 +64,26 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
  * decode, 16-64 rows; large-M: v1, np, mc, m64) lost and were removed (kernels/NOTES.md). */
 enum { LARGE_DEFAULT, LARGE_V6, LARGE_RA, LARGE_FQ };
 static struct {
-  int large_variant, large_bn;
+  int large_variant, large_bn, large_bm;
   long long fq_rows;
 } knobs;
 static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
 
 static void knobs_read(void) {
   static const char *const large[] = {"default", "v6", "ra", "fq", NULL};
-  static const char *const widths[] = {"default", "256", "192", "128", "96", "64", NULL};
-  static const int width_of[] = {0, 256, 192, 128, 96, 64};
+  static const char *const widths[] = {"default", "256", "192", "128", "96", "64", "48", "32", NULL};
+  static const int width_of[] = {0, 256, 192, 128, 96, 64, 48, 32};
+  static const char *const heights[] = {"default", "128", "64", NULL};
+  static const int height_of[] = {0, 128, 64};
   int errors = 0; /* a warning is enough: these are not the user's settings */
   knobs.large_variant = mt_param_choice("MT_LARGE_VARIANT", large, 0, &errors); /* order of the enum */
   knobs.large_bn = width_of[mt_param_choice("MT_LARGE_BN", widths, 0, &errors)];
+  knobs.large_bm = height_of[mt_param_choice("MT_LARGE_BM", heights, 0, &errors)];
+  if (mt_gemm_large_tile(1, 1, 1, knobs.large_bm, knobs.large_bn).bm == 0) {
+    MT_WARN("MT_LARGE_BM=%d with MT_LARGE_BN=%d: no kernel has tiles of %d x %d; both ignored",
+           knobs.large_bm, knobs.large_bn, knobs.large_bm, knobs.large_bn);
+    knobs.large_bm = knobs.large_bn = 0;
+  }
   knobs.fq_rows = (long long)mt_param_count("MT_FQ_ROWS", 0, 0, 1ull << 30, "rows", &errors);
 }
 
@@ -105,7 +120,6 @@ static void epilogue_args(const mt_gemm_args *a, const mt_qact *q, mt_epilogue_a
 }
 
 /* One CTA per 16 output channels (gemm_small.cu), token capacity MT_SMALL_ROWS. */
-_Static_assert(MT_GEMM_SMALL_M <= MT_SMALL_ROWS, "the small path's kernel holds at most MT_SMALL_ROWS tokens");
 static int small_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   mt_small_args s = {q->xhat, a->w->frag, {0}, NULL, 0, 0};
   epilogue_args(a, q, &s.e);
@@ -139,21 +153,18 @@ static int path_fits(int p, int m, int k, int packed) {
   }
 }
 
-/* AUTO's choice, from make bench's path table (H200; kernels/NOTES.md, sixth session):
- * - fused where each SM's CTAs redo at most MT_GEMM_FUSE_ELEMS elements of the quantization
- *   (m * k * waves of n / 16 CTAs): each CTA quantizes all m x k itself, and past that the
- *   separate quantization launch (~2 µs, overlapped by PDL) costs less: Qwen3's down at 1 and 2
- *   tokens, gate_up at 1; DeepSeek's never;
- * - the small kernel up to MT_GEMM_SMALL_M tokens on weights of at most MT_GEMM_SMALL_W elements
- *   (Qwen3's: 0.1-0.6 µs under the large path). On larger ones the large path's BF16 stream keeps
- *   up with the small kernel's decode, and the small kernel's activation reads (m x k per 16
- *   channels) grow with m: DeepSeek 7168x2048 at 4 tokens 14.0 µs against 11.5. */
+/* AUTO's choice, from make bench's path table (H200; kernels/NOTES.md, seventh session): the fused
+ * kernel where each SM's CTAs redo at most MT_GEMM_FUSE_ELEMS elements of the quantization (m * k
+ * * waves of n / 16 CTAs; each CTA quantizes all m x k itself, and past that the separate
+ * quantization launch, ~2 µs overlapped by PDL, costs less): Qwen3's down at 1 token (4.56 µs
+ * against 5.12 on the large path); else the large path. Since its tiles of 64 tokens (seventh
+ * session) the large path is faster than the small kernel at every M the small kernel takes, on
+ * every benchmark shape (gate_up 7.8 µs at 1-8 tokens against 8.5-8.8, down 5.1 against 5.4-5.8),
+ * so AUTO no longer chooses the small kernel. */
 int mt_gemm_auto_path(int m, int n, int k, int packed, int sms) {
   long long waves = ((long long)n / 16 + sms - 1) / sms;
   if ((long long)m * k * waves <= MT_GEMM_FUSE_ELEMS && path_fits(MT_PATH_FUSED, m, k, packed))
     return MT_PATH_FUSED;
-  if (m <= MT_GEMM_SMALL_M && (long long)n * k <= MT_GEMM_SMALL_W && path_fits(MT_PATH_SMALL, m, k, packed))
-    return MT_PATH_SMALL;
   return MT_PATH_LARGE;
 }
 
@@ -204,48 +215,72 @@ static int output_map(CUtensorMap *map, void *y, enum mt_dtype type, int m, int 
   return r == CUDA_SUCCESS ? MT_OK : MT_ERR_UNSUPPORTED;
 }
 
-/* Tiles of MT_LARGE_BM tokens x bn channels over an m x n output. */
-static long long tile_count(int m, int n, int bn) {
-  return (long long)((m + MT_LARGE_BM - 1) / MT_LARGE_BM) * ((n + bn - 1) / bn);
+/* Tiles of bm tokens x bn channels over an m x n output. */
+static long long tile_count(int m, int n, mt_gemm_tile t) {
+  return (long long)((m + t.bm - 1) / t.bm) * ((n + t.bn - 1) / t.bn);
 }
 
-/* The tile width with the least estimated time: waves of tiles times a tile's cost, taken as its
- * width plus a fixed 64 columns' worth for the activation loads and the epilogue. Narrow tiles
- * (64, 96) put more SMs to work at medium M (M = 256: 48 tiles of 128 x 64 rather than 16 of
- * 128 x 192). */
-static int large_bn(int m, int n, int sms) {
-  static const int widths[] = {256, 192, 128, 96, 64};
-  int best = 256;
+static long long max2(long long a, long long b) { return a > b ? a : b; }
+
+/* Clocks one SM spends on a 64-wide K block of a bm x bn tile while `active` SMs work: the largest
+ * of what the block needs (H200, scripts/probe_feed.cu, kernels/NOTES.md seventh session):
+ *  - shared memory, 128 bytes a clock: TMA writes bm + bn rows of 128 bytes, and each of the bm / 64
+ *    consumer warpgroups reads its 64 rows of A and all bn rows of B (128 x 64 tiles: 56 KB, 448
+ *    clocks; measured 451 at M = 256);
+ *  - the tensor cores, 2048 multiply-adds a clock: bm * bn * 64 / 2048;
+ *  - the feed from L2: ~76 bytes a clock into one SM (133 GB/s at 1.755 GHz, flat from 24 to 48
+ *    SMs), ~8000 shared by all the working SMs (10.7-14 TB/s measured with 96-132 SMs feeding
+ *    only; 8000 puts gate_up M = 256 on 64 x 48 tiles, measured best: 8.08 µs against 8.35 for
+ *    64 x 64 and 9.32 for 128 x 64). */
+static long long kblock_clocks(mt_gemm_tile t, long long active) {
+  long long smem = 2LL * t.bm + (long long)t.bn * (1 + t.bm / 64), mma = (long long)t.bm * t.bn / 32;
+  long long bytes = (long long)(t.bm + t.bn) * 128, feed = max2(bytes / 76, bytes * active / 8000);
+  return max2(max2(smem, mma), feed);
+}
+
+/* The tiles the kernels have: 128 tokens (two consumer warpgroups) x 256 to 64 channels, 64 tokens
+ * (one) x 64 to 32; in order of preference where two estimate the same. Wider tiles of 64 tokens
+ * were slower than the estimate says (one warpgroup's wgmma groups leave the tensor cores idle
+ * between them; gate_up M = 512: 64 x 128 11.26 µs against 128 x 64 9.93) and were removed. */
+static const mt_gemm_tile tiles[] = {{128, 256}, {128, 192}, {128, 128}, {128, 96}, {128, 64},
+                                     {64, 64},   {64, 48},   {64, 32}};
+
+mt_gemm_tile mt_gemm_large_tile(int m, int n, int sms, int bm, int bn) {
+  mt_gemm_tile best = {0, 0};
   long long best_cost = -1;
-  for (int i = 0; i < 5; i++) {
-    long long tiles = tile_count(m, n, widths[i]);
-    long long cost = (tiles + sms - 1) / sms * (widths[i] + 64);
+  for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++) {
+    mt_gemm_tile t = tiles[i];
+    if ((bm && t.bm != bm) || (bn && t.bn != bn))
+      continue;
+    long long count = tile_count(m, n, t), waves = (count + sms - 1) / sms;
+    long long cost = waves * kblock_clocks(t, count < sms ? count : sms);
     if (best_cost < 0 || cost < best_cost) {
       best_cost = cost;
-      best = widths[i];
+      best = t;
     }
   }
   return best;
 }
 
-/* The tile width: MT_LARGE_BN where set, else large_bn's choice for sms SMs. */
-static int tile_width(const mt_gemm_args *a, int sms) {
+/* The call's tile on sms SMs: the launcher's choice within MT_LARGE_BM and MT_LARGE_BN where set. */
+static mt_gemm_tile tile_of(const mt_gemm_args *a, int sms) {
   pthread_once(&knobs_once, knobs_read);
-  return knobs.large_bn ? knobs.large_bn : large_bn(a->m, a->n, sms);
+  return mt_gemm_large_tile(a->m, a->n, sms, knobs.large_bm, knobs.large_bn);
 }
 
-/* Whether the TMA-store epilogue (the ts and ra kernels) can write y with tiles bn wide, leaving
- * y's description in ty: tiles of 128 to 256, rows that end on 16 bytes (the store clips at n by
- * 16-byte pieces: at n = 271 it wrote column 271, the caller's padding; H200, 2026-11-29), so
- * n % 8 == 0, and a y that suits a tensor map (16-byte aligned base and row stride). */
-static int stores_by_tma(const mt_gemm_args *a, int bn, CUtensorMap *ty) {
-  return bn >= 128 && a->n % 8 == 0 && output_map(ty, a->y, a->ytype, a->m, a->n, a->ldy) == MT_OK;
+/* Whether the TMA-store epilogue (the ts and ra kernels) can write y with tiles t, leaving y's
+ * description in ty: tiles of 128 tokens x 128 to 256, rows that end on 16 bytes (the store clips
+ * at n by 16-byte pieces: at n = 271 it wrote column 271, the caller's padding; H200, 2026-11-29),
+ * so n % 8 == 0, and a y that suits a tensor map (16-byte aligned base and row stride). */
+static int stores_by_tma(const mt_gemm_args *a, mt_gemm_tile t, CUtensorMap *ty) {
+  return t.bm == MT_LARGE_BM && t.bn >= 128 && a->n % 8 == 0 &&
+         output_map(ty, a->y, a->ytype, a->m, a->n, a->ldy) == MT_OK;
 }
 
 /* The persistent grid: one CTA per SM (one fits: ~200 KB of shared memory), each walking its tiles. */
-static unsigned persistent_grid(const mt_gemm_args *a, int bn, int sms) {
-  long long tiles = tile_count(a->m, a->n, bn);
-  return (unsigned)(tiles < sms ? tiles : sms);
+static unsigned persistent_grid(const mt_gemm_args *a, mt_gemm_tile t, int sms) {
+  long long count = tile_count(a->m, a->n, t);
+  return (unsigned)(count < sms ? count : sms);
 }
 
 /* The ra kernel's tile width for this call, or 0 where it does not run: MT_LARGE_VARIANT=ra, the
@@ -255,18 +290,18 @@ static int ra_width(const mt_gemm_args *a, CUtensorMap *ty, int *sms) {
   if (large_variant() != LARGE_RA || mt_gemm_path_of(a) != MT_PATH_LARGE || !mt_driver_get())
     return 0;
   *sms = sm_count();
-  int bn = tile_width(a, *sms);
-  return stores_by_tma(a, bn, ty) ? bn : 0;
+  mt_gemm_tile t = tile_of(a, *sms);
+  return stores_by_tma(a, t, ty) ? t.bn : 0;
 }
 
 /* The fq kernel's first rows for this call, or a->m where it does not run: MT_LARGE_VARIANT=fq, the
  * large path, S_a per row, stores_by_tma, and a first wave of tiles (tile blockIdx.x of every CTA)
  * that leaves rows to quantize: the bands it touches are quantized before the kernel (they are
  * needed at once), the rest by the kernel's spare warps while its tensor cores run. */
-static int fq_rows(const mt_gemm_args *a, int bn, int sms, CUtensorMap *ty) {
-  if (large_variant() != LARGE_FQ || a->w->num.act_scale != MT_SCALE_ROW || !stores_by_tma(a, bn, ty))
+static int fq_rows(const mt_gemm_args *a, mt_gemm_tile t, int sms, CUtensorMap *ty) {
+  if (large_variant() != LARGE_FQ || a->w->num.act_scale != MT_SCALE_ROW || !stores_by_tma(a, t, ty))
     return a->m;
-  int tiles_n = (a->n + bn - 1) / bn, grid = (int)persistent_grid(a, bn, sms);
+  int tiles_n = (a->n + t.bn - 1) / t.bn, grid = (int)persistent_grid(a, t, sms);
   long long r0 = (long long)((grid - 1) / tiles_n + 1) * MT_LARGE_BM;
   long long least = (knobs.fq_rows + MT_LARGE_BM - 1) / MT_LARGE_BM * MT_LARGE_BM; /* MT_FQ_ROWS */
   if (r0 < least)
@@ -274,14 +309,15 @@ static int fq_rows(const mt_gemm_args *a, int bn, int sms, CUtensorMap *ty) {
   return r0 < a->m ? (int)r0 : a->m;
 }
 
-/* The fq kernels' tile width for a call whose ts width is bn: at most 192 (their fourth warpgroup
+/* The fq kernels' tile for a call whose ts tile is t: at most 192 wide (their fourth warpgroup
  * leaves 128 registers a thread, too few for a 256-wide tile's accumulators); in place of 256,
  * whichever of 192 and 128 pads n less (2048: 128, 1536: 192). */
-static int fq_width(const mt_gemm_args *a, int bn) {
-  if (bn <= 192)
-    return bn;
+static mt_gemm_tile fq_tile(const mt_gemm_args *a, mt_gemm_tile t) {
+  if (t.bn <= 192)
+    return t;
   int pad192 = (a->n + 191) / 192 * 192 - a->n, pad128 = (a->n + 127) / 128 * 128 - a->n;
-  return pad192 <= pad128 ? 192 : 128;
+  t.bn = pad192 <= pad128 ? 192 : 128;
+  return t;
 }
 
 int mt_gemm_quant_rows(const mt_gemm_args *a) {
@@ -289,7 +325,7 @@ int mt_gemm_quant_rows(const mt_gemm_args *a) {
     return a->m;
   CUtensorMap ty;
   int sms = sm_count();
-  return fq_rows(a, fq_width(a, tile_width(a, sms)), sms, &ty);
+  return fq_rows(a, fq_tile(a, tile_of(a, sms)), sms, &ty);
 }
 
 int mt_gemm_act_records(const mt_gemm_args *a) {
@@ -301,6 +337,13 @@ int mt_gemm_act_records(const mt_gemm_args *a) {
 size_t mt_gemm_act_bytes(int m, int k) {
   size_t xhat = (size_t)m * (size_t)k * 2, rec = MT_ACT_REC_BYTES(m, k);
   return large_variant() == LARGE_RA && rec > xhat ? rec : xhat;
+}
+
+/* The name of a large-path kernel: mt_gemm_large_<kind>n<bn> (kind "", "ts_", "ra_", "fq_" or
+ * "m64_"), in buf. */
+static const char *kernel_name(char buf[32], const char *kind, int bn) {
+  snprintf(buf, 32, "mt_gemm_large_%sn%d", kind, bn);
+  return buf;
 }
 
 /* The ra kernel on activations given as records (q->rec): the TMA-store kernel's grid and epilogue. */
@@ -315,14 +358,17 @@ static int ra_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
     return st;
   epilogue_args(a, q, &l.e);
   l.ra = q->rec;
-  const char *fn = bn == 256 ? "mt_gemm_large_ra_n256" : bn == 192 ? "mt_gemm_large_ra_n192" : "mt_gemm_large_ra_n128";
-  return launch("gemm_large", fn, persistent_grid(a, bn, sms), 1, 384, MT_LARGE_SMEM_RA(bn), 1, stream, &l);
+  mt_gemm_tile t = {MT_LARGE_BM, bn};
+  char fn[32];
+  return launch("gemm_large", kernel_name(fn, "ra_", bn), persistent_grid(a, t, sms), 1, 384, MT_LARGE_SMEM_RA(bn), 1,
+                stream, &l);
 }
 
 /* The fq kernel on l (activation and weight maps and the epilogue already there), or
  * MT_ERR_UNSUPPORTED where the engine's split of the rows (q->r0) is not the one fq_rows gives. */
-static int fq_launch(const mt_gemm_args *a, const mt_qact *q, int bn, int sms, mt_large_args *l, mt_stream stream) {
-  if (!q->sync || fq_rows(a, bn, sms, &l->ty) != q->r0)
+static int fq_launch(const mt_gemm_args *a, const mt_qact *q, mt_gemm_tile t, int sms, mt_large_args *l,
+                     mt_stream stream) {
+  if (!q->sync || fq_rows(a, t, sms, &l->ty) != q->r0)
     return MT_ERR_UNSUPPORTED;
   l->fq_x = a->x;
   l->fq_ldx = (long long)a->ldx;
@@ -331,8 +377,22 @@ static int fq_launch(const mt_gemm_args *a, const mt_qact *q, int bn, int sms, m
   l->fq_sync = q->sync;
   l->fq_r0 = q->r0;
   l->fq_fp16 = a->xtype == MT_DTYPE_FP16;
-  const char *fn = bn == 192 ? "mt_gemm_large_fq_n192" : "mt_gemm_large_fq_n128";
-  return launch("gemm_large", fn, persistent_grid(a, bn, sms), 1, MT_LARGE_FQ_THREADS, MT_LARGE_SMEM_TS(bn), 1, stream, l);
+  char fn[32];
+  return launch("gemm_large", kernel_name(fn, "fq_", t.bn), persistent_grid(a, t, sms), 1, MT_LARGE_FQ_THREADS,
+                MT_LARGE_SMEM_TS(t.bn), 1, stream, l);
+}
+
+/* The activation maps of tiles t.bm tokens high: the last band's (its rows only, rounded up to 8),
+ * then the other bands' where they exist and differ. */
+static int activation_maps(const mt_gemm_args *a, const mt_qact *q, mt_gemm_tile t, mt_large_args *l) {
+  int last = a->m - (a->m - 1) / t.bm * t.bm; /* 1 to t.bm */
+  l->last_rows = (last + 7) / 8 * 8;
+  int st = tensor_map(&l->ta_last, q->xhat, a->m, a->k, l->last_rows);
+  if (st != MT_OK || a->m <= t.bm || l->last_rows == t.bm) {
+    l->ta = l->ta_last;
+    return st;
+  }
+  return tensor_map(&l->ta, q->xhat, a->m, a->k, t.bm);
 }
 
 static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
@@ -340,35 +400,27 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   mt_large_args l = proto;
   if (q->rec)
     return ra_path(a, q, stream);
-  int sms = sm_count(), bn = tile_width(a, sms);
+  int sms = sm_count();
+  mt_gemm_tile t = tile_of(a, sms);
   if (q->r0 < a->m) /* the fq kernel quantizes rows r0 .. m-1 itself (mt_gemm_quant_rows) */
-    bn = fq_width(a, bn);
-  /* the last band's activation map (its rows only), then the other bands' where they exist and
-   * differ */
-  int last = a->m - (a->m - 1) / MT_LARGE_BM * MT_LARGE_BM; /* 1 to 128 */
-  l.last_rows = (last + 7) / 8 * 8;
-  int st = tensor_map(&l.ta_last, q->xhat, a->m, a->k, l.last_rows);
+    t = fq_tile(a, t);
+  int st = activation_maps(a, q, t, &l);
   if (st == MT_OK)
-    st = a->m <= MT_LARGE_BM || l.last_rows == MT_LARGE_BM ? (l.ta = l.ta_last, MT_OK)
-                                                           : tensor_map(&l.ta, q->xhat, a->m, a->k, MT_LARGE_BM);
-  if (st == MT_OK)
-    st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, bn);
+    st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, t.bn);
   if (st != MT_OK)
     return st;
   epilogue_args(a, q, &l.e);
   if (q->r0 < a->m)
-    return fq_launch(a, q, bn, sms, &l, stream);
-  unsigned grid = persistent_grid(a, bn, sms);
+    return fq_launch(a, q, t, sms, &l, stream);
+  unsigned grid = persistent_grid(a, t, sms);
+  char fn[32];
+  if (t.bm != MT_LARGE_BM)
+    return launch("gemm_large", kernel_name(fn, "m64_", t.bn), grid, 1, 256, MT_LARGE_SMEM_64(t.bn), 1, stream, &l);
   /* TMA stores (all but v6; ra where its kernel does not run is the default) where they can,
    * else per-thread stores */
-  if (large_variant() != LARGE_V6 && stores_by_tma(a, bn, &l.ty)) {
-    const char *fn = bn == 256 ? "mt_gemm_large_ts_n256" : bn == 192 ? "mt_gemm_large_ts_n192" : "mt_gemm_large_ts_n128";
-    return launch("gemm_large", fn, grid, 1, 384, MT_LARGE_SMEM_TS(bn), 1, stream, &l);
-  }
-  const char *fn = bn == 256 ? "mt_gemm_large_n256" : bn == 192 ? "mt_gemm_large_n192" : bn == 128 ? "mt_gemm_large_n128"
-                 : bn == 96  ? "mt_gemm_large_n96"
-                             : "mt_gemm_large_n64";
-  return launch("gemm_large", fn, grid, 1, 384, MT_LARGE_SMEM(bn), 1, stream, &l);
+  if (large_variant() != LARGE_V6 && stores_by_tma(a, t, &l.ty))
+    return launch("gemm_large", kernel_name(fn, "ts_", t.bn), grid, 1, 384, MT_LARGE_SMEM_TS(t.bn), 1, stream, &l);
+  return launch("gemm_large", kernel_name(fn, "", t.bn), grid, 1, 384, MT_LARGE_SMEM(t.bn), 1, stream, &l);
 }
 
 int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {

@@ -25,16 +25,15 @@ typedef struct {
                            itself (mt_gemm_quant_rows) */
 } mt_qact;
 
-/* AUTO's thresholds (mt_gemm_path_of in kernels/gemm.c says why): the fused kernel while each SM
- * redoes at most MT_GEMM_FUSE_ELEMS elements of the activations' quantization; the small kernel up
- * to MT_GEMM_SMALL_M tokens on weights of at most MT_GEMM_SMALL_W elements. */
-#define MT_GEMM_FUSE_ELEMS 2048
-#define MT_GEMM_SMALL_M 8
-#define MT_GEMM_SMALL_W (1LL << 22)
+/* AUTO's threshold (mt_gemm_auto_path in kernels/gemm.c says why): the fused kernel while each SM
+ * redoes at most MT_GEMM_FUSE_ELEMS elements of the activations' quantization, else the large path.
+ * The small kernel runs only when a call asks for it (mt_gemm_args.path). */
+#define MT_GEMM_FUSE_ELEMS 1024
 
-/* Bytes of the small-M kernel's copy of an n x k weight's codes and scales (mt_qweight.frag); 0
- * where the small kernels cannot or never take the weight (n % 16, more than MT_GEMM_SMALL_W
- * elements), which then has no copy. */
+/* Bytes of the small-M kernels' copy of an n x k weight's codes and scales (mt_qweight.frag): only
+ * for weights AUTO would fuse one token of on a GPU of 132 SMs (n % 16 == 0, and k times the waves
+ * of n / 16 CTAs at most MT_GEMM_FUSE_ELEMS: Qwen3's down, not its gate_up nor DeepSeek's), else 0
+ * and no copy: the small kernels then refuse a forced call. */
 size_t mt_gemm_frag_bytes(int n, int k);
 
 /* Rearrange q's codes and scales into q->frag; the engine calls it after quantizing a weight.
@@ -49,6 +48,16 @@ int mt_gemm_path_of(const mt_gemm_args *a);
  * sms SMs; mt_gemm_path_of asks it with the current device's count. */
 int mt_gemm_auto_path(int m, int n, int k, int packed, int sms);
 int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream);
+
+/* A large-path tile: bm tokens (128 or 64) x bn channels (256 to 64, or 128 to 32). */
+typedef struct {
+  int bm, bn;
+} mt_gemm_tile;
+
+/* The large path's tile for m tokens on an n-row weight with sms SMs: the one of least estimated
+ * time (kernels/gemm.c says how it is estimated), among those bm tokens high and bn wide where
+ * those are not 0; {0, 0} where no kernel has such a tile. */
+mt_gemm_tile mt_gemm_large_tile(int m, int n, int sms, int bm, int bn);
 
 /* Whether mt_gemm_launch wants this call's activations as records (mt_qact.rec; the large-M ra
  * kernel under MT_LARGE_VARIANT=ra) rather than xhat; and the bytes the activations take either

@@ -26,7 +26,7 @@ typedef struct {
 
 /* Large M: TMA maps of the BF16 dequantized operands (128B swizzle, boxes of 64 along K). */
 typedef struct {
-  CUtensorMap ta;      /* activations [m][k], box 64 x 128 rows: the bands but the last */
+  CUtensorMap ta;      /* activations [m][k], box 64 x (the tile's rows): the bands but the last */
   CUtensorMap ta_last; /* the same, box 64 x last_rows rows: the last band */
   CUtensorMap tw; /* weight [n][k], box 64 x BN rows */
   CUtensorMap ty; /* output [m][n] (the ts and ra kernels only), box 64 x 64 rows */
@@ -80,6 +80,11 @@ typedef struct {
 #define MT_LARGE_STAGE_BYTES(bn) (MT_LARGE_BM * MT_LARGE_BK * 2 + (bn) * MT_LARGE_BK * 2)
 /* stages, their two barriers, and per consumer warpgroup 1/S_w and bias of BN columns (floats) */
 #define MT_LARGE_SMEM(bn) (1024 + MT_LARGE_STAGES(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4)
+/* Tiles of 64 tokens (mt_gemm_large_m64_nBN, BN 32 to 128: one consumer warpgroup), for calls
+ * whose 128-token tiles leave SMs idle: as many stages as fill ~192 KB, at most 16. */
+#define MT_LARGE_STAGE_BYTES_64(bn) ((64 + (bn)) * MT_LARGE_BK * 2)
+#define MT_LARGE_STAGES_64(bn) (196608 / MT_LARGE_STAGE_BYTES_64(bn) < 16 ? 196608 / MT_LARGE_STAGE_BYTES_64(bn) : 16)
+#define MT_LARGE_SMEM_64(bn) (1024 + MT_LARGE_STAGES_64(bn) * (MT_LARGE_STAGE_BYTES_64(bn) + 16) + 2 * (bn)*4)
 /* The ts variant: one stage fewer, then a 1024-aligned staging tile of 128 x bn outputs. */
 #define MT_LARGE_STAGES_TS(bn) (MT_LARGE_STAGES(bn) - 1)
 #define MT_LARGE_SMEM_TS(bn) \
@@ -97,7 +102,7 @@ typedef struct {
   (1024 + MT_LARGE_STAGES_RA(bn) * (MT_LARGE_STAGE_BYTES_RA(bn) + 16) + 2 * 2 * (bn)*4 + 16 + 1024 + 128 * (bn)*2)
 #define MT_SMALL_WARPS 2 /* one CTA per 16 output channels, 8 per warp */
 #define MT_SMALL_KC 512   /* columns per stage: 4 chunk turns (barrier, requests) for k = 2048 */
-/* Token capacity MT_SMALL_ROWS (the small path's m <= MT_GEMM_SMALL_M, gemm.h); 4 stages: 3 of
+/* Token capacity MT_SMALL_ROWS (the most a forced small path takes, gemm.c); 4 stages: 3 of
  * k = 2048's 4 chunks are requested from the start. */
 #define MT_SMALL_ROWS 8
 #define MT_SMALL_STAGES 4

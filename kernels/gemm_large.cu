@@ -4,8 +4,10 @@
 // Exactness (DESIGN.md §4): every dequantized element e2m1 * e4m3 is exact in BF16 and every
 // product of two is exact in FP32, so the tensor cores compute the NVFP4 products exactly; the
 // outer scales are applied in the epilogue, in the order of gemm_args.h. Tiles of 128 tokens x BN
-// channels (BN 64 to 256, chosen by kernels/gemm.c); TMA brings the BF16 dequantized operands into 128B-swizzled shared memory (a ring of
-// stages), one thread issues the copies, two consumer warpgroups issue wgmma (64 tokens each);
+// channels (BN 64 to 256), or of 64 tokens x BN 32 to 64 where 128-token tiles would leave SMs
+// idle (kernels/gemm.c chooses); TMA brings the BF16 dequantized operands into 128B-swizzled
+// shared memory (a ring of stages), one thread issues the copies, one consumer warpgroup per 64
+// tokens issues wgmma;
 // k16 steps over K in increasing order into one FP32 accumulator per output, from zero, no
 // split-K, no atomics: the arithmetic of the small path (kernels/gemm_small.cu), which
 // scripts/probe_mma.cu showed gives the same bits. A consumer keeps one wgmma group in flight
@@ -25,8 +27,8 @@
 // (mt_gemm_large_ra_nBN: ts with the activations as 5-bit records decoded into wgmma's A
 // registers) and =fq (mt_gemm_large_fq_nBN: ts quantizing the rows past its first wave itself, in
 // the producer warpgroup's idle warps). The variants measured and removed (v1: one tile per CTA;
-// np; mc: clusters sharing a tile by TMA multicast; m64: tiles of 64 tokens) are in
-// kernels/NOTES.md and git history.
+// np; mc: clusters sharing a tile by TMA multicast; m64 of the second session: 64-token tiles
+// whose two consumer warpgroups split the channels) are in kernels/NOTES.md and git history.
 //
 // Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (spec/nvfp4.c) within the
 // FP32-accumulation bound, and bitwise across M, row positions and the two paths.
@@ -91,7 +93,9 @@ template <int BN> __device__ static inline void wgmma_step(float *d, uint64_t da
   else if constexpr (BN == 192) mt_wgmma_m64n192k16(d, da, db);
   else if constexpr (BN == 128) mt_wgmma_m64n128k16(d, da, db);
   else if constexpr (BN == 96) mt_wgmma_m64n96k16(d, da, db);
-  else mt_wgmma_m64n64k16(d, da, db);
+  else if constexpr (BN == 64) mt_wgmma_m64n64k16(d, da, db);
+  else if constexpr (BN == 48) mt_wgmma_m64n48k16(d, da, db);
+  else mt_wgmma_m64n32k16(d, da, db);
 }
 
 namespace large {
@@ -507,22 +511,23 @@ template <int S> __device__ static __forceinline__ void init_ring(uint64_t *full
 // The producer thread of a persistent CTA: the weight tiles of the first stages before waiting for
 // the activations' quantization (griddepcontrol.wait), then the ring over this CTA's tiles (tile =
 // blockIdx.x, + gridDim.x, ...) and each tile's K blocks in order. k-block number `it` counts on
-// across the tiles: stage it % S, phase (it / S) & 1. A stage holds the 128-row activation tile
-// (A_BYTES), then the BN-row weight tile; of the last band's activation tile only a.last_rows rows
-// are loaded (ta_last, gemm_args.h): the zero fill of the other rows cost DeepSeek's shapes up to
-// half their time at M = 16 (kernels/NOTES.md, fifth session).
+// across the tiles: stage it % S, phase (it / S) & 1. A stage holds the TM-row activation tile
+// (TM * 128 bytes), then the BN-row weight tile; of the last band's activation tile only
+// a.last_rows rows are loaded (ta_last, gemm_args.h): the zero fill of the other rows cost
+// DeepSeek's shapes up to half their time at M = 16 (kernels/NOTES.md, fifth session).
 // FQ: the activation tile of a band only once its rows are quantized (wait_band).
-template <int S, int SB, int BN, bool FQ = false>
+template <int S, int SB, int BN, bool FQ = false, int TM = BM>
 __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *smem, uint64_t *full, uint64_t *empty,
                                                int tiles, int tiles_n, int kt) {
-  const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * BM;
+  constexpr int A_TILE = TM * BK * 2;
+  const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * TM;
   // the band at m0's activation map and what a stage's two loads deliver for it
-  const int m_last = (a.e.m - 1) / BM * BM;
-  const uint32_t tx = (uint32_t)(BM * BK * 2 + BN * BK * 2), tx_last = (uint32_t)(a.last_rows * BK * 2 + BN * BK * 2);
+  const int m_last = (a.e.m - 1) / TM * TM;
+  const uint32_t tx = (uint32_t)(A_TILE + BN * BK * 2), tx_last = (uint32_t)(a.last_rows * BK * 2 + BN * BK * 2);
   auto act = [&](int m0) { return m0 == m_last ? &a.ta_last : &a.ta; };
   for (int kb = 0; kb < pre; kb++) {
     mbar_arrive_expect_tx(&full[kb], m_first == m_last ? tx_last : tx);
-    tma_load_2d(smem + kb * SB + A_BYTES, &a.tw, &full[kb], kb * BK, n_first);
+    tma_load_2d(smem + kb * SB + A_TILE, &a.tw, &full[kb], kb * BK, n_first);
   }
   grid_dependency_wait();
   if (FQ)
@@ -531,7 +536,7 @@ __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *
     tma_load_2d(smem + kb * SB, act(m_first), &full[kb], kb * BK, m_first);
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
+    const int m0 = tile / tiles_n * TM, n0 = tile % tiles_n * BN;
     if (FQ && tile != (int)blockIdx.x)
       wait_band(a, m0);
     const CUtensorMap *ta = act(m0);
@@ -541,7 +546,7 @@ __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *
         continue;
       const int s = it % S;
       mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
-      uint8_t *sa = smem + s * SB, *sw = sa + A_BYTES;
+      uint8_t *sa = smem + s * SB, *sw = sa + A_TILE;
       mbar_arrive_expect_tx(&full[s], bytes);
       tma_load_2d(sa, ta, &full[s], kb * BK, m0);
       tma_load_2d(sw, &a.tw, &full[s], kb * BK, n0);
@@ -582,40 +587,51 @@ __device__ static __forceinline__ void produce_ra(const mt_large_args &a, uint8_
 }
 
 // v6 (mt_gemm_large_nBN): the two consumer warpgroups take 64 tokens each of a 128 x BN tile.
-template <int BN> __device__ static void run(const mt_large_args &a) {
-  constexpr int S = MT_LARGE_STAGES(BN), SB = MT_LARGE_STAGE_BYTES(BN);
+// TM = 64 (mt_gemm_large_m64_nBN): one consumer warpgroup, tiles of 64 x BN, for calls whose
+// 128-token tiles would leave SMs idle. Every k-block a consumer warpgroup reads its 64 rows of A
+// and all of B from shared memory while TMA writes both: at M = 256 the 128 x 64 tiles ran at the
+// 128 bytes a clock of shared memory (56 KB a k-block in 451 cycles, scripts/probe_feed.cu), and
+// at M <= 64 the second warpgroup's reads were of rows no token has (kernels/NOTES.md, seventh
+// session).
+template <int BN, int TM = BM> __device__ static void run(const mt_large_args &a) {
+  constexpr int S = TM == BM ? MT_LARGE_STAGES(BN) : MT_LARGE_STAGES_64(BN);
+  constexpr int SB = TM == BM ? MT_LARGE_STAGE_BYTES(BN) : MT_LARGE_STAGE_BYTES_64(BN);
   extern __shared__ uint8_t smem_raw[];
   // 1024-aligned by an offset on the shared array itself, so the compiler keeps the shared
   // address space (LDS for the column table rather than generic loads)
   uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint64_t *full = (uint64_t *)(smem + S * SB), *empty = full + S;
   columns<BN> *cols_all = (columns<BN> *)(empty + S);
-  const int tiles_n = (a.e.n + BN - 1) / BN, tiles = (a.e.m + BM - 1) / BM * tiles_n;
+  const int tiles_n = (a.e.n + BN - 1) / BN, tiles = (a.e.m + TM - 1) / TM * tiles_n;
   const int kt = (a.e.k + BK - 1) / BK;
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0)
-    init_ring<S>(full, empty, 8);
+    init_ring<S>(full, empty, 4 * (TM / 64));
   __syncthreads();
 
   // k-block number `it` counts on across this CTA's tiles: stage it % S, phase (it / S) & 1.
+  // Registers: with TM = 64 the launch's 256 threads have enough without moving any (BN / 2
+  // accumulators at most 64).
   if (wg == 0) { // producer: one thread keeps the ring of stages full
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if constexpr (TM == BM)
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x != 0 || (int)blockIdx.x >= tiles)
       return;
-    produce<S, SB, BN>(a, smem, full, empty, tiles, tiles_n, kt);
+    produce<S, SB, BN, false, TM>(a, smem, full, empty, tiles, tiles_n, kt);
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  if constexpr (TM == BM)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0); // the same in every lane, known so to the compiler
   columns<BN> *cols = cols_all + cw;
   const uint64_t da0 = desc_sw128(smem_u32(smem) + cw * 64 * 128);
-  const uint64_t db0 = desc_sw128(smem_u32(smem) + A_BYTES);
+  const uint64_t db0 = desc_sw128(smem_u32(smem) + TM * BK * 2);
   bool waited = false;
   ring r = {0, 0};
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN, row0 = m0 + 64 * cw;
+    const int m0 = tile / tiles_n * TM, n0 = tile % tiles_n * BN, row0 = m0 + 64 * cw;
     float d[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
@@ -756,6 +772,13 @@ template <int BN, bool RA = false, bool FQ = false> __device__ static void run_t
   }
 MT_LARGE(64)
 MT_LARGE(96)
+#define MT_LARGE_64(BN)                                                                            \
+  extern "C" __global__ void __launch_bounds__(256, 1) mt_gemm_large_m64_n##BN(const __grid_constant__ mt_large_args a) { \
+    large::run<BN, 64>(a);                                                                         \
+  }
+MT_LARGE_64(32)
+MT_LARGE_64(48)
+MT_LARGE_64(64)
 MT_LARGE(128)
 MT_LARGE(192)
 MT_LARGE(256)

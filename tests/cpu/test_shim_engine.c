@@ -291,17 +291,15 @@ static const mt_epilogue_args *epilogue_of(int i) {
 }
 
 /* The weight quantization (per-tensor S: amax then quant), the packing, the activations' and the
- * GEMM of one call starting at `from`: operands, shapes and device memory. only_if: the frozen
- * entry's dirty word, or NULL under requantize. */
+ * large path's GEMM of one call starting at `from`: operands, shapes and device memory. only_if:
+ * the frozen entry's dirty word, or NULL under requantize. */
 static void check_call_args(int from, const problem *p, const void *c, const void *bias,
                             float beta, const uint32_t *only_if) {
   int amax = find_launch(from, "mt_quant_amax_bf16", 0);
   int wq = find_launch(from, "mt_quant_tensor_bf16", 0);
   int pack = find_launch(from, "mt_gemm_pack", 0);
   int aq = find_launch(from, "mt_quant_row_bf16", 0);
-  int g = find_launch(from, "mt_gemm_small_", 0);
-  if (g < 0)
-    g = find_launch(from, "mt_gemm_large_", 0);
+  int g = find_launch(from, "mt_gemm_large_", 0);
   CHECKF(amax >= 0 && wq > amax && pack > wq && aq > pack && g > aq, "order %d %d %d %d %d", amax,
          wq, pack, aq, g);
   if (amax < 0 || wq < 0 || pack < 0 || aq < 0 || g < 0)
@@ -333,21 +331,21 @@ static void check_call_args(int from, const problem *p, const void *c, const voi
   CHECKF(e->alpha == 1.0f && e->beta == beta, "alpha %g beta %g", e->alpha, e->beta);
   CHECKF(e->c == (beta != 0.0f ? c : NULL), "c %p", e->c);
   CHECK(e->ldc == p->ldc && e->bias == bias);
-  if (event(g)->name[8] == 's') {
-    const mt_small_args *sa = (const mt_small_args *)event(g)->args;
-    CHECK(sa->xa == a->xhat && sa->frag == pk->frag);
-  } else { /* the last band's activation box holds its rows rounded up to 8, no more */
-    const mt_large_args *la = (const mt_large_args *)event(g)->args;
-    int last = p->tokens - (p->tokens - 1) / MT_LARGE_BM * MT_LARGE_BM, want = (last + 7) / 8 * 8;
-    CHECKF(la->last_rows == want, "last band's box of %d rows for %d tokens, want %d", la->last_rows, p->tokens,
-           want);
-  }
+  /* the last band's activation box holds its rows rounded up to 8, no more; bands of the kernel's
+   * tile height (64 for mt_gemm_large_m64_*, else 128) */
+  const mt_large_args *la = (const mt_large_args *)event(g)->args;
+  int band = strstr(event(g)->name, "_m64_") ? 64 : MT_LARGE_BM;
+  int last = p->tokens - (p->tokens - 1) / band * band, want = (last + 7) / 8 * 8;
+  CHECKF(la->last_rows == want, "last band's box of %d rows for %d tokens, want %d", la->last_rows, p->tokens, want);
 }
 
 /* --- scenarios -------------------------------------------------------------------------- */
 
-#define SMALL_CALL "mt_quant_row_bf16_nb1 mt_gemm_small_m8+pdl"
-#define SMALL_CALL_FIRST "mt_quant_row_bf16_nb1 smem mt_gemm_small_m8+pdl"
+/* A call of 8 tokens on the OUT x IN weight: the large path's tiles of 64 x 32 (kernels/gemm.c),
+ * its activation map and the weight's; the first one loads the module and raises the kernel's
+ * shared-memory limit. */
+#define FEW_CALL "mt_quant_row_bf16_nb1 tmap tmap mt_gemm_large_m64_n32+pdl"
+#define FEW_CALL_FIRST "mt_quant_row_bf16_nb1 tmap tmap load smem mt_gemm_large_m64_n32+pdl"
 #define WEIGHT_QUANT "memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 mt_gemm_pack"
 
 /* requantize: the kernels of a call in order, on its stream; scratch per stream, grown once. */
@@ -356,14 +354,14 @@ static void scenario_requantize(void) {
   int t = now();
   expect_routed(&p, S1, &zero);
   CHECK_TRACE(t, "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack "
-                 "mt_quant_row_bf16_nb1 smem mt_gemm_small_m8+pdl");
+                 FEW_CALL_FIRST);
   CHECK(all_on(t, S1));
   check_call_args(t, &p, p.y, NULL, 0.0f, NULL);
   long first_bytes = device_bytes();
   /* the same call again: nothing allocated or loaded */
   t = now();
   expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, WEIGHT_QUANT " " SMALL_CALL);
+  CHECK_TRACE(t, WEIGHT_QUANT " " FEW_CALL);
   check_call_args(t, &p, p.y, NULL, 0.0f, NULL);
   /* beta != 0: C is the output (cublasGemmEx), read by the epilogue */
   t = now();
@@ -374,8 +372,9 @@ static void scenario_requantize(void) {
   problem big = make(OUT, 200, OUT + 8);
   t = now();
   expect_routed(&big, S1, &zero);
-  CHECK_TRACE(t, "sync free alloc " WEIGHT_QUANT " mt_quant_row_bf16_nb1 tmap tmap tmap load smem "
-                 "mt_gemm_large_n64+pdl"); /* 200 tokens: the last band's map, the first band's, W's */
+  CHECK_TRACE(t, "sync free alloc " WEIGHT_QUANT " mt_quant_row_bf16_nb1 tmap tmap tmap "
+                 "mt_gemm_large_m64_n32+pdl"); /* 200 tokens: the last band's map (8 rows), the first
+                                                   bands' (64), W's */
   CHECK(all_on(t, S1));
   check_call_args(t, &big, big.y, NULL, 0.0f, NULL);
   CHECK(device_bytes() > first_bytes);
@@ -383,12 +382,12 @@ static void scenario_requantize(void) {
   problem mid = make(OUT, 20, OUT);
   t = now();
   expect_routed(&mid, S1, &zero);
-  CHECK_TRACE(t, WEIGHT_QUANT " mt_quant_row_bf16_nb1 tmap tmap mt_gemm_large_n64+pdl");
+  CHECK_TRACE(t, WEIGHT_QUANT " mt_quant_row_bf16_nb1 tmap tmap mt_gemm_large_m64_n32+pdl");
   check_call_args(t, &mid, mid.y, NULL, 0.0f, NULL); /* one band: a box of 24 activation rows */
   const mt_quant_params *a0 = quant_args(find_launch(t, "mt_quant_row_bf16", 0));
-  /* 1..4 tokens: one GEMM launch that quantizes the activations itself, from the caller's x, in
-   * plain stream order (no quantization kernel before it to overlap) */
-  problem few = make(OUT, 3, OUT);
+  /* 2 tokens (m x k <= MT_GEMM_FUSE_ELEMS): one GEMM launch that quantizes the activations itself,
+   * from the caller's x, in plain stream order (no quantization kernel before it to overlap) */
+  problem few = make(OUT, 2, OUT);
   t = now();
   expect_routed(&few, S1, &half);
   CHECK_TRACE(t, WEIGHT_QUANT " smem mt_gemm_small_q4");
@@ -398,7 +397,7 @@ static void scenario_requantize(void) {
     const mt_quant_params *fw = quant_args(find_launch(t, "mt_quant_tensor_bf16", 0));
     CHECK(fa->x == few.x && fa->ldx == IN && !fa->xfp16 && !fa->xa &&
           fa->frag == ((const mt_pack_args *)event(fpack)->args)->frag);
-    CHECK(fa->e.m == 3 && fa->e.n == OUT && fa->e.k == IN && fa->e.y == few.y && fa->e.ldy == OUT);
+    CHECK(fa->e.m == 2 && fa->e.n == OUT && fa->e.k == IN && fa->e.y == few.y && fa->e.ldy == OUT);
     CHECK(fa->e.sa_row && fw && fa->e.sw == fw->outer && !fa->e.sw_row && fa->e.beta == 0.5f &&
           fa->e.c == few.y);
   }
@@ -406,7 +405,7 @@ static void scenario_requantize(void) {
   long before = device_bytes();
   t = now();
   expect_routed(&p, S2, &zero);
-  CHECK_TRACE(t, "alloc " WEIGHT_QUANT " " SMALL_CALL);
+  CHECK_TRACE(t, "alloc " WEIGHT_QUANT " " FEW_CALL);
   CHECK(all_on(t, S2));
   CHECK(device_bytes() > before);
   const mt_quant_params *a1 = quant_args(find_launch(t, "mt_quant_row_bf16", 0));
@@ -455,17 +454,17 @@ static void scenario_lt(void) {
   int t = now();
   lt_call(&p, c, NULL, -1, &zero);
   CHECK_TRACE(t, "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack "
-                 "mt_quant_row_bf16_nb1 smem mt_gemm_small_m8+pdl");
+                 FEW_CALL_FIRST);
   check_call_args(t, &p, c, NULL, 0.0f, NULL);
   t = now();
   lt_call(&p, c, bias, -1, &half);
-  CHECK_TRACE(t, WEIGHT_QUANT " " SMALL_CALL);
+  CHECK_TRACE(t, WEIGHT_QUANT " " FEW_CALL);
   check_call_args(t, &p, c, bias, 0.5f, NULL);
-  const mt_epilogue_args *e = epilogue_of(find_launch(t, "mt_gemm_small_", 0));
+  const mt_epilogue_args *e = epilogue_of(find_launch(t, "mt_gemm_large_", 0));
   CHECK(e && e->biastype == 0 /* MT_DTYPE_BF16: the output's type */ && e->ytype == 0);
   t = now();
   lt_call(&p, c, bias32, CUDA_R_32F, &zero);
-  e = epilogue_of(find_launch(t, "mt_gemm_small_", 0));
+  e = epilogue_of(find_launch(t, "mt_gemm_large_", 0));
   CHECK(e && e->bias == bias32 && e->biastype == 2 /* MT_DTYPE_FP32 */);
   CHECKF(lt_calls() == calls, "the fake cublasLtMatmul was called for routed calls");
   check_driver_clean();
@@ -479,8 +478,7 @@ static void scenario_frozen(void) {
   int t = now();
   expect_routed(&p, S1, &zero);
   CHECK_TRACE(t, "alloc memset64 alloc load mt_wcheck load memset4 mt_quant_amax_bf16 "
-                 "mt_quant_tensor_bf16 load mt_gemm_pack mt_quant_row_bf16_nb1 smem "
-                 "mt_gemm_small_m8+pdl");
+                 "mt_quant_tensor_bf16 load mt_gemm_pack " FEW_CALL_FIRST);
   CHECK(all_on(t, S1));
   int wc = find_launch(t, "mt_wcheck", 0), ms = find_kind(t, FAKE_EV_MEMSET, 0);
   const mt_wcheck_args *w = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
@@ -495,7 +493,7 @@ static void scenario_frozen(void) {
   /* the same weight again: the check and the conditional quantization, nothing allocated */
   t = now();
   expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, "mt_wcheck " WEIGHT_QUANT " " SMALL_CALL);
+  CHECK_TRACE(t, "mt_wcheck " WEIGHT_QUANT " " FEW_CALL);
   check_call_args(t, &p, p.y, NULL, 0.0f, dirty);
   wq = quant_args(find_launch(t, "mt_quant_tensor_bf16", 0));
   CHECK(wq && wq->xhat == entry_xhat);
@@ -503,7 +501,7 @@ static void scenario_frozen(void) {
   /* another weight of the same shape: a second entry */
   t = now();
   expect_routed(&q, S1, &zero);
-  CHECK_TRACE(t, "alloc memset64 mt_wcheck " WEIGHT_QUANT " " SMALL_CALL);
+  CHECK_TRACE(t, "alloc memset64 mt_wcheck " WEIGHT_QUANT " " FEW_CALL);
   wc = find_launch(t, "mt_wcheck", 0);
   w = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
   CHECK(w && w->w == q.w && &w->state->dirty != dirty);
@@ -511,12 +509,12 @@ static void scenario_frozen(void) {
   /* a weight past the cache: requantized in the (grown) scratch, no check kernel */
   t = now();
   expect_routed(&big, S1, &zero);
-  CHECK_TRACE(t, "sync free alloc " WEIGHT_QUANT " " SMALL_CALL);
+  CHECK_TRACE(t, "sync free alloc " WEIGHT_QUANT " " FEW_CALL);
   check_call_args(t, &big, big.y, NULL, 0.0f, NULL);
   /* and again: the cache is still full, the scratch large enough */
   t = now();
   expect_routed(&big, S1, &zero);
-  CHECK_TRACE(t, WEIGHT_QUANT " " SMALL_CALL);
+  CHECK_TRACE(t, WEIGHT_QUANT " " FEW_CALL);
   printf("#info device_bytes %ld\n", device_bytes());
   check_driver_clean();
   unmake(&p), unmake(&q), unmake(&big);
@@ -534,7 +532,7 @@ static void scenario_capture(void) {
   set_capturing(S1, 1);
   t = now();
   expect_routed(&p, S1, &half);
-  CHECK_TRACE(t, WEIGHT_QUANT " " SMALL_CALL);
+  CHECK_TRACE(t, WEIGHT_QUANT " " FEW_CALL);
   CHECK(all_on(t, S1));
   /* a larger call would grow the scratch; another stream has none yet */
   t = now();
@@ -563,7 +561,7 @@ static void scenario_capture_module(void) {
   t = now();
   expect_routed(&p, S1, &zero);
   CHECK_TRACE(t, "load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack "
-                 "mt_quant_row_bf16_nb1 smem mt_gemm_small_m8+pdl");
+                 FEW_CALL_FIRST);
   check_driver_clean();
   unmake(&p);
 }
@@ -581,15 +579,15 @@ static void scenario_oom(void) {
   unmake(&p);
 }
 
-/* The GEMM kernel's launch fails (FAKE_CUDA_FAIL_LAUNCH=mt_gemm_small_m8:1): engine error. */
+/* The GEMM kernel's launch fails (FAKE_CUDA_FAIL_LAUNCH=mt_gemm_large_m64_n32:1): engine error. */
 static void scenario_launch_fail(void) {
   problem p = make(OUT, 8, OUT);
   int t = now();
   expect_fallback(&p, S1, &half);
-  CHECKF(find_launch(t, "mt_gemm_small_m8", 0) >= 0 && event(find_launch(t, "mt_gemm_small_m8", 0))->result,
+  CHECKF(find_launch(t, "mt_gemm_large_m64_n32", 0) >= 0 && event(find_launch(t, "mt_gemm_large_m64_n32", 0))->result,
          "%s", trace(t));
   expect_routed(&p, S1, &zero);
-  fail_launch("mt_gemm_small_m8", 1);
+  fail_launch("mt_gemm_large_m64_n32", 1);
   expect_fallback(&p, S1, &zero);
   check_driver_clean();
   unmake(&p);
@@ -620,11 +618,11 @@ static void scenario_fp16(void) {
                          CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
   CHECK(cublas_calls() == calls && marked(p.y, before, OUT, 8, OUT));
   CHECK_TRACE(t, "alloc load memset4 mt_quant_amax_fp16 mt_quant_tensor_fp16 load mt_gemm_pack "
-                 "mt_quant_row_fp16_nb1 smem mt_gemm_small_m8+pdl");
+                 "mt_quant_row_fp16_nb1 tmap tmap load smem mt_gemm_large_m64_n32+pdl");
   const mt_quant_params *w = quant_args(find_launch(t, "mt_quant_tensor_fp16", 0));
   const mt_quant_params *a = quant_args(find_launch(t, "mt_quant_row_fp16", 0));
   CHECK(w && w->fp16 && w->x == p.w && a && a->fp16 && a->x == p.x);
-  const mt_epilogue_args *e = epilogue_of(find_launch(t, "mt_gemm_small_", 0));
+  const mt_epilogue_args *e = epilogue_of(find_launch(t, "mt_gemm_large_", 0));
   CHECK(e && e->ytype == 1 /* MT_DTYPE_FP16 */ && e->y == p.y);
   check_driver_clean();
   unmake(&p), free(before);
@@ -638,14 +636,14 @@ static void scenario_frozen_capture(void) {
   set_capturing(S1, 1);
   int t = now();
   expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, "mt_wcheck " WEIGHT_QUANT " " SMALL_CALL);
+  CHECK_TRACE(t, "mt_wcheck " WEIGHT_QUANT " " FEW_CALL);
   t = now();
   expect_fallback(&q, S1, &zero);
   CHECK_TRACE(t, "");
   set_capturing(S1, 0);
   t = now();
   expect_routed(&q, S1, &zero);
-  CHECK_TRACE(t, "alloc memset64 mt_wcheck " WEIGHT_QUANT " " SMALL_CALL);
+  CHECK_TRACE(t, "alloc memset64 mt_wcheck " WEIGHT_QUANT " " FEW_CALL);
   check_driver_clean();
   unmake(&p), unmake(&q);
 }
@@ -690,10 +688,10 @@ static void scenario_strided(void) {
                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
   CHECK(cublas_calls() == calls);
   CHECK_TRACE(t, "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack "
-                 SMALL_CALL_FIRST " " WEIGHT_QUANT " " SMALL_CALL " " WEIGHT_QUANT " " SMALL_CALL);
+                 FEW_CALL_FIRST " " WEIGHT_QUANT " " FEW_CALL " " WEIGHT_QUANT " " FEW_CALL);
   for (int i = 0; i < BATCH; i++) {
     problem pi = {OUT, tokens, w + i * sw, x + i * sx, y + i * sy, OUT};
-    int from = i ? find_launch(t, "mt_gemm_small_", i - 1) + 1 : t;
+    int from = i ? find_launch(t, "mt_gemm_large_", i - 1) + 1 : t;
     check_call_args(from, &pi, pi.y, NULL, 0.0f, NULL);
     CHECK(marked(pi.y, before + i * sy, OUT, tokens, OUT));
   }
@@ -702,7 +700,7 @@ static void scenario_strided(void) {
   CHECK(hook_strided(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, IN,
                      sw, x, CUDA_R_16BF, IN, sx, &half, y, CUDA_R_16BF, OUT, sy, 1,
                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
-  CHECK_TRACE(t, WEIGHT_QUANT " " SMALL_CALL);
+  CHECK_TRACE(t, WEIGHT_QUANT " " FEW_CALL);
   check_driver_clean();
   free(w), free(x), free(y), free(want), free(before);
 }
@@ -728,11 +726,11 @@ static void scenario_arrays(void) {
   CHECK(cublas_calls() == calls);
   /* the three pointer arrays read back, the stream synchronised, then a GEMM per problem */
   CHECK_TRACE(t, "dtoh dtoh dtoh sync alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 "
-                 "load mt_gemm_pack " SMALL_CALL_FIRST " " WEIGHT_QUANT " " SMALL_CALL " "
-                 WEIGHT_QUANT " " SMALL_CALL);
+                 "load mt_gemm_pack " FEW_CALL_FIRST " " WEIGHT_QUANT " " FEW_CALL " "
+                 WEIGHT_QUANT " " FEW_CALL);
   CHECK(all_on(t, S1));
   for (int i = 0; i < BATCH; i++) {
-    int from = i ? find_launch(t, "mt_gemm_small_", i - 1) + 1 : t;
+    int from = i ? find_launch(t, "mt_gemm_large_", i - 1) + 1 : t;
     check_call_args(from, &p[i], p[i].y, NULL, 0.0f, NULL);
     CHECK(marked(p[i].y, before[i], OUT, tokens, OUT));
   }
@@ -749,11 +747,12 @@ static void scenario_arrays(void) {
   CHECK(hook_grouped(handle, ta, tb, m, n, k, alpha, ga, CUDA_R_16BF, ld, gb, CUDA_R_16BF, ld,
                      beta, gc, CUDA_R_16BF, ldc, 2, size, CUBLAS_COMPUTE_32F) == CUBLAS_STATUS_SUCCESS);
   CHECK(cublas_calls() == calls);
-  CHECK_TRACE(t, "dtoh dtoh dtoh sync " WEIGHT_QUANT " " SMALL_CALL " " WEIGHT_QUANT
-                 " mt_quant_row_bf16_nb1 tmap tmap load smem mt_gemm_large_n64+pdl " WEIGHT_QUANT
-                 " mt_quant_row_bf16_nb1 tmap tmap mt_gemm_large_n64+pdl");
-  check_call_args(find_launch(t, "mt_gemm_small_", 0) + 1, &g1[0], g1[0].y, NULL, 0.0f, NULL);
-  check_call_args(find_launch(t, "mt_gemm_large_", 0) + 1, &g1[1], g1[1].y, NULL, 0.0f, NULL);
+  CHECK_TRACE(t, "dtoh dtoh dtoh sync " WEIGHT_QUANT " " FEW_CALL " " WEIGHT_QUANT
+                 " mt_quant_row_bf16_nb1 tmap tmap tmap mt_gemm_large_m64_n32+pdl " WEIGHT_QUANT
+                 " mt_quant_row_bf16_nb1 tmap tmap tmap mt_gemm_large_m64_n32+pdl"); /* 72 tokens: bands of
+                                                                                   64 and 8 */
+  check_call_args(find_launch(t, "mt_gemm_large_", 0) + 1, &g1[0], g1[0].y, NULL, 0.0f, NULL);
+  check_call_args(find_launch(t, "mt_gemm_large_", 1) + 1, &g1[1], g1[1].y, NULL, 0.0f, NULL);
   /* beta != 0 with more than one problem: layout (nothing read back), cuBLAS computes */
   uint16_t *want_beta[BATCH];
   for (int i = 0; i < BATCH; i++)
@@ -791,7 +790,7 @@ static void scenario_arrays(void) {
 }
 
 /* A grouped call whose groups hold one problem each with beta != 0, the second failing after the
- * first ran on the engine (FAKE_CUDA_FAIL_LAUNCH=mt_gemm_small_m8:2): cuBLAS then recomputes the
+ * first ran on the engine (FAKE_CUDA_FAIL_LAUNCH=mt_gemm_large_m64_n32:2): cuBLAS then recomputes the
  * first problem from a C the engine already overwrote. exec.c refuses beta != 0 only for a group
  * of more than one problem. */
 static void scenario_grouped_beta_partial(void) {
@@ -971,7 +970,7 @@ static void out_of_memory_warns_once(void) {
 }
 
 static void launch_failure_is_engine_error(void) {
-  const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_gemm_small_m8:1", NULL};
+  const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_gemm_large_m64_n32:1", NULL};
   mt_t_child r;
   run_child("launch_fail", env, &r);
   mt_t_check_child("launch_fail", &r);
@@ -1048,7 +1047,7 @@ static void weight_quantization_failure_warns(void) {
 /* exec.c refuses beta != 0 for any call of more than one problem, across groups: a problem that
  * fails after others ran would leave cuBLAS reading outputs the engine already overwrote. */
 static void grouped_beta_failure_after_a_problem_ran(void) {
-  const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_gemm_small_m8:2", NULL};
+  const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_gemm_large_m64_n32:2", NULL};
   mt_t_child r;
   run_child("grouped_beta_partial", env, &r);
   mt_t_check_child("grouped_beta_partial", &r);

@@ -748,14 +748,15 @@ static const mt_numerics numerics_row = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOC
 
 /* Shapes across the three paths (up to 4 tokens the fused kernel that quantizes the activations
  * itself and the small kernel that streams the packed weight, forced in turn; up to 8 the small
- * kernel; more, the large path, which reads xhat by TMA), every spec numerics, both output types.
- * k = 784 ends on an odd k16 step (a half record, a partial chunk); k = 2080 ends on a partial
- * chunk of 32 columns; 12 and 16 rows take the large path's one row of tiles. */
+ * kernel, forced; more, AUTO: the large path, which reads xhat by TMA), every spec numerics, both
+ * output types. The small kernels need the packed weight, which exists for k <= 1024 here
+ * (mt_gemm_frag_bytes): k = 784 and 1008 end on an odd k16 step (a half record, a partial chunk);
+ * 12 and 16 rows take the large path's one row of tiles, k = 2080 a last K step of 32 columns. */
 static void gemm_accuracy(void) {
   NEED_GPU();
   static const int shapes[][3] = {{1, 256, 512},  {7, 1536, 256}, {64, 384, 768},  {65, 256, 512},
                                   {96, 256, 1024}, {129, 272, 160}, {3, 256, 784},  {12, 512, 2048},
-                                  {2, 256, 2080},  {16, 256, 2080}};
+                                  {2, 256, 1008},  {16, 256, 2080}};
   static const mt_numerics nums[] = {
       {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
       {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
@@ -867,7 +868,7 @@ static long inv_differ(inv_case *c, int m, int offset, const uint16_t *full, int
 /* A wide output (n = 4096) across every kernel kind: rows of the 4096-row call (tiles of
  * 128 x 256: the TMA-store kernel, or ra under MT_LARGE_VARIANT=ra) and of a 512-row one (4 x 32
  * tiles of 128 x 128 fill one wave of 132 SMs: the same) against M = 1 (the fused small kernel),
- * 7 (the small kernel), 64 and 257 (one wave of 64- and 96-wide tiles: v6), bit for bit. */
+ * 7 and 64 (tiles of 64 x 32) and 257 (128 x 96: v6), bit for bit. */
 static void batch_invariance_wide(void) {
   enum { N = 4096, K = 512, ROWS = 4096 };
   inv_case c = {0};
@@ -917,11 +918,12 @@ static void gemm_batch_invariance(void) {
 
 /* Every path that takes a call gives its bits (mt_gemm_args.path forced): the fused kernel (up to
  * MT_SMALL_FUSE_M rows), the small kernel (up to MT_SMALL_ROWS) and the large one, at every M they
- * share, on rows at a random offset; k = 2080 ends on a partial chunk. A path past its rows refuses
- * the call (MT_ERR_UNSUPPORTED) and leaves the output alone. */
+ * share, on rows at a random offset; k = 1008 ends on an odd k16 step in a partial chunk (and has
+ * the packed weight the small kernels need). A path past its rows refuses the call
+ * (MT_ERR_UNSUPPORTED) and leaves the output alone. */
 static void gemm_paths_agree(void) {
   NEED_GPU();
-  enum { ROWS = MT_SMALL_ROWS + 1, N = 256, K = 2080 };
+  enum { ROWS = MT_SMALL_ROWS + 1, N = 256, K = 1008 };
   inv_case c = {0};
   uint16_t *want = malloc((size_t)ROWS * N * 2), *got = malloc((size_t)ROWS * N * 2);
   if (inv_setup(&c, ROWS, N, K)) {
