@@ -55,13 +55,14 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
  *    variant, fq taking 192 or 128 for 256; 96 or 64 for v6, where the default runs it; 48 and 32
  *    with tiles of 64 tokens only).
  *  MT_LARGE_BM: the tiles' tokens, 128 or 64, instead of the launcher's choice (64 runs the
- *    mt_gemm_large_m64_nBN kernels, widths 32 to 128, whatever the variant). A pair of the two
+ *    mt_gemm_large_m64_nBN kernels, widths 32 to 64, whatever the variant). A pair of the two
  *    knobs that no kernel has is ignored, with a warning.
  *  MT_FQ_ROWS: under fq, the rows the quantization kernel does before the GEMM at least (rounded
  *    up to 128; default 0: the first wave's bands): moves the split when the kernel's quantizers
  *    are too slow to stay ahead of the tiles (kernels/NOTES.md, fourth session).
  * The other knobs and kernels measured in earlier sessions (small-M: warp-specialized, shift
- * decode, 16-64 rows; large-M: v1, np, mc, m64) lost and were removed (kernels/NOTES.md). */
+ * decode, 16-64 rows; large-M: v1, np, mc, the second session's m64) lost and were removed
+ * (kernels/NOTES.md). */
 enum { LARGE_DEFAULT, LARGE_V6, LARGE_RA, LARGE_FQ };
 static struct {
   int large_variant, large_bn, large_bm;
@@ -81,7 +82,7 @@ static void knobs_read(void) {
   knobs.large_bm = height_of[mt_param_choice("MT_LARGE_BM", heights, 0, &errors)];
   if (mt_gemm_large_tile(1, 1, 1, knobs.large_bm, knobs.large_bn).bm == 0) {
     MT_WARN("MT_LARGE_BM=%d with MT_LARGE_BN=%d: no kernel has tiles of %d x %d; both ignored",
-           knobs.large_bm, knobs.large_bn, knobs.large_bm, knobs.large_bn);
+            knobs.large_bm, knobs.large_bn, knobs.large_bm, knobs.large_bn);
     knobs.large_bm = knobs.large_bn = 0;
   }
   knobs.fq_rows = (long long)mt_param_count("MT_FQ_ROWS", 0, 0, 1ull << 30, "rows", &errors);

@@ -8,7 +8,8 @@
 # their table lines into ab.log (with TAG, ab-TAG.log; set a knob beside it to compare). GPU_PY="tests/gpu/test_a.py ..." narrows the torch step to those Python tests;
 # TAG=-x appends -x to the log names (the same steps again under another setting, e.g.
 # MT_LARGE_VARIANT=v6 TAG=-v6 scripts/gpu_session.sh kernels sanitize). PROBES="feed ..." narrows the
-# probe step; NCU_ROWS the ncu step's benchmark rows, NCU_BLAS=1 adds cuBLAS's kernels of those rows.
+# probe step, PROBE_ARGS passes them an argument (probe_feed: mc); NCU_ROWS names the ncu step's
+# benchmark rows, NCU_BLAS=1 adds cuBLAS's kernels of those rows.
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-session}
@@ -49,7 +50,7 @@ for s in $steps; do
   probe) # the experiments behind kernels/NOTES.md's floors (scripts/probe_*.cu; PROBES names some)
     for p in ${PROBES:-mma chain phases feed}; do
       nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o "build/probe_$p" "scripts/probe_$p.cu" -lcuda &&
-        step "probe-$p" 60 "build/probe_$p"
+        step "probe-$p${PROBE_ARGS:+-$PROBE_ARGS}" 60 "build/probe_$p" ${PROBE_ARGS:-}
     done ;;
   ab)
     make -s build/scripts/bench_kernels >/dev/null 2>&1
