@@ -5,9 +5,9 @@
  * m16n8k16 for small M, wgmma m64nNk16 for large M: the same bits on NVFP4 operands,
  * scripts/probe_mma.cu) with FP32 accumulation over K in one fixed order, one CTA per output tile,
  * no split-K and no atomics, so a row's result does not depend on M, on its position or on the
- * path (tests/gpu/test_kernels.c proves it bitwise). The small-M path streams the packed NVFP4
- * weight and decodes it in registers; the large-M path reads the BF16 dequantized weight through
- * TMA.
+ * path (tests/gpu/test_kernels.c proves it bitwise). The small-M kernels stream the packed NVFP4
+ * weight and decode it in registers; the large-M path, which takes nearly every call, reads the
+ * BF16 dequantized weight through TMA in tiles of 64 or 128 tokens.
  */
 #ifndef MT_GEMM_H
 #define MT_GEMM_H

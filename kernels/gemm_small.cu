@@ -1,6 +1,7 @@
-// gemm_small.cu — the small-M path of the W4A4 GEMM (mt_gemm_small_m8, up to 8 tokens, and
-// mt_gemm_small_q4 that also quantizes the activations, up to 4) and the weight repacking into its
-// fragment order (mt_gemm_pack).
+// gemm_small.cu — the small-M kernels of the W4A4 GEMM (mt_gemm_small_q4, up to 4 tokens, which
+// also quantizes the activations: AUTO's choice where that redundant work is small; and
+// mt_gemm_small_m8, up to 8 tokens, run only when a call forces it since the large path's 64-token
+// tiles beat it, kernels/gemm.c) and the weight repacking into their fragment order (mt_gemm_pack).
 // y[m][n] = x[m][k] . W[n][k]^T on NVFP4 operands, exactly, through BF16 mma.sync with FP32
 // accumulation.
 //
@@ -22,7 +23,8 @@
 // Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (spec/nvfp4.c) within the
 // FP32-accumulation bound (both kernels forced, mt_gemm_args.path), bitwise across M and row
 // positions, and bitwise against the large path at every M up to 8 (gemm_paths_agree). Which
-// kernel a call gets is mt_gemm_path_of's choice (kernels/gemm.c). kernels/NOTES.md has the measurements and the SASS counts.
+// kernel a call gets is mt_gemm_path_of's choice (kernels/gemm.c). kernels/NOTES.md has the
+// measurements and the SASS counts.
 #include "kernels/gemm_common.cuh"
 #include "kernels/quant.cuh"
 

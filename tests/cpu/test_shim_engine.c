@@ -367,8 +367,8 @@ static void scenario_requantize(void) {
   t = now();
   expect_routed(&p, S1, &half);
   check_call_args(t, &p, p.y, NULL, 0.5f, NULL);
-  /* more tokens than the small path takes: the scratch grows once, after the stream is
-   * synchronised; the large path's tensor maps, then its GEMM */
+  /* more tokens: the scratch grows once, after the stream is synchronised; the large path's
+   * tensor maps, then its GEMM */
   problem big = make(OUT, 200, OUT + 8);
   t = now();
   expect_routed(&big, S1, &zero);
@@ -378,7 +378,7 @@ static void scenario_requantize(void) {
   CHECK(all_on(t, S1));
   check_call_args(t, &big, big.y, NULL, 0.0f, NULL);
   CHECK(device_bytes() > first_bytes);
-  /* fewer tokens again: no allocation, and more than MT_GEMM_SMALL_M (8) tokens take the large path */
+  /* fewer tokens again: no allocation */
   problem mid = make(OUT, 20, OUT);
   t = now();
   expect_routed(&mid, S1, &zero);
