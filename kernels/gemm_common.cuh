@@ -91,3 +91,18 @@ __device__ static inline void mbar_wait(uint64_t *bar, int parity) {
                "r"(parity)
                : "memory");
 }
+
+// A TMA load of one box of `map` at (c0, c1) into this CTA's shared memory, completing on bar.
+__device__ static inline void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
+               ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+               : "memory");
+}
+
+// Descriptor of a K-major tile in the layout TMA writes with 128B swizzle: rows of 128 bytes
+// (64 BF16 along K), groups of 8 rows 1024 bytes apart, tile base 1024-byte aligned. A step of 16
+// along K inside the 128-byte row moves the start address by 32 bytes (the swizzle is applied by
+// the hardware on the final address).
+__device__ static inline uint64_t desc_sw128(uint32_t addr) {
+  return (uint64_t)((addr >> 4) & 0x3FFF) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}

@@ -38,13 +38,8 @@
 #include "kernels/wgmma.cuh"
 #include "kernels/wgmma_rs.cuh"
 
-// shared-memory barriers, TMA and wgmma descriptors (sm_90a)
-
-__device__ static inline void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
-               ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
-               : "memory");
-}
+// Named barriers, TMA stores and bulk copies (sm_90a; TMA loads, mbarriers and descriptors are in
+// gemm_common.cuh)
 
 // A barrier among the 128 threads of one consumer warpgroup (id 0 is __syncthreads').
 __device__ static inline void warpgroup_sync(int id) {
@@ -73,14 +68,6 @@ __device__ static inline void bulk_load(void *dst, const void *src, uint32_t byt
                : "memory");
 }
 
-// Descriptor of a K-major tile in the layout TMA writes with 128B swizzle: rows of 128 bytes
-// (64 BF16 along K), groups of 8 rows 1024 bytes apart, tile base 1024-byte aligned. A step of 16
-// along K inside the 128-byte row moves the start address by 32 bytes (the swizzle is applied by
-// the hardware on the final address).
-__device__ static inline uint64_t desc_sw128(uint32_t addr) {
-  return (uint64_t)((addr >> 4) & 0x3FFF) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
-}
-
 // A from registers (the ra variant: widths 128, 192, 256).
 template <int BN> __device__ static inline void wgmma_rs_step(float *d, const uint32_t (&a)[4], uint64_t db) {
   if constexpr (BN == 256) mt_wgmma_rs_m64n256k16(d, a, db);
@@ -88,15 +75,6 @@ template <int BN> __device__ static inline void wgmma_rs_step(float *d, const ui
   else mt_wgmma_rs_m64n128k16(d, a, db);
 }
 
-template <int BN> __device__ static inline void wgmma_step(float *d, uint64_t da, uint64_t db) {
-  if constexpr (BN == 256) mt_wgmma_m64n256k16(d, da, db);
-  else if constexpr (BN == 192) mt_wgmma_m64n192k16(d, da, db);
-  else if constexpr (BN == 128) mt_wgmma_m64n128k16(d, da, db);
-  else if constexpr (BN == 96) mt_wgmma_m64n96k16(d, da, db);
-  else if constexpr (BN == 64) mt_wgmma_m64n64k16(d, da, db);
-  else if constexpr (BN == 48) mt_wgmma_m64n48k16(d, da, db);
-  else mt_wgmma_m64n32k16(d, da, db);
-}
 
 namespace large {
 constexpr int BM = MT_LARGE_BM, BK = MT_LARGE_BK;

@@ -139,3 +139,14 @@ __device__ static inline void mt_wgmma_m64n256k16(float *d, uint64_t da, uint64_
       "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "l"(da), "l"(db));
 }
+
+// One k16 step of a warpgroup's BN-wide tile (the widths the large kernels and the probes use).
+template <int BN> __device__ static inline void wgmma_step(float *d, uint64_t da, uint64_t db) {
+  if constexpr (BN == 256) mt_wgmma_m64n256k16(d, da, db);
+  else if constexpr (BN == 192) mt_wgmma_m64n192k16(d, da, db);
+  else if constexpr (BN == 128) mt_wgmma_m64n128k16(d, da, db);
+  else if constexpr (BN == 96) mt_wgmma_m64n96k16(d, da, db);
+  else if constexpr (BN == 64) mt_wgmma_m64n64k16(d, da, db);
+  else if constexpr (BN == 48) mt_wgmma_m64n48k16(d, da, db);
+  else mt_wgmma_m64n32k16(d, da, db);
+}

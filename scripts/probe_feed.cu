@@ -34,25 +34,8 @@
 enum { NULL_RUN, FEED, MMA };
 constexpr int BK = 64, EXPERTS = 32, SMEM_STAGES = 200 * 1024;
 
-// wgmma m64nNk16 for the widths a consumer warpgroup takes here.
-template <int N> __device__ static inline void wgmma_step(float *d, uint64_t da, uint64_t db) {
-  if constexpr (N == 32) mt_wgmma_m64n32k16(d, da, db);
-  else if constexpr (N == 48) mt_wgmma_m64n48k16(d, da, db);
-  else if constexpr (N == 64) mt_wgmma_m64n64k16(d, da, db);
-  else if constexpr (N == 96) mt_wgmma_m64n96k16(d, da, db);
-  else mt_wgmma_m64n128k16(d, da, db);
-}
-
-// kernels/gemm_large.cu's descriptor of a 128B-swizzled K-major tile.
-__device__ static inline uint64_t desc_sw128(uint32_t addr) {
-  return (uint64_t)((addr >> 4) & 0x3FFF) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
-}
-
-__device__ static inline void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
-               ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
-               : "memory");
-}
+// The large path's pieces (kernels/gemm_common.cuh, kernels/wgmma.cuh): tma_load_2d, desc_sw128,
+// the mbarriers and wgmma_step.
 
 // Clusters of 2 CTAs along M sharing the weight tile (MC): each CTA loads half of it into both
 // CTAs' shared memory by TMA multicast, completing on each CTA's barrier at the same offset; a
