@@ -1,4 +1,5 @@
-// wgmma.cuh — inline-PTX wrappers of the Hopper warpgroup MMA used by kernels/gemm_large.cu:
+// wgmma.cuh — inline-PTX wrappers of the Hopper warpgroup MMA used by kernels/gemm_large.cu
+// (m64n16k16 only by scripts/probe_wgchain.cu):
 // wgmma.mma_async m64nNk16, BF16 operands from shared memory (descriptors), FP32 accumulators
 // in registers, accumulating (scale-d = 1). One function per N because PTX names every
 // accumulator register; the operand lists were generated, the rest is written by hand.
@@ -6,6 +7,16 @@
 // row 16w + g + 8i, column 8c + 2q + j.
 #pragma once
 #include <stdint.h>
+
+__device__ static inline void mt_wgmma_m64n16k16(float *d, uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7"
+      "}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(da), "l"(db));
+}
 
 __device__ static inline void mt_wgmma_m64n32k16(float *d, uint64_t da, uint64_t db) {
   asm volatile(
@@ -148,5 +159,6 @@ template <int BN> __device__ static inline void wgmma_step(float *d, uint64_t da
   else if constexpr (BN == 96) mt_wgmma_m64n96k16(d, da, db);
   else if constexpr (BN == 64) mt_wgmma_m64n64k16(d, da, db);
   else if constexpr (BN == 48) mt_wgmma_m64n48k16(d, da, db);
-  else mt_wgmma_m64n32k16(d, da, db);
+  else if constexpr (BN == 32) mt_wgmma_m64n32k16(d, da, db);
+  else mt_wgmma_m64n16k16(d, da, db);
 }
