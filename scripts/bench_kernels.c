@@ -8,6 +8,8 @@
  * with CUDA events around whole replays after one warm-up replay; the median of REPLAYS replays
  * divided by the calls per graph is the time per call. Both sides run in the same process on the
  * same buffers' shapes. Prints a table and writes JSON to argv[1] (default build/bench.json).
+ * MT_BENCH_EXPERTS=E (1 to 128) rotates over E experts instead: with 1 the weights stay in L2, which
+ * says what streaming them from HBM costs a call (an experiment, not the benchmark's method).
  */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -270,13 +272,24 @@ static void bench_paths(gemm_ctx *g) {
   }
 }
 
+/* The experts the weights rotate over: EXPERTS, or MT_BENCH_EXPERTS where set to 1 .. EXPERTS. */
+static int bench_experts(void) {
+  const char *env = getenv("MT_BENCH_EXPERTS");
+  int e = env ? atoi(env) : EXPERTS;
+  if (e < 1 || e > EXPERTS) {
+    fprintf(stderr, "bench: MT_BENCH_EXPERTS=%s is not 1 to %d; using %d\n", env, EXPERTS, EXPERTS);
+    e = EXPERTS;
+  }
+  return e;
+}
+
 static void bench_shape(const shape *s, const mt_numerics *num) {
   if (only_name && strcmp(only_name, s->name) != 0)
     return;
   static gemm_ctx g;
   memset(&g, 0, sizeof g);
   g.s = s;
-  g.experts = EXPERTS;
+  g.experts = bench_experts();
   size_t wn = (size_t)s->n * (size_t)s->k, qbytes = mt_qweight_bytes(s->n, s->k, num);
   int max_m = only_name && only_m > ms[NMS - 1] ? only_m : ms[NMS - 1];
   g.w_bf16 = dmalloc(wn * 2 * EXPERTS);
