@@ -30,6 +30,7 @@
 #include "kernels/gemm_common.cuh"
 #include "kernels/wgmma.cuh"
 #include "scripts/probe.cuh"
+#include "scripts/probe_tma.cuh"
 
 enum { NULL_RUN, FEED, MMA };
 constexpr int BK = 64, EXPERTS = 32, SMEM_STAGES = 200 * 1024;
@@ -177,21 +178,6 @@ __global__ void __launch_bounds__(geom<BM, BN, WGN>::THREADS, 1)
     consume<BM, BN, WGN, MODE, MC>(smem, full, empty, w, kt, sink);
   if (MC) // the peer may still multicast into this CTA or arrive on its barriers until it is done
     cluster_sync();
-}
-
-// A K-major BF16 matrix of rows x k for TMA, boxes of 64 columns x box_rows (kernels/gemm.c).
-static CUtensorMap tensor_map(const void *base, int rows, int k, int box_rows) {
-  CUtensorMap map;
-  cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)k * 2};
-  cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, elem_strides[2] = {1, 1};
-  CUresult r = cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box,
-                                      elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    printf("cuTensorMapEncodeTiled: %d\n", (int)r);
-    exit(1);
-  }
-  return map;
 }
 
 struct shape {
