@@ -81,8 +81,10 @@ typedef struct {
 /* stages, their two barriers, and per consumer warpgroup 1/S_w and bias of BN columns (floats) */
 #define MT_LARGE_SMEM(bn) (1024 + MT_LARGE_STAGES(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4)
 /* Tiles of 64 tokens (mt_gemm_large_m64_nBN, BN 32 to 64: one consumer warpgroup), for calls
- * whose 128-token tiles leave SMs idle: as many stages as fill ~192 KB, at most 16. */
-#define MT_LARGE_STAGE_BYTES_64(bn) ((64 + (bn)) * MT_LARGE_BK * 2)
+ * whose 128-token tiles leave SMs idle: stages of two 64-wide K blocks (MT_LARGE_KS_64: the two A
+ * blocks, then the two weight blocks), as many as fill ~192 KB, at most 16. */
+#define MT_LARGE_KS_64 2
+#define MT_LARGE_STAGE_BYTES_64(bn) (MT_LARGE_KS_64 * (64 + (bn)) * MT_LARGE_BK * 2)
 #define MT_LARGE_STAGES_64(bn) (196608 / MT_LARGE_STAGE_BYTES_64(bn) < 16 ? 196608 / MT_LARGE_STAGE_BYTES_64(bn) : 16)
 #define MT_LARGE_SMEM_64(bn) (1024 + MT_LARGE_STAGES_64(bn) * (MT_LARGE_STAGE_BYTES_64(bn) + 16) + 2 * (bn)*4)
 /* The ts variant: one stage fewer, then a 1024-aligned staging tile of 128 x bn outputs. */

@@ -5,12 +5,11 @@
 // product of two is exact in FP32, so the tensor cores compute the NVFP4 products exactly; the
 // outer scales are applied in the epilogue, in the order of gemm_args.h. Tiles of 128 tokens x BN
 // channels (BN 64 to 256), or of 64 tokens x BN 32 to 64 where 128-token tiles would leave SMs
-// idle (kernels/gemm.c chooses); TMA brings the BF16 dequantized operands into 128B-swizzled
-// shared memory (a ring of stages), one thread issues the copies, one consumer warpgroup per 64
-// tokens issues wgmma;
-// k16 steps over K in increasing order into one FP32 accumulator per output, from zero, no
-// split-K, no atomics: the arithmetic of the small path (kernels/gemm_small.cu), which
-// scripts/probe_mma.cu showed gives the same bits. A consumer keeps one wgmma group in flight
+// idle (kernels/gemm.c chooses; their stages hold two 64-wide K blocks); TMA brings the BF16
+// dequantized operands into 128B-swizzled shared memory (a ring of stages), one thread issues the
+// copies, one consumer warpgroup per 64 tokens issues wgmma; k16 steps over K in increasing order
+// into one FP32 accumulator per output, from zero, no split-K, no atomics: the arithmetic of the
+// small path (kernels/gemm_small.cu), which scripts/probe_mma.cu showed gives the same bits. A consumer keeps one wgmma group in flight
 // across K steps (the groups chain on the same accumulators in issue order, so the sums do not
 // change). The grid is persistent: each CTA walks tiles blockIdx.x, + gridDim.x, ..., so the
 // producer fills the next tile's stages while the consumers run the epilogue. It starts under
@@ -75,6 +74,14 @@ template <int BN> __device__ static inline void wgmma_rs_step(float *d, const ui
   else mt_wgmma_rs_m64n128k16(d, a, db);
 }
 
+
+// Marks in the K loop and the producer, for scripts/probe_kloop.cu (which defines MT_LARGE_MARK
+// before including this file); nothing in the library: slot 0-2 a consumer's K block (before its
+// stage is full, after, after the previous group completed), 3-4 the producer's (before the stage
+// is free, after).
+#ifndef MT_LARGE_MARK
+#define MT_LARGE_MARK(slot, i)
+#endif
 
 namespace large {
 constexpr int BM = MT_LARGE_BM, BK = MT_LARGE_BK;
@@ -216,25 +223,40 @@ struct ring {
   uint32_t phase; // parity of the stage's current use
 };
 
-// The K loop of one consumer warpgroup over one tile: per 64-wide step, wait for the stage, issue its
-// four k16 wgmmas as one group, wait until the previous group is complete and give its stage back
-// to the producer. da0 and db0
+// The wgmmas of NB 64-wide K blocks of a stage, in K order. Always all of them: a branch between
+// wgmmas (to skip a block past k) made ptxas commit an empty group after the merge, so that
+// wait_group 1 then waited for the real one.
+template <int WN, int NB, int A_SUB, int B_SUB>
+__device__ static __forceinline__ void wgmma_blocks(float *d, uint64_t da, uint64_t db) {
+#pragma unroll
+  for (int j = 0; j < NB; j++)
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) wgmma_step<WN>(d, da + j * (A_SUB >> 4) + 2 * kk, db + j * (B_SUB >> 4) + 2 * kk);
+}
+
+// The K loop of one consumer warpgroup over one tile: per stage, wait for it, issue its k16 wgmmas
+// (four per 64-wide block, KS blocks a stage) as one group, wait until the previous group is
+// complete and give its stage back to the producer. kt64: the tile's 64-wide blocks; A_SUB, B_SUB:
+// the offsets of a stage's second A and B blocks (KS = 2). da0 and db0
 // describe the warpgroup's A and B tiles in stage 0; a stage's descriptors are those plus the
 // stage's offset / 16 (the start address field, bits 0-13, holds addr / 16 < 2^14 for any shared
 // address, so the add never carries out of it), and a k16 step inside the 128-byte row adds 2.
 // The descriptors stay in uniform registers: nothing between two wgmmas but the adds.
-template <int WN, int S, int SB>
+template <int WN, int S, int SB, int KS = 1, int A_SUB = 0, int B_SUB = 0>
 __device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t *empty, uint64_t da0, uint64_t db0,
-                                              int kt, ring &r) {
+                                              int kt64, ring &r) {
   int prev = 0;
+  const int kt = (kt64 + KS - 1) / KS;
   for (int kb = 0; kb < kt; kb++) {
+    MT_LARGE_MARK(0, kb);
     mbar_wait(&full[r.s], r.phase);
+    MT_LARGE_MARK(1, kb);
     const uint64_t off = (uint64_t)(r.s * (SB >> 4));
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) wgmma_step<WN>(d, da0 + off + 2 * kk, db0 + off + 2 * kk);
+    wgmma_blocks<WN, KS, A_SUB, B_SUB>(d, da0 + off, db0 + off);
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    MT_LARGE_MARK(2, kb);
     if (kb > 0 && threadIdx.x % 32 == 0)
       mbar_arrive(&empty[prev]);
     prev = r.s;
@@ -494,24 +516,33 @@ template <int S> __device__ static __forceinline__ void init_ring(uint64_t *full
 // a.last_rows rows are loaded (ta_last, gemm_args.h): the zero fill of the other rows cost
 // DeepSeek's shapes up to half their time at M = 16 (kernels/NOTES.md, fifth session).
 // FQ: the activation tile of a band only once its rows are quantized (wait_band).
-template <int S, int SB, int BN, bool FQ = false, int TM = BM>
+// KS = 2 (the 64-token tiles): a stage holds two 64-wide K blocks, A blocks then W blocks, so that a
+// consumer's wait and release per stage (~180 cycles, scripts/probe_kloop.cu) come once per 128
+// columns. Where k / 64 is odd the last stage's second block lies wholly past k: TMA fills it with
+// zeros and its k16 steps add +0 to each accumulator, which changes no bits (an accumulator that
+// starts at +0 is never -0 in round-to-nearest, and NaN and Inf stay), as the zero columns of a
+// block past k always did; tests/gpu/test_kernels.c checks it bitwise at k = 2080.
+template <int S, int SB, int BN, bool FQ = false, int TM = BM, int KS = 1>
 __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *smem, uint64_t *full, uint64_t *empty,
-                                               int tiles, int tiles_n, int kt) {
-  constexpr int A_TILE = TM * BK * 2;
+                                               int tiles, int tiles_n, int kt64) {
+  constexpr int A_TILE = TM * BK * 2, W_TILE = BN * BK * 2;
+  const int kt = (kt64 + KS - 1) / KS;
   const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * TM;
-  // the band at m0's activation map and what a stage's two loads deliver for it
+  // the band at m0's activation map and what a block's two loads deliver for it
   const int m_last = (a.e.m - 1) / TM * TM;
-  const uint32_t tx = (uint32_t)(A_TILE + BN * BK * 2), tx_last = (uint32_t)(a.last_rows * BK * 2 + BN * BK * 2);
+  const uint32_t tx = (uint32_t)(A_TILE + W_TILE), tx_last = (uint32_t)(a.last_rows * BK * 2 + W_TILE);
   auto act = [&](int m0) { return m0 == m_last ? &a.ta_last : &a.ta; };
   for (int kb = 0; kb < pre; kb++) {
-    mbar_arrive_expect_tx(&full[kb], m_first == m_last ? tx_last : tx);
-    tma_load_2d(smem + kb * SB + A_TILE, &a.tw, &full[kb], kb * BK, n_first);
+    mbar_arrive_expect_tx(&full[kb], KS * (m_first == m_last ? tx_last : tx));
+    for (int j = 0; j < KS; j++)
+      tma_load_2d(smem + kb * SB + KS * A_TILE + j * W_TILE, &a.tw, &full[kb], (kb * KS + j) * BK, n_first);
   }
   grid_dependency_wait();
   if (FQ)
     wait_band(a, m_first);
   for (int kb = 0; kb < pre; kb++)
-    tma_load_2d(smem + kb * SB, act(m_first), &full[kb], kb * BK, m_first);
+    for (int j = 0; j < KS; j++)
+      tma_load_2d(smem + kb * SB + j * A_TILE, act(m_first), &full[kb], (kb * KS + j) * BK, m_first);
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int m0 = tile / tiles_n * TM, n0 = tile % tiles_n * BN;
@@ -523,11 +554,15 @@ __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *
       if (it < pre) // issued above (the first tile)
         continue;
       const int s = it % S;
+      MT_LARGE_MARK(3, it);
       mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
-      uint8_t *sa = smem + s * SB, *sw = sa + A_TILE;
-      mbar_arrive_expect_tx(&full[s], bytes);
-      tma_load_2d(sa, ta, &full[s], kb * BK, m0);
-      tma_load_2d(sw, &a.tw, &full[s], kb * BK, n0);
+      MT_LARGE_MARK(4, it);
+      uint8_t *sa = smem + s * SB, *sw = sa + KS * A_TILE;
+      mbar_arrive_expect_tx(&full[s], KS * bytes);
+      for (int j = 0; j < KS; j++) {
+        tma_load_2d(sa + j * A_TILE, ta, &full[s], (kb * KS + j) * BK, m0);
+        tma_load_2d(sw + j * W_TILE, &a.tw, &full[s], (kb * KS + j) * BK, n0);
+      }
     }
   }
 }
@@ -570,10 +605,13 @@ __device__ static __forceinline__ void produce_ra(const mt_large_args &a, uint8_
 // and all of B from shared memory while TMA writes both: at M = 256 the 128 x 64 tiles ran at the
 // 128 bytes a clock of shared memory (56 KB a k-block in 451 cycles, scripts/probe_feed.cu), and
 // at M <= 64 the second warpgroup's reads were of rows no token has (kernels/NOTES.md, seventh
-// session).
+// session). Their stages hold two K blocks (KS = MT_LARGE_KS_64): with one, the consumer's
+// hand-over per stage (~180 cycles: wait, group wait, release) outlasted a 64 x 32 block's 100
+// cycles of wgmma (scripts/probe_kloop.cu, eighth session).
 template <int BN, int TM = BM> __device__ static void run(const mt_large_args &a) {
   constexpr int S = TM == BM ? MT_LARGE_STAGES(BN) : MT_LARGE_STAGES_64(BN);
   constexpr int SB = TM == BM ? MT_LARGE_STAGE_BYTES(BN) : MT_LARGE_STAGE_BYTES_64(BN);
+  constexpr int KS = TM == BM ? 1 : MT_LARGE_KS_64; // 64-wide K blocks a stage
   extern __shared__ uint8_t smem_raw[];
   // 1024-aligned by an offset on the shared array itself, so the compiler keeps the shared
   // address space (LDS for the column table rather than generic loads)
@@ -596,7 +634,7 @@ template <int BN, int TM = BM> __device__ static void run(const mt_large_args &a
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x != 0 || (int)blockIdx.x >= tiles)
       return;
-    produce<S, SB, BN, false, TM>(a, smem, full, empty, tiles, tiles_n, kt);
+    produce<S, SB, BN, false, TM, KS>(a, smem, full, empty, tiles, tiles_n, kt);
     return;
   }
 
@@ -605,7 +643,7 @@ template <int BN, int TM = BM> __device__ static void run(const mt_large_args &a
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0); // the same in every lane, known so to the compiler
   columns<BN> *cols = cols_all + cw;
   const uint64_t da0 = desc_sw128(smem_u32(smem) + cw * 64 * 128);
-  const uint64_t db0 = desc_sw128(smem_u32(smem) + TM * BK * 2);
+  const uint64_t db0 = desc_sw128(smem_u32(smem) + KS * TM * BK * 2);
   bool waited = false;
   ring r = {0, 0};
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -613,7 +651,7 @@ template <int BN, int TM = BM> __device__ static void run(const mt_large_args &a
     float d[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
-    k_loop<BN, S, SB>(d, full, empty, da0, db0, kt, r);
+    k_loop<BN, S, SB, KS, TM * BK * 2, BN * BK * 2>(d, full, empty, da0, db0, kt, r);
     if (!waited) { // S_a comes from the quantization too
       grid_dependency_wait();
       waited = true;

@@ -1,0 +1,121 @@
+// probe_kloop.cu — where a stage of the 64-token tiles goes at a few tokens (kernels/NOTES.md,
+// eighth session).
+//
+// With one 64-wide K block a stage the large path spent ~135 ns a block at M <= 64 (gate_up and
+// down at M = 16: 7.00 and 4.22 µs for 32 and 12 blocks) whatever the tile width (16-64), the SMs
+// at work (48 or 96), the stages (16 or 32) and whether the weights came from HBM or L2 (6.55 µs
+// hot); the same wgmma groups alone (scripts/probe_wgchain.cu) take 100 cycles a block. This runs
+// the real kernel (kernels/gemm_large.cu, included with its marks switched on: clock64 of the
+// consumer's first thread before and after each stage's "full" wait and after the previous group
+// completed, and of the producer before and after each "empty" wait) on gate_up and down at M = 16
+// and 64, weights rotated over EXPERTS matrices (from HBM) or one (from L2), and prints per launch
+// the µs (a graph of EXPERTS launches), and over stages and CTAs (medians) the cycles of a stage,
+// of the consumer's wait for data, of its issue and wait for the group before, and of the
+// producer's wait for a free stage. If the consumer waits for data, the feed binds; if the stage's
+// time is in the issue and group wait, the tensor cores' side does; what is in neither is the
+// consumer's own hand-over (its release of the stage and the loop).
+//
+// Build and run on the H200 (scripts/gpu_session.sh probe; PROBES=kloop):
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_kloop scripts/probe_kloop.cu -lcuda
+#include <cstdint>
+
+constexpr int MAXCTAS = 132, MAXKB = 128, SLOTS = 5;
+__device__ long long g_marks[MAXCTAS][SLOTS][MAXKB];
+
+// slots 0-2 by the consumer's first thread (128), 3-4 by the producer (0): gemm_large.cu
+__device__ __forceinline__ void probe_mark(int slot, int i) {
+  if ((threadIdx.x == 0 || threadIdx.x == 128) && i < MAXKB && blockIdx.x < MAXCTAS)
+    g_marks[blockIdx.x][slot][i] = clock64();
+}
+#define MT_LARGE_MARK(slot, i) probe_mark(slot, i)
+#include "kernels/gemm_large.cu"
+
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "scripts/probe.cuh"
+#include "scripts/probe_tma.cuh"
+
+constexpr int EXPERTS = 32, BN = 32;
+
+struct shape {
+  const char *name;
+  int n, k;
+};
+
+static void row(const shape &sh, int m, int experts, const std::vector<uint16_t *> &w, const uint16_t *x, float *ones,
+                uint16_t *y) {
+  const int kt = sh.k / 64, tiles_n = sh.n / BN, grid = std::min(tiles_n * ((m + 63) / 64), MAXCTAS);
+  const int last = m - (m - 1) / 64 * 64, last_rows = (last + 7) / 8 * 8;
+  std::vector<mt_large_args> args(experts);
+  for (int e = 0; e < experts; e++) {
+    mt_large_args &a = args[e];
+    memset(&a, 0, sizeof a);
+    a.ta_last = tensor_map(x, m, sh.k, last_rows);
+    a.ta = m > 64 ? tensor_map(x, m, sh.k, 64) : a.ta_last;
+    a.tw = tensor_map(w[e], sh.n, sh.k, BN);
+    a.last_rows = last_rows;
+    a.e = {m, sh.n, sh.k, ones, ones, 1, 0, y, sh.n, nullptr, 0, nullptr, 0, 0, 1.0f, 0.0f};
+  }
+  const int smem = MT_LARGE_SMEM_64(BN);
+  CK(cudaFuncSetAttribute(mt_gemm_large_m64_n32, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  double us = graph_us_per_launch(EXPERTS, [&](cudaStream_t st, int l) {
+    mt_gemm_large_m64_n32<<<grid, 256, smem, st>>>(args[l % experts]);
+  });
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  static long long h[MAXCTAS][SLOTS][MAXKB];
+  CK(cudaMemcpyFromSymbol(h, g_marks, sizeof h));
+  // per CTA and stage (the last launch of the graph): the stage's period (from one "full" to the
+  // next), the consumer's wait for it, its issue and wait for the previous group, and the
+  // producer's wait for a free stage (stages past the first ring's worth)
+  std::vector<double> period, wait_full, issue, wait_empty, span;
+  const int S = MT_LARGE_STAGES_64(BN), n = std::min((kt + MT_LARGE_KS_64 - 1) / MT_LARGE_KS_64, MAXKB);
+  for (int c = 0; c < grid; c++) {
+    for (int kb = 0; kb < n; kb++) {
+      wait_full.push_back((double)(h[c][1][kb] - h[c][0][kb]));
+      issue.push_back((double)(h[c][2][kb] - h[c][1][kb]));
+      if (kb + 1 < n)
+        period.push_back((double)(h[c][1][kb + 1] - h[c][1][kb]));
+      if (kb >= S)
+        wait_empty.push_back((double)(h[c][4][kb] - h[c][3][kb]));
+    }
+    span.push_back((double)(h[c][2][n - 1] - h[c][1][0]));
+  }
+  printf("%-14s M %3d  experts %2d  grid %3d  %6.2f us a launch | cycles: loop %6.0f, a stage %5.0f, wait for data "
+         "%5.0f, issue + group %4.0f, producer's wait for a stage %5.0f (medians; %d stages of %d K blocks, a ring "
+         "of %d)\n",
+         sh.name, m, experts, grid, us, median(span), median(period), median(wait_full), median(issue),
+         median(wait_empty), n, MT_LARGE_KS_64, S);
+}
+
+int main() {
+  const shape shapes[] = {{"qwen3_gate_up", 1536, 2048}, {"qwen3_down", 2048, 768}};
+  std::vector<uint16_t> pattern(1 << 20);
+  for (size_t i = 0; i < pattern.size(); i++)
+    pattern[i] = (uint16_t)(0x3f00 + rand() % 0x100); // [0.5, 2): values do not change the time
+  float *ones;
+  uint16_t *x, *y;
+  CK(cudaMalloc(&ones, 256 * sizeof(float)));
+  std::vector<float> h_ones(256, 1.0f);
+  CK(cudaMemcpy(ones, h_ones.data(), 256 * sizeof(float), cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&x, 64 * 2048 * 2));
+  CK(cudaMalloc(&y, 64 * 2048 * 2));
+  CK(cudaMemcpy(x, pattern.data(), 64 * 2048 * 2, cudaMemcpyHostToDevice));
+  for (const shape &sh : shapes) {
+    std::vector<uint16_t *> w(EXPERTS);
+    const size_t count = (size_t)sh.n * sh.k;
+    for (auto &p : w) {
+      CK(cudaMalloc(&p, count * 2));
+      for (size_t at = 0; at < count; at += pattern.size())
+        CK(cudaMemcpy(p + at, pattern.data(), std::min(pattern.size(), count - at) * 2, cudaMemcpyHostToDevice));
+    }
+    for (int m : {16, 64})
+      for (int experts : {EXPERTS, 1})
+        row(sh, m, experts, w, x, ones, y);
+    for (auto p : w)
+      CK(cudaFree(p));
+  }
+  return 0;
+}
