@@ -9,9 +9,9 @@
 // dequantized operands into 128B-swizzled shared memory (a ring of stages), one thread issues the
 // copies, one consumer warpgroup per 64 tokens issues wgmma; k16 steps over K in increasing order
 // into one FP32 accumulator per output, from zero, no split-K, no atomics: the arithmetic of the
-// small path (kernels/gemm_small.cu), which scripts/probe_mma.cu showed gives the same bits. A consumer keeps one wgmma group in flight
-// across K steps (the groups chain on the same accumulators in issue order, so the sums do not
-// change). The grid is persistent: each CTA walks tiles blockIdx.x, + gridDim.x, ..., so the
+// small path (kernels/gemm_small.cu), which scripts/probe_mma.cu showed gives the same bits. A
+// consumer keeps one wgmma group in flight across K steps (the groups chain on the same
+// accumulators in issue order, so the sums do not change). The grid is persistent: each CTA walks tiles blockIdx.x, + gridDim.x, ..., so the
 // producer fills the next tile's stages while the consumers run the epilogue. It starts under
 // programmatic dependent launch and fetches its first weight tiles before griddepcontrol.wait.
 //
@@ -231,7 +231,8 @@ __device__ static __forceinline__ void wgmma_blocks(float *d, uint64_t da, uint6
 #pragma unroll
   for (int j = 0; j < NB; j++)
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) wgmma_step<WN>(d, da + j * (A_SUB >> 4) + 2 * kk, db + j * (B_SUB >> 4) + 2 * kk);
+    for (int kk = 0; kk < BK / 16; kk++)
+      wgmma_step<WN>(d, da + j * (A_SUB >> 4) + 2 * kk, db + j * (B_SUB >> 4) + 2 * kk);
 }
 
 // The K loop of one consumer warpgroup over one tile: per stage, wait for it, issue its k16 wgmmas
@@ -517,7 +518,7 @@ template <int S> __device__ static __forceinline__ void init_ring(uint64_t *full
 // DeepSeek's shapes up to half their time at M = 16 (kernels/NOTES.md, fifth session).
 // FQ: the activation tile of a band only once its rows are quantized (wait_band).
 // KS = 2 (the 64-token tiles): a stage holds two 64-wide K blocks, A blocks then W blocks, so that a
-// consumer's wait and release per stage (~180 cycles, scripts/probe_kloop.cu) come once per 128
+// consumer's wait and release per stage (~190 cycles, scripts/probe_kloop.cu) come once per 128
 // columns. Where k / 64 is odd the last stage's second block lies wholly past k: TMA fills it with
 // zeros and its k16 steps add +0 to each accumulator, which changes no bits (an accumulator that
 // starts at +0 is never -0 in round-to-nearest, and NaN and Inf stay), as the zero columns of a
@@ -606,7 +607,7 @@ __device__ static __forceinline__ void produce_ra(const mt_large_args &a, uint8_
 // 128 bytes a clock of shared memory (56 KB a k-block in 451 cycles, scripts/probe_feed.cu), and
 // at M <= 64 the second warpgroup's reads were of rows no token has (kernels/NOTES.md, seventh
 // session). Their stages hold two K blocks (KS = MT_LARGE_KS_64): with one, the consumer's
-// hand-over per stage (~180 cycles: wait, group wait, release) outlasted a 64 x 32 block's 100
+// hand-over per stage (~190 cycles: wait, group wait, release) outlasted a 64 x 32 block's 100
 // cycles of wgmma (scripts/probe_kloop.cu, eighth session).
 template <int BN, int TM = BM> __device__ static void run(const mt_large_args &a) {
   constexpr int S = TM == BM ? MT_LARGE_STAGES(BN) : MT_LARGE_STAGES_64(BN);

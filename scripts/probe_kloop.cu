@@ -32,6 +32,7 @@ __device__ __forceinline__ void probe_mark(int slot, int i) {
 
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <vector>
 
 #include "scripts/probe.cuh"
