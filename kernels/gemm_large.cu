@@ -522,7 +522,8 @@ template <int S> __device__ static __forceinline__ void init_ring(uint64_t *full
 // columns. Where k / 64 is odd the last stage's second block lies wholly past k: TMA fills it with
 // zeros and its k16 steps add +0 to each accumulator, which changes no bits (an accumulator that
 // starts at +0 is never -0 in round-to-nearest, and NaN and Inf stay), as the zero columns of a
-// block past k always did; tests/gpu/test_kernels.c checks it bitwise at k = 2080.
+// block past k always did. tests/gpu/test_kernels.c runs it at k = 2080 against the reference
+// (gemm_accuracy) and bitwise against the small kernels at k = 944 (gemm_paths_agree).
 template <int S, int SB, int BN, bool FQ = false, int TM = BM, int KS = 1>
 __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *smem, uint64_t *full, uint64_t *empty,
                                                int tiles, int tiles_n, int kt64) {
