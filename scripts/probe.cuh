@@ -1,5 +1,6 @@
 // probe.cuh — what the experiments in scripts/probe_*.cu share: the CUDA status check, medians,
-// and the time per launch of a CUDA graph of many launches (the method of kernels/NOTES.md).
+// the time per launch of a CUDA graph of many launches (the method of kernels/NOTES.md), and
+// device buffers of BF16 values that do not matter for time.
 #pragma once
 #include <algorithm>
 #include <cstdio>
@@ -52,4 +53,18 @@ template <class F> static double graph_us_per_launch(int launches, F enqueue) {
   CK(cudaEventDestroy(e1));
   CK(cudaStreamDestroy(st));
   return median(us);
+}
+
+// count BF16 values in [0.5, 2) (no NaN, no zero), from one random block of 1M repeated: the values
+// do not matter for time.
+static inline uint16_t *random_bf16(size_t count) {
+  static std::vector<uint16_t> h;
+  if (h.empty())
+    for (int i = 0; i < 1 << 20; i++)
+      h.push_back((uint16_t)(0x3f00 + rand() % 0x100));
+  uint16_t *d;
+  CK(cudaMalloc(&d, count * 2));
+  for (size_t at = 0; at < count; at += h.size())
+    CK(cudaMemcpy(d + at, h.data(), std::min(h.size(), count - at) * 2, cudaMemcpyHostToDevice));
+  return d;
 }

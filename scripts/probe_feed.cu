@@ -186,19 +186,6 @@ struct shape {
   std::vector<uint16_t *> w; // EXPERTS weight matrices
 };
 
-// count BF16 values in [0.5, 2) (no NaN, no zero), from one random block of 1M repeated: the values
-// do not matter for time.
-static uint16_t *random_bf16(size_t count) {
-  static std::vector<uint16_t> h;
-  if (h.empty())
-    for (int i = 0; i < 1 << 20; i++)
-      h.push_back((uint16_t)(0x3f00 + rand() % 0x100));
-  uint16_t *d;
-  CK(cudaMalloc(&d, count * 2));
-  for (size_t at = 0; at < count; at += h.size())
-    CK(cudaMemcpy(d + at, h.data(), std::min(h.size(), count - at) * 2, cudaMemcpyHostToDevice));
-  return d;
-}
 
 static int g_sms;
 static float *g_sink;

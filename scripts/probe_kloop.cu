@@ -93,25 +93,16 @@ static void row(const shape &sh, int m, int experts, const std::vector<uint16_t 
 
 int main() {
   const shape shapes[] = {{"qwen3_gate_up", 1536, 2048}, {"qwen3_down", 2048, 768}};
-  std::vector<uint16_t> pattern(1 << 20);
-  for (size_t i = 0; i < pattern.size(); i++)
-    pattern[i] = (uint16_t)(0x3f00 + rand() % 0x100); // [0.5, 2): values do not change the time
   float *ones;
-  uint16_t *x, *y;
+  uint16_t *x = random_bf16(64 * 2048), *y;
   CK(cudaMalloc(&ones, 256 * sizeof(float)));
   std::vector<float> h_ones(256, 1.0f);
   CK(cudaMemcpy(ones, h_ones.data(), 256 * sizeof(float), cudaMemcpyHostToDevice));
-  CK(cudaMalloc(&x, 64 * 2048 * 2));
   CK(cudaMalloc(&y, 64 * 2048 * 2));
-  CK(cudaMemcpy(x, pattern.data(), 64 * 2048 * 2, cudaMemcpyHostToDevice));
   for (const shape &sh : shapes) {
     std::vector<uint16_t *> w(EXPERTS);
-    const size_t count = (size_t)sh.n * sh.k;
-    for (auto &p : w) {
-      CK(cudaMalloc(&p, count * 2));
-      for (size_t at = 0; at < count; at += pattern.size())
-        CK(cudaMemcpy(p + at, pattern.data(), std::min(pattern.size(), count - at) * 2, cudaMemcpyHostToDevice));
-    }
+    for (auto &p : w)
+      p = random_bf16((size_t)sh.n * sh.k);
     for (int m : {16, 64})
       for (int experts : {EXPERTS, 1})
         row(sh, m, experts, w, x, ones, y);
