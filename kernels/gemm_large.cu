@@ -11,9 +11,10 @@
 // into one FP32 accumulator per output, from zero, no split-K, no atomics: the arithmetic of the
 // small path (kernels/gemm_small.cu), which scripts/probe_mma.cu showed gives the same bits. A
 // consumer keeps one wgmma group in flight across K steps (the groups chain on the same
-// accumulators in issue order, so the sums do not change). The grid is persistent: each CTA walks tiles blockIdx.x, + gridDim.x, ..., so the
-// producer fills the next tile's stages while the consumers run the epilogue. It starts under
-// programmatic dependent launch and fetches its first weight tiles before griddepcontrol.wait.
+// accumulators in issue order, so the sums do not change). The grid is persistent: each CTA walks
+// tiles blockIdx.x, + gridDim.x, ..., so the producer fills the next tile's stages while the
+// consumers run the epilogue. It starts under programmatic dependent launch and fetches its first
+// weight tiles before griddepcontrol.wait.
 //
 // The epilogue does per tile what does not depend on the element (1/S_a of a thread's two rows,
 // 1/S_w and the bias as floats in shared memory, the output type, whether C or a bias exist) and
