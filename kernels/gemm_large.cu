@@ -79,7 +79,7 @@ template <int BN> __device__ static inline void wgmma_rs_step(float *d, const ui
 // Marks in the K loop and the producer, for scripts/probe_kloop.cu (which defines MT_LARGE_MARK
 // before including this file); nothing in the library: slot 0-2 a consumer's K block (before its
 // stage is full, after, after the previous group completed), 3-4 the producer's (before the stage
-// is free, after).
+// is free, after), 5 the phases of run's first tile (entry, K loop done, tile stored).
 #ifndef MT_LARGE_MARK
 #define MT_LARGE_MARK(slot, i)
 #endif
@@ -612,6 +612,7 @@ __device__ static __forceinline__ void produce_ra(const mt_large_args &a, uint8_
 // hand-over per stage (~190 cycles: wait, group wait, release) outlasted a 64 x 32 block's 100
 // cycles of wgmma (scripts/probe_kloop.cu, eighth session).
 template <int BN, int TM = BM> __device__ static void run(const mt_large_args &a) {
+  MT_LARGE_MARK(5, 0);
   constexpr int S = TM == BM ? MT_LARGE_STAGES(BN) : MT_LARGE_STAGES_64(BN);
   constexpr int SB = TM == BM ? MT_LARGE_STAGE_BYTES(BN) : MT_LARGE_STAGE_BYTES_64(BN);
   constexpr int KS = TM == BM ? 1 : MT_LARGE_KS_64; // 64-wide K blocks a stage
@@ -655,6 +656,7 @@ template <int BN, int TM = BM> __device__ static void run(const mt_large_args &a
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
     k_loop<BN, S, SB, KS, TM * BK * 2, BN * BK * 2>(d, full, empty, da0, db0, kt, r);
+    MT_LARGE_MARK(5, 1);
     if (!waited) { // S_a comes from the quantization too
       grid_dependency_wait();
       waited = true;
@@ -665,6 +667,7 @@ template <int BN, int TM = BM> __device__ static void run(const mt_large_args &a
       store_tile_as<BN, __nv_bfloat16>(a.e, d, row0, n0, cols, inv_w);
     else
       store_tile_as<BN, __half>(a.e, d, row0, n0, cols, inv_w);
+    MT_LARGE_MARK(5, 2);
   }
 }
 

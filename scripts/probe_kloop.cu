@@ -14,18 +14,30 @@
 // producer's wait for a free stage. If the consumer waits for data, the feed binds; if the stage's
 // time is in the issue and group wait, the tensor cores' side does; what is in neither is the
 // consumer's own hand-over (its release of the stage and the loop).
+// Ninth session: a second line per row splits the first tile into phases (slot 5: the consumer's
+// entry, its K loop done, its tile's stores issued; clock64 and globaltimer), since call 2's rows
+// put ~3.5 µs of each launch outside the K loop (gate_up M = 16 6.42 µs a launch against a loop of
+// 5176 cycles, ~3.0 µs; down 4.29 against 1430, ~0.8). Not yet run.
 //
 // Build and run on the H200 (scripts/gpu_session.sh probe; PROBES=kloop):
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_kloop scripts/probe_kloop.cu -lcuda
 #include <cstdint>
 
-constexpr int MAXCTAS = 132, MAXKB = 128, SLOTS = 5;
+constexpr int MAXCTAS = 132, MAXKB = 128, SLOTS = 6;
 __device__ long long g_marks[MAXCTAS][SLOTS][MAXKB];
+__device__ unsigned long long g_ns[MAXCTAS][3]; // slot 5's marks in global time (ns)
 
-// slots 0-2 by the consumer's first thread (128), 3-4 by the producer (0): gemm_large.cu
+// slots 0-2 and 5 by the consumer's first thread (128), 3-4 by the producer (0): gemm_large.cu
 __device__ __forceinline__ void probe_mark(int slot, int i) {
-  if ((threadIdx.x == 0 || threadIdx.x == 128) && i < MAXKB && blockIdx.x < MAXCTAS)
+  const bool mine = slot == 5 ? threadIdx.x == 128 : (threadIdx.x == 0 || threadIdx.x == 128);
+  if (mine && i < MAXKB && blockIdx.x < MAXCTAS) {
     g_marks[blockIdx.x][slot][i] = clock64();
+    if (slot == 5) {
+      unsigned long long t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      g_ns[blockIdx.x][i] = t;
+    }
+  }
 }
 #define MT_LARGE_MARK(slot, i) probe_mark(slot, i)
 #include "kernels/gemm_large.cu"
@@ -67,11 +79,13 @@ static void row(const shape &sh, int m, int experts, const std::vector<uint16_t 
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   static long long h[MAXCTAS][SLOTS][MAXKB];
+  static unsigned long long ns[MAXCTAS][3];
   CK(cudaMemcpyFromSymbol(h, g_marks, sizeof h));
+  CK(cudaMemcpyFromSymbol(ns, g_ns, sizeof ns));
   // per CTA and stage (the last launch of the graph): the stage's period (from one "full" to the
   // next), the consumer's wait for it, its issue and wait for the previous group, and the
   // producer's wait for a free stage (stages past the first ring's worth)
-  std::vector<double> period, wait_full, issue, wait_empty, span;
+  std::vector<double> period, wait_full, issue, wait_empty, span, first, loop_ns, epilogue, inside, ghz;
   const int S = MT_LARGE_STAGES_64(BN), n = std::min((kt + MT_LARGE_KS_64 - 1) / MT_LARGE_KS_64, MAXKB);
   for (int c = 0; c < grid; c++) {
     for (int kb = 0; kb < n; kb++) {
@@ -83,12 +97,23 @@ static void row(const shape &sh, int m, int experts, const std::vector<uint16_t 
         wait_empty.push_back((double)(h[c][4][kb] - h[c][3][kb]));
     }
     span.push_back((double)(h[c][2][n - 1] - h[c][1][0]));
+    // the first tile's phases, ns: entry to the first stage full, the K loop, the epilogue
+    const double c_ns = (double)(h[c][5][2] - h[c][5][0]) / (double)(ns[c][2] - ns[c][0]);
+    first.push_back((double)(h[c][1][0] - h[c][5][0]) / c_ns);
+    loop_ns.push_back((double)(h[c][5][1] - h[c][1][0]) / c_ns);
+    epilogue.push_back((double)(ns[c][2] - ns[c][1]));
+    inside.push_back((double)(ns[c][2] - ns[c][0]));
+    ghz.push_back(c_ns);
   }
   printf("%-14s M %3d  experts %2d  grid %3d  %6.2f us a launch | cycles: loop %6.0f, a stage %5.0f, wait for data "
          "%5.0f, issue + group %4.0f, producer's wait for a stage %5.0f (medians; %d stages of %d K blocks, a ring "
          "of %d)\n",
          sh.name, m, experts, grid, us, median(span), median(period), median(wait_full), median(issue),
          median(wait_empty), n, MT_LARGE_KS_64, S);
+  printf("%-14s M %3d  experts %2d  phases, ns (medians over CTAs): entry to the first stage full %5.0f, K loop "
+         "%5.0f, epilogue issued %4.0f, in the kernel %5.0f of %5.0f a launch (SM clock %.2f GHz)\n",
+         sh.name, m, experts, median(first), median(loop_ns), median(epilogue), median(inside), us * 1e3,
+         median(ghz));
 }
 
 int main() {
