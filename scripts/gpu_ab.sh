@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# scripts/gpu_ab.sh — compare kernel variants against the working tree in one device call: each built
+# beside the others, their benchmarks run interleaved, one table of the GEMM's µs.
+#
+#   scripts/gpu_ab.sh prepare NAME REF   (here, with git) ab/NAME/ gets the files REF changed since
+#                                        it left HEAD's history, as REF has them (rebase REF on HEAD
+#                                        first; deleted files are not supported)
+#   scripts/gpu_ab.sh run NAME...        (device machine) builds the tree as "main" and each ab/NAME
+#                                        (the tree with ab/NAME's files over it) in build dirs of its
+#                                        own, then runs bench_kernels on each in turn, AB_REPEATS
+#                                        times (default 2), and prints per benchmark row (M <= AB_MAX_M,
+#                                        default 1024) the GEMM's µs for each, one column a variant
+#                                        (the median of the repeats; of two, the lower)
+#   scripts/gpu_ab.sh table NAME...      the table again from $OUT's logs
+#
+# ab/ must travel to the device: it is untracked, so leave it out of .gitignore or name it in the
+# device tool's carry. AB_TESTS=1 also runs test_kernels on each variant (~80 s each). Logs go to
+# $OUT (or build/gpu-ab): build-NAME.log, bench-NAME-i.log, kernels-NAME.log, ab.txt. The ninth
+# session's A/B calls (kernels/NOTES.md) were this, by hand: the repeats agreed within 0.05 µs.
+set -u
+cd "$(dirname "$0")/.."
+out=${OUT:-build/gpu-ab}
+work=/tmp/gpu-ab
+
+prepare() { # NAME REF
+  local name=$1 ref=$2 f
+  [ "$(git merge-base HEAD "$ref")" = "$(git rev-parse HEAD)" ] ||
+    echo "gpu_ab: $ref is not based on HEAD: its files lack HEAD's later changes (rebase it)" >&2
+  rm -rf "ab/$name"
+  for f in $(git diff --name-only HEAD..."$ref"); do
+    mkdir -p "ab/$name/$(dirname "$f")"
+    git show "$ref:$f" >"ab/$name/$f" || return 1
+  done
+  echo "ab/$name: $(find "ab/$name" -type f | wc -l) files from $ref"
+}
+
+tree_of() { [ "$1" = main ] && pwd || echo "$work/$1"; }
+
+build_all() { # NAME...
+  local v jobs=$((16 / ($# + 1) > 1 ? 16 / ($# + 1) : 1))
+  rm -rf "$work" && mkdir -p "$work"
+  for v in "$@"; do
+    mkdir -p "$work/$v" && cp -r Makefile kernels scripts shim spec tests "$work/$v/" && cp -r "ab/$v/." "$work/$v/"
+  done
+  for v in main "$@"; do
+    (cd "$(tree_of "$v")" && make -j"$jobs" all build/tests/gpu/test_kernels build/scripts/bench_kernels \
+      >"$out/build-$v.log" 2>&1; echo "build $v: exit $?") &
+  done
+  wait
+}
+
+# the GEMM column (the routed call's second part) of one bench log: "name M us" per row
+gemm_rows() { awk -v max="${AB_MAX_M:-1024}" 'NF == 18 && $2 <= max { print $1, $2, $12 }' "$1"; }
+
+table() { # NAME... (main first): the median of the repeats, per row and variant
+  local v i
+  for v in "$@"; do
+    for i in $(seq "${AB_REPEATS:-2}"); do gemm_rows "$out/bench-$v-$i.log" | sed "s/^/$v /"; done
+  done | awk -v order="$*" '
+    { key = $2 " " $3; v[key, $1] = v[key, $1] " " $4; if (!(key in seen)) { seen[key] = 1; keys[++n] = key } }
+    function med(s,   a, k, i, j, t) {
+      k = split(s, a, " ")
+      for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+      return k ? a[int((k + 1) / 2)] : "-"
+    }
+    END {
+      m = split(order, names, " ")
+      printf "%-22s", "GEMM us (median)"; for (j = 1; j <= m; j++) printf " %10s", names[j]; print ""
+      for (i = 1; i <= n; i++) {
+        printf "%-22s", keys[i]; for (j = 1; j <= m; j++) printf " %10s", med(v[keys[i], names[j]]); print ""
+      }
+    }'
+}
+
+run() { # NAME...
+  local v i
+  for v in "$@"; do
+    [ -d "ab/$v" ] || { echo "gpu_ab: no ab/$v (run \"scripts/gpu_ab.sh prepare $v REF\" first, and carry ab)"; return 1; }
+  done
+  mkdir -p "$out"
+  build_all "$@"
+  for i in $(seq "${AB_REPEATS:-2}"); do
+    for v in main "$@"; do
+      (cd "$(tree_of "$v")" && timeout 120 build/scripts/bench_kernels "$work/bench-$v-$i.json") \
+        >"$out/bench-$v-$i.log" 2>&1 || echo "bench $v ($i): exit $?"
+    done
+  done
+  table main "$@" | tee "$out/ab.txt"
+  if [ "${AB_TESTS:-0}" = 1 ]; then
+    for v in main "$@"; do
+      (cd "$(tree_of "$v")" && timeout 150 build/tests/gpu/test_kernels) >"$out/kernels-$v.log" 2>&1
+      echo "test_kernels $v: exit $?, $(grep -c '^ok' "$out/kernels-$v.log") ok"
+    done
+  fi
+}
+
+case ${1:-} in
+prepare) [ $# -eq 3 ] && prepare "$2" "$3" ;;
+run) shift && [ $# -ge 1 ] && run "$@" ;;
+table) shift && table main "$@" ;; # the table again from $OUT's logs
+*) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' && false ;;
+esac
