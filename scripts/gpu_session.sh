@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu_session.sh [STEP...] — everything the device machine is for, in one call: build, GPU
+# scripts/gpu_session.sh [STEP...] — everything the device machine is for, step by step: build, GPU
 # tests, benchmarks and the demo run, each step under its own time limit so that one hang does not
 # cost the others. Logs go to $OUT (the device tool's output folder) or build/gpu-session.
 # KERNELS_LIMIT, SANITIZE_LIMIT, TORCH_LIMIT, RUN_LIMIT: seconds for those steps. A device call has
