@@ -99,6 +99,15 @@ __device__ static inline void tma_load_2d(void *dst, const CUtensorMap *map, uin
                : "memory");
 }
 
+// A plain bulk copy (no tensor map) of `bytes` (a multiple of 16, both addresses 16-byte aligned)
+// from global into this CTA's shared memory, completing on bar (the ra variant's records).
+__device__ static inline void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
 // Descriptor of a K-major tile in the layout TMA writes with 128B swizzle: rows of 128 bytes
 // (64 BF16 along K), groups of 8 rows 1024 bytes apart, tile base 1024-byte aligned. A step of 16
 // along K inside the 128-byte row moves the start address by 32 bytes (the swizzle is applied by

@@ -38,7 +38,7 @@
 #include "kernels/wgmma.cuh"
 #include "kernels/wgmma_rs.cuh"
 
-// Named barriers, TMA stores and bulk copies (sm_90a; TMA loads, mbarriers and descriptors are in
+// Named barriers and TMA stores (sm_90a; TMA and bulk loads, mbarriers and descriptors are in
 // gemm_common.cuh)
 
 // A barrier among the 128 threads of one consumer warpgroup (id 0 is __syncthreads').
@@ -58,15 +58,6 @@ __device__ static inline void bulk_commit() { asm volatile("cp.async.bulk.commit
 __device__ static inline void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ static inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 __device__ static inline void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// A plain bulk copy (no tensor map) of `bytes` (a multiple of 16, both addresses 16-byte aligned)
-// from global into this CTA's shared memory, completing on bar (the ra variant's records).
-__device__ static inline void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-}
 
 // A from registers (the ra variant: widths 128, 192, 256).
 template <int BN> __device__ static inline void wgmma_rs_step(float *d, const uint32_t (&a)[4], uint64_t db) {

@@ -73,10 +73,7 @@ __device__ static int copy_pieces(uint8_t *slots, uint64_t *bars, volatile int *
     }
     next += PACE;
     mbar_arrive_expect_tx(&bars[i % SLOTS], PIECE);
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     smem_u32(slots + (i % SLOTS) * PIECE)),
-                 "l"(src + (size_t)(i % PIECES) * PIECE), "r"(PIECE), "r"(smem_u32(&bars[i % SLOTS]))
-                 : "memory");
+    bulk_load(slots + (i % SLOTS) * PIECE, src + (size_t)(i % PIECES) * PIECE, PIECE, &bars[i % SLOTS]);
   }
   for (int j = i - SLOTS < 0 ? 0 : i - SLOTS; j < i; j++) // the copies still in flight land before exit
     if (!mbar_wait_bounded(&bars[j % SLOTS], (j / SLOTS) & 1))
