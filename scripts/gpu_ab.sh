@@ -14,9 +14,12 @@
 #   scripts/gpu_ab.sh table NAME...      the table again from $OUT's logs
 #
 # ab/ must travel to the device: it is untracked, so leave it out of .gitignore or name it in the
-# device tool's carry. AB_TESTS=1 also runs test_kernels on each variant (~80 s each). Logs go to
-# $OUT (or build/gpu-ab): build-NAME.log, bench-NAME-i.log, kernels-NAME.log, ab.txt. The ninth
-# session's A/B calls (kernels/NOTES.md) were this, by hand: the repeats agreed within 0.05 µs.
+# device tool's carry. AB_PROBES="kloop ..." builds scripts/probe_P.cu in every tree, main's too
+# (the probes include the kernels, so each runs that tree's kernel: ~20 s to build, seconds to run).
+# AB_TESTS=1 then runs test_kernels on each variant (~80 s each; main's own run is make gputest's),
+# AB_TESTS=all on main too. Logs go to $OUT (or build/gpu-ab): build-NAME.log, bench-NAME-i.log,
+# probe-P-NAME.log, kernels-NAME.log, ab.txt. The ninth session's A/B calls (kernels/NOTES.md)
+# were this, by hand: the repeats agreed within 0.05 µs.
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-ab}
@@ -86,17 +89,42 @@ run() { # NAME...
     done
   done
   table main "$@" | tee "$out/ab.txt"
-  if [ "${AB_TESTS:-0}" = 1 ]; then
-    for v in main "$@"; do
-      (cd "$(tree_of "$v")" && timeout 150 build/tests/gpu/test_kernels) >"$out/kernels-$v.log" 2>&1
-      echo "test_kernels $v: exit $?, $(grep -c '^ok' "$out/kernels-$v.log") ok"
+  [ -n "${AB_PROBES:-}" ] && probes main "$@"
+  case ${AB_TESTS:-0} in
+  1) tests "$@" ;;
+  all) tests main "$@" ;;
+  esac
+}
+
+probes() { # NAME...: each of AB_PROBES built in every tree in parallel, then run one at a time
+  local v p
+  for v in "$@"; do
+    for p in $AB_PROBES; do
+      (cd "$(tree_of "$v")" && nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. \
+        -o "build/probe_$p" "scripts/probe_$p.cu" -lcuda >"$out/probe-$p-$v.log" 2>&1 ||
+        echo "probe $p $v: build exit $?") &
     done
-  fi
+  done
+  wait
+  for p in $AB_PROBES; do
+    for v in "$@"; do
+      (cd "$(tree_of "$v")" && timeout 60 "build/probe_$p") >>"$out/probe-$p-$v.log" 2>&1
+      echo "probe $p $v: exit $?"
+    done
+  done
+}
+
+tests() { # NAME...
+  local v
+  for v in "$@"; do
+    (cd "$(tree_of "$v")" && timeout 150 build/tests/gpu/test_kernels) >"$out/kernels-$v.log" 2>&1
+    echo "test_kernels $v: exit $?, $(grep -c '^ok' "$out/kernels-$v.log") ok"
+  done
 }
 
 case ${1:-} in
 prepare) [ $# -eq 3 ] && prepare "$2" "$3" ;;
 run) shift && [ $# -ge 1 ] && run "$@" ;;
 table) shift && table main "$@" ;; # the table again from $OUT's logs
-*) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' && false ;;
+*) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' && false ;;
 esac

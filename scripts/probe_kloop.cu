@@ -7,8 +7,8 @@
 // hot); the same wgmma groups alone (scripts/probe_wgchain.cu) take 100 cycles a block. This runs
 // the real kernel (kernels/gemm_large.cu, included with its marks switched on: clock64 of the
 // consumer's first thread before and after each stage's "full" wait and after the previous group
-// completed, and of the producer before and after each "empty" wait) on gate_up and down at M = 16
-// and 64, weights rotated over EXPERTS matrices (from HBM) or one (from L2), and prints per launch
+// completed, and of the producer before and after each "empty" wait) on gate_up and down at M = 1,
+// 16 and 64, weights rotated over EXPERTS matrices (from HBM) or one (from L2), and prints per launch
 // the µs (a graph of EXPERTS launches), and over stages and CTAs (medians) the cycles of a stage,
 // of the consumer's wait for data, of its issue and wait for the group before, and of the
 // producer's wait for a free stage. If the consumer waits for data, the feed binds; if the stage's
@@ -25,7 +25,9 @@
 
 constexpr int MAXCTAS = 132, MAXKB = 128, SLOTS = 6;
 __device__ long long g_marks[MAXCTAS][SLOTS][MAXKB];
-__device__ unsigned long long g_ns[MAXCTAS][3]; // slot 5's marks in global time (ns)
+// slot 5's marks in global time (ns); mark 3, where a kernel has it, after the epilogue's wait for
+// scales loaded during the loop (next/m64-epilogue)
+__device__ unsigned long long g_ns[MAXCTAS][4];
 
 // slots 0-2 and 5 by the consumer's first thread (128), 3-4 by the producer (0): gemm_large.cu
 __device__ __forceinline__ void probe_mark(int slot, int i) {
@@ -35,7 +37,8 @@ __device__ __forceinline__ void probe_mark(int slot, int i) {
     if (slot == 5) {
       unsigned long long t;
       asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      g_ns[blockIdx.x][i] = t;
+      if (i < 4)
+        g_ns[blockIdx.x][i] = t;
     }
   }
 }
@@ -73,19 +76,21 @@ static void row(const shape &sh, int m, int experts, const std::vector<uint16_t 
   }
   const int smem = MT_LARGE_SMEM_64(BN);
   CK(cudaFuncSetAttribute(mt_gemm_large_m64_n32, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  static const unsigned long long zero[MAXCTAS][4] = {};
+  CK(cudaMemcpyToSymbol(g_ns, zero, sizeof zero)); // mark 3 stays 0 where the kernel has none
   double us = graph_us_per_launch(EXPERTS, [&](cudaStream_t st, int l) {
     mt_gemm_large_m64_n32<<<grid, 256, smem, st>>>(args[l % experts]);
   });
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   static long long h[MAXCTAS][SLOTS][MAXKB];
-  static unsigned long long ns[MAXCTAS][3];
+  static unsigned long long ns[MAXCTAS][4];
   CK(cudaMemcpyFromSymbol(h, g_marks, sizeof h));
   CK(cudaMemcpyFromSymbol(ns, g_ns, sizeof ns));
   // per CTA and stage (the last launch of the graph): the stage's period (from one "full" to the
   // next), the consumer's wait for it, its issue and wait for the previous group, and the
   // producer's wait for a free stage (stages past the first ring's worth)
-  std::vector<double> period, wait_full, issue, wait_empty, span, first, loop_ns, epilogue, inside, ghz;
+  std::vector<double> period, wait_full, issue, wait_empty, span, first, loop_ns, epilogue, scales, inside, ghz;
   const int S = MT_LARGE_STAGES_64(BN), n = std::min((kt + MT_LARGE_KS_64 - 1) / MT_LARGE_KS_64, MAXKB);
   for (int c = 0; c < grid; c++) {
     for (int kb = 0; kb < n; kb++) {
@@ -102,6 +107,8 @@ static void row(const shape &sh, int m, int experts, const std::vector<uint16_t 
     first.push_back((double)(h[c][1][0] - h[c][5][0]) / c_ns);
     loop_ns.push_back((double)(h[c][5][1] - h[c][1][0]) / c_ns);
     epilogue.push_back((double)(ns[c][2] - ns[c][1]));
+    if (ns[c][3])
+      scales.push_back((double)(ns[c][3] - ns[c][1]));
     inside.push_back((double)(ns[c][2] - ns[c][0]));
     ghz.push_back(c_ns);
   }
@@ -111,9 +118,10 @@ static void row(const shape &sh, int m, int experts, const std::vector<uint16_t 
          sh.name, m, experts, grid, us, median(span), median(period), median(wait_full), median(issue),
          median(wait_empty), n, MT_LARGE_KS_64, S);
   printf("%-14s M %3d  experts %2d  phases, ns (medians over CTAs): entry to the first stage full %5.0f, K loop "
-         "%5.0f, epilogue issued %4.0f, in the kernel %5.0f of %5.0f a launch (SM clock %.2f GHz)\n",
-         sh.name, m, experts, median(first), median(loop_ns), median(epilogue), median(inside), us * 1e3,
-         median(ghz));
+         "%5.0f, epilogue issued %4.0f (of which the wait for its scales %4.0f), in the kernel %5.0f of %5.0f a "
+         "launch (SM clock %.2f GHz)\n",
+         sh.name, m, experts, median(first), median(loop_ns), median(epilogue), median(scales),
+         median(inside), us * 1e3, median(ghz));
 }
 
 int main() {
@@ -128,7 +136,7 @@ int main() {
     std::vector<uint16_t *> w(EXPERTS);
     for (auto &p : w)
       p = random_bf16((size_t)sh.n * sh.k);
-    for (int m : {16, 64})
+    for (int m : {1, 16, 64})
       for (int experts : {EXPERTS, 1})
         row(sh, m, experts, w, x, ones, y);
     for (auto p : w)
