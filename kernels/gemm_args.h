@@ -86,7 +86,9 @@ typedef struct {
 #define MT_LARGE_KS_64 2
 #define MT_LARGE_STAGE_BYTES_64(bn) (MT_LARGE_KS_64 * (64 + (bn)) * MT_LARGE_BK * 2)
 #define MT_LARGE_STAGES_64(bn) (196608 / MT_LARGE_STAGE_BYTES_64(bn) < 16 ? 196608 / MT_LARGE_STAGE_BYTES_64(bn) : 16)
-#define MT_LARGE_SMEM_64(bn) (1024 + MT_LARGE_STAGES_64(bn) * (MT_LARGE_STAGE_BYTES_64(bn) + 16) + 2 * (bn)*4)
+/* ... then the columns' 1/S_w and bias, and the epilogue's row scales and their two mbarriers
+ * (scales64 in gemm_large.cu: 16 + 4 + 64 x 4 bytes, rounded up) */
+#define MT_LARGE_SMEM_64(bn) (1024 + MT_LARGE_STAGES_64(bn) * (MT_LARGE_STAGE_BYTES_64(bn) + 16) + 2 * (bn)*4 + 280)
 /* The ts variant: one stage fewer, then a 1024-aligned staging tile of 128 x bn outputs. */
 #define MT_LARGE_STAGES_TS(bn) (MT_LARGE_STAGES(bn) - 1)
 #define MT_LARGE_SMEM_TS(bn) \

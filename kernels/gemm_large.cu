@@ -19,7 +19,10 @@
 // The epilogue does per tile what does not depend on the element (1/S_a of a thread's two rows,
 // 1/S_w and the bias as floats in shared memory, the output type, whether C or a bias exist) and
 // per element only the multiplies and adds of gemm_args.h, each rounded on its own
-// (__fmul_rn/__fadd_rn, never contracted), then stores pairs of outputs as 4 bytes.
+// (__fmul_rn/__fadd_rn, never contracted), then stores pairs of outputs as 4 bytes. In the 64-token
+// tiles the producer warpgroup's three spare warps load those per-tile scales during the K loop
+// (scale_helpers), so a few-token launch does not wait for S_w then S_a after it (tenth session:
+// down at M = 16 3.98 -> 3.34 µs).
 //
 // kernels/gemm.c's default runs mt_gemm_large_ts_nBN, outputs through shared memory and TMA
 // stores (see run_ts), where it applies, else mt_gemm_large_nBN (v6, per-thread stores; also
@@ -134,12 +137,15 @@ template <int BN> __device__ static void prepare_columns(const mt_epilogue_args 
 // gemm_common.cuh: t = (acc * ((1/S_a) * (1/S_w))) * alpha, + beta * c, + bias, one rounding each.
 // SW_ROW: 1/S_w per column from shared memory, else one value; EXTRA: C or a bias exist; FULL:
 // all BN columns exist (no column checks).
+// ROWS (the 64-token tiles): 1/S_a of the tile's rows comes from shared memory (inv_a_rows, filled
+// during the K loop by scale_helpers), not from a global load after it; the same value.
 // STAGED (the ts variant): the outputs go as BF16/FP16 pairs into `stage` instead, BN / 64 boxes
 // of 64 rows x 128 bytes in the 128B-swizzled layout a TMA store reads (16-byte chunk c of row r
 // at chunk c ^ (r % 8)); columns past N keep stale values that the store clips.
-template <int BN, typename OUT, bool SW_ROW, bool EXTRA, bool FULL, bool STAGED = false>
+template <int BN, typename OUT, bool SW_ROW, bool EXTRA, bool FULL, bool STAGED = false, bool ROWS = false>
 __device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, const float *d, int row0, int n0,
-                                                  const columns<BN> *cols, float inv_w, uint8_t *stage = nullptr) {
+                                                  const columns<BN> *cols, float inv_w, uint8_t *stage = nullptr,
+                                                  const float *inv_a_rows = nullptr) {
   const int t = threadIdx.x % 128, w = t / 32, g = (t % 32) / 4, q = t % 4;
   const int avail = e.n - n0 - 2 * q; // this thread's column 8c + j exists when 8c + j < avail
   const float alpha = e.alpha, beta = e.beta;
@@ -149,7 +155,7 @@ __device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, con
     int row = row0 + 16 * w + g + 8 * i;
     if (row >= e.m)
       continue;
-    float inv_a = __frcp_rn(e.sa[e.sa_row ? row : 0]);
+    float inv_a = ROWS ? inv_a_rows[16 * w + g + 8 * i] : __frcp_rn(e.sa[e.sa_row ? row : 0]);
     float scale = __fmul_rn(inv_a, inv_w); // used when !SW_ROW
     OUT *y = (OUT *)e.y + (long long)row * e.ldy + n0 + 2 * q;
     const OUT *c = EXTRA && cmat ? cmat + (long long)row * e.ldc + n0 + 2 * q : nullptr;
@@ -194,18 +200,20 @@ __device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, con
   }
 }
 
-template <int BN, typename OUT, bool STAGED = false>
+template <int BN, typename OUT, bool STAGED = false, bool ROWS = false>
 __device__ static __forceinline__ void store_tile_as(const mt_epilogue_args &e, const float *d, int row0, int n0,
-                                                     const columns<BN> *cols, float inv_w, uint8_t *stage = nullptr) {
+                                                     const columns<BN> *cols, float inv_w, uint8_t *stage = nullptr,
+                                                     const float *inv_a_rows = nullptr) {
   const bool extra = e.c || e.bias, full = n0 + BN <= e.n;
+  const float *ia = inv_a_rows;
   if (e.sw_row) {
-    if (extra) store_tile<BN, OUT, true, true, false, STAGED>(e, d, row0, n0, cols, inv_w, stage);
-    else if (full) store_tile<BN, OUT, true, false, true, STAGED>(e, d, row0, n0, cols, inv_w, stage);
-    else store_tile<BN, OUT, true, false, false, STAGED>(e, d, row0, n0, cols, inv_w, stage);
+    if (extra) store_tile<BN, OUT, true, true, false, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
+    else if (full) store_tile<BN, OUT, true, false, true, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
+    else store_tile<BN, OUT, true, false, false, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
   } else {
-    if (extra) store_tile<BN, OUT, false, true, false, STAGED>(e, d, row0, n0, cols, inv_w, stage);
-    else if (full) store_tile<BN, OUT, false, false, true, STAGED>(e, d, row0, n0, cols, inv_w, stage);
-    else store_tile<BN, OUT, false, false, false, STAGED>(e, d, row0, n0, cols, inv_w, stage);
+    if (extra) store_tile<BN, OUT, false, true, false, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
+    else if (full) store_tile<BN, OUT, false, false, true, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
+    else store_tile<BN, OUT, false, false, false, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
   }
 }
 
@@ -593,6 +601,45 @@ __device__ static __forceinline__ void produce_ra(const mt_large_args &a, uint8_
   }
 }
 
+// The 64-token tiles' epilogue scales, filled during the K loop: 1/S_a of the tile's 64 rows and
+// 1/S_w where it is one value (the columns' 1/S_w and bias go into `columns` as prepare_columns
+// does), by warps 1-3 of the producer warpgroup, idle otherwise, so that a few-token launch does not
+// wait for two dependent global loads (S_w, then S_a) after its K loop. full: the scales of the
+// CTA's j-th tile are there (phase j % 2, 96 arrivals); empty: the consumer has stored that tile
+// (4 arrivals, one a warp) and the next tile's may overwrite them. The loads below run one after
+// another (a shared store between each), which does not matter: the consumer's wait for `full`
+// measured <= 64 ns (probe_kloop, mark 5/3), and issuing all four first (next/m64ep-loads) was
+// no faster (kernels/NOTES.md, tenth session).
+struct scales64 {
+  uint64_t full, empty;
+  float inv_w0;
+  float inv_a[64];
+};
+static_assert(sizeof(scales64) <= 280, "MT_LARGE_SMEM_64 holds 280 bytes of scales64");
+
+template <int BN>
+__device__ static void scale_helpers(const mt_large_args &a, columns<BN> *cols, scales64 *sc, int tiles, int tiles_n) {
+  const int t = threadIdx.x - 32; // 0 .. 95
+  grid_dependency_wait();         // S_a (and in requantize mode S_w) come from the kernels before
+  int j = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, j++) {
+    const int m0 = tile / tiles_n * 64, n0 = tile % tiles_n * BN;
+    if (j > 0)
+      mbar_wait(&sc->empty, (j - 1) & 1);
+    for (int c = t; c < BN && n0 + c < a.e.n; c += 96) {
+      if (a.e.sw_row)
+        cols->inv_w[c] = __frcp_rn(a.e.sw[n0 + c]);
+      if (a.e.bias)
+        cols->bias[c] = load_elem(a.e.bias, n0 + c, a.e.biastype);
+    }
+    for (int r = t; r < 64 && m0 + r < a.e.m; r += 96)
+      sc->inv_a[r] = __frcp_rn(a.e.sa[a.e.sa_row ? m0 + r : 0]);
+    if (t == 0)
+      sc->inv_w0 = a.e.sw_row ? 0.0f : __frcp_rn(a.e.sw[0]);
+    mbar_arrive(&sc->full);
+  }
+}
+
 // v6 (mt_gemm_large_nBN): the two consumer warpgroups take 64 tokens each of a 128 x BN tile.
 // TM = 64 (mt_gemm_large_m64_nBN): one consumer warpgroup, tiles of 64 x BN, for calls whose
 // 128-token tiles would leave SMs idle. Every k-block a consumer warpgroup reads its 64 rows of A
@@ -613,12 +660,18 @@ template <int BN, int TM = BM> __device__ static void run(const mt_large_args &a
   uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint64_t *full = (uint64_t *)(smem + S * SB), *empty = full + S;
   columns<BN> *cols_all = (columns<BN> *)(empty + S);
+  scales64 *sc = (scales64 *)(cols_all + 1); // TM = 64 only (MT_LARGE_SMEM_64)
   const int tiles_n = (a.e.n + BN - 1) / BN, tiles = (a.e.m + TM - 1) / TM * tiles_n;
   const int kt = (a.e.k + BK - 1) / BK;
   const int wg = threadIdx.x / 128;
 
-  if (threadIdx.x == 0)
+  if (threadIdx.x == 0) {
+    if constexpr (TM == 64) {
+      mbar_init(&sc->full, 96);
+      mbar_init(&sc->empty, 4);
+    }
     init_ring<S>(full, empty, 4 * (TM / 64));
+  }
   __syncthreads();
 
   // k-block number `it` counts on across this CTA's tiles: stage it % S, phase (it / S) & 1.
@@ -627,6 +680,11 @@ template <int BN, int TM = BM> __device__ static void run(const mt_large_args &a
   if (wg == 0) { // producer: one thread keeps the ring of stages full
     if constexpr (TM == BM)
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if constexpr (TM == 64)
+      if (threadIdx.x >= 32 && (int)blockIdx.x < tiles) {
+        scale_helpers<BN>(a, cols_all, sc, tiles, tiles_n);
+        return;
+      }
     if (threadIdx.x != 0 || (int)blockIdx.x >= tiles)
       return;
     produce<S, SB, BN, false, TM, KS>(a, smem, full, empty, tiles, tiles_n, kt);
@@ -641,23 +699,36 @@ template <int BN, int TM = BM> __device__ static void run(const mt_large_args &a
   const uint64_t db0 = desc_sw128(smem_u32(smem) + KS * TM * BK * 2);
   bool waited = false;
   ring r = {0, 0};
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+  int j = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, j++) {
     const int m0 = tile / tiles_n * TM, n0 = tile % tiles_n * BN, row0 = m0 + 64 * cw;
     float d[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
     k_loop<BN, S, SB, KS, TM * BK * 2, BN * BK * 2>(d, full, empty, da0, db0, kt, r);
     MT_LARGE_MARK(5, 1);
-    if (!waited) { // S_a comes from the quantization too
+    if (!waited) { // S_a comes from the quantization too, and C and y may be another kernel's
       grid_dependency_wait();
       waited = true;
     }
-    prepare_columns<BN>(a.e, cols, n0, cw);
-    const float inv_w = a.e.sw_row ? 0.0f : __frcp_rn(a.e.sw[0]);
-    if (a.e.ytype == DT_BF16)
-      store_tile_as<BN, __nv_bfloat16>(a.e, d, row0, n0, cols, inv_w);
-    else
-      store_tile_as<BN, __half>(a.e, d, row0, n0, cols, inv_w);
+    if constexpr (TM == 64) {
+      mbar_wait(&sc->full, j & 1);
+      MT_LARGE_MARK(5, 3);
+      if (a.e.ytype == DT_BF16)
+        store_tile_as<BN, __nv_bfloat16, false, true>(a.e, d, row0, n0, cols, sc->inv_w0, nullptr, sc->inv_a);
+      else
+        store_tile_as<BN, __half, false, true>(a.e, d, row0, n0, cols, sc->inv_w0, nullptr, sc->inv_a);
+      __syncwarp();
+      if (threadIdx.x % 32 == 0)
+        mbar_arrive(&sc->empty);
+    } else {
+      prepare_columns<BN>(a.e, cols, n0, cw);
+      const float inv_w = a.e.sw_row ? 0.0f : __frcp_rn(a.e.sw[0]);
+      if (a.e.ytype == DT_BF16)
+        store_tile_as<BN, __nv_bfloat16>(a.e, d, row0, n0, cols, inv_w);
+      else
+        store_tile_as<BN, __half>(a.e, d, row0, n0, cols, inv_w);
+    }
     MT_LARGE_MARK(5, 2);
   }
 }
