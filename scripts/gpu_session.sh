@@ -32,12 +32,18 @@ step() { # name, limit in seconds, command...
   tail -n 25 "$out/$name${TAG:-}.log"
 }
 
+# the test binary that the kernels and sanitize steps run ("build" makes only the library)
+kernels_bin() {
+  make -s build/tests/gpu/test_kernels >"$out/kernels-build${TAG:-}.log" 2>&1 ||
+    { echo "== test_kernels: build failed (kernels-build${TAG:-}.log)"; false; }
+}
+
 for s in $steps; do
   case $s in
   build) step build 240 make -j16 all ;;
-  kernels) make -s build/tests/gpu/test_kernels >/dev/null 2>&1; step kernels ${KERNELS_LIMIT:-180} build/tests/gpu/test_kernels ;;
+  kernels) kernels_bin && step kernels ${KERNELS_LIMIT:-180} build/tests/gpu/test_kernels ;;
   torch) step torch ${TORCH_LIMIT:-420} make gputest GPU_TESTS= ${GPU_PY:+GPUTEST_PY="$GPU_PY"} ;;
-  sanitize) step sanitize ${SANITIZE_LIMIT:-300} compute-sanitizer --tool memcheck build/tests/gpu/test_kernels ;;
+  sanitize) kernels_bin && step sanitize ${SANITIZE_LIMIT:-300} compute-sanitizer --tool memcheck build/tests/gpu/test_kernels ;;
   bench) step bench 300 make bench && cp build/bench.json "$out/" 2>/dev/null ;;
   benchshim) step benchshim 120 make bench-shim ;;
   ncu) # the GEMM kernels of two rows of the benchmark under Nsight Compute (clocks left alone)
