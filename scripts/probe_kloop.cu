@@ -17,7 +17,8 @@
 // Ninth session: a second line per row splits the first tile into phases (slot 5: the consumer's
 // entry, its K loop done, its tile's stores issued; clock64 and globaltimer), since call 2's rows
 // put ~3.5 µs of each launch outside the K loop (gate_up M = 16 6.42 µs a launch against a loop of
-// 5176 cycles, ~3.0 µs; down 4.29 against 1430, ~0.8). Not yet run.
+// 5176 cycles, ~3.0 µs; down 4.29 against 1430, ~0.8). Tenth session: M = 1 rows, and mark 3 (the
+// epilogue's wait for scales loaded during the loop); results in kernels/NOTES.md.
 //
 // Build and run on the H200 (scripts/gpu_session.sh probe; PROBES=kloop):
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_kloop scripts/probe_kloop.cu -lcuda
