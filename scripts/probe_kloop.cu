@@ -27,7 +27,7 @@
 constexpr int MAXCTAS = 132, MAXKB = 128, SLOTS = 6;
 __device__ long long g_marks[MAXCTAS][SLOTS][MAXKB];
 // slot 5's marks in global time (ns); mark 3, where a kernel has it, after the epilogue's wait for
-// scales loaded during the loop (next/m64-epilogue)
+// scales loaded during the loop (the 64-token tiles since the tenth session)
 __device__ unsigned long long g_ns[MAXCTAS][4];
 
 // slots 0-2 and 5 by the consumer's first thread (128), 3-4 by the producer (0): gemm_large.cu
