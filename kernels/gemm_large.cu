@@ -73,7 +73,9 @@ template <int BN> __device__ static inline void wgmma_rs_step(float *d, const ui
 // Marks in the K loop and the producer, for scripts/probe_kloop.cu (which defines MT_LARGE_MARK
 // before including this file); nothing in the library: slot 0-2 a consumer's K block (before its
 // stage is full, after, after the previous group completed), 3-4 the producer's (before the stage
-// is free, after), 5 the phases of run's first tile (entry, K loop done, tile stored).
+// is free, after), 5 the phases of run's first tile (the consumer's 0 entry, 1 K loop done, 2 tile
+// stored, 3 epilogue scales there, 7 past the CTA's barrier; the producer's 4 start, 5 first
+// weight loads issued, 6 first activation loads issued).
 #ifndef MT_LARGE_MARK
 #define MT_LARGE_MARK(slot, i)
 #endif
@@ -534,17 +536,20 @@ __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *
   const int m_last = (a.e.m - 1) / TM * TM;
   const uint32_t tx = (uint32_t)(A_TILE + W_TILE), tx_last = (uint32_t)(a.last_rows * BK * 2 + W_TILE);
   auto act = [&](int m0) { return m0 == m_last ? &a.ta_last : &a.ta; };
+  MT_LARGE_MARK(5, 4);
   for (int kb = 0; kb < pre; kb++) {
     mbar_arrive_expect_tx(&full[kb], KS * (m_first == m_last ? tx_last : tx));
     for (int j = 0; j < KS; j++)
       tma_load_2d(smem + kb * SB + KS * A_TILE + j * W_TILE, &a.tw, &full[kb], (kb * KS + j) * BK, n_first);
   }
+  MT_LARGE_MARK(5, 5);
   grid_dependency_wait();
   if (FQ)
     wait_band(a, m_first);
   for (int kb = 0; kb < pre; kb++)
     for (int j = 0; j < KS; j++)
       tma_load_2d(smem + kb * SB + j * A_TILE, act(m_first), &full[kb], (kb * KS + j) * BK, m_first);
+  MT_LARGE_MARK(5, 6);
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int m0 = tile / tiles_n * TM, n0 = tile % tiles_n * BN;
@@ -673,6 +678,7 @@ template <int BN, int TM = BM> __device__ static void run(const mt_large_args &a
     init_ring<S>(full, empty, 4 * (TM / 64));
   }
   __syncthreads();
+  MT_LARGE_MARK(5, 7);
 
   // k-block number `it` counts on across this CTA's tiles: stage it % S, phase (it / S) & 1.
   // Registers: with TM = 64 the launch's 256 threads have enough without moving any (BN / 2

@@ -26,19 +26,18 @@
 
 constexpr int MAXCTAS = 132, MAXKB = 128, SLOTS = 6;
 __device__ long long g_marks[MAXCTAS][SLOTS][MAXKB];
-// slot 5's marks in global time (ns); mark 3, where a kernel has it, after the epilogue's wait for
-// scales loaded during the loop (the 64-token tiles since the tenth session)
-__device__ unsigned long long g_ns[MAXCTAS][4];
+// slot 5's marks in global time (ns): gemm_large.cu's list (4-6 the producer's, by thread 0)
+__device__ unsigned long long g_ns[MAXCTAS][8];
 
 // slots 0-2 and 5 by the consumer's first thread (128), 3-4 by the producer (0): gemm_large.cu
 __device__ __forceinline__ void probe_mark(int slot, int i) {
-  const bool mine = slot == 5 ? threadIdx.x == 128 : (threadIdx.x == 0 || threadIdx.x == 128);
+  const bool mine = slot == 5 ? threadIdx.x == (i >= 4 && i <= 6 ? 0 : 128) : (threadIdx.x == 0 || threadIdx.x == 128);
   if (mine && i < MAXKB && blockIdx.x < MAXCTAS) {
     g_marks[blockIdx.x][slot][i] = clock64();
     if (slot == 5) {
       unsigned long long t;
       asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      if (i < 4)
+      if (i < 8)
         g_ns[blockIdx.x][i] = t;
     }
   }
@@ -77,7 +76,7 @@ static void row(const shape &sh, int m, int experts, const std::vector<uint16_t 
   }
   const int smem = MT_LARGE_SMEM_64(BN);
   CK(cudaFuncSetAttribute(mt_gemm_large_m64_n32, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  static const unsigned long long zero[MAXCTAS][4] = {};
+  static const unsigned long long zero[MAXCTAS][8] = {};
   CK(cudaMemcpyToSymbol(g_ns, zero, sizeof zero)); // mark 3 stays 0 where the kernel has none
   double us = graph_us_per_launch(EXPERTS, [&](cudaStream_t st, int l) {
     mt_gemm_large_m64_n32<<<grid, 256, smem, st>>>(args[l % experts]);
@@ -85,13 +84,14 @@ static void row(const shape &sh, int m, int experts, const std::vector<uint16_t 
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   static long long h[MAXCTAS][SLOTS][MAXKB];
-  static unsigned long long ns[MAXCTAS][4];
+  static unsigned long long ns[MAXCTAS][8];
   CK(cudaMemcpyFromSymbol(h, g_marks, sizeof h));
   CK(cudaMemcpyFromSymbol(ns, g_ns, sizeof ns));
   // per CTA and stage (the last launch of the graph): the stage's period (from one "full" to the
   // next), the consumer's wait for it, its issue and wait for the previous group, and the
   // producer's wait for a free stage (stages past the first ring's worth)
   std::vector<double> period, wait_full, issue, wait_empty, span, first, loop_ns, epilogue, scales, inside, ghz;
+  std::vector<double> pro[4]; // from the consumer's entry: past the barrier, producer start, W issued, A issued
   const int S = MT_LARGE_STAGES_64(BN), n = std::min((kt + MT_LARGE_KS_64 - 1) / MT_LARGE_KS_64, MAXKB);
   for (int c = 0; c < grid; c++) {
     for (int kb = 0; kb < n; kb++) {
@@ -106,6 +106,9 @@ static void row(const shape &sh, int m, int experts, const std::vector<uint16_t 
     // the first tile's phases, ns: entry to the first stage full, the K loop, the epilogue
     const double c_ns = (double)(h[c][5][2] - h[c][5][0]) / (double)(ns[c][2] - ns[c][0]);
     first.push_back((double)(h[c][1][0] - h[c][5][0]) / c_ns);
+    const int pm[4] = {7, 4, 5, 6};
+    for (int i = 0; i < 4; i++)
+      pro[i].push_back((double)(h[c][5][pm[i]] - h[c][5][0]) / c_ns);
     loop_ns.push_back((double)(h[c][5][1] - h[c][1][0]) / c_ns);
     epilogue.push_back((double)(ns[c][2] - ns[c][1]));
     if (ns[c][3])
@@ -123,6 +126,10 @@ static void row(const shape &sh, int m, int experts, const std::vector<uint16_t 
          "launch (SM clock %.2f GHz)\n",
          sh.name, m, experts, median(first), median(loop_ns), median(epilogue), median(scales),
          median(inside), us * 1e3, median(ghz));
+  printf("%-14s M %3d  experts %2d  prologue, ns from the consumer's entry (medians over CTAs): past the CTA's "
+         "barrier %4.0f, producer's start %4.0f, its first weight loads issued %4.0f, activation loads issued %4.0f, "
+         "first stage full %5.0f\n",
+         sh.name, m, experts, median(pro[0]), median(pro[1]), median(pro[2]), median(pro[3]), median(first));
 }
 
 int main() {
