@@ -116,22 +116,30 @@ template <int BN> struct columns {
   float bias[BN];
 };
 
-// Fill cols for the tile at n0 (only what the call has); the warpgroup's barrier before keeps the
-// previous tile's readers, the one after this tile's.
+// Columns first, first + stride, ... of cols for the tile at n0 (only what the call has).
+template <int BN>
+__device__ static void fill_columns(const mt_epilogue_args &e, columns<BN> *cols, int n0, int first, int stride) {
+  for (int c = first; c < BN && n0 + c < e.n; c += stride) {
+    if (e.sw_row)
+      cols->inv_w[c] = inv_row(e.sw, 1, n0 + c);
+    if (e.bias)
+      cols->bias[c] = load_elem(e.bias, n0 + c, e.biastype);
+  }
+}
+
+// Fill cols for the tile at n0 by the consumer warpgroup; its barrier before keeps the previous
+// tile's readers, the one after this tile's.
 template <int BN> __device__ static void prepare_columns(const mt_epilogue_args &e, columns<BN> *cols, int n0, int cw) {
   if (!e.sw_row && !e.bias)
     return;
   warpgroup_sync(1 + cw);
-  for (int c = threadIdx.x % 128; c < BN; c += 128) {
-    int col = n0 + c;
-    if (col >= e.n)
-      break;
-    if (e.sw_row)
-      cols->inv_w[c] = __frcp_rn(e.sw[col]);
-    if (e.bias)
-      cols->bias[c] = load_elem(e.bias, col, e.biastype);
-  }
+  fill_columns<BN>(e, cols, n0, threadIdx.x % 128, 128);
   warpgroup_sync(1 + cw);
+}
+
+// 1/S_w where it is one value (per tensor); unused (0) where it is per column.
+__device__ static __forceinline__ float inv_w_one(const mt_epilogue_args &e) {
+  return e.sw_row ? 0.0f : inv_row(e.sw, 0, 0);
 }
 
 // The outputs of one consumer warpgroup: 64 tokens from row0 by BN channels from n0 (its part of
@@ -157,7 +165,7 @@ __device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, con
     int row = row0 + 16 * w + g + 8 * i;
     if (row >= e.m)
       continue;
-    float inv_a = ROWS ? inv_a_rows[16 * w + g + 8 * i] : __frcp_rn(e.sa[e.sa_row ? row : 0]);
+    float inv_a = ROWS ? inv_a_rows[16 * w + g + 8 * i] : inv_row(e.sa, e.sa_row, row);
     float scale = __fmul_rn(inv_a, inv_w); // used when !SW_ROW
     OUT *y = (OUT *)e.y + (long long)row * e.ldy + n0 + 2 * q;
     const OUT *c = EXTRA && cmat ? cmat + (long long)row * e.ldc + n0 + 2 * q : nullptr;
@@ -631,16 +639,11 @@ __device__ static void scale_helpers(const mt_large_args &a, columns<BN> *cols, 
     const int m0 = tile / tiles_n * 64, n0 = tile % tiles_n * BN;
     if (j > 0)
       mbar_wait(&sc->empty, (j - 1) & 1);
-    for (int c = t; c < BN && n0 + c < a.e.n; c += 96) {
-      if (a.e.sw_row)
-        cols->inv_w[c] = __frcp_rn(a.e.sw[n0 + c]);
-      if (a.e.bias)
-        cols->bias[c] = load_elem(a.e.bias, n0 + c, a.e.biastype);
-    }
+    fill_columns<BN>(a.e, cols, n0, t, 96);
     for (int r = t; r < 64 && m0 + r < a.e.m; r += 96)
-      sc->inv_a[r] = __frcp_rn(a.e.sa[a.e.sa_row ? m0 + r : 0]);
+      sc->inv_a[r] = inv_row(a.e.sa, a.e.sa_row, m0 + r);
     if (t == 0)
-      sc->inv_w0 = a.e.sw_row ? 0.0f : __frcp_rn(a.e.sw[0]);
+      sc->inv_w0 = inv_w_one(a.e);
     mbar_arrive(&sc->full);
   }
 }
@@ -729,7 +732,7 @@ template <int BN, int TM = BM> __device__ static void run(const mt_large_args &a
         mbar_arrive(&sc->empty);
     } else {
       prepare_columns<BN>(a.e, cols, n0, cw);
-      const float inv_w = a.e.sw_row ? 0.0f : __frcp_rn(a.e.sw[0]);
+      const float inv_w = inv_w_one(a.e);
       if (a.e.ytype == DT_BF16)
         store_tile_as<BN, __nv_bfloat16>(a.e, d, row0, n0, cols, inv_w);
       else
@@ -833,7 +836,7 @@ template <int BN, bool RA = false, bool FQ = false> __device__ static void run_t
     if (lead) // the previous tile's store has read the staging tile
       bulk_wait_read();
     warpgroup_sync(1 + cw);
-    const float inv_w = a.e.sw_row ? 0.0f : __frcp_rn(a.e.sw[0]);
+    const float inv_w = inv_w_one(a.e);
     if (a.e.ytype == DT_BF16)
       store_tile_as<BN, __nv_bfloat16, true>(a.e, d, row0, n0, cols, inv_w, stage);
     else
