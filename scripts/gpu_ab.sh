@@ -101,7 +101,7 @@ probes() { # NAME...: each of AB_PROBES built in every tree in parallel, then ru
   for v in "$@"; do
     for p in $AB_PROBES; do
       (cd "$(tree_of "$v")" && nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. \
-        -o "build/probe_$p" "scripts/probe_$p.cu" -lcuda >"$out/probe-$p-$v.log" 2>&1 ||
+        -o "build/probe_$p" "scripts/probe_$p.cu" -lcuda -lcublas >"$out/probe-$p-$v.log" 2>&1 ||
         echo "probe $p $v: build exit $?") &
     done
   done

@@ -59,8 +59,8 @@ for s in $steps; do
     done ;;
   probe) # the experiments behind kernels/NOTES.md's floors (scripts/probe_*.cu; PROBES names some)
     mkdir -p build
-    for p in ${PROBES:-mma chain phases feed wgchain kloop}; do
-      nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o "build/probe_$p" "scripts/probe_$p.cu" -lcuda &&
+    for p in ${PROBES:-mma chain phases feed wgchain kloop floor}; do
+      nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o "build/probe_$p" "scripts/probe_$p.cu" -lcuda -lcublas &&
         step "probe-$p${PROBE_ARGS:+-$PROBE_ARGS}" 60 "build/probe_$p" ${PROBE_ARGS:-}
     done ;;
   ab)
