@@ -20,6 +20,12 @@
 // scripts/probe_wgchain.cu, zeros and random alike), "floor" (all of it). cuBLAS BF16
 // (cublasGemmEx TN, as scripts/bench_kernels.c) at M = 1 and 16 in the same run. A floor above
 // cuBLAS / 3 means no kernel that keeps the rules reaches the target on that shape.
+// Then, since the large path's first full stage comes ~1 µs after its weights are requested even
+// with them in L2 (scripts/probe_kloop.cu's prologue line), the latency of a CTA's first weight load
+// by kind: a plain bulk copy (as above), a TMA box through a tensor map passed as a
+// __grid_constant__ parameter (as the kernels do: its descriptor is new memory every launch), and
+// through a tensor map kept in global memory (one per expert, written once: L2-hot); globaltimer
+// around the request and its mbarrier wait in each CTA's first thread, medians over CTAs.
 //
 // Build and run on the H200 (scripts/gpu_session.sh probe; PROBES=floor):
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_floor scripts/probe_floor.cu -lcuda -lcublas
@@ -33,6 +39,7 @@
 #include "kernels/gemm_common.cuh"
 #include "kernels/wgmma.cuh"
 #include "scripts/probe.cuh"
+#include "scripts/probe_tma.cuh"
 
 constexpr int EXPERTS = 128, BN = 32;
 constexpr int A_SMEM = 64 * 128, B_SMEM = BN * 128; // one 64-wide K block: 64 token rows, BN channels
@@ -84,6 +91,32 @@ __global__ void __launch_bounds__(128) ideal(const uint8_t *w, size_t w_cta, con
   y[blockIdx.x * 128 + threadIdx.x] = d[0] + d[BN / 2 - 1];
 }
 
+enum { BULK, TMAP_PARAM, TMAP_GLOBAL };
+static const char *const kind_names[] = {"bulk copy", "TMA, map a parameter", "TMA, map in global memory"};
+
+// ns from a CTA's first weight request to its data in shared memory (KIND above), into lat
+template <int KIND>
+__global__ void __launch_bounds__(128) first_load(const uint8_t *w, size_t w_cta, const __grid_constant__ CUtensorMap tw,
+                                                  const CUtensorMap *tw_global, unsigned long long *lat) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  __shared__ uint64_t bar;
+  if (threadIdx.x != 0)
+    return;
+  mbar_init(&bar, 1);
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  unsigned long long t0, t1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0)::"memory");
+  mbar_arrive_expect_tx(&bar, W_BYTES);
+  if (KIND == BULK)
+    bulk_load(smem, w + blockIdx.x * w_cta, W_BYTES, &bar);
+  else
+    tma_load_2d(smem, KIND == TMAP_PARAM ? &tw : tw_global, &bar, 0, blockIdx.x * BN);
+  mbar_wait(&bar, 0);
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1)::"memory");
+  lat[blockIdx.x] = t1 - t0;
+}
+
 struct shape {
   const char *name;
   int n, k;
@@ -132,6 +165,34 @@ static double time_cublas(cublasHandle_t blas, const shape &sh, int m, uint16_t 
   return graph_us_per_launch(EXPERTS, call);
 }
 
+// per kind: µs a launch (graph of EXPERTS, no PDL) and the median first-load latency (last launch)
+static void first_loads(const shape &sh, uint16_t *const *w, unsigned long long *lat) {
+  static CUtensorMap maps[EXPERTS];
+  CUtensorMap *dev_maps;
+  for (int e = 0; e < EXPERTS; e++)
+    maps[e] = tensor_map(w[e], sh.n, sh.k, BN);
+  CK(cudaMalloc(&dev_maps, sizeof maps));
+  CK(cudaMemcpy(dev_maps, maps, sizeof maps, cudaMemcpyHostToDevice));
+  const int grid = sh.n / BN;
+  void (*kernels[3])(const uint8_t *, size_t, const CUtensorMap, const CUtensorMap *, unsigned long long *) = {
+      first_load<BULK>, first_load<TMAP_PARAM>, first_load<TMAP_GLOBAL>};
+  printf("%-14s first weights (%d B a CTA, no PDL):", sh.name, W_BYTES);
+  for (int kind = 0; kind < 3; kind++) {
+    CK(cudaFuncSetAttribute(kernels[kind], cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+    double us = graph_us_per_launch(EXPERTS, [&](cudaStream_t st, int l) {
+      kernels[kind]<<<grid, 128, SMEM, st>>>((const uint8_t *)w[l % EXPERTS], (size_t)BN * sh.k * 2, maps[l % EXPERTS],
+                                             dev_maps + l % EXPERTS, lat);
+    });
+    CK(cudaGetLastError());
+    std::vector<unsigned long long> h(grid);
+    CK(cudaMemcpy(h.data(), lat, grid * sizeof h[0], cudaMemcpyDeviceToHost));
+    std::vector<double> ns(h.begin(), h.end());
+    printf(" %s %5.0f ns (%4.2f us a launch);", kind_names[kind], median(ns), us);
+  }
+  printf("\n");
+  CK(cudaFree(dev_maps));
+}
+
 int main() {
   const shape shapes[] = {
       {"qwen3_gate_up", 1536, 2048}, {"qwen3_down", 2048, 768}, {"ds_4096x7168", 4096, 7168}, {"ds_7168x2048", 7168, 2048}};
@@ -145,6 +206,8 @@ int main() {
   cublasSetWorkspace(blas, ws, 64 << 20); // so that capture never allocates
   uint16_t *x = random_bf16(16 * 7168), *yb;
   float *y;
+  unsigned long long *lat;
+  CK(cudaMalloc(&lat, 7168 / BN * sizeof *lat));
   CK(cudaMalloc(&yb, 16 * 7168 * 2));
   CK(cudaMalloc(&y, 7168 / BN * 128 * sizeof(float)));
   int clock_khz;
@@ -178,6 +241,7 @@ int main() {
         printf(" %s %6.2f", mode_names[md], t[pdl][md]);
       printf(" | floor / target: M=1 %.2f, M=16 %.2f\n", t[pdl][FLOOR] / (blas1 / 3), t[pdl][FLOOR] / (blas16 / 3));
     }
+    first_loads(sh, w, lat);
     for (int e = 0; e < EXPERTS; e++)
       CK(cudaFree(w[e]));
   }
