@@ -187,15 +187,17 @@ int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream) {
 }
 
 /* A K-major BF16 matrix of rows x k as TMA sees it: boxes of 64 columns (128 bytes, the swizzle
- * span) by box_rows rows; reads past the matrix return zeros, which add nothing to a sum. */
-static int tensor_map(CUtensorMap *map, const void *base, int rows, int k, int box_rows) {
+ * span) by box_rows rows; reads past the matrix return zeros, which add nothing to a sum. pair
+ * (k % 64 == 0): rank 3, the columns as k / 64 blocks of 64 (128 bytes apart), a box two blocks
+ * deep (mt_gemm_large_m64p_nBN); a block past k is wholly past the third dimension, so zeros too. */
+static int tensor_map(CUtensorMap *map, const void *base, int rows, int k, int box_rows, int pair) {
   const mt_driver *d = mt_driver_get();
-  cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
-  cuuint64_t strides[1] = {(cuuint64_t)k * 2};
-  cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
-  cuuint32_t elem_strides[2] = {1, 1};
+  cuuint64_t dims[3] = {pair ? 64 : (cuuint64_t)k, (cuuint64_t)rows, (cuuint64_t)k / 64};
+  cuuint64_t strides[2] = {(cuuint64_t)k * 2, 128};
+  cuuint32_t box[3] = {64, (cuuint32_t)box_rows, MT_LARGE_KS_64};
+  cuuint32_t elem_strides[3] = {1, 1, 1};
   CUresult r = d->tensor_map_encode_tiled(
-      map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, elem_strides,
+      map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, pair ? 3 : 2, (void *)base, dims, strides, box, elem_strides,
       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? MT_OK : MT_ERR_UNSUPPORTED;
@@ -340,8 +342,8 @@ size_t mt_gemm_act_bytes(int m, int k) {
   return large_variant() == LARGE_RA && rec > xhat ? rec : xhat;
 }
 
-/* The name of a large-path kernel: mt_gemm_large_<kind>n<bn> (kind "", "ts_", "ra_", "fq_" or
- * "m64_"), in buf. */
+/* The name of a large-path kernel: mt_gemm_large_<kind>n<bn> (kind "", "ts_", "ra_", "fq_", "m64_"
+ * or "m64p_"), in buf. */
 static const char *kernel_name(char buf[32], const char *kind, int bn) {
   snprintf(buf, 32, "mt_gemm_large_%sn%d", kind, bn);
   return buf;
@@ -354,7 +356,7 @@ static int ra_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   int sms, bn = ra_width(a, &l.ty, &sms);
   if (!bn) /* records were made for a call the ra kernel does not take: not the engine's doing */
     return MT_ERR_UNSUPPORTED;
-  int st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, bn);
+  int st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, bn, 0);
   if (st != MT_OK)
     return st;
   epilogue_args(a, q, &l.e);
@@ -383,17 +385,29 @@ static int fq_launch(const mt_gemm_args *a, const mt_qact *q, mt_gemm_tile t, in
                 MT_LARGE_SMEM_TS(t.bn), 1, stream, l);
 }
 
-/* The activation maps of tiles t.bm tokens high: the last band's (its rows only, rounded up to 8),
- * then the other bands' where they exist and differ. */
-static int activation_maps(const mt_gemm_args *a, const mt_qact *q, mt_gemm_tile t, mt_large_args *l) {
+/* The operands' maps for tiles t.bm tokens high: the last band's activations (its rows only,
+ * rounded up to 8), the other bands' where they exist and differ, and the weight's; of rank 3
+ * where pair. */
+static int operand_maps(const mt_gemm_args *a, const mt_qact *q, mt_gemm_tile t, int pair, mt_large_args *l) {
   int last = a->m - (a->m - 1) / t.bm * t.bm; /* 1 to t.bm */
   l->last_rows = (last + 7) / 8 * 8;
-  int st = tensor_map(&l->ta_last, q->xhat, a->m, a->k, l->last_rows);
+  int st = tensor_map(&l->tw, a->w->xhat, a->n, a->k, t.bn, pair);
+  if (st == MT_OK)
+    st = tensor_map(&l->ta_last, q->xhat, a->m, a->k, l->last_rows, pair);
   if (st != MT_OK || a->m <= t.bm || l->last_rows == t.bm) {
     l->ta = l->ta_last;
     return st;
   }
-  return tensor_map(&l->ta, q->xhat, a->m, a->k, t.bm);
+  return tensor_map(&l->ta, q->xhat, a->m, a->k, t.bm, pair);
+}
+
+/* The 64-token tiles take a stage's two K blocks of an operand in one box (mt_gemm_large_m64p_nBN)
+ * where k allows and the K loop outlasts their ring, so that the producer refills a freed stage
+ * with two requests instead of four (eleventh session, GEMM alone: gate_up at 1-16 tokens 5.81 ->
+ * 4.98-5.07 µs, at 64 5.89 -> 5.52, DeepSeek 4096x7168 at 1-16 17.1-17.4 -> 16.6-16.9; down, all
+ * six stages requested up front, was no faster with it). */
+int mt_gemm_kpair(int k, mt_gemm_tile t) {
+  return t.bm == 64 && k % 64 == 0 && (k / 64 + MT_LARGE_KS_64 - 1) / MT_LARGE_KS_64 > MT_LARGE_STAGES_64(t.bn);
 }
 
 static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
@@ -405,9 +419,13 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   mt_gemm_tile t = tile_of(a, sms);
   if (q->r0 < a->m) /* the fq kernel quantizes rows r0 .. m-1 itself (mt_gemm_quant_rows) */
     t = fq_tile(a, t);
-  int st = activation_maps(a, q, t, &l);
-  if (st == MT_OK)
-    st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, t.bn);
+  /* a driver that refused the rank-3 maps gets the boxes of one block */
+  int pair = mt_gemm_kpair(a->k, t);
+  int st = operand_maps(a, q, t, pair, &l);
+  if (st != MT_OK && pair) {
+    pair = 0;
+    st = operand_maps(a, q, t, pair, &l);
+  }
   if (st != MT_OK)
     return st;
   epilogue_args(a, q, &l.e);
@@ -416,7 +434,8 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   unsigned grid = persistent_grid(a, t, sms);
   char fn[32];
   if (t.bm != MT_LARGE_BM)
-    return launch("gemm_large", kernel_name(fn, "m64_", t.bn), grid, 1, 256, MT_LARGE_SMEM_64(t.bn), 1, stream, &l);
+    return launch("gemm_large", kernel_name(fn, pair ? "m64p_" : "m64_", t.bn), grid, 1, 256, MT_LARGE_SMEM_64(t.bn), 1,
+                  stream, &l);
   /* TMA stores (all but v6; ra where its kernel does not run is the default) where they can,
    * else per-thread stores */
   if (large_variant() != LARGE_V6 && stores_by_tma(a, t, &l.ty))

@@ -59,6 +59,10 @@ typedef struct {
  * those are not 0; {0, 0} where no kernel has such a tile. */
 mt_gemm_tile mt_gemm_large_tile(int m, int n, int sms, int bm, int bn);
 
+/* 1 where tiles t at depth k load a stage's two K blocks of an operand in one box (rank-3 tensor
+ * maps, mt_gemm_large_m64p_nBN): 64-token tiles, k % 64 == 0, more stages than their ring holds. */
+int mt_gemm_kpair(int k, mt_gemm_tile t);
+
 /* Whether mt_gemm_launch wants this call's activations as records (mt_qact.rec; the large-M ra
  * kernel under MT_LARGE_VARIANT=ra) rather than xhat; and the bytes the activations take either
  * way for m x k (the larger of the two layouts under ra, else xhat's). */

@@ -29,6 +29,8 @@ typedef struct {
   CUtensorMap ta;      /* activations [m][k], box 64 x (the tile's rows): the bands but the last */
   CUtensorMap ta_last; /* the same, box 64 x last_rows rows: the last band */
   CUtensorMap tw; /* weight [n][k], box 64 x BN rows */
+  /* (mt_gemm_large_m64p_nBN: ta, ta_last and tw of rank 3, 64 columns by the rows by k / 64
+   * blocks 128 bytes apart, a box two blocks deep: one box a stage and operand) */
   CUtensorMap ty; /* output [m][n] (the ts and ra kernels only), box 64 x 64 rows */
   mt_epilogue_args e;
   const uint8_t *ra; /* the ra variant: the activations as records (MT_ACT_REC_BYTES), ta unused */

@@ -99,6 +99,13 @@ __device__ static inline void tma_load_2d(void *dst, const CUtensorMap *map, uin
                : "memory");
 }
 
+// The same for a map of rank 3 (mt_gemm_large_m64p_nBN): one box of (c0, c1, c2).
+__device__ static inline void tma_load_3d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
+               ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+
 // A plain bulk copy (no tensor map) of `bytes` (a multiple of 16, both addresses 16-byte aligned)
 // from global into this CTA's shared memory, completing on bar (the ra variant's records).
 __device__ static inline void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {

@@ -5,7 +5,8 @@
 // product of two is exact in FP32, so the tensor cores compute the NVFP4 products exactly; the
 // outer scales are applied in the epilogue, in the order of gemm_args.h. Tiles of 128 tokens x BN
 // channels (BN 64 to 256), or of 64 tokens x BN 32 to 64 where 128-token tiles would leave SMs
-// idle (kernels/gemm.c chooses; their stages hold two 64-wide K blocks); TMA brings the BF16
+// idle (kernels/gemm.c chooses; their stages hold two 64-wide K blocks, brought by one box an
+// operand in mt_gemm_large_m64p_nBN, rank-3 maps); TMA brings the BF16
 // dequantized operands into 128B-swizzled shared memory (a ring of stages), one thread issues the
 // copies, one consumer warpgroup per 64 tokens issues wgmma; k16 steps over K in increasing order
 // into one FP32 accumulator per output, from zero, no split-K, no atomics: the arithmetic of the
@@ -235,27 +236,27 @@ struct ring {
 
 // The wgmmas of NB 64-wide K blocks of a stage, in K order. Always all of them: a branch between
 // wgmmas (to skip a block past k) made ptxas commit an empty group after the merge, so that
-// wait_group 1 then waited for the real one.
-template <int WN, int NB, int A_SUB, int B_SUB>
-__device__ static __forceinline__ void wgmma_blocks(float *d, uint64_t da, uint64_t db) {
+// wait_group 1 then waited for the real one. a_sub16: the distance of a stage's A blocks / 16.
+template <int WN, int NB, int B_SUB>
+__device__ static __forceinline__ void wgmma_blocks(float *d, uint64_t da, uint64_t db, uint32_t a_sub16) {
 #pragma unroll
   for (int j = 0; j < NB; j++)
 #pragma unroll
     for (int kk = 0; kk < BK / 16; kk++)
-      wgmma_step<WN>(d, da + j * (A_SUB >> 4) + 2 * kk, db + j * (B_SUB >> 4) + 2 * kk);
+      wgmma_step<WN>(d, da + j * a_sub16 + 2 * kk, db + j * (B_SUB >> 4) + 2 * kk);
 }
 
 // The K loop of one consumer warpgroup over one tile: per stage, wait for it, issue its k16 wgmmas
 // (four per 64-wide block, KS blocks a stage) as one group, wait until the previous group is
-// complete and give its stage back to the producer. kt64: the tile's 64-wide blocks; A_SUB, B_SUB:
-// the offsets of a stage's second A and B blocks (KS = 2). da0 and db0
+// complete and give its stage back to the producer. kt64: the tile's 64-wide blocks; a_sub16 and
+// B_SUB: the offsets of a stage's second A and B blocks (KS = 2; a_sub16 / 16 bytes). da0 and db0
 // describe the warpgroup's A and B tiles in stage 0; a stage's descriptors are those plus the
 // stage's offset / 16 (the start address field, bits 0-13, holds addr / 16 < 2^14 for any shared
 // address, so the add never carries out of it), and a k16 step inside the 128-byte row adds 2.
 // The descriptors stay in uniform registers: nothing between two wgmmas but the adds.
-template <int WN, int S, int SB, int KS = 1, int A_SUB = 0, int B_SUB = 0>
+template <int WN, int S, int SB, int KS = 1, int B_SUB = 0>
 __device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t *empty, uint64_t da0, uint64_t db0,
-                                              int kt64, ring &r) {
+                                              int kt64, ring &r, uint32_t a_sub16 = 0) {
   int prev = 0;
   const int kt = (kt64 + KS - 1) / KS;
   for (int kb = 0; kb < kt; kb++) {
@@ -264,7 +265,7 @@ __device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t
     MT_LARGE_MARK(1, kb);
     const uint64_t off = (uint64_t)(r.s * (SB >> 4));
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-    wgmma_blocks<WN, KS, A_SUB, B_SUB>(d, da0 + off, db0 + off);
+    wgmma_blocks<WN, KS, B_SUB>(d, da0 + off, db0 + off, a_sub16);
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
     MT_LARGE_MARK(2, kb);
@@ -534,7 +535,7 @@ template <int S> __device__ static __forceinline__ void init_ring(uint64_t *full
 // starts at +0 is never -0 in round-to-nearest, and NaN and Inf stay), as the zero columns of a
 // block past k always did. tests/gpu/test_kernels.c runs it at k = 2080 against the reference
 // (gemm_accuracy) and bitwise against the small kernels at k = 944 (gemm_paths_agree).
-template <int S, int SB, int BN, bool FQ = false, int TM = BM, int KS = 1>
+template <int S, int SB, int BN, bool FQ = false, int TM = BM, int KS = 1, bool KP = false>
 __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *smem, uint64_t *full, uint64_t *empty,
                                                int tiles, int tiles_n, int kt64) {
   constexpr int A_TILE = TM * BK * 2, W_TILE = BN * BK * 2;
@@ -544,19 +545,27 @@ __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *
   const int m_last = (a.e.m - 1) / TM * TM;
   const uint32_t tx = (uint32_t)(A_TILE + W_TILE), tx_last = (uint32_t)(a.last_rows * BK * 2 + W_TILE);
   auto act = [&](int m0) { return m0 == m_last ? &a.ta_last : &a.ta; };
+  // KP (the maps of rank 3): one box brings stage kb's KS blocks of an operand, an activation box's
+  // blocks its rows apart
   MT_LARGE_MARK(5, 4);
   for (int kb = 0; kb < pre; kb++) {
     mbar_arrive_expect_tx(&full[kb], KS * (m_first == m_last ? tx_last : tx));
-    for (int j = 0; j < KS; j++)
-      tma_load_2d(smem + kb * SB + KS * A_TILE + j * W_TILE, &a.tw, &full[kb], (kb * KS + j) * BK, n_first);
+    if constexpr (KP)
+      tma_load_3d(smem + kb * SB + KS * A_TILE, &a.tw, &full[kb], 0, n_first, kb * KS);
+    else
+      for (int j = 0; j < KS; j++)
+        tma_load_2d(smem + kb * SB + KS * A_TILE + j * W_TILE, &a.tw, &full[kb], (kb * KS + j) * BK, n_first);
   }
   MT_LARGE_MARK(5, 5);
   grid_dependency_wait();
   if (FQ)
     wait_band(a, m_first);
   for (int kb = 0; kb < pre; kb++)
-    for (int j = 0; j < KS; j++)
-      tma_load_2d(smem + kb * SB + j * A_TILE, act(m_first), &full[kb], (kb * KS + j) * BK, m_first);
+    if constexpr (KP)
+      tma_load_3d(smem + kb * SB, act(m_first), &full[kb], 0, m_first, kb * KS);
+    else
+      for (int j = 0; j < KS; j++)
+        tma_load_2d(smem + kb * SB + j * A_TILE, act(m_first), &full[kb], (kb * KS + j) * BK, m_first);
   MT_LARGE_MARK(5, 6);
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -574,9 +583,14 @@ __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *
       MT_LARGE_MARK(4, it);
       uint8_t *sa = smem + s * SB, *sw = sa + KS * A_TILE;
       mbar_arrive_expect_tx(&full[s], KS * bytes);
-      for (int j = 0; j < KS; j++) {
-        tma_load_2d(sa + j * A_TILE, ta, &full[s], (kb * KS + j) * BK, m0);
-        tma_load_2d(sw + j * W_TILE, &a.tw, &full[s], (kb * KS + j) * BK, n0);
+      if constexpr (KP) {
+        tma_load_3d(sa, ta, &full[s], 0, m0, kb * KS);
+        tma_load_3d(sw, &a.tw, &full[s], 0, n0, kb * KS);
+      } else {
+        for (int j = 0; j < KS; j++) {
+          tma_load_2d(sa + j * A_TILE, ta, &full[s], (kb * KS + j) * BK, m0);
+          tma_load_2d(sw + j * W_TILE, &a.tw, &full[s], (kb * KS + j) * BK, n0);
+        }
       }
     }
   }
@@ -657,7 +671,9 @@ __device__ static void scale_helpers(const mt_large_args &a, columns<BN> *cols, 
 // session). Their stages hold two K blocks (KS = MT_LARGE_KS_64): with one, the consumer's
 // hand-over per stage (~190 cycles: wait, group wait, release) outlasted a 64 x 32 block's 100
 // cycles of wgmma (scripts/probe_kloop.cu, eighth session).
-template <int BN, int TM = BM> __device__ static void run(const mt_large_args &a) {
+// KP (mt_gemm_large_m64p_nBN; TM = 64): the maps are of rank 3, a box holds a stage's two K blocks
+// of an operand (produce), where kernels/gemm.c's mt_gemm_kpair says so.
+template <int BN, int TM = BM, bool KP = false> __device__ static void run(const mt_large_args &a) {
   MT_LARGE_MARK(5, 0);
   constexpr int S = TM == BM ? MT_LARGE_STAGES(BN) : MT_LARGE_STAGES_64(BN);
   constexpr int SB = TM == BM ? MT_LARGE_STAGE_BYTES(BN) : MT_LARGE_STAGE_BYTES_64(BN);
@@ -696,7 +712,7 @@ template <int BN, int TM = BM> __device__ static void run(const mt_large_args &a
       }
     if (threadIdx.x != 0 || (int)blockIdx.x >= tiles)
       return;
-    produce<S, SB, BN, false, TM, KS>(a, smem, full, empty, tiles, tiles_n, kt);
+    produce<S, SB, BN, false, TM, KS, KP>(a, smem, full, empty, tiles, tiles_n, kt);
     return;
   }
 
@@ -714,7 +730,13 @@ template <int BN, int TM = BM> __device__ static void run(const mt_large_args &a
     float d[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
-    k_loop<BN, S, SB, KS, TM * BK * 2, BN * BK * 2>(d, full, empty, da0, db0, kt, r);
+    // a stage's second A block: 64 rows on, or with KP the last band's box's rows (produce)
+    if constexpr (KP) {
+      const int rows = m0 == (a.e.m - 1) / TM * TM ? a.last_rows : TM;
+      k_loop<BN, S, SB, KS, BN * BK * 2>(d, full, empty, da0, db0, kt, r, rows * BK * 2 / 16);
+    } else {
+      k_loop<BN, S, SB, KS, BN * BK * 2>(d, full, empty, da0, db0, kt, r, TM * BK * 2 / 16);
+    }
     MT_LARGE_MARK(5, 1);
     if (!waited) { // S_a comes from the quantization too, and C and y may be another kernel's
       grid_dependency_wait();
@@ -872,6 +894,13 @@ MT_LARGE(96)
 MT_LARGE_64(32)
 MT_LARGE_64(48)
 MT_LARGE_64(64)
+#define MT_LARGE_64P(BN)                                                                           \
+  extern "C" __global__ void __launch_bounds__(256, 1) mt_gemm_large_m64p_n##BN(const __grid_constant__ mt_large_args a) { \
+    large::run<BN, 64, true>(a);                                                                   \
+  }
+MT_LARGE_64P(32)
+MT_LARGE_64P(48)
+MT_LARGE_64P(64)
 MT_LARGE(128)
 MT_LARGE(192)
 MT_LARGE(256)

@@ -64,22 +64,25 @@ static void row(const shape &sh, int m, int experts, const std::vector<uint16_t 
                 uint16_t *y) {
   const int kt = sh.k / 64, tiles_n = sh.n / BN, grid = std::min(tiles_n * ((m + 63) / 64), MAXCTAS);
   const int last = m - (m - 1) / 64 * 64, last_rows = (last + 7) / 8 * 8;
+  // as kernels/gemm.c (mt_gemm_kpair): rank-3 maps and the kernel that loads a stage and operand a box
+  const bool pair = sh.k % 64 == 0 && (sh.k / 64 + MT_LARGE_KS_64 - 1) / MT_LARGE_KS_64 > MT_LARGE_STAGES_64(BN);
+  void (*kernel)(mt_large_args) = pair ? mt_gemm_large_m64p_n32 : mt_gemm_large_m64_n32;
   std::vector<mt_large_args> args(experts);
   for (int e = 0; e < experts; e++) {
     mt_large_args &a = args[e];
     memset(&a, 0, sizeof a);
-    a.ta_last = tensor_map(x, m, sh.k, last_rows);
-    a.ta = m > 64 ? tensor_map(x, m, sh.k, 64) : a.ta_last;
-    a.tw = tensor_map(w[e], sh.n, sh.k, BN);
+    a.ta_last = tensor_map(x, m, sh.k, last_rows, pair);
+    a.ta = m > 64 ? tensor_map(x, m, sh.k, 64, pair) : a.ta_last;
+    a.tw = tensor_map(w[e], sh.n, sh.k, BN, pair);
     a.last_rows = last_rows;
     a.e = {m, sh.n, sh.k, ones, ones, 1, 0, y, sh.n, nullptr, 0, nullptr, 0, 0, 1.0f, 0.0f};
   }
   const int smem = MT_LARGE_SMEM_64(BN);
-  CK(cudaFuncSetAttribute(mt_gemm_large_m64_n32, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   static const unsigned long long zero[MAXCTAS][8] = {};
   CK(cudaMemcpyToSymbol(g_ns, zero, sizeof zero)); // mark 3 stays 0 where the kernel has none
   double us = graph_us_per_launch(EXPERTS, [&](cudaStream_t st, int l) {
-    mt_gemm_large_m64_n32<<<grid, 256, smem, st>>>(args[l % experts]);
+    kernel<<<grid, 256, smem, st>>>(args[l % experts]);
   });
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());

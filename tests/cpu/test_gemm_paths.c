@@ -8,6 +8,7 @@
 
 #include "kernels/engine.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_args.h"
 #include "tests/harness.h"
 
 enum { F = MT_PATH_FUSED, S = MT_PATH_SMALL, L = MT_PATH_LARGE };
@@ -96,6 +97,17 @@ static void large_tiles_on_the_benchmark_shapes(void) {
 
 /* Every choice is a tile some kernel has: 128 x 256..64 or 64 x 64..32; a forced height or width
  * is kept, and a pair no kernel has is {0, 0}. */
+/* One box a stage and operand (mt_gemm_kpair) on the benchmark shapes' 64-token tiles where the
+ * K loop outlasts the ring of 8 stages at width 32 (gate_up, DeepSeek's two), not on down's 6
+ * stages, nor where k % 64 != 0, nor on the 128-token tiles. */
+static void kpair_where_the_loop_outlasts_the_ring(void) {
+  const mt_gemm_tile n32 = {64, 32}, n64 = {64, 64}, big = {128, 128};
+  CHECK(mt_gemm_kpair(2048, n32) && mt_gemm_kpair(7168, n32) && !mt_gemm_kpair(768, n32));
+  CHECK(!mt_gemm_kpair(1024, n32) && mt_gemm_kpair(1088, n32) && !mt_gemm_kpair(2080, n32));
+  CHECKF(MT_LARGE_STAGES_64(64) == 6, "%d stages at width 64", MT_LARGE_STAGES_64(64));
+  CHECK(!mt_gemm_kpair(768, n64) && mt_gemm_kpair(896, n64) && !mt_gemm_kpair(7168, big));
+}
+
 static void large_tiles_exist(void) {
   static const int ms[] = {1, 7, 64, 65, 200, 513, 3000, 70000}, ns[] = {16, 264, 1536, 4096, 7168, 30000};
   static const int sms[] = {1, 78, 132};
@@ -140,6 +152,7 @@ int main(void) {
   RUN(auto_path_edges);
   RUN(fragment_copy_only_where_used);
   RUN(large_tiles_on_the_benchmark_shapes);
+  RUN(kpair_where_the_loop_outlasts_the_ring);
   RUN(large_tiles_exist);
   RUN(forced_paths_refused);
   return mt_test_done();

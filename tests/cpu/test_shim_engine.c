@@ -34,7 +34,7 @@
 #define OUT 256 /* the routed weight: OUT x IN (cuBLAS m x k) */
 #define IN 512
 #define BIG_OUT 1024 /* a second routed shape, too large for the frozen cache of the test */
-#define ROUTES "MINITE_ROUTE=256x512,1024x512"
+#define ROUTES "MINITE_ROUTE=256x512,1024x512,256x2048" /* the last for scenario_kpair */
 #define S1 ((CUstream)(uintptr_t)0x1000)
 #define S2 ((CUstream)(uintptr_t)0x2000)
 
@@ -219,28 +219,31 @@ typedef struct {
   int out, tokens;
   uint16_t *w, *x, *y;
   int ldc;
+  int k; /* IN but where a scenario says otherwise (make_k) */
 } problem;
 
-static problem make(int out, int tokens, int ldc) {
-  problem p = {out, tokens, matrix((size_t)out * IN), matrix((size_t)tokens * IN), NULL, ldc};
+static problem make_k(int out, int tokens, int ldc, int k) {
+  problem p = {out, tokens, matrix((size_t)out * k), matrix((size_t)tokens * k), NULL, ldc, k};
   p.y = matrix((size_t)ldc * tokens);
   return p;
 }
+
+static problem make(int out, int tokens, int ldc) { return make_k(out, tokens, ldc, IN); }
 
 static void unmake(problem *p) { free(p->w), free(p->x), free(p->y); }
 
 static cublasStatus_t gemm(const problem *p, CUstream s, const float *beta) {
   set_stream(s);
-  return hook_gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, p->out, p->tokens, IN, &one, p->w,
-                   CUDA_R_16BF, IN, p->x, CUDA_R_16BF, IN, beta, p->y, CUDA_R_16BF, p->ldc,
+  return hook_gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, p->out, p->tokens, p->k, &one, p->w,
+                   CUDA_R_16BF, p->k, p->x, CUDA_R_16BF, p->k, beta, p->y, CUDA_R_16BF, p->ldc,
                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
 /* What the fake cuBLAS computes for p without the shim, from the output as it is now. */
 static uint16_t *reference(const problem *p, const float *beta) {
   uint16_t *y = copy_of(p->y, (size_t)p->ldc * p->tokens);
-  fake_gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, p->out, p->tokens, IN, &one, p->w, CUDA_R_16BF, IN,
-            p->x, CUDA_R_16BF, IN, beta, y, CUDA_R_16BF, p->ldc, CUBLAS_COMPUTE_32F,
+  fake_gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, p->out, p->tokens, p->k, &one, p->w, CUDA_R_16BF, p->k,
+            p->x, CUDA_R_16BF, p->k, beta, y, CUDA_R_16BF, p->ldc, CUBLAS_COMPUTE_32F,
             CUBLAS_GEMM_DEFAULT);
   return y;
 }
@@ -334,9 +337,17 @@ static void check_call_args(int from, const problem *p, const void *c, const voi
   /* the last band's activation box holds its rows rounded up to 8, no more; bands of the kernel's
    * tile height (64 for mt_gemm_large_m64_*, else 128) */
   const mt_large_args *la = (const mt_large_args *)event(g)->args;
-  int band = strstr(event(g)->name, "_m64_") ? 64 : MT_LARGE_BM;
+  int band = strstr(event(g)->name, "_m64") ? 64 : MT_LARGE_BM;
   int last = p->tokens - (p->tokens - 1) / band * band, want = (last + 7) / 8 * 8;
   CHECKF(la->last_rows == want, "last band's box of %d rows for %d tokens, want %d", la->last_rows, p->tokens, want);
+  /* at k = IN the K loop fits the 64-token tiles' ring, so a box holds one K block (the maps of
+   * rank 2, not mt_gemm_large_m64p_*; scenario_kpair has the other case) */
+  CHECKF(!strstr(event(g)->name, "_m64p_"), "%s at k = %d", event(g)->name, IN);
+  int maps = 0;
+  for (int i = find_kind(aq, FAKE_EV_TMAP, 0); i >= 0 && i < g; i = find_kind(i + 1, FAKE_EV_TMAP, 0), maps++)
+    CHECKF(event(i)->value == 2 && event(i)->result == CUDA_SUCCESS, "map %d: rank %d, result %d", maps,
+           event(i)->value, (int)event(i)->result);
+  CHECKF(maps >= 2, "%d maps before the GEMM", maps);
 }
 
 /* --- scenarios -------------------------------------------------------------------------- */
@@ -373,8 +384,8 @@ static void scenario_requantize(void) {
   t = now();
   expect_routed(&big, S1, &zero);
   CHECK_TRACE(t, "sync free alloc " WEIGHT_QUANT " mt_quant_row_bf16_nb1 tmap tmap tmap "
-                 "mt_gemm_large_m64_n32+pdl"); /* 200 tokens: the last band's map (8 rows), the first
-                                                   bands' (64), W's */
+                 "mt_gemm_large_m64_n32+pdl"); /* 200 tokens: W's map, the last band's (8 rows), the
+                                                   first bands' (64) */
   CHECK(all_on(t, S1));
   check_call_args(t, &big, big.y, NULL, 0.0f, NULL);
   CHECK(device_bytes() > first_bytes);
@@ -566,6 +577,33 @@ static void scenario_capture_module(void) {
   unmake(&p);
 }
 
+/* A call whose K loop outlasts the 64-token tiles' ring (k = 2048 at 8 tokens): every operand map
+ * of rank 3 and the kernel that loads by them (mt_gemm_kpair, mt_gemm_large_m64p_*); under
+ * FAKE_CUDA_MAP_RANK=2, a driver that refuses rank 3, the first map is refused, the maps of rank 2
+ * and mt_gemm_large_m64_* taken instead, and the call is routed as ever. */
+static void scenario_kpair(void) {
+  const char *limit = getenv("FAKE_CUDA_MAP_RANK");
+  int refuse = limit && atoi(limit) < 3;
+  problem p = make_k(OUT, 8, OUT, 2048);
+  int t = now();
+  expect_routed(&p, S1, &zero);
+  int g = find_launch(t, "mt_gemm_large_m64", 0), refused = 0, rank3 = 0, maps = 0;
+  for (int i = find_kind(t, FAKE_EV_TMAP, 0); i >= 0 && i < g; i = find_kind(i + 1, FAKE_EV_TMAP, 0), maps++) {
+    refused += event(i)->result == CUDA_ERROR_NOT_SUPPORTED;
+    rank3 += event(i)->value == 3 && event(i)->result == CUDA_SUCCESS;
+  }
+  CHECKF(g >= 0 && refused == refuse && rank3 == (refuse ? 0 : 2) && maps == 2 + refuse,
+         "GEMM at %d, %d maps, %d of rank 3, %d refused", g, maps, rank3, refused);
+  if (g >= 0) {
+    const mt_large_args *la = (const mt_large_args *)event(g)->args;
+    const char *want = refuse ? "mt_gemm_large_m64_" : "mt_gemm_large_m64p_";
+    CHECKF(!strncmp(event(g)->name, want, strlen(want)), "%s, want %s*", event(g)->name, want);
+    CHECK(la->last_rows == 8 && la->e.k == 2048);
+  }
+  check_driver_clean();
+  unmake(&p);
+}
+
 /* Device memory refused (FAKE_CUDA_MEM_LIMIT): out of memory, cuBLAS computes. */
 static void scenario_oom(void) {
   problem p = make(OUT, 8, OUT);
@@ -690,7 +728,7 @@ static void scenario_strided(void) {
   CHECK_TRACE(t, "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack "
                  FEW_CALL_FIRST " " WEIGHT_QUANT " " FEW_CALL " " WEIGHT_QUANT " " FEW_CALL);
   for (int i = 0; i < BATCH; i++) {
-    problem pi = {OUT, tokens, w + i * sw, x + i * sx, y + i * sy, OUT};
+    problem pi = {OUT, tokens, w + i * sw, x + i * sx, y + i * sy, OUT, IN};
     int from = i ? find_launch(t, "mt_gemm_large_", i - 1) + 1 : t;
     check_call_args(from, &pi, pi.y, NULL, 0.0f, NULL);
     CHECK(marked(pi.y, before + i * sy, OUT, tokens, OUT));
@@ -859,6 +897,7 @@ static const mt_t_scenario scenarios[] = {
     {"frozen", scenario_frozen},
     {"capture", scenario_capture},
     {"capture_module", scenario_capture_module},
+    {"kpair", scenario_kpair},
     {"oom", scenario_oom},
     {"launch_fail", scenario_launch_fail},
     {"no_engine", scenario_no_engine},
@@ -956,6 +995,19 @@ static void capture_before_module_load(void) {
   const char *reasons[] = {"capture=1", "engine error=1", NULL};
   check_counts(&r, 1, reasons);
   mt_t_child_free(&r);
+}
+
+static void kpair_maps_and_their_refusal(void) {
+  const char *refuse[] = {"FAKE_CUDA_MAP_RANK=2", NULL};
+  const char *const *envs[] = {NULL, refuse};
+  for (int i = 0; i < 2; i++) {
+    mt_t_child r;
+    run_child("kpair", envs[i], &r);
+    mt_t_check_child("kpair", &r);
+    check_counts(&r, 1, NULL);
+    CHECKF(mt_t_count_of(r.err, " minite WARN ") == 0, "stderr: %s", r.err);
+    mt_t_child_free(&r);
+  }
 }
 
 static void out_of_memory_warns_once(void) {
@@ -1075,6 +1127,7 @@ static void tests(void) {
   RUN(frozen_entries_and_cache_full);
   RUN(capture_falls_back_until_warm);
   RUN(capture_before_module_load);
+  RUN(kpair_maps_and_their_refusal);
   RUN(out_of_memory_warns_once);
   RUN(launch_failure_is_engine_error);
   RUN(no_context_or_not_sm90_is_no_engine);

@@ -751,12 +751,15 @@ static const mt_numerics numerics_row = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOC
  * kernel, forced; more, AUTO: the large path, which reads xhat by TMA), every spec numerics, both
  * output types. The small kernels need the packed weight, which exists for k <= 1024 here
  * (mt_gemm_frag_bytes): k = 784 and 1008 end on an odd k16 step (a half record, a partial chunk);
- * 12 and 16 rows take the large path's one row of tiles, k = 2080 a last K step of 32 columns. */
+ * 12 and 16 rows take the large path's one row of tiles, k = 2080 a last K step of 32 columns;
+ * at k = 1088 and 2048 the 64-token tiles load by rank-3 maps (mt_large_args.kpair: k % 64 == 0
+ * and more stages than their ring), and at 1088 (17 64-wide blocks) the last stage's second block
+ * lies past the map's third dimension. */
 static void gemm_accuracy(void) {
   NEED_GPU();
   static const int shapes[][3] = {{1, 256, 512},  {7, 1536, 256}, {64, 384, 768},  {65, 256, 512},
                                   {96, 256, 1024}, {129, 272, 160}, {3, 256, 784},  {12, 512, 2048},
-                                  {2, 256, 1008},  {16, 256, 2080}};
+                                  {2, 256, 1008},  {16, 256, 2080}, {24, 256, 1088}, {96, 256, 2048}};
   static const mt_numerics nums[] = {
       {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
       {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
@@ -885,9 +888,29 @@ static void batch_invariance_wide(void) {
   free(part);
 }
 
+/* The 64-token tiles' rank-3 loads (mt_large_args.kpair, at k = 2112: 33 64-wide blocks) against
+ * the 128-token tiles' boxes of one block: rows of a 1024-row call against M = 1, 7, 64 (one band
+ * of 64-token tiles, its box of 8 or 64 rows), 65 and 200 (a full band, then a last band of 8 rows:
+ * its second block 8 rows on), bit for bit. */
+static void batch_invariance_kpair(void) {
+  enum { N = 256, K = 2112, ROWS = 1024 };
+  inv_case c = {0};
+  uint16_t *full = malloc((size_t)ROWS * N * 2), *part = malloc((size_t)ROWS * N * 2);
+  if (inv_setup(&c, ROWS, N, K) && inv_run(&c, ROWS, 0, full)) {
+    static const int ms[] = {1, 7, 64, 65, 200};
+    long bad = 0;
+    for (int i = 0; i < NKINDS(ms); i++)
+      bad += inv_differ(&c, ms[i], rnd_below(ROWS - ms[i] + 1), full, ROWS, part);
+    CHECKF(bad == 0, "%ld rows not batch invariant at k = %d", bad, K);
+  }
+  inv_free(&c);
+  free(full);
+  free(part);
+}
+
 /* Row r's bits do not depend on M, on its position, or on the path: every run below is compared
  * bit for bit with one 4096-row GEMM and with 1-row GEMMs. Then the same at n = 4096
- * (batch_invariance_wide). */
+ * (batch_invariance_wide) and at k = 2112 (batch_invariance_kpair). */
 static void gemm_batch_invariance(void) {
   NEED_GPU();
   enum { ROWS = 4096 + 320, N = 320, K = 512 };
@@ -914,6 +937,7 @@ static void gemm_batch_invariance(void) {
   free(full);
   free(part);
   batch_invariance_wide();
+  batch_invariance_kpair();
 }
 
 /* Every path that takes a call gives its bits (mt_gemm_args.path forced): the fused kernel (up to

@@ -65,6 +65,7 @@ static char fail_name[48];
 static int fail_in; /* launches of fail_name (or any) until the failing one; 0: none */
 static int fail_loads;
 static int cc_major = 9, cc_minor = 0;
+static unsigned max_map_rank = 3; /* tensor maps of a higher rank are refused, as by an older driver */
 
 /* The context handle: any fixed non-NULL address. */
 static int the_context;
@@ -151,6 +152,9 @@ static void env_config(void) {
     }
     fail_in = atoi(v);
   }
+  v = getenv("FAKE_CUDA_MAP_RANK");
+  if (v && *v)
+    max_map_rank = (unsigned)atoi(v);
   v = getenv("FAKE_CUDA_CC");
   if (v && *v) {
     cc_major = atoi(v);
@@ -556,18 +560,23 @@ EXPORT CUresult cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType typ
                                        CUtensorMapInterleave interleave,
                                        CUtensorMapSwizzle swizzle,
                                        CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill fill) {
-  (void)type, (void)box, (void)elem_strides, (void)interleave, (void)swizzle, (void)l2, (void)fill;
+  (void)type, (void)elem_strides, (void)interleave, (void)swizzle, (void)l2, (void)fill;
   pthread_mutex_lock(&lock);
   CUresult r = CUDA_SUCCESS;
-  if (((uintptr_t)map & 63) || ((uintptr_t)base & 15) || rank != 2) {
+  /* rank 2: rows of dims[0] elements, strides[0] bytes apart; rank 3 only as the engine makes it,
+   * each row split into dims[2] blocks of dims[0] BF16 (strides[1] bytes apart), a box two deep */
+  int split = rank == 3 && strides[1] == dims[0] * 2 && strides[0] == strides[1] * dims[2] && box[2] == 2;
+  if (((uintptr_t)map & 63) || ((uintptr_t)base & 15) || (rank != 2 && !split) || strides[0] % 16) {
     counts.invalid++;
     r = CUDA_ERROR_INVALID_VALUE;
+  } else if (rank > max_map_rank) {
+    r = CUDA_ERROR_NOT_SUPPORTED;
   } else {
     memset(map, 0, sizeof *map);
     memcpy(map, &base, sizeof base); /* so that a test can tell the maps apart */
   }
-  log_simple(FAKE_EV_TMAP, NULL, (uint64_t)(uintptr_t)base, rank == 2 ? dims[1] * strides[0] : 0,
-             0, r);
+  log_simple(FAKE_EV_TMAP, NULL, (uint64_t)(uintptr_t)base, r == CUDA_SUCCESS ? dims[1] * strides[0] : 0,
+             (int)rank, r);
   pthread_mutex_unlock(&lock);
   return r;
 }

@@ -27,7 +27,7 @@ enum fake_cuda_kind {
   FAKE_EV_SYNC,     /* cuStreamSynchronize: stream */
   FAKE_EV_CTX_SYNC, /* cuCtxSynchronize */
   FAKE_EV_LOAD,     /* cuModuleLoadData: ptr (the image) */
-  FAKE_EV_TMAP,     /* cuTensorMapEncodeTiled: ptr (the base), bytes (rows * row pitch) */
+  FAKE_EV_TMAP,     /* cuTensorMapEncodeTiled: ptr (the base), bytes (rows * row pitch), value (the rank) */
   FAKE_EV_SETATTR,  /* cuFuncSetAttribute: name, value */
   FAKE_EV_RECORD,   /* cuEventRecord: ptr (the event), stream */
   FAKE_EV_HOSTALLOC,/* cuMemHostAlloc: ptr, bytes */
@@ -85,6 +85,7 @@ typedef void (*fake_cuda_event_queries_fn)(long *queries, long *same_thread);
 
 /* Environment read at load: FAKE_CUDA_MEM_LIMIT=bytes, FAKE_CUDA_NO_CONTEXT=1,
  * FAKE_CUDA_CAPTURING=handle,handle (hex or decimal stream handles), FAKE_CUDA_FAIL_LAUNCH=[name:]n,
- * FAKE_CUDA_CC=major.minor (default 9.0). */
+ * FAKE_CUDA_CC=major.minor (default 9.0), FAKE_CUDA_MAP_RANK=r (tensor maps of a higher rank are
+ * refused with CUDA_ERROR_NOT_SUPPORTED; default 3). */
 
 #endif
