@@ -868,44 +868,38 @@ static long inv_differ(inv_case *c, int m, int offset, const uint16_t *full, int
   return bad;
 }
 
-/* A wide output (n = 4096) across every kernel kind: rows of the 4096-row call (tiles of
- * 128 x 256: the TMA-store kernel, or ra under MT_LARGE_VARIANT=ra) and of a 512-row one (4 x 32
- * tiles of 128 x 128 fill one wave of 132 SMs: the same) against M = 1 (the fused small kernel),
- * 7 and 64 (tiles of 64 x 32) and 257 (128 x 96: v6), bit for bit. */
-static void batch_invariance_wide(void) {
-  enum { N = 4096, K = 512, ROWS = 4096 };
+/* The rows of one rows-row call on an n x k weight against calls of each M in ms (at random
+ * offsets), bit for bit. */
+static void invariance_against_one_call(int n, int k, int rows, const int *ms, int nms) {
   inv_case c = {0};
-  uint16_t *full = malloc((size_t)ROWS * N * 2), *part = malloc((size_t)ROWS * N * 2);
-  if (inv_setup(&c, ROWS, N, K) && inv_run(&c, ROWS, 0, full)) {
-    static const int ms[] = {1, 7, 64, 257, 512};
+  uint16_t *full = malloc((size_t)rows * n * 2), *part = malloc((size_t)rows * n * 2);
+  if (inv_setup(&c, rows, n, k) && inv_run(&c, rows, 0, full)) {
     long bad = 0;
-    for (int i = 0; i < NKINDS(ms); i++)
-      bad += inv_differ(&c, ms[i], rnd_below(ROWS - ms[i] + 1), full, ROWS, part);
-    CHECKF(bad == 0, "%ld rows not batch invariant at n = %d", bad, N);
+    for (int i = 0; i < nms; i++)
+      bad += inv_differ(&c, ms[i], rnd_below(rows - ms[i] + 1), full, rows, part);
+    CHECKF(bad == 0, "%ld rows not batch invariant at n = %d, k = %d", bad, n, k);
   }
   inv_free(&c);
   free(full);
   free(part);
 }
 
-/* The 64-token tiles' rank-3 loads (mt_large_args.kpair, at k = 2112: 33 64-wide blocks) against
- * the 128-token tiles' boxes of one block: rows of a 1024-row call against M = 1, 7, 64 (one band
- * of 64-token tiles, its box of 8 or 64 rows), 65 and 200 (a full band, then a last band of 8 rows:
- * its second block 8 rows on), bit for bit. */
+/* A wide output (n = 4096) across every kernel kind: rows of the 4096-row call (tiles of
+ * 128 x 256: the TMA-store kernel, or ra under MT_LARGE_VARIANT=ra) against M = 1 (the fused
+ * small kernel), 7 and 64 (tiles of 64 x 32), 257 (128 x 96: v6) and 512 (4 x 32 tiles of
+ * 128 x 128 fill one wave of 132 SMs: the TMA-store kernel). */
+static void batch_invariance_wide(void) {
+  static const int ms[] = {1, 7, 64, 257, 512};
+  invariance_against_one_call(4096, 512, 4096, ms, NKINDS(ms));
+}
+
+/* The 64-token tiles that load two K blocks a box (mt_gemm_large_m64p_*, at k = 2112: 33 64-wide
+ * blocks) against the 128-token tiles' boxes of one block (the 4096-row call, tiles of 128 x 64):
+ * M = 1, 7, 64 (one band, its box of 8 or 64 rows), 65 and 200 (full bands, then a last band of
+ * 8 rows: its second block 8 rows on) and 2048 (tiles of 64 x 64). */
 static void batch_invariance_kpair(void) {
-  enum { N = 256, K = 2112, ROWS = 1024 };
-  inv_case c = {0};
-  uint16_t *full = malloc((size_t)ROWS * N * 2), *part = malloc((size_t)ROWS * N * 2);
-  if (inv_setup(&c, ROWS, N, K) && inv_run(&c, ROWS, 0, full)) {
-    static const int ms[] = {1, 7, 64, 65, 200};
-    long bad = 0;
-    for (int i = 0; i < NKINDS(ms); i++)
-      bad += inv_differ(&c, ms[i], rnd_below(ROWS - ms[i] + 1), full, ROWS, part);
-    CHECKF(bad == 0, "%ld rows not batch invariant at k = %d", bad, K);
-  }
-  inv_free(&c);
-  free(full);
-  free(part);
+  static const int ms[] = {1, 7, 64, 65, 200, 2048};
+  invariance_against_one_call(256, 2112, 4096, ms, NKINDS(ms));
 }
 
 /* Row r's bits do not depend on M, on its position, or on the path: every run below is compared
