@@ -407,7 +407,7 @@ static int operand_maps(const mt_gemm_args *a, const mt_qact *q, mt_gemm_tile t,
  * 4.98-5.07 µs, at 64 5.89 -> 5.52, DeepSeek 4096x7168 at 1-16 17.1-17.4 -> 16.6-16.9; down, all
  * six stages requested up front, was no faster with it). */
 int mt_gemm_kpair(int k, mt_gemm_tile t) {
-  return t.bm == 64 && k % 64 == 0 && (k / 64 + MT_LARGE_KS_64 - 1) / MT_LARGE_KS_64 > MT_LARGE_STAGES_64(t.bn);
+  return t.bm == 64 && MT_LARGE_KPAIR_64(k, t.bn);
 }
 
 static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {

@@ -88,6 +88,10 @@ typedef struct {
 #define MT_LARGE_KS_64 2
 #define MT_LARGE_STAGE_BYTES_64(bn) (MT_LARGE_KS_64 * (64 + (bn)) * MT_LARGE_BK * 2)
 #define MT_LARGE_STAGES_64(bn) (196608 / MT_LARGE_STAGE_BYTES_64(bn) < 16 ? 196608 / MT_LARGE_STAGE_BYTES_64(bn) : 16)
+/* Whether they load a stage's blocks of an operand in one box (mt_gemm_large_m64p_nBN, rank-3
+ * maps): k % 64 == 0 and more stages than the ring holds (kernels/gemm.c: mt_gemm_kpair). */
+#define MT_LARGE_KPAIR_64(k, bn) \
+  ((k) % 64 == 0 && ((k) / 64 + MT_LARGE_KS_64 - 1) / MT_LARGE_KS_64 > MT_LARGE_STAGES_64(bn))
 /* ... then the columns' 1/S_w and bias, and the epilogue's row scales and their two mbarriers
  * (scales64 in gemm_large.cu: 16 + 4 + 64 x 4 bytes, rounded up) */
 #define MT_LARGE_SMEM_64(bn) (1024 + MT_LARGE_STAGES_64(bn) * (MT_LARGE_STAGE_BYTES_64(bn) + 16) + 2 * (bn)*4 + 280)

@@ -535,6 +535,18 @@ template <int S> __device__ static __forceinline__ void init_ring(uint64_t *full
 // starts at +0 is never -0 in round-to-nearest, and NaN and Inf stay), as the zero columns of a
 // block past k always did. tests/gpu/test_kernels.c runs it at k = 2080 against the reference
 // (gemm_accuracy) and bitwise against the small kernels at k = 944 (gemm_paths_agree).
+// Stage kb's KS blocks of one operand from `row` into dst, blocks `step` bytes apart: a box a block,
+// or with KP (the maps of rank 3) one box for all, an activation box's blocks then its rows apart.
+template <int KS, bool KP>
+__device__ static __forceinline__ void load_stage(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, int kb, int row,
+                                                  int step) {
+  if constexpr (KP)
+    tma_load_3d(dst, map, bar, 0, row, kb * KS);
+  else
+    for (int j = 0; j < KS; j++)
+      tma_load_2d(dst + j * step, map, bar, (kb * KS + j) * BK, row);
+}
+
 template <int S, int SB, int BN, bool FQ = false, int TM = BM, int KS = 1, bool KP = false>
 __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *smem, uint64_t *full, uint64_t *empty,
                                                int tiles, int tiles_n, int kt64) {
@@ -545,27 +557,17 @@ __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *
   const int m_last = (a.e.m - 1) / TM * TM;
   const uint32_t tx = (uint32_t)(A_TILE + W_TILE), tx_last = (uint32_t)(a.last_rows * BK * 2 + W_TILE);
   auto act = [&](int m0) { return m0 == m_last ? &a.ta_last : &a.ta; };
-  // KP (the maps of rank 3): one box brings stage kb's KS blocks of an operand, an activation box's
-  // blocks its rows apart
   MT_LARGE_MARK(5, 4);
   for (int kb = 0; kb < pre; kb++) {
     mbar_arrive_expect_tx(&full[kb], KS * (m_first == m_last ? tx_last : tx));
-    if constexpr (KP)
-      tma_load_3d(smem + kb * SB + KS * A_TILE, &a.tw, &full[kb], 0, n_first, kb * KS);
-    else
-      for (int j = 0; j < KS; j++)
-        tma_load_2d(smem + kb * SB + KS * A_TILE + j * W_TILE, &a.tw, &full[kb], (kb * KS + j) * BK, n_first);
+    load_stage<KS, KP>(smem + kb * SB + KS * A_TILE, &a.tw, &full[kb], kb, n_first, W_TILE);
   }
   MT_LARGE_MARK(5, 5);
   grid_dependency_wait();
   if (FQ)
     wait_band(a, m_first);
   for (int kb = 0; kb < pre; kb++)
-    if constexpr (KP)
-      tma_load_3d(smem + kb * SB, act(m_first), &full[kb], 0, m_first, kb * KS);
-    else
-      for (int j = 0; j < KS; j++)
-        tma_load_2d(smem + kb * SB + j * A_TILE, act(m_first), &full[kb], (kb * KS + j) * BK, m_first);
+    load_stage<KS, KP>(smem + kb * SB, act(m_first), &full[kb], kb, m_first, A_TILE);
   MT_LARGE_MARK(5, 6);
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -584,9 +586,9 @@ __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *
       uint8_t *sa = smem + s * SB, *sw = sa + KS * A_TILE;
       mbar_arrive_expect_tx(&full[s], KS * bytes);
       if constexpr (KP) {
-        tma_load_3d(sa, ta, &full[s], 0, m0, kb * KS);
-        tma_load_3d(sw, &a.tw, &full[s], 0, n0, kb * KS);
-      } else {
+        load_stage<KS, KP>(sa, ta, &full[s], kb, m0, A_TILE);
+        load_stage<KS, KP>(sw, &a.tw, &full[s], kb, n0, W_TILE);
+      } else { // block by block, A then W (the order these kernels were measured with)
         for (int j = 0; j < KS; j++) {
           tma_load_2d(sa + j * A_TILE, ta, &full[s], (kb * KS + j) * BK, m0);
           tma_load_2d(sw + j * W_TILE, &a.tw, &full[s], (kb * KS + j) * BK, n0);
@@ -731,12 +733,8 @@ template <int BN, int TM = BM, bool KP = false> __device__ static void run(const
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
     // a stage's second A block: 64 rows on, or with KP the last band's box's rows (produce)
-    if constexpr (KP) {
-      const int rows = m0 == (a.e.m - 1) / TM * TM ? a.last_rows : TM;
-      k_loop<BN, S, SB, KS, BN * BK * 2>(d, full, empty, da0, db0, kt, r, rows * BK * 2 / 16);
-    } else {
-      k_loop<BN, S, SB, KS, BN * BK * 2>(d, full, empty, da0, db0, kt, r, TM * BK * 2 / 16);
-    }
+    const int a_rows = KP && m0 == (a.e.m - 1) / TM * TM ? a.last_rows : TM;
+    k_loop<BN, S, SB, KS, BN * BK * 2>(d, full, empty, da0, db0, kt, r, a_rows * BK * 2 / 16);
     MT_LARGE_MARK(5, 1);
     if (!waited) { // S_a comes from the quantization too, and C and y may be another kernel's
       grid_dependency_wait();

@@ -65,7 +65,7 @@ static void row(const shape &sh, int m, int experts, const std::vector<uint16_t 
   const int kt = sh.k / 64, tiles_n = sh.n / BN, grid = std::min(tiles_n * ((m + 63) / 64), MAXCTAS);
   const int last = m - (m - 1) / 64 * 64, last_rows = (last + 7) / 8 * 8;
   // as kernels/gemm.c (mt_gemm_kpair): rank-3 maps and the kernel that loads a stage and operand a box
-  const bool pair = sh.k % 64 == 0 && (sh.k / 64 + MT_LARGE_KS_64 - 1) / MT_LARGE_KS_64 > MT_LARGE_STAGES_64(BN);
+  const bool pair = MT_LARGE_KPAIR_64(sh.k, BN);
   void (*kernel)(mt_large_args) = pair ? mt_gemm_large_m64p_n32 : mt_gemm_large_m64_n32;
   std::vector<mt_large_args> args(experts);
   for (int e = 0; e < experts; e++) {

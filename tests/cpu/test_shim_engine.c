@@ -198,6 +198,22 @@ static int find_kind(int from, int kind, int nth) {
   return -1;
 }
 
+/* The tensor maps encoded from event `from` up to event `to`: how many, how many of rank `rank`
+ * encoded, and how many refused (CUDA_ERROR_NOT_SUPPORTED). */
+typedef struct {
+  int maps, of_rank, refused;
+} map_counts;
+
+static map_counts maps_between(int from, int to, int rank) {
+  map_counts c = {0, 0, 0};
+  for (int i = find_kind(from, FAKE_EV_TMAP, 0); i >= 0 && i < to; i = find_kind(i + 1, FAKE_EV_TMAP, 0)) {
+    c.maps++;
+    c.of_rank += event(i)->value == rank && event(i)->result == CUDA_SUCCESS;
+    c.refused += event(i)->result == CUDA_ERROR_NOT_SUPPORTED;
+  }
+  return c;
+}
+
 static long device_bytes(void) {
   fake_cuda_counts c;
   cuda_counts(&c);
@@ -343,11 +359,8 @@ static void check_call_args(int from, const problem *p, const void *c, const voi
   /* at k = IN the K loop fits the 64-token tiles' ring, so a box holds one K block (the maps of
    * rank 2, not mt_gemm_large_m64p_*; scenario_kpair has the other case) */
   CHECKF(!strstr(event(g)->name, "_m64p_"), "%s at k = %d", event(g)->name, IN);
-  int maps = 0;
-  for (int i = find_kind(aq, FAKE_EV_TMAP, 0); i >= 0 && i < g; i = find_kind(i + 1, FAKE_EV_TMAP, 0), maps++)
-    CHECKF(event(i)->value == 2 && event(i)->result == CUDA_SUCCESS, "map %d: rank %d, result %d", maps,
-           event(i)->value, (int)event(i)->result);
-  CHECKF(maps >= 2, "%d maps before the GEMM", maps);
+  map_counts mc = maps_between(aq, g, 2);
+  CHECKF(mc.maps >= 2 && mc.of_rank == mc.maps, "%d maps before the GEMM, %d of rank 2 encoded", mc.maps, mc.of_rank);
 }
 
 /* --- scenarios -------------------------------------------------------------------------- */
@@ -587,13 +600,10 @@ static void scenario_kpair(void) {
   problem p = make_k(OUT, 8, OUT, 2048);
   int t = now();
   expect_routed(&p, S1, &zero);
-  int g = find_launch(t, "mt_gemm_large_m64", 0), refused = 0, rank3 = 0, maps = 0;
-  for (int i = find_kind(t, FAKE_EV_TMAP, 0); i >= 0 && i < g; i = find_kind(i + 1, FAKE_EV_TMAP, 0), maps++) {
-    refused += event(i)->result == CUDA_ERROR_NOT_SUPPORTED;
-    rank3 += event(i)->value == 3 && event(i)->result == CUDA_SUCCESS;
-  }
-  CHECKF(g >= 0 && refused == refuse && rank3 == (refuse ? 0 : 2) && maps == 2 + refuse,
-         "GEMM at %d, %d maps, %d of rank 3, %d refused", g, maps, rank3, refused);
+  int g = find_launch(t, "mt_gemm_large_m64", 0);
+  map_counts mc = maps_between(t, g, 3);
+  CHECKF(g >= 0 && mc.refused == refuse && mc.of_rank == (refuse ? 0 : 2) && mc.maps == 2 + refuse,
+         "GEMM at %d, %d maps, %d of rank 3, %d refused", g, mc.maps, mc.of_rank, mc.refused);
   if (g >= 0) {
     const mt_large_args *la = (const mt_large_args *)event(g)->args;
     const char *want = refuse ? "mt_gemm_large_m64_" : "mt_gemm_large_m64p_";
