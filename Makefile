@@ -28,12 +28,14 @@ CFLAGS  := -std=c11 -O2 -g -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -f
 LDLIBS  := -ldl -lpthread -lm
 NVFLAGS := -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --Werror all-warnings -I.
 
-SPEC_OBJ := $(patsubst %.c,$(B)/%.o,$(wildcard spec/*.c))
-SHIM_OBJ := $(patsubst %.c,$(B)/%.o,$(wildcard shim/*.c))
-KERN_OBJ := $(patsubst %.c,$(B)/%.o,$(wildcard kernels/*.c))
+# The library's parts, bottom up (each includes only those before it): base/ (log, environment,
+# process), spec/ (the execution spec), kernels/ (the NVFP4 engine), shim/ (interposition and
+# statistics). ref/ is the CPU reference of the numerics: tests and tools link it, the library never.
+LIB_OBJ  := $(patsubst %.c,$(B)/%.o,$(wildcard base/*.c spec/*.c kernels/*.c shim/*.c))
 KERN_CU  := $(wildcard kernels/*.cu)
 FATBIN_OBJ := $(patsubst kernels/%.cu,$(B)/kernels/%.fatbin.o,$(KERN_CU))
-LIB_OBJ  := $(SPEC_OBJ) $(SHIM_OBJ) $(KERN_OBJ) $(FATBIN_OBJ)
+LIB_OBJ  += $(FATBIN_OBJ)
+REF_OBJ  := $(patsubst %.c,$(B)/%.o,$(wildcard ref/*.c))
 
 CPU_TESTS := $(patsubst tests/cpu/%.c,$(B)/tests/cpu/%,$(wildcard tests/cpu/test_*.c))
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(B)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
@@ -62,22 +64,26 @@ $(B)/libmt.a: $(LIB_OBJ)
 	@rm -f $@
 	$(AR) rcs $@ $^
 
+$(B)/libref.a: $(REF_OBJ)
+	@rm -f $@
+	$(AR) rcs $@ $^
+
 $(B)/libminite.so: $(LIB_OBJ)
 	$(CC) -shared $(SANFLAGS) -Wl,-z,defs -Wl,--exclude-libs,ALL -o $@ $^ $(LDLIBS)
 
-$(B)/minite: $(B)/scripts/minite.o $(B)/libmt.a
+$(B)/minite: $(B)/tools/minite.o $(B)/libmt.a
 	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
 
-$(B)/tests/cpu/%: $(B)/tests/cpu/%.o $(B)/libmt.a
+$(B)/tests/cpu/%: $(B)/tests/cpu/%.o $(B)/libmt.a $(B)/libref.a
 	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
 
-$(B)/tests/gpu/%: $(B)/tests/gpu/%.o $(B)/libmt.a
+$(B)/tests/gpu/%: $(B)/tests/gpu/%.o $(B)/libmt.a $(B)/libref.a
 	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
 
 # Rules of test fixtures and tools that need more than one object (fake cuBLAS libraries, ...):
-# each area keeps its own fragment (tests/cpu/<area>.mk, tests/gpu/<area>.mk, scripts/<area>.mk),
+# each area keeps its own fragment (tests/cpu/<area>.mk, tests/gpu/<area>.mk, bench/, demo/, lab/),
 # adding what `make test` needs to TEST_FIXTURES.
--include $(wildcard tests/cpu/*.mk tests/gpu/*.mk scripts/*.mk)
+-include $(wildcard tests/cpu/*.mk tests/gpu/*.mk bench/*.mk demo/*.mk lab/*.mk)
 
 test: all $(CPU_TESTS) $(TEST_FIXTURES)
 	@MT_BUILD=$(B) MT_SAN=$(SAN) PYTHON=$(PYTHON) tests/run $(CPU_TESTS) \

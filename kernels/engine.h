@@ -52,8 +52,8 @@ typedef struct {
   int n, k;
   mt_numerics num;
   uint16_t *xhat;   /* [n][k] BF16: e2m1(code) * scale, exact; the outer scale is not applied */
-  uint8_t *codes;   /* [n][k/2] E2M1 codes, spec/nvfp4.h layout */
-  uint8_t *scales;  /* [n][k/16] E4M3 block scales, spec/nvfp4.h layout */
+  uint8_t *codes;   /* [n][k/2] E2M1 codes, ref/nvfp4.h layout */
+  uint8_t *scales;  /* [n][k/16] E4M3 block scales, ref/nvfp4.h layout */
   float *outer;     /* S: n floats (row) or 1 (tensor) */
   uint8_t *frag;    /* codes and scales again, in the small-M kernels' fragment order, or NULL
                        (mt_gemm_frag_bytes in kernels/gemm.h; written by mt_gemm_pack_weight) */

@@ -9,8 +9,8 @@
 
 #include "kernels/driver.h"
 #include "kernels/gemm_args.h"
-#include "shim/log.h"
-#include "shim/param.h"
+#include "base/log.h"
+#include "base/param.h"
 
 /* None for a weight AUTO never fuses (mt_gemm_auto_path): Qwen3's gate_up expert keeps 2 MB less
  * (2.56 bytes an element instead of 3.19), DeepSeek's 4096 x 7168 one 18 MB, and their
@@ -33,8 +33,8 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
   return mt_launch(f, gx, gy, threads, 1, smem, dependent, (CUstream)stream, args);
 }
 
-/* The kernel measurement knobs (kernels/NOTES.md; README "The engine"), read once through
- * shim/param.h like every setting, so that a set one is logged at INFO and an invalid one warned
+/* The kernel measurement knobs (lab/NOTES.md; README "The engine"), read once through
+ * base/param.h like every setting, so that a set one is logged at INFO and an invalid one warned
  * about; for measurements, not for users, and leaving them unset runs the measured defaults.
  *  MT_LARGE_VARIANT: the default stores the outputs by TMA from shared memory (mt_gemm_large_ts_nBN)
  *    where the tile is 128 to 256 wide, n % 8 == 0 and y suits a tensor map, else runs
@@ -50,7 +50,7 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
  *    (mt_gemm_large_fq_nBN, tiles 128 or 192 wide: fq_tile) the rest in its producer warpgroup's
  *    idle warps and a fourth warpgroup while its consumers run (mt_gemm_quant_rows); same bits,
  *    faster only at the largest M of one shape (H200, 5th session: gate_up M = 16384 157.7 against
- *    164.8 µs; 4096 47.9 against 45.3, down and DeepSeek's slower; kernels/NOTES.md).
+ *    164.8 µs; 4096 47.9 against 45.3, down and DeepSeek's slower; lab/NOTES.md).
  *  MT_LARGE_BN: a tile width taken instead of the launcher's choice (256, 192 or 128 for every
  *    variant, fq taking 192 or 128 for 256; 96 or 64 for v6, where the default runs it; 48 and 32
  *    with tiles of 64 tokens only).
@@ -59,10 +59,10 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
  *    knobs that no kernel has is ignored, with a warning.
  *  MT_FQ_ROWS: under fq, the rows the quantization kernel does before the GEMM at least (rounded
  *    up to 128; default 0: the first wave's bands): moves the split when the kernel's quantizers
- *    are too slow to stay ahead of the tiles (kernels/NOTES.md, fourth session).
+ *    are too slow to stay ahead of the tiles (lab/NOTES.md, fourth session).
  * The other knobs and kernels measured in earlier sessions (small-M: warp-specialized, shift
  * decode, 16-64 rows; large-M: v1, np, mc, the second session's m64) lost and were removed
- * (kernels/NOTES.md). */
+ * (lab/NOTES.md). */
 enum { LARGE_DEFAULT, LARGE_V6, LARGE_RA, LARGE_FQ };
 static struct {
   int large_variant, large_bn, large_bm;
@@ -154,7 +154,7 @@ static int path_fits(int p, int m, int k, int packed) {
   }
 }
 
-/* AUTO's choice, from make bench's path table (H200; kernels/NOTES.md, seventh session): the fused
+/* AUTO's choice, from make bench's path table (H200; lab/NOTES.md, seventh session): the fused
  * kernel where each SM's CTAs redo at most MT_GEMM_FUSE_ELEMS elements of the quantization (m * k
  * * waves of n / 16 CTAs; each CTA quantizes all m x k itself, and past that the separate
  * quantization launch, ~2 µs overlapped by PDL, costs less): Qwen3's down at 1 token (4.56 µs
@@ -226,7 +226,7 @@ static long long tile_count(int m, int n, mt_gemm_tile t) {
 static long long max2(long long a, long long b) { return a > b ? a : b; }
 
 /* Clocks one SM spends on a 64-wide K block of a bm x bn tile while `active` SMs work: the largest
- * of what the block needs (H200, scripts/probe_feed.cu, kernels/NOTES.md seventh session):
+ * of what the block needs (H200, lab/probe_feed.cu, lab/NOTES.md seventh session):
  *  - shared memory, 128 bytes a clock: TMA writes bm + bn rows of 128 bytes, and each of the bm / 64
  *    consumer warpgroups reads its 64 rows of A and all bn rows of B (128 x 64 tiles: 56 KB, 448
  *    clocks; measured 451 at M = 256);

@@ -3,7 +3,7 @@
  *
  * Both paths multiply exact BF16 dequantized operands in k16 tensor-core steps (mma.sync
  * m16n8k16 for small M, wgmma m64nNk16 for large M: the same bits on NVFP4 operands,
- * scripts/probe_mma.cu) with FP32 accumulation over K in one fixed order, one CTA per output tile,
+ * lab/probe_mma.cu) with FP32 accumulation over K in one fixed order, one CTA per output tile,
  * no split-K and no atomics, so a row's result does not depend on M, on its position or on the
  * path (tests/gpu/test_kernels.c proves it bitwise). The small-M kernels stream the packed NVFP4
  * weight and decode it in registers; the large-M path, which takes nearly every call, reads the

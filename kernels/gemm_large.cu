@@ -10,7 +10,7 @@
 // dequantized operands into 128B-swizzled shared memory (a ring of stages), one thread issues the
 // copies, one consumer warpgroup per 64 tokens issues wgmma; k16 steps over K in increasing order
 // into one FP32 accumulator per output, from zero, no split-K, no atomics: the arithmetic of the
-// small path (kernels/gemm_small.cu), which scripts/probe_mma.cu showed gives the same bits. A
+// small path (kernels/gemm_small.cu), which lab/probe_mma.cu showed gives the same bits. A
 // consumer keeps one wgmma group in flight across K steps (the groups chain on the same
 // accumulators in issue order, so the sums do not change). The grid is persistent: each CTA walks
 // tiles blockIdx.x, + gridDim.x, ..., so the producer fills the next tile's stages while the
@@ -32,11 +32,11 @@
 // registers) and =fq (mt_gemm_large_fq_nBN: ts quantizing the rows past its first wave itself, in
 // the producer warpgroup's idle warps). The variants measured and removed (v1: one tile per CTA;
 // np; mc: clusters sharing a tile by TMA multicast; m64 of the second session: 64-token tiles
-// whose two consumer warpgroups split the channels) are in kernels/NOTES.md and git history.
+// whose two consumer warpgroups split the channels) are in lab/NOTES.md and git history.
 //
-// Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (spec/nvfp4.c) within the
+// Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (ref/nvfp4.c) within the
 // FP32-accumulation bound, and bitwise across M, row positions and the two paths.
-// kernels/NOTES.md has the measurements.
+// lab/NOTES.md has the measurements.
 #include "kernels/gemm_common.cuh"
 #include "kernels/quant.cuh"
 #include "kernels/wgmma.cuh"
@@ -526,7 +526,7 @@ template <int S> __device__ static __forceinline__ void init_ring(uint64_t *full
 // across the tiles: stage it % S, phase (it / S) & 1. A stage holds the TM-row activation tile
 // (TM * 128 bytes), then the BN-row weight tile; of the last band's activation tile only
 // a.last_rows rows are loaded (ta_last, gemm_args.h): the zero fill of the other rows cost
-// DeepSeek's shapes up to half their time at M = 16 (kernels/NOTES.md, fifth session).
+// DeepSeek's shapes up to half their time at M = 16 (lab/NOTES.md, fifth session).
 // FQ: the activation tile of a band only once its rows are quantized (wait_band).
 // KS = 2 (the 64-token tiles): a stage holds two 64-wide K blocks, A blocks then W blocks, so that a
 // consumer's wait and release per stage (~190 cycles, scripts/probe_kloop.cu) come once per 128
@@ -638,7 +638,7 @@ __device__ static __forceinline__ void produce_ra(const mt_large_args &a, uint8_
 // (4 arrivals, one a warp) and the next tile's may overwrite them. The loads below run one after
 // another (a shared store between each), which does not matter: the consumer's wait for `full`
 // measured <= 64 ns (probe_kloop, mark 5/3), and issuing all four first (next/m64ep-loads) was
-// no faster (kernels/NOTES.md, tenth session).
+// no faster (lab/NOTES.md, tenth session).
 struct scales64 {
   uint64_t full, empty;
   float inv_w0;
@@ -668,8 +668,8 @@ __device__ static void scale_helpers(const mt_large_args &a, columns<BN> *cols, 
 // TM = 64 (mt_gemm_large_m64_nBN): one consumer warpgroup, tiles of 64 x BN, for calls whose
 // 128-token tiles would leave SMs idle. Every k-block a consumer warpgroup reads its 64 rows of A
 // and all of B from shared memory while TMA writes both: at M = 256 the 128 x 64 tiles ran at the
-// 128 bytes a clock of shared memory (56 KB a k-block in 451 cycles, scripts/probe_feed.cu), and
-// at M <= 64 the second warpgroup's reads were of rows no token has (kernels/NOTES.md, seventh
+// 128 bytes a clock of shared memory (56 KB a k-block in 451 cycles, lab/probe_feed.cu), and
+// at M <= 64 the second warpgroup's reads were of rows no token has (lab/NOTES.md, seventh
 // session). Their stages hold two K blocks (KS = MT_LARGE_KS_64): with one, the consumer's
 // hand-over per stage (~190 cycles: wait, group wait, release) outlasted a 64 x 32 block's 100
 // cycles of wgmma (scripts/probe_kloop.cu, eighth session).

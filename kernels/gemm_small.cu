@@ -10,7 +10,7 @@
 // in shared memory, rows past m zero) and its N the warp's 8 channels (B: the weight, streamed at 5
 // bits per element in fragment order and decoded in registers, 4 elements a lane a step, no zero
 // operand). k16 steps over K in increasing order into one FP32 accumulator per output, from zero,
-// no split-K: the arithmetic of the large path (kernels/gemm_large.cu), which scripts/probe_mma.cu
+// no split-K: the arithmetic of the large path (kernels/gemm_large.cu), which lab/probe_mma.cu
 // showed gives the same bits (within a step every product is exact and the block sum is exact in
 // FP32, so which operand is A does not matter). mt_gemm_small_m8 starts under programmatic
 // dependent launch and requests its first weight chunks before griddepcontrol.wait; q4 runs in
@@ -18,12 +18,12 @@
 // epilogue's S_a, S_w and bias are loaded before the K loop, in registers when it ends (epi_in).
 //
 // The variants measured against these and removed (warp-specialized kernels, a shift decode,
-// kernels for 16 to 64 tokens) are in kernels/NOTES.md and git history.
+// kernels for 16 to 64 tokens) are in lab/NOTES.md and git history.
 //
-// Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (spec/nvfp4.c) within the
+// Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (ref/nvfp4.c) within the
 // FP32-accumulation bound (both kernels forced, mt_gemm_args.path), bitwise across M and row
 // positions, and bitwise against the large path at every M up to 8 (gemm_paths_agree). Which
-// kernel a call gets is mt_gemm_path_of's choice (kernels/gemm.c). kernels/NOTES.md has the
+// kernel a call gets is mt_gemm_path_of's choice (kernels/gemm.c). lab/NOTES.md has the
 // measurements and the SASS counts.
 #include "kernels/gemm_common.cuh"
 #include "kernels/quant.cuh"
@@ -166,7 +166,7 @@ __device__ static inline void chunk_steps(float (&d)[(ROWS + 15) / 16][4], const
 // What the epilogue reads besides the accumulators (C aside), loaded before the step loop (S_w and
 // the bias of the fused kernel before its quantization) so that the loads' latency hides under it
 // instead of following it (three dependent global loads, one after another, were most of the
-// epilogue's ~0.5 µs at gate_up M = 1, kernels/NOTES.md): the raw S_w of the lane's channels ch and ch + 1, the raw
+// epilogue's ~0.5 µs at gate_up M = 1, lab/NOTES.md): the raw S_w of the lane's channels ch and ch + 1, the raw
 // S_a of its tokens 16 tt + g and + 8 (1 for tokens past m: never read), and the bits of its
 // channels' bias (0 without bias: never read). Raw values, converted after the loop: the
 // reciprocals and the epilogue's arithmetic stay where and as they were, and a 16-bit bias's

@@ -10,7 +10,7 @@
 //                    flag last (the host polls it; it never waits on the stream)
 // Integer sums (hashes) are exact and order-free, so any grid gives the same bits; the sketch is
 // an FP32 sum whose order the format leaves free. Tested on the CPU through the host twin in
-// kernels/instr.h (tests/cpu/test_shim_instr.c: twin against scripts/minite-compare's Python
+// kernels/instr.h (tests/cpu/test_shim_instr.c: twin against tools/minite-compare's Python
 // reference) and on the H200 by tests/gpu/test_instruments.py (digests of two processes with
 // different batchings join bitwise; probe and shadow figures).
 #include <stdint.h>

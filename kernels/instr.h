@@ -1,6 +1,6 @@
 /* instr.h — the instruments' device side (kernels/instr.cu) and its host twin: the result block
  * one instrumented call fills, the kernels' by-value arguments, and the hash and sketch math of
- * the row digests (scheme 1 of scripts/minite-compare), written once for both sides.
+ * the row digests (scheme 1 of tools/minite-compare), written once for both sides.
  *
  * Plain C, included by the .cu (the MT_HD functions are then __host__ __device__), by
  * kernels/instr.c and shim/instr.c, and by the fake libcuda of the CPU tests, which runs the same

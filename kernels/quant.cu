@@ -5,7 +5,7 @@
  * large-M ra kernel, MT_LARGE_VARIANT=ra) the same codes and scales as the 5-bit records of
  * gemm_args.h (MT_ACT_REC_BYTES: ~0.63 bytes an element written instead of xhat's 2), with S.
  *
- * Bit-identical to mt_ref_quantize (spec/nvfp4.c): the same IEEE FP32 operations in the same
+ * Bit-identical to mt_ref_quantize (ref/nvfp4.c): the same IEEE FP32 operations in the same
  * order (TE's), each rounded on its own (__fmul_rn / __frcp_rn / __fdiv_rn: no FMA contraction,
  * correctly rounded division, denormals kept). tests/gpu/test_kernels.c checks codes, scales, S,
  * xhat and the records bit for bit against the reference on random and adversarial inputs;
@@ -60,7 +60,7 @@ __device__ __forceinline__ void store_record(uint8_t *rec, int g, const uint32_t
   *(uint32_t *)(rec + 128 + 4 * g) = __float_as_uint(sb0) >> 16 | (__float_as_uint(sb1) & 0xffff0000u);
 }
 
-/* The record mode's encode, v2 (kernels/NOTES.md, "record-mode quantization, v2"). mt_q::encode
+/* The record mode's encode, v2 (lab/NOTES.md, "record-mode quantization, v2"). mt_q::encode
  * spends ~15 ALU-pipe instructions an element (compares, selects, shifts, ORs: the ALU pipe issues
  * a warp instruction every second cycle), which made the record kernels ALU-bound; this one spends
  * ~3, its other work on the FMA pipe. The same codes, bit for bit, for every c_b the kernels meet

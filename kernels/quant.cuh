@@ -1,5 +1,5 @@
 /* quant.cuh — NVFP4 quantization, device side: the per-element and per-block steps of
- * mt_ref_quantize (spec/nvfp4.c) in the same IEEE FP32 operations and order, bit for bit. Used by
+ * mt_ref_quantize (ref/nvfp4.c) in the same IEEE FP32 operations and order, bit for bit. Used by
  * the quantization kernels of kernels/quant.cu, and meant for any kernel that wants to quantize
  * its own activations (a GEMM that fuses the step, say): a block of 16 elements given as 8 packed
  * BF16/FP16 pairs, its domain's S, and out come xhat, the codes and the E4M3 scale.

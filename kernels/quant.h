@@ -1,6 +1,6 @@
 /* quant.h — NVFP4 quantization on the GPU (kernels in kernels/quant.cu, launched by kernels/quant.c):
  * BF16 or FP16 rows to the exact BF16 dequantized matrix the tensor cores read, and optionally the
- * packed codes and E4M3 scales, bit-identical to mt_ref_quantize (spec/nvfp4.c); or the same codes
+ * packed codes and E4M3 scales, bit-identical to mt_ref_quantize (ref/nvfp4.c); or the same codes
  * and scales as the 5-bit records the large-M ra kernel reads (mt_quant_params.records).
  *
  * mt_quant_params is the one by-value argument of every kernel: C and CUDA C++ both include this

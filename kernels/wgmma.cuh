@@ -1,5 +1,5 @@
 // wgmma.cuh — inline-PTX wrappers of the Hopper warpgroup MMA used by kernels/gemm_large.cu
-// (m64n16k16 only by scripts/probe_wgchain.cu):
+// (m64n16k16 only by lab/probe_wgchain.cu):
 // wgmma.mma_async m64nNk16, BF16 operands from shared memory (descriptors), FP32 accumulators
 // in registers, accumulating (scale-d = 1). One function per N because PTX names every
 // accumulator register; the operand lists were generated, the rest is written by hand.

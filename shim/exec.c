@@ -22,7 +22,7 @@
 
 #include "kernels/driver.h"
 #include "shim/instr.h"
-#include "shim/log.h"
+#include "base/log.h"
 #include "shim/wcache.h"
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;

@@ -33,8 +33,8 @@
 
 #include "kernels/driver.h"
 #include "kernels/instr.h"
-#include "shim/log.h"
-#include "shim/param.h"
+#include "base/log.h"
+#include "base/param.h"
 #include "shim/real.h"
 #include "shim/stats.h"
 

@@ -7,7 +7,7 @@
  *   MINITE_PROBE=rate   every ceil(1/rate)-th routed call with M > 1 of a route recomputes up to
  *                       4 rows (first, last, two between) alone (M = 1) and compares bit for bit
  *   MINITE_DIGEST=rate  output rows whose input-row hash is below rate * 2^64: a "digest" record
- *                       (scheme 1 of scripts/minite-compare; hashes in kernels/instr.h)
+ *                       (scheme 1 of tools/minite-compare; hashes in kernels/instr.h)
  *   MINITE_INSTR_MB     device scratch for the shadow's output and the probe's rows, per GPU
  * Rates are a number in [0, 1] ("0.015625") or a fraction ("1/64"); 0 turns an instrument off.
  * They need MINITE_STATS (the records go there).

@@ -4,7 +4,7 @@
 #include <dlfcn.h>
 #include <stddef.h>
 
-#include "shim/log.h"
+#include "base/log.h"
 
 enum lib { CUBLAS, CUBLASLT };
 

@@ -9,8 +9,8 @@
 
 #include "shim/exec.h"
 #include "shim/instr.h"
-#include "shim/log.h"
-#include "shim/param.h"
+#include "base/log.h"
+#include "base/param.h"
 #include "shim/router.h"
 #include "shim/stats.h"
 #include "shim/wcache.h"
@@ -121,7 +121,7 @@ int mt_shim_init(void) {
   const char *name = getenv("MINITE_SPEC");
   if (!name || !name[0])
     return 0; /* inert: nothing read, opened, allocated or printed */
-  int soft_errors = mt_log_init();
+  int soft_errors = mt_param_log();
   int strict = mt_param_bool("MINITE_STRICT", 0, &soft_errors);
   mt_param_str("MINITE_SPEC");
   int hard_errors = load_spec(name) != 0;
@@ -145,11 +145,17 @@ int mt_shim_init(void) {
   return 0;
 }
 
+/* The summary's parts that other modules own (shim/stats.h: mt_stats_part). */
+static void summary_parts(void (*emit)(void *ctx, const char *text), void *ctx) {
+  mt_wcache_summary(emit, ctx);
+  mt_instr_summary(emit, ctx);
+}
+
 void mt_shim_fini(void) {
   if (!atomic_exchange(&mt_shim_on, 0))
     return;
   mt_instr_drain();
-  mt_stats_finish();
+  mt_stats_finish(summary_parts);
 }
 
 /* One problem's decision; forward calls need the details (pointer mode, Lt layouts) first. */

@@ -13,10 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "shim/instr.h"
-#include "shim/log.h"
-#include "shim/param.h"
-#include "shim/wcache.h"
+#include "base/log.h"
+#include "base/proc.h"
 
 static atomic_ullong n_calls, n_routed, n_passthrough, n_fallbacks[MT_R_COUNT];
 
@@ -69,7 +67,7 @@ static int writable_dir_of(const char *path) {
 }
 
 int mt_stats_check(const char *tmpl, char *why, size_t size) {
-  if (mt_param_path(tmpl, stats_path, sizeof stats_path) != 0) {
+  if (mt_proc_path(tmpl, stats_path, sizeof stats_path) != 0) {
     snprintf(why, size, "MINITE_STATS=%s expands to a path longer than %zu bytes: use a shorter "
              "path", tmpl, sizeof stats_path);
     return -1;
@@ -159,7 +157,7 @@ void mt_stats_start(const mt_spec *s, const char *role, const char *version) {
     return;
   }
   char host[600], role_json[300], name_json[200], version_json[100], routes[MT_SPEC_MAX_ROUTES * 24];
-  json_str(host, sizeof host, mt_param_host());
+  json_str(host, sizeof host, mt_proc_host());
   json_str(role_json, sizeof role_json, role ? role : "");
   json_str(name_json, sizeof name_json, s->name);
   json_str(version_json, sizeof version_json, version);
@@ -171,7 +169,7 @@ void mt_stats_start(const mt_spec *s, const char *role, const char *version) {
   snprintf(start_fields, sizeof start_fields,
            "\"pid\": %ld, \"host\": %s, \"rank\": %s, \"role\": %s, \"spec\": %s, "
            "\"fingerprint\": \"%016" PRIx64 "\"",
-           (long)owner_pid, host, mt_param_rank(), role_json, name_json, mt_spec_fingerprint(s));
+           (long)owner_pid, host, mt_proc_rank(), role_json, name_json, mt_spec_fingerprint(s));
   writer w = {.fd = stats_fd};
   w_printf(&w, "{\"event\": \"start\", \"time\": %.6f, %s, \"routes\": [%s], \"version\": %s}\n",
            now_seconds(), start_fields, routes, version_json);
@@ -377,7 +375,7 @@ static void log_summary(const mt_stats_counts *c) {
           c->routed, c->passthrough, used ? " (" : "", reasons, used ? ")" : "");
 }
 
-void mt_stats_finish(void) {
+void mt_stats_finish(mt_stats_part parts) {
   mt_stats_counts c;
   mt_stats_get(&c);
   log_summary(&c);
@@ -403,14 +401,9 @@ void mt_stats_finish(void) {
   for (int i = 0; i < n; i++)
     w_printf(&w, "%s\"route %" PRIu32 "x%" PRIu32 "\"", i ? ", " : "", routes[i].out,
              routes[i].in);
-  size_t bytes;
-  int entries;
-  unsigned long long full;
-  mt_wcache_usage(&bytes, &entries, &full);
-  w_printf(&w, "], \"engine\": {\"weight_cache\": \"%s\", \"device_bytes\": %zu, "
-               "\"frozen_weights\": %d, \"cache_full\": %llu}",
-           mt_wcache_mode(), bytes, entries, full);
-  mt_instr_summary(emit_to_writer, &w);
+  w_printf(&w, "]");
+  if (parts)
+    parts(emit_to_writer, &w);
   w_printf(&w, "}\n");
   pthread_mutex_lock(&file_lock);
   w_flush(&w);

@@ -48,9 +48,13 @@ void mt_stats_census(const mt_call *one);
  * nothing when there is no file, after the summary, or in a forked child. */
 void mt_stats_append(const char *lines, size_t len);
 
-/* Write the summary record and close the file (no-op in a forked child or without a file), and
- * log the counts at INFO. */
-void mt_stats_finish(void);
+/* A part of the summary record that another module writes: it passes JSON text to `emit`,
+ * starting with ", " (e.g. ", \"engine\": {...}"). */
+typedef void (*mt_stats_part)(void (*emit)(void *ctx, const char *text), void *ctx);
+
+/* Write the summary record, with what `parts` adds (may be NULL), and close the file (no-op in a
+ * forked child or without a file), and log the counts at INFO. */
+void mt_stats_finish(mt_stats_part parts);
 
 /* For tests: the counters so far. */
 typedef struct {

@@ -2,12 +2,13 @@
 #include "shim/wcache.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "kernels/driver.h"
 #include "kernels/wcheck.h"
-#include "shim/log.h"
-#include "shim/param.h"
+#include "base/log.h"
+#include "base/param.h"
 
 #define MAX_CONTEXTS 16    /* GPUs (primary contexts) one process drives */
 #define MAX_STREAMS 64     /* streams with scratch, per context */
@@ -51,13 +52,14 @@ int mt_wcache_init(const mt_spec *s) {
 
 const char *mt_wcache_mode(void) { return frozen ? "frozen" : "requantize"; }
 
-void mt_wcache_usage(size_t *bytes, int *entries, unsigned long long *full) {
+void mt_wcache_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
   int n = 0;
   for (int i = 0; i < ncontexts; i++)
     n += contexts[i].nentries;
-  *bytes = held;
-  *entries = n;
-  *full = cache_full;
+  char b[256];
+  snprintf(b, sizeof b, ", \"engine\": {\"weight_cache\": \"%s\", \"device_bytes\": %zu, "
+           "\"frozen_weights\": %d, \"cache_full\": %llu}", mt_wcache_mode(), held, n, cache_full);
+  emit(ctx, b);
 }
 
 static size_t round_up(size_t v) { return (v + ALIGN - 1) / ALIGN * ALIGN; }

@@ -59,7 +59,8 @@ const char *mt_wcache_mode(void);
 /* The fallback reason of an engine status (MT_OK: MT_R_ROUTED). */
 enum mt_reason mt_engine_reason(int status);
 
-/* For the summary: device bytes held, frozen entries, and calls that found the cache full. */
-void mt_wcache_usage(size_t *bytes, int *entries, unsigned long long *full);
+/* The summary's "engine" part (shim/stats.h: mt_stats_part): the mode, device bytes held, frozen
+ * entries, and calls that found the cache full. */
+void mt_wcache_summary(void (*emit)(void *ctx, const char *text), void *ctx);
 
 #endif

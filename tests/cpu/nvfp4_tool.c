@@ -1,4 +1,4 @@
-/* nvfp4_tool.c — a thin command-line door into the CPU reference (spec/nvfp4.c) for
+/* nvfp4_tool.c — a thin command-line door into the CPU reference (ref/nvfp4.c) for
  * tests/cpu/test_nvfp4_numpy.py, which compares it with numpy + ml_dtypes. Built by
  * tests/cpu/nvfp4.mk as $(MT_BUILD)/tests/cpu/nvfp4_tool.
  *
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "spec/nvfp4.h"
+#include "ref/nvfp4.h"
 
 static int usage(const char *why) {
   fprintf(stderr, "nvfp4_tool: %s (see the comment at the top of tests/cpu/nvfp4_tool.c)\n", why);

@@ -13,9 +13,11 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-SCRIPTS = os.path.join(ROOT, "scripts")
+SCRIPTS = os.path.join(ROOT, "demo")
+TOOLS = os.path.join(ROOT, "tools")
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, SCRIPTS)
+sys.path.insert(0, TOOLS)
 import harness  # noqa: E402
 import logprobs  # noqa: E402
 

@@ -36,5 +36,10 @@ needed=$(readelf -d "$lib" | grep NEEDED | grep -o -E 'lib(cublas|cublasLt|cudar
 if [ -z "$needed" ]; then ok "no_cublas_or_cudart_dependency"
 else bad no_cublas_or_cudart_dependency "DT_NEEDED: $needed"; fi
 
+# The CPU reference (ref/) is for tests and tools: none of it is linked into the library.
+refs=$(nm "$lib" | awk '{print $3}' | grep -E '^mt_(ref_|nvfp4_|e2m1_|e4m3_|bf16_to|float_to|fp16_to)' || true)
+if [ -z "$refs" ]; then ok "no_reference_code_in_the_library"
+else bad no_reference_code_in_the_library "symbols: $(echo "$refs" | tr '\n' ' ')"; fi
+
 echo "#mt-counts $pass $fail ${skipped:-0}"
 [ "$fail" -eq 0 ]

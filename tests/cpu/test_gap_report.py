@@ -1,4 +1,4 @@
-"""test_gap_report.py — scripts/gap-report and the minite-logprobs format (scripts/logprobs.py) on
+"""test_gap_report.py — tools/gap-report and the minite-logprobs format (tools/logprobs.py) on
 small log-prob files that each test writes: metrics against values computed by hand, truncated
 and corrupt lines skipped and counted, refusals (tokens that differ, a wrong header, a newer
 version, swapped files, different models) with exit status 3, usage errors with 2, --json that
@@ -14,11 +14,11 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 import harness  # noqa: E402
 import logprobs  # noqa: E402
 
-GAP_REPORT = os.path.join(ROOT, "scripts", "gap-report")
+GAP_REPORT = os.path.join(ROOT, "tools", "gap-report")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MODEL = {"name": "test", "layers": 2, "seed": 0, "checksum": 123.25}
 TMP = tempfile.mkdtemp(prefix="mt-gap-report-")

@@ -1,6 +1,6 @@
 /* test_gemm_paths.c — AUTO's choice of GEMM path (kernels/gemm.c: mt_gemm_auto_path) and the large
  * path's choice of tile (mt_gemm_large_tile) on the benchmark shapes, against what make bench
- * measured best on the H200 (kernels/NOTES.md, seventh session), and the refusals of a forced path
+ * measured best on the H200 (lab/NOTES.md, seventh session), and the refusals of a forced path
  * that cannot take a call. No GPU: the choices are host code, and the refusals come before any
  * launch. */
 #include <stdio.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_gpu_ab.sh — scripts/gpu_ab.sh's parts that need no GPU: the table it prints from benchmark
+# test_gpu_ab.sh — lab/gpu_ab.sh's parts that need no GPU: the table it prints from benchmark
 # logs (rows as bench_kernels writes them; per row and variant the median of the repeats, the
 # lower of two, in the order given, main first), and "prepare", which copies a branch's changed
 # files into ab/NAME (in a scratch git repository).
@@ -17,30 +17,30 @@ line() { echo "$1 $2 1536 2048 | 7.00 5.50 | 0.79 | 2.00 $3 | 14.0 18.0 | 247 11
 { line qwen3_gate_up 16 5.95; line qwen3_gate_up 4096 35.2; } >"$tmp/bench-main-2.log"
 { line qwen3_gate_up 16 6.31; line qwen3_gate_up 4096 34.9; } >"$tmp/bench-rs-1.log"
 { line qwen3_gate_up 16 6.28; line qwen3_gate_up 4096 35.1; } >"$tmp/bench-rs-2.log"
-got=$(OUT=$tmp AB_MAX_M=1024 scripts/gpu_ab.sh table rs)
+got=$(OUT=$tmp AB_MAX_M=1024 lab/gpu_ab.sh table rs)
 want=$(printf '%-22s %10s %10s\n%-22s %10s %10s' "GEMM us (median)" main rs "qwen3_gate_up 16" 5.91 6.28)
 if [ "$got" = "$want" ]; then ok table_medians_per_row_and_variant
 else bad table_medians_per_row_and_variant "got:" "$got" "want:" "$want"; fi
 
-got=$(OUT=$tmp AB_MAX_M=4096 AB_REPEATS=1 scripts/gpu_ab.sh table rs | tail -n 1)
+got=$(OUT=$tmp AB_MAX_M=4096 AB_REPEATS=1 lab/gpu_ab.sh table rs | tail -n 1)
 want=$(printf '%-22s %10s %10s' "qwen3_gate_up 4096" 35.0 34.9)
 if [ "$got" = "$want" ]; then ok table_rows_up_to_ab_max_m
 else bad table_rows_up_to_ab_max_m "got: $got" "want: $want"; fi
 
 # prepare: a branch off HEAD that changes one file and adds one; ab/NAME holds both, as the branch has them
 repo=$tmp/repo
-mkdir -p "$repo/scripts" "$repo/kernels"
-cp scripts/gpu_ab.sh "$repo/scripts/"
+mkdir -p "$repo/lab" "$repo/kernels"
+cp lab/gpu_ab.sh "$repo/lab/"
 (cd "$repo" && git init -q && echo a >kernels/k.cu && echo b >kernels/other.cu &&
   git add -A && git -c user.name=t -c user.email=t@t commit -qm base && git checkout -qb v &&
   echo a2 >kernels/k.cu && echo n >kernels/new.cuh && git add -A &&
   git -c user.name=t -c user.email=t@t commit -qm v && git checkout -q - &&
-  scripts/gpu_ab.sh prepare x v >/dev/null 2>&1)
+  lab/gpu_ab.sh prepare x v >/dev/null 2>&1)
 if [ "$(cat "$repo/ab/x/kernels/k.cu" 2>/dev/null)" = a2 ] && [ -f "$repo/ab/x/kernels/new.cuh" ] &&
    [ ! -e "$repo/ab/x/kernels/other.cu" ]; then ok prepare_copies_the_branch_files
 else bad prepare_copies_the_branch_files "ab/x: $(cd "$repo" && find ab -type f 2>/dev/null | tr '\n' ' ')"; fi
 
-if scripts/gpu_ab.sh >/dev/null 2>&1; then bad usage_without_a_command_fails "exit 0"
+if lab/gpu_ab.sh >/dev/null 2>&1; then bad usage_without_a_command_fails "exit 0"
 else ok usage_without_a_command_fails; fi
 cd "$root"
 echo "#mt-counts $pass $fail 0"

@@ -1,4 +1,4 @@
-"""test_minite_compare.py — scripts/minite-compare on small statistics files that each test writes
+"""test_minite_compare.py — tools/minite-compare on small statistics files that each test writes
 with known digests: identical rows (100% equal), rows scaled by a known factor (estimated exactly),
 rows perturbed in a random direction by a known relative amount (the median estimate within 10%),
 refusals with exit status 3 (fingerprints that differ, no start record, not a statistics file,
@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import harness  # noqa: E402
 
-COMPARE = os.path.join(ROOT, "scripts", "minite-compare")
+COMPARE = os.path.join(ROOT, "tools", "minite-compare")
 _loader = importlib.machinery.SourceFileLoader("minite_compare", COMPARE)
 _spec = importlib.util.spec_from_loader("minite_compare", _loader)
 mc = importlib.util.module_from_spec(_spec)

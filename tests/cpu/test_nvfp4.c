@@ -1,4 +1,4 @@
-/* test_nvfp4.c — hand-checked cases of the CPU reference of the NVFP4 numerics (spec/nvfp4.c).
+/* test_nvfp4.c — hand-checked cases of the CPU reference of the NVFP4 numerics (ref/nvfp4.c).
  *
  * Expected values are worked out in the comments. Where a sweep is needed, the reference is
  * compared with a second formulation written here (nearest representable value, ties to the even
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "spec/nvfp4.h"
+#include "ref/nvfp4.h"
 #include "tests/cpu/floatbits.h"
 #include "tests/harness.h"
 

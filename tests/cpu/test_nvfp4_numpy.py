@@ -1,4 +1,4 @@
-"""test_nvfp4_numpy.py — the CPU reference (spec/nvfp4.c) against an independent implementation:
+"""test_nvfp4_numpy.py — the CPU reference (ref/nvfp4.c) against an independent implementation:
 numpy float32 arithmetic in Transformer Engine's order of operations, with ml_dtypes'
 float8_e4m3fn and float4_e2m1fn casts doing the rounding. Codes, block scales and outer scales must
 agree bit for bit; the reference GEMM must equal numpy's float64 matmul of the dequantized operands

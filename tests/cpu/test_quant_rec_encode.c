@@ -1,5 +1,5 @@
 /* test_quant_rec_encode.c — a host twin of the record-mode encode of kernels/quant.cu (v2:
- * e2m1_mag_biased, record_words, e4m3_value), checked against the reference (spec/nvfp4.c) and
+ * e2m1_mag_biased, record_words, e4m3_value), checked against the reference (ref/nvfp4.c) and
  * against the byte order the kernels wrote before (record_words_of_codes over mt_q's code words).
  * The twin does the same IEEE FP32 operations as the device code (fmaf = FFMA, one rounding;
  * fma.rn.sat = that rounding, then a clamp to [0, 1]; adds and multiplies rounded each on their
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "spec/nvfp4.h"
+#include "ref/nvfp4.h"
 #include "tests/cpu/floatbits.h"
 #include "tests/harness.h"
 

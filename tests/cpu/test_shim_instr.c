@@ -4,12 +4,12 @@
  * twin in kernels/instr.h.
  *
  * In-process: the rate parser; the host twin of the digest math (mix64, signs, sketch) against
- * the Python reference in scripts/minite-compare.
+ * the Python reference in tools/minite-compare.
  * Children (`test_shim_instr child SCENARIO BUILD`, each under LD_PRELOAD): the launch sequence
  * after a routed GEMM, the per-route sampling, capture (skipped, nothing allocated or read back),
  * the bounded slots (drops counted, never a wait), event queries only on the writer thread and no
  * synchronisation, spec bf16 (shadow exactly 0, probe 0 differing), and records that
- * scripts/minite-compare reads and joins across two processes with different batchings.
+ * tools/minite-compare reads and joins across two processes with different batchings.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "kernels/instr.h"
-#include "shim/param.h"
+#include "base/param.h"
 #include "tests/cpu/fake/fake.h"
 #include "tests/cpu/fake/fake_cuda.h"
 #include "tests/cpu/scenario.h"
@@ -507,7 +507,7 @@ static void env_rates(void) {
   CHECK(mt_param_rate("MT_TEST_RATE", 0.125, &errors) == 0.125 && errors == 0);
 }
 
-/* The twin's mix64, signs and sketch against scripts/minite-compare's Python reference. */
+/* The twin's mix64, signs and sketch against tools/minite-compare's Python reference. */
 static void twin_matches_python_reference(void) {
   const char *py = getenv("PYTHON") ? getenv("PYTHON") : "python3";
   char rows_path[PATH_MAX + 32], script[PATH_MAX + 32], outp[PATH_MAX + 32], cmd[4 * PATH_MAX];
@@ -531,7 +531,7 @@ static void twin_matches_python_reference(void) {
   fclose(f);
   f = fopen(script, "w");
   fprintf(f, "import importlib.machinery, importlib.util, sys\n"
-             "ld = importlib.machinery.SourceFileLoader('mc', 'scripts/minite-compare')\n"
+             "ld = importlib.machinery.SourceFileLoader('mc', 'tools/minite-compare')\n"
              "m = importlib.util.module_from_spec(importlib.util.spec_from_loader('mc', ld))\n"
              "ld.exec_module(m)\n"
              "for z in (0, 1, 0x6D696E6974652D31, 2**64 - 1): print('mix %%d %%d' %% (z, m.mix64(z)))\n"
@@ -543,7 +543,7 @@ static void twin_matches_python_reference(void) {
   if (system(cmd) != 0) {
     for (int r = 0; r < NROWS; r++)
       free(rows[r]);
-    SKIP("%s could not run scripts/minite-compare's reference", py);
+    SKIP("%s could not run tools/minite-compare's reference", py);
   }
   char *ref = mt_t_read_file(outp, NULL);
   const char *p = ref;
@@ -695,7 +695,7 @@ static void join_two_batchings_through_minite_compare(void) {
     mt_t_check_child("join b", &b);
     char cmd[4 * PATH_MAX], out[PATH_MAX + 32];
     snprintf(out, sizeof out, "%s/compare%d.json", mt_t_paths.tmp, s);
-    snprintf(cmd, sizeof cmd, "%s scripts/minite-compare %s %s --json > %s", py, a.path, b.path, out);
+    snprintf(cmd, sizeof cmd, "%s tools/minite-compare %s %s --json > %s", py, a.path, b.path, out);
     int st = system(cmd);
     char *doc = mt_t_read_file(out, NULL);
     CHECKF(st == 0 && doc, "minite-compare exit %d", st);

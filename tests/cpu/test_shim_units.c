@@ -6,8 +6,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "shim/log.h"
-#include "shim/param.h"
+#include "base/log.h"
+#include "base/param.h"
+#include "base/proc.h"
 #include "shim/router.h"
 #include "shim/stats.h"
 #include "tests/harness.h"
@@ -100,13 +101,13 @@ static void reason_names(void) {
 static void params(void) {
   char out[64], want[64];
   setenv("RANK", "7", 1);
-  CHECK(mt_param_path("a.%r.%%.%p.%x", out, sizeof out) == 0);
+  CHECK(mt_proc_path("a.%r.%%.%p.%x", out, sizeof out) == 0);
   snprintf(want, sizeof want, "a.7.%%.%ld.%%x", (long)getpid());
   CHECKF(!strcmp(out, want), "%s", out);
   setenv("RANK", "-1", 1);
-  CHECK(mt_param_path("%r", out, sizeof out) == 0 && !strcmp(out, "0"));
-  CHECK(mt_param_path("%h", out, sizeof out) == 0 && !strchr(out, '.'));
-  CHECK(mt_param_path("0123456789", out, 10) == -1);
+  CHECK(mt_proc_path("%r", out, sizeof out) == 0 && !strcmp(out, "0"));
+  CHECK(mt_proc_path("%h", out, sizeof out) == 0 && !strchr(out, '.'));
+  CHECK(mt_proc_path("0123456789", out, 10) == -1);
   static const char *const levels[] = {"NONE", "WARN", "INFO", NULL};
   int errors = 0;
   atomic_store(&mt_log_level_now, MT_LOG_NONE); /* the warning below is expected */
@@ -169,7 +170,7 @@ static void log_none(void) {
 static void log_lines(void) {
   char text[512], want[300];
   capture_stderr(warn_twice_once, text, sizeof text);
-  snprintf(want, sizeof want, "%s:%ld:%ld minite WARN once 41\n", mt_param_host(), (long)getpid(),
+  snprintf(want, sizeof want, "%s:%ld:%ld minite WARN once 41\n", mt_proc_host(), (long)getpid(),
            (long)gettid());
   CHECKF(!strcmp(text, want), "got '%s', want '%s'", text, want);
   capture_stderr(log_none, text, sizeof text);

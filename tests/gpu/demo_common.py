@@ -11,9 +11,11 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-SCRIPTS = os.path.join(ROOT, "scripts")
+SCRIPTS = os.path.join(ROOT, "demo")
+TOOLS = os.path.join(ROOT, "tools")
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, SCRIPTS)
+sys.path.insert(0, TOOLS)
 import harness  # noqa: E402
 
 LIB = os.path.abspath(os.path.join(ROOT, os.environ.get("MT_BUILD", "build"), "libminite.so"))
@@ -35,7 +37,7 @@ def require_gpu():
 
 
 def run_demo(name, args, spec=None, role="learner", tag=None):
-    """Run scripts/<name> (with the shim under `spec`); returns (rc, summary or None, stats
+    """Run demo/<name> (with the shim under `spec`); returns (rc, summary or None, stats
     summary record or None, stderr)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("LD_PRELOAD", None)

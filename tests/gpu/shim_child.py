@@ -62,7 +62,7 @@ def run_child(script, case, tag, tmp, minite=None, extra=None):
 
 
 def reference_gemm(x, w):
-    """spec/nvfp4.c's GEMM (double, unrounded) for y = x w^T under nvfp4-row (per-row activation
+    """ref/nvfp4.c's GEMM (double, unrounded) for y = x w^T under nvfp4-row (per-row activation
     scale, per-tensor weight scale, 1x16 blocks), through tests/cpu/nvfp4_tool."""
     (m, k), n = x.shape, w.shape[0]
     args = [TOOL, "gemm", str(m), str(n), str(k), "row", "tensor", "1x16",

@@ -1,4 +1,4 @@
-"""test_demo_learner.py — the HF learner (scripts/demo_learner.py: Qwen3-MoE with Qwen3-30B-A3B's
+"""test_demo_learner.py — the HF learner (demo/demo_learner.py: Qwen3-MoE with Qwen3-30B-A3B's
 expert geometry, eager experts, AdamW) under the shim with MINITE_SPEC=nvfp4-row: the expert GEMMs
 are routed (the shim's summary record counts them), the loss and the gradient norms are finite,
 and the loss of step 0 (same weights, same batch) is within 2% of the BF16 loss without the shim.

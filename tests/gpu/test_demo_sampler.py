@@ -1,7 +1,7 @@
-"""test_demo_sampler.py — the HF sampler (scripts/demo_sampler.py: model.generate on the demo
+"""test_demo_sampler.py — the HF sampler (demo/demo_sampler.py: model.generate on the demo
 model) under the shim: with MINITE_SPEC=nvfp4-row generate runs, routes expert GEMMs and writes
-finite log-probs that the learner (scripts/demo_learner.py --logprobs, also under the shim) scores
-and scripts/gap-report compares; with MINITE_SPEC=bf16 (routes nothing) the sampled tokens and
+finite log-probs that the learner (demo/demo_learner.py --logprobs, also under the shim) scores
+and tools/gap-report compares; with MINITE_SPEC=bf16 (routes nothing) the sampled tokens and
 log-probs are bit-identical to those without the shim. Skipped without torch or a GPU.
 """
 import json
@@ -49,7 +49,7 @@ def test_generate_under_nvfp4_row_and_gap_report():
     harness.check(rc == 0 and l is not None and l["logprobs_finite"], f"learner: exit {rc}")
     if l is None:
         return
-    res = subprocess.run([sys.executable, dc.SCRIPTS + "/gap-report", "--json",
+    res = subprocess.run([sys.executable, dc.TOOLS + "/gap-report", "--json",
                           dc.path("l-row.jsonl"), dc.path("s-row.jsonl")],
                          capture_output=True, text=True)
     harness.check(res.returncode == 0, f"gap-report: exit {res.returncode}: {res.stderr}")

@@ -8,16 +8,16 @@ with the child's weight routed (256x512) and reads the statistics file:
 - invariance probe: 0 of the probed rows differ under nvfp4-row (a row's bits never depend on its
   batch), some differ under nvfp4-tensor (the per-tensor activation scale does);
 - row digests: the same 64 rows through process A (one batch of 64, requantize) and process B
-  (batches of 7 and 1, last rows first, frozen weights) join in scripts/minite-compare with every
+  (batches of 7 and 1, last rows first, frozen weights) join in tools/minite-compare with every
   row matched and 100% bitwise equal under nvfp4-row (the weight's identity is the same whether
   hashed per call or read from the frozen cache); at rate 1/4 both pick the same rows;
 - shadow error: under nvfp4-row the relative L2 of the routed output against cuBLAS's BF16 GEMM
-  is what the CPU reference (spec/nvfp4.c via nvfp4_tool) gives for the same operands, within
+  is what the CPU reference (ref/nvfp4.c via nvfp4_tool) gives for the same operands, within
   0.01, and in the range NVFP4 W4A4 implies for Gaussian operands: 0.10 .. 0.17 (each operand's
   quantization error is about 0.095 of its RMS with 1x16 E4M3-scaled blocks, so the product's is
   about sqrt(2) x 0.095 = 0.134; the CPU reference gives 0.130 .. 0.139 at M = 7 .. 300); under
   bf16 (routed calls are cuBLAS's, and the shadow reruns cuBLAS) exactly 0;
-- the digest records the GPU wrote are the definitions of kernels/instr.h and scripts/minite-compare
+- the digest records the GPU wrote are the definitions of kernels/instr.h and tools/minite-compare
   (scheme 1), recomputed here in Python from the child's operands: every key, every output hash,
   and every sketch (against minite-compare's sketch(), within FP32 summation error), without and
   with a bias;
@@ -40,7 +40,7 @@ from shim_child import ROOT, harness, need_gpu, reference_gemm, run_child  # noq
 
 CHILD = os.path.join(ROOT, "tests", "gpu", "instr_child.py")
 ROUTED_CHILD = os.path.join(ROOT, "tests", "gpu", "routed_child.py")
-COMPARE = os.path.join(ROOT, "scripts", "minite-compare")
+COMPARE = os.path.join(ROOT, "tools", "minite-compare")
 TMP = tempfile.mkdtemp(prefix="mt_instr_")
 N, K = 256, 512
 ROUTE = f"{N}x{K}"

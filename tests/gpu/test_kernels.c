@@ -1,5 +1,5 @@
 /* test_kernels.c — GPU tests of the engine (kernels/): quantization bit for bit against the CPU
- * reference (spec/nvfp4.c), the W4A4 GEMM against mt_ref_gemm within the FP32-accumulation bound,
+ * reference (ref/nvfp4.c), the W4A4 GEMM against mt_ref_gemm within the FP32-accumulation bound,
  * bitwise batch invariance, strides, epilogue variants, NaN rows, and the argument checks.
  *
  * Fresh random inputs every run (the seed is printed; MT_TEST_SEED=N repeats a run); every output
@@ -37,7 +37,7 @@
 #include "kernels/engine.h"
 #include "kernels/gemm_args.h"
 #include "kernels/quant.h"
-#include "spec/nvfp4.h"
+#include "ref/nvfp4.h"
 #include "tests/harness.h"
 
 /* ---- random numbers ------------------------------------------------------------------------ */

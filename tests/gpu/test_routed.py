@@ -5,7 +5,7 @@ the spec's numbers (issue "Routed execution").
 
 Each case runs tests/gpu/routed_child.py under LD_PRELOAD=build/libminite.so with
 MINITE_SPEC=nvfp4-row and the child's weight routed (256x512), then checks:
-- a routed F.linear at M = 1, 7, 64, 300 equals the CPU reference (spec/nvfp4.c through
+- a routed F.linear at M = 1, 7, 64, 300 equals the CPU reference (ref/nvfp4.c through
   nvfp4_tool) within the FP32-accumulation bound of README.md, and the calls were routed;
 - frozen cache: a weight overwritten in place is seen by the next call (bitwise equal to a fresh
   copy of the new weight), as it is under requantize;

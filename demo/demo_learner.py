@@ -1,14 +1,14 @@
-"""demo_learner.py — the learner of the demo, on the demo model (scripts/demo_model.py).
+"""demo_learner.py — the learner of the demo, on the demo model (demo/demo_model.py).
 
-    python3 scripts/demo_learner.py --logprobs SAMPLER_FILE OUT      frozen policy: score tokens
-    python3 scripts/demo_learner.py --train [--batch 8] [--seq 256] [--steps 10] [--warmup 2]
+    python3 demo/demo_learner.py --logprobs SAMPLER_FILE OUT      frozen policy: score tokens
+    python3 demo/demo_learner.py --train [--batch 8] [--seq 256] [--steps 10] [--warmup 2]
     (both in one run: the log-probs first, with the weights the sampler had)
 
 --logprobs reads a sampler's minite-logprobs file, builds the model the sampler had (layers, seed
 and init scale from the file's header, unless given here, and then they must agree),
 teacher-forces every sequence (prompt + sampled tokens) through it in one batch, and writes the
 log-prob of each sampled token (log_softmax in FP32 over the full vocabulary) in the same format
-with role "learner". scripts/gap-report LEARNER SAMPLER then says how far the two are apart.
+with role "learner". tools/gap-report LEARNER SAMPLER then says how far the two are apart.
 
 --train runs a plain PyTorch training loop: AdamW on all weights, cross-entropy of next-token
 prediction on random token batches of BATCH x SEQ, forward + backward + step. Training tokens/s is
@@ -27,6 +27,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "tools"))
 import demo_model  # noqa: E402
 import logprobs  # noqa: E402
 

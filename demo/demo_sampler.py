@@ -1,9 +1,9 @@
 """demo_sampler.py — the sampler of the demo: `model.generate` on the demo model
-(scripts/demo_model.py) samples NEW tokens after each of BATCH random prompts of PROMPT_LEN
+(demo/demo_model.py) samples NEW tokens after each of BATCH random prompts of PROMPT_LEN
 tokens, records the log-prob of every sampled token under the sampler's own logits, and measures
 generated tokens per second.
 
-    python3 scripts/demo_sampler.py --out sampler.jsonl [--batch 8] [--prompt-len 64]
+    python3 demo/demo_sampler.py --out sampler.jsonl [--batch 8] [--prompt-len 64]
         [--new-tokens 64] [--layers 2] [--seed 0] [--sample-seed 1] [--repeats 1]
 
 Sampling is plain ancestral sampling: temperature 1, no top-k and no top-p truncation, so the
@@ -14,7 +14,7 @@ Throughput is BATCH*NEW over the wall time of one generate call (prefill include
 synchronised before and after, after one short warm-up generate; with --repeats N, the median of
 N calls, each from the same sampling seed (the file holds the first).
 
-Writes OUT in the minite-logprobs format (scripts/logprobs.py, role "sampler") and prints one
+Writes OUT in the minite-logprobs format (tools/logprobs.py, role "sampler") and prints one
 line of JSON to stdout: {"demo": "sampler", "tokens_per_s": ..., "tokens": ..., ...}. It runs
 unchanged with or without the shim (LD_PRELOAD=build/libminite.so MINITE_SPEC=...); the header
 records the spec the shim ran (or "none"). Exit status 0, or 1 with a message on stderr.
@@ -26,6 +26,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "tools"))
 import demo_model  # noqa: E402
 import logprobs  # noqa: E402
 

@@ -8,7 +8,7 @@
  * the same IEEE operations in the same order, with denormals kept (no -ftz, no fast math) and
  * correctly rounded division (not rcp.approx), or they will not match in rare cases.
  */
-#include "spec/nvfp4.h"
+#include "ref/nvfp4.h"
 
 #include <float.h>
 #include <math.h>
@@ -16,7 +16,7 @@
 #include <string.h>
 
 #if defined(__FAST_MATH__)
-#error "spec/nvfp4.c defines the numerics bit for bit: build it without -ffast-math"
+#error "ref/nvfp4.c defines the numerics bit for bit: build it without -ffast-math"
 #endif
 /* Excess precision (x87) would round some products twice; SSE evaluates FP32 in FP32. */
 _Static_assert(FLT_EVAL_METHOD == 0, "the reference needs FP32 evaluated in FP32");

@@ -17,8 +17,8 @@
 // wait still waits for this one to end): "launch" (a store only), "loads" (the weights before the
 // wait, the activations after), "chain" (the K / 16 wgmma m64n32k16 steps, groups of 8 with one in
 // flight, as the 64-token tiles issue them, on shared memory whose values do not matter for time:
-// scripts/probe_wgchain.cu, zeros and random alike), "floor" (all of it). cuBLAS BF16
-// (cublasGemmEx TN, as scripts/bench_kernels.c) at M = 1 and 16 in the same run. A floor above
+// lab/probe_wgchain.cu, zeros and random alike), "floor" (all of it). cuBLAS BF16
+// (cublasGemmEx TN, as bench/bench_kernels.c) at M = 1 and 16 in the same run. A floor above
 // cuBLAS / 3 means no kernel that keeps the rules reaches the target on that shape.
 // Then, since the large path's first full stage comes ~1 µs after its weights are requested even
 // with them in L2 (scripts/probe_kloop.cu's prologue line), the latency of a CTA's first weight load
@@ -27,12 +27,12 @@
 // through a tensor map kept in global memory (one per expert, written once: L2-hot); globaltimer
 // around the request and its mbarrier wait in each CTA's first thread, medians over CTAs.
 //
-// Measured (eleventh session, kernels/NOTES.md): floors of 3.2 / 2.3 / 7.9 / 5.7 µs at gate_up,
+// Measured (eleventh session, lab/NOTES.md): floors of 3.2 / 2.3 / 7.9 / 5.7 µs at gate_up,
 // down and DeepSeek's two shapes, 1.2-1.9x the time 3x of cuBLAS allows at M <= 16; a first
 // load of 4 KB lands in ~0.26-0.6 µs by bulk copy and ~0.3 µs later through a tensor map.
 //
-// Build and run on the H200 (scripts/gpu_session.sh probe; PROBES=floor):
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_floor scripts/probe_floor.cu -lcuda -lcublas
+// Build and run on the H200 (tests/gpu/session.sh probe; PROBES=floor):
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_floor lab/probe_floor.cu -lcuda -lcublas
 #include <cublas_v2.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -42,8 +42,8 @@
 
 #include "kernels/gemm_common.cuh"
 #include "kernels/wgmma.cuh"
-#include "scripts/probe.cuh"
-#include "scripts/probe_tma.cuh"
+#include "lab/probe.cuh"
+#include "lab/probe_tma.cuh"
 
 constexpr int EXPERTS = 128, BN = 32;
 constexpr int A_SMEM = 64 * 128, B_SMEM = BN * 128; // one 64-wide K block: 64 token rows, BN channels

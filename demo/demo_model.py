@@ -15,7 +15,7 @@ unit scale through the layers: every projection reads an RMS-normalised input, 0
 is about 0.9.
 
 Run it alone to check a model builds and gives finite logits:
-    python3 scripts/demo_model.py [--layers 2] [--seed 0]
+    python3 demo/demo_model.py [--layers 2] [--seed 0]
 torch and transformers are imported only when a model is built, so the argument parsing and the
 file formats of the demos can be tested on a machine without them.
 """

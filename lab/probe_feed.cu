@@ -1,4 +1,4 @@
-// probe_feed.cu — what bounds the large path at a few hundred tokens (kernels/NOTES.md, seventh
+// probe_feed.cu — what bounds the large path at a few hundred tokens (lab/NOTES.md, seventh
 // session): how fast TMA fills one SM's shared memory, alone and under the MMAs, for tiles of
 // BM tokens x BN channels on as many SMs as the tiles allow.
 //
@@ -17,8 +17,8 @@
 // tile by TMA multicast (each CTA loads half of it into both), against the same tiles alone: what
 // the L2 feed costs the 64-token tiles at M = 128-512.
 //
-// Build and run on the H200 (scripts/gpu_session.sh probe; PROBE_ARGS=mc for the second):
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_feed scripts/probe_feed.cu -lcuda
+// Build and run on the H200 (tests/gpu/session.sh probe; PROBE_ARGS=mc for the second):
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_feed lab/probe_feed.cu -lcuda
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -29,8 +29,8 @@
 
 #include "kernels/gemm_common.cuh"
 #include "kernels/wgmma.cuh"
-#include "scripts/probe.cuh"
-#include "scripts/probe_tma.cuh"
+#include "lab/probe.cuh"
+#include "lab/probe_tma.cuh"
 
 enum { NULL_RUN, FEED, MMA };
 constexpr int BK = 64, EXPERTS = 32, SMEM_STAGES = 200 * 1024;

@@ -31,14 +31,8 @@ double mt_param_rate(const char *name, double def, int *errors);
 unsigned long long mt_param_count(const char *name, unsigned long long def, unsigned long long min,
                                   unsigned long long max, const char *unit, int *errors);
 
-/* Expand a path template: %h host name, %p pid, %r rank (RANK, else 0), %% percent; any other
- * %x is kept as written. Returns 0, or -1 when the result does not fit in `size`. */
-int mt_param_path(const char *tmpl, char *out, size_t size);
-
-/* The host name, cut at the first dot ("" when unknown). */
-const char *mt_param_host(void);
-
-/* RANK when it holds a non-negative integer, else "0". */
-const char *mt_param_rank(void);
+/* Read MINITE_LOG_LEVEL and MINITE_LOG_FILE and set the log up (once; later calls do nothing).
+ * Returns the number of configuration errors found (each already warned about). */
+int mt_param_log(void);
 
 #endif

@@ -1,5 +1,5 @@
 // probe_wgchain.cu — the latency of a dependent wgmma chain: what bounds the 64-token tiles at a
-// few tokens (kernels/NOTES.md, eighth session).
+// few tokens (lab/NOTES.md, eighth session).
 //
 // At M <= 64 the large path's GEMM took the same time whatever the tile width (gate_up M = 16:
 // 64 x 16 6.88 µs, 64 x 32 6.96, 64 x 64 7.46), the number of SMs at work (96 or 48) and the bytes
@@ -24,8 +24,8 @@
 // told nothing: the consumer's "stop" store was missing, so the copier ran past the timed loop;
 // this version, with the store, has not run.
 //
-// Build and run on the H200 (scripts/gpu_session.sh probe; PROBES=wgchain):
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_wgchain scripts/probe_wgchain.cu
+// Build and run on the H200 (tests/gpu/session.sh probe; PROBES=wgchain):
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_wgchain lab/probe_wgchain.cu
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -34,7 +34,7 @@
 
 #include "kernels/gemm_common.cuh"
 #include "kernels/wgmma.cuh"
-#include "scripts/probe.cuh"
+#include "lab/probe.cuh"
 
 constexpr int STEPS = 128, SMEM = 1024 + 64 * 128 + 256 * 128, RING = 4;
 enum { KBLOCK, ONE_GROUP, RING_ZERO, RING_RAND, RING_MBAR, RING_WRITES };

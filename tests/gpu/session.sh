@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu_session.sh [STEP...] — everything the device machine is for, step by step: build, GPU
+# tests/gpu/session.sh [STEP...] — everything the device machine is for, step by step: build, GPU
 # tests, benchmarks and the demo run, each step under its own time limit so that one hang does not
 # cost the others. Logs go to $OUT (the device tool's output folder) or build/gpu-session.
 # KERNELS_LIMIT, SANITIZE_LIMIT, TORCH_LIMIT, RUN_LIMIT: seconds for those steps. A device call has
@@ -11,7 +11,7 @@
 # ncu, probe and ab). ab: the benchmark rows AB_ROWS ("qwen3_gate_up:4096 ...") one at a time,
 # their table lines into ab.log (with TAG, ab-TAG.log; set a knob beside it to compare). GPU_PY="tests/gpu/test_a.py ..." narrows the torch step to those Python tests;
 # TAG=-x appends -x to the log names (the same steps again under another setting, e.g.
-# MT_LARGE_VARIANT=v6 TAG=-v6 scripts/gpu_session.sh kernels sanitize). PROBES="feed ..." narrows the
+# MT_LARGE_VARIANT=v6 TAG=-v6 tests/gpu/session.sh kernels sanitize). PROBES="feed ..." narrows the
 # probe step, PROBE_ARGS passes them an argument (probe_feed: mc); NCU_ROWS names the ncu step's
 # benchmark rows, NCU_BLAS=1 adds cuBLAS's kernels of those rows.
 set -u
@@ -52,22 +52,22 @@ for s in $steps; do
           --kernel-name 'regex:mt_gemm_(large|small)' --launch-count 1 --section SpeedOfLight \
           --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
           --section LaunchStats --section Occupancy --section SourceCounters \
-          build/scripts/bench_kernels "$out/ncu.json"
+          build/bench/bench_kernels "$out/ncu.json"
       [ -n "${NCU_BLAS:-}" ] && step "ncu-blas-${cfg/:/-}" 240 env MT_BENCH_ONLY="$cfg" ncu --clock-control none \
           --kernel-name 'regex:nvjet|xmma|cutlass|gemm_kernel|splitK|gemv' --launch-count 2 --section SpeedOfLight \
-          --section MemoryWorkloadAnalysis --section LaunchStats build/scripts/bench_kernels "$out/ncu.json"
+          --section MemoryWorkloadAnalysis --section LaunchStats build/bench/bench_kernels "$out/ncu.json"
     done ;;
-  probe) # the experiments behind kernels/NOTES.md's floors (scripts/probe_*.cu; PROBES names some)
+  probe) # the experiments behind lab/NOTES.md's floors (lab/probe_*.cu; PROBES names some)
     mkdir -p build
     for p in ${PROBES:-mma chain phases feed wgchain kloop floor}; do
-      nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o "build/probe_$p" "scripts/probe_$p.cu" -lcuda -lcublas &&
+      nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o "build/probe_$p" "lab/probe_$p.cu" -lcuda -lcublas &&
         step "probe-$p${PROBE_ARGS:+-$PROBE_ARGS}" 60 "build/probe_$p" ${PROBE_ARGS:-}
     done ;;
   ab)
-    make -s build/scripts/bench_kernels >/dev/null 2>&1
+    make -s build/bench/bench_kernels >/dev/null 2>&1
     for r in ${AB_ROWS:-}; do
       echo "== ab${TAG:-} $r"
-      MT_BENCH_ONLY=$r timeout 60 build/scripts/bench_kernels "$out/ab.json" 2>&1 | grep -E "^${r%%:*} |rror"
+      MT_BENCH_ONLY=$r timeout 60 build/bench/bench_kernels "$out/ab.json" 2>&1 | grep -E "^${r%%:*} |rror"
     done >"$out/ab${TAG:-}.log" 2>&1
     cat "$out/ab${TAG:-}.log" ;;
   run) step run ${RUN_LIMIT:-540} make run ${RUN_ARGS:+RUN_ARGS="$RUN_ARGS"} && cp build/run/table.md build/run/gap.png "$out/" 2>/dev/null ;;

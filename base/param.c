@@ -1,5 +1,5 @@
 /* param.c — reading MINITE_* variables once, echoing non-defaults, rejecting bad values. */
-#include "shim/param.h"
+#include "base/param.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -8,7 +8,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "shim/log.h"
+#include "base/log.h"
 
 const char *mt_param_str(const char *name) {
   const char *v = getenv(name);
@@ -103,59 +103,23 @@ unsigned long long mt_param_count(const char *name, unsigned long long def, unsi
   return n;
 }
 
-static char host_name[256];
-
-static void read_host(void) {
-  if (gethostname(host_name, sizeof host_name - 1) != 0)
-    host_name[0] = '\0';
-  host_name[sizeof host_name - 1] = '\0';
-  char *dot = strchr(host_name, '.');
-  if (dot)
-    *dot = '\0';
-}
-
-const char *mt_param_host(void) {
-  static pthread_once_t once = PTHREAD_ONCE_INIT;
-  pthread_once(&once, read_host);
-  return host_name;
-}
-
-const char *mt_param_rank(void) {
-  const char *r = getenv("RANK");
-  if (!r || !r[0] || strlen(r) > 9 || strspn(r, "0123456789") != strlen(r))
-    return "0";
-  return r;
-}
-
-int mt_param_path(const char *tmpl, char *out, size_t size) {
-  size_t used = 0;
-  for (const char *p = tmpl; *p; p++) {
-    char piece[300];
-    const char *add = piece;
-    if (p[0] == '%' && p[1] == 'h') {
-      add = mt_param_host();
-      p++;
-    } else if (p[0] == '%' && p[1] == 'p') {
-      snprintf(piece, sizeof piece, "%ld", (long)getpid());
-      p++;
-    } else if (p[0] == '%' && p[1] == 'r') {
-      add = mt_param_rank();
-      p++;
-    } else if (p[0] == '%' && p[1] == '%') {
-      strcpy(piece, "%");
-      p++;
-    } else {
-      piece[0] = *p;
-      piece[1] = '\0';
-    }
-    size_t len = strlen(add);
-    if (used + len + 1 > size)
-      return -1;
-    memcpy(out + used, add, len);
-    used += len;
-  }
-  if (used + 1 > size)
-    return -1;
-  out[used] = '\0';
-  return 0;
+int mt_param_log(void) {
+  static int done;
+  if (done)
+    return 0;
+  done = 1;
+  int errors = 0;
+  /* The level is decided before the file opens, so that a bad file name is reported at the
+   * level asked for, and the file before the level is echoed, so that the echo lands in it. */
+  int level = mt_param_choice("MINITE_LOG_LEVEL", mt_log_level_names, MT_LOG_WARN, &errors);
+  mt_log_set_level(MT_LOG_WARN);
+  const char *tmpl = getenv("MINITE_LOG_FILE");
+  if (tmpl && tmpl[0] && level != MT_LOG_NONE)
+    errors += mt_log_open(tmpl);
+  mt_log_set_level(level);
+  if (level != MT_LOG_WARN)
+    MT_INFO("MINITE_LOG_LEVEL set by environment to %s", mt_log_level_names[level]);
+  if (tmpl && tmpl[0])
+    MT_INFO("MINITE_LOG_FILE set by environment to %s", tmpl);
+  return errors;
 }

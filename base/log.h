@@ -6,7 +6,7 @@
  * sharing a file never interleave. Nothing is ever written to stdout.
  *
  * The level check is one relaxed atomic load, so a disabled log line costs a load and a branch.
- * Before mt_log_init() the level is WARN and the destination stderr: the few warnings that can
+ * Before mt_param_log() (base/param.h) the level is WARN and the destination stderr: the few warnings that can
  * happen while the shim is inert (a real cuBLAS function not found) still reach the user.
  */
 #ifndef MT_LOG_H
@@ -18,9 +18,14 @@ enum mt_log_level { MT_LOG_NONE = 0, MT_LOG_WARN = 1, MT_LOG_INFO = 2, MT_LOG_TR
 
 extern atomic_int mt_log_level_now;
 
-/* Read MINITE_LOG_LEVEL and MINITE_LOG_FILE (once; later calls do nothing). Returns the number of
- * configuration errors found (each already warned about). */
-int mt_log_init(void);
+/* The level names, in enum order, NULL-terminated (what MINITE_LOG_LEVEL accepts). */
+extern const char *const mt_log_level_names[];
+
+void mt_log_set_level(enum mt_log_level level);
+
+/* Send later lines to the file that the path template names (base/proc.h). Returns 0, or 1 after
+ * warning that the file cannot be opened (lines then stay on stderr). */
+int mt_log_open(const char *tmpl);
 
 /* Close the log file (at exit); later lines go to stderr. */
 void mt_log_close(void);

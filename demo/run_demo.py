@@ -1,26 +1,26 @@
-"""run_demo.py — what `make run` runs (scripts/run.mk): the demo sampler and learner under the
+"""run_demo.py — what `make run` runs (demo/run.mk): the demo sampler and learner under the
 shim for each spec, once without it, and one table of what came out.
 
-    python3 scripts/run_demo.py [--specs bf16,nvfp4-tensor,nvfp4-row] [--out build/run]
+    python3 demo/run_demo.py [--specs bf16,nvfp4-tensor,nvfp4-row] [--out build/run]
         [--layers 2] [--batch 8] [--prompt-len 64] [--new-tokens 64]
         [--train-batch 8] [--train-seq 256] [--train-steps 10] [--train-warmup 2]
         [--overhead-spec nvfp4-row | --overhead-spec none]
 
 Without a GPU (no nvidia-smi, or torch sees no CUDA device) it prints one line saying so and
 exits 0. Otherwise, for "none" (no LD_PRELOAD: the throughput baseline) and then each spec:
-  1. scripts/demo_sampler.py   generate, per-token log-probs -> OUT/sampler-<spec>.jsonl
-  2. scripts/demo_learner.py   --logprobs (score the sampler's tokens) -> OUT/learner-<spec>.jsonl,
+  1. demo/demo_sampler.py   generate, per-token log-probs -> OUT/sampler-<spec>.jsonl
+  2. demo/demo_learner.py   --logprobs (score the sampler's tokens) -> OUT/learner-<spec>.jsonl,
                                then --train (AdamW steps, training tokens/s)
 each as a child process with PYTHONUNBUFFERED=1 and, for a spec, LD_PRELOAD=<abs>/libminite.so
 MINITE_SPEC=<spec> MINITE_ROUTE=1536x2048,2048x768 MINITE_ROLE=sampler|learner
-MINITE_STATS=OUT/stats/<spec>-<role>-%p.jsonl. Then scripts/gap-report per spec
+MINITE_STATS=OUT/stats/<spec>-<role>-%p.jsonl. Then tools/gap-report per spec
 (OUT/gap-<spec>.json) and over all specs (OUT/gap.png), and the table: learner and sampler
 tokens/s with their ratio to the no-shim run, routed GEMM calls (from the shim's summary record,
 the last line of each stats file), the log-prob gap (|dlogp| mean / p99 / max, KL, share of
 importance ratios above 2), and the instruments (shim/instr.c, at their default rates): the
 learner's shadow error (relative L2 of the routed GEMMs against BF16 cuBLAS, mean / max over the
 sampled calls), the invariance probe (rows that differ when recomputed alone / rows probed, learner
-and sampler together), and the learner-sampler digest join of scripts/minite-compare (rows in
+and sampler together), and the learner-sampler digest join of tools/minite-compare (rows in
 both, and the share of them bitwise equal). Last, the instruments' overhead: the learner once more
 under --overhead-spec (default nvfp4-row) with MINITE_SHADOW=MINITE_PROBE=MINITE_DIGEST=0, its
 training tokens/s against the run with the instruments at their defaults. The table is printed and written to OUT/table.md, every number to
@@ -39,7 +39,9 @@ import time
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 ROOT = os.path.dirname(HERE)
+TOOLS = os.path.join(ROOT, "tools")
 sys.path.insert(0, HERE)
+sys.path.insert(0, TOOLS)
 import demo_model  # noqa: E402  (standard library only at import time)
 
 SPECS = ["bf16", "nvfp4-tensor", "nvfp4-row"]
@@ -290,11 +292,11 @@ def instrument_figures(run):
 
 
 def digest_join(run):
-    """scripts/minite-compare of the learner's and the sampler's statistics files (--json)."""
+    """tools/minite-compare of the learner's and the sampler's statistics files (--json)."""
     a, b = run["stats_files"].get("learner"), run["stats_files"].get("sampler")
     if run["spec"] == BASELINE or not a or not b:
         return None
-    res = subprocess.run([sys.executable, os.path.join(HERE, "minite-compare"), a, b, "--json"],
+    res = subprocess.run([sys.executable, os.path.join(TOOLS, "minite-compare"), a, b, "--json"],
                          capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         print(f"[run] minite-compare {run['spec']} FAILED (exit {res.returncode}): "
@@ -313,7 +315,7 @@ def scored(run):
 def gap_report(args, run):
     if not scored(run):
         return None
-    argv = [sys.executable, os.path.join(HERE, "gap-report"), "--json", "--label", run["spec"],
+    argv = [sys.executable, os.path.join(TOOLS, "gap-report"), "--json", "--label", run["spec"],
             run["files"]["learner"], run["files"]["sampler"]]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
@@ -332,7 +334,7 @@ def gap_png(args, runs):
     if not items:
         return None
     png = os.path.join(args.out, "gap.png")
-    argv = [sys.executable, os.path.join(HERE, "gap-report"), "--json", "--png", png, "--runs"]
+    argv = [sys.executable, os.path.join(TOOLS, "gap-report"), "--json", "--png", png, "--runs"]
     res = subprocess.run(argv + items, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         print(f"[run] gap-report --png FAILED (exit {res.returncode}): {res.stderr.strip()}",
@@ -484,7 +486,7 @@ def main(argv=None):
     notes.append("shadow: relative L2 of the learner's routed GEMMs against BF16 cuBLAS on the "
                  "sampled calls (MINITE_SHADOW default 1/64); probe: rows recomputed alone that "
                  "differ bitwise, learner and sampler (MINITE_PROBE 1/64); digest join: "
-                 "scripts/minite-compare learner vs sampler, rows digested by both (MINITE_DIGEST "
+                 "tools/minite-compare learner vs sampler, rows digested by both (MINITE_DIGEST "
                  "1/64 of rows, picked by content) and the share bitwise equal")
     if overhead:
         if overhead["overhead_pct"] is not None:

@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# scripts/gpu_ab.sh — compare kernel variants against the working tree in one device call: each built
+# lab/gpu_ab.sh — compare kernel variants against the working tree in one device call: each built
 # beside the others, their benchmarks run interleaved, one table of the GEMM's µs.
 #
-#   scripts/gpu_ab.sh prepare NAME REF   (here, with git) ab/NAME/ gets the files REF changed since
+#   lab/gpu_ab.sh prepare NAME REF   (here, with git) ab/NAME/ gets the files REF changed since
 #                                        it left HEAD's history, as REF has them (rebase REF on HEAD
 #                                        first; deleted files are not supported)
-#   scripts/gpu_ab.sh run NAME...        (device machine) builds the tree as "main" and each ab/NAME
+#   lab/gpu_ab.sh run NAME...        (device machine) builds the tree as "main" and each ab/NAME
 #                                        (the tree with ab/NAME's files over it) in build dirs of its
 #                                        own, then runs bench_kernels on each in turn, AB_REPEATS
 #                                        times (default 2), and prints per benchmark row (M <= AB_MAX_M,
 #                                        default 1024) the GEMM's µs for each, one column a variant
 #                                        (the median of the repeats; of two, the lower)
-#   scripts/gpu_ab.sh table NAME...      the table again from $OUT's logs
+#   lab/gpu_ab.sh table NAME...      the table again from $OUT's logs
 #
 # ab/ must travel to the device: it is untracked, so leave it out of .gitignore or name it in the
-# device tool's carry. AB_PROBES="kloop ..." builds scripts/probe_P.cu in every tree, main's too
+# device tool's carry. AB_PROBES="floor ..." builds lab/probe_P.cu in every tree, main's too
 # (the probes include the kernels, so each runs that tree's kernel: ~20 s to build, seconds to run).
 # AB_TESTS=1 then runs test_kernels on each variant (~80 s each; main's own run is make gputest's),
 # AB_TESTS=all on main too. Logs go to $OUT (or build/gpu-ab): build-NAME.log, bench-NAME-i.log,
-# probe-P-NAME.log, kernels-NAME.log, ab.txt. The ninth session's A/B calls (kernels/NOTES.md)
+# probe-P-NAME.log, kernels-NAME.log, ab.txt. The ninth session's A/B calls (lab/NOTES.md)
 # were this, by hand: the repeats agreed within 0.05 µs.
 set -u
 cd "$(dirname "$0")/.."
@@ -46,7 +46,7 @@ build_all() { # NAME...
     mkdir -p "$work/$v" && cp -r Makefile kernels scripts shim spec tests "$work/$v/" && cp -r "ab/$v/." "$work/$v/"
   done
   for v in main "$@"; do
-    (cd "$(tree_of "$v")" && make -j"$jobs" all build/tests/gpu/test_kernels build/scripts/bench_kernels \
+    (cd "$(tree_of "$v")" && make -j"$jobs" all build/tests/gpu/test_kernels build/bench/bench_kernels \
       >"$out/build-$v.log" 2>&1; echo "build $v: exit $?") &
   done
   wait
@@ -78,13 +78,13 @@ table() { # NAME... (main first): the median of the repeats, per row and variant
 run() { # NAME...
   local v i
   for v in "$@"; do
-    [ -d "ab/$v" ] || { echo "gpu_ab: no ab/$v (run \"scripts/gpu_ab.sh prepare $v REF\" first, and carry ab)"; return 1; }
+    [ -d "ab/$v" ] || { echo "gpu_ab: no ab/$v (run \"lab/gpu_ab.sh prepare $v REF\" first, and carry ab)"; return 1; }
   done
   mkdir -p "$out"
   build_all "$@"
   for i in $(seq "${AB_REPEATS:-2}"); do
     for v in main "$@"; do
-      (cd "$(tree_of "$v")" && timeout 120 build/scripts/bench_kernels "$work/bench-$v-$i.json") \
+      (cd "$(tree_of "$v")" && timeout 120 build/bench/bench_kernels "$work/bench-$v-$i.json") \
         >"$out/bench-$v-$i.log" 2>&1 || echo "bench $v ($i): exit $?"
     done
   done
@@ -101,7 +101,7 @@ probes() { # NAME...: each of AB_PROBES built in every tree in parallel, then ru
   for v in "$@"; do
     for p in $AB_PROBES; do
       (cd "$(tree_of "$v")" && nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. \
-        -o "build/probe_$p" "scripts/probe_$p.cu" -lcuda -lcublas >"$out/probe-$p-$v.log" 2>&1 ||
+        -o "build/probe_$p" "lab/probe_$p.cu" -lcuda -lcublas >"$out/probe-$p-$v.log" 2>&1 ||
         echo "probe $p $v: build exit $?") &
     done
   done

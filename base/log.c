@@ -1,5 +1,5 @@
 /* log.c — NCCL-style log lines to stderr or MINITE_LOG_FILE, one write(2) per line. */
-#include "shim/log.h"
+#include "base/log.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,18 +10,17 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "shim/param.h"
+#include "base/proc.h"
 
 atomic_int mt_log_level_now = MT_LOG_WARN;
 static atomic_int log_fd = 2; /* stderr until MINITE_LOG_FILE is opened */
-static int log_inited;
 
-static const char *const level_names[] = {"NONE", "WARN", "INFO", "TRACE", NULL};
+const char *const mt_log_level_names[] = {"NONE", "WARN", "INFO", "TRACE", NULL};
 
 void mt_log_write(enum mt_log_level level, const char *fmt, ...) {
   char line[2048]; /* a spec error can be long; longer lines are cut */
-  int used = snprintf(line, sizeof line, "%s:%ld:%ld minite %s ", mt_param_host(), (long)getpid(),
-                      (long)syscall(SYS_gettid), level_names[level]);
+  int used = snprintf(line, sizeof line, "%s:%ld:%ld minite %s ", mt_proc_host(), (long)getpid(),
+                      (long)syscall(SYS_gettid), mt_log_level_names[level]);
   if (used < 0 || (size_t)used >= sizeof line)
     return;
   va_list ap;
@@ -38,9 +37,13 @@ void mt_log_write(enum mt_log_level level, const char *fmt, ...) {
   while (w < 0 && errno == EINTR);
 }
 
-static int open_log_file(const char *tmpl) {
+const char *mt_log_level_name(enum mt_log_level level) { return mt_log_level_names[level]; }
+
+void mt_log_set_level(enum mt_log_level level) { atomic_store(&mt_log_level_now, level); }
+
+int mt_log_open(const char *tmpl) {
   char path[4096];
-  if (mt_param_path(tmpl, path, sizeof path) != 0) {
+  if (mt_proc_path(tmpl, path, sizeof path) != 0) {
     MT_WARN("MINITE_LOG_FILE=%s expands to a path longer than %zu bytes: shorten it; logging to "
             "stderr", tmpl, sizeof path);
     return 1;
@@ -53,26 +56,6 @@ static int open_log_file(const char *tmpl) {
   }
   atomic_store(&log_fd, fd);
   return 0;
-}
-
-int mt_log_init(void) {
-  if (log_inited)
-    return 0;
-  log_inited = 1;
-  int errors = 0;
-  /* The level is decided before the file opens, so that a bad file name is reported at the
-   * level asked for, and the file before the level is echoed, so that the echo lands in it. */
-  int level = mt_param_choice("MINITE_LOG_LEVEL", level_names, MT_LOG_WARN, &errors);
-  atomic_store(&mt_log_level_now, MT_LOG_WARN);
-  const char *tmpl = getenv("MINITE_LOG_FILE");
-  if (tmpl && tmpl[0] && level != MT_LOG_NONE)
-    errors += open_log_file(tmpl);
-  atomic_store(&mt_log_level_now, level);
-  if (level != MT_LOG_WARN)
-    MT_INFO("MINITE_LOG_LEVEL set by environment to %s", level_names[level]);
-  if (tmpl && tmpl[0])
-    MT_INFO("MINITE_LOG_FILE set by environment to %s", tmpl);
-  return errors;
 }
 
 void mt_log_close(void) {

@@ -1,5 +1,5 @@
 """logprobs.py — the per-token log-prob file ("minite-logprobs", version 1): written by the demo
-sampler and learner (scripts/demo_sampler.py, scripts/demo_learner.py), read by scripts/gap-report.
+sampler and learner (demo/demo_sampler.py, demo/demo_learner.py), read by tools/gap-report.
 Standard library only, so that gap-report runs anywhere.
 
 The format, JSON lines in UTF-8:
@@ -87,7 +87,7 @@ def _logprob(v):
 
 def _parse_header(path, line):
     what = f"{path} is not a minite-logprobs file"
-    hint = ("the demo programs write it (scripts/demo_sampler.py, scripts/demo_learner.py); "
+    hint = ("the demo programs write it (demo/demo_sampler.py, demo/demo_learner.py); "
             "its first line is a JSON object with \"format\": \"minite-logprobs\"")
     try:
         header = json.loads(line)

@@ -1,0 +1,65 @@
+/* proc.c — host, rank and path templates (proc.h). */
+#include "base/proc.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char host_name[256];
+
+static void read_host(void) {
+  if (gethostname(host_name, sizeof host_name - 1) != 0)
+    host_name[0] = '\0';
+  host_name[sizeof host_name - 1] = '\0';
+  char *dot = strchr(host_name, '.');
+  if (dot)
+    *dot = '\0';
+}
+
+const char *mt_proc_host(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, read_host);
+  return host_name;
+}
+
+const char *mt_proc_rank(void) {
+  const char *r = getenv("RANK");
+  if (!r || !r[0] || strlen(r) > 9 || strspn(r, "0123456789") != strlen(r))
+    return "0";
+  return r;
+}
+
+int mt_proc_path(const char *tmpl, char *out, size_t size) {
+  size_t used = 0;
+  for (const char *p = tmpl; *p; p++) {
+    char piece[300];
+    const char *add = piece;
+    if (p[0] == '%' && p[1] == 'h') {
+      add = mt_proc_host();
+      p++;
+    } else if (p[0] == '%' && p[1] == 'p') {
+      snprintf(piece, sizeof piece, "%ld", (long)getpid());
+      p++;
+    } else if (p[0] == '%' && p[1] == 'r') {
+      add = mt_proc_rank();
+      p++;
+    } else if (p[0] == '%' && p[1] == '%') {
+      strcpy(piece, "%");
+      p++;
+    } else {
+      piece[0] = *p;
+      piece[1] = '\0';
+    }
+    size_t len = strlen(add);
+    if (used + len + 1 > size)
+      return -1;
+    memcpy(out + used, add, len);
+    used += len;
+  }
+  if (used + 1 > size)
+    return -1;
+  out[used] = '\0';
+  return 0;
+}

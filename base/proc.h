@@ -1,0 +1,18 @@
+/* proc.h — what identifies this process in log lines and file names: the host, the rank, and
+ * paths built from a template of them. The bottom of the library: it depends on libc alone. */
+#ifndef MT_PROC_H
+#define MT_PROC_H
+
+#include <stddef.h>
+
+/* The host name, cut at the first dot ("" when unknown). */
+const char *mt_proc_host(void);
+
+/* RANK when it holds a non-negative integer, else "0". */
+const char *mt_proc_rank(void);
+
+/* Expand a path template: %h host name, %p pid, %r rank (RANK, else 0), %% percent; any other
+ * %x is kept as written. Returns 0, or -1 when the result does not fit in `size`. */
+int mt_proc_path(const char *tmpl, char *out, size_t size);
+
+#endif
