@@ -45,13 +45,15 @@ int mt_log_open(const char *tmpl) {
   char path[4096];
   if (mt_proc_path(tmpl, path, sizeof path) != 0) {
     MT_WARN("MINITE_LOG_FILE=%s expands to a path longer than %zu bytes: shorten it; logging to "
-            "stderr", tmpl, sizeof path);
+            "stderr",
+            tmpl, sizeof path);
     return 1;
   }
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) {
     MT_WARN("cannot open MINITE_LOG_FILE=%s (%s): %s; check the directory exists and is "
-            "writable; logging to stderr", tmpl, path, strerror(errno));
+            "writable; logging to stderr",
+            tmpl, path, strerror(errno));
     return 1;
   }
   atomic_store(&log_fd, fd);

@@ -30,7 +30,8 @@ int mt_log_open(const char *tmpl);
 /* Close the log file (at exit); later lines go to stderr. */
 void mt_log_close(void);
 
-__attribute__((format(printf, 2, 3))) void mt_log_write(enum mt_log_level level, const char *fmt, ...);
+__attribute__((format(printf, 2, 3))) void mt_log_write(enum mt_log_level level, const char *fmt,
+                                                        ...);
 
 #define MT_LOG(level, ...)                                                                         \
   do {                                                                                             \

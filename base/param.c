@@ -76,7 +76,8 @@ double mt_param_rate(const char *name, double def, int *errors) {
   double r = parse_rate(v);
   if (r < 0) {
     MT_WARN("invalid value '%s' for %s: use a rate in [0, 1] as a decimal (0.015625) or a "
-            "fraction (1/64), 0 to turn it off; using the default %g", v, name, def);
+            "fraction (1/64), 0 to turn it off; using the default %g",
+            v, name, def);
     if (errors)
       (*errors)++;
     return def;

@@ -53,7 +53,7 @@ static int json_first = 1;
   do {                                                                                             \
     cudaError_t e_ = (call);                                                                       \
     if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "bench: %s: %s (line %d)\n", #call, cudaGetErrorString(e_), __LINE__);      \
+      fprintf(stderr, "bench: %s: %s (line %d)\n", #call, cudaGetErrorString(e_), __LINE__);       \
       exit(1);                                                                                     \
     }                                                                                              \
   } while (0)
@@ -114,7 +114,8 @@ static double time_calls(call_fn fn, void *ctx, int calls) {
     failed = fn(ctx, i) != 0;
   cudaError_t e = cudaStreamEndCapture(stream, &graph);
   if (failed || e != cudaSuccess) {
-    fprintf(stderr, "bench: capture failed (%s)\n", failed ? "a call failed" : cudaGetErrorString(e));
+    fprintf(stderr, "bench: capture failed (%s)\n",
+            failed ? "a call failed" : cudaGetErrorString(e));
     if (e == cudaSuccess)
       cudaGraphDestroy(graph);
     cudaGetLastError();
@@ -172,10 +173,20 @@ static int call_ours(void *p, int i) {
  * for the call: xhat, or under MT_LARGE_VARIANT=ra where its kernel runs, 5-bit records
  * (mt_gemm_act_records); S after the activations' section (mt_gemm_act_bytes). */
 static mt_gemm_args ours_args(const gemm_ctx *g, int i) {
-  mt_gemm_args a = {.m = g->m, .n = g->s->n, .k = g->s->k, .x = g->x, .ldx = (size_t)g->s->k,
-                    .xtype = MT_DTYPE_BF16, .w = &g->q[i % g->experts], .y = g->y,
-                    .ldy = (size_t)g->s->n, .ytype = MT_DTYPE_BF16, .alpha = 1.0f,
-                    .workspace = g->ws, .workspace_bytes = g->ws_bytes, .path = g->path};
+  mt_gemm_args a = {.m = g->m,
+                    .n = g->s->n,
+                    .k = g->s->k,
+                    .x = g->x,
+                    .ldx = (size_t)g->s->k,
+                    .xtype = MT_DTYPE_BF16,
+                    .w = &g->q[i % g->experts],
+                    .y = g->y,
+                    .ldy = (size_t)g->s->n,
+                    .ytype = MT_DTYPE_BF16,
+                    .alpha = 1.0f,
+                    .workspace = g->ws,
+                    .workspace_bytes = g->ws_bytes,
+                    .path = g->path};
   return a;
 }
 
@@ -187,8 +198,13 @@ static int call_act_quant(void *p, int i) {
   gemm_ctx *g = p;
   mt_gemm_args a = ours_args(g, i);
   int records = mt_gemm_act_records(&a);
-  mt_quant_params q = {.x = g->x, .ldx = g->s->k, .rows = g->m, .cols = g->s->k, .row_outer = 1,
-                       .xhat = records ? NULL : g->ws, .outer = act_outer(g),
+  mt_quant_params q = {.x = g->x,
+                       .ldx = g->s->k,
+                       .rows = g->m,
+                       .cols = g->s->k,
+                       .row_outer = 1,
+                       .xhat = records ? NULL : g->ws,
+                       .outer = act_outer(g),
                        .records = records ? g->ws : NULL};
   return mt_quantize(&q, 0, (mt_stream)stream);
 }
@@ -197,7 +213,9 @@ static int call_gemm_only(void *p, int i) {
   gemm_ctx *g = p;
   mt_gemm_args a = ours_args(g, i);
   int records = mt_gemm_act_records(&a);
-  mt_qact q = {.xhat = records ? NULL : g->ws, .outer = act_outer(g), .rec = records ? g->ws : NULL,
+  mt_qact q = {.xhat = records ? NULL : g->ws,
+               .outer = act_outer(g),
+               .rec = records ? g->ws : NULL,
                .r0 = g->m}; /* every row quantized beforehand: under fq this times the ts kernel */
   return mt_gemm_launch(&a, &q, (mt_stream)stream);
 }
@@ -207,9 +225,8 @@ static int call_cublas(void *p, int i) {
   const float alpha = 1.0f, beta = 0.0f;
   const uint16_t *w = g->w_bf16 + (size_t)(i % g->experts) * g->s->n * g->s->k;
   cublasStatus_t st = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, g->s->n, g->m, g->s->k, &alpha,
-                                   w, CUDA_R_16BF, g->s->k, g->x, CUDA_R_16BF, g->s->k, &beta,
-                                   g->y, CUDA_R_16BF, g->s->n, CUBLAS_COMPUTE_32F,
-                                   CUBLAS_GEMM_DEFAULT);
+                                   w, CUDA_R_16BF, g->s->k, g->x, CUDA_R_16BF, g->s->k, &beta, g->y,
+                                   CUDA_R_16BF, g->s->n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS)
     fprintf(stderr, "bench: cublasGemmEx %s m=%d: status %d\n", g->s->name, g->m, (int)st);
   return st != CUBLAS_STATUS_SUCCESS;
@@ -325,9 +342,9 @@ static void bench_shape(const shape *s, const mt_numerics *num) {
     double wbytes_blas = (double)wn * 2;
     printf("%-14s %6d %5d %5d | %9.2f %9.2f | %6.2f | %7.2f %7.2f | %7.1f %7.1f | %7.0f %7.0f\n",
            s->name, g.m, s->n, s->k, t_ours * 1e6, t_blas * 1e6, t_ours > 0 ? t_blas / t_ours : 0,
-           t_quant * 1e6, t_gemm * 1e6,
-           t_ours > 0 ? flop / t_ours * 1e-12 : 0, flop / t_blas * 1e-12,
-           t_ours > 0 ? wbytes_ours / t_ours * 1e-9 : 0, wbytes_blas / t_blas * 1e-9);
+           t_quant * 1e6, t_gemm * 1e6, t_ours > 0 ? flop / t_ours * 1e-12 : 0,
+           flop / t_blas * 1e-12, t_ours > 0 ? wbytes_ours / t_ours * 1e-9 : 0,
+           wbytes_blas / t_blas * 1e-9);
     fflush(stdout);
     char row[768];
     snprintf(row, sizeof row,
@@ -379,9 +396,14 @@ static void bench_quant(void) {
     records[i] = dmalloc(rec_bytes);
     void *x = dmalloc(elems * 2);
     fill(x, elems);
-    q.p[i] = (mt_quant_params){.x = x, .ldx = COLS, .rows = ROWS, .cols = COLS,
-                               .xhat = dmalloc(elems * 2), .codes = dmalloc(elems / 2),
-                               .scales = dmalloc(elems / 16), .outer = dmalloc(ROWS * 4 + 256)};
+    q.p[i] = (mt_quant_params){.x = x,
+                               .ldx = COLS,
+                               .rows = ROWS,
+                               .cols = COLS,
+                               .xhat = dmalloc(elems * 2),
+                               .codes = dmalloc(elems / 2),
+                               .scales = dmalloc(elems / 16),
+                               .outer = dmalloc(ROWS * 4 + 256)};
     q.p[i].amax = (uint32_t *)(q.p[i].outer + ROWS);
   }
   struct {
@@ -411,7 +433,8 @@ static void bench_quant(void) {
     }
     q.tile16 = variants[v].tile16;
     double t = time_calls(variants[v].fn, &q, 64);
-    double bytes = (double)elems * 2 * (variants[v].records ? 1 : 2) + (variants[v].fn == call_copy ? 0 : ROWS * 4.0);
+    double bytes = (double)elems * 2 * (variants[v].records ? 1 : 2) +
+                   (variants[v].fn == call_copy ? 0 : ROWS * 4.0);
     if (variants[v].records)
       bytes += (double)rec_bytes;
     if (variants[v].codes)
@@ -481,8 +504,13 @@ static void sweep_quant(void) {
     for (int i = 0; i < QSETS; i++) {
       void *x = dmalloc(elems * 2);
       fill(x, elems);
-      c.p[i] = (mt_quant_params){.x = x, .ldx = k, .rows = rows, .cols = k, .row_outer = 1,
-                                 .xhat = dmalloc(elems * 2), .outer = dmalloc((size_t)rows * 4)};
+      c.p[i] = (mt_quant_params){.x = x,
+                                 .ldx = k,
+                                 .rows = rows,
+                                 .cols = k,
+                                 .row_outer = 1,
+                                 .xhat = dmalloc(elems * 2),
+                                 .outer = dmalloc((size_t)rows * 4)};
     }
     for (int n = 0; n < 4; n++) {
       unsigned blocks = (unsigned)(k / 16 + nbs[n] - 1) / (unsigned)nbs[n];
@@ -571,8 +599,10 @@ int main(int argc, char **argv) {
   for (int s = 0; s < NSHAPES; s++)
     bench_shape(&shapes[s], &num);
   if (!only_name) {
-    printf("\nfew tokens: each path forced, and AUTO's choice (us per call, quantization included)\n");
-    printf("%-14s %3s | %7s %7s %7s | %-5s %7s\n", "shape", "M", "fused", "small", "large", "auto", "us");
+    printf(
+        "\nfew tokens: each path forced, and AUTO's choice (us per call, quantization included)\n");
+    printf("%-14s %3s | %7s %7s %7s | %-5s %7s\n", "shape", "M", "fused", "small", "large", "auto",
+           "us");
     printf("%s", path_table);
   }
   fprintf(json, "\n]}\n");

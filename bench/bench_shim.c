@@ -119,12 +119,16 @@ int main(int argc, char **argv) {
       {"cublasGemmEx, inert (MINITE_SPEC unset)", "gemm", {NULL}, 1},
       {"cublasGemmEx, pass-through, no stats", "gemm", {"MINITE_SPEC=bf16", NULL}, 1},
       {"cublasGemmEx, pass-through + stats", "gemm", {"MINITE_SPEC=bf16", stats, NULL}, 1},
-      {"cublasGemmEx, routed shape (bf16) + stats", "gemm",
-       {"MINITE_SPEC=bf16", stats, "MINITE_ROUTE=1x1", NULL}, 1},
+      {"cublasGemmEx, routed shape (bf16) + stats",
+       "gemm",
+       {"MINITE_SPEC=bf16", stats, "MINITE_ROUTE=1x1", NULL},
+       1},
       {"cublasLtMatmul, no shim", "lt", {NULL}, 0},
       {"cublasLtMatmul, pass-through + stats", "lt", {"MINITE_SPEC=bf16", stats, NULL}, 1},
-      {"cublasLtMatmul, routed shape (bf16) + stats", "lt",
-       {"MINITE_SPEC=bf16", stats, "MINITE_ROUTE=16x16", NULL}, 1},
+      {"cublasLtMatmul, routed shape (bf16) + stats",
+       "lt",
+       {"MINITE_SPEC=bf16", stats, "MINITE_ROUTE=16x16", NULL},
+       1},
   };
   printf("bench_shim: ns per call added by libminite.so, against the fake cuBLAS of the tests\n"
          "method: per mode, the median of %d rounds; a round is one process timing %d repetitions\n"

@@ -27,11 +27,8 @@ static const struct {
   const char *name;
   const char *image;
 } kernel_files[] = {
-    {"quant", mt_fatbin_quant},
-    {"gemm_small", mt_fatbin_gemm_small},
-    {"gemm_large", mt_fatbin_gemm_large},
-    {"wcheck", mt_fatbin_wcheck},
-    {"instr", mt_fatbin_instr},
+    {"quant", mt_fatbin_quant},   {"gemm_small", mt_fatbin_gemm_small}, {"gemm_large", mt_fatbin_gemm_large},
+    {"wcheck", mt_fatbin_wcheck}, {"instr", mt_fatbin_instr},
 };
 #define NFILES ((int)(sizeof kernel_files / sizeof kernel_files[0]))
 
@@ -43,20 +40,17 @@ static void driver_load(void) {
   /* The program has loaded libcuda already (there is one per process); NOLOAD finds it without
    * pulling in a second copy from another path. */
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (!lib)
-    lib = dlopen("libcuda.so.1", RTLD_NOW);
-  if (!lib)
-    return;
+  if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!lib) return;
   int missing = 0;
   void *sym_addr;
-#define MT_DRIVER_SYM(field, decl, sym)                                                            \
-  sym_addr = dlsym(lib, sym);                                                                      \
-  memcpy(&driver_table.field, &sym_addr, sizeof sym_addr);                                         \
+#define MT_DRIVER_SYM(field, decl, sym)                                                                                \
+  sym_addr = dlsym(lib, sym);                                                                                          \
+  memcpy(&driver_table.field, &sym_addr, sizeof sym_addr);                                                             \
   missing |= sym_addr == NULL;
   MT_DRIVER_FUNCTIONS(MT_DRIVER_SYM)
 #undef MT_DRIVER_SYM
-  if (!missing)
-    driver_loaded = &driver_table;
+  if (!missing) driver_loaded = &driver_table;
 }
 
 const mt_driver *mt_driver_get(void) {
@@ -103,8 +97,7 @@ static int find_function(CUcontext ctx, int file, const char *fn, int n, CUfunct
 
 static int file_index(const char *module) {
   for (int i = 0; i < NFILES; i++)
-    if (strcmp(kernel_files[i].name, module) == 0)
-      return i;
+    if (strcmp(kernel_files[i].name, module) == 0) return i;
   return -1;
 }
 
@@ -113,10 +106,8 @@ static int device_is_sm90(const mt_driver *d) {
   CUdevice dev;
   int major = 0, minor = 0;
   if (d->ctx_get_device(&dev) != CUDA_SUCCESS ||
-      d->device_get_attribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) !=
-          CUDA_SUCCESS ||
-      d->device_get_attribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev) !=
-          CUDA_SUCCESS)
+      d->device_get_attribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) != CUDA_SUCCESS ||
+      d->device_get_attribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev) != CUDA_SUCCESS)
     return 0;
   return major == 9 && minor == 0;
 }
@@ -131,36 +122,29 @@ static int module_get(const mt_driver *d, CUcontext ctx, int file, CUstream stre
   /* Loading a module inside a capture is not legal (it may invalidate the capture); an error
    * from the query (the legacy stream beside a global-mode capture) means the same. */
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (d->stream_is_capturing(stream, &capture) != CUDA_SUCCESS ||
-      capture != CU_STREAM_CAPTURE_STATUS_NONE)
+  if (d->stream_is_capturing(stream, &capture) != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE)
     return MT_ERR_CAPTURE;
-  if (!device_is_sm90(d))
-    return MT_ERR_NO_DEVICE;
-  if (nmodules == MAX_MODULES)
-    return MT_ERR_CUDA;
+  if (!device_is_sm90(d)) return MT_ERR_NO_DEVICE;
+  if (nmodules == MAX_MODULES) return MT_ERR_CUDA;
   CUmodule m;
   CUresult r = d->module_load_data(&m, kernel_files[file].image);
-  if (r == CUDA_ERROR_NO_BINARY_FOR_GPU)
-    return MT_ERR_NO_DEVICE;
-  if (r != CUDA_SUCCESS)
-    return MT_ERR_CUDA;
+  if (r == CUDA_ERROR_NO_BINARY_FOR_GPU) return MT_ERR_NO_DEVICE;
+  if (r != CUDA_SUCCESS) return MT_ERR_CUDA;
   modules[nmodules++] = (module_slot){ctx, file, m};
   *out = m;
   return MT_OK;
 }
 
-static int function_load(const mt_driver *d, CUcontext ctx, int file, const char *fn,
-                         CUstream stream, CUfunction *out) {
+static int function_load(const mt_driver *d, CUcontext ctx, int file, const char *fn, CUstream stream,
+                         CUfunction *out) {
   pthread_mutex_lock(&load_lock);
   int n = atomic_load_explicit(&nfunctions, memory_order_relaxed);
   int status = MT_OK;
   if (!find_function(ctx, file, fn, n, out)) {
     CUmodule m;
     status = module_get(d, ctx, file, stream, &m);
-    if (status == MT_OK && n == MAX_FUNCTIONS)
-      status = MT_ERR_CUDA;
-    if (status == MT_OK && d->module_get_function(out, m, fn) != CUDA_SUCCESS)
-      status = MT_ERR_CUDA;
+    if (status == MT_OK && n == MAX_FUNCTIONS) status = MT_ERR_CUDA;
+    if (status == MT_OK && d->module_get_function(out, m, fn) != CUDA_SUCCESS) status = MT_ERR_CUDA;
     if (status == MT_OK) {
       functions[n] = (function_slot){.ctx = ctx, .file = file, .function = *out};
       strcpy(functions[n].fn, fn);
@@ -173,17 +157,13 @@ static int function_load(const mt_driver *d, CUcontext ctx, int file, const char
 
 int mt_kernel_get(const char *module, const char *fn, CUstream stream, CUfunction *out) {
   const mt_driver *d = mt_driver_get();
-  if (!d)
-    return MT_ERR_NO_DRIVER;
+  if (!d) return MT_ERR_NO_DRIVER;
   CUcontext ctx = NULL;
-  if (d->ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx)
-    return MT_ERR_NO_DEVICE;
+  if (d->ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx) return MT_ERR_NO_DEVICE;
   int file = file_index(module);
-  if (file < 0 || strlen(fn) >= MAX_NAME)
-    return MT_ERR_CUDA;
+  if (file < 0 || strlen(fn) >= MAX_NAME) return MT_ERR_CUDA;
   int n = atomic_load_explicit(&nfunctions, memory_order_acquire);
-  if (find_function(ctx, file, fn, n, out))
-    return MT_OK;
+  if (find_function(ctx, file, fn, n, out)) return MT_OK;
   return function_load(d, ctx, file, fn, stream, out);
 }
 
@@ -197,11 +177,9 @@ static int allow_smem(const mt_driver *d, CUfunction f, unsigned smem) {
   int st = MT_OK;
   pthread_mutex_lock(&configured_lock);
   int i = 0;
-  while (i < MAX_CONFIGURED && configured[i] && configured[i] != f)
-    i++;
+  while (i < MAX_CONFIGURED && configured[i] && configured[i] != f) i++;
   if (i == MAX_CONFIGURED || configured[i] != f) {
-    if (d->func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem) !=
-        CUDA_SUCCESS)
+    if (d->func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem) != CUDA_SUCCESS)
       st = MT_ERR_CUDA;
     else if (i < MAX_CONFIGURED)
       configured[i] = f;
@@ -210,13 +188,11 @@ static int allow_smem(const mt_driver *d, CUfunction f, unsigned smem) {
   return st;
 }
 
-int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem,
-              int dependent, CUstream stream, void *args) {
+int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem, int dependent,
+              CUstream stream, void *args) {
   const mt_driver *d = mt_driver_get();
-  if (!d)
-    return MT_ERR_NO_DRIVER;
-  if (smem > 48 * 1024 && allow_smem(d, f, smem) != MT_OK)
-    return MT_ERR_CUDA;
+  if (!d) return MT_ERR_NO_DRIVER;
+  if (smem > 48 * 1024 && allow_smem(d, f, smem) != MT_OK) return MT_ERR_CUDA;
   CUlaunchAttribute attr;
   attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
   attr.value.programmaticStreamSerializationAllowed = 1;

@@ -11,25 +11,25 @@
 #include <cuda.h>
 
 /* X(field, declared name (typed by cuda.h), exported symbol) */
-#define MT_DRIVER_FUNCTIONS(X)                                                                     \
-  X(init, cuInit, "cuInit")                                                                        \
-  X(get_error_name, cuGetErrorName, "cuGetErrorName")                                              \
-  X(ctx_get_current, cuCtxGetCurrent, "cuCtxGetCurrent")                                           \
-  X(ctx_get_device, cuCtxGetDevice, "cuCtxGetDevice")                                              \
-  X(device_get_attribute, cuDeviceGetAttribute, "cuDeviceGetAttribute")                            \
-  X(module_load_data, cuModuleLoadData, "cuModuleLoadData")                                        \
-  X(module_get_function, cuModuleGetFunction, "cuModuleGetFunction")                               \
-  X(func_set_attribute, cuFuncSetAttribute, "cuFuncSetAttribute")                                  \
-  X(launch_kernel_ex, cuLaunchKernelEx, "cuLaunchKernelEx")                                        \
-  X(tensor_map_encode_tiled, cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled")                     \
-  X(stream_is_capturing, cuStreamIsCapturing, "cuStreamIsCapturing")                               \
-  X(mem_alloc, cuMemAlloc, "cuMemAlloc_v2")                                                        \
-  X(mem_free, cuMemFree, "cuMemFree_v2")                                                           \
-  X(memcpy_htod, cuMemcpyHtoD, "cuMemcpyHtoD_v2")                                                  \
-  X(memcpy_dtoh, cuMemcpyDtoH, "cuMemcpyDtoH_v2")                                                  \
-  X(memset_d8_async, cuMemsetD8Async, "cuMemsetD8Async")                                           \
-  X(ctx_synchronize, cuCtxSynchronize, "cuCtxSynchronize")                                       \
-  X(stream_synchronize, cuStreamSynchronize, "cuStreamSynchronize")                                \
+#define MT_DRIVER_FUNCTIONS(X)                                                                                         \
+  X(init, cuInit, "cuInit")                                                                                            \
+  X(get_error_name, cuGetErrorName, "cuGetErrorName")                                                                  \
+  X(ctx_get_current, cuCtxGetCurrent, "cuCtxGetCurrent")                                                               \
+  X(ctx_get_device, cuCtxGetDevice, "cuCtxGetDevice")                                                                  \
+  X(device_get_attribute, cuDeviceGetAttribute, "cuDeviceGetAttribute")                                                \
+  X(module_load_data, cuModuleLoadData, "cuModuleLoadData")                                                            \
+  X(module_get_function, cuModuleGetFunction, "cuModuleGetFunction")                                                   \
+  X(func_set_attribute, cuFuncSetAttribute, "cuFuncSetAttribute")                                                      \
+  X(launch_kernel_ex, cuLaunchKernelEx, "cuLaunchKernelEx")                                                            \
+  X(tensor_map_encode_tiled, cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled")                                         \
+  X(stream_is_capturing, cuStreamIsCapturing, "cuStreamIsCapturing")                                                   \
+  X(mem_alloc, cuMemAlloc, "cuMemAlloc_v2")                                                                            \
+  X(mem_free, cuMemFree, "cuMemFree_v2")                                                                               \
+  X(memcpy_htod, cuMemcpyHtoD, "cuMemcpyHtoD_v2")                                                                      \
+  X(memcpy_dtoh, cuMemcpyDtoH, "cuMemcpyDtoH_v2")                                                                      \
+  X(memset_d8_async, cuMemsetD8Async, "cuMemsetD8Async")                                                               \
+  X(ctx_synchronize, cuCtxSynchronize, "cuCtxSynchronize")                                                             \
+  X(stream_synchronize, cuStreamSynchronize, "cuStreamSynchronize")                                                    \
   X(memcpy_dtoh_async, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")
 
 typedef struct {
@@ -52,7 +52,7 @@ int mt_kernel_get(const char *module, const char *fn, CUstream stream, CUfunctio
  * once, when that is over 48 KB), with programmatic stream serialization when `dependent` is set
  * (the kernel may then start before the previous one ends, and waits with griddepcontrol.wait
  * before reading what that one wrote). MT_OK, or MT_ERR_CUDA. */
-int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem,
-              int dependent, CUstream stream, void *args);
+int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem, int dependent,
+              CUstream stream, void *args);
 
 #endif

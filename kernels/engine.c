@@ -18,9 +18,7 @@
  * separate cache lines and DRAM bursts. */
 #define SECTION_ALIGN 256
 
-static size_t section(size_t bytes) {
-  return (bytes + SECTION_ALIGN - 1) / SECTION_ALIGN * SECTION_ALIGN;
-}
+static size_t section(size_t bytes) { return (bytes + SECTION_ALIGN - 1) / SECTION_ALIGN * SECTION_ALIGN; }
 
 /* The outer-scale section: S per row, or per tensor S followed by the amax word the per-tensor
  * quantizer builds (so neither quantization needs memory beyond what the caller gave). */
@@ -32,13 +30,20 @@ static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 const char *mt_status_name(enum mt_status s) {
   switch (s) {
-  case MT_OK: return "ok";
-  case MT_ERR_NO_DRIVER: return "no CUDA driver";
-  case MT_ERR_NO_DEVICE: return "no sm_90 device";
-  case MT_ERR_UNSUPPORTED: return "unsupported shape, type or stride";
-  case MT_ERR_CAPTURE: return "stream capture";
-  case MT_ERR_NOMEM: return "workspace too small";
-  case MT_ERR_CUDA: return "CUDA error";
+  case MT_OK:
+    return "ok";
+  case MT_ERR_NO_DRIVER:
+    return "no CUDA driver";
+  case MT_ERR_NO_DEVICE:
+    return "no sm_90 device";
+  case MT_ERR_UNSUPPORTED:
+    return "unsupported shape, type or stride";
+  case MT_ERR_CAPTURE:
+    return "stream capture";
+  case MT_ERR_NOMEM:
+    return "workspace too small";
+  case MT_ERR_CUDA:
+    return "CUDA error";
   }
   return "unknown status";
 }
@@ -50,26 +55,22 @@ void mt_numerics_from_spec(const mt_spec *s, mt_numerics *n) {
 }
 
 static int weight_shape_ok(int n, int k, const mt_numerics *num) {
-  if (!num || n <= 0 || k <= 0 || k % 16)
-    return 0;
-  if (num->weight_scale != MT_SCALE_ROW && num->weight_scale != MT_SCALE_TENSOR)
-    return 0;
+  if (!num || n <= 0 || k <= 0 || k % 16) return 0;
+  if (num->weight_scale != MT_SCALE_ROW && num->weight_scale != MT_SCALE_TENSOR) return 0;
   if (num->weight_block == MT_WBLOCK_16X16) /* a tile's 16 rows share one S */
     return num->weight_scale == MT_SCALE_TENSOR && n % 16 == 0;
   return num->weight_block == MT_WBLOCK_1X16;
 }
 
 size_t mt_qweight_bytes(int n, int k, const mt_numerics *num) {
-  if (!weight_shape_ok(n, k, num))
-    return 0;
+  if (!weight_shape_ok(n, k, num)) return 0;
   size_t elems = (size_t)n * (size_t)k;
-  return section(elems * 2) + section(elems / 2) + section(elems / 16) +
-         outer_bytes(n, num->weight_scale) + section(mt_gemm_frag_bytes(n, k));
+  return section(elems * 2) + section(elems / 2) + section(elems / 16) + outer_bytes(n, num->weight_scale) +
+         section(mt_gemm_frag_bytes(n, k));
 }
 
 int mt_qweight_bind(mt_qweight *q, int n, int k, const mt_numerics *num, void *mem) {
-  if (!q || !mem || ((uintptr_t)mem % SECTION_ALIGN) || !weight_shape_ok(n, k, num))
-    return MT_ERR_UNSUPPORTED;
+  if (!q || !mem || ((uintptr_t)mem % SECTION_ALIGN) || !weight_shape_ok(n, k, num)) return MT_ERR_UNSUPPORTED;
   size_t elems = (size_t)n * (size_t)k;
   char *at = mem;
   q->n = n;
@@ -91,11 +92,10 @@ int mt_qweight_bind(mt_qweight *q, int n, int k, const mt_numerics *num, void *m
 static uint32_t *amax_word(float *outer) { return (uint32_t *)(outer + 1); }
 
 /* The kernels read *only_if themselves (the per-tensor amax word is zeroed regardless: scratch). */
-int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q,
-                          const uint32_t *only_if, mt_stream stream) {
+int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, const uint32_t *only_if,
+                          mt_stream stream) {
   if (!w || !q || !q->xhat || !weight_shape_ok(q->n, q->k, &q->num) ||
-      (type != MT_DTYPE_BF16 && type != MT_DTYPE_FP16) || !aligned16(w) || ldw < (size_t)q->k ||
-      ldw % 8)
+      (type != MT_DTYPE_BF16 && type != MT_DTYPE_FP16) || !aligned16(w) || ldw < (size_t)q->k || ldw % 8)
     return MT_ERR_UNSUPPORTED;
   mt_quant_params p = {
       .x = w,
@@ -112,19 +112,16 @@ int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qwei
       .only_if = only_if,
   };
   int status = mt_quantize(&p, q->num.weight_block == MT_WBLOCK_16X16, stream);
-  if (status != MT_OK)
-    return status;
+  if (status != MT_OK) return status;
   return mt_gemm_pack_weight(q, only_if, stream);
 }
 
-int mt_quantize_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q,
-                       mt_stream stream) {
+int mt_quantize_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, mt_stream stream) {
   return mt_quantize_weight_if(w, type, ldw, q, NULL, stream);
 }
 
 size_t mt_gemm_workspace_bytes(int m, int k, const mt_numerics *num) {
-  if (!num || m <= 0 || k <= 0)
-    return 0;
+  if (!num || m <= 0 || k <= 0) return 0;
   return section(mt_gemm_act_bytes(m, k)) + section(outer_bytes(m, num->act_scale)) +
          MT_FQ_SYNC_WORDS(m) * sizeof(uint32_t);
 }
@@ -135,33 +132,25 @@ static int is_half(enum mt_dtype t) { return t == MT_DTYPE_BF16 || t == MT_DTYPE
  * pointers on 16 bytes: the kernels move 16-byte vectors. */
 static int gemm_args_ok(const mt_gemm_args *a) {
   const mt_qweight *w = a->w;
-  if (a->m <= 0 || a->n <= 0 || a->k <= 0 || a->k % 16 || !w || w->n != a->n || w->k != a->k ||
-      !w->xhat || !weight_shape_ok(w->n, w->k, &w->num))
+  if (a->m <= 0 || a->n <= 0 || a->k <= 0 || a->k % 16 || !w || w->n != a->n || w->k != a->k || !w->xhat ||
+      !weight_shape_ok(w->n, w->k, &w->num))
     return 0;
-  if (!a->x || !is_half(a->xtype) || !aligned16(a->x) || a->ldx < (size_t)a->k || a->ldx % 8)
-    return 0;
-  if (!a->y || !is_half(a->ytype) || !aligned16(a->y) || a->ldy < (size_t)a->n || a->ldy % 8)
-    return 0;
-  if (a->beta != 0.0f &&
-      (!a->c || !aligned16(a->c) || a->ldc < (size_t)a->n || a->ldc % 8))
-    return 0;
-  if (a->bias && (!aligned16(a->bias) || (!is_half(a->biastype) && a->biastype != MT_DTYPE_FP32)))
-    return 0;
+  if (!a->x || !is_half(a->xtype) || !aligned16(a->x) || a->ldx < (size_t)a->k || a->ldx % 8) return 0;
+  if (!a->y || !is_half(a->ytype) || !aligned16(a->y) || a->ldy < (size_t)a->n || a->ldy % 8) return 0;
+  if (a->beta != 0.0f && (!a->c || !aligned16(a->c) || a->ldc < (size_t)a->n || a->ldc % 8)) return 0;
+  if (a->bias && (!aligned16(a->bias) || (!is_half(a->biastype) && a->biastype != MT_DTYPE_FP32))) return 0;
   return 1;
 }
 
 int mt_gemm(const mt_gemm_args *a, mt_stream stream) {
-  if (!a || !gemm_args_ok(a))
-    return MT_ERR_UNSUPPORTED;
+  if (!a || !gemm_args_ok(a)) return MT_ERR_UNSUPPORTED;
   int path = mt_gemm_path_of(a);
-  if (path < 0)
-    return MT_ERR_UNSUPPORTED;
+  if (path < 0) return MT_ERR_UNSUPPORTED;
   const mt_numerics *num = &a->w->num;
   if (!a->workspace || ((uintptr_t)a->workspace % SECTION_ALIGN) ||
       a->workspace_bytes < mt_gemm_workspace_bytes(a->m, a->k, num))
     return MT_ERR_NOMEM;
-  if (!mt_driver_get())
-    return MT_ERR_NO_DRIVER;
+  if (!mt_driver_get()) return MT_ERR_NO_DRIVER;
   if (path == MT_PATH_FUSED) /* few tokens: the GEMM quantizes them itself, bit for bit the same */
     return mt_gemm_launch_fused(a, stream);
   /* the path chosen once: the calls below ask mt_gemm_path_of again, which for a forced path only
@@ -189,8 +178,7 @@ int mt_gemm(const mt_gemm_args *a, mt_stream stream) {
       .nzero = rows < a->m ? (int32_t)MT_FQ_SYNC_WORDS(a->m) : 0,
   };
   int status = mt_quantize(&p, 0, stream);
-  if (status != MT_OK)
-    return status;
+  if (status != MT_OK) return status;
   mt_qact q = {.xhat = p.xhat, .outer = outer, .rec = p.records, .sync = sync, .r0 = rows};
   return mt_gemm_launch(a, &q, stream);
 }

@@ -24,12 +24,12 @@ typedef struct CUstream_st *mt_stream; /* a CUstream (== cudaStream_t) */
 
 enum mt_status {
   MT_OK = 0,
-  MT_ERR_NO_DRIVER,    /* libcuda.so.1 or a needed entry point not found */
-  MT_ERR_NO_DEVICE,    /* no current context, or the device is not sm_90 */
-  MT_ERR_UNSUPPORTED,  /* a shape, type or stride the kernels do not take */
-  MT_ERR_CAPTURE,      /* would need to load or allocate while the stream is capturing */
-  MT_ERR_NOMEM,        /* the workspace given is too small, or an allocation failed */
-  MT_ERR_CUDA,         /* a driver call or launch failed */
+  MT_ERR_NO_DRIVER,   /* libcuda.so.1 or a needed entry point not found */
+  MT_ERR_NO_DEVICE,   /* no current context, or the device is not sm_90 */
+  MT_ERR_UNSUPPORTED, /* a shape, type or stride the kernels do not take */
+  MT_ERR_CAPTURE,     /* would need to load or allocate while the stream is capturing */
+  MT_ERR_NOMEM,       /* the workspace given is too small, or an allocation failed */
+  MT_ERR_CUDA,        /* a driver call or launch failed */
 };
 const char *mt_status_name(enum mt_status s);
 
@@ -51,11 +51,11 @@ void mt_numerics_from_spec(const mt_spec *s, mt_numerics *n);
 typedef struct {
   int n, k;
   mt_numerics num;
-  uint16_t *xhat;   /* [n][k] BF16: e2m1(code) * scale, exact; the outer scale is not applied */
-  uint8_t *codes;   /* [n][k/2] E2M1 codes, ref/nvfp4.h layout */
-  uint8_t *scales;  /* [n][k/16] E4M3 block scales, ref/nvfp4.h layout */
-  float *outer;     /* S: n floats (row) or 1 (tensor) */
-  uint8_t *frag;    /* codes and scales again, in the small-M kernels' fragment order, or NULL
+  uint16_t *xhat;  /* [n][k] BF16: e2m1(code) * scale, exact; the outer scale is not applied */
+  uint8_t *codes;  /* [n][k/2] E2M1 codes, ref/nvfp4.h layout */
+  uint8_t *scales; /* [n][k/16] E4M3 block scales, ref/nvfp4.h layout */
+  float *outer;    /* S: n floats (row) or 1 (tensor) */
+  uint8_t *frag;   /* codes and scales again, in the small-M kernels' fragment order, or NULL
                        (mt_gemm_frag_bytes in kernels/gemm.h; written by mt_gemm_pack_weight) */
 } mt_qweight;
 
@@ -70,8 +70,8 @@ int mt_quantize_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight
 
 /* The same, done only when the device word *only_if is non-zero when the kernels run (they read it
  * themselves: nothing is read back); NULL quantizes unconditionally. */
-int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q,
-                          const uint32_t *only_if, mt_stream stream);
+int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, const uint32_t *only_if,
+                          mt_stream stream);
 
 /* The frozen cache's refresh: quantize W into q only when W's bytes differ from those of the last
  * quantization recorded in `state` (MT_REFRESH_STATE_BYTES of device memory, zeroed before the
@@ -79,8 +79,7 @@ int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qwei
  * is read back, so it is legal inside graph capture and a replay checks again. Cost when nothing
  * changed: one read of the weight. */
 #define MT_REFRESH_STATE_BYTES 64
-int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state,
-                      mt_stream stream);
+int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state, mt_stream stream);
 
 /* The kernels that run a GEMM: the small-M kernel that quantizes the activations itself (fused),
  * the small-M kernel after the quantization kernel (small), the tiled tensor-core kernel (large).
@@ -92,22 +91,22 @@ enum mt_gemm_path { MT_PATH_AUTO, MT_PATH_FUSED, MT_PATH_SMALL, MT_PATH_LARGE };
 
 /* One routed GEMM:  y = acc * ((1/S_a[i]) * (1/S_w[j])) * alpha + beta * c + bias, one RNE cast. */
 typedef struct {
-  int m, n, k;             /* tokens, output channels, inner */
-  const void *x;           /* [m][k], row stride ldx, type xtype */
+  int m, n, k;   /* tokens, output channels, inner */
+  const void *x; /* [m][k], row stride ldx, type xtype */
   size_t ldx;
-  enum mt_dtype xtype;     /* BF16 or FP16 */
-  const mt_qweight *w;     /* [n][k] */
-  void *y;                 /* [m][n], row stride ldy, type ytype (BF16 or FP16) */
+  enum mt_dtype xtype; /* BF16 or FP16 */
+  const mt_qweight *w; /* [n][k] */
+  void *y;             /* [m][n], row stride ldy, type ytype (BF16 or FP16) */
   size_t ldy;
   enum mt_dtype ytype;
-  const void *c;           /* beta's operand, [m][n], row stride ldc, type ytype; may be y */
+  const void *c; /* beta's operand, [m][n], row stride ldc, type ytype; may be y */
   size_t ldc;
-  const void *bias;        /* [n] or NULL, type biastype */
-  enum mt_dtype biastype;  /* BF16, FP16 or FP32 */
+  const void *bias;       /* [n] or NULL, type biastype */
+  enum mt_dtype biastype; /* BF16, FP16 or FP32 */
   float alpha, beta;
-  void *workspace;         /* device scratch of at least mt_gemm_workspace_bytes(m, k, ...) */
+  void *workspace; /* device scratch of at least mt_gemm_workspace_bytes(m, k, ...) */
   size_t workspace_bytes;
-  enum mt_gemm_path path;  /* MT_PATH_AUTO (0) */
+  enum mt_gemm_path path; /* MT_PATH_AUTO (0) */
 } mt_gemm_args;
 
 size_t mt_gemm_workspace_bytes(int m, int k, const mt_numerics *num);

@@ -17,8 +17,7 @@
  * quantization in requantize mode one pack launch less a call. The small kernels need whole groups
  * of 16 rows. */
 size_t mt_gemm_frag_bytes(int n, int k) {
-  if (n <= 0 || k <= 0 || n % 16 || mt_gemm_auto_path(1, n, k, 1, 132) != MT_PATH_FUSED)
-    return 0;
+  if (n <= 0 || k <= 0 || n % 16 || mt_gemm_auto_path(1, n, k, 1, 132) != MT_PATH_FUSED) return 0;
   return MT_FRAG_BYTES(n, k);
 }
 
@@ -28,8 +27,7 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
                   int dependent, mt_stream stream, void *args) {
   CUfunction f;
   int st = mt_kernel_get(file, fn, (CUstream)stream, &f);
-  if (st != MT_OK)
-    return st;
+  if (st != MT_OK) return st;
   return mt_launch(f, gx, gy, threads, 1, smem, dependent, (CUstream)stream, args);
 }
 
@@ -81,8 +79,8 @@ static void knobs_read(void) {
   knobs.large_bn = width_of[mt_param_choice("MT_LARGE_BN", widths, 0, &errors)];
   knobs.large_bm = height_of[mt_param_choice("MT_LARGE_BM", heights, 0, &errors)];
   if (mt_gemm_large_tile(1, 1, 1, knobs.large_bm, knobs.large_bn).bm == 0) {
-    MT_WARN("MT_LARGE_BM=%d with MT_LARGE_BN=%d: no kernel has tiles of %d x %d; both ignored",
-            knobs.large_bm, knobs.large_bn, knobs.large_bm, knobs.large_bn);
+    MT_WARN("MT_LARGE_BM=%d with MT_LARGE_BN=%d: no kernel has tiles of %d x %d; both ignored", knobs.large_bm,
+            knobs.large_bn, knobs.large_bm, knobs.large_bn);
     knobs.large_bm = knobs.large_bn = 0;
   }
   knobs.fq_rows = (long long)mt_param_count("MT_FQ_ROWS", 0, 0, 1ull << 30, "rows", &errors);
@@ -95,8 +93,7 @@ static int large_variant(void) {
 
 int mt_gemm_pack_weight(const mt_qweight *q, const uint32_t *only_if, mt_stream stream) {
   size_t chunks = mt_gemm_frag_bytes(q->n, q->k) / 16;
-  if (!chunks)
-    return MT_OK;
+  if (!chunks) return MT_OK;
   mt_pack_args a = {q->codes, q->scales, q->frag, only_if, q->n, q->k};
   return launch("gemm_small", "mt_gemm_pack", (unsigned)((chunks + 255) / 256), 1, 256, 0, 0, stream, &a);
 }
@@ -164,15 +161,13 @@ static int path_fits(int p, int m, int k, int packed) {
  * so AUTO no longer chooses the small kernel. */
 int mt_gemm_auto_path(int m, int n, int k, int packed, int sms) {
   long long waves = ((long long)n / 16 + sms - 1) / sms;
-  if ((long long)m * k * waves <= MT_GEMM_FUSE_ELEMS && path_fits(MT_PATH_FUSED, m, k, packed))
-    return MT_PATH_FUSED;
+  if ((long long)m * k * waves <= MT_GEMM_FUSE_ELEMS && path_fits(MT_PATH_FUSED, m, k, packed)) return MT_PATH_FUSED;
   return MT_PATH_LARGE;
 }
 
 int mt_gemm_path_of(const mt_gemm_args *a) {
   int packed = mt_gemm_frag_bytes(a->n, a->k) && a->w->frag;
-  if (a->path != MT_PATH_AUTO)
-    return path_fits(a->path, a->m, a->k, packed) ? (int)a->path : -1;
+  if (a->path != MT_PATH_AUTO) return path_fits(a->path, a->m, a->k, packed) ? (int)a->path : -1;
   /* only the fused kernel's rule reads the SM count: the driver is asked where that kernel fits */
   int sms = path_fits(MT_PATH_FUSED, a->m, a->k, packed) ? sm_count() : 1;
   return mt_gemm_auto_path(a->m, a->n, a->k, packed, sms);
@@ -196,10 +191,10 @@ static int tensor_map(CUtensorMap *map, const void *base, int rows, int k, int b
   cuuint64_t strides[2] = {(cuuint64_t)k * 2, 128};
   cuuint32_t box[3] = {64, (cuuint32_t)box_rows, MT_LARGE_KS_64};
   cuuint32_t elem_strides[3] = {1, 1, 1};
-  CUresult r = d->tensor_map_encode_tiled(
-      map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, pair ? 3 : 2, (void *)base, dims, strides, box, elem_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUresult r =
+      d->tensor_map_encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, pair ? 3 : 2, (void *)base, dims, strides, box,
+                                 elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? MT_OK : MT_ERR_UNSUPPORTED;
 }
 
@@ -245,16 +240,15 @@ static long long kblock_clocks(mt_gemm_tile t, long long active) {
  * (one) x 64 to 32; in order of preference where two estimate the same. Wider tiles of 64 tokens
  * were slower than the estimate says (one warpgroup's wgmma groups leave the tensor cores idle
  * between them; gate_up M = 512: 64 x 128 11.26 µs against 128 x 64 9.93) and were removed. */
-static const mt_gemm_tile tiles[] = {{128, 256}, {128, 192}, {128, 128}, {128, 96}, {128, 64},
-                                     {64, 64},   {64, 48},   {64, 32}};
+static const mt_gemm_tile tiles[] = {{128, 256}, {128, 192}, {128, 128}, {128, 96},
+                                     {128, 64},  {64, 64},   {64, 48},   {64, 32}};
 
 mt_gemm_tile mt_gemm_large_tile(int m, int n, int sms, int bm, int bn) {
   mt_gemm_tile best = {0, 0};
   long long best_cost = -1;
   for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++) {
     mt_gemm_tile t = tiles[i];
-    if ((bm && t.bm != bm) || (bn && t.bn != bn))
-      continue;
+    if ((bm && t.bm != bm) || (bn && t.bn != bn)) continue;
     long long count = tile_count(m, n, t), waves = (count + sms - 1) / sms;
     long long cost = waves * kblock_clocks(t, count < sms ? count : sms);
     if (best_cost < 0 || cost < best_cost) {
@@ -290,8 +284,7 @@ static unsigned persistent_grid(const mt_gemm_args *a, mt_gemm_tile t, int sms) 
  * large path, and stores_by_tma (y's description left in ty); the SM count in *sms. The engine
  * asks it before quantizing (records or xhat) and the launcher again, with the same answer. */
 static int ra_width(const mt_gemm_args *a, CUtensorMap *ty, int *sms) {
-  if (large_variant() != LARGE_RA || mt_gemm_path_of(a) != MT_PATH_LARGE || !mt_driver_get())
-    return 0;
+  if (large_variant() != LARGE_RA || mt_gemm_path_of(a) != MT_PATH_LARGE || !mt_driver_get()) return 0;
   *sms = sm_count();
   mt_gemm_tile t = tile_of(a, *sms);
   return stores_by_tma(a, t, ty) ? t.bn : 0;
@@ -302,13 +295,11 @@ static int ra_width(const mt_gemm_args *a, CUtensorMap *ty, int *sms) {
  * that leaves rows to quantize: the bands it touches are quantized before the kernel (they are
  * needed at once), the rest by the kernel's spare warps while its tensor cores run. */
 static int fq_rows(const mt_gemm_args *a, mt_gemm_tile t, int sms, CUtensorMap *ty) {
-  if (large_variant() != LARGE_FQ || a->w->num.act_scale != MT_SCALE_ROW || !stores_by_tma(a, t, ty))
-    return a->m;
+  if (large_variant() != LARGE_FQ || a->w->num.act_scale != MT_SCALE_ROW || !stores_by_tma(a, t, ty)) return a->m;
   int tiles_n = (a->n + t.bn - 1) / t.bn, grid = (int)persistent_grid(a, t, sms);
   long long r0 = (long long)((grid - 1) / tiles_n + 1) * MT_LARGE_BM;
   long long least = (knobs.fq_rows + MT_LARGE_BM - 1) / MT_LARGE_BM * MT_LARGE_BM; /* MT_FQ_ROWS */
-  if (r0 < least)
-    r0 = least;
+  if (r0 < least) r0 = least;
   return r0 < a->m ? (int)r0 : a->m;
 }
 
@@ -316,16 +307,14 @@ static int fq_rows(const mt_gemm_args *a, mt_gemm_tile t, int sms, CUtensorMap *
  * leaves 128 registers a thread, too few for a 256-wide tile's accumulators); in place of 256,
  * whichever of 192 and 128 pads n less (2048: 128, 1536: 192). */
 static mt_gemm_tile fq_tile(const mt_gemm_args *a, mt_gemm_tile t) {
-  if (t.bn <= 192)
-    return t;
+  if (t.bn <= 192) return t;
   int pad192 = (a->n + 191) / 192 * 192 - a->n, pad128 = (a->n + 127) / 128 * 128 - a->n;
   t.bn = pad192 <= pad128 ? 192 : 128;
   return t;
 }
 
 int mt_gemm_quant_rows(const mt_gemm_args *a) {
-  if (large_variant() != LARGE_FQ || mt_gemm_path_of(a) != MT_PATH_LARGE || !mt_driver_get())
-    return a->m;
+  if (large_variant() != LARGE_FQ || mt_gemm_path_of(a) != MT_PATH_LARGE || !mt_driver_get()) return a->m;
   CUtensorMap ty;
   int sms = sm_count();
   return fq_rows(a, fq_tile(a, tile_of(a, sms)), sms, &ty);
@@ -357,8 +346,7 @@ static int ra_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   if (!bn) /* records were made for a call the ra kernel does not take: not the engine's doing */
     return MT_ERR_UNSUPPORTED;
   int st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, bn, 0);
-  if (st != MT_OK)
-    return st;
+  if (st != MT_OK) return st;
   epilogue_args(a, q, &l.e);
   l.ra = q->rec;
   mt_gemm_tile t = {MT_LARGE_BM, bn};
@@ -371,8 +359,7 @@ static int ra_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
  * MT_ERR_UNSUPPORTED where the engine's split of the rows (q->r0) is not the one fq_rows gives. */
 static int fq_launch(const mt_gemm_args *a, const mt_qact *q, mt_gemm_tile t, int sms, mt_large_args *l,
                      mt_stream stream) {
-  if (!q->sync || fq_rows(a, t, sms, &l->ty) != q->r0)
-    return MT_ERR_UNSUPPORTED;
+  if (!q->sync || fq_rows(a, t, sms, &l->ty) != q->r0) return MT_ERR_UNSUPPORTED;
   l->fq_x = a->x;
   l->fq_ldx = (long long)a->ldx;
   l->fq_xhat = (uint16_t *)q->xhat;
@@ -392,8 +379,7 @@ static int operand_maps(const mt_gemm_args *a, const mt_qact *q, mt_gemm_tile t,
   int last = a->m - (a->m - 1) / t.bm * t.bm; /* 1 to t.bm */
   l->last_rows = (last + 7) / 8 * 8;
   int st = tensor_map(&l->tw, a->w->xhat, a->n, a->k, t.bn, pair);
-  if (st == MT_OK)
-    st = tensor_map(&l->ta_last, q->xhat, a->m, a->k, l->last_rows, pair);
+  if (st == MT_OK) st = tensor_map(&l->ta_last, q->xhat, a->m, a->k, l->last_rows, pair);
   if (st != MT_OK || a->m <= t.bm || l->last_rows == t.bm) {
     l->ta = l->ta_last;
     return st;
@@ -406,15 +392,12 @@ static int operand_maps(const mt_gemm_args *a, const mt_qact *q, mt_gemm_tile t,
  * with two requests instead of four (eleventh session, GEMM alone: gate_up at 1-16 tokens 5.81 ->
  * 4.98-5.07 µs, at 64 5.89 -> 5.52, DeepSeek 4096x7168 at 1-16 17.1-17.4 -> 16.6-16.9; down, all
  * six stages requested up front, was no faster with it). */
-int mt_gemm_kpair(int k, mt_gemm_tile t) {
-  return t.bm == 64 && MT_LARGE_KPAIR_64(k, t.bn);
-}
+int mt_gemm_kpair(int k, mt_gemm_tile t) { return t.bm == 64 && MT_LARGE_KPAIR_64(k, t.bn); }
 
 static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   static mt_large_args proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
   mt_large_args l = proto;
-  if (q->rec)
-    return ra_path(a, q, stream);
+  if (q->rec) return ra_path(a, q, stream);
   int sms = sm_count();
   mt_gemm_tile t = tile_of(a, sms);
   if (q->r0 < a->m) /* the fq kernel quantizes rows r0 .. m-1 itself (mt_gemm_quant_rows) */
@@ -426,11 +409,9 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
     pair = 0;
     st = operand_maps(a, q, t, pair, &l);
   }
-  if (st != MT_OK)
-    return st;
+  if (st != MT_OK) return st;
   epilogue_args(a, q, &l.e);
-  if (q->r0 < a->m)
-    return fq_launch(a, q, t, sms, &l, stream);
+  if (q->r0 < a->m) return fq_launch(a, q, t, sms, &l, stream);
   unsigned grid = persistent_grid(a, t, sms);
   char fn[32];
   if (t.bm != MT_LARGE_BM)
@@ -445,7 +426,6 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
 
 int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   int path = mt_gemm_path_of(a);
-  if (path < 0)
-    return MT_ERR_UNSUPPORTED;
+  if (path < 0) return MT_ERR_UNSUPPORTED;
   return path == MT_PATH_LARGE ? large_path(a, q, stream) : small_path(a, q, stream);
 }

@@ -28,7 +28,7 @@ typedef struct {
 typedef struct {
   CUtensorMap ta;      /* activations [m][k], box 64 x (the tile's rows): the bands but the last */
   CUtensorMap ta_last; /* the same, box 64 x last_rows rows: the last band */
-  CUtensorMap tw; /* weight [n][k], box 64 x BN rows */
+  CUtensorMap tw;      /* weight [n][k], box 64 x BN rows */
   /* (mt_gemm_large_m64p_nBN: ta, ta_last and tw of rank 3, 64 columns by the rows by k / 64
    * blocks 128 bytes apart, a box two blocks deep: one box a stage and operand) */
   CUtensorMap ty; /* output [m][n] (the ts and ra kernels only), box 64 x 64 rows */
@@ -56,10 +56,10 @@ typedef struct {
 /* Small M: the weight in fragment order, the activations read directly: quantized (xa) or, for the
  * fused kernel mt_gemm_small_q4, raw (x, quantized in the kernel; then e.sa is not read). */
 typedef struct {
-  const uint16_t *xa;   /* [m][k] BF16 dequantized activations, row stride k; NULL when fused */
-  const uint8_t *frag;  /* mt_qweight.frag */
+  const uint16_t *xa;  /* [m][k] BF16 dequantized activations, row stride k; NULL when fused */
+  const uint8_t *frag; /* mt_qweight.frag */
   mt_epilogue_args e;
-  const void *x;        /* fused: [m][k] BF16 or FP16 activations, row stride ldx elements */
+  const void *x; /* fused: [m][k] BF16 or FP16 activations, row stride ldx elements */
   long long ldx;
   int xfp16;
 } mt_small_args;
@@ -79,7 +79,7 @@ typedef struct {
 #define MT_LARGE_BM 128
 #define MT_LARGE_BK 64
 #define MT_LARGE_STAGES(bn) ((bn) == 256 ? 4 : (bn) == 192 ? 5 : (bn) == 128 ? 6 : (bn) == 96 ? 7 : 8)
-#define MT_LARGE_STAGE_BYTES(bn) (MT_LARGE_BM * MT_LARGE_BK * 2 + (bn) * MT_LARGE_BK * 2)
+#define MT_LARGE_STAGE_BYTES(bn) (MT_LARGE_BM * MT_LARGE_BK * 2 + (bn)*MT_LARGE_BK * 2)
 /* stages, their two barriers, and per consumer warpgroup 1/S_w and bias of BN columns (floats) */
 #define MT_LARGE_SMEM(bn) (1024 + MT_LARGE_STAGES(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4)
 /* Tiles of 64 tokens (mt_gemm_large_m64_nBN, BN 32 to 64: one consumer warpgroup), for calls
@@ -90,14 +90,14 @@ typedef struct {
 #define MT_LARGE_STAGES_64(bn) (196608 / MT_LARGE_STAGE_BYTES_64(bn) < 16 ? 196608 / MT_LARGE_STAGE_BYTES_64(bn) : 16)
 /* Whether they load a stage's blocks of an operand in one box (mt_gemm_large_m64p_nBN, rank-3
  * maps): k % 64 == 0 and more stages than the ring holds (kernels/gemm.c: mt_gemm_kpair). */
-#define MT_LARGE_KPAIR_64(k, bn) \
+#define MT_LARGE_KPAIR_64(k, bn)                                                                                       \
   ((k) % 64 == 0 && ((k) / 64 + MT_LARGE_KS_64 - 1) / MT_LARGE_KS_64 > MT_LARGE_STAGES_64(bn))
 /* ... then the columns' 1/S_w and bias, and the epilogue's row scales and their two mbarriers
  * (scales64 in gemm_large.cu: 16 + 4 + 64 x 4 bytes, rounded up) */
 #define MT_LARGE_SMEM_64(bn) (1024 + MT_LARGE_STAGES_64(bn) * (MT_LARGE_STAGE_BYTES_64(bn) + 16) + 2 * (bn)*4 + 280)
 /* The ts variant: one stage fewer, then a 1024-aligned staging tile of 128 x bn outputs. */
 #define MT_LARGE_STAGES_TS(bn) (MT_LARGE_STAGES(bn) - 1)
-#define MT_LARGE_SMEM_TS(bn) \
+#define MT_LARGE_SMEM_TS(bn)                                                                                           \
   (1024 + MT_LARGE_STAGES_TS(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4 + 1024 + 128 * (bn)*2)
 /* The fq kernels (ts's shared memory): its three warpgroups and a fourth of row quantizers. */
 #define MT_LARGE_FQ_THREADS 512
@@ -108,10 +108,10 @@ typedef struct {
 #define MT_LARGE_RA_A_BYTES (MT_LARGE_BM / 8 * 2 * MT_FRAG_REC)
 #define MT_LARGE_STAGE_BYTES_RA(bn) ((bn)*MT_LARGE_BK * 2 + MT_LARGE_RA_A_BYTES)
 #define MT_LARGE_STAGES_RA(bn) ((bn) == 256 ? 4 : (bn) == 192 ? 5 : 8)
-#define MT_LARGE_SMEM_RA(bn) \
+#define MT_LARGE_SMEM_RA(bn)                                                                                           \
   (1024 + MT_LARGE_STAGES_RA(bn) * (MT_LARGE_STAGE_BYTES_RA(bn) + 16) + 2 * 2 * (bn)*4 + 16 + 1024 + 128 * (bn)*2)
 #define MT_SMALL_WARPS 2 /* one CTA per 16 output channels, 8 per warp */
-#define MT_SMALL_KC 512   /* columns per stage: 4 chunk turns (barrier, requests) for k = 2048 */
+#define MT_SMALL_KC 512  /* columns per stage: 4 chunk turns (barrier, requests) for k = 2048 */
 /* Token capacity MT_SMALL_ROWS (the most a forced small path takes, gemm.c); 4 stages: 3 of
  * k = 2048's 4 chunks are requested from the start. */
 #define MT_SMALL_ROWS 8
@@ -130,7 +130,8 @@ typedef struct {
 #define MT_SMALL_FUSE_STAGES 4
 #define MT_SMALL_FUSE_META (MT_SMALL_PITCH + 64)
 #define MT_SMALL_FUSE_XHAT (4 * (2 * 4096 + 16))
-#define MT_SMALL_FUSE_SMEM (MT_SMALL_FUSE_STAGES * MT_SMALL_WBYTES + MT_SMALL_FUSE_META + MT_SMALL_FUSE_XHAT + MT_SMALL_SLACK)
+#define MT_SMALL_FUSE_SMEM                                                                                             \
+  (MT_SMALL_FUSE_STAGES * MT_SMALL_WBYTES + MT_SMALL_FUSE_META + MT_SMALL_FUSE_XHAT + MT_SMALL_SLACK)
 
 /* Fragment order (mt_qweight.frag), for n % 16 == 0: records of 8 rows H (8H .. 8H+7) x 32
  * columns P (two k16 steps), record (H, P) at byte (H * ceil(k/32) + P) * 160, so a warp's rows
@@ -151,7 +152,7 @@ typedef struct {
  * whole 64 columns and tokens to a whole band: those past k or m are zero records (written). */
 #define MT_ACT_PAIRS(k) (2 * (((size_t)(k) + 63) / 64))
 #define MT_ACT_BAND 128
-#define MT_ACT_REC_BYTES(m, k) \
+#define MT_ACT_REC_BYTES(m, k)                                                                                         \
   (((size_t)(m) + MT_ACT_BAND - 1) / MT_ACT_BAND * (MT_ACT_BAND / 8) * MT_ACT_PAIRS(k) * MT_FRAG_REC)
 
 #endif

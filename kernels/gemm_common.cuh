@@ -21,8 +21,10 @@ __device__ static inline float load_elem(const void *p, long long i, int type) {
 
 // y is BF16 or FP16: the engine routes no other output type (gemm_args_ok in engine.c).
 __device__ static inline void store_elem(void *p, long long i, int type, float v) {
-  if (type == DT_BF16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
-  else ((__half *)p)[i] = __float2half_rn(v);
+  if (type == DT_BF16)
+    ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+  else
+    ((__half *)p)[i] = __float2half_rn(v);
 }
 
 // 1/S by the correctly rounded reciprocal: the same bits as the reference's 1.0f / S.
@@ -30,14 +32,12 @@ __device__ static inline float inv_row(const float *s, int per_row, int i) { ret
 
 // acc of output (i, j) to its final value, in the order of gemm_args.h; _rn keeps the compiler
 // from contracting into FMAs, which would make the bits depend on how each path was compiled.
-__device__ static inline float epilogue(const mt_epilogue_args &e, float acc, float inv_a, float inv_w, int i,
-                                        int j) {
+__device__ static inline float epilogue(const mt_epilogue_args &e, float acc, float inv_a, float inv_w, int i, int j) {
   float t = __fmul_rn(__fmul_rn(acc, __fmul_rn(inv_a, inv_w)), e.alpha);
   if (e.c) t = __fadd_rn(t, __fmul_rn(e.beta, load_elem(e.c, i * e.ldc + j, e.ytype)));
   if (e.bias) t = __fadd_rn(t, load_elem(e.bias, j, e.biastype));
   return t;
 }
-
 
 // The decode of the 5-bit records (gemm_args.h), shared by the small path's weights and the large
 // ra kernel's activations: one k16 step's fragment pair of a record's row g, from 16 bits x = code
@@ -76,8 +76,7 @@ __device__ static inline void mbar_init(uint64_t *bar, int count) {
 
 // one arrival, and `bytes` more expected before the phase completes
 __device__ static inline void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
 
 __device__ static inline void mbar_arrive(uint64_t *bar) {
@@ -94,25 +93,29 @@ __device__ static inline void mbar_wait(uint64_t *bar, int parity) {
 
 // A TMA load of one box of `map` at (c0, c1) into this CTA's shared memory, completing on bar.
 __device__ static inline void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
-               ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
-               : "memory");
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+      : "memory");
 }
 
 // The same for a map of rank 3 (mt_gemm_large_m64p_nBN): one box of (c0, c1, c2).
 __device__ static inline void tma_load_3d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
-               ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::
+          "r"(smem_u32(dst)),
+      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
 }
 
 // A plain bulk copy (no tensor map) of `bytes` (a multiple of 16, both addresses 16-byte aligned)
 // from global into this CTA's shared memory, completing on bar (the ra variant's records).
 __device__ static inline void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
 }
 
 // Descriptor of a K-major tile in the layout TMA writes with 128B swizzle: rows of 128 bytes

@@ -46,9 +46,7 @@
 // gemm_common.cuh)
 
 // A barrier among the 128 threads of one consumer warpgroup (id 0 is __syncthreads').
-__device__ static inline void warpgroup_sync(int id) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
-}
+__device__ static inline void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
 
 // TMA stores (the ts variant): a box from shared memory to global, grouped; the shared memory may be
 // written again once wait_read says the group has read it. Ordinary stores to shared memory that a
@@ -65,11 +63,13 @@ __device__ static inline void fence_async_shared() { asm volatile("fence.proxy.a
 
 // A from registers (the ra variant: widths 128, 192, 256).
 template <int BN> __device__ static inline void wgmma_rs_step(float *d, const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (BN == 256) mt_wgmma_rs_m64n256k16(d, a, db);
-  else if constexpr (BN == 192) mt_wgmma_rs_m64n192k16(d, a, db);
-  else mt_wgmma_rs_m64n128k16(d, a, db);
+  if constexpr (BN == 256)
+    mt_wgmma_rs_m64n256k16(d, a, db);
+  else if constexpr (BN == 192)
+    mt_wgmma_rs_m64n192k16(d, a, db);
+  else
+    mt_wgmma_rs_m64n128k16(d, a, db);
 }
-
 
 // Marks in the K loop and the producer, for scripts/probe_kloop.cu (which defines MT_LARGE_MARK
 // before including this file); nothing in the library: slot 0-2 a consumer's K block (before its
@@ -107,7 +107,9 @@ template <typename OUT> __device__ static __forceinline__ float2 unpack2(uint32_
   return make_float2(to_float(h[0]), to_float(h[1]));
 }
 template <typename OUT> __device__ static __forceinline__ OUT from_float(float v);
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
 // What a consumer warpgroup keeps per tile in shared memory: 1/S_w of the tile's columns (when S_w
@@ -121,18 +123,15 @@ template <int BN> struct columns {
 template <int BN>
 __device__ static void fill_columns(const mt_epilogue_args &e, columns<BN> *cols, int n0, int first, int stride) {
   for (int c = first; c < BN && n0 + c < e.n; c += stride) {
-    if (e.sw_row)
-      cols->inv_w[c] = inv_row(e.sw, 1, n0 + c);
-    if (e.bias)
-      cols->bias[c] = load_elem(e.bias, n0 + c, e.biastype);
+    if (e.sw_row) cols->inv_w[c] = inv_row(e.sw, 1, n0 + c);
+    if (e.bias) cols->bias[c] = load_elem(e.bias, n0 + c, e.biastype);
   }
 }
 
 // Fill cols for the tile at n0 by the consumer warpgroup; its barrier before keeps the previous
 // tile's readers, the one after this tile's.
 template <int BN> __device__ static void prepare_columns(const mt_epilogue_args &e, columns<BN> *cols, int n0, int cw) {
-  if (!e.sw_row && !e.bias)
-    return;
+  if (!e.sw_row && !e.bias) return;
   warpgroup_sync(1 + cw);
   fill_columns<BN>(e, cols, n0, threadIdx.x % 128, 128);
   warpgroup_sync(1 + cw);
@@ -164,8 +163,7 @@ __device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, con
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     int row = row0 + 16 * w + g + 8 * i;
-    if (row >= e.m)
-      continue;
+    if (row >= e.m) continue;
     float inv_a = ROWS ? inv_a_rows[16 * w + g + 8 * i] : inv_row(e.sa, e.sa_row, row);
     float scale = __fmul_rn(inv_a, inv_w); // used when !SW_ROW
     OUT *y = (OUT *)e.y + (long long)row * e.ldy + n0 + 2 * q;
@@ -173,8 +171,7 @@ __device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, con
 #pragma unroll
     for (int cb = 0; cb < BN / 8; cb++) {
       const int at = 8 * cb, lc = 8 * cb + 2 * q; // offset from y, column within the tile
-      if (!FULL && at >= avail)
-        continue;
+      if (!FULL && at >= avail) continue;
       const bool pair = FULL || at + 1 < avail;
       float s0 = scale, s1 = scale;
       if constexpr (SW_ROW) {
@@ -218,13 +215,19 @@ __device__ static __forceinline__ void store_tile_as(const mt_epilogue_args &e, 
   const bool extra = e.c || e.bias, full = n0 + BN <= e.n;
   const float *ia = inv_a_rows;
   if (e.sw_row) {
-    if (extra) store_tile<BN, OUT, true, true, false, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
-    else if (full) store_tile<BN, OUT, true, false, true, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
-    else store_tile<BN, OUT, true, false, false, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
+    if (extra)
+      store_tile<BN, OUT, true, true, false, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
+    else if (full)
+      store_tile<BN, OUT, true, false, true, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
+    else
+      store_tile<BN, OUT, true, false, false, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
   } else {
-    if (extra) store_tile<BN, OUT, false, true, false, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
-    else if (full) store_tile<BN, OUT, false, false, true, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
-    else store_tile<BN, OUT, false, false, false, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
+    if (extra)
+      store_tile<BN, OUT, false, true, false, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
+    else if (full)
+      store_tile<BN, OUT, false, false, true, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
+    else
+      store_tile<BN, OUT, false, false, false, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
   }
 }
 
@@ -242,8 +245,7 @@ __device__ static __forceinline__ void wgmma_blocks(float *d, uint64_t da, uint6
 #pragma unroll
   for (int j = 0; j < NB; j++)
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++)
-      wgmma_step<WN>(d, da + j * a_sub16 + 2 * kk, db + j * (B_SUB >> 4) + 2 * kk);
+    for (int kk = 0; kk < BK / 16; kk++) wgmma_step<WN>(d, da + j * a_sub16 + 2 * kk, db + j * (B_SUB >> 4) + 2 * kk);
 }
 
 // The K loop of one consumer warpgroup over one tile: per stage, wait for it, issue its k16 wgmmas
@@ -269,8 +271,7 @@ __device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
     MT_LARGE_MARK(2, kb);
-    if (kb > 0 && threadIdx.x % 32 == 0)
-      mbar_arrive(&empty[prev]);
+    if (kb > 0 && threadIdx.x % 32 == 0) mbar_arrive(&empty[prev]);
     prev = r.s;
     if (++r.s == S) {
       r.s = 0;
@@ -278,8 +279,7 @@ __device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t
     }
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-  if (threadIdx.x % 32 == 0)
-    mbar_arrive(&empty[prev]);
+  if (threadIdx.x % 32 == 0) mbar_arrive(&empty[prev]);
 }
 
 // The ra variant's A operand: the A fragments of one 64-wide K step for this warp's 16 tokens
@@ -289,8 +289,8 @@ __device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t
 // warp's first row group (tokens g; the next record holds tokens g + 8). k16 step kk = 2 pl + hs
 // takes the low (hs = 0: block 2P) or high half of the code word and of the scale word. hi0, lo0:
 // weight_frag's table words, in registers.
-__device__ static __forceinline__ void decode_a(const uint8_t *cp, const uint8_t *sp, uint32_t (&A)[4][4],
-                                                uint32_t hi0, uint32_t lo0) {
+__device__ static __forceinline__ void decode_a(const uint8_t *cp, const uint8_t *sp, uint32_t (&A)[4][4], uint32_t hi0,
+                                                uint32_t lo0) {
 #pragma unroll
   for (int pl = 0; pl < 2; pl++) {
     const int o = pl * (MT_ACT_BAND / 8) * MT_FRAG_REC;
@@ -338,8 +338,7 @@ __device__ static __forceinline__ void k_loop_ra(float *d, uint64_t *full, uint6
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
     fence_operands(A);
-    if (kb > 0 && threadIdx.x % 32 == 0)
-      mbar_arrive(&empty[prev]);
+    if (kb > 0 && threadIdx.x % 32 == 0) mbar_arrive(&empty[prev]);
     prev = r.s;
     if (++r.s == S) {
       r.s = 0;
@@ -351,11 +350,9 @@ __device__ static __forceinline__ void k_loop_ra(float *d, uint64_t *full, uint6
     step(a0, kb);
     step(a1, kb + 1);
   }
-  if (kb < kt)
-    step(a0, kb);
+  if (kb < kt) step(a0, kb);
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-  if (threadIdx.x % 32 == 0)
-    mbar_arrive(&empty[prev]);
+  if (threadIdx.x % 32 == 0) mbar_arrive(&empty[prev]);
 }
 
 // The fq variant's hand-over between the warps that quantize rows and the producers of other CTAs:
@@ -380,11 +377,9 @@ __device__ static inline void fence_async_global() { asm volatile("fence.proxy.a
 
 // Until the rows of the band at m0 are quantized (at once for the rows the kernel before did).
 __device__ static void wait_band(const mt_large_args &a, int m0) {
-  if (m0 < a.fq_r0)
-    return;
+  if (m0 < a.fq_r0) return;
   const uint32_t need = (uint32_t)min(BM, a.e.m - m0);
-  while (ld_acquire(&a.fq_sync[1 + m0 / BM]) < need)
-    __nanosleep(64);
+  while (ld_acquire(&a.fq_sync[1 + m0 / BM]) < need) __nanosleep(64);
   fence_async_global();
 }
 
@@ -399,8 +394,7 @@ __device__ static __forceinline__ void load_block(const uint4 *xrow, int b, uint
 
 __device__ static __forceinline__ float row_scale(const mt_large_args &a, int r, int lane, uint32_t amax) {
   const float S = mt_q::outer_scale(__uint_as_float(__reduce_max_sync(0xffffffffu, amax)));
-  if (lane == 0)
-    a.fq_outer[r] = S;
+  if (lane == 0) a.fq_outer[r] = S;
   return S;
 }
 
@@ -408,8 +402,7 @@ template <bool FP16>
 __device__ static __forceinline__ void store_block(uint4 *dst, int b, const uint32_t (&w)[8], bool bad, float s_over_6,
                                                    float inv_s) {
   uint32_t xh[8] = {0, 0, 0, 0, 0, 0, 0, 0}, cd[2];
-  if (!bad)
-    mt_q::block<FP16, false>(w, mt_q::block_amax_bits<FP16>(w), s_over_6, inv_s, xh, cd);
+  if (!bad) mt_q::block<FP16, false>(w, mt_q::block_amax_bits<FP16>(w), s_over_6, inv_s, xh, cd);
   dst[2 * b] = make_uint4(xh[0], xh[1], xh[2], xh[3]);
   dst[2 * b + 1] = make_uint4(xh[4], xh[5], xh[6], xh[7]);
 }
@@ -457,12 +450,10 @@ template <bool FP16> __device__ static void quantize_row_held(const mt_large_arg
     if (b < nblk)
       load_block(xrow, b, w[j]);
     else
-      for (int i = 0; i < 8; i++)
-        w[j][i] = 0;
+      for (int i = 0; i < 8; i++) w[j][i] = 0;
   }
 #pragma unroll
-  for (int j = 0; j < FQ_NB; j++)
-    m = max(m, mt_q::block_amax_bits<FP16>(w[j]));
+  for (int j = 0; j < FQ_NB; j++) m = max(m, mt_q::block_amax_bits<FP16>(w[j]));
   const float S = row_scale(a, r, lane, m);
   const bool bad = !(S == S);
   const float s_over_6 = mt_q::S_over_6(S), inv_s = mt_q::inv_S(S);
@@ -470,8 +461,7 @@ template <bool FP16> __device__ static void quantize_row_held(const mt_large_arg
 #pragma unroll
   for (int j = 0; j < FQ_NB; j++) {
     const int b = lane + 32 * j;
-    if (b >= nblk)
-      break;
+    if (b >= nblk) break;
     store_block<FP16>(dst, b, w[j], bad, s_over_6, inv_s);
   }
 }
@@ -487,11 +477,9 @@ __device__ static void quantize_rows(const mt_large_args &a) {
   grid_dependency_wait(); // the counters were zeroed by the kernel before
   for (;;) {
     uint32_t got = 0;
-    if (lane == 0)
-      got = atomicAdd(&a.fq_sync[0], (uint32_t)FQ_GROUP);
+    if (lane == 0) got = atomicAdd(&a.fq_sync[0], (uint32_t)FQ_GROUP);
     const long long r0 = (long long)__shfl_sync(0xffffffffu, got, 0) + a.fq_r0;
-    if (r0 >= a.e.m)
-      return;
+    if (r0 >= a.e.m) return;
     const int rows = (int)min((long long)FQ_GROUP, a.e.m - r0);
     for (int i = 0; i < rows; i++) {
       const int r = (int)r0 + i;
@@ -543,8 +531,7 @@ __device__ static __forceinline__ void load_stage(uint8_t *dst, const CUtensorMa
   if constexpr (KP)
     tma_load_3d(dst, map, bar, 0, row, kb * KS);
   else
-    for (int j = 0; j < KS; j++)
-      tma_load_2d(dst + j * step, map, bar, (kb * KS + j) * BK, row);
+    for (int j = 0; j < KS; j++) tma_load_2d(dst + j * step, map, bar, (kb * KS + j) * BK, row);
 }
 
 template <int S, int SB, int BN, bool FQ = false, int TM = BM, int KS = 1, bool KP = false>
@@ -564,16 +551,13 @@ __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *
   }
   MT_LARGE_MARK(5, 5);
   grid_dependency_wait();
-  if (FQ)
-    wait_band(a, m_first);
-  for (int kb = 0; kb < pre; kb++)
-    load_stage<KS, KP>(smem + kb * SB, act(m_first), &full[kb], kb, m_first, A_TILE);
+  if (FQ) wait_band(a, m_first);
+  for (int kb = 0; kb < pre; kb++) load_stage<KS, KP>(smem + kb * SB, act(m_first), &full[kb], kb, m_first, A_TILE);
   MT_LARGE_MARK(5, 6);
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int m0 = tile / tiles_n * TM, n0 = tile % tiles_n * BN;
-    if (FQ && tile != (int)blockIdx.x)
-      wait_band(a, m0);
+    if (FQ && tile != (int)blockIdx.x) wait_band(a, m0);
     const CUtensorMap *ta = act(m0);
     const uint32_t bytes = m0 == m_last ? tx_last : tx;
     for (int kb = 0; kb < kt; kb++, it++) {
@@ -602,8 +586,8 @@ __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *
 // the 128 tokens' records after it, one bulk copy of 5120 contiguous bytes (gemm_args.h: band
 // m0 / 128, column pairs 2kb and 2kb + 1).
 template <int S, int SB, int BN>
-__device__ static __forceinline__ void produce_ra(const mt_large_args &a, uint8_t *smem, uint64_t *full, uint64_t *empty,
-                                                  int tiles, int tiles_n, int kt) {
+__device__ static __forceinline__ void produce_ra(const mt_large_args &a, uint8_t *smem, uint64_t *full,
+                                                  uint64_t *empty, int tiles, int tiles_n, int kt) {
   constexpr int WT = BN * BK * 2, RB = MT_LARGE_RA_A_BYTES;
   auto records = [&](int m0, int kb) { return a.ra + ((size_t)(m0 / BM) * kt + kb) * RB; };
   const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * BM;
@@ -612,8 +596,7 @@ __device__ static __forceinline__ void produce_ra(const mt_large_args &a, uint8_
     tma_load_2d(smem + kb * SB, &a.tw, &full[kb], kb * BK, n_first);
   }
   grid_dependency_wait();
-  for (int kb = 0; kb < pre; kb++)
-    bulk_load(smem + kb * SB + WT, records(m_first, kb), RB, &full[kb]);
+  for (int kb = 0; kb < pre; kb++) bulk_load(smem + kb * SB + WT, records(m_first, kb), RB, &full[kb]);
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
@@ -653,13 +636,10 @@ __device__ static void scale_helpers(const mt_large_args &a, columns<BN> *cols, 
   int j = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, j++) {
     const int m0 = tile / tiles_n * 64, n0 = tile % tiles_n * BN;
-    if (j > 0)
-      mbar_wait(&sc->empty, (j - 1) & 1);
+    if (j > 0) mbar_wait(&sc->empty, (j - 1) & 1);
     fill_columns<BN>(a.e, cols, n0, t, 96);
-    for (int r = t; r < 64 && m0 + r < a.e.m; r += 96)
-      sc->inv_a[r] = inv_row(a.e.sa, a.e.sa_row, m0 + r);
-    if (t == 0)
-      sc->inv_w0 = inv_w_one(a.e);
+    for (int r = t; r < 64 && m0 + r < a.e.m; r += 96) sc->inv_a[r] = inv_row(a.e.sa, a.e.sa_row, m0 + r);
+    if (t == 0) sc->inv_w0 = inv_w_one(a.e);
     mbar_arrive(&sc->full);
   }
 }
@@ -705,21 +685,18 @@ template <int BN, int TM = BM, bool KP = false> __device__ static void run(const
   // Registers: with TM = 64 the launch's 256 threads have enough without moving any (BN / 2
   // accumulators at most 64).
   if (wg == 0) { // producer: one thread keeps the ring of stages full
-    if constexpr (TM == BM)
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if constexpr (TM == BM) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if constexpr (TM == 64)
       if (threadIdx.x >= 32 && (int)blockIdx.x < tiles) {
         scale_helpers<BN>(a, cols_all, sc, tiles, tiles_n);
         return;
       }
-    if (threadIdx.x != 0 || (int)blockIdx.x >= tiles)
-      return;
+    if (threadIdx.x != 0 || (int)blockIdx.x >= tiles) return;
     produce<S, SB, BN, false, TM, KS, KP>(a, smem, full, empty, tiles, tiles_n, kt);
     return;
   }
 
-  if constexpr (TM == BM)
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  if constexpr (TM == BM) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0); // the same in every lane, known so to the compiler
   columns<BN> *cols = cols_all + cw;
   const uint64_t da0 = desc_sw128(smem_u32(smem) + cw * 64 * 128);
@@ -748,8 +725,7 @@ template <int BN, int TM = BM, bool KP = false> __device__ static void run(const
       else
         store_tile_as<BN, __half, false, true>(a.e, d, row0, n0, cols, sc->inv_w0, nullptr, sc->inv_a);
       __syncwarp();
-      if (threadIdx.x % 32 == 0)
-        mbar_arrive(&sc->empty);
+      if (threadIdx.x % 32 == 0) mbar_arrive(&sc->empty);
     } else {
       prepare_columns<BN>(a.e, cols, n0, cw);
       const float inv_w = inv_w_one(a.e);
@@ -802,7 +778,7 @@ template <int BN, bool RA = false, bool FQ = false> __device__ static void run_t
   __syncthreads();
 
   if (wg == 0 || (FQ && wg == 3)) { // wg 3: the fq kernels' fourth warpgroup (MT_LARGE_FQ_THREADS)
-    if (FQ) { // the row quantizers hold a row of k = 2048 (32 registers) and its loads in flight
+    if (FQ) {                       // the row quantizers hold a row of k = 2048 (32 registers) and its loads in flight
       asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
     } else {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
@@ -811,8 +787,7 @@ template <int BN, bool RA = false, bool FQ = false> __device__ static void run_t
       quantize_rows(a);
       return;
     }
-    if (threadIdx.x != 0 || (int)blockIdx.x >= tiles)
-      return;
+    if (threadIdx.x != 0 || (int)blockIdx.x >= tiles) return;
     if constexpr (RA)
       produce_ra<S, SB, BN>(a, smem, full, empty, tiles, tiles_n, kt);
     else
@@ -864,37 +839,38 @@ template <int BN, bool RA = false, bool FQ = false> __device__ static void run_t
     fence_async_shared();
     warpgroup_sync(1 + cw);
     if (lead) {
-      for (int b = 0; b < BN / 64 && n0 + 64 * b < a.e.n; b++)
-        tma_store_2d(&a.ty, stage + b * 8192, n0 + 64 * b, row0);
+      for (int b = 0; b < BN / 64 && n0 + 64 * b < a.e.n; b++) tma_store_2d(&a.ty, stage + b * 8192, n0 + 64 * b, row0);
       bulk_commit();
     }
   }
-  if (lead)
-    bulk_wait_all();
+  if (lead) bulk_wait_all();
 }
 
 } // namespace large
 
-#define MT_LARGE(BN)                                                                               \
-  extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_n##BN(const __grid_constant__ mt_large_args a) { \
-    large::run<BN>(a);                                                                             \
+#define MT_LARGE(BN)                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_n##BN(const __grid_constant__ mt_large_args a) {  \
+    large::run<BN>(a);                                                                                                 \
   }
-#define MT_LARGE_TS(BN)                                                                            \
-  extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_ts_n##BN(const __grid_constant__ mt_large_args a) { \
-    large::run_ts<BN>(a);                                                                          \
+#define MT_LARGE_TS(BN)                                                                                                \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                                 \
+      mt_gemm_large_ts_n##BN(const __grid_constant__ mt_large_args a) {                                                \
+    large::run_ts<BN>(a);                                                                                              \
   }
 MT_LARGE(64)
 MT_LARGE(96)
-#define MT_LARGE_64(BN)                                                                            \
-  extern "C" __global__ void __launch_bounds__(256, 1) mt_gemm_large_m64_n##BN(const __grid_constant__ mt_large_args a) { \
-    large::run<BN, 64>(a);                                                                         \
+#define MT_LARGE_64(BN)                                                                                                \
+  extern "C" __global__ void __launch_bounds__(256, 1)                                                                 \
+      mt_gemm_large_m64_n##BN(const __grid_constant__ mt_large_args a) {                                               \
+    large::run<BN, 64>(a);                                                                                             \
   }
 MT_LARGE_64(32)
 MT_LARGE_64(48)
 MT_LARGE_64(64)
-#define MT_LARGE_64P(BN)                                                                           \
-  extern "C" __global__ void __launch_bounds__(256, 1) mt_gemm_large_m64p_n##BN(const __grid_constant__ mt_large_args a) { \
-    large::run<BN, 64, true>(a);                                                                   \
+#define MT_LARGE_64P(BN)                                                                                               \
+  extern "C" __global__ void __launch_bounds__(256, 1)                                                                 \
+      mt_gemm_large_m64p_n##BN(const __grid_constant__ mt_large_args a) {                                              \
+    large::run<BN, 64, true>(a);                                                                                       \
   }
 MT_LARGE_64P(32)
 MT_LARGE_64P(48)
@@ -905,16 +881,18 @@ MT_LARGE(256)
 MT_LARGE_TS(128)
 MT_LARGE_TS(192)
 MT_LARGE_TS(256)
-#define MT_LARGE_RA(BN)                                                                            \
-  extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_ra_n##BN(const __grid_constant__ mt_large_args a) { \
-    large::run_ts<BN, true>(a);                                                                    \
+#define MT_LARGE_RA(BN)                                                                                                \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                                 \
+      mt_gemm_large_ra_n##BN(const __grid_constant__ mt_large_args a) {                                                \
+    large::run_ts<BN, true>(a);                                                                                        \
   }
 MT_LARGE_RA(128)
 MT_LARGE_RA(192)
 MT_LARGE_RA(256)
-#define MT_LARGE_FQ(BN)                                                                            \
-  extern "C" __global__ void __launch_bounds__(MT_LARGE_FQ_THREADS, 1) mt_gemm_large_fq_n##BN(const __grid_constant__ mt_large_args a) { \
-    large::run_ts<BN, false, true>(a);                                                             \
+#define MT_LARGE_FQ(BN)                                                                                                \
+  extern "C" __global__ void __launch_bounds__(MT_LARGE_FQ_THREADS, 1)                                                 \
+      mt_gemm_large_fq_n##BN(const __grid_constant__ mt_large_args a) {                                                \
+    large::run_ts<BN, false, true>(a);                                                                                 \
   }
 MT_LARGE_FQ(128)
 MT_LARGE_FQ(192)

@@ -88,8 +88,7 @@ __device__ static void load_acts(const mt_small_args &a, uint8_t *st, int c, int
   bool ok = col < a.e.k;
   const uint16_t *src = ok ? a.xa + col : a.xa;
   uint8_t *dst = st + WBYTES + threadIdx.x * 16;
-  for (int r = 0; r < rows; r++, dst += PITCH, src += ok ? a.e.k : 0)
-    cp16(dst, src, ok);
+  for (int r = 0; r < rows; r++, dst += PITCH, src += ok ? a.e.k : 0) cp16(dst, src, ok);
 }
 
 // Step H (0 or 1) of a record's code word w and scale word sc.
@@ -101,9 +100,7 @@ template <int H> __device__ static inline void step_frag(uint32_t w, uint32_t sc
 // The A fragments of one k16 step for every tile of 16 tokens: tokens 16tt + g and + 8, columns
 // 2q.. and 2q+8.., from the staged activations (r: token g's row at the step's column 2q, pitch
 // bytes a row). With ROWS == 8 the tokens g + 8 are zero registers.
-template <int ROWS> struct afrag {
-  uint32_t v[(ROWS + 15) / 16][4];
-};
+template <int ROWS> struct afrag { uint32_t v[(ROWS + 15) / 16][4]; };
 
 template <int ROWS> __device__ static inline afrag<ROWS> load_a(const uint8_t *r, int pitch) {
   afrag<ROWS> a;
@@ -120,7 +117,8 @@ template <int ROWS> __device__ static inline afrag<ROWS> load_a(const uint8_t *r
 
 // One k16 step: accumulated in K order into d.
 template <int ROWS>
-__device__ static inline void mma_step(float (&d)[(ROWS + 15) / 16][4], uint32_t b0, uint32_t b1, const afrag<ROWS> &a) {
+__device__ static inline void mma_step(float (&d)[(ROWS + 15) / 16][4], uint32_t b0, uint32_t b1,
+                                       const afrag<ROWS> &a) {
 #pragma unroll
   for (int tt = 0; tt < (ROWS + 15) / 16; tt++)
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -214,8 +212,8 @@ __device__ static inline float bias_value(uint32_t bits, int type) {
 // preloaded bias, which is the add epilogue() does last: the same operations in the same order, so
 // the same bits as the large path. inv_a and inv_w are __frcp_rn of the raw S, as inv_row and
 // mt_q::inv_S compute them.
-__device__ static inline float epi_out(const mt_epilogue_args &e, float acc, float inv_a, float inv_w,
-                                       uint32_t bias, int tok, int j) {
+__device__ static inline float epi_out(const mt_epilogue_args &e, float acc, float inv_a, float inv_w, uint32_t bias,
+                                       int tok, int j) {
   mt_epilogue_args nb = e;
   nb.bias = nullptr;
   float t = epilogue(nb, acc, inv_a, inv_w, tok, j);
@@ -255,8 +253,7 @@ __device__ static void run(const mt_small_args &a) {
 
   // The weights do not depend on the kernel before this one (the activation quantization, which
   // lets this grid start early): their first chunks are requested before waiting for it.
-  for (int c = 0; c < STAGES - 1 && c < chunks; c++)
-    load_weights(a, wl, smem + c * SBYTES, c);
+  for (int c = 0; c < STAGES - 1 && c < chunks; c++) load_weights(a, wl, smem + c * SBYTES, c);
   // Token rows past m read as zero in every stage; cp.async never writes them.
   for (int i = t; i < STAGES * (ROWS - rows) * (PITCH / 16); i += THREADS) {
     int st = i / ((ROWS - rows) * (PITCH / 16)), r = i % ((ROWS - rows) * (PITCH / 16));
@@ -275,8 +272,7 @@ __device__ static void run(const mt_small_args &a) {
   for (int c = 0; c < chunks; c++) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
     __syncthreads();
-    if (c == 0)
-      MT_SMALL_MARK(3);
+    if (c == 0) MT_SMALL_MARK(3);
     int next = c + STAGES - 1;
     if (next < chunks) {
       load_weights(a, wl, smem + (next % STAGES) * SBYTES, next);
@@ -322,8 +318,7 @@ __device__ static void fused_quantize(const mt_small_args &a, const float *S, ui
     int r = i / nblk, b = i % nblk;
     uint32_t amax_b = x_block<FP16>(a, r, b, v);
     float Sr = S[r];
-    if (Sr == Sr)
-      mt_q::block<FP16, false>(v, amax_b, mt_q::S_over_6(Sr), mt_q::inv_S(Sr), xh, cd);
+    if (Sr == Sr) mt_q::block<FP16, false>(v, amax_b, mt_q::S_over_6(Sr), mt_q::inv_S(Sr), xh, cd);
     uint4 *dst = (uint4 *)(xs + r * xp + b * 32);
     dst[0] = make_uint4(xh[0], xh[1], xh[2], xh[3]);
     dst[1] = make_uint4(xh[4], xh[5], xh[6], xh[7]);
@@ -356,21 +351,24 @@ __device__ static void run_fused(const mt_small_args &a) {
   load_epi_w(a.e, ch, in); // in flight during the quantization and the loop
   __syncthreads();
   MT_SMALL_MARK(1);
-  if (a.xfp16) fused_amax<true>(a, amax);
-  else fused_amax<false>(a, amax);
+  if (a.xfp16)
+    fused_amax<true>(a, amax);
+  else
+    fused_amax<false>(a, amax);
   __syncthreads();
   if (t < a.e.m) S[t] = mt_q::outer_scale(__uint_as_float(amax[a.e.sa_row ? t : 0]));
   __syncthreads();
-  if (a.xfp16) fused_quantize<true>(a, S, xs, xp);
-  else fused_quantize<false>(a, S, xs, xp);
+  if (a.xfp16)
+    fused_quantize<true>(a, S, xs, xp);
+  else
+    fused_quantize<false>(a, S, xs, xp);
   MT_SMALL_MARK(2);
   load_epi_a(a.e, g, S, 1, in);
 
   for (int c = 0; c < chunks; c++) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
     __syncthreads();
-    if (c == 0)
-      MT_SMALL_MARK(3);
+    if (c == 0) MT_SMALL_MARK(3);
     int next = c + STAGES - 1;
     if (next < chunks) load_weights(a, wl, smem + (next % STAGES) * WBYTES, next);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -389,11 +387,13 @@ __device__ static void run_fused(const mt_small_args &a) {
 }
 } // namespace small
 
-extern "C" __global__ void __launch_bounds__(32 * MT_SMALL_WARPS) mt_gemm_small_m8(const __grid_constant__ mt_small_args a) {
+extern "C" __global__ void __launch_bounds__(32 * MT_SMALL_WARPS)
+    mt_gemm_small_m8(const __grid_constant__ mt_small_args a) {
   small::run(a);
 }
 
-extern "C" __global__ void __launch_bounds__(32 * MT_SMALL_WARPS) mt_gemm_small_q4(const __grid_constant__ mt_small_args a) {
+extern "C" __global__ void __launch_bounds__(32 * MT_SMALL_WARPS)
+    mt_gemm_small_q4(const __grid_constant__ mt_small_args a) {
   small::run_fused(a);
 }
 
@@ -403,13 +403,11 @@ extern "C" __global__ void __launch_bounds__(32 * MT_SMALL_WARPS) mt_gemm_small_
 
 namespace small {
 __device__ static void pack(const mt_pack_args &a) {
-  if (a.only_if && *a.only_if == 0)
-    return;
+  if (a.only_if && *a.only_if == 0) return;
   size_t pairs = ((size_t)a.k + 31) / 32, kb = (size_t)a.k / 16;
   size_t chunks = (size_t)a.n / 8 * pairs * (MT_FRAG_REC / 16);
   size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= chunks)
-    return;
+  if (i >= chunks) return;
   size_t r = i / (MT_FRAG_REC / 16), H = r / pairs, P = r % pairs;
   int j = (int)(i % (MT_FRAG_REC / 16));
   uint8_t out[16];
@@ -420,11 +418,9 @@ __device__ static void pack(const mt_pack_args &a) {
       uint32_t w = 0;
       for (int s = 0; s < 2; s++) {
         size_t b = 2 * P + s;
-        if (b < kb)
-          w |= (uint32_t)row[b * 8 + q] << (16 * s) | (uint32_t)row[b * 8 + q + 4] << (16 * s + 8);
+        if (b < kb) w |= (uint32_t)row[b * 8 + q] << (16 * s) | (uint32_t)row[b * 8 + q + 4] << (16 * s + 8);
       }
-      for (int u = 0; u < 4; u++)
-        out[4 * o + u] = (uint8_t)(w >> (8 * u));
+      for (int u = 0; u < 4; u++) out[4 * o + u] = (uint8_t)(w >> (8 * u));
     } else { // row 8H + g's scales of blocks 2P, 2P + 1 as BF16 (exact: 4 significant bits)
       int g = 4 * (j - 8) + o;
       const uint8_t *row = a.scales + (8 * H + g) * kb;

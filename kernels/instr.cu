@@ -60,16 +60,14 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr
   const int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= a.m) return;
   const uint16_t *x = (const uint16_t *)a.x + (int64_t)r * a.ldx;
-  uint64_t row_hash = mt_instr_mix64(warp_sum(row_sum_lane(x, a.k, lane)) ^
-                                     mt_instr_tag((uint64_t)a.k, a.xtype));
+  uint64_t row_hash = mt_instr_mix64(warp_sum(row_sum_lane(x, a.k, lane)) ^ mt_instr_tag((uint64_t)a.k, a.xtype));
   if (!a.all && row_hash >= a.threshold) return;
   unsigned slot = 0;
   if (lane == 0) slot = atomicAdd(&a.hdr->selected, 1u);
   slot = __shfl_sync(0xffffffffu, slot, 0);
   if ((int)slot >= a.cap) return; // counted by `selected`; the host reports the excess as dropped
   const uint16_t *y = (const uint16_t *)a.y + (int64_t)r * a.ldy;
-  uint64_t out_hash = mt_instr_mix64(warp_sum(row_sum_lane(y, a.n, lane)) ^
-                                     mt_instr_tag((uint64_t)a.n, a.ytype));
+  uint64_t out_hash = mt_instr_mix64(warp_sum(row_sum_lane(y, a.n, lane)) ^ mt_instr_tag((uint64_t)a.n, a.ytype));
   float s[MT_INSTR_SKETCH];
   for (int i = 0; i < MT_INSTR_SKETCH; i++) s[i] = 0.0f;
   for (int j = lane; j < a.n; j += 32) {
@@ -170,8 +168,7 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_shadow(const mt_instr
   double d2 = 0.0, r2 = 0.0;
   float mx = 0.0f;
   unsigned bad = 0;
-  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-       i += (uint64_t)gridDim.x * blockDim.x) {
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (uint64_t)gridDim.x * blockDim.x) {
     uint64_t r = i / a.n, j = i % a.n;
     float y = mt_instr_half_to_float(((const uint16_t *)a.y)[r * a.ld + j], a.type);
     float ref = mt_instr_half_to_float(((const uint16_t *)a.ref)[r * a.ld + j], a.type);
@@ -208,8 +205,7 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_probe(const mt_instr_
   for (int j = threadIdx.x; j < a.n; j += blockDim.x) {
     if (in_batch[j] == alone[j]) continue;
     differ = 1;
-    float d = abs_diff(mt_instr_half_to_float(in_batch[j], a.type),
-                       mt_instr_half_to_float(alone[j], a.type));
+    float d = abs_diff(mt_instr_half_to_float(in_batch[j], a.type), mt_instr_half_to_float(alone[j], a.type));
     mx = fmaxf(mx, d != d ? __int_as_float(0x7f800000) : d); // NaN against a number: Inf
   }
   differ = __syncthreads_or(differ);
@@ -217,4 +213,3 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_probe(const mt_instr_
   if (threadIdx.x % 32 == 0 && mx > 0.0f) atomicMax(&a.hdr->probe_max_bits, __float_as_uint(mx));
   if (threadIdx.x == 0 && differ) atomicAdd(&a.hdr->probe_differing, 1u);
 }
-

@@ -51,9 +51,9 @@ typedef struct {
 /* What one instrumented call's kernels fill, then published to the host by mt_instr_finish, which
  * also zeroes it for the slot's next use (a slot is zeroed with a memset before its first use). */
 typedef struct {
-  uint64_t wsum;          /* content_sum of the weight (0 when no row was digested) */
-  uint64_t bsum;          /* content_sum of the bias */
-  uint32_t selected;      /* rows whose row hash passed the rate (may exceed the rows kept) */
+  uint64_t wsum;     /* content_sum of the weight (0 when no row was digested) */
+  uint64_t bsum;     /* content_sum of the bias */
+  uint32_t selected; /* rows whose row hash passed the rate (may exceed the rows kept) */
   uint32_t probe_differing;
   double shadow_d2, shadow_r2; /* sum (y - ref)^2 and sum ref^2 over finite elements */
   uint32_t shadow_max_bits;    /* max |y - ref| (a non-negative float's bits: ordered as integers) */
@@ -65,13 +65,13 @@ typedef struct {
 
 /* mt_instr_digest: one warp per row of x (m rows). */
 typedef struct {
-  const void *x;        /* [m][k] 2-byte elements, row stride ldx (elements) */
-  const void *y;        /* [m][n] 2-byte elements, row stride ldy */
+  const void *x; /* [m][k] 2-byte elements, row stride ldx (elements) */
+  const void *y; /* [m][n] 2-byte elements, row stride ldy */
   int64_t ldx, ldy;
   int32_t m, n, k, xtype, ytype, all; /* all: every row is digested */
-  uint64_t threshold;   /* a row is digested when its row hash < threshold */
+  uint64_t threshold;                 /* a row is digested when its row hash < threshold */
   mt_instr_header *hdr;
-  mt_instr_row *rows;   /* room for cap rows */
+  mt_instr_row *rows; /* room for cap rows */
   int32_t cap, pad;
 } mt_instr_digest_args;
 
@@ -80,10 +80,10 @@ typedef struct {
  * the digested rows copied into mapped pinned host memory, the header zeroed, the slot's flag set
  * to seq (the host polls it: no CUDA call is needed to learn that the results are there). */
 typedef struct {
-  const void *w;        /* [n][k] 2-byte elements, row stride ldw; NULL: no digest in this call */
+  const void *w; /* [n][k] 2-byte elements, row stride ldw; NULL: no digest in this call */
   int64_t ldw;
   const uint64_t *frozen_sum; /* the frozen cache's stored sum of this weight, or NULL */
-  const void *bias;     /* NULL or bias_bytes of bias */
+  const void *bias;           /* NULL or bias_bytes of bias */
   int64_t bias_bytes;
   int32_t n, k;
   mt_instr_header *hdr; /* followed by the rows */
@@ -123,14 +123,11 @@ MT_HD uint64_t mt_instr_piece(uint64_t i, uint64_t lo, uint64_t hi) {
   return mt_instr_mix64(lo + MT_INSTR_MUL_G * (2 * i + 1)) ^ mt_instr_mix64(hi ^ (MT_INSTR_MUL_H * (i + 1)));
 }
 
-MT_HD uint64_t mt_instr_tag(uint64_t len, int type) {
-  return mt_instr_mix64(len << 4 | (uint64_t)(type + 1));
-}
+MT_HD uint64_t mt_instr_tag(uint64_t len, int type) { return mt_instr_mix64(len << 4 | (uint64_t)(type + 1)); }
 
 /* sign(i, j) of the scheme-1 sketch: -1 when the top bit of mix64(SEED ^ (i << 32 | j)) is set. */
 MT_HD float mt_instr_sign(int i, int j) {
-  return (mt_instr_mix64(MT_INSTR_SKETCH_SEED ^ ((uint64_t)i << 32 | (uint64_t)j)) >> 63) ? -1.0f
-                                                                                          : 1.0f;
+  return (mt_instr_mix64(MT_INSTR_SKETCH_SEED ^ ((uint64_t)i << 32 | (uint64_t)j)) >> 63) ? -1.0f : 1.0f;
 }
 
 MT_HD uint64_t mt_instr_fold(uint64_t h, uint64_t v) { return mt_instr_mix64(h ^ v); }
@@ -198,8 +195,7 @@ static inline uint64_t mt_instr_bias_id(int has_bias, uint64_t bsum, int n, int 
   return has_bias ? mt_instr_mix64(bsum ^ mt_instr_tag((uint64_t)n, btype)) : 0;
 }
 
-static inline uint64_t mt_instr_key(uint64_t row_hash, uint64_t weight_id, int ytype, float alpha,
-                                    uint64_t bias_id) {
+static inline uint64_t mt_instr_key(uint64_t row_hash, uint64_t weight_id, int ytype, float alpha, uint64_t bias_id) {
   uint32_t abits;
   memcpy(&abits, &alpha, 4);
   uint64_t h = mt_instr_fold(MT_INSTR_KEY_SEED, row_hash);
@@ -214,8 +210,7 @@ static inline void mt_instr_sketch(const uint16_t *y, int n, int ytype, float ou
   float scale = 1.0f / sqrtf((float)n);
   for (int i = 0; i < MT_INSTR_SKETCH; i++) {
     float s = 0.0f;
-    for (int j = 0; j < n; j++)
-      s += mt_instr_sign(i, j) * mt_instr_half_to_float(y[j], ytype);
+    for (int j = 0; j < n; j++) s += mt_instr_sign(i, j) * mt_instr_half_to_float(y[j], ytype);
     out[i] = s * scale;
   }
 }

@@ -23,16 +23,13 @@ typedef struct {
 
 static unsigned pow2_at_least(unsigned v) {
   unsigned p = 1;
-  while (p < v)
-    p <<= 1;
+  while (p < v) p <<= 1;
   return p;
 }
 
 /* Threads per row for `blocks` blocks: a power of two up to a warp (rows share warps), else whole
  * warps (a warp never spans two rows). */
-static unsigned row_threads(unsigned blocks) {
-  return blocks <= 32 ? pow2_at_least(blocks) : (blocks + 31) / 32 * 32;
-}
+static unsigned row_threads(unsigned blocks) { return blocks <= 32 ? pow2_at_least(blocks) : (blocks + 31) / 32 * 32; }
 
 /* Blocks of 16 per thread for the per-row kernel over many rows. Measured on the H200 (make bench
  * with --sweep; K = 768, 2048, 7168): 2 or 4 blocks a thread (64 or 128 bytes in flight each) and
@@ -40,12 +37,10 @@ static unsigned row_threads(unsigned blocks) {
  * those the shape with the fewest idle threads wins, and on a tie 2 blocks a thread when that
  * still gives 64 threads a row. Few rows are latency-bound: one block a thread, as wide as the row. */
 static unsigned blocks_per_thread(unsigned nblk, unsigned rows) {
-  if (rows <= MANY_ROWS)
-    return 1;
+  if (rows <= MANY_ROWS) return 1;
   unsigned t2 = row_threads((nblk + 1) / 2), t4 = row_threads((nblk + 3) / 4);
   unsigned cap2 = 2 * t2, cap4 = 4 * t4;
-  if (t2 <= 128 && (cap2 < cap4 || (cap2 == cap4 && t2 >= 64)))
-    return 2;
+  if (t2 <= 128 && (cap2 < cap4 || (cap2 == cap4 && t2 >= 64))) return 2;
   return t4 <= 128 ? 4 : 8;
 }
 
@@ -53,12 +48,9 @@ static unsigned blocks_per_thread(unsigned nblk, unsigned rows) {
  * each) for rows of nblk blocks, at least `least` blocks a thread; the blocks a thread in *nb. */
 static int row_shape(unsigned nblk, unsigned rows, unsigned least, launch_shape *s, unsigned *nb) {
   *nb = blocks_per_thread(nblk, rows);
-  if (*nb < least)
-    *nb = least;
-  while (*nb <= 8 && (nblk + *nb - 1) / *nb > MAX_ROW_THREADS)
-    *nb *= 2;
-  if (*nb > 8)
-    return MT_ERR_UNSUPPORTED;
+  if (*nb < least) *nb = least;
+  while (*nb <= 8 && (nblk + *nb - 1) / *nb > MAX_ROW_THREADS) *nb *= 2;
+  if (*nb > 8) return MT_ERR_UNSUPPORTED;
   s->block_x = row_threads((nblk + *nb - 1) / *nb);
   unsigned cta = rows > MANY_ROWS ? CTA_THREADS / 2 : CTA_THREADS;
   s->block_y = s->block_x >= cta ? 1 : cta / s->block_x;
@@ -82,8 +74,7 @@ static int pick_rec_shape(const mt_quant_params *p, launch_shape *s) {
   unsigned nblk = (unsigned)MT_ACT_PAIRS(p->cols) * 2, nb;
   unsigned rows = (unsigned)((p->rows + MT_ACT_BAND - 1) / MT_ACT_BAND * MT_ACT_BAND);
   if (p->row_outer) {
-    if (row_shape(nblk, (unsigned)p->rows, 2, s, &nb) != MT_OK)
-      return MT_ERR_UNSUPPORTED;
+    if (row_shape(nblk, (unsigned)p->rows, 2, s, &nb) != MT_OK) return MT_ERR_UNSUPPORTED;
     snprintf(s->name, sizeof s->name, "mt_quant_row_rec_%s_nb%u", type, nb);
   } else {
     tensor_shape(nblk / 2, s);
@@ -96,16 +87,14 @@ static int pick_rec_shape(const mt_quant_params *p, launch_shape *s) {
 static int pick_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
   const char *type = p->fp16 ? "fp16" : "bf16";
   unsigned rows = (unsigned)p->rows, nblk = (unsigned)p->cols / 16, nb;
-  if (p->records)
-    return pick_rec_shape(p, s);
+  if (p->records) return pick_rec_shape(p, s);
   if (tile16) {
     s->block_x = nblk < 16 ? pow2_at_least(nblk) : 16;
     s->block_y = 16;
     s->grid_y = (nblk + s->block_x - 1) / s->block_x;
     snprintf(s->name, sizeof s->name, "mt_quant_tile_%s", type);
   } else if (p->row_outer) {
-    if (row_shape(nblk, rows, 1, s, &nb) != MT_OK)
-      return MT_ERR_UNSUPPORTED;
+    if (row_shape(nblk, rows, 1, s, &nb) != MT_OK) return MT_ERR_UNSUPPORTED;
     snprintf(s->name, sizeof s->name, "mt_quant_row_%s_nb%u", type, nb);
   } else {
     tensor_shape(nblk, s);
@@ -117,28 +106,22 @@ static int pick_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
 
 int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) {
   const mt_driver *d = mt_driver_get();
-  if (!d)
-    return MT_ERR_NO_DRIVER;
+  if (!d) return MT_ERR_NO_DRIVER;
   if (p->rows <= 0 || p->cols <= 0 || p->cols % 16 || (tile16 && (p->row_outer || p->rows % 16 || p->records)))
     return MT_ERR_UNSUPPORTED;
   launch_shape s;
   CUfunction quant, amax = NULL;
   int status = pick_shape(p, tile16, &s);
-  if (status == MT_OK)
-    status = mt_kernel_get("quant", s.name, stream, &quant);
+  if (status == MT_OK) status = mt_kernel_get("quant", s.name, stream, &quant);
   if (status == MT_OK && !p->row_outer)
-    status = mt_kernel_get("quant", p->fp16 ? "mt_quant_amax_fp16" : "mt_quant_amax_bf16", stream,
-                           &amax);
-  if (status != MT_OK)
-    return status;
+    status = mt_kernel_get("quant", p->fp16 ? "mt_quant_amax_fp16" : "mt_quant_amax_bf16", stream, &amax);
+  if (status != MT_OK) return status;
   if (amax) {
     /* The amax pass ends in atomicMax on FP32 bits: exact and independent of order. */
-    if (d->memset_d8_async((CUdeviceptr)p->amax, 0, sizeof *p->amax, stream) != CUDA_SUCCESS)
-      return MT_ERR_CUDA;
+    if (d->memset_d8_async((CUdeviceptr)p->amax, 0, sizeof *p->amax, stream) != CUDA_SUCCESS) return MT_ERR_CUDA;
     unsigned warps = (unsigned)p->rows < 8192 ? (unsigned)p->rows : 8192; /* a row per warp */
     status = mt_launch(amax, (warps + 7) / 8, 1, 256, 1, 0, 0, stream, (void *)p);
-    if (status != MT_OK)
-      return status;
+    if (status != MT_OK) return status;
   }
   return mt_launch(quant, s.grid_x, s.grid_y, s.block_x, s.block_y, 0, 0, stream, (void *)p);
 }

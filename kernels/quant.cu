@@ -26,21 +26,19 @@ using namespace mt_q;
 
 namespace {
 
-constexpr int kMaxThreads = 512; /* per CTA; the launcher never asks for more */
+constexpr int kMaxThreads = 512;  /* per CTA; the launcher never asks for more */
 constexpr int kAmaxThreads = 256; /* the amax pass's CTA (quant.c launches it with 256) */
 
 /* Let a kernel launched after this one with programmatic stream serialization (a GEMM that streams
  * its weights before it waits for the activations) start now; its griddepcontrol.wait still waits
  * for this grid to finish. No effect on launches without that attribute. */
-__device__ __forceinline__ void allow_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
+__device__ __forceinline__ void allow_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 /* The record of 8 rows x 32 columns (gemm_args.h) that row r's blocks b (even) and b + 1 belong
  * to, in the ra layout: bands of 128 rows, the band's records by column pair, then row group. */
 __device__ __forceinline__ uint8_t *record_of(const mt_quant_params &p, int r, int b, int pairs) {
-  return p.records + (((size_t)(r / MT_ACT_BAND) * pairs + b / 2) * (MT_ACT_BAND / 8) + (r / 8) % (MT_ACT_BAND / 8)) *
-                         MT_FRAG_REC;
+  return p.records +
+         (((size_t)(r / MT_ACT_BAND) * pairs + b / 2) * (MT_ACT_BAND / 8) + (r / 8) % (MT_ACT_BAND / 8)) * MT_FRAG_REC;
 }
 
 /* The record's four code words of row r from its blocks b (codes cd0) and b + 1 (cd1): lane 4g + q's
@@ -131,7 +129,8 @@ __device__ __forceinline__ void record_words(const uint32_t (&w0)[8], const uint
 __device__ __forceinline__ float e4m3_value(uint32_t code) { return __fmul_rn(__uint_as_float(code << 20), 0x1p120f); }
 
 /* mt_q::block's scale code and encode coefficient, alone. */
-__device__ __forceinline__ float block_coef(uint32_t amax_bits, float s_over_6, float inv_s, uint32_t &sb_code, float &sb) {
+__device__ __forceinline__ float block_coef(uint32_t amax_bits, float s_over_6, float inv_s, uint32_t &sb_code,
+                                            float &sb) {
   sb_code = e4m3_rne_satfinite(__fmul_rn(__uint_as_float(amax_bits), s_over_6));
   sb = e4m3_value(sb_code);
   return sb_code == 0 ? 0.0f : __frcp_rn(__fmul_rn(sb, inv_s));
@@ -148,14 +147,15 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
   if (p.only_if && *p.only_if == 0) /* the same for the whole grid: no barrier is left waiting */
     return;
   if (p.zero && blockIdx.x == 0 && blockIdx.y == 0) /* the fq GEMM's counters, read after this grid */
-    for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < p.nzero; i += blockDim.x * blockDim.y)
-      p.zero[i] = 0;
+    for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < p.nzero; i += blockDim.x * blockDim.y) p.zero[i] = 0;
   const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x;
   const int nblk = p.cols >> 4;
   const int r = blockIdx.x * blockDim.y + ty;
   const bool row_ok = r < p.rows;
   const int b0 = blockIdx.y * (TX * NB) + tx;
-  auto block_of = [&](int j) { return REC ? 2 * (blockIdx.y * (TX * NB / 2) + tx + (j >> 1) * TX) + (j & 1) : b0 + j * TX; };
+  auto block_of = [&](int j) {
+    return REC ? 2 * (blockIdx.y * (TX * NB / 2) + tx + (j >> 1) * TX) + (j & 1) : b0 + j * TX;
+  };
   const char *xrow = (const char *)p.x + (size_t)(row_ok ? r : 0) * (size_t)p.ldx * 2;
 
   uint32_t w[NB][8], amax_b[NB];
@@ -177,33 +177,26 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
   if (ROW) {
     uint32_t m = 0;
 #pragma unroll
-    for (int j = 0; j < NB; j++)
-      m = max(m, amax_b[j]);
-    for (int o = min(TX, 32) >> 1; o > 0; o >>= 1)
-      m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    for (int j = 0; j < NB; j++) m = max(m, amax_b[j]);
+    for (int o = min(TX, 32) >> 1; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (TX > 32) { /* TX is then a multiple of 32: every warp lies within one row */
       __shared__ uint32_t warp_max[kMaxThreads / 32];
-      if ((tx & 31) == 0)
-        warp_max[(ty * TX + tx) >> 5] = m;
+      if ((tx & 31) == 0) warp_max[(ty * TX + tx) >> 5] = m;
       __syncthreads();
       const int lane = tx & 31, nwarps = TX >> 5; /* at most 16: one read per lane, then shuffles */
       m = lane < nwarps ? warp_max[((ty * TX) >> 5) + lane] : 0u;
-      for (int o = 16; o > 0; o >>= 1)
-        m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+      for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
     }
     S = outer_scale(__uint_as_float(m));
-    if (tx == 0 && row_ok)
-      p.outer[r] = S;
+    if (tx == 0 && row_ok) p.outer[r] = S;
   } else {
     S = outer_scale(__uint_as_float(*p.amax));
-    if (blockIdx.x == 0 && blockIdx.y == 0 && tx == 0 && ty == 0)
-      p.outer[0] = S;
+    if (blockIdx.x == 0 && blockIdx.y == 0 && tx == 0 && ty == 0) p.outer[0] = S;
   }
 
   if (TILE) { /* NB == 1, TY == 16: the 16 rows of a CTA are one row of tiles */
     __shared__ uint32_t tile_max[kMaxThreads / 16];
-    if (ty == 0)
-      tile_max[tx] = 0;
+    if (ty == 0) tile_max[tx] = 0;
     __syncthreads();
     atomicMax(&tile_max[tx], amax_b[0]);
     __syncthreads();
@@ -212,15 +205,13 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
 
   if (REC) {
     const int pairs = (int)MT_ACT_PAIRS(p.cols);
-    if (r >= (p.rows + MT_ACT_BAND - 1) / MT_ACT_BAND * MT_ACT_BAND)
-      return;
+    if (r >= (p.rows + MT_ACT_BAND - 1) / MT_ACT_BAND * MT_ACT_BAND) return;
     const bool bad = !(S == S);
     const float s_over_6 = S_over_6(S), inv_s = inv_S(S);
 #pragma unroll
     for (int j = 0; j < NB; j += 2) {
       const int b = block_of(j);
-      if (b >= 2 * pairs)
-        break;
+      if (b >= 2 * pairs) break;
       uint32_t word[4] = {0, 0, 0, 0}, sb0, sb1;
       float f0 = 0.0f, f1 = 0.0f; /* the scales' values */
       if (!bad) {
@@ -239,8 +230,7 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
     }
     return;
   }
-  if (!row_ok)
-    return;
+  if (!row_ok) return;
   /* A domain holding NaN or Inf: codes, scales and xhat all 0; its NaN S makes the GEMM's
    * outputs NaN. */
   const bool domain_bad = !(S == S);
@@ -249,8 +239,7 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
 #pragma unroll
   for (int j = 0; j < NB; j++) {
     const int b = block_of(j);
-    if (b >= nblk)
-      break;
+    if (b >= nblk) break;
     uint32_t xh[8] = {0, 0, 0, 0, 0, 0, 0, 0}, cd[2] = {0, 0}, sb_code = 0;
     if (!domain_bad) {
       if (p.codes)
@@ -261,18 +250,15 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
     uint4 *dst = (uint4 *)(p.xhat + row_base + (size_t)b * 16);
     dst[0] = make_uint4(xh[0], xh[1], xh[2], xh[3]);
     dst[1] = make_uint4(xh[4], xh[5], xh[6], xh[7]);
-    if (p.codes)
-      *(uint2 *)(p.codes + row_base / 2 + (size_t)b * 8) = make_uint2(cd[0], cd[1]);
-    if (p.scales)
-      p.scales[row_base / 16 + b] = (uint8_t)sb_code;
+    if (p.codes) *(uint2 *)(p.codes + row_base / 2 + (size_t)b * 8) = make_uint2(cd[0], cd[1]);
+    if (p.scales) p.scales[row_base / 16 + b] = (uint8_t)sb_code;
   }
 }
 
 /* max |x| over the whole matrix into *p.amax (FP32 bits; the launcher zeroes it first): one warp
  * per row at a time, four 16-byte loads in flight per lane, one atomicMax per CTA. */
 template <bool FP16> __device__ __forceinline__ void amax_pass(const mt_quant_params &p) {
-  if (p.only_if && *p.only_if == 0)
-    return;
+  if (p.only_if && *p.only_if == 0) return;
   const int lane = threadIdx.x & 31;
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int nwarps = (gridDim.x * blockDim.x) >> 5;
@@ -283,8 +269,7 @@ template <bool FP16> __device__ __forceinline__ void amax_pass(const mt_quant_pa
     for (int c = lane; c < chunks; c += 4 * 32) {
       uint4 v[4];
 #pragma unroll
-      for (int u = 0; u < 4; u++)
-        v[u] = (c + u * 32 < chunks) ? src[c + u * 32] : make_uint4(0, 0, 0, 0);
+      for (int u = 0; u < 4; u++) v[u] = (c + u * 32 < chunks) ? src[c + u * 32] : make_uint4(0, 0, 0, 0);
 #pragma unroll
       for (int u = 0; u < 4; u++) {
         m = __vmaxu2(m, v[u].x & 0x7fff7fffu);
@@ -299,24 +284,21 @@ template <bool FP16> __device__ __forceinline__ void amax_pass(const mt_quant_pa
   /* then across the CTA's warps, so that one atomic per CTA (not per warp: 8192 on one word at
    * 8192 rows) reaches L2, where atomics on one address are served one after another */
   __shared__ uint32_t warp_max[kAmaxThreads / 32];
-  if (lane == 0)
-    warp_max[threadIdx.x >> 5] = bits;
+  if (lane == 0) warp_max[threadIdx.x >> 5] = bits;
   __syncthreads();
   if (threadIdx.x < 32) {
     bits = lane < (int)(blockDim.x >> 5) ? warp_max[lane] : 0u;
     bits = __reduce_max_sync(0xffffffffu, bits);
-    if (lane == 0 && bits != 0)
-      atomicMax(p.amax, bits);
+    if (lane == 0 && bits != 0) atomicMax(p.amax, bits);
   }
 }
 
 } // namespace
 
-#define MT_QUANT_ROW(type, fp16, nb)                                                               \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
-      mt_quant_row_##type##_nb##nb(const mt_quant_params p) {                                      \
-    allow_dependents();                                                                            \
-    quantize<fp16, nb, true, false>(p);                                                            \
+#define MT_QUANT_ROW(type, fp16, nb)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_row_##type##_nb##nb(const mt_quant_params p) {    \
+    allow_dependents();                                                                                                \
+    quantize<fp16, nb, true, false>(p);                                                                                \
   }
 MT_QUANT_ROW(bf16, false, 1)
 MT_QUANT_ROW(bf16, false, 2)
@@ -327,45 +309,39 @@ MT_QUANT_ROW(fp16, true, 2)
 MT_QUANT_ROW(fp16, true, 4)
 MT_QUANT_ROW(fp16, true, 8)
 
-#define MT_QUANT_TENSOR(type, fp16)                                                                \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
-      mt_quant_tensor_##type(const mt_quant_params p) {                                            \
-    allow_dependents();                                                                            \
-    quantize<fp16, 1, false, false>(p);                                                            \
-  }                                                                                                \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
-      mt_quant_tile_##type(const mt_quant_params p) {                                              \
-    allow_dependents();                                                                            \
-    quantize<fp16, 1, false, true>(p);                                                             \
-  }                                                                                                \
-  extern "C" __global__ void __launch_bounds__(kAmaxThreads) mt_quant_amax_##type(const mt_quant_params p) { \
-    amax_pass<fp16>(p);                                                                            \
+#define MT_QUANT_TENSOR(type, fp16)                                                                                    \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tensor_##type(const mt_quant_params p) {          \
+    allow_dependents();                                                                                                \
+    quantize<fp16, 1, false, false>(p);                                                                                \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tile_##type(const mt_quant_params p) {            \
+    allow_dependents();                                                                                                \
+    quantize<fp16, 1, false, true>(p);                                                                                 \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(kAmaxThreads) mt_quant_amax_##type(const mt_quant_params p) {           \
+    amax_pass<fp16>(p);                                                                                                \
   }
 MT_QUANT_TENSOR(bf16, false)
 MT_QUANT_TENSOR(fp16, true)
 
 /* The record mode (mt_quant_params.records, for MT_LARGE_VARIANT=ra): per-row S with 2, 4 or 8
  * blocks a thread (pairs of adjacent blocks), per-tensor S with 2. */
-#define MT_QUANT_REC(type, fp16)                                                                   \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
-      mt_quant_row_rec_##type##_nb2(const mt_quant_params p) {                                     \
-    allow_dependents();                                                                            \
-    quantize<fp16, 2, true, false, true>(p);                                                       \
-  }                                                                                                \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
-      mt_quant_row_rec_##type##_nb4(const mt_quant_params p) {                                     \
-    allow_dependents();                                                                            \
-    quantize<fp16, 4, true, false, true>(p);                                                       \
-  }                                                                                                \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
-      mt_quant_row_rec_##type##_nb8(const mt_quant_params p) {                                     \
-    allow_dependents();                                                                            \
-    quantize<fp16, 8, true, false, true>(p);                                                       \
-  }                                                                                                \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
-      mt_quant_tensor_rec_##type(const mt_quant_params p) {                                        \
-    allow_dependents();                                                                            \
-    quantize<fp16, 2, false, false, true>(p);                                                      \
+#define MT_QUANT_REC(type, fp16)                                                                                       \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_row_rec_##type##_nb2(const mt_quant_params p) {   \
+    allow_dependents();                                                                                                \
+    quantize<fp16, 2, true, false, true>(p);                                                                           \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_row_rec_##type##_nb4(const mt_quant_params p) {   \
+    allow_dependents();                                                                                                \
+    quantize<fp16, 4, true, false, true>(p);                                                                           \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_row_rec_##type##_nb8(const mt_quant_params p) {   \
+    allow_dependents();                                                                                                \
+    quantize<fp16, 8, true, false, true>(p);                                                                           \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tensor_rec_##type(const mt_quant_params p) {      \
+    allow_dependents();                                                                                                \
+    quantize<fp16, 2, false, false, true>(p);                                                                          \
   }
 MT_QUANT_REC(bf16, false)
 MT_QUANT_REC(fp16, true)

@@ -25,8 +25,7 @@ constexpr float kFltMax = 3.402823466e38f;
 
 /* FP32 of a non-negative |x| given as BF16/FP16 bits (abs bits order like the values; NaN last). */
 template <bool FP16> static __device__ __forceinline__ float abs_bits_to_float(uint32_t h) {
-  if (FP16)
-    return __half2float(__ushort_as_half((unsigned short)h));
+  if (FP16) return __half2float(__ushort_as_half((unsigned short)h));
   return __uint_as_float(h << 16);
 }
 
@@ -44,17 +43,14 @@ template <bool FP16> static __device__ __forceinline__ void unpack(uint32_t w, f
 template <bool FP16> static __device__ __forceinline__ uint32_t block_amax_bits(const uint32_t (&w)[8]) {
   uint32_t m = 0;
 #pragma unroll
-  for (int i = 0; i < 8; i++)
-    m = __vmaxu2(m, w[i] & 0x7fff7fffu);
+  for (int i = 0; i < 8; i++) m = __vmaxu2(m, w[i] & 0x7fff7fffu);
   return __float_as_uint(abs_bits_to_float<FP16>(max(m & 0xffffu, m >> 16)));
 }
 
 /* mt_nvfp4_outer_scale: NaN for a NaN or Inf amax, 1 for 0, else 2688 / amax clamped. */
 static __device__ __forceinline__ float outer_scale(float amax) {
-  if (!(amax <= kFltMax))
-    return __uint_as_float(0x7fffffffu);
-  if (amax == 0.0f)
-    return 1.0f;
+  if (!(amax <= kFltMax)) return __uint_as_float(0x7fffffffu);
+  if (amax == 0.0f) return 1.0f;
   return fminf(__fdiv_rn(2688.0f, amax), kFltMax);
 }
 
@@ -68,8 +64,7 @@ static __device__ __forceinline__ uint32_t e4m3_rne_satfinite(float v) {
 /* The value of a non-negative, non-NaN E4M3 code (exact in FP32). */
 static __device__ __forceinline__ float e4m3_to_float(uint32_t code) {
   uint32_t exp = code >> 3, man = code & 7u;
-  if (exp == 0)
-    return (float)man * 0x1p-9f;
+  if (exp == 0) return (float)man * 0x1p-9f;
   return __uint_as_float(((exp + 120u) << 23) | (man << 20));
 }
 
@@ -93,19 +88,17 @@ static __device__ __forceinline__ uint32_t e2m1_code(float r) {
 /* One element: v = x * c_b (one rounding), its E2M1 magnitude r, xhat = +-r * s_b (exact). The
  * sign is v's: a NaN v (0 * Inf, when c_b overflowed) is the GPU's canonical positive NaN, so its
  * code is +6 as the reference wants. Returns xhat's FP32 bits (the low 16 are zero). */
-template <bool CODES>
-static __device__ __forceinline__ uint32_t encode(float x, float c, float sb, uint32_t &code) {
+template <bool CODES> static __device__ __forceinline__ uint32_t encode(float x, float c, float sb, uint32_t &code) {
   float v = __fmul_rn(x, c);
   float r = e2m1_round(fabsf(v));
   uint32_t sign = __float_as_uint(v) & 0x80000000u;
-  if (CODES)
-    code = e2m1_code(r) | (sign >> 28);
+  if (CODES) code = e2m1_code(r) | (sign >> 28);
   return __float_as_uint(__fmul_rn(r, sb)) | sign;
 }
 
 template <bool FP16, bool CODES>
-static __device__ __forceinline__ void encode_block(const uint32_t (&w)[8], float c, float sb,
-                                             uint32_t (&xh)[8], uint32_t (&cd)[2]) {
+static __device__ __forceinline__ void encode_block(const uint32_t (&w)[8], float c, float sb, uint32_t (&xh)[8],
+                                                    uint32_t (&cd)[2]) {
   cd[0] = cd[1] = 0;
 #pragma unroll
   for (int i = 0; i < 8; i++) {
@@ -115,8 +108,7 @@ static __device__ __forceinline__ void encode_block(const uint32_t (&w)[8], floa
     uint32_t bits_lo = encode<CODES>(lo, c, sb, code_lo);
     uint32_t bits_hi = encode<CODES>(hi, c, sb, code_hi);
     xh[i] = __byte_perm(bits_lo, bits_hi, 0x7632); /* the two BF16 halves, low element first */
-    if (CODES)
-      cd[i >> 2] |= (code_lo | (code_hi << 4)) << (8 * (i & 3));
+    if (CODES) cd[i >> 2] |= (code_lo | (code_hi << 4)) << (8 * (i & 3));
   }
 }
 
@@ -128,9 +120,8 @@ static __device__ __forceinline__ float inv_S(float S) { return __frcp_rn(S); }
  * coefficient c_b = 1 / (s_b * (1/S)) (0 for a zero scale), and for each element its xhat (BF16
  * pairs in xh) and, with CODES, its packed codes (element 2i in the low nibble of byte i). */
 template <bool FP16, bool CODES>
-static __device__ __forceinline__ uint32_t block(const uint32_t (&w)[8], uint32_t amax_bits,
-                                                 float s_over_6, float inv_s, uint32_t (&xh)[8],
-                                                 uint32_t (&cd)[2]) {
+static __device__ __forceinline__ uint32_t block(const uint32_t (&w)[8], uint32_t amax_bits, float s_over_6,
+                                                 float inv_s, uint32_t (&xh)[8], uint32_t (&cd)[2]) {
   const uint32_t sb_code = e4m3_rne_satfinite(__fmul_rn(__uint_as_float(amax_bits), s_over_6));
   const float sb = e4m3_to_float(sb_code);
   const float c = sb_code == 0 ? 0.0f : __frcp_rn(__fmul_rn(sb, inv_s));

@@ -12,22 +12,22 @@
 #include <stdint.h>
 
 typedef struct {
-  const void *x;      /* [rows][cols] BF16 or FP16, row stride ldx elements; 16-byte aligned rows */
+  const void *x; /* [rows][cols] BF16 or FP16, row stride ldx elements; 16-byte aligned rows */
   int64_t ldx;
-  int32_t rows, cols; /* cols % 16 == 0 */
-  int32_t fp16;       /* input is FP16 (else BF16) */
-  int32_t row_outer;  /* one S per row (else one for the matrix, from *amax) */
-  uint16_t *xhat;     /* [rows][cols] BF16 e2m1(code) * scale, row stride cols */
-  uint8_t *codes;     /* [rows][cols/2] or NULL */
-  uint8_t *scales;    /* [rows][cols/16] or NULL */
-  float *outer;       /* S: rows floats or 1 */
-  uint32_t *amax;     /* per-tensor: max |x| as FP32 bits, zeroed then built by the amax kernel */
+  int32_t rows, cols;      /* cols % 16 == 0 */
+  int32_t fp16;            /* input is FP16 (else BF16) */
+  int32_t row_outer;       /* one S per row (else one for the matrix, from *amax) */
+  uint16_t *xhat;          /* [rows][cols] BF16 e2m1(code) * scale, row stride cols */
+  uint8_t *codes;          /* [rows][cols/2] or NULL */
+  uint8_t *scales;         /* [rows][cols/16] or NULL */
+  float *outer;            /* S: rows floats or 1 */
+  uint32_t *amax;          /* per-tensor: max |x| as FP32 bits, zeroed then built by the amax kernel */
   const uint32_t *only_if; /* NULL, or a device word: the kernels do nothing when it reads 0 */
-  uint8_t *records;   /* NULL, or: the codes and scales as 5-bit records for the large-M ra kernel
+  uint8_t *records;        /* NULL, or: the codes and scales as 5-bit records for the large-M ra kernel
                          (kernels/gemm_args.h, MT_ACT_REC_BYTES(rows, cols) bytes, zero records
                          past rows and cols included) instead of xhat, codes and scales (not
                          written then); 1x16 blocks only */
-  uint32_t *zero;     /* NULL, or nzero words that the kernel sets to 0 (the fq GEMM's counters) */
+  uint32_t *zero;          /* NULL, or nzero words that the kernel sets to 0 (the fq GEMM's counters) */
   int32_t nzero;
 } mt_quant_params;
 

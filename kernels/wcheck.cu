@@ -27,7 +27,8 @@ extern "C" __global__ void __launch_bounds__(256) mt_wcheck(const mt_wcheck_args
   const int per_row = a.cols / 8; // 16-byte pieces of a row (cols % 16 == 0)
   const uint64_t pieces = (uint64_t)a.rows * per_row;
   uint64_t h = 0;
-  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < pieces; i += (uint64_t)gridDim.x * blockDim.x) {
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < pieces;
+       i += (uint64_t)gridDim.x * blockDim.x) {
     uint64_t r = i / per_row, j = i % per_row;
     uint4 v = *(const uint4 *)((const uint16_t *)a.w + r * a.ldw + j * 8);
     uint64_t lo = (uint64_t)v.y << 32 | v.x, hi = (uint64_t)v.w << 32 | v.z;

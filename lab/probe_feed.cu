@@ -52,7 +52,8 @@ __device__ static inline void cluster_sync() {
 }
 __device__ static inline void mbar_arrive_in(uint64_t *bar, uint32_t cta) {
   asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-               "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(bar)), "r"(cta)
+               "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(bar)),
+               "r"(cta)
                : "memory");
 }
 __device__ static inline void tma_load_2d_both(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
@@ -97,12 +98,10 @@ __device__ static void produce(const CUtensorMap *ta, const CUtensorMap *tw, uin
     const int m0 = w.m0(i, BM), n0 = w.n0(i, BN);
     for (int kb = 0; kb < kt; kb++, it++) {
       const int s = it % G::S;
-      if (it >= G::S)
-        mbar_wait(&empty[s], ((it / G::S) & 1) ^ 1);
+      if (it >= G::S) mbar_wait(&empty[s], ((it / G::S) & 1) ^ 1);
       uint8_t *sa = smem + s * G::SB;
       mbar_arrive_expect_tx(&full[s], (m0 < m ? BM * BK * 2 : 0) + BN * BK * 2);
-      if (m0 < m)
-        tma_load_2d(sa, ta, &full[s], kb * BK, m0);
+      if (m0 < m) tma_load_2d(sa, ta, &full[s], kb * BK, m0);
       if (MC)
         tma_load_2d_both(sa + (BM + w.rank * BN / 2) * BK * 2, tw, &full[s], kb * BK, n0 + w.rank * BN / 2);
       else
@@ -133,8 +132,7 @@ __device__ static void consume(uint8_t *smem, uint64_t *full, uint64_t *empty, c
         for (int kk = 0; kk < BK / 16; kk++) wgmma_step<G::WN>(d, da0 + off + 2 * kk, db0 + off + 2 * kk);
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        if (kb > 0 && threadIdx.x % 32 == 0)
-          release<MC>(&empty[prev]);
+        if (kb > 0 && threadIdx.x % 32 == 0) release<MC>(&empty[prev]);
         prev = s;
       } else if (threadIdx.x % 32 == 0) {
         release<MC>(&empty[s]);
@@ -142,8 +140,7 @@ __device__ static void consume(uint8_t *smem, uint64_t *full, uint64_t *empty, c
     }
     if constexpr (MODE == MMA) {
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-      if (kt > 0 && threadIdx.x % 32 == 0)
-        release<MC>(&empty[prev]);
+      if (kt > 0 && threadIdx.x % 32 == 0) release<MC>(&empty[prev]);
     }
     if (d[0] == 12345.0f) // never, with these operands; keeps the accumulators live
       sink[threadIdx.x] = d[G::WN / 2 - 1];
@@ -160,8 +157,7 @@ __global__ void __launch_bounds__(geom<BM, BN, WGN>::THREADS, 1)
   uint64_t *full = (uint64_t *)(smem + G::S * G::SB), *empty = full + G::S;
   const int tiles_n = (n + BN - 1) / BN, bands = (m + BM - 1) / BM, kt = MODE == NULL_RUN ? 0 : k / BK;
   walk w = {(int)blockIdx.x, (int)gridDim.x, bands * tiles_n, tiles_n, -1};
-  if (MC)
-    w = {(int)blockIdx.x / 2, (int)gridDim.x / 2, (bands + 1) / 2 * tiles_n, tiles_n, (int)cluster_rank()};
+  if (MC) w = {(int)blockIdx.x / 2, (int)gridDim.x / 2, (bands + 1) / 2 * tiles_n, tiles_n, (int)cluster_rank()};
   if (threadIdx.x == 0) {
     for (int s = 0; s < G::S; s++) {
       mbar_init(&full[s], 1);
@@ -186,7 +182,6 @@ struct shape {
   std::vector<uint16_t *> w; // EXPERTS weight matrices
 };
 
-
 static int g_sms;
 static float *g_sink;
 
@@ -198,8 +193,7 @@ template <int BM, int BN, int WGN, int MODE, bool MC = false> static void row(sh
   CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, G::SMEM));
   const CUtensorMap ta = tensor_map(x, m, sh.k, BM);
   std::vector<CUtensorMap> tw;
-  for (int e = 0; e < EXPERTS; e++)
-    tw.push_back(tensor_map(sh.w[e], sh.n, sh.k, MC ? BN / 2 : BN));
+  for (int e = 0; e < EXPERTS; e++) tw.push_back(tensor_map(sh.w[e], sh.n, sh.k, MC ? BN / 2 : BN));
   const int tiles_n = (sh.n + BN - 1) / BN, bands = (m + BM - 1) / BM, tiles = bands * tiles_n;
   const int pairs = (bands + 1) / 2 * tiles_n;
   const int grid = MC ? 2 * (pairs < g_sms / 2 ? pairs : g_sms / 2) : tiles < g_sms ? tiles : g_sms;
@@ -238,8 +232,7 @@ template <int BM, int BN> static void rows_mc(shape &sh, const uint16_t *x, int 
 // tokens alone and in clusters of 2 sharing the weight tile, at M = 128-512.
 static void tiles_at_256(shape &sh, const uint16_t *x) {
   // the launcher's tile at M = 256 (128 x 64), over 24 to 132 SMs: per-SM or total rate
-  for (int m : {128, 256, 512, 1024})
-    row<128, 64, 1, FEED>(sh, x, m);
+  for (int m : {128, 256, 512, 1024}) row<128, 64, 1, FEED>(sh, x, m);
   // the tiles that would put more SMs to work at M = 256
   rows<128, 64, 1>(sh, x, 256);
   rows<128, 32, 1>(sh, x, 256);
@@ -266,19 +259,16 @@ int main(int argc, char **argv) {
   CK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0));
   CK(cudaMalloc(&g_sink, 4096 * sizeof(float)));
   std::vector<shape> shapes = {{"qwen3_gate_up", 1536, 2048, {}}, {"dsv3_gate_up", 4096, 7168, {}}};
-  if (mc)
-    shapes.insert(shapes.begin() + 1, {"qwen3_down", 2048, 768, {}});
+  if (mc) shapes.insert(shapes.begin() + 1, {"qwen3_down", 2048, 768, {}});
   const int mmax = 1024;
   for (auto &sh : shapes) {
-    for (int e = 0; e < EXPERTS; e++)
-      sh.w.push_back(random_bf16((size_t)sh.n * sh.k));
+    for (int e = 0; e < EXPERTS; e++) sh.w.push_back(random_bf16((size_t)sh.n * sh.k));
     const uint16_t *x = random_bf16((size_t)mmax * sh.k);
     if (mc)
       clusters(sh, x);
     else
       tiles_at_256(sh, x);
-    for (auto *w : sh.w)
-      CK(cudaFree(w));
+    for (auto *w : sh.w) CK(cudaFree(w));
     CK(cudaFree((void *)x));
   }
   return 0;

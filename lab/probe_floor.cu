@@ -47,7 +47,7 @@
 
 constexpr int EXPERTS = 128, BN = 32;
 constexpr int A_SMEM = 64 * 128, B_SMEM = BN * 128; // one 64-wide K block: 64 token rows, BN channels
-constexpr int A_BYTES = 8 * 128, W_BYTES = B_SMEM;   // what is loaded: 8 token rows, the BN channels
+constexpr int A_BYTES = 8 * 128, W_BYTES = B_SMEM;  // what is loaded: 8 token rows, the BN channels
 constexpr int SMEM = 1024 + A_SMEM + B_SMEM;
 enum { LAUNCH, LOADS, CHAIN, FLOOR };
 static const char *const mode_names[] = {"launch", "loads", "chain", "floor"};
@@ -78,16 +78,14 @@ __global__ void __launch_bounds__(128) ideal(const uint8_t *w, size_t w_cta, con
   }
   float d[BN / 2];
 #pragma unroll
-  for (int i = 0; i < BN / 2; i++)
-    d[i] = 0.0f;
+  for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
   if (MMA) {
     const uint64_t da = desc_sw128(smem_u32(smem)), db = desc_sw128(smem_u32(smem) + A_SMEM);
 #pragma unroll 1 // unrolled, ptxas serializes the groups (C7515)
     for (int s = 0; s < steps; s += 8) {
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-      for (int kk = 0; kk < 8; kk++)
-        mt_wgmma_m64n32k16(d, da + 2 * (kk % 4), db + 2 * (kk % 4));
+      for (int kk = 0; kk < 8; kk++) mt_wgmma_m64n32k16(d, da + 2 * (kk % 4), db + 2 * (kk % 4));
       asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 1;\n" ::: "memory");
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
@@ -104,13 +102,13 @@ static const char *const kind_names[] = {"bulk copy", "TMA, map a parameter", "T
 // one landed: if it takes what a bulk copy does, the extra of a first tensor-map load is the
 // descriptor's fetch (written after the eleventh session's last device call: not yet run)
 template <int KIND>
-__global__ void __launch_bounds__(128) first_load(const uint8_t *w, size_t w_cta, const __grid_constant__ CUtensorMap tw,
-                                                  const CUtensorMap *tw_global, unsigned long long *lat) {
+__global__ void __launch_bounds__(128)
+    first_load(const uint8_t *w, size_t w_cta, const __grid_constant__ CUtensorMap tw, const CUtensorMap *tw_global,
+               unsigned long long *lat) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   __shared__ uint64_t bar;
-  if (threadIdx.x != 0)
-    return;
+  if (threadIdx.x != 0) return;
   mbar_init(&bar, 1);
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   int phase = 0;
@@ -153,8 +151,8 @@ static double time_ideal(const shape &sh, uint16_t *const *w, const uint16_t *x,
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     // each CTA's first bytes are its own channels' (rows of K BF16)
-    CK(cudaLaunchKernelEx(&cfg, ideal<MODE>, (const uint8_t *)w[l % EXPERTS], (size_t)BN * sh.k * 2,
-                          (const uint8_t *)x, sh.k / 16, y));
+    CK(cudaLaunchKernelEx(&cfg, ideal<MODE>, (const uint8_t *)w[l % EXPERTS], (size_t)BN * sh.k * 2, (const uint8_t *)x,
+                          sh.k / 16, y));
   });
 }
 
@@ -163,9 +161,9 @@ static double time_cublas(cublasHandle_t blas, const shape &sh, int m, uint16_t 
   const float alpha = 1.0f, beta = 0.0f;
   auto call = [&](cudaStream_t st, int l) {
     cublasSetStream(blas, st);
-    cublasStatus_t s = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.n, m, sh.k, &alpha, w[l % EXPERTS],
-                                    CUDA_R_16BF, sh.k, x, CUDA_R_16BF, sh.k, &beta, yb, CUDA_R_16BF, sh.n,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t s =
+        cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.n, m, sh.k, &alpha, w[l % EXPERTS], CUDA_R_16BF, sh.k, x,
+                     CUDA_R_16BF, sh.k, &beta, yb, CUDA_R_16BF, sh.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS) {
       printf("cublasGemmEx %s m=%d: status %d\n", sh.name, m, (int)s);
       exit(1);
@@ -183,8 +181,7 @@ static double time_cublas(cublasHandle_t blas, const shape &sh, int m, uint16_t 
 static void first_loads(const shape &sh, uint16_t *const *w, unsigned long long *lat) {
   static CUtensorMap maps[EXPERTS];
   CUtensorMap *dev_maps;
-  for (int e = 0; e < EXPERTS; e++)
-    maps[e] = tensor_map(w[e], sh.n, sh.k, BN);
+  for (int e = 0; e < EXPERTS; e++) maps[e] = tensor_map(w[e], sh.n, sh.k, BN);
   CK(cudaMalloc(&dev_maps, sizeof maps));
   CK(cudaMemcpy(dev_maps, maps, sizeof maps, cudaMemcpyHostToDevice));
   const int grid = sh.n / BN;
@@ -208,8 +205,10 @@ static void first_loads(const shape &sh, uint16_t *const *w, unsigned long long 
 }
 
 int main() {
-  const shape shapes[] = {
-      {"qwen3_gate_up", 1536, 2048}, {"qwen3_down", 2048, 768}, {"ds_4096x7168", 4096, 7168}, {"ds_7168x2048", 7168, 2048}};
+  const shape shapes[] = {{"qwen3_gate_up", 1536, 2048},
+                          {"qwen3_down", 2048, 768},
+                          {"ds_4096x7168", 4096, 7168},
+                          {"ds_7168x2048", 7168, 2048}};
   cublasHandle_t blas;
   void *ws;
   if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
@@ -251,13 +250,11 @@ int main() {
            sh.name, sh.n, sh.k, sh.n / BN, sh.k / 16, blas1, blas16, blas1 / 3, blas16 / 3, nvfp4_bytes / 3.85e6);
     for (int pdl = 0; pdl < 2; pdl++) {
       printf("%-14s %-6s", sh.name, pdl ? "PDL" : "no PDL");
-      for (int md = 0; md < 4; md++)
-        printf(" %s %6.2f", mode_names[md], t[pdl][md]);
+      for (int md = 0; md < 4; md++) printf(" %s %6.2f", mode_names[md], t[pdl][md]);
       printf(" | floor / target: M=1 %.2f, M=16 %.2f\n", t[pdl][FLOOR] / (blas1 / 3), t[pdl][FLOOR] / (blas16 / 3));
     }
     first_loads(sh, w, lat);
-    for (int e = 0; e < EXPERTS; e++)
-      CK(cudaFree(w[e]));
+    for (int e = 0; e < EXPERTS; e++) CK(cudaFree(w[e]));
   }
   printf("(device clock attribute %.2f GHz; the chain's steps run at the SM clock of the moment)\n", clock_khz / 1e6);
   cublasDestroy(blas);

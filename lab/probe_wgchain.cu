@@ -54,8 +54,7 @@ __device__ static bool mbar_wait_bounded(uint64_t *bar, int parity) {
                  : "=r"(done)
                  : "r"(smem_u32(bar)), "r"(parity)
                  : "memory");
-    if (done)
-      return true;
+    if (done) return true;
   }
   return false;
 }
@@ -67,8 +66,7 @@ __device__ static int copy_pieces(uint8_t *slots, uint64_t *bars, volatile int *
   int i = 0;
   long long next = clock64();
   for (; !*stop && i < 1 << 20; i++) {
-    if (i >= SLOTS && !mbar_wait_bounded(&bars[i % SLOTS], ((i - SLOTS) / SLOTS) & 1))
-      return -1;
+    if (i >= SLOTS && !mbar_wait_bounded(&bars[i % SLOTS], ((i - SLOTS) / SLOTS) & 1)) return -1;
     while (PACE && clock64() < next) {
     }
     next += PACE;
@@ -76,8 +74,7 @@ __device__ static int copy_pieces(uint8_t *slots, uint64_t *bars, volatile int *
     bulk_load(slots + (i % SLOTS) * PIECE, src + (size_t)(i % PIECES) * PIECE, PIECE, &bars[i % SLOTS]);
   }
   for (int j = i - SLOTS < 0 ? 0 : i - SLOTS; j < i; j++) // the copies still in flight land before exit
-    if (!mbar_wait_bounded(&bars[j % SLOTS], (j / SLOTS) & 1))
-      return -2;
+    if (!mbar_wait_bounded(&bars[j % SLOTS], (j / SLOTS) & 1)) return -2;
   return i;
 }
 
@@ -94,10 +91,9 @@ __global__ void __launch_bounds__(256) ring(long long *cycles, float *sink, cons
   }
   volatile int *stop = (volatile int *)&bars[2 + SLOTS];
   if (threadIdx.x == 0) {
-    mbar_init(&bars[0], 1); // "full": its phase 0 completes now, so its wait returns at once
+    mbar_init(&bars[0], 1);       // "full": its phase 0 completes now, so its wait returns at once
     mbar_init(&bars[1], 1 << 19); // "empty": never completes
-    for (int i = 0; i < SLOTS; i++)
-      mbar_init(&bars[2 + i], 1); // the copier's slots
+    for (int i = 0; i < SLOTS; i++) mbar_init(&bars[2 + i], 1); // the copier's slots
     *stop = 0;
     mbar_arrive(&bars[0]);
   }
@@ -111,12 +107,10 @@ __global__ void __launch_bounds__(256) ring(long long *cycles, float *sink, cons
   constexpr int SB = stage_bytes<N, G>(), A_SUB = 64 * 128, B_SUB = N * 128;
   const uint64_t da = desc_sw128(smem_u32(smem)), db = desc_sw128(smem_u32(smem) + G * 64 * 128);
   float d[N / 2];
-  for (int i = 0; i < N / 2; i++)
-    d[i] = 0.0f;
+  for (int i = 0; i < N / 2; i++) d[i] = 0.0f;
   long long t0 = clock64();
   for (int kb = 0; kb < STEPS / (4 * G); kb++) {
-    if (MODE >= RING_MBAR)
-      mbar_wait(&bars[0], 0);
+    if (MODE >= RING_MBAR) mbar_wait(&bars[0], 0);
     const uint64_t off = (uint64_t)(kb % RING * (SB >> 4));
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
@@ -126,8 +120,7 @@ __global__ void __launch_bounds__(256) ring(long long *cycles, float *sink, cons
         wgmma_step<N>(d, da + off + j * (A_SUB >> 4) + 2 * kk, db + off + j * (B_SUB >> 4) + 2 * kk);
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-    if (MODE >= RING_MBAR && threadIdx.x % 32 == 0)
-      mbar_arrive(&bars[1]);
+    if (MODE >= RING_MBAR && threadIdx.x % 32 == 0) mbar_arrive(&bars[1]);
   }
   asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
   long long t1 = clock64();
@@ -142,14 +135,12 @@ __global__ void __launch_bounds__(256) ring(long long *cycles, float *sink, cons
 template <int N, int MODE> __global__ void __launch_bounds__(128) chain(long long *cycles, float *sink) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  for (int i = threadIdx.x; i < (64 + 256) * 128 / 4; i += 128)
-    ((uint32_t *)smem)[i] = 0;
+  for (int i = threadIdx.x; i < (64 + 256) * 128 / 4; i += 128) ((uint32_t *)smem)[i] = 0;
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
   const uint64_t da = desc_sw128(smem_u32(smem)), db = desc_sw128(smem_u32(smem) + 64 * 128);
   float d[N / 2];
-  for (int i = 0; i < N / 2; i++)
-    d[i] = 0.0f;
+  for (int i = 0; i < N / 2; i++) d[i] = 0.0f;
   long long t0 = clock64();
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
   for (int kb = 0; kb < STEPS / 4; kb++) {
@@ -162,8 +153,7 @@ template <int N, int MODE> __global__ void __launch_bounds__(128) chain(long lon
   }
   asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
   long long t1 = clock64();
-  if (threadIdx.x == 0)
-    cycles[blockIdx.x] = t1 - t0;
+  if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
   if (d[0] == 12345.0f) // never: keeps the accumulators live
     sink[threadIdx.x] = d[N / 2 - 1];
 }
@@ -186,7 +176,8 @@ template <class L> static void measure(L launch, const char *name, long long *cy
     }
     printf("%-44s grid %3d: %6.1f cycles a step", name, grid, median(per_step));
     if (writes)
-      printf(", copies beside it %5.1f B a cycle (fewest pieces a CTA %d)", median(written), *std::min_element(n.begin(), n.end()));
+      printf(", copies beside it %5.1f B a cycle (fewest pieces a CTA %d)", median(written),
+             *std::min_element(n.begin(), n.end()));
     printf(" (medians over CTAs and 5 launches)\n");
   }
 }

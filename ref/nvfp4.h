@@ -37,10 +37,10 @@
 
 /* Scalar conversions. All RNE; "satfinite" saturates finite overflow to the largest magnitude. */
 float mt_bf16_to_float(uint16_t h);
-uint16_t mt_float_to_bf16(float f);   /* RNE; NaN stays NaN */
+uint16_t mt_float_to_bf16(float f); /* RNE; NaN stays NaN */
 float mt_fp16_to_float(uint16_t h);
-uint16_t mt_float_to_fp16(float f);   /* RNE; overflow to Inf, NaN stays NaN */
-float mt_e4m3_to_float(uint8_t v);    /* E4M3 "fn": no Inf, 0x7f/0xff NaN */
+uint16_t mt_float_to_fp16(float f);     /* RNE; overflow to Inf, NaN stays NaN */
+float mt_e4m3_to_float(uint8_t v);      /* E4M3 "fn": no Inf, 0x7f/0xff NaN */
 uint8_t mt_e4m3_rne_satfinite(float f); /* sign kept; |f| > 448 -> 448; NaN -> 0x7f */
 float mt_e2m1_to_float(uint8_t code);   /* low 4 bits */
 /* 4-bit code; sign = sign bit of f (so -0 and tiny negatives -> 0x8); |f| > 5 and Inf -> 6;

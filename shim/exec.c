@@ -28,7 +28,9 @@
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 static enum mt_dtype dtype_of(int cuda_type) {
-  return cuda_type == CUDA_R_16F ? MT_DTYPE_FP16 : cuda_type == CUDA_R_32F ? MT_DTYPE_FP32 : MT_DTYPE_BF16;
+  return cuda_type == CUDA_R_16F   ? MT_DTYPE_FP16
+         : cuda_type == CUDA_R_32F ? MT_DTYPE_FP32
+                                   : MT_DTYPE_BF16;
 }
 
 static int fits_int(const mt_call *c) {
@@ -41,8 +43,8 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const void
                                   int capturing) {
   if (!fits_int(c))
     return MT_R_LAYOUT;
-  mt_weight_ref w = {.w = A, .n = (int)c->m, .k = (int)c->k, .ldw = (size_t)c->lda,
-                     .type = dtype_of(c->atype)};
+  mt_weight_ref w = {
+      .w = A, .n = (int)c->m, .k = (int)c->k, .ldw = (size_t)c->lda, .type = dtype_of(c->atype)};
   mt_numerics_from_spec(s, &w.num);
   mt_engine_mem mem;
   enum mt_reason r = mt_wcache_prepare(&w, (int)c->n, c->stream, capturing, &mem);
@@ -50,15 +52,24 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const void
     return r;
   int bias = c->entry == MT_FN_cublasLtMatmul && c->epilogue == CUBLASLT_EPILOGUE_BIAS;
   mt_gemm_args a = {
-      .m = (int)c->n, .n = (int)c->m, .k = (int)c->k,
-      .x = B, .ldx = (size_t)c->ldb, .xtype = dtype_of(c->btype),
+      .m = (int)c->n,
+      .n = (int)c->m,
+      .k = (int)c->k,
+      .x = B,
+      .ldx = (size_t)c->ldb,
+      .xtype = dtype_of(c->btype),
       .w = mem.q,
-      .y = D, .ldy = (size_t)c->ldd, .ytype = dtype_of(c->dtype),
-      .c = C, .ldc = (size_t)c->ldc,
+      .y = D,
+      .ldy = (size_t)c->ldd,
+      .ytype = dtype_of(c->dtype),
+      .c = C,
+      .ldc = (size_t)c->ldc,
       .bias = bias ? c->bias : NULL,
       .biastype = !bias || c->bias_type == -1 ? dtype_of(c->dtype) : dtype_of(c->bias_type),
-      .alpha = *alpha, .beta = *beta,
-      .workspace = mem.workspace, .workspace_bytes = mem.workspace_bytes,
+      .alpha = *alpha,
+      .beta = *beta,
+      .workspace = mem.workspace,
+      .workspace_bytes = mem.workspace_bytes,
   };
   int st = mt_gemm(&a, c->stream);
   if (st == MT_OK && mt_instr_enabled()) {
@@ -72,7 +83,8 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const void
   }
   if (st != MT_OK && st != MT_ERR_CAPTURE)
     MT_WARN_ONCE("the NVFP4 engine could not run a routed GEMM (m=%lld n=%lld k=%lld): %s; such "
-                 "calls fall back to cuBLAS", (long long)c->m, (long long)c->n, (long long)c->k,
+                 "calls fall back to cuBLAS",
+                 (long long)c->m, (long long)c->n, (long long)c->k,
                  mt_status_name((enum mt_status)st));
   return mt_engine_reason(st);
 }
@@ -85,12 +97,13 @@ static enum mt_reason run_strided(const mt_spec *s, const mt_call *c, int captur
   if (c->batch > 1 && *beta != 0.0f)
     return MT_R_LAYOUT;
   for (int64_t i = 0; i < c->batch; i++) {
-    enum mt_reason r = run_problem(s, c, advance(c->a, i * c->stride_a), advance(c->b, i * c->stride_b),
-                                   advance(c->c, i * c->stride_c), (void *)advance(c->d, i * c->stride_d),
-                                   alpha, beta, capturing);
+    enum mt_reason r = run_problem(s, c, advance(c->a, i * c->stride_a),
+                                   advance(c->b, i * c->stride_b), advance(c->c, i * c->stride_c),
+                                   (void *)advance(c->d, i * c->stride_d), alpha, beta, capturing);
     if (r != MT_R_ROUTED) {
       if (i)
-        MT_WARN_ONCE("a batched GEMM failed after %lld of its problems ran on the engine", (long long)i);
+        MT_WARN_ONCE("a batched GEMM failed after %lld of its problems ran on the engine",
+                     (long long)i);
       return r;
     }
   }

@@ -39,26 +39,36 @@
 #include "shim/stats.h"
 
 #define MAX_CONTEXTS 8
-#define ROWS_PER_SLOT 128    /* digested rows kept per call; more are counted as dropped */
+#define ROWS_PER_SLOT 128 /* digested rows kept per call; more are counted as dropped */
 #define SLOT_BYTES (sizeof(mt_instr_header) + ROWS_PER_SLOT * sizeof(mt_instr_row))
-#define DRAIN_SECONDS 2.0    /* at exit: how long completed work is waited for */
-#define POLL_NS 200000       /* the writer's sleep between scans while work is in flight */
+#define DRAIN_SECONDS 2.0 /* at exit: how long completed work is waited for */
+#define POLL_NS 200000    /* the writer's sleep between scans while work is in flight */
 
 enum { K_SHADOW = 1, K_PROBE = 2, K_DIGEST = 4 };
 enum slot_state { S_FREE, S_FLIGHT, S_LOST };
 
-enum skip { SK_CAPTURE, SK_NO_SLOT, SK_BETA, SK_ENTRY, SK_SCRATCH, SK_BUSY, SK_ERROR, SK_EXIT, SK_COUNT };
-static const char *const skip_names[SK_COUNT] = {"capture", "no slot", "beta", "entry",
-                                                 "scratch size", "busy", "error", "exit"};
+enum skip {
+  SK_CAPTURE,
+  SK_NO_SLOT,
+  SK_BETA,
+  SK_ENTRY,
+  SK_SCRATCH,
+  SK_BUSY,
+  SK_ERROR,
+  SK_EXIT,
+  SK_COUNT
+};
+static const char *const skip_names[SK_COUNT] = {"capture",      "no slot", "beta",  "entry",
+                                                 "scratch size", "busy",    "error", "exit"};
 
 typedef struct context context;
 
 typedef struct {
   _Atomic int state;
   context *ctx;
-  uint32_t seq;          /* what mt_instr_finish writes into the flag when this use is done */
-  int used;              /* the block has been zeroed (a memset before its first use) */
-  uint32_t *flag;        /* host address of the flag */
+  uint32_t seq;   /* what mt_instr_finish writes into the flag when this use is done */
+  int used;       /* the block has been zeroed (a memset before its first use) */
+  uint32_t *flag; /* host address of the flag */
   CUdeviceptr dev, host_dev, flag_dev; /* the block; the host twin and flag, as device addresses */
   unsigned char *host;
   /* what the writer needs to finish the records */
@@ -68,15 +78,15 @@ typedef struct {
 
 struct context {
   CUcontext cu;
-  CUdeviceptr mem;          /* nslots blocks, then the scratch */
-  unsigned char *host;      /* nslots blocks, then nslots flags: mapped pinned host memory */
+  CUdeviceptr mem;     /* nslots blocks, then the scratch */
+  unsigned char *host; /* nslots blocks, then nslots flags: mapped pinned host memory */
   size_t scratch_bytes;
-  CUstream scratch_stream;  /* last user of the scratch */
-  slot *scratch_slot;       /* ... whose publication ends that use */
+  CUstream scratch_stream; /* last user of the scratch */
+  slot *scratch_slot;      /* ... whose publication ends that use */
   uint32_t scratch_seq;
   int scratch_used;
-  int next;                 /* where the search for a free slot starts */
-  slot *slots;              /* nslots of them */
+  int next;    /* where the search for a free slot starts */
+  slot *slots; /* nslots of them */
 };
 
 typedef struct {
@@ -131,7 +141,8 @@ int mt_instr_init(const mt_spec *s, int stats_on) {
   rate_probe = mt_param_rate("MINITE_PROBE", 1.0 / 64, &errors);
   rate_digest = mt_param_rate("MINITE_DIGEST", 1.0 / 64, &errors);
   nslots = (int)mt_param_count("MINITE_INSTR_SLOTS", 1024, 1, 65536, "slots", &errors);
-  scratch_limit = (size_t)mt_param_count("MINITE_INSTR_MB", 64, 0, 1ull << 20, "MiB", &errors) << 20;
+  scratch_limit = (size_t)mt_param_count("MINITE_INSTR_MB", 64, 0, 1ull << 20, "MiB", &errors)
+                  << 20;
   period_shadow = period_of(rate_shadow);
   period_probe = period_of(rate_probe);
   if (!period_shadow && !period_probe)
@@ -140,14 +151,16 @@ int mt_instr_init(const mt_spec *s, int stats_on) {
   digest_threshold = rate_digest > 0 && !digest_all ? (uint64_t)ldexp(rate_digest, 64) : 0;
   enabled = stats_on && (period_shadow || period_probe || rate_digest > 0);
   int asked = (getenv("MINITE_SHADOW") && rate_shadow > 0) ||
-              (getenv("MINITE_PROBE") && rate_probe > 0) || (getenv("MINITE_DIGEST") && rate_digest > 0);
+              (getenv("MINITE_PROBE") && rate_probe > 0) ||
+              (getenv("MINITE_DIGEST") && rate_digest > 0);
   if (!stats_on && asked)
     MT_WARN("MINITE_SHADOW, MINITE_PROBE and MINITE_DIGEST write to the statistics file: set "
             "MINITE_STATS=PATH to get them");
   if (enabled) {
     pthread_atfork(lock_all, unlock_all, child_after_fork);
     MT_INFO("instruments: shadow %g of calls, probe %g of calls with M > 1, digests %g of rows; "
-            "scratch %zu MiB per GPU", rate_shadow, rate_probe, rate_digest, scratch_limit >> 20);
+            "scratch %zu MiB per GPU",
+            rate_shadow, rate_probe, rate_digest, scratch_limit >> 20);
   }
   return errors;
 }
@@ -185,7 +198,8 @@ static context *context_get(const mt_driver *d, const mt_instr_driver *e) {
   if (d->mem_alloc(&c->mem, bytes) != CUDA_SUCCESS) {
     c->mem = 0;
     MT_WARN("could not allocate %zu bytes of device memory for the instruments: they are off on "
-            "this GPU (lower MINITE_INSTR_MB)", bytes);
+            "this GPU (lower MINITE_INSTR_MB)",
+            bytes);
     return NULL;
   }
   size_t host_size = (size_t)nslots * (SLOT_BYTES + sizeof(uint32_t));
@@ -275,8 +289,9 @@ static void slot_records(const slot *s, text *t) {
     uint64_t bid = mt_instr_bias_id(s->has_bias, h->bsum, s->n, s->biastype);
     for (unsigned i = 0; i < kept; i++) {
       uint64_t key = mt_instr_key(rows[i].row_hash, wid, s->ytype, s->alpha, bid);
-      put(t, "{\"event\": \"digest\", \"scheme\": 1, \"route\": \"%s\", \"key\": \"%016" PRIx64
-             "\", \"hash\": \"%016" PRIx64 "\", \"n\": %d, \"sketch\": [",
+      put(t,
+          "{\"event\": \"digest\", \"scheme\": 1, \"route\": \"%s\", \"key\": \"%016" PRIx64
+          "\", \"hash\": \"%016" PRIx64 "\", \"n\": %d, \"sketch\": [",
           route, key, rows[i].out_hash, s->n);
       for (int j = 0; j < MT_INSTR_SKETCH; j++) {
         put(t, j ? ", " : "");
@@ -291,7 +306,9 @@ static void slot_records(const slot *s, text *t) {
     digest_dropped += h->selected - kept;
   }
   if (s->kinds & K_SHADOW) {
-    double rel = h->shadow_r2 > 0 ? sqrt(h->shadow_d2 / h->shadow_r2) : h->shadow_d2 > 0 ? INFINITY : 0;
+    double rel = h->shadow_r2 > 0   ? sqrt(h->shadow_d2 / h->shadow_r2)
+                 : h->shadow_d2 > 0 ? INFINITY
+                                    : 0;
     double mx = float_of_bits(h->shadow_max_bits);
     put(t, "{\"event\": \"shadow\", \"route\": \"%s\", \"m\": %d, \"rel_l2\": ", route, s->m);
     put_float(t, rel);
@@ -306,8 +323,10 @@ static void slot_records(const slot *s, text *t) {
   }
   if (s->kinds & K_PROBE) {
     double mx = float_of_bits(h->probe_max_bits);
-    put(t, "{\"event\": \"probe\", \"route\": \"%s\", \"m\": %d, \"rows\": %d, \"differing\": %" PRIu32
-           ", \"max_abs\": ", route, s->m, s->probe_rows, h->probe_differing);
+    put(t,
+        "{\"event\": \"probe\", \"route\": \"%s\", \"m\": %d, \"rows\": %d, \"differing\": %" PRIu32
+        ", \"max_abs\": ",
+        route, s->m, s->probe_rows, h->probe_differing);
     put_float(t, mx);
     put(t, "}\n");
     r->probe_calls++;
@@ -326,9 +345,7 @@ static void count_lost(const slot *s, enum skip why) {
     digest.skipped[why]++;
 }
 
-static int published(const slot *s) {
-  return __atomic_load_n(s->flag, __ATOMIC_ACQUIRE) == s->seq;
-}
+static int published(const slot *s) { return __atomic_load_n(s->flag, __ATOMIC_ACQUIRE) == s->seq; }
 
 /* One scan over the slots in flight: published ones become records. Returns how many. Called
  * with lock held; drops it around the write. */
@@ -439,8 +456,8 @@ static int stream_capturing(const mt_driver *d, mt_stream stream) {
 
 static int single_problem(const mt_call *c) {
   return (c->entry == MT_FN_cublasGemmEx || c->entry == MT_FN_cublasGemmEx_64 ||
-          c->entry == MT_FN_cublasLtMatmul) && c->batch == 1 && !c->pointer_arrays &&
-         c->group_count == 0;
+          c->entry == MT_FN_cublasLtMatmul) &&
+         c->batch == 1 && !c->pointer_arrays && c->group_count == 0;
 }
 
 /* The call again through the real cuBLAS, tokens [row, row + rows) of it, output into `out`
@@ -477,7 +494,9 @@ static CUdeviceptr scratch_of(const context *c) {
   return c->mem + (CUdeviceptr)round256((size_t)nslots * SLOT_BYTES);
 }
 
-static size_t probe_bytes_of(int n) { return round256((size_t)MT_INSTR_PROBE_ROWS * probe_ld(n) * 2); }
+static size_t probe_bytes_of(int n) {
+  return round256((size_t)MT_INSTR_PROBE_ROWS * probe_ld(n) * 2);
+}
 
 /* Rows the probe recomputes: first, last and two spread between, distinct. */
 static int probe_rows_of(int m, int32_t rows[MT_INSTR_PROBE_ROWS]) {
@@ -564,11 +583,20 @@ static int enqueue(const mt_instr_call *ic, context *c, slot *s, int kinds, cons
     return 0;
   s->used = 1;
   if (kinds & K_DIGEST) {
-    mt_instr_digest_args da = {
-        .x = ic->x, .y = ic->y, .ldx = (int64_t)ic->ldx, .ldy = (int64_t)ic->ldy, .m = ic->m,
-        .n = ic->n, .k = ic->k, .xtype = ic->xtype, .ytype = ic->ytype, .all = digest_all,
-        .threshold = digest_threshold, .hdr = hdr,
-        .rows = (mt_instr_row *)(s->dev + sizeof *hdr), .cap = ROWS_PER_SLOT};
+    mt_instr_digest_args da = {.x = ic->x,
+                               .y = ic->y,
+                               .ldx = (int64_t)ic->ldx,
+                               .ldy = (int64_t)ic->ldy,
+                               .m = ic->m,
+                               .n = ic->n,
+                               .k = ic->k,
+                               .xtype = ic->xtype,
+                               .ytype = ic->ytype,
+                               .all = digest_all,
+                               .threshold = digest_threshold,
+                               .hdr = hdr,
+                               .rows = (mt_instr_row *)(s->dev + sizeof *hdr),
+                               .cap = ROWS_PER_SLOT};
     if (mt_instr_launch_digest(&da, (mt_stream)stream) != MT_OK) {
       digest.skipped[SK_ERROR]++;
       kinds &= ~K_DIGEST;
@@ -586,8 +614,13 @@ static int enqueue(const mt_instr_call *ic, context *c, slot *s, int kinds, cons
   }
   if (kinds & K_SHADOW) {
     CUdeviceptr ref = scratch + (CUdeviceptr)probe_bytes_of(ic->n);
-    mt_instr_shadow_args sa = {.y = ic->y, .ref = (const void *)ref, .ld = (int64_t)ic->ldy,
-                               .m = ic->m, .n = ic->n, .type = ic->ytype, .hdr = hdr};
+    mt_instr_shadow_args sa = {.y = ic->y,
+                               .ref = (const void *)ref,
+                               .ld = (int64_t)ic->ldy,
+                               .m = ic->m,
+                               .n = ic->n,
+                               .type = ic->ytype,
+                               .hdr = hdr};
     if (!rerun_cublas(ic->call, 0, ic->m, (void *)ref, (int64_t)ic->ldy) ||
         mt_instr_launch_shadow(&sa, (mt_stream)stream) != MT_OK) {
       shadow.skipped[SK_ERROR]++;
@@ -603,12 +636,18 @@ static int finish(const mt_instr_call *ic, slot *s, int kinds) {
   size_t bias_elem = ic->biastype == MT_DTYPE_FP32 ? 4 : 2;
   int digest_on = kinds & K_DIGEST;
   s->seq++;
-  mt_instr_finish_args fa = {
-      .w = digest_on ? ic->w : NULL, .ldw = (int64_t)ic->ldw,
-      .frozen_sum = digest_on ? ic->frozen_sum : NULL, .bias = digest_on ? ic->bias : NULL,
-      .bias_bytes = digest_on && ic->bias ? (int64_t)(bias_elem * ic->n) : 0, .n = ic->n,
-      .k = ic->k, .hdr = (mt_instr_header *)s->dev, .dst = (void *)s->host_dev,
-      .flag = (uint32_t *)s->flag_dev, .cap = ROWS_PER_SLOT, .seq = s->seq};
+  mt_instr_finish_args fa = {.w = digest_on ? ic->w : NULL,
+                             .ldw = (int64_t)ic->ldw,
+                             .frozen_sum = digest_on ? ic->frozen_sum : NULL,
+                             .bias = digest_on ? ic->bias : NULL,
+                             .bias_bytes = digest_on && ic->bias ? (int64_t)(bias_elem * ic->n) : 0,
+                             .n = ic->n,
+                             .k = ic->k,
+                             .hdr = (mt_instr_header *)s->dev,
+                             .dst = (void *)s->host_dev,
+                             .flag = (uint32_t *)s->flag_dev,
+                             .cap = ROWS_PER_SLOT,
+                             .seq = s->seq};
   return mt_instr_launch_finish(&fa, (mt_stream)ic->call->stream);
 }
 
@@ -638,7 +677,8 @@ void mt_instr_after(const mt_instr_call *ic) {
   const mt_instr_driver *e = mt_instr_driver_get();
   pthread_mutex_lock(&lock);
   sampled p = sample(ic);
-  int kinds = (p.shadow ? K_SHADOW : 0) | (p.probe ? K_PROBE : 0) | (rate_digest > 0 ? K_DIGEST : 0);
+  int kinds =
+      (p.shadow ? K_SHADOW : 0) | (p.probe ? K_PROBE : 0) | (rate_digest > 0 ? K_DIGEST : 0);
   if (p.route < 0 || !kinds || !d || !e || stopped) {
     pthread_mutex_unlock(&lock);
     return;
@@ -711,19 +751,33 @@ void mt_instr_after(const mt_instr_call *ic) {
 /* --- bf16: cuBLAS is the routed engine ------------------------------------------------------ */
 
 static enum mt_dtype dtype_of(int cuda_type) {
-  return cuda_type == CUDA_R_16F ? MT_DTYPE_FP16 : cuda_type == CUDA_R_32F ? MT_DTYPE_FP32 : MT_DTYPE_BF16;
+  return cuda_type == CUDA_R_16F   ? MT_DTYPE_FP16
+         : cuda_type == CUDA_R_32F ? MT_DTYPE_FP32
+                                   : MT_DTYPE_BF16;
 }
 
 void mt_instr_from_call(const mt_spec *s, const mt_call *c, const float *alpha, const float *beta,
                         mt_instr_call *out) {
   int bias = c->entry == MT_FN_cublasLtMatmul && c->epilogue == CUBLASLT_EPILOGUE_BIAS;
-  *out = (mt_instr_call){
-      .spec = s, .call = c, .w = c->a, .ldw = (size_t)c->lda, .wtype = dtype_of(c->atype),
-      .m = (int)c->n, .n = (int)c->m, .k = (int)c->k, .x = c->b, .ldx = (size_t)c->ldb,
-      .xtype = dtype_of(c->btype), .y = c->d, .ldy = (size_t)c->ldd, .ytype = dtype_of(c->dtype),
-      .alpha = *alpha, .beta = *beta,
-      .bias = bias ? c->bias : NULL,
-      .biastype = !bias || c->bias_type == -1 ? dtype_of(c->dtype) : dtype_of(c->bias_type)};
+  *out = (mt_instr_call){.spec = s,
+                         .call = c,
+                         .w = c->a,
+                         .ldw = (size_t)c->lda,
+                         .wtype = dtype_of(c->atype),
+                         .m = (int)c->n,
+                         .n = (int)c->m,
+                         .k = (int)c->k,
+                         .x = c->b,
+                         .ldx = (size_t)c->ldb,
+                         .xtype = dtype_of(c->btype),
+                         .y = c->d,
+                         .ldy = (size_t)c->ldd,
+                         .ytype = dtype_of(c->dtype),
+                         .alpha = *alpha,
+                         .beta = *beta,
+                         .bias = bias ? c->bias : NULL,
+                         .biastype = !bias || c->bias_type == -1 ? dtype_of(c->dtype)
+                                                                 : dtype_of(c->bias_type)};
 }
 
 int mt_instr_bf16(const mt_spec *s, const mt_call *c, cublasStatus_t *status) {
@@ -742,15 +796,15 @@ int mt_instr_bf16(const mt_spec *s, const mt_call *c, cublasStatus_t *status) {
     if (!f)
       return 0;
     *status = f(c->handle, c->transa, c->transb, (int)c->m, (int)c->n, (int)c->k, c->alpha, c->a,
-                c->atype, (int)c->lda, c->b, c->btype, (int)c->ldb, c->beta, (void *)c->c,
-                c->ctype, (int)c->ldc, c->compute, c->algo);
+                c->atype, (int)c->lda, c->b, c->btype, (int)c->ldb, c->beta, (void *)c->c, c->ctype,
+                (int)c->ldc, c->compute, c->algo);
   } else {
     mt_fn_cublasGemmEx_64 f = MT_REAL_FN(cublasGemmEx_64);
     if (!f)
       return 0;
-    *status = f(c->handle, c->transa, c->transb, c->m, c->n, c->k, c->alpha, c->a, c->atype,
-                c->lda, c->b, c->btype, c->ldb, c->beta, (void *)c->c, c->ctype, c->ldc,
-                c->compute, c->algo);
+    *status =
+        f(c->handle, c->transa, c->transb, c->m, c->n, c->k, c->alpha, c->a, c->atype, c->lda, c->b,
+          c->btype, c->ldb, c->beta, (void *)c->c, c->ctype, c->ldc, c->compute, c->algo);
   }
   if (*status == CUBLAS_STATUS_SUCCESS) {
     mt_instr_call ic;
@@ -791,14 +845,15 @@ static void emit_route(void (*emit)(void *, const char *), void *ctx, int i, int
   fmt_num(rmax, sizeof rmax, r->shadow_calls ? r->rel_l2_max : NAN);
   fmt_num(smax, sizeof smax, r->shadow_calls ? r->shadow_max_abs : NAN);
   fmt_num(pmax, sizeof pmax, r->probe_calls ? r->probe_max_abs : NAN);
-  snprintf(b, sizeof b,
-           "%s\"%s\": {\"shadow\": {\"calls\": %llu, \"rel_l2_mean\": %s, \"rel_l2_max\": %s, "
-           "\"max_abs\": %s, \"nonfinite\": %llu}, \"probe\": {\"calls\": %llu, \"rows\": %llu, "
-           "\"differing\": %llu, \"max_abs\": %s}, \"digest\": {\"calls\": %llu, \"written\": %llu, "
-           "\"dropped\": %llu}}",
-           first ? "" : ", ", name, r->shadow_calls, mean, rmax, smax, r->shadow_nonfinite,
-           r->probe_calls, r->probe_rows, r->probe_differing, pmax, r->digest_calls, r->digest_rows,
-           r->digest_dropped);
+  snprintf(
+      b, sizeof b,
+      "%s\"%s\": {\"shadow\": {\"calls\": %llu, \"rel_l2_mean\": %s, \"rel_l2_max\": %s, "
+      "\"max_abs\": %s, \"nonfinite\": %llu}, \"probe\": {\"calls\": %llu, \"rows\": %llu, "
+      "\"differing\": %llu, \"max_abs\": %s}, \"digest\": {\"calls\": %llu, \"written\": %llu, "
+      "\"dropped\": %llu}}",
+      first ? "" : ", ", name, r->shadow_calls, mean, rmax, smax, r->shadow_nonfinite,
+      r->probe_calls, r->probe_rows, r->probe_differing, pmax, r->digest_calls, r->digest_rows,
+      r->digest_dropped);
   emit(ctx, b);
 }
 
@@ -811,7 +866,8 @@ void mt_instr_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
     const char *name;
     double rate;
     const instrument *in;
-  } ins[3] = {{"shadow", rate_shadow, &shadow}, {"probe", rate_probe, &probe},
+  } ins[3] = {{"shadow", rate_shadow, &shadow},
+              {"probe", rate_probe, &probe},
               {"digest", rate_digest, &digest}};
   emit(ctx, ", \"instruments\": {");
   for (int i = 0; i < 3; i++) {
@@ -821,8 +877,10 @@ void mt_instr_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
     emit_skips(emit, ctx, ins[i].in);
     emit(ctx, "}, ");
   }
-  snprintf(b, sizeof b, "\"slots\": %d, \"dropped_calls\": %llu, \"device_bytes\": %zu, "
-           "\"host_bytes\": %zu, \"routes\": {", nslots, dropped_slots, device_bytes, host_bytes);
+  snprintf(b, sizeof b,
+           "\"slots\": %d, \"dropped_calls\": %llu, \"device_bytes\": %zu, "
+           "\"host_bytes\": %zu, \"routes\": {",
+           nslots, dropped_slots, device_bytes, host_bytes);
   emit(ctx, b);
   int first = 1;
   for (int i = 0; i < spec_now->nroutes; i++) {
@@ -833,8 +891,10 @@ void mt_instr_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
     first = 0;
   }
   unsigned long long lost = digest.skipped[SK_NO_SLOT] + digest.skipped[SK_EXIT];
-  snprintf(b, sizeof b, "}}, \"digests\": {\"written\": %llu, \"dropped\": %llu, "
-           "\"dropped_calls\": %llu}", digest_written, digest_dropped, lost);
+  snprintf(b, sizeof b,
+           "}}, \"digests\": {\"written\": %llu, \"dropped\": %llu, "
+           "\"dropped_calls\": %llu}",
+           digest_written, digest_dropped, lost);
   emit(ctx, b);
   pthread_mutex_unlock(&lock);
 }

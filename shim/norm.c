@@ -4,17 +4,39 @@
 
 #include <string.h>
 
-static void gemm_common(mt_call *c, enum mt_fn entry, cublasHandle_t handle, int transa,
-                        int transb, int64_t m, int64_t n, int64_t k, const void *alpha,
-                        const void *a, int atype, int64_t lda, const void *b, int btype,
-                        int64_t ldb, const void *beta, void *cc, int ctype, int64_t ldc,
-                        int compute, int algo) {
+static void gemm_common(mt_call *c, enum mt_fn entry, cublasHandle_t handle, int transa, int transb,
+                        int64_t m, int64_t n, int64_t k, const void *alpha, const void *a,
+                        int atype, int64_t lda, const void *b, int btype, int64_t ldb,
+                        const void *beta, void *cc, int ctype, int64_t ldc, int compute, int algo) {
   *c = (mt_call){
-      .entry = entry, .transa = transa, .transb = transb, .m = m, .n = n, .k = k,
-      .atype = atype, .btype = btype, .ctype = ctype, .dtype = ctype, .compute = compute,
-      .scale_type = -1, .a = a, .b = b, .c = cc, .d = cc, .lda = lda, .ldb = ldb, .ldc = ldc,
-      .ldd = ldc, .batch = 1, .algo = algo, .alpha = alpha, .beta = beta,
-      .ptr_mode = MT_PTR_UNKNOWN, .handle = handle, .device = -1, .epilogue = CUBLASLT_EPILOGUE_DEFAULT,
+      .entry = entry,
+      .transa = transa,
+      .transb = transb,
+      .m = m,
+      .n = n,
+      .k = k,
+      .atype = atype,
+      .btype = btype,
+      .ctype = ctype,
+      .dtype = ctype,
+      .compute = compute,
+      .scale_type = -1,
+      .a = a,
+      .b = b,
+      .c = cc,
+      .d = cc,
+      .lda = lda,
+      .ldb = ldb,
+      .ldc = ldc,
+      .ldd = ldc,
+      .batch = 1,
+      .algo = algo,
+      .alpha = alpha,
+      .beta = beta,
+      .ptr_mode = MT_PTR_UNKNOWN,
+      .handle = handle,
+      .device = -1,
+      .epilogue = CUBLASLT_EPILOGUE_DEFAULT,
       .bias_type = -1,
   };
 }
@@ -35,13 +57,13 @@ void mt_norm_cublasGemmEx_64(mt_call *call, cublasHandle_t handle, cublasOperati
                              const void *B, cudaDataType Btype, int64_t ldb, const void *beta,
                              void *C, cudaDataType Ctype, int64_t ldc,
                              cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
-  gemm_common(call, MT_FN_cublasGemmEx_64, handle, transa, transb, m, n, k, alpha, A, Atype, lda,
-              B, Btype, ldb, beta, C, Ctype, ldc, computeType, algo);
+  gemm_common(call, MT_FN_cublasGemmEx_64, handle, transa, transb, m, n, k, alpha, A, Atype, lda, B,
+              Btype, ldb, beta, C, Ctype, ldc, computeType, algo);
 }
 
 void mt_norm_cublasGemmStridedBatchedEx(
-    mt_call *call, cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
-    int m, int n, int k, const void *alpha, const void *A, cudaDataType Atype, int lda,
+    mt_call *call, cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
+    int n, int k, const void *alpha, const void *A, cudaDataType Atype, int lda,
     long long int strideA, const void *B, cudaDataType Btype, int ldb, long long int strideB,
     const void *beta, void *C, cudaDataType Ctype, int ldc, long long int strideC, int batchCount,
     cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
@@ -51,26 +73,27 @@ void mt_norm_cublasGemmStridedBatchedEx(
   call->stride_a = strideA, call->stride_b = strideB, call->stride_c = call->stride_d = strideC;
 }
 
-void mt_norm_cublasGemmStridedBatchedEx_64(
-    mt_call *call, cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
-    int64_t m, int64_t n, int64_t k, const void *alpha, const void *A, cudaDataType Atype,
-    int64_t lda, long long int strideA, const void *B, cudaDataType Btype, int64_t ldb,
-    long long int strideB, const void *beta, void *C, cudaDataType Ctype, int64_t ldc,
-    long long int strideC, int64_t batchCount, cublasComputeType_t computeType,
-    cublasGemmAlgo_t algo) {
-  gemm_common(call, MT_FN_cublasGemmStridedBatchedEx_64, handle, transa, transb, m, n, k, alpha,
-              A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc, computeType, algo);
+void mt_norm_cublasGemmStridedBatchedEx_64(mt_call *call, cublasHandle_t handle,
+                                           cublasOperation_t transa, cublasOperation_t transb,
+                                           int64_t m, int64_t n, int64_t k, const void *alpha,
+                                           const void *A, cudaDataType Atype, int64_t lda,
+                                           long long int strideA, const void *B, cudaDataType Btype,
+                                           int64_t ldb, long long int strideB, const void *beta,
+                                           void *C, cudaDataType Ctype, int64_t ldc,
+                                           long long int strideC, int64_t batchCount,
+                                           cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+  gemm_common(call, MT_FN_cublasGemmStridedBatchedEx_64, handle, transa, transb, m, n, k, alpha, A,
+              Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc, computeType, algo);
   call->batch = batchCount;
   call->stride_a = strideA, call->stride_b = strideB, call->stride_c = call->stride_d = strideC;
 }
 
 void mt_norm_cublasGemmBatchedEx(mt_call *call, cublasHandle_t handle, cublasOperation_t transa,
-                                 cublasOperation_t transb, int m, int n, int k,
-                                 const void *alpha, const void *const Aarray[],
-                                 cudaDataType Atype, int lda, const void *const Barray[],
-                                 cudaDataType Btype, int ldb, const void *beta,
-                                 void *const Carray[], cudaDataType Ctype, int ldc,
-                                 int batchCount, cublasComputeType_t computeType,
+                                 cublasOperation_t transb, int m, int n, int k, const void *alpha,
+                                 const void *const Aarray[], cudaDataType Atype, int lda,
+                                 const void *const Barray[], cudaDataType Btype, int ldb,
+                                 const void *beta, void *const Carray[], cudaDataType Ctype,
+                                 int ldc, int batchCount, cublasComputeType_t computeType,
                                  cublasGemmAlgo_t algo) {
   gemm_common(call, MT_FN_cublasGemmBatchedEx, handle, transa, transb, m, n, k, alpha, Aarray,
               Atype, lda, Barray, Btype, ldb, beta, (void *)Carray, Ctype, ldc, computeType, algo);
@@ -78,14 +101,14 @@ void mt_norm_cublasGemmBatchedEx(mt_call *call, cublasHandle_t handle, cublasOpe
   call->pointer_arrays = 1;
 }
 
-void mt_norm_cublasGemmBatchedEx_64(mt_call *call, cublasHandle_t handle,
-                                    cublasOperation_t transa, cublasOperation_t transb,
-                                    int64_t m, int64_t n, int64_t k, const void *alpha,
-                                    const void *const Aarray[], cudaDataType Atype, int64_t lda,
-                                    const void *const Barray[], cudaDataType Btype, int64_t ldb,
-                                    const void *beta, void *const Carray[], cudaDataType Ctype,
-                                    int64_t ldc, int64_t batchCount,
-                                    cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+void mt_norm_cublasGemmBatchedEx_64(mt_call *call, cublasHandle_t handle, cublasOperation_t transa,
+                                    cublasOperation_t transb, int64_t m, int64_t n, int64_t k,
+                                    const void *alpha, const void *const Aarray[],
+                                    cudaDataType Atype, int64_t lda, const void *const Barray[],
+                                    cudaDataType Btype, int64_t ldb, const void *beta,
+                                    void *const Carray[], cudaDataType Ctype, int64_t ldc,
+                                    int64_t batchCount, cublasComputeType_t computeType,
+                                    cublasGemmAlgo_t algo) {
   gemm_common(call, MT_FN_cublasGemmBatchedEx_64, handle, transa, transb, m, n, k, alpha, Aarray,
               Atype, lda, Barray, Btype, ldb, beta, (void *)Carray, Ctype, ldc, computeType, algo);
   call->batch = batchCount;
@@ -98,8 +121,8 @@ static void grouped_common(mt_call *c, enum mt_fn entry, cublasHandle_t handle, 
                            const void *lda, const void *b, int btype, const void *ldb,
                            const void *beta, void *cc, int ctype, const void *ldc,
                            int64_t group_count, const void *group_size, int compute) {
-  gemm_common(c, entry, handle, 0, 0, 0, 0, 0, alpha, a, atype, 0, b, btype, 0, beta, cc, ctype,
-              0, compute, -1);
+  gemm_common(c, entry, handle, 0, 0, 0, 0, 0, alpha, a, atype, 0, b, btype, 0, beta, cc, ctype, 0,
+              compute, -1);
   c->pointer_arrays = 1;
   c->wide = wide;
   c->group_count = group_count;
@@ -111,11 +134,10 @@ static void grouped_common(mt_call *c, enum mt_fn entry, cublasHandle_t handle, 
 void mt_norm_cublasGemmGroupedBatchedEx(
     mt_call *call, cublasHandle_t handle, const cublasOperation_t transa_array[],
     const cublasOperation_t transb_array[], const int m_array[], const int n_array[],
-    const int k_array[], const void *alpha_array, const void *const Aarray[],
-    cudaDataType_t Atype, const int lda_array[], const void *const Barray[], cudaDataType_t Btype,
-    const int ldb_array[], const void *beta_array, void *const Carray[], cudaDataType_t Ctype,
-    const int ldc_array[], int group_count, const int group_size[],
-    cublasComputeType_t computeType) {
+    const int k_array[], const void *alpha_array, const void *const Aarray[], cudaDataType_t Atype,
+    const int lda_array[], const void *const Barray[], cudaDataType_t Btype, const int ldb_array[],
+    const void *beta_array, void *const Carray[], cudaDataType_t Ctype, const int ldc_array[],
+    int group_count, const int group_size[], cublasComputeType_t computeType) {
   grouped_common(call, MT_FN_cublasGemmGroupedBatchedEx, handle, 0, transa_array, transb_array,
                  m_array, n_array, k_array, alpha_array, Aarray, Atype, lda_array, Barray, Btype,
                  ldb_array, beta_array, (void *)Carray, Ctype, ldc_array, group_count, group_size,
@@ -127,13 +149,13 @@ void mt_norm_cublasGemmGroupedBatchedEx_64(
     const cublasOperation_t transb_array[], const int64_t m_array[], const int64_t n_array[],
     const int64_t k_array[], const void *alpha_array, const void *const Aarray[],
     cudaDataType_t Atype, const int64_t lda_array[], const void *const Barray[],
-    cudaDataType_t Btype, const int64_t ldb_array[], const void *beta_array,
-    void *const Carray[], cudaDataType_t Ctype, const int64_t ldc_array[], int64_t group_count,
+    cudaDataType_t Btype, const int64_t ldb_array[], const void *beta_array, void *const Carray[],
+    cudaDataType_t Ctype, const int64_t ldc_array[], int64_t group_count,
     const int64_t group_size[], cublasComputeType_t computeType) {
-  grouped_common(call, MT_FN_cublasGemmGroupedBatchedEx_64, handle, 1, transa_array,
-                 transb_array, m_array, n_array, k_array, alpha_array, Aarray, Atype, lda_array,
-                 Barray, Btype, ldb_array, beta_array, (void *)Carray, Ctype, ldc_array,
-                 group_count, group_size, computeType);
+  grouped_common(call, MT_FN_cublasGemmGroupedBatchedEx_64, handle, 1, transa_array, transb_array,
+                 m_array, n_array, k_array, alpha_array, Aarray, Atype, lda_array, Barray, Btype,
+                 ldb_array, beta_array, (void *)Carray, Ctype, ldc_array, group_count, group_size,
+                 computeType);
 }
 
 static int64_t group_int(const mt_call *c, const void *array, int64_t g) {
@@ -158,8 +180,7 @@ void mt_call_group(const mt_call *grouped, int64_t g, mt_call *one) {
 
 /* An attribute of exactly `size` bytes, or -1: a size mismatch means the library disagrees with
  * the header we were built against, and then nothing read from it can be trusted. */
-static int desc_get(const mt_call *c, cublasLtMatmulDescAttributes_t attr, void *buf,
-                    size_t size) {
+static int desc_get(const mt_call *c, cublasLtMatmulDescAttributes_t attr, void *buf, size_t size) {
   mt_fn_cublasLtMatmulDescGetAttribute get = MT_REAL_FN(cublasLtMatmulDescGetAttribute);
   size_t written = 0;
   if (!get || get(c->lt_desc, attr, buf, size, &written) != CUBLAS_STATUS_SUCCESS ||
@@ -168,8 +189,7 @@ static int desc_get(const mt_call *c, cublasLtMatmulDescAttributes_t attr, void 
   return 0;
 }
 
-static int layout_get(void *layout, cublasLtMatrixLayoutAttribute_t attr, void *buf,
-                      size_t size) {
+static int layout_get(void *layout, cublasLtMatrixLayoutAttribute_t attr, void *buf, size_t size) {
   mt_fn_cublasLtMatrixLayoutGetAttribute get = MT_REAL_FN(cublasLtMatrixLayoutGetAttribute);
   size_t written = 0;
   if (!get || get(layout, attr, buf, size, &written) != CUBLAS_STATUS_SUCCESS || written != size)
@@ -186,13 +206,38 @@ void mt_norm_cublasLtMatmul(mt_call *call, cublasLtHandle_t lightHandle,
                             size_t workspaceSizeInBytes, cudaStream_t stream) {
   mt_call *c = call;
   *c = (mt_call){
-      .entry = MT_FN_cublasLtMatmul, .m = -1, .n = -1, .k = -1, .atype = -1, .btype = -1,
-      .ctype = -1, .dtype = -1, .compute = -1, .scale_type = -1, .a = A, .b = B, .c = C, .d = D,
-      .batch = 1, .algo = -1, .alpha = alpha, .beta = beta, .ptr_mode = MT_PTR_UNKNOWN,
-      .handle = lightHandle, .stream = stream, .device = -1, .lt_desc = computeDesc,
-      .lt_adesc = Adesc, .lt_bdesc = Bdesc, .lt_cdesc = Cdesc, .lt_ddesc = Ddesc,
-      .lt_algo = algo, .workspace = workspace, .workspace_bytes = workspaceSizeInBytes,
-      .epilogue = CUBLASLT_EPILOGUE_DEFAULT, .bias_type = -1,
+      .entry = MT_FN_cublasLtMatmul,
+      .m = -1,
+      .n = -1,
+      .k = -1,
+      .atype = -1,
+      .btype = -1,
+      .ctype = -1,
+      .dtype = -1,
+      .compute = -1,
+      .scale_type = -1,
+      .a = A,
+      .b = B,
+      .c = C,
+      .d = D,
+      .batch = 1,
+      .algo = -1,
+      .alpha = alpha,
+      .beta = beta,
+      .ptr_mode = MT_PTR_UNKNOWN,
+      .handle = lightHandle,
+      .stream = stream,
+      .device = -1,
+      .lt_desc = computeDesc,
+      .lt_adesc = Adesc,
+      .lt_bdesc = Bdesc,
+      .lt_cdesc = Cdesc,
+      .lt_ddesc = Ddesc,
+      .lt_algo = algo,
+      .workspace = workspace,
+      .workspace_bytes = workspaceSizeInBytes,
+      .epilogue = CUBLASLT_EPILOGUE_DEFAULT,
+      .bias_type = -1,
   };
   /* The census needs ops, dims and types: nine attribute reads. A failed read leaves m = -1,
    * which no route matches, so the call is only counted. */
@@ -216,8 +261,8 @@ void mt_norm_cublasLtMatmul(mt_call *call, cublasLtHandle_t lightHandle,
 }
 
 /* Order, leading dimension and batch of one Lt layout; 0 or -1. */
-static int lt_layout_details(void *layout, int *order, int64_t *ld, int64_t *batch,
-                             int64_t *stride, int *pointer_array) {
+static int lt_layout_details(void *layout, int *order, int64_t *ld, int64_t *batch, int64_t *stride,
+                             int *pointer_array) {
   int32_t ord, count;
   uint32_t mode = CUBLASLT_BATCH_MODE_STRIDED;
   if (layout_get(layout, CUBLASLT_MATRIX_LAYOUT_ORDER, &ord, sizeof ord) ||

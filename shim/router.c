@@ -4,13 +4,20 @@
 #include <stdint.h>
 
 static const char *const reason_names[MT_R_COUNT] = {
-    [MT_R_UNROUTED] = "unrouted",         [MT_R_ROUTED] = "routed",
-    [MT_R_DGRAD] = "backward dgrad",      [MT_R_WGRAD] = "backward wgrad",
-    [MT_R_DTYPE] = "dtype",               [MT_R_COMPUTE] = "compute type",
-    [MT_R_LAYOUT] = "layout",             [MT_R_EPILOGUE] = "epilogue",
-    [MT_R_POINTER_MODE] = "pointer mode", [MT_R_K_ALIGN] = "k alignment",
-    [MT_R_NO_ENGINE] = "no engine",       [MT_R_CAPTURE] = "capture",
-    [MT_R_NOMEM] = "out of memory",       [MT_R_ENGINE] = "engine error",
+    [MT_R_UNROUTED] = "unrouted",
+    [MT_R_ROUTED] = "routed",
+    [MT_R_DGRAD] = "backward dgrad",
+    [MT_R_WGRAD] = "backward wgrad",
+    [MT_R_DTYPE] = "dtype",
+    [MT_R_COMPUTE] = "compute type",
+    [MT_R_LAYOUT] = "layout",
+    [MT_R_EPILOGUE] = "epilogue",
+    [MT_R_POINTER_MODE] = "pointer mode",
+    [MT_R_K_ALIGN] = "k alignment",
+    [MT_R_NO_ENGINE] = "no engine",
+    [MT_R_CAPTURE] = "capture",
+    [MT_R_NOMEM] = "out of memory",
+    [MT_R_ENGINE] = "engine error",
 };
 
 const char *mt_reason_name(enum mt_reason r) {
@@ -44,8 +51,7 @@ enum mt_role mt_route_role(const mt_spec *s, const mt_call *c) {
 static int half_type(int t) { return t == CUDA_R_16BF || t == CUDA_R_16F; }
 
 static int dtype_ok(const mt_call *c) {
-  return half_type(c->atype) && c->atype == c->btype && half_type(c->ctype) &&
-         c->dtype == c->ctype;
+  return half_type(c->atype) && c->atype == c->btype && half_type(c->ctype) && c->dtype == c->ctype;
 }
 
 static int compute_ok(const mt_call *c) {

@@ -15,20 +15,20 @@
 #include "spec/spec.h"
 
 enum mt_reason {
-  MT_R_UNROUTED = 0,   /* involves no routed weight: plain pass-through, no reason counted */
-  MT_R_ROUTED,         /* a forward expert GEMM the spec routes */
-  MT_R_DGRAD,          /* the spec's backward = bf16: cuBLAS computes it */
+  MT_R_UNROUTED = 0, /* involves no routed weight: plain pass-through, no reason counted */
+  MT_R_ROUTED,       /* a forward expert GEMM the spec routes */
+  MT_R_DGRAD,        /* the spec's backward = bf16: cuBLAS computes it */
   MT_R_WGRAD,
-  MT_R_DTYPE,          /* A, B not both BF16 or both FP16; C not BF16/FP16 */
-  MT_R_COMPUTE,        /* compute type not FP32 (68 or legacy 0); Lt scale type not FP32 */
-  MT_R_LAYOUT,         /* order, leading dimension, alignment or batch layout */
-  MT_R_EPILOGUE,       /* Lt epilogue other than DEFAULT or BIAS, or an odd bias type */
-  MT_R_POINTER_MODE,   /* alpha/beta on the device */
-  MT_R_K_ALIGN,        /* k not a multiple of the 16-element NVFP4 block */
-  MT_R_NO_ENGINE,      /* routed, but no engine can run it here (no CUDA driver, no sm_90 device) */
-  MT_R_CAPTURE,        /* would have to load kernels, allocate or read back while capturing */
-  MT_R_NOMEM,          /* the engine's device memory could not be had (or MINITE_CACHE_MB) */
-  MT_R_ENGINE,         /* the engine refused the problem or a launch failed */
+  MT_R_DTYPE,        /* A, B not both BF16 or both FP16; C not BF16/FP16 */
+  MT_R_COMPUTE,      /* compute type not FP32 (68 or legacy 0); Lt scale type not FP32 */
+  MT_R_LAYOUT,       /* order, leading dimension, alignment or batch layout */
+  MT_R_EPILOGUE,     /* Lt epilogue other than DEFAULT or BIAS, or an odd bias type */
+  MT_R_POINTER_MODE, /* alpha/beta on the device */
+  MT_R_K_ALIGN,      /* k not a multiple of the 16-element NVFP4 block */
+  MT_R_NO_ENGINE,    /* routed, but no engine can run it here (no CUDA driver, no sm_90 device) */
+  MT_R_CAPTURE,      /* would have to load kernels, allocate or read back while capturing */
+  MT_R_NOMEM,        /* the engine's device memory could not be had (or MINITE_CACHE_MB) */
+  MT_R_ENGINE,       /* the engine refused the problem or a launch failed */
   MT_R_COUNT
 };
 

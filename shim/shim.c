@@ -38,8 +38,7 @@ static void spec_problem(const char *what, const char *value, const mt_spec_erro
                                errs->e[i].msg);
   }
   if (errs->dropped && used < sizeof problem)
-    used += (size_t)snprintf(problem + used, sizeof problem - used, "; and %d more",
-                             errs->dropped);
+    used += (size_t)snprintf(problem + used, sizeof problem - used, "; and %d more", errs->dropped);
   if (hint && used < sizeof problem)
     snprintf(problem + used, sizeof problem - used, " (%s)", hint);
 }
@@ -60,12 +59,14 @@ static int load_spec(const char *name) {
     for (int i = 0; mt_spec_builtin_names[i] && used < sizeof names; i++)
       used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
                                mt_spec_builtin_names[i]);
-    snprintf(problem, sizeof problem, "MINITE_SPEC=%s is neither a built-in spec (%s) nor a "
-             "readable file: set it to a built-in name or to the path of a spec file", name,
-             names);
+    snprintf(problem, sizeof problem,
+             "MINITE_SPEC=%s is neither a built-in spec (%s) nor a "
+             "readable file: set it to a built-in name or to the path of a spec file",
+             name, names);
     return -1;
   }
-  spec_problem("MINITE_SPEC", name, &errs, "fix the spec file; `minite spec check FILE` lists "
+  spec_problem("MINITE_SPEC", name, &errs,
+               "fix the spec file; `minite spec check FILE` lists "
                "every error");
   return -1;
 }
@@ -100,7 +101,8 @@ static void info_started(const char *role, const char *stats) {
     used += (size_t)snprintf(routes + used, sizeof routes - used, " %ux%u",
                              (unsigned)spec.routes[i].out, (unsigned)spec.routes[i].in);
   MT_INFO("minite %s active: spec %s (%s, fingerprint %016llx), role '%s', routes:%s, "
-          "statistics %s", MT_VERSION, spec.name, mt_format_name(spec.format),
+          "statistics %s",
+          MT_VERSION, spec.name, mt_format_name(spec.format),
           (unsigned long long)mt_spec_fingerprint(&spec), role ? role : "",
           spec.nroutes ? routes : " none", stats ? stats : "off");
   info_torch_settings();
@@ -194,7 +196,8 @@ static void start_on_first_call(void) {
   if (spec.format == MT_FORMAT_NVFP4 && spec.nroutes == 0)
     MT_WARN("spec %s routes no GEMM: add route lines to the spec or set MINITE_ROUTE. To find a "
             "model's expert shapes, run it once with MINITE_SPEC=bf16 MINITE_STATS=stats.jsonl "
-            "and read suggested_routes in the summary record", spec.name);
+            "and read suggested_routes in the summary record",
+            spec.name);
   mt_stats_start(&spec, role_name, MT_VERSION);
 }
 

@@ -68,13 +68,17 @@ static int writable_dir_of(const char *path) {
 
 int mt_stats_check(const char *tmpl, char *why, size_t size) {
   if (mt_proc_path(tmpl, stats_path, sizeof stats_path) != 0) {
-    snprintf(why, size, "MINITE_STATS=%s expands to a path longer than %zu bytes: use a shorter "
-             "path", tmpl, sizeof stats_path);
+    snprintf(why, size,
+             "MINITE_STATS=%s expands to a path longer than %zu bytes: use a shorter "
+             "path",
+             tmpl, sizeof stats_path);
     return -1;
   }
   if (!writable_dir_of(stats_path) || (access(stats_path, F_OK) == 0 && access(stats_path, W_OK))) {
-    snprintf(why, size, "cannot write MINITE_STATS=%s (%s): %s; make sure the directory exists "
-             "and is writable, or unset MINITE_STATS", tmpl, stats_path, strerror(errno));
+    snprintf(why, size,
+             "cannot write MINITE_STATS=%s (%s): %s; make sure the directory exists "
+             "and is writable, or unset MINITE_STATS",
+             tmpl, stats_path, strerror(errno));
     return -1;
   }
   owner_pid = getpid();
@@ -156,7 +160,8 @@ void mt_stats_start(const mt_spec *s, const char *role, const char *version) {
     MT_WARN("cannot open %s (%s): no statistics for this process", stats_path, strerror(errno));
     return;
   }
-  char host[600], role_json[300], name_json[200], version_json[100], routes[MT_SPEC_MAX_ROUTES * 24];
+  char host[600], role_json[300], name_json[200], version_json[100],
+      routes[MT_SPEC_MAX_ROUTES * 24];
   json_str(host, sizeof host, mt_proc_host());
   json_str(role_json, sizeof role_json, role ? role : "");
   json_str(name_json, sizeof name_json, s->name);
@@ -218,8 +223,8 @@ static void census_add(const mt_call *c) {
   for (unsigned i = 0; i < MT_CENSUS_SIZE; i++) {
     census_row *r = &census[(h + i) % MT_CENSUS_SIZE];
     if (!r->used) {
-      *r = (census_row){1, (int)c->entry, c->transa, c->transb, c->atype, c->btype, c->ctype,
-                        c->m, c->n, c->k, 1};
+      *r = (census_row){1,        (int)c->entry, c->transa, c->transb, c->atype, c->btype,
+                        c->ctype, c->m,          c->n,      c->k,      1};
       return;
     }
     if (r->entry == (int)c->entry && r->transa == c->transa && r->transb == c->transb &&
@@ -323,15 +328,25 @@ void mt_stats_reset(void) {
 
 static const char *type_name(int t, char *buf, size_t size) {
   switch (t) {
-  case CUDA_R_16BF: return "bf16";
-  case CUDA_R_16F: return "f16";
-  case CUDA_R_32F: return "f32";
-  case CUDA_R_64F: return "f64";
-  case CUDA_R_8F_E4M3: return "f8e4m3";
-  case CUDA_R_8F_E5M2: return "f8e5m2";
-  case CUDA_R_8I: return "i8";
-  case CUDA_R_32I: return "i32";
-  default: snprintf(buf, size, "type%d", t); return buf;
+  case CUDA_R_16BF:
+    return "bf16";
+  case CUDA_R_16F:
+    return "f16";
+  case CUDA_R_32F:
+    return "f32";
+  case CUDA_R_64F:
+    return "f64";
+  case CUDA_R_8F_E4M3:
+    return "f8e4m3";
+  case CUDA_R_8F_E5M2:
+    return "f8e5m2";
+  case CUDA_R_8I:
+    return "i8";
+  case CUDA_R_32I:
+    return "i32";
+  default:
+    snprintf(buf, size, "type%d", t);
+    return buf;
   }
 }
 
@@ -369,8 +384,8 @@ static void log_summary(const mt_stats_counts *c) {
   reasons[0] = '\0';
   for (int r = MT_R_DGRAD; r < MT_R_COUNT; r++)
     if (c->fallbacks[r] && used < sizeof reasons)
-      used += (size_t)snprintf(reasons + used, sizeof reasons - used, "%s%s %llu",
-                               used ? ", " : "", mt_reason_name(r), c->fallbacks[r]);
+      used += (size_t)snprintf(reasons + used, sizeof reasons - used, "%s%s %llu", used ? ", " : "",
+                               mt_reason_name(r), c->fallbacks[r]);
   MT_INFO("summary: %llu GEMM calls, %llu routed, %llu passed through%s%s%s", c->gemm_calls,
           c->routed, c->passthrough, used ? " (" : "", reasons, used ? ")" : "");
 }
@@ -383,8 +398,9 @@ void mt_stats_finish(mt_stats_part parts) {
     return;
   pthread_mutex_lock(&census_lock);
   writer w = {.fd = stats_fd};
-  w_printf(&w, "{\"event\": \"summary\", \"time\": %.6f, %s, \"gemm_calls\": %llu, \"routed\": "
-               "%llu, \"passthrough\": %llu, \"fallbacks\": {",
+  w_printf(&w,
+           "{\"event\": \"summary\", \"time\": %.6f, %s, \"gemm_calls\": %llu, \"routed\": "
+           "%llu, \"passthrough\": %llu, \"fallbacks\": {",
            now_seconds(), start_fields, c.gemm_calls, c.routed, c.passthrough);
   int first = 1;
   for (int r = MT_R_DGRAD; r < MT_R_COUNT; r++) {
@@ -399,8 +415,7 @@ void mt_stats_finish(mt_stats_part parts) {
   static mt_route routes[MT_SUGGEST_MAX];
   int n = suggest_locked(routes, MT_SUGGEST_MAX);
   for (int i = 0; i < n; i++)
-    w_printf(&w, "%s\"route %" PRIu32 "x%" PRIu32 "\"", i ? ", " : "", routes[i].out,
-             routes[i].in);
+    w_printf(&w, "%s\"route %" PRIu32 "x%" PRIu32 "\"", i ? ", " : "", routes[i].out, routes[i].in);
   w_printf(&w, "]");
   if (parts)
     parts(emit_to_writer, &w);

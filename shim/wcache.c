@@ -10,10 +10,10 @@
 #include "base/log.h"
 #include "base/param.h"
 
-#define MAX_CONTEXTS 16    /* GPUs (primary contexts) one process drives */
-#define MAX_STREAMS 64     /* streams with scratch, per context */
-#define MAX_ENTRIES 8192   /* frozen weights, per context */
-#define ALIGN 256          /* what mt_qweight_bind and the workspace want */
+#define MAX_CONTEXTS 16  /* GPUs (primary contexts) one process drives */
+#define MAX_STREAMS 64   /* streams with scratch, per context */
+#define MAX_ENTRIES 8192 /* frozen weights, per context */
+#define ALIGN 256        /* what mt_qweight_bind and the workspace want */
 
 typedef struct {
   CUstream stream;
@@ -46,7 +46,8 @@ int mt_wcache_init(const mt_spec *s) {
   int errors = 0;
   int def = s->weight_cache == MT_WCACHE_FROZEN;
   frozen = mt_param_choice("MINITE_WEIGHT_CACHE", modes, def, &errors) == 1;
-  cache_limit = (size_t)mt_param_count("MINITE_CACHE_MB", 8192, 0, 1ull << 30, "MiB", &errors) << 20;
+  cache_limit = (size_t)mt_param_count("MINITE_CACHE_MB", 8192, 0, 1ull << 30, "MiB", &errors)
+                << 20;
   return errors;
 }
 
@@ -57,8 +58,10 @@ void mt_wcache_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
   for (int i = 0; i < ncontexts; i++)
     n += contexts[i].nentries;
   char b[256];
-  snprintf(b, sizeof b, ", \"engine\": {\"weight_cache\": \"%s\", \"device_bytes\": %zu, "
-           "\"frozen_weights\": %d, \"cache_full\": %llu}", mt_wcache_mode(), held, n, cache_full);
+  snprintf(b, sizeof b,
+           ", \"engine\": {\"weight_cache\": \"%s\", \"device_bytes\": %zu, "
+           "\"frozen_weights\": %d, \"cache_full\": %llu}",
+           mt_wcache_mode(), held, n, cache_full);
   emit(ctx, b);
 }
 
@@ -85,7 +88,8 @@ static context *context_current(const mt_driver *d) {
 static enum mt_reason device_alloc(const mt_driver *d, size_t bytes, CUdeviceptr *out) {
   if (d->mem_alloc(out, bytes) != CUDA_SUCCESS) {
     MT_WARN_ONCE("could not allocate %zu bytes of device memory for the engine: routed GEMMs that "
-                 "need more fall back to cuBLAS (reason \"out of memory\")", bytes);
+                 "need more fall back to cuBLAS (reason \"out of memory\")",
+                 bytes);
     return MT_R_NOMEM;
   }
   held += bytes;
@@ -138,7 +142,8 @@ static int same_ref(const mt_weight_ref *a, const mt_weight_ref *b) {
 }
 
 static size_t slot_of(const mt_weight_ref *w) {
-  uint64_t h = (uint64_t)(uintptr_t)w->w * 0x9E3779B97F4A7C15ull ^ (uint64_t)w->n << 32 ^ (uint64_t)w->k;
+  uint64_t h =
+      (uint64_t)(uintptr_t)w->w * 0x9E3779B97F4A7C15ull ^ (uint64_t)w->n << 32 ^ (uint64_t)w->k;
   return (size_t)(h >> 40) % MAX_ENTRIES;
 }
 
@@ -185,12 +190,17 @@ static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, 
 
 enum mt_reason mt_engine_reason(int status) {
   switch (status) {
-  case MT_OK: return MT_R_ROUTED;
-  case MT_ERR_CAPTURE: return MT_R_CAPTURE;
-  case MT_ERR_NOMEM: return MT_R_NOMEM;
+  case MT_OK:
+    return MT_R_ROUTED;
+  case MT_ERR_CAPTURE:
+    return MT_R_CAPTURE;
+  case MT_ERR_NOMEM:
+    return MT_R_NOMEM;
   case MT_ERR_NO_DRIVER:
-  case MT_ERR_NO_DEVICE: return MT_R_NO_ENGINE;
-  default: return MT_R_ENGINE;
+  case MT_ERR_NO_DEVICE:
+    return MT_R_NO_ENGINE;
+  default:
+    return MT_R_ENGINE;
   }
 }
 
@@ -198,7 +208,8 @@ enum mt_reason mt_engine_reason(int status) {
 static enum mt_reason weight_status(int st) {
   if (st != MT_OK && st != MT_ERR_CAPTURE)
     MT_WARN_ONCE("the NVFP4 engine could not quantize a routed weight: %s; such calls fall back to "
-                 "cuBLAS", mt_status_name((enum mt_status)st));
+                 "cuBLAS",
+                 mt_status_name((enum mt_status)st));
   return mt_engine_reason(st);
 }
 
@@ -210,7 +221,8 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   context *c = context_current(d);
   if (!c) {
     MT_WARN_ONCE("no current CUDA context for a routed GEMM (or more than %d): it runs in cuBLAS "
-                 "(reason \"no engine\")", MAX_CONTEXTS);
+                 "(reason \"no engine\")",
+                 MAX_CONTEXTS);
     return MT_R_NO_ENGINE;
   }
   size_t ws = round_up(mt_gemm_workspace_bytes(m, w->k, &w->num));
@@ -231,8 +243,8 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   if (e) {
     out->q = &e->q;
     out->wsum = &((const mt_wcheck_state *)(uintptr_t)(e->mem + qbytes))->hash;
-    return weight_status(mt_refresh_weight(w->w, w->type, w->ldw, &e->q,
-                                           (void *)(e->mem + qbytes), stream));
+    return weight_status(
+        mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + qbytes), stream));
   }
   static mt_qweight q; /* under the exec lock, used until the call's launches are enqueued */
   mt_qweight_bind(&q, w->n, w->k, &w->num, (void *)(mem + ws));

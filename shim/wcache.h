@@ -27,7 +27,7 @@
 #include "shim/router.h"
 
 typedef struct {
-  const void *w;        /* the weight, [n][k] with row stride ldw */
+  const void *w; /* the weight, [n][k] with row stride ldw */
   int n, k;
   size_t ldw;
   enum mt_dtype type;

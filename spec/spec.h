@@ -38,7 +38,7 @@
 
 #define MT_SPEC_NAME_MAX 64
 #define MT_SPEC_MAX_ROUTES 64
-#define MT_SPEC_LINE_MAX 1024  /* longer lines are an error, not truncated */
+#define MT_SPEC_LINE_MAX 1024 /* longer lines are an error, not truncated */
 #define MT_SPEC_FILE_MAX (1 << 20)
 #define MT_SPEC_CANONICAL_MAX 4096 /* holds the canonical text of any spec (64 routes included) */
 

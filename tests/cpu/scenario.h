@@ -84,8 +84,8 @@ typedef struct {
 
 /* Variables of the caller's environment that would change a child's behaviour. */
 static int mt_t_scrubbed(const char *e) {
-  static const char *const prefixes[] = {"MINITE_", "LD_PRELOAD=", "FAKE_", "RANK=", "MT_BATCHES=",
-                                         "MT_REVERSE="};
+  static const char *const prefixes[] = {"MINITE_", "LD_PRELOAD=", "FAKE_",
+                                         "RANK=",   "MT_BATCHES=", "MT_REVERSE="};
   for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++)
     if (!strncmp(e, prefixes[i], strlen(prefixes[i])))
       return 1;
@@ -141,18 +141,21 @@ MT_T_UNUSED static void mt_t_run_child(const char *name, const char *tag, const 
   r->summary = r->stats ? strstr(r->stats, "{\"event\": \"summary\"") : NULL;
 }
 
-MT_T_UNUSED static void mt_t_child_free(mt_t_child *r) { free(r->out), free(r->err), free(r->stats); }
+MT_T_UNUSED static void mt_t_child_free(mt_t_child *r) {
+  free(r->out), free(r->err), free(r->stats);
+}
 
 /* The child passed: exit 0 and nothing on stdout but "#info" lines (its failed checks otherwise,
  * shown here). */
 MT_T_UNUSED static void mt_t_check_child(const char *name, const mt_t_child *r) {
   int only_info = 1;
-  for (const char *line = r->out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : "")
+  for (const char *line = r->out; line && *line;
+       line = strchr(line, '\n') ? strchr(line, '\n') + 1 : "")
     if (strncmp(line, "#info ", 6))
       only_info = 0;
   if (!only_info || r->status)
-    printf("    child %s (exit %d):\n%s    stderr: %.2000s\n", name, r->status, r->out ? r->out : "",
-           r->err ? r->err : "");
+    printf("    child %s (exit %d):\n%s    stderr: %.2000s\n", name, r->status,
+           r->out ? r->out : "", r->err ? r->err : "");
   CHECKF(r->status == 0 && only_info, "scenario %s failed", name);
 }
 
@@ -205,9 +208,9 @@ static int mt_t_child_main(const char *name, const char *build, int (*load)(cons
 /* "child NAME BUILD": load the fakes from BUILD and run scenario NAME. Otherwise the parent: the
  * paths (MT_BUILD or build; a temporary folder from `tmpl`), then `tests`, then the folder is
  * removed unless a test failed. */
-MT_T_UNUSED static int mt_t_scenario_main(int argc, char **argv, const char *tmpl, const char *routes,
-                                          int (*load)(const char *), const mt_t_scenario *sc,
-                                          size_t n, void (*tests)(void)) {
+MT_T_UNUSED static int mt_t_scenario_main(int argc, char **argv, const char *tmpl,
+                                          const char *routes, int (*load)(const char *),
+                                          const mt_t_scenario *sc, size_t n, void (*tests)(void)) {
   if (argc == 4 && !strcmp(argv[1], "child"))
     return mt_t_child_main(argv[2], argv[3], load, sc, n);
   const char *b = getenv("MT_BUILD") ? getenv("MT_BUILD") : "build";

@@ -15,7 +15,8 @@
 #include "kernels/gemm_args.h"
 #include "tests/harness.h"
 
-static const int shapes[][2] = {{1, 16}, {17, 2048}, {40, 2048}, {64, 768}, {129, 160}, {4096, 2048}, {4133, 7168}};
+static const int shapes[][2] = {{1, 16},    {17, 2048},   {40, 2048},  {64, 768},
+                                {129, 160}, {4096, 2048}, {4133, 7168}};
 #define NSHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 
 static size_t round256(size_t v) { return (v + 255) / 256 * 256; }
@@ -30,7 +31,8 @@ static int holds(int m, int k, size_t act) {
 static void xhat_layout(void) {
   for (int i = 0; i < NSHAPES; i++) {
     int m = shapes[i][0], k = shapes[i][1];
-    CHECKF(mt_gemm_act_bytes(m, k) == (size_t)m * k * 2, "m=%d k=%d: %zu", m, k, mt_gemm_act_bytes(m, k));
+    CHECKF(mt_gemm_act_bytes(m, k) == (size_t)m * k * 2, "m=%d k=%d: %zu", m, k,
+           mt_gemm_act_bytes(m, k));
     CHECK(holds(m, k, (size_t)m * k * 2));
   }
 }
@@ -40,12 +42,13 @@ static void ra_layout_fits(void) {
   for (int i = 0; i < NSHAPES; i++) {
     int m = shapes[i][0], k = shapes[i][1];
     size_t xhat = (size_t)m * k * 2, rec = MT_ACT_REC_BYTES(m, k);
-    CHECKF(mt_gemm_act_bytes(m, k) == (rec > xhat ? rec : xhat), "m=%d k=%d: %zu (records %zu, xhat %zu)", m, k,
-           mt_gemm_act_bytes(m, k), rec, xhat);
+    CHECKF(mt_gemm_act_bytes(m, k) == (rec > xhat ? rec : xhat),
+           "m=%d k=%d: %zu (records %zu, xhat %zu)", m, k, mt_gemm_act_bytes(m, k), rec, xhat);
     CHECK(holds(m, k, rec) && holds(m, k, xhat));
   }
   /* one stage of the ra kernel (128 tokens x 64 columns) is one band's two column pairs */
-  CHECK(MT_ACT_REC_BYTES(128, 64) == MT_LARGE_RA_A_BYTES && MT_ACT_REC_BYTES(1, 1) == MT_LARGE_RA_A_BYTES);
+  CHECK(MT_ACT_REC_BYTES(128, 64) == MT_LARGE_RA_A_BYTES &&
+        MT_ACT_REC_BYTES(1, 1) == MT_LARGE_RA_A_BYTES);
   CHECK(MT_ACT_REC_BYTES(129, 65) == 4 * MT_LARGE_RA_A_BYTES);
 }
 

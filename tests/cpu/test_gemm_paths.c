@@ -63,7 +63,8 @@ static void fragment_copy_only_where_used(void) {
   CHECK(mt_gemm_frag_bytes(4096, 7168) == 0 && mt_gemm_frag_bytes(7168, 2048) == 0);
   CHECK(mt_gemm_frag_bytes(264, 256) == 0); /* n % 16 */
   mt_numerics num = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
-  CHECK(mt_qweight_bytes(7168, 2048, &num) < (size_t)7168 * 2048 * 2 * 13 / 10); /* ~2.56 B an element */
+  CHECK(mt_qweight_bytes(7168, 2048, &num) <
+        (size_t)7168 * 2048 * 2 * 13 / 10); /* ~2.56 B an element */
   CHECK(mt_qweight_bytes(1536, 2048, &num) < (size_t)1536 * 2048 * 2 * 13 / 10);
   CHECK(mt_qweight_bytes(2048, 768, &num) > (size_t)2048 * 768 * 3); /* ~3.19 */
 }
@@ -80,18 +81,27 @@ static const struct {
   int n;
   int want[8][2];
 } tile_shapes[] = {
-    {"qwen3 gate_up", 1536, {{64, 32}, {64, 32}, {64, 32}, {64, 48}, {64, 64}, {128, 96}, {128, 192}, {128, 256}}},
-    {"qwen3 down", 2048, {{64, 32}, {64, 32}, {64, 32}, {64, 64}, {128, 64}, {128, 128}, {128, 256}, {128, 256}}},
-    {"dsv3 gate_up", 4096, {{64, 32}, {64, 32}, {64, 32}, {128, 64}, {128, 96}, {128, 256}, {128, 256}, {128, 256}}},
-    {"dsv3 down", 7168, {{64, 64}, {64, 64}, {64, 64}, {128, 128}, {128, 192}, {128, 256}, {128, 256}, {128, 256}}},
+    {"qwen3 gate_up",
+     1536,
+     {{64, 32}, {64, 32}, {64, 32}, {64, 48}, {64, 64}, {128, 96}, {128, 192}, {128, 256}}},
+    {"qwen3 down",
+     2048,
+     {{64, 32}, {64, 32}, {64, 32}, {64, 64}, {128, 64}, {128, 128}, {128, 256}, {128, 256}}},
+    {"dsv3 gate_up",
+     4096,
+     {{64, 32}, {64, 32}, {64, 32}, {128, 64}, {128, 96}, {128, 256}, {128, 256}, {128, 256}}},
+    {"dsv3 down",
+     7168,
+     {{64, 64}, {64, 64}, {64, 64}, {128, 128}, {128, 192}, {128, 256}, {128, 256}, {128, 256}}},
 };
 
 static void large_tiles_on_the_benchmark_shapes(void) {
   for (size_t s = 0; s < sizeof tile_shapes / sizeof tile_shapes[0]; s++)
     for (int i = 0; i < 8; i++) {
       mt_gemm_tile t = mt_gemm_large_tile(tile_ms[i], tile_shapes[s].n, 132, 0, 0);
-      CHECKF(t.bm == tile_shapes[s].want[i][0] && t.bn == tile_shapes[s].want[i][1], "%s M = %d: %d x %d, want %d x %d",
-             tile_shapes[s].name, tile_ms[i], t.bm, t.bn, tile_shapes[s].want[i][0], tile_shapes[s].want[i][1]);
+      CHECKF(t.bm == tile_shapes[s].want[i][0] && t.bn == tile_shapes[s].want[i][1],
+             "%s M = %d: %d x %d, want %d x %d", tile_shapes[s].name, tile_ms[i], t.bm, t.bn,
+             tile_shapes[s].want[i][0], tile_shapes[s].want[i][1]);
     }
 }
 
@@ -109,7 +119,8 @@ static void kpair_where_the_loop_outlasts_the_ring(void) {
 }
 
 static void large_tiles_exist(void) {
-  static const int ms[] = {1, 7, 64, 65, 200, 513, 3000, 70000}, ns[] = {16, 264, 1536, 4096, 7168, 30000};
+  static const int ms[] = {1, 7, 64, 65, 200, 513, 3000, 70000},
+                   ns[] = {16, 264, 1536, 4096, 7168, 30000};
   static const int sms[] = {1, 78, 132};
   for (int i = 0; i < 8; i++)
     for (int j = 0; j < 6; j++)
@@ -118,7 +129,8 @@ static void large_tiles_exist(void) {
         int ok = t.bm == 128 ? t.bn == 256 || t.bn == 192 || t.bn == 128 || t.bn == 96 || t.bn == 64
                              : t.bm == 64 && (t.bn == 64 || t.bn == 48 || t.bn == 32);
         CHECKF(ok, "M = %d, N = %d, %d SMs: %d x %d", ms[i], ns[j], sms[s], t.bm, t.bn);
-        mt_gemm_tile h = mt_gemm_large_tile(ms[i], ns[j], sms[s], 128, 0), w = mt_gemm_large_tile(ms[i], ns[j], sms[s], 0, 48);
+        mt_gemm_tile h = mt_gemm_large_tile(ms[i], ns[j], sms[s], 128, 0),
+                     w = mt_gemm_large_tile(ms[i], ns[j], sms[s], 0, 48);
         CHECK(h.bm == 128 && w.bm == 64 && w.bn == 48);
       }
   mt_gemm_tile none = mt_gemm_large_tile(256, 1536, 132, 64, 256);

@@ -25,7 +25,6 @@
 #endif
 #endif
 
-
 static int same_bits(float a, float b) { return bits_of(a) == bits_of(b); }
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -116,11 +115,11 @@ static void e2m1_saturation_sign_and_nan(void) {
   CHECK(mt_e2m1_rne_satfinite(INFINITY) == 0x7);
   CHECK(mt_e2m1_rne_satfinite(-INFINITY) == 0xf);
   CHECK(mt_e2m1_rne_satfinite(0.0f) == 0x0);
-  CHECK(mt_e2m1_rne_satfinite(-0.0f) == 0x8);    /* the sign bit of -0 is kept */
-  CHECK(mt_e2m1_rne_satfinite(-1e-30f) == 0x8);  /* a tiny negative rounds to -0 */
-  CHECK(mt_e2m1_rne_satfinite(-0.25f) == 0x8);   /* the tie at -.25 too */
-  CHECK(mt_e2m1_rne_satfinite(NAN) == 0x7);      /* NaN -> +6, as CUDA's host conversion */
-  CHECK(mt_e2m1_rne_satfinite(-NAN) == 0x7);     /* whatever the NaN's sign bit */
+  CHECK(mt_e2m1_rne_satfinite(-0.0f) == 0x8);     /* the sign bit of -0 is kept */
+  CHECK(mt_e2m1_rne_satfinite(-1e-30f) == 0x8);   /* a tiny negative rounds to -0 */
+  CHECK(mt_e2m1_rne_satfinite(-0.25f) == 0x8);    /* the tie at -.25 too */
+  CHECK(mt_e2m1_rne_satfinite(NAN) == 0x7);       /* NaN -> +6, as CUDA's host conversion */
+  CHECK(mt_e2m1_rne_satfinite(-NAN) == 0x7);      /* whatever the NaN's sign bit */
   CHECK(mt_e2m1_rne_satfinite(0x1p-149f) == 0x0); /* smallest FP32 subnormal */
 }
 
@@ -138,14 +137,14 @@ static void e2m1_sweep_against_table(void) {
 static void e4m3_decode(void) {
   CHECK(mt_e4m3_to_float(0x00) == 0.0f && !signbit(mt_e4m3_to_float(0x00)));
   CHECK(mt_e4m3_to_float(0x80) == 0.0f && signbit(mt_e4m3_to_float(0x80)));
-  CHECK(mt_e4m3_to_float(0x01) == 0x1p-9f);       /* smallest subnormal: 1 * 2^-9 */
-  CHECK(mt_e4m3_to_float(0x07) == 7 * 0x1p-9f);   /* largest subnormal */
-  CHECK(mt_e4m3_to_float(0x08) == 0x1p-6f);       /* smallest normal: exponent 1 - 7 */
-  CHECK(mt_e4m3_to_float(0x38) == 1.0f);          /* exponent field 7 is 2^0 */
+  CHECK(mt_e4m3_to_float(0x01) == 0x1p-9f);     /* smallest subnormal: 1 * 2^-9 */
+  CHECK(mt_e4m3_to_float(0x07) == 7 * 0x1p-9f); /* largest subnormal */
+  CHECK(mt_e4m3_to_float(0x08) == 0x1p-6f);     /* smallest normal: exponent 1 - 7 */
+  CHECK(mt_e4m3_to_float(0x38) == 1.0f);        /* exponent field 7 is 2^0 */
   CHECK(mt_e4m3_to_float(0x3a) == 1.25f);
-  CHECK(mt_e4m3_to_float(0x77) == 240.0f);        /* 1.875 * 2^7 */
-  CHECK(mt_e4m3_to_float(0x78) == 256.0f);        /* S.1111.000 is finite ("fn": no Inf) */
-  CHECK(mt_e4m3_to_float(0x7e) == 448.0f);        /* 1.75 * 2^8, the largest */
+  CHECK(mt_e4m3_to_float(0x77) == 240.0f); /* 1.875 * 2^7 */
+  CHECK(mt_e4m3_to_float(0x78) == 256.0f); /* S.1111.000 is finite ("fn": no Inf) */
+  CHECK(mt_e4m3_to_float(0x7e) == 448.0f); /* 1.75 * 2^8, the largest */
   CHECK(mt_e4m3_to_float(0xfe) == -448.0f);
   CHECK(isnan(mt_e4m3_to_float(0x7f)) && isnan(mt_e4m3_to_float(0xff)));
   /* every non-NaN code round-trips, and the finite values ascend with the code */
@@ -158,36 +157,36 @@ static void e4m3_decode(void) {
 
 static void e4m3_rounding_cases(void) {
   /* subnormals: the quantum is 2^-9; a tie between n and n+1 quanta goes to the even n */
-  CHECK(mt_e4m3_rne_satfinite(0x1p-10f) == 0x00);                        /* 0.5 q: tie -> 0 */
-  CHECK(mt_e4m3_rne_satfinite(nextafterf(0x1p-10f, 1.0f)) == 0x01);      /* just above -> 1 q */
-  CHECK(mt_e4m3_rne_satfinite(3 * 0x1p-10f) == 0x02);                    /* 1.5 q -> 2 q */
-  CHECK(mt_e4m3_rne_satfinite(5 * 0x1p-10f) == 0x02);                    /* 2.5 q -> 2 q */
-  CHECK(mt_e4m3_rne_satfinite(7 * 0x1p-10f) == 0x04);                    /* 3.5 q -> 4 q */
-  CHECK(mt_e4m3_rne_satfinite(13 * 0x1p-10f) == 0x06);                   /* 6.5 q -> 6 q */
-  CHECK(mt_e4m3_rne_satfinite(15 * 0x1p-10f) == 0x08);   /* 7.5 q -> 8 q = 2^-6, smallest normal */
+  CHECK(mt_e4m3_rne_satfinite(0x1p-10f) == 0x00);                   /* 0.5 q: tie -> 0 */
+  CHECK(mt_e4m3_rne_satfinite(nextafterf(0x1p-10f, 1.0f)) == 0x01); /* just above -> 1 q */
+  CHECK(mt_e4m3_rne_satfinite(3 * 0x1p-10f) == 0x02);               /* 1.5 q -> 2 q */
+  CHECK(mt_e4m3_rne_satfinite(5 * 0x1p-10f) == 0x02);               /* 2.5 q -> 2 q */
+  CHECK(mt_e4m3_rne_satfinite(7 * 0x1p-10f) == 0x04);               /* 3.5 q -> 4 q */
+  CHECK(mt_e4m3_rne_satfinite(13 * 0x1p-10f) == 0x06);              /* 6.5 q -> 6 q */
+  CHECK(mt_e4m3_rne_satfinite(15 * 0x1p-10f) == 0x08); /* 7.5 q -> 8 q = 2^-6, smallest normal */
   CHECK(mt_e4m3_rne_satfinite(nextafterf(15 * 0x1p-10f, 0.0f)) == 0x07);
   CHECK(mt_e4m3_rne_satfinite(0x1p-6f) == 0x08);
   CHECK(mt_e4m3_rne_satfinite(1e-30f) == 0x00);
-  CHECK(mt_e4m3_rne_satfinite(-1e-30f) == 0x80);  /* sign kept on underflow */
+  CHECK(mt_e4m3_rne_satfinite(-1e-30f) == 0x80); /* sign kept on underflow */
   CHECK(mt_e4m3_rne_satfinite(-0.0f) == 0x80);
   /* normals: in [1, 2) the quantum is 1/8 */
-  CHECK(mt_e4m3_rne_satfinite(1.0625f) == 0x38);  /* tie 1.0 (m=0) | 1.125 (m=1) -> 1.0 */
-  CHECK(mt_e4m3_rne_satfinite(1.1875f) == 0x3a);  /* 1.125 (m=1) vs 1.25 (m=2) -> 1.25 */
+  CHECK(mt_e4m3_rne_satfinite(1.0625f) == 0x38); /* tie 1.0 (m=0) | 1.125 (m=1) -> 1.0 */
+  CHECK(mt_e4m3_rne_satfinite(1.1875f) == 0x3a); /* 1.125 (m=1) vs 1.25 (m=2) -> 1.25 */
   CHECK(mt_e4m3_rne_satfinite(nextafterf(1.0625f, 2.0f)) == 0x39);
-  CHECK(mt_e4m3_rne_satfinite(1.9375f) == 0x40);  /* 1.875 vs 2.0 -> 2.0, carry into the exponent */
-  CHECK(mt_e4m3_rne_satfinite(248.0f) == 0x78);   /* 240 vs 256 -> 256 (m=0) */
+  CHECK(mt_e4m3_rne_satfinite(1.9375f) == 0x40); /* 1.875 vs 2.0 -> 2.0, carry into the exponent */
+  CHECK(mt_e4m3_rne_satfinite(248.0f) == 0x78);  /* 240 vs 256 -> 256 (m=0) */
   /* saturation: in [256, 448] the quantum is 32; 448 is 1.75 * 2^8, the largest */
-  CHECK(mt_e4m3_rne_satfinite(432.0f) == 0x7e);   /* 416 (m=5) vs 448 (m=6) -> 448 */
+  CHECK(mt_e4m3_rne_satfinite(432.0f) == 0x7e); /* 416 (m=5) vs 448 (m=6) -> 448 */
   CHECK(mt_e4m3_rne_satfinite(448.0f) == 0x7e);
   CHECK(mt_e4m3_rne_satfinite(nextafterf(448.0f, 1e9f)) == 0x7e);
-  CHECK(mt_e4m3_rne_satfinite(464.0f) == 0x7e);   /* would round to 480 = the NaN slot: saturate */
+  CHECK(mt_e4m3_rne_satfinite(464.0f) == 0x7e); /* would round to 480 = the NaN slot: saturate */
   CHECK(mt_e4m3_rne_satfinite(500.0f) == 0x7e);
   CHECK(mt_e4m3_rne_satfinite(FLT_MAX) == 0x7e);
   CHECK(mt_e4m3_rne_satfinite(INFINITY) == 0x7e); /* satfinite: Inf -> the largest finite */
   CHECK(mt_e4m3_rne_satfinite(-INFINITY) == 0xfe);
   CHECK(mt_e4m3_rne_satfinite(-1000.0f) == 0xfe);
   CHECK(mt_e4m3_rne_satfinite(NAN) == 0x7f);
-  CHECK(mt_e4m3_rne_satfinite(-NAN) == 0x7f);     /* the canonical NaN, whatever the sign */
+  CHECK(mt_e4m3_rne_satfinite(-NAN) == 0x7f); /* the canonical NaN, whatever the sign */
 }
 
 static void e4m3_sweep_against_table(void) {
@@ -253,7 +252,7 @@ static void bf16_conversions(void) {
   CHECK(mt_float_to_bf16(FLT_MAX) == 0x7f80);              /* rounds past the largest BF16: Inf */
   CHECK(mt_float_to_bf16(float_of(0x7f800001)) != 0x7f80); /* payload only in dropped bits */
   CHECK(isnan(mt_bf16_to_float(mt_float_to_bf16(float_of(0xff800001)))));
-  CHECK(mt_float_to_bf16(float_of(0xff800001)) & 0x8000);   /* NaN sign kept */
+  CHECK(mt_float_to_bf16(float_of(0xff800001)) & 0x8000); /* NaN sign kept */
   CHECK(mt_float_to_bf16(-0.0f) == 0x8000);
 }
 
@@ -269,14 +268,14 @@ static void fp16_conversions(void) {
   CHECK(mt_fp16_to_float(0x0001) == 0x1p-24f); /* smallest subnormal */
   CHECK(mt_fp16_to_float(0x7bff) == 65504.0f);
   CHECK(mt_fp16_to_float(0x7c00) == INFINITY);
-  CHECK(mt_float_to_fp16(0x1p-25f) == 0x0000);          /* half a quantum: tie -> 0 */
-  CHECK(mt_float_to_fp16(3 * 0x1p-25f) == 0x0002);      /* 1.5 quanta -> 2 */
+  CHECK(mt_float_to_fp16(0x1p-25f) == 0x0000);            /* half a quantum: tie -> 0 */
+  CHECK(mt_float_to_fp16(3 * 0x1p-25f) == 0x0002);        /* 1.5 quanta -> 2 */
   CHECK(mt_float_to_fp16(0x1p-14f - 0x1p-25f) == 0x0400); /* 1023.5 quanta -> smallest normal */
   CHECK(mt_float_to_fp16(65519.0f) == 0x7bff);
-  CHECK(mt_float_to_fp16(65520.0f) == 0x7c00);  /* the midpoint to 2^16 rounds to even: Inf */
+  CHECK(mt_float_to_fp16(65520.0f) == 0x7c00); /* the midpoint to 2^16 rounds to even: Inf */
   CHECK(mt_float_to_fp16(1e30f) == 0x7c00);
   CHECK(mt_float_to_fp16(-INFINITY) == 0xfc00);
-  CHECK(mt_float_to_fp16(1.0f + 0x1p-11f) == 0x3c00); /* tie, even: down */
+  CHECK(mt_float_to_fp16(1.0f + 0x1p-11f) == 0x3c00);     /* tie, even: down */
   CHECK(mt_float_to_fp16(1.0f + 3 * 0x1p-11f) == 0x3c02); /* tie, odd: up */
 #ifdef __FLT16_MAX__
   /* the compiler's own _Float16 conversion (libgcc / F16C) over a strided sweep */
@@ -297,14 +296,14 @@ static void fp16_conversions(void) {
 /* ---- the outer scale -------------------------------------------------------------------- */
 
 static void outer_scale_cases(void) {
-  CHECK(mt_nvfp4_outer_scale(0.0f) == 1.0f);      /* an all-zero domain */
-  CHECK(mt_nvfp4_outer_scale(2688.0f) == 1.0f);   /* 448 * 6 / 2688 */
+  CHECK(mt_nvfp4_outer_scale(0.0f) == 1.0f);    /* an all-zero domain */
+  CHECK(mt_nvfp4_outer_scale(2688.0f) == 1.0f); /* 448 * 6 / 2688 */
   CHECK(mt_nvfp4_outer_scale(1.0f) == 2688.0f);
   CHECK(mt_nvfp4_outer_scale(6.0f) == 448.0f);
   CHECK(mt_nvfp4_outer_scale(3.0f) == 896.0f);
   CHECK(same_bits(mt_nvfp4_outer_scale(7.0f), 2688.0f / 7.0f)); /* one FP32 division */
-  CHECK(mt_nvfp4_outer_scale(1e-38f) == FLT_MAX); /* 2688 / 1e-38 overflows: clamped */
-  CHECK(mt_nvfp4_outer_scale(7.9e-36f) < FLT_MAX); /* 2688/7.9e-36 = 3.4025e38: still finite */
+  CHECK(mt_nvfp4_outer_scale(1e-38f) == FLT_MAX);   /* 2688 / 1e-38 overflows: clamped */
+  CHECK(mt_nvfp4_outer_scale(7.9e-36f) < FLT_MAX);  /* 2688/7.9e-36 = 3.4025e38: still finite */
   CHECK(mt_nvfp4_outer_scale(7.8e-36f) == FLT_MAX); /* 3.446e38 overflows: clamped */
   CHECK(isnan(mt_nvfp4_outer_scale(INFINITY)));
   CHECK(isnan(mt_nvfp4_outer_scale(NAN)));
@@ -617,10 +616,10 @@ static void quantize_row_stride(void) {
 
 static void alloc_rejects_bad_shapes(void) {
   mt_nvfp4 q;
-  CHECK(mt_nvfp4_alloc(&q, 16, 24, MT_SCALE_ROW, MT_WBLOCK_1X16) == -1);   /* K % 16 */
+  CHECK(mt_nvfp4_alloc(&q, 16, 24, MT_SCALE_ROW, MT_WBLOCK_1X16) == -1); /* K % 16 */
   CHECK(mt_nvfp4_alloc(&q, 0, 16, MT_SCALE_ROW, MT_WBLOCK_1X16) == -1);
   CHECK(mt_nvfp4_alloc(&q, -16, 16, MT_SCALE_ROW, MT_WBLOCK_1X16) == -1);
-  CHECK(mt_nvfp4_alloc(&q, 16, 16, MT_SCALE_ROW, MT_WBLOCK_16X16) == -1);  /* tiles need tensor S */
+  CHECK(mt_nvfp4_alloc(&q, 16, 16, MT_SCALE_ROW, MT_WBLOCK_16X16) == -1); /* tiles need tensor S */
   CHECK(mt_nvfp4_alloc(&q, 24, 16, MT_SCALE_TENSOR, MT_WBLOCK_16X16) == -1); /* rows % 16 */
   CHECK(q.codes == NULL && q.scales == NULL && q.outer == NULL);
   CHECK(mt_nvfp4_alloc(NULL, 16, 16, MT_SCALE_ROW, MT_WBLOCK_1X16) == -1);
@@ -690,7 +689,8 @@ static void gemm_against_direct(void) {
     enum mt_scale outer;
     enum mt_wblock block;
     int rows;
-  } kinds[] = {{MT_SCALE_TENSOR, MT_WBLOCK_1X16, GN}, {MT_SCALE_ROW, MT_WBLOCK_1X16, GN},
+  } kinds[] = {{MT_SCALE_TENSOR, MT_WBLOCK_1X16, GN},
+               {MT_SCALE_ROW, MT_WBLOCK_1X16, GN},
                {MT_SCALE_TENSOR, MT_WBLOCK_16X16, 16}};
   for (size_t kind = 0; kind < 3; kind++) {
     float xa[GM * GK], c[GM * 16], bias[16];

@@ -16,7 +16,6 @@
 #include "tests/cpu/floatbits.h"
 #include "tests/harness.h"
 
-
 static float fma_sat(float a, float b, float c) {
   float r = fmaf(a, b, c);
   return r > 0.0f ? (r < 1.0f ? r : 1.0f) : 0.0f; /* NaN -> 0, as PTX's .sat */
@@ -82,8 +81,8 @@ static void record_words(const uint32_t w0[8], const uint32_t w1[8], float c0, f
 
 /* The words as the kernels built them before: reference codes packed as mt_q::encode_block does,
  * then quant.cu's record_words_of_codes. */
-static void record_words_ref(const uint32_t w0[8], const uint32_t w1[8], float c0, float c1, int fp16,
-                             uint32_t word[4]) {
+static void record_words_ref(const uint32_t w0[8], const uint32_t w1[8], float c0, float c1,
+                             int fp16, uint32_t word[4]) {
   uint32_t cd[2][2] = {{0, 0}, {0, 0}};
   for (int blk = 0; blk < 2; blk++)
     for (int i = 0; i < 8; i++) {
@@ -111,9 +110,10 @@ static void magnitude_codes(void) {
   for (uint64_t u = 0; u <= 0x7f800000u; u += step)
     if (!mag_ok((uint32_t)u) && bad++ == 0)
       first_bad = (uint32_t)u;
-  static const float edges[] = {0.25f, 0.5f,  0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f,
-                                4.0f,  5.0f,  6.0f,  7.0f, 8.0f,  16.0f, 0x1p22f, 0x1p23f, 0x1p24f, 0x1p-126f,
-                                0x1p-149f, 3.4028234e38f};
+  static const float edges[] = {0.25f,   0.5f,    0.75f,     1.0f,      1.25f,        1.5f,
+                                1.75f,   2.0f,    2.5f,      3.0f,      3.5f,         4.0f,
+                                5.0f,    6.0f,    7.0f,      8.0f,      16.0f,        0x1p22f,
+                                0x1p23f, 0x1p24f, 0x1p-126f, 0x1p-149f, 3.4028234e38f};
   for (size_t e = 0; e < sizeof edges / sizeof edges[0]; e++) {
     int64_t c = bits_of(edges[e]);
     for (int64_t u = c - 65536; u <= c + 65536; u++)

@@ -147,14 +147,15 @@ static const char *trace(int from) {
                                e->pdl ? "+pdl" : "", e->result ? "!fail" : "");
       break;
     case FAKE_EV_ALLOC:
-      used += (size_t)snprintf(s + used, sizeof s - used, "%salloc%s", sep, e->result ? "!fail" : "");
+      used +=
+          (size_t)snprintf(s + used, sizeof s - used, "%salloc%s", sep, e->result ? "!fail" : "");
       break;
     case FAKE_EV_MEMSET:
       used += (size_t)snprintf(s + used, sizeof s - used, "%smemset%zu", sep, e->bytes);
       break;
     default: {
       static const char *const words[] = {
-          [FAKE_EV_FREE] = "free", [FAKE_EV_DTOH] = "dtoh", [FAKE_EV_HTOD] = "htod",
+          [FAKE_EV_FREE] = "free", [FAKE_EV_DTOH] = "dtoh",        [FAKE_EV_HTOD] = "htod",
           [FAKE_EV_SYNC] = "sync", [FAKE_EV_CTX_SYNC] = "ctxsync", [FAKE_EV_LOAD] = "load",
           [FAKE_EV_TMAP] = "tmap", [FAKE_EV_SETATTR] = "smem"};
       used += (size_t)snprintf(s + used, sizeof s - used, "%s%s", sep, words[e->kind]);
@@ -167,7 +168,7 @@ static const char *trace(int from) {
 #define CHECK_TRACE(from, want)                                                                    \
   do {                                                                                             \
     const char *got_ = trace(from);                                                                \
-    CHECKF(!strcmp(got_, want), "\n      got  %s\n      want %s", got_, want);                    \
+    CHECKF(!strcmp(got_, want), "\n      got  %s\n      want %s", got_, want);                     \
   } while (0)
 
 /* Every stream-ordered event since `from` is on `s`. */
@@ -206,7 +207,8 @@ typedef struct {
 
 static map_counts maps_between(int from, int to, int rank) {
   map_counts c = {0, 0, 0};
-  for (int i = find_kind(from, FAKE_EV_TMAP, 0); i >= 0 && i < to; i = find_kind(i + 1, FAKE_EV_TMAP, 0)) {
+  for (int i = find_kind(from, FAKE_EV_TMAP, 0); i >= 0 && i < to;
+       i = find_kind(i + 1, FAKE_EV_TMAP, 0)) {
     c.maps++;
     c.of_rank += event(i)->value == rank && event(i)->result == CUDA_SUCCESS;
     c.refused += event(i)->result == CUDA_ERROR_NOT_SUPPORTED;
@@ -258,8 +260,8 @@ static cublasStatus_t gemm(const problem *p, CUstream s, const float *beta) {
 /* What the fake cuBLAS computes for p without the shim, from the output as it is now. */
 static uint16_t *reference(const problem *p, const float *beta) {
   uint16_t *y = copy_of(p->y, (size_t)p->ldc * p->tokens);
-  fake_gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, p->out, p->tokens, p->k, &one, p->w, CUDA_R_16BF, p->k,
-            p->x, CUDA_R_16BF, p->k, beta, y, CUDA_R_16BF, p->ldc, CUBLAS_COMPUTE_32F,
+  fake_gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, p->out, p->tokens, p->k, &one, p->w, CUDA_R_16BF,
+            p->k, p->x, CUDA_R_16BF, p->k, beta, y, CUDA_R_16BF, p->ldc, CUBLAS_COMPUTE_32F,
             CUBLAS_GEMM_DEFAULT);
   return y;
 }
@@ -312,8 +314,8 @@ static const mt_epilogue_args *epilogue_of(int i) {
 /* The weight quantization (per-tensor S: amax then quant), the packing, the activations' and the
  * large path's GEMM of one call starting at `from`: operands, shapes and device memory. only_if:
  * the frozen entry's dirty word, or NULL under requantize. */
-static void check_call_args(int from, const problem *p, const void *c, const void *bias,
-                            float beta, const uint32_t *only_if) {
+static void check_call_args(int from, const problem *p, const void *c, const void *bias, float beta,
+                            const uint32_t *only_if) {
   int amax = find_launch(from, "mt_quant_amax_bf16", 0);
   int wq = find_launch(from, "mt_quant_tensor_bf16", 0);
   int pack = find_launch(from, "mt_gemm_pack", 0);
@@ -328,7 +330,8 @@ static void check_call_args(int from, const problem *p, const void *c, const voi
   CHECK(am->x == p->w && am->amax == w->amax && am->only_if == only_if);
   CHECKF(w->only_if == only_if, "weight quantization reads %p, want %p", (void *)w->only_if,
          (void *)only_if);
-  CHECK(is_device(w->xhat, (size_t)p->out * IN * 2) && is_device(w->codes, (size_t)p->out * IN / 2) &&
+  CHECK(is_device(w->xhat, (size_t)p->out * IN * 2) &&
+        is_device(w->codes, (size_t)p->out * IN / 2) &&
         is_device(w->scales, (size_t)p->out * IN / 16) && is_device(w->outer, 8));
   /* the amax word zeroed before the amax pass is the one it builds */
   int ms = find_kind(from, FAKE_EV_MEMSET, 0);
@@ -355,12 +358,14 @@ static void check_call_args(int from, const problem *p, const void *c, const voi
   const mt_large_args *la = (const mt_large_args *)event(g)->args;
   int band = strstr(event(g)->name, "_m64") ? 64 : MT_LARGE_BM;
   int last = p->tokens - (p->tokens - 1) / band * band, want = (last + 7) / 8 * 8;
-  CHECKF(la->last_rows == want, "last band's box of %d rows for %d tokens, want %d", la->last_rows, p->tokens, want);
+  CHECKF(la->last_rows == want, "last band's box of %d rows for %d tokens, want %d", la->last_rows,
+         p->tokens, want);
   /* at k = IN the K loop fits the 64-token tiles' ring, so a box holds one K block (the maps of
    * rank 2, not mt_gemm_large_m64p_*; scenario_kpair has the other case) */
   CHECKF(!strstr(event(g)->name, "_m64p_"), "%s at k = %d", event(g)->name, IN);
   map_counts mc = maps_between(aq, g, 2);
-  CHECKF(mc.maps >= 2 && mc.of_rank == mc.maps, "%d maps before the GEMM, %d of rank 2 encoded", mc.maps, mc.of_rank);
+  CHECKF(mc.maps >= 2 && mc.of_rank == mc.maps, "%d maps before the GEMM, %d of rank 2 encoded",
+         mc.maps, mc.of_rank);
 }
 
 /* --- scenarios -------------------------------------------------------------------------- */
@@ -377,8 +382,8 @@ static void scenario_requantize(void) {
   problem p = make(OUT, 8, OUT);
   int t = now();
   expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack "
-                 FEW_CALL_FIRST);
+  CHECK_TRACE(t, "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load "
+                 "mt_gemm_pack " FEW_CALL_FIRST);
   CHECK(all_on(t, S1));
   check_call_args(t, &p, p.y, NULL, 0.0f, NULL);
   long first_bytes = device_bytes();
@@ -442,9 +447,12 @@ static void scenario_requantize(void) {
 /* cublasLtMatmul, with and without the BIAS epilogue; C and D separate. */
 static void lt_call(const problem *p, const uint16_t *c, const void *bias, int bias_type,
                     const float *beta) {
-  __typeof__(&cublasLtMatmulDescCreate) desc_create = (__typeof__(desc_create))dlsym(lib_lt, "cublasLtMatmulDescCreate");
-  __typeof__(&cublasLtMatmulDescSetAttribute) desc_set = (__typeof__(desc_set))dlsym(lib_lt, "cublasLtMatmulDescSetAttribute");
-  __typeof__(&cublasLtMatrixLayoutCreate) layout_create = (__typeof__(layout_create))dlsym(lib_lt, "cublasLtMatrixLayoutCreate");
+  __typeof__(&cublasLtMatmulDescCreate) desc_create =
+      (__typeof__(desc_create))dlsym(lib_lt, "cublasLtMatmulDescCreate");
+  __typeof__(&cublasLtMatmulDescSetAttribute) desc_set =
+      (__typeof__(desc_set))dlsym(lib_lt, "cublasLtMatmulDescSetAttribute");
+  __typeof__(&cublasLtMatrixLayoutCreate) layout_create =
+      (__typeof__(layout_create))dlsym(lib_lt, "cublasLtMatrixLayoutCreate");
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t la, lb, lc;
   desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
@@ -464,7 +472,8 @@ static void lt_call(const problem *p, const uint16_t *c, const void *bias, int b
   CHECK(hook_lt(lt_handle, desc, &one, p->w, la, p->x, lb, beta, c, lc, p->y, lc, NULL, workspace,
                 sizeof workspace, (cudaStream_t)S1) == CUBLAS_STATUS_SUCCESS);
   ((__typeof__(&cublasLtMatmulDescDestroy))dlsym(lib_lt, "cublasLtMatmulDescDestroy"))(desc);
-  __typeof__(&cublasLtMatrixLayoutDestroy) layout_destroy = (__typeof__(layout_destroy))dlsym(lib_lt, "cublasLtMatrixLayoutDestroy");
+  __typeof__(&cublasLtMatrixLayoutDestroy) layout_destroy =
+      (__typeof__(layout_destroy))dlsym(lib_lt, "cublasLtMatrixLayoutDestroy");
   layout_destroy(la), layout_destroy(lb), layout_destroy(lc);
 }
 
@@ -477,8 +486,8 @@ static void scenario_lt(void) {
   long calls = lt_calls();
   int t = now();
   lt_call(&p, c, NULL, -1, &zero);
-  CHECK_TRACE(t, "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack "
-                 FEW_CALL_FIRST);
+  CHECK_TRACE(t, "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load "
+                 "mt_gemm_pack " FEW_CALL_FIRST);
   check_call_args(t, &p, c, NULL, 0.0f, NULL);
   t = now();
   lt_call(&p, c, bias, -1, &half);
@@ -584,8 +593,8 @@ static void scenario_capture_module(void) {
   set_capturing(S1, 0);
   t = now();
   expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, "load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack "
-                 FEW_CALL_FIRST);
+  CHECK_TRACE(
+      t, "load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack " FEW_CALL_FIRST);
   check_driver_clean();
   unmake(&p);
 }
@@ -632,7 +641,8 @@ static void scenario_launch_fail(void) {
   problem p = make(OUT, 8, OUT);
   int t = now();
   expect_fallback(&p, S1, &half);
-  CHECKF(find_launch(t, "mt_gemm_large_m64_n32", 0) >= 0 && event(find_launch(t, "mt_gemm_large_m64_n32", 0))->result,
+  CHECKF(find_launch(t, "mt_gemm_large_m64_n32", 0) >= 0 &&
+             event(find_launch(t, "mt_gemm_large_m64_n32", 0))->result,
          "%s", trace(t));
   expect_routed(&p, S1, &zero);
   fail_launch("mt_gemm_large_m64_n32", 1);
@@ -735,8 +745,10 @@ static void scenario_strided(void) {
                      sw, x, CUDA_R_16BF, IN, sx, &zero, y, CUDA_R_16BF, OUT, sy, BATCH,
                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
   CHECK(cublas_calls() == calls);
-  CHECK_TRACE(t, "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack "
-                 FEW_CALL_FIRST " " WEIGHT_QUANT " " FEW_CALL " " WEIGHT_QUANT " " FEW_CALL);
+  CHECK_TRACE(
+      t,
+      "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack " FEW_CALL_FIRST
+      " " WEIGHT_QUANT " " FEW_CALL " " WEIGHT_QUANT " " FEW_CALL);
   for (int i = 0; i < BATCH; i++) {
     problem pi = {OUT, tokens, w + i * sw, x + i * sx, y + i * sy, OUT, IN};
     int from = i ? find_launch(t, "mt_gemm_large_", i - 1) + 1 : t;
@@ -774,8 +786,8 @@ static void scenario_arrays(void) {
   CHECK(cublas_calls() == calls);
   /* the three pointer arrays read back, the stream synchronised, then a GEMM per problem */
   CHECK_TRACE(t, "dtoh dtoh dtoh sync alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 "
-                 "load mt_gemm_pack " FEW_CALL_FIRST " " WEIGHT_QUANT " " FEW_CALL " "
-                 WEIGHT_QUANT " " FEW_CALL);
+                 "load mt_gemm_pack " FEW_CALL_FIRST " " WEIGHT_QUANT " " FEW_CALL " " WEIGHT_QUANT
+                 " " FEW_CALL);
   CHECK(all_on(t, S1));
   for (int i = 0; i < BATCH; i++) {
     int from = i ? find_launch(t, "mt_gemm_large_", i - 1) + 1 : t;
@@ -786,18 +798,20 @@ static void scenario_arrays(void) {
    * scratch's headroom takes them without growing) */
   problem g1[2] = {make(OUT, 72, OUT), make(OUT, 72, OUT)};
   cublasOperation_t ta[2] = {CUBLAS_OP_T, CUBLAS_OP_T}, tb[2] = {CUBLAS_OP_N, CUBLAS_OP_N};
-  int m[2] = {OUT, OUT}, n[2] = {tokens, 72}, k[2] = {IN, IN}, ld[2] = {IN, IN}, ldc[2] = {OUT, OUT};
+  int m[2] = {OUT, OUT}, n[2] = {tokens, 72}, k[2] = {IN, IN}, ld[2] = {IN, IN},
+      ldc[2] = {OUT, OUT};
   int size[2] = {1, 2};
   float alpha[2] = {1.0f, 1.0f}, beta[2] = {0.0f, 0.0f};
   const void *ga[3] = {p[0].w, g1[0].w, g1[1].w}, *gb[3] = {p[0].x, g1[0].x, g1[1].x};
   void *gc[3] = {p[0].y, g1[0].y, g1[1].y};
   t = now();
-  CHECK(hook_grouped(handle, ta, tb, m, n, k, alpha, ga, CUDA_R_16BF, ld, gb, CUDA_R_16BF, ld,
-                     beta, gc, CUDA_R_16BF, ldc, 2, size, CUBLAS_COMPUTE_32F) == CUBLAS_STATUS_SUCCESS);
+  CHECK(hook_grouped(handle, ta, tb, m, n, k, alpha, ga, CUDA_R_16BF, ld, gb, CUDA_R_16BF, ld, beta,
+                     gc, CUDA_R_16BF, ldc, 2, size, CUBLAS_COMPUTE_32F) == CUBLAS_STATUS_SUCCESS);
   CHECK(cublas_calls() == calls);
-  CHECK_TRACE(t, "dtoh dtoh dtoh sync " WEIGHT_QUANT " " FEW_CALL " " WEIGHT_QUANT
-                 " mt_quant_row_bf16_nb1 tmap tmap tmap mt_gemm_large_m64_n32+pdl " WEIGHT_QUANT
-                 " mt_quant_row_bf16_nb1 tmap tmap tmap mt_gemm_large_m64_n32+pdl"); /* 72 tokens: bands of
+  CHECK_TRACE(
+      t, "dtoh dtoh dtoh sync " WEIGHT_QUANT " " FEW_CALL " " WEIGHT_QUANT
+         " mt_quant_row_bf16_nb1 tmap tmap tmap mt_gemm_large_m64_n32+pdl " WEIGHT_QUANT
+         " mt_quant_row_bf16_nb1 tmap tmap tmap mt_gemm_large_m64_n32+pdl"); /* 72 tokens: bands of
                                                                                    64 and 8 */
   check_call_args(find_launch(t, "mt_gemm_large_", 0) + 1, &g1[0], g1[0].y, NULL, 0.0f, NULL);
   check_call_args(find_launch(t, "mt_gemm_large_", 1) + 1, &g1[1], g1[1].y, NULL, 0.0f, NULL);
@@ -852,8 +866,8 @@ static void scenario_grouped_beta_partial(void) {
   const void *ga[2] = {p[0].w, p[1].w}, *gb[2] = {p[0].x, p[1].x};
   void *gc[2] = {p[0].y, p[1].y};
   set_stream(S1);
-  CHECK(hook_grouped(handle, ta, tb, m, n, k, alpha, ga, CUDA_R_16BF, ld, gb, CUDA_R_16BF, ld,
-                     beta, gc, CUDA_R_16BF, ldc, 2, size, CUBLAS_COMPUTE_32F) == CUBLAS_STATUS_SUCCESS);
+  CHECK(hook_grouped(handle, ta, tb, m, n, k, alpha, ga, CUDA_R_16BF, ld, gb, CUDA_R_16BF, ld, beta,
+                     gc, CUDA_R_16BF, ldc, 2, size, CUBLAS_COMPUTE_32F) == CUBLAS_STATUS_SUCCESS);
   CHECKF(!memcmp(p[0].y, want[0], (size_t)OUT * tokens * 2),
          "problem 0: cuBLAS recomputed it from an output the engine had overwritten");
   CHECK(!memcmp(p[1].y, want[1], (size_t)OUT * tokens * 2));
@@ -936,8 +950,8 @@ static long json_int(const char *s, const char *key) { return mt_t_json_int_in(s
 /* The summary's routed calls and fallbacks: `reasons` is "name=N" strings, NULL-terminated;
  * every other reason must be absent. */
 static void check_counts(const mt_t_child *r, long routed, const char *const reasons[]) {
-  static const char *const all[] = {"capture", "out of memory", "engine error", "no engine",
-                                    "layout", "dtype", NULL};
+  static const char *const all[] = {
+      "capture", "out of memory", "engine error", "no engine", "layout", "dtype", NULL};
   CHECKF(r->summary, "no summary record");
   if (!r->summary)
     return;
@@ -961,8 +975,9 @@ static void requantize_kernels_in_order(void) {
   CHECKF(r.err && !r.err[0], "stderr: %s", r.err);
   CHECK(r.summary && strstr(r.summary, "\"engine\": {\"weight_cache\": \"requantize\""));
   CHECKF(json_int(r.summary, "device_bytes") == mt_t_info(&r, "device_bytes") &&
-         mt_t_info(&r, "device_bytes") > 0, "device_bytes %ld, the fake holds %ld",
-         json_int(r.summary, "device_bytes"), mt_t_info(&r, "device_bytes"));
+             mt_t_info(&r, "device_bytes") > 0,
+         "device_bytes %ld, the fake holds %ld", json_int(r.summary, "device_bytes"),
+         mt_t_info(&r, "device_bytes"));
   CHECK(json_int(r.summary, "frozen_weights") == 0 && json_int(r.summary, "cache_full") == 0);
   mt_t_child_free(&r);
 }
@@ -984,8 +999,9 @@ static void frozen_entries_and_cache_full(void) {
   CHECK(r.summary && strstr(r.summary, "\"engine\": {\"weight_cache\": \"frozen\""));
   CHECKF(json_int(r.summary, "frozen_weights") == 2, "%ld", json_int(r.summary, "frozen_weights"));
   CHECKF(json_int(r.summary, "cache_full") == 2, "%ld", json_int(r.summary, "cache_full"));
-  CHECKF(json_int(r.summary, "device_bytes") == mt_t_info(&r, "device_bytes"), "%ld, the fake holds %ld",
-         json_int(r.summary, "device_bytes"), mt_t_info(&r, "device_bytes"));
+  CHECKF(json_int(r.summary, "device_bytes") == mt_t_info(&r, "device_bytes"),
+         "%ld, the fake holds %ld", json_int(r.summary, "device_bytes"),
+         mt_t_info(&r, "device_bytes"));
   mt_t_child_free(&r);
 }
 
@@ -1027,7 +1043,8 @@ static void out_of_memory_warns_once(void) {
   mt_t_check_child("oom", &r);
   const char *reasons[] = {"out of memory=2", NULL};
   check_counts(&r, 1, reasons);
-  CHECKF(mt_t_count_of(r.err, " minite WARN ") == 1 && strstr(r.err, "out of memory"), "stderr: %s", r.err);
+  CHECKF(mt_t_count_of(r.err, " minite WARN ") == 1 && strstr(r.err, "out of memory"), "stderr: %s",
+         r.err);
   mt_t_child_free(&r);
 }
 
@@ -1038,7 +1055,8 @@ static void launch_failure_is_engine_error(void) {
   mt_t_check_child("launch_fail", &r);
   const char *reasons[] = {"engine error=2", NULL};
   check_counts(&r, 1, reasons);
-  CHECKF(mt_t_count_of(r.err, " minite WARN ") == 1 && strstr(r.err, "CUDA error"), "stderr: %s", r.err);
+  CHECKF(mt_t_count_of(r.err, " minite WARN ") == 1 && strstr(r.err, "CUDA error"), "stderr: %s",
+         r.err);
   mt_t_child_free(&r);
 }
 
@@ -1102,7 +1120,8 @@ static void weight_quantization_failure_warns(void) {
   mt_t_check_child("weight_quant_fail", &r);
   const char *reasons[] = {"engine error=1", NULL};
   check_counts(&r, 1, reasons);
-  CHECKF(mt_t_count_of(r.err, " minite WARN ") == 1, "no warning for an engine error; stderr: %s", r.err);
+  CHECKF(mt_t_count_of(r.err, " minite WARN ") == 1, "no warning for an engine error; stderr: %s",
+         r.err);
   mt_t_child_free(&r);
 }
 

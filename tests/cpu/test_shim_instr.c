@@ -99,8 +99,8 @@ static const char *trace(int from) {
     int engine = e->kind == FAKE_EV_LAUNCH && strncmp(e->name, "mt_instr_", 9);
     if (engine || (e->kind == FAKE_EV_MEMSET && e->bytes == 4) || e->kind == FAKE_EV_TMAP ||
         e->kind == FAKE_EV_SETATTR) {
-      if (engine && (!strncmp(e->name, "mt_gemm_small", 13) ||
-                     !strncmp(e->name, "mt_gemm_large", 13))) {
+      if (engine &&
+          (!strncmp(e->name, "mt_gemm_small", 13) || !strncmp(e->name, "mt_gemm_large", 13))) {
         w = "gemm";
       } else {
         continue;
@@ -109,16 +109,35 @@ static const char *trace(int from) {
       w = e->name + 9; /* digest, shadow, probe, finish */
     } else {
       switch (e->kind) {
-      case FAKE_EV_ALLOC: w = "alloc"; break;
-      case FAKE_EV_FREE: w = "free"; break;
-      case FAKE_EV_MEMSET: snprintf(buf, sizeof buf, "memset%zu", e->bytes), w = buf; break;
-      case FAKE_EV_DTOH: w = "dtoh"; break;
-      case FAKE_EV_SYNC: w = "sync"; break;
-      case FAKE_EV_CTX_SYNC: w = "ctxsync"; break;
-      case FAKE_EV_LOAD: w = "load"; break;
-      case FAKE_EV_RECORD: w = "record"; break;
-      case FAKE_EV_HOSTALLOC: w = "hostalloc"; break;
-      default: w = "?";
+      case FAKE_EV_ALLOC:
+        w = "alloc";
+        break;
+      case FAKE_EV_FREE:
+        w = "free";
+        break;
+      case FAKE_EV_MEMSET:
+        snprintf(buf, sizeof buf, "memset%zu", e->bytes), w = buf;
+        break;
+      case FAKE_EV_DTOH:
+        w = "dtoh";
+        break;
+      case FAKE_EV_SYNC:
+        w = "sync";
+        break;
+      case FAKE_EV_CTX_SYNC:
+        w = "ctxsync";
+        break;
+      case FAKE_EV_LOAD:
+        w = "load";
+        break;
+      case FAKE_EV_RECORD:
+        w = "record";
+        break;
+      case FAKE_EV_HOSTALLOC:
+        w = "hostalloc";
+        break;
+      default:
+        w = "?";
       }
     }
     used += (size_t)snprintf(s + used, sizeof s - used, "%s%s", used ? " " : "", w);
@@ -129,7 +148,7 @@ static const char *trace(int from) {
 #define CHECK_TRACE(from, want)                                                                    \
   do {                                                                                             \
     const char *got_ = trace(from);                                                                \
-    CHECKF(!strcmp(got_, want), "\n      got  %s\n      want %s", got_, want);                    \
+    CHECKF(!strcmp(got_, want), "\n      got  %s\n      want %s", got_, want);                     \
   } while (0)
 
 static int find_launch(int from, const char *name, int nth) {
@@ -187,9 +206,12 @@ static void print_keys(const problem *p) {
 /* cublasLtMatmul of p with an FP32 bias (the BIAS epilogue), C = D = p's output. */
 static cublasStatus_t lt_bias(const problem *p, const float *bias) {
   __typeof__(&cublasLtCreate) lt_create = (__typeof__(lt_create))dlsym(lib_lt, "cublasLtCreate");
-  __typeof__(&cublasLtMatmulDescCreate) desc_create = (__typeof__(desc_create))dlsym(lib_lt, "cublasLtMatmulDescCreate");
-  __typeof__(&cublasLtMatmulDescSetAttribute) desc_set = (__typeof__(desc_set))dlsym(lib_lt, "cublasLtMatmulDescSetAttribute");
-  __typeof__(&cublasLtMatrixLayoutCreate) layout_create = (__typeof__(layout_create))dlsym(lib_lt, "cublasLtMatrixLayoutCreate");
+  __typeof__(&cublasLtMatmulDescCreate) desc_create =
+      (__typeof__(desc_create))dlsym(lib_lt, "cublasLtMatmulDescCreate");
+  __typeof__(&cublasLtMatmulDescSetAttribute) desc_set =
+      (__typeof__(desc_set))dlsym(lib_lt, "cublasLtMatmulDescSetAttribute");
+  __typeof__(&cublasLtMatrixLayoutCreate) layout_create =
+      (__typeof__(layout_create))dlsym(lib_lt, "cublasLtMatrixLayoutCreate");
   __typeof__(&cublasLtMatmul) hook_lt = (__typeof__(hook_lt))dlsym(RTLD_DEFAULT, "cublasLtMatmul");
   cublasLtHandle_t lt;
   cublasLtMatmulDesc_t desc;
@@ -210,7 +232,8 @@ static cublasStatus_t lt_bias(const problem *p, const float *bias) {
   cublasStatus_t st = hook_lt(lt, desc, &one, p->w, la, p->x, lb, &zero, p->y, lc, p->y, lc, NULL,
                               workspace, sizeof workspace, (cudaStream_t)S1);
   ((__typeof__(&cublasLtMatmulDescDestroy))dlsym(lib_lt, "cublasLtMatmulDescDestroy"))(desc);
-  __typeof__(&cublasLtMatrixLayoutDestroy) destroy = (__typeof__(destroy))dlsym(lib_lt, "cublasLtMatrixLayoutDestroy");
+  __typeof__(&cublasLtMatrixLayoutDestroy) destroy =
+      (__typeof__(destroy))dlsym(lib_lt, "cublasLtMatrixLayoutDestroy");
   destroy(la), destroy(lb), destroy(lc);
   ((__typeof__(&cublasLtDestroy))dlsym(lib_lt, "cublasLtDestroy"))(lt);
   return st;
@@ -314,8 +337,8 @@ static void scenario_sampling(void) {
             pa->ld_alone == OUT && (uintptr_t)pa->alone % 256 == 0);
       int g = 0;
       for (int e = t; e < pr; e++)
-        g += event(e)->kind == FAKE_EV_LAUNCH &&
-             (!strncmp(event(e)->name, "mt_gemm_small", 13) || !strncmp(event(e)->name, "mt_gemm_large", 13));
+        g += event(e)->kind == FAKE_EV_LAUNCH && (!strncmp(event(e)->name, "mt_gemm_small", 13) ||
+                                                  !strncmp(event(e)->name, "mt_gemm_large", 13));
       CHECKF(g == 5, "%d GEMM launches before the probe, want the call's and 4 alone", g);
     }
     if (got_shadow) {
@@ -383,7 +406,8 @@ static void scenario_bounded(void) {
   const fake_cuda_event *e;
   int n = cuda_events(&e), syncs = 0;
   for (int i = 0; i < n; i++)
-    syncs += e[i].kind == FAKE_EV_SYNC || e[i].kind == FAKE_EV_CTX_SYNC || e[i].kind == FAKE_EV_DTOH;
+    syncs +=
+        e[i].kind == FAKE_EV_SYNC || e[i].kind == FAKE_EV_CTX_SYNC || e[i].kind == FAKE_EV_DTOH;
   CHECKF(syncs == 0, "%d synchronisations or read-backs", syncs);
   check_clean();
   unmake(&p), unmake(&big);
@@ -484,7 +508,8 @@ static void check_keys_in_file(const mt_t_child *r, int want_keys) {
     keys++;
     found += r->stats && strstr(r->stats, pat) != NULL;
   }
-  CHECKF(keys == want_keys && found == keys, "%d of %d keys found (want %d)", found, keys, want_keys);
+  CHECKF(keys == want_keys && found == keys, "%d of %d keys found (want %d)", found, keys,
+         want_keys);
 }
 
 static void env_rates(void) {
@@ -492,8 +517,8 @@ static void env_rates(void) {
     const char *value;
     double want;
     int error;
-  } cases[] = {{"1/64", 1.0 / 64, 0}, {"0.25", 0.25, 0}, {"1", 1, 0},      {"0", 0, 0},
-               {"0/5", 0, 0},         {"abc", 0.5, 1},   {"2", 0.5, 1},     {"-0.1", 0.5, 1},
+  } cases[] = {{"1/64", 1.0 / 64, 0}, {"0.25", 0.25, 0}, {"1", 1, 0},        {"0", 0, 0},
+               {"0/5", 0, 0},         {"abc", 0.5, 1},   {"2", 0.5, 1},      {"-0.1", 0.5, 1},
                {"1/0", 0.5, 1},       {"0.5x", 0.5, 1},  {"1/64/2", 0.5, 1}, {"nan", 0.5, 1}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     setenv("MT_TEST_RATE", cases[i].value, 1);
@@ -530,14 +555,15 @@ static void twin_matches_python_reference(void) {
   }
   fclose(f);
   f = fopen(script, "w");
-  fprintf(f, "import importlib.machinery, importlib.util, sys\n"
-             "ld = importlib.machinery.SourceFileLoader('mc', 'tools/minite-compare')\n"
-             "m = importlib.util.module_from_spec(importlib.util.spec_from_loader('mc', ld))\n"
-             "ld.exec_module(m)\n"
-             "for z in (0, 1, 0x6D696E6974652D31, 2**64 - 1): print('mix %%d %%d' %% (z, m.mix64(z)))\n"
-             "for line in open(sys.argv[1]):\n"
-             "    row = [float(v) for v in line.split()]\n"
-             "    print('sketch ' + ' '.join('%%.17g' %% v for v in m.sketch(row)))\n");
+  fprintf(
+      f, "import importlib.machinery, importlib.util, sys\n"
+         "ld = importlib.machinery.SourceFileLoader('mc', 'tools/minite-compare')\n"
+         "m = importlib.util.module_from_spec(importlib.util.spec_from_loader('mc', ld))\n"
+         "ld.exec_module(m)\n"
+         "for z in (0, 1, 0x6D696E6974652D31, 2**64 - 1): print('mix %%d %%d' %% (z, m.mix64(z)))\n"
+         "for line in open(sys.argv[1]):\n"
+         "    row = [float(v) for v in line.split()]\n"
+         "    print('sketch ' + ' '.join('%%.17g' %% v for v in m.sketch(row)))\n");
   fclose(f);
   snprintf(cmd, sizeof cmd, "%s %s %s > %s", py, script, rows_path, outp);
   if (system(cmd) != 0) {
@@ -619,12 +645,13 @@ static void sampling_is_per_route_and_deterministic(void) {
   mt_t_check_child("sampling", &r);
   CHECK(mt_t_info(&r, "shadows") == 3 && mt_t_info(&r, "probes") == 4);
   /* the route's M = 1 calls count for the shadow too: 14 calls, every 3rd */
-  CHECKF(mt_t_json_int_in(r.summary, "\"256x512\": {\"shadow\"", "calls") == 5,
-         "%s", r.summary ? r.summary : "(no summary)");
+  CHECKF(mt_t_json_int_in(r.summary, "\"256x512\": {\"shadow\"", "calls") == 5, "%s",
+         r.summary ? r.summary : "(no summary)");
   CHECK(mt_t_json_int_in(r.summary, "\"256x512\": {\"shadow\"", "rows") == 16);
   CHECK(mt_t_json_int_in(r.summary, "\"256x512\": {\"shadow\"", "differing") == 0);
   CHECK(mt_t_json_int_in(r.summary, "\"1024x512\": {\"shadow\"", "calls") == 1);
-  CHECK(mt_t_count_of(r.stats, "\"event\": \"shadow\"") == 6 && mt_t_count_of(r.stats, "\"event\": \"probe\"") == 5);
+  CHECK(mt_t_count_of(r.stats, "\"event\": \"shadow\"") == 6 &&
+        mt_t_count_of(r.stats, "\"event\": \"probe\"") == 5);
   /* the fake GEMM's mark against cuBLAS's product: a finite, non-zero error */
   double rel = json_num_in(r.summary, "\"256x512\": {\"shadow\"", "rel_l2_mean");
   CHECKF(rel > 0 && isfinite(rel), "rel_l2_mean %g", rel);
@@ -647,7 +674,8 @@ static void bounded_slots_drop_and_count(void) {
   mt_t_run_child("bounded", "bounded", env, &r);
   mt_t_check_child("bounded", &r);
   long held = mt_t_info(&r, "held_digests");
-  CHECKF(held == 256, "%ld calls instrumented while every event was held, want the 256 slots", held);
+  CHECKF(held == 256, "%ld calls instrumented while every event was held, want the 256 slots",
+         held);
   /* 128 of the big call's 200 rows + 256 x 2 + 3 x 2 written; 72 rows dropped; 44 calls found no
    * slot; 5 calls in flight at exit */
   CHECKF(mt_t_json_int_in(r.summary, "\"digests\": {", "written") == 128 + 512 + 6, "%s",
@@ -686,8 +714,13 @@ static void join_two_batchings_through_minite_compare(void) {
   const char *spec_env[2] = {"MINITE_SPEC=nvfp4-row", "MINITE_SPEC=bf16"};
   for (int s = 0; s < 2; s++) {
     const char *a_env[] = {"MINITE_DIGEST=1", "MT_BATCHES=64", spec_env[s], NULL};
-    const char *b_env[] = {"MINITE_DIGEST=1", "MINITE_SHADOW=1", "MINITE_PROBE=1",
-                           "MT_BATCHES=7,1", "MT_REVERSE=1", spec_env[s], NULL};
+    const char *b_env[] = {"MINITE_DIGEST=1",
+                           "MINITE_SHADOW=1",
+                           "MINITE_PROBE=1",
+                           "MT_BATCHES=7,1",
+                           "MT_REVERSE=1",
+                           spec_env[s],
+                           NULL};
     mt_t_child a, b;
     mt_t_run_child("join", s ? "join_bf16_a" : "join_a", a_env, &a);
     mt_t_run_child("join", s ? "join_bf16_b" : "join_b", b_env, &b);
@@ -700,12 +733,13 @@ static void join_two_batchings_through_minite_compare(void) {
     char *doc = mt_t_read_file(out, NULL);
     CHECKF(st == 0 && doc, "minite-compare exit %d", st);
     const char *total = doc ? strstr(doc, "\"total\"") : NULL;
-    CHECKF(mt_t_json_int_in(total, NULL, "matched") == 64 && mt_t_json_int_in(total, NULL, "equal") == 64,
+    CHECKF(mt_t_json_int_in(total, NULL, "matched") == 64 &&
+               mt_t_json_int_in(total, NULL, "equal") == 64,
            "%s: %.600s", spec_env[s], total ? total : "(no total)");
     if (s == 1) { /* bf16: cuBLAS against cuBLAS: the shadow is exactly 0, no row differs alone */
       CHECKF(json_num_in(b.summary, "\"256x512\": {\"shadow\"", "rel_l2_max") == 0.0 &&
-             json_num_in(b.summary, "\"256x512\": {\"shadow\"", "max_abs") == 0.0, "%s",
-             b.summary ? b.summary : "");
+                 json_num_in(b.summary, "\"256x512\": {\"shadow\"", "max_abs") == 0.0,
+             "%s", b.summary ? b.summary : "");
       CHECK(mt_t_json_int_in(b.summary, "\"256x512\": {\"shadow\"", "calls") > 0);
       CHECK(mt_t_json_int_in(b.summary, "\"256x512\": {\"shadow\"", "differing") == 0 &&
             mt_t_json_int_in(b.summary, "\"256x512\": {\"shadow\"", "rows") > 0);

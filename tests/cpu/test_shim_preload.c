@@ -25,7 +25,7 @@ extern char **environ;
 static char build[PATH_MAX], tmp[PATH_MAX], preload[2 * PATH_MAX];
 
 typedef struct {
-  int status;      /* exit status, or 128 + signal */
+  int status; /* exit status, or 128 + signal */
   pid_t pid;
   char err[32768]; /* stderr */
   long out_bytes;  /* bytes written to stdout: must stay 0 */
@@ -46,8 +46,8 @@ static void run(const char *const argv[], const char *const env[], int shim, run
   pid_t pid = fork();
   if (pid == 0) {
     for (char **e = environ; *e;) {
-      if (!strncmp(*e, "MINITE_", 7) || !strncmp(*e, "LD_PRELOAD=", 11) || !strncmp(*e, "RANK=", 5) ||
-          !strncmp(*e, "FAKE_APP_", 9)) {
+      if (!strncmp(*e, "MINITE_", 7) || !strncmp(*e, "LD_PRELOAD=", 11) ||
+          !strncmp(*e, "RANK=", 5) || !strncmp(*e, "FAKE_APP_", 9)) {
         char name[256];
         snprintf(name, sizeof name, "%.*s", (int)(strchr(*e, '=') - *e), *e);
         unsetenv(name);
@@ -132,11 +132,11 @@ typedef struct {
 } expectation;
 
 static const char *const reason_keys[] = {"backward_dgrad", "backward_wgrad", "dtype",
-                                          "compute_type", "layout", "epilogue", "pointer_mode",
-                                          "k_alignment", NULL};
+                                          "compute_type",   "layout",         "epilogue",
+                                          "pointer_mode",   "k_alignment",    NULL};
 static const char *const reason_names[] = {"backward dgrad", "backward wgrad", "dtype",
-                                           "compute type", "layout", "epilogue", "pointer mode",
-                                           "k alignment", NULL};
+                                           "compute type",   "layout",         "epilogue",
+                                           "pointer mode",   "k alignment",    NULL};
 
 static void read_expectation(const char *tag, expectation *e) {
   char path[PATH_MAX + 64], entry[128], reason[64];
@@ -269,8 +269,7 @@ static void active(enum arrangement arr, int bf16) {
   char stats[PATH_MAX + 64], env1[PATH_MAX + 80];
   snprintf(stats, sizeof stats, "%s/%s.jsonl", tmp, tag);
   snprintf(env1, sizeof env1, "MINITE_STATS=%s", stats);
-  const char *env[] = {env1, bf16 ? "MINITE_SPEC=bf16" : "MINITE_SPEC=nvfp4-row", routes_env,
-                       NULL};
+  const char *env[] = {env1, bf16 ? "MINITE_SPEC=bf16" : "MINITE_SPEC=nvfp4-row", routes_env, NULL};
   run_result r;
   app(arr, tag, env, 1, &r);
   CHECKF(r.status == 0, "exit %d: %s", r.status, r.err);
@@ -278,8 +277,8 @@ static void active(enum arrangement arr, int bf16) {
     CHECKF(r.err[0] == '\0', "stderr at the default level: %s", r.err);
   } else { /* no libcuda here: one warning that routed calls stay in cuBLAS, and nothing else */
     const char *w = strstr(r.err, "minite WARN no CUDA driver");
-    CHECKF(w && !strstr(w + 1, "minite WARN"), "%s: expected one 'no CUDA driver' warning: %s",
-           tag, r.err);
+    CHECKF(w && !strstr(w + 1, "minite WARN"), "%s: expected one 'no CUDA driver' warning: %s", tag,
+           r.err);
   }
   CHECK(r.out_bytes == 0);
   CHECKF(same_results(tag), "%s: results differ from the run without the shim", tag);
@@ -358,7 +357,8 @@ static void bad_log_level(void) {
   app(DIRECT, "bad_level", env, 1, &r);
   CHECK(r.status == 0);
   CHECKF(strstr(r.err, "invalid value 'LOUD' for MINITE_LOG_LEVEL: use one of NONE, WARN, INFO, "
-                       "TRACE; using the default WARN"), "%s", r.err);
+                       "TRACE; using the default WARN"),
+         "%s", r.err);
   CHECK(same_results("bad_level"));
   char *first, *last;
   CHECK(stats_lines(stats, &first, &last) == 2);
@@ -394,8 +394,7 @@ static void forked_child_writes_nothing(void) {
   expectation e;
   read_expectation("fork", &e);
   CHECK(json_int(last, "gemm_calls") == e.calls);
-  CHECKF(json_int(last, "pid") == r.pid, "pid %ld, parent %ld", json_int(last, "pid"),
-         (long)r.pid);
+  CHECKF(json_int(last, "pid") == r.pid, "pid %ld, parent %ld", json_int(last, "pid"), (long)r.pid);
   free(first), free(last);
 }
 
@@ -415,8 +414,8 @@ static void threads_count_every_call(void) {
   char *first, *last;
   stats_lines(stats, &first, &last);
   CHECKF(last && strstr(last, "\"ops\": \"TN\", \"m\": 64, \"n\": 5, \"k\": 32, \"types\": "
-                              "\"bf16*bf16->bf16\", \"count\": 4005}"), "census: %.300s",
-         last ? strstr(last, "census") : "");
+                              "\"bf16*bf16->bf16\", \"count\": 4005}"),
+         "census: %.300s", last ? strstr(last, "census") : "");
   free(first), free(last);
 }
 
@@ -424,8 +423,8 @@ static void log_file_and_templates(void) {
   char env1[PATH_MAX + 80], env2[PATH_MAX + 80], host[256];
   snprintf(env1, sizeof env1, "MINITE_LOG_FILE=%s/log.%%h.%%p.%%r.%%%%", tmp);
   snprintf(env2, sizeof env2, "MINITE_STATS=%s/stats.%%r.%%p", tmp);
-  const char *env[] = {env1, env2, "MINITE_LOG_LEVEL=TRACE", "MINITE_SPEC=nvfp4-row", routes_env,
-                       "RANK=3", "MINITE_ROLE=learner", NULL};
+  const char *env[] = {env1,       env2,     "MINITE_LOG_LEVEL=TRACE", "MINITE_SPEC=nvfp4-row",
+                       routes_env, "RANK=3", "MINITE_ROLE=learner",    NULL};
   run_result r;
   app(DLOPEN, "logfile", env, 1, &r);
   CHECKF(r.status == 0 && r.err[0] == '\0', "exit %d, stderr: %s", r.status, r.err);

@@ -19,12 +19,33 @@ static mt_spec spec;
 static mt_call forward(void) {
   static _Alignas(16) char buf[4][64];
   return (mt_call){
-      .entry = MT_FN_cublasGemmEx, .transa = CUBLAS_OP_T, .transb = CUBLAS_OP_N,
-      .m = 64, .n = 5, .k = 32, .atype = CUDA_R_16BF, .btype = CUDA_R_16BF,
-      .ctype = CUDA_R_16BF, .dtype = CUDA_R_16BF, .compute = CUBLAS_COMPUTE_32F, .scale_type = -1,
-      .a = buf[0], .b = buf[1], .c = buf[2], .d = buf[2], .lda = 32, .ldb = 32, .ldc = 64,
-      .ldd = 64, .batch = 1, .ptr_mode = MT_PTR_HOST, .device = -1,
-      .epilogue = CUBLASLT_EPILOGUE_DEFAULT, .bias_type = -1, .details = 1, .details_ok = 1,
+      .entry = MT_FN_cublasGemmEx,
+      .transa = CUBLAS_OP_T,
+      .transb = CUBLAS_OP_N,
+      .m = 64,
+      .n = 5,
+      .k = 32,
+      .atype = CUDA_R_16BF,
+      .btype = CUDA_R_16BF,
+      .ctype = CUDA_R_16BF,
+      .dtype = CUDA_R_16BF,
+      .compute = CUBLAS_COMPUTE_32F,
+      .scale_type = -1,
+      .a = buf[0],
+      .b = buf[1],
+      .c = buf[2],
+      .d = buf[2],
+      .lda = 32,
+      .ldb = 32,
+      .ldc = 64,
+      .ldd = 64,
+      .batch = 1,
+      .ptr_mode = MT_PTR_HOST,
+      .device = -1,
+      .epilogue = CUBLASLT_EPILOGUE_DEFAULT,
+      .bias_type = -1,
+      .details = 1,
+      .details_ok = 1,
   };
 }
 
@@ -54,8 +75,10 @@ static void router_decision_table(void) {
   ROW("FP16 operands and output", (c.atype = c.btype = c.ctype = c.dtype = CUDA_R_16F),
       MT_R_ROUTED);
   ROW("op C counts as op T", c.transa = CUBLAS_OP_C, MT_R_ROUTED);
-  ROW("Lt BIAS epilogue", (c.entry = MT_FN_cublasLtMatmul, c.epilogue = CUBLASLT_EPILOGUE_BIAS,
-                           c.scale_type = CUDA_R_32F), MT_R_ROUTED);
+  ROW("Lt BIAS epilogue",
+      (c.entry = MT_FN_cublasLtMatmul, c.epilogue = CUBLASLT_EPILOGUE_BIAS,
+       c.scale_type = CUDA_R_32F),
+      MT_R_ROUTED);
   ROW("unrouted shape", (c.m = 16, c.k = 16), MT_R_UNROUTED);
   ROW("TT is no GEMM of the weight", c.transb = CUBLAS_OP_T, MT_R_UNROUTED);
   ROW("dgrad NN", (c.transa = CUBLAS_OP_N, c.m = 32, c.k = 64), MT_R_DGRAD);
@@ -78,8 +101,8 @@ static void router_decision_table(void) {
   ROW("details unreadable", c.details_ok = 0, MT_R_LAYOUT);
   ROW("k not a multiple of 16", (c.m = 48, c.k = 24, c.lda = c.ldb = 24, c.ldc = c.ldd = 48),
       MT_R_K_ALIGN);
-  ROW("strided batch of routed problems", (c.entry = MT_FN_cublasGemmStridedBatchedEx,
-                                           c.batch = 3), MT_R_ROUTED);
+  ROW("strided batch of routed problems", (c.entry = MT_FN_cublasGemmStridedBatchedEx, c.batch = 3),
+      MT_R_ROUTED);
 #undef ROW
   for (int i = 0; i < n; i++) {
     enum mt_reason got = mt_route_decide(&spec, &rows[i].c);
@@ -89,10 +112,10 @@ static void router_decision_table(void) {
 }
 
 static void reason_names(void) {
-  const char *want[MT_R_COUNT] = {"unrouted", "routed", "backward dgrad", "backward wgrad",
-                                  "dtype", "compute type", "layout", "epilogue", "pointer mode",
-                                  "k alignment", "no engine", "capture", "out of memory",
-                                  "engine error"};
+  const char *want[MT_R_COUNT] = {
+      "unrouted",     "routed",  "backward dgrad", "backward wgrad", "dtype",
+      "compute type", "layout",  "epilogue",       "pointer mode",   "k alignment",
+      "no engine",    "capture", "out of memory",  "engine error"};
   for (int r = 0; r < MT_R_COUNT; r++)
     CHECKF(!strcmp(mt_reason_name(r), want[r]), "%d: %s", r, mt_reason_name(r));
   CHECK(!strcmp(mt_reason_name(MT_R_COUNT), "?"));
@@ -127,13 +150,15 @@ static void params(void) {
     const char *value;
     unsigned long long want;
     int error;
-  } counts[] = {{"64", 64, 0}, {"1", 1, 0}, {"65536", 65536, 0}, {"0", 1024, 1}, {"65537", 1024, 1},
-                {"-1", 1024, 1}, {"12x", 1024, 1}, {"x", 1024, 1}, {"18446744073709551617", 1024, 1}};
+  } counts[] = {{"64", 64, 0},    {"1", 1, 0},        {"65536", 65536, 0},
+                {"0", 1024, 1},   {"65537", 1024, 1}, {"-1", 1024, 1},
+                {"12x", 1024, 1}, {"x", 1024, 1},     {"18446744073709551617", 1024, 1}};
   for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
     setenv("MT_TEST_COUNT", counts[i].value, 1);
     int e = 0;
     unsigned long long v = mt_param_count("MT_TEST_COUNT", 1024, 1, 65536, "slots", &e);
-    CHECKF(v == counts[i].want && e == counts[i].error, "%s: %llu (%d errors)", counts[i].value, v, e);
+    CHECKF(v == counts[i].want && e == counts[i].error, "%s: %llu (%d errors)", counts[i].value, v,
+           e);
   }
   unsetenv("MT_TEST_COUNT");
   CHECK(mt_param_count("MT_TEST_COUNT", 1024, 1, 65536, "slots", &errors) == 1024);
@@ -221,9 +246,9 @@ static cublasStatus_t statuses[2];
 
 static void call_twice(void) {
   for (int i = 0; i < 2; i++)
-    statuses[i] = cublasGemmEx(NULL, CUBLAS_OP_T, CUBLAS_OP_N, 1, 1, 1, NULL, NULL, CUDA_R_16BF,
-                               1, NULL, CUDA_R_16BF, 1, NULL, NULL, CUDA_R_16BF, 1,
-                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    statuses[i] = cublasGemmEx(NULL, CUBLAS_OP_T, CUBLAS_OP_N, 1, 1, 1, NULL, NULL, CUDA_R_16BF, 1,
+                               NULL, CUDA_R_16BF, 1, NULL, NULL, CUDA_R_16BF, 1, CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT);
 }
 
 static int count(const char *text, const char *what) {

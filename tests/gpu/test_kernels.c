@@ -88,7 +88,7 @@ static int have_gpu(void) {
 #define MT(call)                                                                                   \
   do {                                                                                             \
     int mt_st_ = (call);                                                                           \
-    CHECKF(mt_st_ == MT_OK, "%s: %s", #call, mt_status_name((enum mt_status)mt_st_));             \
+    CHECKF(mt_st_ == MT_OK, "%s: %s", #call, mt_status_name((enum mt_status)mt_st_));              \
     if (mt_st_ != MT_OK)                                                                           \
       goto out;                                                                                    \
   } while (0)
@@ -130,8 +130,12 @@ static uint32_t float_bits(float f) {
 
 /* ---- inputs -------------------------------------------------------------------------------- */
 
-static uint16_t to_half(float f, int fp16) { return fp16 ? mt_float_to_fp16(f) : mt_float_to_bf16(f); }
-static float from_half(uint16_t h, int fp16) { return fp16 ? mt_fp16_to_float(h) : mt_bf16_to_float(h); }
+static uint16_t to_half(float f, int fp16) {
+  return fp16 ? mt_float_to_fp16(f) : mt_float_to_bf16(f);
+}
+static float from_half(uint16_t h, int fp16) {
+  return fp16 ? mt_fp16_to_float(h) : mt_bf16_to_float(h);
+}
 
 /* A random finite normal value of the type, |x| in about [2^lo, 2^hi). */
 static uint16_t rnd_value(int fp16, int lo, int hi) {
@@ -154,8 +158,8 @@ enum row_kind {
   ROW_KINDS
 };
 
-static const float tie_points[] = {0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f,
-                                   1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f, 6.0f};
+static const float tie_points[] = {0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f,
+                                   2.0f, 2.5f,  3.0f, 3.5f,  4.0f, 5.0f,  6.0f};
 
 /* Fill one row of `cols` halves. tie_j: the exponent j of S = 2^j the ties rows are built for (the
  * row or the whole matrix holds 2688 * 2^-j as its amax); tie_p: the block exponent p of s_b. */
@@ -261,20 +265,26 @@ static long check_records(const uint8_t *rec, const mt_nvfp4 *ref, int rows, int
   for (size_t r = 0; r < rows_pad; r++)
     for (size_t P = 0; P < pairs; P++) {
       size_t H = r / 8, g = r % 8;
-      const uint8_t *at = rec + ((r / MT_ACT_BAND * pairs + P) * (MT_ACT_BAND / 8) + H % (MT_ACT_BAND / 8)) * MT_FRAG_REC;
+      const uint8_t *at =
+          rec +
+          ((r / MT_ACT_BAND * pairs + P) * (MT_ACT_BAND / 8) + H % (MT_ACT_BAND / 8)) * MT_FRAG_REC;
       for (int half = 0; half < 2; half++) {
         size_t b = 2 * P + (size_t)half;
         int real = r < (size_t)rows && b < nblk;
-        for (int q = 0; q < 8; q++) { /* code byte q of block b: lane 4g + q % 4, byte 2 half + q / 4 */
+        for (int q = 0; q < 8;
+             q++) { /* code byte q of block b: lane 4g + q % 4, byte 2 half + q / 4 */
           uint8_t got = at[16 * g + 4 * (q % 4) + 2 * half + q / 4];
           uint8_t want = real ? ref->codes[r * (size_t)cols / 2 + b * 8 + (size_t)q] : 0;
           if (got != want && bad++ == 0)
-            CHECKF(0, "record code byte (row %zu, block %zu, byte %d) = %02x, reference %02x", r, b, q, got, want);
+            CHECKF(0, "record code byte (row %zu, block %zu, byte %d) = %02x, reference %02x", r, b,
+                   q, got, want);
         }
-        uint16_t got_s = (uint16_t)(at[128 + 4 * g + 2 * half] | at[128 + 4 * g + 2 * half + 1] << 8);
+        uint16_t got_s =
+            (uint16_t)(at[128 + 4 * g + 2 * half] | at[128 + 4 * g + 2 * half + 1] << 8);
         uint16_t want_s = real ? mt_float_to_bf16(mt_e4m3_to_float(ref->scales[r * nblk + b])) : 0;
         if (got_s != want_s && bad++ == 0)
-          CHECKF(0, "record scale (row %zu, block %zu) = %04x, reference %04x", r, b, got_s, want_s);
+          CHECKF(0, "record scale (row %zu, block %zu) = %04x, reference %04x", r, b, got_s,
+                 want_s);
       }
     }
   return bad;
@@ -283,7 +293,8 @@ static long check_records(const uint8_t *rec, const mt_nvfp4 *ref, int rows, int
 /* Quantize x on the GPU (with and without codes and scales, and for 1x16 blocks as records) and
  * compare every output with mt_ref_quantize. */
 static void check_quant(const qcase *qc, const uint16_t *x) {
-  size_t rows = (size_t)qc->rows, cols = (size_t)qc->cols, nouter = qc->outer == MT_SCALE_ROW ? rows : 1;
+  size_t rows = (size_t)qc->rows, cols = (size_t)qc->cols,
+         nouter = qc->outer == MT_SCALE_ROW ? rows : 1;
   float *xf = malloc(rows * qc->ld * sizeof *xf);
   uint16_t *xhat = malloc(rows * cols * 2), *xhat2 = malloc(rows * cols * 2);
   uint8_t *codes = malloc(rows * cols / 2), *scales = malloc(rows * cols / 16);
@@ -384,7 +395,8 @@ static void check_quant(const qcase *qc, const uint16_t *x) {
          "%dx%d ld %zu %s %s %s: %ld codes, %ld scales, %ld S, %ld xhat differ; %ld hot-path "
          "differences; %ld in the records",
          qc->rows, qc->cols, qc->ld, qc->fp16 ? "fp16" : "bf16", mt_scale_name(qc->outer),
-         qc->tile16 ? "16x16" : "1x16", bad_codes, bad_scales, bad_outer, bad_xhat, bad_hot, bad_rec);
+         qc->tile16 ? "16x16" : "1x16", bad_codes, bad_scales, bad_outer, bad_xhat, bad_hot,
+         bad_rec);
 out:
   mt_nvfp4_free(&ref);
   free(xf);
@@ -398,14 +410,16 @@ out:
   dev_free_all();
 }
 
-static const enum row_kind finite_kinds[] = {ROW_RANDOM, ROW_WIDE,  ROW_TIES, ROW_ZEROS,
+static const enum row_kind finite_kinds[] = {ROW_RANDOM,    ROW_WIDE,      ROW_TIES, ROW_ZEROS,
                                              ROW_ZERO_BLKS, ROW_SUBNORMAL, ROW_TINY, ROW_HUGE};
 static const enum row_kind all_kinds[] = {ROW_RANDOM,    ROW_WIDE,      ROW_TIES, ROW_ZEROS,
                                           ROW_ZERO_BLKS, ROW_SUBNORMAL, ROW_TINY, ROW_HUGE,
                                           ROW_NAN,       ROW_INF};
 #define NKINDS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-static size_t rnd_ld(int cols) { return (size_t)cols + (rnd() & 1 ? 8u * (size_t)(1 + rnd_below(5)) : 0u); }
+static size_t rnd_ld(int cols) {
+  return (size_t)cols + (rnd() & 1 ? 8u * (size_t)(1 + rnd_below(5)) : 0u);
+}
 
 static void run_quant(int rows, int cols, size_t ld, int fp16, enum mt_scale outer, int tile16,
                       const enum row_kind *kinds, int nkinds) {
@@ -504,7 +518,8 @@ static long qweight_diff(const mt_qweight *q, const mt_nvfp4 *ref) {
       bad += !same_float(outer[i], ref->outer[i]);
     for (int r = 0; r < n; r++)
       for (int c = 0; c < k; c++)
-        bad += xhat[(size_t)r * (size_t)k + (size_t)c] != mt_float_to_bf16(mt_ref_dequant(ref, r, c));
+        bad +=
+            xhat[(size_t)r * (size_t)k + (size_t)c] != mt_float_to_bf16(mt_ref_dequant(ref, r, c));
   }
   free(codes);
   free(scales);
@@ -668,14 +683,25 @@ static void check_gemm(const gcase *g) {
   CU(cudaMemcpy(dbias, bias_h, (size_t)g->n * 4, cudaMemcpyHostToDevice));
   CHECK(poison(ws, ws_bytes));
   mt_gemm_args args = {
-      .m = g->m, .n = g->n, .k = g->k,
-      .x = a.dev, .ldx = g->ldx, .xtype = g->xfp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16,
+      .m = g->m,
+      .n = g->n,
+      .k = g->k,
+      .x = a.dev,
+      .ldx = g->ldx,
+      .xtype = g->xfp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16,
       .w = &w.q,
-      .y = dy, .ldy = g->ldy, .ytype = g->ytype,
-      .c = g->in_place ? dy : dc, .ldc = g->ldy,
-      .bias = g->with_bias ? dbias : NULL, .biastype = g->biastype,
-      .alpha = g->alpha, .beta = g->beta,
-      .workspace = ws, .workspace_bytes = ws_bytes, .path = g->path,
+      .y = dy,
+      .ldy = g->ldy,
+      .ytype = g->ytype,
+      .c = g->in_place ? dy : dc,
+      .ldc = g->ldy,
+      .bias = g->with_bias ? dbias : NULL,
+      .biastype = g->biastype,
+      .alpha = g->alpha,
+      .beta = g->beta,
+      .workspace = ws,
+      .workspace_bytes = ws_bytes,
+      .path = g->path,
   };
   MT(mt_gemm(&args, NULL));
   CU(sync_check());
@@ -714,8 +740,8 @@ static void check_gemm(const gcase *g) {
       double bound = err32 + u * (fabs(ref[at]) + err32) + tiny;
       double err = fabs((double)got - ref[at]);
       if (!(err <= bound) && bad++ == 0)
-        CHECKF(0, "y[%d][%zu] = %.9g, reference %.9g, error %.3g > bound %.3g", i, j, got,
-               ref[at], err, bound);
+        CHECKF(0, "y[%d][%zu] = %.9g, reference %.9g, error %.3g > bound %.3g", i, j, got, ref[at],
+               err, bound);
       if (bound > 0 && err / bound > worst)
         worst = err / bound;
     }
@@ -757,9 +783,10 @@ static const mt_numerics numerics_row = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOC
  * lies past the map's third dimension. */
 static void gemm_accuracy(void) {
   NEED_GPU();
-  static const int shapes[][3] = {{1, 256, 512},  {7, 1536, 256}, {64, 384, 768},  {65, 256, 512},
-                                  {96, 256, 1024}, {129, 272, 160}, {3, 256, 784},  {12, 512, 2048},
-                                  {2, 256, 1008},  {16, 256, 2080}, {24, 256, 1088}, {96, 256, 2048}};
+  static const int shapes[][3] = {{1, 256, 512},   {7, 1536, 256},  {64, 384, 768},
+                                  {65, 256, 512},  {96, 256, 1024}, {129, 272, 160},
+                                  {3, 256, 784},   {12, 512, 2048}, {2, 256, 1008},
+                                  {16, 256, 2080}, {24, 256, 1088}, {96, 256, 2048}};
   static const mt_numerics nums[] = {
       {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
       {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
@@ -768,9 +795,15 @@ static void gemm_accuracy(void) {
   };
   for (int s = 0; s < NKINDS(shapes); s++)
     for (int v = 0; v < NKINDS(nums); v++) {
-      gcase g = {.m = shapes[s][0], .n = shapes[s][1], .k = shapes[s][2], .num = nums[v],
-                 .xfp16 = (s + v) % 3 == 2, .ytype = (s + v) % 2 ? MT_DTYPE_FP16 : MT_DTYPE_BF16,
-                 .biastype = MT_DTYPE_FP32, .alpha = 1.0f, .beta = 0.0f};
+      gcase g = {.m = shapes[s][0],
+                 .n = shapes[s][1],
+                 .k = shapes[s][2],
+                 .num = nums[v],
+                 .xfp16 = (s + v) % 3 == 2,
+                 .ytype = (s + v) % 2 ? MT_DTYPE_FP16 : MT_DTYPE_BF16,
+                 .biastype = MT_DTYPE_FP32,
+                 .alpha = 1.0f,
+                 .beta = 0.0f};
       if (g.m <= MT_SMALL_ROWS)
         g.path = g.m <= MT_SMALL_FUSE_M && v % 2 == 0 ? MT_PATH_FUSED : MT_PATH_SMALL;
       g.ldx = (size_t)g.k;
@@ -786,10 +819,18 @@ static void gemm_epilogue_and_strides(void) {
   static const int ms[] = {5, 130};
   for (int s = 0; s < NKINDS(ms); s++)
     for (int v = 0; v < 6; v++) {
-      gcase g = {.m = ms[s], .n = 256, .k = 512, .num = numerics_row, .xfp16 = v % 2,
+      gcase g = {.m = ms[s],
+                 .n = 256,
+                 .k = 512,
+                 .num = numerics_row,
+                 .xfp16 = v % 2,
                  .ytype = v % 3 == 1 ? MT_DTYPE_FP16 : MT_DTYPE_BF16,
-                 .biastype = v < 2 ? MT_DTYPE_FP32 : v < 4 ? MT_DTYPE_BF16 : MT_DTYPE_FP16,
-                 .with_bias = v != 5, .in_place = v % 2, .alpha = 0.75f - 0.5f * (float)v,
+                 .biastype = v < 2   ? MT_DTYPE_FP32
+                             : v < 4 ? MT_DTYPE_BF16
+                                     : MT_DTYPE_FP16,
+                 .with_bias = v != 5,
+                 .in_place = v % 2,
+                 .alpha = 0.75f - 0.5f * (float)v,
                  .beta = v == 2 ? 0.0f : 1.25f - 0.5f * (float)v};
       g.ldx = (size_t)g.k + 8 * (size_t)(1 + v);
       g.ldy = (size_t)g.n + 8 * (size_t)(2 + v);
@@ -803,8 +844,15 @@ static void gemm_nan_rows(void) {
   NEED_GPU();
   static const int ms[] = {3, 8, 130};
   for (int s = 0; s < NKINDS(ms); s++) {
-    gcase g = {.m = ms[s], .n = 256, .k = 256, .num = numerics_row, .ytype = MT_DTYPE_BF16,
-               .biastype = MT_DTYPE_FP32, .alpha = 1.0f, .nan_rows = {1, ms[s] - 1}, .nnan = 2};
+    gcase g = {.m = ms[s],
+               .n = 256,
+               .k = 256,
+               .num = numerics_row,
+               .ytype = MT_DTYPE_BF16,
+               .biastype = MT_DTYPE_FP32,
+               .alpha = 1.0f,
+               .nan_rows = {1, ms[s] - 1},
+               .nnan = 2};
     g.ldx = (size_t)g.k;
     g.ldy = (size_t)g.n;
     check_gemm(&g);
@@ -821,16 +869,27 @@ typedef struct {
 } inv_case;
 
 static int inv_setup(inv_case *c, int rows, int n, int k) {
-  if (!make_weight(&c->w, n, k, &numerics_row, 0) || !make_acts(&c->a, rows, k, k, 0, MT_SCALE_ROW, NULL, 0)) {
+  if (!make_weight(&c->w, n, k, &numerics_row, 0) ||
+      !make_acts(&c->a, rows, k, k, 0, MT_SCALE_ROW, NULL, 0)) {
     CHECKF(0, "setup failed");
     return 0;
   }
   size_t ws_bytes = mt_gemm_workspace_bytes(rows, k, &numerics_row);
   void *ws = dev_alloc(ws_bytes);
   c->dy = dev_alloc((size_t)rows * n * 2);
-  c->args = (mt_gemm_args){.m = rows, .n = n, .k = k, .x = c->a.dev, .ldx = k, .xtype = MT_DTYPE_BF16,
-                           .w = &c->w.q, .y = c->dy, .ldy = n, .ytype = MT_DTYPE_BF16, .alpha = 1.0f,
-                           .workspace = ws, .workspace_bytes = ws_bytes};
+  c->args = (mt_gemm_args){.m = rows,
+                           .n = n,
+                           .k = k,
+                           .x = c->a.dev,
+                           .ldx = k,
+                           .xtype = MT_DTYPE_BF16,
+                           .w = &c->w.q,
+                           .y = c->dy,
+                           .ldy = n,
+                           .ytype = MT_DTYPE_BF16,
+                           .alpha = 1.0f,
+                           .workspace = ws,
+                           .workspace_bytes = ws_bytes};
   return c->dy && ws;
 }
 
@@ -856,15 +915,16 @@ out:
 
 /* The rows of an m-row call at offset (into part) that differ from those of the full_rows-row
  * call `full`, the first of them reported; 0 when the call failed (reported as such). */
-static long inv_differ(inv_case *c, int m, int offset, const uint16_t *full, int full_rows, uint16_t *part) {
+static long inv_differ(inv_case *c, int m, int offset, const uint16_t *full, int full_rows,
+                       uint16_t *part) {
   size_t n = (size_t)c->args.n;
   long bad = 0;
   if (!inv_run(c, m, offset, part))
     return 0;
   for (int r = 0; r < m; r++)
     if (memcmp(part + (size_t)r * n, full + (size_t)(offset + r) * n, n * 2) != 0 && bad++ == 0)
-      CHECKF(0, "n = %zu, M = %d at row offset %d: row %d differs from the %d-row call", n, m, offset, r,
-             full_rows);
+      CHECKF(0, "n = %zu, M = %d at row offset %d: row %d differs from the %d-row call", n, m,
+             offset, r, full_rows);
   return bad;
 }
 
@@ -986,7 +1046,8 @@ static void large_tiles_case(int K) {
   acts a = {0};
   size_t ybytes = (size_t)M * N * 2;
   uint16_t *y1 = malloc(ybytes), *y2 = malloc(ybytes), *row = malloc((size_t)N * 2);
-  if (!make_weight(&w, N, K, &numerics_row, 0) || !make_acts(&a, M, K, K, 0, MT_SCALE_ROW, NULL, 0)) {
+  if (!make_weight(&w, N, K, &numerics_row, 0) ||
+      !make_acts(&a, M, K, K, 0, MT_SCALE_ROW, NULL, 0)) {
     CHECKF(0, "setup failed");
     goto out;
   }
@@ -995,9 +1056,19 @@ static void large_tiles_case(int K) {
   void *ws = dev_alloc(ws_bytes);
   if (!dy || !ws)
     goto out;
-  mt_gemm_args args = {.m = M, .n = N, .k = K, .x = a.dev, .ldx = K, .xtype = MT_DTYPE_BF16,
-                       .w = &w.q, .y = dy, .ldy = N, .ytype = MT_DTYPE_BF16, .alpha = 1.0f,
-                       .workspace = ws, .workspace_bytes = ws_bytes};
+  mt_gemm_args args = {.m = M,
+                       .n = N,
+                       .k = K,
+                       .x = a.dev,
+                       .ldx = K,
+                       .xtype = MT_DTYPE_BF16,
+                       .w = &w.q,
+                       .y = dy,
+                       .ldy = N,
+                       .ytype = MT_DTYPE_BF16,
+                       .alpha = 1.0f,
+                       .workspace = ws,
+                       .workspace_bytes = ws_bytes};
   CU(cudaMemset(dy, 0x11, ybytes));
   MT(mt_gemm(&args, NULL));
   CU(sync_check());
@@ -1006,7 +1077,8 @@ static void large_tiles_case(int K) {
   MT(mt_gemm(&args, NULL));
   CU(sync_check());
   CU(cudaMemcpy(y2, dy, ybytes, cudaMemcpyDeviceToHost));
-  CHECKF(memcmp(y1, y2, ybytes) == 0, "%dx%dx%d: outputs left unwritten or not deterministic", M, N, K);
+  CHECKF(memcmp(y1, y2, ybytes) == 0, "%dx%dx%d: outputs left unwritten or not deterministic", M, N,
+         K);
   long bad = 0;
   for (int t = 0; t < 40; t++) {
     int r = t < 2 ? t * (M - 1) : rnd_below(M);
@@ -1035,16 +1107,28 @@ static void gemm_large_tiles(void) {
   large_tiles_case(160);
   static const mt_numerics w_row = {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16};
   for (int v = 0; v < 2; v++) {
-    gcase g = {.m = 200, .n = 271, .k = 256, .num = w_row, .ytype = v ? MT_DTYPE_FP16 : MT_DTYPE_BF16,
-               .biastype = MT_DTYPE_BF16, .with_bias = v, .alpha = 1.5f, .beta = v ? 0.5f : 0.0f};
+    gcase g = {.m = 200,
+               .n = 271,
+               .k = 256,
+               .num = w_row,
+               .ytype = v ? MT_DTYPE_FP16 : MT_DTYPE_BF16,
+               .biastype = MT_DTYPE_BF16,
+               .with_bias = v,
+               .alpha = 1.5f,
+               .beta = v ? 0.5f : 0.0f};
     g.ldx = (size_t)g.k;
     g.ldy = 280;
     check_gemm(&g);
   }
   /* a wide output: 4 x 32 tiles of 128 x 128 (one wave of 132 SMs) by the TMA-store kernel, or
    * by ra under MT_LARGE_VARIANT=ra */
-  gcase wide = {.m = 400, .n = 4096, .k = 256, .num = numerics_row, .ytype = MT_DTYPE_BF16,
-                .biastype = MT_DTYPE_FP32, .alpha = 1.0f};
+  gcase wide = {.m = 400,
+                .n = 4096,
+                .k = 256,
+                .num = numerics_row,
+                .ytype = MT_DTYPE_BF16,
+                .biastype = MT_DTYPE_FP32,
+                .alpha = 1.0f};
   wide.ldx = (size_t)wide.k;
   wide.ldy = (size_t)wide.n;
   check_gemm(&wide);
@@ -1058,9 +1142,18 @@ static void gemm_large_tiles(void) {
 static void gemm_many_tiles(void) {
   NEED_GPU();
   for (int v = 0; v < 2; v++) {
-    gcase g = {.m = 2400, .n = 2048, .k = 64, .num = numerics_row, .xfp16 = !v,
-               .ytype = v ? MT_DTYPE_BF16 : MT_DTYPE_FP16, .biastype = MT_DTYPE_BF16, .with_bias = 1,
-               .alpha = 1.0f, .beta = v ? 0.0f : 0.5f, .nan_rows = {v ? 5 : 1600, 2399}, .nnan = 2};
+    gcase g = {.m = 2400,
+               .n = 2048,
+               .k = 64,
+               .num = numerics_row,
+               .xfp16 = !v,
+               .ytype = v ? MT_DTYPE_BF16 : MT_DTYPE_FP16,
+               .biastype = MT_DTYPE_BF16,
+               .with_bias = 1,
+               .alpha = 1.0f,
+               .beta = v ? 0.0f : 0.5f,
+               .nan_rows = {v ? 5 : 1600, 2399},
+               .nnan = 2};
     g.ldx = (size_t)g.k + 24;
     g.ldy = (size_t)g.n;
     check_gemm(&g);
@@ -1090,7 +1183,8 @@ static void quant_weight_only_if(void) {
     uint32_t *flag = dev_alloc(sizeof *flag);
     mt_qweight q;
     for (int i = 0; i < 2; i++) {
-      wh[i] = make_matrix(N, K, K, 0, kinds, NKINDS(kinds), nums[v].weight_block == MT_WBLOCK_16X16);
+      wh[i] =
+          make_matrix(N, K, K, 0, kinds, NKINDS(kinds), nums[v].weight_block == MT_WBLOCK_16X16);
       for (size_t e = 0; e < (size_t)N * K; e++)
         wf[e] = mt_bf16_to_float(wh[i][e]);
       CHECK(mt_nvfp4_alloc(&ref[i], N, K, nums[v].weight_scale, nums[v].weight_block) == 0);
@@ -1197,7 +1291,8 @@ enum { CTX_M = 37, CTX_N = 256, CTX_K = 512 };
 static void engine_run(const uint16_t *wh, const uint16_t *xh, uint16_t *yh, int fresh) {
   const mt_driver *d = mt_driver_get();
   const mt_numerics *num = &numerics_row;
-  size_t qbytes = mt_qweight_bytes(CTX_N, CTX_K, num), ws_bytes = mt_gemm_workspace_bytes(CTX_M, CTX_K, num);
+  size_t qbytes = mt_qweight_bytes(CTX_N, CTX_K, num),
+         ws_bytes = mt_gemm_workspace_bytes(CTX_M, CTX_K, num);
   size_t ybytes = (size_t)CTX_M * CTX_N * 2;
   CUdeviceptr dw = 0, dq = 0, dx = 0, dy = 0, dws = 0;
   CUstream s = NULL;
@@ -1214,9 +1309,18 @@ static void engine_run(const uint16_t *wh, const uint16_t *xh, uint16_t *yh, int
   DRV(d->memcpy_htod(dx, xh, (size_t)CTX_M * CTX_K * 2));
   DRV(cu.stream_create(&s, CU_STREAM_NON_BLOCKING));
   MT(mt_qweight_bind(&q, CTX_N, CTX_K, num, (void *)dq));
-  mt_gemm_args args = {.m = CTX_M, .n = CTX_N, .k = CTX_K, .x = (void *)dx, .ldx = CTX_K,
-                       .xtype = MT_DTYPE_BF16, .w = &q, .y = (void *)dy, .ldy = CTX_N,
-                       .ytype = MT_DTYPE_BF16, .alpha = 1.0f, .workspace = (void *)dws,
+  mt_gemm_args args = {.m = CTX_M,
+                       .n = CTX_N,
+                       .k = CTX_K,
+                       .x = (void *)dx,
+                       .ldx = CTX_K,
+                       .xtype = MT_DTYPE_BF16,
+                       .w = &q,
+                       .y = (void *)dy,
+                       .ldy = CTX_N,
+                       .ytype = MT_DTYPE_BF16,
+                       .alpha = 1.0f,
+                       .workspace = (void *)dws,
                        .workspace_bytes = ws_bytes};
   if (fresh) {
     DRV(cu.begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
@@ -1268,7 +1372,8 @@ static void engine_contexts_and_capture(void) {
   static const enum row_kind kinds[] = {ROW_RANDOM};
   uint16_t *wh = make_matrix(CTX_N, CTX_K, CTX_K, 0, kinds, 1, 0);
   uint16_t *xh = make_matrix(CTX_M, CTX_K, CTX_K, 0, kinds, 1, 0);
-  uint16_t *y_primary = malloc((size_t)CTX_M * CTX_N * 2), *y_second = malloc((size_t)CTX_M * CTX_N * 2);
+  uint16_t *y_primary = malloc((size_t)CTX_M * CTX_N * 2),
+           *y_second = malloc((size_t)CTX_M * CTX_N * 2);
   CHECK(load_cu() && mt_driver_get());
   if (!cu.ctx_create || !mt_driver_get())
     goto out;
@@ -1295,9 +1400,19 @@ out:
 static void gemm_rejects_bad_arguments(void) {
   static _Alignas(256) unsigned char fake[4096]; /* never touched: every call must refuse */
   mt_qweight w = {.n = 64, .k = 64, .num = numerics_row, .xhat = (uint16_t *)fake};
-  mt_gemm_args good = {.m = 4, .n = 64, .k = 64, .x = fake, .ldx = 64, .xtype = MT_DTYPE_BF16,
-                       .w = &w, .y = fake, .ldy = 64, .ytype = MT_DTYPE_BF16, .alpha = 1.0f,
-                       .workspace = fake, .workspace_bytes = 0};
+  mt_gemm_args good = {.m = 4,
+                       .n = 64,
+                       .k = 64,
+                       .x = fake,
+                       .ldx = 64,
+                       .xtype = MT_DTYPE_BF16,
+                       .w = &w,
+                       .y = fake,
+                       .ldy = 64,
+                       .ytype = MT_DTYPE_BF16,
+                       .alpha = 1.0f,
+                       .workspace = fake,
+                       .workspace_bytes = 0};
   mt_gemm_args a = good;
   CHECK(mt_gemm(&a, NULL) == MT_ERR_NOMEM); /* workspace too small */
   a.workspace_bytes = mt_gemm_workspace_bytes(4, 64, &numerics_row) - 1;

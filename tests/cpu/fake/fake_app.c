@@ -43,8 +43,8 @@ static void *matrix(int type, int64_t elems) {
   return p;
 }
 
-static void emit(const char *entry, const char *reason, cublasStatus_t st, const void *c,
-                 int type, int64_t elems) {
+static void emit(const char *entry, const char *reason, cublasStatus_t st, const void *c, int type,
+                 int64_t elems) {
   fprintf(expect_file, "%s %s\n", entry, reason);
   fwrite(&st, sizeof st, 1, out_file);
   fwrite(c, (size_t)elems * (type == FF ? 4 : 2), 1, out_file);
@@ -68,8 +68,8 @@ static void check_args(int lt, const char *entry, const uint64_t *want, int n) {
   }
   for (int i = 0; i < n; i++)
     if (r.args[i] != want[i]) {
-      fprintf(stderr, "fake_app: %s argument %d changed: passed %#llx, received %#llx\n", entry,
-              i, (unsigned long long)want[i], (unsigned long long)r.args[i]);
+      fprintf(stderr, "fake_app: %s argument %d changed: passed %#llx, received %#llx\n", entry, i,
+              (unsigned long long)want[i], (unsigned long long)r.args[i]);
       failures++;
     }
 }
@@ -90,8 +90,24 @@ static void gemm_ex(int wide, const char *reason, int ta, int tb, int m, int n, 
   else
     st = cublasGemmEx(handle, ta, tb, m, n, k, &one, a, at, lda, b, bt, ldb, beta, c, ct, ldc,
                       compute, CUBLAS_GEMM_DEFAULT_TENSOR_OP);
-  uint64_t want[] = {U(handle), I(ta), I(tb),  I(m),  I(n),    I(k),  U(&one), U(a),     I(at), I(lda),
-                     U(b),      I(bt), I(ldb), U(beta), U(c), I(ct), I(ldc),  I(compute),
+  uint64_t want[] = {U(handle),
+                     I(ta),
+                     I(tb),
+                     I(m),
+                     I(n),
+                     I(k),
+                     U(&one),
+                     U(a),
+                     I(at),
+                     I(lda),
+                     U(b),
+                     I(bt),
+                     I(ldb),
+                     U(beta),
+                     U(c),
+                     I(ct),
+                     I(ldc),
+                     I(compute),
                      I(wide ? CUBLAS_GEMM_DEFAULT : CUBLAS_GEMM_DEFAULT_TENSOR_OP)};
   check_args(0, entry, want, sizeof want / sizeof want[0]);
   emit(entry, reason, st, c, ct, (int64_t)ldc * n);
@@ -115,8 +131,7 @@ static void gemm_ex_calls(void) {
           &zero);
   cublasSetPointerMode_v2(handle, CUBLAS_POINTER_MODE_HOST);
   gemm_ex(0, "layout", OPT, OPN, 64, 5, 32, BF, BF, BF, 36, 32, 64, CUBLAS_COMPUTE_32F, &zero);
-  gemm_ex(0, "k_alignment", OPT, OPN, 48, 5, 24, BF, BF, BF, 24, 24, 48, CUBLAS_COMPUTE_32F,
-          &zero);
+  gemm_ex(0, "k_alignment", OPT, OPN, 48, 5, 24, BF, BF, BF, 24, 24, 48, CUBLAS_COMPUTE_32F, &zero);
   gemm_ex(0, "unrouted", OPT, OPN, 16, 4, 16, BF, BF, BF, 16, 16, 16, CUBLAS_COMPUTE_32F, &zero);
   gemm_ex(0, "unrouted", OPN, OPN, 64, 5, 32, BF, BF, BF, 64, 32, 64, CUBLAS_COMPUTE_32F, &zero);
   gemm_ex(1, "ROUTED", OPT, OPN, 64, 3, 32, BF, BF, BF, 32, 32, 64, CUBLAS_COMPUTE_32F, &zero);
@@ -126,8 +141,7 @@ static void gemm_ex_calls(void) {
 
 static void strided(int wide, const char *reason, int ta, int tb, int m, int n, int k, int lda,
                     int ldb, int ldc, int batch) {
-  int64_t sa = (int64_t)lda * (ta ? m : k), sb = (int64_t)ldb * (tb ? k : n),
-          sc = (int64_t)ldc * n;
+  int64_t sa = (int64_t)lda * (ta ? m : k), sb = (int64_t)ldb * (tb ? k : n), sc = (int64_t)ldc * n;
   void *a = matrix(BF, sa * batch), *b = matrix(BF, sb * batch), *c = matrix(BF, sc * batch);
   cublasStatus_t st;
   const char *entry = wide ? "cublasGemmStridedBatchedEx_64" : "cublasGemmStridedBatchedEx";
@@ -139,9 +153,28 @@ static void strided(int wide, const char *reason, int ta, int tb, int m, int n, 
     st = cublasGemmStridedBatchedEx(handle, ta, tb, m, n, k, &one, a, BF, lda, sa, b, BF, ldb, sb,
                                     &zero, c, BF, ldc, sc, batch, CUBLAS_COMPUTE_32F,
                                     CUBLAS_GEMM_DEFAULT);
-  uint64_t want[] = {U(handle), I(ta), I(tb),  I(m),   I(n),   I(k),     U(&one), U(a),
-                     I(BF),     I(lda), I(sa), U(b),   I(BF),  I(ldb),   I(sb),   U(&zero),
-                     U(c),      I(BF),  I(ldc), I(sc), I(batch), I(CUBLAS_COMPUTE_32F),
+  uint64_t want[] = {U(handle),
+                     I(ta),
+                     I(tb),
+                     I(m),
+                     I(n),
+                     I(k),
+                     U(&one),
+                     U(a),
+                     I(BF),
+                     I(lda),
+                     I(sa),
+                     U(b),
+                     I(BF),
+                     I(ldb),
+                     I(sb),
+                     U(&zero),
+                     U(c),
+                     I(BF),
+                     I(ldc),
+                     I(sc),
+                     I(batch),
+                     I(CUBLAS_COMPUTE_32F),
                      I(CUBLAS_GEMM_DEFAULT)};
   check_args(0, entry, want, sizeof want / sizeof want[0]);
   emit(entry, reason, st, c, BF, sc * batch);
@@ -167,9 +200,26 @@ static void batched(int wide, const char *reason, int ta, int tb, int m, int n, 
     st = cublasGemmBatchedEx(handle, ta, tb, m, n, k, &one, (const void *const *)a, BF, lda,
                              (const void *const *)b, BF, ldb, &zero, c, BF, ldc, BATCH,
                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  uint64_t want[] = {U(handle), I(ta), I(tb),  I(m),   I(n),     I(k),   U(&one), U(a),     I(BF),
-                     I(lda),    U(b),  I(BF),  I(ldb), U(&zero), U(c),   I(BF),   I(ldc),   I(BATCH),
-                     I(CUBLAS_COMPUTE_32F), I(CUBLAS_GEMM_DEFAULT)};
+  uint64_t want[] = {U(handle),
+                     I(ta),
+                     I(tb),
+                     I(m),
+                     I(n),
+                     I(k),
+                     U(&one),
+                     U(a),
+                     I(BF),
+                     I(lda),
+                     U(b),
+                     I(BF),
+                     I(ldb),
+                     U(&zero),
+                     U(c),
+                     I(BF),
+                     I(ldc),
+                     I(BATCH),
+                     I(CUBLAS_COMPUTE_32F),
+                     I(CUBLAS_GEMM_DEFAULT)};
   check_args(0, entry, want, sizeof want / sizeof want[0]);
   for (int p = 0; p < BATCH; p++) {
     emit(p ? "-" : entry, p ? "-" : reason, st, c[p], BF, (int64_t)ldc * n);
@@ -200,21 +250,22 @@ static void grouped(int wide, const char *reason, int ta1, int tb1, int m1, int 
   const char *entry = wide ? "cublasGemmGroupedBatchedEx_64" : "cublasGemmGroupedBatchedEx";
   uint64_t want[20];
   if (wide) {
-    st = cublasGemmGroupedBatchedEx_64(handle, opa, opb, m64, n64, k64, alpha,
-                                       (const void *const *)a, BF, lda64, (const void *const *)b,
-                                       BF, ldb64, beta, c, BF, ldc64, 2, size64,
-                                       CUBLAS_COMPUTE_32F);
-    uint64_t w[] = {U(handle), U(opa), U(opb),  U(m64),  U(n64), U(k64),  U(alpha),
-                    U(a),      I(BF),  U(lda64), U(b),   I(BF),  U(ldb64), U(beta),
-                    U(c),      I(BF),  U(ldc64), I(2),   U(size64), I(CUBLAS_COMPUTE_32F)};
+    st = cublasGemmGroupedBatchedEx_64(
+        handle, opa, opb, m64, n64, k64, alpha, (const void *const *)a, BF, lda64,
+        (const void *const *)b, BF, ldb64, beta, c, BF, ldc64, 2, size64, CUBLAS_COMPUTE_32F);
+    uint64_t w[] = {U(handle), U(opa),   U(opb),   U(m64),    U(n64),
+                    U(k64),    U(alpha), U(a),     I(BF),     U(lda64),
+                    U(b),      I(BF),    U(ldb64), U(beta),   U(c),
+                    I(BF),     U(ldc64), I(2),     U(size64), I(CUBLAS_COMPUTE_32F)};
     memcpy(want, w, sizeof w);
   } else {
     st = cublasGemmGroupedBatchedEx(handle, opa, opb, m, n, k, alpha, (const void *const *)a, BF,
-                                    lda, (const void *const *)b, BF, ldb, beta, c, BF, ldc, 2,
-                                    size, CUBLAS_COMPUTE_32F);
-    uint64_t w[] = {U(handle), U(opa), U(opb), U(m),  U(n),  U(k),   U(alpha),
-                    U(a),      I(BF),  U(lda), U(b),  I(BF), U(ldb), U(beta),
-                    U(c),      I(BF),  U(ldc), I(2),  U(size), I(CUBLAS_COMPUTE_32F)};
+                                    lda, (const void *const *)b, BF, ldb, beta, c, BF, ldc, 2, size,
+                                    CUBLAS_COMPUTE_32F);
+    uint64_t w[] = {U(handle), U(opa),   U(opb), U(m),    U(n),
+                    U(k),      U(alpha), U(a),   I(BF),   U(lda),
+                    U(b),      I(BF),    U(ldb), U(beta), U(c),
+                    I(BF),     U(ldc),   I(2),   U(size), I(CUBLAS_COMPUTE_32F)};
     memcpy(want, w, sizeof w);
   }
   check_args(0, entry, want, 20);
@@ -276,8 +327,8 @@ static void lt(const char *reason, lt_case t) {
   cudaStream_t stream = (cudaStream_t)(uintptr_t)0x5000;
   cublasStatus_t st = cublasLtMatmul(lth, desc, &one, a, la, b, lb, &half, c, lc, d, ld, NULL,
                                      workspace, sizeof workspace, stream);
-  uint64_t want[] = {U(lth),  U(desc), U(&one), U(a),    U(la), U(b),         U(lb),
-                     U(&half), U(c),   U(lc),   U(d),    U(ld), U(NULL),      U(workspace),
+  uint64_t want[] = {U(lth),           U(desc),  U(&one), U(a), U(la), U(b),    U(lb),
+                     U(&half),         U(c),     U(lc),   U(d), U(ld), U(NULL), U(workspace),
                      sizeof workspace, U(stream)};
   check_args(1, "cublasLtMatmul", want, sizeof want / sizeof want[0]);
   emit("cublasLtMatmul", reason, st, d, t.ctype, sc * t.batch);
@@ -288,8 +339,19 @@ static void lt(const char *reason, lt_case t) {
 }
 
 static void lt_calls(void) {
-  const lt_case fwd = {OPT, OPN, 64, 5, 32, BF, BF, CUBLAS_COMPUTE_32F, CUBLASLT_ORDER_COL, 1,
-                       CUBLASLT_POINTER_MODE_HOST, CUBLASLT_EPILOGUE_DEFAULT, -1};
+  const lt_case fwd = {OPT,
+                       OPN,
+                       64,
+                       5,
+                       32,
+                       BF,
+                       BF,
+                       CUBLAS_COMPUTE_32F,
+                       CUBLASLT_ORDER_COL,
+                       1,
+                       CUBLASLT_POINTER_MODE_HOST,
+                       CUBLASLT_EPILOGUE_DEFAULT,
+                       -1};
   lt_case t = fwd;
   lt("ROUTED", t);
   t.epilogue = CUBLASLT_EPILOGUE_BIAS;
@@ -344,8 +406,24 @@ static void *thread_calls(void *arg) {
   for (int i = 0; i < THREAD_CALLS; i++) {
     bad += cublasGemmEx(handle, OPT, OPN, 64, 5, 32, &one, a, BF, 32, b, BF, 32, &zero, c, BF, 64,
                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS;
-    uint64_t want[] = {U(handle), I(OPT), I(OPN), 64, 5, 32, U(&one), U(a), I(BF), 32,
-                       U(b), I(BF), 32, U(&zero), U(c), I(BF), 64, I(CUBLAS_COMPUTE_32F),
+    uint64_t want[] = {U(handle),
+                       I(OPT),
+                       I(OPN),
+                       64,
+                       5,
+                       32,
+                       U(&one),
+                       U(a),
+                       I(BF),
+                       32,
+                       U(b),
+                       I(BF),
+                       32,
+                       U(&zero),
+                       U(c),
+                       I(BF),
+                       64,
+                       I(CUBLAS_COMPUTE_32F),
                        I(CUBLAS_GEMM_DEFAULT)};
     fake_record r;
     fake_cublas_last(&r);
@@ -366,8 +444,7 @@ static void threads(int n) {
     void *bad;
     pthread_join(t[i], &bad);
     if (bad) {
-      fprintf(stderr, "fake_app: thread %d: %ld calls failed or changed arguments\n", i,
-              (long)bad);
+      fprintf(stderr, "fake_app: thread %d: %ld calls failed or changed arguments\n", i, (long)bad);
       failures++;
     }
   }

@@ -115,36 +115,37 @@ static cublasStatus_t strided(cublasHandle_t h, int ta, int tb, int64_t m, int64
 /* The bodies of each entry point and its _64 twin: the same argument record (the 64-bit form
  * widens the integers, as recorded) and the same computation. */
 #define EX_BODY                                                                                    \
-  uint64_t args[] = {U(handle), I(transa), I(transb), I(m),     I(n),     I(k),    U(alpha),       \
-                     U(A),      I(Atype),  I(lda),    U(B),     I(Btype), I(ldb),  U(beta),        \
+  uint64_t args[] = {U(handle), I(transa), I(transb), I(m),           I(n),     I(k),   U(alpha),  \
+                     U(A),      I(Atype),  I(lda),    U(B),           I(Btype), I(ldb), U(beta),   \
                      U(C),      I(Ctype),  I(ldc),    I(computeType), I(algo)};                    \
   record(__func__, sizeof args / sizeof args[0], args);                                            \
   return strided(handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype, ldb, 0, beta, \
                  C, Ctype, ldc, 0, 1, computeType)
 
 #define STRIDED_BODY                                                                               \
-  uint64_t args[] = {U(handle), I(transa),  I(transb),  I(m),       I(n),     I(k),                \
-                     U(alpha),  U(A),       I(Atype),   I(lda),     I(strideA), U(B),              \
-                     I(Btype),  I(ldb),     I(strideB), U(beta),    U(C),     I(Ctype),            \
+  uint64_t args[] = {U(handle), I(transa),  I(transb),     I(m),           I(n),       I(k),       \
+                     U(alpha),  U(A),       I(Atype),      I(lda),         I(strideA), U(B),       \
+                     I(Btype),  I(ldb),     I(strideB),    U(beta),        U(C),       I(Ctype),   \
                      I(ldc),    I(strideC), I(batchCount), I(computeType), I(algo)};               \
   record(__func__, sizeof args / sizeof args[0], args);                                            \
   return strided(handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb,    \
                  strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType)
 
 #define BATCHED_BODY                                                                               \
-  uint64_t args[] = {U(handle), I(transa), I(transb), I(m),     I(n),    I(k),    U(alpha),        \
-                     U(Aarray), I(Atype),  I(lda),    U(Barray), I(Btype), I(ldb), U(beta),        \
-                     U(Carray), I(Ctype),  I(ldc),    I(batchCount), I(computeType), I(algo)};     \
+  uint64_t args[] = {U(handle), I(transa), I(transb),     I(m),           I(n),                    \
+                     I(k),      U(alpha),  U(Aarray),     I(Atype),       I(lda),                  \
+                     U(Barray), I(Btype),  I(ldb),        U(beta),        U(Carray),               \
+                     I(Ctype),  I(ldc),    I(batchCount), I(computeType), I(algo)};                \
   record(__func__, sizeof args / sizeof args[0], args);                                            \
   return batched(transa, transb, m, n, k, alpha, Aarray, Atype, lda, Barray, Btype, ldb, beta,     \
                  Carray, Ctype, ldc, batchCount, computeType)
 
 EXPORT cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
-                                   cublasOperation_t transb, int m, int n, int k,
-                                   const void *alpha, const void *A, cudaDataType Atype, int lda,
-                                   const void *B, cudaDataType Btype, int ldb, const void *beta,
-                                   void *C, cudaDataType Ctype, int ldc,
-                                   cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+                                   cublasOperation_t transb, int m, int n, int k, const void *alpha,
+                                   const void *A, cudaDataType Atype, int lda, const void *B,
+                                   cudaDataType Btype, int ldb, const void *beta, void *C,
+                                   cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
+                                   cublasGemmAlgo_t algo) {
   EX_BODY;
 }
 
@@ -167,8 +168,8 @@ EXPORT cublasStatus_t cublasGemmStridedBatchedEx(
 }
 
 EXPORT cublasStatus_t cublasGemmStridedBatchedEx_64(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int64_t m,
-    int64_t n, int64_t k, const void *alpha, const void *A, cudaDataType Atype, int64_t lda,
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int64_t m, int64_t n,
+    int64_t k, const void *alpha, const void *A, cudaDataType Atype, int64_t lda,
     long long int strideA, const void *B, cudaDataType Btype, int64_t ldb, long long int strideB,
     const void *beta, void *C, cudaDataType Ctype, int64_t ldc, long long int strideC,
     int64_t batchCount, cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
@@ -182,8 +183,8 @@ static cublasStatus_t batched(int ta, int tb, int64_t m, int64_t n, int64_t k, c
   if (!compute_ok(compute))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   for (int64_t p = 0; p < batch; p++) {
-    cublasStatus_t st = gemm1(ta, tb, m, n, k, *(const float *)alpha, a[p], at, lda, b[p], bt,
-                              ldb, *(const float *)beta, c[p], ct, ldc);
+    cublasStatus_t st = gemm1(ta, tb, m, n, k, *(const float *)alpha, a[p], at, lda, b[p], bt, ldb,
+                              *(const float *)beta, c[p], ct, ldc);
     if (st != CUBLAS_STATUS_SUCCESS)
       return st;
   }
@@ -202,9 +203,9 @@ EXPORT cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation
 }
 
 EXPORT cublasStatus_t cublasGemmBatchedEx_64(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int64_t m,
-    int64_t n, int64_t k, const void *alpha, const void *const Aarray[], cudaDataType Atype,
-    int64_t lda, const void *const Barray[], cudaDataType Btype, int64_t ldb, const void *beta,
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int64_t m, int64_t n,
+    int64_t k, const void *alpha, const void *const Aarray[], cudaDataType Atype, int64_t lda,
+    const void *const Barray[], cudaDataType Btype, int64_t ldb, const void *beta,
     void *const Carray[], cudaDataType Ctype, int64_t ldc, int64_t batchCount,
     cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
   BATCHED_BODY;
@@ -218,10 +219,10 @@ EXPORT cublasStatus_t cublasGemmBatchedEx_64(
   int64_t p = 0;                                                                                   \
   for (IT g = 0; g < group_count; g++)                                                             \
     for (IT q = 0; q < group_size[g]; q++, p++) {                                                  \
-      cublasStatus_t st = gemm1(transa_array[g], transb_array[g], m_array[g], n_array[g],          \
-                                k_array[g], ((const float *)alpha_array)[g], Aarray[p], Atype,     \
-                                lda_array[g], Barray[p], Btype, ldb_array[g],                      \
-                                ((const float *)beta_array)[g], Carray[p], Ctype, ldc_array[g]);   \
+      cublasStatus_t st =                                                                          \
+          gemm1(transa_array[g], transb_array[g], m_array[g], n_array[g], k_array[g],              \
+                ((const float *)alpha_array)[g], Aarray[p], Atype, lda_array[g], Barray[p], Btype, \
+                ldb_array[g], ((const float *)beta_array)[g], Carray[p], Ctype, ldc_array[g]);     \
       if (st != CUBLAS_STATUS_SUCCESS)                                                             \
         return st;                                                                                 \
     }                                                                                              \
@@ -234,10 +235,10 @@ EXPORT cublasStatus_t cublasGemmGroupedBatchedEx(
     const int lda_array[], const void *const Barray[], cudaDataType_t Btype, const int ldb_array[],
     const void *beta_array, void *const Carray[], cudaDataType_t Ctype, const int ldc_array[],
     int group_count, const int group_size[], cublasComputeType_t computeType) {
-  uint64_t args[] = {U(handle),   U(transa_array), U(transb_array), U(m_array),  U(n_array),
-                     U(k_array),  U(alpha_array),  U(Aarray),       I(Atype),    U(lda_array),
-                     U(Barray),   I(Btype),        U(ldb_array),    U(beta_array), U(Carray),
-                     I(Ctype),    U(ldc_array),    I(group_count),  U(group_size), I(computeType)};
+  uint64_t args[] = {U(handle),  U(transa_array), U(transb_array), U(m_array),    U(n_array),
+                     U(k_array), U(alpha_array),  U(Aarray),       I(Atype),      U(lda_array),
+                     U(Barray),  I(Btype),        U(ldb_array),    U(beta_array), U(Carray),
+                     I(Ctype),   U(ldc_array),    I(group_count),  U(group_size), I(computeType)};
   record(__func__, sizeof args / sizeof args[0], args);
   GROUPED_BODY(int);
 }
@@ -250,10 +251,10 @@ EXPORT cublasStatus_t cublasGemmGroupedBatchedEx_64(
     cudaDataType_t Btype, const int64_t ldb_array[], const void *beta_array, void *const Carray[],
     cudaDataType_t Ctype, const int64_t ldc_array[], int64_t group_count,
     const int64_t group_size[], cublasComputeType_t computeType) {
-  uint64_t args[] = {U(handle),   U(transa_array), U(transb_array), U(m_array),  U(n_array),
-                     U(k_array),  U(alpha_array),  U(Aarray),       I(Atype),    U(lda_array),
-                     U(Barray),   I(Btype),        U(ldb_array),    U(beta_array), U(Carray),
-                     I(Ctype),    U(ldc_array),    I(group_count),  U(group_size), I(computeType)};
+  uint64_t args[] = {U(handle),  U(transa_array), U(transb_array), U(m_array),    U(n_array),
+                     U(k_array), U(alpha_array),  U(Aarray),       I(Atype),      U(lda_array),
+                     U(Barray),  I(Btype),        U(ldb_array),    U(beta_array), U(Carray),
+                     I(Ctype),   U(ldc_array),    I(group_count),  U(group_size), I(computeType)};
   record(__func__, sizeof args / sizeof args[0], args);
   GROUPED_BODY(int64_t);
 }

@@ -110,15 +110,13 @@ EXPORT cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
 }
 
 EXPORT cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t desc,
-                                                     cublasLtMatmulDescAttributes_t attr,
-                                                     void *buf, size_t sizeInBytes,
-                                                     size_t *sizeWritten) {
+                                                     cublasLtMatmulDescAttributes_t attr, void *buf,
+                                                     size_t sizeInBytes, size_t *sizeWritten) {
   return get_attr((const attrs *)desc, attr, buf, sizeInBytes, sizeWritten);
 }
 
-EXPORT cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *layout,
-                                                 cudaDataType type, uint64_t rows, uint64_t cols,
-                                                 int64_t ld) {
+EXPORT cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *layout, cudaDataType type,
+                                                 uint64_t rows, uint64_t cols, int64_t ld) {
   attrs *a = calloc(1, sizeof *a);
   if (!a)
     return CUBLAS_STATUS_ALLOC_FAILED;
@@ -156,24 +154,23 @@ EXPORT cublasStatus_t cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_t la
 /* Element (i, j) of a stored matrix of layout l in batch p. */
 static int64_t at(const attrs *l, int64_t i, int64_t j, int64_t p) {
   int64_t ld = i64(l, CUBLASLT_MATRIX_LAYOUT_LD);
-  int64_t off = i32(l, CUBLASLT_MATRIX_LAYOUT_ORDER) == CUBLASLT_ORDER_ROW ? i * ld + j : i + j * ld;
+  int64_t off =
+      i32(l, CUBLASLT_MATRIX_LAYOUT_ORDER) == CUBLASLT_ORDER_ROW ? i * ld + j : i + j * ld;
   return off + p * i64(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET);
 }
 
-EXPORT cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle,
-                                     cublasLtMatmulDesc_t computeDesc, const void *alpha,
-                                     const void *A, cublasLtMatrixLayout_t Adesc, const void *B,
-                                     cublasLtMatrixLayout_t Bdesc, const void *beta,
+EXPORT cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc,
+                                     const void *alpha, const void *A, cublasLtMatrixLayout_t Adesc,
+                                     const void *B, cublasLtMatrixLayout_t Bdesc, const void *beta,
                                      const void *C, cublasLtMatrixLayout_t Cdesc, void *D,
-                                     cublasLtMatrixLayout_t Ddesc,
-                                     const cublasLtMatmulAlgo_t *algo, void *workspace,
-                                     size_t workspaceSizeInBytes, cudaStream_t stream) {
-  uint64_t args[] = {(uintptr_t)lightHandle, (uintptr_t)computeDesc, (uintptr_t)alpha,
-                     (uintptr_t)A,           (uintptr_t)Adesc,       (uintptr_t)B,
-                     (uintptr_t)Bdesc,       (uintptr_t)beta,        (uintptr_t)C,
-                     (uintptr_t)Cdesc,       (uintptr_t)D,           (uintptr_t)Ddesc,
-                     (uintptr_t)algo,        (uintptr_t)workspace,   workspaceSizeInBytes,
-                     (uintptr_t)stream};
+                                     cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo,
+                                     void *workspace, size_t workspaceSizeInBytes,
+                                     cudaStream_t stream) {
+  uint64_t args[] = {
+      (uintptr_t)lightHandle, (uintptr_t)computeDesc, (uintptr_t)alpha,     (uintptr_t)A,
+      (uintptr_t)Adesc,       (uintptr_t)B,           (uintptr_t)Bdesc,     (uintptr_t)beta,
+      (uintptr_t)C,           (uintptr_t)Cdesc,       (uintptr_t)D,         (uintptr_t)Ddesc,
+      (uintptr_t)algo,        (uintptr_t)workspace,   workspaceSizeInBytes, (uintptr_t)stream};
   strncpy(last.fn, __func__, sizeof last.fn - 1);
   last.nargs = sizeof args / sizeof args[0];
   memcpy(last.args, args, sizeof args);

@@ -65,7 +65,8 @@ static char fail_name[48];
 static int fail_in; /* launches of fail_name (or any) until the failing one; 0: none */
 static int fail_loads;
 static int cc_major = 9, cc_minor = 0;
-static unsigned max_map_rank = 3; /* tensor maps of a higher rank are refused, as by an older driver */
+static unsigned max_map_rank =
+    3; /* tensor maps of a higher rank are refused, as by an older driver */
 
 /* The context handle: any fixed non-NULL address. */
 static int the_context;
@@ -145,7 +146,8 @@ static void env_config(void) {
   if (v && *v) {
     const char *colon = strchr(v, ':');
     if (colon) {
-      size_t len = (size_t)(colon - v) < sizeof fail_name - 1 ? (size_t)(colon - v) : sizeof fail_name - 1;
+      size_t len =
+          (size_t)(colon - v) < sizeof fail_name - 1 ? (size_t)(colon - v) : sizeof fail_name - 1;
       memcpy(fail_name, v, len);
       fail_name[len] = '\0';
       v = colon + 1;
@@ -246,11 +248,20 @@ EXPORT CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attr, CUdevi
   if (dev != 0)
     return CUDA_ERROR_INVALID_DEVICE;
   switch (attr) {
-  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = cc_major; break;
-  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = cc_minor; break;
-  case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = 132; break;
-  case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *value = MAX_SMEM; break;
-  default: *value = 0;
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+    *value = cc_major;
+    break;
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+    *value = cc_minor;
+    break;
+  case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+    *value = 132;
+    break;
+  case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN:
+    *value = MAX_SMEM;
+    break;
+  default:
+    *value = 0;
   }
   return CUDA_SUCCESS;
 }
@@ -338,7 +349,8 @@ EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attr, 
   pthread_mutex_lock(&lock);
   function *f = function_of(hfunc);
   CUresult r = CUDA_SUCCESS;
-  if (!f || (attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES && (value < 0 || value > MAX_SMEM))) {
+  if (!f || (attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES &&
+             (value < 0 || value > MAX_SMEM))) {
     counts.invalid++;
     r = CUDA_ERROR_INVALID_VALUE;
   } else if (attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
@@ -357,8 +369,10 @@ EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attr, 
 /* Bytes of the by-value argument struct of a kernel, by its name (the headers of kernels/); each
  * fits the event's copy (mt_large_args outgrew 512 bytes once, and the copy ran into the next
  * event). */
-_Static_assert(sizeof(mt_large_args) <= FAKE_CUDA_ARGS_MAX && sizeof(mt_small_args) <= FAKE_CUDA_ARGS_MAX &&
-                   sizeof(mt_quant_params) <= FAKE_CUDA_ARGS_MAX && sizeof(mt_pack_args) <= FAKE_CUDA_ARGS_MAX &&
+_Static_assert(sizeof(mt_large_args) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_small_args) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_quant_params) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_pack_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_wcheck_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_digest_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_shadow_args) <= FAKE_CUDA_ARGS_MAX &&
@@ -454,9 +468,7 @@ static void instr_probe(const mt_instr_probe_args *a) {
 
 /* Publications whose flag write is held back (fake_cuda_hold_events). */
 #define MAX_HELD 4096
-static struct {
-  uint32_t *flag, seq;
-} held[MAX_HELD];
+static struct { uint32_t *flag, seq; } held[MAX_HELD];
 static int nheld, hold_events;
 
 /* The grid's work and then the last CTA's publication, in one go. */
@@ -468,8 +480,8 @@ static void instr_finish(const mt_instr_finish_args *a) {
     } else {
       uint64_t sum = 0, per_row = (uint64_t)a->k / 8;
       for (int r = 0; r < a->n; r++)
-        sum += mt_instr_content_sum((const uint16_t *)a->w + (int64_t)r * a->ldw,
-                                    (size_t)a->k * 2, r * per_row);
+        sum += mt_instr_content_sum((const uint16_t *)a->w + (int64_t)r * a->ldw, (size_t)a->k * 2,
+                                    r * per_row);
       h->wsum += sum;
     }
     if (a->bias)
@@ -526,7 +538,8 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, voi
   if (e && config) {
     snprintf(e->name, sizeof e->name, "%s", fn ? fn->name : "?");
     e->grid[0] = config->gridDimX, e->grid[1] = config->gridDimY, e->grid[2] = config->gridDimZ;
-    e->block[0] = config->blockDimX, e->block[1] = config->blockDimY, e->block[2] = config->blockDimZ;
+    e->block[0] = config->blockDimX, e->block[1] = config->blockDimY,
+    e->block[2] = config->blockDimZ;
     e->smem = config->sharedMemBytes;
     e->stream = config->hStream;
     e->nattrs = (int)config->numAttrs;
@@ -557,15 +570,15 @@ EXPORT CUresult cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType typ
                                        void *base, const cuuint64_t *dims,
                                        const cuuint64_t *strides, const cuuint32_t *box,
                                        const cuuint32_t *elem_strides,
-                                       CUtensorMapInterleave interleave,
-                                       CUtensorMapSwizzle swizzle,
+                                       CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
                                        CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill fill) {
   (void)type, (void)elem_strides, (void)interleave, (void)swizzle, (void)l2, (void)fill;
   pthread_mutex_lock(&lock);
   CUresult r = CUDA_SUCCESS;
   /* rank 2: rows of dims[0] elements, strides[0] bytes apart; rank 3 only as the engine makes it,
    * each row split into dims[2] blocks of dims[0] BF16 (strides[1] bytes apart), a box two deep */
-  int split = rank == 3 && strides[1] == dims[0] * 2 && strides[0] == strides[1] * dims[2] && box[2] == 2;
+  int split =
+      rank == 3 && strides[1] == dims[0] * 2 && strides[0] == strides[1] * dims[2] && box[2] == 2;
   if (((uintptr_t)map & 63) || ((uintptr_t)base & 15) || (rank != 2 && !split) || strides[0] % 16) {
     counts.invalid++;
     r = CUDA_ERROR_INVALID_VALUE;
@@ -575,8 +588,8 @@ EXPORT CUresult cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType typ
     memset(map, 0, sizeof *map);
     memcpy(map, &base, sizeof base); /* so that a test can tell the maps apart */
   }
-  log_simple(FAKE_EV_TMAP, NULL, (uint64_t)(uintptr_t)base, r == CUDA_SUCCESS ? dims[1] * strides[0] : 0,
-             (int)rank, r);
+  log_simple(FAKE_EV_TMAP, NULL, (uint64_t)(uintptr_t)base,
+             r == CUDA_SUCCESS ? dims[1] * strides[0] : 0, (int)rank, r);
   pthread_mutex_unlock(&lock);
   return r;
 }
@@ -599,7 +612,8 @@ EXPORT CUresult cuMemAlloc(CUdeviceptr *out, size_t bytes) {
   char *p = NULL;
   if (!bytes) {
     r = CUDA_ERROR_INVALID_VALUE;
-  } else if (!slot || (mem_limit >= 0 && counts.live_bytes + bytes > (unsigned long long)mem_limit) ||
+  } else if (!slot ||
+             (mem_limit >= 0 && counts.live_bytes + bytes > (unsigned long long)mem_limit) ||
              !(p = aligned_alloc(256, (bytes + 255) / 256 * 256))) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {

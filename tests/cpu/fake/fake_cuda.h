@@ -27,24 +27,24 @@ enum fake_cuda_kind {
   FAKE_EV_SYNC,     /* cuStreamSynchronize: stream */
   FAKE_EV_CTX_SYNC, /* cuCtxSynchronize */
   FAKE_EV_LOAD,     /* cuModuleLoadData: ptr (the image) */
-  FAKE_EV_TMAP,     /* cuTensorMapEncodeTiled: ptr (the base), bytes (rows * row pitch), value (the rank) */
-  FAKE_EV_SETATTR,  /* cuFuncSetAttribute: name, value */
-  FAKE_EV_RECORD,   /* cuEventRecord: ptr (the event), stream */
-  FAKE_EV_HOSTALLOC,/* cuMemHostAlloc: ptr, bytes */
+  FAKE_EV_TMAP, /* cuTensorMapEncodeTiled: ptr (the base), bytes (rows * row pitch), value (the rank) */
+  FAKE_EV_SETATTR,   /* cuFuncSetAttribute: name, value */
+  FAKE_EV_RECORD,    /* cuEventRecord: ptr (the event), stream */
+  FAKE_EV_HOSTALLOC, /* cuMemHostAlloc: ptr, bytes */
 };
 
 typedef struct {
-  int kind;               /* enum fake_cuda_kind */
-  int result;             /* the CUresult returned */
-  char name[48];          /* the kernel (LAUNCH, SETATTR) */
+  int kind;      /* enum fake_cuda_kind */
+  int result;    /* the CUresult returned */
+  char name[48]; /* the kernel (LAUNCH, SETATTR) */
   unsigned grid[3], block[3], smem;
-  int pdl;                /* launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1 */
+  int pdl; /* launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1 */
   int nattrs;
   CUstream stream;
   uint64_t ptr;
   size_t bytes;
   int value;
-  size_t args_bytes;      /* bytes kept of the kernel's argument struct (by its name) */
+  size_t args_bytes; /* bytes kept of the kernel's argument struct (by its name) */
   unsigned char args[FAKE_CUDA_ARGS_MAX] __attribute__((aligned(128))); /* as CUtensorMap */
 } fake_cuda_event;
 
@@ -52,8 +52,8 @@ typedef struct {
   long allocs, frees, live_allocs, bad_frees;
   size_t live_bytes;
   long module_loads, launches;
-  long invalid;           /* calls the real driver would refuse (bad handle, config, pointer) */
-  long during_capture;    /* allocations, frees, loads, syncs, read-backs while a stream captures */
+  long invalid;        /* calls the real driver would refuse (bad handle, config, pointer) */
+  long during_capture; /* allocations, frees, loads, syncs, read-backs while a stream captures */
 } fake_cuda_counts;
 
 /* The log so far (events are never removed; the array stays valid until the next driver call). */
