@@ -169,9 +169,8 @@ static int call_ours(void *p, int i) {
 }
 
 /* The two halves of call_ours: the activation quantization alone, and the GEMM launcher alone on
- * activations quantized once beforehand (the workspace keeps them), in the layout the engine uses
- * for the call: xhat, or under MT_LARGE_VARIANT=ra where its kernel runs, 5-bit records
- * (mt_gemm_act_records); S after the activations' section (mt_gemm_act_bytes). */
+ * activations quantized once beforehand (the workspace keeps them): xhat, then S after it in the
+ * engine's layout (kernels/engine.c). */
 static mt_gemm_args ours_args(const gemm_ctx *g, int i) {
   mt_gemm_args a = {.m = g->m,
                     .n = g->s->n,
@@ -191,32 +190,26 @@ static mt_gemm_args ours_args(const gemm_ctx *g, int i) {
 }
 
 static float *act_outer(const gemm_ctx *g) {
-  return (float *)((char *)g->ws + (mt_gemm_act_bytes(g->m, g->s->k) + 255) / 256 * 256);
+  return (float *)((char *)g->ws + ((size_t)g->m * g->s->k * 2 + 255) / 256 * 256);
 }
 
 static int call_act_quant(void *p, int i) {
   gemm_ctx *g = p;
-  mt_gemm_args a = ours_args(g, i);
-  int records = mt_gemm_act_records(&a);
+  (void)i;
   mt_quant_params q = {.x = g->x,
                        .ldx = g->s->k,
                        .rows = g->m,
                        .cols = g->s->k,
                        .row_outer = 1,
-                       .xhat = records ? NULL : g->ws,
-                       .outer = act_outer(g),
-                       .records = records ? g->ws : NULL};
+                       .xhat = g->ws,
+                       .outer = act_outer(g)};
   return mt_quantize(&q, 0, (mt_stream)stream);
 }
 
 static int call_gemm_only(void *p, int i) {
   gemm_ctx *g = p;
   mt_gemm_args a = ours_args(g, i);
-  int records = mt_gemm_act_records(&a);
-  mt_qact q = {.xhat = records ? NULL : g->ws,
-               .outer = act_outer(g),
-               .rec = records ? g->ws : NULL,
-               .r0 = g->m}; /* every row quantized beforehand: under fq this times the ts kernel */
+  mt_qact q = {.xhat = g->ws, .outer = act_outer(g)};
   return mt_gemm_launch(&a, &q, (mt_stream)stream);
 }
 
@@ -259,12 +252,12 @@ static const char *path_us(char *buf, size_t size, double t, int json_form) {
 }
 
 static void bench_paths(gemm_ctx *g) {
-  static const char *names[] = {"auto", "fused", "small", "large"};
+  static const char *names[] = {"auto", "fused", "large"};
   g->m = 1; /* a graph run and dropped: the first after the weights' quantization ran ~2 µs slow */
   g->path = MT_PATH_LARGE;
   time_calls(call_ours, g, 256);
   for (int i = 0; i < NPATH_MS; i++) {
-    double t[4];
+    double t[3];
     g->m = path_ms[i];
     for (int p = MT_PATH_FUSED; p <= MT_PATH_LARGE + 1; p++) { /* AUTO last */
       g->path = (enum mt_gemm_path)(p % (MT_PATH_LARGE + 1));
@@ -274,17 +267,17 @@ static void bench_paths(gemm_ctx *g) {
     g->path = MT_PATH_AUTO;
     mt_gemm_args a = ours_args(g, 0);
     const char *pick = names[mt_gemm_path_of(&a)];
-    char b[3][16];
+    char b[2][16];
     size_t used = strlen(path_table);
-    snprintf(path_table + used, sizeof path_table - used, "%-14s %3d | %s %s %s | %-5s %7.2f\n",
-             g->s->name, g->m, path_us(b[0], 16, t[1], 0), path_us(b[1], 16, t[2], 0),
-             path_us(b[2], 16, t[3], 0), pick, t[0] * 1e6);
+    snprintf(path_table + used, sizeof path_table - used, "%-14s %3d | %s %s | %-5s %7.2f\n",
+             g->s->name, g->m, path_us(b[0], 16, t[MT_PATH_FUSED], 0),
+             path_us(b[1], 16, t[MT_PATH_LARGE], 0), pick, t[0] * 1e6);
     char row[384];
     snprintf(row, sizeof row,
              "{\"kind\": \"path\", \"shape\": \"%s\", \"m\": %d, \"fused_us\": %s, "
-             "\"small_us\": %s, \"large_us\": %s, \"auto\": \"%s\", \"auto_us\": %.3f}",
-             g->s->name, g->m, path_us(b[0], 16, t[1], 1), path_us(b[1], 16, t[2], 1),
-             path_us(b[2], 16, t[3], 1), pick, t[0] * 1e6);
+             "\"large_us\": %s, \"auto\": \"%s\", \"auto_us\": %.3f}",
+             g->s->name, g->m, path_us(b[0], 16, t[MT_PATH_FUSED], 1),
+             path_us(b[1], 16, t[MT_PATH_LARGE], 1), pick, t[0] * 1e6);
     json_row(row);
   }
 }
@@ -601,8 +594,7 @@ int main(int argc, char **argv) {
   if (!only_name) {
     printf(
         "\nfew tokens: each path forced, and AUTO's choice (us per call, quantization included)\n");
-    printf("%-14s %3s | %7s %7s %7s | %-5s %7s\n", "shape", "M", "fused", "small", "large", "auto",
-           "us");
+    printf("%-14s %3s | %7s %7s | %-5s %7s\n", "shape", "M", "fused", "large", "auto", "us");
     printf("%s", path_table);
   }
   fprintf(json, "\n]}\n");

@@ -122,8 +122,7 @@ int mt_quantize_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight
 
 size_t mt_gemm_workspace_bytes(int m, int k, const mt_numerics *num) {
   if (!num || m <= 0 || k <= 0) return 0;
-  return section(mt_gemm_act_bytes(m, k)) + section(outer_bytes(m, num->act_scale)) +
-         MT_FQ_SYNC_WORDS(m) * sizeof(uint32_t);
+  return section((size_t)m * (size_t)k * 2) + outer_bytes(m, num->act_scale);
 }
 
 static int is_half(enum mt_dtype t) { return t == MT_DTYPE_BF16 || t == MT_DTYPE_FP16; }
@@ -159,26 +158,20 @@ int mt_gemm(const mt_gemm_args *a, mt_stream stream) {
   resolved.path = (enum mt_gemm_path)path;
   a = &resolved;
   char *ws = a->workspace;
-  float *outer = (float *)(ws + section(mt_gemm_act_bytes(a->m, a->k)));
-  uint32_t *sync = (uint32_t *)((char *)outer + section(outer_bytes(a->m, num->act_scale)));
-  int records = mt_gemm_act_records(a); /* MT_LARGE_VARIANT=ra: 5-bit records instead of xhat */
-  int rows = mt_gemm_quant_rows(a);     /* fewer than m: the fq GEMM quantizes the rest */
+  float *outer = (float *)(ws + section((size_t)a->m * (size_t)a->k * 2));
   mt_quant_params p = {
       .x = a->x,
       .ldx = (int64_t)a->ldx,
-      .rows = rows,
+      .rows = a->m,
       .cols = a->k,
       .fp16 = a->xtype == MT_DTYPE_FP16,
       .row_outer = num->act_scale == MT_SCALE_ROW,
-      .xhat = records ? NULL : (uint16_t *)ws,
+      .xhat = (uint16_t *)ws,
       .outer = outer,
       .amax = amax_word(outer),
-      .records = records ? (uint8_t *)ws : NULL,
-      .zero = rows < a->m ? sync : NULL,
-      .nzero = rows < a->m ? (int32_t)MT_FQ_SYNC_WORDS(a->m) : 0,
   };
   int status = mt_quantize(&p, 0, stream);
   if (status != MT_OK) return status;
-  mt_qact q = {.xhat = p.xhat, .outer = outer, .rec = p.records, .sync = sync, .r0 = rows};
+  mt_qact q = {.xhat = p.xhat, .outer = outer};
   return mt_gemm_launch(a, &q, stream);
 }

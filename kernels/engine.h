@@ -81,13 +81,18 @@ int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qwei
 #define MT_REFRESH_STATE_BYTES 64
 int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state, mt_stream stream);
 
-/* The kernels that run a GEMM: the small-M kernel that quantizes the activations itself (fused),
- * the small-M kernel after the quantization kernel (small), the tiled tensor-core kernel (large).
- * All give the same bits (DESIGN.md §4). AUTO, what the shim uses, lets mt_gemm_path_of
- * (kernels/gemm.h) pick the fastest for the call (the fused kernel or the large path; the small
- * kernel is no longer the fastest anywhere measured); tests and make bench force the others, and
- * a forced path that cannot take the call is MT_ERR_UNSUPPORTED. */
-enum mt_gemm_path { MT_PATH_AUTO, MT_PATH_FUSED, MT_PATH_SMALL, MT_PATH_LARGE };
+/* The kernels that run a GEMM: the few-token kernel that quantizes the activations itself
+ * (fused) and the tiled tensor-core kernels after the activations' quantization (large). Both
+ * give the same bits (docs/numerics.md, "Batch invariance"). AUTO, what the shim uses, lets
+ * mt_gemm_path_of (kernels/gemm.h) pick the faster for the call; tests and make bench force one,
+ * and a forced path that cannot take the call is MT_ERR_UNSUPPORTED. */
+enum mt_gemm_path { MT_PATH_AUTO, MT_PATH_FUSED, MT_PATH_LARGE };
+
+/* A large-path tile: bm tokens (128 or 64) x bn channels (256 to 64, or 64 to 32). {0, 0} in
+ * mt_gemm_args lets the launcher choose; tests and make bench force one. */
+typedef struct {
+  int bm, bn;
+} mt_gemm_tile;
 
 /* One routed GEMM:  y = acc * ((1/S_a[i]) * (1/S_w[j])) * alpha + beta * c + bias, one RNE cast. */
 typedef struct {
@@ -107,6 +112,7 @@ typedef struct {
   void *workspace; /* device scratch of at least mt_gemm_workspace_bytes(m, k, ...) */
   size_t workspace_bytes;
   enum mt_gemm_path path; /* MT_PATH_AUTO (0) */
+  mt_gemm_tile tile;      /* the large path's tile: {0, 0} (the launcher's choice) */
 } mt_gemm_args;
 
 size_t mt_gemm_workspace_bytes(int m, int k, const mt_numerics *num);

@@ -9,8 +9,6 @@
 
 #include "kernels/driver.h"
 #include "kernels/gemm_args.h"
-#include "base/log.h"
-#include "base/param.h"
 
 /* None for a weight AUTO never fuses (mt_gemm_auto_path): Qwen3's gate_up expert keeps 2 MB less
  * (2.56 bytes an element instead of 3.19), DeepSeek's 4096 x 7168 one 18 MB, and their
@@ -29,66 +27,6 @@ static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, un
   int st = mt_kernel_get(file, fn, (CUstream)stream, &f);
   if (st != MT_OK) return st;
   return mt_launch(f, gx, gy, threads, 1, smem, dependent, (CUstream)stream, args);
-}
-
-/* The kernel measurement knobs (lab/NOTES.md; README "The engine"), read once through
- * base/param.h like every setting, so that a set one is logged at INFO and an invalid one warned
- * about; for measurements, not for users, and leaving them unset runs the measured defaults.
- *  MT_LARGE_VARIANT: the default stores the outputs by TMA from shared memory (mt_gemm_large_ts_nBN)
- *    where the tile is 128 to 256 wide, n % 8 == 0 and y suits a tensor map, else runs
- *    mt_gemm_large_nBN (v6, per-thread stores); "v6" runs mt_gemm_large_nBN everywhere; "ra" where
- *    the default would store by TMA, the activations quantized into 5-bit records (gemm_args.h:
- *    ~2.6 instead of 4 bytes of quantization traffic an element, 5 KB instead of 16 KB a stage)
- *    that the kernel decodes into wgmma's A registers (mt_gemm_large_ra_nBN; the engine's workspace
- *    then holds the records, mt_gemm_act_records), else as the default: same bits, not faster
- *    (H200: Qwen3 shapes 2-10% slower, DeepSeek's within the run-to-run spread of +-10%; the
- *    record quantization runs at 20.0 instead of 18.8 µs for 8192 x 2048). Same bits in every case.
- *    "fq" where the default would store by TMA, S_a is per row and the first wave of tiles leaves
- *    rows: the quantization kernel does the first wave's bands (and zeroes the counters), the GEMM
- *    (mt_gemm_large_fq_nBN, tiles 128 or 192 wide: fq_tile) the rest in its producer warpgroup's
- *    idle warps and a fourth warpgroup while its consumers run (mt_gemm_quant_rows); same bits,
- *    faster only at the largest M of one shape (H200, 5th session: gate_up M = 16384 157.7 against
- *    164.8 µs; 4096 47.9 against 45.3, down and DeepSeek's slower; lab/NOTES.md).
- *  MT_LARGE_BN: a tile width taken instead of the launcher's choice (256, 192 or 128 for every
- *    variant, fq taking 192 or 128 for 256; 96 or 64 for v6, where the default runs it; 48 and 32
- *    with tiles of 64 tokens only).
- *  MT_LARGE_BM: the tiles' tokens, 128 or 64, instead of the launcher's choice (64 runs the
- *    mt_gemm_large_m64_nBN kernels, widths 32 to 64, whatever the variant). A pair of the two
- *    knobs that no kernel has is ignored, with a warning.
- *  MT_FQ_ROWS: under fq, the rows the quantization kernel does before the GEMM at least (rounded
- *    up to 128; default 0: the first wave's bands): moves the split when the kernel's quantizers
- *    are too slow to stay ahead of the tiles (lab/NOTES.md, fourth session).
- * The other knobs and kernels measured in earlier sessions (small-M: warp-specialized, shift
- * decode, 16-64 rows; large-M: v1, np, mc, the second session's m64) lost and were removed
- * (lab/NOTES.md). */
-enum { LARGE_DEFAULT, LARGE_V6, LARGE_RA, LARGE_FQ };
-static struct {
-  int large_variant, large_bn, large_bm;
-  long long fq_rows;
-} knobs;
-static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
-
-static void knobs_read(void) {
-  static const char *const large[] = {"default", "v6", "ra", "fq", NULL};
-  static const char *const widths[] = {"default", "256", "192", "128", "96", "64", "48", "32", NULL};
-  static const int width_of[] = {0, 256, 192, 128, 96, 64, 48, 32};
-  static const char *const heights[] = {"default", "128", "64", NULL};
-  static const int height_of[] = {0, 128, 64};
-  int errors = 0; /* a warning is enough: these are not the user's settings */
-  knobs.large_variant = mt_param_choice("MT_LARGE_VARIANT", large, 0, &errors); /* order of the enum */
-  knobs.large_bn = width_of[mt_param_choice("MT_LARGE_BN", widths, 0, &errors)];
-  knobs.large_bm = height_of[mt_param_choice("MT_LARGE_BM", heights, 0, &errors)];
-  if (mt_gemm_large_tile(1, 1, 1, knobs.large_bm, knobs.large_bn).bm == 0) {
-    MT_WARN("MT_LARGE_BM=%d with MT_LARGE_BN=%d: no kernel has tiles of %d x %d; both ignored", knobs.large_bm,
-            knobs.large_bn, knobs.large_bm, knobs.large_bn);
-    knobs.large_bm = knobs.large_bn = 0;
-  }
-  knobs.fq_rows = (long long)mt_param_count("MT_FQ_ROWS", 0, 0, 1ull << 30, "rows", &errors);
-}
-
-static int large_variant(void) {
-  pthread_once(&knobs_once, knobs_read);
-  return knobs.large_variant;
 }
 
 int mt_gemm_pack_weight(const mt_qweight *q, const uint32_t *only_if, mt_stream stream) {
@@ -117,14 +55,6 @@ static void epilogue_args(const mt_gemm_args *a, const mt_qact *q, mt_epilogue_a
   e->beta = a->beta;
 }
 
-/* One CTA per 16 output channels (gemm_small.cu), token capacity MT_SMALL_ROWS. */
-static int small_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
-  mt_small_args s = {q->xhat, a->w->frag, {0}, NULL, 0, 0};
-  epilogue_args(a, q, &s.e);
-  unsigned grid = (unsigned)(a->n / (8 * MT_SMALL_WARPS));
-  return launch("gemm_small", "mt_gemm_small_m8", grid, 1, 32 * MT_SMALL_WARPS, MT_SMALL_SMEM, 1, stream, &s);
-}
-
 static int sm_count(void) {
   const mt_driver *d = mt_driver_get();
   CUdevice dev;
@@ -142,8 +72,6 @@ static int path_fits(int p, int m, int k, int packed) {
   switch (p) {
   case MT_PATH_FUSED:
     return packed && m <= MT_SMALL_FUSE_M && (size_t)m * (2 * (size_t)k + 16) <= MT_SMALL_FUSE_XHAT;
-  case MT_PATH_SMALL:
-    return packed && m <= MT_SMALL_ROWS;
   case MT_PATH_LARGE:
     return 1;
   default:
@@ -174,8 +102,8 @@ int mt_gemm_path_of(const mt_gemm_args *a) {
 }
 
 int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream) {
-  mt_qact none = {NULL, NULL, NULL, NULL, a->m};
-  mt_small_args s = {NULL, a->w->frag, {0}, a->x, (long long)a->ldx, a->xtype == MT_DTYPE_FP16};
+  mt_qact none = {NULL, NULL};
+  mt_small_args s = {a->w->frag, {0}, a->x, (long long)a->ldx, a->xtype == MT_DTYPE_FP16};
   epilogue_args(a, &none, &s.e);
   unsigned grid = (unsigned)(a->n / (8 * MT_SMALL_WARPS));
   return launch("gemm_small", "mt_gemm_small_q4", grid, 1, 32 * MT_SMALL_WARPS, MT_SMALL_FUSE_SMEM, 0, stream, &s);
@@ -259,12 +187,6 @@ mt_gemm_tile mt_gemm_large_tile(int m, int n, int sms, int bm, int bn) {
   return best;
 }
 
-/* The call's tile on sms SMs: the launcher's choice within MT_LARGE_BM and MT_LARGE_BN where set. */
-static mt_gemm_tile tile_of(const mt_gemm_args *a, int sms) {
-  pthread_once(&knobs_once, knobs_read);
-  return mt_gemm_large_tile(a->m, a->n, sms, knobs.large_bm, knobs.large_bn);
-}
-
 /* Whether the TMA-store epilogue (the ts and ra kernels) can write y with tiles t, leaving y's
  * description in ty: tiles of 128 tokens x 128 to 256, rows that end on 16 bytes (the store clips
  * at n by 16-byte pieces: at n = 271 it wrote column 271, the caller's padding; H200, 2026-11-29),
@@ -280,96 +202,11 @@ static unsigned persistent_grid(const mt_gemm_args *a, mt_gemm_tile t, int sms) 
   return (unsigned)(count < sms ? count : sms);
 }
 
-/* The ra kernel's tile width for this call, or 0 where it does not run: MT_LARGE_VARIANT=ra, the
- * large path, and stores_by_tma (y's description left in ty); the SM count in *sms. The engine
- * asks it before quantizing (records or xhat) and the launcher again, with the same answer. */
-static int ra_width(const mt_gemm_args *a, CUtensorMap *ty, int *sms) {
-  if (large_variant() != LARGE_RA || mt_gemm_path_of(a) != MT_PATH_LARGE || !mt_driver_get()) return 0;
-  *sms = sm_count();
-  mt_gemm_tile t = tile_of(a, *sms);
-  return stores_by_tma(a, t, ty) ? t.bn : 0;
-}
-
-/* The fq kernel's first rows for this call, or a->m where it does not run: MT_LARGE_VARIANT=fq, the
- * large path, S_a per row, stores_by_tma, and a first wave of tiles (tile blockIdx.x of every CTA)
- * that leaves rows to quantize: the bands it touches are quantized before the kernel (they are
- * needed at once), the rest by the kernel's spare warps while its tensor cores run. */
-static int fq_rows(const mt_gemm_args *a, mt_gemm_tile t, int sms, CUtensorMap *ty) {
-  if (large_variant() != LARGE_FQ || a->w->num.act_scale != MT_SCALE_ROW || !stores_by_tma(a, t, ty)) return a->m;
-  int tiles_n = (a->n + t.bn - 1) / t.bn, grid = (int)persistent_grid(a, t, sms);
-  long long r0 = (long long)((grid - 1) / tiles_n + 1) * MT_LARGE_BM;
-  long long least = (knobs.fq_rows + MT_LARGE_BM - 1) / MT_LARGE_BM * MT_LARGE_BM; /* MT_FQ_ROWS */
-  if (r0 < least) r0 = least;
-  return r0 < a->m ? (int)r0 : a->m;
-}
-
-/* The fq kernels' tile for a call whose ts tile is t: at most 192 wide (their fourth warpgroup
- * leaves 128 registers a thread, too few for a 256-wide tile's accumulators); in place of 256,
- * whichever of 192 and 128 pads n less (2048: 128, 1536: 192). */
-static mt_gemm_tile fq_tile(const mt_gemm_args *a, mt_gemm_tile t) {
-  if (t.bn <= 192) return t;
-  int pad192 = (a->n + 191) / 192 * 192 - a->n, pad128 = (a->n + 127) / 128 * 128 - a->n;
-  t.bn = pad192 <= pad128 ? 192 : 128;
-  return t;
-}
-
-int mt_gemm_quant_rows(const mt_gemm_args *a) {
-  if (large_variant() != LARGE_FQ || mt_gemm_path_of(a) != MT_PATH_LARGE || !mt_driver_get()) return a->m;
-  CUtensorMap ty;
-  int sms = sm_count();
-  return fq_rows(a, fq_tile(a, tile_of(a, sms)), sms, &ty);
-}
-
-int mt_gemm_act_records(const mt_gemm_args *a) {
-  CUtensorMap ty;
-  int sms;
-  return ra_width(a, &ty, &sms) != 0;
-}
-
-size_t mt_gemm_act_bytes(int m, int k) {
-  size_t xhat = (size_t)m * (size_t)k * 2, rec = MT_ACT_REC_BYTES(m, k);
-  return large_variant() == LARGE_RA && rec > xhat ? rec : xhat;
-}
-
-/* The name of a large-path kernel: mt_gemm_large_<kind>n<bn> (kind "", "ts_", "ra_", "fq_", "m64_"
- * or "m64p_"), in buf. */
+/* The name of a large-path kernel: mt_gemm_large_<kind>n<bn> (kind "", "ts_", "m64_" or "m64p_"),
+ * in buf. */
 static const char *kernel_name(char buf[32], const char *kind, int bn) {
   snprintf(buf, 32, "mt_gemm_large_%sn%d", kind, bn);
   return buf;
-}
-
-/* The ra kernel on activations given as records (q->rec): the TMA-store kernel's grid and epilogue. */
-static int ra_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
-  static mt_large_args proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
-  mt_large_args l = proto;
-  int sms, bn = ra_width(a, &l.ty, &sms);
-  if (!bn) /* records were made for a call the ra kernel does not take: not the engine's doing */
-    return MT_ERR_UNSUPPORTED;
-  int st = tensor_map(&l.tw, a->w->xhat, a->n, a->k, bn, 0);
-  if (st != MT_OK) return st;
-  epilogue_args(a, q, &l.e);
-  l.ra = q->rec;
-  mt_gemm_tile t = {MT_LARGE_BM, bn};
-  char fn[32];
-  return launch("gemm_large", kernel_name(fn, "ra_", bn), persistent_grid(a, t, sms), 1, 384, MT_LARGE_SMEM_RA(bn), 1,
-                stream, &l);
-}
-
-/* The fq kernel on l (activation and weight maps and the epilogue already there), or
- * MT_ERR_UNSUPPORTED where the engine's split of the rows (q->r0) is not the one fq_rows gives. */
-static int fq_launch(const mt_gemm_args *a, const mt_qact *q, mt_gemm_tile t, int sms, mt_large_args *l,
-                     mt_stream stream) {
-  if (!q->sync || fq_rows(a, t, sms, &l->ty) != q->r0) return MT_ERR_UNSUPPORTED;
-  l->fq_x = a->x;
-  l->fq_ldx = (long long)a->ldx;
-  l->fq_xhat = (uint16_t *)q->xhat;
-  l->fq_outer = (float *)q->outer;
-  l->fq_sync = q->sync;
-  l->fq_r0 = q->r0;
-  l->fq_fp16 = a->xtype == MT_DTYPE_FP16;
-  char fn[32];
-  return launch("gemm_large", kernel_name(fn, "fq_", t.bn), persistent_grid(a, t, sms), 1, MT_LARGE_FQ_THREADS,
-                MT_LARGE_SMEM_TS(t.bn), 1, stream, l);
 }
 
 /* The operands' maps for tiles t.bm tokens high: the last band's activations (its rows only,
@@ -389,19 +226,16 @@ static int operand_maps(const mt_gemm_args *a, const mt_qact *q, mt_gemm_tile t,
 
 /* The 64-token tiles take a stage's two K blocks of an operand in one box (mt_gemm_large_m64p_nBN)
  * where k allows and the K loop outlasts their ring, so that the producer refills a freed stage
- * with two requests instead of four (eleventh session, GEMM alone: gate_up at 1-16 tokens 5.81 ->
- * 4.98-5.07 µs, at 64 5.89 -> 5.52, DeepSeek 4096x7168 at 1-16 17.1-17.4 -> 16.6-16.9; down, all
- * six stages requested up front, was no faster with it). */
+ * with two requests instead of four (lab/NOTES.md: gate_up at 1-16 tokens 5.81 -> 4.98-5.07 µs;
+ * down, all six stages requested up front, was no faster with it). */
 int mt_gemm_kpair(int k, mt_gemm_tile t) { return t.bm == 64 && MT_LARGE_KPAIR_64(k, t.bn); }
 
 static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   static mt_large_args proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
   mt_large_args l = proto;
-  if (q->rec) return ra_path(a, q, stream);
   int sms = sm_count();
-  mt_gemm_tile t = tile_of(a, sms);
-  if (q->r0 < a->m) /* the fq kernel quantizes rows r0 .. m-1 itself (mt_gemm_quant_rows) */
-    t = fq_tile(a, t);
+  mt_gemm_tile t = mt_gemm_large_tile(a->m, a->n, sms, a->tile.bm, a->tile.bn);
+  if (!t.bm) return MT_ERR_UNSUPPORTED; /* a forced tile no kernel has */
   /* a driver that refused the rank-3 maps gets the boxes of one block */
   int pair = mt_gemm_kpair(a->k, t);
   int st = operand_maps(a, q, t, pair, &l);
@@ -411,15 +245,13 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   }
   if (st != MT_OK) return st;
   epilogue_args(a, q, &l.e);
-  if (q->r0 < a->m) return fq_launch(a, q, t, sms, &l, stream);
   unsigned grid = persistent_grid(a, t, sms);
   char fn[32];
   if (t.bm != MT_LARGE_BM)
     return launch("gemm_large", kernel_name(fn, pair ? "m64p_" : "m64_", t.bn), grid, 1, 256, MT_LARGE_SMEM_64(t.bn), 1,
                   stream, &l);
-  /* TMA stores (all but v6; ra where its kernel does not run is the default) where they can,
-   * else per-thread stores */
-  if (large_variant() != LARGE_V6 && stores_by_tma(a, t, &l.ty))
+  /* TMA stores where they can, else per-thread stores */
+  if (stores_by_tma(a, t, &l.ty))
     return launch("gemm_large", kernel_name(fn, "ts_", t.bn), grid, 1, 384, MT_LARGE_SMEM_TS(t.bn), 1, stream, &l);
   return launch("gemm_large", kernel_name(fn, "", t.bn), grid, 1, 384, MT_LARGE_SMEM(t.bn), 1, stream, &l);
 }
@@ -427,5 +259,5 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
 int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   int path = mt_gemm_path_of(a);
   if (path < 0) return MT_ERR_UNSUPPORTED;
-  return path == MT_PATH_LARGE ? large_path(a, q, stream) : small_path(a, q, stream);
+  return path == MT_PATH_LARGE ? large_path(a, q, stream) : MT_ERR_UNSUPPORTED;
 }

@@ -18,11 +18,6 @@
 typedef struct {
   const uint16_t *xhat; /* [m][k] BF16 dequantized activations (exact), row stride k */
   const float *outer;   /* S_a: m floats (row) or 1 (tensor) */
-  const uint8_t *rec;   /* instead of xhat where mt_gemm_act_records says so: the activations as
-                           5-bit records (gemm_args.h, MT_ACT_REC_BYTES), else NULL */
-  uint32_t *sync;       /* MT_FQ_SYNC_WORDS(m) words, zeroed by the quantization, where r0 < m */
-  int r0;               /* rows quantized already: m, or fewer where the GEMM quantizes the rest
-                           itself (mt_gemm_quant_rows) */
 } mt_qact;
 
 /* AUTO's threshold (mt_gemm_auto_path in kernels/gemm.c says why): the fused kernel while each SM
@@ -49,11 +44,6 @@ int mt_gemm_path_of(const mt_gemm_args *a);
 int mt_gemm_auto_path(int m, int n, int k, int packed, int sms);
 int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream);
 
-/* A large-path tile: bm tokens (128 or 64) x bn channels (256 to 64, or 128 to 32). */
-typedef struct {
-  int bm, bn;
-} mt_gemm_tile;
-
 /* The large path's tile for m tokens on an n-row weight with sms SMs: the one of least estimated
  * time (kernels/gemm.c says how it is estimated), among those bm tokens high and bn wide where
  * those are not 0; {0, 0} where no kernel has such a tile. */
@@ -63,19 +53,8 @@ mt_gemm_tile mt_gemm_large_tile(int m, int n, int sms, int bm, int bn);
  * maps, mt_gemm_large_m64p_nBN): 64-token tiles, k % 64 == 0, more stages than their ring holds. */
 int mt_gemm_kpair(int k, mt_gemm_tile t);
 
-/* Whether mt_gemm_launch wants this call's activations as records (mt_qact.rec; the large-M ra
- * kernel under MT_LARGE_VARIANT=ra) rather than xhat; and the bytes the activations take either
- * way for m x k (the larger of the two layouts under ra, else xhat's). */
-int mt_gemm_act_records(const mt_gemm_args *a);
-size_t mt_gemm_act_bytes(int m, int k);
-
-/* The rows of a->x that the engine quantizes before mt_gemm_launch: a->m, or, where the large-M
- * fq kernel quantizes the rest inside the GEMM (the rows of its first wave of tiles run on rows
- * quantized before it starts), fewer: a multiple of 128. */
-int mt_gemm_quant_rows(const mt_gemm_args *a);
-
-/* Run a->y = ... for the activations q (a->x is read only where q->r0 < a->m): the small kernel
- * where mt_gemm_path_of says FUSED or SMALL, else the large one. */
+/* Run a->y = ... on the large path for the quantized activations q (MT_ERR_UNSUPPORTED for any
+ * other path: the fused kernel runs through mt_gemm_launch_fused). */
 int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream);
 
 #endif

@@ -31,35 +31,20 @@ typedef struct {
   CUtensorMap tw;      /* weight [n][k], box 64 x BN rows */
   /* (mt_gemm_large_m64p_nBN: ta, ta_last and tw of rank 3, 64 columns by the rows by k / 64
    * blocks 128 bytes apart, a box two blocks deep: one box a stage and operand) */
-  CUtensorMap ty; /* output [m][n] (the ts and ra kernels only), box 64 x 64 rows */
+  CUtensorMap ty; /* output [m][n] (the TMA-store kernels only), box 64 x 64 rows */
   mt_epilogue_args e;
-  const uint8_t *ra; /* the ra variant: the activations as records (MT_ACT_REC_BYTES), ta unused */
-  /* The fq variant: rows fq_r0 .. m-1 of x are quantized inside the kernel into the xhat that ta
-   * describes and into S_a (fq_outer, the e.sa array), band by band; the quantization kernel
-   * before it did rows 0 .. fq_r0-1 and zeroed fq_sync: [0] the next row to take (from fq_r0),
-   * [1 + b] the rows of band b (128 rows) done. */
-  const void *fq_x;
-  long long fq_ldx;
-  uint16_t *fq_xhat;
-  float *fq_outer;
-  uint32_t *fq_sync;
-  int fq_r0, fq_fp16;
   /* Rows of ta_last's box: the last band's rows rounded up to 8, so that a stage's activation
    * load does not zero-fill the rows no token has (the rows past it keep stale shared memory; row
    * i of the output reads row i of A alone, and rows past m are never stored). */
   int last_rows;
 } mt_large_args;
 
-/* Words of mt_large_args.fq_sync for m rows. */
-#define MT_FQ_SYNC_WORDS(m) (1 + ((size_t)(m) + MT_LARGE_BM - 1) / MT_LARGE_BM)
-
-/* Small M: the weight in fragment order, the activations read directly: quantized (xa) or, for the
- * fused kernel mt_gemm_small_q4, raw (x, quantized in the kernel; then e.sa is not read). */
+/* The few-token kernel mt_gemm_small_q4: the weight in fragment order and the raw activations,
+ * which the kernel quantizes itself (so e.sa is not read). */
 typedef struct {
-  const uint16_t *xa;  /* [m][k] BF16 dequantized activations, row stride k; NULL when fused */
   const uint8_t *frag; /* mt_qweight.frag */
   mt_epilogue_args e;
-  const void *x; /* fused: [m][k] BF16 or FP16 activations, row stride ldx elements */
+  const void *x; /* [m][k] BF16 or FP16 activations, row stride ldx elements */
   long long ldx;
   int xfp16;
 } mt_small_args;
@@ -95,33 +80,16 @@ typedef struct {
 /* ... then the columns' 1/S_w and bias, and the epilogue's row scales and their two mbarriers
  * (scales64 in gemm_large.cu: 16 + 4 + 64 x 4 bytes, rounded up) */
 #define MT_LARGE_SMEM_64(bn) (1024 + MT_LARGE_STAGES_64(bn) * (MT_LARGE_STAGE_BYTES_64(bn) + 16) + 2 * (bn)*4 + 280)
-/* The ts variant: one stage fewer, then a 1024-aligned staging tile of 128 x bn outputs. */
+/* The TMA-store kernels: one stage fewer, then a 1024-aligned staging tile of 128 x bn outputs. */
 #define MT_LARGE_STAGES_TS(bn) (MT_LARGE_STAGES(bn) - 1)
 #define MT_LARGE_SMEM_TS(bn)                                                                                           \
   (1024 + MT_LARGE_STAGES_TS(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4 + 1024 + 128 * (bn)*2)
-/* The fq kernels (ts's shared memory): its three warpgroups and a fourth of row quantizers. */
-#define MT_LARGE_FQ_THREADS 512
-/* The ra variant (activations as records, decoded in registers; outputs as ts): a stage is the
- * BN x 64 weight tile (128B-swizzled, 1024-aligned) then the 128 x 64 activation records (5120
- * bytes, a multiple of 1024); as many stages as fit beside the staging tile; 16 bytes more for
- * the decode's table words. */
-#define MT_LARGE_RA_A_BYTES (MT_LARGE_BM / 8 * 2 * MT_FRAG_REC)
-#define MT_LARGE_STAGE_BYTES_RA(bn) ((bn)*MT_LARGE_BK * 2 + MT_LARGE_RA_A_BYTES)
-#define MT_LARGE_STAGES_RA(bn) ((bn) == 256 ? 4 : (bn) == 192 ? 5 : 8)
-#define MT_LARGE_SMEM_RA(bn)                                                                                           \
-  (1024 + MT_LARGE_STAGES_RA(bn) * (MT_LARGE_STAGE_BYTES_RA(bn) + 16) + 2 * 2 * (bn)*4 + 16 + 1024 + 128 * (bn)*2)
 #define MT_SMALL_WARPS 2 /* one CTA per 16 output channels, 8 per warp */
 #define MT_SMALL_KC 512  /* columns per stage: 4 chunk turns (barrier, requests) for k = 2048 */
-/* Token capacity MT_SMALL_ROWS (the most a forced small path takes, gemm.c); 4 stages: 3 of
- * k = 2048's 4 chunks are requested from the start. */
-#define MT_SMALL_ROWS 8
-#define MT_SMALL_STAGES 4
 #define MT_SMALL_WBYTES (MT_SMALL_WARPS * (MT_SMALL_KC / 32) * MT_FRAG_REC)
 #define MT_SMALL_PITCH (MT_SMALL_KC * 2 + 16) /* 16 extra bytes spread 8 tokens over all banks */
-#define MT_SMALL_STAGE_BYTES (MT_SMALL_WBYTES + MT_SMALL_ROWS * MT_SMALL_PITCH)
 /* the step loop loads a record (two steps) ahead without a bound check: slack past the end */
 #define MT_SMALL_SLACK 256
-#define MT_SMALL_SMEM (MT_SMALL_STAGES * MT_SMALL_STAGE_BYTES + MT_SMALL_SLACK)
 /* The fused kernel (activation quantization inside, m <= MT_SMALL_FUSE_M): the weight ring, one
  * zero A row, per-row S and amax (64 bytes), and the whole quantized activations, m rows of 2k + 16
  * bytes, in MT_SMALL_FUSE_XHAT bytes (4 rows of k = 4096; 1 row of k = 16384). One fixed size, so
@@ -143,8 +111,8 @@ typedef struct {
 #define MT_FRAG_REC 160
 #define MT_FRAG_BYTES(n, k) ((size_t)(n) / 8 * (((size_t)(k) + 31) / 32) * MT_FRAG_REC)
 
-/* Activations as records (MT_LARGE_VARIANT=ra: written by the quantization kernels' record mode,
- * mt_quant_params.records, read by mt_gemm_large_ra_nBN): the record above with tokens as its rows
+/* Rows as records (written by the quantization kernels' record mode, mt_quant_params.records): the
+ * record above with tokens as its rows
  * (lane l = 4g + q: code bytes q and q+4 of token 8H+g's blocks 2P and 2P+1, then the 8 tokens'
  * BF16 scale pairs), arranged by bands of 128 tokens so that one stage of the large kernel (128
  * tokens x 64 columns: 16 row groups x 2 records) is 32 contiguous records, 5120 bytes, one bulk

@@ -25,22 +25,12 @@
 // (scale_helpers), so a few-token launch does not wait for S_w then S_a after it (tenth session:
 // down at M = 16 3.98 -> 3.34 µs).
 //
-// kernels/gemm.c's default runs mt_gemm_large_ts_nBN, outputs through shared memory and TMA
-// stores (see run_ts), where it applies, else mt_gemm_large_nBN (v6, per-thread stores; also
-// everywhere under MT_LARGE_VARIANT=v6). Opt-in, measured and not faster: MT_LARGE_VARIANT=ra
-// (mt_gemm_large_ra_nBN: ts with the activations as 5-bit records decoded into wgmma's A
-// registers) and =fq (mt_gemm_large_fq_nBN: ts quantizing the rows past its first wave itself, in
-// the producer warpgroup's idle warps). The variants measured and removed (v1: one tile per CTA;
-// np; mc: clusters sharing a tile by TMA multicast; m64 of the second session: 64-token tiles
-// whose two consumer warpgroups split the channels) are in lab/NOTES.md and git history.
-//
 // Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (ref/nvfp4.c) within the
 // FP32-accumulation bound, and bitwise across M, row positions and the two paths.
 // lab/NOTES.md has the measurements.
 #include "kernels/gemm_common.cuh"
 #include "kernels/quant.cuh"
 #include "kernels/wgmma.cuh"
-#include "kernels/wgmma_rs.cuh"
 
 // Named barriers and TMA stores (sm_90a; TMA and bulk loads, mbarriers and descriptors are in
 // gemm_common.cuh)
@@ -60,26 +50,6 @@ __device__ static inline void bulk_commit() { asm volatile("cp.async.bulk.commit
 __device__ static inline void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ static inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 __device__ static inline void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// A from registers (the ra variant: widths 128, 192, 256).
-template <int BN> __device__ static inline void wgmma_rs_step(float *d, const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (BN == 256)
-    mt_wgmma_rs_m64n256k16(d, a, db);
-  else if constexpr (BN == 192)
-    mt_wgmma_rs_m64n192k16(d, a, db);
-  else
-    mt_wgmma_rs_m64n128k16(d, a, db);
-}
-
-// Marks in the K loop and the producer, for scripts/probe_kloop.cu (which defines MT_LARGE_MARK
-// before including this file); nothing in the library: slot 0-2 a consumer's K block (before its
-// stage is full, after, after the previous group completed), 3-4 the producer's (before the stage
-// is free, after), 5 the phases of run's first tile (the consumer's 0 entry, 1 K loop done, 2 tile
-// stored, 3 epilogue scales there, 7 past the CTA's barrier; the producer's 4 start, 5 first
-// weight loads issued, 6 first activation loads issued).
-#ifndef MT_LARGE_MARK
-#define MT_LARGE_MARK(slot, i)
-#endif
 
 namespace large {
 constexpr int BM = MT_LARGE_BM, BK = MT_LARGE_BK;
@@ -262,15 +232,12 @@ __device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t
   int prev = 0;
   const int kt = (kt64 + KS - 1) / KS;
   for (int kb = 0; kb < kt; kb++) {
-    MT_LARGE_MARK(0, kb);
     mbar_wait(&full[r.s], r.phase);
-    MT_LARGE_MARK(1, kb);
     const uint64_t off = (uint64_t)(r.s * (SB >> 4));
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
     wgmma_blocks<WN, KS, B_SUB>(d, da0 + off, db0 + off, a_sub16);
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-    MT_LARGE_MARK(2, kb);
     if (kb > 0 && threadIdx.x % 32 == 0) mbar_arrive(&empty[prev]);
     prev = r.s;
     if (++r.s == S) {
@@ -280,221 +247,6 @@ __device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
   if (threadIdx.x % 32 == 0) mbar_arrive(&empty[prev]);
-}
-
-// The ra variant's A operand: the A fragments of one 64-wide K step for this warp's 16 tokens
-// (wgmma with A from registers: per warp the mma.sync m16n8k16 A layout), decoded from the stage's
-// records (gemm_args.h, MT_ACT_REC_BYTES: column pair P = 2kb + pl, row group h at (pl * 16 + h) *
-// 160). cp and sp point at this lane's code word and its row's scale word in the record of the
-// warp's first row group (tokens g; the next record holds tokens g + 8). k16 step kk = 2 pl + hs
-// takes the low (hs = 0: block 2P) or high half of the code word and of the scale word. hi0, lo0:
-// weight_frag's table words, in registers.
-__device__ static __forceinline__ void decode_a(const uint8_t *cp, const uint8_t *sp, uint32_t (&A)[4][4], uint32_t hi0,
-                                                uint32_t lo0) {
-#pragma unroll
-  for (int pl = 0; pl < 2; pl++) {
-    const int o = pl * (MT_ACT_BAND / 8) * MT_FRAG_REC;
-    const uint32_t w0 = *(const uint32_t *)(cp + o), w1 = *(const uint32_t *)(cp + o + MT_FRAG_REC);
-    const uint32_t s0 = *(const uint32_t *)(sp + o), s1 = *(const uint32_t *)(sp + o + MT_FRAG_REC);
-#pragma unroll
-    for (int hs = 0; hs < 2; hs++) {
-      const uint32_t sel = hs ? 0x3232 : 0x1010;
-      weight_frag(hs ? w0 >> 16 : w0, __byte_perm(s0, 0, sel), A[2 * pl + hs][0], A[2 * pl + hs][2], hi0, lo0);
-      weight_frag(hs ? w1 >> 16 : w1, __byte_perm(s1, 0, sel), A[2 * pl + hs][1], A[2 * pl + hs][3], hi0, lo0);
-    }
-  }
-}
-
-// Keeps the compiler from moving the A registers' computation across the wgmma.fence after it.
-__device__ static __forceinline__ void fence_operands(uint32_t (&A)[4][4]) {
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) asm volatile("" : "+r"(A[i][j])::"memory");
-}
-
-// The K loop of the ra variant: k_loop with A decoded into registers. Step kb decodes its A into
-// register set kb % 2 while step kb - 1's group may still run (its wgmmas read the other set); the
-// wait_group 1 after issuing step kb completes step kb - 1's group, so the set step kb + 1 writes
-// is free (the PTX ISA's rule for A in registers), and its stage is given back. B is at the
-// stage's start (db0), the records after it (cp, sp: this thread's words in stage 0). tabs: the
-// two table words of weight_frag, read from shared memory so that they stay in registers (as
-// constants ptxas copied them from uniform registers before each use: ~16 MOV a step).
-template <int BN, int S, int SB>
-__device__ static __forceinline__ void k_loop_ra(float *d, uint64_t *full, uint64_t *empty, const uint8_t *cp,
-                                                 const uint8_t *sp, uint64_t db0, int kt, ring &r,
-                                                 const uint32_t *tabs) {
-  uint32_t a0[4][4], a1[4][4];
-  const uint32_t hi0 = tabs[0], lo0 = tabs[1];
-  int prev = 0;
-  auto step = [&](uint32_t(&A)[4][4], int kb) {
-    mbar_wait(&full[r.s], r.phase);
-    decode_a(cp + r.s * SB, sp + r.s * SB, A, hi0, lo0);
-    fence_operands(A);
-    const uint64_t off = (uint64_t)(r.s * (SB >> 4));
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) wgmma_rs_step<BN>(d, A[kk], db0 + off + 2 * kk);
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-    fence_operands(A);
-    if (kb > 0 && threadIdx.x % 32 == 0) mbar_arrive(&empty[prev]);
-    prev = r.s;
-    if (++r.s == S) {
-      r.s = 0;
-      r.phase ^= 1;
-    }
-  };
-  int kb = 0;
-  for (; kb + 1 < kt; kb += 2) {
-    step(a0, kb);
-    step(a1, kb + 1);
-  }
-  if (kb < kt) step(a0, kb);
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-  if (threadIdx.x % 32 == 0) mbar_arrive(&empty[prev]);
-}
-
-// The fq variant's hand-over between the warps that quantize rows and the producers of other CTAs:
-// a row's xhat and S_a are plain stores, published per band by a release add after the proxy fence
-// (TMA, the async proxy, reads them); a producer takes a band by an acquire load and the same
-// fence before its TMA loads. The consumers read S_a with plain loads after waiting on a stage the
-// producer filled after its acquire: quantizer's release (gpu) -> producer's acquire (gpu) ->
-// producer's mbarrier arrive (release, cta, by default) -> consumers' try_wait (acquire, cta), a
-// chain that orders the S_a stores before those loads (PTX memory model: causality order is
-// transitive); the acquire also invalidated this SM's L1, so no stale line is read. A CTA's first
-// tile, whose first stages are armed before any acquire, lies in the first wave: quantized by the
-// kernel before, ordered by the consumers' own griddepcontrol.wait.
-__device__ static inline uint32_t ld_acquire(const uint32_t *p) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ static inline void red_release_add(uint32_t *p, uint32_t v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-__device__ static inline void fence_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
-
-// Until the rows of the band at m0 are quantized (at once for the rows the kernel before did).
-__device__ static void wait_band(const mt_large_args &a, int m0) {
-  if (m0 < a.fq_r0) return;
-  const uint32_t need = (uint32_t)min(BM, a.e.m - m0);
-  while (ld_acquire(&a.fq_sync[1 + m0 / BM]) < need) __nanosleep(64);
-  fence_async_global();
-}
-
-// The pieces of a row's quantization by one warp, bit for bit the per-row kernel of quant.cu (the
-// same mt_q steps); lane l takes blocks l, l + 32, ...: block b of row xrow (16 elements, 32 bytes);
-// the row's S from the lanes' amax bits, written by lane 0; block b of xhat from its elements
-// (zeros where S is NaN: NaN or Inf in the row, whose NaN S makes its outputs NaN).
-__device__ static __forceinline__ void load_block(const uint4 *xrow, int b, uint32_t (&w)[8]) {
-  const uint4 v0 = xrow[2 * b], v1 = xrow[2 * b + 1];
-  w[0] = v0.x, w[1] = v0.y, w[2] = v0.z, w[3] = v0.w, w[4] = v1.x, w[5] = v1.y, w[6] = v1.z, w[7] = v1.w;
-}
-
-__device__ static __forceinline__ float row_scale(const mt_large_args &a, int r, int lane, uint32_t amax) {
-  const float S = mt_q::outer_scale(__uint_as_float(__reduce_max_sync(0xffffffffu, amax)));
-  if (lane == 0) a.fq_outer[r] = S;
-  return S;
-}
-
-template <bool FP16>
-__device__ static __forceinline__ void store_block(uint4 *dst, int b, const uint32_t (&w)[8], bool bad, float s_over_6,
-                                                   float inv_s) {
-  uint32_t xh[8] = {0, 0, 0, 0, 0, 0, 0, 0}, cd[2];
-  if (!bad) mt_q::block<FP16, false>(w, mt_q::block_amax_bits<FP16>(w), s_over_6, inv_s, xh, cd);
-  dst[2 * b] = make_uint4(xh[0], xh[1], xh[2], xh[3]);
-  dst[2 * b + 1] = make_uint4(xh[4], xh[5], xh[6], xh[7]);
-}
-
-__device__ static __forceinline__ const uint4 *x_row(const mt_large_args &a, int r) {
-  return (const uint4 *)((const char *)a.fq_x + (size_t)r * (size_t)a.fq_ldx * 2);
-}
-__device__ static __forceinline__ uint4 *xhat_row(const mt_large_args &a, int r) {
-  return (uint4 *)(a.fq_xhat + (size_t)r * (size_t)a.e.k);
-}
-
-// Row r in two passes, any k (the fq kernels take it for k > 2048): the row's amax, then its blocks
-// again (from L1/L2), holding one block at a time.
-template <bool FP16> __device__ static void quantize_row(const mt_large_args &a, int r, int lane) {
-  const uint4 *xrow = x_row(a, r);
-  const int nblk = a.e.k / 16;
-  uint32_t m = 0;
-#pragma unroll 2
-  for (int b = lane; b < nblk; b += 32) {
-    uint32_t w[8];
-    load_block(xrow, b, w);
-    m = max(m, mt_q::block_amax_bits<FP16>(w));
-  }
-  const float S = row_scale(a, r, lane, m);
-  const bool bad = !(S == S);
-  const float s_over_6 = mt_q::S_over_6(S), inv_s = mt_q::inv_S(S);
-  uint4 *dst = xhat_row(a, r);
-  for (int b = lane; b < nblk; b += 32) {
-    uint32_t w[8];
-    load_block(xrow, b, w);
-    store_block<FP16>(dst, b, w, bad, s_over_6, inv_s);
-  }
-}
-
-// Row r for k <= 32 * FQ_NB * 16 (2048) in one pass: the lane's blocks held in registers, all its
-// loads in flight at once (the two-pass loop waits for ~6 round trips a row).
-constexpr int FQ_NB = 4;
-template <bool FP16> __device__ static void quantize_row_held(const mt_large_args &a, int r, int lane) {
-  const uint4 *xrow = x_row(a, r);
-  const int nblk = a.e.k / 16;
-  uint32_t w[FQ_NB][8], m = 0;
-#pragma unroll
-  for (int j = 0; j < FQ_NB; j++) {
-    const int b = lane + 32 * j;
-    if (b < nblk)
-      load_block(xrow, b, w[j]);
-    else
-      for (int i = 0; i < 8; i++) w[j][i] = 0;
-  }
-#pragma unroll
-  for (int j = 0; j < FQ_NB; j++) m = max(m, mt_q::block_amax_bits<FP16>(w[j]));
-  const float S = row_scale(a, r, lane, m);
-  const bool bad = !(S == S);
-  const float s_over_6 = mt_q::S_over_6(S), inv_s = mt_q::inv_S(S);
-  uint4 *dst = xhat_row(a, r);
-#pragma unroll
-  for (int j = 0; j < FQ_NB; j++) {
-    const int b = lane + 32 * j;
-    if (b >= nblk) break;
-    store_block<FP16>(dst, b, w[j], bad, s_over_6, inv_s);
-  }
-}
-
-// Warps 1-3 of the producer warpgroup and the fourth warpgroup in every CTA: rows fq_r0 .. m-1,
-// FQ_GROUP at a time (r0 is a multiple of 128, so a group lies in one band), in the order of a
-// shared counter (so bands finish roughly in order, and resident CTAs do the work of any not yet
-// running); each group counted into its band once its stores are visible.
-constexpr int FQ_GROUP = 4;
-__device__ static void quantize_rows(const mt_large_args &a) {
-  const int lane = threadIdx.x % 32;
-  const bool held = a.e.k <= 32 * FQ_NB * 16;
-  grid_dependency_wait(); // the counters were zeroed by the kernel before
-  for (;;) {
-    uint32_t got = 0;
-    if (lane == 0) got = atomicAdd(&a.fq_sync[0], (uint32_t)FQ_GROUP);
-    const long long r0 = (long long)__shfl_sync(0xffffffffu, got, 0) + a.fq_r0;
-    if (r0 >= a.e.m) return;
-    const int rows = (int)min((long long)FQ_GROUP, a.e.m - r0);
-    for (int i = 0; i < rows; i++) {
-      const int r = (int)r0 + i;
-      if (held)
-        a.fq_fp16 ? quantize_row_held<true>(a, r, lane) : quantize_row_held<false>(a, r, lane);
-      else
-        a.fq_fp16 ? quantize_row<true>(a, r, lane) : quantize_row<false>(a, r, lane);
-    }
-    fence_async_global();
-    __syncwarp();
-    if (lane == 0) {
-      __threadfence();
-      red_release_add(&a.fq_sync[1 + r0 / BM], (uint32_t)rows);
-    }
-  }
 }
 
 // The stage ring's barriers, by one thread: "full" completes on the producer's arrival and the
@@ -515,7 +267,6 @@ template <int S> __device__ static __forceinline__ void init_ring(uint64_t *full
 // (TM * 128 bytes), then the BN-row weight tile; of the last band's activation tile only
 // a.last_rows rows are loaded (ta_last, gemm_args.h): the zero fill of the other rows cost
 // DeepSeek's shapes up to half their time at M = 16 (lab/NOTES.md, fifth session).
-// FQ: the activation tile of a band only once its rows are quantized (wait_band).
 // KS = 2 (the 64-token tiles): a stage holds two 64-wide K blocks, A blocks then W blocks, so that a
 // consumer's wait and release per stage (~190 cycles, scripts/probe_kloop.cu) come once per 128
 // columns. Where k / 64 is odd the last stage's second block lies wholly past k: TMA fills it with
@@ -534,7 +285,7 @@ __device__ static __forceinline__ void load_stage(uint8_t *dst, const CUtensorMa
     for (int j = 0; j < KS; j++) tma_load_2d(dst + j * step, map, bar, (kb * KS + j) * BK, row);
 }
 
-template <int S, int SB, int BN, bool FQ = false, int TM = BM, int KS = 1, bool KP = false>
+template <int S, int SB, int BN, int TM = BM, int KS = 1, bool KP = false>
 __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *smem, uint64_t *full, uint64_t *empty,
                                                int tiles, int tiles_n, int kt64) {
   constexpr int A_TILE = TM * BK * 2, W_TILE = BN * BK * 2;
@@ -544,29 +295,22 @@ __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *
   const int m_last = (a.e.m - 1) / TM * TM;
   const uint32_t tx = (uint32_t)(A_TILE + W_TILE), tx_last = (uint32_t)(a.last_rows * BK * 2 + W_TILE);
   auto act = [&](int m0) { return m0 == m_last ? &a.ta_last : &a.ta; };
-  MT_LARGE_MARK(5, 4);
   for (int kb = 0; kb < pre; kb++) {
     mbar_arrive_expect_tx(&full[kb], KS * (m_first == m_last ? tx_last : tx));
     load_stage<KS, KP>(smem + kb * SB + KS * A_TILE, &a.tw, &full[kb], kb, n_first, W_TILE);
   }
-  MT_LARGE_MARK(5, 5);
   grid_dependency_wait();
-  if (FQ) wait_band(a, m_first);
   for (int kb = 0; kb < pre; kb++) load_stage<KS, KP>(smem + kb * SB, act(m_first), &full[kb], kb, m_first, A_TILE);
-  MT_LARGE_MARK(5, 6);
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int m0 = tile / tiles_n * TM, n0 = tile % tiles_n * BN;
-    if (FQ && tile != (int)blockIdx.x) wait_band(a, m0);
     const CUtensorMap *ta = act(m0);
     const uint32_t bytes = m0 == m_last ? tx_last : tx;
     for (int kb = 0; kb < kt; kb++, it++) {
       if (it < pre) // issued above (the first tile)
         continue;
       const int s = it % S;
-      MT_LARGE_MARK(3, it);
       mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
-      MT_LARGE_MARK(4, it);
       uint8_t *sa = smem + s * SB, *sw = sa + KS * A_TILE;
       mbar_arrive_expect_tx(&full[s], KS * bytes);
       if constexpr (KP) {
@@ -578,37 +322,6 @@ __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *
           tma_load_2d(sw + j * W_TILE, &a.tw, &full[s], (kb * KS + j) * BK, n0);
         }
       }
-    }
-  }
-}
-
-// The producer of the ra variant: produce with the stage's weight tile first (TMA, swizzled) and
-// the 128 tokens' records after it, one bulk copy of 5120 contiguous bytes (gemm_args.h: band
-// m0 / 128, column pairs 2kb and 2kb + 1).
-template <int S, int SB, int BN>
-__device__ static __forceinline__ void produce_ra(const mt_large_args &a, uint8_t *smem, uint64_t *full,
-                                                  uint64_t *empty, int tiles, int tiles_n, int kt) {
-  constexpr int WT = BN * BK * 2, RB = MT_LARGE_RA_A_BYTES;
-  auto records = [&](int m0, int kb) { return a.ra + ((size_t)(m0 / BM) * kt + kb) * RB; };
-  const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * BM;
-  for (int kb = 0; kb < pre; kb++) {
-    mbar_arrive_expect_tx(&full[kb], SB);
-    tma_load_2d(smem + kb * SB, &a.tw, &full[kb], kb * BK, n_first);
-  }
-  grid_dependency_wait();
-  for (int kb = 0; kb < pre; kb++) bulk_load(smem + kb * SB + WT, records(m_first, kb), RB, &full[kb]);
-  int it = 0;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN;
-    for (int kb = 0; kb < kt; kb++, it++) {
-      if (it < pre) // issued above (the first tile)
-        continue;
-      const int s = it % S;
-      mbar_wait(&empty[s], ((it / S) & 1) ^ 1);
-      uint8_t *sw = smem + s * SB;
-      mbar_arrive_expect_tx(&full[s], SB);
-      tma_load_2d(sw, &a.tw, &full[s], kb * BK, n0);
-      bulk_load(sw + WT, records(m0, kb), RB, &full[s]);
     }
   }
 }
@@ -656,7 +369,6 @@ __device__ static void scale_helpers(const mt_large_args &a, columns<BN> *cols, 
 // KP (mt_gemm_large_m64p_nBN; TM = 64): the maps are of rank 3, a box holds a stage's two K blocks
 // of an operand (produce), where kernels/gemm.c's mt_gemm_kpair says so.
 template <int BN, int TM = BM, bool KP = false> __device__ static void run(const mt_large_args &a) {
-  MT_LARGE_MARK(5, 0);
   constexpr int S = TM == BM ? MT_LARGE_STAGES(BN) : MT_LARGE_STAGES_64(BN);
   constexpr int SB = TM == BM ? MT_LARGE_STAGE_BYTES(BN) : MT_LARGE_STAGE_BYTES_64(BN);
   constexpr int KS = TM == BM ? 1 : MT_LARGE_KS_64; // 64-wide K blocks a stage
@@ -679,7 +391,6 @@ template <int BN, int TM = BM, bool KP = false> __device__ static void run(const
     init_ring<S>(full, empty, 4 * (TM / 64));
   }
   __syncthreads();
-  MT_LARGE_MARK(5, 7);
 
   // k-block number `it` counts on across this CTA's tiles: stage it % S, phase (it / S) & 1.
   // Registers: with TM = 64 the launch's 256 threads have enough without moving any (BN / 2
@@ -692,7 +403,7 @@ template <int BN, int TM = BM, bool KP = false> __device__ static void run(const
         return;
       }
     if (threadIdx.x != 0 || (int)blockIdx.x >= tiles) return;
-    produce<S, SB, BN, false, TM, KS, KP>(a, smem, full, empty, tiles, tiles_n, kt);
+    produce<S, SB, BN, TM, KS, KP>(a, smem, full, empty, tiles, tiles_n, kt);
     return;
   }
 
@@ -712,14 +423,12 @@ template <int BN, int TM = BM, bool KP = false> __device__ static void run(const
     // a stage's second A block: 64 rows on, or with KP the last band's box's rows (produce)
     const int a_rows = KP && m0 == (a.e.m - 1) / TM * TM ? a.last_rows : TM;
     k_loop<BN, S, SB, KS, BN * BK * 2>(d, full, empty, da0, db0, kt, r, a_rows * BK * 2 / 16);
-    MT_LARGE_MARK(5, 1);
     if (!waited) { // S_a comes from the quantization too, and C and y may be another kernel's
       grid_dependency_wait();
       waited = true;
     }
     if constexpr (TM == 64) {
       mbar_wait(&sc->full, j & 1);
-      MT_LARGE_MARK(5, 3);
       if (a.e.ytype == DT_BF16)
         store_tile_as<BN, __nv_bfloat16, false, true>(a.e, d, row0, n0, cols, sc->inv_w0, nullptr, sc->inv_a);
       else
@@ -734,7 +443,6 @@ template <int BN, int TM = BM, bool KP = false> __device__ static void run(const
       else
         store_tile_as<BN, __half>(a.e, d, row0, n0, cols, inv_w);
     }
-    MT_LARGE_MARK(5, 2);
   }
 }
 
@@ -745,71 +453,36 @@ template <int BN, int TM = BM, bool KP = false> __device__ static void run(const
 // overlap the next tile's K loop. Same arithmetic, same bits. The clip at N works in 16-byte
 // pieces: at N = 271 device call 3 saw column 271 (the caller's padding) written, so kernels/gemm.c
 // runs it only when N % 8 == 0.
-// RA (mt_gemm_large_ra_nBN, MT_LARGE_VARIANT=ra): the activations come as 5-bit records
-// (gemm_args.h: 5 KB a stage instead of 16 KB of BF16) that each consumer thread decodes into its
-// A fragments (k_loop_ra: wgmma with A from registers, the same products, so the same bits); the
-// weight tile sits first in a stage (produce_ra).
-// FQ (mt_gemm_large_fq_nBN, MT_LARGE_VARIANT=fq): ts with rows fq_r0 .. m-1 of the activations
-// quantized inside the kernel (quantize_rows) by warps 1-3 of the producer warpgroup, idle
-// otherwise, and by a fourth warpgroup (512 threads: 128 registers a thread at launch, so widths
-// 128 and 192 only; kernels/gemm.c), while the consumers of every CTA run the first wave of tiles
-// on the rows the quantization kernel before did; the producer takes a band's tiles once it is
-// done (wait_band).
-template <int BN, bool RA = false, bool FQ = false> __device__ static void run_ts(const mt_large_args &a) {
-  constexpr int S = RA ? MT_LARGE_STAGES_RA(BN) : MT_LARGE_STAGES_TS(BN);
-  constexpr int SB = RA ? MT_LARGE_STAGE_BYTES_RA(BN) : MT_LARGE_STAGE_BYTES(BN);
+template <int BN> __device__ static void run_ts(const mt_large_args &a) {
+  constexpr int S = MT_LARGE_STAGES_TS(BN);
+  constexpr int SB = MT_LARGE_STAGE_BYTES(BN);
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint64_t *full = (uint64_t *)(smem + S * SB), *empty = full + S;
   columns<BN> *cols_all = (columns<BN> *)(empty + S);
-  uint32_t *tabs = (uint32_t *)(cols_all + 2); // RA: weight_frag's table words (k_loop_ra)
-  uint8_t *staging = smem + ((S * SB + 16 * S + 2 * (int)sizeof(columns<BN>) + (RA ? 16 : 0) + 1023) & ~1023);
+  uint8_t *staging = smem + ((S * SB + 16 * S + 2 * (int)sizeof(columns<BN>) + 1023) & ~1023);
   const int tiles_n = (a.e.n + BN - 1) / BN, tiles = (a.e.m + BM - 1) / BM * tiles_n;
   const int kt = (a.e.k + BK - 1) / BK;
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
     init_ring<S>(full, empty, 8);
-    if constexpr (RA) {
-      tabs[0] = 0x3F3F3F00u;
-      tabs[1] = 0xC0800000u;
-    }
   }
   __syncthreads();
 
-  if (wg == 0 || (FQ && wg == 3)) { // wg 3: the fq kernels' fourth warpgroup (MT_LARGE_FQ_THREADS)
-    if (FQ) {                       // the row quantizers hold a row of k = 2048 (32 registers) and its loads in flight
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
-    } else {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    }
-    if (FQ && threadIdx.x >= 32) {
-      quantize_rows(a);
-      return;
-    }
+  if (wg == 0) { // producer: one thread keeps the ring of stages full
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x != 0 || (int)blockIdx.x >= tiles) return;
-    if constexpr (RA)
-      produce_ra<S, SB, BN>(a, smem, full, empty, tiles, tiles_n, kt);
-    else
-      produce<S, SB, BN, FQ>(a, smem, full, empty, tiles, tiles_n, kt);
+    produce<S, SB, BN>(a, smem, full, empty, tiles, tiles_n, kt);
     return;
   }
 
-  if (FQ) { // 2 x 128 x 88 + 2 x 128 x 168 = the 512 x 128 registers of the launch
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 168;\n");
-  } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0), lead = threadIdx.x % 128 == 0;
   columns<BN> *cols = cols_all + cw;
   uint8_t *stage = staging + cw * 64 * BN * 2;
   const uint64_t da0 = desc_sw128(smem_u32(smem) + cw * 64 * 128);
-  const uint64_t db0 = desc_sw128(smem_u32(smem) + (RA ? 0 : A_BYTES));
-  // RA: this thread's code word and scale word in the stage-0 record of its warp's first row group
-  // (8 cw + 2 w of the band's 16)
-  const int lane = threadIdx.x % 32, h0 = 8 * cw + 2 * ((threadIdx.x % 128) / 32);
-  const uint8_t *rec0 = smem + BN * BK * 2 + h0 * MT_FRAG_REC;
-  const uint8_t *cp = rec0 + 4 * lane, *sp = rec0 + 128 + 4 * (lane / 4);
+  const uint64_t db0 = desc_sw128(smem_u32(smem) + A_BYTES);
   bool waited = false;
   ring r = {0, 0};
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -817,10 +490,7 @@ template <int BN, bool RA = false, bool FQ = false> __device__ static void run_t
     float d[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
-    if constexpr (RA)
-      k_loop_ra<BN, S, SB>(d, full, empty, cp, sp, db0, kt, r, tabs);
-    else
-      k_loop<BN, S, SB>(d, full, empty, da0, db0, kt, r);
+    k_loop<BN, S, SB>(d, full, empty, da0, db0, kt, r);
     if (!waited) {
       grid_dependency_wait();
       waited = true;
@@ -881,18 +551,3 @@ MT_LARGE(256)
 MT_LARGE_TS(128)
 MT_LARGE_TS(192)
 MT_LARGE_TS(256)
-#define MT_LARGE_RA(BN)                                                                                                \
-  extern "C" __global__ void __launch_bounds__(384, 1)                                                                 \
-      mt_gemm_large_ra_n##BN(const __grid_constant__ mt_large_args a) {                                                \
-    large::run_ts<BN, true>(a);                                                                                        \
-  }
-MT_LARGE_RA(128)
-MT_LARGE_RA(192)
-MT_LARGE_RA(256)
-#define MT_LARGE_FQ(BN)                                                                                                \
-  extern "C" __global__ void __launch_bounds__(MT_LARGE_FQ_THREADS, 1)                                                 \
-      mt_gemm_large_fq_n##BN(const __grid_constant__ mt_large_args a) {                                                \
-    large::run_ts<BN, false, true>(a);                                                                                 \
-  }
-MT_LARGE_FQ(128)
-MT_LARGE_FQ(192)

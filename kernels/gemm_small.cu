@@ -1,38 +1,24 @@
-// gemm_small.cu — the small-M kernels of the W4A4 GEMM (mt_gemm_small_q4, up to 4 tokens, which
-// also quantizes the activations: AUTO's choice where that redundant work is small; and
-// mt_gemm_small_m8, up to 8 tokens, run only when a call forces it since the large path's 64-token
-// tiles beat it, kernels/gemm.c) and the weight repacking into their fragment order (mt_gemm_pack).
-// y[m][n] = x[m][k] . W[n][k]^T on NVFP4 operands, exactly, through BF16 mma.sync with FP32
-// accumulation.
+// gemm_small.cu — the few-token kernel of the W4A4 GEMM (mt_gemm_small_q4, up to 4 tokens, which
+// also quantizes the activations: AUTO's choice where that redundant work is small, kernels/gemm.c)
+// and the weight repacking into its fragment order (mt_gemm_pack). y[m][n] = x[m][k] . W[n][k]^T on
+// NVFP4 operands, exactly, through BF16 mma.sync with FP32 accumulation.
 //
 // One CTA of two warps per 16 output channels (n / 16 CTAs: 96 for gate_up, so most SMs share the
-// work); each warp owns 8 channels. The MMA's M is the tokens (A: the quantized activations, staged
-// in shared memory, rows past m zero) and its N the warp's 8 channels (B: the weight, streamed at 5
-// bits per element in fragment order and decoded in registers, 4 elements a lane a step, no zero
-// operand). k16 steps over K in increasing order into one FP32 accumulator per output, from zero,
-// no split-K: the arithmetic of the large path (kernels/gemm_large.cu), which lab/probe_mma.cu
-// showed gives the same bits (within a step every product is exact and the block sum is exact in
-// FP32, so which operand is A does not matter). mt_gemm_small_m8 starts under programmatic
-// dependent launch and requests its first weight chunks before griddepcontrol.wait; q4 runs in
-// plain stream order (nothing before it to overlap) and quantizes while its weights arrive. The
-// epilogue's S_a, S_w and bias are loaded before the K loop, in registers when it ends (epi_in).
-//
-// The variants measured against these and removed (warp-specialized kernels, a shift decode,
-// kernels for 16 to 64 tokens) are in lab/NOTES.md and git history.
+// work); each warp owns 8 channels. The MMA's M is the tokens (A: the activations, quantized by the
+// CTA into shared memory, rows past m zero) and its N the warp's 8 channels (B: the weight, streamed
+// at 5 bits per element in fragment order and decoded in registers, 4 elements a lane a step, no
+// zero operand). k16 steps over K in increasing order into one FP32 accumulator per output, from
+// zero, no split-K: the arithmetic of the large path (kernels/gemm_large.cu), which
+// lab/probe_mma.cu showed gives the same bits (within a step every product is exact and the block
+// sum is exact in FP32, so which operand is A does not matter). The kernel runs in plain stream
+// order (nothing before it to overlap) and quantizes while its first weights arrive. The epilogue's
+// S_a, S_w and bias are loaded before the K loop, in registers when it ends (epi_in).
 //
 // Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (ref/nvfp4.c) within the
-// FP32-accumulation bound (both kernels forced, mt_gemm_args.path), bitwise across M and row
-// positions, and bitwise against the large path at every M up to 8 (gemm_paths_agree). Which
-// kernel a call gets is mt_gemm_path_of's choice (kernels/gemm.c). lab/NOTES.md has the
-// measurements and the SASS counts.
+// FP32-accumulation bound, bitwise across M and row positions, and bitwise against the large path
+// (gemm_paths_agree).
 #include "kernels/gemm_common.cuh"
 #include "kernels/quant.cuh"
-
-// Phase marks, for scripts/probe_phases.cu (which defines MT_SMALL_MARK before including this file
-// to time where a kernel's microseconds go); nothing in the library.
-#ifndef MT_SMALL_MARK
-#define MT_SMALL_MARK(i)
-#endif
 
 namespace small {
 constexpr int WARPS = MT_SMALL_WARPS, THREADS = 32 * WARPS, KC = MT_SMALL_KC, PITCH = MT_SMALL_PITCH;
@@ -77,18 +63,6 @@ __device__ static inline void load_weights(const mt_small_args &a, const wloader
       cp16(st + i * 16, ok ? l.src[j] + (size_t)c * WCHUNK : a.frag, ok);
     }
   }
-}
-
-// Chunk c of the m (at most ROWS) quantized activation rows into stage buffer st; rows past m stay
-// zero (zeroed once at the start). A chunk row is KC / 8 = THREADS pieces of 16 bytes: thread t
-// takes piece t of every row, so the addresses step by a row.
-static_assert(KC / 8 == THREADS, "one 16-byte piece of each activation row per thread");
-__device__ static void load_acts(const mt_small_args &a, uint8_t *st, int c, int rows) {
-  int col = c * KC + threadIdx.x * 8;
-  bool ok = col < a.e.k;
-  const uint16_t *src = ok ? a.xa + col : a.xa;
-  uint8_t *dst = st + WBYTES + threadIdx.x * 16;
-  for (int r = 0; r < rows; r++, dst += PITCH, src += ok ? a.e.k : 0) cp16(dst, src, ok);
 }
 
 // Step H (0 or 1) of a record's code word w and scale word sc.
@@ -240,54 +214,6 @@ __device__ static inline void store_acc(const mt_epilogue_args &e, const float (
     }
 }
 
-__device__ static void run(const mt_small_args &a) {
-  MT_SMALL_MARK(0);
-  extern __shared__ __align__(16) uint8_t smem[];
-  constexpr int ROWS = MT_SMALL_ROWS, TT = (ROWS + 15) / 16, STAGES = MT_SMALL_STAGES, SBYTES = MT_SMALL_STAGE_BYTES;
-  int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
-  int ksteps = a.e.k / 16, chunks = (a.e.k + KC - 1) / KC, rows = min(a.e.m, ROWS);
-  float d[TT][4];
-  const wloader wl = make_wloader(a);
-#pragma unroll
-  for (int i = 0; i < TT; i++) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.0f;
-
-  // The weights do not depend on the kernel before this one (the activation quantization, which
-  // lets this grid start early): their first chunks are requested before waiting for it.
-  for (int c = 0; c < STAGES - 1 && c < chunks; c++) load_weights(a, wl, smem + c * SBYTES, c);
-  // Token rows past m read as zero in every stage; cp.async never writes them.
-  for (int i = t; i < STAGES * (ROWS - rows) * (PITCH / 16); i += THREADS) {
-    int st = i / ((ROWS - rows) * (PITCH / 16)), r = i % ((ROWS - rows) * (PITCH / 16));
-    *(uint4 *)(smem + st * SBYTES + WBYTES + rows * PITCH + r * 16) = make_uint4(0, 0, 0, 0);
-  }
-  grid_dependency_wait();
-  MT_SMALL_MARK(1);
-  for (int c = 0; c < STAGES - 1; c++) {
-    if (c < chunks) load_acts(a, smem + c * SBYTES, c, rows);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-  }
-  int ch = (blockIdx.x * WARPS + w) * 8 + 2 * q;
-  epi_in<TT> in;
-  load_epi_w(a.e, ch, in);
-  load_epi_a(a.e, g, a.e.sa, a.e.sa_row, in);
-  for (int c = 0; c < chunks; c++) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
-    __syncthreads();
-    if (c == 0) MT_SMALL_MARK(3);
-    int next = c + STAGES - 1;
-    if (next < chunks) {
-      load_weights(a, wl, smem + (next % STAGES) * SBYTES, next);
-      load_acts(a, smem + (next % STAGES) * SBYTES, next, rows);
-    }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-    const uint8_t *st = smem + (c % STAGES) * SBYTES;
-    int steps = min(KC / 16, ksteps - c * (KC / 16));
-    chunk_steps<ROWS>(d, st + w * WCHUNK, st + WBYTES + g * PITCH + q * 4, PITCH, steps, lane);
-  }
-  MT_SMALL_MARK(4);
-  store_acc<TT>(a.e, d, in, ch, g);
-  MT_SMALL_MARK(5);
-}
-
 // The fused variant for m <= MT_SMALL_FUSE_M: the CTA quantizes the raw activations itself (no
 // separate launch, whose ~1.7 µs at M = 1 was most of the budget) with the device steps of
 // kernels/quant.cuh, bit for bit as mt_quantize: the domain's amax as the maximum of FP32 bits
@@ -326,7 +252,6 @@ __device__ static void fused_quantize(const mt_small_args &a, const float *S, ui
 }
 
 __device__ static void run_fused(const mt_small_args &a) {
-  MT_SMALL_MARK(0);
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int STAGES = MT_SMALL_FUSE_STAGES;
   uint8_t *zero = smem + STAGES * WBYTES, *xs = zero + MT_SMALL_FUSE_META;
@@ -350,7 +275,6 @@ __device__ static void run_fused(const mt_small_args &a) {
   epi_in<1> in;
   load_epi_w(a.e, ch, in); // in flight during the quantization and the loop
   __syncthreads();
-  MT_SMALL_MARK(1);
   if (a.xfp16)
     fused_amax<true>(a, amax);
   else
@@ -362,13 +286,11 @@ __device__ static void run_fused(const mt_small_args &a) {
     fused_quantize<true>(a, S, xs, xp);
   else
     fused_quantize<false>(a, S, xs, xp);
-  MT_SMALL_MARK(2);
   load_epi_a(a.e, g, S, 1, in);
 
   for (int c = 0; c < chunks; c++) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
     __syncthreads();
-    if (c == 0) MT_SMALL_MARK(3);
     int next = c + STAGES - 1;
     if (next < chunks) load_weights(a, wl, smem + (next % STAGES) * WBYTES, next);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -376,21 +298,14 @@ __device__ static void run_fused(const mt_small_args &a) {
     int steps = min(KC / 16, ksteps - c * (KC / 16));
     chunk_steps<8>(d, smem + (c % STAGES) * WBYTES + w * WCHUNK, arow, xp, steps, lane);
   }
-  MT_SMALL_MARK(4);
   if (g >= a.e.m) return;
   float inv_a = __frcp_rn(in.sa[0][0]);
 #pragma unroll
   for (int j = 0; j < 2; j++)
     store_elem(a.e.y, g * a.e.ldy + ch + j, a.e.ytype,
                epi_out(a.e, d[0][j], inv_a, __frcp_rn(in.sw[j]), in.bias[j], g, ch + j));
-  MT_SMALL_MARK(5);
 }
 } // namespace small
-
-extern "C" __global__ void __launch_bounds__(32 * MT_SMALL_WARPS)
-    mt_gemm_small_m8(const __grid_constant__ mt_small_args a) {
-  small::run(a);
-}
 
 extern "C" __global__ void __launch_bounds__(32 * MT_SMALL_WARPS)
     mt_gemm_small_q4(const __grid_constant__ mt_small_args a) {

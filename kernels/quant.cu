@@ -146,8 +146,6 @@ template <bool FP16, int NB, bool ROW, bool TILE, bool REC = false>
 __device__ __forceinline__ void quantize(const mt_quant_params &p) {
   if (p.only_if && *p.only_if == 0) /* the same for the whole grid: no barrier is left waiting */
     return;
-  if (p.zero && blockIdx.x == 0 && blockIdx.y == 0) /* the fq GEMM's counters, read after this grid */
-    for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < p.nzero; i += blockDim.x * blockDim.y) p.zero[i] = 0;
   const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x;
   const int nblk = p.cols >> 4;
   const int r = blockIdx.x * blockDim.y + ty;

@@ -27,8 +27,6 @@ typedef struct {
                          (kernels/gemm_args.h, MT_ACT_REC_BYTES(rows, cols) bytes, zero records
                          past rows and cols included) instead of xhat, codes and scales (not
                          written then); 1x16 blocks only */
-  uint32_t *zero;          /* NULL, or nzero words that the kernel sets to 0 (the fq GEMM's counters) */
-  int32_t nzero;
 } mt_quant_params;
 
 #ifndef __CUDACC__

@@ -1,6 +1,6 @@
 /* test_gemm_paths.c — AUTO's choice of GEMM path (kernels/gemm.c: mt_gemm_auto_path) and the large
  * path's choice of tile (mt_gemm_large_tile) on the benchmark shapes, against what make bench
- * measured best on the H200 (lab/NOTES.md, seventh session), and the refusals of a forced path
+ * measured best on the H200 (lab/NOTES.md), and the refusals of a forced path
  * that cannot take a call. No GPU: the choices are host code, and the refusals come before any
  * launch. */
 #include <stdio.h>
@@ -11,10 +11,10 @@
 #include "kernels/gemm_args.h"
 #include "tests/harness.h"
 
-enum { F = MT_PATH_FUSED, S = MT_PATH_SMALL, L = MT_PATH_LARGE };
+enum { F = MT_PATH_FUSED, L = MT_PATH_LARGE };
 
-/* The best path at M = 1..8 on 132 SMs (µs, quantization included, seventh session's path table):
- * the large path's 64-token tiles everywhere (gate_up 7.8 against fused 8.0 and small 8.5-8.8)
+/* The best path at M = 1..8 on 132 SMs (µs, quantization included, lab/NOTES.md's path table):
+ * the large path's 64-token tiles everywhere (gate_up 7.8 against fused 8.0)
  * but Qwen3's down at one token (fused 4.56, large 5.12; at two 5.15 and 5.06). */
 static const struct {
   const char *name;
@@ -38,7 +38,7 @@ static void auto_path_on_the_benchmark_shapes(void) {
 
 /* Without the packed weight every call takes the large path; fewer SMs mean more waves of the
  * fused kernel's CTAs, so fewer tokens fused (down: 128 CTAs on 64 SMs are 2 waves); the fused
- * kernel while m * k * waves <= 1024; AUTO never picks the small kernel. */
+ * kernel while m * k * waves <= 1024. */
 static void auto_path_edges(void) {
   CHECK(mt_gemm_auto_path(1, 2048, 768, 0, 132) == L);
   CHECK(mt_gemm_auto_path(1, 2048, 768, 1, 64) == L);
@@ -49,12 +49,9 @@ static void auto_path_edges(void) {
   CHECK(mt_gemm_auto_path(3, 16, 352, 1, 132) == L);
   CHECK(mt_gemm_auto_path(1, 2112, 512, 1, 132) == F); /* 132 CTAs: one wave */
   CHECK(mt_gemm_auto_path(1, 2128, 768, 1, 132) == L); /* 133: two */
-  for (int m = 1; m <= 8; m++)
-    for (int k = 16; k <= 4096; k *= 2)
-      CHECK(mt_gemm_auto_path(m, 256, k, 1, 132) != S);
 }
 
-/* The small kernels' copy of the weight exists only where AUTO fuses one token on 132 SMs. */
+/* The fused kernel's copy of the weight exists only where AUTO fuses one token on 132 SMs. */
 static void fragment_copy_only_where_used(void) {
   CHECK(mt_gemm_frag_bytes(2048, 768) == (size_t)2048 * 768 * 5 / 8);
   CHECK(mt_gemm_frag_bytes(1536, 2048) == 0);
@@ -147,10 +144,6 @@ static void forced_paths_refused(void) {
   CHECK(mt_gemm_path_of(&a) == -1);
   a.m = 4;
   CHECK(mt_gemm_path_of(&a) == MT_PATH_FUSED);
-  a.path = MT_PATH_SMALL, a.m = 9;
-  CHECK(mt_gemm_path_of(&a) == -1);
-  a.m = 8;
-  CHECK(mt_gemm_path_of(&a) == MT_PATH_SMALL);
   w.frag = NULL;
   CHECK(mt_gemm_path_of(&a) == -1);
   a.path = MT_PATH_LARGE;

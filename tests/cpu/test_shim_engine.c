@@ -424,7 +424,7 @@ static void scenario_requantize(void) {
   if (fq >= 0 && fpack >= 0) {
     const mt_small_args *fa = (const mt_small_args *)event(fq)->args;
     const mt_quant_params *fw = quant_args(find_launch(t, "mt_quant_tensor_bf16", 0));
-    CHECK(fa->x == few.x && fa->ldx == IN && !fa->xfp16 && !fa->xa &&
+    CHECK(fa->x == few.x && fa->ldx == IN && !fa->xfp16 &&
           fa->frag == ((const mt_pack_args *)event(fpack)->args)->frag);
     CHECK(fa->e.m == 2 && fa->e.n == OUT && fa->e.k == IN && fa->e.y == few.y && fa->e.ldy == OUT);
     CHECK(fa->e.sa_row && fw && fa->e.sw == fw->outer && !fa->e.sw_row && fa->e.beta == 0.5f &&
@@ -874,47 +874,6 @@ static void scenario_grouped_beta_partial(void) {
   unmake(&p[0]), unmake(&p[1]), free(want[0]), free(want[1]);
 }
 
-/* MT_LARGE_VARIANT=fq (kernels/gemm.c): a call with more tiles than SMs (8192 tokens x 1024 out:
- * the ts kernel's width 256 becomes fq's 128, 64 bands x 8 tiles on the fake's 132 SMs) has the
- * quantization kernel do the first wave's 17 bands (2176 rows; MT_FQ_ROWS raises that) and zero
- * the counters of the GEMM (four warpgroups), which quantizes the other rows from the caller's x
- * into the same xhat and S; where the split leaves no rows the TMA-store kernel runs on all of
- * them. */
-static void scenario_fq(void) {
-  const char *least = getenv("MT_FQ_ROWS");
-  const int tokens = 8192;
-  int want = 2176;
-  if (least && (atoi(least) + 127) / 128 * 128 > want)
-    want = (atoi(least) + 127) / 128 * 128;
-  if (want > tokens)
-    want = tokens;
-  problem p = make(BIG_OUT, tokens, BIG_OUT);
-  int t = now();
-  expect_routed(&p, S1, &zero);
-  int g = find_launch(t, "mt_gemm_large_", 0);
-  const mt_quant_params *a = quant_args(find_launch(t, "mt_quant_row_bf16", 0));
-  CHECK(a && g >= 0 && all_on(t, S1));
-  if (a && g >= 0) {
-    const fake_cuda_event *ge = event(g);
-    const mt_large_args *l = (const mt_large_args *)ge->args;
-    CHECKF(a->rows == want, "the quantization kernel took %d rows, want %d", a->rows, want);
-    CHECK(l->last_rows == MT_LARGE_BM);
-    CHECK(a->x == p.x && a->ldx == IN && !a->fp16 && a->row_outer && l->e.m == tokens && ge->pdl);
-    if (want < tokens) {
-      CHECKF(!strcmp(ge->name, "mt_gemm_large_fq_n128"), "GEMM %s", ge->name);
-      CHECKF(ge->block[0] == MT_LARGE_FQ_THREADS, "GEMM block of %u threads", ge->block[0]);
-      CHECK(a->zero && a->nzero == (int32_t)MT_FQ_SYNC_WORDS(tokens) && l->fq_sync == a->zero);
-      CHECK(l->fq_r0 == want && l->fq_x == p.x && l->fq_ldx == IN && !l->fq_fp16);
-      CHECK(l->fq_xhat == a->xhat && l->fq_outer == a->outer && l->e.sa == a->outer);
-    } else {
-      CHECKF(!strcmp(ge->name, "mt_gemm_large_ts_n256"), "GEMM %s", ge->name);
-      CHECK(!a->zero && a->nzero == 0);
-    }
-  }
-  check_driver_clean();
-  unmake(&p);
-}
-
 static const mt_t_scenario scenarios[] = {
     {"requantize", scenario_requantize},
     {"lt", scenario_lt},
@@ -931,7 +890,6 @@ static const mt_t_scenario scenarios[] = {
     {"frozen_capture", scenario_frozen_capture},
     {"weight_quant_fail", scenario_weight_quant_fail},
     {"grouped_beta_partial", scenario_grouped_beta_partial},
-    {"fq", scenario_fq},
 };
 
 static int load_all(const char *build) { return load_fakes(build, 1); }
@@ -1135,21 +1093,6 @@ static void grouped_beta_failure_after_a_problem_ran(void) {
   mt_t_child_free(&r);
 }
 
-/* MT_LARGE_VARIANT=fq's split of the rows, and MT_FQ_ROWS moving it (past M: no split). */
-static void fq_splits_rows_with_the_gemm(void) {
-  static const char *const plain[] = {"MT_LARGE_VARIANT=fq", NULL};
-  static const char *const later[] = {"MT_LARGE_VARIANT=fq", "MT_FQ_ROWS=5000", NULL};
-  static const char *const all[] = {"MT_LARGE_VARIANT=fq", "MT_FQ_ROWS=9000", NULL};
-  const char *const *envs[] = {plain, later, all};
-  for (int i = 0; i < 3; i++) {
-    mt_t_child r;
-    run_child("fq", envs[i], &r);
-    mt_t_check_child("fq", &r);
-    check_counts(&r, 1, NULL);
-    mt_t_child_free(&r);
-  }
-}
-
 static void tests(void) {
   RUN(requantize_kernels_in_order);
   RUN(lt_routed_with_bias);
@@ -1166,7 +1109,6 @@ static void tests(void) {
   RUN(frozen_capture_needs_an_entry);
   RUN(grouped_beta_failure_after_a_problem_ran);
   RUN(weight_quantization_failure_warns);
-  RUN(fq_splits_rows_with_the_gemm);
 }
 
 int main(int argc, char **argv) {

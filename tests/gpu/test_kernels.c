@@ -804,8 +804,8 @@ static void gemm_accuracy(void) {
                  .biastype = MT_DTYPE_FP32,
                  .alpha = 1.0f,
                  .beta = 0.0f};
-      if (g.m <= MT_SMALL_ROWS)
-        g.path = g.m <= MT_SMALL_FUSE_M && v % 2 == 0 ? MT_PATH_FUSED : MT_PATH_SMALL;
+      if (g.m <= MT_SMALL_FUSE_M && v % 2 == 0)
+        g.path = MT_PATH_FUSED;
       g.ldx = (size_t)g.k;
       g.ldy = (size_t)g.n;
       check_gemm(&g);
@@ -995,14 +995,14 @@ static void gemm_batch_invariance(void) {
 }
 
 /* Every path that takes a call gives its bits (mt_gemm_args.path forced): the fused kernel (up to
- * MT_SMALL_FUSE_M rows), the small kernel (up to MT_SMALL_ROWS) and the large one, at every M they
- * share, on rows at a random offset. k = 944 ends on an odd k16 step in a partial chunk, is an odd
- * number of 64-wide blocks (15: the 64-token tiles' last stage of two holds a block wholly past k,
- * of TMA's zeros), and has the packed weight the small kernels need. A path past its rows refuses
- * the call (MT_ERR_UNSUPPORTED) and leaves the output alone. */
+ * MT_SMALL_FUSE_M rows) and the large one, at every M they share, on rows at a random offset.
+ * k = 944 ends on an odd k16 step in a partial chunk, is an odd number of 64-wide blocks (15: the
+ * 64-token tiles' last stage of two holds a block wholly past k, of TMA's zeros), and has the
+ * packed weight the fused kernel needs. A path past its rows refuses the call
+ * (MT_ERR_UNSUPPORTED) and leaves the output alone. */
 static void gemm_paths_agree(void) {
   NEED_GPU();
-  enum { ROWS = MT_SMALL_ROWS + 1, N = 256, K = 944 };
+  enum { ROWS = MT_SMALL_FUSE_M + 1, N = 256, K = 944 };
   inv_case c = {0};
   uint16_t *want = malloc((size_t)ROWS * N * 2), *got = malloc((size_t)ROWS * N * 2);
   if (inv_setup(&c, ROWS, N, K)) {
@@ -1012,8 +1012,8 @@ static void gemm_paths_agree(void) {
       c.args.path = MT_PATH_LARGE;
       if (!inv_run(&c, m, offset, want))
         break;
-      for (int p = MT_PATH_FUSED; p <= MT_PATH_SMALL; p++) {
-        int fits = p == MT_PATH_FUSED ? m <= MT_SMALL_FUSE_M : m <= MT_SMALL_ROWS;
+      for (int p = MT_PATH_FUSED; p <= MT_PATH_FUSED; p++) {
+        int fits = m <= MT_SMALL_FUSE_M;
         c.args.path = (enum mt_gemm_path)p;
         if (!fits) {
           CHECK(poison(c.dy, (size_t)m * N * 2));
@@ -1134,10 +1134,8 @@ static void gemm_large_tiles(void) {
   check_gemm(&wide);
 }
 
-/* More tiles than SMs with S_a per row: under MT_LARGE_VARIANT=fq the rows past the first wave's
- * bands (here 1536 of 2400, 11 tiles of 192 a band, 132 SMs) are quantized inside the GEMM, so
- * these check that quantization too: FP16 and BF16 activations with ldx != k, NaN rows past and
- * before the split, a last band of 96 rows, C, bias and FP16 output. k = 64 keeps the CPU
+/* More tiles than SMs with S_a per row, against the reference: FP16 and BF16 activations with
+ * ldx != k, NaN rows, a last band of 96 rows, C, bias and FP16 output. k = 64 keeps the CPU
  * reference short (at k = 256 the two cases took ~2 minutes on the device's CPU). */
 static void gemm_many_tiles(void) {
   NEED_GPU();
@@ -1439,10 +1437,8 @@ static void gemm_rejects_bad_arguments(void) {
   CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED); /* beta without C */
   a = good, a.ldy = 32;
   CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED);
-  a = good, a.path = MT_PATH_SMALL;
-  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED); /* a small path without the packed weight */
   a = good, a.path = MT_PATH_FUSED;
-  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED);
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED); /* the fused kernel without the packed weight */
   a = good, a.path = (enum mt_gemm_path)7;
   CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED);
   a = good, a.path = MT_PATH_LARGE, a.workspace_bytes = 0;
