@@ -5,7 +5,8 @@ Qwen3-30B-A3B's geometry (hidden 2048, 128 experts, top-8, expert width 768, voc
 Experts run with experts_implementation="eager": a Python loop over the experts hit, each expert
 one F.linear on gate_up_proj[e] (1536x2048) and one on down_proj[e] (2048x768), so each expert
 GEMM is one cublasGemmEx that the shim can route with MINITE_ROUTE=1536x2048,2048x768
-(shared/DESIGN.md §6). "grouped_mm" would call a CUTLASS kernel that never reaches cuBLAS.
+(docs/design.md, "Interposition facts measured on the H200"). "grouped_mm" would call a CUTLASS
+kernel that never reaches cuBLAS.
 
 The weights are drawn from one CUDA generator seeded with --seed, parameter by parameter in name
 order, so every process that builds the model with the same seed, layer count and GPU type holds

@@ -18,8 +18,8 @@
 # (the probes include the kernels, so each runs that tree's kernel: ~20 s to build, seconds to run).
 # AB_TESTS=1 then runs test_kernels on each variant (~80 s each; main's own run is make gputest's),
 # AB_TESTS=all on main too. Logs go to $OUT (or build/gpu-ab): build-NAME.log, bench-NAME-i.log,
-# probe-P-NAME.log, kernels-NAME.log, ab.txt. The ninth session's A/B calls (lab/NOTES.md)
-# were this, by hand: the repeats agreed within 0.05 µs.
+# probe-P-NAME.log, kernels-NAME.log, ab.txt. Repeats of A/B runs made this way agreed within
+# 0.05 µs (lab/NOTES.md, "Measurement method and noise").
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-ab}

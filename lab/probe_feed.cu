@@ -1,5 +1,5 @@
-// probe_feed.cu — what bounds the large path at a few hundred tokens (lab/NOTES.md, seventh
-// session): how fast TMA fills one SM's shared memory, alone and under the MMAs, for tiles of
+// probe_feed.cu — what bounds the large path at a few hundred tokens (lab/NOTES.md, "Large-M
+// kernels and tiles"): how fast TMA fills one SM's shared memory, alone and under the MMAs, for tiles of
 // BM tokens x BN channels on as many SMs as the tiles allow.
 //
 // The kernel is the large path's pipeline (kernels/gemm_large.cu: one producer thread, a ring of

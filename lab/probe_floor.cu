@@ -1,7 +1,7 @@
 // probe_floor.cu — the fastest a few-token call can be on this GPU under the spec's rules, measured:
-// what the decode target of issue 4 (3x faster than cuBLAS BF16 at M <= 16) is up against.
+// what the decode target (3x faster than cuBLAS BF16 at M <= 16) is up against.
 //
-// Batch invariance (DESIGN.md §4) forbids split-K, so every output of a call is one chain of
+// Batch invariance (docs/numerics.md, "Batch invariance") forbids split-K, so every output of a call is one chain of
 // K / 16 dependent k16 MMAs into one FP32 accumulator, and every call is a kernel launch whose
 // activations come from the launch before it. An ideal kernel does nothing else: each CTA (one
 // warpgroup for 32 channels, as the 64-token tiles) requests its first weights from HBM as it
@@ -21,13 +21,13 @@
 // (cublasGemmEx TN, as bench/bench_kernels.c) at M = 1 and 16 in the same run. A floor above
 // cuBLAS / 3 means no kernel that keeps the rules reaches the target on that shape.
 // Then, since the large path's first full stage comes ~1 µs after its weights are requested even
-// with them in L2 (scripts/probe_kloop.cu's prologue line), the latency of a CTA's first weight load
+// with them in L2 (probe_kloop's prologue line, lab/NOTES.md), the latency of a CTA's first weight load
 // by kind: a plain bulk copy (as above), a TMA box through a tensor map passed as a
 // __grid_constant__ parameter (as the kernels do: its descriptor is new memory every launch), and
 // through a tensor map kept in global memory (one per expert, written once: L2-hot); globaltimer
 // around the request and its mbarrier wait in each CTA's first thread, medians over CTAs.
 //
-// Measured (eleventh session, lab/NOTES.md): floors of 3.2 / 2.3 / 7.9 / 5.7 µs at gate_up,
+// Measured (lab/NOTES.md, "Floors and what bounds a few-token call"): floors of 3.2 / 2.3 / 7.9 / 5.7 µs at gate_up,
 // down and DeepSeek's two shapes, 1.2-1.9x the time 3x of cuBLAS allows at M <= 16; a first
 // load of 4 KB lands in ~0.26-0.6 µs by bulk copy and ~0.3 µs later through a tensor map.
 //
@@ -100,7 +100,7 @@ static const char *const kind_names[] = {"bulk copy", "TMA, map a parameter", "T
 // ns from a CTA's first weight request to its data in shared memory (KIND above), into lat;
 // TMAP_SECOND times the CTA's second box through the same map (the next 64 columns), the first
 // one landed: if it takes what a bulk copy does, the extra of a first tensor-map load is the
-// descriptor's fetch (written after the eleventh session's last device call: not yet run)
+// descriptor's fetch (not yet run)
 template <int KIND>
 __global__ void __launch_bounds__(128)
     first_load(const uint8_t *w, size_t w_cta, const __grid_constant__ CUtensorMap tw, const CUtensorMap *tw_global,

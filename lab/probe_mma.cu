@@ -1,4 +1,5 @@
-// probe_mma.cu — an experiment that decides the GEMM design (lab/NOTES.md has the results).
+// probe_mma.cu — an experiment that decides the GEMM design (results: lab/NOTES.md, "Exactness of
+// the MMA instructions").
 //
 // Questions: (1) on NVFP4 operands (BF16 values e2m1 * e4m3, blocks of 16 along K), do mma.sync
 // m16n8k16, wgmma m64n256k16 (A and B from shared memory, 128B swizzle) and wgmma m64n8k16 (A from

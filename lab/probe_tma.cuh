@@ -1,5 +1,5 @@
 // probe_tma.cuh — the TMA description of an operand, for the probes that drive the large path's
-// kernels or pipeline (lab/probe_feed.cu, scripts/probe_kloop.cu); link with -lcuda.
+// kernels or pipeline (lab/probe_feed.cu); link with -lcuda.
 #pragma once
 #include <cuda.h>
 

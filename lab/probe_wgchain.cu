@@ -1,5 +1,5 @@
 // probe_wgchain.cu — the latency of a dependent wgmma chain: what bounds the 64-token tiles at a
-// few tokens (lab/NOTES.md, eighth session).
+// few tokens (lab/NOTES.md, "Large-M kernels and tiles" and "Exactness of the MMA instructions").
 //
 // At M <= 64 the large path's GEMM took the same time whatever the tile width (gate_up M = 16:
 // 64 x 16 6.88 µs, 64 x 32 6.96, 64 x 64 7.46), the number of SMs at work (96 or 48) and the bytes
@@ -11,18 +11,17 @@
 // flat as N (the work a step) grows, latency binds, where they grow with N the tensor cores' rate
 // does (m64n256k16 is 16384 multiply-adds per SM sub-partition, 128 cycles at 128 a cycle).
 // Cycles by clock64 in thread 0 around the loop, per step; grids of 1 and 132 CTAs.
-// Ninth session: the 64-token kernel's stage (two blocks, 8 wgmmas a group) took ~308 cycles in
-// scripts/probe_kloop.cu against 8 x 25 here, so the rows "ring" add, one at a time, what the
-// kernel has and "kblock" has not: groups of G blocks over a ring of 4 stages at distinct
-// addresses (zeros), then random BF16 operands ("rand"), then each group's wait on a completed
-// mbarrier and one arrive a warp on another ("mbar"), as the kernel's k_loop does. Measured (device
-// calls 3 and 5): n32 G 2 25.2 / 25.2 / 25.4 cycles a step, so none of them is the missing ~100
-// cycles a stage; with G 1 the mbarrier hand-over shows (31.4). Then ("writes") the same beside a
-// second warpgroup's thread bulk-copying 24 KB pieces from global memory into other shared memory
-// (four in flight), as TMA fills the kernel's next stages, back to back or one every PACE cycles,
-// the bytes written a cycle printed with it. Its first run (call 5, two 12 KB pieces in flight)
-// told nothing: the consumer's "stop" store was missing, so the copier ran past the timed loop;
-// this version, with the store, has not run.
+// The 64-token kernel's stage (two blocks, 8 wgmmas a group) takes ~300 cycles against 8 x 25 here
+// (probe_kloop, lab/NOTES.md), so the rows "ring" add, one at a time, what the kernel has and
+// "kblock" has not: groups of G blocks over a ring of 4 stages at distinct addresses (zeros), then
+// random BF16 operands ("rand"), then each group's wait on a completed mbarrier and one arrive a
+// warp on another ("mbar"), as the kernel's k_loop does. Measured: n32 G 2 25.2 / 25.2 / 25.4
+// cycles a step, so none of them is the missing ~100 cycles a stage; with G 1 the mbarrier
+// hand-over shows (31.4). Then ("writes") the same beside a second warpgroup's thread bulk-copying
+// 24 KB pieces from global memory into other shared memory (four in flight), as TMA fills the
+// kernel's next stages, back to back or one every PACE cycles, the bytes written a cycle printed
+// with it: 25.6 cycles a step with the copies at 52-75 B a cycle, so TMA's writes do not slow the
+// wgmmas.
 //
 // Build and run on the H200 (tests/gpu/session.sh probe; PROBES=wgchain):
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_wgchain lab/probe_wgchain.cu

@@ -3,7 +3,7 @@
  * The GPU kernels are tested against this code: codes, block scales and outer scales bit for bit,
  * GEMM results within FP32-accumulation error of mt_ref_gemm (which accumulates in double). It
  * favours clarity over speed. The order of FP32 operations follows Transformer Engine; see
- * ../shared/DESIGN.md §3 and the comments in nvfp4.c.
+ * docs/numerics.md, "Quantization, step by step", and the comments in nvfp4.c.
  *
  * Layout of a quantized matrix of `rows` x `cols` (cols = K, a multiple of 16), row-major:
  *   codes  rows * cols/2 bytes; element 2i of a row in the low nibble of byte i, 2i+1 in the high;

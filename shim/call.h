@@ -1,8 +1,8 @@
 /* call.h — one GEMM call, whatever entry point it came through, in one record.
  *
  * Dimensions are cuBLAS's column-major ones: C (m x n) = alpha * op(A) (m x k) * op(B) (k x n)
- * + beta * C. For a PyTorch F.linear (DESIGN.md §6): m = output channels, n = tokens, k = input
- * channels, A = the weight (op T), B = the activations (op N).
+ * + beta * C. For a PyTorch F.linear (docs/design.md, "The call record"): m = output channels,
+ * n = tokens, k = input channels, A = the weight (op T), B = the activations (op N).
  *
  * The hooks fill the cheap part (entry, ops, dims, types, pointers: what the census and the
  * "does this involve a routed weight" test need); mt_norm_details() fills the rest (pointer mode,

@@ -1,9 +1,9 @@
 /* cuda_api.h — the cuBLAS and cuBLASLt declarations the shim hooks and calls, from the toolkit's
  * own headers, so that every hook is checked against the real prototype at compile time.
  *
- * Only declarations and types are used: the library never links cuBLAS (DESIGN.md §6). cublasLt.h
- * declares one function without a prototype (cublasLtLoggerForceDisable()), which our
- * -Wstrict-prototypes would reject, hence the pragma.
+ * Only declarations and types are used: the library never links cuBLAS (docs/design.md, "Finding
+ * the real cuBLAS"). cublasLt.h declares one function without a prototype
+ * (cublasLtLoggerForceDisable()), which our -Wstrict-prototypes would reject, hence the pragma.
  */
 #ifndef MT_CUDA_API_H
 #define MT_CUDA_API_H

@@ -1,5 +1,6 @@
-/* instr.h — the mismatch instruments of a routed call (DESIGN.md §5): shadow error, invariance
- * probe and row digests, each sampled, none synchronizing the caller's stream.
+/* instr.h — the mismatch instruments of a routed call: shadow error, invariance probe and row
+ * digests, each sampled, none synchronizing the caller's stream (docs/design.md, "The mismatch
+ * instruments").
  *
  *   MINITE_SHADOW=rate  every ceil(1/rate)-th routed call of a route (the first included) also
  *                       runs the original BF16 GEMM (the real cuBLAS entry point) into scratch:

@@ -24,11 +24,11 @@ const char *mt_reason_name(enum mt_reason r) {
   return r >= 0 && r < MT_R_COUNT ? reason_names[r] : "?";
 }
 
-/* Rows of 16 bytes: what TMA loads need. The engine (issue 5) may relax or tighten this; it is
- * the one place to change. Element sizes here are 2 bytes (BF16/FP16 only reach the check). */
+/* Rows of 16 bytes: what TMA loads need. The engine may relax or tighten this; it is the one
+ * place to change. Element sizes here are 2 bytes (BF16/FP16 only reach the check). */
 #define MT_ALIGN_BYTES 16
 #define MT_ALIGN_ELEMS (MT_ALIGN_BYTES / 2)
-/* NVFP4 scales one E4M3 factor per 16 consecutive K elements (DESIGN.md §3). */
+/* NVFP4 scales one E4M3 factor per 16 consecutive K elements (docs/numerics.md, "The knobs"). */
 #define MT_K_BLOCK 16
 
 static int routed(const mt_spec *s, int64_t out, int64_t in) {
@@ -55,7 +55,8 @@ static int dtype_ok(const mt_call *c) {
 }
 
 static int compute_ok(const mt_call *c) {
-  /* PyTorch casts CUDA_R_32F (0) into the compute-type argument (DESIGN.md §6). */
+  /* PyTorch casts CUDA_R_32F (0) into the compute-type argument (docs/design.md, "Interposition
+   * facts measured on the H200"). */
   if (c->compute != CUBLAS_COMPUTE_32F && c->compute != CUDA_R_32F)
     return 0;
   return c->scale_type == -1 || c->scale_type == CUDA_R_32F;

@@ -1,7 +1,7 @@
 /* router.h — does the spec route this GEMM, and if not, why not.
  *
  * A call "involves" a routed weight when its ops and dims are those of one of the three GEMMs
- * PyTorch runs with a weight W of out x in (DESIGN.md §6):
+ * PyTorch runs with a weight W of out x in (docs/design.md, "The router"):
  *   forward  TN  m = out, k = in      y = x W^T     (A = W transposed, B = activations)
  *   dgrad    NN  m = in,  k = out     dx = dy W
  *   wgrad    NT  m = in,  n = out     dW = dy^T x   (C has the weight's shape)

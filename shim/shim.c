@@ -82,7 +82,8 @@ static int load_routes(void) {
   return -1;
 }
 
-/* PyTorch settings that decide which cuBLAS entry points the shim sees (DESIGN.md §6). */
+/* PyTorch settings that decide which cuBLAS entry points the shim sees (docs/design.md,
+ * "Interposition facts measured on the H200"). */
 static void info_torch_settings(void) {
   static const char *const names[] = {"TORCH_BLAS_PREFER_CUBLASLT", "DISABLE_ADDMM_CUDA_LT",
                                       "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE", NULL};

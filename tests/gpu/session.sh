@@ -4,8 +4,8 @@
 # cost the others. Logs go to $OUT (the device tool's output folder) or build/gpu-session.
 # KERNELS_LIMIT, SANITIZE_LIMIT, TORCH_LIMIT, RUN_LIMIT: seconds for those steps. A device call has
 # 600 s, so pick steps: build ~60 s, kernels ~80, sanitize ~80, bench ~10, and the torch step (the
-# Python GPU tests only: the kernels step runs test_kernels) ~580 in all on the H200 (ninth session:
-# the demos, instruments and routed tests ~360, test_torch_passthrough.py ~220), so over two calls
+# Python GPU tests only: the kernels step runs test_kernels) ~580 in all on the H200 (the
+# demos, instruments and routed tests ~360, test_torch_passthrough.py ~220), so over two calls
 # with GPU_PY.
 # Steps: build kernels torch sanitize bench benchshim ncu probe ab run (default: all but sanitize,
 # ncu, probe and ab). ab: the benchmark rows AB_ROWS ("qwen3_gate_up:4096 ...") one at a time,

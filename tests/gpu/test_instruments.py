@@ -1,5 +1,5 @@
-"""test_instruments.py — the mismatch instruments of routed calls on the GPU (issue "Mismatch
-statistics"; shim/instr.c, kernels/instr.cu).
+"""test_instruments.py — the mismatch instruments of routed calls on the GPU
+(shim/instr.c, kernels/instr.cu; docs/design.md, "The mismatch instruments").
 
     make && make build/tests/cpu/nvfp4_tool && python3 tests/gpu/test_instruments.py     (H200)
 

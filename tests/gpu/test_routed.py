@@ -1,12 +1,12 @@
 """test_routed.py — routed GEMMs of an unmodified PyTorch program run on the NVFP4 engine and give
-the spec's numbers (issue "Routed execution").
+the spec's numbers (docs/numerics.md).
 
     make && make build/tests/cpu/nvfp4_tool && python3 tests/gpu/test_routed.py     (H200)
 
 Each case runs tests/gpu/routed_child.py under LD_PRELOAD=build/libminite.so with
 MINITE_SPEC=nvfp4-row and the child's weight routed (256x512), then checks:
 - a routed F.linear at M = 1, 7, 64, 300 equals the CPU reference (ref/nvfp4.c through
-  nvfp4_tool) within the FP32-accumulation bound of README.md, and the calls were routed;
+  nvfp4_tool) within the FP32-accumulation bound (docs/numerics.md), and the calls were routed;
 - frozen cache: a weight overwritten in place is seen by the next call (bitwise equal to a fresh
   copy of the new weight), as it is under requantize;
 - a routed call captured in a CUDA graph replays with the engine's bits for new inputs and for a
@@ -43,8 +43,9 @@ def routed_linear_matches_the_reference():
     for m in (1, 7, 64, 300):
         x, y = got[f"x{m}"], got[f"y{m}"].astype(np.float64)
         ref = reference_gemm(x, w)
-        # FP32 accumulation of exact block sums (README.md, Numerics); the sum of |x||w| stands
-        # for the dequantized products' (each within a factor 2 of x w), and 2^-8 is BF16 output
+        # FP32 accumulation of exact block sums (docs/numerics.md, the FP32-accumulation bound); the
+        # sum of |x||w| stands for the dequantized products' (each within a factor 2 of x w), and
+        # 2^-8 is BF16 output
         bound = (K / 16 + 4) * 2.0 ** -23 * 2 * (np.abs(x) @ np.abs(w).T) + 2.0 ** -8 * np.abs(ref)
         worst = float(np.max(np.abs(y - ref) / np.maximum(bound, 1e-30)))
         print(f"    M={m}: worst error {worst:.3f} of the bound")
