@@ -23,6 +23,7 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm_args.h"
 #include "kernels/quant.h"
+#include "kernels/wstore.h"
 
 #define EXPERTS 128
 #define REPLAYS 7
@@ -383,10 +384,11 @@ static int call_copy(void *p, int i) {
 static void bench_quant(void) {
   enum { ROWS = 8192, COLS = 2048 };
   static quant_ctx q;
-  size_t elems = (size_t)ROWS * COLS, rec_bytes = MT_ACT_REC_BYTES(ROWS, COLS);
-  uint8_t *records[QSETS];
+  /* the weight store: 8 slices (experts) of 1024 rows */
+  size_t elems = (size_t)ROWS * COLS, store_bytes = 8 * MT_WS_SLICE_BYTES(ROWS / 8, COLS, 1);
+  uint8_t *stores[QSETS];
   for (int i = 0; i < QSETS; i++) {
-    records[i] = dmalloc(rec_bytes);
+    stores[i] = dmalloc(store_bytes);
     void *x = dmalloc(elems * 2);
     fill(x, elems);
     q.p[i] = (mt_quant_params){.x = x,
@@ -401,13 +403,14 @@ static void bench_quant(void) {
   }
   struct {
     const char *name;
-    int row_outer, codes, tile16, records;
+    int row_outer, codes, tile16, store;
     call_fn fn;
   } variants[] = {
       {"act_row_scale (xhat + S)", 1, 0, 0, 0, call_quant},
       {"act_tensor_scale (amax pass + xhat)", 0, 0, 0, 0, call_quant},
-      {"act_row_scale records (ra: 5-bit + S)", 1, 0, 0, 1, call_quant},
-      {"act_tensor_scale records (ra)", 0, 0, 0, 1, call_quant},
+      {"weight store, row S (4.5 bits + S)", 1, 0, 0, 1, call_quant},
+      {"weight store, tensor S (amax + 4.5 bits)", 0, 0, 0, 1, call_quant},
+      {"weight store, 16x16 tiles", 0, 0, 1, 1, call_quant},
       {"weight_row_1x16 (xhat+codes+scales)", 1, 1, 0, 0, call_quant},
       {"weight_tensor_16x16 (all outputs)", 0, 1, 1, 0, call_quant},
       {"cudaMemcpy D2D (ceiling)", 1, 0, 0, 0, call_copy},
@@ -422,14 +425,16 @@ static void bench_quant(void) {
       q.p[i].row_outer = variants[v].row_outer;
       if (!variants[v].codes)
         q.p[i].codes = NULL, q.p[i].scales = NULL;
-      q.p[i].records = variants[v].records ? records[i] : NULL;
+      q.p[i].store = variants[v].store ? stores[i] : NULL;
+      q.p[i].batch_rows = variants[v].store ? ROWS / 8 : 0;
+      q.p[i].slice_bytes = (int64_t)(store_bytes / 8);
     }
     q.tile16 = variants[v].tile16;
     double t = time_calls(variants[v].fn, &q, 64);
-    double bytes = (double)elems * 2 * (variants[v].records ? 1 : 2) +
+    double bytes = (double)elems * 2 * (variants[v].store ? 1 : 2) +
                    (variants[v].fn == call_copy ? 0 : ROWS * 4.0);
-    if (variants[v].records)
-      bytes += (double)rec_bytes;
+    if (variants[v].store)
+      bytes += (double)store_bytes;
     if (variants[v].codes)
       bytes += (double)elems / 2 + (double)elems / 16;
     printf("  %-38s %8.2f us %8.0f GB/s\n", variants[v].name, t * 1e6, bytes / t * 1e-9);
@@ -440,10 +445,11 @@ static void bench_quant(void) {
              variants[v].name, ROWS, COLS, t * 1e6, bytes / t * 1e-9);
     json_row(row);
     for (int i = 0; i < QSETS; i++)
-      q.p[i].codes = codes[i], q.p[i].scales = scales[i], q.p[i].records = NULL;
+      q.p[i].codes = codes[i], q.p[i].scales = scales[i], q.p[i].store = NULL,
+      q.p[i].batch_rows = 0;
   }
   for (int i = 0; i < QSETS; i++) {
-    cudaFree(records[i]);
+    cudaFree(stores[i]);
     cudaFree((void *)q.p[i].x);
     cudaFree(q.p[i].xhat);
     cudaFree(q.p[i].codes);

@@ -28,6 +28,7 @@
   X(memcpy_htod, cuMemcpyHtoD, "cuMemcpyHtoD_v2")                                                                      \
   X(memcpy_dtoh, cuMemcpyDtoH, "cuMemcpyDtoH_v2")                                                                      \
   X(memset_d8_async, cuMemsetD8Async, "cuMemsetD8Async")                                                               \
+  X(memset_d2d32_async, cuMemsetD2D32Async, "cuMemsetD2D32Async")                                                      \
   X(ctx_synchronize, cuCtxSynchronize, "cuCtxSynchronize")                                                             \
   X(stream_synchronize, cuStreamSynchronize, "cuStreamSynchronize")                                                    \
   X(memcpy_dtoh_async, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")

@@ -119,4 +119,70 @@ size_t mt_gemm_workspace_bytes(int m, int k, const mt_numerics *num);
 
 int mt_gemm(const mt_gemm_args *a, mt_stream stream);
 
+/* ---- the grouped engine: weights in 4.5 bits, a whole grouped problem in one launch ---------- */
+
+/* A weight quantized for the grouped GEMM (kernels/wstore.h): `count` slices (the experts of a 3-D
+ * expert tensor, or one weight) of n x k, each its NVFP4 codes and E4M3 block scales in the
+ * kernel's order and its outer scale S: ~0.56 bytes an element. Device memory the caller owns. */
+typedef struct {
+  int count, n, k;
+  mt_numerics num;
+  uint8_t *base; /* slice e at base + e * slice_bytes */
+  size_t slice_bytes;
+} mt_wstore;
+
+/* Bytes of device memory a store of count slices of n x k takes (0: a shape it cannot hold). */
+size_t mt_wstore_bytes(int count, int n, int k, const mt_numerics *num);
+
+/* Point w at mem (mt_wstore_bytes of device memory, 256-byte aligned). */
+int mt_wstore_bind(mt_wstore *w, int count, int n, int k, const mt_numerics *num, void *mem);
+
+/* Slice e's outer scale(s) S: n floats (per row) or one. */
+const float *mt_wstore_outer(const mt_wstore *w, int e);
+
+/* Quantize w->count weights of n rows of k (row stride ldw elements, `stride` elements from one to
+ * the next; BF16 or FP16) into w on `stream`, each slice with its own S. With only_if (a device
+ * word), nothing is done when it reads 0 when the kernels run. */
+int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w,
+                       const uint32_t *only_if, mt_stream stream);
+
+/* A grouped GEMM: segments s = 0 .. nseg-1, y_s[m_s][n] = x_s[m_s][k] . W_s[n][k]^T with W_s slice s
+ * of w, each output y = acc * ((1/S_a[i]) * (1/S_w[j])) * alpha + beta * c + bias, one RNE cast.
+ * Rows: with offs (device memory, nseg int32 cumulative ends, as torch._grouped_mm takes them),
+ * segment s is rows offs[s-1] .. offs[s]-1 of x, y and c (offs[-1] = 0), m the rows of x (a bound
+ * on offs); without, every segment has seg_rows rows (m = nseg * seg_rows), segment s's at
+ * x + s * stride_x, y + s * stride_y, c + s * stride_c (elements). A row's bits do not depend on
+ * its segment, position, the other segments or bn. */
+typedef struct {
+  int nseg, n, k;
+  const mt_wstore *w; /* at least nseg slices */
+  const int32_t *offs;
+  int m, seg_rows;
+  const void *x;
+  size_t ldx;
+  long long stride_x;
+  enum mt_dtype xtype; /* BF16 or FP16 */
+  void *y;
+  size_t ldy;
+  long long stride_y;
+  enum mt_dtype ytype; /* BF16 or FP16 */
+  const void *c;       /* beta's operand, laid out as y; not read when beta == 0 */
+  size_t ldc;
+  long long stride_c;
+  const void *bias; /* [n] a segment, stride_bias elements apart, or NULL */
+  long long stride_bias;
+  enum mt_dtype biastype;
+  float alpha, beta;
+  void *workspace; /* at least mt_grouped_workspace_bytes(m, k, ...) */
+  size_t workspace_bytes;
+  int bn; /* tokens a tile (8 .. 256, a power of two): 0, the launcher's choice (mt_grouped_bn) */
+} mt_grouped_args;
+
+size_t mt_grouped_workspace_bytes(int m, int k, const mt_numerics *num);
+
+/* The launcher's token tile for m rows over nseg segments. */
+int mt_grouped_bn(int m, int nseg);
+
+int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream);
+
 #endif

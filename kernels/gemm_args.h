@@ -123,4 +123,42 @@ typedef struct {
 #define MT_ACT_REC_BYTES(m, k)                                                                                         \
   (((size_t)(m) + MT_ACT_BAND - 1) / MT_ACT_BAND * (MT_ACT_BAND / 8) * MT_ACT_PAIRS(k) * MT_FRAG_REC)
 
+/* The grouped GEMM (kernels/grouped.cu, launched by kernels/grouped.c): segments seg0 .. seg0 +
+ * nseg - 1 of a grouped problem, each y_s = x_s . W_s^T with the epilogue of mt_epilogue_args. At
+ * most MT_GROUPED_MAX_SEG segments a launch (the kernel's tile table); the launcher splits larger
+ * problems. */
+#define MT_GROUPED_MAX_SEG 512
+/* Tiles of 128 channels x BN tokens (8 to 256). A stage: MT_GROUPED_KS 64-wide K blocks, each an
+ * activation box of BN rows x 128 bytes (1024-aligned for the swizzle) and the tile's 4608 bytes of
+ * weight records; as many stages as fill ~200 KB, at most 16; then the ring's barriers and the
+ * tile table (3 x MT_GROUPED_MAX_SEG + 1 ints). */
+#define MT_GROUPED_KS(bn) ((bn) <= 64 ? 2 : 1)
+#define MT_GROUPED_REC_BLOCK 4608
+#define MT_GROUPED_SB(bn) ((MT_GROUPED_KS(bn) * ((bn)*128 + MT_GROUPED_REC_BLOCK) + 1023) / 1024 * 1024)
+#define MT_GROUPED_STAGES(bn) (204800 / MT_GROUPED_SB(bn) < 16 ? 204800 / MT_GROUPED_SB(bn) : 16)
+#define MT_GROUPED_SMEM(bn) (1024 + MT_GROUPED_STAGES(bn) * (MT_GROUPED_SB(bn) + 16) + (3 * MT_GROUPED_MAX_SEG + 1) * 4)
+typedef struct {
+  CUtensorMap ta;      /* xhat [m][k] BF16, box 64 columns x BN rows (kpair: rank 3, 64 x m x k / 64,
+                             a box two blocks deep) */
+  const uint8_t *ws;   /* the weight store (kernels/wstore.h): slice g at ws + g * ws_slice */
+  long long ws_slice;  /* bytes of a slice */
+  long long ws_band;   /* bytes of a band's records: MT_WS_BAND_BYTES(k) */
+  long long ws_outer;  /* a slice's S from its start */
+  const int32_t *offs; /* device: cumulative row ends of the segments (segment g: offs[g-1] .. offs[g],
+                             offs[-1] = 0), or NULL: seg_rows rows each, segment g at row g * seg_rows */
+  int seg0, nseg, seg_rows;
+  int m, n, k;        /* m: rows of xhat (bounds offs) */
+  const float *sa;    /* S_a: per row of xhat, or one */
+  int sa_row, sw_row; /* S_w: per channel of a slice, or one a slice */
+  void *y;            /* segment g's token r: y + g * stride_y + (offs ? offs[g-1] + r : r) * ldy */
+  long long ldy, stride_y;
+  const void *c; /* beta's operand, laid out as y (NULL when beta == 0) */
+  long long ldc, stride_c;
+  const void *bias; /* [n] a segment, stride_bias elements apart, or NULL */
+  long long stride_bias;
+  int ytype, biastype; /* enum mt_dtype */
+  float alpha, beta;
+  int kpair; /* ta is of rank 3 */
+} mt_grouped_kargs;
+
 #endif

@@ -1,5 +1,5 @@
 /* quant.c — launches the quantization kernels of kernels/quant.cu: picks the kernel and the CTA
- * shape for a matrix (see quant.cu for what each thread owns; with p->records, the record-mode
+ * shape for a matrix (see quant.cu for what each thread owns; with p->store, the store-mode
  * kernels) and, for a per-tensor outer scale, zeroes the amax word and runs the amax pass first.
  * Launches only, so it is legal inside CUDA graph capture once the module is loaded.
  */
@@ -8,7 +8,7 @@
 #include <stdio.h>
 
 #include "kernels/driver.h"
-#include "kernels/gemm_args.h"
+#include "kernels/wstore.h"
 
 /* CTAs of about this many threads; a row (per-row S) may take up to 512. */
 #define CTA_THREADS 256
@@ -67,18 +67,25 @@ static void tensor_shape(unsigned units, launch_shape *s) {
   s->grid_y = (units + s->block_x - 1) / s->block_x;
 }
 
-/* The record mode (p->records): threads own pairs of blocks over the padded layout (gemm_args.h:
- * whole 64-column steps, whole bands of 128 rows), the same CTA shapes otherwise. */
-static int pick_rec_shape(const mt_quant_params *p, launch_shape *s) {
+/* The store mode (p->store): threads own pairs of blocks over the padded layout (kernels/wstore.h:
+ * whole 128-column steps, each slice's rows padded to whole bands), the same CTA shapes otherwise;
+ * 16x16 tiles take 16 rows a CTA. */
+static int pick_store_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
   const char *type = p->fp16 ? "fp16" : "bf16";
-  unsigned nblk = (unsigned)MT_ACT_PAIRS(p->cols) * 2, nb;
-  unsigned rows = (unsigned)((p->rows + MT_ACT_BAND - 1) / MT_ACT_BAND * MT_ACT_BAND);
-  if (p->row_outer) {
+  unsigned nblk = (unsigned)MT_WS_PAIRS(p->cols) * 2, nb;
+  unsigned slices = (unsigned)(p->rows / p->batch_rows);
+  unsigned rows = slices * (unsigned)((p->batch_rows + MT_WS_BAND - 1) / MT_WS_BAND * MT_WS_BAND);
+  if (tile16) {
+    s->block_x = nblk / 2 < 16 ? pow2_at_least(nblk / 2) : 16;
+    s->block_y = 16;
+    s->grid_y = (nblk / 2 + s->block_x - 1) / s->block_x;
+    snprintf(s->name, sizeof s->name, "mt_quant_tile_store_%s", type);
+  } else if (p->row_outer) {
     if (row_shape(nblk, (unsigned)p->rows, 2, s, &nb) != MT_OK) return MT_ERR_UNSUPPORTED;
-    snprintf(s->name, sizeof s->name, "mt_quant_row_rec_%s_nb%u", type, nb);
+    snprintf(s->name, sizeof s->name, "mt_quant_row_store_%s_nb%u", type, nb);
   } else {
     tensor_shape(nblk / 2, s);
-    snprintf(s->name, sizeof s->name, "mt_quant_tensor_rec_%s", type);
+    snprintf(s->name, sizeof s->name, "mt_quant_tensor_store_%s", type);
   }
   s->grid_x = (rows + s->block_y - 1) / s->block_y;
   return s->grid_y <= 65535 ? MT_OK : MT_ERR_UNSUPPORTED;
@@ -87,7 +94,7 @@ static int pick_rec_shape(const mt_quant_params *p, launch_shape *s) {
 static int pick_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
   const char *type = p->fp16 ? "fp16" : "bf16";
   unsigned rows = (unsigned)p->rows, nblk = (unsigned)p->cols / 16, nb;
-  if (p->records) return pick_rec_shape(p, s);
+  if (p->store) return pick_store_shape(p, tile16, s);
   if (tile16) {
     s->block_x = nblk < 16 ? pow2_at_least(nblk) : 16;
     s->block_y = 16;
@@ -104,10 +111,19 @@ static int pick_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
   return s->grid_y <= 65535 ? MT_OK : MT_ERR_UNSUPPORTED;
 }
 
+/* The amax words the pass builds: p->amax, or each slice's (after its S: kernels/wstore.h), one
+ * 2-D memset for all of them. */
+static CUresult zero_amax(const mt_driver *d, const mt_quant_params *p, mt_stream stream) {
+  if (!p->store) return d->memset_d8_async((CUdeviceptr)p->amax, 0, sizeof *p->amax, stream);
+  CUdeviceptr first = (CUdeviceptr)(p->store + MT_WS_SECTION(MT_WS_RECORD_BYTES(p->batch_rows, p->cols)) + 4);
+  return d->memset_d2d32_async(first, (size_t)p->slice_bytes, 0, 1, (size_t)(p->rows / p->batch_rows), stream);
+}
+
 int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) {
   const mt_driver *d = mt_driver_get();
   if (!d) return MT_ERR_NO_DRIVER;
-  if (p->rows <= 0 || p->cols <= 0 || p->cols % 16 || (tile16 && (p->row_outer || p->rows % 16 || p->records)))
+  if (p->rows <= 0 || p->cols <= 0 || p->cols % 16 || p->batch_rows < 0 || (p->batch_rows && p->rows % p->batch_rows) ||
+      (p->store && !p->batch_rows) || (tile16 && (p->row_outer || p->rows % 16 || p->batch_rows % 16)))
     return MT_ERR_UNSUPPORTED;
   launch_shape s;
   CUfunction quant, amax = NULL;
@@ -118,7 +134,7 @@ int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) {
   if (status != MT_OK) return status;
   if (amax) {
     /* The amax pass ends in atomicMax on FP32 bits: exact and independent of order. */
-    if (d->memset_d8_async((CUdeviceptr)p->amax, 0, sizeof *p->amax, stream) != CUDA_SUCCESS) return MT_ERR_CUDA;
+    if (zero_amax(d, p, stream) != CUDA_SUCCESS) return MT_ERR_CUDA;
     unsigned warps = (unsigned)p->rows < 8192 ? (unsigned)p->rows : 8192; /* a row per warp */
     status = mt_launch(amax, (warps + 7) / 8, 1, 256, 1, 0, 0, stream, (void *)p);
     if (status != MT_OK) return status;

@@ -1,15 +1,15 @@
 /* quant.cu — NVFP4 quantization kernels: BF16/FP16 rows (row stride ldx) to the exact BF16
  * dequantized matrix xhat = e2m1(code) * s_b (outer scale not applied: what the tensor cores
  * read), and optionally the packed E2M1 codes and E4M3 block scales, with the FP32 outer scale S
- * per row or per tensor; 1x16 blocks, or 16x16 tiles for weights. Or (the record mode, for the
- * large-M ra kernel, MT_LARGE_VARIANT=ra) the same codes and scales as the 5-bit records of
- * gemm_args.h (MT_ACT_REC_BYTES: ~0.63 bytes an element written instead of xhat's 2), with S.
+ * per row or per tensor; 1x16 blocks, or 16x16 tiles for weights. Or (the store mode, for weights)
+ * the same codes and scales as the weight store of kernels/wstore.h, with S, one slice per batch
+ * (expert), each with its own S.
  *
  * Bit-identical to mt_ref_quantize (ref/nvfp4.c): the same IEEE FP32 operations in the same
  * order (TE's), each rounded on its own (__fmul_rn / __frcp_rn / __fdiv_rn: no FMA contraction,
  * correctly rounded division, denormals kept). tests/gpu/test_kernels.c checks codes, scales, S,
- * xhat and the records bit for bit against the reference on random and adversarial inputs;
- * tests/cpu/test_quant_rec_encode.c checks a host twin of the record mode's own encode (v2).
+ * xhat and the store bit for bit against the reference on random and adversarial inputs;
+ * tests/cpu/test_quant_rec_encode.c checks a host twin of the store mode's own encode.
  *
  * Layout of the work: one thread owns NB blocks of 16 elements of one row (two 16-byte loads and
  * stores per block, coalesced across the row's threads); a CTA holds TY rows of TX threads. The
@@ -18,9 +18,9 @@
  */
 #include <stdint.h>
 
-#include "kernels/gemm_args.h"
 #include "kernels/quant.cuh"
 #include "kernels/quant.h"
+#include "kernels/wstore.h"
 
 using namespace mt_q;
 
@@ -34,11 +34,30 @@ constexpr int kAmaxThreads = 256; /* the amax pass's CTA (quant.c launches it wi
  * for this grid to finish. No effect on launches without that attribute. */
 __device__ __forceinline__ void allow_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
-/* The record of 8 rows x 32 columns (gemm_args.h) that row r's blocks b (even) and b + 1 belong
- * to, in the ra layout: bands of 128 rows, the band's records by column pair, then row group. */
-__device__ __forceinline__ uint8_t *record_of(const mt_quant_params &p, int r, int b, int pairs) {
-  return p.records +
-         (((size_t)(r / MT_ACT_BAND) * pairs + b / 2) * (MT_ACT_BAND / 8) + (r / 8) % (MT_ACT_BAND / 8)) * MT_FRAG_REC;
+/* Row r's first byte of x: batch r / batch_rows lies batch_stride elements after the one before. */
+__device__ __forceinline__ const char *x_row(const mt_quant_params &p, int r) {
+  size_t at = (size_t)r * (size_t)p.ldx;
+  if (p.batch_rows)
+    at = (size_t)(r / p.batch_rows) * (size_t)p.batch_stride + (size_t)(r % p.batch_rows) * (size_t)p.ldx;
+  return (const char *)p.x + at * 2;
+}
+
+/* The store mode: batch e is slice e of the store (kernels/wstore.h), p.batch_rows rows padded to
+ * whole bands; its records, then its S (and, per tensor, its amax word after S). */
+__device__ __forceinline__ int slice_rows(const mt_quant_params &p) {
+  return (p.batch_rows + MT_WS_BAND - 1) / MT_WS_BAND * MT_WS_BAND;
+}
+__device__ __forceinline__ uint8_t *slice_of(const mt_quant_params &p, int e) {
+  return p.store + (size_t)e * (size_t)p.slice_bytes;
+}
+__device__ __forceinline__ float *slice_outer(const mt_quant_params &p, int e) {
+  return (float *)(slice_of(p, e) + MT_WS_SECTION(MT_WS_RECORD_BYTES(p.batch_rows, p.cols)));
+}
+
+/* The record that row r of slice e's blocks b (even) and b + 1 belong to. */
+__device__ __forceinline__ uint8_t *record_of(const mt_quant_params &p, int e, int r, int b) {
+  const size_t pairs = MT_WS_PAIRS(p.cols), groups = MT_WS_BAND / 8;
+  return slice_of(p, e) + (((size_t)(r / MT_WS_BAND) * pairs + b / 2) * groups + (r / 8) % groups) * MT_WS_REC;
 }
 
 /* The record's four code words of row r from its blocks b (codes cd0) and b + 1 (cd1): lane 4g + q's
@@ -51,14 +70,15 @@ __device__ __forceinline__ void record_words_of_codes(const uint32_t (&cd0)[2], 
   word[2] = __byte_perm(a23, b23, 0x5410), word[3] = __byte_perm(a23, b23, 0x7632);
 }
 
-/* Row r's part of one record (row g of it): its four code words, and the scale word: the two
- * block scales' values sb0, sb1 as BF16 (exact: an E4M3 value has 4 significant bits). 16 + 4 bytes. */
-__device__ __forceinline__ void store_record(uint8_t *rec, int g, const uint32_t (&word)[4], float sb0, float sb1) {
+/* Row r's part of one record (row g of it): its four code words (16 bytes) and its two blocks'
+ * E4M3 scale codes. */
+__device__ __forceinline__ void store_record(uint8_t *rec, int g, const uint32_t (&word)[4], uint32_t sb0,
+                                             uint32_t sb1) {
   *(uint4 *)(rec + 16 * g) = make_uint4(word[0], word[1], word[2], word[3]);
-  *(uint32_t *)(rec + 128 + 4 * g) = __float_as_uint(sb0) >> 16 | (__float_as_uint(sb1) & 0xffff0000u);
+  *(uint16_t *)(rec + 128 + 2 * g) = (uint16_t)(sb0 | sb1 << 8);
 }
 
-/* The record mode's encode, v2 (lab/NOTES.md, "record-mode quantization, v2"). mt_q::encode
+/* The store mode's encode (lab/NOTES.md, "Activation quantization"). mt_q::encode
  * spends ~15 ALU-pipe instructions an element (compares, selects, shifts, ORs: the ALU pipe issues
  * a warp instruction every second cycle), which made the record kernels ALU-bound; this one spends
  * ~3, its other work on the FMA pipe. The same codes, bit for bit, for every c_b the kernels meet
@@ -137,24 +157,28 @@ __device__ __forceinline__ float block_coef(uint32_t amax_bits, float s_over_6, 
 }
 
 /* Rows r = blockIdx.x * TY + ty; thread tx owns blocks blockIdx.y * TX * NB + tx + j * TX. ROW: S
- * from the row's amax (the launcher makes one CTA span the whole row); else S from *p.amax. TILE:
- * 16x16 tiles, TY == 16, the tile's amax through shared memory. REC (NB even): the output is
- * p.records instead; thread tx owns the pairs of blocks blockIdx.y * TX * NB / 2 + tx + i * TX
- * (blocks j = 2i and 2i + 1 of its NB), over the rows and pairs the layout pads to (zeros: rows
- * past p.rows load as zero, so their S is 1 and their codes and scales 0; S is not written). */
-template <bool FP16, int NB, bool ROW, bool TILE, bool REC = false>
+ * from the row's amax (the launcher makes one CTA span the whole row); else S from the amax word.
+ * TILE: 16x16 tiles, TY == 16, the tile's amax through shared memory. STORE (NB even): the output
+ * is the weight store p.store instead; thread tx owns the pairs of blocks
+ * blockIdx.y * TX * NB / 2 + tx + i * TX (blocks j = 2i and 2i + 1 of its NB), over the rows and
+ * pairs of each slice the layout pads to: rows past a slice's p.batch_rows load as zero, so their
+ * codes and scales are 0 (their S is not written). */
+template <bool FP16, int NB, bool ROW, bool TILE, bool STORE = false>
 __device__ __forceinline__ void quantize(const mt_quant_params &p) {
   if (p.only_if && *p.only_if == 0) /* the same for the whole grid: no barrier is left waiting */
     return;
   const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x;
   const int nblk = p.cols >> 4;
-  const int r = blockIdx.x * blockDim.y + ty;
-  const bool row_ok = r < p.rows;
+  const int r_all = blockIdx.x * blockDim.y + ty;
+  /* the store mode's slice e and its row rl; elsewhere r is the row */
+  const int e = STORE ? r_all / slice_rows(p) : 0, rl = STORE ? r_all % slice_rows(p) : r_all;
+  const int r = STORE ? e * p.batch_rows + rl : r_all;
+  const bool row_ok = STORE ? rl < p.batch_rows && r < p.rows : r < p.rows;
   const int b0 = blockIdx.y * (TX * NB) + tx;
   auto block_of = [&](int j) {
-    return REC ? 2 * (blockIdx.y * (TX * NB / 2) + tx + (j >> 1) * TX) + (j & 1) : b0 + j * TX;
+    return STORE ? 2 * (blockIdx.y * (TX * NB / 2) + tx + (j >> 1) * TX) + (j & 1) : b0 + j * TX;
   };
-  const char *xrow = (const char *)p.x + (size_t)(row_ok ? r : 0) * (size_t)p.ldx * 2;
+  const char *xrow = x_row(p, row_ok ? r : 0);
 
   uint32_t w[NB][8], amax_b[NB];
 #pragma unroll
@@ -171,6 +195,7 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
     amax_b[j] = block_amax_bits<FP16>(w[j]);
   }
 
+  float *outer = STORE ? slice_outer(p, e) : p.outer;
   float S;
   if (ROW) {
     uint32_t m = 0;
@@ -186,33 +211,41 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
       for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
     }
     S = outer_scale(__uint_as_float(m));
-    if (tx == 0 && row_ok) p.outer[r] = S;
+    if (tx == 0 && row_ok) outer[STORE ? rl : r] = S;
   } else {
-    S = outer_scale(__uint_as_float(*p.amax));
-    if (blockIdx.x == 0 && blockIdx.y == 0 && tx == 0 && ty == 0) p.outer[0] = S;
+    /* per tensor: the amax word after S (the store's slice, or p.amax) */
+    S = outer_scale(__uint_as_float(STORE ? *(const uint32_t *)(outer + 1) : *p.amax));
+    if (blockIdx.y == 0 && tx == 0 && (STORE ? rl == 0 : r_all == 0)) outer[0] = S;
   }
 
-  if (TILE) { /* NB == 1, TY == 16: the 16 rows of a CTA are one row of tiles */
-    __shared__ uint32_t tile_max[kMaxThreads / 16];
-    if (ty == 0) tile_max[tx] = 0;
+  if (TILE) { /* TY == 16: the 16 rows of a CTA are one row of tiles (a slice's rows are whole tiles) */
+    __shared__ uint32_t tile_max[kMaxThreads / 16 * 8];
+    const int first = blockIdx.y * TX * NB;
+#pragma unroll
+    for (int j = 0; j < NB; j++)
+      if (ty == 0) tile_max[block_of(j) - first] = 0;
     __syncthreads();
-    atomicMax(&tile_max[tx], amax_b[0]);
+#pragma unroll
+    for (int j = 0; j < NB; j++) atomicMax(&tile_max[block_of(j) - first], amax_b[j]);
     __syncthreads();
-    amax_b[0] = tile_max[tx];
+#pragma unroll
+    for (int j = 0; j < NB; j++) amax_b[j] = tile_max[block_of(j) - first];
   }
 
-  if (REC) {
-    const int pairs = (int)MT_ACT_PAIRS(p.cols);
-    if (r >= (p.rows + MT_ACT_BAND - 1) / MT_ACT_BAND * MT_ACT_BAND) return;
-    const bool bad = !(S == S);
-    const float s_over_6 = S_over_6(S), inv_s = inv_S(S);
+  /* A domain holding NaN or Inf: codes, scales and xhat all 0; its NaN S makes the GEMM's
+   * outputs NaN. */
+  const bool domain_bad = !(S == S);
+  const float s_over_6 = S_over_6(S), inv_s = inv_S(S);
+  if (STORE) {
+    if (e * p.batch_rows >= p.rows) return; /* past the last slice */
+    const int pairs = (int)MT_WS_PAIRS(p.cols);
 #pragma unroll
     for (int j = 0; j < NB; j += 2) {
       const int b = block_of(j);
       if (b >= 2 * pairs) break;
-      uint32_t word[4] = {0, 0, 0, 0}, sb0, sb1;
-      float f0 = 0.0f, f1 = 0.0f; /* the scales' values */
-      if (!bad) {
+      uint32_t word[4] = {0, 0, 0, 0}, sb0 = 0, sb1 = 0;
+      if (!domain_bad) {
+        float f0, f1; /* the scales' values */
         const float c0 = block_coef(amax_b[j], s_over_6, inv_s, sb0, f0);
         const float c1 = block_coef(amax_b[j + 1], s_over_6, inv_s, sb1, f1);
         if (c0 <= kFltMax && c1 <= kFltMax) {
@@ -224,15 +257,11 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
           record_words_of_codes(cd0, cd1, word);
         }
       }
-      store_record(record_of(p, r, b, pairs), r % 8, word, f0, f1);
+      store_record(record_of(p, e, rl, b), rl % 8, word, sb0, sb1);
     }
     return;
   }
   if (!row_ok) return;
-  /* A domain holding NaN or Inf: codes, scales and xhat all 0; its NaN S makes the GEMM's
-   * outputs NaN. */
-  const bool domain_bad = !(S == S);
-  const float s_over_6 = S_over_6(S), inv_s = inv_S(S);
   const size_t row_base = (size_t)r * (size_t)p.cols;
 #pragma unroll
   for (int j = 0; j < NB; j++) {
@@ -253,32 +282,44 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
   }
 }
 
-/* max |x| over the whole matrix into *p.amax (FP32 bits; the launcher zeroes it first): one warp
- * per row at a time, four 16-byte loads in flight per lane, one atomicMax per CTA. */
+/* max |x| over the whole matrix into *p.amax, or in the store mode over each slice into the
+ * slice's amax word (FP32 bits; the launcher zeroes them first): each warp takes a run of rows,
+ * four 16-byte loads in flight per lane; one atomicMax per CTA (per warp and slice in the store
+ * mode, where a warp's run may cross into the next slice). */
+template <bool FP16> __device__ __forceinline__ uint32_t row_amax(const mt_quant_params &p, int r, int lane) {
+  const int chunks = p.cols >> 3;
+  const uint4 *src = (const uint4 *)x_row(p, r);
+  uint32_t m = 0;
+  for (int c = lane; c < chunks; c += 4 * 32) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) v[u] = (c + u * 32 < chunks) ? src[c + u * 32] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      m = __vmaxu2(m, v[u].x & 0x7fff7fffu);
+      m = __vmaxu2(m, v[u].y & 0x7fff7fffu);
+      m = __vmaxu2(m, v[u].z & 0x7fff7fffu);
+      m = __vmaxu2(m, v[u].w & 0x7fff7fffu);
+    }
+  }
+  return __reduce_max_sync(0xffffffffu, __float_as_uint(abs_bits_to_float<FP16>(max(m & 0xffffu, m >> 16))));
+}
+
 template <bool FP16> __device__ __forceinline__ void amax_pass(const mt_quant_params &p) {
   if (p.only_if && *p.only_if == 0) return;
   const int lane = threadIdx.x & 31;
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int nwarps = (gridDim.x * blockDim.x) >> 5;
-  const int chunks = p.cols >> 3;
-  uint32_t m = 0;
-  for (int r = warp; r < p.rows; r += nwarps) {
-    const uint4 *src = (const uint4 *)((const char *)p.x + (size_t)r * (size_t)p.ldx * 2);
-    for (int c = lane; c < chunks; c += 4 * 32) {
-      uint4 v[4];
-#pragma unroll
-      for (int u = 0; u < 4; u++) v[u] = (c + u * 32 < chunks) ? src[c + u * 32] : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int u = 0; u < 4; u++) {
-        m = __vmaxu2(m, v[u].x & 0x7fff7fffu);
-        m = __vmaxu2(m, v[u].y & 0x7fff7fffu);
-        m = __vmaxu2(m, v[u].z & 0x7fff7fffu);
-        m = __vmaxu2(m, v[u].w & 0x7fff7fffu);
-      }
+  const int run = (p.rows + nwarps - 1) / nwarps, r0 = warp * run, r1 = min(p.rows, r0 + run);
+  uint32_t bits = 0;
+  for (int r = r0; r < r1; r++) {
+    bits = max(bits, row_amax<FP16>(p, r, lane));
+    if (p.store && (r + 1 == r1 || (r + 1) % p.batch_rows == 0)) { /* the slice's last row of this run */
+      if (lane == 0 && bits != 0) atomicMax((uint32_t *)(slice_outer(p, r / p.batch_rows) + 1), bits);
+      bits = 0;
     }
   }
-  uint32_t bits = __float_as_uint(abs_bits_to_float<FP16>(max(m & 0xffffu, m >> 16)));
-  bits = __reduce_max_sync(0xffffffffu, bits);
+  if (p.store) return;
   /* then across the CTA's warps, so that one atomic per CTA (not per warp: 8192 on one word at
    * 8192 rows) reaches L2, where atomics on one address are served one after another */
   __shared__ uint32_t warp_max[kAmaxThreads / 32];
@@ -322,24 +363,23 @@ MT_QUANT_ROW(fp16, true, 8)
 MT_QUANT_TENSOR(bf16, false)
 MT_QUANT_TENSOR(fp16, true)
 
-/* The record mode (mt_quant_params.records, for MT_LARGE_VARIANT=ra): per-row S with 2, 4 or 8
- * blocks a thread (pairs of adjacent blocks), per-tensor S with 2. */
-#define MT_QUANT_REC(type, fp16)                                                                                       \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_row_rec_##type##_nb2(const mt_quant_params p) {   \
-    allow_dependents();                                                                                                \
+/* The store mode (mt_quant_params.store, weights): per-row S with 2, 4 or 8 blocks a thread (pairs
+ * of adjacent blocks), per-tensor S with 2, and 16x16 tiles (per-tensor S) with 2. */
+#define MT_QUANT_STORE(type, fp16)                                                                                     \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_row_store_##type##_nb2(const mt_quant_params p) { \
     quantize<fp16, 2, true, false, true>(p);                                                                           \
   }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_row_rec_##type##_nb4(const mt_quant_params p) {   \
-    allow_dependents();                                                                                                \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_row_store_##type##_nb4(const mt_quant_params p) { \
     quantize<fp16, 4, true, false, true>(p);                                                                           \
   }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_row_rec_##type##_nb8(const mt_quant_params p) {   \
-    allow_dependents();                                                                                                \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_row_store_##type##_nb8(const mt_quant_params p) { \
     quantize<fp16, 8, true, false, true>(p);                                                                           \
   }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tensor_rec_##type(const mt_quant_params p) {      \
-    allow_dependents();                                                                                                \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tensor_store_##type(const mt_quant_params p) {    \
     quantize<fp16, 2, false, false, true>(p);                                                                          \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tile_store_##type(const mt_quant_params p) {      \
+    quantize<fp16, 2, false, true, true>(p);                                                                           \
   }
-MT_QUANT_REC(bf16, false)
-MT_QUANT_REC(fp16, true)
+MT_QUANT_STORE(bf16, false)
+MT_QUANT_STORE(fp16, true)

@@ -1,7 +1,7 @@
 /* quant.h — NVFP4 quantization on the GPU (kernels in kernels/quant.cu, launched by kernels/quant.c):
  * BF16 or FP16 rows to the exact BF16 dequantized matrix the tensor cores read, and optionally the
  * packed codes and E4M3 scales, bit-identical to mt_ref_quantize (ref/nvfp4.c); or the same codes
- * and scales as the 5-bit records the large-M ra kernel reads (mt_quant_params.records).
+ * and scales as the weight store of kernels/wstore.h (mt_quant_params.store).
  *
  * mt_quant_params is the one by-value argument of every kernel: C and CUDA C++ both include this
  * header, so it holds only fixed-width types and pointers.
@@ -23,18 +23,23 @@ typedef struct {
   float *outer;            /* S: rows floats or 1 */
   uint32_t *amax;          /* per-tensor: max |x| as FP32 bits, zeroed then built by the amax kernel */
   const uint32_t *only_if; /* NULL, or a device word: the kernels do nothing when it reads 0 */
-  uint8_t *records;        /* NULL, or: the codes and scales as 5-bit records for the large-M ra kernel
-                         (kernels/gemm_args.h, MT_ACT_REC_BYTES(rows, cols) bytes, zero records
-                         past rows and cols included) instead of xhat, codes and scales (not
-                         written then); 1x16 blocks only */
+  /* Batches of rows (experts): 0, or the rows of a batch; row r of x is then row r % batch_rows of
+   * batch r / batch_rows, which starts batch_stride elements after the one before. */
+  int32_t batch_rows;
+  int64_t batch_stride;
+  /* NULL, or the weight store (kernels/wstore.h) to write instead of xhat, codes, scales, outer and
+   * amax (not used then): batch e is slice e at store + e * slice_bytes, with its own S. */
+  uint8_t *store;
+  int64_t slice_bytes;
 } mt_quant_params;
 
 #ifndef __CUDACC__
 #include "kernels/engine.h"
 
 /* Quantize as p says with 1x16 blocks (tile16 = 0) or 16x16 tiles (tile16 = 1: needs per-tensor S
- * and rows % 16 == 0). Per-tensor S zeroes *p->amax and runs an amax pass first. Launches only:
- * no allocation, no synchronisation (legal inside graph capture once the module is loaded). */
+ * and rows % 16 == 0; a batch's rows too). Per-tensor S zeroes the amax word (each slice's in the
+ * store mode) and runs an amax pass first. Launches only: no allocation, no synchronisation (legal
+ * inside graph capture once the module is loaded). */
 int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream);
 #endif
 

@@ -667,6 +667,24 @@ EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, 
   return r;
 }
 
+/* The 2-D form the quantizer uses to zero one word in each of many slices: every row checked. */
+EXPORT CUresult cuMemsetD2D32Async(CUdeviceptr dst, size_t pitch, unsigned int value, size_t width,
+                                   size_t height, CUstream stream) {
+  pthread_mutex_lock(&lock);
+  CUresult r = CUDA_SUCCESS;
+  for (size_t h = 0; h < height && r == CUDA_SUCCESS; h++)
+    if (!allocation_of((void *)(uintptr_t)(dst + h * pitch), width * 4)) {
+      counts.invalid++;
+      r = CUDA_ERROR_INVALID_VALUE;
+    }
+  for (size_t h = 0; h < height && r == CUDA_SUCCESS; h++)
+    for (size_t i = 0; i < width; i++)
+      memcpy((void *)(uintptr_t)(dst + h * pitch + 4 * i), &value, 4);
+  log_simple(FAKE_EV_MEMSET, stream, dst, width * 4 * height, (int)value, r);
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
 /* Read-backs: the source is the program's "device" memory (host memory here, allocated by the
  * program, not through this driver), so it is not checked against the allocations. */
 EXPORT CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream stream) {

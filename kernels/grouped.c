@@ -1,0 +1,208 @@
+/* grouped.c — host side of the grouped GEMM (kernels/grouped.cu): the weight store's layout and
+ * quantization, and one grouped problem (validate, quantize all its activation rows in one launch,
+ * describe them, launch the GEMM). Nothing here allocates, synchronizes or reads device memory
+ * back: legal inside CUDA graph capture once the modules are loaded. */
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kernels/driver.h"
+#include "kernels/engine.h"
+#include "kernels/gemm_args.h"
+#include "kernels/quant.h"
+#include "kernels/wstore.h"
+
+static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+static int is_half(enum mt_dtype t) { return t == MT_DTYPE_BF16 || t == MT_DTYPE_FP16; }
+
+static int wstore_shape_ok(int count, int n, int k, const mt_numerics *num) {
+  if (!num || count <= 0 || n <= 0 || k <= 0 || k % 16) return 0;
+  if (num->weight_scale != MT_SCALE_ROW && num->weight_scale != MT_SCALE_TENSOR) return 0;
+  if (num->weight_block == MT_WBLOCK_16X16) /* a tile's 16 rows share one S */
+    return num->weight_scale == MT_SCALE_TENSOR && n % 16 == 0;
+  return num->weight_block == MT_WBLOCK_1X16;
+}
+
+size_t mt_wstore_bytes(int count, int n, int k, const mt_numerics *num) {
+  if (!wstore_shape_ok(count, n, k, num)) return 0;
+  return (size_t)count * MT_WS_SLICE_BYTES(n, k, num->weight_scale == MT_SCALE_ROW);
+}
+
+int mt_wstore_bind(mt_wstore *w, int count, int n, int k, const mt_numerics *num, void *mem) {
+  if (!w || !mem || ((uintptr_t)mem % 256) || !wstore_shape_ok(count, n, k, num)) return MT_ERR_UNSUPPORTED;
+  w->count = count;
+  w->n = n;
+  w->k = k;
+  w->num = *num;
+  w->base = mem;
+  w->slice_bytes = MT_WS_SLICE_BYTES(n, k, num->weight_scale == MT_SCALE_ROW);
+  return MT_OK;
+}
+
+const float *mt_wstore_outer(const mt_wstore *w, int e) {
+  return (const float *)(w->base + (size_t)e * w->slice_bytes + MT_WS_SECTION(MT_WS_RECORD_BYTES(w->n, w->k)));
+}
+
+int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w,
+                       const uint32_t *only_if, mt_stream stream) {
+  if (!wt || !w || !w->base || !wstore_shape_ok(w->count, w->n, w->k, &w->num) || !is_half(type) || !aligned16(wt) ||
+      ldw < (size_t)w->k || ldw % 8 || (w->count > 1 && (stride < (size_t)w->n * ldw || stride % 8)))
+    return MT_ERR_UNSUPPORTED;
+  mt_quant_params p = {
+      .x = wt,
+      .ldx = (int64_t)ldw,
+      .rows = w->count * w->n,
+      .cols = w->k,
+      .fp16 = type == MT_DTYPE_FP16,
+      .row_outer = w->num.weight_scale == MT_SCALE_ROW,
+      .only_if = only_if,
+      .batch_rows = w->n,
+      .batch_stride = (int64_t)(w->count > 1 ? stride : (size_t)w->n * ldw),
+      .store = w->base,
+      .slice_bytes = (int64_t)w->slice_bytes,
+  };
+  return mt_quantize(&p, w->num.weight_block == MT_WBLOCK_16X16, stream);
+}
+
+/* The activations' section and S after it, in the workspace (as mt_gemm's). */
+static size_t section(size_t b) { return (b + 255) / 256 * 256; }
+
+size_t mt_grouped_workspace_bytes(int m, int k, const mt_numerics *num) {
+  if (!num || m <= 0 || k <= 0) return 0;
+  return section((size_t)m * (size_t)k * 2) + section((num->act_scale == MT_SCALE_ROW ? (size_t)m : 2) * 4);
+}
+
+static int grouped_args_ok(const mt_grouped_args *a) {
+  const mt_wstore *w = a->w;
+  if (a->nseg <= 0 || a->m <= 0 || a->n <= 0 || a->k <= 0 || !w || w->n != a->n || w->k != a->k || w->count < a->nseg ||
+      !w->base)
+    return 0;
+  if (a->offs ? a->seg_rows != 0 : (a->seg_rows <= 0 || (long long)a->seg_rows * a->nseg != a->m)) return 0;
+  if (!a->x || !is_half(a->xtype) || !aligned16(a->x) || a->ldx < (size_t)a->k || a->ldx % 8) return 0;
+  if (!a->offs && a->nseg > 1 && (a->stride_x < (long long)a->seg_rows * (long long)a->ldx || a->stride_x % 8))
+    return 0;
+  if (!a->y || !is_half(a->ytype) || a->ldy < (size_t)a->n) return 0;
+  if (a->beta != 0.0f && (!a->c || a->ldc < (size_t)a->n)) return 0;
+  if (a->bias && !is_half(a->biastype) && a->biastype != MT_DTYPE_FP32) return 0;
+  return 1;
+}
+
+static int sm_count(void) {
+  const mt_driver *d = mt_driver_get();
+  CUdevice dev;
+  int n = 0;
+  if (!d || d->ctx_get_device(&dev) != CUDA_SUCCESS ||
+      d->device_get_attribute(&n, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS || n <= 0)
+    return 132;
+  return n;
+}
+
+int mt_grouped_bn(int m, int nseg) {
+  /* the rows a segment gets on average, with a quarter more for the ones above it */
+  long long want = ((long long)m * 5 / 4 + nseg - 1) / nseg;
+  int bn = 8;
+  while (bn < 256 && bn < want) bn *= 2;
+  return bn;
+}
+
+/* xhat [m][k] as TMA sees it: boxes of 64 columns (128 bytes, the swizzle span) by bn rows; with
+ * pair (k % 64 == 0) of rank 3, the columns as k / 64 blocks 128 bytes apart and a box two blocks
+ * deep. Reads past the matrix return zeros. */
+static int act_map(CUtensorMap *map, const void *xhat, int m, int k, int bn, int pair) {
+  const mt_driver *d = mt_driver_get();
+  cuuint64_t dims[3] = {pair ? 64 : (cuuint64_t)k, (cuuint64_t)m, (cuuint64_t)k / 64};
+  cuuint64_t strides[2] = {(cuuint64_t)k * 2, 128};
+  cuuint32_t box[3] = {64, (cuuint32_t)bn, 2};
+  cuuint32_t elem_strides[3] = {1, 1, 1};
+  CUresult r =
+      d->tensor_map_encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, pair ? 3 : 2, (void *)xhat, dims, strides, box,
+                                 elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? MT_OK : MT_ERR_UNSUPPORTED;
+}
+
+static int quantize_acts(const mt_grouped_args *a, uint16_t *xhat, float *outer, mt_stream stream) {
+  mt_quant_params p = {
+      .x = a->x,
+      .ldx = (int64_t)a->ldx,
+      .rows = a->m,
+      .cols = a->k,
+      .fp16 = a->xtype == MT_DTYPE_FP16,
+      .row_outer = a->w->num.act_scale == MT_SCALE_ROW,
+      .xhat = xhat,
+      .outer = outer,
+      .amax = (uint32_t *)(outer + 1), /* per tensor: S, then the amax word */
+      .batch_rows = a->offs || a->nseg == 1 ? 0 : a->seg_rows,
+      .batch_stride = a->stride_x,
+  };
+  return mt_quantize(&p, 0, stream);
+}
+
+static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kargs *k) {
+  const mt_wstore *w = a->w;
+  k->ws = w->base;
+  k->ws_slice = (long long)w->slice_bytes;
+  k->ws_band = (long long)MT_WS_BAND_BYTES(w->k);
+  k->ws_outer = (long long)MT_WS_SECTION(MT_WS_RECORD_BYTES(w->n, w->k));
+  k->offs = a->offs;
+  k->seg_rows = a->seg_rows;
+  k->m = a->m;
+  k->n = a->n;
+  k->k = a->k;
+  k->sa = sa;
+  k->sa_row = w->num.act_scale == MT_SCALE_ROW;
+  k->sw_row = w->num.weight_scale == MT_SCALE_ROW;
+  k->y = a->y;
+  k->ldy = (long long)a->ldy;
+  k->stride_y = a->offs ? 0 : a->stride_y;
+  k->c = a->beta != 0.0f ? a->c : NULL; /* beta == 0: C is not read, as in cuBLAS */
+  k->ldc = (long long)a->ldc;
+  k->stride_c = a->offs ? 0 : a->stride_c;
+  k->bias = a->bias;
+  k->stride_bias = a->stride_bias;
+  k->ytype = (int)a->ytype;
+  k->biastype = (int)a->biastype;
+  k->alpha = a->alpha;
+  k->beta = a->beta;
+}
+
+/* Launches of at most MT_GROUPED_MAX_SEG segments (the kernel's tile table), the persistent grid
+ * at most one CTA an SM (~200 KB of shared memory each). */
+static int launch_gemm(const mt_grouped_args *a, mt_grouped_kargs *k, int bn, mt_stream stream) {
+  char fn[32];
+  snprintf(fn, sizeof fn, "mt_grouped_n%d", bn);
+  CUfunction f;
+  int st = mt_kernel_get("grouped", fn, (CUstream)stream, &f);
+  if (st != MT_OK) return st;
+  const long long blocks = (a->n + 127) / 128, sms = sm_count();
+  for (int s0 = 0; s0 < a->nseg && st == MT_OK; s0 += MT_GROUPED_MAX_SEG) {
+    k->seg0 = s0;
+    k->nseg = a->nseg - s0 < MT_GROUPED_MAX_SEG ? a->nseg - s0 : MT_GROUPED_MAX_SEG;
+    long long rows = a->offs ? a->m : (long long)k->nseg * a->seg_rows;
+    long long tiles =
+        a->offs ? (rows / bn + k->nseg) * blocks : (long long)k->nseg * ((a->seg_rows + bn - 1) / bn) * blocks;
+    unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
+    st = mt_launch(f, grid, 1, 384, 1, MT_GROUPED_SMEM(bn), 1, (CUstream)stream, k);
+  }
+  return st;
+}
+
+int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
+  if (!a || !grouped_args_ok(a)) return MT_ERR_UNSUPPORTED;
+  int bn = a->bn ? a->bn : mt_grouped_bn(a->m, a->nseg);
+  if (bn != 8 && bn != 16 && bn != 32 && bn != 64 && bn != 128 && bn != 256) return MT_ERR_UNSUPPORTED;
+  const mt_numerics *num = &a->w->num;
+  if (!a->workspace || ((uintptr_t)a->workspace % 256) ||
+      a->workspace_bytes < mt_grouped_workspace_bytes(a->m, a->k, num))
+    return MT_ERR_NOMEM;
+  if (!mt_driver_get()) return MT_ERR_NO_DRIVER;
+  uint16_t *xhat = a->workspace;
+  float *outer = (float *)((char *)a->workspace + section((size_t)a->m * (size_t)a->k * 2));
+  static mt_grouped_kargs proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
+  mt_grouped_kargs k = proto;
+  k.kpair = MT_GROUPED_KS(bn) == 2 && a->k % 64 == 0;
+  int st = act_map(&k.ta, xhat, a->m, a->k, bn, k.kpair);
+  if (st == MT_OK) st = quantize_acts(a, xhat, outer, stream);
+  if (st != MT_OK) return st;
+  fill_kargs(a, outer, &k);
+  return launch_gemm(a, &k, bn, stream);
+}

@@ -1,0 +1,329 @@
+// grouped.cu — the W4A4 GEMM of a whole grouped problem in one launch (mt_grouped_nBN): segments
+// s = 0 .. nseg-1 (the experts of a MoE layer, or one weight), y_s[m_s][n] = x_s[m_s][k] . W_s[n][k]^T
+// on NVFP4 operands, exactly, through BF16 wgmma with FP32 accumulation.
+//
+// The weight is A and comes from registers: each consumer warp decodes its 16 channels' codes and
+// E4M3 scales (kernels/wstore.h, 4.5 bits an element, streamed from HBM by bulk copies) into the
+// wgmma A fragments, so no BF16 copy of a weight exists anywhere; the tokens are B (N = BN): the
+// quantized activations (BF16 xhat, exact), TMA-loaded into 128B-swizzled shared memory. A CTA
+// owns tiles of 128 channels (two consumer warpgroups of 64) by BN tokens of one segment, walks
+// them persistently (tile blockIdx.x, + gridDim.x, ...), and runs each tile's whole K loop: k16
+// steps in increasing order into one FP32 accumulator per output, from zero, no split-K, no
+// atomics: the arithmetic of every other path (docs/numerics.md, "Batch invariance"), so a row's
+// bits do not depend on its segment, its position, BN or the other segments.
+//
+// The segments' rows come from device memory (offs: cumulative row ends, as torch._grouped_mm
+// gives them) or are fixed (seg_rows each, strided-batched forms): every CTA turns them into a
+// table of tiles first (token tile fastest, so CTAs running at once share a weight tile through
+// L2). The producer thread requests a stage's weight records (one bulk copy) before
+// griddepcontrol.wait for the CTA's first stages, so weights stream while the activation
+// quantization before this kernel still runs.
+//
+// Exactness: every dequantized element e2m1 * e4m3 is exact in BF16 and every product of two is
+// exact in FP32; each 16-element block sum is exact in FP32, so whether the weight is A or B does
+// not change the sums. The epilogue is gemm_common.cuh's order, each operation rounded on its own.
+//
+// Tested by tests/gpu/test_grouped.c: against mt_ref_gemm (ref/nvfp4.c) within the
+// FP32-accumulation bound, bitwise against the per-expert large path and across segment layouts,
+// BN and row positions.
+#include "kernels/gemm_common.cuh"
+#include "kernels/wgmma_rs.cuh"
+#include "kernels/wstore.h"
+
+namespace grp {
+constexpr int CB = 128;        // channels a tile (two warpgroups of 64)
+constexpr int REC = MT_WS_REC; // bytes of a record (8 rows x 32 columns)
+constexpr int REC_BLOCK = MT_GROUPED_REC_BLOCK;
+static_assert(REC_BLOCK == (CB / 8) * 2 * REC, "a band's records of one 64-wide block");
+#define KS_OF(bn) MT_GROUPED_KS(bn)
+#define SB_OF(bn) MT_GROUPED_SB(bn)
+#define S_OF(bn) MT_GROUPED_STAGES(bn)
+
+// Shared memory (gemm_args.h, MT_GROUPED_SMEM): the stages (each: KS activation boxes of BN rows x
+// 128 bytes, then KS x 4608 bytes of records), the ring's barriers, then the tile table.
+struct table {                            // 3 * MT_GROUPED_MAX_SEG + 1 ints
+  int tile_start[MT_GROUPED_MAX_SEG + 1]; // first tile of each segment; [nseg]: all tiles
+  int row_start[MT_GROUPED_MAX_SEG];      // the segment's first row of xhat
+  int rows[MT_GROUPED_MAX_SEG];
+};
+
+__device__ static inline void warpgroup_arrive_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+
+// Segment s's rows: [offs[s - 1], offs[s]) clamped into [0, m] (a bad table computes nothing out of
+// bounds), or seg_rows of them.
+__device__ static inline void segment_rows(const mt_grouped_kargs &a, int s, int &start, int &rows) {
+  const int g = a.seg0 + s;
+  if (!a.offs) {
+    start = g * a.seg_rows;
+    rows = a.seg_rows;
+    return;
+  }
+  int lo = g > 0 ? a.offs[g - 1] : 0, hi = a.offs[g];
+  lo = min(max(lo, 0), a.m);
+  hi = min(max(hi, lo), a.m);
+  start = lo;
+  rows = hi - lo;
+}
+
+// The tile table, by warp 0: each segment's rows and first tile (an exclusive scan of
+// ceil(rows / BN) * channel blocks, 32 segments at a time).
+template <int BN> __device__ static void build_table(const mt_grouped_kargs &a, table *t) {
+  const int lane = threadIdx.x % 32, blocks = (a.n + CB - 1) / CB;
+  int carry = 0;
+  for (int base = 0; base < a.nseg; base += 32) {
+    const int s = base + lane;
+    int start = 0, rows = 0;
+    if (s < a.nseg) segment_rows(a, s, start, rows);
+    int v = (rows + BN - 1) / BN * blocks, incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int u = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += u;
+    }
+    if (s < a.nseg) {
+      t->tile_start[s] = carry + incl - v;
+      t->row_start[s] = start;
+      t->rows[s] = rows;
+    }
+    carry += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  if (lane == 0) t->tile_start[a.nseg] = carry;
+}
+
+// Tile `tile`'s segment, channel block and token tile (token tile fastest within a segment).
+struct where {
+  int s, cb, tok0;
+};
+template <int BN> __device__ static inline where locate(const table *t, int nseg, int tile) {
+  int lo = 0, hi = nseg; // the last segment whose first tile is <= tile
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (t->tile_start[mid] <= tile)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  const int local = tile - t->tile_start[lo], ntok = (t->rows[lo] + BN - 1) / BN;
+  return {lo, local / ntok, local % ntok * BN};
+}
+
+// One E4M3 scale code (never negative, never NaN) as a BF16 pair: the code's exponent and mantissa
+// fields moved to FP32's (a subnormal E4M3 becomes a subnormal FP32), the bias difference 2^120
+// applied by an exact multiply, then the top half (at most 4 significant bits: exact in BF16).
+__device__ static inline uint32_t scale_pair(uint32_t code) {
+  const uint32_t h = __float_as_uint(__fmul_rn(__uint_as_float(code << 20), 0x1p120f)) >> 16;
+  return h | h << 16;
+}
+
+// The A fragments of the four k16 steps of 64-wide block b of a stage, for this warp's 16 channels
+// (row groups hw and hw + 1 of the band: rows g and g + 8), from the stage's records (pair P, row
+// group h at (P * 16 + h) * REC): per pair, the lane's code word and its row's two scales in each
+// of the two records; step 2p + j takes block j of pair 2b + p.
+__device__ static inline void decode_block(const uint8_t *recs, int b, int hw, int lane, uint32_t (&A)[4][4]) {
+  const int g = lane / 4;
+#pragma unroll
+  for (int p = 0; p < 2; p++) {
+    const uint8_t *r0 = recs + ((2 * b + p) * 16 + hw) * REC, *r1 = r0 + REC;
+    const uint32_t w0 = *(const uint32_t *)(r0 + 4 * lane), w1 = *(const uint32_t *)(r1 + 4 * lane);
+    const uint32_t s0 = *(const uint16_t *)(r0 + 128 + 2 * g), s1 = *(const uint16_t *)(r1 + 128 + 2 * g);
+    weight_frag(w0 & 0xffffu, scale_pair(s0 & 0xffu), A[2 * p][0], A[2 * p][2]);
+    weight_frag(w1 & 0xffffu, scale_pair(s1 & 0xffu), A[2 * p][1], A[2 * p][3]);
+    weight_frag(w0 >> 16, scale_pair(s0 >> 8), A[2 * p + 1][0], A[2 * p + 1][2]);
+    weight_frag(w1 >> 16, scale_pair(s1 >> 8), A[2 * p + 1][1], A[2 * p + 1][3]);
+  }
+}
+
+// Keeps the compiler from moving the A registers' computation across the wgmma fence and wait
+// around it (the PTX ISA's rule for A in registers).
+__device__ static inline void fence_operands(uint32_t (&A)[4][4]) {
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) asm volatile("" : "+r"(A[i][j])::"memory");
+}
+
+// The ring of stages: "full" completes on the producer's arrival and the stage's bytes, "empty" on
+// one arrival per consumer warp (8).
+template <int S> __device__ static inline void init_ring(uint64_t *full, uint64_t *empty) {
+  for (int s = 0; s < S; s++) {
+    mbar_init(&full[s], 1);
+    mbar_init(&empty[s], 8);
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// The producer thread: per tile, per stage, the 128 channels' records of the stage's K (one bulk
+// copy of KS x 4608 contiguous bytes) and the tokens' activation boxes. Stage number `it` counts on
+// across tiles: slot it % S, phase (it / S) & 1. The weights of the CTA's first stages are
+// requested before griddepcontrol.wait (they do not depend on the kernel before this one).
+template <int BN>
+__device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_t *smem, uint64_t *full,
+                               uint64_t *empty, int tiles, int nst) {
+  constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128;
+  constexpr uint32_t RECS = KS * REC_BLOCK;
+  const long long band = a.ws_band;
+  auto records = [&](const where &w, int j) {
+    return a.ws + (long long)(a.seg0 + w.s) * a.ws_slice + w.cb * band + (long long)j * RECS;
+  };
+  auto acts = [&](const where &w, int j, uint8_t *dst, uint64_t *bar) {
+    const int row = t->row_start[w.s] + w.tok0;
+    if (a.kpair)
+      tma_load_3d(dst, &a.ta, bar, 0, row, j * KS);
+    else
+      for (int b = 0; b < KS; b++) tma_load_2d(dst + b * ACT, &a.ta, bar, (j * KS + b) * 64, row);
+  };
+  if ((int)blockIdx.x >= tiles) {
+    grid_dependency_wait();
+    return;
+  }
+  // the first tile's first stages: weights now, activations after the wait
+  const where w0 = locate<BN>(t, a.nseg, blockIdx.x);
+  const int pre = nst < S ? nst : S;
+  for (int j = 0; j < pre; j++) {
+    mbar_arrive_expect_tx(&full[j], RECS + KS * ACT);
+    bulk_load(smem + j * SB + KS * ACT, records(w0, j), RECS, &full[j]);
+  }
+  grid_dependency_wait();
+  for (int j = 0; j < pre; j++) acts(w0, j, smem + j * SB, &full[j]);
+  int it = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const where w = locate<BN>(t, a.nseg, tile);
+    for (int j = 0; j < nst; j++, it++) {
+      if (it < pre) continue; // issued above
+      const int slot = it % S;
+      mbar_wait(&empty[slot], ((it / S) & 1) ^ 1);
+      uint8_t *st = smem + slot * SB;
+      mbar_arrive_expect_tx(&full[slot], RECS + KS * ACT);
+      bulk_load(st + KS * ACT, records(w, j), RECS, &full[slot]);
+      acts(w, j, st, &full[slot]);
+    }
+  }
+}
+
+// One 64-wide K block of a consumer warpgroup: decode its A, four k16 wgmmas as one group, then wait
+// until the group before is complete (its A registers may be written again, its stage released).
+template <int BN>
+__device__ static inline void block_step(float *d, uint32_t (&A)[4][4], const uint8_t *recs, int b, uint64_t db, int hw,
+                                         int lane) {
+  decode_block(recs, b, hw, lane, A);
+  fence_operands(A);
+  warpgroup_arrive_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) wgmma_rs_step<BN>(d, A[kk], db + 2 * kk);
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+  fence_operands(A);
+}
+
+// The K loop of one consumer warpgroup over one tile: blocks kb = 0 .. nst * KS - 1 alternating the
+// two A register sets; block kb's stage (it0 + kb / KS) waited for at its first block and released
+// once the group of its last block is complete.
+template <int BN>
+__device__ static void k_loop(float *d, uint8_t *smem, uint64_t *full, uint64_t *empty, int it0, int nst, int hw,
+                              int lane) {
+  constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128;
+  uint32_t A0[4][4], A1[4][4];
+  const int nb = nst * KS;
+  auto step = [&](uint32_t(&A)[4][4], int kb) {
+    const int gs = it0 + kb / KS, slot = gs % S;
+    if (kb % KS == 0) mbar_wait(&full[slot], (gs / S) & 1);
+    uint8_t *st = smem + slot * SB;
+    const int b = kb % KS;
+    block_step<BN>(d, A, st + KS * ACT, b, desc_sw128(smem_u32(st + b * ACT)), hw, lane);
+    // the group of block kb - 1 is complete: release its stage if that was its last block
+    if (kb > 0 && (kb - 1) % KS == KS - 1 && lane == 0) mbar_arrive(&empty[(it0 + (kb - 1) / KS) % S]);
+  };
+  int kb = 0;
+  for (; kb + 1 < nb; kb += 2) {
+    step(A0, kb);
+    step(A1, kb + 1);
+  }
+  if (kb < nb) step(A0, kb);
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  if (lane == 0) mbar_arrive(&empty[(it0 + (nb - 1) / KS) % S]);
+}
+
+// The outputs of one consumer warpgroup: 64 channels from ch0 by BN tokens from tok0 of segment s;
+// d[4c + 2i + j] is channel 16w + g + 8i, token 8c + 2q + j (wgmma_rs.cuh). Per element exactly
+// epilogue() of gemm_common.cuh: t = (acc * ((1/S_a) * (1/S_w))) * alpha, + beta * c, + bias.
+template <int BN>
+__device__ static void store_tile(const mt_grouped_kargs &a, const table *t, const float *d, const where &wh, int ch0) {
+  const int lane = threadIdx.x % 32, w = (threadIdx.x % 128) / 32, g = lane / 4, q = lane % 4;
+  const int s = wh.s, gs = a.seg0 + s, rows = t->rows[s], row0 = t->row_start[s];
+  const float *sw = (const float *)(a.ws + (long long)gs * a.ws_slice + a.ws_outer);
+  // y's (and c's) row of the segment's token r: the segment's rows of y (offs) or its own matrix
+  const long long yrow0 = a.offs ? row0 : 0;
+  char *y = (char *)a.y + (long long)gs * a.stride_y * 2;
+  const char *c = a.c ? (const char *)a.c + (long long)gs * a.stride_c * 2 : nullptr;
+  const char *bias =
+      a.bias ? (const char *)a.bias + (long long)gs * a.stride_bias * (a.biastype == DT_FP32 ? 4 : 2) : nullptr;
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int ch = ch0 + 16 * w + g + 8 * i;
+    if (ch >= a.n) continue;
+    const float inv_w = __frcp_rn(sw[a.sw_row ? ch : 0]);
+    const float b = bias ? load_elem(bias, ch, a.biastype) : 0.0f;
+#pragma unroll
+    for (int cc = 0; cc < BN / 8; cc++)
+#pragma unroll
+      for (int j = 0; j < 2; j++) {
+        const int tok = wh.tok0 + 8 * cc + 2 * q + j;
+        if (tok >= rows) continue;
+        const float inv_a = __frcp_rn(a.sa[a.sa_row ? row0 + tok : 0]);
+        float v = __fmul_rn(__fmul_rn(d[4 * cc + 2 * i + j], __fmul_rn(inv_a, inv_w)), a.alpha);
+        if (c) v = __fadd_rn(v, __fmul_rn(a.beta, load_elem(c, (yrow0 + tok) * a.ldc + ch, a.ytype)));
+        if (bias) v = __fadd_rn(v, b);
+        store_elem(y, (yrow0 + tok) * a.ldy + ch, a.ytype, v);
+      }
+  }
+}
+
+template <int BN> __device__ static void run(const mt_grouped_kargs &a) {
+  constexpr int SB = SB_OF(BN), S = S_OF(BN);
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint64_t *full = (uint64_t *)(smem + S * SB), *empty = full + S;
+  table *t = (table *)(empty + S);
+  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
+  const int nst = (a.k + 64 * KS_OF(BN) - 1) / (64 * KS_OF(BN));
+
+  if (threadIdx.x < 32) build_table<BN>(a, t); // offs was written before the kernel before this one
+  if (threadIdx.x == 32) init_ring<S>(full, empty);
+  __syncthreads();
+  const int tiles = t->tile_start[a.nseg];
+
+  if (wg == 0) { // producer: one thread keeps the ring of stages full
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 0) produce<BN>(a, t, smem, full, empty, tiles, nst);
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int cw = __shfl_sync(0xffffffffu, wg - 1, 0);
+  const int hw = 8 * cw + 2 * ((threadIdx.x % 128) / 32); // the warp's first row group of the band
+  bool waited = false;
+  int it = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, it += nst) {
+    const where wh = locate<BN>(t, a.nseg, tile);
+    float d[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+    k_loop<BN>(d, smem, full, empty, it, nst, hw, lane);
+    if (!waited) { // S_a comes from the quantization, and C and y may be another kernel's
+      grid_dependency_wait();
+      waited = true;
+    }
+    store_tile<BN>(a, t, d, wh, wh.cb * CB + 64 * cw);
+  }
+}
+} // namespace grp
+
+#define MT_GROUPED(BN)                                                                                                 \
+  extern "C" __global__ void __launch_bounds__(384, 1) mt_grouped_n##BN(const __grid_constant__ mt_grouped_kargs a) {  \
+    grp::run<BN>(a);                                                                                                   \
+  }
+MT_GROUPED(8)
+MT_GROUPED(16)
+MT_GROUPED(32)
+MT_GROUPED(64)
+MT_GROUPED(128)
+MT_GROUPED(256)

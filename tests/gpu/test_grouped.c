@@ -1,0 +1,622 @@
+/* test_grouped.c — GPU tests of the grouped engine (kernels/grouped.c, kernels/grouped.cu): the
+ * weight store bit for bit against the CPU reference (ref/nvfp4.c), slice by slice; the grouped
+ * GEMM against mt_ref_gemm within the FP32-accumulation bound (tests/gpu/test_kernels.c's header
+ * derives it), on segment tables with empty, short and long segments, both row layouts (device
+ * offsets, fixed rows with strides), every token tile, C, bias, FP16, NaN rows, more segments than
+ * one launch takes; and bitwise: a row's output the same whatever its segment's position, the
+ * other segments, the token tile, the launch's layout, and the per-expert large path of
+ * kernels/gemm_large.cu (an independent kernel reading a BF16 copy of the same weight).
+ *
+ * Fresh random inputs every run (the seed is printed; MT_TEST_SEED=N repeats one); outputs are
+ * poisoned before each launch. Without an sm_90 GPU every test reports skipped. */
+#include <stdio.h>
+
+#include "kernels/gemm_args.h"
+#include "tests/gpu/gpu_test.h"
+
+static const mt_numerics num_row = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
+static const int bns[] = {8, 16, 32, 64, 128, 256};
+
+/* E experts' weights on the GPU, quantized into one store, with each slice's reference. */
+typedef struct {
+  int count, n, k;
+  mt_numerics num;
+  uint16_t *host; /* count x n x ld, `stride` elements from one expert to the next */
+  size_t ld, stride;
+  void *dev, *mem;
+  mt_wstore ws;
+  mt_nvfp4 *ref;
+} experts;
+
+static void free_experts(experts *e) {
+  for (int i = 0; e->ref && i < e->count; i++)
+    mt_nvfp4_free(&e->ref[i]);
+  free(e->ref);
+  free(e->host);
+}
+
+/* Build, quantize on the GPU and check every slice against the reference. Returns 1 when all
+ * slices match bit for bit. */
+static int make_experts(experts *e, int count, int n, int k, const mt_numerics *num, int fp16) {
+  static const enum row_kind kinds[] = {ROW_RANDOM, ROW_RANDOM, ROW_ZERO_BLKS, ROW_WIDE};
+  e->count = count, e->n = n, e->k = k, e->num = *num;
+  e->ld = rnd_ld(k);
+  e->stride = (size_t)n * e->ld + 8 * (size_t)rnd_below(3);
+  e->host = malloc((size_t)count * e->stride * 2);
+  e->ref = calloc((size_t)count, sizeof *e->ref);
+  float *xf = malloc((size_t)n * e->ld * sizeof *xf);
+  int tile16 = num->weight_block == MT_WBLOCK_16X16, ok = 1;
+  for (int i = 0; i < count; i++) {
+    uint16_t *x = make_matrix(n, k, e->ld, fp16, kinds, NKINDS(kinds), tile16);
+    memcpy(e->host + (size_t)i * e->stride, x, (size_t)n * e->ld * 2);
+    for (size_t j = 0; j < (size_t)n * e->ld; j++)
+      xf[j] = from_half(x[j], fp16);
+    ok &= mt_nvfp4_alloc(&e->ref[i], n, k, num->weight_scale, num->weight_block) == 0;
+    if (ok)
+      mt_ref_quantize(xf, e->ld, &e->ref[i]);
+    free(x);
+  }
+  free(xf);
+  size_t bytes = mt_wstore_bytes(count, n, k, num);
+  e->dev = dev_alloc((size_t)count * e->stride * 2);
+  e->mem = dev_alloc(bytes);
+  if (!ok || !bytes || !e->dev || !e->mem ||
+      mt_wstore_bind(&e->ws, count, n, k, num, e->mem) != MT_OK || !poison(e->mem, bytes) ||
+      cudaMemcpy(e->dev, e->host, (size_t)count * e->stride * 2, cudaMemcpyHostToDevice) !=
+          cudaSuccess)
+    return 0;
+  int st = mt_wstore_quantize(e->dev, fp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16, e->ld, e->stride,
+                              &e->ws, NULL, NULL);
+  CHECKF(st == MT_OK, "mt_wstore_quantize: %s", mt_status_name((enum mt_status)st));
+  if (st != MT_OK || sync_check() != cudaSuccess)
+    return 0;
+  uint8_t *h = malloc(bytes);
+  long bad = 0;
+  if (cudaMemcpy(h, e->mem, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+    bad = -1;
+  for (int i = 0; bad >= 0 && i < count; i++)
+    bad += check_store(h + (size_t)i * e->ws.slice_bytes, &e->ref[i]);
+  free(h);
+  CHECKF(bad == 0, "store of %d x %dx%d (%s weight S, %s): %ld differences", count, n, k,
+         mt_scale_name(num->weight_scale), mt_wblock_name(num->weight_block), bad);
+  return bad == 0;
+}
+
+/* Slices of every kind of weight: per-row and per-tensor S, 1x16 and 16x16 blocks, rows that fill
+ * no band, columns that fill no 128-column step; then only_if = 0 leaves the store alone. */
+static void store_slices(void) {
+  NEED_GPU();
+  static const mt_numerics nums[] = {
+      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
+      {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
+      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_16X16},
+  };
+  static const int shapes[][3] = {{3, 200, 400}, {2, 128, 2048}, {5, 48, 16}, {1, 256, 784}};
+  for (int v = 0; v < NKINDS(nums); v++)
+    for (int s = 0; s < NKINDS(shapes); s++) {
+      experts e = {0};
+      make_experts(&e, shapes[s][0], shapes[s][1], shapes[s][2], &nums[v], (s + v) % 2);
+      free_experts(&e);
+      dev_free_all();
+    }
+  experts e = {0};
+  if (make_experts(&e, 2, 64, 256, &num_row, 0)) {
+    size_t bytes = mt_wstore_bytes(2, 64, 256, &num_row);
+    uint8_t *before = malloc(bytes), *after = malloc(bytes);
+    uint32_t zero = 0, *dz = dev_alloc(4);
+    CU(cudaMemcpy(dz, &zero, 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(before, e.mem, bytes, cudaMemcpyDeviceToHost));
+    CU(cudaMemset(e.dev, 0x3c, e.stride * 2));
+    MT(mt_wstore_quantize(e.dev, MT_DTYPE_BF16, e.ld, e.stride, &e.ws, dz, NULL));
+    CU(sync_check());
+    CU(cudaMemcpy(after, e.mem, bytes, cudaMemcpyDeviceToHost));
+    CHECKF(!memcmp(before, after, bytes), "only_if = 0 changed the store");
+  out:
+    free(before);
+    free(after);
+  }
+  free_experts(&e);
+  dev_free_all();
+}
+
+/* ---- the grouped GEMM ------------------------------------------------------------------------ */
+
+/* One grouped problem: segment rows, activations (all rows, contiguous) and their reference
+ * quantization over all rows (so that a per-tensor S is the call's). */
+typedef struct {
+  int nseg, m;
+  int *start, *rows;
+  uint16_t *x; /* m x ld */
+  size_t ld;
+  int fp16;
+  void *dx;
+  mt_nvfp4 ref;
+} problem;
+
+static void free_problem(problem *p) {
+  free(p->start);
+  free(p->rows);
+  free(p->x);
+  mt_nvfp4_free(&p->ref);
+}
+
+static int make_problem(problem *p, int nseg, const int *rows, int k, enum mt_scale act, int fp16,
+                        const int *nan_rows, int nnan) {
+  static const enum row_kind kinds[] = {ROW_RANDOM, ROW_RANDOM, ROW_RANDOM, ROW_ZERO_BLKS,
+                                        ROW_ZEROS};
+  p->nseg = nseg, p->fp16 = fp16, p->m = 0;
+  p->start = malloc((size_t)nseg * sizeof(int));
+  p->rows = malloc((size_t)nseg * sizeof(int));
+  for (int s = 0; s < nseg; s++) {
+    p->start[s] = p->m;
+    p->rows[s] = rows[s];
+    p->m += rows[s];
+  }
+  int m = p->m > 0 ? p->m : 1;
+  p->ld = rnd_ld(k);
+  p->x = make_matrix(m, k, p->ld, fp16, kinds, NKINDS(kinds), 0);
+  for (int i = 0; i < nnan; i++)
+    p->x[(size_t)nan_rows[i] * p->ld + (size_t)rnd_below(k)] = fp16 ? 0x7e00 : 0x7fc0;
+  float *xf = malloc((size_t)m * p->ld * sizeof *xf);
+  for (size_t i = 0; i < (size_t)m * p->ld; i++)
+    xf[i] = from_half(p->x[i], fp16);
+  int ok = mt_nvfp4_alloc(&p->ref, m, k, act, MT_WBLOCK_1X16) == 0;
+  if (ok)
+    mt_ref_quantize(xf, p->ld, &p->ref);
+  free(xf);
+  p->dx = dev_alloc((size_t)m * p->ld * 2);
+  return ok && p->dx &&
+         cudaMemcpy(p->dx, p->x, (size_t)m * p->ld * 2, cudaMemcpyHostToDevice) == cudaSuccess;
+}
+
+/* Rows r0 .. r0 + rows - 1 of a quantized matrix, as a matrix of its own (the reference's arrays
+ * are row-major: a view is pointers into them). */
+static mt_nvfp4 rows_of(const mt_nvfp4 *q, int r0, int rows) {
+  mt_nvfp4 v = *q;
+  v.rows = rows;
+  v.codes = q->codes + (size_t)r0 * q->cols / 2;
+  v.scales = q->scales + (size_t)r0 * q->cols / 16;
+  if (q->outer_kind == MT_SCALE_ROW)
+    v.outer = q->outer + r0;
+  return v;
+}
+
+/* Run the grouped GEMM of p on e (offsets on the device) with token tile bn into a fresh y of
+ * m x ldy (poisoned; its first state in y0); returns 0 on a failure (reported). */
+static int run_offs(const problem *p, const experts *e, int bn, size_t ldy, enum mt_dtype ytype,
+                    uint16_t *y0, uint16_t *y) {
+  int ok = 0, m = p->m > 0 ? p->m : 1;
+  int32_t *offs_h = malloc((size_t)p->nseg * 4);
+  for (int s = 0; s < p->nseg; s++)
+    offs_h[s] = p->start[s] + p->rows[s];
+  size_t ws_bytes = mt_grouped_workspace_bytes(m, e->k, &e->num);
+  void *doffs = dev_alloc((size_t)p->nseg * 4), *dy = dev_alloc((size_t)m * ldy * 2),
+       *ws = dev_alloc(ws_bytes);
+  if (!doffs || !dy || !ws)
+    goto out;
+  CU(cudaMemcpy(doffs, offs_h, (size_t)p->nseg * 4, cudaMemcpyHostToDevice));
+  CHECK(poison(dy, (size_t)m * ldy * 2) && poison(ws, ws_bytes));
+  CU(cudaMemcpy(y0, dy, (size_t)m * ldy * 2, cudaMemcpyDeviceToHost));
+  mt_grouped_args a = {.nseg = p->nseg,
+                       .n = e->n,
+                       .k = e->k,
+                       .w = &e->ws,
+                       .offs = doffs,
+                       .m = m,
+                       .x = p->dx,
+                       .ldx = p->ld,
+                       .xtype = p->fp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16,
+                       .y = dy,
+                       .ldy = ldy,
+                       .ytype = ytype,
+                       .alpha = 1.0f,
+                       .workspace = ws,
+                       .workspace_bytes = ws_bytes,
+                       .bn = bn};
+  MT(mt_gemm_grouped(&a, NULL));
+  CU(sync_check());
+  CU(cudaMemcpy(y, dy, (size_t)m * ldy * 2, cudaMemcpyDeviceToHost));
+  ok = 1;
+out:
+  free(offs_h);
+  return ok;
+}
+
+/* Every segment's rows against the reference; rows past the last offset untouched. */
+static void check_segments(const problem *p, const experts *e, const uint16_t *y,
+                           const uint16_t *y0, size_t ldy, enum mt_dtype ytype, const char *nan_row,
+                           const char *what) {
+  out_check oc = {0};
+  for (int s = 0; s < p->nseg; s++) {
+    if (!p->rows[s])
+      continue;
+    mt_nvfp4 a = rows_of(&p->ref, p->start[s], p->rows[s]);
+    size_t at = (size_t)p->start[s] * ldy;
+    check_outputs(&a, &e->ref[s], y + at, y0 + at, ldy, ytype, 1.0f, 0.0f, NULL, NULL,
+                  nan_row ? nan_row + p->start[s] : NULL, &oc);
+  }
+  CHECKF(!oc.bad && !oc.pad && !oc.nan,
+         "%s: %ld outside the bound, %ld padding written, %ld not NaN", what, oc.bad, oc.pad,
+         oc.nan);
+  printf("    %s: worst error %.3f of the bound\n", what, oc.worst);
+}
+
+/* Segments of 0 to 40 rows (some empty) over odd shapes (n short of a band, k a partial last
+ * block: 400 = 6.25 blocks; 448 = 7 blocks, rank-3 boxes with a last stage half past k), every
+ * token tile: every row within the bound, and bitwise the same for every tile. */
+static void grouped_accuracy(void) {
+  NEED_GPU();
+  static const int shapes[][3] = {{5, 320, 448}, {4, 256, 400}, {3, 128, 2048}};
+  static const mt_numerics nums[] = {
+      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
+      {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
+      {MT_SCALE_TENSOR, MT_SCALE_TENSOR, MT_WBLOCK_16X16},
+  };
+  for (int s = 0; s < NKINDS(shapes); s++) {
+    const mt_numerics *num = &nums[s % NKINDS(nums)];
+    int nseg = shapes[s][0], n = shapes[s][1], k = shapes[s][2], rows[8];
+    for (int i = 0; i < nseg; i++)
+      rows[i] = i == 1 ? 0 : 1 + rnd_below(40);
+    experts e = {0};
+    problem p = {0};
+    enum mt_dtype yt = s % 2 ? MT_DTYPE_FP16 : MT_DTYPE_BF16;
+    size_t ldy = (size_t)n + (s % 2 ? 8 : 0);
+    if (make_experts(&e, nseg, n, k, num, s == 2) &&
+        make_problem(&p, nseg, rows, k, num->act_scale, s == 1, NULL, 0)) {
+      size_t ybytes = (size_t)p.m * ldy * 2;
+      uint16_t *y0 = malloc(ybytes), *y = malloc(ybytes), *first = malloc(ybytes);
+      for (int b = 0; b < NKINDS(bns); b++) {
+        if (!run_offs(&p, &e, bns[b], ldy, yt, y0, y))
+          break;
+        char what[96];
+        snprintf(what, sizeof what, "%d segments of %dx%d, %d rows, bn %d", nseg, n, k, p.m,
+                 bns[b]);
+        if (b == 0) {
+          check_segments(&p, &e, y, y0, ldy, yt, NULL, what);
+          memcpy(first, y, ybytes);
+        } else {
+          long differ = 0;
+          for (int r = 0; r < p.m; r++)
+            differ += memcmp(y + (size_t)r * ldy, first + (size_t)r * ldy, (size_t)n * 2) != 0;
+          CHECKF(differ == 0, "%s: %ld rows differ from bn 8's", what, differ);
+        }
+      }
+      free(y0);
+      free(y);
+      free(first);
+    }
+    free_problem(&p);
+    free_experts(&e);
+    dev_free_all();
+  }
+}
+
+/* A row's bits depend on nothing but its inputs (per-row S_a): the same rows computed in one
+ * grouped call, then each segment alone (fixed rows, one segment), then with the segments in
+ * another order and other segments' sizes around them, then by the per-expert large path
+ * (mt_gemm on the same weights quantized into the BF16 copy it reads). */
+static void grouped_bitwise(void) {
+  NEED_GPU();
+  enum { NSEG = 6, N = 384, K = 1024 };
+  int rows[NSEG];
+  for (int i = 0; i < NSEG; i++)
+    rows[i] = 1 + rnd_below(70);
+  experts e = {0};
+  problem p = {0};
+  uint16_t *y0 = NULL, *all = NULL, *one = NULL, *large = NULL;
+  if (!make_experts(&e, NSEG, N, K, &num_row, 0) ||
+      !make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, NULL, 0)) {
+    CHECK(0);
+    goto out;
+  }
+  size_t ybytes = (size_t)p.m * N * 2;
+  y0 = malloc(ybytes), all = malloc(ybytes), one = malloc(ybytes), large = malloc(ybytes);
+  if (!run_offs(&p, &e, 0, N, MT_DTYPE_BF16, y0, all))
+    goto out;
+  long differ_one = 0, differ_large = 0;
+  size_t ws_bytes = mt_grouped_workspace_bytes(p.m, K, &num_row);
+  void *ws = dev_alloc(ws_bytes), *dy = dev_alloc(ybytes);
+  /* each segment alone: fixed rows, one segment, its own slice as the store */
+  for (int s = 0; s < NSEG && ws && dy; s++) {
+    mt_wstore one_ws = e.ws;
+    one_ws.base += (size_t)s * e.ws.slice_bytes;
+    one_ws.count = 1;
+    mt_grouped_args a = {.nseg = 1,
+                         .n = N,
+                         .k = K,
+                         .w = &one_ws,
+                         .m = p.rows[s],
+                         .seg_rows = p.rows[s],
+                         .x = (uint16_t *)p.dx + (size_t)p.start[s] * p.ld,
+                         .ldx = p.ld,
+                         .xtype = MT_DTYPE_BF16,
+                         .y = (uint16_t *)dy + (size_t)p.start[s] * N,
+                         .ldy = N,
+                         .ytype = MT_DTYPE_BF16,
+                         .alpha = 1.0f,
+                         .workspace = ws,
+                         .workspace_bytes = ws_bytes};
+    MT(mt_gemm_grouped(&a, NULL));
+  }
+  CU(sync_check());
+  CU(cudaMemcpy(one, dy, ybytes, cudaMemcpyDeviceToHost));
+  for (int r = 0; r < p.m; r++)
+    differ_one += memcmp(one + (size_t)r * N, all + (size_t)r * N, N * 2) != 0;
+  CHECKF(differ_one == 0, "%ld rows differ between one grouped call and a call per segment",
+         differ_one);
+  /* the per-expert large path on the same weights */
+  for (int s = 0; s < NSEG; s++) {
+    size_t qbytes = mt_qweight_bytes(N, K, &num_row),
+           gws = mt_gemm_workspace_bytes(p.rows[s], K, &num_row);
+    void *qmem = dev_alloc(qbytes), *gw = dev_alloc(gws);
+    mt_qweight q;
+    if (!qmem || !gw)
+      break;
+    MT(mt_qweight_bind(&q, N, K, &num_row, qmem));
+    MT(mt_quantize_weight((uint16_t *)e.dev + (size_t)s * e.stride, MT_DTYPE_BF16, e.ld, &q, NULL));
+    mt_gemm_args g = {.m = p.rows[s],
+                      .n = N,
+                      .k = K,
+                      .x = (uint16_t *)p.dx + (size_t)p.start[s] * p.ld,
+                      .ldx = p.ld,
+                      .xtype = MT_DTYPE_BF16,
+                      .w = &q,
+                      .y = (uint16_t *)dy + (size_t)p.start[s] * N,
+                      .ldy = N,
+                      .ytype = MT_DTYPE_BF16,
+                      .alpha = 1.0f,
+                      .workspace = gw,
+                      .workspace_bytes = gws,
+                      .path = MT_PATH_LARGE};
+    MT(mt_gemm(&g, NULL));
+    CU(sync_check());
+  }
+  CU(cudaMemcpy(large, dy, ybytes, cudaMemcpyDeviceToHost));
+  for (int r = 0; r < p.m; r++)
+    differ_large += memcmp(large + (size_t)r * N, all + (size_t)r * N, N * 2) != 0;
+  CHECKF(differ_large == 0, "%ld of %d rows differ between the grouped engine and the large path",
+         differ_large, p.m);
+  /* the segments reversed and with other sizes around them: segment s's rows at a new place */
+  {
+    problem q = {0};
+    int rows2[2 * NSEG];
+    for (int s = 0; s < NSEG; s++) {
+      rows2[2 * s] = rnd_below(30);
+      rows2[2 * s + 1] = p.rows[NSEG - 1 - s];
+    }
+    if (make_problem(&q, 2 * NSEG, rows2, K, MT_SCALE_ROW, 0, NULL, 0)) {
+      for (int s = 0; s < NSEG; s++) /* the original segment's rows into their new place */
+        CU(cudaMemcpy2D((uint16_t *)q.dx + (size_t)q.start[2 * s + 1] * q.ld, q.ld * 2,
+                        (uint16_t *)p.dx + (size_t)p.start[NSEG - 1 - s] * p.ld, p.ld * 2, K * 2,
+                        (size_t)q.rows[2 * s + 1], cudaMemcpyDeviceToDevice));
+      experts e2 = e; /* slice 2s + 1 must be expert NSEG - 1 - s: a store laid out so */
+      size_t sb = e.ws.slice_bytes;
+      void *mem2 = dev_alloc(sb * 2 * NSEG);
+      if (mem2) {
+        for (int s = 0; s < NSEG; s++) {
+          CU(cudaMemcpy((char *)mem2 + (2 * s) * sb, e.mem, sb, cudaMemcpyDeviceToDevice));
+          CU(cudaMemcpy((char *)mem2 + (2 * s + 1) * sb, (char *)e.mem + (NSEG - 1 - s) * sb, sb,
+                        cudaMemcpyDeviceToDevice));
+        }
+        e2.ws.base = mem2;
+        e2.ws.count = 2 * NSEG;
+        size_t yb2 = (size_t)q.m * N * 2;
+        uint16_t *z0 = malloc(yb2), *z = malloc(yb2);
+        long differ_moved = 0;
+        if (run_offs(&q, &e2, 0, N, MT_DTYPE_BF16, z0, z))
+          for (int s = 0; s < NSEG; s++)
+            for (int r = 0; r < q.rows[2 * s + 1]; r++)
+              differ_moved += memcmp(z + (size_t)(q.start[2 * s + 1] + r) * N,
+                                     all + (size_t)(p.start[NSEG - 1 - s] + r) * N, N * 2) != 0;
+        CHECKF(differ_moved == 0, "%ld rows differ when their segments move", differ_moved);
+        free(z0);
+        free(z);
+      }
+    }
+    free_problem(&q);
+  }
+out:
+  free(y0);
+  free(all);
+  free(one);
+  free(large);
+  free_problem(&p);
+  free_experts(&e);
+  dev_free_all();
+}
+
+/* Fixed rows with strides (the strided-batched cuBLAS form): segment s's x, y and C each their own
+ * matrix at a stride, FP16 activations and outputs, alpha, beta with C, a bias per segment of each
+ * type; every output against the reference, and the gaps between the matrices untouched. */
+static void grouped_strided(void) {
+  NEED_GPU();
+  enum { NSEG = 3, N = 256, K = 512, ROWS = 37 };
+  for (int v = 0; v < 3; v++) {
+    experts e = {0};
+    problem p = {0};
+    int rows[NSEG] = {ROWS, ROWS, ROWS};
+    const enum mt_dtype yt = v == 1 ? MT_DTYPE_BF16 : MT_DTYPE_FP16;
+    const enum mt_dtype bt = v == 0 ? MT_DTYPE_FP32 : v == 1 ? MT_DTYPE_BF16 : MT_DTYPE_FP16;
+    const float alpha = v == 2 ? 0.5f : 1.25f, beta = v == 1 ? 0.0f : 0.75f;
+    const size_t ldy = N + 8, sy = (size_t)ROWS * ldy + 64; /* y's stride leaves a gap */
+    uint16_t *y0 = malloc(NSEG * sy * 2), *y = malloc(NSEG * sy * 2);
+    float *cf = malloc(NSEG * sy * sizeof *cf), *biasf = malloc(NSEG * N * sizeof *biasf);
+    uint8_t *bias_h = malloc(NSEG * N * 4);
+    if (!make_experts(&e, NSEG, N, K, &num_row, 1) ||
+        !make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 1, NULL, 0)) {
+      CHECK(0);
+      goto next;
+    }
+    for (size_t i = 0; i < NSEG * sy; i++) { /* C is the y the call starts from */
+      y0[i] = to_half((rnd_unit() - 0.5f) * 4.0f, yt == MT_DTYPE_FP16);
+      cf[i] = out_value(y0, i, yt);
+    }
+    for (int j = 0; j < NSEG * N; j++) {
+      float b = (rnd_unit() - 0.5f) * 2.0f;
+      if (bt == MT_DTYPE_FP32)
+        ((float *)bias_h)[j] = b;
+      else
+        ((uint16_t *)bias_h)[j] = to_half(b, bt == MT_DTYPE_FP16),
+                   b = from_half(((uint16_t *)bias_h)[j], bt == MT_DTYPE_FP16);
+      biasf[j] = b;
+    }
+    size_t ws_bytes = mt_grouped_workspace_bytes(p.m, K, &num_row);
+    void *dy = dev_alloc(NSEG * sy * 2), *dbias = dev_alloc(NSEG * N * 4),
+         *ws = dev_alloc(ws_bytes);
+    if (!dy || !dbias || !ws)
+      goto next;
+    CU(cudaMemcpy(dy, y0, NSEG * sy * 2, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dbias, bias_h, NSEG * N * 4, cudaMemcpyHostToDevice));
+    mt_grouped_args a = {.nseg = NSEG,
+                         .n = N,
+                         .k = K,
+                         .w = &e.ws,
+                         .m = p.m,
+                         .seg_rows = ROWS,
+                         .x = p.dx,
+                         .ldx = p.ld,
+                         .stride_x = (long long)(ROWS * p.ld),
+                         .xtype = MT_DTYPE_FP16,
+                         .y = dy,
+                         .ldy = ldy,
+                         .stride_y = (long long)sy,
+                         .ytype = yt,
+                         .c = dy,
+                         .ldc = ldy,
+                         .stride_c = (long long)sy,
+                         .bias = dbias,
+                         .stride_bias = N,
+                         .biastype = bt,
+                         .alpha = alpha,
+                         .beta = beta,
+                         .workspace = ws,
+                         .workspace_bytes = ws_bytes};
+    MT(mt_gemm_grouped(&a, NULL));
+    CU(sync_check());
+    CU(cudaMemcpy(y, dy, NSEG * sy * 2, cudaMemcpyDeviceToHost));
+    out_check oc = {0};
+    long gap = 0;
+    for (int s = 0; s < NSEG; s++) {
+      mt_nvfp4 ar = rows_of(&p.ref, s * ROWS, ROWS);
+      check_outputs(&ar, &e.ref[s], y + s * sy, y0 + s * sy, ldy, yt, alpha, beta, cf + s * sy,
+                    biasf + s * N, NULL, &oc);
+      for (size_t i = (size_t)ROWS * ldy; i < sy; i++)
+        gap += y[s * sy + i] != y0[s * sy + i];
+    }
+    CHECKF(!oc.bad && !oc.pad && !oc.nan && !gap,
+           "strided, y %s, bias %d, beta %g: %ld outside the bound, %ld padding, %ld gap written",
+           yt ? "fp16" : "bf16", (int)bt, beta, oc.bad, oc.pad, gap);
+    printf("    strided variant %d: worst error %.3f of the bound\n", v, oc.worst);
+  out:
+  next:
+    free(y0);
+    free(y);
+    free(cf);
+    free(biasf);
+    free(bias_h);
+    free_problem(&p);
+    free_experts(&e);
+    dev_free_all();
+  }
+}
+
+/* A row holding NaN gives NaN in that row only, whatever segment it is in. */
+static void grouped_nan_rows(void) {
+  NEED_GPU();
+  enum { NSEG = 3, N = 128, K = 256 };
+  int rows[NSEG] = {5, 9, 20}, nan_rows[2] = {3, 20};
+  experts e = {0};
+  problem p = {0};
+  if (make_experts(&e, NSEG, N, K, &num_row, 0) &&
+      make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, nan_rows, 2)) {
+    uint16_t *y0 = malloc((size_t)p.m * N * 2), *y = malloc((size_t)p.m * N * 2);
+    char nan_row[34] = {0};
+    nan_row[3] = nan_row[20] = 1;
+    if (run_offs(&p, &e, 16, N, MT_DTYPE_BF16, y0, y))
+      check_segments(&p, &e, y, y0, N, MT_DTYPE_BF16, nan_row, "NaN rows");
+    free(y0);
+    free(y);
+  }
+  free_problem(&p);
+  free_experts(&e);
+  dev_free_all();
+}
+
+/* More segments than one launch's table (MT_GROUPED_MAX_SEG): the launcher splits them; 0 to 3
+ * rows each, every row within the bound. */
+static void grouped_many_segments(void) {
+  NEED_GPU();
+  enum { NSEG = MT_GROUPED_MAX_SEG + 88, N = 128, K = 64 };
+  int *rows = malloc(NSEG * sizeof(int));
+  for (int i = 0; i < NSEG; i++)
+    rows[i] = rnd_below(4);
+  experts e = {0};
+  problem p = {0};
+  if (make_experts(&e, NSEG, N, K, &num_row, 0) &&
+      make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, NULL, 0)) {
+    uint16_t *y0 = malloc((size_t)p.m * N * 2), *y = malloc((size_t)p.m * N * 2);
+    if (run_offs(&p, &e, 8, N, MT_DTYPE_BF16, y0, y))
+      check_segments(&p, &e, y, y0, N, MT_DTYPE_BF16, NULL, "600 segments");
+    free(y0);
+    free(y);
+  }
+  free(rows);
+  free_problem(&p);
+  free_experts(&e);
+  dev_free_all();
+}
+
+/* A layer's worth at the Qwen3 gate_up shape (8 experts of 1536 x 2048, ~600 rows each, more tiles
+ * than SMs on every token tile): sampled rows against the reference, every row bitwise equal across
+ * the token tiles. */
+static void grouped_layer(void) {
+  NEED_GPU();
+  enum { NSEG = 8, N = 1536, K = 2048 };
+  int rows[NSEG];
+  for (int i = 0; i < NSEG; i++)
+    rows[i] = 500 + rnd_below(200);
+  experts e = {0};
+  problem p = {0};
+  if (make_experts(&e, NSEG, N, K, &num_row, 0) &&
+      make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, NULL, 0)) {
+    size_t ybytes = (size_t)p.m * N * 2;
+    uint16_t *y0 = malloc(ybytes), *y = malloc(ybytes), *first = malloc(ybytes);
+    for (int b = 0; b < NKINDS(bns); b += 1) {
+      if (!run_offs(&p, &e, bns[b], N, MT_DTYPE_BF16, y0, y))
+        break;
+      if (b == 0) {
+        memcpy(first, y, ybytes);
+        out_check oc = {0};
+        for (int t = 0; t < 12; t++) { /* a few rows of the reference: it runs on the CPU */
+          int s = rnd_below(NSEG), r = rnd_below(p.rows[s]);
+          mt_nvfp4 ar = rows_of(&p.ref, p.start[s] + r, 1);
+          size_t at = (size_t)(p.start[s] + r) * N;
+          check_outputs(&ar, &e.ref[s], y + at, y0 + at, N, MT_DTYPE_BF16, 1.0f, 0.0f, NULL, NULL,
+                        NULL, &oc);
+        }
+        CHECKF(!oc.bad && !oc.pad, "layer: %ld outside the bound", oc.bad);
+        printf("    layer %d rows: worst error %.3f of the bound (12 rows)\n", p.m, oc.worst);
+      } else {
+        CHECKF(!memcmp(y, first, ybytes), "layer: bn %d differs from bn 8", bns[b]);
+      }
+    }
+    free(y0);
+    free(y);
+    free(first);
+  }
+  free_problem(&p);
+  free_experts(&e);
+  dev_free_all();
+}
+
+int main(void) {
+  seed_rng();
+  RUN(store_slices);
+  RUN(grouped_accuracy);
+  RUN(grouped_bitwise);
+  RUN(grouped_strided);
+  RUN(grouped_nan_rows);
+  RUN(grouped_many_segments);
+  RUN(grouped_layer);
+  return mt_test_done();
+}
