@@ -1,10 +1,15 @@
 # minite — `make` builds build/libminite.so (the preloaded shim) and build/minite (the CLI).
 #
-#   make test          CPU tests (what CI runs); closes with "tests: N passed, N failed, N skipped"
-#   make test SAN=1    the same under AddressSanitizer + UndefinedBehaviorSanitizer (in build-san/)
+#   make test          what CI runs, and the one command a fresh machine needs: makes build/venv
+#                      (tests/requirements.txt), checks the format, builds the library, the tests,
+#                      the benchmarks and the lab probes, runs the CPU tests; closes with
+#                      "tests: N passed, N failed, N skipped"
+#   make test SAN=1    the same under AddressSanitizer + UndefinedBehaviorSanitizer (in build-san/;
+#                      the lab probes, CUDA only, are left to the plain build)
 #   make fuzz          libFuzzer on the spec parser for FUZZ_SECONDS
-#   make gputest       GPU tests (device machine: H200, sm_90)
+#   make gputest       GPU tests (device machine: H200, sm_90); without a GPU it says so and fails
 #   make bench         kernel benchmarks (device machine); writes build/bench.json
+#   make bench-build   the benchmarks, built and not run; make lab: the lab probes, likewise
 #
 # The shim links no cuBLAS and no CUDA runtime: it finds cuBLAS already loaded in the process and
 # reaches the GPU through the driver API (libcuda.so.1 via dlopen), with its kernels embedded as
@@ -12,10 +17,26 @@
 
 CUDA_HOME    ?= /usr/local/cuda
 NVCC         ?= $(CUDA_HOME)/bin/nvcc
-PYTHON       ?= python3
 CLANG        ?= clang
 SAN          ?= 0
 FUZZ_SECONDS ?= 60
+
+# PYTHON runs the Python tests and tools. Unset, the CPU tests get the interpreter of build/venv
+# (made on first use from tests/requirements.txt, brought up to date when that changes; shared by
+# build/ and build-san/), and the GPU tests and `make run` get python3: the device machine's, where
+# torch is.
+VENV := build/venv
+ifeq ($(origin PYTHON),undefined)
+PYTHON := python3
+TEST_PYTHON := $(abspath $(VENV))/bin/python3
+TEST_VENV := $(VENV)/requirements.txt
+else
+TEST_PYTHON := $(PYTHON)
+endif
+
+# How `make gputest` tells whether the machine has a GPU (the tests' own skips would pass it
+# vacuously): the driver's nvidia-smi lists one. Override it to fake either answer.
+GPU_CHECK ?= nvidia-smi -L 2>/dev/null | grep -q '^GPU '
 
 B := build
 ifeq ($(SAN),1)
@@ -42,7 +63,7 @@ GPU_TESTS := $(patsubst tests/gpu/%.c,$(B)/tests/gpu/%,$(wildcard tests/gpu/test
 PY_CPU_TESTS := $(wildcard tests/cpu/test_*.py)
 SH_CPU_TESTS := $(wildcard tests/cpu/test_*.sh)
 
-.PHONY: all test gputest bench fuzz clean format format-check
+.PHONY: all test gputest gputest-run bench bench-build lab fuzz clean format format-check
 .PRECIOUS: $(B)/kernels/%.fatbin
 all: $(B)/libminite.so $(B)/minite
 
@@ -85,13 +106,35 @@ $(B)/tests/gpu/%: $(B)/tests/gpu/%.o $(B)/libmt.a $(B)/libref.a
 # adding what `make test` needs to TEST_FIXTURES.
 -include $(wildcard tests/cpu/*.mk tests/gpu/*.mk bench/*.mk demo/*.mk lab/*.mk)
 
-test: all $(CPU_TESTS) $(TEST_FIXTURES)
-	@MT_BUILD=$(B) MT_SAN=$(SAN) PYTHON=$(PYTHON) tests/run $(CPU_TESTS) \
-	    $(foreach t,$(PY_CPU_TESTS),'$(PYTHON) $(t)') $(foreach t,$(SH_CPU_TESTS),'bash $(t)')
+# The venv's stamp is a copy of the requirements it was made from.
+$(VENV)/requirements.txt: tests/requirements.txt
+	@echo "making $(VENV) for the Python tests (tests/requirements.txt)"
+	@python3 -m venv $(VENV) || { rm -rf $(VENV); echo "make test: python3 -m venv failed:" \
+	    "install Python's venv module (Debian/Ubuntu: apt-get install python3-venv)," \
+	    "or pass PYTHON=/path/to/python3 that has tests/requirements.txt"; exit 1; }
+	@$(VENV)/bin/python3 -m pip install --quiet --disable-pip-version-check -r $< || { \
+	    rm -rf $(VENV); echo "make test: pip could not install tests/requirements.txt into" \
+	    "$(VENV) (no network? a proxy needs PIP_INDEX_URL or pip.conf): fix that, or pass" \
+	    "PYTHON=/path/to/python3 that has those packages"; exit 1; }
+	@cp $< $@
 
-# GPUTEST_PY picks the Python GPU tests (default: all), e.g. GPUTEST_PY=tests/gpu/test_routed.py
+# The lab probes are CUDA alone, the same in both builds: only the plain one compiles them.
+TEST_BUILD := all $(CPU_TESTS) $(TEST_FIXTURES) bench-build $(if $(filter 1,$(SAN)),,lab)
+
+# MT_TEST_TIMEOUT: seconds each test program may run (tests/run; default 600).
+test: format-check $(TEST_BUILD) $(TEST_VENV)
+	@MT_BUILD=$(B) MT_SAN=$(SAN) PYTHON=$(TEST_PYTHON) tests/run $(CPU_TESTS) \
+	    $(foreach t,$(PY_CPU_TESTS),'$(TEST_PYTHON) $(t)') $(foreach t,$(SH_CPU_TESTS),'bash $(t)')
+
+# GPUTEST_PY picks the Python GPU tests (default: all), e.g. GPUTEST_PY=tests/gpu/test_routed.py.
+# Without a GPU nothing is built: the GPU tests would only skip.
 GPUTEST_PY ?= $(wildcard tests/gpu/test_*.py)
-gputest: all $(GPU_TESTS) $(TEST_FIXTURES)
+gputest:
+	@$(GPU_CHECK) || { echo "make gputest: no GPU found (nvidia-smi lists none): the GPU tests" \
+	    "need the device machine (H200, sm_90)"; exit 1; }
+	@$(MAKE) --no-print-directory gputest-run
+
+gputest-run: all $(GPU_TESTS) $(TEST_FIXTURES)
 	@MT_BUILD=$(B) PYTHON=$(PYTHON) tests/run $(GPU_TESTS) \
 	    $(foreach t,$(GPUTEST_PY),'$(PYTHON) $(t)')
 
@@ -103,15 +146,22 @@ fuzz: $(B)/fuzz_spec
 	@mkdir -p $(B)/fuzz-corpus
 	$(B)/fuzz_spec -max_total_time=$(FUZZ_SECONDS) -max_len=4096 $(B)/fuzz-corpus tests/fuzz-seeds
 
-# C and CUDA sources follow .clang-format (kernels/ and lab/ have their own, 120 columns wide).
-FORMAT_SRC = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
+# C and CUDA sources follow .clang-format (kernels/ and lab/ have their own, 120 columns wide);
+# `make test` runs format-check. Outside a git checkout, every such file but the build folders'.
+FORMAT_SRC = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null || \
+    find . -path ./build -prune -o -path ./build-san -prune -o \
+        \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) -print)
+CLANG_FORMAT ?= clang-format
 format:
-	clang-format -i $(FORMAT_SRC)
+	$(CLANG_FORMAT) -i $(FORMAT_SRC)
 
 format-check:
-	@clang-format --dry-run --Werror $(FORMAT_SRC) && echo "format-check: $(words $(FORMAT_SRC)) files follow .clang-format"
+	@command -v $(CLANG_FORMAT) >/dev/null || { echo "format-check: $(CLANG_FORMAT) not found:" \
+	    "install it (Debian/Ubuntu: apt-get install clang-format) or pass CLANG_FORMAT=/path"; exit 1; }
+	@$(CLANG_FORMAT) --dry-run --Werror $(FORMAT_SRC) && \
+	    echo "format-check: $(words $(FORMAT_SRC)) files follow .clang-format"
 
 clean:
 	rm -rf build build-san
 
--include $(shell find $(B) -name '*.d' 2>/dev/null)
+-include $(shell find $(B) -path $(VENV) -prune -o -name '*.d' -print 2>/dev/null)

@@ -2,9 +2,13 @@
 
 check() records a failure and goes on; a test that raises counts as failed with its traceback;
 skip() ends a test as skipped with a reason. done() prints "#mt-counts P F S" for tests/run and
-returns the exit status.
+returns the exit status. temp_dir() gives a test program a temporary directory that is removed
+when the program exits.
 """
+import atexit
+import shutil
 import sys
+import tempfile
 import traceback
 
 _passed = _failed = _skipped = 0
@@ -27,6 +31,13 @@ def check(cond, msg=""):
             frame = traceback.extract_stack(limit=2)[0]
             print(f"    {frame.filename}:{frame.lineno}: check failed: {msg}")
     return cond
+
+
+def temp_dir(prefix):
+    """A new directory under $TMPDIR (or /tmp), removed with its contents when the program exits."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def run(fn):

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -21,7 +20,7 @@ sys.path.insert(0, TOOLS)
 import harness  # noqa: E402
 import logprobs  # noqa: E402
 
-TMP = tempfile.mkdtemp(prefix="mt-demo-")
+TMP = harness.temp_dir("mt-demo-")
 
 
 def script(name, *args, env=None):

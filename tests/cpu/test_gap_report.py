@@ -9,7 +9,6 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -21,7 +20,7 @@ import logprobs  # noqa: E402
 GAP_REPORT = os.path.join(ROOT, "tools", "gap-report")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MODEL = {"name": "test", "layers": 2, "seed": 0, "checksum": 123.25}
-TMP = tempfile.mkdtemp(prefix="mt-gap-report-")
+TMP = harness.temp_dir("mt-gap-report-")
 
 # Two sequences of two tokens. Sampler log-probs -1..-4; the learner's differ by
 # r = lp_learner - lp_sampler = 0, ln 1.5, -ln 4, ln 3, so the importance ratios are

@@ -14,7 +14,6 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -27,7 +26,7 @@ _spec = importlib.util.spec_from_loader("minite_compare", _loader)
 mc = importlib.util.module_from_spec(_spec)
 _loader.exec_module(mc)
 
-TMP = tempfile.mkdtemp(prefix="mt-compare-")
+TMP = harness.temp_dir("mt-compare-")
 FP = "0123456789abcdef"
 FP_OTHER = "fedcba9876543210"
 ROUTE, N = "256x128", 256          # small rows keep the pure-Python sketches fast
