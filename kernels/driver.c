@@ -22,13 +22,14 @@ extern const char mt_fatbin_gemm_small[];
 extern const char mt_fatbin_gemm_large[];
 extern const char mt_fatbin_wcheck[];
 extern const char mt_fatbin_instr[];
+extern const char mt_fatbin_grouped[];
 
 static const struct {
   const char *name;
   const char *image;
 } kernel_files[] = {
     {"quant", mt_fatbin_quant},   {"gemm_small", mt_fatbin_gemm_small}, {"gemm_large", mt_fatbin_gemm_large},
-    {"wcheck", mt_fatbin_wcheck}, {"instr", mt_fatbin_instr},
+    {"wcheck", mt_fatbin_wcheck}, {"instr", mt_fatbin_instr},           {"grouped", mt_fatbin_grouped},
 };
 #define NFILES ((int)(sizeof kernel_files / sizeof kernel_files[0]))
 

@@ -41,5 +41,15 @@ refs=$(nm "$lib" | awk '{print $3}' | grep -E '^mt_(ref_|nvfp4_|e2m1_|e4m3_|bf16
 if [ -z "$refs" ]; then ok "no_reference_code_in_the_library"
 else bad no_reference_code_in_the_library "symbols: $(echo "$refs" | tr '\n' ' ')"; fi
 
+# Every kernel file's fatbin is in the driver's module table (a file missing there builds, and
+# every launch of its kernels fails at run time).
+missing=""
+for cu in kernels/*.cu; do
+  name=$(basename "$cu" .cu)
+  grep -q "{\"$name\", mt_fatbin_$name}" kernels/driver.c || missing="$missing $name"
+done
+if [ -z "$missing" ]; then ok "every_kernel_file_is_loadable"
+else bad every_kernel_file_is_loadable "not in kernels/driver.c's kernel_files:$missing"; fi
+
 echo "#mt-counts $pass $fail ${skipped:-0}"
 [ "$fail" -eq 0 ]
