@@ -11,7 +11,8 @@
  * weight bytes read per second (the active experts' weights: 4.5 bits an element for ours, 16 for
  * cuBLAS's). A sanity column gives the relative L2 difference of our output against cuBLAS's on
  * the last routing (NVFP4 W4A4 against BF16: ~0.1 on these Gaussian-like data). Writes JSON to
- * argv[1] (default build/bench_moe.json); `--only NAME` runs one geometry. */
+ * argv[1] (default build/bench_moe.json); `--only NAME` runs one geometry, `--tokens T` one T (for a
+ * profiler). */
 #include <cublas_v2.h>
 #include <math.h>
 #include <string.h>
@@ -31,6 +32,7 @@ static const geometry geometries[] = {{"qwen3", 128, 2048, 768}, {"dsv3", 256, 7
 static const int tokens[] = {1, 16, 128, 1024, 8192};
 
 static cublasHandle_t blas;
+static int only_tokens; /* --tokens */
 
 /* One GEMM of the layer: E experts' weights (BF16 for cuBLAS, the store for ours). */
 typedef struct {
@@ -200,7 +202,8 @@ static void bench_geometry(const geometry *g) {
   c.g = g;
   make_gemm(&c.up, g->experts, 2 * g->width, g->hidden);
   make_gemm(&c.down, g->experts, g->hidden, g->width);
-  size_t bf16_bytes = (size_t)g->experts * 2 * g->width * g->hidden * 2 * 2; /* both GEMMs */
+  size_t bf16_bytes =
+      (size_t)g->experts * 3 * g->width * g->hidden * 2; /* both GEMMs: 3 x width x hidden */
   size_t store_bytes = c.up.ws.slice_bytes * g->experts + c.down.ws.slice_bytes * g->experts;
   printf("%s: %d experts, top-%d, gate_up %dx%d, down %dx%d; weights %.0f MB BF16, %.0f MB in the "
          "store "
@@ -211,6 +214,8 @@ static void bench_geometry(const geometry *g) {
          "TF/s", "TF/s", "wGB/s", "wGB/s", "rel L2");
   for (size_t ti = 0; ti < sizeof tokens / sizeof tokens[0]; ti++) {
     c.t = tokens[ti];
+    if (only_tokens && c.t != only_tokens)
+      continue;
     size_t rows = (size_t)TOPK * c.t;
     c.routings = c.t >= 1024 ? 4 : MAX_ROUTINGS;
     c.x = dmalloc(rows * g->hidden * 2);
@@ -271,6 +276,8 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--only") && i + 1 < argc)
       only = argv[++i];
+    else if (!strcmp(argv[i], "--tokens") && i + 1 < argc)
+      only_tokens = atoi(argv[++i]);
     else
       out = argv[i];
   }

@@ -166,14 +166,14 @@ static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kar
 }
 
 /* Launches of at most MT_GROUPED_MAX_SEG segments (the kernel's tile table), the persistent grid
- * at most one CTA an SM (~200 KB of shared memory each). */
+ * at most MT_GROUPED_CTAS(bn) CTAs an SM (their shared memory fills it). */
 static int launch_gemm(const mt_grouped_args *a, mt_grouped_kargs *k, int bn, mt_stream stream) {
   char fn[32];
   snprintf(fn, sizeof fn, "mt_grouped_n%d", bn);
   CUfunction f;
   int st = mt_kernel_get("grouped", fn, (CUstream)stream, &f);
   if (st != MT_OK) return st;
-  const long long blocks = (a->n + 127) / 128, sms = sm_count();
+  const long long blocks = (a->n + 127) / 128, sms = (long long)sm_count() * MT_GROUPED_CTAS(bn);
   for (int s0 = 0; s0 < a->nseg && st == MT_OK; s0 += MT_GROUPED_MAX_SEG) {
     k->seg0 = s0;
     k->nseg = a->nseg - s0 < MT_GROUPED_MAX_SEG ? a->nseg - s0 : MT_GROUPED_MAX_SEG;

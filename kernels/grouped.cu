@@ -257,25 +257,31 @@ __device__ static void store_tile(const mt_grouped_kargs &a, const table *t, con
   const char *c = a.c ? (const char *)a.c + (long long)gs * a.stride_c * 2 : nullptr;
   const char *bias =
       a.bias ? (const char *)a.bias + (long long)gs * a.stride_bias * (a.biastype == DT_FP32 ? 4 : 2) : nullptr;
+  // per channel (i: rows g and g + 8): 1/S_w and the bias; per token: 1/S_a, once
+  float inv_w[2], bv[2];
 #pragma unroll
   for (int i = 0; i < 2; i++) {
-    const int ch = ch0 + 16 * w + g + 8 * i;
-    if (ch >= a.n) continue;
-    const float inv_w = __frcp_rn(sw[a.sw_row ? ch : 0]);
-    const float b = bias ? load_elem(bias, ch, a.biastype) : 0.0f;
+    const int ch = min(ch0 + 16 * w + g + 8 * i, a.n - 1);
+    inv_w[i] = __frcp_rn(sw[a.sw_row ? ch : 0]);
+    bv[i] = bias ? load_elem(bias, ch, a.biastype) : 0.0f;
+  }
 #pragma unroll
-    for (int cc = 0; cc < BN / 8; cc++)
+  for (int cc = 0; cc < BN / 8; cc++)
 #pragma unroll
-      for (int j = 0; j < 2; j++) {
-        const int tok = wh.tok0 + 8 * cc + 2 * q + j;
-        if (tok >= rows) continue;
-        const float inv_a = __frcp_rn(a.sa[a.sa_row ? row0 + tok : 0]);
-        float v = __fmul_rn(__fmul_rn(d[4 * cc + 2 * i + j], __fmul_rn(inv_a, inv_w)), a.alpha);
+    for (int j = 0; j < 2; j++) {
+      const int tok = wh.tok0 + 8 * cc + 2 * q + j;
+      if (tok >= rows) continue;
+      const float inv_a = __frcp_rn(a.sa[a.sa_row ? row0 + tok : 0]);
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        const int ch = ch0 + 16 * w + g + 8 * i;
+        if (ch >= a.n) continue;
+        float v = __fmul_rn(__fmul_rn(d[4 * cc + 2 * i + j], __fmul_rn(inv_a, inv_w[i])), a.alpha);
         if (c) v = __fadd_rn(v, __fmul_rn(a.beta, load_elem(c, (yrow0 + tok) * a.ldc + ch, a.ytype)));
-        if (bias) v = __fadd_rn(v, b);
+        if (bias) v = __fadd_rn(v, bv[i]);
         store_elem(y, (yrow0 + tok) * a.ldy + ch, a.ytype, v);
       }
-  }
+    }
 }
 
 template <int BN> __device__ static void run(const mt_grouped_kargs &a) {
@@ -292,12 +298,15 @@ template <int BN> __device__ static void run(const mt_grouped_kargs &a) {
   __syncthreads();
   const int tiles = t->tile_start[a.nseg];
 
+  // Registers: one CTA an SM moves them from the producer warpgroup to the consumers (BN / 2
+  // accumulators, up to 128); two an SM (BN <= 32) need no more than the launch gives.
+  constexpr bool MOVE_REGS = MT_GROUPED_CTAS(BN) == 1;
   if (wg == 0) { // producer: one thread keeps the ring of stages full
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if constexpr (MOVE_REGS) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x == 0) produce<BN>(a, t, smem, full, empty, tiles, nst);
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  if constexpr (MOVE_REGS) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0);
   const int hw = 8 * cw + 2 * ((threadIdx.x % 128) / 32); // the warp's first row group of the band
   bool waited = false;
@@ -318,7 +327,8 @@ template <int BN> __device__ static void run(const mt_grouped_kargs &a) {
 } // namespace grp
 
 #define MT_GROUPED(BN)                                                                                                 \
-  extern "C" __global__ void __launch_bounds__(384, 1) mt_grouped_n##BN(const __grid_constant__ mt_grouped_kargs a) {  \
+  extern "C" __global__ void __launch_bounds__(384, MT_GROUPED_CTAS(BN))                                               \
+      mt_grouped_n##BN(const __grid_constant__ mt_grouped_kargs a) {                                                   \
     grp::run<BN>(a);                                                                                                   \
   }
 MT_GROUPED(8)

@@ -36,9 +36,15 @@ static void free_experts(experts *e) {
 }
 
 /* Build, quantize on the GPU and check every slice against the reference. Returns 1 when all
- * slices match bit for bit. */
-static int make_experts(experts *e, int count, int n, int k, const mt_numerics *num, int fp16) {
-  static const enum row_kind kinds[] = {ROW_RANDOM, ROW_RANDOM, ROW_ZERO_BLKS, ROW_WIDE};
+ * slices match bit for bit. wide: rows of every binade (for the store alone; a GEMM of them
+ * overflows), else magnitudes that keep every output finite in FP16. */
+static int make_experts_of(experts *e, int count, int n, int k, const mt_numerics *num, int fp16,
+                           int wide) {
+  static const enum row_kind all[] = {ROW_RANDOM, ROW_RANDOM, ROW_ZERO_BLKS,
+                                      ROW_WIDE,   ROW_TIES,   ROW_SUBNORMAL};
+  static const enum row_kind finite[] = {ROW_RANDOM, ROW_RANDOM, ROW_RANDOM, ROW_ZERO_BLKS};
+  const enum row_kind *kinds = wide ? all : finite;
+  const int nkinds = wide ? NKINDS(all) : NKINDS(finite);
   e->count = count, e->n = n, e->k = k, e->num = *num;
   e->ld = rnd_ld(k);
   e->stride = (size_t)n * e->ld + 8 * (size_t)rnd_below(3);
@@ -47,7 +53,7 @@ static int make_experts(experts *e, int count, int n, int k, const mt_numerics *
   float *xf = malloc((size_t)n * e->ld * sizeof *xf);
   int tile16 = num->weight_block == MT_WBLOCK_16X16, ok = 1;
   for (int i = 0; i < count; i++) {
-    uint16_t *x = make_matrix(n, k, e->ld, fp16, kinds, NKINDS(kinds), tile16);
+    uint16_t *x = make_matrix(n, k, e->ld, fp16, kinds, nkinds, tile16);
     memcpy(e->host + (size_t)i * e->stride, x, (size_t)n * e->ld * 2);
     for (size_t j = 0; j < (size_t)n * e->ld; j++)
       xf[j] = from_half(x[j], fp16);
@@ -82,6 +88,10 @@ static int make_experts(experts *e, int count, int n, int k, const mt_numerics *
   return bad == 0;
 }
 
+static int make_experts(experts *e, int count, int n, int k, const mt_numerics *num, int fp16) {
+  return make_experts_of(e, count, n, k, num, fp16, 0);
+}
+
 /* Slices of every kind of weight: per-row and per-tensor S, 1x16 and 16x16 blocks, rows that fill
  * no band, columns that fill no 128-column step; then only_if = 0 leaves the store alone. */
 static void store_slices(void) {
@@ -95,7 +105,7 @@ static void store_slices(void) {
   for (int v = 0; v < NKINDS(nums); v++)
     for (int s = 0; s < NKINDS(shapes); s++) {
       experts e = {0};
-      make_experts(&e, shapes[s][0], shapes[s][1], shapes[s][2], &nums[v], (s + v) % 2);
+      make_experts_of(&e, shapes[s][0], shapes[s][1], shapes[s][2], &nums[v], (s + v) % 2, 1);
       free_experts(&e);
       dev_free_all();
     }
@@ -570,15 +580,14 @@ static void grouped_many_segments(void) {
   dev_free_all();
 }
 
-/* A layer's worth at the Qwen3 gate_up shape (8 experts of 1536 x 2048, ~600 rows each, more tiles
- * than SMs on every token tile): sampled rows against the reference, every row bitwise equal across
- * the token tiles. */
-static void grouped_layer(void) {
-  NEED_GPU();
-  enum { NSEG = 8, N = 1536, K = 2048 };
+/* A layer's worth at a MoE shape (Qwen3's gate_up: 8 experts of 1536 x 2048, ~600 rows each, more
+ * tiles than SMs on every token tile; DeepSeek-V3's: 4096 x 7168): sampled rows against the
+ * reference, every row bitwise equal across the token tiles. */
+static void layer_case(int N, int K, int rows_lo, int rows_span) {
+  enum { NSEG = 8 };
   int rows[NSEG];
   for (int i = 0; i < NSEG; i++)
-    rows[i] = 500 + rnd_below(200);
+    rows[i] = rows_lo + rnd_below(rows_span);
   experts e = {0};
   problem p = {0};
   if (make_experts(&e, NSEG, N, K, &num_row, 0) &&
@@ -598,10 +607,11 @@ static void grouped_layer(void) {
           check_outputs(&ar, &e.ref[s], y + at, y0 + at, N, MT_DTYPE_BF16, 1.0f, 0.0f, NULL, NULL,
                         NULL, &oc);
         }
-        CHECKF(!oc.bad && !oc.pad, "layer: %ld outside the bound", oc.bad);
-        printf("    layer %d rows: worst error %.3f of the bound (12 rows)\n", p.m, oc.worst);
+        CHECKF(!oc.bad && !oc.pad, "layer %dx%d: %ld outside the bound", N, K, oc.bad);
+        printf("    layer %dx%d, %d rows: worst error %.3f of the bound (12 rows)\n", N, K, p.m,
+               oc.worst);
       } else {
-        CHECKF(!memcmp(y, first, ybytes), "layer: bn %d differs from bn 8", bns[b]);
+        CHECKF(!memcmp(y, first, ybytes), "layer %dx%d: bn %d differs from bn 8", N, K, bns[b]);
       }
     }
     free(y0);
@@ -611,6 +621,12 @@ static void grouped_layer(void) {
   free_problem(&p);
   free_experts(&e);
   dev_free_all();
+}
+
+static void grouped_layer(void) {
+  NEED_GPU();
+  layer_case(1536, 2048, 500, 200);
+  layer_case(4096, 7168, 1, 60);
 }
 
 int main(void) {
