@@ -768,6 +768,64 @@ static void scenario_strided(void) {
   free(w), free(x), free(y), free(want), free(before);
 }
 
+/* An Lt strided batch (BATCH_COUNT, STRIDED_BATCH_OFFSET) with a bias per problem
+ * (BIAS_BATCH_STRIDE): one engine GEMM per problem, each on its own operands and bias. */
+static void scenario_lt_batch(void) {
+  int tokens = 8;
+  size_t sw = (size_t)OUT * IN, sx = (size_t)tokens * IN, sy = (size_t)OUT * tokens;
+  uint16_t *w = matrix(sw * BATCH), *x = matrix(sx * BATCH), *y = matrix(sy * BATCH);
+  uint16_t *bias = matrix((size_t)OUT * BATCH), *before = copy_of(y, sy * BATCH);
+  __typeof__(&cublasLtMatmulDescCreate) desc_create =
+      (__typeof__(desc_create))dlsym(lib_lt, "cublasLtMatmulDescCreate");
+  __typeof__(&cublasLtMatmulDescSetAttribute) desc_set =
+      (__typeof__(desc_set))dlsym(lib_lt, "cublasLtMatmulDescSetAttribute");
+  __typeof__(&cublasLtMatrixLayoutCreate) layout_create =
+      (__typeof__(layout_create))dlsym(lib_lt, "cublasLtMatrixLayoutCreate");
+  __typeof__(&cublasLtMatrixLayoutSetAttribute) layout_set =
+      (__typeof__(layout_set))dlsym(lib_lt, "cublasLtMatrixLayoutSetAttribute");
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t l[3];
+  desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  int32_t ta = CUBLAS_OP_T, count = BATCH;
+  uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+  int64_t bias_stride = OUT, strides[3] = {(int64_t)sw, (int64_t)sx, (int64_t)sy};
+  desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+  desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+  desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+  desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bias_stride, sizeof bias_stride);
+  layout_create(&l[0], CUDA_R_16BF, IN, OUT, IN);
+  layout_create(&l[1], CUDA_R_16BF, IN, tokens, IN);
+  layout_create(&l[2], CUDA_R_16BF, OUT, tokens, OUT);
+  for (int i = 0; i < 3; i++) {
+    layout_set(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count);
+    layout_set(l[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i], sizeof strides[i]);
+  }
+  char workspace[256];
+  long calls = lt_calls();
+  int t = now();
+  CHECK(hook_lt(lt_handle, desc, &one, w, l[0], x, l[1], &zero, y, l[2], y, l[2], NULL, workspace,
+                sizeof workspace, (cudaStream_t)S1) == CUBLAS_STATUS_SUCCESS);
+  CHECKF(lt_calls() == calls, "the fake cublasLtMatmul was called for a routed batch");
+  CHECK_TRACE(
+      t,
+      "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack " FEW_CALL_FIRST
+      " " WEIGHT_QUANT " " FEW_CALL " " WEIGHT_QUANT " " FEW_CALL);
+  CHECK(all_on(t, S1));
+  for (int i = 0; i < BATCH; i++) {
+    problem pi = {OUT, tokens, w + i * sw, x + i * sx, y + i * sy, OUT, IN};
+    int from = i ? find_launch(t, "mt_gemm_large_", i - 1) + 1 : t;
+    check_call_args(from, &pi, pi.y, bias + i * OUT, 0.0f, NULL);
+    CHECK(marked(pi.y, before + i * sy, OUT, tokens, OUT));
+  }
+  ((__typeof__(&cublasLtMatmulDescDestroy))dlsym(lib_lt, "cublasLtMatmulDescDestroy"))(desc);
+  __typeof__(&cublasLtMatrixLayoutDestroy) layout_destroy =
+      (__typeof__(layout_destroy))dlsym(lib_lt, "cublasLtMatrixLayoutDestroy");
+  for (int i = 0; i < 3; i++)
+    layout_destroy(l[i]);
+  check_driver_clean();
+  free(w), free(x), free(y), free(bias), free(before);
+}
+
 /* The pointer-array forms (BatchedEx, GroupedBatchedEx) hold their problems' pointers in device
  * arrays, which the engine would have to read back: nothing is read or launched, cuBLAS computes
  * them ("pointer arrays"), while capturing too. */
@@ -908,6 +966,7 @@ static const mt_t_scenario scenarios[] = {
     {"launch_fail", scenario_launch_fail},
     {"no_engine", scenario_no_engine},
     {"strided", scenario_strided},
+    {"lt_batch", scenario_lt_batch},
     {"arrays", scenario_arrays},
     {"fp16", scenario_fp16},
     {"frozen_capture", scenario_frozen_capture},
@@ -1066,6 +1125,14 @@ static void strided_batched(void) {
   mt_t_child_free(&r);
 }
 
+static void lt_strided_batch(void) {
+  mt_t_child r;
+  run_child("lt_batch", NULL, &r);
+  mt_t_check_child("lt_batch", &r);
+  check_counts(&r, 1, NULL);
+  mt_t_child_free(&r);
+}
+
 static void pointer_arrays_are_never_read_back(void) {
   mt_t_child r;
   run_child("arrays", NULL, &r);
@@ -1144,6 +1211,7 @@ static void tests(void) {
   RUN(launch_failure_is_engine_error);
   RUN(no_context_or_not_sm90_is_no_engine);
   RUN(strided_batched);
+  RUN(lt_strided_batch);
   RUN(pointer_arrays_are_never_read_back);
   RUN(fp16_through_gemm_ex_64);
   RUN(frozen_capture_needs_an_entry);
