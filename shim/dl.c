@@ -2,7 +2,6 @@
 #include "shim/dl.h"
 
 #include <dlfcn.h>
-#include <string.h>
 
 #include "base/log.h"
 #include "shim/shim.h"
@@ -25,9 +24,15 @@ static const struct {
 
 #define NHOOKED ((int)(sizeof hooked / sizeof hooked[0]))
 
-enum mt_fn mt_dl_hooked(const char *name, void **hook) {
+MT_BEFORE_INIT static int same_name(const char *a, const char *b) {
+  while (*a && *a == *b)
+    a++, b++;
+  return *a == *b;
+}
+
+MT_BEFORE_INIT enum mt_fn mt_dl_hooked(const char *name, void **hook) {
   for (int i = 0; i < NHOOKED; i++)
-    if (!strcmp(name, hooked[i].name)) {
+    if (same_name(name, hooked[i].name)) {
       *hook = hooked[i].hook;
       return hooked[i].id;
     }
@@ -53,19 +58,20 @@ static void *answer(enum mt_fn id, void *hook, void *p) {
   return p;
 }
 
-/* The loader's function, or NULL and one warning (it cannot be missing from a working process). */
-static void *loader(enum mt_fn id) {
-  void *f = mt_real(id);
-  if (!f)
-    MT_WARN_ONCE("cannot find the dynamic loader's %s: lookups through it return NULL",
-                 mt_fn_name(id));
-  return f;
+/* What a lookup returns when the loader's own function is missing (it cannot be, in a process
+ * that runs). */
+static void *no_loader(enum mt_fn id) {
+  MT_WARN_ONCE("cannot find the dynamic loader's %s: lookups through it return NULL",
+               mt_fn_name(id));
+  return NULL;
 }
 
-MT_EXPORT void *dlsym(void *handle, const char *name) {
-  mt_fn_dlsym next = (mt_fn_dlsym)loader(MT_FN_dlsym);
+/* The two hooks run before anything is set up when a sanitizer runtime is preloaded first
+ * (MT_BEFORE_INIT, real.h): their path to the loader's function touches nothing instrumented. */
+MT_BEFORE_INIT MT_EXPORT void *dlsym(void *handle, const char *name) {
+  mt_fn_dlsym next = (mt_fn_dlsym)mt_real_loader(MT_FN_dlsym);
   if (!next)
-    return NULL;
+    return no_loader(MT_FN_dlsym);
   if (handle != RTLD_NEXT && handle != RTLD_DEFAULT) {
     void *hook;
     enum mt_fn id = mt_dl_hooked(name, &hook);
@@ -75,10 +81,10 @@ MT_EXPORT void *dlsym(void *handle, const char *name) {
   return next(handle, name); /* a tail call: the loader reads the caller's return address */
 }
 
-MT_EXPORT void *dlvsym(void *handle, const char *name, const char *version) {
-  mt_fn_dlvsym next = (mt_fn_dlvsym)loader(MT_FN_dlvsym);
+MT_BEFORE_INIT MT_EXPORT void *dlvsym(void *handle, const char *name, const char *version) {
+  mt_fn_dlvsym next = (mt_fn_dlvsym)mt_real_loader(MT_FN_dlvsym);
   if (!next)
-    return NULL;
+    return no_loader(MT_FN_dlvsym);
   if (handle != RTLD_NEXT && handle != RTLD_DEFAULT) {
     void *hook;
     enum mt_fn id = mt_dl_hooked(name, &hook);

@@ -7,7 +7,6 @@
 #include <link.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "base/log.h"
 
@@ -40,9 +39,9 @@ static atomic_flag missing_warned[MT_FN_COUNT];
 const char *mt_fn_name(enum mt_fn id) { return fns[id].display; }
 
 /* --- the loader's own dlsym and dlvsym ------------------------------------------------------
- * Read from the dynamic symbol table of the object that defines dlopen (libc.so.6 since glibc
- * 2.34, libdl.so.2 before), which the shim does not export: no lookup here can reach the shim's
- * own dlsym. */
+ * Read from the dynamic symbol table of the object that defines dladdr1 (libc.so.6 since glibc
+ * 2.34, libdl.so.2 before, which both hold dlsym and dlvsym too), which the shim does not export:
+ * no lookup here can reach the shim's own dlsym. All of it is MT_BEFORE_INIT (real.h). */
 
 typedef struct {
   const ElfW(Sym) * sym;
@@ -54,12 +53,12 @@ typedef struct {
 
 /* glibc relocates these entries of the dynamic section in place on most architectures, not on
  * those whose dynamic section is read-only: an address below the load base is an offset. */
-static const void *dyn_addr(const struct link_map *lm, ElfW(Addr) v) {
+MT_BEFORE_INIT static const void *dyn_addr(const struct link_map *lm, ElfW(Addr) v) {
   return (const void *)(v < lm->l_addr ? lm->l_addr + v : v);
 }
 
-static int read_dynamic(const struct link_map *lm, dynsyms *d) {
-  memset(d, 0, sizeof *d);
+MT_BEFORE_INIT static int read_dynamic(const struct link_map *lm, dynsyms *d) {
+  *d = (dynsyms){0};
   for (const ElfW(Dyn) *e = lm->l_ld; e && e->d_tag != DT_NULL; e++) {
     if (e->d_tag == DT_SYMTAB)
       d->sym = dyn_addr(lm, e->d_un.d_ptr);
@@ -75,13 +74,20 @@ static int read_dynamic(const struct link_map *lm, dynsyms *d) {
   return d->sym && d->str && (d->gnu_hash || d->sysv_hash) ? 0 : -1;
 }
 
-/* Symbol i when it is the function `name` defined here (ELF64_ST_TYPE is ELF32_ST_TYPE too). *hidden_ok keeps a non-default version
- * (name@VER rather than name@@VER) in case no default one exists. */
-static const void *match(const struct link_map *lm, const dynsyms *d, uint32_t i, const char *name,
-                         const void **hidden_ok) {
+MT_BEFORE_INIT static int same_name(const char *a, const char *b) {
+  while (*a && *a == *b)
+    a++, b++;
+  return *a == *b;
+}
+
+/* Symbol i when it is the function `name` defined here (ELF64_ST_TYPE is ELF32_ST_TYPE too).
+ * *hidden_ok keeps a non-default version (name@VER rather than name@@VER) in case no default one
+ * exists. */
+MT_BEFORE_INIT static const void *match(const struct link_map *lm, const dynsyms *d, uint32_t i,
+                                        const char *name, const void **hidden_ok) {
   const ElfW(Sym) *s = &d->sym[i];
   if (s->st_shndx == SHN_UNDEF || ELF64_ST_TYPE(s->st_info) != STT_FUNC ||
-      strcmp(d->str + s->st_name, name) != 0)
+      !same_name(d->str + s->st_name, name))
     return NULL;
   const void *p = (const void *)(lm->l_addr + s->st_value);
   if (d->versym && (d->versym[i] & 0x8000)) {
@@ -91,14 +97,14 @@ static const void *match(const struct link_map *lm, const dynsyms *d, uint32_t i
   return p;
 }
 
-static uint32_t gnu_hash_of(const char *s) {
+MT_BEFORE_INIT static uint32_t gnu_hash_of(const char *s) {
   uint32_t h = 5381;
   for (; *s; s++)
     h = h * 33 + (unsigned char)*s;
   return h;
 }
 
-static uint32_t sysv_hash_of(const char *s) {
+MT_BEFORE_INIT static uint32_t sysv_hash_of(const char *s) {
   uint32_t h = 0;
   for (; *s; s++) {
     h = (h << 4) + (unsigned char)*s;
@@ -109,7 +115,7 @@ static uint32_t sysv_hash_of(const char *s) {
   return h;
 }
 
-static const void *elf_lookup(const struct link_map *lm, const char *name) {
+MT_BEFORE_INIT static const void *elf_lookup(const struct link_map *lm, const char *name) {
   dynsyms d;
   if (!lm || read_dynamic(lm, &d) != 0)
     return NULL;
@@ -136,23 +142,34 @@ static const void *elf_lookup(const struct link_map *lm, const char *name) {
   return p ? p : hidden;
 }
 
-/* The loader's own function `name`: in the object that defines dlopen, else in libc or libdl. */
-static void *loader_function(const char *name) {
-  static const char *const libs[] = {"libc.so.6", "libdl.so.2", NULL};
+/* The loader's own function `name`: in the object that defines dladdr1. Neither dladdr1 nor the
+ * symbol table is anything a sanitizer intercepts (dlopen would be). */
+MT_BEFORE_INIT static void *loader_function(const char *name) {
   Dl_info info;
   struct link_map *lm = NULL;
-  const void *p = NULL;
-  if (dladdr1((void *)dlopen, &info, (void **)&lm, RTLD_DL_LINKMAP))
-    p = elf_lookup(lm, name);
-  for (int i = 0; !p && libs[i]; i++) {
-    void *h = dlopen(libs[i], RTLD_NOW | RTLD_NOLOAD);
-    lm = NULL;
-    if (h && dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0)
-      p = elf_lookup(lm, name);
-  }
-  return (void *)p;
+  if (!dladdr1((void *)dladdr1, &info, (void **)&lm, RTLD_DL_LINKMAP))
+    return NULL;
+  return (void *)elf_lookup(lm, name);
 }
 
+/* dlsym and dlvsym for the hooks to forward to: the next definition after this library (another
+ * interposer preloaded after it keeps seeing the calls), else the loader's own. */
+MT_BEFORE_INIT void *mt_real_loader(enum mt_fn id) {
+  void *p = atomic_load_explicit(&mt_real_ptr[id], memory_order_acquire);
+  if (p)
+    return p;
+  mt_fn_dlsym sym = (mt_fn_dlsym)loader_function("dlsym");
+  const char *name = id == MT_FN_dlsym ? "dlsym" : "dlvsym";
+  void *own = id == MT_FN_dlsym ? (void *)sym : loader_function(name);
+  void *next = sym ? sym(RTLD_NEXT, name) : NULL;
+  p = next ? next : own;
+  if (p)
+    atomic_store_explicit(&mt_real_ptr[id], p, memory_order_release);
+  return p;
+}
+
+/* The loader's own dlsym, for the shim's own lookups (never the next one: RTLD_NEXT from here must
+ * mean "after this library"). */
 static mt_fn_dlsym own_dlsym(void) {
   static void *_Atomic own;
   void *p = atomic_load_explicit(&own, memory_order_acquire);
@@ -161,21 +178,12 @@ static mt_fn_dlsym own_dlsym(void) {
   return (mt_fn_dlsym)p;
 }
 
-/* dlsym and dlvsym for the hooks to forward to: the next definition after this library (another
- * interposer preloaded after it keeps seeing the calls), else the loader's own. */
-static void *find_loader(enum mt_fn id) {
-  mt_fn_dlsym sym = own_dlsym();
-  void *own = id == MT_FN_dlsym ? (void *)sym : loader_function(fns[id].symbol);
-  void *next = sym ? sym(RTLD_NEXT, fns[id].symbol) : NULL;
-  return next ? next : own;
-}
-
 /* --- everything else ------------------------------------------------------------------------ */
 
 void *mt_real_find(enum mt_fn id) {
   void *p = NULL;
   if (fns[id].lib == LIBC) {
-    p = find_loader(id);
+    p = mt_real_loader(id);
   } else {
     mt_fn_dlsym sym = own_dlsym();
     p = sym ? sym(RTLD_NEXT, fns[id].symbol) : NULL;

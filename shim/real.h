@@ -38,6 +38,16 @@ enum mt_fn {
 
 extern void *_Atomic mt_real_ptr[MT_FN_COUNT];
 
+/* Code that may run before anything is set up: a sanitizer runtime preloaded before the shim
+ * looks its interceptors' real functions up with dlsym while it starts, before its own
+ * instrumentation works, and that dlsym is the shim's. Such code is not instrumented and calls
+ * nothing that is. */
+#define MT_BEFORE_INIT __attribute__((no_sanitize("address", "undefined")))
+
+/* The dynamic loader's dlsym or dlvsym (id MT_FN_dlsym, MT_FN_dlvsym) for the shim's own to forward
+ * to, found on first use and cached as every real function is; NULL when absent (MT_BEFORE_INIT). */
+void *mt_real_loader(enum mt_fn id);
+
 /* The slow path of mt_real: look the function up; NULL when it is nowhere. */
 void *mt_real_find(enum mt_fn id);
 
