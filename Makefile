@@ -80,8 +80,10 @@ $(B)/kernels/%.fatbin.o: $(B)/kernels/%.fatbin kernels/fatbin.S
 	$(CC) -c -x assembler-with-cpp -DMT_FATBIN_PATH='"$<"' -DMT_FATBIN_SYM=mt_fatbin_$* \
 	    kernels/fatbin.S -o $@
 
-# Everything the library holds, as an archive the tests link against (they pull only what they use).
-$(B)/libmt.a: $(LIB_OBJ)
+# Everything the library holds, as an archive the tests link against (they pull only what they use),
+# but the shim's exported dlsym and dlvsym (shim/dl.c): a program that calls dlsym would take them
+# from the archive instead of the loader's.
+$(B)/libmt.a: $(filter-out $(B)/shim/dl.o,$(LIB_OBJ))
 	@rm -f $@
 	$(AR) rcs $@ $^
 

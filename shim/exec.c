@@ -9,8 +9,10 @@
  * Every launch of one call is enqueued under one lock: a stream's scratch is reused by the next
  * call on that stream, so two threads must not interleave their launches. Any failure before the
  * GEMM kernel is launched leaves the output untouched, and the hook forwards the call to cuBLAS
- * with the reason. Batched calls with beta != 0 are not routed: a failure after some problems ran
- * could not be undone, and cuBLAS would then read outputs the engine already overwrote. After the
+ * with the reason. A call of several problems becomes one mt_grouped_call (shim/norm.c) for
+ * mt_exec_grouped; nothing on the device is ever read back to the host. Batched calls with beta != 0
+ * are not routed: a failure after some problems ran could not be undone, and cuBLAS would then read
+ * outputs the engine already overwrote. After the
  * GEMM, the sampled instruments of shim/instr.c are enqueued behind it, under the same lock (the
  * probe reuses the call's workspace and quantized weight).
  */
@@ -18,11 +20,11 @@
 
 #include <limits.h>
 #include <pthread.h>
-#include <stdlib.h>
 
 #include "kernels/driver.h"
 #include "shim/instr.h"
 #include "base/log.h"
+#include "shim/norm.h"
 #include "shim/wcache.h"
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -37,35 +39,40 @@ static int fits_int(const mt_call *c) {
   return c->m <= INT_MAX && c->n <= INT_MAX && c->k <= INT_MAX;
 }
 
-/* One TN problem with its own A, B, C/D pointers and host scalars. */
-static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const void *A, const void *B,
-                                  const void *C, void *D, const float *alpha, const float *beta,
-                                  int capturing) {
+/* One problem's operands: W (A), x (B), C and the output (D), and the bias (Lt's BIAS epilogue). */
+typedef struct {
+  const void *w, *x, *c;
+  void *y;
+  const void *bias;
+} operands;
+
+/* One TN problem of `c`'s dims, types and stream, on its own operands and host scalars. */
+static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const operands *o,
+                                  const float *alpha, const float *beta, int capturing) {
   if (!fits_int(c))
     return MT_R_LAYOUT;
   mt_weight_ref w = {
-      .w = A, .n = (int)c->m, .k = (int)c->k, .ldw = (size_t)c->lda, .type = dtype_of(c->atype)};
+      .w = o->w, .n = (int)c->m, .k = (int)c->k, .ldw = (size_t)c->lda, .type = dtype_of(c->atype)};
   mt_numerics_from_spec(s, &w.num);
   mt_engine_mem mem;
   enum mt_reason r = mt_wcache_prepare(&w, (int)c->n, c->stream, capturing, &mem);
   if (r != MT_R_ROUTED)
     return r;
-  int bias = c->entry == MT_FN_cublasLtMatmul && c->epilogue == CUBLASLT_EPILOGUE_BIAS;
   mt_gemm_args a = {
       .m = (int)c->n,
       .n = (int)c->m,
       .k = (int)c->k,
-      .x = B,
+      .x = o->x,
       .ldx = (size_t)c->ldb,
       .xtype = dtype_of(c->btype),
       .w = mem.q,
-      .y = D,
+      .y = o->y,
       .ldy = (size_t)c->ldd,
       .ytype = dtype_of(c->dtype),
-      .c = C,
+      .c = o->c,
       .ldc = (size_t)c->ldc,
-      .bias = bias ? c->bias : NULL,
-      .biastype = !bias || c->bias_type == -1 ? dtype_of(c->dtype) : dtype_of(c->bias_type),
+      .bias = o->bias,
+      .biastype = !o->bias || c->bias_type == -1 ? dtype_of(c->dtype) : dtype_of(c->bias_type),
       .alpha = *alpha,
       .beta = *beta,
       .workspace = mem.workspace,
@@ -77,7 +84,7 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const void
     mt_instr_from_call(s, c, alpha, beta, &ic);
     ic.engine = &a;
     ic.frozen_sum = mem.wsum;
-    ic.w = A, ic.x = B, ic.y = D;
+    ic.w = o->w, ic.x = o->x, ic.y = o->y;
     ic.capturing = capturing;
     mt_instr_after(&ic);
   }
@@ -89,17 +96,26 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const void
   return mt_engine_reason(st);
 }
 
-static const char *advance(const void *p, int64_t elems) { return (const char *)p + 2 * elems; }
+static const char *advance(const void *p, int64_t elems, int type) {
+  return p ? (const char *)p + (type == CUDA_R_32F ? 4 : 2) * elems : NULL;
+}
 
-/* cublasGemmStridedBatchedEx: problem i at A + i strideA, and so on (strideA 0 shares W). */
-static enum mt_reason run_strided(const mt_spec *s, const mt_call *c, int capturing) {
-  const float *alpha = c->alpha, *beta = c->beta;
-  if (c->batch > 1 && *beta != 0.0f)
+/* Until the grouped engine exists: segment g of a strided record as a problem of its own (every
+ * segment has g->rows rows; the call's dims are the segment's). beta != 0 with several segments
+ * is refused: a failure after some segments ran could not be undone, and the caller would then
+ * read outputs the engine already overwrote. */
+static enum mt_reason run_segments(const mt_spec *s, const mt_grouped_call *g, int capturing) {
+  if (g->groups > 1 && g->beta != 0.0f)
     return MT_R_LAYOUT;
-  for (int64_t i = 0; i < c->batch; i++) {
-    enum mt_reason r = run_problem(s, c, advance(c->a, i * c->stride_a),
-                                   advance(c->b, i * c->stride_b), advance(c->c, i * c->stride_c),
-                                   (void *)advance(c->d, i * c->stride_d), alpha, beta, capturing);
+  for (int64_t i = 0; i < g->groups; i++) {
+    operands o = {
+        .w = advance(g->w, i * g->w_stride, g->wtype),
+        .x = advance(g->x, i * g->x_stride, g->xtype),
+        .c = advance(g->c, i * g->c_stride, g->ytype),
+        .y = (void *)advance(g->y, i * g->y_stride, g->ytype),
+        .bias = advance(g->bias, i * g->bias_stride, g->bias_type),
+    };
+    enum mt_reason r = run_problem(s, g->call, &o, &g->alpha, &g->beta, capturing);
     if (r != MT_R_ROUTED) {
       if (i)
         MT_WARN_ONCE("a batched GEMM failed after %lld of its problems ran on the engine",
@@ -110,76 +126,6 @@ static enum mt_reason run_strided(const mt_spec *s, const mt_call *c, int captur
   return MT_R_ROUTED;
 }
 
-/* The device arrays of A, B and C pointers of a call with `count` problems, copied to the host:
- * a read-back, so it waits for the stream and is refused while capturing. */
-static enum mt_reason read_pointers(const mt_call *c, int64_t count, int capturing, void ***out) {
-  const mt_driver *d = mt_driver_get();
-  if (!d)
-    return MT_R_NO_ENGINE;
-  if (capturing)
-    return MT_R_CAPTURE;
-  void **p = malloc(3 * (size_t)count * sizeof *p);
-  if (!p)
-    return MT_R_NOMEM;
-  const void *arrays[3] = {c->a, c->b, c->c};
-  for (int i = 0; i < 3; i++)
-    if (d->memcpy_dtoh_async(p + i * count, (CUdeviceptr)arrays[i], (size_t)count * sizeof *p,
-                             (CUstream)c->stream) != CUDA_SUCCESS) {
-      free(p);
-      return MT_R_ENGINE;
-    }
-  if (d->stream_synchronize((CUstream)c->stream) != CUDA_SUCCESS) {
-    free(p);
-    return MT_R_ENGINE;
-  }
-  *out = p;
-  return MT_R_ROUTED;
-}
-
-/* Group g of a call with device arrays of pointers: its dims, and its host alpha and beta (one
- * per group in a grouped call; a batched call is one group). */
-static void group_of(const mt_call *c, int64_t g, mt_call *one, const float **alpha,
-                     const float **beta) {
-  if (c->group_count > 0) {
-    mt_call_group(c, g, one);
-    *alpha = (const float *)c->alpha + g;
-    *beta = (const float *)c->beta + g;
-  } else {
-    *one = *c;
-    *alpha = c->alpha;
-    *beta = c->beta;
-  }
-}
-
-/* cublasGemmBatchedEx and cublasGemmGroupedBatchedEx: device arrays of pointers, and (grouped)
- * host arrays of shapes and scalars, one per group. */
-static enum mt_reason run_arrays(const mt_spec *s, mt_call *c, int capturing) {
-  int64_t groups = c->group_count > 0 ? c->group_count : 1, count = 0;
-  int reads_c = 0; /* across the whole call: a problem of any group may fail after others ran */
-  mt_call one;
-  const float *alpha, *beta;
-  for (int64_t g = 0; g < groups; g++) {
-    group_of(c, g, &one, &alpha, &beta);
-    reads_c |= one.batch > 0 && *beta != 0.0f;
-    count += one.batch;
-  }
-  if (count > 1 && reads_c)
-    return MT_R_LAYOUT;
-  void **p;
-  enum mt_reason r = read_pointers(c, count, capturing, &p);
-  if (r != MT_R_ROUTED)
-    return r;
-  int64_t at = 0;
-  for (int64_t g = 0; g < groups && r == MT_R_ROUTED; g++) {
-    group_of(c, g, &one, &alpha, &beta);
-    for (int64_t i = 0; i < one.batch && r == MT_R_ROUTED; i++, at++)
-      r = run_problem(s, &one, p[at], p[count + at], p[2 * count + at], p[2 * count + at], alpha,
-                      beta, capturing);
-  }
-  free(p);
-  return r;
-}
-
 static int stream_capturing(const mt_call *c) {
   const mt_driver *d = mt_driver_get();
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -188,30 +134,48 @@ static int stream_capturing(const mt_call *c) {
   return st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-enum mt_reason mt_exec_routed(const mt_spec *s, mt_call *c, cublasStatus_t *status) {
-  if (!mt_driver_get()) {
-    MT_WARN_ONCE("no CUDA driver (libcuda.so.1) in this process: routed GEMMs run in cuBLAS "
-                 "(reason \"no engine\")");
+static int no_driver(void) {
+  if (mt_driver_get())
+    return 0;
+  MT_WARN_ONCE("no CUDA driver (libcuda.so.1) in this process: routed GEMMs run in cuBLAS "
+               "(reason \"no engine\")");
+  return 1;
+}
+
+enum mt_reason mt_exec_grouped(const mt_spec *s, const mt_grouped_call *g) {
+  if (no_driver())
     return MT_R_NO_ENGINE;
-  }
+  if (g->w_ptrs || g->x_ptrs || g->y_ptrs || g->c_ptrs)
+    return MT_R_PTR_ARRAYS;
+  if (g->offs)
+    return MT_R_NO_GROUPED;
   pthread_mutex_lock(&lock);
-  int capturing = stream_capturing(c);
-  enum mt_reason r;
-  switch (c->entry) {
-  case MT_FN_cublasGemmStridedBatchedEx:
-  case MT_FN_cublasGemmStridedBatchedEx_64:
-    r = run_strided(s, c, capturing);
-    break;
-  case MT_FN_cublasGemmBatchedEx:
-  case MT_FN_cublasGemmBatchedEx_64:
-  case MT_FN_cublasGemmGroupedBatchedEx:
-  case MT_FN_cublasGemmGroupedBatchedEx_64:
-    r = run_arrays(s, c, capturing);
-    break;
-  default: /* cublasGemmEx, its _64 form, cublasLtMatmul: one problem */
-    r = run_problem(s, c, c->a, c->b, c->c, c->d, c->alpha, c->beta, capturing);
-  }
+  enum mt_reason r = run_segments(s, g, stream_capturing(g->call));
   pthread_mutex_unlock(&lock);
+  return r;
+}
+
+/* A call of several problems, or of groups whose sizes only the device knows. */
+static int grouped_form(const mt_call *c) {
+  return c->batch != 1 || c->pointer_arrays || c->group_count > 0 || c->ragged;
+}
+
+enum mt_reason mt_exec_routed(const mt_spec *s, mt_call *c, cublasStatus_t *status) {
+  enum mt_reason r;
+  mt_grouped_call g;
+  if (no_driver()) {
+    r = MT_R_NO_ENGINE;
+  } else if (grouped_form(c)) {
+    r = mt_norm_grouped(c, &g);
+    if (r == MT_R_ROUTED)
+      r = mt_exec_grouped(s, &g);
+  } else {
+    int bias = c->entry == MT_FN_cublasLtMatmul && c->epilogue == CUBLASLT_EPILOGUE_BIAS;
+    operands o = {.w = c->a, .x = c->b, .c = c->c, .y = c->d, .bias = bias ? c->bias : NULL};
+    pthread_mutex_lock(&lock);
+    r = run_problem(s, c, &o, c->alpha, c->beta, stream_capturing(c));
+    pthread_mutex_unlock(&lock);
+  }
   if (r == MT_R_ROUTED)
     *status = CUBLAS_STATUS_SUCCESS;
   return r;

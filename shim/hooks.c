@@ -43,6 +43,8 @@ static _Thread_local int in_real __attribute__((tls_model("initial-exec")));
     return slow_##name(__VA_ARGS__);                                                               \
   }
 #define MT_REAL(name, lib, ret, params)
+#define MT_HAND(name, symbol, lib, display, ret, params)
 #include "shim/hooks.def"
 #undef MT_HOOK
 #undef MT_REAL
+#undef MT_HAND

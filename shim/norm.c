@@ -239,9 +239,9 @@ void mt_norm_cublasLtMatmul(mt_call *call, cublasLtHandle_t lightHandle,
       .epilogue = CUBLASLT_EPILOGUE_DEFAULT,
       .bias_type = -1,
   };
-  /* The census needs ops, dims and types: nine attribute reads. A failed read leaves m = -1,
-   * which no route matches, so the call is only counted. */
-  int32_t ta, tb;
+  /* The census needs ops, dims, types and the batch: ten attribute reads. A failed read leaves
+   * m = -1, which no route matches, so the call is only counted. */
+  int32_t ta, tb, batch;
   uint32_t at, bt, dt;
   uint64_t arows, acols, drows, dcols;
   if (desc_get(c, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ||
@@ -252,22 +252,25 @@ void mt_norm_cublasLtMatmul(mt_call *call, cublasLtHandle_t lightHandle,
       layout_get(Bdesc, CUBLASLT_MATRIX_LAYOUT_TYPE, &bt, sizeof bt) ||
       layout_get(Ddesc, CUBLASLT_MATRIX_LAYOUT_TYPE, &dt, sizeof dt) ||
       layout_get(Ddesc, CUBLASLT_MATRIX_LAYOUT_ROWS, &drows, sizeof drows) ||
-      layout_get(Ddesc, CUBLASLT_MATRIX_LAYOUT_COLS, &dcols, sizeof dcols))
+      layout_get(Ddesc, CUBLASLT_MATRIX_LAYOUT_COLS, &dcols, sizeof dcols) ||
+      layout_get(Ddesc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch))
     return;
-  c->transa = ta, c->transb = tb;
+  c->transa = ta, c->transb = tb, c->batch = batch;
   c->atype = (int)at, c->btype = (int)bt, c->dtype = c->ctype = (int)dt;
   c->m = (int64_t)drows, c->n = (int64_t)dcols;
   c->k = (int64_t)(ta != MT_OP_N ? arows : acols);
 }
 
-/* Order, leading dimension and batch of one Lt layout; 0 or -1. */
-static int lt_layout_details(void *layout, int *order, int64_t *ld, int64_t *batch, int64_t *stride,
-                             int *pointer_array) {
+/* Order, leading dimension and batch of one Lt layout; 0 or -1. The batch count must be D's (read
+ * with the census): cuBLASLt's batches do not broadcast an operand. */
+static int lt_layout_details(const mt_call *c, void *layout, int *order, int64_t *ld,
+                             int64_t *stride, int *pointer_array) {
   int32_t ord, count;
   uint32_t mode = CUBLASLT_BATCH_MODE_STRIDED;
   if (layout_get(layout, CUBLASLT_MATRIX_LAYOUT_ORDER, &ord, sizeof ord) ||
       layout_get(layout, CUBLASLT_MATRIX_LAYOUT_LD, ld, sizeof *ld) ||
-      layout_get(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count))
+      layout_get(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count) ||
+      count != c->batch)
     return -1;
   *stride = 0; /* meaningless for one problem: not read, one library call fewer */
   if (count > 1 &&
@@ -277,8 +280,6 @@ static int lt_layout_details(void *layout, int *order, int64_t *ld, int64_t *bat
   if (layout_get(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode))
     mode = CUBLASLT_BATCH_MODE_STRIDED;
   *order = ord;
-  if (count > *batch)
-    *batch = count;
   if (mode == CUBLASLT_BATCH_MODE_POINTER_ARRAY)
     *pointer_array = 1;
   return 0;
@@ -298,15 +299,13 @@ static int lt_details(mt_call *c) {
     return -1;
   c->compute = compute, c->scale_type = scale, c->ptr_mode = ptr_mode;
   c->epilogue = epilogue, c->bias = bias, c->bias_type = bias_type, c->ctype = (int)ctype;
-  c->batch = 1;
-  if (lt_layout_details(c->lt_adesc, &c->order_a, &c->lda, &c->batch, &c->stride_a,
-                        &c->pointer_arrays) ||
-      lt_layout_details(c->lt_bdesc, &c->order_b, &c->ldb, &c->batch, &c->stride_b,
-                        &c->pointer_arrays) ||
-      lt_layout_details(c->lt_cdesc, &c->order_c, &c->ldc, &c->batch, &c->stride_c,
-                        &c->pointer_arrays) ||
-      lt_layout_details(c->lt_ddesc, &c->order_d, &c->ldd, &c->batch, &c->stride_d,
-                        &c->pointer_arrays))
+  if (c->batch > 1 && epilogue == CUBLASLT_EPILOGUE_BIAS &&
+      desc_get(c, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &c->bias_stride, sizeof c->bias_stride))
+    return -1;
+  if (lt_layout_details(c, c->lt_adesc, &c->order_a, &c->lda, &c->stride_a, &c->pointer_arrays) ||
+      lt_layout_details(c, c->lt_bdesc, &c->order_b, &c->ldb, &c->stride_b, &c->pointer_arrays) ||
+      lt_layout_details(c, c->lt_cdesc, &c->order_c, &c->ldc, &c->stride_c, &c->pointer_arrays) ||
+      lt_layout_details(c, c->lt_ddesc, &c->order_d, &c->ldd, &c->stride_d, &c->pointer_arrays))
     return -1;
   return 0;
 }
@@ -330,4 +329,50 @@ void mt_norm_details(mt_call *c) {
     return;
   c->details = 1;
   c->details_ok = (c->entry == MT_FN_cublasLtMatmul ? lt_details(c) : handle_details(c)) == 0;
+}
+
+/* --- a routed call of several problems as one grouped record -------------------------------- */
+
+enum mt_reason mt_norm_grouped(const mt_call *c, mt_grouped_call *g) {
+  if (c->group_count > 0) /* a shape per group, every pointer in a device array */
+    return MT_R_PTR_ARRAYS;
+  float beta = *(const float *)c->beta;
+  int bias = c->epilogue == CUBLASLT_EPILOGUE_BIAS;
+  int ragged = c->ragged == MT_RAGGED_N;
+  *g = (mt_grouped_call){
+      .call = c,
+      .groups = c->batch,
+      .n = c->m,
+      .k = c->k,
+      .w = c->a,
+      .w_stride = c->stride_a,
+      .ldw = c->lda,
+      .wtype = c->atype,
+      .rows = ragged ? 0 : c->n,
+      .offs = ragged ? c->offs : NULL,
+      .total_rows = ragged ? c->n : 0,
+      .x = c->b,
+      .x_stride = c->stride_b,
+      .ldx = c->ldb,
+      .xtype = c->btype,
+      .y = c->d,
+      .y_stride = c->stride_d,
+      .ldy = c->ldd,
+      .ytype = c->dtype,
+      .c = beta != 0.0f ? c->c : NULL,
+      .c_stride = c->stride_c,
+      .ldc = c->ldc,
+      .bias = bias ? c->bias : NULL,
+      .bias_stride = bias ? c->bias_stride : 0,
+      .bias_type = c->bias_type == -1 ? c->dtype : c->bias_type,
+      .alpha = *(const float *)c->alpha,
+      .beta = beta,
+      .stream = c->stream,
+  };
+  if (c->pointer_arrays) {
+    g->w_ptrs = (const void *const *)g->w, g->x_ptrs = (const void *const *)g->x;
+    g->y_ptrs = (void *const *)g->y, g->c_ptrs = (const void *const *)g->c;
+    g->w = g->x = g->c = NULL, g->y = NULL;
+  }
+  return MT_R_ROUTED;
 }

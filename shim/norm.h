@@ -1,4 +1,5 @@
-/* norm.h — one normaliser per hooked entry point: its arguments into an mt_call.
+/* norm.h — one normaliser per hooked entry point: its arguments into an mt_call; and a routed call
+ * of several problems into one mt_grouped_call.
  *
  * Declared from hooks.def, so a normaliser takes exactly the hook's parameters after the record.
  */
@@ -6,12 +7,20 @@
 #define MT_NORM_H
 
 #include "shim/call.h"
+#include "shim/router.h"
 
 #define MT_NORM_PARAMS(...) (mt_call * call, __VA_ARGS__)
 #define MT_HOOK(name, lib, params, ...) void mt_norm_##name MT_NORM_PARAMS params;
 #define MT_REAL(name, lib, ret, params)
+#define MT_HAND(name, symbol, lib, display, ret, params)
 #include "shim/hooks.def"
 #undef MT_HOOK
 #undef MT_REAL
+#undef MT_HAND
+
+/* The grouped record of a routed forward call of several problems (a strided or pointer-array
+ * batch, an Lt batch, a torch._grouped_mm call): MT_R_ROUTED, or the reason it has none
+ * (cublasGemmGroupedBatchedEx: "pointer arrays", a shape per group). Its details must be read. */
+enum mt_reason mt_norm_grouped(const mt_call *c, mt_grouped_call *g);
 
 #endif

@@ -1,10 +1,14 @@
-/* real.h — finding the real cuBLAS functions behind the hooks.
+/* real.h — finding the real functions behind the hooks.
  *
  * Each function listed in hooks.def is looked up once, on first use, and cached in an atomic
- * pointer: the hot path is one acquire load. The lookup tries dlsym(RTLD_NEXT) (cuBLAS linked
- * into the program or loaded RTLD_GLOBAL), then the copy of cuBLAS that is already loaded, by
- * soname (dlopen RTLD_NOLOAD: PyTorch loads cuBLAS with RTLD_LOCAL, where RTLD_NEXT finds
- * nothing). It never loads cuBLAS itself: a second copy would be a second cuBLAS state.
+ * pointer: the hot path is one acquire load. The lookup tries dlsym(RTLD_NEXT) (the library linked
+ * into the program or loaded RTLD_GLOBAL), then the copy that is already loaded, by soname (dlopen
+ * RTLD_NOLOAD: PyTorch loads cuBLAS with RTLD_LOCAL, where RTLD_NEXT finds nothing). It never
+ * loads a library itself: a second cuBLAS would be a second cuBLAS state.
+ *
+ * The shim exports dlsym and dlvsym (shim/dl.c), so its own lookups must not go through them: the
+ * loader's functions are read from the symbol table of the object that defines dlopen, and every
+ * lookup here uses those.
  */
 #ifndef MT_REAL_H
 #define MT_REAL_H
@@ -16,19 +20,33 @@
 enum mt_fn {
 #define MT_HOOK(name, lib, params, ...) MT_FN_##name,
 #define MT_REAL(name, lib, ret, params) MT_FN_##name,
+#define MT_HAND(name, symbol, lib, display, ret, params) MT_FN_##name,
 #include "shim/hooks.def"
 #undef MT_HOOK
 #undef MT_REAL
+#undef MT_HAND
   MT_FN_COUNT
 };
 
 #define MT_HOOK(name, lib, params, ...) typedef cublasStatus_t(*mt_fn_##name) params;
 #define MT_REAL(name, lib, ret, params) typedef ret(*mt_fn_##name) params;
+#define MT_HAND(name, symbol, lib, display, ret, params) typedef ret(*mt_fn_##name) params;
 #include "shim/hooks.def"
 #undef MT_HOOK
 #undef MT_REAL
+#undef MT_HAND
 
 extern void *_Atomic mt_real_ptr[MT_FN_COUNT];
+
+/* Code that may run before anything is set up: a sanitizer runtime preloaded before the shim
+ * looks its interceptors' real functions up with dlsym while it starts, before its own
+ * instrumentation works, and that dlsym is the shim's. Such code is not instrumented and calls
+ * nothing that is. */
+#define MT_BEFORE_INIT __attribute__((no_sanitize("address", "undefined")))
+
+/* The dynamic loader's dlsym or dlvsym (id MT_FN_dlsym, MT_FN_dlvsym) for the shim's own to forward
+ * to, found on first use and cached as every real function is; NULL when absent (MT_BEFORE_INIT). */
+void *mt_real_loader(enum mt_fn id);
 
 /* The slow path of mt_real: look the function up; NULL when it is nowhere. */
 void *mt_real_find(enum mt_fn id);
@@ -41,9 +59,23 @@ static inline void *mt_real(enum mt_fn id) {
 /* The typed real function, e.g. MT_REAL_FN(cublasGemmEx)(handle, ...). */
 #define MT_REAL_FN(name) ((mt_fn_##name)mt_real(MT_FN_##name))
 
-/* What a hook returns when its real function cannot be found: warns once per function. */
+/* The real function `id` as the object holding `addr` sees it (its own definition or one of its
+ * dependencies'), adopted as the real function when none is known yet: for a hook reached from a
+ * library that is neither global nor loaded under a known soname. NULL when not found. */
+void *mt_real_near(enum mt_fn id, const void *addr);
+
+/* `p`, the definition of `id` that a lookup by handle found, made the real function when none is
+ * known yet. Returns the real function in force afterwards (p, or the one known before). */
+void *mt_real_adopt(enum mt_fn id, void *p);
+
+/* The symbol `name` as the object that defines `fn` sees it (its scope: itself and its
+ * dependencies), through the loader's own dlsym; NULL when absent. */
+void *mt_real_beside(const void *fn, const char *name);
+
+/* What a cuBLAS hook returns when its real function cannot be found: warns once per function. */
 cublasStatus_t mt_real_missing(enum mt_fn id);
 
+/* The name in logs and statistics ("cublasGemmEx", "torch grouped_mm"). */
 const char *mt_fn_name(enum mt_fn id);
 
 #endif

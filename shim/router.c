@@ -18,6 +18,9 @@ static const char *const reason_names[MT_R_COUNT] = {
     [MT_R_CAPTURE] = "capture",
     [MT_R_NOMEM] = "out of memory",
     [MT_R_ENGINE] = "engine error",
+    [MT_R_PTR_ARRAYS] = "pointer arrays",
+    [MT_R_NO_GROUPED] = "no grouped engine",
+    [MT_R_TORCH_ABI] = "torch abi",
 };
 
 const char *mt_reason_name(enum mt_reason r) {
@@ -39,11 +42,13 @@ static int routed(const mt_spec *s, int64_t out, int64_t in) {
 
 enum mt_role mt_route_role(const mt_spec *s, const mt_call *c) {
   int ta = c->transa != MT_OP_N, tb = c->transb != MT_OP_N;
-  if (ta && !tb && routed(s, c->m, c->k))
+  int mk_known = c->ragged != MT_RAGGED_M && c->ragged != MT_RAGGED_K;
+  int mn_known = c->ragged != MT_RAGGED_M && c->ragged != MT_RAGGED_N;
+  if (ta && !tb && mk_known && routed(s, c->m, c->k))
     return MT_ROLE_FORWARD;
-  if (!ta && !tb && routed(s, c->k, c->m))
+  if (!ta && !tb && mk_known && routed(s, c->k, c->m))
     return MT_ROLE_DGRAD;
-  if (!ta && tb && routed(s, c->n, c->m))
+  if (!ta && tb && mn_known && routed(s, c->n, c->m))
     return MT_ROLE_WGRAD;
   return MT_ROLE_NONE;
 }
@@ -64,12 +69,26 @@ static int compute_ok(const mt_call *c) {
 
 static int aligned(const void *p) { return ((uintptr_t)p % MT_ALIGN_BYTES) == 0; }
 
+/* Several problems from bases and strides: each problem's operands aligned as one call's, and
+ * no two problems writing the same output (a weight or input shared by all has stride 0). */
+static int strides_ok(const mt_call *c) {
+  if (c->batch <= 1 || c->pointer_arrays)
+    return 1;
+  if (c->stride_a % MT_ALIGN_ELEMS || c->stride_b % MT_ALIGN_ELEMS ||
+      c->stride_c % MT_ALIGN_ELEMS || c->stride_d % MT_ALIGN_ELEMS || c->stride_a < 0 ||
+      c->stride_b < 0)
+    return 0;
+  if (c->ragged == MT_RAGGED_N) /* the groups are consecutive rows of one output */
+    return 1;
+  return c->stride_d >= c->ldd * c->n;
+}
+
 static int layout_ok(const mt_call *c) {
   if (!c->details_ok)
     return 0; /* something could not be read: never guess a layout */
   if (c->order_a || c->order_b || c->order_c || c->order_d)
     return 0;
-  if (c->entry == MT_FN_cublasLtMatmul && (c->batch != 1 || c->pointer_arrays))
+  if (!strides_ok(c))
     return 0;
   /* TN: A is k x m, B is k x n, C is m x n, all column-major. */
   if (c->lda < c->k || c->ldb < c->k || c->ldc < c->m || c->ldd < c->m)

@@ -6,7 +6,9 @@
  *   dgrad    NN  m = in,  k = out     dx = dy W
  *   wgrad    NT  m = in,  n = out     dW = dy^T x   (C has the weight's shape)
  * A forward call is routed when the engine can take it; every other call that involves a routed
- * weight passes through to cuBLAS with a named reason, which the statistics count.
+ * weight passes through to cuBLAS with a named reason, which the statistics count. A grouped call
+ * whose group sizes are on the device (mt_call.ragged) claims only the roles whose dims are all
+ * known: forward and dgrad when n (tokens) varies, wgrad when k does, none when m does.
  */
 #ifndef MT_ROUTER_H
 #define MT_ROUTER_H
@@ -29,6 +31,12 @@ enum mt_reason {
   MT_R_CAPTURE,      /* would have to load kernels, allocate or read back while capturing */
   MT_R_NOMEM,        /* the engine's device memory could not be had (or MINITE_CACHE_MB) */
   MT_R_ENGINE,       /* the engine refused the problem or a launch failed */
+  MT_R_PTR_ARRAYS,   /* routed problems behind device pointer arrays: the engine would have to
+                        read them back (BatchedEx, GroupedBatchedEx, Lt POINTER_ARRAY batches) */
+  MT_R_NO_GROUPED,   /* a grouped call with its group sizes on the device (torch._grouped_mm),
+                        which only a grouped engine can run */
+  MT_R_TORCH_ABI,    /* torch._grouped_mm's arguments cannot be read: libtorch lacks an accessor
+                        the shim needs (another PyTorch version), or its layout differs */
   MT_R_COUNT
 };
 

@@ -202,6 +202,11 @@ static void start_on_first_call(void) {
   mt_stats_start(&spec, role_name, MT_VERSION);
 }
 
+void mt_shim_unread(enum mt_reason r) {
+  pthread_once(&first_call, start_on_first_call);
+  mt_stats_count(r);
+}
+
 int mt_shim_begin(mt_call *c, cublasStatus_t *status) {
   pthread_once(&first_call, start_on_first_call);
   enum mt_reason r;

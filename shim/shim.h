@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 
 #include "shim/call.h"
+#include "shim/router.h"
 #include "spec/spec.h"
 
 #define MT_VERSION "0.1.0"
@@ -31,6 +32,10 @@ void mt_shim_fini(void);
 /* Route, count and possibly run one active call. Returns 1 when the call was executed (its result
  * in *status), 0 when the hook must forward it to cuBLAS unchanged. */
 int mt_shim_begin(mt_call *c, cublasStatus_t *status);
+
+/* Count an active call whose arguments could not be read, with the reason it passes through
+ * (the torch hook's "torch abi"); nothing else is done with it. */
+void mt_shim_unread(enum mt_reason r);
 
 /* The loaded spec (valid while active). */
 const mt_spec *mt_shim_spec(void);

@@ -21,7 +21,7 @@ static atomic_ullong n_calls, n_routed, n_passthrough, n_fallbacks[MT_R_COUNT];
 typedef struct {
   int used;
   int entry, transa, transb, atype, btype, ctype;
-  int64_t m, n, k;
+  int64_t m, n, k, batch;
   unsigned long long count;
 } census_row;
 
@@ -31,6 +31,7 @@ typedef struct {
   int atype, ctype;
   int64_t m, k;
   unsigned long long calls;
+  int grouped;    /* seen as the weights of a torch._grouped_mm: experts by construction */
   int distinct_n; /* saturates at DISTINCT_N_KEPT */
   int64_t n_seen[DISTINCT_N_KEPT];
 } shape_row;
@@ -220,16 +221,17 @@ static void census_add(const mt_call *c) {
   uint64_t h = 0xcbf29ce484222325ULL;
   h = mix(mix(mix(h, c->entry), c->transa * 4 + c->transb), c->m);
   h = mix(mix(mix(h, c->n), c->k), ((int64_t)c->atype << 32) ^ (c->btype << 16) ^ c->ctype);
+  h = mix(h, c->batch);
   for (unsigned i = 0; i < MT_CENSUS_SIZE; i++) {
     census_row *r = &census[(h + i) % MT_CENSUS_SIZE];
     if (!r->used) {
       *r = (census_row){1,        (int)c->entry, c->transa, c->transb, c->atype, c->btype,
-                        c->ctype, c->m,          c->n,      c->k,      1};
+                        c->ctype, c->m,          c->n,      c->k,      c->batch, 1};
       return;
     }
     if (r->entry == (int)c->entry && r->transa == c->transa && r->transb == c->transb &&
         r->m == c->m && r->n == c->n && r->k == c->k && r->atype == c->atype &&
-        r->btype == c->btype && r->ctype == c->ctype) {
+        r->btype == c->btype && r->ctype == c->ctype && r->batch == c->batch) {
       r->count++;
       return;
     }
@@ -251,6 +253,7 @@ static void shape_add(const mt_call *c) {
     else if (r->m != c->m || r->k != c->k || r->atype != c->atype || r->ctype != c->ctype)
       continue;
     r->calls++;
+    r->grouped |= c->entry == MT_FN_torch_grouped_mm;
     int seen = 0;
     for (int j = 0; j < r->distinct_n && !seen; j++)
       seen = r->n_seen[j] == c->n;
@@ -292,7 +295,8 @@ static int suggest_locked(mt_route *routes, int max) {
   int npicked = 0, n = 0;
   for (int i = 0; i < MT_SHAPES_SIZE; i++) {
     const shape_row *r = &shapes[i];
-    if (r->used && (r->distinct_n >= MT_SUGGEST_DISTINCT_N || r->calls >= MT_SUGGEST_CALLS))
+    if (r->used &&
+        (r->grouped || r->distinct_n >= MT_SUGGEST_DISTINCT_N || r->calls >= MT_SUGGEST_CALLS))
       picked[npicked++] = r;
   }
   qsort(picked, (size_t)npicked, sizeof picked[0], by_calls_desc);
@@ -368,13 +372,16 @@ static void write_census(writer *w) {
   for (int i = 0; i < nrows; i++) {
     const census_row *r = rows[i];
     int first = i == 0;
-    char b1[16], b2[16], b3[16];
+    char b1[16], b2[16], b3[16], batch[40] = "";
+    if (r->batch != 1)
+      snprintf(batch, sizeof batch, ", \"batch\": %" PRId64, r->batch);
     w_printf(w,
              "%s{\"entry\": \"%s\", \"ops\": \"%c%c\", \"m\": %" PRId64 ", \"n\": %" PRId64
-             ", \"k\": %" PRId64 ", \"types\": \"%s*%s->%s\", \"count\": %llu}",
+             ", \"k\": %" PRId64 ", \"types\": \"%s*%s->%s\"%s, \"count\": %llu}",
              first ? "" : ", ", mt_fn_name((enum mt_fn)r->entry), op_char(r->transa),
              op_char(r->transb), r->m, r->n, r->k, type_name(r->atype, b1, sizeof b1),
-             type_name(r->btype, b2, sizeof b2), type_name(r->ctype, b3, sizeof b3), r->count);
+             type_name(r->btype, b2, sizeof b2), type_name(r->ctype, b3, sizeof b3), batch,
+             r->count);
   }
 }
 

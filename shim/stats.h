@@ -8,10 +8,16 @@
  * one mutex (bounded: shapes past its size are counted as census_overflow). A forked child
  * writes nothing: the file is its parent's.
  *
+ * Census rows: entry (the hook's name: "cublasGemmStridedBatchedEx", "torch grouped_mm", ...), ops,
+ * m, n, k in cuBLAS's terms (call.h), types, "batch" (problems per call, shown when not 1: the batch
+ * count, or the groups of a torch._grouped_mm, whose ragged dimension is given as the total over
+ * its groups) and the count of calls.
+ *
  * Suggested routes: a TN shape with A and B both BF16 or both FP16 (the layout of F.linear) whose
  * weight m x k was seen with at least MT_SUGGEST_DISTINCT_N different token counts n (experts get
  * a different number of tokens at every step; a dense layer sees one n per batch shape), or in
- * at least MT_SUGGEST_CALLS calls. Printed as spec lines, "route MxK", most calls first.
+ * at least MT_SUGGEST_CALLS calls, or as the weights of a torch._grouped_mm forward (a stack of
+ * experts by construction). Printed as spec lines, "route MxK", most calls first.
  */
 #ifndef MT_STATS_H
 #define MT_STATS_H

@@ -68,6 +68,16 @@ MT_T_UNUSED static void *mt_t_open(const char *build, const char *rel) {
   return lib;
 }
 
+/* The same with RTLD_GLOBAL: its symbols join the global scope, after those loaded before. */
+MT_T_UNUSED static void *mt_t_open_global(const char *build, const char *rel) {
+  char path[PATH_MAX + 64];
+  snprintf(path, sizeof path, "%s/%s", build, rel);
+  void *lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+  if (!lib)
+    printf("    child: %s\n", dlerror());
+  return lib;
+}
+
 /* ---- the parent ------------------------------------------------------------------------ */
 
 static struct {

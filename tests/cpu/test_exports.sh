@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# test_exports.sh — libminite.so exports exactly the hooks listed in shim/hooks.def (MT_HOOK
-# lines), nothing else: a stray export could interpose on some other library's symbol in the
-# user's process. Also: the library needs no cuBLAS and no CUDA runtime (DT_NEEDED).
+# test_exports.sh — libminite.so exports exactly the hooks listed in shim/hooks.def (the names of
+# the MT_HOOK lines, the symbols of the MT_HAND lines), nothing else: a stray export could
+# interpose on some other library's symbol in the user's process. Also: the library needs no
+# cuBLAS, no CUDA runtime and no libtorch (DT_NEEDED).
 set -u
 lib="${MT_BUILD:-build}/libminite.so"
 pass=0 fail=0
 ok() { echo "ok   $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL $1"; shift; printf '    %s\n' "$@"; fail=$((fail + 1)); }
 
-want=$(grep -o '^MT_HOOK([A-Za-z0-9_]*' shim/hooks.def | sed 's/^MT_HOOK(//' | sort)
+want=$( (grep -o '^MT_HOOK([A-Za-z0-9_]*' shim/hooks.def | sed 's/^MT_HOOK(//'
+         grep -o '^MT_HAND([A-Za-z0-9_]*, *[A-Za-z0-9_]*' shim/hooks.def | sed 's/^.*, *//') | sort)
 # A sanitizer build adds the runtime's own instrumentation symbols; they are not ours to judge.
 have=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -v -E '^(__asan|__ubsan|__odr_asan|__sanitizer|_init$|_fini$)' | sort)
 if [ -n "$want" ] && [ "$want" = "$have" ]; then
@@ -32,9 +34,9 @@ else
   skipped=1
 fi
 
-needed=$(readelf -d "$lib" | grep NEEDED | grep -o -E 'lib(cublas|cublasLt|cudart)[^]]*' || true)
-if [ -z "$needed" ]; then ok "no_cublas_or_cudart_dependency"
-else bad no_cublas_or_cudart_dependency "DT_NEEDED: $needed"; fi
+needed=$(readelf -d "$lib" | grep NEEDED | grep -o -E 'lib(cublas|cublasLt|cudart|torch|c10)[^]]*' || true)
+if [ -z "$needed" ]; then ok "no_cublas_cudart_or_torch_dependency"
+else bad no_cublas_cudart_or_torch_dependency "DT_NEEDED: $needed"; fi
 
 # The CPU reference (ref/) is for tests and tools: none of it is linked into the library.
 refs=$(nm "$lib" | awk '{print $3}' | grep -E '^mt_(ref_|nvfp4_|e2m1_|e4m3_|bf16_to|float_to|fp16_to)' || true)

@@ -106,11 +106,14 @@ static int load_fakes(const char *build, int with_cuda) {
   hook_batched = (__typeof__(hook_batched))dlsym(RTLD_DEFAULT, "cublasGemmBatchedEx");
   hook_grouped = (__typeof__(hook_grouped))dlsym(RTLD_DEFAULT, "cublasGemmGroupedBatchedEx");
   hook_lt = (__typeof__(hook_lt))dlsym(RTLD_DEFAULT, "cublasLtMatmul");
-  fake_gemm = (__typeof__(fake_gemm))mt_t_sym(lib_cublas, "cublasGemmEx");
-  fake_strided = (__typeof__(fake_strided))mt_t_sym(lib_cublas, "cublasGemmStridedBatchedEx");
-  fake_batched = (__typeof__(fake_batched))mt_t_sym(lib_cublas, "cublasGemmBatchedEx");
-  fake_grouped = (__typeof__(fake_grouped))mt_t_sym(lib_cublas, "cublasGemmGroupedBatchedEx");
-  fake_lt = (__typeof__(fake_lt))mt_t_sym(lib_lt, "cublasLtMatmul");
+  /* the fakes' own functions (a lookup of a cuBLAS name gets the hook: shim/dl.h) */
+  fake_gemm = (__typeof__(fake_gemm))mt_t_sym(lib_cublas, "fake_own_cublasGemmEx");
+  fake_strided =
+      (__typeof__(fake_strided))mt_t_sym(lib_cublas, "fake_own_cublasGemmStridedBatchedEx");
+  fake_batched = (__typeof__(fake_batched))mt_t_sym(lib_cublas, "fake_own_cublasGemmBatchedEx");
+  fake_grouped =
+      (__typeof__(fake_grouped))mt_t_sym(lib_cublas, "fake_own_cublasGemmGroupedBatchedEx");
+  fake_lt = (__typeof__(fake_lt))mt_t_sym(lib_lt, "fake_own_cublasLtMatmul");
   cublas_last = (void (*)(fake_record *))mt_t_sym(lib_cublas, "fake_cublas_last");
   lt_last = (void (*)(fake_record *))mt_t_sym(lib_lt, "fake_cublasLt_last");
   /* the shim is preloaded: its hooks are not the fake's functions */
@@ -765,90 +768,127 @@ static void scenario_strided(void) {
   free(w), free(x), free(y), free(want), free(before);
 }
 
-static void scenario_arrays(void) {
+/* An Lt strided batch (BATCH_COUNT, STRIDED_BATCH_OFFSET) with a bias per problem
+ * (BIAS_BATCH_STRIDE): one engine GEMM per problem, each on its own operands and bias. */
+static void scenario_lt_batch(void) {
   int tokens = 8;
-  size_t sy = (size_t)OUT * tokens;
-  problem p[BATCH];
-  const void *a[BATCH], *b[BATCH];
-  void *c[BATCH];
-  uint16_t *before[BATCH];
-  for (int i = 0; i < BATCH; i++) {
-    p[i] = make(OUT, tokens, OUT);
-    a[i] = p[i].w, b[i] = p[i].x, c[i] = p[i].y;
-    before[i] = copy_of(p[i].y, sy);
+  size_t sw = (size_t)OUT * IN, sx = (size_t)tokens * IN, sy = (size_t)OUT * tokens;
+  uint16_t *w = matrix(sw * BATCH), *x = matrix(sx * BATCH), *y = matrix(sy * BATCH);
+  uint16_t *bias = matrix((size_t)OUT * BATCH), *before = copy_of(y, sy * BATCH);
+  __typeof__(&cublasLtMatmulDescCreate) desc_create =
+      (__typeof__(desc_create))dlsym(lib_lt, "cublasLtMatmulDescCreate");
+  __typeof__(&cublasLtMatmulDescSetAttribute) desc_set =
+      (__typeof__(desc_set))dlsym(lib_lt, "cublasLtMatmulDescSetAttribute");
+  __typeof__(&cublasLtMatrixLayoutCreate) layout_create =
+      (__typeof__(layout_create))dlsym(lib_lt, "cublasLtMatrixLayoutCreate");
+  __typeof__(&cublasLtMatrixLayoutSetAttribute) layout_set =
+      (__typeof__(layout_set))dlsym(lib_lt, "cublasLtMatrixLayoutSetAttribute");
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t l[3];
+  desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  int32_t ta = CUBLAS_OP_T, count = BATCH;
+  uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+  int64_t bias_stride = OUT, strides[3] = {(int64_t)sw, (int64_t)sx, (int64_t)sy};
+  desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+  desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+  desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+  desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bias_stride, sizeof bias_stride);
+  layout_create(&l[0], CUDA_R_16BF, IN, OUT, IN);
+  layout_create(&l[1], CUDA_R_16BF, IN, tokens, IN);
+  layout_create(&l[2], CUDA_R_16BF, OUT, tokens, OUT);
+  for (int i = 0; i < 3; i++) {
+    layout_set(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count);
+    layout_set(l[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i], sizeof strides[i]);
   }
-  set_stream(S1);
-  long calls = cublas_calls();
+  char workspace[256];
+  long calls = lt_calls();
   int t = now();
-  CHECK(hook_batched(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, a, CUDA_R_16BF, IN, b,
-                     CUDA_R_16BF, IN, &zero, c, CUDA_R_16BF, OUT, BATCH, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
-  CHECK(cublas_calls() == calls);
-  /* the three pointer arrays read back, the stream synchronised, then a GEMM per problem */
-  CHECK_TRACE(t, "dtoh dtoh dtoh sync alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 "
-                 "load mt_gemm_pack " FEW_CALL_FIRST " " WEIGHT_QUANT " " FEW_CALL " " WEIGHT_QUANT
-                 " " FEW_CALL);
+  CHECK(hook_lt(lt_handle, desc, &one, w, l[0], x, l[1], &zero, y, l[2], y, l[2], NULL, workspace,
+                sizeof workspace, (cudaStream_t)S1) == CUBLAS_STATUS_SUCCESS);
+  CHECKF(lt_calls() == calls, "the fake cublasLtMatmul was called for a routed batch");
+  CHECK_TRACE(
+      t,
+      "alloc load memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 load mt_gemm_pack " FEW_CALL_FIRST
+      " " WEIGHT_QUANT " " FEW_CALL " " WEIGHT_QUANT " " FEW_CALL);
   CHECK(all_on(t, S1));
   for (int i = 0; i < BATCH; i++) {
+    problem pi = {OUT, tokens, w + i * sw, x + i * sx, y + i * sy, OUT, IN};
     int from = i ? find_launch(t, "mt_gemm_large_", i - 1) + 1 : t;
-    check_call_args(from, &p[i], p[i].y, NULL, 0.0f, NULL);
-    CHECK(marked(p[i].y, before[i], OUT, tokens, OUT));
+    check_call_args(from, &pi, pi.y, bias + i * OUT, 0.0f, NULL);
+    CHECK(marked(pi.y, before + i * sy, OUT, tokens, OUT));
   }
-  /* grouped: group 0 one problem with 8 tokens, group 1 two with 72 (the large path; the
-   * scratch's headroom takes them without growing) */
-  problem g1[2] = {make(OUT, 72, OUT), make(OUT, 72, OUT)};
+  ((__typeof__(&cublasLtMatmulDescDestroy))dlsym(lib_lt, "cublasLtMatmulDescDestroy"))(desc);
+  __typeof__(&cublasLtMatrixLayoutDestroy) layout_destroy =
+      (__typeof__(layout_destroy))dlsym(lib_lt, "cublasLtMatrixLayoutDestroy");
+  for (int i = 0; i < 3; i++)
+    layout_destroy(l[i]);
+  check_driver_clean();
+  free(w), free(x), free(y), free(bias), free(before);
+}
+
+/* The pointer-array forms (BatchedEx, GroupedBatchedEx) hold their problems' pointers in device
+ * arrays, which the engine would have to read back: nothing is read or launched, cuBLAS computes
+ * them ("pointer arrays"), while capturing too. */
+static void expect_arrays_fall_back(const problem *p, int count, cublasStatus_t (*call)(void *),
+                                    void *ctx) {
+  uint16_t *want[4];
+  for (int i = 0; i < count; i++)
+    want[i] = reference(&p[i], &zero);
+  long calls = cublas_calls();
+  int t = now();
+  CHECK(call(ctx) == CUBLAS_STATUS_SUCCESS);
+  CHECK_TRACE(t, "");
+  CHECK(cublas_calls() == calls + 1);
+  for (int i = 0; i < count; i++) {
+    CHECKF(!memcmp(p[i].y, want[i], (size_t)p[i].ldc * p[i].tokens * 2), "problem %d", i);
+    free(want[i]);
+  }
+}
+
+typedef struct {
+  const void **a, **b;
+  void **c;
+  int count;
+} arrays;
+
+static cublasStatus_t call_batched(void *ctx) {
+  const arrays *x = ctx;
+  return hook_batched(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, 8, IN, &one, (const void *const *)x->a,
+                      CUDA_R_16BF, IN, (const void *const *)x->b, CUDA_R_16BF, IN, &zero, x->c,
+                      CUDA_R_16BF, OUT, x->count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+/* Two groups: one problem of 8 tokens, then two of 72. */
+static cublasStatus_t call_grouped(void *ctx) {
+  const arrays *x = ctx;
   cublasOperation_t ta[2] = {CUBLAS_OP_T, CUBLAS_OP_T}, tb[2] = {CUBLAS_OP_N, CUBLAS_OP_N};
-  int m[2] = {OUT, OUT}, n[2] = {tokens, 72}, k[2] = {IN, IN}, ld[2] = {IN, IN},
-      ldc[2] = {OUT, OUT};
+  int m[2] = {OUT, OUT}, n[2] = {8, 72}, k[2] = {IN, IN}, ld[2] = {IN, IN}, ldc[2] = {OUT, OUT};
   int size[2] = {1, 2};
   float alpha[2] = {1.0f, 1.0f}, beta[2] = {0.0f, 0.0f};
-  const void *ga[3] = {p[0].w, g1[0].w, g1[1].w}, *gb[3] = {p[0].x, g1[0].x, g1[1].x};
-  void *gc[3] = {p[0].y, g1[0].y, g1[1].y};
-  t = now();
-  CHECK(hook_grouped(handle, ta, tb, m, n, k, alpha, ga, CUDA_R_16BF, ld, gb, CUDA_R_16BF, ld, beta,
-                     gc, CUDA_R_16BF, ldc, 2, size, CUBLAS_COMPUTE_32F) == CUBLAS_STATUS_SUCCESS);
-  CHECK(cublas_calls() == calls);
-  CHECK_TRACE(
-      t, "dtoh dtoh dtoh sync " WEIGHT_QUANT " " FEW_CALL " " WEIGHT_QUANT
-         " mt_quant_row_bf16_nb1 tmap tmap tmap mt_gemm_large_m64_n32+pdl " WEIGHT_QUANT
-         " mt_quant_row_bf16_nb1 tmap tmap tmap mt_gemm_large_m64_n32+pdl"); /* 72 tokens: bands of
-                                                                                   64 and 8 */
-  check_call_args(find_launch(t, "mt_gemm_large_", 0) + 1, &g1[0], g1[0].y, NULL, 0.0f, NULL);
-  check_call_args(find_launch(t, "mt_gemm_large_", 1) + 1, &g1[1], g1[1].y, NULL, 0.0f, NULL);
-  /* beta != 0 with more than one problem: layout (nothing read back), cuBLAS computes */
-  uint16_t *want_beta[BATCH];
-  for (int i = 0; i < BATCH; i++)
-    want_beta[i] = reference(&p[i], &half);
-  calls = cublas_calls();
-  t = now();
-  CHECK(hook_batched(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, a, CUDA_R_16BF, IN, b,
-                     CUDA_R_16BF, IN, &half, c, CUDA_R_16BF, OUT, BATCH, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
-  CHECK_TRACE(t, "");
-  CHECK(cublas_calls() == calls + 1);
+  return hook_grouped(handle, ta, tb, m, n, k, alpha, (const void *const *)x->a, CUDA_R_16BF, ld,
+                      (const void *const *)x->b, CUDA_R_16BF, ld, beta, x->c, CUDA_R_16BF, ldc, 2,
+                      size, CUBLAS_COMPUTE_32F);
+}
+
+static void scenario_arrays(void) {
+  problem p[BATCH] = {make(OUT, 8, OUT), make(OUT, 8, OUT), make(OUT, 8, OUT)};
+  problem g[BATCH] = {make(OUT, 8, OUT), make(OUT, 72, OUT), make(OUT, 72, OUT)};
+  const void *a[BATCH], *b[BATCH], *ga[BATCH], *gb[BATCH];
+  void *c[BATCH], *gc[BATCH];
   for (int i = 0; i < BATCH; i++) {
-    CHECK(!memcmp(p[i].y, want_beta[i], sy * 2));
-    free(want_beta[i]);
+    a[i] = p[i].w, b[i] = p[i].x, c[i] = p[i].y;
+    ga[i] = g[i].w, gb[i] = g[i].x, gc[i] = g[i].y;
   }
-  /* while capturing: the read-back is refused, cuBLAS computes */
+  arrays batched = {a, b, c, BATCH}, grouped = {ga, gb, gc, BATCH};
+  set_stream(S1);
+  expect_arrays_fall_back(p, BATCH, call_batched, &batched);
+  expect_arrays_fall_back(g, BATCH, call_grouped, &grouped);
   set_capturing(S1, 1);
-  uint16_t *want[BATCH];
-  for (int i = 0; i < BATCH; i++)
-    want[i] = reference(&p[i], &zero);
-  calls = cublas_calls();
-  t = now();
-  CHECK(hook_batched(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, a, CUDA_R_16BF, IN, b,
-                     CUDA_R_16BF, IN, &zero, c, CUDA_R_16BF, OUT, BATCH, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
-  CHECK_TRACE(t, "");
-  CHECK(cublas_calls() == calls + 1);
-  for (int i = 0; i < BATCH; i++)
-    CHECK(!memcmp(p[i].y, want[i], sy * 2));
+  expect_arrays_fall_back(p, BATCH, call_batched, &batched);
   set_capturing(S1, 0);
   check_driver_clean();
   for (int i = 0; i < BATCH; i++)
-    unmake(&p[i]), free(before[i]), free(want[i]);
-  unmake(&g1[0]), unmake(&g1[1]);
+    unmake(&p[i]), unmake(&g[i]);
 }
 
 /* A grouped call whose groups hold one problem each with beta != 0, the second failing after the
@@ -885,6 +925,7 @@ static const mt_t_scenario scenarios[] = {
     {"launch_fail", scenario_launch_fail},
     {"no_engine", scenario_no_engine},
     {"strided", scenario_strided},
+    {"lt_batch", scenario_lt_batch},
     {"arrays", scenario_arrays},
     {"fp16", scenario_fp16},
     {"frozen_capture", scenario_frozen_capture},
@@ -909,7 +950,8 @@ static long json_int(const char *s, const char *key) { return mt_t_json_int_in(s
  * every other reason must be absent. */
 static void check_counts(const mt_t_child *r, long routed, const char *const reasons[]) {
   static const char *const all[] = {
-      "capture", "out of memory", "engine error", "no engine", "layout", "dtype", NULL};
+      "capture", "out of memory",  "engine error",      "no engine", "layout",
+      "dtype",   "pointer arrays", "no grouped engine", NULL};
   CHECKF(r->summary, "no summary record");
   if (!r->summary)
     return;
@@ -1041,12 +1083,20 @@ static void strided_batched(void) {
   mt_t_child_free(&r);
 }
 
-static void pointer_arrays_read_back(void) {
+static void lt_strided_batch(void) {
+  mt_t_child r;
+  run_child("lt_batch", NULL, &r);
+  mt_t_check_child("lt_batch", &r);
+  check_counts(&r, 1, NULL);
+  mt_t_child_free(&r);
+}
+
+static void pointer_arrays_are_never_read_back(void) {
   mt_t_child r;
   run_child("arrays", NULL, &r);
   mt_t_check_child("arrays", &r);
-  const char *reasons[] = {"capture=1", "layout=1", NULL};
-  check_counts(&r, 2, reasons);
+  const char *reasons[] = {"pointer arrays=3", NULL};
+  check_counts(&r, 0, reasons);
   mt_t_child_free(&r);
 }
 
@@ -1104,7 +1154,8 @@ static void tests(void) {
   RUN(launch_failure_is_engine_error);
   RUN(no_context_or_not_sm90_is_no_engine);
   RUN(strided_batched);
-  RUN(pointer_arrays_read_back);
+  RUN(lt_strided_batch);
+  RUN(pointer_arrays_are_never_read_back);
   RUN(fp16_through_gemm_ex_64);
   RUN(frozen_capture_needs_an_entry);
   RUN(grouped_beta_failure_after_a_problem_ran);

@@ -61,7 +61,7 @@ static void router_decision_table(void) {
     const char *what;
     mt_call c;
     enum mt_reason want;
-  } rows[24];
+  } rows[40];
   int n = 0;
   mt_call c = forward();
 #define ROW(text, expr, reason)                                                                    \
@@ -95,13 +95,37 @@ static void router_decision_table(void) {
   ROW("Lt BIAS of FP64", (c.epilogue = CUBLASLT_EPILOGUE_BIAS, c.bias_type = CUDA_R_64F),
       MT_R_EPILOGUE);
   ROW("row-major Lt", c.order_b = CUBLASLT_ORDER_ROW, MT_R_LAYOUT);
-  ROW("Lt batch", (c.entry = MT_FN_cublasLtMatmul, c.batch = 2), MT_R_LAYOUT);
+  ROW("Lt batch writing one output twice", (c.entry = MT_FN_cublasLtMatmul, c.batch = 2),
+      MT_R_LAYOUT);
+  ROW("Lt strided batch",
+      (c.entry = MT_FN_cublasLtMatmul, c.batch = 2, c.stride_a = 64 * 32, c.stride_b = 32 * 5,
+       c.stride_c = c.stride_d = 64 * 5),
+      MT_R_ROUTED);
+  ROW("Lt pointer-array batch (exec refuses it)",
+      (c.entry = MT_FN_cublasLtMatmul, c.batch = 2, c.pointer_arrays = 1), MT_R_ROUTED);
+  ROW("batch stride not a multiple of 8",
+      (c.entry = MT_FN_cublasGemmStridedBatchedEx, c.batch = 2, c.stride_a = 64 * 32 + 4,
+       c.stride_d = 64 * 5),
+      MT_R_LAYOUT);
+  ROW("grouped_mm forward, tokens per expert on the device",
+      (c.entry = MT_FN_torch_grouped_mm, c.batch = 8, c.ragged = MT_RAGGED_N, c.stride_a = 64 * 32),
+      MT_R_ROUTED);
+  ROW("grouped_mm dgrad", (c.transa = CUBLAS_OP_N, c.m = 32, c.k = 64, c.ragged = MT_RAGGED_N),
+      MT_R_DGRAD);
+  ROW("grouped_mm wgrad, k per expert on the device",
+      (c.transa = CUBLAS_OP_N, c.transb = CUBLAS_OP_T, c.m = 32, c.n = 64, c.k = 500,
+       c.ragged = MT_RAGGED_K),
+      MT_R_WGRAD);
+  ROW("a forward's k on the device is no forward", c.ragged = MT_RAGGED_K, MT_R_UNROUTED);
+  ROW("m on the device: no role", (c.ragged = MT_RAGGED_M), MT_R_UNROUTED);
   ROW("ld not a multiple of 8", c.ldb = 36, MT_R_LAYOUT);
   ROW("unaligned pointer", c.b = (const char *)c.b + 2, MT_R_LAYOUT);
   ROW("details unreadable", c.details_ok = 0, MT_R_LAYOUT);
   ROW("k not a multiple of 16", (c.m = 48, c.k = 24, c.lda = c.ldb = 24, c.ldc = c.ldd = 48),
       MT_R_K_ALIGN);
-  ROW("strided batch of routed problems", (c.entry = MT_FN_cublasGemmStridedBatchedEx, c.batch = 3),
+  ROW("strided batch of routed problems",
+      (c.entry = MT_FN_cublasGemmStridedBatchedEx, c.batch = 3, c.stride_a = 64 * 32,
+       c.stride_b = 32 * 5, c.stride_c = c.stride_d = 64 * 5),
       MT_R_ROUTED);
 #undef ROW
   for (int i = 0; i < n; i++) {
@@ -113,9 +137,10 @@ static void router_decision_table(void) {
 
 static void reason_names(void) {
   const char *want[MT_R_COUNT] = {
-      "unrouted",     "routed",  "backward dgrad", "backward wgrad", "dtype",
-      "compute type", "layout",  "epilogue",       "pointer mode",   "k alignment",
-      "no engine",    "capture", "out of memory",  "engine error"};
+      "unrouted",          "routed",   "backward dgrad", "backward wgrad", "dtype",
+      "compute type",      "layout",   "epilogue",       "pointer mode",   "k alignment",
+      "no engine",         "capture",  "out of memory",  "engine error",   "pointer arrays",
+      "no grouped engine", "torch abi"};
   for (int r = 0; r < MT_R_COUNT; r++)
     CHECKF(!strcmp(mt_reason_name(r), want[r]), "%d: %s", r, mt_reason_name(r));
   CHECK(!strcmp(mt_reason_name(MT_R_COUNT), "?"));

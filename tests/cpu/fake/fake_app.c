@@ -362,8 +362,8 @@ static void lt_calls(void) {
   lt("epilogue", t);
   t = fwd, t.order = CUBLASLT_ORDER_ROW;
   lt("layout", t);
-  t = fwd, t.batch = 2;
-  lt("layout", t);
+  t = fwd, t.batch = 2; /* a strided batch: routed as one grouped call */
+  lt("ROUTED", t);
   t = fwd, t.ptr_mode = CUBLASLT_POINTER_MODE_DEVICE;
   lt("pointer_mode", t);
   t = fwd, t.m = 16, t.k = 16;

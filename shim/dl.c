@@ -1,0 +1,95 @@
+/* dl.c — the exported dlsym and dlvsym (see dl.h). */
+#include "shim/dl.h"
+
+#include <dlfcn.h>
+
+#include "base/log.h"
+#include "shim/shim.h"
+
+#define MT_EXPORT __attribute__((visibility("default")))
+
+static const struct {
+  const char *name;
+  enum mt_fn id;
+  void *hook;
+} hooked[] = {
+#define MT_HOOK(name, lib, params, ...) {#name, MT_FN_##name, (void *)name},
+#define MT_REAL(name, lib, ret, params)
+#define MT_HAND(name, symbol, lib, display, ret, params)
+#include "shim/hooks.def"
+#undef MT_HOOK
+#undef MT_REAL
+#undef MT_HAND
+};
+
+#define NHOOKED ((int)(sizeof hooked / sizeof hooked[0]))
+
+MT_BEFORE_INIT static int same_name(const char *a, const char *b) {
+  while (*a && *a == *b)
+    a++, b++;
+  return *a == *b;
+}
+
+MT_BEFORE_INIT enum mt_fn mt_dl_hooked(const char *name, void **hook) {
+  for (int i = 0; i < NHOOKED; i++)
+    if (same_name(name, hooked[i].name)) {
+      *hook = hooked[i].hook;
+      return hooked[i].id;
+    }
+  return MT_FN_COUNT;
+}
+
+/* The answer to a lookup of a hooked name on a handle: p is what the handle itself defines. */
+static void *answer(enum mt_fn id, void *hook, void *p) {
+  if (!p || p == hook)
+    return p;
+  void *real = mt_real_adopt(id, p);
+  if (real == p)
+    return hook;
+  if (mt_shim_active()) { /* an inert shim sees no call of either copy: nothing to say */
+    Dl_info mine = {0}, theirs = {0};
+    dladdr(real, &mine), dladdr(p, &theirs);
+    MT_WARN_ONCE("this process holds two copies of cuBLAS (%s and %s): the hooks forward to the "
+                 "first, so lookups of %s and the other hooked names in the second get its own "
+                 "functions, and its calls are not seen; load one cuBLAS only",
+                 mine.dli_fname ? mine.dli_fname : "?", theirs.dli_fname ? theirs.dli_fname : "?",
+                 mt_fn_name(id));
+  }
+  return p;
+}
+
+/* What a lookup returns when the loader's own function is missing (it cannot be, in a process
+ * that runs). */
+static void *no_loader(enum mt_fn id) {
+  MT_WARN_ONCE("cannot find the dynamic loader's %s: lookups through it return NULL",
+               mt_fn_name(id));
+  return NULL;
+}
+
+/* The two hooks run before anything is set up when a sanitizer runtime is preloaded first
+ * (MT_BEFORE_INIT, real.h): their path to the loader's function touches nothing instrumented. */
+MT_BEFORE_INIT MT_EXPORT void *dlsym(void *handle, const char *name) {
+  mt_fn_dlsym next = (mt_fn_dlsym)mt_real_loader(MT_FN_dlsym);
+  if (!next)
+    return no_loader(MT_FN_dlsym);
+  if (handle != RTLD_NEXT && handle != RTLD_DEFAULT) {
+    void *hook;
+    enum mt_fn id = mt_dl_hooked(name, &hook);
+    if (id != MT_FN_COUNT)
+      return answer(id, hook, next(handle, name));
+  }
+  return next(handle, name); /* a tail call: the loader reads the caller's return address */
+}
+
+MT_BEFORE_INIT MT_EXPORT void *dlvsym(void *handle, const char *name, const char *version) {
+  mt_fn_dlvsym next = (mt_fn_dlvsym)mt_real_loader(MT_FN_dlvsym);
+  if (!next)
+    return no_loader(MT_FN_dlvsym);
+  if (handle != RTLD_NEXT && handle != RTLD_DEFAULT) {
+    void *hook;
+    enum mt_fn id = mt_dl_hooked(name, &hook);
+    if (id != MT_FN_COUNT)
+      return answer(id, hook, next(handle, name, version));
+  }
+  return next(handle, name, version);
+}

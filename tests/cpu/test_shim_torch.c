@@ -1,0 +1,310 @@
+/* test_shim_torch.c — the torch._grouped_mm hook (shim/torch.h) on the CPU, with the fake
+ * libtorch_cuda.so of tests/cpu/fake/fake_torch.c: its kernel entry under the real mangled name,
+ * reached through the PLT from the fake's op, as libtorch_cuda reaches the real one.
+ *
+ * The program is its own child (`test_shim_torch child SCENARIO BUILD`, tests/cpu/scenario.h),
+ * under LD_PRELOAD=libminite.so with the weight 64x32 routed. The child dlopens the fake libtorch
+ * with RTLD_LOCAL, as Python loads torch, and calls torch._grouped_mm in every mode on 4 experts
+ * (offsets 8, 8, 25, 40: one expert gets no token):
+ *   forward   x [40, 32] . W.transpose(-2, -1), W [4, 64, 32]        TN, routed
+ *   dgrad     dy [40, 64] . W                                        NN, backward dgrad
+ *   wgrad     dy^T [64, 40] (a column-major view) . x [40, 32]      NT, k per expert: wgrad
+ *   batch     x3 [4, 5, 32] . W.transpose(-2, -1)                    TN, 3-D x 3-D: routed
+ *   m ragged  x3 [4, 5, 32] . b [32, 40], offsets                    no role
+ * After each call the child checks that the real function received exactly the five pointers the
+ * op passed, and that out holds what the fake computes without the shim, bit for bit (except where
+ * the engine ran the call: there out holds the fake engine's marks, written on the stream torch
+ * reports). The parent checks the statistics: census rows named "torch grouped_mm", routed counts
+ * and reasons by spec, the suggested route, the warnings; "torch abi" with a libtorch lacking an
+ * accessor (whose real entry is then found through the calling library, under another soname) and
+ * with an optional of another layout.
+ */
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/cpu/fake/fake.h"
+#include "tests/cpu/fake/fake_cuda.h"
+#include "tests/cpu/fake/fake_torch.h"
+#include "tests/cpu/scenario.h"
+
+#define ROUTES "MINITE_ROUTE=64x32"
+#define E 4
+#define OUT 64
+#define IN 32
+#define T 40
+#define STREAM ((CUstream)(uintptr_t)0x7000) /* what the fake's current-stream accessor says */
+
+/* ======================================================================================== */
+/* The child.                                                                               */
+/* ======================================================================================== */
+
+static fake_torch_op_fn op;
+static fake_torch_last_fn torch_last;
+static fake_torch_entry_fn own;
+static uint32_t seed = 2024;
+static int32_t ends[E] = {8, 8, 25, 40};
+
+static int load(const char *build) {
+  const char *old = getenv("FAKE_TORCH_OLD"), *cuda = getenv("FAKE_WITH_CUDA");
+  if (cuda && cuda[0] == '1') {
+    void *lib_cuda = mt_t_open(build, "tests/cpu/fake/driver/libcuda.so.1");
+    if (!lib_cuda)
+      return -1;
+    cuda_events = (fake_cuda_events_fn)mt_t_sym(lib_cuda, "fake_cuda_events");
+  }
+  void *lib =
+      mt_t_open(build, old && old[0] == '1' ? "tests/cpu/fake/torch_old/libtorch_cuda_old.so"
+                                            : "tests/cpu/fake/torch/libtorch_cuda.so");
+  if (!lib)
+    return -1;
+  op = (fake_torch_op_fn)mt_t_sym(lib, "fake_torch_grouped_mm_op");
+  torch_last = (fake_torch_last_fn)mt_t_sym(lib, "fake_torch_last");
+  own = (fake_torch_entry_fn)mt_t_sym(lib, "fake_own_grouped_mm");
+  return op && torch_last && own ? 0 : -1;
+}
+
+typedef struct {
+  fake_impl impl;
+  fake_tensor t;
+} tensor;
+
+static void make(tensor *x, void *data, int dim, const int64_t size[3], const int64_t stride[3]) {
+  *x = (tensor){.impl = {.data = data, .dim = dim, .dtype = FAKE_TORCH_BF16}};
+  memcpy(x->impl.sizes, size, sizeof(int64_t) * 3);
+  memcpy(x->impl.strides, stride, sizeof(int64_t) * 3);
+  x->t.impl = &x->impl;
+}
+
+static void make2(tensor *x, void *data, int64_t s0, int64_t s1, int64_t t0, int64_t t1) {
+  make(x, data, 2, (int64_t[3]){s0, s1, 0}, (int64_t[3]){t0, t1, 0});
+}
+
+static void make3(tensor *x, void *data, int64_t s0, int64_t s1, int64_t s2, int64_t t0, int64_t t1,
+                  int64_t t2) {
+  make(x, data, 3, (int64_t[3]){s0, s1, s2}, (int64_t[3]){t0, t1, t2});
+}
+
+static int64_t elems_of(const tensor *x) {
+  int64_t n = 1;
+  for (int i = 0; i < x->impl.dim; i++)
+    n *= x->impl.sizes[i];
+  return n; /* every output here is contiguous */
+}
+
+/* The engine runs this call (one it can take, under nvfp4 with a driver): out holds its marks. */
+static int engine_runs(int engine_takes) {
+  const char *spec = getenv("MINITE_SPEC"), *cuda = getenv("FAKE_WITH_CUDA");
+  return engine_takes && spec && !strncmp(spec, "nvfp4", 5) && cuda && cuda[0] == '1';
+}
+
+/* One torch._grouped_mm through the fake's op (offsets when with_offs, their optional's flag
+ * `engaged`), checked as the header says. engine_takes: the engine runs it when routed. */
+static void call(const char *what, tensor *a, tensor *b, int with_offs, unsigned char engaged,
+                 tensor *out, int engine_takes) {
+  tensor offs;
+  make(&offs, ends, 1, (int64_t[3]){E, 0, 0}, (int64_t[3]){1, 0, 0});
+  offs.impl.dtype = FAKE_TORCH_INT32;
+  fake_optional o = {.value = offs.t, .engaged = with_offs ? engaged : 0}, bias = {{NULL}, 0};
+  int64_t n = elems_of(out);
+  tensor ref = *out;
+  ref.impl.data = malloc((size_t)n * 2), ref.t.impl = &ref.impl;
+  memcpy(ref.impl.data, out->impl.data, (size_t)n * 2);
+  fake_optional o_ref = o, bias_ref = bias;
+  own(&a->t, &b->t, &o_ref, &bias_ref, &ref.t);
+  fake_torch_record before, after;
+  torch_last(&before);
+  void *passed[5];
+  int t0 = cuda_events ? now() : 0;
+  op(&a->t, &b->t, &o, &bias, &out->t, passed);
+  torch_last(&after);
+  if (engine_runs(engine_takes)) {
+    CHECKF(after.calls == before.calls, "%s: the real function ran a call the engine ran", what);
+    int marked = 1;
+    for (int64_t i = 0; i < n; i++)
+      marked &= ((uint16_t *)out->impl.data)[i] == FAKE_CUDA_MARK;
+    CHECKF(marked, "%s: the output is not the engine's", what);
+    for (int i = t0; i < now(); i++)
+      CHECKF(event(i)->kind != FAKE_EV_LAUNCH || event(i)->stream == STREAM,
+             "%s: %s launched on %p, not torch's current stream", what, event(i)->name,
+             (void *)event(i)->stream);
+  } else {
+    CHECKF(after.calls == before.calls + 1, "%s: the real function was not called", what);
+    CHECKF(!memcmp(after.args, passed, sizeof passed), "%s: the real function got other pointers",
+           what);
+    CHECKF(!memcmp(out->impl.data, ref.impl.data, (size_t)n * 2),
+           "%s: out differs from the fake's own result", what);
+  }
+  free(ref.impl.data);
+}
+
+static void *matrix(int64_t elems) { return mt_t_matrix(&seed, (size_t)elems); }
+
+static void scenario_modes(void) {
+  tensor x, w_t, w, y, dy, dx, dy_t, dw, x3, y3, b2, y4;
+  void *wdata = matrix(E * OUT * IN), *xdata = matrix(T * IN), *dydata = matrix(T * OUT);
+  void *x3data = matrix(E * 5 * IN);
+  make2(&x, xdata, T, IN, IN, 1);
+  make3(&w_t, wdata, E, IN, OUT, OUT * IN, 1, IN); /* W.transpose(-2, -1) */
+  make3(&w, wdata, E, OUT, IN, OUT * IN, IN, 1);
+  make2(&y, matrix(T * OUT), T, OUT, OUT, 1);
+  make2(&dy, dydata, T, OUT, OUT, 1);
+  make2(&dx, matrix(T * IN), T, IN, IN, 1);
+  make2(&dy_t, dydata, OUT, T, 1, OUT); /* dy.t(): column-major */
+  make3(&dw, matrix(E * OUT * IN), E, OUT, IN, OUT * IN, IN, 1);
+  make3(&x3, x3data, E, 5, IN, 5 * IN, IN, 1);
+  make3(&y3, matrix(E * 5 * OUT), E, 5, OUT, 5 * OUT, OUT, 1);
+  make2(&b2, matrix(IN * T), IN, T, T, 1);
+  make2(&y4, matrix(5 * T), 5, T, T, 1);
+  /* the forward's token counts are on the device: the grouped engine's (exec.h), not yet here */
+  call("forward", &x, &w_t, 1, 1, &y, 0);
+  call("dgrad", &dy, &w, 1, 1, &dx, 0);
+  call("wgrad", &dy_t, &x, 1, 1, &dw, 0);
+  call("batch", &x3, &w_t, 0, 0, &y3, 1);
+  call("m ragged", &x3, &b2, 1, 1, &y4, 0);
+  free(wdata), free(xdata), free(dydata), free(x3data);
+  free(y.impl.data), free(dx.impl.data), free(dw.impl.data), free(y3.impl.data);
+  free(b2.impl.data), free(y4.impl.data);
+}
+
+/* With an optional whose flag is neither 0 nor 1 (another ABI), then a well-formed call. */
+static void scenario_optional(void) {
+  tensor x, w_t, y;
+  void *wdata = matrix(E * OUT * IN), *xdata = matrix(T * IN);
+  make2(&x, xdata, T, IN, IN, 1);
+  make3(&w_t, wdata, E, IN, OUT, OUT * IN, 1, IN);
+  make2(&y, matrix(T * OUT), T, OUT, OUT, 1);
+  call("flag 2", &x, &w_t, 1, 2, &y, 0);
+  call("flag 1", &x, &w_t, 1, 1, &y, 0);
+  free(wdata), free(xdata), free(y.impl.data);
+}
+
+static const mt_t_scenario scenarios[] = {
+    {"modes", scenario_modes},
+    {"optional", scenario_optional},
+};
+
+/* ======================================================================================== */
+/* The parent.                                                                              */
+/* ======================================================================================== */
+
+static const char *const rows[] = {
+    "{\"entry\": \"torch grouped_mm\", \"ops\": \"TN\", \"m\": 64, \"n\": 40, \"k\": 32, "
+    "\"types\": "
+    "\"bf16*bf16->bf16\", \"batch\": 4, \"count\": 1}",
+    "{\"entry\": \"torch grouped_mm\", \"ops\": \"NN\", \"m\": 32, \"n\": 40, \"k\": 64, "
+    "\"types\": "
+    "\"bf16*bf16->bf16\", \"batch\": 4, \"count\": 1}",
+    "{\"entry\": \"torch grouped_mm\", \"ops\": \"NT\", \"m\": 32, \"n\": 64, \"k\": 40, "
+    "\"types\": "
+    "\"bf16*bf16->bf16\", \"batch\": 4, \"count\": 1}",
+    "{\"entry\": \"torch grouped_mm\", \"ops\": \"TN\", \"m\": 64, \"n\": 5, \"k\": 32, \"types\": "
+    "\"bf16*bf16->bf16\", \"batch\": 4, \"count\": 1}",
+    "{\"entry\": \"torch grouped_mm\", \"ops\": \"NN\", \"m\": 40, \"n\": 5, \"k\": 32, \"types\": "
+    "\"bf16*bf16->bf16\", \"batch\": 4, \"count\": 1}",
+    NULL};
+
+static long fallback(const mt_t_child *r, const char *reason) {
+  return mt_t_fallback(r->summary, reason);
+}
+
+static long json(const mt_t_child *r, const char *key) {
+  return mt_t_json_int_in(r->summary, NULL, key);
+}
+
+/* The modes under `spec` (with the fake driver when cuda): the child's checks pass, the census
+ * names every call, backward calls are counted as such. */
+static void modes(const char *tag, const char *spec, int cuda, mt_t_child *r) {
+  const char *env[] = {spec, cuda ? "FAKE_WITH_CUDA=1" : "FAKE_WITH_CUDA=0", NULL};
+  mt_t_run_child("modes", tag, env, r);
+  mt_t_check_child("modes", r);
+  CHECKF(r->summary, "%s: no summary", tag);
+  if (!r->summary)
+    return;
+  for (int i = 0; rows[i]; i++)
+    CHECKF(strstr(r->summary, rows[i]), "%s: no census row %s in %.1500s", tag, rows[i],
+           r->summary);
+  CHECK(json(r, "gemm_calls") == 5);
+  CHECK(fallback(r, "backward dgrad") == 1 && fallback(r, "backward wgrad") == 1);
+  CHECKF(strstr(r->summary, "\"suggested_routes\": [\"route 64x32\"]"), "%s",
+         strstr(r->summary, "suggested_routes"));
+}
+
+static void bf16_counts_forward_calls_routed(void) {
+  mt_t_child r;
+  modes("bf16", "MINITE_SPEC=bf16", 0, &r);
+  CHECK(json(&r, "routed") == 2 && json(&r, "passthrough") == 3);
+  CHECKF(r.err && !r.err[0], "stderr: %s", r.err);
+  mt_t_child_free(&r);
+}
+
+static void nvfp4_without_a_driver_is_no_engine(void) {
+  mt_t_child r;
+  modes("nvfp4", "MINITE_SPEC=nvfp4-row", 0, &r);
+  CHECK(json(&r, "routed") == 0 && fallback(&r, "no engine") == 2);
+  CHECKF(mt_t_count_of(r.err, "minite WARN") == 1 && strstr(r.err, "no CUDA driver"), "%s", r.err);
+  mt_t_child_free(&r);
+}
+
+/* The offsets are on the device: only a grouped engine can run the forward; the 3-D batch runs
+ * on the per-call engine, on torch's current stream. */
+static void nvfp4_offsets_wait_for_the_grouped_engine(void) {
+  mt_t_child r;
+  modes("nvfp4_cuda", "MINITE_SPEC=nvfp4-row", 1, &r);
+  CHECK(json(&r, "routed") == 1 && fallback(&r, "no grouped engine") == 1);
+  CHECKF(r.err && !strstr(r.err, "minite WARN"), "stderr: %s", r.err);
+  mt_t_child_free(&r);
+}
+
+static void inert_passes_everything_through(void) {
+  const char *env[] = {"MINITE_SPEC=", NULL};
+  mt_t_child r;
+  mt_t_run_child("modes", "inert", env, &r);
+  mt_t_check_child("modes", &r);
+  CHECKF(r.err && !r.err[0], "stderr: %s", r.err);
+  CHECK(!r.stats);
+  mt_t_child_free(&r);
+}
+
+/* A libtorch without aoti_torch_get_current_cuda_stream, under another soname: the real entry is
+ * found through the calling library, one warning names the accessor, every call passes through
+ * unread as "torch abi". */
+static void a_missing_accessor_is_torch_abi(void) {
+  const char *env[] = {"MINITE_SPEC=bf16", "FAKE_TORCH_OLD=1", NULL};
+  mt_t_child r;
+  mt_t_run_child("modes", "abi", env, &r);
+  mt_t_check_child("modes", &r);
+  CHECKF(mt_t_count_of(r.err, "minite WARN") == 1 &&
+             strstr(r.err, "aoti_torch_get_current_cuda_stream") && strstr(r.err, "torch abi"),
+         "%s", r.err);
+  CHECK(json(&r, "gemm_calls") == 5 && json(&r, "routed") == 0);
+  CHECK(fallback(&r, "torch abi") == 5);
+  CHECKF(r.summary && !strstr(r.summary, "torch grouped_mm"), "an unread call in the census");
+  mt_t_child_free(&r);
+}
+
+static void an_optional_of_another_layout_is_torch_abi(void) {
+  const char *env[] = {"MINITE_SPEC=bf16", NULL};
+  mt_t_child r;
+  mt_t_run_child("optional", "optional", env, &r);
+  mt_t_check_child("optional", &r);
+  CHECKF(mt_t_count_of(r.err, "minite WARN") == 1 && strstr(r.err, "std::optional"), "%s", r.err);
+  CHECK(fallback(&r, "torch abi") == 1 && json(&r, "routed") == 1);
+  mt_t_child_free(&r);
+}
+
+static void tests(void) {
+  RUN(bf16_counts_forward_calls_routed);
+  RUN(nvfp4_without_a_driver_is_no_engine);
+  RUN(nvfp4_offsets_wait_for_the_grouped_engine);
+  RUN(inert_passes_everything_through);
+  RUN(a_missing_accessor_is_torch_abi);
+  RUN(an_optional_of_another_layout_is_torch_abi);
+}
+
+int main(int argc, char **argv) {
+  return mt_t_scenario_main(argc, argv, "/tmp/mt_shim_torch.XXXXXX", ROUTES, load, scenarios,
+                            sizeof scenarios / sizeof scenarios[0], tests);
+}

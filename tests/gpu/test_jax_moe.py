@@ -1,0 +1,130 @@
+"""test_jax_moe.py — an unmodified JAX MoE program under the shim (issue "Grouped front doors"):
+XLA's CUDA plugin dlopens cuBLAS and cuBLASLt and looks every entry point up with dlsym, which the
+shim answers with its hooks (shim/dl.h).
+
+    make && python3 tests/gpu/test_jax_moe.py        (H200, JAX with its CUDA plugin)
+
+tests/gpu/jax_child.py (a capacity einsum over an expert axis, jax.lax.ragged_dot, per-expert
+dots; weights 256 x 512) runs with XLA_FLAGS=--xla_gpu_enable_triton_gemm=false (so that cuBLAS
+gets the dots), --xla_gpu_autotune_level=0 (one algorithm, the same in every run) and
+--xla_gpu_enable_cublaslt=true, then =false. For each setting:
+- without the shim twice (XLA deterministic here, else skipped), then under MINITE_SPEC=bf16 with
+  the route 256x512: every result bitwise equal, the census sees the program's GEMM calls (Lt
+  under cublaslt=true, cublasGemm* under false) and counts the expert forward calls routed;
+- under nvfp4-row with the route: the expert calls routed (routed > 0; the fallbacks printed), the
+  results within 5% (relative L2) of BF16's and not equal to them.
+Skips (not passes) without JAX or a GPU.
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import harness  # noqa: E402
+
+LIB = os.path.join(ROOT, os.environ.get("MT_BUILD", "build"), "libminite.so")
+CHILD = os.path.join(HERE, "jax_child.py")
+TMP = tempfile.mkdtemp(prefix="mt_jax_")
+ROUTE = "256x512"
+KEYS = ("capacity", "ragged", "per_expert")
+
+
+def need_jax_gpu():
+    probe = "import jax; print(jax.default_backend())"
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false"))
+    if res.returncode != 0:
+        harness.skip("JAX is not importable: " + (res.stderr.strip().splitlines() or ["?"])[-1])
+    if res.stdout.strip() != "gpu":
+        harness.skip(f"JAX's backend is {res.stdout.strip()}, not gpu")
+    if not os.path.exists(LIB):
+        raise RuntimeError(f"{LIB} missing: run make first")
+
+
+def child(tag, lt, minite=None):
+    out = os.path.join(TMP, tag + ".npz")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINITE_")}
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    # no autotuning: one algorithm per GEMM, the same in every run (and no timing of candidates)
+    env["XLA_FLAGS"] = ("--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0 "
+                        f"--xla_gpu_enable_cublaslt={'true' if lt else 'false'}")
+    if minite is not None:
+        env["LD_PRELOAD"] = (env["LD_PRELOAD"] + ":" if env.get("LD_PRELOAD") else "") + LIB
+        env.update(minite, MINITE_STATS=os.path.join(TMP, tag + ".%p.jsonl"))
+    proc = subprocess.run([sys.executable, CHILD, out], env=env, capture_output=True, text=True,
+                          timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{tag}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    if minite is not None and "minite WARN" in proc.stderr:
+        print(f"    {tag}: shim warnings:\n{proc.stderr[-1500:]}")
+    summary = None
+    for f in glob.glob(os.path.join(TMP, tag + ".*.jsonl")):
+        lines = [json.loads(line) for line in open(f)]
+        if lines and lines[-1].get("event") == "summary":
+            summary = lines[-1]
+    if minite is not None:
+        harness.check(summary is not None, f"{tag}: no statistics summary (no GEMM call seen?)")
+    return np.load(out), summary or {}
+
+
+def equal(a, b):
+    return all(np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)) for k in KEYS)
+
+
+def run_setting(lt):
+    need_jax_gpu()
+    name = f"cublaslt_{'on' if lt else 'off'}"
+    base1, _ = child(name + "_base1", lt)
+    base2, _ = child(name + "_base2", lt)
+    if not equal(base1, base2):
+        harness.skip(f"{name}: XLA alone gives different bits twice; no bitwise comparison")
+    bf16, summary = child(name + "_bf16", lt, dict(MINITE_SPEC="bf16", MINITE_ROUTE=ROUTE))
+    differ = [k for k in KEYS if not np.array_equal(base1[k].view(np.uint8), bf16[k].view(np.uint8))]
+    harness.check(not differ, f"{name}: bf16 under the shim differs in {differ}")
+    entries = sorted({c["entry"] for c in summary.get("census", [])})
+    print(f"    {name} bf16: {summary.get('gemm_calls')} GEMM calls, routed {summary.get('routed')}, "
+          f"entries {entries}, fallbacks {summary.get('fallbacks')}")
+    for c in summary.get("census", []):
+        print(f"      {c}")
+    harness.check(summary.get("gemm_calls", 0) > 0, f"{name}: the shim saw no GEMM call")
+    want = "cublasLtMatmul" if lt else "cublasGemm"
+    harness.check(any(e.startswith(want) for e in entries), f"{name}: no {want}* in {entries}")
+    harness.check(summary.get("routed", 0) > 0, f"{name}: no expert call counted routed under bf16")
+    fp4, s4 = child(name + "_nvfp4", lt, dict(MINITE_SPEC="nvfp4-row", MINITE_ROUTE=ROUTE))
+    print(f"    {name} nvfp4-row: routed {s4.get('routed')}, fallbacks {s4.get('fallbacks')}")
+    harness.check(s4.get("routed", 0) > 0, f"{name}: no expert call routed under nvfp4-row")
+    harness.check(not equal(base1, fp4), f"{name}: nvfp4-row gave BF16's bits everywhere")
+    for k in KEYS:
+        ref, got = base1[k].astype(np.float64), fp4[k].astype(np.float64)
+        rel = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
+        print(f"      {k}: relative L2 to BF16 {rel:.4f}")
+        harness.check(rel < 0.05, f"{name} {k}: relative L2 {rel:.4f} to BF16")
+
+
+def cublaslt_on():
+    run_setting(True)
+
+
+def cublaslt_off():
+    run_setting(False)
+
+
+def main():
+    harness.run(cublaslt_on)
+    harness.run(cublaslt_off)
+    if not harness._failed:
+        subprocess.run(["rm", "-rf", TMP])
+    else:
+        print(f"    kept {TMP} for inspection")
+    return harness.done()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
