@@ -146,6 +146,12 @@ const float *mt_wstore_outer(const mt_wstore *w, int e);
 int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w,
                        const uint32_t *only_if, mt_stream stream);
 
+/* The frozen cache's refresh for a store whose count weights lie back to back (row stride ldw,
+ * each n * ldw elements after the one before): a hash of all of them on the device, compared with
+ * the one of the last quantization in `state` (MT_REFRESH_STATE_BYTES, zeroed before first use),
+ * and the quantization only when it differs (mt_refresh_weight's rule and guarantee). */
+int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *ws, void *state, mt_stream stream);
+
 /* A grouped GEMM: segments s = 0 .. nseg-1, y_s[m_s][n] = x_s[m_s][k] . W_s[n][k]^T with W_s slice s
  * of w, each output y = acc * ((1/S_a[i]) * (1/S_w[j])) * alpha + beta * c + bias, one RNE cast.
  * Rows: with offs (device memory, nseg int32 cumulative ends, as torch._grouped_mm takes them),

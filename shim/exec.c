@@ -10,11 +10,11 @@
  * call on that stream, so two threads must not interleave their launches. Any failure before the
  * GEMM kernel is launched leaves the output untouched, and the hook forwards the call to cuBLAS
  * with the reason. A call of several problems becomes one mt_grouped_call (shim/norm.c) for
- * mt_exec_grouped; nothing on the device is ever read back to the host. Batched calls with beta != 0
- * are not routed: a failure after some problems ran could not be undone, and cuBLAS would then read
- * outputs the engine already overwrote. After the
- * GEMM, the sampled instruments of shim/instr.c are enqueued behind it, under the same lock (the
- * probe reuses the call's workspace and quantized weight).
+ * mt_exec_grouped, which runs it on the grouped engine: one activation quantization and one GEMM
+ * launch for all its problems, the weights' store from shim/wcache.c; nothing on the device is
+ * ever read back to the host. After a single problem's GEMM, the sampled instruments of
+ * shim/instr.c are enqueued behind it, under the same lock (the probe reuses the call's workspace
+ * and quantized weight); grouped calls are not instrumented yet.
  */
 #include "shim/exec.h"
 
@@ -96,34 +96,58 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const oper
   return mt_engine_reason(st);
 }
 
-static const char *advance(const void *p, int64_t elems, int type) {
-  return p ? (const char *)p + (type == CUDA_R_32F ? 4 : 2) * elems : NULL;
-}
-
-/* Until the grouped engine exists: segment g of a strided record as a problem of its own (every
- * segment has g->rows rows; the call's dims are the segment's). beta != 0 with several segments
- * is refused: a failure after some segments ran could not be undone, and the caller would then
- * read outputs the engine already overwrote. */
-static enum mt_reason run_segments(const mt_spec *s, const mt_grouped_call *g, int capturing) {
-  if (g->groups > 1 && g->beta != 0.0f)
+/* A grouped call on the grouped engine: one activation quantization and one GEMM launch for all
+ * its segments (kernels/engine.h, mt_gemm_grouped). */
+static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, int capturing) {
+  const int64_t rows = g->offs ? g->total_rows : g->groups * g->rows;
+  if (rows <= 0 || rows > INT_MAX || g->n > INT_MAX || g->k > INT_MAX || g->groups > INT_MAX ||
+      g->rows > INT_MAX)
     return MT_R_LAYOUT;
-  for (int64_t i = 0; i < g->groups; i++) {
-    operands o = {
-        .w = advance(g->w, i * g->w_stride, g->wtype),
-        .x = advance(g->x, i * g->x_stride, g->xtype),
-        .c = advance(g->c, i * g->c_stride, g->ytype),
-        .y = (void *)advance(g->y, i * g->y_stride, g->ytype),
-        .bias = advance(g->bias, i * g->bias_stride, g->bias_type),
-    };
-    enum mt_reason r = run_problem(s, g->call, &o, &g->alpha, &g->beta, capturing);
-    if (r != MT_R_ROUTED) {
-      if (i)
-        MT_WARN_ONCE("a batched GEMM failed after %lld of its problems ran on the engine",
-                     (long long)i);
-      return r;
-    }
-  }
-  return MT_R_ROUTED;
+  mt_wgroup_ref w = {.w = g->w,
+                     .w_stride = g->w_stride,
+                     .groups = (int)g->groups,
+                     .n = (int)g->n,
+                     .k = (int)g->k,
+                     .ldw = (size_t)g->ldw,
+                     .type = dtype_of(g->wtype)};
+  mt_numerics_from_spec(s, &w.num);
+  mt_grouped_mem mem;
+  enum mt_reason r = mt_wcache_prepare_grouped(&w, (int)rows, g->stream, capturing, &mem);
+  if (r != MT_R_ROUTED)
+    return r;
+  mt_grouped_args a = {.nseg = (int)g->groups,
+                       .n = (int)g->n,
+                       .k = (int)g->k,
+                       .w = &mem.store,
+                       .offs = g->offs,
+                       .m = (int)rows,
+                       .seg_rows = g->offs ? 0 : (int)g->rows,
+                       .x = g->x,
+                       .ldx = (size_t)g->ldx,
+                       .stride_x = g->x_stride,
+                       .xtype = dtype_of(g->xtype),
+                       .y = g->y,
+                       .ldy = (size_t)g->ldy,
+                       .stride_y = g->y_stride,
+                       .ytype = dtype_of(g->ytype),
+                       .c = g->c,
+                       .ldc = (size_t)g->ldc,
+                       .stride_c = g->c_stride,
+                       .bias = g->bias,
+                       .stride_bias = g->bias_stride,
+                       .biastype = g->bias ? dtype_of(g->bias_type) : MT_DTYPE_BF16,
+                       .alpha = g->alpha,
+                       .beta = g->beta,
+                       .workspace = mem.workspace,
+                       .workspace_bytes = mem.workspace_bytes};
+  int st = mt_gemm_grouped(&a, g->stream);
+  if (st != MT_OK && st != MT_ERR_CAPTURE)
+    MT_WARN_ONCE("the NVFP4 engine could not run a routed grouped GEMM (%lld groups, n=%lld "
+                 "k=%lld): %s; such "
+                 "calls fall back",
+                 (long long)g->groups, (long long)g->n, (long long)g->k,
+                 mt_status_name((enum mt_status)st));
+  return mt_engine_reason(st);
 }
 
 static int stream_capturing(const mt_call *c) {
@@ -147,10 +171,8 @@ enum mt_reason mt_exec_grouped(const mt_spec *s, const mt_grouped_call *g) {
     return MT_R_NO_ENGINE;
   if (g->w_ptrs || g->x_ptrs || g->y_ptrs || g->c_ptrs)
     return MT_R_PTR_ARRAYS;
-  if (g->offs)
-    return MT_R_NO_GROUPED;
   pthread_mutex_lock(&lock);
-  enum mt_reason r = run_segments(s, g, stream_capturing(g->call));
+  enum mt_reason r = run_grouped(s, g, stream_capturing(g->call));
   pthread_mutex_unlock(&lock);
   return r;
 }

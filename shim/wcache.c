@@ -27,12 +27,22 @@ typedef struct {
   mt_qweight q;
 } entry;
 
+/* A grouped weight's store under weight_cache = frozen: a few per layer, searched in order. */
+#define MAX_GROUPED 1024
+typedef struct {
+  mt_wgroup_ref ref;
+  CUdeviceptr mem; /* the store, then the refresh state */
+  mt_wstore store;
+} gentry;
+
 typedef struct {
   CUcontext ctx;
   scratch scratch[MAX_STREAMS];
   int nscratch;
   entry *entries; /* open addressing over MAX_ENTRIES slots, allocated with the context */
   int nentries;
+  gentry *gentries; /* MAX_GROUPED, allocated at the first grouped call */
+  int ngentries;
 } context;
 
 static context contexts[MAX_CONTEXTS];
@@ -56,7 +66,7 @@ const char *mt_wcache_mode(void) { return frozen ? "frozen" : "requantize"; }
 void mt_wcache_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
   int n = 0;
   for (int i = 0; i < ncontexts; i++)
-    n += contexts[i].nentries;
+    n += contexts[i].nentries + contexts[i].ngentries;
   char b[256];
   snprintf(b, sizeof b,
            ", \"engine\": {\"weight_cache\": \"%s\", \"device_bytes\": %zu, "
@@ -250,4 +260,95 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   mt_qweight_bind(&q, w->n, w->k, &w->num, (void *)(mem + ws));
   out->q = &q;
   return weight_status(mt_quantize_weight(w->w, w->type, w->ldw, &q, stream));
+}
+
+static int same_gref(const mt_wgroup_ref *a, const mt_wgroup_ref *b) {
+  return a->w == b->w && a->w_stride == b->w_stride && a->groups == b->groups && a->n == b->n &&
+         a->k == b->k && a->ldw == b->ldw && a->type == b->type &&
+         a->num.act_scale == b->num.act_scale && a->num.weight_scale == b->num.weight_scale &&
+         a->num.weight_block == b->num.weight_block;
+}
+
+/* The frozen store of w: found, or made (NULL when none can be made: the slices not back to back,
+ * full, capturing, no memory; *why says which of the last two). */
+static gentry *gentry_get(const mt_driver *d, context *c, const mt_wgroup_ref *w, size_t sbytes,
+                          int capturing, mt_stream stream, enum mt_reason *why) {
+  *why = MT_R_ROUTED;
+  for (int i = 0; i < c->ngentries; i++)
+    if (same_gref(&c->gentries[i].ref, w))
+      return &c->gentries[i];
+  if (w->w_stride && w->w_stride != (int64_t)w->n * (int64_t)w->ldw)
+    return NULL; /* gaps: the hash reads rows */
+  size_t bytes = sbytes + MT_REFRESH_STATE_BYTES;
+  if (!c->gentries && !(c->gentries = calloc(MAX_GROUPED, sizeof *c->gentries)))
+    return NULL;
+  if (c->ngentries == MAX_GROUPED || cached + bytes > cache_limit) {
+    cache_full++;
+    return NULL;
+  }
+  if (capturing) {
+    *why = MT_R_CAPTURE;
+    return NULL;
+  }
+  CUdeviceptr mem;
+  if ((*why = device_alloc(d, bytes, &mem)) != MT_R_ROUTED)
+    return NULL;
+  if (d->memset_d8_async(mem + sbytes, 0, MT_REFRESH_STATE_BYTES, stream) != CUDA_SUCCESS) {
+    MT_WARN_ONCE("could not clear a frozen weight's state: such calls fall back to cuBLAS");
+    d->mem_free(mem);
+    held -= bytes;
+    *why = MT_R_ENGINE;
+    return NULL;
+  }
+  cached += bytes;
+  gentry *e = &c->gentries[c->ngentries++];
+  e->ref = *w;
+  e->mem = mem;
+  mt_wstore_bind(&e->store, w->w_stride ? w->groups : 1, w->n, w->k, &w->num, (void *)mem);
+  return e;
+}
+
+/* One slice serves every group: the kernel steps by slice_bytes, 0 here. */
+static void share_slices(mt_wstore *s, const mt_wgroup_ref *w) {
+  if (w->w_stride)
+    return;
+  s->count = w->groups;
+  s->slice_bytes = 0;
+}
+
+enum mt_reason mt_wcache_prepare_grouped(const mt_wgroup_ref *w, int rows, mt_stream stream,
+                                         int capturing, mt_grouped_mem *out) {
+  const mt_driver *d = mt_driver_get();
+  if (!d)
+    return MT_R_NO_ENGINE;
+  context *c = context_current(d);
+  if (!c)
+    return MT_R_NO_ENGINE;
+  const int slices = w->w_stride ? w->groups : 1;
+  size_t ws = round_up(mt_grouped_workspace_bytes(rows, w->k, &w->num));
+  size_t sbytes = round_up(mt_wstore_bytes(slices, w->n, w->k, &w->num));
+  if (!ws || !sbytes)
+    return MT_R_ENGINE;
+  gentry *e = NULL;
+  enum mt_reason why = MT_R_ROUTED;
+  if (frozen && !(e = gentry_get(d, c, w, sbytes, capturing, stream, &why)) && why != MT_R_ROUTED)
+    return why;
+  CUdeviceptr mem;
+  enum mt_reason r = scratch_get(d, c, (CUstream)stream, ws + (e ? 0 : sbytes), capturing, &mem);
+  if (r != MT_R_ROUTED)
+    return r;
+  out->workspace = (void *)mem;
+  out->workspace_bytes = ws;
+  if (e) {
+    out->store = e->store;
+    int st =
+        mt_wstore_refresh(w->w, w->type, w->ldw, &out->store, (void *)(e->mem + sbytes), stream);
+    share_slices(&out->store, w);
+    return weight_status(st);
+  }
+  mt_wstore_bind(&out->store, slices, w->n, w->k, &w->num, (void *)(mem + ws));
+  int st =
+      mt_wstore_quantize(w->w, w->type, w->ldw, (size_t)w->w_stride, &out->store, NULL, stream);
+  share_slices(&out->store, w);
+  return weight_status(st);
 }

@@ -53,6 +53,31 @@ int mt_wcache_init(const mt_spec *s);
 enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream, int capturing,
                                  mt_engine_mem *out);
 
+/* A grouped call's weights: `groups` weights of n x k at row stride ldw, w_stride elements apart
+ * (0: one weight for every group). */
+typedef struct {
+  const void *w;
+  int64_t w_stride;
+  int groups, n, k;
+  size_t ldw;
+  enum mt_dtype type;
+  mt_numerics num;
+} mt_wgroup_ref;
+
+/* What a grouped call gets: the activations' workspace and the weights' store, quantized (or
+ * refreshed) on the stream. A store of one slice serves all groups when w_stride is 0. */
+typedef struct {
+  void *workspace;
+  size_t workspace_bytes;
+  mt_wstore store;
+} mt_grouped_mem;
+
+/* The same for a grouped call of `rows` activation rows in all. Frozen: a store per weight tensor,
+ * refreshed at every call by a hash of the whole tensor (the slices must lie back to back; else
+ * and past MINITE_CACHE_MB, requantized in scratch). */
+enum mt_reason mt_wcache_prepare_grouped(const mt_wgroup_ref *w, int rows, mt_stream stream,
+                                         int capturing, mt_grouped_mem *out);
+
 /* "requantize" or "frozen": the mode in force. */
 const char *mt_wcache_mode(void);
 

@@ -158,8 +158,8 @@ static void scenario_modes(void) {
   make3(&y3, matrix(E * 5 * OUT), E, 5, OUT, 5 * OUT, OUT, 1);
   make2(&b2, matrix(IN * T), IN, T, T, 1);
   make2(&y4, matrix(5 * T), 5, T, T, 1);
-  /* the forward's token counts are on the device: the grouped engine's (exec.h), not yet here */
-  call("forward", &x, &w_t, 1, 1, &y, 0);
+  /* the forward's token counts are on the device: the grouped engine reads them there */
+  call("forward", &x, &w_t, 1, 1, &y, 1);
   call("dgrad", &dy, &w, 1, 1, &dx, 0);
   call("wgrad", &dy_t, &x, 1, 1, &dw, 0);
   call("batch", &x3, &w_t, 0, 0, &y3, 1);
@@ -248,12 +248,12 @@ static void nvfp4_without_a_driver_is_no_engine(void) {
   mt_t_child_free(&r);
 }
 
-/* The offsets are on the device: only a grouped engine can run the forward; the 3-D batch runs
- * on the per-call engine, on torch's current stream. */
-static void nvfp4_offsets_wait_for_the_grouped_engine(void) {
+/* The forward (offsets on the device) and the 3-D batch run on the grouped engine, on torch's
+ * current stream. */
+static void nvfp4_grouped_engine_runs_forward_and_batch(void) {
   mt_t_child r;
   modes("nvfp4_cuda", "MINITE_SPEC=nvfp4-row", 1, &r);
-  CHECK(json(&r, "routed") == 1 && fallback(&r, "no grouped engine") == 1);
+  CHECK(json(&r, "routed") == 2 && fallback(&r, "no grouped engine") == 0);
   CHECKF(r.err && !strstr(r.err, "minite WARN"), "stderr: %s", r.err);
   mt_t_child_free(&r);
 }
@@ -298,7 +298,7 @@ static void an_optional_of_another_layout_is_torch_abi(void) {
 static void tests(void) {
   RUN(bf16_counts_forward_calls_routed);
   RUN(nvfp4_without_a_driver_is_no_engine);
-  RUN(nvfp4_offsets_wait_for_the_grouped_engine);
+  RUN(nvfp4_grouped_engine_runs_forward_and_batch);
   RUN(inert_passes_everything_through);
   RUN(a_missing_accessor_is_torch_abi);
   RUN(an_optional_of_another_layout_is_torch_abi);

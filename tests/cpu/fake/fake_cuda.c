@@ -377,7 +377,8 @@ _Static_assert(sizeof(mt_large_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_digest_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_shadow_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_probe_args) <= FAKE_CUDA_ARGS_MAX &&
-                   sizeof(mt_instr_finish_args) <= FAKE_CUDA_ARGS_MAX,
+                   sizeof(mt_instr_finish_args) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_grouped_kargs) <= FAKE_CUDA_ARGS_MAX,
                "a kernel argument struct is larger than the fake keeps");
 static size_t args_size(const char *name) {
   if (!strncmp(name, "mt_quant_", 9))
@@ -398,6 +399,8 @@ static size_t args_size(const char *name) {
     return sizeof(mt_small_args);
   if (!strncmp(name, "mt_gemm_large_", 14))
     return sizeof(mt_large_args);
+  if (!strncmp(name, "mt_grouped_", 11))
+    return sizeof(mt_grouped_kargs);
   return 0;
 }
 
@@ -406,6 +409,19 @@ static void mark_output(const mt_epilogue_args *e) {
   for (long long i = 0; i < e->m; i++)
     for (long long j = 0; j < e->n; j++)
       ((uint16_t *)e->y)[i * e->ldy + j] = FAKE_CUDA_MARK;
+}
+
+/* The grouped GEMM's outputs: each segment's rows (from the offsets, "device" memory the fake can
+ * read, or seg_rows each) of n columns. */
+static void mark_grouped(const mt_grouped_kargs *a) {
+  for (int s = a->seg0; s < a->seg0 + a->nseg; s++) {
+    long long start = a->offs ? (s ? a->offs[s - 1] : 0) : 0,
+              rows = a->offs ? a->offs[s] - start : a->seg_rows;
+    uint16_t *y = (uint16_t *)a->y + (long long)s * a->stride_y;
+    for (long long i = 0; i < rows; i++)
+      for (long long j = 0; j < a->n; j++)
+        y[(start + i) * a->ldy + j] = FAKE_CUDA_MARK;
+  }
 }
 
 /* --- the instruments' kernels, on the host (kernels/instr.h's twin) ------------------------- */
@@ -559,6 +575,8 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, voi
       mark_output(&((const mt_small_args *)params[0])->e);
     else if (!strncmp(fn->name, "mt_gemm_large_", 14))
       mark_output(&((const mt_large_args *)params[0])->e);
+    else if (!strncmp(fn->name, "mt_grouped_", 11))
+      mark_grouped((const mt_grouped_kargs *)params[0]);
     else if (!strncmp(fn->name, "mt_instr_", 9))
       run_instr(fn->name, params[0]);
   }
