@@ -75,11 +75,15 @@ int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qwei
 
 /* The frozen cache's refresh: quantize W into q only when W's bytes differ from those of the last
  * quantization recorded in `state` (MT_REFRESH_STATE_BYTES of device memory, zeroed before the
- * first use). A hash of the whole weight is compared on the device (kernels/wcheck.cu): nothing
- * is read back, so it is legal inside graph capture and a replay checks again. Cost when nothing
- * changed: one read of the weight. */
+ * first use). A hash of the weight is compared on the device (kernels/wcheck.cu): nothing is read
+ * back, so it is legal inside graph capture and a replay checks again. step 1: the whole weight
+ * (cost when nothing changed: one read of it); step s > 1: one 128-byte line in each run of s, the
+ * same lines at every call (weight_cache = frozen-sampled, MT_SAMPLE_STEP: a change confined to
+ * lines outside the sample goes unseen). */
 #define MT_REFRESH_STATE_BYTES 64
-int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state, mt_stream stream);
+#define MT_SAMPLE_STEP 64
+int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state, unsigned step,
+                      mt_stream stream);
 
 /* The kernels that run a GEMM: the few-token kernel that quantizes the activations itself
  * (fused) and the tiled tensor-core kernels after the activations' quantization (large). Both
@@ -147,10 +151,10 @@ int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t st
                        const uint32_t *only_if, mt_stream stream);
 
 /* The frozen cache's refresh for a store whose count weights lie back to back (row stride ldw,
- * each n * ldw elements after the one before): a hash of all of them on the device, compared with
- * the one of the last quantization in `state` (MT_REFRESH_STATE_BYTES, zeroed before first use),
- * and the quantization only when it differs (mt_refresh_weight's rule and guarantee). */
-int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *ws, void *state, mt_stream stream);
+ * each n * ldw elements after the one before): mt_refresh_weight's check over all of them, and
+ * the quantization only when it found a change. */
+int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *ws, void *state, unsigned step,
+                      mt_stream stream);
 
 /* A grouped GEMM: segments s = 0 .. nseg-1, y_s[m_s][n] = x_s[m_s][k] . W_s[n][k]^T with W_s slice s
  * of w, each output y = acc * ((1/S_a[i]) * (1/S_w[j])) * alpha + beta * c + bias, one RNE cast.

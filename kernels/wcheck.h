@@ -20,6 +20,18 @@ typedef struct {
   int64_t ldw;
   int32_t rows, cols;
   mt_wcheck_state *state;
+  uint32_t step; /* 1: every 128-byte line of every row; s > 1: one line in each run of s (the
+                    same lines at every call: mt_wcheck_sampled) */
 } mt_wcheck_args;
+
+/* The line of each run of `step` lines that the sampled check hashes: the run's number mixed, so
+ * that the sample moves across the columns from run to run. Shared with the CPU tests. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+    static inline uint64_t
+    mt_wcheck_sampled(uint64_t run, uint32_t step) {
+  return step <= 1 ? run : run * step + ((run * 0x9E3779B97F4A7C15ull) >> 40) % step;
+}
 
 #endif

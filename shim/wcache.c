@@ -47,21 +47,25 @@ typedef struct {
 
 static context contexts[MAX_CONTEXTS];
 static int ncontexts;
-static int frozen;
+static int frozen;          /* weight_cache frozen or frozen-sampled: weights kept and checked */
+static unsigned check_step; /* the check's sample: 1 (every byte) or MT_SAMPLE_STEP */
 static size_t cache_limit, held, cached; /* limit and bytes of frozen entries; held: all bytes */
 static unsigned long long cache_full;
 
 int mt_wcache_init(const mt_spec *s) {
-  static const char *const modes[] = {"requantize", "frozen", NULL};
+  static const char *const modes[] = {"requantize", "frozen", "frozen-sampled", NULL};
   int errors = 0;
-  int def = s->weight_cache == MT_WCACHE_FROZEN;
-  frozen = mt_param_choice("MINITE_WEIGHT_CACHE", modes, def, &errors) == 1;
+  int mode = mt_param_choice("MINITE_WEIGHT_CACHE", modes, (int)s->weight_cache, &errors);
+  frozen = mode != MT_WCACHE_REQUANTIZE;
+  check_step = mode == MT_WCACHE_FROZEN_SAMPLED ? MT_SAMPLE_STEP : 1;
   cache_limit = (size_t)mt_param_count("MINITE_CACHE_MB", 8192, 0, 1ull << 30, "MiB", &errors)
                 << 20;
   return errors;
 }
 
-const char *mt_wcache_mode(void) { return frozen ? "frozen" : "requantize"; }
+const char *mt_wcache_mode(void) {
+  return !frozen ? "requantize" : check_step > 1 ? "frozen-sampled" : "frozen";
+}
 
 void mt_wcache_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
   int n = 0;
@@ -253,8 +257,8 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   if (e) {
     out->q = &e->q;
     out->wsum = &((const mt_wcheck_state *)(uintptr_t)(e->mem + qbytes))->hash;
-    return weight_status(
-        mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + qbytes), stream));
+    return weight_status(mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + qbytes),
+                                           check_step, stream));
   }
   static mt_qweight q; /* under the exec lock, used until the call's launches are enqueued */
   mt_qweight_bind(&q, w->n, w->k, &w->num, (void *)(mem + ws));
@@ -341,8 +345,8 @@ enum mt_reason mt_wcache_prepare_grouped(const mt_wgroup_ref *w, int rows, mt_st
   out->workspace_bytes = ws;
   if (e) {
     out->store = e->store;
-    int st =
-        mt_wstore_refresh(w->w, w->type, w->ldw, &out->store, (void *)(e->mem + sbytes), stream);
+    int st = mt_wstore_refresh(w->w, w->type, w->ldw, &out->store, (void *)(e->mem + sbytes),
+                               check_step, stream);
     share_slices(&out->store, w);
     return weight_status(st);
   }

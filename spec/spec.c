@@ -35,7 +35,7 @@ enum knob {
 };
 #define K_FIRST_NVFP4 K_ELEMENT
 
-#define KNOB_MAX_VALUES 2
+#define KNOB_MAX_VALUES 3
 typedef struct {
   const char *key;
   const char *values[KNOB_MAX_VALUES]; /* NULL-padded; none for `name` (free text) */
@@ -53,13 +53,14 @@ static const knob_def knobs[K_COUNT] = {
     [K_ROUNDING] = {"rounding", {"rne"}},
     [K_ACCUMULATE] = {"accumulate", {"fp32"}},
     [K_BACKWARD] = {"backward", {"bf16"}},
-    [K_WEIGHT_CACHE] = {"weight_cache", {"requantize", "frozen"}},
+    [K_WEIGHT_CACHE] = {"weight_cache", {"requantize", "frozen", "frozen-sampled"}},
 };
 
 _Static_assert(MT_FORMAT_BF16 == 0 && MT_FORMAT_NVFP4 == 1, "format values follow the enum");
 _Static_assert(MT_SCALE_ROW == 0 && MT_SCALE_TENSOR == 1, "scale values follow the enum");
 _Static_assert(MT_WBLOCK_1X16 == 0 && MT_WBLOCK_16X16 == 1, "wblock values follow the enum");
-_Static_assert(MT_WCACHE_REQUANTIZE == 0 && MT_WCACHE_FROZEN == 1, "wcache values follow the enum");
+_Static_assert(MT_WCACHE_REQUANTIZE == 0 && MT_WCACHE_FROZEN == 1 && MT_WCACHE_FROZEN_SAMPLED == 2,
+               "wcache values follow the enum");
 
 static const char *value_name(enum knob k, unsigned v) {
   if (v < KNOB_MAX_VALUES && knobs[k].values[v])

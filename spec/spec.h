@@ -20,7 +20,7 @@
  *   rounding     = rne              rne                        (nvfp4: required)
  *   accumulate   = fp32             fp32                       (nvfp4: required)
  *   backward     = bf16             bf16                       (nvfp4: required)
- *   weight_cache = requantize       requantize | frozen        (nvfp4: required)
+ *   weight_cache = requantize       requantize | frozen | frozen-sampled   (nvfp4: required)
  *   route 1536x2048 2048x768        weight shapes OUTxIN; any number of route lines
  *
  * With format = bf16 nothing is quantized: routed GEMMs run in cuBLAS BF16 and only the statistics
@@ -45,7 +45,7 @@
 enum mt_format { MT_FORMAT_BF16, MT_FORMAT_NVFP4 };
 enum mt_scale { MT_SCALE_ROW, MT_SCALE_TENSOR };
 enum mt_wblock { MT_WBLOCK_1X16, MT_WBLOCK_16X16 };
-enum mt_wcache { MT_WCACHE_REQUANTIZE, MT_WCACHE_FROZEN };
+enum mt_wcache { MT_WCACHE_REQUANTIZE, MT_WCACHE_FROZEN, MT_WCACHE_FROZEN_SAMPLED };
 
 typedef struct {
   uint32_t out, in; /* a weight of `out` rows (output channels) by `in` columns (K) */

@@ -519,7 +519,9 @@ static void scenario_frozen(void) {
   int wc = find_launch(t, "mt_wcheck", 0), ms = find_kind(t, FAKE_EV_MEMSET, 0);
   const mt_wcheck_args *w = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
   const uint32_t *dirty = w ? &w->state->dirty : NULL;
-  CHECK(w && w->w == p.w && w->ldw == IN && w->rows == OUT && w->cols == IN);
+  const char *mode = getenv("MINITE_WEIGHT_CACHE");
+  unsigned step = mode && !strcmp(mode, "frozen-sampled") ? MT_SAMPLE_STEP : 1;
+  CHECK(w && w->w == p.w && w->ldw == IN && w->rows == OUT && w->cols == IN && w->step == step);
   CHECK(w && ms >= 0 && event(ms)->ptr == (uint64_t)(uintptr_t)w->state && event(ms)->value == 0 &&
         event(ms)->bytes >= sizeof(mt_wcheck_state) && is_device(w->state, sizeof *w->state));
   check_call_args(t, &p, p.y, NULL, 0.0f, dirty);
@@ -1005,6 +1007,32 @@ static void lt_routed_with_bias(void) {
   mt_t_child_free(&r);
 }
 
+/* frozen-sampled: the same entries, the check reading one 128-byte line in each run of
+ * MT_SAMPLE_STEP (scenario_frozen checks the step), and the summary names the mode. */
+static void frozen_sampled_checks_a_sample(void) {
+  const char *env[] = {"MINITE_WEIGHT_CACHE=frozen-sampled", "MINITE_CACHE_MB=2", NULL};
+  mt_t_child r;
+  run_child("frozen", env, &r);
+  mt_t_check_child("frozen", &r);
+  check_counts(&r, 5, NULL);
+  CHECK(r.summary && strstr(r.summary, "\"engine\": {\"weight_cache\": \"frozen-sampled\""));
+  mt_t_child_free(&r);
+}
+
+/* The sampled check's lines (kernels/wcheck.h): one in each run of `step`, inside the run, at an
+ * offset that moves from run to run (so that a sample covers every column over the rows); step 1
+ * takes every line. */
+static void sampled_lines_cover_the_runs(void) {
+  int offsets[MT_SAMPLE_STEP] = {0}, distinct = 0;
+  for (uint64_t q = 0; q < 4096; q++) {
+    uint64_t line = mt_wcheck_sampled(q, MT_SAMPLE_STEP);
+    CHECK(line / MT_SAMPLE_STEP == q);
+    distinct += !offsets[line % MT_SAMPLE_STEP]++;
+    CHECK(mt_wcheck_sampled(q, 1) == q);
+  }
+  CHECKF(distinct == MT_SAMPLE_STEP, "%d of %d offsets taken", distinct, MT_SAMPLE_STEP);
+}
+
 static void frozen_entries_and_cache_full(void) {
   const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", "MINITE_CACHE_MB=2", NULL};
   mt_t_child r;
@@ -1161,6 +1189,8 @@ static void tests(void) {
   RUN(requantize_kernels_in_order);
   RUN(lt_routed_with_bias);
   RUN(frozen_entries_and_cache_full);
+  RUN(frozen_sampled_checks_a_sample);
+  RUN(sampled_lines_cover_the_runs);
   RUN(capture_falls_back_until_warm);
   RUN(capture_before_module_load);
   RUN(kpair_maps_and_their_refusal);

@@ -187,6 +187,7 @@ static void every_knob_value(void) {
       {"weight_block", "16x16", offsetof(mt_spec, weight_block), MT_WBLOCK_16X16},
       {"weight_cache", "requantize", offsetof(mt_spec, weight_cache), MT_WCACHE_REQUANTIZE},
       {"weight_cache", "frozen", offsetof(mt_spec, weight_cache), MT_WCACHE_FROZEN},
+      {"weight_cache", "frozen-sampled", offsetof(mt_spec, weight_cache), MT_WCACHE_FROZEN_SAMPLED},
       {"format", "nvfp4", offsetof(mt_spec, format), MT_FORMAT_NVFP4},
       {"element", "e2m1", 0, -1},
       {"block", "16", 0, -1},
@@ -281,7 +282,7 @@ static void error_bad_value(void) {
   base_text(text, sizeof text, "weight_block", "16x1");
   EXPECT_ERROR(text, 7, "weight_block", "1x16 or 16x16");
   base_text(text, sizeof text, "weight_cache", "FROZEN");
-  EXPECT_ERROR(text, 11, "weight_cache", "requantize or frozen");
+  EXPECT_ERROR(text, 11, "weight_cache", "requantize, frozen or frozen-sampled");
   base_text(text, sizeof text, "format", "nvfp8");
   EXPECT_ERROR(text, 1, "format", "bad value", "bf16 or nvfp4");
   base_text(text, sizeof text, "act_scale", "row tensor");

@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "kernels/gemm_args.h"
+#include "kernels/wcheck.h"
 #include "tests/gpu/gpu_test.h"
 
 static const mt_numerics num_row = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
@@ -39,15 +40,15 @@ static void free_experts(experts *e) {
  * slices match bit for bit. wide: rows of every binade (for the store alone; a GEMM of them
  * overflows), else magnitudes that keep every output finite in FP16. */
 static int make_experts_of(experts *e, int count, int n, int k, const mt_numerics *num, int fp16,
-                           int wide) {
+                           int wide, int packed) {
   static const enum row_kind all[] = {ROW_RANDOM, ROW_RANDOM, ROW_ZERO_BLKS,
                                       ROW_WIDE,   ROW_TIES,   ROW_SUBNORMAL};
   static const enum row_kind finite[] = {ROW_RANDOM, ROW_RANDOM, ROW_RANDOM, ROW_ZERO_BLKS};
   const enum row_kind *kinds = wide ? all : finite;
   const int nkinds = wide ? NKINDS(all) : NKINDS(finite);
   e->count = count, e->n = n, e->k = k, e->num = *num;
-  e->ld = rnd_ld(k);
-  e->stride = (size_t)n * e->ld + 8 * (size_t)rnd_below(3);
+  e->ld = packed ? (size_t)k : rnd_ld(k); /* packed: back to back, as a refresh wants them */
+  e->stride = (size_t)n * e->ld + (packed ? 0 : 8 * (size_t)rnd_below(3));
   e->host = malloc((size_t)count * e->stride * 2);
   e->ref = calloc((size_t)count, sizeof *e->ref);
   float *xf = malloc((size_t)n * e->ld * sizeof *xf);
@@ -89,7 +90,7 @@ static int make_experts_of(experts *e, int count, int n, int k, const mt_numeric
 }
 
 static int make_experts(experts *e, int count, int n, int k, const mt_numerics *num, int fp16) {
-  return make_experts_of(e, count, n, k, num, fp16, 0);
+  return make_experts_of(e, count, n, k, num, fp16, 0, 0);
 }
 
 /* Slices of every kind of weight: per-row and per-tensor S, 1x16 and 16x16 blocks, rows that fill
@@ -105,7 +106,7 @@ static void store_slices(void) {
   for (int v = 0; v < NKINDS(nums); v++)
     for (int s = 0; s < NKINDS(shapes); s++) {
       experts e = {0};
-      make_experts_of(&e, shapes[s][0], shapes[s][1], shapes[s][2], &nums[v], (s + v) % 2, 1);
+      make_experts_of(&e, shapes[s][0], shapes[s][1], shapes[s][2], &nums[v], (s + v) % 2, 1, 0);
       free_experts(&e);
       dev_free_all();
     }
@@ -131,6 +132,84 @@ static void store_slices(void) {
   }
   free_experts(&e);
   dev_free_all();
+}
+
+/* The frozen refresh of a store (mt_wstore_refresh) against in-place changes of its weights: the
+ * whole tensor, one row, one element. step 1 (frozen) sees each; step MT_SAMPLE_STEP
+ * (frozen-sampled) sees the whole tensor and any change in a sampled line, and misses a change
+ * confined to lines outside the sample (documented: README, "Weight cache"). Seen: the store is
+ * the new weight's quantization (bit for bit against the reference); missed: unchanged. */
+static void store_refresh_modes(void) {
+  NEED_GPU();
+  enum { E = 2, N = 256, K = 512 };
+  for (int sampled = 0; sampled < 2; sampled++) {
+    experts e = {0};
+    unsigned step = sampled ? MT_SAMPLE_STEP : 1;
+    void *state = dev_alloc(MT_REFRESH_STATE_BYTES);
+    size_t bytes = mt_wstore_bytes(E, N, K, &num_row), wbytes = (size_t)E * N * K * 2;
+    uint8_t *before = malloc(bytes), *after = malloc(bytes);
+    uint16_t *w = malloc(wbytes);
+    if (!state || !make_experts_of(&e, E, N, K, &num_row, 0, 0, 1)) {
+      CHECK(0);
+      goto next;
+    }
+    CU(cudaMemset(state, 0, MT_REFRESH_STATE_BYTES));
+    MT(mt_wstore_refresh(e.dev, MT_DTYPE_BF16, K, &e.ws, state, step, NULL)); /* first: quantizes */
+    CU(sync_check());
+    CU(cudaMemcpy(w, e.dev, wbytes, cudaMemcpyDeviceToHost));
+    /* change kinds: 0 whole tensor, 1 one row, 2 one element in a sampled line, 3 one element
+     * outside the sample (only meaningful when sampled) */
+    for (int kind = 0; kind < (sampled ? 4 : 3); kind++) {
+      size_t at = 0, count = 0;
+      if (kind == 0)
+        at = 0, count = (size_t)E * N * K;
+      if (kind == 1)
+        at = (size_t)(N + 17) * K, count = K;
+      if (kind >= 2) {
+        const uint64_t lines = (uint64_t)E * N * K * 2 / 128, q = 37;
+        uint64_t line = mt_wcheck_sampled(q, step);
+        if (kind == 3)
+          line = line % MT_SAMPLE_STEP ? line - 1 : line + 1; /* a neighbour in the same run */
+        CHECK(line < lines);
+        at = (size_t)line * 64 + 5, count = 1;
+      }
+      for (size_t i = at; i < at + count; i++)
+        w[i] ^= 0x0140; /* another finite value */
+      CU(cudaMemcpy(e.dev, w, wbytes, cudaMemcpyHostToDevice));
+      CU(cudaMemcpy(before, e.mem, bytes, cudaMemcpyDeviceToHost));
+      MT(mt_wstore_refresh(e.dev, MT_DTYPE_BF16, K, &e.ws, state, step, NULL));
+      CU(sync_check());
+      CU(cudaMemcpy(after, e.mem, bytes, cudaMemcpyDeviceToHost));
+      int seen = memcmp(before, after, bytes) != 0, want = kind < 2 || kind == 2 || !sampled;
+      if (kind == 1 && sampled)
+        want = -1; /* a row of 8 lines may or may not hold a sampled one */
+      CHECKF(want < 0 || seen == want, "%s: change %d %s", sampled ? "frozen-sampled" : "frozen",
+             kind, seen ? "seen" : "missed");
+      if (seen) { /* the store is the new weights' quantization */
+        float *xf = malloc((size_t)N * K * sizeof *xf);
+        long bad = 0;
+        for (int s = 0; s < E; s++) {
+          mt_nvfp4 ref;
+          mt_nvfp4_alloc(&ref, N, K, MT_SCALE_TENSOR, MT_WBLOCK_1X16);
+          for (size_t i = 0; i < (size_t)N * K; i++)
+            xf[i] = mt_bf16_to_float(w[(size_t)s * N * K + i]);
+          mt_ref_quantize(xf, K, &ref);
+          bad += check_store(after + (size_t)s * e.ws.slice_bytes, &ref);
+          mt_nvfp4_free(&ref);
+        }
+        free(xf);
+        CHECKF(bad == 0, "change %d: the refreshed store differs from the reference (%ld)", kind,
+               bad);
+      }
+      printf("    %s: change %d %s\n", sampled ? "frozen-sampled" : "frozen", kind,
+             seen ? "seen" : "missed");
+    }
+  out:
+  next:
+    free(before), free(after), free(w);
+    free_experts(&e);
+    dev_free_all();
+  }
 }
 
 /* ---- the grouped GEMM ------------------------------------------------------------------------ */
@@ -632,6 +711,7 @@ static void grouped_layer(void) {
 int main(void) {
   seed_rng();
   RUN(store_slices);
+  RUN(store_refresh_modes);
   RUN(grouped_accuracy);
   RUN(grouped_bitwise);
   RUN(grouped_strided);
