@@ -171,6 +171,20 @@ static int blas_gemm(const routing *r, const layer_gemm *l, const void **ptrs) {
   return st != CUBLAS_STATUS_SUCCESS;
 }
 
+/* The frozen caches' check of gate_up's weights (every byte, or the sample), nothing changed. */
+typedef struct {
+  layer_gemm *l;
+  void *state;
+  unsigned step;
+} check_ctx;
+
+static int call_check(void *p, int i) {
+  check_ctx *c = p;
+  (void)i;
+  return mt_wstore_refresh(c->l->w, MT_DTYPE_BF16, (size_t)c->l->k, &c->l->ws, c->state, c->step,
+                           (mt_stream)stream);
+}
+
 static int call_blas(void *p, int i) {
   moe_ctx *c = p;
   routing *r = &c->r[i % c->routings];
@@ -210,6 +224,23 @@ static void bench_geometry(const geometry *g) {
          "(%.3f bytes an element)\n",
          g->name, g->experts, TOPK, 2 * g->width, g->hidden, g->hidden, g->width, bf16_bytes / 1e6,
          store_bytes / 1e6, (double)store_bytes / (bf16_bytes / 2));
+  check_ctx ck = {&c.up, dmalloc(64), 1};
+  CUDA_OK(cudaMemset(ck.state, 0, 64));
+  double t_full = time_calls(call_check, &ck, 4);
+  ck.step = MT_SAMPLE_STEP;
+  CUDA_OK(cudaMemset(ck.state, 0, 64));
+  double t_sampled = time_calls(call_check, &ck, 16);
+  double gate_up_bytes = (double)g->experts * 2 * g->width * g->hidden * 2;
+  printf("gate_up's check: frozen %.1f us (%.2f TB/s of its BF16 bytes), frozen-sampled %.2f us\n",
+         t_full * 1e6, gate_up_bytes / t_full * 1e-12, t_sampled * 1e6);
+  char crow[256];
+  snprintf(
+      crow, sizeof crow,
+      "{\"kind\": \"moe_check\", \"geometry\": \"%s\", \"frozen_us\": %.3f, \"frozen_tbps\": %.3f, "
+      "\"sampled_us\": %.3f}",
+      g->name, t_full * 1e6, gate_up_bytes / t_full * 1e-12, t_sampled * 1e6);
+  json_row(crow);
+  cudaFree(ck.state);
   printf("%6s | %10s %10s %7s | %8s %8s | %9s %9s | %7s\n", "T", "ours us", "cuBLAS us", "ratio",
          "TF/s", "TF/s", "wGB/s", "wGB/s", "rel L2");
   for (size_t ti = 0; ti < sizeof tokens / sizeof tokens[0]; ti++) {

@@ -51,6 +51,8 @@ static int frozen;          /* weight_cache frozen or frozen-sampled: weights ke
 static unsigned check_step; /* the check's sample: 1 (every byte) or MT_SAMPLE_STEP */
 static size_t cache_limit, held, cached; /* limit and bytes of frozen entries; held: all bytes */
 static unsigned long long cache_full;
+static double store_bytes,
+    store_elems; /* frozen grouped weights: their stores' bytes and elements */
 
 int mt_wcache_init(const mt_spec *s) {
   static const char *const modes[] = {"requantize", "frozen", "frozen-sampled", NULL};
@@ -71,11 +73,12 @@ void mt_wcache_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
   int n = 0;
   for (int i = 0; i < ncontexts; i++)
     n += contexts[i].nentries + contexts[i].ngentries;
-  char b[256];
+  char b[320];
   snprintf(b, sizeof b,
            ", \"engine\": {\"weight_cache\": \"%s\", \"device_bytes\": %zu, "
-           "\"frozen_weights\": %d, \"cache_full\": %llu}",
-           mt_wcache_mode(), held, n, cache_full);
+           "\"frozen_weights\": %d, \"cache_full\": %llu, \"store_bytes_per_element\": %.4f}",
+           mt_wcache_mode(), held, n, cache_full,
+           store_elems > 0 ? store_bytes / store_elems : 0.0);
   emit(ctx, b);
 }
 
@@ -305,6 +308,8 @@ static gentry *gentry_get(const mt_driver *d, context *c, const mt_wgroup_ref *w
     return NULL;
   }
   cached += bytes;
+  store_bytes += (double)sbytes;
+  store_elems += (double)(w->w_stride ? w->groups : 1) * w->n * w->k;
   gentry *e = &c->gentries[c->ngentries++];
   e->ref = *w;
   e->mem = mem;

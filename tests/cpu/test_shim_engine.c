@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stddef.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@
 #include "kernels/gemm_args.h"
 #include "kernels/quant.h"
 #include "kernels/wcheck.h"
+#include "kernels/wstore.h"
 #include "tests/cpu/fake/fake.h"
 #include "tests/cpu/fake/fake_cuda.h"
 #include "tests/cpu/scenario.h"
@@ -791,6 +793,31 @@ static void scenario_strided(void) {
   free(w), free(x), free(y), free(before);
 }
 
+/* A strided batch under frozen: one store for the three weights (back to back), its check over
+ * all of them, the quantization under its dirty word; again: the check alone before the GEMM. */
+static void scenario_frozen_batch(void) {
+  int tokens = 8;
+  size_t sw = (size_t)OUT * IN, sx = (size_t)tokens * IN, sy = (size_t)OUT * tokens;
+  uint16_t *w = matrix(sw * BATCH), *x = matrix(sx * BATCH), *y = matrix(sy * BATCH);
+  set_stream(S1);
+  for (int round = 0; round < 2; round++) {
+    int t = now();
+    CHECK(hook_strided(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, IN,
+                       sw, x, CUDA_R_16BF, IN, sx, &zero, y, CUDA_R_16BF, OUT, sy, BATCH,
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+    CHECK_TRACE(t, round ? "mt_wcheck " BATCH_CALL " " BATCH_GEMM
+                         : "alloc memset64 alloc load mt_wcheck load " BATCH_CALL
+                           " load smem " BATCH_GEMM);
+    int wc = find_launch(t, "mt_wcheck", 0), q = find_launch(t, "mt_quant_tensor_store_bf16", 0);
+    const mt_wcheck_args *a = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
+    const mt_quant_params *p = q >= 0 ? quant_args(q) : NULL;
+    CHECK(a && p && a->w == w && a->rows == BATCH * OUT && a->cols == IN && a->ldw == IN);
+    CHECK(a && p && p->only_if == &a->state->dirty && p->batch_rows == OUT);
+  }
+  check_driver_clean();
+  free(w), free(x), free(y);
+}
+
 /* An Lt strided batch (BATCH_COUNT, STRIDED_BATCH_OFFSET) with a bias per problem
  * (BIAS_BATCH_STRIDE): one grouped GEMM, each problem on its own operands and bias. */
 static void scenario_lt_batch(void) {
@@ -935,6 +962,7 @@ static const mt_t_scenario scenarios[] = {
     {"requantize", scenario_requantize},
     {"lt", scenario_lt},
     {"frozen", scenario_frozen},
+    {"frozen_batch", scenario_frozen_batch},
     {"capture", scenario_capture},
     {"capture_module", scenario_capture_module},
     {"kpair", scenario_kpair},
@@ -1004,6 +1032,24 @@ static void lt_routed_with_bias(void) {
   run_child("lt", NULL, &r);
   mt_t_check_child("lt", &r);
   check_counts(&r, 3, NULL);
+  mt_t_child_free(&r);
+}
+
+/* A frozen grouped weight: routed twice, one entry, and the summary's bytes an element of the
+ * stores (kernels/wstore.h: 4.5 bits and the padding of rows and columns). */
+static void frozen_grouped_store(void) {
+  const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", NULL};
+  mt_t_child r;
+  run_child("frozen_batch", env, &r);
+  mt_t_check_child("frozen_batch", &r);
+  check_counts(&r, 2, NULL);
+  CHECKF(json_int(r.summary, "frozen_weights") == 1, "%ld", json_int(r.summary, "frozen_weights"));
+  double want = (double)((MT_WS_SLICE_BYTES(OUT, IN, 0) * BATCH + 255) / 256 * 256) /
+                ((double)BATCH * OUT * IN);
+  const char *at = r.summary ? strstr(r.summary, "\"store_bytes_per_element\": ") : NULL;
+  double got = at ? atof(at + strlen("\"store_bytes_per_element\": ")) : -1;
+  CHECKF(got > 0.5625 && got < 0.6 && fabs(got - want) < 1e-4, "%g bytes an element, want %g", got,
+         want);
   mt_t_child_free(&r);
 }
 
@@ -1190,6 +1236,7 @@ static void tests(void) {
   RUN(lt_routed_with_bias);
   RUN(frozen_entries_and_cache_full);
   RUN(frozen_sampled_checks_a_sample);
+  RUN(frozen_grouped_store);
   RUN(sampled_lines_cover_the_runs);
   RUN(capture_falls_back_until_warm);
   RUN(capture_before_module_load);
