@@ -5,6 +5,7 @@
 #ifndef MT_BENCH_COMMON_H
 #define MT_BENCH_COMMON_H
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -125,6 +126,31 @@ static void make_pool(void) {
   pool = dmalloc(POOL_ELEMS * 2);
   CUDA_OK(cudaMemcpy(pool, h, POOL_ELEMS * 2, cudaMemcpyHostToDevice));
   free(h);
+}
+
+/* The device, the stream, cuBLAS on it with a workspace of its own (so that capture never
+ * allocates), the random pool and the JSON file `out`. Exits with a message when one is missing. */
+static void bench_open(const char *name, const char *out, cublasHandle_t *blas) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    fprintf(stderr, "%s: no GPU\n", name);
+    exit(1);
+  }
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (cublasCreate(blas) != CUBLAS_STATUS_SUCCESS) {
+    fprintf(stderr, "%s: cublasCreate failed\n", name);
+    exit(1);
+  }
+  void *blas_ws = dmalloc(64 << 20);
+  cublasSetStream(*blas, stream);
+  cublasSetWorkspace(*blas, blas_ws, 64 << 20);
+  make_pool();
+  json = fopen(out, "w");
+  if (!json) {
+    perror(out);
+    exit(1);
+  }
 }
 
 #endif

@@ -442,24 +442,7 @@ int main(int argc, char **argv) {
   if (sweep)
     argc--, argv++;
   const char *out = argc > 1 ? argv[1] : "build/bench.json";
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    fprintf(stderr, "bench: no GPU\n");
-    return 1;
-  }
-  CUDA_OK(cudaSetDevice(0));
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS)
-    return 1;
-  void *blas_ws = dmalloc(64 << 20); /* a workspace of its own, so capture never allocates */
-  cublasSetStream(blas, stream);
-  cublasSetWorkspace(blas, blas_ws, 64 << 20);
-  make_pool();
-  json = fopen(out, "w");
-  if (!json) {
-    perror(out);
-    return 1;
-  }
+  bench_open("bench", out, &blas);
   struct cudaDeviceProp prop;
   CUDA_OK(cudaGetDeviceProperties(&prop, 0));
   fprintf(json, "{\"device\": \"%s\", \"experts\": %d, \"replays\": %d, \"results\": [", prop.name,

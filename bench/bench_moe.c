@@ -312,24 +312,7 @@ int main(int argc, char **argv) {
     else
       out = argv[i];
   }
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    fprintf(stderr, "bench_moe: no GPU\n");
-    return 1;
-  }
-  CUDA_OK(cudaSetDevice(0));
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS)
-    return 1;
-  void *blas_ws = dmalloc(64 << 20); /* a workspace of its own, so capture never allocates */
-  cublasSetStream(blas, stream);
-  cublasSetWorkspace(blas, blas_ws, 64 << 20);
-  make_pool();
-  json = fopen(out, "w");
-  if (!json) {
-    perror(out);
-    return 1;
-  }
+  bench_open("bench_moe", out, &blas);
   fprintf(json, "{\"replays\": %d, \"results\": [", REPLAYS);
   for (size_t i = 0; i < sizeof geometries / sizeof geometries[0]; i++)
     if (!only || !strcmp(only, geometries[i].name))

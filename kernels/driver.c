@@ -211,3 +211,13 @@ int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, 
   void *params[] = {args};
   return d->launch_kernel_ex(&cfg, f, params, NULL) == CUDA_SUCCESS ? MT_OK : MT_ERR_CUDA;
 }
+
+int mt_sm_count(void) {
+  const mt_driver *d = mt_driver_get();
+  CUdevice dev;
+  int n = 0;
+  if (!d || d->ctx_get_device(&dev) != CUDA_SUCCESS ||
+      d->device_get_attribute(&n, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS || n <= 0)
+    return 132;
+  return n;
+}

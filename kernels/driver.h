@@ -56,4 +56,7 @@ int mt_kernel_get(const char *module, const char *fn, CUstream stream, CUfunctio
 int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem, int dependent,
               CUstream stream, void *args);
 
+/* The current device's SM count (132, an H200's, when it cannot be read): the kernels' grids. */
+int mt_sm_count(void);
+
 #endif

@@ -55,16 +55,6 @@ static void epilogue_args(const mt_gemm_args *a, const mt_qact *q, mt_epilogue_a
   e->beta = a->beta;
 }
 
-static int sm_count(void) {
-  const mt_driver *d = mt_driver_get();
-  CUdevice dev;
-  int n = 0;
-  if (!d || d->ctx_get_device(&dev) != CUDA_SUCCESS ||
-      d->device_get_attribute(&n, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS || n <= 0)
-    return 132;
-  return n;
-}
-
 /* Whether path p can take m tokens of k columns (packed: the weight's small-kernel copy exists):
  * fused, few tokens whose quantized rows fit the kernel's shared memory (gemm_args.h); small, the
  * kernel's token capacity; both need the packed weight. */
@@ -97,7 +87,7 @@ int mt_gemm_path_of(const mt_gemm_args *a) {
   int packed = mt_gemm_frag_bytes(a->n, a->k) && a->w->frag;
   if (a->path != MT_PATH_AUTO) return path_fits(a->path, a->m, a->k, packed) ? (int)a->path : -1;
   /* only the fused kernel's rule reads the SM count: the driver is asked where that kernel fits */
-  int sms = path_fits(MT_PATH_FUSED, a->m, a->k, packed) ? sm_count() : 1;
+  int sms = path_fits(MT_PATH_FUSED, a->m, a->k, packed) ? mt_sm_count() : 1;
   return mt_gemm_auto_path(a->m, a->n, a->k, packed, sms);
 }
 
@@ -233,7 +223,7 @@ int mt_gemm_kpair(int k, mt_gemm_tile t) { return t.bm == 64 && MT_LARGE_KPAIR_6
 static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   static mt_large_args proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
   mt_large_args l = proto;
-  int sms = sm_count();
+  int sms = mt_sm_count();
   mt_gemm_tile t = mt_gemm_large_tile(a->m, a->n, sms, a->tile.bm, a->tile.bn);
   if (!t.bm) return MT_ERR_UNSUPPORTED; /* a forced tile no kernel has */
   /* a driver that refused the rank-3 maps gets the boxes of one block */

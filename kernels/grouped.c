@@ -86,16 +86,6 @@ static int grouped_args_ok(const mt_grouped_args *a) {
   return 1;
 }
 
-static int sm_count(void) {
-  const mt_driver *d = mt_driver_get();
-  CUdevice dev;
-  int n = 0;
-  if (!d || d->ctx_get_device(&dev) != CUDA_SUCCESS ||
-      d->device_get_attribute(&n, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS || n <= 0)
-    return 132;
-  return n;
-}
-
 int mt_grouped_bn(int m, int nseg) {
   /* the rows a segment gets on average, with a quarter more for the ones above it */
   long long want = ((long long)m * 5 / 4 + nseg - 1) / nseg;
@@ -173,7 +163,7 @@ static int launch_gemm(const mt_grouped_args *a, mt_grouped_kargs *k, int bn, mt
   CUfunction f;
   int st = mt_kernel_get("grouped", fn, (CUstream)stream, &f);
   if (st != MT_OK) return st;
-  const long long blocks = (a->n + 127) / 128, sms = (long long)sm_count() * MT_GROUPED_CTAS(bn);
+  const long long blocks = (a->n + 127) / 128, sms = (long long)mt_sm_count() * MT_GROUPED_CTAS(bn);
   for (int s0 = 0; s0 < a->nseg && st == MT_OK; s0 += MT_GROUPED_MAX_SEG) {
     k->seg0 = s0;
     k->nseg = a->nseg - s0 < MT_GROUPED_MAX_SEG ? a->nseg - s0 : MT_GROUPED_MAX_SEG;

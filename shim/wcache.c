@@ -164,6 +164,24 @@ static size_t slot_of(const mt_weight_ref *w) {
   return (size_t)(h >> 40) % MAX_ENTRIES;
 }
 
+/* A frozen entry's memory: `data` bytes, then its refresh state, zeroed on the stream (a zeroed
+ * state has no hash yet: the first refresh quantizes); counted against the cache. */
+static enum mt_reason entry_alloc(const mt_driver *d, size_t data, mt_stream stream,
+                                  CUdeviceptr *mem) {
+  size_t bytes = data + MT_REFRESH_STATE_BYTES;
+  enum mt_reason why = device_alloc(d, bytes, mem);
+  if (why != MT_R_ROUTED)
+    return why;
+  if (d->memset_d8_async(*mem + data, 0, MT_REFRESH_STATE_BYTES, stream) != CUDA_SUCCESS) {
+    MT_WARN_ONCE("could not clear a frozen weight's state: such calls fall back to cuBLAS");
+    d->mem_free(*mem);
+    held -= bytes;
+    return MT_R_ENGINE;
+  }
+  cached += bytes;
+  return MT_R_ROUTED;
+}
+
 /* The frozen entry of w: found, or made (NULL when none can be made: full, capturing, no memory). */
 static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, int capturing,
                         mt_stream stream, enum mt_reason *why) {
@@ -186,17 +204,8 @@ static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, 
     return NULL;
   }
   CUdeviceptr mem;
-  if ((*why = device_alloc(d, bytes, &mem)) != MT_R_ROUTED)
+  if ((*why = entry_alloc(d, qbytes, stream, &mem)) != MT_R_ROUTED)
     return NULL;
-  /* a zeroed state has no hash yet: the first refresh quantizes */
-  if (d->memset_d8_async(mem + qbytes, 0, MT_REFRESH_STATE_BYTES, stream) != CUDA_SUCCESS) {
-    MT_WARN_ONCE("could not clear a frozen weight's state: such calls fall back to cuBLAS");
-    d->mem_free(mem);
-    held -= bytes;
-    *why = MT_R_ENGINE;
-    return NULL;
-  }
-  cached += bytes;
   entry *e = &c->entries[i];
   e->ref = *w;
   e->mem = mem;
@@ -298,16 +307,8 @@ static gentry *gentry_get(const mt_driver *d, context *c, const mt_wgroup_ref *w
     return NULL;
   }
   CUdeviceptr mem;
-  if ((*why = device_alloc(d, bytes, &mem)) != MT_R_ROUTED)
+  if ((*why = entry_alloc(d, sbytes, stream, &mem)) != MT_R_ROUTED)
     return NULL;
-  if (d->memset_d8_async(mem + sbytes, 0, MT_REFRESH_STATE_BYTES, stream) != CUDA_SUCCESS) {
-    MT_WARN_ONCE("could not clear a frozen weight's state: such calls fall back to cuBLAS");
-    d->mem_free(mem);
-    held -= bytes;
-    *why = MT_R_ENGINE;
-    return NULL;
-  }
-  cached += bytes;
   store_bytes += (double)sbytes;
   store_elems += (double)(w->w_stride ? w->groups : 1) * w->n * w->k;
   gentry *e = &c->gentries[c->ngentries++];
