@@ -25,9 +25,8 @@ enum mt_reason mt_exec_routed(const mt_spec *s, mt_call *c, cublasStatus_t *stat
  * otherwise the fallback reason, with nothing written to any output (the caller then runs the
  * original call), except where a failure came after a launch (warned, "engine error").
  *
- * Until the grouped engine exists, segments with strides run one engine GEMM each (the per-call
- * path, beta 0 only when there is more than one), device offsets give "no grouped engine" and
- * pointer arrays "pointer arrays". */
+ * The grouped engine (kernels/engine.h, mt_gemm_grouped) runs segments with strides and with
+ * device offsets; pointer arrays fall back as "pointer arrays". */
 enum mt_reason mt_exec_grouped(const mt_spec *s, const mt_grouped_call *g);
 
 #endif

@@ -19,7 +19,6 @@ static const char *const reason_names[MT_R_COUNT] = {
     [MT_R_NOMEM] = "out of memory",
     [MT_R_ENGINE] = "engine error",
     [MT_R_PTR_ARRAYS] = "pointer arrays",
-    [MT_R_NO_GROUPED] = "no grouped engine",
     [MT_R_TORCH_ABI] = "torch abi",
 };
 

@@ -33,8 +33,6 @@ enum mt_reason {
   MT_R_ENGINE,       /* the engine refused the problem or a launch failed */
   MT_R_PTR_ARRAYS,   /* routed problems behind device pointer arrays: the engine would have to
                         read them back (BatchedEx, GroupedBatchedEx, Lt POINTER_ARRAY batches) */
-  MT_R_NO_GROUPED,   /* a grouped call with its group sizes on the device (torch._grouped_mm),
-                        which only a grouped engine can run */
   MT_R_TORCH_ABI,    /* torch._grouped_mm's arguments cannot be read: libtorch lacks an accessor
                         the shim needs (another PyTorch version), or its layout differs */
   MT_R_COUNT

@@ -140,7 +140,7 @@ static void reason_names(void) {
       "unrouted",          "routed",   "backward dgrad", "backward wgrad", "dtype",
       "compute type",      "layout",   "epilogue",       "pointer mode",   "k alignment",
       "no engine",         "capture",  "out of memory",  "engine error",   "pointer arrays",
-      "no grouped engine", "torch abi"};
+      "torch abi"};
   for (int r = 0; r < MT_R_COUNT; r++)
     CHECKF(!strcmp(mt_reason_name(r), want[r]), "%d: %s", r, mt_reason_name(r));
   CHECK(!strcmp(mt_reason_name(MT_R_COUNT), "?"));

@@ -88,14 +88,14 @@ def case_hf_generate():
 
 def gemm_launches(fn):
     """The kernels of one call of fn (after a warm-up), from the profiler: how many of them are
-    the engine's GEMMs (mt_gemm*), and all their names."""
+    the engine's GEMMs (mt_gemm*, mt_grouped*), and all their names."""
     fn()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return sum(n.startswith("mt_gemm") for n in names), names
+    return sum(n.startswith(("mt_gemm", "mt_grouped")) for n in names), names
 
 
 def case_direct():
