@@ -994,9 +994,8 @@ static long json_int(const char *s, const char *key) { return mt_t_json_int_in(s
 /* The summary's routed calls and fallbacks: `reasons` is "name=N" strings, NULL-terminated;
  * every other reason must be absent. */
 static void check_counts(const mt_t_child *r, long routed, const char *const reasons[]) {
-  static const char *const all[] = {
-      "capture", "out of memory",  "engine error",      "no engine", "layout",
-      "dtype",   "pointer arrays", NULL};
+  static const char *const all[] = {"capture", "out of memory", "engine error",   "no engine",
+                                    "layout",  "dtype",         "pointer arrays", NULL};
   CHECKF(r->summary, "no summary record");
   if (!r->summary)
     return;
