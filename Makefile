@@ -2,7 +2,7 @@
 #
 #   make test          CPU tests (what CI runs); closes with "tests: N passed, N failed, N skipped"
 #   make test SAN=1    the same under AddressSanitizer + UndefinedBehaviorSanitizer (in build-san/)
-#   make fuzz          libFuzzer on the spec parser for FUZZ_SECONDS
+#   make fuzz          libFuzzer targets of lab/fuzz.mk (spec parser, environment, Lt descriptors)
 #   make gputest       GPU tests (device machine: H200, sm_90)
 #   make bench         kernel benchmarks (device machine); writes build/bench.json
 #
@@ -15,7 +15,6 @@ NVCC         ?= $(CUDA_HOME)/bin/nvcc
 PYTHON       ?= python3
 CLANG        ?= clang
 SAN          ?= 0
-FUZZ_SECONDS ?= 60
 
 B := build
 ifeq ($(SAN),1)
@@ -42,7 +41,7 @@ GPU_TESTS := $(patsubst tests/gpu/%.c,$(B)/tests/gpu/%,$(wildcard tests/gpu/test
 PY_CPU_TESTS := $(wildcard tests/cpu/test_*.py)
 SH_CPU_TESTS := $(wildcard tests/cpu/test_*.sh)
 
-.PHONY: all test gputest bench fuzz clean format format-check
+.PHONY: all test gputest bench clean format format-check
 .PRECIOUS: $(B)/kernels/%.fatbin
 all: $(B)/libminite.so $(B)/minite
 
@@ -94,14 +93,6 @@ GPUTEST_PY ?= $(wildcard tests/gpu/test_*.py)
 gputest: all $(GPU_TESTS) $(TEST_FIXTURES)
 	@MT_BUILD=$(B) PYTHON=$(PYTHON) tests/run $(GPU_TESTS) \
 	    $(foreach t,$(GPUTEST_PY),'$(PYTHON) $(t)')
-
-$(B)/fuzz_spec: tests/fuzz_spec.c spec/spec.c spec/spec.h
-	@mkdir -p $(B)
-	$(CLANG) -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined $< spec/spec.c -o $@
-
-fuzz: $(B)/fuzz_spec
-	@mkdir -p $(B)/fuzz-corpus
-	$(B)/fuzz_spec -max_total_time=$(FUZZ_SECONDS) -max_len=4096 $(B)/fuzz-corpus tests/fuzz-seeds
 
 # C and CUDA sources follow .clang-format (kernels/ and lab/ have their own, 120 columns wide).
 FORMAT_SRC = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
