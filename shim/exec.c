@@ -6,12 +6,13 @@
  * quantized weight and scratch from shim/wcache.c and runs on the call's stream with the call's
  * alpha, beta, C, output and (Lt) bias.
  *
- * Every launch of one call is enqueued under one lock: a stream's scratch is reused by the next
- * call on that stream, so two threads must not interleave their launches. Any failure before the
+ * Every launch of one problem is enqueued under its stream's scratch lease (shim/wcache.h): the
+ * scratch is reused by the next call on that stream, so two threads on one stream must not
+ * interleave their launches; threads on different streams run at once. Any failure before the
  * GEMM kernel is launched leaves the output untouched, and the hook forwards the call to cuBLAS
  * with the reason. Batched calls with beta != 0 are not routed: a failure after some problems ran
  * could not be undone, and cuBLAS would then read outputs the engine already overwrote. After the
- * GEMM, the sampled instruments of shim/instr.c are enqueued behind it, under the same lock (the
+ * GEMM, the sampled instruments of shim/instr.c are enqueued behind it, under the same lease (the
  * probe reuses the call's workspace and quantized weight).
  */
 #include "shim/exec.h"
@@ -24,8 +25,6 @@
 #include "shim/instr.h"
 #include "base/log.h"
 #include "shim/wcache.h"
-
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 static enum mt_dtype dtype_of(int cuda_type) {
   return cuda_type == CUDA_R_16F   ? MT_DTYPE_FP16
@@ -48,8 +47,10 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const void
   mt_numerics_from_spec(s, &w.num);
   mt_engine_mem mem;
   enum mt_reason r = mt_wcache_prepare(&w, (int)c->n, c->stream, capturing, &mem);
-  if (r != MT_R_ROUTED)
+  if (r != MT_R_ROUTED) {
+    mt_wcache_release(&mem);
     return r;
+  }
   int bias = c->entry == MT_FN_cublasLtMatmul && c->epilogue == CUBLASLT_EPILOGUE_BIAS;
   mt_gemm_args a = {
       .m = (int)c->n,
@@ -81,6 +82,7 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const void
     ic.capturing = capturing;
     mt_instr_after(&ic);
   }
+  mt_wcache_release(&mem);
   if (st != MT_OK && st != MT_ERR_CAPTURE)
     MT_WARN_ONCE("the NVFP4 engine could not run a routed GEMM (m=%lld n=%lld k=%lld): %s; such "
                  "calls fall back to cuBLAS",
@@ -194,7 +196,6 @@ enum mt_reason mt_exec_routed(const mt_spec *s, mt_call *c, cublasStatus_t *stat
                  "(reason \"no engine\")");
     return MT_R_NO_ENGINE;
   }
-  pthread_mutex_lock(&lock);
   int capturing = stream_capturing(c);
   enum mt_reason r;
   switch (c->entry) {
@@ -211,7 +212,6 @@ enum mt_reason mt_exec_routed(const mt_spec *s, mt_call *c, cublasStatus_t *stat
   default: /* cublasGemmEx, its _64 form, cublasLtMatmul: one problem */
     r = run_problem(s, c, c->a, c->b, c->c, c->d, c->alpha, c->beta, capturing);
   }
-  pthread_mutex_unlock(&lock);
   if (r == MT_R_ROUTED)
     *status = CUBLAS_STATUS_SUCCESS;
   return r;
