@@ -140,6 +140,7 @@ static void slot_free(ctx_slot *s) {
   s->handle = NULL;
   s->canary = 0;
   s->loaded = 0;
+  memset(s->modules, 0, sizeof s->modules); /* they went with their context */
   for (int i = 0; i < MAX_CONFIGURED; i++) atomic_store_explicit(&s->configured[i], NULL, memory_order_relaxed);
 }
 

@@ -191,6 +191,8 @@ static int stream_capturing(const mt_call *c) {
 }
 
 enum mt_reason mt_exec_routed(const mt_spec *s, mt_call *c, cublasStatus_t *status) {
+  if (mt_wcache_forked())
+    return MT_R_NO_ENGINE;
   if (!mt_driver_get()) {
     MT_WARN_ONCE("no CUDA driver (libcuda.so.1) in this process: routed GEMMs run in cuBLAS "
                  "(reason \"no engine\")");

@@ -72,15 +72,13 @@ static void child_after_fork(void) {
     atomic_store(&forked_after_use, 1);
 }
 
-static int forked_child(void) {
+int mt_wcache_forked(void) {
   if (atomic_load_explicit(&forked_after_use, memory_order_relaxed)) {
     MT_WARN_ONCE("this process was forked from one that used CUDA, which a forked child cannot "
                  "use: its routed GEMMs go to cuBLAS (reason \"no engine\"); start workers with "
                  "spawn, or fork them before CUDA is used");
     return 1;
   }
-  if (!atomic_load_explicit(&engine_used, memory_order_relaxed))
-    atomic_store(&engine_used, 1);
   return 0;
 }
 
@@ -383,11 +381,13 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   memset(out, 0, sizeof *out);
   out->stream = stream;
   const mt_driver *d = mt_driver_get();
-  if (!d || forked_child())
+  if (!d || mt_wcache_forked())
     return MT_R_NO_ENGINE;
   pthread_once(&locks_once, init_locks);
   mt_ctx x;
   int st = mt_ctx_current(&x);
+  if (st == MT_OK && !atomic_load_explicit(&engine_used, memory_order_relaxed))
+    atomic_store(&engine_used, 1); /* from here on, a forked child cannot use CUDA */
   context *c = st == MT_OK ? context_of(&x) : NULL;
   if (!c) {
     MT_WARN_ONCE("no usable current CUDA context for a routed GEMM (none current, or more than %d "

@@ -68,6 +68,10 @@ int mt_wcache_init(const mt_spec *s);
 enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream, int capturing,
                                  mt_engine_mem *out);
 
+/* 1 (said once) in a process forked from one whose engine ran: it must make no CUDA call at all
+ * (a driver call there is undefined, and may wait forever on a lock of the parent's threads). */
+int mt_wcache_forked(void);
+
 /* Give back what mt_wcache_prepare took (the stream's lease; a captured call's memory, freed in
  * stream order after the kernels enqueued so far). */
 void mt_wcache_release(mt_engine_mem *mem);

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/gemm_args.h"
 #include "kernels/instr.h"
@@ -26,7 +27,7 @@
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_EVENTS 8192
 #define MAX_ALLOCS 1024
-#define MAX_MODULES 16
+#define MAX_MODULES 64 /* five kernel files per context, a few contexts */
 #define MAX_FUNCTIONS 128
 #define MAX_CAPTURING 16
 #define DEFAULT_SMEM (48 * 1024)
@@ -78,6 +79,7 @@ static unsigned long long current_id(void);
 static int alloc_should_fail(void);
 static unsigned long long next_buffer_id(void);
 static _Thread_local int thread_relaxed; /* cuThreadExchangeStreamCaptureMode */
+static void launch_delay(void);
 
 /* The log, aligned as its argument copies must be (mt_large_args holds CUtensorMaps). */
 static void events_alloc(void) {
@@ -538,6 +540,7 @@ static int should_fail(const char *name) {
 
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
                                  void **extra) {
+  launch_delay();
   pthread_mutex_lock(&lock);
   function *fn = function_of(f);
   CUresult r = CUDA_SUCCESS;
@@ -672,10 +675,12 @@ EXPORT CUresult cuMemFree(CUdeviceptr ptr) {
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream stream) {
   pthread_mutex_lock(&lock);
   CUresult r = CUDA_SUCCESS;
-  if (!allocation_of((void *)(uintptr_t)dst, n)) {
+  allocation *a = allocation_of((void *)(uintptr_t)dst, n);
+  if (!a) {
     counts.invalid++;
     r = CUDA_ERROR_INVALID_VALUE;
   } else {
+    counts.stale += a->ctx != current_index(); /* memory of another context */
     memset((void *)(uintptr_t)dst, value, n);
   }
   log_simple(FAKE_EV_MEMSET, stream, dst, n, value, r);
@@ -874,15 +879,25 @@ static fake_context contexts[MAX_CONTEXTS] = {{1, 1}};
 static unsigned long long last_context_id = 1, last_buffer_id;
 static int last_destroyed = -1;
 static _Thread_local int thread_context; /* the slot current in this thread; -1: none */
-static int fail_alloc_in, no_async;
+static int fail_alloc_in, no_async, launch_us;
 static long allocs_made;
 
 static void fake_cuda_env_more(void) {
   const char *v = getenv("FAKE_CUDA_FAIL_ALLOC");
   if (v && *v)
     fail_alloc_in = atoi(v);
+  v = getenv("FAKE_CUDA_LAUNCH_US");
+  if (v && *v)
+    launch_us = atoi(v);
   v = getenv("FAKE_CUDA_NO_ASYNC");
   no_async = v && *v == '1';
+}
+
+/* A launch's host-side cost (FAKE_CUDA_LAUNCH_US), outside the fake's lock, as a driver's is
+ * outside any lock of the caller's: threads that launch at once overlap it. */
+static void launch_delay(void) {
+  if (launch_us > 0)
+    nanosleep(&(struct timespec){launch_us / 1000000, (launch_us % 1000000) * 1000L}, NULL);
 }
 
 static CUcontext current_context(void) {

@@ -109,7 +109,8 @@ typedef long (*fake_cuda_fail_alloc_fn)(int nth);
  * FAKE_CUDA_CAPTURING=handle,handle (hex or decimal stream handles), FAKE_CUDA_FAIL_LAUNCH=[name:]n,
  * FAKE_CUDA_CC=major.minor (default 9.0), FAKE_CUDA_MAP_RANK=r (tensor maps of a higher rank are
  * refused with CUDA_ERROR_NOT_SUPPORTED; default 3), FAKE_CUDA_FAIL_ALLOC=n (the nth allocation
- * fails), FAKE_CUDA_NO_ASYNC=1 (cuMemAllocAsync answers CUDA_ERROR_NOT_SUPPORTED,
+ * fails), FAKE_CUDA_LAUNCH_US=n (each launch takes n microseconds, outside the fake's lock),
+ * FAKE_CUDA_NO_ASYNC=1 (cuMemAllocAsync answers CUDA_ERROR_NOT_SUPPORTED,
  * as on a device without memory pools). */
 
 #endif
