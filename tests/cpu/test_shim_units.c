@@ -61,7 +61,7 @@ static void router_decision_table(void) {
     const char *what;
     mt_call c;
     enum mt_reason want;
-  } rows[24];
+  } rows[28];
   int n = 0;
   mt_call c = forward();
 #define ROW(text, expr, reason)                                                                    \
@@ -103,6 +103,9 @@ static void router_decision_table(void) {
       MT_R_K_ALIGN);
   ROW("strided batch of routed problems", (c.entry = MT_FN_cublasGemmStridedBatchedEx, c.batch = 3),
       MT_R_ROUTED);
+  /* found by lab/fuzz_lt.c: an Lt layout of 2^64 - x columns read as a negative token count */
+  ROW("negative token count", c.n = -8142508126285856760LL, MT_R_LAYOUT);
+  ROW("no tokens", c.n = 0, MT_R_LAYOUT);
 #undef ROW
   for (int i = 0; i < n; i++) {
     enum mt_reason got = mt_route_decide(&spec, &rows[i].c);
