@@ -17,7 +17,7 @@
 
 atomic_int mt_shim_on;
 static mt_spec spec;         /* written once before mt_shim_on is set, read-only afterwards */
-static char role_name[1024]; /* longer roles are cut (at a character boundary in the JSON) */
+static char role_name[1024]; /* longer roles are cut (a character cut in two: U+FFFD) */
 static pthread_once_t first_call = PTHREAD_ONCE_INIT;
 
 const mt_spec *mt_shim_spec(void) { return &spec; }
