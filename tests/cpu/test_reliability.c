@@ -56,6 +56,7 @@ static void *lib_cublas, *lib_cuda;
 static const float one = 1.0f, zero = 0.0f;
 static __typeof__(&cublasGemmEx) hook_gemm, fake_gemm;
 static __typeof__(&cublasCreate_v2) create_handle;
+static __typeof__(&cublasDestroy_v2) destroy_handle;
 static __typeof__(&cublasSetStream_v2) set_stream_fn;
 static fake_cuda_counts_fn cuda_counts;
 static fake_cuda_set_capturing_fn set_capturing;
@@ -82,10 +83,11 @@ static int load_fakes(const char *build) {
   hook_gemm = (__typeof__(hook_gemm))dlsym(RTLD_DEFAULT, "cublasGemmEx");
   fake_gemm = (__typeof__(fake_gemm))mt_t_sym(lib_cublas, "cublasGemmEx");
   create_handle = (__typeof__(create_handle))mt_t_sym(lib_cublas, "cublasCreate_v2");
+  destroy_handle = (__typeof__(destroy_handle))mt_t_sym(lib_cublas, "cublasDestroy_v2");
   set_stream_fn = (__typeof__(set_stream_fn))mt_t_sym(lib_cublas, "cublasSetStream_v2");
   if (!cuda_counts || !set_capturing || !ctx_create || !ctx_destroy || !device_reset ||
       !fail_alloc || !set_current || !hook_gemm || hook_gemm == fake_gemm || !create_handle ||
-      !set_stream_fn)
+      !destroy_handle || !set_stream_fn)
     return printf("    child: a hook or a fake's knob is missing\n"), -1;
   return create_handle(&handle) == CUBLAS_STATUS_SUCCESS ? 0 : -1;
 }
@@ -293,6 +295,7 @@ static void *ctx_worker(void *arg) {
   for (int i = 0; i < j->calls; i++)
     j->routed += routed_on(h, &p, j->stream);
   unmake(&p);
+  destroy_handle(h);
   return NULL;
 }
 
@@ -347,6 +350,7 @@ static void *thread_worker(void *arg) {
       p.w = NULL;
     unmake(&p);
   }
+  destroy_handle(h);
   return NULL;
 }
 
@@ -397,6 +401,7 @@ static void *looper(void *arg) {
   while (!atomic_load(&stop_looping))
     routed_on(h, &p, S2);
   unmake(&p);
+  destroy_handle(h);
   return NULL;
 }
 
