@@ -6,7 +6,8 @@
  * and refuses what the real driver refuses (an unknown function or one the module does not hold,
  * more than 48 KiB of dynamic shared memory without the function's attribute, a memset outside an
  * allocation). Knobs (tests/cpu/fake/fake_cuda.h): capturing streams, no context, a memory limit,
- * a failing launch or module load.
+ * a failing launch or module load; and, in the section at the end, more contexts (destroyed,
+ * re-created at one address), stream-ordered memory, capture modes, failing allocations.
  *
  * A GEMM launch marks its output (FAKE_CUDA_MARK) as the GPU would overwrite it, nothing more.
  */
