@@ -6,7 +6,7 @@
 #                      "tests: N passed, N failed, N skipped"
 #   make test SAN=1    the same under AddressSanitizer + UndefinedBehaviorSanitizer (in build-san/;
 #                      the lab probes, CUDA only, are left to the plain build)
-#   make fuzz          libFuzzer on the spec parser for FUZZ_SECONDS
+#   make fuzz          libFuzzer targets of lab/fuzz.mk (spec parser, environment, Lt descriptors)
 #   make gputest       GPU tests (device machine: H200, sm_90); without a GPU it says so and fails
 #   make bench         kernel benchmarks (device machine); writes build/bench.json
 #   make bench-build   the benchmarks, built and not run; make lab: the lab probes, likewise
@@ -19,7 +19,6 @@ CUDA_HOME    ?= /usr/local/cuda
 NVCC         ?= $(CUDA_HOME)/bin/nvcc
 CLANG        ?= clang
 SAN          ?= 0
-FUZZ_SECONDS ?= 60
 
 # PYTHON runs the Python tests and tools. Unset, the CPU tests get the interpreter of build/venv
 # (made on first use from tests/requirements.txt, brought up to date when that changes; shared by
@@ -63,7 +62,7 @@ GPU_TESTS := $(patsubst tests/gpu/%.c,$(B)/tests/gpu/%,$(wildcard tests/gpu/test
 PY_CPU_TESTS := $(wildcard tests/cpu/test_*.py)
 SH_CPU_TESTS := $(wildcard tests/cpu/test_*.sh)
 
-.PHONY: all test gputest gputest-run bench bench-build lab fuzz clean format format-check
+.PHONY: all test gputest gputest-run bench bench-build lab clean format format-check
 .PRECIOUS: $(B)/kernels/%.fatbin
 all: $(B)/libminite.so $(B)/minite
 
@@ -139,14 +138,6 @@ gputest:
 gputest-run: all $(GPU_TESTS) $(TEST_FIXTURES)
 	@MT_BUILD=$(B) PYTHON=$(PYTHON) tests/run $(GPU_TESTS) \
 	    $(foreach t,$(GPUTEST_PY),'$(PYTHON) $(t)')
-
-$(B)/fuzz_spec: tests/fuzz_spec.c spec/spec.c spec/spec.h
-	@mkdir -p $(B)
-	$(CLANG) -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined $< spec/spec.c -o $@
-
-fuzz: $(B)/fuzz_spec
-	@mkdir -p $(B)/fuzz-corpus
-	$(B)/fuzz_spec -max_total_time=$(FUZZ_SECONDS) -max_len=4096 $(B)/fuzz-corpus tests/fuzz-seeds
 
 # C and CUDA sources follow .clang-format (kernels/ and lab/ have their own, 120 columns wide);
 # `make test` runs format-check. Outside a git checkout, every such file but the build folders'.

@@ -9,12 +9,14 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "base/proc.h"
 
 const char *mt_param_str(const char *name) {
   const char *v = getenv(name);
   if (!v || !v[0])
     return NULL;
-  MT_INFO("%s set by environment to %s", name, v);
+  char shown[MT_LOG_VALUE_MAX + 64];
+  MT_INFO("%s set by environment to %s", name, mt_log_value(v, shown, sizeof shown));
   return v;
 }
 
@@ -36,10 +38,10 @@ int mt_param_choice(const char *name, const char *const choices[], int def, int 
       return i;
     }
   }
-  char list[256];
+  char list[256], shown[MT_LOG_VALUE_MAX + 64];
   choices_text(choices, list, sizeof list);
-  MT_WARN("invalid value '%s' for %s: use one of %s; using the default %s", v, name, list,
-          choices[def]);
+  MT_WARN("invalid value '%s' for %s: use one of %s; using the default %s",
+          mt_log_value(v, shown, sizeof shown), name, list, choices[def]);
   if (errors)
     (*errors)++;
   return def;
@@ -75,15 +77,16 @@ double mt_param_rate(const char *name, double def, int *errors) {
     return def;
   double r = parse_rate(v);
   if (r < 0) {
+    char shown[MT_LOG_VALUE_MAX + 64];
     MT_WARN("invalid value '%s' for %s: use a rate in [0, 1] as a decimal (0.015625) or a "
             "fraction (1/64), 0 to turn it off; using the default %g",
-            v, name, def);
+            mt_log_value(v, shown, sizeof shown), name, def);
     if (errors)
       (*errors)++;
     return def;
   }
   if (r != def)
-    MT_INFO("%s set by environment to %s", name, v);
+    MT_INFO("%s set by environment to %s", name, v); /* parsed as a number: short */
   return r;
 }
 
@@ -95,13 +98,22 @@ unsigned long long mt_param_count(const char *name, unsigned long long def, unsi
   char *end;
   unsigned long long n = strtoull(v, &end, 10);
   if (*end || end == v || v[0] == '-' || n < min || n > max) {
-    MT_WARN("%s=%s is not a number of %s in %llu .. %llu (e.g. %llu); using %llu", name, v, unit,
-            min, max, def, def);
+    char shown[MT_LOG_VALUE_MAX + 64];
+    MT_WARN("%s=%s is not a number of %s in %llu .. %llu (e.g. %llu); using %llu", name,
+            mt_log_value(v, shown, sizeof shown), unit, min, max, def, def);
     if (errors)
       (*errors)++;
     return def;
   }
   return n;
+}
+
+void mt_param_template_check(const char *name, const char *tmpl) {
+  char esc[3], shown[MT_LOG_VALUE_MAX + 64];
+  if (mt_proc_path_unknown(tmpl, esc))
+    MT_WARN("%s=%s: '%s' is not a known escape (%s): it is kept as written; write %%%% for a "
+            "percent sign",
+            name, mt_log_value(tmpl, shown, sizeof shown), esc, MT_PROC_ESCAPES);
 }
 
 int mt_param_log(void) {
@@ -120,7 +132,11 @@ int mt_param_log(void) {
   mt_log_set_level(level);
   if (level != MT_LOG_WARN)
     MT_INFO("MINITE_LOG_LEVEL set by environment to %s", mt_log_level_names[level]);
-  if (tmpl && tmpl[0])
-    MT_INFO("MINITE_LOG_FILE set by environment to %s", tmpl);
+  if (tmpl && tmpl[0]) {
+    char shown[MT_LOG_VALUE_MAX + 64];
+    MT_INFO("MINITE_LOG_FILE set by environment to %s", mt_log_value(tmpl, shown, sizeof shown));
+  }
+  if (tmpl && tmpl[0] && level != MT_LOG_NONE)
+    mt_param_template_check("MINITE_LOG_FILE", tmpl);
   return errors;
 }

@@ -31,6 +31,10 @@ double mt_param_rate(const char *name, double def, int *errors);
 unsigned long long mt_param_count(const char *name, unsigned long long def, unsigned long long min,
                                   unsigned long long max, const char *unit, int *errors);
 
+/* Warn (once per call) when the path template `tmpl` of variable `name` holds an escape that
+ * base/proc.h does not know: it is kept as written, which is rarely what was meant. */
+void mt_param_template_check(const char *name, const char *tmpl);
+
 /* Read MINITE_LOG_LEVEL and MINITE_LOG_FILE and set the log up (once; later calls do nothing).
  * Returns the number of configuration errors found (each already warned about). */
 int mt_param_log(void);

@@ -63,3 +63,17 @@ int mt_proc_path(const char *tmpl, char *out, size_t size) {
   out[used] = '\0';
   return 0;
 }
+
+int mt_proc_path_unknown(const char *tmpl, char esc[3]) {
+  for (const char *p = tmpl; *p; p++) {
+    if (*p != '%')
+      continue;
+    if (p[1] && strchr("hpr%", p[1])) {
+      p++;
+      continue;
+    }
+    esc[0] = '%', esc[1] = p[1], esc[2] = '\0';
+    return 1;
+  }
+  return 0;
+}

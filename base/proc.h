@@ -15,4 +15,11 @@ const char *mt_proc_rank(void);
  * %x is kept as written. Returns 0, or -1 when the result does not fit in `size`. */
 int mt_proc_path(const char *tmpl, char *out, size_t size);
 
+/* The first escape of tmpl that mt_proc_path does not know ("%x", or "%" at the end), written
+ * into `esc` (3 bytes); returns 1 when there is one (the caller warns: it is kept as written). */
+int mt_proc_path_unknown(const char *tmpl, char esc[3]);
+
+/* The text of the known escapes, for messages. */
+#define MT_PROC_ESCAPES "%h host, %p pid, %r rank, %% a percent sign"
+
 #endif

@@ -1,16 +1,21 @@
-/* driver.c — the CUDA driver table (libcuda.so.1 through dlopen) and the kernel modules embedded in
- * the library, loaded once per (context, kernel file) and looked up without a driver call.
+/* driver.c — the CUDA driver table (libcuda.so.1 through dlopen), the registry of CUDA contexts, and
+ * the kernel modules embedded in the library, loaded once per context and looked up without a
+ * driver call.
  *
- * The function cache is an append-only array of slots published through an atomic count: a reader
- * scans the published slots with no lock (a few string compares); a miss takes the mutex, loads what is missing and
- * publishes one more slot. Slots are never removed: a context destroyed and another created at the
- * same address would find stale entries (cudaDeviceReset inside a routed process is not supported).
+ * Each context slot (driver.h) holds its modules and an append-only array of function slots
+ * published through an atomic count: a reader finds its context's slot by ID and scans the
+ * published functions with no lock (a few string compares), then checks that the slot still
+ * belongs to that ID (a slot is reused only after its context was destroyed: a reader racing
+ * with that is using a destroyed context, and gets a miss, never another context's function). A
+ * miss takes the mutex, loads what is missing and publishes one more slot.
  */
 #include "kernels/driver.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "kernels/engine.h"
@@ -51,6 +56,11 @@ static void driver_load(void) {
   missing |= sym_addr == NULL;
   MT_DRIVER_FUNCTIONS(MT_DRIVER_SYM)
 #undef MT_DRIVER_SYM
+#define MT_DRIVER_OPT(field, decl, sym)                                                                                \
+  sym_addr = dlsym(lib, sym);                                                                                          \
+  memcpy(&driver_table.field, &sym_addr, sizeof sym_addr);
+  MT_DRIVER_OPTIONAL(MT_DRIVER_OPT)
+#undef MT_DRIVER_OPT
   if (!missing) driver_loaded = &driver_table;
 }
 
@@ -59,38 +69,126 @@ const mt_driver *mt_driver_get(void) {
   return driver_loaded;
 }
 
-/* Far more than a process needs (a few kernels per file, a context per GPU); when full, new
- * lookups fail with MT_ERR_CUDA rather than evict. */
-#define MAX_MODULES 64
-#define MAX_FUNCTIONS 512
+int mt_capture_relax(void) {
+  const mt_driver *d = mt_driver_get();
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (!d || !d->exchange_capture_mode || d->exchange_capture_mode(&mode) != CUDA_SUCCESS) return -1;
+  return (int)mode;
+}
 
-typedef struct {
-  CUcontext ctx;
-  int file;
-  CUmodule module;
-} module_slot;
+void mt_capture_restore(int previous) {
+  const mt_driver *d = mt_driver_get();
+  CUstreamCaptureMode mode = (CUstreamCaptureMode)previous;
+  if (previous >= 0 && d && d->exchange_capture_mode) d->exchange_capture_mode(&mode);
+}
 
+/* --- the context registry ------------------------------------------------------------------ */
+
+#define MAX_FUNCTIONS 256 /* kernels looked up per context: far more than the engine has */
+#define MAX_CONFIGURED 64 /* functions whose shared-memory limit was raised, per context */
 #define MAX_NAME 64
+#define CANARY_BYTES 256
 
 typedef struct {
-  CUcontext ctx;
   int file;
   char fn[MAX_NAME];
   CUfunction function;
 } function_slot;
 
-static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
-static module_slot modules[MAX_MODULES];
-static int nmodules; /* under load_lock */
-static function_slot functions[MAX_FUNCTIONS];
-static atomic_int nfunctions; /* slots below it are complete and never change */
+typedef struct {
+  _Atomic unsigned long long id; /* 0: free */
+  CUcontext handle;
+  CUdeviceptr canary;            /* 0 until made (never while capturing) */
+  unsigned long long canary_buf; /* its buffer ID: unique in the process, gone with the context */
+  int loaded;                    /* every kernel file's module is loaded */
+  CUmodule modules[NFILES];
+  _Atomic int nfunctions; /* slots below it are complete and never change while id holds */
+  function_slot functions[MAX_FUNCTIONS];
+  _Atomic(CUfunction) configured[MAX_CONFIGURED];
+} ctx_slot;
 
-static int find_function(CUcontext ctx, int file, const char *fn, int n, CUfunction *out) {
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER; /* claims, loads, canaries */
+static ctx_slot slots[MT_MAX_CONTEXTS];
+static atomic_size_t canary_bytes;
+
+static int context_id(const mt_driver *d, CUcontext h, unsigned long long *id) {
+  if (!d->ctx_get_id) {
+    *id = (unsigned long long)(uintptr_t)h;
+    return *id ? 0 : -1;
+  }
+  return d->ctx_get_id(h, id) == CUDA_SUCCESS && *id ? 0 : -1;
+}
+
+static int find_slot(unsigned long long id) {
+  for (int i = 0; i < MT_MAX_CONTEXTS; i++)
+    if (atomic_load_explicit(&slots[i].id, memory_order_acquire) == id) return i;
+  return -1;
+}
+
+/* Still the context it was made for? Only the canary can tell without touching a handle that may
+ * be dangling (calling the driver with a destroyed context is undefined). No canary: assume so. */
+static int slot_alive(const mt_driver *d, const ctx_slot *s) {
+  unsigned long long buf = 0;
+  if (!s->canary || !d->pointer_get_attribute) return 1;
+  return d->pointer_get_attribute(&buf, CU_POINTER_ATTRIBUTE_BUFFER_ID, s->canary) == CUDA_SUCCESS &&
+         buf == s->canary_buf;
+}
+
+static void slot_free(ctx_slot *s) {
+  if (s->canary) atomic_fetch_sub(&canary_bytes, CANARY_BYTES); /* freed with its context */
+  atomic_store_explicit(&s->id, 0, memory_order_release);
+  atomic_store_explicit(&s->nfunctions, 0, memory_order_relaxed);
+  s->handle = NULL;
+  s->canary = 0;
+  s->loaded = 0;
+  memset(s->modules, 0, sizeof s->modules); /* they went with their context */
+  for (int i = 0; i < MAX_CONFIGURED; i++) atomic_store_explicit(&s->configured[i], NULL, memory_order_relaxed);
+}
+
+/* Under registry_lock: a free slot for a context not seen before, after forgetting the slots of
+ * contexts that are gone. -1 when all are alive. */
+static int slot_claim(const mt_driver *d, CUcontext h, unsigned long long id) {
+  int free_at = -1;
+  for (int i = 0; i < MT_MAX_CONTEXTS; i++) {
+    ctx_slot *s = &slots[i];
+    unsigned long long sid = atomic_load_explicit(&s->id, memory_order_relaxed);
+    /* two live contexts never share an address: the one held here is destroyed */
+    if (sid && s->handle == h) slot_free(s), sid = 0;
+    if (!sid && free_at < 0) free_at = i;
+  }
+  for (int i = 0; i < MT_MAX_CONTEXTS && free_at < 0; i++)
+    if (!slot_alive(d, &slots[i])) slot_free(&slots[i]), free_at = i;
+  if (free_at < 0) return -1;
+  slots[free_at].handle = h;
+  atomic_store_explicit(&slots[free_at].id, id, memory_order_release);
+  return free_at;
+}
+
+int mt_ctx_current(mt_ctx *out) {
+  const mt_driver *d = mt_driver_get();
+  CUcontext h = NULL;
+  unsigned long long id;
+  if (!d || d->ctx_get_current(&h) != CUDA_SUCCESS || !h || context_id(d, h, &id) != 0) return MT_ERR_NO_DEVICE;
+  int i = find_slot(id);
+  if (i < 0) {
+    pthread_mutex_lock(&registry_lock);
+    if ((i = find_slot(id)) < 0) i = slot_claim(d, h, id);
+    pthread_mutex_unlock(&registry_lock);
+  }
+  if (i < 0) return MT_ERR_NOMEM;
+  *out = (mt_ctx){i, id, h};
+  return MT_OK;
+}
+
+/* --- modules and functions ------------------------------------------------------------------ */
+
+static int find_function(ctx_slot *s, unsigned long long id, int file, const char *fn, CUfunction *out) {
+  int n = atomic_load_explicit(&s->nfunctions, memory_order_acquire);
   for (int i = 0; i < n; i++) {
-    const function_slot *s = &functions[i];
-    if (s->ctx == ctx && s->file == file && strcmp(s->fn, fn) == 0) {
-      *out = s->function;
-      return 1;
+    const function_slot *f = &s->functions[i];
+    if (f->file == file && strcmp(f->fn, fn) == 0) {
+      *out = f->function;
+      return atomic_load_explicit(&s->id, memory_order_acquire) == id;
     }
   }
   return 0;
@@ -113,80 +211,104 @@ static int device_is_sm90(const mt_driver *d) {
   return major == 9 && minor == 0;
 }
 
-/* Under load_lock. */
-static int module_get(const mt_driver *d, CUcontext ctx, int file, CUstream stream, CUmodule *out) {
-  for (int i = 0; i < nmodules; i++)
-    if (modules[i].ctx == ctx && modules[i].file == file) {
-      *out = modules[i].module;
-      return MT_OK;
-    }
+/* The slot's liveness canary, made with the modules (a time when allocating is legal). */
+static void make_canary(const mt_driver *d, ctx_slot *s) {
+  CUdeviceptr p;
+  unsigned long long buf = 0;
+  if (s->canary || !d->pointer_get_attribute || d->mem_alloc(&p, CANARY_BYTES) != CUDA_SUCCESS) return;
+  if (d->pointer_get_attribute(&buf, CU_POINTER_ATTRIBUTE_BUFFER_ID, p) != CUDA_SUCCESS) {
+    d->mem_free(p);
+    return;
+  }
+  s->canary = p;
+  s->canary_buf = buf;
+  atomic_fetch_add(&canary_bytes, CANARY_BYTES);
+}
+
+size_t mt_ctx_device_bytes(void) { return atomic_load(&canary_bytes); }
+
+/* Under registry_lock: every kernel file of the context, loaded at once. */
+static int modules_load(const mt_driver *d, ctx_slot *s, CUstream stream) {
+  if (s->loaded) return MT_OK;
   /* Loading a module inside a capture is not legal (it may invalidate the capture); an error
    * from the query (the legacy stream beside a global-mode capture) means the same. */
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   if (d->stream_is_capturing(stream, &capture) != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE)
     return MT_ERR_CAPTURE;
   if (!device_is_sm90(d)) return MT_ERR_NO_DEVICE;
-  if (nmodules == MAX_MODULES) return MT_ERR_CUDA;
-  CUmodule m;
-  CUresult r = d->module_load_data(&m, kernel_files[file].image);
-  if (r == CUDA_ERROR_NO_BINARY_FOR_GPU) return MT_ERR_NO_DEVICE;
-  if (r != CUDA_SUCCESS) return MT_ERR_CUDA;
-  modules[nmodules++] = (module_slot){ctx, file, m};
-  *out = m;
-  return MT_OK;
+  int relaxed = mt_capture_relax(), st = MT_OK;
+  for (int f = 0; f < NFILES && st == MT_OK; f++) {
+    if (s->modules[f]) continue;
+    CUresult r = d->module_load_data(&s->modules[f], kernel_files[f].image);
+    if (r != CUDA_SUCCESS) s->modules[f] = NULL;
+    st = r == CUDA_SUCCESS ? MT_OK : r == CUDA_ERROR_NO_BINARY_FOR_GPU ? MT_ERR_NO_DEVICE : MT_ERR_CUDA;
+  }
+  if (st == MT_OK) make_canary(d, s);
+  mt_capture_restore(relaxed);
+  s->loaded = st == MT_OK;
+  return st;
 }
 
-static int function_load(const mt_driver *d, CUcontext ctx, int file, const char *fn, CUstream stream,
+static int function_load(const mt_driver *d, const mt_ctx *c, int file, const char *fn, CUstream stream,
                          CUfunction *out) {
-  pthread_mutex_lock(&load_lock);
-  int n = atomic_load_explicit(&nfunctions, memory_order_relaxed);
+  ctx_slot *s = &slots[c->index];
+  pthread_mutex_lock(&registry_lock);
   int status = MT_OK;
-  if (!find_function(ctx, file, fn, n, out)) {
-    CUmodule m;
-    status = module_get(d, ctx, file, stream, &m);
+  if (atomic_load_explicit(&s->id, memory_order_relaxed) != c->id) {
+    status = MT_ERR_NO_DEVICE; /* the context was destroyed meanwhile */
+  } else if (!find_function(s, c->id, file, fn, out)) {
+    int n = atomic_load_explicit(&s->nfunctions, memory_order_relaxed);
+    status = modules_load(d, s, stream);
     if (status == MT_OK && n == MAX_FUNCTIONS) status = MT_ERR_CUDA;
-    if (status == MT_OK && d->module_get_function(out, m, fn) != CUDA_SUCCESS) status = MT_ERR_CUDA;
+    if (status == MT_OK && d->module_get_function(out, s->modules[file], fn) != CUDA_SUCCESS) status = MT_ERR_CUDA;
     if (status == MT_OK) {
-      functions[n] = (function_slot){.ctx = ctx, .file = file, .function = *out};
-      strcpy(functions[n].fn, fn);
-      atomic_store_explicit(&nfunctions, n + 1, memory_order_release);
+      s->functions[n] = (function_slot){.file = file, .function = *out};
+      strcpy(s->functions[n].fn, fn);
+      atomic_store_explicit(&s->nfunctions, n + 1, memory_order_release);
     }
   }
-  pthread_mutex_unlock(&load_lock);
+  pthread_mutex_unlock(&registry_lock);
   return status;
 }
 
+/* The modules of a context that was forgotten (found destroyed) are not unloaded: they went with
+ * their context. A module load that failed once is retried at the next call. */
 int mt_kernel_get(const char *module, const char *fn, CUstream stream, CUfunction *out) {
   const mt_driver *d = mt_driver_get();
   if (!d) return MT_ERR_NO_DRIVER;
-  CUcontext ctx = NULL;
-  if (d->ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx) return MT_ERR_NO_DEVICE;
+  mt_ctx c;
+  int st = mt_ctx_current(&c);
+  if (st != MT_OK) return st;
   int file = file_index(module);
   if (file < 0 || strlen(fn) >= MAX_NAME) return MT_ERR_CUDA;
-  int n = atomic_load_explicit(&nfunctions, memory_order_acquire);
-  if (find_function(ctx, file, fn, n, out)) return MT_OK;
-  return function_load(d, ctx, file, fn, stream, out);
+  if (find_function(&slots[c.index], c.id, file, fn, out)) return MT_OK;
+  return function_load(d, &c, file, fn, stream, out);
 }
 
 /* Raising a function's shared-memory limit is a driver call: done once per function (a function
- * belongs to one context, so each GPU's copy gets its own). */
-#define MAX_CONFIGURED 64
-static CUfunction configured[MAX_CONFIGURED];
-static pthread_mutex_t configured_lock = PTHREAD_MUTEX_INITIALIZER;
-
+ * belongs to one context, so each GPU's copy gets its own). Lookups are lock-free. */
 static int allow_smem(const mt_driver *d, CUfunction f, unsigned smem) {
-  int st = MT_OK;
-  pthread_mutex_lock(&configured_lock);
-  int i = 0;
-  while (i < MAX_CONFIGURED && configured[i] && configured[i] != f) i++;
-  if (i == MAX_CONFIGURED || configured[i] != f) {
-    if (d->func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem) != CUDA_SUCCESS)
-      st = MT_ERR_CUDA;
-    else if (i < MAX_CONFIGURED)
-      configured[i] = f;
+  mt_ctx c;
+  if (mt_ctx_current(&c) != MT_OK) return MT_ERR_CUDA;
+  ctx_slot *s = &slots[c.index];
+  for (int i = 0; i < MAX_CONFIGURED; i++) {
+    CUfunction g = atomic_load_explicit(&s->configured[i], memory_order_acquire);
+    if (g == f) return MT_OK;
+    if (!g) break;
   }
-  pthread_mutex_unlock(&configured_lock);
-  return st;
+  if (d->func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem) != CUDA_SUCCESS)
+    return MT_ERR_CUDA;
+  pthread_mutex_lock(&registry_lock);
+  for (int i = 0; i < MAX_CONFIGURED; i++) {
+    CUfunction g = atomic_load_explicit(&s->configured[i], memory_order_relaxed);
+    if (g == f) break;
+    if (!g) {
+      atomic_store_explicit(&s->configured[i], f, memory_order_release);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&registry_lock);
+  return MT_OK;
 }
 
 int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem, int dependent,

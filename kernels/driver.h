@@ -9,6 +9,7 @@
 #define MT_DRIVER_H
 
 #include <cuda.h>
+#include <stddef.h>
 
 /* X(field, declared name (typed by cuda.h), exported symbol) */
 #define MT_DRIVER_FUNCTIONS(X)                                                                                         \
@@ -33,19 +34,66 @@
   X(stream_synchronize, cuStreamSynchronize, "cuStreamSynchronize")                                                    \
   X(memcpy_dtoh_async, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")
 
+/* Entry points the engine works without (NULL when the driver lacks them): context IDs (CUDA 12.0),
+ * stream-ordered allocation (11.2), pointer attributes, the thread's capture mode, host memory
+ * registration (the instruments). */
+#define MT_DRIVER_OPTIONAL(X)                                                                                          \
+  X(ctx_get_id, cuCtxGetId, "cuCtxGetId")                                                                              \
+  X(mem_alloc_async, cuMemAllocAsync, "cuMemAllocAsync")                                                               \
+  X(mem_free_async, cuMemFreeAsync, "cuMemFreeAsync")                                                                  \
+  X(pointer_get_attribute, cuPointerGetAttribute, "cuPointerGetAttribute")                                             \
+  X(exchange_capture_mode, cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode")                     \
+  X(mem_host_register, cuMemHostRegister, "cuMemHostRegister_v2")
+
 typedef struct {
 #define MT_DRIVER_FIELD(field, decl, sym) __typeof__(&decl) field;
   MT_DRIVER_FUNCTIONS(MT_DRIVER_FIELD)
+  MT_DRIVER_OPTIONAL(MT_DRIVER_FIELD)
 #undef MT_DRIVER_FIELD
 } mt_driver;
 
-/* The table, or NULL when libcuda.so.1 or one of its entry points is missing (said once in the
- * log by the caller). Thread-safe; loads once. */
+/* The table, or NULL when libcuda.so.1 or one of its required entry points is missing (said once in
+ * the log by the caller). Thread-safe; loads once. */
 const mt_driver *mt_driver_get(void);
 
-/* The kernel `fn` of module `module` (kernels/<module>.cu) in the current context, loading the
- * module on first use in that context. Returns MT_OK, MT_ERR_CAPTURE when the module is not yet
- * loaded and `stream` is capturing (loading is not legal then), or another mt_status. */
+/* --- contexts ------------------------------------------------------------------------------------
+ *
+ * Every piece of per-context state in the library (modules, scratch, frozen weights, instruments)
+ * lives in one of MT_MAX_CONTEXTS slots, keyed by the context's unique ID (cuCtxGetId): an ID is
+ * never reused in a process, so a context destroyed and re-created at the same address (a
+ * cudaDeviceReset) gets fresh state, never the dead one's modules or memory. A slot is freed when
+ * its context is found destroyed: at once when a new context turns up at the same address, and
+ * otherwise when a new context finds the slots full (each slot keeps a small allocation whose
+ * process-unique buffer ID answers whether its context still exists). Any number of GPUs and
+ * contexts per GPU, up to MT_MAX_CONTEXTS alive at once. Without cuCtxGetId (a driver older than
+ * CUDA 12) the handle's address is the key. */
+#define MT_MAX_CONTEXTS 64
+
+typedef struct {
+  int index;             /* the slot: per-context state of other modules lives at this index */
+  unsigned long long id; /* the context's unique ID; a module whose state at `index` belongs to
+                             another ID drops it (that context is gone) and starts afresh */
+  CUcontext handle;
+} mt_ctx;
+
+/* The current context and its slot. MT_OK; MT_ERR_NO_DEVICE when no context is current (or it is
+ * destroyed); MT_ERR_NOMEM when MT_MAX_CONTEXTS contexts are alive (warned once). */
+int mt_ctx_current(mt_ctx *out);
+
+/* Device memory the registry itself holds (a few hundred bytes per context). */
+size_t mt_ctx_device_bytes(void);
+
+/* Potentially unsafe driver calls (allocation, free, module load, synchronisation) fail while
+ * another thread captures a CUDA graph in global mode (PyTorch's default) and may invalidate that
+ * capture: the library brackets its own with these, which put the calling thread in relaxed
+ * capture mode and back (nothing when the driver has no cuThreadExchangeStreamCaptureMode). */
+int mt_capture_relax(void);
+void mt_capture_restore(int previous);
+
+/* The kernel `fn` of module `module` (kernels/<module>.cu) in the current context. The first use in
+ * a context loads every kernel file at once, so that a CUDA graph captured after any routed call
+ * in that context finds whatever kernel it needs. Returns MT_OK, MT_ERR_CAPTURE when the modules
+ * are not yet loaded and `stream` is capturing (loading is not legal then), or another mt_status. */
 int mt_kernel_get(const char *module, const char *fn, CUstream stream, CUfunction *out);
 
 /* Launch f with its one by-value argument struct `args` on `stream`: a grid of gx x gy CTAs of

@@ -6,28 +6,26 @@
  * quantized weight and scratch from shim/wcache.c and runs on the call's stream with the call's
  * alpha, beta, C, output and (Lt) bias.
  *
- * Every launch of one call is enqueued under one lock: a stream's scratch is reused by the next
- * call on that stream, so two threads must not interleave their launches. Any failure before the
+ * Every launch of one problem is enqueued under its stream's scratch lease (shim/wcache.h): the
+ * scratch is reused by the next call on that stream, so two threads on one stream must not
+ * interleave their launches; threads on different streams run at once. Any failure before the
  * GEMM kernel is launched leaves the output untouched, and the hook forwards the call to cuBLAS
  * with the reason. A call of several problems becomes one mt_grouped_call (shim/norm.c) for
  * mt_exec_grouped, which runs it on the grouped engine: one activation quantization and one GEMM
  * launch for all its problems, the weights' store from shim/wcache.c; nothing on the device is
  * ever read back to the host. After a single problem's GEMM, the sampled instruments of
- * shim/instr.c are enqueued behind it, under the same lock (the probe reuses the call's workspace
+ * shim/instr.c are enqueued behind it, under the same lease (the probe reuses the call's workspace
  * and quantized weight); grouped calls are not instrumented yet.
  */
 #include "shim/exec.h"
 
 #include <limits.h>
-#include <pthread.h>
 
 #include "kernels/driver.h"
 #include "shim/instr.h"
 #include "base/log.h"
 #include "shim/norm.h"
 #include "shim/wcache.h"
-
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 static enum mt_dtype dtype_of(int cuda_type) {
   return cuda_type == CUDA_R_16F   ? MT_DTYPE_FP16
@@ -56,8 +54,10 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const oper
   mt_numerics_from_spec(s, &w.num);
   mt_engine_mem mem;
   enum mt_reason r = mt_wcache_prepare(&w, (int)c->n, c->stream, capturing, &mem);
-  if (r != MT_R_ROUTED)
+  if (r != MT_R_ROUTED) {
+    mt_wcache_release(&mem.hold);
     return r;
+  }
   mt_gemm_args a = {
       .m = (int)c->n,
       .n = (int)c->m,
@@ -88,6 +88,7 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const oper
     ic.capturing = capturing;
     mt_instr_after(&ic);
   }
+  mt_wcache_release(&mem.hold);
   if (st != MT_OK && st != MT_ERR_CAPTURE)
     MT_WARN_ONCE("the NVFP4 engine could not run a routed GEMM (m=%lld n=%lld k=%lld): %s; such "
                  "calls fall back to cuBLAS",
@@ -113,8 +114,10 @@ static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, in
   mt_numerics_from_spec(s, &w.num);
   mt_grouped_mem mem;
   enum mt_reason r = mt_wcache_prepare_grouped(&w, (int)rows, g->stream, capturing, &mem);
-  if (r != MT_R_ROUTED)
+  if (r != MT_R_ROUTED) {
+    mt_wcache_release(&mem.hold);
     return r;
+  }
   mt_grouped_args a = {.nseg = (int)g->groups,
                        .n = (int)g->n,
                        .k = (int)g->k,
@@ -141,10 +144,10 @@ static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, in
                        .workspace = mem.workspace,
                        .workspace_bytes = mem.workspace_bytes};
   int st = mt_gemm_grouped(&a, g->stream);
+  mt_wcache_release(&mem.hold);
   if (st != MT_OK && st != MT_ERR_CAPTURE)
     MT_WARN_ONCE("the NVFP4 engine could not run a routed grouped GEMM (%lld groups, n=%lld "
-                 "k=%lld): %s; such "
-                 "calls fall back",
+                 "k=%lld): %s; such calls fall back",
                  (long long)g->groups, (long long)g->n, (long long)g->k,
                  mt_status_name((enum mt_status)st));
   return mt_engine_reason(st);
@@ -158,7 +161,10 @@ static int stream_capturing(const mt_call *c) {
   return st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-static int no_driver(void) {
+/* 1 (said once) when this process cannot run the engine: no driver, or forked after CUDA ran. */
+static int no_engine(void) {
+  if (mt_wcache_forked())
+    return 1;
   if (mt_driver_get())
     return 0;
   MT_WARN_ONCE("no CUDA driver (libcuda.so.1) in this process: routed GEMMs run in cuBLAS "
@@ -167,14 +173,11 @@ static int no_driver(void) {
 }
 
 enum mt_reason mt_exec_grouped(const mt_spec *s, const mt_grouped_call *g) {
-  if (no_driver())
+  if (no_engine())
     return MT_R_NO_ENGINE;
   if (g->w_ptrs || g->x_ptrs || g->y_ptrs || g->c_ptrs)
     return MT_R_PTR_ARRAYS;
-  pthread_mutex_lock(&lock);
-  enum mt_reason r = run_grouped(s, g, stream_capturing(g->call));
-  pthread_mutex_unlock(&lock);
-  return r;
+  return run_grouped(s, g, stream_capturing(g->call));
 }
 
 /* A call of several problems, or of groups whose sizes only the device knows. */
@@ -185,7 +188,7 @@ static int grouped_form(const mt_call *c) {
 enum mt_reason mt_exec_routed(const mt_spec *s, mt_call *c, cublasStatus_t *status) {
   enum mt_reason r;
   mt_grouped_call g;
-  if (no_driver()) {
+  if (no_engine()) {
     r = MT_R_NO_ENGINE;
   } else if (grouped_form(c)) {
     r = mt_norm_grouped(c, &g);
@@ -194,9 +197,7 @@ enum mt_reason mt_exec_routed(const mt_spec *s, mt_call *c, cublasStatus_t *stat
   } else {
     int bias = c->entry == MT_FN_cublasLtMatmul && c->epilogue == CUBLASLT_EPILOGUE_BIAS;
     operands o = {.w = c->a, .x = c->b, .c = c->c, .y = c->d, .bias = bias ? c->bias : NULL};
-    pthread_mutex_lock(&lock);
     r = run_problem(s, c, &o, c->alpha, c->beta, stream_capturing(c));
-    pthread_mutex_unlock(&lock);
   }
   if (r == MT_R_ROUTED)
     *status = CUBLAS_STATUS_SUCCESS;

@@ -16,6 +16,15 @@
  * allocated once). A call on another stream than the buffer's last user takes it only when that
  * user's slot has been published (its flag, read from host memory); else it skips the shadow and
  * probe with the reason "busy". Same-stream reuse is ordered by the stream itself.
+ *
+ * Locks: `lock` guards the sampling counters, the aggregates, the contexts' creation and the
+ * writer's work list, and is held for a few loads and stores only; a context's scratch_lock is
+ * held while a call enqueues its probe or shadow (a second caller skips them as "busy" rather
+ * than wait); slots are claimed with a compare-and-swap. Threads routing at once on different
+ * streams therefore enqueue their instruments in parallel. Contexts are kept per slot of the
+ * driver's registry (kernels/driver.h): a destroyed context's slots in flight are counted lost
+ * and its host memory, which is the library's own (registered, not allocated, with the driver),
+ * is never freed while the writer may read it.
  */
 #include "shim/instr.h"
 
@@ -38,14 +47,13 @@
 #include "shim/real.h"
 #include "shim/stats.h"
 
-#define MAX_CONTEXTS 8
 #define ROWS_PER_SLOT 128 /* digested rows kept per call; more are counted as dropped */
 #define SLOT_BYTES (sizeof(mt_instr_header) + ROWS_PER_SLOT * sizeof(mt_instr_row))
 #define DRAIN_SECONDS 2.0 /* at exit: how long completed work is waited for */
 #define POLL_NS 200000    /* the writer's sleep between scans while work is in flight */
 
 enum { K_SHADOW = 1, K_PROBE = 2, K_DIGEST = 4 };
-enum slot_state { S_FREE, S_FLIGHT, S_LOST };
+enum slot_state { S_FREE, S_TAKEN, S_FLIGHT, S_LOST };
 
 enum skip {
   SK_CAPTURE,
@@ -77,20 +85,23 @@ typedef struct {
 } slot;
 
 struct context {
-  CUcontext cu;
-  CUdeviceptr mem;     /* nslots blocks, then the scratch */
-  unsigned char *host; /* nslots blocks, then nslots flags: mapped pinned host memory */
+  unsigned long long id; /* the CUDA context (kernels/driver.h mt_ctx); 0: never set up */
+  CUdeviceptr mem;       /* nslots blocks, then the scratch; 0: off in this context */
+  unsigned char *host;   /* nslots blocks, then nslots flags: registered, mapped host memory */
+  CUdeviceptr host_dev;  /* ... its device address */
+  size_t host_size;
+  pthread_mutex_t scratch_lock; /* the five fields below, and the scratch's contents */
   size_t scratch_bytes;
   CUstream scratch_stream; /* last user of the scratch */
   slot *scratch_slot;      /* ... whose publication ends that use */
   uint32_t scratch_seq;
   int scratch_used;
-  int next;    /* where the search for a free slot starts */
-  slot *slots; /* nslots of them */
+  atomic_int next; /* where the search for a free slot starts */
+  slot *slots;     /* nslots of them */
 };
 
 typedef struct {
-  unsigned long long calls, skipped[SK_COUNT];
+  atomic_ullong calls, skipped[SK_COUNT];
 } instrument;
 
 typedef struct {
@@ -109,11 +120,11 @@ static const mt_spec *spec_now;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* everything below */
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
-static context contexts[MAX_CONTEXTS];
-static int ncontexts;
+static context contexts[MT_MAX_CONTEXTS];
 static route_stats routes[MT_SPEC_MAX_ROUTES];
 static instrument shadow, probe, digest;
-static unsigned long long digest_written, digest_dropped, dropped_slots;
+static unsigned long long digest_written, digest_dropped;
+static atomic_ullong dropped_slots;
 static size_t device_bytes, host_bytes;
 static int in_flight, writer_started, stopping, stopped;
 static pthread_t writer;
@@ -180,62 +191,110 @@ static int route_index(const mt_spec *s, int out, int in) {
 
 static size_t round256(size_t v) { return (v + 255) / 256 * 256; }
 
-static context *context_get(const mt_driver *d, const mt_instr_driver *e) {
-  CUcontext cu = NULL;
-  if (d->ctx_get_current(&cu) != CUDA_SUCCESS || !cu)
-    return NULL;
-  for (int i = 0; i < ncontexts; i++)
-    if (contexts[i].cu == cu)
-      return contexts[i].mem ? &contexts[i] : NULL;
-  if (ncontexts == MAX_CONTEXTS)
-    return NULL;
-  context *c = &contexts[ncontexts++];
-  c->cu = cu; /* a failure below leaves it without memory: never retried */
-  if (!(c->slots = calloc((size_t)nslots, sizeof *c->slots)))
-    return NULL;
+static void count_lost(const slot *s, enum skip why);
+
+/* The slots a destroyed context left in flight never complete: counted lost. Under lock. */
+static void context_forget(context *c) {
+  for (int i = 0; c->slots && i < nslots; i++) {
+    slot *s = &c->slots[i];
+    int st = atomic_load(&s->state);
+    if (st == S_FLIGHT)
+      count_lost(s, SK_EXIT), in_flight--;
+    atomic_store(&s->state, st == S_FREE ? S_FREE : S_LOST);
+  }
+  if (c->host && c->mem)
+    device_bytes -= round256((size_t)nslots * SLOT_BYTES) + c->scratch_bytes;
+  c->mem = 0;
+  c->scratch_used = 0;
+}
+
+/* Host memory for the blocks and flags, allocated once and registered (mapped) with each context
+ * that uses it: the library owns it, so no context's destruction frees it under the writer. */
+static int host_memory(const mt_driver *d, const mt_instr_driver *e, context *c) {
+  if (!d->mem_host_register)
+    return 0;
+  if (!c->host) {
+    c->host_size = ((size_t)nslots * (SLOT_BYTES + sizeof(uint32_t)) + 4095) / 4096 * 4096;
+    if (!(c->host = aligned_alloc(4096, c->host_size)))
+      return 0;
+    host_bytes += c->host_size;
+  }
+  memset(c->host, 0, c->host_size);
+  int relaxed = mt_capture_relax();
+  int ok =
+      d->mem_host_register(c->host, c->host_size, CU_MEMHOSTREGISTER_DEVICEMAP) == CUDA_SUCCESS &&
+      e->mem_host_get_device_pointer(&c->host_dev, c->host, 0) == CUDA_SUCCESS;
+  mt_capture_restore(relaxed);
+  return ok;
+}
+
+/* Set up context c for the current CUDA context x (allocations: never while capturing, the
+ * caller checked). Leaves c->mem 0 when something failed: instruments are then off there. */
+static void context_setup(const mt_driver *d, const mt_instr_driver *e, context *c,
+                          const mt_ctx *x) {
+  if (c->id)
+    context_forget(c);
+  c->id = x->id;
+  if (!c->slots) {
+    pthread_mutex_init(&c->scratch_lock, NULL);
+    if (!(c->slots = calloc((size_t)nslots, sizeof *c->slots)))
+      return;
+  }
   size_t bytes = round256((size_t)nslots * SLOT_BYTES) + scratch_limit;
-  void *host = NULL;
-  if (d->mem_alloc(&c->mem, bytes) != CUDA_SUCCESS) {
+  int relaxed = mt_capture_relax();
+  CUresult r = d->mem_alloc(&c->mem, bytes);
+  mt_capture_restore(relaxed);
+  if (r != CUDA_SUCCESS) {
     c->mem = 0;
     MT_WARN("could not allocate %zu bytes of device memory for the instruments: they are off on "
             "this GPU (lower MINITE_INSTR_MB)",
             bytes);
-    return NULL;
+    return;
   }
-  size_t host_size = (size_t)nslots * (SLOT_BYTES + sizeof(uint32_t));
-  CUdeviceptr host_dev = 0;
-  if (e->mem_host_alloc(&host, host_size, CU_MEMHOSTALLOC_DEVICEMAP) != CUDA_SUCCESS ||
-      e->mem_host_get_device_pointer(&host_dev, host, 0) != CUDA_SUCCESS) {
-    if (host)
-      e->mem_free_host(host);
+  if (!host_memory(d, e, c)) {
+    relaxed = mt_capture_relax();
     d->mem_free(c->mem);
+    mt_capture_restore(relaxed);
     c->mem = 0;
-    MT_WARN("could not allocate mapped pinned host memory for the instruments: they are off on "
-            "this GPU");
-    return NULL;
+    MT_WARN("could not register mapped host memory for the instruments: they are off on this GPU");
+    return;
   }
-  memset(host, 0, host_size);
-  c->host = host;
   c->scratch_bytes = scratch_limit;
   for (int i = 0; i < nslots; i++) {
     slot *s = &c->slots[i];
+    atomic_store(&s->state, S_FREE);
     s->ctx = c;
+    s->used = 0;
+    s->seq = 0;
     s->dev = c->mem + (CUdeviceptr)(i * SLOT_BYTES);
     s->host = c->host + i * SLOT_BYTES;
-    s->host_dev = host_dev + (CUdeviceptr)(i * SLOT_BYTES);
+    s->host_dev = c->host_dev + (CUdeviceptr)(i * SLOT_BYTES);
     s->flag = (uint32_t *)(c->host + (size_t)nslots * SLOT_BYTES) + i;
-    s->flag_dev = host_dev + (CUdeviceptr)((size_t)nslots * SLOT_BYTES + i * sizeof(uint32_t));
+    s->flag_dev = c->host_dev + (CUdeviceptr)((size_t)nslots * SLOT_BYTES + i * sizeof(uint32_t));
   }
   device_bytes += bytes;
-  host_bytes += host_size;
-  return c;
 }
 
+/* The current context's instruments, or NULL when they are off there. Under lock. */
+static context *context_get(const mt_driver *d, const mt_instr_driver *e) {
+  mt_ctx x;
+  if (mt_ctx_current(&x) != MT_OK)
+    return NULL;
+  context *c = &contexts[x.index];
+  if (c->id != x.id)
+    context_setup(d, e, c, &x); /* a failure is not retried in this context */
+  return c->mem ? c : NULL;
+}
+
+/* A free slot, claimed for this call (any thread, no lock). */
 static slot *slot_take(context *c) {
+  int from = atomic_load_explicit(&c->next, memory_order_relaxed);
   for (int i = 0; i < nslots; i++) {
-    slot *s = &c->slots[(c->next + i) % nslots];
-    if (atomic_load_explicit(&s->state, memory_order_acquire) == S_FREE) {
-      c->next = (c->next + i + 1) % nslots;
+    slot *s = &c->slots[(from + i) % nslots];
+    int expected = S_FREE;
+    if (atomic_compare_exchange_strong_explicit(&s->state, &expected, S_TAKEN, memory_order_acquire,
+                                                memory_order_relaxed)) {
+      atomic_store_explicit(&c->next, (from + i + 1) % nslots, memory_order_relaxed);
       return s;
     }
   }
@@ -351,7 +410,7 @@ static int published(const slot *s) { return __atomic_load_n(s->flag, __ATOMIC_A
  * with lock held; drops it around the write. */
 static int scan(text *t) {
   int done = 0;
-  for (int ci = 0; ci < ncontexts; ci++) {
+  for (int ci = 0; ci < MT_MAX_CONTEXTS; ci++) {
     context *c = &contexts[ci];
     for (int i = 0; i < nslots && c->mem; i++) {
       slot *s = &c->slots[i];
@@ -414,7 +473,7 @@ void mt_instr_drain(void) {
   pthread_join(writer, NULL);
   pthread_mutex_lock(&lock);
   stopped = 1;
-  for (int ci = 0; ci < ncontexts; ci++)
+  for (int ci = 0; ci < MT_MAX_CONTEXTS; ci++)
     for (int i = 0; i < nslots && contexts[ci].mem; i++) {
       slot *s = &contexts[ci].slots[i];
       if (atomic_load(&s->state) == S_FLIGHT) {
@@ -540,7 +599,7 @@ static int run_probe(const mt_instr_call *ic, CUdeviceptr scratch, mt_instr_prob
   return 1;
 }
 
-/* Can the scratch serve this stream now (see the file comment)? Under lock. */
+/* Can the scratch serve this stream now (see the file comment)? Under scratch_lock. */
 static int scratch_free(context *c, CUstream stream) {
   if (!c->scratch_used || c->scratch_stream == stream)
     return 1;
@@ -575,7 +634,7 @@ static void skip_all(int kinds, enum skip why) {
 }
 
 /* Enqueue the chosen instruments into slot s on the call's stream; returns the kinds enqueued
- * (0 when the memset failed: nothing was enqueued). Under lock. */
+ * (0 when the memset failed: nothing was enqueued). The probe and shadow under scratch_lock. */
 static int enqueue(const mt_instr_call *ic, context *c, slot *s, int kinds, const mt_driver *d) {
   CUstream stream = (CUstream)ic->call->stream;
   mt_instr_header *hdr = (mt_instr_header *)s->dev;
@@ -651,10 +710,12 @@ static int finish(const mt_instr_call *ic, slot *s, int kinds) {
   return mt_instr_launch_finish(&fa, (mt_stream)ic->call->stream);
 }
 
-/* The scratch's room and availability for the probe and shadow; under lock. */
-static int scratch_gate(const mt_instr_call *ic, context *c, int kinds) {
+/* The scratch's room and availability for the probe and shadow. When they stay on, the
+ * context's scratch_lock is held (*held set) until the call has enqueued them. */
+static int scratch_gate(const mt_instr_call *ic, context *c, int kinds, int *held) {
   size_t probe_bytes = probe_bytes_of(ic->n);
   size_t shadow_bytes = 2 * ((size_t)(ic->m - 1) * ic->ldy + (size_t)ic->n);
+  *held = 0;
   if ((kinds & K_SHADOW) && probe_bytes + shadow_bytes > c->scratch_bytes) {
     shadow.skipped[SK_SCRATCH]++;
     kinds &= ~K_SHADOW;
@@ -663,25 +724,28 @@ static int scratch_gate(const mt_instr_call *ic, context *c, int kinds) {
     probe.skipped[SK_SCRATCH]++;
     kinds &= ~K_PROBE;
   }
-  if ((kinds & (K_PROBE | K_SHADOW)) && !scratch_free(c, (CUstream)ic->call->stream)) {
-    skip_all(kinds & (K_PROBE | K_SHADOW), SK_BUSY);
-    kinds &= ~(K_PROBE | K_SHADOW);
+  if (!(kinds & (K_PROBE | K_SHADOW)))
+    return kinds;
+  /* another thread enqueueing its own probe or shadow: skip rather than wait for it */
+  if (pthread_mutex_trylock(&c->scratch_lock) == 0) {
+    if (scratch_free(c, (CUstream)ic->call->stream))
+      return *held = 1, kinds;
+    pthread_mutex_unlock(&c->scratch_lock);
   }
-  return kinds;
+  skip_all(kinds & (K_PROBE | K_SHADOW), SK_BUSY);
+  return kinds & ~(K_PROBE | K_SHADOW);
 }
 
-void mt_instr_after(const mt_instr_call *ic) {
-  if (!enabled || ic->m <= 0 || ic->n <= 0)
-    return;
-  const mt_driver *d = mt_driver_get();
-  const mt_instr_driver *e = mt_instr_driver_get();
+/* Which instruments this call gets, and its slot's context; 0 when none. Takes `lock` briefly. */
+static int choose(const mt_instr_call *ic, const mt_driver *d, const mt_instr_driver *e, sampled *p,
+                  context **c) {
   pthread_mutex_lock(&lock);
-  sampled p = sample(ic);
+  *p = sample(ic);
   int kinds =
-      (p.shadow ? K_SHADOW : 0) | (p.probe ? K_PROBE : 0) | (rate_digest > 0 ? K_DIGEST : 0);
-  if (p.route < 0 || !kinds || !d || !e || stopped) {
+      (p->shadow ? K_SHADOW : 0) | (p->probe ? K_PROBE : 0) | (rate_digest > 0 ? K_DIGEST : 0);
+  if (p->route < 0 || !kinds || !d || !e || stopped) {
     pthread_mutex_unlock(&lock);
-    return;
+    return 0;
   }
   if (kinds & K_SHADOW)
     shadow.calls++;
@@ -692,8 +756,7 @@ void mt_instr_after(const mt_instr_call *ic) {
   /* beta != 0: y is beta C + ..., and C may be y itself, already overwritten */
   if (ic->beta != 0.0f) {
     skip_all(kinds, SK_BETA);
-    pthread_mutex_unlock(&lock);
-    return;
+    kinds = 0;
   }
   if ((kinds & K_SHADOW) && !single_problem(ic->call)) {
     shadow.skipped[SK_ENTRY]++;
@@ -703,49 +766,85 @@ void mt_instr_after(const mt_instr_call *ic) {
     probe.skipped[SK_ENTRY]++;
     kinds &= ~K_PROBE;
   }
-  context *c = NULL;
-  slot *s = NULL;
-  if (ic->capturing || stream_capturing(d, (mt_stream)ic->call->stream)) {
+  if (kinds && (ic->capturing || stream_capturing(d, (mt_stream)ic->call->stream))) {
     skip_all(kinds, SK_CAPTURE);
     kinds = 0;
-  } else if (!(c = context_get(d, e)) || !writer_start()) {
+  } else if (kinds && (!(*c = context_get(d, e)) || !writer_start())) {
     skip_all(kinds, SK_ERROR);
     kinds = 0;
-  } else if (!(s = slot_take(c))) {
+  }
+  pthread_mutex_unlock(&lock);
+  return kinds;
+}
+
+/* The slot's fields the writer needs, from the call. */
+static void slot_fill(slot *s, const mt_instr_call *ic, int route, int kinds) {
+  s->kinds = kinds;
+  s->route = route;
+  s->m = ic->m, s->n = ic->n, s->k = ic->k;
+  s->xtype = ic->xtype, s->ytype = ic->ytype, s->wtype = ic->wtype;
+  s->has_bias = ic->bias != NULL, s->biastype = ic->biastype;
+  s->alpha = ic->alpha;
+  s->probe_rows = 0;
+}
+
+/* Hand an enqueued slot to the writer. */
+static void publish(slot *s) {
+  int taken = S_TAKEN;
+  pthread_mutex_lock(&lock);
+  /* a slot whose context was found destroyed meanwhile is no longer this call's */
+  if (atomic_compare_exchange_strong(&s->state, &taken, S_FLIGHT)) {
+    in_flight++;
+    pthread_cond_signal(&wake);
+  }
+  pthread_mutex_unlock(&lock);
+}
+
+void mt_instr_after(const mt_instr_call *ic) {
+  if (!enabled || ic->m <= 0 || ic->n <= 0)
+    return;
+  const mt_driver *d = mt_driver_get();
+  const mt_instr_driver *e = mt_instr_driver_get();
+  sampled p;
+  context *c = NULL;
+  int kinds = choose(ic, d, e, &p, &c);
+  slot *s = NULL;
+  if (kinds && !(s = slot_take(c))) {
     skip_all(kinds, SK_NO_SLOT);
     dropped_slots++;
     kinds = 0;
   }
+  int held = 0;
   if (kinds)
-    kinds = scratch_gate(ic, c, kinds);
-  if (kinds) {
-    s->kinds = kinds;
-    s->route = p.route;
-    s->m = ic->m, s->n = ic->n, s->k = ic->k;
-    s->xtype = ic->xtype, s->ytype = ic->ytype, s->wtype = ic->wtype;
-    s->has_bias = ic->bias != NULL, s->biastype = ic->biastype;
-    s->alpha = ic->alpha;
-    s->probe_rows = 0;
-    int got = enqueue(ic, c, s, kinds, d);
-    skip_all(kinds & ~got, SK_ERROR);
-    if (got && finish(ic, s, got) != MT_OK) {
-      /* enqueued work whose end cannot be known: the slot is never reused */
-      skip_all(got, SK_ERROR);
-      atomic_store(&s->state, S_LOST);
-    } else if (got) {
-      s->kinds = got;
-      if (got & (K_PROBE | K_SHADOW)) {
-        c->scratch_used = 1;
-        c->scratch_stream = (CUstream)ic->call->stream;
-        c->scratch_slot = s;
-        c->scratch_seq = s->seq;
-      }
-      atomic_store_explicit(&s->state, S_FLIGHT, memory_order_release);
-      in_flight++;
-      pthread_cond_signal(&wake);
-    }
+    kinds = scratch_gate(ic, c, kinds, &held);
+  if (!kinds) {
+    if (s)
+      atomic_store(&s->state, S_FREE);
+    return;
   }
-  pthread_mutex_unlock(&lock);
+  slot_fill(s, ic, p.route, kinds);
+  int got = enqueue(ic, c, s, kinds, d);
+  skip_all(kinds & ~got, SK_ERROR);
+  if (got && finish(ic, s, got) != MT_OK) {
+    /* enqueued work whose end cannot be known: the slot is never reused */
+    skip_all(got, SK_ERROR);
+    atomic_store(&s->state, S_LOST);
+    got = 0;
+  } else if (!got) {
+    atomic_store(&s->state, S_FREE);
+  }
+  if (got && (got & (K_PROBE | K_SHADOW))) {
+    c->scratch_used = 1;
+    c->scratch_stream = (CUstream)ic->call->stream;
+    c->scratch_slot = s;
+    c->scratch_seq = s->seq;
+  }
+  if (held)
+    pthread_mutex_unlock(&c->scratch_lock);
+  if (got) {
+    s->kinds = got;
+    publish(s);
+  }
 }
 
 /* --- bf16: cuBLAS is the routed engine ------------------------------------------------------ */

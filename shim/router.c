@@ -89,6 +89,9 @@ static int layout_ok(const mt_call *c) {
     return 0;
   if (!strides_ok(c))
     return 0;
+  /* No tokens, or a negative count (cuBLAS refuses it; an Lt layout can say so): cuBLAS's. */
+  if (c->n <= 0)
+    return 0;
   /* TN: A is k x m, B is k x n, C is m x n, all column-major. */
   if (c->lda < c->k || c->ldb < c->k || c->ldc < c->m || c->ldd < c->m)
     return 0;

@@ -16,19 +16,23 @@
 #include "shim/wcache.h"
 
 atomic_int mt_shim_on;
-static mt_spec spec; /* written once before mt_shim_on is set, read-only afterwards */
-static char role_name[256];
+static mt_spec spec;         /* written once before mt_shim_on is set, read-only afterwards */
+static char role_name[1024]; /* longer roles are cut (a character cut in two: U+FFFD) */
 static pthread_once_t first_call = PTHREAD_ONCE_INIT;
 
 const mt_spec *mt_shim_spec(void) { return &spec; }
 
-/* The configuration error that makes the shim inert, said once, with its fix. */
-static char problem[1536];
+/* The configuration error that makes the shim inert, said once, with its fix: room for every
+ * spec error (MT_SPEC_MAX_ERRORS of mt_spec_error.msg) and the shortened value, so that the fix
+ * at its end is never cut. */
+static char problem[MT_SPEC_MAX_ERRORS * 300 + 2048];
 
 /* All of a spec's errors in one message: the user fixes them in one go. */
 static void spec_problem(const char *what, const char *value, const mt_spec_errors *errs,
                          const char *hint) {
-  size_t used = (size_t)snprintf(problem, sizeof problem, "%s=%s: ", what, value);
+  char shown[MT_LOG_VALUE_MAX + 64];
+  size_t used = (size_t)snprintf(problem, sizeof problem, "%s=%s: ", what,
+                                 mt_log_value(value, shown, sizeof shown));
   for (int i = 0; i < errs->n && used < sizeof problem; i++) {
     if (errs->e[i].line)
       used += (size_t)snprintf(problem + used, sizeof problem - used, "%sline %d: %s",
@@ -59,10 +63,11 @@ static int load_spec(const char *name) {
     for (int i = 0; mt_spec_builtin_names[i] && used < sizeof names; i++)
       used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
                                mt_spec_builtin_names[i]);
+    char shown[MT_LOG_VALUE_MAX + 64];
     snprintf(problem, sizeof problem,
              "MINITE_SPEC=%s is neither a built-in spec (%s) nor a "
              "readable file: set it to a built-in name or to the path of a spec file",
-             name, names);
+             mt_log_value(name, shown, sizeof shown), names);
     return -1;
   }
   spec_problem("MINITE_SPEC", name, &errs,
@@ -191,14 +196,27 @@ static enum mt_reason decide_grouped(mt_call *c) {
   return call_reason;
 }
 
+/* Routes the engine can never take, one warning each; they stay in the spec (its fingerprint is
+ * what the other side compares), and their calls fall back with the reason "k alignment". */
+static void warn_unusable_routes(void) {
+  for (int i = 0; i < spec.nroutes; i++)
+    if (mt_spec_route_unusable(&spec, &spec.routes[i]))
+      MT_WARN("route %ux%u can never be routed: its in-dimension %u is not a multiple of 16 (the "
+              "NVFP4 block), so every call of that weight falls back to cuBLAS (reason \"k "
+              "alignment\"); remove it from the spec or MINITE_ROUTE",
+              (unsigned)spec.routes[i].out, (unsigned)spec.routes[i].in,
+              (unsigned)spec.routes[i].in);
+}
+
 /* What only a process that uses cuBLAS should do or say: the statistics file and its start
- * record, the warning about a spec that routes nothing. */
+ * record, the warnings about a spec that routes nothing or routes what it never can. */
 static void start_on_first_call(void) {
   if (spec.format == MT_FORMAT_NVFP4 && spec.nroutes == 0)
     MT_WARN("spec %s routes no GEMM: add route lines to the spec or set MINITE_ROUTE. To find a "
             "model's expert shapes, run it once with MINITE_SPEC=bf16 MINITE_STATS=stats.jsonl "
             "and read suggested_routes in the summary record",
             spec.name);
+  warn_unusable_routes();
   mt_stats_start(&spec, role_name, MT_VERSION);
 }
 

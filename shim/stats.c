@@ -13,7 +13,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/json.h"
 #include "base/log.h"
+#include "base/param.h"
 #include "base/proc.h"
 
 static atomic_ullong n_calls, n_routed, n_passthrough, n_fallbacks[MT_R_COUNT];
@@ -48,7 +50,7 @@ static int stats_on;      /* MINITE_STATS given and checked: the census is kept 
 static int stats_fd = -1; /* opened at the first GEMM call (mt_stats_start) */
 static pid_t owner_pid;
 static char stats_path[4096];
-static char start_fields[2048]; /* pid .. fingerprint, shared by both records */
+static char start_fields[4096]; /* pid .. fingerprint, shared by both records */
 
 /* fork() while another thread holds the lock would leave the child's copy locked forever. */
 static void lock_census(void) { pthread_mutex_lock(&census_lock); }
@@ -68,20 +70,24 @@ static int writable_dir_of(const char *path) {
 }
 
 int mt_stats_check(const char *tmpl, char *why, size_t size) {
+  char shown[MT_LOG_VALUE_MAX + 64], path_shown[MT_LOG_VALUE_MAX + 64];
   if (mt_proc_path(tmpl, stats_path, sizeof stats_path) != 0) {
     snprintf(why, size,
              "MINITE_STATS=%s expands to a path longer than %zu bytes: use a shorter "
              "path",
-             tmpl, sizeof stats_path);
+             mt_log_value(tmpl, shown, sizeof shown), sizeof stats_path);
     return -1;
   }
   if (!writable_dir_of(stats_path) || (access(stats_path, F_OK) == 0 && access(stats_path, W_OK))) {
+    int saved = errno;
     snprintf(why, size,
              "cannot write MINITE_STATS=%s (%s): %s; make sure the directory exists "
              "and is writable, or unset MINITE_STATS",
-             tmpl, stats_path, strerror(errno));
+             mt_log_value(tmpl, shown, sizeof shown),
+             mt_log_value(stats_path, path_shown, sizeof path_shown), strerror(saved));
     return -1;
   }
+  mt_param_template_check("MINITE_STATS", tmpl);
   owner_pid = getpid();
   stats_on = 1;
   pthread_atfork(lock_census, unlock_census, unlock_census);
@@ -90,61 +96,54 @@ int mt_stats_check(const char *tmpl, char *why, size_t size) {
 
 int mt_stats_enabled(void) { return stats_on; }
 
-/* --- a small buffered writer: one record may be large (the census), and write(2) is the only
- * way out, so that no stdio buffer is ever shared with a forked child ---------------------- */
+/* --- records: each built in memory and written with one write(2) to a file opened O_APPEND, so
+ * that processes and threads sharing the file interleave whole records, never pieces of them;
+ * write(2) is the only way out, so that no stdio buffer is ever shared with a forked child -- */
 
 typedef struct {
-  char buf[8192];
-  size_t used;
-  int fd, failed;
+  char *buf;
+  size_t used, size;
+  int failed; /* out of memory: the record is dropped whole, never written in part */
 } writer;
 
-static void w_flush(writer *w) {
-  size_t off = 0;
-  while (off < w->used && !w->failed) {
-    ssize_t n = write(w->fd, w->buf + off, w->used - off);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      w->failed = 1;
-    else
-      off += (size_t)n;
-  }
-  w->used = 0;
-}
-
 __attribute__((format(printf, 2, 3))) static void w_printf(writer *w, const char *fmt, ...) {
-  for (int attempt = 0; attempt < 2; attempt++) {
+  for (int attempt = 0; attempt < 2 && !w->failed; attempt++) {
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(w->buf + w->used, sizeof w->buf - w->used, fmt, ap);
+    int n = w->buf ? vsnprintf(w->buf + w->used, w->size - w->used, fmt, ap) : -1;
     va_end(ap);
-    if (n >= 0 && (size_t)n < sizeof w->buf - w->used) {
+    if (n >= 0 && (size_t)n < w->size - w->used) {
       w->used += (size_t)n;
       return;
     }
-    w->buf[w->used] = '\0';
-    w_flush(w);
+    size_t want = (w->size ? w->size : 4096) * 2 + (n > 0 ? (size_t)n : 0);
+    char *grown = realloc(w->buf, want);
+    if (!grown)
+      w->failed = 1;
+    else
+      w->buf = grown, w->size = want;
   }
 }
 
-/* A JSON string of printable ASCII; anything else becomes \u00XX. */
-static void json_str(char *out, size_t size, const char *s) {
-  size_t used = 0;
-  if (size < 3)
-    return;
-  out[used++] = '"';
-  for (; *s && used + 8 < size; s++) {
-    unsigned char ch = (unsigned char)*s;
-    if (ch == '"' || ch == '\\')
-      used += (size_t)snprintf(out + used, size - used, "\\%c", ch);
-    else if (ch < 0x20 || ch >= 0x7f)
-      used += (size_t)snprintf(out + used, size - used, "\\u%04x", ch);
-    else
-      out[used++] = (char)ch;
+/* All of `len` bytes at the end of fd, in one write(2) unless the kernel takes fewer; 0 or -1. */
+static int write_all(int fd, const char *p, size_t len) {
+  while (len) {
+    ssize_t n = write(fd, p, len);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return -1;
+    p += n, len -= (size_t)n;
   }
-  out[used++] = '"';
-  out[used] = '\0';
+  return 0;
+}
+
+/* Write the record and free it; 0, or -1 when it could not be built or written. */
+static int w_finish(writer *w, int fd) {
+  int rc = w->failed || !w->buf ? -1 : write_all(fd, w->buf, w->used);
+  free(w->buf);
+  *w = (writer){0};
+  return rc;
 }
 
 static double now_seconds(void) {
@@ -156,17 +155,20 @@ static double now_seconds(void) {
 void mt_stats_start(const mt_spec *s, const char *role, const char *version) {
   if (!stats_on || getpid() != owner_pid)
     return;
-  stats_fd = open(stats_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  /* Appended to, never truncated: processes sharing the path each add their records. */
+  stats_fd = open(stats_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (stats_fd < 0) {
-    MT_WARN("cannot open %s (%s): no statistics for this process", stats_path, strerror(errno));
+    char shown[MT_LOG_VALUE_MAX + 64];
+    MT_WARN("cannot open MINITE_STATS file %s: %s; no statistics for this process",
+            mt_log_value(stats_path, shown, sizeof shown), strerror(errno));
     return;
   }
-  char host[600], role_json[300], name_json[200], version_json[100],
+  char host[1600], role_json[1600], name_json[400], version_json[100],
       routes[MT_SPEC_MAX_ROUTES * 24];
-  json_str(host, sizeof host, mt_proc_host());
-  json_str(role_json, sizeof role_json, role ? role : "");
-  json_str(name_json, sizeof name_json, s->name);
-  json_str(version_json, sizeof version_json, version);
+  mt_json_string(host, sizeof host, mt_proc_host());
+  mt_json_string(role_json, sizeof role_json, role ? role : "");
+  mt_json_string(name_json, sizeof name_json, s->name);
+  mt_json_string(version_json, sizeof version_json, version);
   size_t used = 0;
   routes[0] = '\0';
   for (int i = 0; i < s->nroutes; i++)
@@ -176,25 +178,19 @@ void mt_stats_start(const mt_spec *s, const char *role, const char *version) {
            "\"pid\": %ld, \"host\": %s, \"rank\": %s, \"role\": %s, \"spec\": %s, "
            "\"fingerprint\": \"%016" PRIx64 "\"",
            (long)owner_pid, host, mt_proc_rank(), role_json, name_json, mt_spec_fingerprint(s));
-  writer w = {.fd = stats_fd};
+  writer w = {0};
   w_printf(&w, "{\"event\": \"start\", \"time\": %.6f, %s, \"routes\": [%s], \"version\": %s}\n",
            now_seconds(), start_fields, routes, version_json);
-  w_flush(&w);
+  pthread_mutex_lock(&file_lock);
+  if (w_finish(&w, stats_fd) != 0)
+    MT_WARN("could not write the start record to %s: %s", stats_path, strerror(errno));
+  pthread_mutex_unlock(&file_lock);
 }
 
 void mt_stats_append(const char *lines, size_t len) {
   pthread_mutex_lock(&file_lock);
-  if (stats_fd >= 0 && getpid() == owner_pid) {
-    writer w = {.fd = stats_fd};
-    while (len) {
-      size_t piece = len < sizeof w.buf ? len : sizeof w.buf;
-      memcpy(w.buf, lines, piece);
-      w.used = piece;
-      w_flush(&w);
-      lines += piece;
-      len -= piece;
-    }
-  }
+  if (stats_fd >= 0 && getpid() == owner_pid)
+    write_all(stats_fd, lines, len); /* whole lines, one write */
   pthread_mutex_unlock(&file_lock);
 }
 
@@ -404,7 +400,7 @@ void mt_stats_finish(mt_stats_part parts) {
   if (stats_fd < 0 || getpid() != owner_pid)
     return;
   pthread_mutex_lock(&census_lock);
-  writer w = {.fd = stats_fd};
+  writer w = {0};
   w_printf(&w,
            "{\"event\": \"summary\", \"time\": %.6f, %s, \"gemm_calls\": %llu, \"routed\": "
            "%llu, \"passthrough\": %llu, \"fallbacks\": {",
@@ -428,11 +424,12 @@ void mt_stats_finish(mt_stats_part parts) {
     parts(emit_to_writer, &w);
   w_printf(&w, "}\n");
   pthread_mutex_lock(&file_lock);
-  w_flush(&w);
+  int rc = w_finish(&w, stats_fd);
+  int saved = errno;
   close(stats_fd);
   stats_fd = -1;
   pthread_mutex_unlock(&file_lock);
   pthread_mutex_unlock(&census_lock);
-  if (w.failed)
-    MT_WARN("could not write the summary to %s: %s", stats_path, strerror(errno));
+  if (rc != 0)
+    MT_WARN("could not write the summary to %s: %s", stats_path, strerror(saved));
 }

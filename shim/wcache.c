@@ -1,21 +1,31 @@
-/* wcache.c — the engine's device memory per CUDA context (see wcache.h). */
+/* wcache.c — the engine's device memory per CUDA context (see wcache.h).
+ *
+ * Locks: one per context (its tables: scratch slots, frozen entries) and one per scratch buffer
+ * (the lease a call holds while it enqueues its launches). A context lock is never taken while a
+ * lease is held, except by context_of when it drops a destroyed context's state (it takes each
+ * lease in turn, after the context lock): the order is context, then lease.
+ */
 #include "shim/wcache.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "kernels/driver.h"
-#include "kernels/wcheck.h"
 #include "base/log.h"
 #include "base/param.h"
+#include "kernels/driver.h"
+#include "kernels/wcheck.h"
 
-#define MAX_CONTEXTS 16  /* GPUs (primary contexts) one process drives */
 #define MAX_STREAMS 64   /* streams with scratch, per context */
 #define MAX_ENTRIES 8192 /* frozen weights, per context */
 #define ALIGN 256        /* what mt_qweight_bind and the workspace want */
 
 typedef struct {
+  pthread_mutex_t lock;     /* the lease */
+  unsigned long long owner; /* the context ID this slot belongs to; 0: dropped */
   CUstream stream;
   CUdeviceptr mem;
   size_t bytes;
@@ -36,32 +46,67 @@ typedef struct {
 } gentry;
 
 typedef struct {
-  CUcontext ctx;
+  pthread_mutex_t lock;
+  unsigned long long id; /* the context (kernels/driver.h); 0: none yet */
   scratch scratch[MAX_STREAMS];
   int nscratch;
   entry *entries; /* open addressing over MAX_ENTRIES slots, allocated with the context */
   int nentries;
   gentry *gentries; /* MAX_GROUPED, allocated at the first grouped call */
   int ngentries;
+  atomic_size_t held; /* this context's bytes: all (counted without its lock) */
+  size_t cached;      /* ... and those of frozen entries */
 } context;
 
-static context contexts[MAX_CONTEXTS];
-static int ncontexts;
+static context contexts[MT_MAX_CONTEXTS];
+static pthread_once_t locks_once = PTHREAD_ONCE_INIT;
 static int frozen;          /* weight_cache frozen or frozen-sampled: weights kept and checked */
 static unsigned check_step; /* the check's sample: 1 (every byte) or MT_SAMPLE_STEP */
-static size_t cache_limit, held, cached; /* limit and bytes of frozen entries; held: all bytes */
-static unsigned long long cache_full;
-static double store_bytes,
-    store_elems; /* frozen grouped weights: their stores' bytes and elements */
+static int capture_graph = 1;
+static size_t cache_limit;
+static atomic_size_t held_total, cached_total;
+static atomic_ullong cache_full, captured_calls;
+static atomic_ullong store_bytes, store_elems;   /* the frozen grouped stores' bytes and elements */
+static atomic_int engine_used, forked_after_use; /* CUDA does not survive a fork */
+
+static void init_locks(void) {
+  for (int i = 0; i < MT_MAX_CONTEXTS; i++) {
+    pthread_mutex_init(&contexts[i].lock, NULL);
+    for (int j = 0; j < MAX_STREAMS; j++)
+      pthread_mutex_init(&contexts[i].scratch[j].lock, NULL);
+  }
+}
+
+/* A forked child of a process whose engine ran cannot use CUDA: such a child routes nothing, and
+ * never touches a lock another thread of its parent may have held at the fork. A child forked
+ * before the engine ran starts from nothing and routes as any process. */
+static void child_after_fork(void) {
+  if (atomic_load(&engine_used))
+    atomic_store(&forked_after_use, 1);
+}
+
+int mt_wcache_forked(void) {
+  if (atomic_load_explicit(&forked_after_use, memory_order_relaxed)) {
+    MT_WARN_ONCE("this process was forked from one that used CUDA, which a forked child cannot "
+                 "use: its routed GEMMs go to cuBLAS (reason \"no engine\"); start workers with "
+                 "spawn, or fork them before CUDA is used");
+    return 1;
+  }
+  return 0;
+}
 
 int mt_wcache_init(const mt_spec *s) {
   static const char *const modes[] = {"requantize", "frozen", "frozen-sampled", NULL};
+  static const char *const capture_modes[] = {"off", "graph", NULL};
   int errors = 0;
   int mode = mt_param_choice("MINITE_WEIGHT_CACHE", modes, (int)s->weight_cache, &errors);
   frozen = mode != MT_WCACHE_REQUANTIZE;
   check_step = mode == MT_WCACHE_FROZEN_SAMPLED ? MT_SAMPLE_STEP : 1;
   cache_limit = (size_t)mt_param_count("MINITE_CACHE_MB", 8192, 0, 1ull << 30, "MiB", &errors)
                 << 20;
+  capture_graph = mt_param_choice("MINITE_CAPTURE", capture_modes, 1, &errors) == 1;
+  pthread_once(&locks_once, init_locks);
+  pthread_atfork(NULL, NULL, child_after_fork);
   return errors;
 }
 
@@ -71,86 +116,149 @@ const char *mt_wcache_mode(void) {
 
 void mt_wcache_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
   int n = 0;
-  for (int i = 0; i < ncontexts; i++)
+  for (int i = 0; i < MT_MAX_CONTEXTS; i++) {
+    pthread_mutex_lock(&contexts[i].lock);
     n += contexts[i].nentries + contexts[i].ngentries;
-  char b[320];
+    pthread_mutex_unlock(&contexts[i].lock);
+  }
+  unsigned long long elems = atomic_load(&store_elems);
+  char b[384];
   snprintf(b, sizeof b,
            ", \"engine\": {\"weight_cache\": \"%s\", \"device_bytes\": %zu, "
-           "\"frozen_weights\": %d, \"cache_full\": %llu, \"store_bytes_per_element\": %.4f}",
-           mt_wcache_mode(), held, n, cache_full,
-           store_elems > 0 ? store_bytes / store_elems : 0.0);
+           "\"frozen_weights\": %d, \"cache_full\": %llu, \"captured_calls\": %llu, "
+           "\"store_bytes_per_element\": %.4f}",
+           mt_wcache_mode(), atomic_load(&held_total) + mt_ctx_device_bytes(), n,
+           (unsigned long long)atomic_load(&cache_full),
+           (unsigned long long)atomic_load(&captured_calls),
+           elems ? (double)atomic_load(&store_bytes) / (double)elems : 0.0);
   emit(ctx, b);
 }
 
 static size_t round_up(size_t v) { return (v + ALIGN - 1) / ALIGN * ALIGN; }
 
-static context *context_current(const mt_driver *d) {
-  CUcontext ctx = NULL;
-  if (d->ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx)
+/* --- contexts ---------------------------------------------------------------------------- */
+
+/* Forget what belonged to a destroyed context: its memory went with it, so nothing is freed;
+ * a call of that context still holding a lease ends first. Under the context's lock. */
+static void context_drop(context *c) {
+  for (int i = 0; i < c->nscratch; i++) {
+    scratch *s = &c->scratch[i];
+    pthread_mutex_lock(&s->lock);
+    s->owner = 0, s->stream = NULL, s->mem = 0, s->bytes = 0;
+    pthread_mutex_unlock(&s->lock);
+  }
+  c->nscratch = 0;
+  if (c->entries)
+    memset(c->entries, 0, MAX_ENTRIES * sizeof *c->entries);
+  c->nentries = 0;
+  c->ngentries = 0;
+  atomic_fetch_sub(&held_total, atomic_exchange(&c->held, 0));
+  atomic_fetch_sub(&cached_total, c->cached);
+  c->cached = 0;
+}
+
+/* The current context's state, locked; NULL (said once) when there is none. */
+static context *context_of(const mt_ctx *x) {
+  context *c = &contexts[x->index];
+  pthread_mutex_lock(&c->lock);
+  if (c->id != x->id) {
+    if (c->id)
+      MT_INFO("a CUDA context was destroyed: the engine's state of it is dropped");
+    context_drop(c);
+    c->id = x->id;
+  }
+  if (!c->entries && frozen && !(c->entries = calloc(MAX_ENTRIES, sizeof *c->entries))) {
+    pthread_mutex_unlock(&c->lock);
     return NULL;
-  for (int i = 0; i < ncontexts; i++)
-    if (contexts[i].ctx == ctx)
-      return &contexts[i];
-  if (ncontexts == MAX_CONTEXTS)
-    return NULL;
-  context *c = &contexts[ncontexts];
-  c->entries = calloc(MAX_ENTRIES, sizeof *c->entries);
-  if (!c->entries)
-    return NULL;
-  c->ctx = ctx;
-  ncontexts++;
+  }
   return c;
 }
 
+static void count_bytes(context *c, long long bytes) {
+  atomic_fetch_add(&c->held, (size_t)bytes);
+  atomic_fetch_add(&held_total, (size_t)bytes);
+}
+
+/* An allocation outside captures (relaxed: legal while another thread captures). */
 static enum mt_reason device_alloc(const mt_driver *d, size_t bytes, CUdeviceptr *out) {
-  if (d->mem_alloc(out, bytes) != CUDA_SUCCESS) {
+  int relaxed = mt_capture_relax();
+  CUresult r = d->mem_alloc(out, bytes);
+  mt_capture_restore(relaxed);
+  if (r != CUDA_SUCCESS) {
     MT_WARN_ONCE("could not allocate %zu bytes of device memory for the engine: routed GEMMs that "
                  "need more fall back to cuBLAS (reason \"out of memory\")",
                  bytes);
     return MT_R_NOMEM;
   }
-  held += bytes;
   return MT_R_ROUTED;
 }
 
-/* This stream's scratch, at least `bytes` long. Growing waits for the stream, so that the old
- * buffer is no longer read when it is freed; it is the one synchronisation in the shim, rare
- * (the largest call so far grows it) and never while capturing. */
-static enum mt_reason scratch_get(const mt_driver *d, context *c, CUstream stream, size_t bytes,
-                                  int capturing, CUdeviceptr *out) {
+static void device_free(const mt_driver *d, CUdeviceptr p) {
+  int relaxed = mt_capture_relax();
+  d->mem_free(p);
+  mt_capture_restore(relaxed);
+}
+
+/* --- scratch ------------------------------------------------------------------------------- */
+
+/* This stream's scratch slot, leased (its lock held); NULL when there is none to be had. */
+static scratch *scratch_lease(context *c, unsigned long long id, CUstream stream,
+                              enum mt_reason *why) {
   scratch *s = NULL;
   for (int i = 0; i < c->nscratch && !s; i++)
     if (c->scratch[i].stream == stream)
       s = &c->scratch[i];
-  if (!s) {
-    if (c->nscratch == MAX_STREAMS)
-      return MT_R_NOMEM;
+  if (!s && c->nscratch < MAX_STREAMS) {
     s = &c->scratch[c->nscratch++];
-    s->stream = stream;
+    s->stream = stream, s->owner = id, s->mem = 0, s->bytes = 0;
   }
-  if (s->bytes < bytes) {
-    if (capturing)
-      return MT_R_CAPTURE;
-    size_t want = bytes + bytes / 4; /* room for the next, slightly larger call */
-    if (s->mem) {
-      if (d->stream_synchronize(stream) != CUDA_SUCCESS) {
-        MT_WARN_ONCE("could not wait for a stream to grow the engine's scratch: routed GEMMs that "
-                     "need more fall back to cuBLAS (reason \"engine error\")");
-        return MT_R_ENGINE;
-      }
-      d->mem_free(s->mem);
-      held -= s->bytes;
-      s->mem = 0;
-      s->bytes = 0;
+  pthread_mutex_unlock(&c->lock);
+  if (!s) {
+    MT_WARN_ONCE("more than %d streams route GEMMs in one CUDA context: calls on further streams "
+                 "fall back to cuBLAS (reason \"out of memory\")",
+                 MAX_STREAMS);
+    *why = MT_R_NOMEM;
+    return NULL;
+  }
+  pthread_mutex_lock(&s->lock);
+  if (s->owner != id || s->stream != stream) { /* dropped meanwhile: the context is gone */
+    pthread_mutex_unlock(&s->lock);
+    *why = MT_R_NO_ENGINE;
+    return NULL;
+  }
+  return s;
+}
+
+/* The leased scratch, at least `bytes` long. Growing waits for the stream, so that the old buffer
+ * is no longer read when it is freed; it is rare (the largest call so far grows it), and no graph
+ * holds the old buffer (captured calls never use scratch). */
+static enum mt_reason scratch_grow(const mt_driver *d, context *c, scratch *s, size_t bytes) {
+  if (s->bytes >= bytes)
+    return MT_R_ROUTED;
+  size_t want = bytes + bytes / 4; /* room for the next, slightly larger call */
+  if (s->mem) {
+    int relaxed = mt_capture_relax();
+    CUresult r = d->stream_synchronize(s->stream);
+    mt_capture_restore(relaxed);
+    if (r != CUDA_SUCCESS) {
+      MT_WARN_ONCE("could not wait for a stream to grow the engine's scratch: routed GEMMs that "
+                   "need more fall back to cuBLAS (reason \"engine error\")");
+      return MT_R_ENGINE;
     }
-    enum mt_reason r = device_alloc(d, want, &s->mem);
-    if (r != MT_R_ROUTED)
-      return r;
-    s->bytes = want;
+    device_free(d, s->mem);
+    count_bytes(c, -(long long)s->bytes);
+    s->mem = 0;
+    s->bytes = 0;
   }
-  *out = s->mem;
+  enum mt_reason r = device_alloc(d, want, &s->mem);
+  if (r != MT_R_ROUTED)
+    return r;
+  s->bytes = want;
+  count_bytes(c, (long long)want);
   return MT_R_ROUTED;
 }
+
+/* --- frozen entries ------------------------------------------------------------------------- */
 
 static int same_ref(const mt_weight_ref *a, const mt_weight_ref *b) {
   return a->w == b->w && a->n == b->n && a->k == b->k && a->ldw == b->ldw && a->type == b->type &&
@@ -164,25 +272,45 @@ static size_t slot_of(const mt_weight_ref *w) {
   return (size_t)(h >> 40) % MAX_ENTRIES;
 }
 
-/* A frozen entry's memory: `data` bytes, then its refresh state, zeroed on the stream (a zeroed
- * state has no hash yet: the first refresh quantizes); counted against the cache. */
-static enum mt_reason entry_alloc(const mt_driver *d, size_t data, mt_stream stream,
-                                  CUdeviceptr *mem) {
-  size_t bytes = data + MT_REFRESH_STATE_BYTES;
-  enum mt_reason why = device_alloc(d, bytes, mem);
-  if (why != MT_R_ROUTED)
-    return why;
-  if (d->memset_d8_async(*mem + data, 0, MT_REFRESH_STATE_BYTES, stream) != CUDA_SUCCESS) {
-    MT_WARN_ONCE("could not clear a frozen weight's state: such calls fall back to cuBLAS");
-    d->mem_free(*mem);
-    held -= bytes;
-    return MT_R_ENGINE;
-  }
-  cached += bytes;
-  return MT_R_ROUTED;
+/* Reserve `bytes` of MINITE_CACHE_MB, shared by every context; 0 when it would not fit. */
+static int cache_reserve(size_t bytes) {
+  size_t before = atomic_fetch_add(&cached_total, bytes);
+  if (before + bytes <= cache_limit)
+    return 1;
+  atomic_fetch_sub(&cached_total, bytes);
+  return 0;
 }
 
-/* The frozen entry of w: found, or made (NULL when none can be made: full, capturing, no memory). */
+/* A frozen entry's memory: `data` bytes, then its refresh state, zeroed on the stream (a zeroed
+ * state has no hash yet: the first refresh quantizes); counted against MINITE_CACHE_MB. *why says
+ * whether the call can still go on, requantizing in its own memory (cache full). */
+static int entry_alloc(const mt_driver *d, context *c, size_t data, mt_stream stream,
+                       CUdeviceptr *mem, enum mt_reason *why) {
+  size_t bytes = data + MT_REFRESH_STATE_BYTES;
+  *why = MT_R_ROUTED;
+  if (!cache_reserve(bytes)) {
+    atomic_fetch_add(&cache_full, 1);
+    return 0; /* requantized in scratch instead: slower, never wrong */
+  }
+  if ((*why = device_alloc(d, bytes, mem)) != MT_R_ROUTED) {
+    atomic_fetch_sub(&cached_total, bytes);
+    return 0;
+  }
+  if (d->memset_d8_async(*mem + data, 0, MT_REFRESH_STATE_BYTES, stream) != CUDA_SUCCESS) {
+    MT_WARN_ONCE("could not clear a frozen weight's state: such calls fall back to cuBLAS");
+    device_free(d, *mem);
+    atomic_fetch_sub(&cached_total, bytes);
+    *why = MT_R_ENGINE;
+    return 0;
+  }
+  count_bytes(c, (long long)bytes);
+  c->cached += bytes;
+  return 1;
+}
+
+/* The frozen entry of w: found, or made (NULL when none can be made: full, capturing, no memory;
+ * *why says whether the call can still go on, requantizing in its own memory). Under the
+ * context's lock. */
 static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, int capturing,
                         mt_stream stream, enum mt_reason *why) {
   size_t i = slot_of(w);
@@ -193,18 +321,15 @@ static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, 
       return &c->entries[i];
   }
   size_t qbytes = round_up(mt_qweight_bytes(w->n, w->k, &w->num));
-  size_t bytes = qbytes + MT_REFRESH_STATE_BYTES;
   *why = MT_R_ROUTED;
-  if (c->nentries >= MAX_ENTRIES / 2 || cached + bytes > cache_limit) {
-    cache_full++;
-    return NULL; /* requantized in scratch instead: slower, never wrong */
-  }
-  if (capturing) {
-    *why = MT_R_CAPTURE;
+  if (capturing)
+    return NULL; /* no allocation in a capture: requantized in the graph's memory */
+  if (c->nentries >= MAX_ENTRIES / 2) {
+    atomic_fetch_add(&cache_full, 1);
     return NULL;
   }
   CUdeviceptr mem;
-  if ((*why = entry_alloc(d, qbytes, stream, &mem)) != MT_R_ROUTED)
+  if (!entry_alloc(d, c, qbytes, stream, &mem, why))
     return NULL;
   entry *e = &c->entries[i];
   e->ref = *w;
@@ -239,44 +364,122 @@ static enum mt_reason weight_status(int st) {
   return mt_engine_reason(st);
 }
 
+/* --- a call's memory ----------------------------------------------------------------------- */
+
+/* A captured call's memory: stream-ordered, on the capturing stream, so that it becomes the
+ * graph's own. */
+static enum mt_reason graph_memory(const mt_driver *d, CUstream stream, size_t bytes,
+                                   mt_wcache_hold *out) {
+  CUdeviceptr p;
+  if (!capture_graph)
+    return MT_R_CAPTURE;
+  if (!d->mem_alloc_async || !d->mem_free_async) {
+    MT_WARN_ONCE(
+        "this CUDA driver has no stream-ordered allocation (cuMemAllocAsync): routed GEMMs "
+        "inside CUDA graph captures fall back to cuBLAS (reason \"capture\")");
+    return MT_R_CAPTURE;
+  }
+  if (d->mem_alloc_async(&p, bytes, stream) != CUDA_SUCCESS) {
+    MT_WARN_ONCE("could not take %zu bytes of graph memory (cuMemAllocAsync) in a CUDA graph "
+                 "capture: such routed GEMMs fall back to cuBLAS (reason \"capture\"); "
+                 "MINITE_CAPTURE=off says so without trying",
+                 bytes);
+    return MT_R_CAPTURE;
+  }
+  out->graph_mem = p;
+  return MT_R_ROUTED;
+}
+
+/* Memory for the call: graph memory when capturing, else the stream's scratch (leased). */
+static enum mt_reason call_memory(const mt_driver *d, context *c, const mt_ctx *x, CUstream stream,
+                                  size_t bytes, int capturing, mt_wcache_hold *out,
+                                  CUdeviceptr *mem) {
+  enum mt_reason r = MT_R_ROUTED;
+  if (capturing) {
+    pthread_mutex_unlock(&c->lock);
+    if ((r = graph_memory(d, stream, bytes, out)) == MT_R_ROUTED)
+      *mem = (CUdeviceptr)out->graph_mem;
+    return r;
+  }
+  scratch *s = scratch_lease(c, x->id, stream, &r); /* releases the context's lock */
+  if (!s)
+    return r;
+  out->lease = s;
+  if ((r = scratch_grow(d, c, s, bytes)) == MT_R_ROUTED)
+    *mem = s->mem;
+  return r;
+}
+
+/* The current context's state, locked; NULL (said once) when there is none to be had. */
+static context *current(const mt_driver *d, mt_ctx *x) {
+  if (!d || mt_wcache_forked())
+    return NULL;
+  pthread_once(&locks_once, init_locks);
+  int st = mt_ctx_current(x);
+  if (st == MT_OK && !atomic_load_explicit(&engine_used, memory_order_relaxed))
+    atomic_store(&engine_used, 1); /* from here on, a forked child cannot use CUDA */
+  context *c = st == MT_OK ? context_of(x) : NULL;
+  if (!c)
+    MT_WARN_ONCE("no usable current CUDA context for a routed GEMM (none current, or more than %d "
+                 "alive): it runs in cuBLAS (reason \"no engine\")",
+                 MT_MAX_CONTEXTS);
+  return c;
+}
+
 enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream, int capturing,
                                  mt_engine_mem *out) {
+  memset(out, 0, sizeof *out);
+  out->hold.stream = stream;
   const mt_driver *d = mt_driver_get();
-  if (!d)
+  mt_ctx x;
+  context *c = current(d, &x);
+  if (!c)
     return MT_R_NO_ENGINE;
-  context *c = context_current(d);
-  if (!c) {
-    MT_WARN_ONCE("no current CUDA context for a routed GEMM (or more than %d): it runs in cuBLAS "
-                 "(reason \"no engine\")",
-                 MAX_CONTEXTS);
-    return MT_R_NO_ENGINE;
-  }
   size_t ws = round_up(mt_gemm_workspace_bytes(m, w->k, &w->num));
   size_t qbytes = round_up(mt_qweight_bytes(w->n, w->k, &w->num));
-  if (!ws || !qbytes)
-    return MT_R_ENGINE;
   entry *e = NULL;
   enum mt_reason why = MT_R_ROUTED;
-  if (frozen && !(e = entry_get(d, c, w, capturing, stream, &why)) && why != MT_R_ROUTED)
-    return why;
-  CUdeviceptr mem;
-  enum mt_reason r = scratch_get(d, c, (CUstream)stream, ws + (e ? 0 : qbytes), capturing, &mem);
+  if (ws && qbytes && frozen)
+    e = entry_get(d, c, w, capturing, stream, &why);
+  if (!ws || !qbytes || why != MT_R_ROUTED) {
+    pthread_mutex_unlock(&c->lock);
+    return !ws || !qbytes ? MT_R_ENGINE : why;
+  }
+  CUdeviceptr mem = 0;
+  enum mt_reason r = call_memory(d, c, &x, (CUstream)stream, ws + (e ? 0 : qbytes), capturing,
+                                 &out->hold, &mem); /* releases the context's lock */
   if (r != MT_R_ROUTED)
     return r;
   out->workspace = (void *)mem;
   out->workspace_bytes = ws;
-  out->wsum = NULL;
   if (e) {
     out->q = &e->q;
     out->wsum = &((const mt_wcheck_state *)(uintptr_t)(e->mem + qbytes))->hash;
-    return weight_status(mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + qbytes),
-                                           check_step, stream));
+    r = weight_status(mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + qbytes),
+                                        check_step, stream));
+  } else {
+    mt_qweight_bind(&out->own, w->n, w->k, &w->num, (void *)(mem + ws));
+    out->q = &out->own;
+    r = weight_status(mt_quantize_weight(w->w, w->type, w->ldw, &out->own, stream));
   }
-  static mt_qweight q; /* under the exec lock, used until the call's launches are enqueued */
-  mt_qweight_bind(&q, w->n, w->k, &w->num, (void *)(mem + ws));
-  out->q = &q;
-  return weight_status(mt_quantize_weight(w->w, w->type, w->ldw, &q, stream));
+  if (capturing && r == MT_R_ROUTED)
+    atomic_fetch_add(&captured_calls, 1);
+  return r;
 }
+
+void mt_wcache_release(mt_wcache_hold *mem) {
+  const mt_driver *d = mt_driver_get();
+  if (mem->graph_mem && d &&
+      d->mem_free_async((CUdeviceptr)mem->graph_mem, (CUstream)mem->stream) != CUDA_SUCCESS)
+    MT_WARN_ONCE("could not free a captured call's graph memory (cuMemFreeAsync): the graph keeps "
+                 "it until it is destroyed");
+  if (mem->lease)
+    pthread_mutex_unlock(&((scratch *)mem->lease)->lock);
+  mem->graph_mem = 0;
+  mem->lease = NULL;
+}
+
+/* --- grouped calls ------------------------------------------------------------------------- */
 
 static int same_gref(const mt_wgroup_ref *a, const mt_wgroup_ref *b) {
   return a->w == b->w && a->w_stride == b->w_stride && a->groups == b->groups && a->n == b->n &&
@@ -286,7 +489,8 @@ static int same_gref(const mt_wgroup_ref *a, const mt_wgroup_ref *b) {
 }
 
 /* The frozen store of w: found, or made (NULL when none can be made: the slices not back to back,
- * full, capturing, no memory; *why says which of the last two). */
+ * full, capturing, no memory; *why says whether the call can still go on). Under the context's
+ * lock. */
 static gentry *gentry_get(const mt_driver *d, context *c, const mt_wgroup_ref *w, size_t sbytes,
                           int capturing, mt_stream stream, enum mt_reason *why) {
   *why = MT_R_ROUTED;
@@ -294,27 +498,25 @@ static gentry *gentry_get(const mt_driver *d, context *c, const mt_wgroup_ref *w
     if (same_gref(&c->gentries[i].ref, w))
       return &c->gentries[i];
   if (w->w_stride && w->w_stride != (int64_t)w->n * (int64_t)w->ldw)
-    return NULL; /* gaps: the hash reads rows */
-  size_t bytes = sbytes + MT_REFRESH_STATE_BYTES;
+    return NULL; /* gaps between the slices: the hash reads the tensor as one run of bytes */
+  if (capturing)
+    return NULL; /* no allocation in a capture: requantized in the graph's memory */
   if (!c->gentries && !(c->gentries = calloc(MAX_GROUPED, sizeof *c->gentries)))
     return NULL;
-  if (c->ngentries == MAX_GROUPED || cached + bytes > cache_limit) {
-    cache_full++;
-    return NULL;
-  }
-  if (capturing) {
-    *why = MT_R_CAPTURE;
+  if (c->ngentries == MAX_GROUPED) {
+    atomic_fetch_add(&cache_full, 1);
     return NULL;
   }
   CUdeviceptr mem;
-  if ((*why = entry_alloc(d, sbytes, stream, &mem)) != MT_R_ROUTED)
+  if (!entry_alloc(d, c, sbytes, stream, &mem, why))
     return NULL;
-  store_bytes += (double)sbytes;
-  store_elems += (double)(w->w_stride ? w->groups : 1) * w->n * w->k;
+  const int slices = w->w_stride ? w->groups : 1;
+  atomic_fetch_add(&store_bytes, sbytes);
+  atomic_fetch_add(&store_elems, (unsigned long long)slices * (unsigned)w->n * (unsigned)w->k);
   gentry *e = &c->gentries[c->ngentries++];
   e->ref = *w;
   e->mem = mem;
-  mt_wstore_bind(&e->store, w->w_stride ? w->groups : 1, w->n, w->k, &w->num, (void *)mem);
+  mt_wstore_bind(&e->store, slices, w->n, w->k, &w->num, (void *)mem);
   return e;
 }
 
@@ -328,37 +530,43 @@ static void share_slices(mt_wstore *s, const mt_wgroup_ref *w) {
 
 enum mt_reason mt_wcache_prepare_grouped(const mt_wgroup_ref *w, int rows, mt_stream stream,
                                          int capturing, mt_grouped_mem *out) {
+  memset(out, 0, sizeof *out);
+  out->hold.stream = stream;
   const mt_driver *d = mt_driver_get();
-  if (!d)
-    return MT_R_NO_ENGINE;
-  context *c = context_current(d);
+  mt_ctx x;
+  context *c = current(d, &x);
   if (!c)
     return MT_R_NO_ENGINE;
   const int slices = w->w_stride ? w->groups : 1;
   size_t ws = round_up(mt_grouped_workspace_bytes(rows, w->k, &w->num));
   size_t sbytes = round_up(mt_wstore_bytes(slices, w->n, w->k, &w->num));
-  if (!ws || !sbytes)
-    return MT_R_ENGINE;
   gentry *e = NULL;
   enum mt_reason why = MT_R_ROUTED;
-  if (frozen && !(e = gentry_get(d, c, w, sbytes, capturing, stream, &why)) && why != MT_R_ROUTED)
-    return why;
-  CUdeviceptr mem;
-  enum mt_reason r = scratch_get(d, c, (CUstream)stream, ws + (e ? 0 : sbytes), capturing, &mem);
+  if (ws && sbytes && frozen)
+    e = gentry_get(d, c, w, sbytes, capturing, stream, &why);
+  if (!ws || !sbytes || why != MT_R_ROUTED) {
+    pthread_mutex_unlock(&c->lock);
+    return !ws || !sbytes ? MT_R_ENGINE : why;
+  }
+  CUdeviceptr mem = 0;
+  enum mt_reason r = call_memory(d, c, &x, (CUstream)stream, ws + (e ? 0 : sbytes), capturing,
+                                 &out->hold, &mem); /* releases the context's lock */
   if (r != MT_R_ROUTED)
     return r;
   out->workspace = (void *)mem;
   out->workspace_bytes = ws;
+  int st;
   if (e) {
     out->store = e->store;
-    int st = mt_wstore_refresh(w->w, w->type, w->ldw, &out->store, (void *)(e->mem + sbytes),
-                               check_step, stream);
-    share_slices(&out->store, w);
-    return weight_status(st);
+    st = mt_wstore_refresh(w->w, w->type, w->ldw, &out->store, (void *)(e->mem + sbytes),
+                           check_step, stream);
+  } else {
+    mt_wstore_bind(&out->store, slices, w->n, w->k, &w->num, (void *)(mem + ws));
+    st = mt_wstore_quantize(w->w, w->type, w->ldw, (size_t)w->w_stride, &out->store, NULL, stream);
   }
-  mt_wstore_bind(&out->store, slices, w->n, w->k, &w->num, (void *)(mem + ws));
-  int st =
-      mt_wstore_quantize(w->w, w->type, w->ldw, (size_t)w->w_stride, &out->store, NULL, stream);
   share_slices(&out->store, w);
-  return weight_status(st);
+  r = weight_status(st);
+  if (capturing && r == MT_R_ROUTED)
+    atomic_fetch_add(&captured_calls, 1);
+  return r;
 }

@@ -8,11 +8,14 @@
 #include "spec/spec.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* ---- knobs ----------------------------------------------------------------------------------- */
 
@@ -558,9 +561,22 @@ int mt_spec_parse(const char *text, size_t len, mt_spec *out, mt_spec_errors *er
 
 /* ---- files and names ------------------------------------------------------------------------- */
 
-static int read_file(const char *path, char **text, size_t *len, mt_spec_errors *errs) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
+/* The file's kind, for a refusal: a spec is read from a regular file only. */
+static const char *kind_of(mode_t mode) {
+  return S_ISFIFO(mode)   ? "a FIFO or pipe"
+         : S_ISDIR(mode)  ? "a directory"
+         : S_ISCHR(mode)  ? "a character device"
+         : S_ISBLK(mode)  ? "a block device"
+         : S_ISSOCK(mode) ? "a socket"
+                          : "something other than a regular file";
+}
+
+/* Opened without blocking (a FIFO with no writer would block the open) and refused unless it is
+ * a regular file: a FIFO would hang the program, /dev/stdin would eat its input, and /dev/zero
+ * would never end. */
+static int open_regular(const char *path, mt_spec_errors *errs) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
     int saved = errno;
     if (saved == ENOENT)
       add_error(errs, 0, "file not found: %s", quote_path(path).s);
@@ -568,11 +584,36 @@ static int read_file(const char *path, char **text, size_t *len, mt_spec_errors 
       add_error(errs, 0, "cannot open %s: %s", quote_path(path).s, strerror(saved));
     return -1;
   }
+  struct stat st = {0};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    add_error(errs, 0,
+              "%s is %s, not a spec file: give the path of a regular file (save a spec "
+              "that comes from a pipe to a file first)",
+              quote_path(path).s, kind_of(st.st_mode));
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static int read_file(const char *path, char **text, size_t *len, mt_spec_errors *errs) {
+  int fd = open_regular(path, errs);
+  if (fd < 0)
+    return -1;
   char *buf = malloc(MT_SPEC_FILE_MAX + 1);
-  size_t n = buf ? fread(buf, 1, MT_SPEC_FILE_MAX + 1, f) : 0;
-  int failed = !buf || ferror(f);
-  int saved = errno;
-  fclose(f);
+  size_t n = 0;
+  int failed = !buf, saved = 0;
+  while (buf && n < MT_SPEC_FILE_MAX + 1) {
+    ssize_t got = read(fd, buf + n, MT_SPEC_FILE_MAX + 1 - n);
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got < 0)
+      failed = 1, saved = errno;
+    if (got <= 0)
+      break;
+    n += (size_t)got;
+  }
+  close(fd);
   if (failed || n > MT_SPEC_FILE_MAX) {
     if (!buf)
       add_error(errs, 0, "cannot read %s: out of memory", quote_path(path).s);
@@ -712,6 +753,10 @@ int mt_spec_add_routes(mt_spec *s, const char *list, mt_spec_errors *errs) {
   memcpy(s->routes, routes, (size_t)nroutes * sizeof routes[0]);
   s->nroutes = nroutes;
   return 0;
+}
+
+int mt_spec_route_unusable(const mt_spec *s, const mt_route *r) {
+  return s->format == MT_FORMAT_NVFP4 && r->in % 16 != 0;
 }
 
 int mt_spec_routes(const mt_spec *s, uint32_t out, uint32_t in) {

@@ -84,7 +84,9 @@ typedef struct {
  * be NULL; every function here resets *errs first. */
 int mt_spec_parse(const char *text, size_t len, mt_spec *out, mt_spec_errors *errs);
 
-/* Read and parse a file; an unreadable or oversized file is one error with line 0. */
+/* Read and parse a file; an unreadable or oversized file, or anything that is not a regular file
+ * (a FIFO, /dev/stdin on a pipe, a device, a directory: opened without blocking and refused),
+ * is one error with line 0. */
 int mt_spec_parse_file(const char *path, mt_spec *out, mt_spec_errors *errs);
 
 /* A built-in by name; -1 when there is none of that name. */
@@ -105,6 +107,12 @@ int mt_spec_load(const char *name_or_path, mt_spec *out, mt_spec_errors *errs);
  * already present are kept once; NULL or an empty list adds nothing. Returns 0, or -1 with one
  * error (line 0) naming the bad item, leaving *s unchanged. */
 int mt_spec_add_routes(mt_spec *s, const char *list, mt_spec_errors *errs);
+
+/* 1 when route r of s can never be taken: under nvfp4 the in-dimension (K) must be a multiple
+ * of the 16-element block, or every call of that weight falls back ("k alignment"). The route
+ * stays in the spec (it is part of the fingerprint both sides compare); the shim and
+ * `minite spec` warn about it. */
+int mt_spec_route_unusable(const mt_spec *s, const mt_route *r);
 
 /* 1 when a weight of out x in is routed. */
 int mt_spec_routes(const mt_spec *s, uint32_t out, uint32_t in);

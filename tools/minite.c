@@ -24,7 +24,9 @@ static const char usage_text[] =
     "  spec show   a built-in (by name) or a spec file: '# name: X', the canonical text,\n"
     "              then 'fingerprint: <16 hex digits>'; --route adds routes as MINITE_ROUTE does\n"
     "  spec check  parse spec files: 'PATH: ok (fingerprint ...)' or one line per error\n"
-    "              'PATH:LINE: what is wrong' on stderr, and exit status 2\n"
+    "              'PATH:LINE: what is wrong' on stderr, and exit status 2; a spec is read from\n"
+    "              a regular file only (a FIFO or /dev/stdin is refused); a route the engine\n"
+    "              can never take is a warning on stderr\n"
     "\n"
     "Environment of the preloaded library: MINITE_SPEC=NAME|PATH selects the spec,\n"
     "MINITE_ROUTE=OUTxIN,... adds routes (weight shapes out x in) to it.\n";
@@ -50,6 +52,18 @@ static void print_errors(const char *where, const mt_spec_errors *errs) {
   if (errs->dropped)
     fprintf(stderr, "%s: %d more error%s not shown\n", where, errs->dropped,
             errs->dropped == 1 ? "" : "s");
+}
+
+/* Routes the engine can never take (their calls would all fall back): a warning, not an error. */
+static void warn_routes(const char *where, const mt_spec *s) {
+  for (int i = 0; i < s->nroutes; i++)
+    if (mt_spec_route_unusable(s, &s->routes[i]))
+      fprintf(stderr,
+              "%s: warning: route %ux%u can never be routed: its in-dimension %u is not a "
+              "multiple of 16 (the NVFP4 block), so every call of that weight falls back to "
+              "cuBLAS (reason \"k alignment\"); remove the route\n",
+              where, (unsigned)s->routes[i].out, (unsigned)s->routes[i].in,
+              (unsigned)s->routes[i].in);
 }
 
 static int cmd_list(int argc, char **argv) {
@@ -84,6 +98,7 @@ static int cmd_show(int argc, char **argv) {
     print_errors("--route", &errs);
     return EXIT_BAD;
   }
+  warn_routes(argv[0], &spec);
   print_spec(&spec);
   return 0;
 }
@@ -99,6 +114,7 @@ static int cmd_check(int argc, char **argv) {
       print_errors(argv[i], &errs);
       status = EXIT_BAD;
     } else {
+      warn_routes(argv[i], &spec);
       printf("%s: ok (fingerprint %016" PRIx64 ")\n", argv[i], mt_spec_fingerprint(&spec));
     }
   }

@@ -132,7 +132,7 @@ static void lookups_answer_hooks_and_calls_are_seen(void) {
   for (int i = 0; specs[i]; i++) {
     const char *env[] = {specs[i], NULL};
     mt_t_child r;
-    mt_t_run_child("lookups", "lookups", env, &r);
+    mt_t_run_child("lookups", i ? "lookups_nvfp4" : "lookups_bf16", env, &r); /* a file each */
     mt_t_check_child("lookups", &r);
     CHECKF(i == 0 ? !strstr(r.err, "minite WARN") : mt_t_count_of(r.err, "minite WARN") == 1, "%s",
            r.err);

@@ -406,6 +406,7 @@ static void threads_count_every_call(void) {
   const char *env[] = {env1, "MINITE_SPEC=nvfp4-row", routes_env, "FAKE_APP_THREADS=8", NULL};
   for (int arr = DIRECT; arr <= DLOPEN; arr++) {
     run_result r;
+    unlink(stats); /* the file is appended to: one run's records each time */
     app(arr, "threads", env, 1, &r);
     CHECKF(r.status == 0, "exit %d: %s", r.status, r.err);
     CHECK(same_results("threads"));

@@ -127,6 +127,9 @@ static void router_decision_table(void) {
       (c.entry = MT_FN_cublasGemmStridedBatchedEx, c.batch = 3, c.stride_a = 64 * 32,
        c.stride_b = 32 * 5, c.stride_c = c.stride_d = 64 * 5),
       MT_R_ROUTED);
+  /* found by lab/fuzz_lt.c: an Lt layout of 2^64 - x columns read as a negative token count */
+  ROW("negative token count", c.n = -8142508126285856760LL, MT_R_LAYOUT);
+  ROW("no tokens", c.n = 0, MT_R_LAYOUT);
 #undef ROW
   for (int i = 0; i < n; i++) {
     enum mt_reason got = mt_route_decide(&spec, &rows[i].c);

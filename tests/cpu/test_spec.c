@@ -437,7 +437,8 @@ static void files(void) {
   CHECK(mt_spec_load(path, &s, &e) == -1 && e.n == 1 && HAS_ERROR(&e, 0, "file not found", path));
   CHECK(mt_spec_load("nvfp4-rwo", &s, &e) == -1);
   CHECK(HAS_ERROR(&e, 0, "file not found: nvfp4-rwo", "built-in", "nvfp4-row"));
-  CHECK(mt_spec_parse_file("/tmp", &s, &e) == -1 && HAS_ERROR(&e, 0, "cannot read /tmp"));
+  CHECK(mt_spec_parse_file("/tmp", &s, &e) == -1 &&
+        HAS_ERROR(&e, 0, "/tmp is a directory, not a spec file", "regular file"));
   CHECK(mt_spec_parse_file("", &s, &e) == -1 && e.n == 1);
   CHECK(mt_spec_load(NULL, &s, &e) == -1 && e.n == 1);
   CHECK(mt_spec_load("nvfp4-tensor", &s, &e) == 0 && e.n == 0 && s.act_scale == MT_SCALE_TENSOR);

@@ -1,12 +1,13 @@
 /* fake_cuda.c — a fake libcuda.so.1 for the CPU tests of the engine path of the shim: the driver
  * entry points of kernels/driver.h (MT_DRIVER_FUNCTIONS, under their exported names) over a
- * host-memory "GPU" (device pointers are host pointers, as in the fake cuBLAS): one context, an
+ * host-memory "GPU" (device pointers are host pointers, as in the fake cuBLAS): a primary context, an
  * sm_90 H200 (CC 9.0, 132 SMs). It computes nothing. It logs what the engine does (launches with
  * their configuration and by-value argument, allocations, memsets, read-backs, synchronisations)
  * and refuses what the real driver refuses (an unknown function or one the module does not hold,
  * more than 48 KiB of dynamic shared memory without the function's attribute, a memset outside an
  * allocation). Knobs (tests/cpu/fake/fake_cuda.h): capturing streams, no context, a memory limit,
- * a failing launch or module load.
+ * a failing launch or module load; and, in the section at the end, more contexts (destroyed,
+ * re-created at one address), stream-ordered memory, capture modes, failing allocations.
  *
  * A GEMM launch marks its output (FAKE_CUDA_MARK) as the GPU would overwrite it, nothing more.
  */
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/gemm_args.h"
 #include "kernels/instr.h"
@@ -26,7 +28,7 @@
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_EVENTS 8192
 #define MAX_ALLOCS 1024
-#define MAX_MODULES 16
+#define MAX_MODULES 64 /* five kernel files per context, a few contexts */
 #define MAX_FUNCTIONS 128
 #define MAX_CAPTURING 16
 #define DEFAULT_SMEM (48 * 1024)
@@ -40,12 +42,15 @@ static fake_cuda_counts counts;
 typedef struct {
   char *p;
   size_t bytes;
+  int ctx;                      /* the context it belongs to (contexts section below) */
+  unsigned long long buffer_id; /* CU_POINTER_ATTRIBUTE_BUFFER_ID: never reused */
 } allocation;
 static allocation allocs[MAX_ALLOCS];
 
 typedef struct {
   const char *image;
   size_t size;
+  unsigned long long ctx_id; /* the context it was loaded in */
 } module;
 static module modules[MAX_MODULES];
 static int nmodules;
@@ -68,8 +73,14 @@ static int cc_major = 9, cc_minor = 0;
 static unsigned max_map_rank =
     3; /* tensor maps of a higher rank are refused, as by an older driver */
 
-/* The context handle: any fixed non-NULL address. */
-static int the_context;
+/* Contexts, stream-ordered memory and failure injection: the section at the end of the file. */
+static CUcontext current_context(void);
+static int current_index(void);
+static unsigned long long current_id(void);
+static int alloc_should_fail(void);
+static unsigned long long next_buffer_id(void);
+static _Thread_local int thread_relaxed; /* cuThreadExchangeStreamCaptureMode */
+static void launch_delay(void);
 
 /* The log, aligned as its argument copies must be (mt_large_args holds CUtensorMaps). */
 static void events_alloc(void) {
@@ -115,7 +126,9 @@ static int is_capturing(CUstream s) {
 
 /* Operations that are illegal while a stream captures in global mode (PyTorch's default). */
 static void note_capture_violation(void) {
-  if (any_capturing())
+  if (any_capturing() && thread_relaxed)
+    counts.relaxed_during_capture++;
+  else if (any_capturing())
     counts.during_capture++;
 }
 
@@ -128,6 +141,8 @@ static allocation *allocation_of(const void *p, size_t bytes) {
   }
   return NULL;
 }
+
+static void fake_cuda_env_more(void);
 
 static void env_config(void) {
   const char *v = getenv("FAKE_CUDA_MEM_LIMIT");
@@ -157,6 +172,7 @@ static void env_config(void) {
   v = getenv("FAKE_CUDA_MAP_RANK");
   if (v && *v)
     max_map_rank = (unsigned)atoi(v);
+  fake_cuda_env_more();
   v = getenv("FAKE_CUDA_CC");
   if (v && *v) {
     cc_major = atoi(v);
@@ -233,7 +249,7 @@ EXPORT CUresult cuGetErrorName(CUresult error, const char **str) {
 }
 
 EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) {
-  *ctx = context_present ? (CUcontext)(void *)&the_context : NULL;
+  *ctx = context_present ? current_context() : NULL;
   return CUDA_SUCCESS;
 }
 
@@ -291,7 +307,7 @@ EXPORT CUresult cuModuleLoadData(CUmodule *out, const void *image) {
   } else if (cc_major != 9 || cc_minor != 0) {
     r = CUDA_ERROR_NO_BINARY_FOR_GPU;
   } else {
-    modules[nmodules] = (module){image, size};
+    modules[nmodules] = (module){image, size, current_id()};
     *out = (CUmodule)(void *)&modules[nmodules++];
     counts.module_loads++;
   }
@@ -541,12 +557,16 @@ static int should_fail(const char *name) {
 
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
                                  void **extra) {
+  launch_delay();
   pthread_mutex_lock(&lock);
   function *fn = function_of(f);
   CUresult r = CUDA_SUCCESS;
   if (!fn || !config || !params || !params[0] || extra || !launch_config_ok(config, fn)) {
     counts.invalid++;
     r = fn ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+  } else if (fn->mod->ctx_id != current_id()) {
+    counts.invalid++, counts.stale++; /* a function of a destroyed or another context */
+    r = CUDA_ERROR_INVALID_HANDLE;
   } else if (should_fail(fn->name)) {
     r = CUDA_ERROR_LAUNCH_FAILED;
   }
@@ -632,10 +652,10 @@ EXPORT CUresult cuMemAlloc(CUdeviceptr *out, size_t bytes) {
     r = CUDA_ERROR_INVALID_VALUE;
   } else if (!slot ||
              (mem_limit >= 0 && counts.live_bytes + bytes > (unsigned long long)mem_limit) ||
-             !(p = aligned_alloc(256, (bytes + 255) / 256 * 256))) {
+             alloc_should_fail() || !(p = aligned_alloc(256, (bytes + 255) / 256 * 256))) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
-    *slot = (allocation){p, bytes};
+    *slot = (allocation){p, bytes, current_index(), next_buffer_id()};
     *out = (CUdeviceptr)(uintptr_t)p;
     counts.allocs++;
     counts.live_allocs++;
@@ -674,10 +694,12 @@ EXPORT CUresult cuMemFree(CUdeviceptr ptr) {
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream stream) {
   pthread_mutex_lock(&lock);
   CUresult r = CUDA_SUCCESS;
-  if (!allocation_of((void *)(uintptr_t)dst, n)) {
+  allocation *a = allocation_of((void *)(uintptr_t)dst, n);
+  if (!a) {
     counts.invalid++;
     r = CUDA_ERROR_INVALID_VALUE;
   } else {
+    counts.stale += a->ctx != current_index(); /* memory of another context */
     memset((void *)(uintptr_t)dst, value, n);
   }
   log_simple(FAKE_EV_MEMSET, stream, dst, n, value, r);
@@ -855,7 +877,7 @@ EXPORT CUresult cuMemHostAlloc(void **out, size_t bytes, unsigned int flags) {
   (void)flags;
   pthread_mutex_lock(&lock);
   note_capture_violation();
-  void *p = bytes ? aligned_alloc(256, (bytes + 255) / 256 * 256) : NULL;
+  void *p = bytes && !alloc_should_fail() ? aligned_alloc(256, (bytes + 255) / 256 * 256) : NULL;
   if (p)
     *out = p;
   log_simple(FAKE_EV_HOSTALLOC, NULL, (uint64_t)(uintptr_t)p, bytes, 0,
@@ -876,6 +898,234 @@ EXPORT CUresult cuMemFreeHost(void *p) {
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
-  return ctx == (CUcontext)(void *)&the_context ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+/* --- contexts, stream-ordered memory, capture modes, failure injection ----------------------
+ * (tests/cpu/test_reliability.c). Context handles are the addresses of the slots below; slot 0 is
+ * the primary context, current in every thread until another is made current. A destroyed
+ * context's allocations leave the table (their bytes are kept, so that a stale use reads memory
+ * that still exists and is counted rather than crashing the test) and its modules' functions
+ * refuse to launch. */
+
+#define MAX_CONTEXTS 8
+
+typedef struct {
+  int live;
+  unsigned long long id;
+} fake_context;
+
+static fake_context contexts[MAX_CONTEXTS] = {{1, 1}};
+static unsigned long long last_context_id = 1, last_buffer_id;
+static int last_destroyed = -1;
+static _Thread_local int thread_context; /* the slot current in this thread; -1: none */
+static int fail_alloc_in, no_async, launch_us;
+static long allocs_made;
+
+static void fake_cuda_env_more(void) {
+  const char *v = getenv("FAKE_CUDA_FAIL_ALLOC");
+  if (v && *v)
+    fail_alloc_in = atoi(v);
+  v = getenv("FAKE_CUDA_LAUNCH_US");
+  if (v && *v)
+    launch_us = atoi(v);
+  v = getenv("FAKE_CUDA_NO_ASYNC");
+  no_async = v && *v == '1';
 }
+
+/* A launch's host-side cost (FAKE_CUDA_LAUNCH_US), outside the fake's lock, as a driver's is
+ * outside any lock of the caller's: threads that launch at once overlap it. */
+static void launch_delay(void) {
+  if (launch_us > 0)
+    nanosleep(&(struct timespec){launch_us / 1000000, (launch_us % 1000000) * 1000L}, NULL);
+}
+
+static CUcontext current_context(void) {
+  return thread_context >= 0 ? (CUcontext)(void *)&contexts[thread_context] : NULL;
+}
+
+static int current_index(void) { return thread_context; }
+
+static unsigned long long current_id(void) {
+  return thread_context >= 0 && contexts[thread_context].live ? contexts[thread_context].id : 0;
+}
+
+static unsigned long long next_buffer_id(void) { return ++last_buffer_id; }
+
+/* Under lock. */
+static int alloc_should_fail(void) {
+  allocs_made++;
+  return fail_alloc_in > 0 && --fail_alloc_in == 0;
+}
+
+static int context_index(CUcontext ctx) {
+  fake_context *c = (fake_context *)(void *)ctx;
+  return c >= contexts && c < contexts + MAX_CONTEXTS ? (int)(c - contexts) : -1;
+}
+
+/* Under lock: a context's allocations go with it. */
+static void drop_allocations(int ctx) {
+  for (int i = 0; i < MAX_ALLOCS; i++)
+    if (allocs[i].p && allocs[i].ctx == ctx) {
+      counts.live_allocs--;
+      counts.live_bytes -= allocs[i].bytes;
+      allocs[i] = (allocation){0};
+    }
+}
+
+EXPORT CUcontext fake_cuda_ctx_create(int at_address) {
+  pthread_mutex_lock(&lock);
+  int i = at_address && last_destroyed >= 0 && !contexts[last_destroyed].live ? last_destroyed : -1;
+  for (int j = 1; j < MAX_CONTEXTS && i < 0; j++)
+    if (!contexts[j].live && !contexts[j].id)
+      i = j;
+  if (i >= 0) {
+    contexts[i] = (fake_context){1, ++last_context_id};
+    thread_context = i;
+  }
+  pthread_mutex_unlock(&lock);
+  return i >= 0 ? (CUcontext)(void *)&contexts[i] : NULL;
+}
+
+EXPORT void fake_cuda_ctx_destroy(CUcontext ctx) {
+  pthread_mutex_lock(&lock);
+  int i = context_index(ctx);
+  if (i >= 0 && contexts[i].live) {
+    contexts[i].live = 0;
+    drop_allocations(i);
+    last_destroyed = i;
+    if (thread_context == i)
+      thread_context = -1;
+  } else {
+    counts.invalid++;
+  }
+  pthread_mutex_unlock(&lock);
+}
+
+EXPORT void fake_cuda_device_reset(void) {
+  pthread_mutex_lock(&lock);
+  drop_allocations(0);
+  contexts[0] = (fake_context){1, ++last_context_id};
+  thread_context = 0;
+  pthread_mutex_unlock(&lock);
+}
+
+EXPORT long fake_cuda_fail_alloc(int nth) {
+  pthread_mutex_lock(&lock);
+  fail_alloc_in = nth;
+  long made = allocs_made;
+  pthread_mutex_unlock(&lock);
+  return made;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+  int i = ctx ? context_index(ctx) : -1;
+  if (ctx && i < 0)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  thread_context = i;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id) {
+  pthread_mutex_lock(&lock);
+  int i = ctx ? context_index(ctx) : thread_context;
+  CUresult r = CUDA_SUCCESS;
+  if (i < 0)
+    r = CUDA_ERROR_INVALID_CONTEXT;
+  else if (!contexts[i].live)
+    r = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  else
+    *id = contexts[i].id;
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr) {
+  pthread_mutex_lock(&lock);
+  allocation *a = allocation_of((const void *)(uintptr_t)ptr, 1);
+  CUresult r = CUDA_SUCCESS;
+  if (attr != CU_POINTER_ATTRIBUTE_BUFFER_ID)
+    r = CUDA_ERROR_NOT_SUPPORTED;
+  else if (!a)
+    r = CUDA_ERROR_INVALID_VALUE;
+  else
+    *(unsigned long long *)data = a->buffer_id;
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+  CUstreamCaptureMode previous =
+      thread_relaxed ? CU_STREAM_CAPTURE_MODE_RELAXED : CU_STREAM_CAPTURE_MODE_GLOBAL;
+  thread_relaxed = *mode == CU_STREAM_CAPTURE_MODE_RELAXED;
+  *mode = previous;
+  return CUDA_SUCCESS;
+}
+
+/* On a capturing stream the memory is the graph's: it stays valid for the graph's replays (the
+ * free in the capture does not release it) and is not counted in live_bytes. */
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *out, size_t bytes, CUstream stream) {
+  pthread_mutex_lock(&lock);
+  int graph = is_capturing(stream);
+  allocation *slot = NULL;
+  for (int i = 0; i < MAX_ALLOCS && !slot; i++)
+    if (!allocs[i].p)
+      slot = &allocs[i];
+  char *p = NULL;
+  CUresult r = CUDA_SUCCESS;
+  if (no_async)
+    r = CUDA_ERROR_NOT_SUPPORTED;
+  else if (!bytes)
+    r = CUDA_ERROR_INVALID_VALUE;
+  else if (!slot || alloc_should_fail() || !(p = aligned_alloc(256, (bytes + 255) / 256 * 256)))
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS) {
+    *slot = (allocation){p, bytes, current_index(), next_buffer_id()};
+    *out = (CUdeviceptr)(uintptr_t)p;
+    counts.allocs++;
+    counts.live_allocs++;
+    counts.graph_allocs += graph;
+    if (!graph)
+      counts.live_bytes += bytes;
+  }
+  log_simple(FAKE_EV_ALLOC_ASYNC, stream, (uint64_t)(uintptr_t)p, bytes, graph, r);
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) {
+  pthread_mutex_lock(&lock);
+  int graph = is_capturing(stream);
+  allocation *a = NULL;
+  for (int i = 0; i < MAX_ALLOCS && !a; i++)
+    if (allocs[i].p && (CUdeviceptr)(uintptr_t)allocs[i].p == ptr)
+      a = &allocs[i];
+  CUresult r = CUDA_SUCCESS;
+  size_t bytes = a ? a->bytes : 0;
+  if (!a) {
+    counts.bad_frees++;
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else if (graph) {
+    counts.graph_frees++; /* the graph keeps it for its replays */
+  } else {
+    free(a->p);
+    *a = (allocation){0};
+    counts.frees++;
+    counts.live_allocs--;
+    counts.live_bytes -= bytes;
+  }
+  log_simple(FAKE_EV_FREE_ASYNC, stream, ptr, bytes, graph, r);
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned int flags) {
+  (void)flags;
+  pthread_mutex_lock(&lock);
+  note_capture_violation();
+  CUresult r = !p || !bytes          ? CUDA_ERROR_INVALID_VALUE
+               : alloc_should_fail() ? CUDA_ERROR_OUT_OF_MEMORY
+                                     : CUDA_SUCCESS;
+  log_simple(FAKE_EV_HOSTREG, NULL, (uint64_t)(uintptr_t)p, bytes, 0, r);
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+EXPORT CUresult cuMemHostUnregister(void *p) { return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }

@@ -28,9 +28,12 @@ enum fake_cuda_kind {
   FAKE_EV_CTX_SYNC, /* cuCtxSynchronize */
   FAKE_EV_LOAD,     /* cuModuleLoadData: ptr (the image) */
   FAKE_EV_TMAP, /* cuTensorMapEncodeTiled: ptr (the base), bytes (rows * row pitch), value (the rank) */
-  FAKE_EV_SETATTR,   /* cuFuncSetAttribute: name, value */
-  FAKE_EV_RECORD,    /* cuEventRecord: ptr (the event), stream */
-  FAKE_EV_HOSTALLOC, /* cuMemHostAlloc: ptr, bytes */
+  FAKE_EV_SETATTR,     /* cuFuncSetAttribute: name, value */
+  FAKE_EV_RECORD,      /* cuEventRecord: ptr (the event), stream */
+  FAKE_EV_HOSTALLOC,   /* cuMemHostAlloc: ptr, bytes */
+  FAKE_EV_ALLOC_ASYNC, /* cuMemAllocAsync: ptr, bytes, stream, value 1 when the stream captures */
+  FAKE_EV_FREE_ASYNC,  /* cuMemFreeAsync: ptr, bytes, stream, value 1 when the stream captures */
+  FAKE_EV_HOSTREG,     /* cuMemHostRegister_v2: ptr, bytes */
 };
 
 typedef struct {
@@ -54,6 +57,10 @@ typedef struct {
   long module_loads, launches;
   long invalid;        /* calls the real driver would refuse (bad handle, config, pointer) */
   long during_capture; /* allocations, frees, loads, syncs, read-backs while a stream captures */
+  long relaxed_during_capture; /* ... of those, made in relaxed capture mode (legal) */
+  long stale;                  /* a function or memory of a destroyed (or other) context used */
+  long graph_allocs;           /* cuMemAllocAsync on a capturing stream: memory the graph owns */
+  long graph_frees;            /* cuMemFreeAsync on a capturing stream */
 } fake_cuda_counts;
 
 /* The log so far (events are never removed; the array stays valid until the next driver call). */
@@ -80,12 +87,30 @@ typedef void (*fake_cuda_hold_events_fn)(int on);
  * event (the instruments must query from their own thread). */
 typedef void (*fake_cuda_event_queries_fn)(long *queries, long *same_thread);
 
+/* Contexts (tests/cpu/test_reliability.c). The fake starts with one context current in every
+ * thread (the primary); these make others, all on the one device:
+ * create a context and make it current in the calling thread; at_address: at the address of the
+ * last destroyed one (as a re-created primary context is), else at a new one. NULL when full. */
+typedef CUcontext (*fake_cuda_ctx_create_fn)(int at_address);
+/* Destroy a context: its allocations and modules go with it (a later use counts as stale); the
+ * threads it is current to see no context. */
+typedef void (*fake_cuda_ctx_destroy_fn)(CUcontext ctx);
+/* cudaDeviceReset: the primary context destroyed and re-created at the same address, current. */
+typedef void (*fake_cuda_device_reset_fn)(void);
+/* Fail the nth allocation from now (1 = the next) of any kind (cuMemAlloc, cuMemAllocAsync,
+ * cuMemHostAlloc, cuMemHostRegister) with CUDA_ERROR_OUT_OF_MEMORY; 0: none. Returns how many
+ * allocations were made so far. */
+typedef long (*fake_cuda_fail_alloc_fn)(int nth);
+
 /* The instruments' kernels (kernels/instr.cu) run on the host through the twin in
  * kernels/instr.h: the fake computes their results so that records can be checked end to end. */
 
 /* Environment read at load: FAKE_CUDA_MEM_LIMIT=bytes, FAKE_CUDA_NO_CONTEXT=1,
  * FAKE_CUDA_CAPTURING=handle,handle (hex or decimal stream handles), FAKE_CUDA_FAIL_LAUNCH=[name:]n,
  * FAKE_CUDA_CC=major.minor (default 9.0), FAKE_CUDA_MAP_RANK=r (tensor maps of a higher rank are
- * refused with CUDA_ERROR_NOT_SUPPORTED; default 3). */
+ * refused with CUDA_ERROR_NOT_SUPPORTED; default 3), FAKE_CUDA_FAIL_ALLOC=n (the nth allocation
+ * fails), FAKE_CUDA_LAUNCH_US=n (each launch takes n microseconds, outside the fake's lock),
+ * FAKE_CUDA_NO_ASYNC=1 (cuMemAllocAsync answers CUDA_ERROR_NOT_SUPPORTED,
+ * as on a device without memory pools). */
 
 #endif

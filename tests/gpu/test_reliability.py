@@ -1,0 +1,232 @@
+"""test_reliability.py — the shim in real jobs on the GPU (issue "Reliability"): CUDA graphs in every
+way PyTorch makes them, threads, forks, context resets, two contexts, exhausted device memory.
+
+    make && make build/tests/cpu/nvfp4_tool build/tests/gpu/reliability_app
+    python3 tests/gpu/test_reliability.py                         (H200; about 3 minutes)
+    MT_SANITIZE=1 python3 tests/gpu/test_reliability.py           (adds compute-sanitizer runs)
+
+Graph cases (tests/gpu/reliability_child.py under the shim, routes 1536x2048):
+- grow: a captured call's replays stay right after its stream's scratch grew and the memory was
+  handed out again, and the new owner's tensor is untouched (the graph owns its memory);
+- side: warm-up on a side stream, torch.cuda.graph(g) without stream=: routed in the graph (no
+  "capture" fallback), replays equal eager calls bit for bit;
+- graphed: make_graphed_callables on a module of routed experts: outputs bitwise, input gradients
+  (cuBLAS BF16 backward) close;
+- compiled: torch.compile(mode="reduce-overhead") on that module: outputs bitwise.
+C program cases (tests/gpu/reliability_app.c, real cuBLAS, with and without the shim):
+- threads: 16 threads on 16 streams, shared and own weights: bitwise equal to the same calls one
+  after another, every call routed;
+- fork: a child forked while another thread routes comes back (no hang) as often as without the
+  shim; a child forked before CUDA was used routes and gets the parent's bits; the parent goes on;
+- reset: the primary context reset three times and a created context destroyed and re-created
+  three times: every call routed, bits unchanged;
+- contexts: two created contexts on the one GPU, alternately and from two threads at once: bits
+  equal to the primary context's, every call routed;
+- oom (frozen cache): with device memory exhausted, calls on a weight not seen before fall back
+  ("out of memory": no cache entry to be had) with cuBLAS's bits (those of the run without the
+  shim); once memory is back they are routed.
+With MT_SANITIZE=1: compute-sanitizer memcheck and racecheck on the threads case (fewer calls) and
+on the graph cases grow and side: no error.
+Skips (not passes) without torch or a GPU.
+"""
+import json
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shim_child import BUILD, LIB, ROOT, harness, need_gpu, run_child  # noqa: E402
+
+CHILD = os.path.join(ROOT, "tests", "gpu", "reliability_child.py")
+APP = os.path.join(ROOT, BUILD, "tests", "gpu", "reliability_app")
+TMP = tempfile.mkdtemp(prefix="mt_reliability_")
+ROUTE = "1536x2048"
+
+
+def graph_child(case, cache="requantize"):
+    minite = dict(MINITE_SPEC="nvfp4-row", MINITE_ROUTE=ROUTE, MINITE_WEIGHT_CACHE=cache)
+    arrays, _, summary = run_child(CHILD, case, f"{case}_{cache}", TMP, minite)
+    harness.check(summary is not None, f"{case}: no statistics summary")
+    return arrays, summary or {}
+
+
+def no_capture_fallback(case, summary):
+    harness.check(summary.get("routed", 0) > 0 and "capture" not in summary.get("fallbacks", {}),
+                  f"{case}: routed {summary.get('routed')}, fallbacks {summary.get('fallbacks')}")
+    harness.check(summary.get("engine", {}).get("captured_calls", 0) > 0,
+                  f"{case}: no call routed inside a capture: {summary.get('engine')}")
+
+
+def replays_equal_eager(case, got, n=3):
+    for i in range(n):
+        harness.check(np.array_equal(got[f"replay{i}"], got[f"eager{i}"]),
+                      f"{case}: replay {i} differs from the eager call")
+
+
+def graph_outlives_scratch_growth():
+    need_gpu()
+    for cache in ("requantize", "frozen"):
+        got, summary = graph_child("grow", cache)
+        replays_equal_eager(f"grow/{cache}", got)
+        harness.check(bool(got["bystander_intact"][0]),
+                      f"grow/{cache}: a replay wrote into memory the graph does not own")
+        no_capture_fallback(f"grow/{cache}", summary)
+
+
+def graph_without_stream_argument():
+    need_gpu()
+    for cache in ("requantize", "frozen"):
+        got, summary = graph_child("side", cache)
+        replays_equal_eager(f"side/{cache}", got)
+        no_capture_fallback(f"side/{cache}", summary)
+
+
+def make_graphed_callables_routes():
+    need_gpu()
+    got, summary = graph_child("graphed")
+    for i in range(3):
+        harness.check(np.array_equal(got[f"y{i}"], got[f"ye{i}"]), f"graphed: output {i} differs")
+        harness.check(np.allclose(got[f"g{i}"], got[f"ge{i}"], rtol=2e-2, atol=1e-2),
+                      f"graphed: input gradient {i} differs")
+    no_capture_fallback("graphed", summary)
+
+
+def torch_compile_reduce_overhead_routes():
+    need_gpu()
+    got, summary = graph_child("compiled")
+    if "no_triton" in got:
+        harness.skip("torch.compile needs triton, which is not installed")
+    for i in range(6):
+        harness.check(np.array_equal(got[f"y{i}"], got[f"ye{i}"]), f"compiled: output {i} differs")
+    no_capture_fallback("compiled", summary)
+
+# ---- the C program -------------------------------------------------------------------------
+
+
+def app(mode, tag, shim=True, extra=None, wrap=None, timeout=600):
+    """Run reliability_app MODE; returns (exit status, #info values, outputs, summary, stderr)."""
+    if not os.path.exists(APP):
+        raise RuntimeError(f"{APP} missing: run make {BUILD}/tests/gpu/reliability_app first")
+    out = os.path.join(TMP, tag + ".bin")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINITE_")}
+    if shim:
+        env["LD_PRELOAD"] = (env["LD_PRELOAD"] + ":" if env.get("LD_PRELOAD") else "") + LIB
+        env.update(MINITE_SPEC="nvfp4-row", MINITE_ROUTE=ROUTE,
+                   MINITE_STATS=os.path.join(TMP, tag + ".%p.jsonl"))
+    env.update(extra or {})
+    proc = subprocess.run((wrap or []) + [APP, mode, out], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    info = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("#info "):
+            _, key, value = line.split(" ", 2)
+            info[key] = int(value)
+    summary = None
+    for f in sorted(glob.glob(os.path.join(TMP, tag + ".*.jsonl"))):
+        records = [json.loads(line) for line in open(f)]
+        if records and records[-1].get("event") == "summary":
+            summary = records[-1]
+    data = np.fromfile(out, dtype=np.uint16) if os.path.exists(out) else np.zeros(0, np.uint16)
+    return proc.returncode, info, data, summary or {}, proc.stderr
+
+
+def all_routed(tag, summary, calls):
+    harness.check(summary.get("routed") == calls and not summary.get("fallbacks"),
+                  f"{tag}: routed {summary.get('routed')} of {calls}, "
+                  f"fallbacks {summary.get('fallbacks')}")
+
+
+def threads_bitwise_equal_to_one_thread():
+    need_gpu()
+    for cache in ("requantize", "frozen"):
+        rc, info, data, summary, err = app("threads", "threads_" + cache,
+                                           extra={"MINITE_WEIGHT_CACHE": cache})
+        harness.check(rc == 0 and info.get("differing") == 0,
+                      f"threads/{cache}: exit {rc}, {info}: {err[-2000:]}")
+        all_routed(f"threads/{cache}", summary, info.get("calls"))
+    rc, info, plain, _, err = app("threads", "threads_plain", shim=False)
+    harness.check(rc == 0, f"threads without the shim: exit {rc}: {err[-2000:]}")
+    harness.check(plain.size == data.size and not np.array_equal(plain, data),
+                  "the routed results are cuBLAS's: nothing was routed")
+
+
+def forks_come_back():
+    need_gpu()
+    rc0, plain, _, _, _ = app("fork", "fork_plain", shim=False, timeout=900)
+    rc, info, _, summary, err = app("fork", "fork", timeout=900)
+    hung, hung_plain = info.get("hung_children", 99), plain.get("hung_children", 0)
+    harness.check(hung == 0 or hung <= hung_plain,
+                  f"fork: {info} (without the shim: {plain}): {err[-2000:]}")
+    harness.check(info.get("early_child_status") == 0 and info.get("early_child_same") == 1,
+                  f"fork: the child forked before CUDA: {info}")
+    harness.check(info.get("parent_after_forks_same") == 1, f"fork: the parent after: {info}")
+    harness.check(rc == 0 or rc0 != 0, f"fork: exit {rc} (without the shim {rc0})")
+
+
+def reset_and_recreated_contexts():
+    need_gpu()
+    rc, info, _, summary, err = app("reset", "reset")
+    rc0, _, _, _, err0 = app("reset", "reset_plain", shim=False)
+    harness.check(rc0 == 0, f"reset without the shim: exit {rc0}: {err0[-1500:]}")
+    harness.check(rc == 0 and info.get("differing") == 0, f"reset: exit {rc}, {info}: {err[-2000:]}")
+    all_routed("reset", summary, 12 * 7)
+
+
+def two_contexts_on_one_gpu():
+    need_gpu()
+    rc, info, _, summary, err = app("contexts", "contexts")
+    harness.check(rc == 0 and info.get("differing") == 0,
+                  f"contexts: exit {rc}, {info}: {err[-2000:]}")
+    all_routed("contexts", summary, 12 * 5 + 2 * 2 * 12)
+
+
+def out_of_memory_falls_back():
+    need_gpu()
+    rc, info, data, summary, err = app("oom", "oom", extra={"MINITE_WEIGHT_CACHE": "frozen"})
+    rc0, _, plain, _, _ = app("oom", "oom_plain", shim=False)
+    harness.check(rc == 0 and rc0 == 0 and info.get("hog_chunks", 0) > 0,
+                  f"oom: exit {rc} / {rc0}, {info}: {err[-2000:]}")
+    half = data.size // 2
+    harness.check(data.size == plain.size and np.array_equal(data[:half], plain[:half]),
+                  "oom: the calls made without memory are not cuBLAS's")
+    harness.check(not np.array_equal(data[half:], plain[half:]),
+                  "oom: the calls made once memory was back were not routed")
+    falls = summary.get("fallbacks", {})
+    harness.check(falls.get("out of memory", 0) >= 1 and summary.get("routed", 0) >= 5,
+                  f"oom: routed {summary.get('routed')}, fallbacks {falls}")
+
+
+def sanitizers_clean():
+    need_gpu()
+    if os.environ.get("MT_SANITIZE") != "1":
+        harness.skip("set MT_SANITIZE=1 to run compute-sanitizer (several minutes)")
+    sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    if not os.path.exists(sanitizer):
+        harness.skip("no compute-sanitizer")
+    small = {"RELIABILITY_THREADS": "4", "RELIABILITY_CALLS": "3"}
+    for tool in ("memcheck", "racecheck"):
+        wrap = [sanitizer, "--tool", tool, "--error-exitcode", "99", "--target-processes", "all"]
+        rc, info, _, _, err = app("threads", f"san_{tool}", extra=small, wrap=wrap, timeout=1800)
+        harness.check(rc == 0 and "ERROR SUMMARY: 0 errors" in err,
+                      f"{tool} on threads: exit {rc}: {err[-3000:]}")
+        for case in ("grow", "side"):
+            env = {k: v for k, v in os.environ.items() if not k.startswith("MINITE_")}
+            env.update(LD_PRELOAD=LIB, MINITE_SPEC="nvfp4-row", MINITE_ROUTE=ROUTE)
+            proc = subprocess.run(wrap + [sys.executable, CHILD, case, os.path.join(TMP, "san.npz")],
+                                  env=env, capture_output=True, text=True, timeout=1800)
+            harness.check(proc.returncode == 0 and "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr,
+                          f"{tool} on graph case {case}: exit {proc.returncode}: "
+                          f"{(proc.stdout + proc.stderr)[-3000:]}")
+
+
+for t in (graph_outlives_scratch_growth, graph_without_stream_argument, make_graphed_callables_routes,
+          torch_compile_reduce_overhead_routes, threads_bitwise_equal_to_one_thread, forks_come_back,
+          reset_and_recreated_contexts, two_contexts_on_one_gpu, out_of_memory_falls_back,
+          sanitizers_clean):
+    harness.run(t)
+sys.exit(harness.done())
