@@ -6,8 +6,8 @@
 #
 # Steps (default: build kernels bench benchshim torch run):
 #   build      make all
-#   kernels    build/tests/gpu/test_kernels (KERNELS_LIMIT s, default 180)
-#   sanitize   the same under compute-sanitizer memcheck (SANITIZE_LIMIT, default 300)
+#   kernels    the C GPU tests, build/tests/gpu/test_* (KERNELS_LIMIT s, default 240)
+#   sanitize   test_kernels under compute-sanitizer memcheck (SANITIZE_LIMIT, default 300)
 #   torch      the Python GPU tests through make gputest (TORCH_LIMIT, default 420);
 #              GPU_PY="tests/gpu/test_a.py ..." narrows them
 #   bench      make bench; bench.json into the logs
@@ -42,19 +42,22 @@ step() { # name, limit in seconds, command...
   return $rc
 }
 
-# the test binary that the kernels and sanitize steps run ("build" makes only the library)
+# the test binaries that the kernels and sanitize steps run ("build" makes only the library)
+gpu_bins=$(for f in tests/gpu/test_*.c; do f=${f#tests/gpu/}; echo "build/tests/gpu/${f%.c}"; done)
 kernels_bin() {
-  make -s build/tests/gpu/test_kernels >"$out/kernels-build${TAG:-}.log" 2>&1 ||
-    { echo "== test_kernels: build failed (kernels-build${TAG:-}.log)"; false; }
+  # shellcheck disable=SC2086 # one word per binary
+  make -s -j16 $gpu_bins >"$out/kernels-build${TAG:-}.log" 2>&1 ||
+    { echo "== GPU tests: build failed (kernels-build${TAG:-}.log)"; false; }
 }
 
 for s in $steps; do
   case $s in
   build) step build 240 make -j16 all ;;
-  kernels) kernels_bin && step kernels "${KERNELS_LIMIT:-180}" build/tests/gpu/test_kernels ;;
+  # shellcheck disable=SC2086 # one word per binary
+  kernels) kernels_bin && step kernels "${KERNELS_LIMIT:-240}" env MT_BUILD=build tests/run $gpu_bins ;;
   torch) step torch "${TORCH_LIMIT:-420}" make gputest GPU_TESTS= ${GPU_PY:+GPUTEST_PY="$GPU_PY"} ;;
   sanitize) kernels_bin && step sanitize "${SANITIZE_LIMIT:-300}" compute-sanitizer --tool memcheck build/tests/gpu/test_kernels ;;
-  bench) step bench 300 make bench && cp build/bench.json "$out/" 2>/dev/null ;;
+  bench) step bench 300 make bench && cp build/bench.json build/bench_moe.json "$out/" 2>/dev/null ;;
   benchshim) step benchshim 120 make bench-shim ;;
   ncu) # the GEMM kernels of two rows of the benchmark under Nsight Compute (clocks left alone)
     for cfg in ${NCU_ROWS:-qwen3_gate_up:4096 qwen3_gate_up:1}; do
