@@ -50,7 +50,8 @@ def hf_model():
     model = Qwen3MoeForCausalLM(config).to("cuda", torch.bfloat16)
     impl = model.get_experts_implementation() if hasattr(model, "get_experts_implementation") \
         else getattr(config, "_experts_implementation", "?")
-    return model, config, str(impl)
+    # transformers 5 answers per sub-config ({"": "grouped_mm"}): kept as JSON, not as its str()
+    return model, config, impl if isinstance(impl, dict) else str(impl)
 
 
 def info(out, **kv):

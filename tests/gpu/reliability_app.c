@@ -123,17 +123,23 @@ typedef struct {
   CUdeviceptr w, x, y; /* W [OUT][IN], x [MAXTOK][IN], y [MAXTOK][OUT] */
 } buffers;
 
+/* Threads make their buffers at once: each fills a host array of its own. */
 static int buffers_make(buffers *b, uint32_t wseed, uint32_t xseed) {
-  static uint16_t host[(size_t)OUT * IN];
-  if (CU(cuMemAlloc)(&b->w, (size_t)OUT * IN * 2) ||
-      CU(cuMemAlloc)(&b->x, (size_t)MAXTOK * IN * 2) ||
-      CU(cuMemAlloc)(&b->y, (size_t)MAXTOK * OUT * 2))
-    return -1;
-  fill(host, (size_t)OUT * IN, wseed);
-  if (CU(cuMemcpyHtoD)(b->w, host, (size_t)OUT * IN * 2))
-    return -1;
-  fill(host, (size_t)MAXTOK * IN, xseed);
-  return CU(cuMemcpyHtoD)(b->x, host, (size_t)MAXTOK * IN * 2) ? -1 : 0;
+  size_t elems = (size_t)OUT * IN > (size_t)MAXTOK * IN ? (size_t)OUT * IN : (size_t)MAXTOK * IN;
+  uint16_t *host = malloc(elems * 2);
+  int bad = !host || CU(cuMemAlloc)(&b->w, (size_t)OUT * IN * 2) ||
+            CU(cuMemAlloc)(&b->x, (size_t)MAXTOK * IN * 2) ||
+            CU(cuMemAlloc)(&b->y, (size_t)MAXTOK * OUT * 2);
+  if (!bad) {
+    fill(host, (size_t)OUT * IN, wseed);
+    bad = CU(cuMemcpyHtoD)(b->w, host, (size_t)OUT * IN * 2) != 0;
+  }
+  if (!bad) {
+    fill(host, (size_t)MAXTOK * IN, xseed);
+    bad = CU(cuMemcpyHtoD)(b->x, host, (size_t)MAXTOK * IN * 2) != 0;
+  }
+  free(host);
+  return bad ? -1 : 0;
 }
 
 static void buffers_free(buffers *b) {
