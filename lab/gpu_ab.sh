@@ -43,7 +43,9 @@ build_all() { # NAME...
   local v jobs=$((16 / ($# + 1) > 1 ? 16 / ($# + 1) : 1))
   rm -rf "$work" && mkdir -p "$work"
   for v in "$@"; do
-    mkdir -p "$work/$v" && cp -r Makefile kernels scripts shim spec tests "$work/$v/" && cp -r "ab/$v/." "$work/$v/"
+    # the tree without its builds and variants, then the variant's files over it
+    mkdir -p "$work/$v" && tar --exclude=./build --exclude=./build-san --exclude=./ab --exclude=./.git -cf - . |
+      tar -C "$work/$v" -xf - && cp -r "ab/$v/." "$work/$v/"
   done
   for v in main "$@"; do
     (cd "$(tree_of "$v")" && make -j"$jobs" all build/tests/gpu/test_kernels build/bench/bench_kernels \
