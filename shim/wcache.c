@@ -410,6 +410,26 @@ static enum mt_reason call_memory(const mt_driver *d, context *c, const mt_ctx *
   return r;
 }
 
+/* The call's memory after its weight's entry was looked up (`why`: the lookup's verdict): the
+ * workspace, and room for the weight unless an entry keeps it. Releases the context's lock. */
+static enum mt_reason take_memory(const mt_driver *d, context *c, const mt_ctx *x, mt_stream stream,
+                                  size_t ws, size_t wbytes, int kept, enum mt_reason why,
+                                  int capturing, mt_wcache_hold *hold, CUdeviceptr *mem) {
+  if (!ws || !wbytes || why != MT_R_ROUTED) {
+    pthread_mutex_unlock(&c->lock);
+    return !ws || !wbytes ? MT_R_ENGINE : why;
+  }
+  return call_memory(d, c, x, (CUstream)stream, ws + (kept ? 0 : wbytes), capturing, hold, mem);
+}
+
+/* The weight's quantization or refresh status as the call's reason, captured calls counted. */
+static enum mt_reason weight_done(int st, int capturing) {
+  enum mt_reason r = weight_status(st);
+  if (capturing && r == MT_R_ROUTED)
+    atomic_fetch_add(&captured_calls, 1);
+  return r;
+}
+
 /* The current context's state, locked; NULL (said once) when there is none to be had. */
 static context *current(const mt_driver *d, mt_ctx *x) {
   if (!d || mt_wcache_forked())
@@ -441,13 +461,9 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   enum mt_reason why = MT_R_ROUTED;
   if (ws && qbytes && frozen)
     e = entry_get(d, c, w, capturing, stream, &why);
-  if (!ws || !qbytes || why != MT_R_ROUTED) {
-    pthread_mutex_unlock(&c->lock);
-    return !ws || !qbytes ? MT_R_ENGINE : why;
-  }
   CUdeviceptr mem = 0;
-  enum mt_reason r = call_memory(d, c, &x, (CUstream)stream, ws + (e ? 0 : qbytes), capturing,
-                                 &out->hold, &mem); /* releases the context's lock */
+  enum mt_reason r =
+      take_memory(d, c, &x, stream, ws, qbytes, e != NULL, why, capturing, &out->hold, &mem);
   if (r != MT_R_ROUTED)
     return r;
   out->workspace = (void *)mem;
@@ -455,16 +471,13 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   if (e) {
     out->q = &e->q;
     out->wsum = &((const mt_wcheck_state *)(uintptr_t)(e->mem + qbytes))->hash;
-    r = weight_status(mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + qbytes),
-                                        check_step, stream));
-  } else {
-    mt_qweight_bind(&out->own, w->n, w->k, &w->num, (void *)(mem + ws));
-    out->q = &out->own;
-    r = weight_status(mt_quantize_weight(w->w, w->type, w->ldw, &out->own, stream));
+    return weight_done(mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + qbytes),
+                                         check_step, stream),
+                       capturing);
   }
-  if (capturing && r == MT_R_ROUTED)
-    atomic_fetch_add(&captured_calls, 1);
-  return r;
+  mt_qweight_bind(&out->own, w->n, w->k, &w->num, (void *)(mem + ws));
+  out->q = &out->own;
+  return weight_done(mt_quantize_weight(w->w, w->type, w->ldw, &out->own, stream), capturing);
 }
 
 void mt_wcache_release(mt_wcache_hold *mem) {
@@ -544,13 +557,9 @@ enum mt_reason mt_wcache_prepare_grouped(const mt_wgroup_ref *w, int rows, mt_st
   enum mt_reason why = MT_R_ROUTED;
   if (ws && sbytes && frozen)
     e = gentry_get(d, c, w, sbytes, capturing, stream, &why);
-  if (!ws || !sbytes || why != MT_R_ROUTED) {
-    pthread_mutex_unlock(&c->lock);
-    return !ws || !sbytes ? MT_R_ENGINE : why;
-  }
   CUdeviceptr mem = 0;
-  enum mt_reason r = call_memory(d, c, &x, (CUstream)stream, ws + (e ? 0 : sbytes), capturing,
-                                 &out->hold, &mem); /* releases the context's lock */
+  enum mt_reason r =
+      take_memory(d, c, &x, stream, ws, sbytes, e != NULL, why, capturing, &out->hold, &mem);
   if (r != MT_R_ROUTED)
     return r;
   out->workspace = (void *)mem;
@@ -565,8 +574,5 @@ enum mt_reason mt_wcache_prepare_grouped(const mt_wgroup_ref *w, int rows, mt_st
     st = mt_wstore_quantize(w->w, w->type, w->ldw, (size_t)w->w_stride, &out->store, NULL, stream);
   }
   share_slices(&out->store, w);
-  r = weight_status(st);
-  if (capturing && r == MT_R_ROUTED)
-    atomic_fetch_add(&captured_calls, 1);
-  return r;
+  return weight_done(st, capturing);
 }
