@@ -177,10 +177,10 @@ mt_gemm_tile mt_gemm_large_tile(int m, int n, int sms, int bm, int bn) {
   return best;
 }
 
-/* Whether the TMA-store epilogue (the ts and ra kernels) can write y with tiles t, leaving y's
- * description in ty: tiles of 128 tokens x 128 to 256, rows that end on 16 bytes (the store clips
- * at n by 16-byte pieces: at n = 271 it wrote column 271, the caller's padding; H200, 2026-11-29),
- * so n % 8 == 0, and a y that suits a tensor map (16-byte aligned base and row stride). */
+/* Whether the TMA-store epilogue can write y with tiles t, leaving y's description in ty: tiles of
+ * 128 tokens x 128 to 256, rows that end on 16 bytes (the store clips at n only by 16-byte pieces:
+ * at n = 271 it wrote column 271, the caller's padding), so n % 8 == 0, and a y that suits a tensor
+ * map (16-byte aligned base and row stride). */
 static int stores_by_tma(const mt_gemm_args *a, mt_gemm_tile t, CUtensorMap *ty) {
   return t.bm == MT_LARGE_BM && t.bn >= 128 && a->n % 8 == 0 &&
          output_map(ty, a->y, a->ytype, a->m, a->n, a->ldy) == MT_OK;

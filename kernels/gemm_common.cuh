@@ -39,15 +39,15 @@ __device__ static inline float epilogue(const mt_epilogue_args &e, float acc, fl
   return t;
 }
 
-// The decode of the 5-bit records (gemm_args.h), shared by the small path's weights and the large
-// ra kernel's activations: one k16 step's fragment pair of a record's row g, from 16 bits x = code
+// The decode of packed E2M1 codes into BF16 MMA fragments, shared by the small path's 5-bit records
+// (gemm_args.h) and the grouped engine's store (wstore.h): one k16 step's fragment pair of a row g, from 16 bits x = code
 // byte q (elements 2q, 2q+1) then code byte q+4 (2q+8, 2q+9), and s2 the block scale as BF16 in
 // both halves. Magnitudes by byte permutations of two 8-entry tables (high and low bytes of the
 // BF16 values 0 .. 6); the four sign bits (3, 7, 11, 15) moved to bits 15 and 31 of each pair by
 // one multiply each (no carries reach them); then one BF16x2 multiply per pair, exact (e2m1 * e4m3
 // has at most 6 significant bits). hi0 and lo0 are constants, the tables' first words (a byte
-// permutation takes one of its two words from a register): the large ra kernel passes them in
-// registers that it loaded once.
+// permutation takes one of its two words from a register), overridable by a caller that keeps them
+// in registers it loaded once.
 __device__ static inline void weight_frag(uint32_t x, uint32_t s2, uint32_t &b0, uint32_t &b1,
                                           uint32_t hi0 = 0x3F3F3F00u, uint32_t lo0 = 0xC0800000u) {
   uint32_t sel = x & 0x7777u;
