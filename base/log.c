@@ -83,19 +83,6 @@ const char *mt_log_level_name(enum mt_log_level level) { return mt_log_level_nam
 
 void mt_log_set_level(enum mt_log_level level) { atomic_store(&mt_log_level_now, level); }
 
-static int dir_writable(const char *path) {
-  char dir[sizeof log_path];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (!slash)
-    return access(".", W_OK | X_OK) == 0;
-  if (slash == dir)
-    slash[1] = '\0'; /* a file in / */
-  else
-    *slash = '\0';
-  return access(dir, W_OK | X_OK) == 0;
-}
-
 int mt_log_open(const char *tmpl) {
   char shown[MT_LOG_VALUE_MAX + 64];
   snprintf(log_tmpl, sizeof log_tmpl, "%s", mt_log_value(tmpl, shown, sizeof shown));
@@ -105,7 +92,7 @@ int mt_log_open(const char *tmpl) {
             log_tmpl, sizeof log_path);
     return 1;
   }
-  if (!dir_writable(log_path) || (access(log_path, F_OK) == 0 && access(log_path, W_OK) != 0)) {
+  if (!mt_proc_path_writable(log_path)) {
     char p[MT_LOG_VALUE_MAX + 64];
     MT_WARN("cannot write MINITE_LOG_FILE=%s (%s): %s; check that the directory exists and is "
             "writable; logging to stderr",

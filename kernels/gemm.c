@@ -103,7 +103,7 @@ int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream) {
  * span) by box_rows rows; reads past the matrix return zeros, which add nothing to a sum. pair
  * (k % 64 == 0): rank 3, the columns as k / 64 blocks of 64 (128 bytes apart), a box two blocks
  * deep (mt_gemm_large_m64p_nBN); a block past k is wholly past the third dimension, so zeros too. */
-static int tensor_map(CUtensorMap *map, const void *base, int rows, int k, int box_rows, int pair) {
+int mt_gemm_tensor_map(CUtensorMap *map, const void *base, int rows, int k, int box_rows, int pair) {
   const mt_driver *d = mt_driver_get();
   cuuint64_t dims[3] = {pair ? 64 : (cuuint64_t)k, (cuuint64_t)rows, (cuuint64_t)k / 64};
   cuuint64_t strides[2] = {(cuuint64_t)k * 2, 128};
@@ -205,13 +205,13 @@ static const char *kernel_name(char buf[32], const char *kind, int bn) {
 static int operand_maps(const mt_gemm_args *a, const mt_qact *q, mt_gemm_tile t, int pair, mt_large_args *l) {
   int last = a->m - (a->m - 1) / t.bm * t.bm; /* 1 to t.bm */
   l->last_rows = (last + 7) / 8 * 8;
-  int st = tensor_map(&l->tw, a->w->xhat, a->n, a->k, t.bn, pair);
-  if (st == MT_OK) st = tensor_map(&l->ta_last, q->xhat, a->m, a->k, l->last_rows, pair);
+  int st = mt_gemm_tensor_map(&l->tw, a->w->xhat, a->n, a->k, t.bn, pair);
+  if (st == MT_OK) st = mt_gemm_tensor_map(&l->ta_last, q->xhat, a->m, a->k, l->last_rows, pair);
   if (st != MT_OK || a->m <= t.bm || l->last_rows == t.bm) {
     l->ta = l->ta_last;
     return st;
   }
-  return tensor_map(&l->ta, q->xhat, a->m, a->k, t.bm, pair);
+  return mt_gemm_tensor_map(&l->ta, q->xhat, a->m, a->k, t.bm, pair);
 }
 
 /* The 64-token tiles take a stage's two K blocks of an operand in one box (mt_gemm_large_m64p_nBN)

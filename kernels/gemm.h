@@ -12,6 +12,7 @@
 #ifndef MT_GEMM_H
 #define MT_GEMM_H
 
+#include "kernels/driver.h"
 #include "kernels/engine.h"
 
 /* The quantized activations the engine prepared in its workspace. */
@@ -52,6 +53,12 @@ mt_gemm_tile mt_gemm_large_tile(int m, int n, int sms, int bm, int bn);
 /* 1 where tiles t at depth k load a stage's two K blocks of an operand in one box (rank-3 tensor
  * maps, mt_gemm_large_m64p_nBN): 64-token tiles, k % 64 == 0, more stages than their ring holds. */
 int mt_gemm_kpair(int k, mt_gemm_tile t);
+
+/* A K-major BF16 matrix of rows x k for TMA loads of 128B-swizzled boxes of 64 columns by box_rows
+ * rows (zeros past the matrix); with pair (k % 64 == 0), of rank 3, a box two K blocks deep. Shared
+ * by the large path and the grouped engine (kernels/grouped.c), whose activation stages are the
+ * same. MT_OK, or MT_ERR_UNSUPPORTED where the driver refuses the map. */
+int mt_gemm_tensor_map(CUtensorMap *map, const void *base, int rows, int k, int box_rows, int pair);
 
 /* Run a->y = ... on the large path for the quantized activations q (MT_ERR_UNSUPPORTED for any
  * other path: the fused kernel runs through mt_gemm_launch_fused). */

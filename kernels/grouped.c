@@ -7,9 +7,13 @@
 
 #include "kernels/driver.h"
 #include "kernels/engine.h"
+#include "kernels/gemm.h"
 #include "kernels/gemm_args.h"
 #include "kernels/quant.h"
 #include "kernels/wstore.h"
+
+/* mt_gemm_tensor_map's paired box is two K blocks deep: a stage of the grouped kernel's kpair mode. */
+_Static_assert(MT_LARGE_KS_64 == 2, "a paired activation box must be one grouped stage");
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 static int is_half(enum mt_dtype t) { return t == MT_DTYPE_BF16 || t == MT_DTYPE_FP16; }
@@ -94,22 +98,6 @@ int mt_grouped_bn(int m, int nseg) {
   return bn;
 }
 
-/* xhat [m][k] as TMA sees it: boxes of 64 columns (128 bytes, the swizzle span) by bn rows; with
- * pair (k % 64 == 0) of rank 3, the columns as k / 64 blocks 128 bytes apart and a box two blocks
- * deep. Reads past the matrix return zeros. */
-static int act_map(CUtensorMap *map, const void *xhat, int m, int k, int bn, int pair) {
-  const mt_driver *d = mt_driver_get();
-  cuuint64_t dims[3] = {pair ? 64 : (cuuint64_t)k, (cuuint64_t)m, (cuuint64_t)k / 64};
-  cuuint64_t strides[2] = {(cuuint64_t)k * 2, 128};
-  cuuint32_t box[3] = {64, (cuuint32_t)bn, 2};
-  cuuint32_t elem_strides[3] = {1, 1, 1};
-  CUresult r =
-      d->tensor_map_encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, pair ? 3 : 2, (void *)xhat, dims, strides, box,
-                                 elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? MT_OK : MT_ERR_UNSUPPORTED;
-}
-
 static int quantize_acts(const mt_grouped_args *a, uint16_t *xhat, float *outer, mt_stream stream) {
   mt_quant_params p = {
       .x = a->x,
@@ -190,7 +178,7 @@ int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   static mt_grouped_kargs proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
   mt_grouped_kargs k = proto;
   k.kpair = MT_GROUPED_KS(bn) == 2 && a->k % 64 == 0;
-  int st = act_map(&k.ta, xhat, a->m, a->k, bn, k.kpair);
+  int st = mt_gemm_tensor_map(&k.ta, xhat, a->m, a->k, bn, k.kpair);
   if (st == MT_OK) st = quantize_acts(a, xhat, outer, stream);
   if (st != MT_OK) return st;
   fill_kargs(a, outer, &k);

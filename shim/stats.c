@@ -56,19 +56,6 @@ static char start_fields[4096]; /* pid .. fingerprint, shared by both records */
 static void lock_census(void) { pthread_mutex_lock(&census_lock); }
 static void unlock_census(void) { pthread_mutex_unlock(&census_lock); }
 
-static int writable_dir_of(const char *path) {
-  char dir[sizeof stats_path];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (!slash)
-    return access(".", W_OK | X_OK) == 0;
-  if (slash == dir)
-    slash[1] = '\0';
-  else
-    *slash = '\0';
-  return access(dir, W_OK | X_OK) == 0;
-}
-
 int mt_stats_check(const char *tmpl, char *why, size_t size) {
   char shown[MT_LOG_VALUE_MAX + 64], path_shown[MT_LOG_VALUE_MAX + 64];
   if (mt_proc_path(tmpl, stats_path, sizeof stats_path) != 0) {
@@ -78,7 +65,7 @@ int mt_stats_check(const char *tmpl, char *why, size_t size) {
              mt_log_value(tmpl, shown, sizeof shown), sizeof stats_path);
     return -1;
   }
-  if (!writable_dir_of(stats_path) || (access(stats_path, F_OK) == 0 && access(stats_path, W_OK))) {
+  if (!mt_proc_path_writable(stats_path)) {
     int saved = errno;
     snprintf(why, size,
              "cannot write MINITE_STATS=%s (%s): %s; make sure the directory exists "

@@ -260,10 +260,15 @@ static enum mt_reason scratch_grow(const mt_driver *d, context *c, scratch *s, s
 
 /* --- frozen entries ------------------------------------------------------------------------- */
 
+/* The numerics an entry was quantized under: another spec is another entry. */
+static int same_num(const mt_numerics *a, const mt_numerics *b) {
+  return a->act_scale == b->act_scale && a->weight_scale == b->weight_scale &&
+         a->weight_block == b->weight_block;
+}
+
 static int same_ref(const mt_weight_ref *a, const mt_weight_ref *b) {
   return a->w == b->w && a->n == b->n && a->k == b->k && a->ldw == b->ldw && a->type == b->type &&
-         a->num.act_scale == b->num.act_scale && a->num.weight_scale == b->num.weight_scale &&
-         a->num.weight_block == b->num.weight_block;
+         same_num(&a->num, &b->num);
 }
 
 static size_t slot_of(const mt_weight_ref *w) {
@@ -496,9 +501,7 @@ void mt_wcache_release(mt_wcache_hold *mem) {
 
 static int same_gref(const mt_wgroup_ref *a, const mt_wgroup_ref *b) {
   return a->w == b->w && a->w_stride == b->w_stride && a->groups == b->groups && a->n == b->n &&
-         a->k == b->k && a->ldw == b->ldw && a->type == b->type &&
-         a->num.act_scale == b->num.act_scale && a->num.weight_scale == b->num.weight_scale &&
-         a->num.weight_block == b->num.weight_block;
+         a->k == b->k && a->ldw == b->ldw && a->type == b->type && same_num(&a->num, &b->num);
 }
 
 /* The frozen store of w: found, or made (NULL when none can be made: the slices not back to back,
