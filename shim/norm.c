@@ -197,6 +197,19 @@ static int layout_get(void *layout, cublasLtMatrixLayoutAttribute_t attr, void *
   return 0;
 }
 
+/* An operand in row order is the same memory as the column-order transpose with the same leading
+ * dimension (rows x cols row-major, ld >= cols == cols x rows column-major): fold the order into
+ * the op, so that an XLA call (row-major A, op N: the weight [out][in] as PyTorch holds it) reads
+ * as the TN call the routes name. Other orders (COL32, ...) stay, for the layout check to refuse. */
+static int fold_order(int32_t op, int32_t order, int *order_out) {
+  if (order != CUBLASLT_ORDER_ROW) {
+    *order_out = order;
+    return op;
+  }
+  *order_out = CUBLASLT_ORDER_COL;
+  return op == MT_OP_N ? 1 : MT_OP_N; /* N <-> T (C is T for real types) */
+}
+
 void mt_norm_cublasLtMatmul(mt_call *call, cublasLtHandle_t lightHandle,
                             cublasLtMatmulDesc_t computeDesc, const void *alpha, const void *A,
                             cublasLtMatrixLayout_t Adesc, const void *B,
@@ -239,9 +252,9 @@ void mt_norm_cublasLtMatmul(mt_call *call, cublasLtHandle_t lightHandle,
       .epilogue = CUBLASLT_EPILOGUE_DEFAULT,
       .bias_type = -1,
   };
-  /* The census needs ops, dims, types and the batch: ten attribute reads. A failed read leaves
-   * m = -1, which no route matches, so the call is only counted. */
-  int32_t ta, tb, batch;
+  /* The census needs ops, dims, types, the batch and A's and B's orders: twelve attribute reads.
+   * A failed read leaves m = -1, which no route matches, so the call is only counted. */
+  int32_t ta, tb, batch, aorder, border;
   uint32_t at, bt, dt;
   uint64_t arows, acols, drows, dcols;
   if (desc_get(c, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ||
@@ -249,22 +262,26 @@ void mt_norm_cublasLtMatmul(mt_call *call, cublasLtHandle_t lightHandle,
       layout_get(Adesc, CUBLASLT_MATRIX_LAYOUT_TYPE, &at, sizeof at) ||
       layout_get(Adesc, CUBLASLT_MATRIX_LAYOUT_ROWS, &arows, sizeof arows) ||
       layout_get(Adesc, CUBLASLT_MATRIX_LAYOUT_COLS, &acols, sizeof acols) ||
+      layout_get(Adesc, CUBLASLT_MATRIX_LAYOUT_ORDER, &aorder, sizeof aorder) ||
       layout_get(Bdesc, CUBLASLT_MATRIX_LAYOUT_TYPE, &bt, sizeof bt) ||
+      layout_get(Bdesc, CUBLASLT_MATRIX_LAYOUT_ORDER, &border, sizeof border) ||
       layout_get(Ddesc, CUBLASLT_MATRIX_LAYOUT_TYPE, &dt, sizeof dt) ||
       layout_get(Ddesc, CUBLASLT_MATRIX_LAYOUT_ROWS, &drows, sizeof drows) ||
       layout_get(Ddesc, CUBLASLT_MATRIX_LAYOUT_COLS, &dcols, sizeof dcols) ||
       layout_get(Ddesc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch))
     return;
-  c->transa = ta, c->transb = tb, c->batch = batch;
+  c->k = (int64_t)(ta != MT_OP_N ? arows : acols);
+  c->transa = fold_order(ta, aorder, &c->order_a);
+  c->transb = fold_order(tb, border, &c->order_b);
+  c->batch = batch;
   c->atype = (int)at, c->btype = (int)bt, c->dtype = c->ctype = (int)dt;
   c->m = (int64_t)drows, c->n = (int64_t)dcols;
-  c->k = (int64_t)(ta != MT_OP_N ? arows : acols);
 }
 
 /* Order, leading dimension and batch of one Lt layout; 0 or -1. The batch count must be D's (read
  * with the census): cuBLASLt's batches do not broadcast an operand. */
 static int lt_layout_details(const mt_call *c, void *layout, int *order, int64_t *ld,
-                             int64_t *stride, int *pointer_array) {
+                             int64_t *stride, int *pointer_array, int folded) {
   int32_t ord, count;
   uint32_t mode = CUBLASLT_BATCH_MODE_STRIDED;
   if (layout_get(layout, CUBLASLT_MATRIX_LAYOUT_ORDER, &ord, sizeof ord) ||
@@ -279,7 +296,8 @@ static int lt_layout_details(const mt_call *c, void *layout, int *order, int64_t
   /* BATCH_MODE is recent (pointer-array batches); a cuBLASLt without it only has strided ones. */
   if (layout_get(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode))
     mode = CUBLASLT_BATCH_MODE_STRIDED;
-  *order = ord;
+  if (!folded) /* A's and B's were read with the census, a row order folded into the op */
+    *order = ord;
   if (mode == CUBLASLT_BATCH_MODE_POINTER_ARRAY)
     *pointer_array = 1;
   return 0;
@@ -302,10 +320,13 @@ static int lt_details(mt_call *c) {
   if (c->batch > 1 && epilogue == CUBLASLT_EPILOGUE_BIAS &&
       desc_get(c, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &c->bias_stride, sizeof c->bias_stride))
     return -1;
-  if (lt_layout_details(c, c->lt_adesc, &c->order_a, &c->lda, &c->stride_a, &c->pointer_arrays) ||
-      lt_layout_details(c, c->lt_bdesc, &c->order_b, &c->ldb, &c->stride_b, &c->pointer_arrays) ||
-      lt_layout_details(c, c->lt_cdesc, &c->order_c, &c->ldc, &c->stride_c, &c->pointer_arrays) ||
-      lt_layout_details(c, c->lt_ddesc, &c->order_d, &c->ldd, &c->stride_d, &c->pointer_arrays))
+  if (lt_layout_details(c, c->lt_adesc, &c->order_a, &c->lda, &c->stride_a, &c->pointer_arrays,
+                        1) ||
+      lt_layout_details(c, c->lt_bdesc, &c->order_b, &c->ldb, &c->stride_b, &c->pointer_arrays,
+                        1) ||
+      lt_layout_details(c, c->lt_cdesc, &c->order_c, &c->ldc, &c->stride_c, &c->pointer_arrays,
+                        0) ||
+      lt_layout_details(c, c->lt_ddesc, &c->order_d, &c->ldd, &c->stride_d, &c->pointer_arrays, 0))
     return -1;
   return 0;
 }

