@@ -186,9 +186,17 @@ def sample(torch, args, model, prompts):
     with torch.no_grad():
         torch.manual_seed(args.sample_seed + 1000003)
         dec.prefill(prompts)
+        graph_error = None
         if graph:
-            dec.capture()
-        else:
+            try:
+                dec.capture()
+            except Exception as e:  # noqa: BLE001 (any refusal: decode uncaptured, say why)
+                graph_error = f"{type(e).__name__}: {e}"[:400]
+                print(f"demo_sampler: warning: the decode step could not be captured in a CUDA "
+                      f"graph ({graph_error}); decoding uncaptured", file=sys.stderr)
+                dec.graph = None
+                torch.cuda.synchronize()
+        if dec.graph is None:
             dec.eager_step()
         prefill_s, decode_s, first, identical = [], [], None, True
         for _ in range(args.repeats):
@@ -206,7 +214,8 @@ def sample(torch, args, model, prompts):
                     bool(torch.equal(first[1], dec.lps))
     decode_tokens = args.batch * (args.new_tokens - 1)
     timing = {
-        "cuda_graph": graph, "repeats_identical": identical,
+        "cuda_graph": dec.graph is not None, "graph_error": graph_error,
+        "repeats_identical": identical,
         "decode_tokens": decode_tokens,
         "decode_tokens_per_s": spread([decode_tokens / s for s in decode_s]),
         "decode_step_ms": spread([1e3 * s / (args.new_tokens - 1) for s in decode_s]),

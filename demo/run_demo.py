@@ -605,6 +605,12 @@ def notes_for(args, runs, overhead, png, passthrough, argv):
             why = passthrough.get("why") or f"max |dlogp| {passthrough['max_abs_diff']:.3g}"
             verdict = f"DIFFERENT ({why})"
         notes.append("bf16 under the shim vs no shim, sampler output (grouped_mm): " + verdict)
+    uncaptured = [f"{r['name']} ({(r['sampler']['summary'] or {}).get('graph_error')})"
+                  for r in runs if r["experts"] == GROUPED and
+                  (r["sampler"]["summary"] or {}).get("cuda_graph") is False]
+    if uncaptured:
+        notes.append("decode step NOT captured in a CUDA graph (slower, launch-bound): "
+                     + "; ".join(uncaptured))
     unrepeatable = [r["name"] for r in runs if (r["sampler"]["summary"] or {}).get(
         "repeats_identical") is False]
     if unrepeatable:
