@@ -579,8 +579,7 @@ def notes_for(args, runs, overhead, png, passthrough, argv):
     device = sampler.get("device", "?")
     notes = [
         f"{datetime.date.today().isoformat()}, {device}, torch {sampler.get('torch', '?')}, "
-        f"transformers {sampler.get('transformers', '?')}: `{command_line(argv)}`"
-        + (" (--quick)" if args.quick and "--quick" not in command_line(argv) else ""),
+        f"transformers {sampler.get('transformers', '?')}: `{command_line(argv)}`",
         f"Model: HF Qwen3-MoE, {args.layers} layers, Qwen3-30B-A3B expert geometry (128 experts, "
         f"top-8, gate_up 1536x2048, down 2048x768), random weights (seed {args.seed}), BF16. "
         f"Sampler: {args.batch} sequences, {args.prompt_len}-token prompts, {args.new_tokens} "
