@@ -2,11 +2,12 @@
 Qwen3-30B-A3B's geometry (hidden 2048, 128 experts, top-8, expert width 768, vocabulary 151936,
 32 query heads, 4 KV heads, head_dim 128), a few layers, BF16 on the GPU.
 
-Experts run with experts_implementation="eager": a Python loop over the experts hit, each expert
-one F.linear on gate_up_proj[e] (1536x2048) and one on down_proj[e] (2048x768), so each expert
-GEMM is one cublasGemmEx that the shim can route with MINITE_ROUTE=1536x2048,2048x768
-(docs/design.md, "Interposition facts measured on the H200"). "grouped_mm" would call a CUTLASS
-kernel that never reaches cuBLAS.
+Experts run with HF's default experts implementation, "grouped_mm" (--experts grouped_mm): per
+layer one torch._grouped_mm for gate_up_proj (1536x2048 per expert) and one for down_proj
+(2048x768), which the shim hooks at its kernel entry and runs as one grouped NVFP4 launch each.
+"eager" (--experts eager) is the other front door: a Python loop over the experts hit, each expert
+one F.linear per weight, so each expert GEMM is one cublasGemmEx. Both are routed by
+MINITE_ROUTE=1536x2048,2048x768 (docs/design.md, "Interposition facts measured on the H200").
 
 The weights are drawn from one CUDA generator seeded with --seed, parameter by parameter in name
 order, so every process that builds the model with the same seed, layer count and GPU type holds
@@ -40,6 +41,8 @@ GEOMETRY = {
 DEFAULT_LAYERS = 2
 DEFAULT_SEED = 0
 DEFAULT_INIT_STD = 0.02
+EXPERTS = ("grouped_mm", "eager")   # the first is HF's default
+DEFAULT_EXPERTS = EXPERTS[0]
 # The demos run on the GPU; only the CPU smoke test of the HF calls sets "cpu" (with a small
 # GEOMETRY) to exercise the same code where there is no GPU.
 DEVICE = "cuda"
@@ -50,7 +53,8 @@ class DemoError(Exception):
 
 
 def add_model_args(parser, defaults=True):
-    """--layers/--seed/--init-std; with defaults=False they stay None (taken from a file)."""
+    """--layers/--seed/--init-std/--experts; with defaults=False they stay None (taken from a
+    file)."""
     parser.add_argument("--layers", type=positive_int, default=DEFAULT_LAYERS if defaults else None,
                         help=f"decoder layers (default {DEFAULT_LAYERS})")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED if defaults else None,
@@ -58,6 +62,9 @@ def add_model_args(parser, defaults=True):
     parser.add_argument("--init-std", type=positive_float,
                         default=DEFAULT_INIT_STD if defaults else None,
                         help=f"standard deviation of the weights (default {DEFAULT_INIT_STD})")
+    parser.add_argument("--experts", choices=EXPERTS,
+                        default=DEFAULT_EXPERTS if defaults else None,
+                        help=f"HF experts implementation (default {DEFAULT_EXPERTS}, HF's own)")
 
 
 def _int_at_least(text, low, what):
@@ -125,8 +132,12 @@ def spec_name():
     return os.environ.get("MINITE_SPEC") or "none"
 
 
-def build(layers=DEFAULT_LAYERS, seed=DEFAULT_SEED, init_std=DEFAULT_INIT_STD):
-    """The model, on cuda in BF16, in eval mode, weights drawn from `seed`."""
+def build(layers=DEFAULT_LAYERS, seed=DEFAULT_SEED, init_std=DEFAULT_INIT_STD,
+          experts=DEFAULT_EXPERTS):
+    """The model, on cuda in BF16, in eval mode, weights drawn from `seed`, experts run by
+    `experts` (grouped_mm or eager)."""
+    if experts not in EXPERTS:
+        raise DemoError(f"experts implementation {experts!r}: use one of {', '.join(EXPERTS)}")
     torch, transformers = require_torch()
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
@@ -147,15 +158,15 @@ def build(layers=DEFAULT_LAYERS, seed=DEFAULT_SEED, init_std=DEFAULT_INIT_STD):
         eos_token_id=None,               # no end token: every sequence runs to its length
         pad_token_id=None,
         attn_implementation="sdpa",
-        experts_implementation="eager",
+        experts_implementation=experts,
         **GEOMETRY,
     )
     with torch.device(DEVICE):  # weights made on the GPU: building 1.9e9 of them on the CPU is slow
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.to(DEVICE)  # a no-op unless this transformers version built something elsewhere
     if hasattr(model, "set_experts_implementation"):
-        model.set_experts_implementation("eager")
-    check_structure(model, layers, transformers.__version__)
+        model.set_experts_implementation(experts)
+    check_structure(model, layers, transformers.__version__, experts)
     wrong = [n for n, p in model.named_parameters()
              if p.dtype != torch.bfloat16 or p.device.type != DEVICE]
     if wrong:
@@ -167,12 +178,16 @@ def build(layers=DEFAULT_LAYERS, seed=DEFAULT_SEED, init_std=DEFAULT_INIT_STD):
     return model
 
 
-def check_structure(model, layers, tf_version):
-    impl = getattr(model.config, "_experts_implementation", None)
-    if impl != "eager":
+def experts_implementation(model):
+    return getattr(model.config, "_experts_implementation", None)
+
+
+def check_structure(model, layers, tf_version, experts):
+    impl = experts_implementation(model)
+    if impl != experts:
         raise DemoError(f"transformers {tf_version}: experts implementation is {impl!r}, not "
-                        "'eager'; the shim sees expert GEMMs only through F.linear (eager). "
-                        "This demo needs transformers >= 5 with experts_implementation")
+                        f"{experts!r}; this demo needs transformers >= 5 with "
+                        "experts_implementation (grouped_mm and eager)")
     experts = [m for m in model.modules() if hasattr(m, "gate_up_proj") and
                hasattr(m, "down_proj") and getattr(m.gate_up_proj, "dim", lambda: 0)() == 3]
     if len(experts) != layers:
@@ -224,7 +239,7 @@ def describe(model, layers, seed, init_std):
         "heads": GEOMETRY["num_attention_heads"],
         "kv_heads": GEOMETRY["num_key_value_heads"],
         "head_dim": GEOMETRY["head_dim"],
-        "experts_implementation": "eager",
+        "experts_implementation": experts_implementation(model),
         "dtype": "bfloat16",
         "seed": seed,
         "init_std": init_std,
@@ -268,7 +283,7 @@ def main(argv=None):
         torch, _ = require_torch()
         lap = cuda_timer(torch)
         lap()
-        model = build(args.layers, args.seed, args.init_std)
+        model = build(args.layers, args.seed, args.init_std, args.experts)
         build_s = lap()
         gen = torch.Generator().manual_seed(args.seed + 1)
         ids = torch.randint(0, GEOMETRY["vocab_size"], (2, args.tokens), generator=gen)

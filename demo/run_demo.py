@@ -1,34 +1,51 @@
-"""run_demo.py — what `make run` runs (demo/run.mk): the demo sampler and learner under the
-shim for each spec, once without it, and one table of what came out.
+"""run_demo.py — what `make run` runs (demo/run.mk): the demo sampler and learner without the shim
+and under it for each spec, on HF's default experts implementation (grouped_mm) and on the eager
+one, and two tables of what came out.
 
-    python3 demo/run_demo.py [--specs bf16,nvfp4-tensor,nvfp4-row] [--out build/run]
-        [--layers 2] [--batch 8] [--prompt-len 64] [--new-tokens 64]
-        [--train-batch 8] [--train-seq 256] [--train-steps 10] [--train-warmup 2]
-        [--overhead-spec nvfp4-row | --overhead-spec none]
+    python3 demo/run_demo.py [--quick] [--specs bf16,nvfp4-tensor,nvfp4-row]
+        [--eager-specs none,nvfp4-row] [--out build/run] [--layers 2]
+        [--batch 128] [--prompt-len 128] [--new-tokens 128] [--repeats 3]
+        [--train-batch 8] [--train-seq 1024] [--train-steps 4] [--train-warmup 2]
+        [--sampler-cache frozen-sampled] [--learner-cache requantize]
+        [--profile-tokens 1,16,128,1024,8192 | --no-profile] [--overhead-spec SPEC]
 
 Without a GPU (no nvidia-smi, or torch sees no CUDA device) it prints one line saying so and
-exits 0. Otherwise, for "none" (no LD_PRELOAD: the throughput baseline) and then each spec:
-  1. demo/demo_sampler.py   generate, per-token log-probs -> OUT/sampler-<spec>.jsonl
-  2. demo/demo_learner.py   --logprobs (score the sampler's tokens) -> OUT/learner-<spec>.jsonl,
-                               then --train (AdamW steps, training tokens/s)
+exits 0. Otherwise a row is a spec and an experts path: "none" (no LD_PRELOAD: the baseline) and
+each of --specs on grouped_mm, then each of --eager-specs ("none" allowed) on eager. For each row:
+  1. demo/demo_sampler.py   prefill + static-cache decode of BATCH sequences (the decode step a
+                            CUDA graph on grouped_mm), per-token log-probs -> OUT/sampler-ROW.jsonl;
+                            on grouped_mm rows also --moe-profile OUT/moe-ROW.json (one MoE layer's
+                            GPU time at each T, both experts paths, in that process)
+  2. demo/demo_learner.py   --logprobs (score the sampler's tokens) -> OUT/learner-ROW.jsonl,
+                            then --train (AdamW, REPEATS windows of STEPS steps)
 each as a child process with PYTHONUNBUFFERED=1 and, for a spec, LD_PRELOAD=<abs>/libminite.so
 MINITE_SPEC=<spec> MINITE_ROUTE=1536x2048,2048x768 MINITE_ROLE=sampler|learner
-MINITE_STATS=OUT/stats/<spec>-<role>-%p.jsonl. Then tools/gap-report per spec
-(OUT/gap-<spec>.json) and over all specs (OUT/gap.png), and the table: learner and sampler
-tokens/s with their ratio to the no-shim run, routed GEMM calls (from the shim's summary record,
-the last line of each stats file), the log-prob gap (|dlogp| mean / p99 / max, KL, share of
-importance ratios above 2), and the instruments (shim/instr.c, at their default rates): the
-learner's shadow error (relative L2 of the routed GEMMs against BF16 cuBLAS, mean / max over the
-sampled calls), the invariance probe (rows that differ when recomputed alone / rows probed, learner
-and sampler together), and the learner-sampler digest join of tools/minite-compare (rows in
-both, and the share of them bitwise equal). Last, the instruments' overhead: the learner once more
-under --overhead-spec (default nvfp4-row) with MINITE_SHADOW=MINITE_PROBE=MINITE_DIGEST=0, its
-training tokens/s against the run with the instruments at their defaults. The table is printed and written to OUT/table.md, every number to
-OUT/summary.json, each child's stdout and stderr to OUT/logs/. A child that fails is reported with
-the tail of its stderr; the table still shows what finished. Exit status 0 when everything ran,
-1 when something failed.
+MINITE_WEIGHT_CACHE=<--sampler-cache|--learner-cache> MINITE_STATS=OUT/stats/ROW-<role>-%p.jsonl:
+weights handled as a user would, the sampler's frozen between weight syncs and sampled-checked,
+the learner's requantized at every call since every step changes them. Then tools/gap-report per
+row (OUT/gap-ROW.json) and over all rows (OUT/gap.png).
+
+Table 1: learner training tokens/s and sampler decode tokens/s, each the median of its repeats
+with the minimum and maximum, and the median's ratio to the no-shim grouped_mm row (the no-shim
+spread and the bf16 row, which runs the no-shim computation, bound the noise); routed GEMM calls
+(the shim's summary record, the last line of each stats file); the log-prob gap (|dlogp| mean /
+p99 / max, KL, share of importance ratios above 2); the instruments (shim/instr.c, at their
+default rates): the learner's shadow error, the invariance probe, the learner-sampler digest
+join of tools/minite-compare. The instruments cover single-problem calls only, so grouped_mm rows
+show "n/a (grouped)" there.
+Table 2: GPU µs of one MoE layer (layer 0's sparse block forward, the profiler's summed kernel
+time, demo/demo_profile.py) at each T for each spec and path, and its speed against grouped_mm
+without the shim.
+With --overhead-spec SPEC, the eager learner of SPEC runs once more with
+MINITE_SHADOW=MINITE_PROBE=MINITE_DIGEST=0: the instruments' cost in training tokens/s.
+--quick: smaller sizes, rows none / bf16 / nvfp4-row on grouped_mm and nvfp4-row on eager,
+T = 1, 128, 8192: a smoke run. The tables are printed and written to OUT/table.md, every number
+to OUT/summary.json, each child's stdout and stderr to OUT/logs/. A child that fails is reported
+with the tail of its stderr; the tables still show what finished. Exit status 0 when everything
+ran, 1 when something failed.
 """
 import argparse
+import datetime
 import glob
 import json
 import os
@@ -43,43 +60,94 @@ TOOLS = os.path.join(ROOT, "tools")
 sys.path.insert(0, HERE)
 sys.path.insert(0, TOOLS)
 import demo_model  # noqa: E402  (standard library only at import time)
+import demo_profile  # noqa: E402  (likewise)
 
 SPECS = ["bf16", "nvfp4-tensor", "nvfp4-row"]
 BASELINE = "none"
+GROUPED, EAGER = demo_model.EXPERTS
 STDERR_TAIL = 25
+CACHE_MODES = ("requantize", "frozen", "frozen-sampled")
+# (full run, --quick); an option given on the command line wins over both
+SIZES = {
+    "specs": (",".join(SPECS), "bf16,nvfp4-row"),
+    "eager_specs": ("none,nvfp4-row", "nvfp4-row"),
+    "batch": (128, 64),
+    "prompt_len": (128, 64),
+    "new_tokens": (128, 32),
+    "repeats": (3, 3),
+    "train_batch": (8, 4),
+    "train_seq": (1024, 512),
+    "train_steps": (4, 2),
+    "train_warmup": (2, 1),
+    "profile_tokens": ("1,16,128,1024,8192", "1,128,8192"),
+}
+
+
+def spec_list(text):
+    return [s for s in text.split(",") if s]
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="make run: the demos under the shim, one table.")
+    p = argparse.ArgumentParser(description="make run: the demos without and under the shim, "
+                                "on HF's grouped_mm and eager experts; two tables.")
     p.add_argument("--lib", default=os.path.join(ROOT, "build", "libminite.so"),
                    help="the shim (default build/libminite.so)")
     p.add_argument("--out", default=os.path.join(ROOT, "build", "run"),
                    help="directory for logs, log-prob files, JSON, PNG (default build/run)")
-    p.add_argument("--specs", default=",".join(SPECS),
-                   help=f"comma-separated specs (default {','.join(SPECS)})")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: smaller sizes, fewer rows (the defaults below: full / quick)")
+
+    def opt(name, kind, what):
+        full, quick = SIZES[name.replace("-", "_")]
+        p.add_argument("--" + name, type=kind, default=None, help=f"{what} (default {full} / {quick})")
+    opt("specs", str, "comma-separated specs run on grouped_mm")
+    opt("eager-specs", str, "comma-separated specs run on eager ('none' allowed; '' for no row)")
     p.add_argument("--python", default=sys.executable, help="interpreter of the demos")
     p.add_argument("--timeout", type=demo_model.positive_int, default=600,
                    help="seconds one child may run (default 600)")
     p.add_argument("--layers", type=demo_model.positive_int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch", type=demo_model.positive_int, default=8, help="sampler prompts")
-    p.add_argument("--prompt-len", type=demo_model.positive_int, default=64)
-    p.add_argument("--new-tokens", type=demo_model.positive_int, default=64)
-    p.add_argument("--repeats", type=demo_model.positive_int, default=3,
-                   help="timed generate calls of the sampler; the median counts (default 3)")
-    p.add_argument("--train-batch", type=demo_model.positive_int, default=8)
-    p.add_argument("--train-seq", type=demo_model.positive_int, default=256)
-    p.add_argument("--train-steps", type=demo_model.positive_int, default=10)
-    p.add_argument("--train-warmup", type=demo_model.nonnegative_int, default=2)
-    p.add_argument("--overhead-spec", default="nvfp4-row",
-                   help="spec whose learner runs again with every instrument off, to measure "
-                        "their overhead ('none': skip; default nvfp4-row)")
+    opt("batch", demo_model.positive_int, "sampler sequences")
+    opt("prompt-len", demo_model.positive_int, "sampler prompt tokens")
+    opt("new-tokens", demo_model.positive_int, "sampled tokens per sequence")
+    opt("repeats", demo_model.positive_int, "timed sampler runs and training windows")
+    opt("train-batch", demo_model.positive_int, "training sequences per step")
+    opt("train-seq", demo_model.positive_int, "tokens per training sequence")
+    opt("train-steps", demo_model.positive_int, "training steps per timed window")
+    opt("train-warmup", demo_model.nonnegative_int, "untimed training steps")
+    opt("profile-tokens", str, "T values of the MoE layer profile")
+    p.add_argument("--no-profile", action="store_true", help="skip the MoE layer profile")
+    p.add_argument("--sampler-cache", choices=CACHE_MODES, default="frozen-sampled",
+                   help="MINITE_WEIGHT_CACHE of the samplers (default frozen-sampled)")
+    p.add_argument("--learner-cache", choices=CACHE_MODES, default="requantize",
+                   help="MINITE_WEIGHT_CACHE of the learners (default requantize)")
+    p.add_argument("--overhead-spec", default=BASELINE,
+                   help="spec of --eager-specs whose eager learner runs again with every "
+                        "instrument off, to measure their overhead (default none: skip)")
     args = p.parse_args(argv)
+    for key, (full, quick) in SIZES.items():
+        if getattr(args, key) is None:
+            setattr(args, key, quick if args.quick else full)
     args.out = os.path.abspath(args.out)  # children run from the repository root
-    args.spec_list = [s for s in args.specs.split(",") if s]
+    args.spec_list = spec_list(args.specs)
+    args.eager_list = spec_list(args.eager_specs)
     if not args.spec_list or BASELINE in args.spec_list:
         p.error(f"--specs: give spec names (e.g. {','.join(SPECS)}); the no-shim run "
                 f"'{BASELINE}' is always made")
+    if args.new_tokens < 2:
+        p.error("--new-tokens: at least 2 (one from the prefill, the rest decoded)")
+    try:
+        args.profile_list = [int(x) for x in args.profile_tokens.split(",") if x]
+    except ValueError:
+        p.error(f"--profile-tokens {args.profile_tokens!r}: give token counts like 1,128,8192")
+    if not args.profile_list or min(args.profile_list) < 1:
+        p.error(f"--profile-tokens {args.profile_tokens!r}: give positive token counts")
+    if args.overhead_spec != BASELINE and args.overhead_spec not in args.eager_list:
+        p.error(f"--overhead-spec {args.overhead_spec}: the instruments run on eager rows only; "
+                f"give a spec of --eager-specs ({args.eager_specs or 'empty'}) or none")
+    args.rows = [{"name": BASELINE, "spec": BASELINE, "experts": GROUPED}]
+    args.rows += [{"name": s, "spec": s, "experts": GROUPED} for s in args.spec_list]
+    args.rows += [{"name": f"{s}-eager", "spec": s, "experts": EAGER} for s in args.eager_list]
     return args
 
 
@@ -108,7 +176,7 @@ def gpu_check(python):
 
 # ---- children -----------------------------------------------------------------------------------
 
-def child_env(args, spec, role, instruments=True):
+def child_env(args, spec, role, tag, instruments=True):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     kept = [x for x in env.get("LD_PRELOAD", "").split(":")
             if x and not os.path.basename(x).startswith("libminite")]
@@ -124,7 +192,8 @@ def child_env(args, spec, role, instruments=True):
     env["MINITE_SPEC"] = spec
     env["MINITE_ROUTE"] = demo_model.ROUTE
     env["MINITE_ROLE"] = role
-    env["MINITE_STATS"] = os.path.join(args.out, "stats", f"{spec}-{role}-%p.jsonl")
+    env["MINITE_WEIGHT_CACHE"] = args.sampler_cache if role == "sampler" else args.learner_cache
+    env["MINITE_STATS"] = os.path.join(args.out, "stats", f"{tag}-%p.jsonl")
     if not instruments:  # the overhead run: every instrument off (their defaults are on)
         env.update(MINITE_SHADOW="0", MINITE_PROBE="0", MINITE_DIGEST="0")
     else:  # the defaults, whatever the caller's environment says
@@ -199,69 +268,77 @@ def run_child(args, name, argv, env):
     return result
 
 
-def stats_file(args, spec, role, pid):
-    """The statistics file of the child `pid` (or the newest of spec and role), or None."""
-    if spec == BASELINE:
+def stats_file(args, row, role, pid):
+    """The statistics file of the child `pid` (or the newest of the row and role), or None."""
+    if row["spec"] == BASELINE:
         return None
-    pattern = os.path.join(args.out, "stats", f"{spec}-{role}-*.jsonl")
-    exact = os.path.join(args.out, "stats", f"{spec}-{role}-{pid}.jsonl")
+    pattern = os.path.join(args.out, "stats", f"{row['name']}-{role}-*.jsonl")
+    exact = os.path.join(args.out, "stats", f"{row['name']}-{role}-{pid}.jsonl")
     files = [exact] if os.path.exists(exact) else sorted(glob.glob(pattern), key=os.path.getmtime)
     return files[-1] if files else None
 
 
-def shim_summary(args, spec, role, pid):
-    """The shim's summary record of the child `pid` (or of the newest file of spec and role)."""
-    path = stats_file(args, spec, role, pid)
+def shim_summary(args, row, role, pid):
+    """The shim's summary record of the child `pid` (or of the newest file of row and role)."""
+    path = stats_file(args, row, role, pid)
     if not path:
         return None
     rec = last_json(path, "event")
     return rec if rec and rec.get("event") == "summary" else None
 
 
-def model_args(args):
-    return ["--layers", str(args.layers), "--seed", str(args.seed)]
+def model_args(args, row):
+    return ["--layers", str(args.layers), "--seed", str(args.seed), "--experts", row["experts"]]
 
 
-def run_spec(args, spec):
-    """Sampler then learner for one spec (or the no-shim baseline)."""
-    files = {"sampler": os.path.join(args.out, f"sampler-{spec}.jsonl"),
-             "learner": os.path.join(args.out, f"learner-{spec}.jsonl")}
+def train_args(args):
+    return ["--train", "--batch", str(args.train_batch), "--seq", str(args.train_seq),
+            "--steps", str(args.train_steps), "--repeats", str(args.repeats),
+            "--warmup", str(args.train_warmup)]
+
+
+def run_row(args, row):
+    """Sampler then learner for one row (a spec, or the no-shim baseline, on one experts path)."""
+    name, spec = row["name"], row["spec"]
+    files = {"sampler": os.path.join(args.out, f"sampler-{name}.jsonl"),
+             "learner": os.path.join(args.out, f"learner-{name}.jsonl"),
+             "profile": os.path.join(args.out, f"moe-{name}.json")}
     for path in files.values():
         if os.path.exists(path):
             os.remove(path)  # a stale file from an earlier run must not be reported as this one
-    sampler = run_child(args, f"sampler-{spec}", [
+    sampler_argv = [
         args.python, os.path.join(HERE, "demo_sampler.py"), "--out", files["sampler"],
         "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
-        "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)] + model_args(args),
-        child_env(args, spec, "sampler"))
+        "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
+    if row["experts"] == GROUPED and not args.no_profile:
+        sampler_argv += ["--moe-profile", files["profile"],
+                         "--profile-tokens", ",".join(map(str, args.profile_list))]
+    sampler = run_child(args, f"sampler-{name}", sampler_argv + model_args(args, row),
+                        child_env(args, spec, "sampler", f"{name}-sampler"))
     learner_argv = [args.python, os.path.join(HERE, "demo_learner.py")]
     if sampler["ok"]:
         learner_argv += ["--logprobs", files["sampler"], files["learner"]]
-    learner_argv += ["--train", "--batch", str(args.train_batch), "--seq", str(args.train_seq),
-                     "--steps", str(args.train_steps), "--warmup", str(args.train_warmup)]
-    learner_argv += model_args(args)
-    learner = run_child(args, f"learner-{spec}", learner_argv, child_env(args, spec, "learner"))
-    return {
-        "spec": spec, "files": files, "sampler": sampler, "learner": learner,
-        "stats": {"sampler": shim_summary(args, spec, "sampler", sampler["pid"]),
-                  "learner": shim_summary(args, spec, "learner", learner["pid"])},
-        "stats_files": {"sampler": stats_file(args, spec, "sampler", sampler["pid"]),
-                        "learner": stats_file(args, spec, "learner", learner["pid"])},
-    }
+    learner_argv += train_args(args) + model_args(args, row)
+    learner = run_child(args, f"learner-{name}", learner_argv,
+                        child_env(args, spec, "learner", f"{name}-learner"))
+    return dict(row, files=files, sampler=sampler, learner=learner,
+                stats={"sampler": shim_summary(args, row, "sampler", sampler["pid"]),
+                       "learner": shim_summary(args, row, "learner", learner["pid"])},
+                stats_files={"sampler": stats_file(args, row, "sampler", sampler["pid"]),
+                             "learner": stats_file(args, row, "learner", learner["pid"])})
 
 
 def run_overhead(args, runs):
-    """The learner of --overhead-spec again with every instrument off: training tokens/s with the
-    instruments at their defaults (the spec's run) and without, and the relative cost."""
+    """The eager learner of --overhead-spec again with every instrument off: training tokens/s
+    with the instruments at their defaults (the row's run) and without, and the relative cost."""
     spec = args.overhead_spec
-    run = next((r for r in runs if r["spec"] == spec), None)
+    run = next((r for r in runs if r["spec"] == spec and r["experts"] == EAGER), None)
     if run is None or spec == BASELINE:
         return None
-    child = run_child(args, f"learner-{spec}-instruments-off", [
-        args.python, os.path.join(HERE, "demo_learner.py"), "--train", "--batch",
-        str(args.train_batch), "--seq", str(args.train_seq), "--steps", str(args.train_steps),
-        "--warmup", str(args.train_warmup)] + model_args(args),
-        child_env(args, spec, "overhead", instruments=False))
+    child = run_child(args, f"learner-{run['name']}-instruments-off", [
+        args.python, os.path.join(HERE, "demo_learner.py")] + train_args(args) +
+        model_args(args, run), child_env(args, spec, "overhead", f"{run['name']}-overhead",
+                                         instruments=False))
     on = (run["learner"]["summary"] or {}).get("train_tokens_per_s")
     off = (child["summary"] or {}).get("train_tokens_per_s")
     return {"spec": spec, "child": child, "on": on, "off": off,
@@ -299,7 +376,7 @@ def digest_join(run):
     res = subprocess.run([sys.executable, os.path.join(TOOLS, "minite-compare"), a, b, "--json"],
                          capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
-        print(f"[run] minite-compare {run['spec']} FAILED (exit {res.returncode}): "
+        print(f"[run] minite-compare {run['name']} FAILED (exit {res.returncode}): "
               f"{res.stderr.strip()[-500:]}", flush=True)
         return None
     return json.loads(res.stdout)["total"]
@@ -315,22 +392,22 @@ def scored(run):
 def gap_report(args, run):
     if not scored(run):
         return None
-    argv = [sys.executable, os.path.join(TOOLS, "gap-report"), "--json", "--label", run["spec"],
+    argv = [sys.executable, os.path.join(TOOLS, "gap-report"), "--json", "--label", run["name"],
             run["files"]["learner"], run["files"]["sampler"]]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
-        print(f"[run] gap-report {run['spec']} FAILED (exit {res.returncode}): "
+        print(f"[run] gap-report {run['name']} FAILED (exit {res.returncode}): "
               f"{res.stderr.strip()}", flush=True)
         return None
     doc = json.loads(res.stdout)
-    with open(os.path.join(args.out, f"gap-{run['spec']}.json"), "w") as f:
+    with open(os.path.join(args.out, f"gap-{run['name']}.json"), "w") as f:
         f.write(res.stdout)
     return doc["runs"][0]
 
 
 def gap_png(args, runs):
-    items = [f"{r['spec']}:{r['files']['learner']}:{r['files']['sampler']}"
-             for r in runs if r["spec"] != BASELINE and r.get("gap")]
+    items = [f"{r['name']}:{r['files']['learner']}:{r['files']['sampler']}"
+             for r in runs if r.get("gap")]
     if not items:
         return None
     png = os.path.join(args.out, "gap.png")
@@ -361,14 +438,30 @@ def same_sampler_output(a_path, b_path):
     return {"identical": worst == 0.0, "max_abs_diff": worst}
 
 
-# ---- the table ------------------------------------------------------------------------------
+# ---- the tables -----------------------------------------------------------------------------
 
-def ratio_cell(value, base):
+def throughput(run, role):
+    """(median, min, max) tokens/s of a role's child, or None."""
+    s = run[role]["summary"]
+    if not s:
+        return None
+    if role == "learner":
+        key = "train_tokens_per_s"
+        if s.get(key) is None:
+            return None
+        return s[key], s.get(key + "_min", s[key]), s.get(key + "_max", s[key])
+    d = s.get("decode_tokens_per_s")
+    if isinstance(d, dict):
+        return d["median"], d["min"], d["max"]
+    return (s["tokens_per_s"],) * 3 if s.get("tokens_per_s") else None
+
+
+def rate_cell(value, base):
     if value is None:
         return "failed"
-    if not base:
-        return f"{value:,.0f}"
-    return f"{value:,.0f} ({value / base:.2f}x)"
+    med, lo, hi = value
+    cell = f"{med:,.0f} ({lo:,.0f}-{hi:,.0f})"
+    return cell if not base else cell + f" **{med / base[0]:.2f}x**"
 
 
 def routed_cell(run):
@@ -402,38 +495,166 @@ def instrument_cells(run):
     if run["spec"] == BASELINE:
         return ["-", "-", "-"]
     f = run.get("instruments") or {}
-    shadow = (f"{num(f['shadow_mean'])} / {num(f['shadow_max'])} ({f['shadow_calls']} calls)"
-              if f.get("shadow_mean") is not None else "-")
-    probe = f"{f['probe_differing']} / {f['probe_rows']}" if f.get("probe_rows") else "-"
     j = run.get("join")
-    join = "-" if not j else (f"{j['matched']} / " + ("-" if j["equal_pct"] is None
-                                                       else f"{j['equal_pct']:.1f}"))
+    none = "n/a (grouped)" if run["experts"] == GROUPED else "-"
+    shadow = (f"{num(f['shadow_mean'])} / {num(f['shadow_max'])} ({f['shadow_calls']} calls)"
+              if f.get("shadow_mean") is not None else none)
+    probe = f"{f['probe_differing']} / {f['probe_rows']}" if f.get("probe_rows") else none
+    join = none if not j or not j.get("matched") else (
+        f"{j['matched']} / " + ("-" if j["equal_pct"] is None else f"{j['equal_pct']:.1f}"))
     return [shadow, probe, join]
 
 
-def table(runs):
-    base = next((r for r in runs if r["spec"] == BASELINE), None)
+def label(run):
+    return "none (no shim)" if run["spec"] == BASELINE else run["spec"]
 
-    def tps(run, role, key):
-        s = run[role]["summary"]
-        return s.get(key) if s else None
-    base_l = tps(base, "learner", "train_tokens_per_s") if base else None
-    base_s = tps(base, "sampler", "tokens_per_s") if base else None
-    head = ["spec", "learner tok/s (vs no shim)", "sampler tok/s (vs no shim)",
-            "routed calls learner / sampler", "abs(dlogp) mean / p99 / max", "KL",
-            "ratio>2 share", "shadow rel-L2 mean / max", "probe rows differing / probed",
-            "digest join: rows / equal %"]
+
+def table(runs):
+    base = next((r for r in runs if r["spec"] == BASELINE and r["experts"] == GROUPED), None)
+    base_l = throughput(base, "learner") if base else None
+    base_s = throughput(base, "sampler") if base else None
+    head = ["spec", "experts", "learner tok/s median (min-max) vs none",
+            "sampler decode tok/s median (min-max) vs none", "routed calls learner / sampler",
+            "abs(dlogp) mean / p99 / max", "KL", "ratio>2 share", "shadow rel-L2 mean / max",
+            "probe rows differing / probed", "digest join: rows / equal %"]
     rows = []
     for r in runs:
-        label = "none (no shim)" if r["spec"] == BASELINE else r["spec"]
-        rows.append([label,
-                     ratio_cell(tps(r, "learner", "train_tokens_per_s"),
-                                None if r is base else base_l),
-                     ratio_cell(tps(r, "sampler", "tokens_per_s"), None if r is base else base_s),
+        rows.append([label(r), r["experts"],
+                     rate_cell(throughput(r, "learner"), None if r is base else base_l),
+                     rate_cell(throughput(r, "sampler"), None if r is base else base_s),
                      routed_cell(r)] + gap_cells(r) + instrument_cells(r))
+    return markdown(head, rows)
+
+
+def markdown(head, rows):
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def read_profile(run):
+    try:
+        with open(run["files"]["profile"]) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def profile_table(runs):
+    """Table 2: µs of one MoE layer per T, each spec and path, against grouped_mm no shim."""
+    profiles = [(r, read_profile(r)) for r in runs if r["experts"] == GROUPED]
+    profiles = [(r, p) for r, p in profiles if p]
+    if not profiles:
+        return None
+    tokens = profiles[0][1]["tokens"]
+    base = next((p for r, p in profiles if r["spec"] == BASELINE), None)
+    base_us = (base or {}).get("us", {}).get(GROUPED)
+    head = ["experts", "spec"] + [f"T={t}" for t in tokens]
+    rows = []
+    for path in (GROUPED, EAGER):
+        for r, p in profiles:
+            us = p.get("us", {}).get(path)
+            if not us or p.get("tokens") != tokens:
+                continue
+            cells = []
+            for i, v in enumerate(us):
+                if v is None:
+                    cells.append("-")
+                elif base_us and base_us[i] and not (r["spec"] == BASELINE and path == GROUPED):
+                    cells.append(f"{v:,.0f} ({base_us[i] / v:.2f}x)")
+                else:
+                    cells.append(f"{v:,.0f}")
+            rows.append([path, label(r)] + cells)
+    return markdown(head, rows)
+
+
+def command_line(argv):
+    shown = [os.path.relpath(a, ROOT) if a.startswith(ROOT + os.sep) else a
+             for a in (sys.argv[1:] if argv is None else argv)]
+    return "python3 demo/run_demo.py " + " ".join(shown)
+
+
+def notes_for(args, runs, overhead, png, passthrough, argv):
+    sampler = next((r["sampler"]["summary"] for r in runs if r["sampler"]["summary"]), {}) or {}
+    device = sampler.get("device", "?")
+    notes = [
+        f"{datetime.date.today().isoformat()}, {device}, torch {sampler.get('torch', '?')}, "
+        f"transformers {sampler.get('transformers', '?')}: `{command_line(argv)}`",
+        f"Model: HF Qwen3-MoE, {args.layers} layers, Qwen3-30B-A3B expert geometry (128 experts, "
+        f"top-8, gate_up 1536x2048, down 2048x768), random weights (seed {args.seed}), BF16. "
+        f"Sampler: {args.batch} sequences, {args.prompt_len}-token prompts, {args.new_tokens} "
+        "sampled tokens, static KV cache, decode step in a CUDA graph on grouped_mm (eager "
+        "experts cannot be captured: uncaptured there), weights "
+        f"MINITE_WEIGHT_CACHE={args.sampler_cache}. Learner: {args.train_batch} x "
+        f"{args.train_seq} tokens a step, AdamW, {args.repeats} windows of {args.train_steps} "
+        f"steps after {args.train_warmup} warm-up, weights {args.learner_cache}.",
+        f"tok/s: median of {args.repeats} repeats (min-max); the ratio is the median against "
+        "the no-shim grouped_mm row. The no-shim spread and the bf16 row (the no-shim "
+        "computation under the shim) show the noise.",
+        "routed calls: GEMM calls (a torch._grouped_mm call is one) the shim ran on its engine, "
+        "fb: passed to cuBLAS/torch with a reason (the learner's are its backward calls); ? = no "
+        "summary written.",
+        "abs(dlogp), KL = mean(lp_sampler - lp_learner), ratio>2 share: gap-report over the "
+        "sampled tokens (the learner scores the sampler's tokens with the same weights).",
+    ]
+    if passthrough is not None:
+        if passthrough.get("identical"):
+            verdict = "bit-identical"
+        else:
+            why = passthrough.get("why") or f"max |dlogp| {passthrough['max_abs_diff']:.3g}"
+            verdict = f"DIFFERENT ({why})"
+        notes.append("bf16 under the shim vs no shim, sampler output (grouped_mm): " + verdict)
+    uncaptured = [f"{r['name']} ({(r['sampler']['summary'] or {}).get('graph_error')})"
+                  for r in runs if r["experts"] == GROUPED and
+                  (r["sampler"]["summary"] or {}).get("cuda_graph") is False]
+    if uncaptured:
+        notes.append("decode step NOT captured in a CUDA graph (slower, launch-bound): "
+                     + "; ".join(uncaptured))
+    unrepeatable = [r["name"] for r in runs if (r["sampler"]["summary"] or {}).get(
+        "repeats_identical") is False]
+    if unrepeatable:
+        notes.append("sampler repeats from the same seed sampled different tokens: "
+                     + ", ".join(unrepeatable))
+    notes.append("shadow: relative L2 of the learner's routed GEMMs against BF16 cuBLAS on the "
+                 "sampled calls (MINITE_SHADOW default 1/64); probe: rows recomputed alone that "
+                 "differ bitwise, learner and sampler (MINITE_PROBE 1/64); digest join: "
+                 "tools/minite-compare learner vs sampler, rows digested by both (MINITE_DIGEST "
+                 "1/64 of rows, picked by content) and the share bitwise equal. n/a (grouped): "
+                 "the instruments do not cover grouped calls yet (README, Not done yet).")
+    if overhead:
+        if overhead["overhead_pct"] is not None:
+            notes.append(f"instruments' overhead ({overhead['spec']} eager learner, training "
+                         f"tokens/s): {overhead['on']:,.0f} at the default rates vs "
+                         f"{overhead['off']:,.0f} with all three off: "
+                         f"{overhead['overhead_pct']:+.1f}% time per step")
+        else:
+            notes.append(f"instruments' overhead: not measured ({overhead['spec']} learner "
+                         "run failed)")
+    if png:
+        notes.append(f"abs(dlogp) distributions: {show(png)}")
+    return notes
+
+
+def profile_notes(args):
+    return [f"GPU µs of one MoE layer (layer 0's Qwen3MoeSparseMoeBlock forward: router, "
+            "dispatch, experts, combine) on T random hidden states, the kernels of "
+            f"{demo_profile.ITERS} forwards (after {demo_profile.WARMUP}) summed by torch.profiler, "
+            "per forward, in each grouped_mm row's "
+            f"sampler process (so under its spec, weights {args.sampler_cache}); (x): speed "
+            "against grouped_mm without the shim (its time / this time)."]
+
+
+def failures(args, runs, overhead, png):
+    failed = [c["name"] for r in runs for c in (r["sampler"], r["learner"]) if not c["ok"]]
+    if overhead and not overhead["child"]["ok"]:
+        failed.append(overhead["child"]["name"])
+    failed += [f"gap-report {r['name']}" for r in runs if scored(r) and not r.get("gap")]
+    if png is None and any(r.get("gap") for r in runs):
+        failed.append("gap-report --png")
+    if not args.no_profile:
+        failed += [f"moe profile {r['name']}" for r in runs
+                   if r["experts"] == GROUPED and r["sampler"]["ok"] and not read_profile(r)]
+    return failed
 
 
 def main(argv=None):
@@ -450,73 +671,35 @@ def main(argv=None):
     for old in glob.glob(os.path.join(args.out, "stats", "*.jsonl")):
         os.remove(old)
     start = time.time()
-    runs = [run_spec(args, spec) for spec in [BASELINE] + args.spec_list]
-    overhead = None
-    if args.overhead_spec != BASELINE:
-        overhead = run_overhead(args, runs)
+    runs = [run_row(args, row) for row in args.rows]
+    overhead = run_overhead(args, runs) if args.overhead_spec != BASELINE else None
     for r in runs:
         r["gap"] = gap_report(args, r)
         r["instruments"] = instrument_figures(r)
         r["join"] = digest_join(r)
     png = gap_png(args, runs)
-    bf16 = next((r for r in runs if r["spec"] == "bf16"), None)
+    bf16 = next((r for r in runs if r["spec"] == "bf16" and r["experts"] == GROUPED), None)
     passthrough = None
     if bf16 and runs[0]["sampler"]["ok"] and bf16["sampler"]["ok"]:
         passthrough = same_sampler_output(runs[0]["files"]["sampler"], bf16["files"]["sampler"])
-    text = table(runs)
-    notes = [
-        f"Model: Qwen3-MoE, {args.layers} layers, Qwen3-30B-A3B expert geometry, random weights "
-        f"(seed {args.seed}); sampler {args.batch} prompts x {args.prompt_len} tokens + "
-        f"{args.new_tokens} sampled; learner {args.train_batch} x {args.train_seq} tokens, "
-        f"{args.train_steps} timed AdamW steps.",
-        "learner tok/s: training tokens/s (forward + backward + step); sampler tok/s: generated "
-        "tokens/s of model.generate; ratios against the no-shim run.",
-        "routed calls: GEMM calls the shim ran in NVFP4 (fb: fallbacks to cuBLAS), from its "
-        "summary record; ? = no summary written.",
-        "abs(dlogp), KL = mean(lp_sampler - lp_learner), ratio>2 share: gap-report over the "
-        "sampled tokens (learner scores the sampler's tokens with the same weights).",
-    ]
-    if passthrough is not None:
-        if passthrough.get("identical"):
-            verdict = "bit-identical"
-        else:
-            why = passthrough.get("why") or f"max |dlogp| {passthrough['max_abs_diff']:.3g}"
-            verdict = f"DIFFERENT ({why})"
-        notes.append("bf16 under the shim vs no shim, sampler output: " + verdict)
-    notes.append("shadow: relative L2 of the learner's routed GEMMs against BF16 cuBLAS on the "
-                 "sampled calls (MINITE_SHADOW default 1/64); probe: rows recomputed alone that "
-                 "differ bitwise, learner and sampler (MINITE_PROBE 1/64); digest join: "
-                 "tools/minite-compare learner vs sampler, rows digested by both (MINITE_DIGEST "
-                 "1/64 of rows, picked by content) and the share bitwise equal")
-    if overhead:
-        if overhead["overhead_pct"] is not None:
-            notes.append(f"instruments' overhead ({overhead['spec']} learner, training tokens/s): "
-                         f"{overhead['on']:,.0f} at the default rates vs {overhead['off']:,.0f} "
-                         f"with all three off: {overhead['overhead_pct']:+.1f}% time per step "
-                         "(target: within 5%)")
-        else:
-            notes.append(f"instruments' overhead: not measured ({overhead['spec']} learner "
-                         "run failed)")
-    if png:
-        notes.append(f"abs(dlogp) distributions: {show(png)}")
-    failed = [c["name"] for r in runs for c in (r["sampler"], r["learner"]) if not c["ok"]]
-    if overhead and not overhead["child"]["ok"]:
-        failed.append(overhead["child"]["name"])
-    failed += [f"gap-report {r['spec']}" for r in runs if scored(r) and not r.get("gap")]
-    if png is None and any(r.get("gap") for r in runs if r["spec"] != BASELINE):
-        failed.append("gap-report --png")
+    notes = notes_for(args, runs, overhead, png, passthrough, argv)
+    failed = failures(args, runs, overhead, png)
     if failed:
         logs = show(os.path.join(args.out, "logs"))
         notes.append("FAILED: " + ", ".join(failed) + f" (logs in {logs})")
     notes.append(f"wall time {time.time() - start:.0f} s")
-    report = text + "\n\n" + "\n".join("- " + n for n in notes) + "\n"
+    report = table(runs) + "\n\n" + "\n".join("- " + n for n in notes) + "\n"
+    moe = profile_table(runs)
+    if moe:
+        report += "\n" + moe + "\n\n" + "\n".join("- " + n for n in profile_notes(args)) + "\n"
     print("\n" + report, end="")
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(report)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({"args": {k: v for k, v in vars(args).items()}, "runs": runs, "png": png,
-                   "bf16_passthrough": passthrough, "overhead": overhead, "failed": failed}, f,
-                  indent=1, default=str)
+                   "bf16_passthrough": passthrough, "overhead": overhead, "failed": failed,
+                   "profiles": {r["name"]: read_profile(r) for r in runs
+                                if r["experts"] == GROUPED}}, f, indent=1, default=str)
     return 1 if failed else 0
 
 

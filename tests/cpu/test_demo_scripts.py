@@ -1,8 +1,11 @@
 """test_demo_scripts.py — the demo programs and the `make run` driver where there is no GPU:
 run_demo.py says so in one line and exits 0; the demos reject bad arguments (exit 2) and bad
 input files (exit 1, before touching torch) with messages that say what to do; without torch they
-say to install it. Where torch and transformers are installed (not in CI), the real HF code paths
-run too, on the CPU with a tiny geometry: sampler -> learner --logprobs and --train -> gap-report.
+say to install it; the two tables of run_demo.py and the profiler sum of demo_profile.py, on
+made-up results. Where torch and transformers are installed (not in CI), the real HF code paths
+run too, on the CPU with a tiny geometry: the static-cache sampler (grouped_mm and eager experts)
+-> learner --logprobs and --train -> gap-report, whose gap must be 0 (the decode loop computes what
+a full forward computes), and the make run driver with a pretend GPU.
 """
 import json
 import os
@@ -57,8 +60,16 @@ def test_bad_arguments_exit_2():
         ("demo_learner.py",),                                  # nothing to do
         ("demo_learner.py", "--train", "--steps", "-1"),
         ("demo_learner.py", "--logprobs", "only-one-file"),
+        ("demo_sampler.py", "--out", "x.jsonl", "--new-tokens", "1"),
+        ("demo_sampler.py", "--out", "x.jsonl", "--experts", "loop"),
+        ("demo_sampler.py", "--out", "x.jsonl", "--profile-tokens", "1,x"),
+        ("demo_learner.py", "--train", "--repeats", "0"),
         ("run_demo.py", "--specs", "none"),
         ("run_demo.py", "--specs", ""),
+        ("run_demo.py", "--profile-tokens", "0"),
+        ("run_demo.py", "--new-tokens", "1"),
+        ("run_demo.py", "--sampler-cache", "sometimes"),
+        ("run_demo.py", "--overhead-spec", "nvfp4-tensor"),   # not an eager row
     ]
     for args in cases:
         rc, out, err = script(*args)
@@ -66,6 +77,112 @@ def test_bad_arguments_exit_2():
     for name in ("demo_sampler.py", "demo_learner.py", "run_demo.py", "demo_model.py"):
         rc, out, err = script(name, "--help")
         harness.check(rc == 0 and "usage" in out, f"{name} --help: exit {rc}")
+
+
+def test_run_demo_rows_and_quick():
+    import run_demo
+    args = run_demo.parse_args([])
+    rows = [(r["name"], r["spec"], r["experts"]) for r in args.rows]
+    harness.check(rows == [("none", "none", "grouped_mm"), ("bf16", "bf16", "grouped_mm"),
+                           ("nvfp4-tensor", "nvfp4-tensor", "grouped_mm"),
+                           ("nvfp4-row", "nvfp4-row", "grouped_mm"),
+                           ("none-eager", "none", "eager"),
+                           ("nvfp4-row-eager", "nvfp4-row", "eager")], f"default rows {rows}")
+    harness.check(args.batch == 128 and args.repeats >= 3 and args.profile_list ==
+                  [1, 16, 128, 1024, 8192], f"full sizes {vars(args)}")
+    harness.check((args.sampler_cache, args.learner_cache) == ("frozen-sampled", "requantize"),
+                  "weights as a user runs them: sampler frozen-sampled, learner requantize")
+    quick = run_demo.parse_args(["--quick", "--batch", "16"])
+    harness.check(quick.batch == 16 and quick.new_tokens < args.new_tokens and
+                  quick.repeats >= 3 and len(quick.rows) < len(args.rows),
+                  f"--quick: smaller, an explicit option wins: {vars(quick)}")
+    none = run_demo.parse_args(["--eager-specs", ""])
+    harness.check(all(r["experts"] == "grouped_mm" for r in none.rows), "--eager-specs ''")
+    env = run_demo.child_env(args, "nvfp4-row", "sampler", "nvfp4-row-sampler")
+    harness.check(env["MINITE_WEIGHT_CACHE"] == "frozen-sampled" and
+                  env["MINITE_ROLE"] == "sampler", "sampler env")
+    env = run_demo.child_env(args, "nvfp4-row", "learner", "nvfp4-row-learner")
+    harness.check(env["MINITE_WEIGHT_CACHE"] == "requantize", "learner env")
+    env = run_demo.child_env(args, "none", "learner", "none-learner")
+    harness.check(not any(k.startswith("MINITE_") for k in env) and
+                  "libminite" not in env.get("LD_PRELOAD", ""), "no shim for none")
+
+
+def fake_run(name, spec, experts, learner, sampler, gap=None, instruments=None, profile=None):
+    summary_s = {"decode_tokens_per_s": {"median": sampler[0], "min": sampler[1],
+                                         "max": sampler[2]}, "cuda_graph": True}
+    summary_l = {"train_tokens_per_s": learner[0], "train_tokens_per_s_min": learner[1],
+                 "train_tokens_per_s_max": learner[2]}
+    path = None
+    if profile is not None:
+        path = os.path.join(TMP, f"moe-{name}.json")
+        with open(path, "w") as f:
+            json.dump(profile, f)
+    return {"name": name, "spec": spec, "experts": experts,
+            "sampler": {"summary": summary_s, "ok": True, "name": "s"},
+            "learner": {"summary": summary_l, "ok": True, "name": "l"},
+            "stats": {"sampler": {"routed": 10, "fallbacks": {}},
+                      "learner": {"routed": 5, "fallbacks": {"backward dgrad": 3}}},
+            "files": {"profile": path or os.path.join(TMP, "absent.json")},
+            "gap": gap, "instruments": instruments or {}, "join": None}
+
+
+def test_tables_from_made_up_results():
+    import run_demo
+    prof = {"tokens": [1, 128], "us": {"grouped_mm": [100.0, 400.0], "eager": [300.0, 5000.0]}}
+    prof_row = {"tokens": [1, 128], "us": {"grouped_mm": [50.0, 200.0], "eager": [500.0, 8000.0]}}
+    gap = {"metrics": {"abs_dlogp_mean": 0.02, "abs_dlogp_p99": 0.1, "abs_dlogp_max": 0.2,
+                       "kl": -0.001, "ratio_above_2": 0}}
+    runs = [fake_run("none", "none", "grouped_mm", (1000, 900, 1100), (20000, 19000, 21000),
+                     gap, profile=prof),
+            fake_run("nvfp4-row", "nvfp4-row", "grouped_mm", (900, 850, 950),
+                     (30000, 29000, 31000), gap, profile=prof_row),
+            fake_run("nvfp4-row-eager", "nvfp4-row", "eager", (300, 290, 310), (2000, 1900, 2100),
+                     gap, {"shadow_calls": 4, "shadow_mean": 0.13, "shadow_max": 0.14,
+                           "probe_rows": 8, "probe_differing": 0})]
+    text = run_demo.table(runs)
+    lines = text.splitlines()
+    harness.check(len(lines) == 5, f"header, rule, 3 rows:\n{text}")
+    row = [c.strip() for c in lines[3].split("|")]
+    harness.check(row[1:3] == ["nvfp4-row", "grouped_mm"], f"row {row}")
+    harness.check(row[3] == "900 (850-950) **0.90x**" and row[4] == "30,000 (29,000-31,000) "
+                  "**1.50x**", f"median (min-max) and ratio to none: {row}")
+    harness.check(row[9:12] == ["n/a (grouped)"] * 3, f"instruments on grouped_mm: {row}")
+    eager = [c.strip() for c in lines[4].split("|")]
+    harness.check(eager[9] == "0.13 / 0.14 (4 calls)" and eager[10] == "0 / 8",
+                  f"instruments on eager: {eager}")
+    moe = run_demo.profile_table(runs).splitlines()
+    harness.check(len(moe) == 2 + 4, f"2 specs x 2 paths:\n{moe}")
+    harness.check("| grouped_mm | none (no shim) | 100 | 400 |" in moe[2], f"baseline: {moe[2]}")
+    harness.check("50 (2.00x)" in moe[3] and "200 (2.00x)" in moe[3], f"row: {moe[3]}")
+    harness.check(moe[4].startswith("| eager | none") and "5,000 (0.08x)" in moe[4], moe[4])
+
+
+def test_profile_sums_device_events_only():
+    import demo_profile
+
+    class Kind:
+        CUDA, CPU = "cuda", "cpu"
+
+    class Span:
+        def __init__(self, us):
+            self.us = us
+
+        def elapsed_us(self):
+            return self.us
+
+    class Event:
+        def __init__(self, kind, us):
+            self.device_type, self.time_range = kind, Span(us)
+
+    class Prof:
+        def events(self):
+            return [Event(Kind.CUDA, 5.0), Event(Kind.CPU, 100.0), Event(Kind.CUDA, 7.5)]
+
+    class Torch:
+        class autograd:
+            DeviceType = Kind
+    harness.check(demo_profile.kernel_us(Torch, Prof()) == 12.5, "kernels 5 + 7.5, CPU ops not")
 
 
 def write_sampler_file(name, role="sampler", layers=2):
@@ -130,10 +247,15 @@ def test_tiny_model_through_the_real_hf_calls_on_cpu():
         summary = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else None
         harness.check(res.returncode == 0, f"{args[0]}: exit {res.returncode}: {res.stderr}")
         return summary
-    s = tiny("sampler", "--out", "s.jsonl", "--batch", 3, "--prompt-len", 5, "--new-tokens", 6)
+    s = tiny("sampler", "--out", "s.jsonl", "--batch", 3, "--prompt-len", 5, "--new-tokens", 6,
+             "--repeats", 2)
     if s is None:
         return
     harness.check(s["tokens"] == 18 and s["tokens_per_s"] > 0 and s["logprobs_finite"], str(s))
+    harness.check(s["experts"] == "grouped_mm" and s["decode_tokens"] == 15 and
+                  len(s["decode_tokens_per_s"]["all"]) == 2 and s["repeats_identical"] and
+                  s["cuda_graph"] is False, f"default experts, 2 repeats alike, no graph on CPU: "
+                  f"{s}")
     sampled = logprobs.read(os.path.join(TMP, "s.jsonl"))
     harness.check(sorted(sampled.seqs) == [0, 1, 2], f"sequences {sorted(sampled.seqs)}")
     harness.check(all(len(x.tokens) == 6 and len(x.prompt) == 5 for x in sampled.seqs.values()),
@@ -141,16 +263,37 @@ def test_tiny_model_through_the_real_hf_calls_on_cpu():
     harness.check(all(-20 < v < 0 for x in sampled.seqs.values() for v in x.logprobs),
                   "log-probs of a 512-token vocabulary are negative and finite")
     learner = tiny("learner", "--logprobs", "s.jsonl", "l.jsonl", "--train", "--batch", 2,
-                   "--seq", 16, "--steps", 2, "--warmup", 1)
+                   "--seq", 16, "--steps", 2, "--warmup", 1, "--repeats", 2, "--score-batch", 2)
     if learner is None:
         return
-    harness.check(learner["finite"] and len(learner["losses"]) == 3, str(learner))
-    harness.check(learner["layers"] == 2 and learner["scored_tokens"] == 18, str(learner))
-    rc, out, err = script("gap-report", "--json", "l.jsonl", "s.jsonl")
+    harness.check(learner["finite"] and len(learner["losses"]) == 5, str(learner))
+    harness.check(len(learner["train_tokens_per_s_all"]) == 2 and
+                  learner["train_tokens_per_s_min"] <= learner["train_tokens_per_s"] <=
+                  learner["train_tokens_per_s_max"], f"2 windows, median between: {learner}")
+    harness.check(learner["layers"] == 2 and learner["scored_tokens"] == 18 and
+                  learner["experts"] == "grouped_mm", str(learner))
+    gap_within("l.jsonl", "s.jsonl")
+    # the other front door: eager experts, the learner taking the path from the sampler's file
+    s = tiny("sampler", "--out", "se.jsonl", "--batch", 2, "--prompt-len", 4, "--new-tokens", 3,
+             "--repeats", 1, "--experts", "eager")
+    learner = tiny("learner", "--logprobs", "se.jsonl", "le.jsonl")
+    if s is None or learner is None:
+        return
+    harness.check(s["experts"] == "eager" and learner["experts"] == "eager",
+                  f"eager sampler {s['experts']}, learner {learner['experts']}")
+    gap_within("le.jsonl", "se.jsonl")
+
+
+def gap_within(learner, sampler):
+    """The static-cache decode computes what the learner's full forward computes: on the CPU
+    their log-probs agree (a wrong position, mask or cache slot moves them by O(1))."""
+    res = subprocess.run([sys.executable, os.path.join(TOOLS, "gap-report"), "--json", learner,
+                          sampler], capture_output=True, text=True, cwd=TMP, timeout=600)
+    rc, out, err = res.returncode, res.stdout, res.stderr
     harness.check(rc == 0, f"gap-report: exit {rc}: {err}")
     if rc == 0:
         m = json.loads(out)["runs"][0]["metrics"]
-        harness.check(m["tokens"] == 18 and m["abs_dlogp_max"] < 0.5, f"gap on CPU: {m}")
+        harness.check(m["abs_dlogp_max"] < 0.02, f"gap on CPU {learner}: {m}")
 
 
 SITECUSTOMIZE = TINY.split("main = ")[0] + """
@@ -180,12 +323,16 @@ def test_make_run_driver_on_cpu_with_a_pretend_gpu():
     rc, stdout, err = script("run_demo.py", "--lib", lib, "--out", out, "--batch", 2,
                              "--prompt-len", 4, "--new-tokens", 3, "--train-batch", 2,
                              "--train-seq", 8, "--train-steps", 1, "--train-warmup", 0,
-                             "--repeats", 1, env=env)
+                             "--repeats", 1, "--specs", "bf16,nvfp4-row", "--eager-specs",
+                             "nvfp4-row", "--no-profile", env=env)
     harness.check(rc == 0, f"exit {rc}: {stdout[-2000:]} {err[-2000:]}")
-    for spec in ("none", "bf16", "nvfp4-tensor", "nvfp4-row"):
-        harness.check(f"| {spec}" in stdout, f"table row {spec}:\n{stdout}")
-        for name in (f"sampler-{spec}.jsonl", f"learner-{spec}.jsonl", f"gap-{spec}.json"):
-            harness.check(os.path.exists(os.path.join(out, name)), f"{name} written")
+    for name, spec, experts in (("none", "none (no shim)", "grouped_mm"),
+                                ("bf16", "bf16", "grouped_mm"),
+                                ("nvfp4-row", "nvfp4-row", "grouped_mm"),
+                                ("nvfp4-row-eager", "nvfp4-row", "eager")):
+        harness.check(f"| {spec} | {experts} |" in stdout, f"table row {name}:\n{stdout}")
+        for f in (f"sampler-{name}.jsonl", f"learner-{name}.jsonl", f"gap-{name}.json"):
+            harness.check(os.path.exists(os.path.join(out, f)), f"{f} written")
     for name in ("table.md", "summary.json"):
         harness.check(os.path.exists(os.path.join(out, name)), f"{name} written")
     harness.check("bit-identical" in stdout, f"bf16 pass-through noted:\n{stdout}")
@@ -194,6 +341,8 @@ def test_make_run_driver_on_cpu_with_a_pretend_gpu():
 for t in (test_run_demo_without_gpu_says_so_and_succeeds, test_bad_arguments_exit_2,
           test_learner_refuses_bad_input_before_loading_a_model,
           test_demos_without_torch_say_what_to_install,
+          test_run_demo_rows_and_quick, test_tables_from_made_up_results,
+          test_profile_sums_device_events_only,
           test_tiny_model_through_the_real_hf_calls_on_cpu,
           test_make_run_driver_on_cpu_with_a_pretend_gpu):
     harness.run(t)

@@ -36,9 +36,9 @@ def require_gpu():
         raise AssertionError(f"{LIB} not found: build it with make")
 
 
-def run_demo(name, args, spec=None, role="learner", tag=None):
-    """Run demo/<name> (with the shim under `spec`); returns (rc, summary or None, stats
-    summary record or None, stderr)."""
+def run_demo(name, args, spec=None, role="learner", tag=None, extra=None):
+    """Run demo/<name> (with the shim under `spec`, and the MINITE_* variables of `extra`);
+    returns (rc, summary or None, stats summary record or None, stderr)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("LD_PRELOAD", None)
     for key in [k for k in env if k.startswith("MINITE_")]:
@@ -48,6 +48,7 @@ def run_demo(name, args, spec=None, role="learner", tag=None):
         tag = tag or f"{spec}-{role}"
         env.update(LD_PRELOAD=LIB, MINITE_SPEC=spec, MINITE_ROUTE=ROUTE, MINITE_ROLE=role,
                    MINITE_STATS=os.path.join(TMP, f"stats-{tag}-%p.jsonl"))
+        env.update(extra or {})
         stats_glob = os.path.join(TMP, f"stats-{tag}-*.jsonl")
     argv = [sys.executable, os.path.join(SCRIPTS, name)] + [str(a) for a in args]
     res = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=TMP, timeout=900)

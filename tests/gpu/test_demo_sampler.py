@@ -1,8 +1,14 @@
-"""test_demo_sampler.py — the HF sampler (demo/demo_sampler.py: model.generate on the demo
-model) under the shim: with MINITE_SPEC=nvfp4-row generate runs, routes expert GEMMs and writes
-finite log-probs that the learner (demo/demo_learner.py --logprobs, also under the shim) scores
-and tools/gap-report compares; with MINITE_SPEC=bf16 (routes nothing) the sampled tokens and
-log-probs are bit-identical to those without the shim. Skipped without torch or a GPU.
+"""test_demo_sampler.py — the HF sampler (demo/demo_sampler.py: prefill + static-cache decode,
+the decode step a CUDA graph on HF's default grouped_mm experts) under the shim:
+- with MINITE_SPEC=nvfp4-row and the sampler's weight cache (frozen-sampled) the step is captured
+  and replayed, expert calls are routed, repeats from one seed sample the same tokens, the
+  log-probs are finite and the learner (demo/demo_learner.py --logprobs, also under the shim,
+  requantize) scores them within a small gap (tools/gap-report); --moe-profile writes a positive
+  GPU time per T for both experts paths;
+- with MINITE_SPEC=bf16 the sampled tokens and log-probs are bit-identical to those without the
+  shim (graph replays included);
+- with eager experts (the cuBLAS front door) under nvfp4-row the step runs uncaptured and routes.
+Skipped without torch or a GPU.
 """
 import json
 import math
@@ -12,7 +18,9 @@ import sys
 import demo_common as dc
 import harness
 
-SIZES = ["--batch", 4, "--prompt-len", 32, "--new-tokens", 16, "--layers", 2]
+SIZES = ["--batch", 4, "--prompt-len", 32, "--new-tokens", 16, "--layers", 2, "--repeats", 2]
+SAMPLER_CACHE = {"MINITE_WEIGHT_CACHE": "frozen-sampled"}
+LEARNER_CACHE = {"MINITE_WEIGHT_CACHE": "requantize"}
 sys.path.insert(0, dc.SCRIPTS)
 import logprobs  # noqa: E402
 
@@ -25,15 +33,27 @@ def read(name):
         return None
 
 
-def test_generate_under_nvfp4_row_and_gap_report():
+def test_decode_under_nvfp4_row_and_gap_report():
     dc.require_gpu()
-    rc, s, stats, _ = dc.run_demo("demo_sampler.py", ["--out", "s-row.jsonl"] + SIZES,
-                                  spec="nvfp4-row", role="sampler")
+    rc, s, stats, _ = dc.run_demo("demo_sampler.py", ["--out", "s-row.jsonl", "--moe-profile",
+                                                      dc.path("moe-row.json"), "--profile-tokens",
+                                                      "1,16"] + SIZES,
+                                  spec="nvfp4-row", role="sampler", extra=SAMPLER_CACHE)
     harness.check(rc == 0 and s is not None, f"sampler under nvfp4-row: exit {rc}")
     if s is None:
         return
     print(f"    sampler nvfp4-row: {s['tokens_per_s']:.0f} tokens/s")
     harness.check(s["spec"] == "nvfp4-row" and s["logprobs_finite"], str(s))
+    harness.check(s["cuda_graph"] is True and s["experts"] == "grouped_mm",
+                  f"decode step captured on grouped_mm: {s.get('graph_error')}")
+    harness.check(s["repeats_identical"], "two repeats from one seed sampled different tokens")
+    prof = s.get("moe_profile") or {}
+    us = prof.get("us", {})
+    print(f"    MoE layer µs at T=1,16 (nvfp4-row): grouped_mm {us.get('grouped_mm')}, "
+          f"eager {us.get('eager')}")
+    harness.check(all(isinstance(v, float) and v > 0 for path in ("grouped_mm", "eager")
+                      for v in us.get(path, [None])) and prof.get("tokens") == [1, 16],
+                  f"MoE profile: {prof}")
     f = read("s-row.jsonl")
     if f is None:
         return
@@ -45,7 +65,7 @@ def test_generate_under_nvfp4_row_and_gap_report():
     harness.check(stats is not None and stats.get("routed", 0) > 0,
                   f"sampler routed no GEMM (shim summary {stats and stats.get('fallbacks')})")
     rc, l, _, _ = dc.run_demo("demo_learner.py", ["--logprobs", "s-row.jsonl", "l-row.jsonl"],
-                              spec="nvfp4-row", role="learner")
+                              spec="nvfp4-row", role="learner", extra=LEARNER_CACHE)
     harness.check(rc == 0 and l is not None and l["logprobs_finite"], f"learner: exit {rc}")
     if l is None:
         return
@@ -59,6 +79,8 @@ def test_generate_under_nvfp4_row_and_gap_report():
               f"{m['abs_dlogp_p99']:.3g} max {m['abs_dlogp_max']:.3g}, KL {m['kl']:.3g}")
         harness.check(m["tokens"] == 64, f"64 tokens joined, got {m['tokens']}")
         harness.check(all(math.isfinite(v) for v in m.values()), f"finite metrics: {m}")
+        # a decode step replaying stale positions, masks or cache slots moves log-probs by O(1)
+        harness.check(m["abs_dlogp_p99"] < 0.5, f"learner and sampler agree: {m}")
 
 
 def test_bf16_under_the_shim_samples_what_plain_pytorch_samples():
@@ -66,7 +88,9 @@ def test_bf16_under_the_shim_samples_what_plain_pytorch_samples():
     rc, plain, _, _ = dc.run_demo("demo_sampler.py", ["--out", "s-none.jsonl"] + SIZES)
     harness.check(rc == 0, f"sampler without the shim: exit {rc}")
     rc, shim, stats, _ = dc.run_demo("demo_sampler.py", ["--out", "s-bf16.jsonl"] + SIZES,
-                                     spec="bf16", role="sampler")
+                                     spec="bf16", role="sampler", extra=SAMPLER_CACHE)
+    harness.check(rc == 0 and plain and shim and plain["cuda_graph"] and shim["cuda_graph"],
+                  "both decode steps captured")
     harness.check(rc == 0, f"sampler under bf16: exit {rc}")
     a, b = read("s-none.jsonl"), read("s-bf16.jsonl")
     if a is None or b is None:
@@ -84,6 +108,23 @@ def test_bf16_under_the_shim_samples_what_plain_pytorch_samples():
                       f"bf16: routed {stats.get('routed')}, fallbacks {stats.get('fallbacks')}")
 
 
-harness.run(test_generate_under_nvfp4_row_and_gap_report)
+def test_eager_experts_decode_uncaptured_and_routed():
+    dc.require_gpu()
+    rc, s, stats, _ = dc.run_demo("demo_sampler.py", ["--out", "s-eager.jsonl", "--experts",
+                                                      "eager"] + SIZES,
+                                  spec="nvfp4-row", role="sampler", tag="eager",
+                                  extra=SAMPLER_CACHE)
+    harness.check(rc == 0 and s is not None, f"eager sampler under nvfp4-row: exit {rc}")
+    if s is None:
+        return
+    print(f"    eager sampler nvfp4-row: {s['tokens_per_s']:.0f} decode tokens/s")
+    harness.check(s["experts"] == "eager" and s["cuda_graph"] is False and s["logprobs_finite"],
+                  str(s))
+    harness.check(stats is not None and stats.get("routed", 0) > 0,
+                  f"eager sampler routed nothing: {stats and stats.get('fallbacks')}")
+
+
+harness.run(test_decode_under_nvfp4_row_and_gap_report)
+harness.run(test_eager_experts_decode_uncaptured_and_routed)
 harness.run(test_bf16_under_the_shim_samples_what_plain_pytorch_samples)
 sys.exit(harness.done())
