@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "base/log.h"
@@ -103,15 +104,19 @@ static void context_forget(mt_iw_context *c) {
 }
 
 /* Host memory for the blocks and flags, allocated once and registered (mapped) with each context
- * that uses it: the library owns it, so no context's destruction frees it under the writer. */
+ * that uses it: the library owns it, so no context's destruction frees it under the writer. Pages
+ * of its own, never part of the malloc heap: should the driver keep registered pages out of a
+ * forked child, no chunk of the heap goes with them. */
 static int host_memory(const mt_driver *d, const mt_instr_driver *e, mt_iw_context *c) {
   if (!d->mem_host_register)
     return 0;
   if (!c->host) {
     c->host_size =
         ((size_t)cfg.nslots * (MT_IW_SLOT_BYTES + sizeof(uint32_t)) + 4095) / 4096 * 4096;
-    if (!(c->host = aligned_alloc(4096, c->host_size)))
+    void *p = mmap(NULL, c->host_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
       return 0;
+    c->host = p;
     host_bytes += c->host_size;
   }
   memset(c->host, 0, c->host_size);
