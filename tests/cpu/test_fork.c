@@ -45,6 +45,7 @@ static void *lib_cublas, *lib_cuda;
 static const float one = 1.0f, zero = 0.0f;
 static __typeof__(&cublasGemmEx) hook_gemm, fake_gemm;
 static __typeof__(&cublasCreate_v2) create_handle;
+static __typeof__(&cublasDestroy_v2) destroy_handle;
 static __typeof__(&cublasSetStream_v2) set_stream_fn;
 static fake_cuda_launching_fn launching;
 static fake_cuda_fail_alloc_fn fail_alloc;
@@ -61,9 +62,10 @@ static int load_fakes(const char *build) {
   hook_gemm = (__typeof__(hook_gemm))dlsym(RTLD_DEFAULT, "cublasGemmEx");
   fake_gemm = (__typeof__(fake_gemm))mt_t_sym(lib_cublas, "fake_own_cublasGemmEx");
   create_handle = (__typeof__(create_handle))mt_t_sym(lib_cublas, "cublasCreate_v2");
+  destroy_handle = (__typeof__(destroy_handle))mt_t_sym(lib_cublas, "cublasDestroy_v2");
   set_stream_fn = (__typeof__(set_stream_fn))mt_t_sym(lib_cublas, "cublasSetStream_v2");
   if (!launching || !fail_alloc || !hook_gemm || hook_gemm == fake_gemm || !create_handle ||
-      !set_stream_fn)
+      !destroy_handle || !set_stream_fn)
     return printf("    child: a hook or a fake's knob is missing\n"), -1;
   alarm(120); /* the scenario itself: a parent stuck at a fork is a failure too */
   return create_handle(&handle) == CUBLAS_STATUS_SUCCESS ? 0 : -1;
@@ -123,6 +125,7 @@ static void *looper(void *arg) {
   while (!atomic_load(&stop_looping))
     routed_on(h, &p, (CUstream)(0x2000 + 0x100 * i));
   unmake(&p);
+  destroy_handle(h);
   return NULL;
 }
 
@@ -188,6 +191,7 @@ static void *warner(void *arg) {
   fail_alloc(1);
   gemm_on(h, &p, (CUstream)(uintptr_t)0x3000);
   unmake(&p);
+  destroy_handle(h);
   return NULL;
 }
 
