@@ -38,6 +38,13 @@ static void write_line(int fd, const char *line, size_t len) {
   while (w < 0 && errno == EINTR);
 }
 
+/* A fork while another thread opens the file (the open may block: a FIFO, a slow file system)
+ * must not leave the child's copy of the lock held: the child's first line would wait forever.
+ * Registered when a file is named, before any other fork handler of the library, so that its
+ * prepare handler runs last: the lock is the innermost one (shim/fork.h). */
+static void lock_open(void) { pthread_mutex_lock(&open_lock); }
+static void unlock_open(void) { pthread_mutex_unlock(&open_lock); }
+
 /* The first line for the file opens it; a failure is said once on stderr, which keeps the lines. */
 static int open_pending(void) {
   pthread_mutex_lock(&open_lock);
@@ -100,6 +107,7 @@ int mt_log_open(const char *tmpl) {
     return 1;
   }
   atomic_store(&log_pending, 1);
+  pthread_atfork(lock_open, unlock_open, unlock_open);
   return 0;
 }
 

@@ -180,6 +180,9 @@ int mt_ctx_current(mt_ctx *out) {
   return MT_OK;
 }
 
+void mt_ctx_fork_lock(void) { pthread_mutex_lock(&registry_lock); }
+void mt_ctx_fork_unlock(void) { pthread_mutex_unlock(&registry_lock); }
+
 /* --- modules and functions ------------------------------------------------------------------ */
 
 static int find_function(ctx_slot *s, unsigned long long id, int file, const char *fn, CUfunction *out) {

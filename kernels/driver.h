@@ -80,6 +80,10 @@ typedef struct {
  * destroyed); MT_ERR_NOMEM when MT_MAX_CONTEXTS contexts are alive (warned once). */
 int mt_ctx_current(mt_ctx *out);
 
+/* The registry's lock held across a fork (shim/fork.h), released in the parent and the child. */
+void mt_ctx_fork_lock(void);
+void mt_ctx_fork_unlock(void);
+
 /* Device memory the registry itself holds (a few hundred bytes per context). */
 size_t mt_ctx_device_bytes(void);
 

@@ -70,6 +70,11 @@ void mt_instr_after(const mt_instr_call *ic);
  * Returns 1 when it ran the call (result in *status), 0 when the hook must run it itself. */
 int mt_instr_bf16(const mt_spec *s, const mt_call *c, cublasStatus_t *status);
 
+/* The instruments' lock held across a fork (shim/fork.h); released in the parent (child 0) and
+ * in the child (child 1), which has no writer thread and instruments nothing. */
+void mt_instr_fork_lock(void);
+void mt_instr_fork_unlock(int child);
+
 /* Stop the background writer after writing what completes within the time limit (at exit). */
 void mt_instr_drain(void);
 

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "shim/exec.h"
+#include "shim/fork.h"
 #include "shim/instr.h"
 #include "base/log.h"
 #include "base/param.h"
@@ -211,6 +212,7 @@ static void warn_unusable_routes(void) {
 /* What only a process that uses cuBLAS should do or say: the statistics file and its start
  * record, the warnings about a spec that routes nothing or routes what it never can. */
 static void start_on_first_call(void) {
+  mt_fork_register();
   if (spec.format == MT_FORMAT_NVFP4 && spec.nroutes == 0)
     MT_WARN("spec %s routes no GEMM: add route lines to the spec or set MINITE_ROUTE. To find a "
             "model's expert shapes, run it once with MINITE_SPEC=bf16 MINITE_STATS=stats.jsonl "
@@ -236,10 +238,14 @@ int mt_shim_begin(mt_call *c, cublasStatus_t *status) {
   }
   int ran = 0;
   if (r == MT_R_ROUTED && spec.format != MT_FORMAT_BF16) {
+    mt_fork_enter();
     r = mt_exec_routed(&spec, c, status);
+    mt_fork_leave();
     ran = r == MT_R_ROUTED;
   } else if (r == MT_R_ROUTED && c->group_count == 0 && mt_instr_enabled()) {
+    mt_fork_enter();
     ran = mt_instr_bf16(&spec, c, status); /* bf16: cuBLAS runs it, then the instruments */
+    mt_fork_leave();
   }
   mt_stats_count(r);
   if (r != MT_R_UNROUTED)

@@ -52,10 +52,6 @@ static pid_t owner_pid;
 static char stats_path[4096];
 static char start_fields[4096]; /* pid .. fingerprint, shared by both records */
 
-/* fork() while another thread holds the lock would leave the child's copy locked forever. */
-static void lock_census(void) { pthread_mutex_lock(&census_lock); }
-static void unlock_census(void) { pthread_mutex_unlock(&census_lock); }
-
 int mt_stats_check(const char *tmpl, char *why, size_t size) {
   char shown[MT_LOG_VALUE_MAX + 64], path_shown[MT_LOG_VALUE_MAX + 64];
   if (mt_proc_path(tmpl, stats_path, sizeof stats_path) != 0) {
@@ -77,8 +73,19 @@ int mt_stats_check(const char *tmpl, char *why, size_t size) {
   mt_param_template_check("MINITE_STATS", tmpl);
   owner_pid = getpid();
   stats_on = 1;
-  pthread_atfork(lock_census, unlock_census, unlock_census);
   return 0;
+}
+
+/* A fork with either lock held by another thread would leave the child's copy locked forever
+ * (shim/fork.h): census_lock is taken first, as mt_stats_finish nests them. */
+void mt_stats_fork_lock(void) {
+  pthread_mutex_lock(&census_lock);
+  pthread_mutex_lock(&file_lock);
+}
+
+void mt_stats_fork_unlock(void) {
+  pthread_mutex_unlock(&file_lock);
+  pthread_mutex_unlock(&census_lock);
 }
 
 int mt_stats_enabled(void) { return stats_on; }

@@ -54,6 +54,11 @@ void mt_stats_census(const mt_call *one);
  * nothing when there is no file, after the summary, or in a forked child. */
 void mt_stats_append(const char *lines, size_t len);
 
+/* The census and file locks held across a fork (shim/fork.h), released in the parent and the
+ * child. */
+void mt_stats_fork_lock(void);
+void mt_stats_fork_unlock(void);
+
 /* A part of the summary record that another module writes: it passes JSON text to `emit`,
  * starting with ", " (e.g. ", \"engine\": {...}"). */
 typedef void (*mt_stats_part)(void (*emit)(void *ctx, const char *text), void *ctx);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "shim/fork.h"
 #include "shim/real.h"
 #include "shim/shim.h"
 
@@ -209,9 +210,13 @@ static mt_torch_api api;
 static atomic_int api_state; /* 0 not looked for yet, 1 complete, -1 incomplete (warned) */
 static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;
 
+void mt_torch_fork_lock(void) { pthread_mutex_lock(&api_lock); }
+void mt_torch_fork_unlock(void) { pthread_mutex_unlock(&api_lock); }
+
 static const mt_torch_api *api_get(const void *real) {
   int state = atomic_load_explicit(&api_state, memory_order_acquire);
   if (!state) {
+    mt_fork_register(); /* before the lock: a fork must find it covered */
     pthread_mutex_lock(&api_lock);
     if (!(state = atomic_load_explicit(&api_state, memory_order_acquire))) {
       const char *missing = resolve(real, &api);

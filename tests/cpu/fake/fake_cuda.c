@@ -15,6 +15,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -932,9 +933,13 @@ static void fake_cuda_env_more(void) {
 
 /* A launch's host-side cost (FAKE_CUDA_LAUNCH_US), outside the fake's lock, as a driver's is
  * outside any lock of the caller's: threads that launch at once overlap it. */
+static atomic_int launching; /* threads inside launch_delay: "inside the driver" */
+
 static void launch_delay(void) {
+  atomic_fetch_add(&launching, 1);
   if (launch_us > 0)
     nanosleep(&(struct timespec){launch_us / 1000000, (launch_us % 1000000) * 1000L}, NULL);
+  atomic_fetch_sub(&launching, 1);
 }
 
 static CUcontext current_context(void) {
@@ -1006,6 +1011,8 @@ EXPORT void fake_cuda_device_reset(void) {
   thread_context = 0;
   pthread_mutex_unlock(&lock);
 }
+
+EXPORT int fake_cuda_launching(void) { return atomic_load(&launching); }
 
 EXPORT long fake_cuda_fail_alloc(int nth) {
   pthread_mutex_lock(&lock);

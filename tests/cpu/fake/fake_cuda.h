@@ -102,6 +102,9 @@ typedef void (*fake_cuda_device_reset_fn)(void);
  * allocations were made so far. */
 typedef long (*fake_cuda_fail_alloc_fn)(int nth);
 
+/* Threads inside a launch's host-side cost (FAKE_CUDA_LAUNCH_US) now: in a forked child, the
+ * parent's threads that were inside the driver at the fork. */
+typedef int (*fake_cuda_launching_fn)(void);
 /* The instruments' kernels (kernels/instr.cu) run on the host through the twin in
  * kernels/instr.h: the fake computes their results so that records can be checked end to end. */
 

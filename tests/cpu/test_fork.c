@@ -1,0 +1,292 @@
+/* test_fork.c — the shim across fork(2) (shim/fork.h), on the CPU: children forked while other
+ * threads of the parent route, log or open files come back. Each scenario runs in a child under
+ * the preloaded shim with the fake cuBLAS and the fake libcuda.so.1 of tests/cpu/fake, which
+ * forks grandchildren; a hang is a SIGALRM (grandchildren 10 s, scenarios 120 s), a failure.
+ *
+ *   fork_waits_for_the_engine    a thread routes without pause, each launch taking 500 us in the
+ *                                fake driver; in every child, no thread of the parent was inside
+ *                                the driver at the fork (the engine gate)
+ *   fork_while_the_log_opens     a thread blocked opening MINITE_LOG_FILE (a FIFO with no reader
+ *                                yet) holds the log's lock: the fork waits for it, and the child,
+ *                                which logs, comes back
+ *   forks_under_load_come_back   four threads route with every instrument on (the instruments'
+ *                                writer thread busy) while the main thread forks 200 times; each
+ *                                child makes a call (cuBLAS's bits) and exits; the parent routes on
+ */
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/cpu/fake/fake.h"
+#include "tests/cpu/fake/fake_cuda.h"
+#include "tests/cpu/scenario.h"
+
+#define OUT 256
+#define IN 512
+#define ROUTES "MINITE_ROUTE=256x512"
+#define S1 ((CUstream)(uintptr_t)0x1000)
+#define NLOOPERS 4
+
+/* ======================================================================================== */
+/* The child.                                                                               */
+/* ======================================================================================== */
+
+static void *lib_cublas, *lib_cuda;
+static const float one = 1.0f, zero = 0.0f;
+static __typeof__(&cublasGemmEx) hook_gemm, fake_gemm;
+static __typeof__(&cublasCreate_v2) create_handle;
+static __typeof__(&cublasDestroy_v2) destroy_handle;
+static __typeof__(&cublasSetStream_v2) set_stream_fn;
+static fake_cuda_launching_fn launching;
+static fake_cuda_fail_alloc_fn fail_alloc;
+static cublasHandle_t handle;
+
+static int load_fakes(const char *build) {
+  if (!(lib_cuda = mt_t_open(build, "tests/cpu/fake/driver/libcuda.so.1")) ||
+      !(lib_cublas = mt_t_open(build, "tests/cpu/fake/libcublas.so.13")) ||
+      !mt_t_open(build, "tests/cpu/fake/libcublasLt.so.13"))
+    return -1;
+  cuda_events = (fake_cuda_events_fn)mt_t_sym(lib_cuda, "fake_cuda_events");
+  launching = (fake_cuda_launching_fn)mt_t_sym(lib_cuda, "fake_cuda_launching");
+  fail_alloc = (fake_cuda_fail_alloc_fn)mt_t_sym(lib_cuda, "fake_cuda_fail_alloc");
+  hook_gemm = (__typeof__(hook_gemm))dlsym(RTLD_DEFAULT, "cublasGemmEx");
+  fake_gemm = (__typeof__(fake_gemm))mt_t_sym(lib_cublas, "fake_own_cublasGemmEx");
+  create_handle = (__typeof__(create_handle))mt_t_sym(lib_cublas, "cublasCreate_v2");
+  destroy_handle = (__typeof__(destroy_handle))mt_t_sym(lib_cublas, "cublasDestroy_v2");
+  set_stream_fn = (__typeof__(set_stream_fn))mt_t_sym(lib_cublas, "cublasSetStream_v2");
+  if (!launching || !fail_alloc || !hook_gemm || hook_gemm == fake_gemm || !create_handle ||
+      !destroy_handle || !set_stream_fn)
+    return printf("    child: a hook or a fake's knob is missing\n"), -1;
+  alarm(120); /* the scenario itself: a parent stuck at a fork is a failure too */
+  return create_handle(&handle) == CUBLAS_STATUS_SUCCESS ? 0 : -1;
+}
+
+typedef struct {
+  int tokens;
+  uint16_t *w, *x, *y;
+} problem;
+
+static problem make(uint32_t seed, int tokens) {
+  problem p = {tokens, mt_t_matrix(&seed, (size_t)OUT * IN),
+               mt_t_matrix(&seed, (size_t)tokens * IN), mt_t_matrix(&seed, (size_t)OUT * tokens)};
+  return p;
+}
+
+static void unmake(problem *p) { free(p->w), free(p->x), free(p->y); }
+
+static cublasStatus_t gemm_on(cublasHandle_t h, const problem *p, CUstream s) {
+  set_stream_fn(h, (cudaStream_t)s);
+  return hook_gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, OUT, p->tokens, IN, &one, p->w, CUDA_R_16BF, IN,
+                   p->x, CUDA_R_16BF, IN, &zero, p->y, CUDA_R_16BF, OUT, CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT);
+}
+
+/* Routed: every element marked by the fake GEMM kernel. */
+static int routed_on(cublasHandle_t h, const problem *p, CUstream s) {
+  if (gemm_on(h, p, s) != CUBLAS_STATUS_SUCCESS)
+    return 0;
+  for (size_t i = 0; i < (size_t)OUT * p->tokens; i++)
+    if (p->y[i] != FAKE_CUDA_MARK)
+      return 0;
+  return 1;
+}
+
+/* A forked child's call: not routed (the child cannot use CUDA), cuBLAS's bits. 1 when so. */
+static int cublas_bits_on(cublasHandle_t h, const problem *p, CUstream s) {
+  size_t n = (size_t)OUT * p->tokens;
+  uint16_t *want = malloc(n * 2);
+  memcpy(want, p->y, n * 2);
+  fake_gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, OUT, p->tokens, IN, &one, p->w, CUDA_R_16BF, IN, p->x,
+            CUDA_R_16BF, IN, &zero, want, CUDA_R_16BF, OUT, CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT);
+  int ok = gemm_on(h, p, s) == CUBLAS_STATUS_SUCCESS && !memcmp(p->y, want, n * 2);
+  free(want);
+  return ok;
+}
+
+static atomic_int stop_looping;
+
+/* Routes without pause on its own stream (arg: the stream's number). */
+static void *looper(void *arg) {
+  cublasHandle_t h;
+  create_handle(&h);
+  uintptr_t i = (uintptr_t)arg;
+  problem p = make(100 + (uint32_t)i, 8 + 4 * (int)i);
+  while (!atomic_load(&stop_looping))
+    routed_on(h, &p, (CUstream)(0x2000 + 0x100 * i));
+  unmake(&p);
+  destroy_handle(h);
+  return NULL;
+}
+
+static void sleep_ms(int ms) {
+  nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL);
+}
+
+/* Fork `rounds` children that each run `child` (its exit status) under a 10 s alarm; prints
+ * "#info <key> N", the children that did not exit 0, and returns N. */
+static int fork_rounds(int rounds, int pause_ms, int (*child)(void), const char *key) {
+  int bad = 0;
+  for (int round = 0; round < rounds; round++) {
+    if (pause_ms)
+      sleep_ms(pause_ms);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+      alarm(10);
+      _exit(child());
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status)) {
+      if (bad++ < 3)
+        printf("    round %d: child status %#x%s\n", round, status,
+               WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM ? " (hung)" : "");
+    }
+  }
+  printf("#info %s %d\n", key, bad);
+  return bad;
+}
+
+static problem child_problem;
+
+static int child_saw_no_launch(void) { return launching() == 0 ? 0 : 3; }
+
+static int child_call(void) { return cublas_bits_on(handle, &child_problem, S1) ? 0 : 4; }
+
+/* The fake driver's launches take 500 us (FAKE_CUDA_LAUNCH_US), so that a thread which routes
+ * without pause is inside one most of the time: a fork that did not wait for it would copy it
+ * there. */
+static void scenario_gate(void) {
+  child_problem = make(1, 8);
+  CHECK(routed_on(handle, &child_problem, S1));
+  pthread_t th;
+  pthread_create(&th, NULL, looper, (void *)(uintptr_t)0);
+  sleep_ms(20);
+  int inside = fork_rounds(40, 1, child_saw_no_launch, "inside_at_fork");
+  CHECKF(inside == 0, "%d of 40 children copied a thread inside the driver", inside);
+  atomic_store(&stop_looping, 1);
+  pthread_join(th, NULL);
+  CHECK(routed_on(handle, &child_problem, S1));
+  unmake(&child_problem);
+}
+
+/* A first routed call on a new stream whose scratch cannot be allocated warns: the thread that
+ * makes it opens the log file, a FIFO, and blocks there until a reader comes. */
+static void *warner(void *arg) {
+  (void)arg;
+  cublasHandle_t h;
+  create_handle(&h);
+  problem p = make(2, 8);
+  fail_alloc(1);
+  gemm_on(h, &p, (CUstream)(uintptr_t)0x3000);
+  unmake(&p);
+  destroy_handle(h);
+  return NULL;
+}
+
+/* Reads the FIFO from after a delay, until the process ends (a writer never meets a FIFO
+ * without a reader: that would be SIGPIPE). */
+static void *late_reader(void *arg) {
+  sleep_ms(500);
+  int fd = open((const char *)arg, O_RDONLY);
+  char buf[4096];
+  while (fd >= 0 && read(fd, buf, sizeof buf) >= 0)
+    ;
+  return NULL;
+}
+
+static void scenario_log(void) {
+  child_problem = make(3, 8);
+  CHECK(routed_on(handle, &child_problem, S1)); /* logs nothing: the file is not opened yet */
+  pthread_t w, r;
+  pthread_create(&w, NULL, warner, NULL);
+  sleep_ms(300); /* the warner is blocked in open(2) now, holding the log's lock */
+  pthread_create(&r, NULL, late_reader, (void *)getenv("MINITE_LOG_FILE"));
+  pthread_detach(r);
+  int bad = fork_rounds(1, 0, child_call, "bad_children");
+  CHECKF(bad == 0, "the child forked while the log file opened did not come back");
+  pthread_join(w, NULL);
+  unmake(&child_problem);
+}
+
+static void scenario_stress(void) {
+  child_problem = make(4, 8);
+  CHECK(routed_on(handle, &child_problem, S1));
+  pthread_t th[NLOOPERS];
+  for (uintptr_t i = 0; i < NLOOPERS; i++)
+    pthread_create(&th[i], NULL, looper, (void *)i);
+  int bad = fork_rounds(200, 0, child_call, "bad_children");
+  CHECKF(bad == 0, "%d of 200 children failed or hung", bad);
+  atomic_store(&stop_looping, 1);
+  for (int i = 0; i < NLOOPERS; i++)
+    pthread_join(th[i], NULL);
+  CHECK(routed_on(handle, &child_problem, S1));
+  unmake(&child_problem);
+}
+
+static const mt_t_scenario scenarios[] = {
+    {"gate", scenario_gate},
+    {"log", scenario_log},
+    {"stress", scenario_stress},
+};
+
+/* ======================================================================================== */
+/* The parent.                                                                              */
+/* ======================================================================================== */
+
+static void fork_waits_for_the_engine(void) {
+  const char *env[] = {"FAKE_CUDA_LAUNCH_US=500", NULL};
+  mt_t_child r;
+  mt_t_run_child("gate", "gate", env, &r);
+  mt_t_check_child("gate", &r);
+  CHECKF(mt_t_info(&r, "inside_at_fork") == 0, "inside at a fork: %ld",
+         mt_t_info(&r, "inside_at_fork"));
+  mt_t_child_free(&r);
+}
+
+static void fork_while_the_log_opens(void) {
+  char fifo[PATH_MAX + 32], var[PATH_MAX + 64];
+  snprintf(fifo, sizeof fifo, "%s/log.fifo", mt_t_paths.tmp);
+  CHECKF(mkfifo(fifo, 0600) == 0, "mkfifo %s", fifo);
+  snprintf(var, sizeof var, "MINITE_LOG_FILE=%s", fifo);
+  const char *env[] = {var, NULL};
+  mt_t_child r;
+  mt_t_run_child("log", "log", env, &r);
+  mt_t_check_child("log", &r);
+  CHECKF(mt_t_info(&r, "bad_children") == 0, "bad children: %ld", mt_t_info(&r, "bad_children"));
+  mt_t_child_free(&r);
+}
+
+static void forks_under_load_come_back(void) {
+  const char *env[] = {"MINITE_SHADOW=1/2", "MINITE_PROBE=1/2", "MINITE_DIGEST=1", NULL};
+  mt_t_child r;
+  mt_t_run_child("stress", "stress", env, &r);
+  mt_t_check_child("stress", &r);
+  CHECKF(mt_t_info(&r, "bad_children") == 0, "bad children: %ld", mt_t_info(&r, "bad_children"));
+  CHECKF(r.summary && mt_t_json_int_in(r.summary, NULL, "passthrough") == 0 &&
+             mt_t_json_int_in(r.summary, "\"shadow\"", "calls") > 0,
+         "the parent's summary: %s", r.summary ? r.summary : "none");
+  mt_t_child_free(&r);
+}
+
+static void tests(void) {
+  RUN(fork_waits_for_the_engine);
+  RUN(fork_while_the_log_opens);
+  RUN(forks_under_load_come_back);
+}
+
+int main(int argc, char **argv) {
+  return mt_t_scenario_main(argc, argv, "/tmp/mt_fork.XXXXXX", ROUTES, load_fakes, scenarios,
+                            sizeof scenarios / sizeof scenarios[0], tests);
+}
