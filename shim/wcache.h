@@ -60,6 +60,7 @@ typedef struct {
   void *lease;
   uint64_t graph_mem;
   mt_stream stream;
+  void *state; /* the context's state (its counters); NULL when none was found */
 } mt_wcache_hold;
 
 /* What one routed problem gets. */
@@ -118,6 +119,9 @@ int mt_wcache_forked(void);
  * captured call's memory, freed in stream order after the kernels enqueued so far). */
 void mt_wcache_release(mt_wcache_hold *hold);
 
+/* Count the call as run by the engine in the context it got its memory from (before the release). */
+void mt_wcache_ran(const mt_wcache_hold *hold);
+
 /* "requantize", "frozen" or "frozen-sampled": the mode in force. */
 const char *mt_wcache_mode(void);
 
@@ -125,8 +129,9 @@ const char *mt_wcache_mode(void);
 enum mt_reason mt_engine_reason(int status);
 
 /* The summary's "engine" part (shim/stats.h: mt_stats_part): the mode, device bytes held, frozen
- * entries, calls that found the cache full, calls routed inside graph captures, and the bytes
- * per weight element of the frozen grouped stores. */
+ * entries, calls that found the cache full, calls routed inside graph captures, the bytes per
+ * weight element of the frozen grouped stores, and "contexts": for each CUDA context the engine
+ * ran in, its device (ordinal and PCI address), the calls it ran there and the bytes it holds there. */
 void mt_wcache_summary(void (*emit)(void *ctx, const char *text), void *ctx);
 
 #endif
