@@ -68,7 +68,7 @@ static int frozen;          /* weight_cache frozen or frozen-sampled: weights ke
 static unsigned check_step; /* the check's sample: 1 (every byte) or MT_SAMPLE_STEP */
 static int capture_graph = 1;
 static size_t cache_limit;
-static atomic_size_t held_total, cached_total;
+static atomic_size_t held_total;
 static atomic_ullong cache_full, captured_calls;
 static atomic_ullong store_bytes, store_elems;   /* the frozen grouped stores' bytes and elements */
 static atomic_int engine_used, forked_after_use; /* CUDA does not survive a fork */
@@ -182,7 +182,6 @@ static void context_drop(context *c) {
   c->nentries = 0;
   c->ngentries = 0;
   atomic_fetch_sub(&held_total, atomic_exchange(&c->held, 0));
-  atomic_fetch_sub(&cached_total, c->cached);
   c->cached = 0;
 }
 
@@ -309,34 +308,28 @@ static size_t slot_of(const mt_weight_ref *w) {
   return (size_t)(h >> 40) % MAX_ENTRIES;
 }
 
-/* Reserve `bytes` of MINITE_CACHE_MB, shared by every context; 0 when it would not fit. */
-static int cache_reserve(size_t bytes) {
-  size_t before = atomic_fetch_add(&cached_total, bytes);
-  if (before + bytes <= cache_limit)
-    return 1;
-  atomic_fetch_sub(&cached_total, bytes);
-  return 0;
-}
+/* Whether `bytes` more fit in the context's MINITE_CACHE_MB: the bound is per context, as each
+ * GPU has its own memory (a process driving several GPUs may keep that much on each). Under the
+ * context's lock, as are its entries. */
+static int cache_fits(const context *c, size_t bytes) { return c->cached + bytes <= cache_limit; }
 
 /* A frozen entry's memory: `data` bytes, then its refresh state, zeroed on the stream (a zeroed
- * state has no hash yet: the first refresh quantizes); counted against MINITE_CACHE_MB. *why says
+ * state has no hash yet: the first refresh quantizes); counted against the context's
+ * MINITE_CACHE_MB. *why says
  * whether the call can still go on, requantizing in its own memory (cache full). */
 static int entry_alloc(const mt_driver *d, context *c, size_t data, mt_stream stream,
                        CUdeviceptr *mem, enum mt_reason *why) {
   size_t bytes = data + MT_REFRESH_STATE_BYTES;
   *why = MT_R_ROUTED;
-  if (!cache_reserve(bytes)) {
+  if (!cache_fits(c, bytes)) {
     atomic_fetch_add(&cache_full, 1);
     return 0; /* requantized in scratch instead: slower, never wrong */
   }
-  if ((*why = device_alloc(d, bytes, mem)) != MT_R_ROUTED) {
-    atomic_fetch_sub(&cached_total, bytes);
+  if ((*why = device_alloc(d, bytes, mem)) != MT_R_ROUTED)
     return 0;
-  }
   if (d->memset_d8_async(*mem + data, 0, MT_REFRESH_STATE_BYTES, stream) != CUDA_SUCCESS) {
     MT_WARN_ONCE("could not clear a frozen weight's state: such calls fall back to cuBLAS");
     device_free(d, *mem);
-    atomic_fetch_sub(&cached_total, bytes);
     *why = MT_R_ENGINE;
     return 0;
   }

@@ -24,7 +24,8 @@
  * guarantee holds for weights changed as a whole, as an optimizer step changes them). A grouped
  * call's weights (all its experts, one tensor) make one entry: a store of slices
  * (kernels/wstore.h), refreshed the same way.
- * MINITE_CACHE_MB bounds the entries (not the scratch); past it, weights are requantized in
+ * MINITE_CACHE_MB bounds the entries of each context (not the scratch): each GPU has its own
+ * memory, so a process driving several GPUs may keep that much on each; past it, weights are requantized in
  * scratch instead. An entry is made outside captures only: a weight first seen inside a capture
  * is requantized into the graph's memory at every replay (correct, slower). An entry is shared by
  * every stream, and so is its check's state: two streams checking one entry at the same moment

@@ -11,6 +11,7 @@
  *                              while the others route
  *   stream_of_another_context  a call whose stream is another context's: cuBLAS's result, counted
  *                              "other context", said once, no launch refused by the driver
+ *   cache_bound_per_device     MINITE_CACHE_MB bounds the weights kept on each GPU, not the process
  *   rank_and_device_recorded   the start and summary records: rank, local_rank, world_size from
  *                              torchrun's, Open MPI's or Slurm's variables; the device and its PCI
  *                              address; %r gives each of two concurrent ranks its own file
@@ -228,7 +229,22 @@ static void scenario_foreign(void) {
   unmake(&p);
 }
 
+/* Two weights kept on device 0, the same two on device 1. */
+static void scenario_cache(void) {
+  uint32_t seed = 4;
+  problem a = make(&seed, OUT, 8), b = make(&seed, OUT, 8);
+  for (int dev = 0; dev < 2; dev++) {
+    if (dev)
+      ctx_create_on(1);
+    for (int i = 0; i < 2; i++)
+      CHECK(routed_on(handle, &a, S1) && routed_on(handle, &b, S1));
+  }
+  check_clean();
+  unmake(&a), unmake(&b);
+}
+
 static const mt_t_scenario scenarios[] = {
+    {"cache", scenario_cache},
     {"one_call", scenario_one_call},
     {"devices", scenario_devices},
     {"foreign", scenario_foreign},
@@ -338,8 +354,22 @@ static void rank_and_device_recorded(void) {
   }
 }
 
+/* MINITE_CACHE_MB bounds each GPU's kept weights: two weights of ~410 KB fit in 1 MiB on each of
+ * two devices (all four would not fit in one bound shared by the process). */
+static void cache_bound_per_device(void) {
+  const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", "MINITE_CACHE_MB=1", NULL};
+  mt_t_child r;
+  mt_t_run_child("cache", "cache", env, &r);
+  mt_t_check_child("cache", &r);
+  CHECKF(json_int(r.summary, "frozen_weights") == 4 && json_int(r.summary, "cache_full") == 0 &&
+             json_int(r.summary, "routed") == 8,
+         "%.300s", r.summary ? strstr(r.summary, "\"engine\"") : "no summary");
+  mt_t_child_free(&r);
+}
+
 static void tests(void) {
   RUN(devices_apart);
+  RUN(cache_bound_per_device);
   RUN(stream_of_another_context);
   RUN(rank_and_device_recorded);
 }
