@@ -47,7 +47,7 @@ LIB = os.path.abspath(os.path.join(ROOT, os.environ.get("MT_BUILD", "build"), "l
 DEMO = os.path.join(ROOT, "demo", "ep_demo.py")
 MERGE = os.path.join(ROOT, "tools", "minite-merge")
 ROUTE = "1536x2048,2048x768"
-LAYERS, BATCH, SEQ, STEPS, TOP_K = 1, 2, 256, 3, 8
+LAYERS, BATCH, SEQ, STEPS, TOP_K, EXPERTS = 1, 2, 256, 3, 8, 128
 ARGS = ["--layers", LAYERS, "--batch", BATCH, "--seq", SEQ, "--steps", STEPS]
 LOSS_RTOL = 0.02
 LAUNCH_TIMEOUT = 300
@@ -218,7 +218,7 @@ def check_job(none, bf16, nvfp4, nproc, buses_of_rank, shared_gpu):
                           f"EP: expert rows {[r['expert_rows_step0'] for r in ep]}, want "
                           f"{nproc * per_rank} in all")
             harness.check([r["experts_held"] for r in ep] ==
-                          [[r * 128 // nproc, (r + 1) * 128 // nproc] for r in range(nproc)],
+                          [[r * EXPERTS // nproc, (r + 1) * EXPERTS // nproc] for r in range(nproc)],
                           f"EP: experts held {[r['experts_held'] for r in ep]}")
         ddp = [run["ranks"].get(("ddp", r)) for r in range(nproc)]
         if all(ddp):
