@@ -3,7 +3,7 @@ Qwen3-30B-A3B's expert geometry, a data-parallel learner and an expert-parallel 
 travel by all_to_all_single), statistics per rank through MINITE_STATS=stats.%r.jsonl, merged by
 tools/minite-merge.
 
-    make && python3 tests/gpu/test_multi_gpu.py
+    make && python3 tests/gpu/test_multi_gpu.py [NAME ...]     (NAME: a part of a test's name)
 
 With one GPU or more:
 - two_ranks_share_one_gpu: two ranks on the first visible GPU (CUDA_VISIBLE_DEVICES set to it;
@@ -114,7 +114,10 @@ def launch(tag, nproc, spec=None, modes="ddp,ep", env_extra=None, torchrun=True,
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("MINITE_") and k not in ("LD_PRELOAD", "RANK", "LOCAL_RANK",
                                                        "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
-    env.update(PYTHONUNBUFFERED="1", CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    # NVLink multicast stays off (it can put a shared host's GPUs out of service; the device
+    # machines set these, and a launch keeps them whatever the caller's environment says)
+    env.update(PYTHONUNBUFFERED="1", CUDA_DEVICE_ORDER="PCI_BUS_ID", NCCL_NVLS_ENABLE="0",
+               TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     if spec:
         env.update(LD_PRELOAD=LIB, MINITE_SPEC=spec, MINITE_ROUTE=ROUTE, MINITE_ROLE="learner",
                    MINITE_STATS=os.path.join(out, "stats.%r.jsonl"))
@@ -337,7 +340,9 @@ def test_several_gpus():
             print(f"      {mode} {spec or 'no shim'}: " + ", ".join(row))
 
 
+# Arguments pick tests by a part of their name (several_gpus: the N-GPU job alone).
 for t in (test_two_ranks_share_one_gpu, test_device_follows_cuda_visible_devices,
           test_several_gpus):
-    harness.run(t)
+    if not sys.argv[1:] or any(a in t.__name__ for a in sys.argv[1:]):
+        harness.run(t)
 sys.exit(harness.done())
