@@ -315,8 +315,8 @@ static int cache_fits(const context *c, size_t bytes) { return c->cached + bytes
 
 /* A frozen entry's memory: `data` bytes, then its refresh state, zeroed on the stream (a zeroed
  * state has no hash yet: the first refresh quantizes); counted against the context's
- * MINITE_CACHE_MB. *why says
- * whether the call can still go on, requantizing in its own memory (cache full). */
+ * MINITE_CACHE_MB. *why says whether the call can still go on, requantizing in its own memory
+ * (cache full). */
 static int entry_alloc(const mt_driver *d, context *c, size_t data, mt_stream stream,
                        CUdeviceptr *mem, enum mt_reason *why) {
   size_t bytes = data + MT_REFRESH_STATE_BYTES;
