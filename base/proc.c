@@ -24,11 +24,38 @@ const char *mt_proc_host(void) {
   return host_name;
 }
 
+/* The first of `names` that is set decides: its value when a non-negative integer, else NULL. */
+static const char *first_number(const char *const names[]) {
+  for (int i = 0; names[i]; i++) {
+    const char *v = getenv(names[i]);
+    if (!v || !v[0])
+      continue;
+    return strlen(v) <= 9 && strspn(v, "0123456789") == strlen(v) ? v : NULL;
+  }
+  return NULL;
+}
+
+/* torchrun (and torch.distributed's other launchers), Open MPI, MPICH/PMI, Slurm's srun. */
+static const char *const rank_names[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID",
+                                         NULL};
+static const char *const local_names[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                          "MPI_LOCALRANKID", "SLURM_LOCALID", NULL};
+static const char *const size_names[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                                         "SLURM_NTASKS", NULL};
+
 const char *mt_proc_rank(void) {
-  const char *r = getenv("RANK");
-  if (!r || !r[0] || strlen(r) > 9 || strspn(r, "0123456789") != strlen(r))
-    return "0";
-  return r;
+  const char *r = first_number(rank_names);
+  return r ? r : "0";
+}
+
+int mt_proc_local_rank(void) {
+  const char *r = first_number(local_names);
+  return r ? atoi(r) : -1;
+}
+
+int mt_proc_world_size(void) {
+  const char *r = first_number(size_names);
+  return r ? atoi(r) : -1;
 }
 
 int mt_proc_path(const char *tmpl, char *out, size_t size) {

@@ -8,10 +8,17 @@
 /* The host name, cut at the first dot ("" when unknown). */
 const char *mt_proc_host(void);
 
-/* RANK when it holds a non-negative integer, else "0". */
+/* The process's rank as its launcher says: the first of RANK (torchrun), OMPI_COMM_WORLD_RANK,
+ * PMI_RANK, SLURM_PROCID that is set, when it holds a non-negative integer; else "0". */
 const char *mt_proc_rank(void);
 
-/* Expand a path template: %h host name, %p pid, %r rank (RANK, else 0), %% percent; any other
+/* The rank within the host (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,
+ * SLURM_LOCALID) and the number of ranks (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE,
+ * SLURM_NTASKS), read the same way; -1 when unknown. */
+int mt_proc_local_rank(void);
+int mt_proc_world_size(void);
+
+/* Expand a path template: %h host name, %p pid, %r rank (mt_proc_rank), %% percent; any other
  * %x is kept as written. Returns 0, or -1 when the result does not fit in `size`. */
 int mt_proc_path(const char *tmpl, char *out, size_t size);
 

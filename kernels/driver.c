@@ -337,6 +337,29 @@ int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, 
   return d->launch_kernel_ex(&cfg, f, params, NULL) == CUDA_SUCCESS ? MT_OK : MT_ERR_CUDA;
 }
 
+int mt_stream_foreign(CUstream stream) {
+  const mt_driver *d = mt_driver_get();
+  CUcontext mine = NULL, its = NULL;
+  if (!d || !d->stream_get_ctx || d->ctx_get_current(&mine) != CUDA_SUCCESS || !mine) return 0;
+  return d->stream_get_ctx(stream, &its) == CUDA_SUCCESS && its && its != mine;
+}
+
+int mt_device_sm90(void) {
+  const mt_driver *d = mt_driver_get();
+  return d && device_is_sm90(d);
+}
+
+int mt_device_current(char *pci, size_t size) {
+  const mt_driver *d = mt_driver_get();
+  CUcontext h = NULL;
+  CUdevice dev;
+  if (size) pci[0] = '\0';
+  if (!d || d->ctx_get_current(&h) != CUDA_SUCCESS || !h || d->ctx_get_device(&dev) != CUDA_SUCCESS) return -1;
+  if (size > 1 && d->device_get_pci_bus_id && d->device_get_pci_bus_id(pci, (int)size, dev) != CUDA_SUCCESS)
+    pci[0] = '\0';
+  return (int)dev;
+}
+
 int mt_sm_count(void) {
   const mt_driver *d = mt_driver_get();
   CUdevice dev;

@@ -36,14 +36,16 @@
 
 /* Entry points the engine works without (NULL when the driver lacks them): context IDs (CUDA 12.0),
  * stream-ordered allocation (11.2), pointer attributes, the thread's capture mode, host memory
- * registration (the instruments). */
+ * registration (the instruments), a stream's context and a device's PCI address. */
 #define MT_DRIVER_OPTIONAL(X)                                                                                          \
   X(ctx_get_id, cuCtxGetId, "cuCtxGetId")                                                                              \
   X(mem_alloc_async, cuMemAllocAsync, "cuMemAllocAsync")                                                               \
   X(mem_free_async, cuMemFreeAsync, "cuMemFreeAsync")                                                                  \
   X(pointer_get_attribute, cuPointerGetAttribute, "cuPointerGetAttribute")                                             \
   X(exchange_capture_mode, cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode")                     \
-  X(mem_host_register, cuMemHostRegister, "cuMemHostRegister_v2")
+  X(mem_host_register, cuMemHostRegister, "cuMemHostRegister_v2")                                                      \
+  X(stream_get_ctx, cuStreamGetCtx, "cuStreamGetCtx")                                                                  \
+  X(device_get_pci_bus_id, cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId")
 
 typedef struct {
 #define MT_DRIVER_FIELD(field, decl, sym) __typeof__(&decl) field;
@@ -83,6 +85,21 @@ int mt_ctx_current(mt_ctx *out);
 /* The registry's lock held across a fork (shim/fork.h), released in the parent and the child. */
 void mt_ctx_fork_lock(void);
 void mt_ctx_fork_unlock(void);
+
+/* 1 when `stream` belongs to a context other than the current one: the engine's kernels, scratch and
+ * weights are the current context's, and a launch on another context's stream is refused by the
+ * driver (cuBLAS requires the handle's device to be current, so a correct program never makes such
+ * a call). 0 when the stream is the current context's (the legacy and per-thread default streams
+ * always are) or the driver cannot say (no cuStreamGetCtx). */
+int mt_stream_foreign(CUstream stream);
+
+/* The current context's device: its ordinal (as the process numbers them, after
+ * CUDA_VISIBLE_DEVICES) and PCI address ("0000:19:00.0"; "" when unknown), which names the GPU
+ * whatever the numbering. -1 (and "") when no context is current. */
+int mt_device_current(char *pci, size_t size);
+
+/* 1 when the current context's device can run the kernels (sm_90: they are sm_90a code only). */
+int mt_device_sm90(void);
 
 /* Device memory the registry itself holds (a few hundred bytes per context). */
 size_t mt_ctx_device_bytes(void);

@@ -79,6 +79,8 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const oper
       .workspace_bytes = mem.workspace_bytes,
   };
   int st = mt_gemm(&a, c->stream);
+  if (st == MT_OK)
+    mt_wcache_ran(&mem.hold);
   if (st == MT_OK && mt_instr_enabled()) {
     mt_instr_call ic;
     mt_instr_from_call(s, c, alpha, beta, &ic);
@@ -144,6 +146,8 @@ static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, in
                        .workspace = mem.workspace,
                        .workspace_bytes = mem.workspace_bytes};
   int st = mt_gemm_grouped(&a, g->stream);
+  if (st == MT_OK)
+    mt_wcache_ran(&mem.hold);
   mt_wcache_release(&mem.hold);
   if (st != MT_OK && st != MT_ERR_CAPTURE)
     MT_WARN_ONCE("the NVFP4 engine could not run a routed grouped GEMM (%lld groups, n=%lld "
@@ -172,9 +176,22 @@ static int no_engine(void) {
   return 1;
 }
 
+/* The engine's state is the current context's: a call whose stream is another context's (said once)
+ * goes to cuBLAS as it came. */
+static int foreign_stream(mt_stream stream) {
+  if (!mt_stream_foreign((CUstream)stream))
+    return 0;
+  MT_WARN_ONCE("a routed GEMM's stream belongs to a CUDA context other than the current one (the "
+               "cuBLAS handle's device is not the current device): such calls run in cuBLAS "
+               "(reason \"other context\"); make the stream's device current before the call");
+  return 1;
+}
+
 enum mt_reason mt_exec_grouped(const mt_spec *s, const mt_grouped_call *g) {
   if (no_engine())
     return MT_R_NO_ENGINE;
+  if (foreign_stream(g->stream))
+    return MT_R_CONTEXT;
   if (g->w_ptrs || g->x_ptrs || g->y_ptrs || g->c_ptrs)
     return MT_R_PTR_ARRAYS;
   return run_grouped(s, g, stream_capturing(g->call));
@@ -190,6 +207,8 @@ enum mt_reason mt_exec_routed(const mt_spec *s, mt_call *c, cublasStatus_t *stat
   mt_grouped_call g;
   if (no_engine()) {
     r = MT_R_NO_ENGINE;
+  } else if (foreign_stream(c->stream)) {
+    r = MT_R_CONTEXT;
   } else if (grouped_form(c)) {
     r = mt_norm_grouped(c, &g);
     if (r == MT_R_ROUTED)

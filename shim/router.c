@@ -20,6 +20,7 @@ static const char *const reason_names[MT_R_COUNT] = {
     [MT_R_ENGINE] = "engine error",
     [MT_R_PTR_ARRAYS] = "pointer arrays",
     [MT_R_TORCH_ABI] = "torch abi",
+    [MT_R_CONTEXT] = "other context",
 };
 
 const char *mt_reason_name(enum mt_reason r) {

@@ -35,6 +35,7 @@ enum mt_reason {
                         read them back (BatchedEx, GroupedBatchedEx, Lt POINTER_ARRAY batches) */
   MT_R_TORCH_ABI,    /* torch._grouped_mm's arguments cannot be read: libtorch lacks an accessor
                         the shim needs (another PyTorch version), or its layout differs */
+  MT_R_CONTEXT,      /* the call's stream belongs to a CUDA context other than the current one */
   MT_R_COUNT
 };
 

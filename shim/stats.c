@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "base/param.h"
 #include "base/proc.h"
+#include "kernels/driver.h"
 
 static atomic_ullong n_calls, n_routed, n_passthrough, n_fallbacks[MT_R_COUNT];
 
@@ -168,10 +169,15 @@ void mt_stats_start(const mt_spec *s, const char *role, const char *version) {
   for (int i = 0; i < s->nroutes; i++)
     used += (size_t)snprintf(routes + used, sizeof routes - used, "%s\"%" PRIu32 "x%" PRIu32 "\"",
                              i ? ", " : "", s->routes[i].out, s->routes[i].in);
+  char pci[32], pci_json[80];
+  int device = mt_device_current(pci, sizeof pci);
+  mt_json_string(pci_json, sizeof pci_json, pci);
   snprintf(start_fields, sizeof start_fields,
-           "\"pid\": %ld, \"host\": %s, \"rank\": %s, \"role\": %s, \"spec\": %s, "
+           "\"pid\": %ld, \"host\": %s, \"rank\": %s, \"local_rank\": %d, \"world_size\": %d, "
+           "\"device\": %d, \"pci_bus\": %s, \"role\": %s, \"spec\": %s, "
            "\"fingerprint\": \"%016" PRIx64 "\"",
-           (long)owner_pid, host, mt_proc_rank(), role_json, name_json, mt_spec_fingerprint(s));
+           (long)owner_pid, host, mt_proc_rank(), mt_proc_local_rank(), mt_proc_world_size(),
+           device, pci_json, role_json, name_json, mt_spec_fingerprint(s));
   writer w = {0};
   w_printf(&w, "{\"event\": \"start\", \"time\": %.6f, %s, \"routes\": [%s], \"version\": %s}\n",
            now_seconds(), start_fields, routes, version_json);

@@ -56,6 +56,10 @@ typedef struct {
   int ngentries;
   atomic_size_t held; /* this context's bytes: all (counted without its lock) */
   size_t cached;      /* ... and those of frozen entries */
+  int device;         /* its device's ordinal and PCI address, for the statistics */
+  char pci[32];
+  int sm90; /* the device runs the kernels: else its calls go to cuBLAS before taking memory */
+  atomic_ullong routed; /* calls the engine ran here */
 } context;
 
 static context contexts[MT_MAX_CONTEXTS];
@@ -64,7 +68,7 @@ static int frozen;          /* weight_cache frozen or frozen-sampled: weights ke
 static unsigned check_step; /* the check's sample: 1 (every byte) or MT_SAMPLE_STEP */
 static int capture_graph = 1;
 static size_t cache_limit;
-static atomic_size_t held_total, cached_total;
+static atomic_size_t held_total;
 static atomic_ullong cache_full, captured_calls;
 static atomic_ullong store_bytes, store_elems;   /* the frozen grouped stores' bytes and elements */
 static atomic_int engine_used, forked_after_use; /* CUDA does not survive a fork */
@@ -114,6 +118,29 @@ const char *mt_wcache_mode(void) {
   return !frozen ? "requantize" : check_step > 1 ? "frozen-sampled" : "frozen";
 }
 
+/* Each context the engine ran in: its device, the calls it ran there and the memory it holds
+ * there, so that a process driving several GPUs shows what each did. */
+static void emit_contexts(void (*emit)(void *ctx, const char *text), void *ctx) {
+  emit(ctx, ", \"contexts\": [");
+  int first = 1;
+  for (int i = 0; i < MT_MAX_CONTEXTS; i++) {
+    context *c = &contexts[i];
+    pthread_mutex_lock(&c->lock);
+    char b[256];
+    b[0] = '\0';
+    if (c->id)
+      snprintf(b, sizeof b,
+               "%s{\"device\": %d, \"pci_bus\": \"%s\", \"routed\": %llu, \"device_bytes\": "
+               "%zu}",
+               first ? "" : ", ", c->device, c->pci, (unsigned long long)atomic_load(&c->routed),
+               atomic_load(&c->held));
+    pthread_mutex_unlock(&c->lock);
+    if (b[0])
+      emit(ctx, b), first = 0;
+  }
+  emit(ctx, "]");
+}
+
 void mt_wcache_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
   int n = 0;
   for (int i = 0; i < MT_MAX_CONTEXTS; i++) {
@@ -126,12 +153,14 @@ void mt_wcache_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
   snprintf(b, sizeof b,
            ", \"engine\": {\"weight_cache\": \"%s\", \"device_bytes\": %zu, "
            "\"frozen_weights\": %d, \"cache_full\": %llu, \"captured_calls\": %llu, "
-           "\"store_bytes_per_element\": %.4f}",
+           "\"store_bytes_per_element\": %.4f",
            mt_wcache_mode(), atomic_load(&held_total) + mt_ctx_device_bytes(), n,
            (unsigned long long)atomic_load(&cache_full),
            (unsigned long long)atomic_load(&captured_calls),
            elems ? (double)atomic_load(&store_bytes) / (double)elems : 0.0);
   emit(ctx, b);
+  emit_contexts(emit, ctx);
+  emit(ctx, "}");
 }
 
 static size_t round_up(size_t v) { return (v + ALIGN - 1) / ALIGN * ALIGN; }
@@ -153,7 +182,6 @@ static void context_drop(context *c) {
   c->nentries = 0;
   c->ngentries = 0;
   atomic_fetch_sub(&held_total, atomic_exchange(&c->held, 0));
-  atomic_fetch_sub(&cached_total, c->cached);
   c->cached = 0;
 }
 
@@ -166,6 +194,9 @@ static context *context_of(const mt_ctx *x) {
       MT_INFO("a CUDA context was destroyed: the engine's state of it is dropped");
     context_drop(c);
     c->id = x->id;
+    c->device = mt_device_current(c->pci, sizeof c->pci);
+    c->sm90 = mt_device_sm90();
+    atomic_store(&c->routed, 0);
   }
   if (!c->entries && frozen && !(c->entries = calloc(MAX_ENTRIES, sizeof *c->entries))) {
     pthread_mutex_unlock(&c->lock);
@@ -277,34 +308,28 @@ static size_t slot_of(const mt_weight_ref *w) {
   return (size_t)(h >> 40) % MAX_ENTRIES;
 }
 
-/* Reserve `bytes` of MINITE_CACHE_MB, shared by every context; 0 when it would not fit. */
-static int cache_reserve(size_t bytes) {
-  size_t before = atomic_fetch_add(&cached_total, bytes);
-  if (before + bytes <= cache_limit)
-    return 1;
-  atomic_fetch_sub(&cached_total, bytes);
-  return 0;
-}
+/* Whether `bytes` more fit in the context's MINITE_CACHE_MB: the bound is per context, as each
+ * GPU has its own memory (a process driving several GPUs may keep that much on each). Under the
+ * context's lock, as are its entries. */
+static int cache_fits(const context *c, size_t bytes) { return c->cached + bytes <= cache_limit; }
 
 /* A frozen entry's memory: `data` bytes, then its refresh state, zeroed on the stream (a zeroed
- * state has no hash yet: the first refresh quantizes); counted against MINITE_CACHE_MB. *why says
- * whether the call can still go on, requantizing in its own memory (cache full). */
+ * state has no hash yet: the first refresh quantizes); counted against the context's
+ * MINITE_CACHE_MB. *why says whether the call can still go on, requantizing in its own memory
+ * (cache full). */
 static int entry_alloc(const mt_driver *d, context *c, size_t data, mt_stream stream,
                        CUdeviceptr *mem, enum mt_reason *why) {
   size_t bytes = data + MT_REFRESH_STATE_BYTES;
   *why = MT_R_ROUTED;
-  if (!cache_reserve(bytes)) {
+  if (!cache_fits(c, bytes)) {
     atomic_fetch_add(&cache_full, 1);
     return 0; /* requantized in scratch instead: slower, never wrong */
   }
-  if ((*why = device_alloc(d, bytes, mem)) != MT_R_ROUTED) {
-    atomic_fetch_sub(&cached_total, bytes);
+  if ((*why = device_alloc(d, bytes, mem)) != MT_R_ROUTED)
     return 0;
-  }
   if (d->memset_d8_async(*mem + data, 0, MT_REFRESH_STATE_BYTES, stream) != CUDA_SUCCESS) {
     MT_WARN_ONCE("could not clear a frozen weight's state: such calls fall back to cuBLAS");
     device_free(d, *mem);
-    atomic_fetch_sub(&cached_total, bytes);
     *why = MT_R_ENGINE;
     return 0;
   }
@@ -448,6 +473,13 @@ static context *current(const mt_driver *d, mt_ctx *x) {
     MT_WARN_ONCE("no usable current CUDA context for a routed GEMM (none current, or more than %d "
                  "alive): it runs in cuBLAS (reason \"no engine\")",
                  MT_MAX_CONTEXTS);
+  if (c && !c->sm90) {
+    MT_WARN_ONCE("GPU %d (%s) is not an sm_90 device, which the NVFP4 kernels need: its routed "
+                 "GEMMs run in cuBLAS (reason \"no engine\")",
+                 c->device, c->pci[0] ? c->pci : "PCI address unknown");
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+  }
   return c;
 }
 
@@ -460,6 +492,7 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   context *c = current(d, &x);
   if (!c)
     return MT_R_NO_ENGINE;
+  out->hold.state = c;
   size_t ws = round_up(mt_gemm_workspace_bytes(m, w->k, &w->num));
   size_t qbytes = round_up(mt_qweight_bytes(w->n, w->k, &w->num));
   entry *e = NULL;
@@ -483,6 +516,11 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   mt_qweight_bind(&out->own, w->n, w->k, &w->num, (void *)(mem + ws));
   out->q = &out->own;
   return weight_done(mt_quantize_weight(w->w, w->type, w->ldw, &out->own, stream), capturing);
+}
+
+void mt_wcache_ran(const mt_wcache_hold *mem) {
+  if (mem->state)
+    atomic_fetch_add_explicit(&((context *)mem->state)->routed, 1, memory_order_relaxed);
 }
 
 void mt_wcache_release(mt_wcache_hold *mem) {
@@ -553,6 +591,7 @@ enum mt_reason mt_wcache_prepare_grouped(const mt_wgroup_ref *w, int rows, mt_st
   context *c = current(d, &x);
   if (!c)
     return MT_R_NO_ENGINE;
+  out->hold.state = c;
   const int slices = w->w_stride ? w->groups : 1;
   size_t ws = round_up(mt_grouped_workspace_bytes(rows, w->k, &w->num));
   size_t sbytes = round_up(mt_wstore_bytes(slices, w->n, w->k, &w->num));

@@ -24,7 +24,8 @@
  * guarantee holds for weights changed as a whole, as an optimizer step changes them). A grouped
  * call's weights (all its experts, one tensor) make one entry: a store of slices
  * (kernels/wstore.h), refreshed the same way.
- * MINITE_CACHE_MB bounds the entries (not the scratch); past it, weights are requantized in
+ * MINITE_CACHE_MB bounds the entries of each context (not the scratch): each GPU has its own
+ * memory, so a process driving several GPUs may keep that much on each; past it, weights are requantized in
  * scratch instead. An entry is made outside captures only: a weight first seen inside a capture
  * is requantized into the graph's memory at every replay (correct, slower). An entry is shared by
  * every stream, and so is its check's state: two streams checking one entry at the same moment
@@ -60,6 +61,7 @@ typedef struct {
   void *lease;
   uint64_t graph_mem;
   mt_stream stream;
+  void *state; /* the context's state (its counters); NULL when none was found */
 } mt_wcache_hold;
 
 /* What one routed problem gets. */
@@ -118,6 +120,9 @@ int mt_wcache_forked(void);
  * captured call's memory, freed in stream order after the kernels enqueued so far). */
 void mt_wcache_release(mt_wcache_hold *hold);
 
+/* Count the call as run by the engine in the context it got its memory from (before the release). */
+void mt_wcache_ran(const mt_wcache_hold *hold);
+
 /* "requantize", "frozen" or "frozen-sampled": the mode in force. */
 const char *mt_wcache_mode(void);
 
@@ -125,8 +130,9 @@ const char *mt_wcache_mode(void);
 enum mt_reason mt_engine_reason(int status);
 
 /* The summary's "engine" part (shim/stats.h: mt_stats_part): the mode, device bytes held, frozen
- * entries, calls that found the cache full, calls routed inside graph captures, and the bytes
- * per weight element of the frozen grouped stores. */
+ * entries, calls that found the cache full, calls routed inside graph captures, the bytes per
+ * weight element of the frozen grouped stores, and "contexts": for each CUDA context the engine
+ * ran in, its device (ordinal and PCI address), the calls it ran there and the bytes it holds there. */
 void mt_wcache_summary(void (*emit)(void *ctx, const char *text), void *ctx);
 
 #endif

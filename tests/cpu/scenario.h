@@ -94,8 +94,11 @@ typedef struct {
 
 /* Variables of the caller's environment that would change a child's behaviour. */
 static int mt_t_scrubbed(const char *e) {
-  static const char *const prefixes[] = {"MINITE_", "LD_PRELOAD=", "FAKE_",
-                                         "RANK=",   "MT_BATCHES=", "MT_REVERSE="};
+  static const char *const prefixes[] = {"MINITE_",       "LD_PRELOAD=",     "FAKE_",
+                                         "RANK=",         "MT_BATCHES=",     "MT_REVERSE=",
+                                         "LOCAL_RANK=",   "WORLD_SIZE=",     "OMPI_COMM_WORLD_",
+                                         "PMI_",          "SLURM_PROCID=",   "SLURM_LOCALID=",
+                                         "SLURM_NTASKS=", "MPI_LOCALRANKID="};
   for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++)
     if (!strncmp(e, prefixes[i], strlen(prefixes[i])))
       return 1;

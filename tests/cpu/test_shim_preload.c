@@ -47,7 +47,8 @@ static void run(const char *const argv[], const char *const env[], int shim, run
   if (pid == 0) {
     for (char **e = environ; *e;) {
       if (!strncmp(*e, "MINITE_", 7) || !strncmp(*e, "LD_PRELOAD=", 11) ||
-          !strncmp(*e, "RANK=", 5) || !strncmp(*e, "FAKE_APP_", 9)) {
+          !strncmp(*e, "RANK=", 5) || !strncmp(*e, "FAKE_APP_", 9) ||
+          !strncmp(*e, "LOCAL_RANK=", 11) || !strncmp(*e, "WORLD_SIZE=", 11)) {
         char name[256];
         snprintf(name, sizeof name, "%.*s", (int)(strchr(*e, '=') - *e), *e);
         unsetenv(name);
@@ -449,7 +450,8 @@ static void log_file_and_templates(void) {
   free(text);
   char *first, *last;
   CHECK(stats_lines(stats, &first, &last) == 2);
-  CHECK(first && strstr(first, "\"rank\": 3, \"role\": \"learner\""));
+  CHECK(first && strstr(first, "\"rank\": 3, \"local_rank\": -1, \"world_size\": -1, ") &&
+        strstr(first, "\"role\": \"learner\""));
   free(first), free(last);
 }
 

@@ -7,7 +7,8 @@
  * more than 48 KiB of dynamic shared memory without the function's attribute, a memset outside an
  * allocation). Knobs (tests/cpu/fake/fake_cuda.h): capturing streams, no context, a memory limit,
  * a failing launch or module load; and, in the section at the end, more contexts (destroyed,
- * re-created at one address), stream-ordered memory, capture modes, failing allocations.
+ * re-created at one address, on other devices), streams of a context, stream-ordered memory,
+ * capture modes, failing allocations.
  *
  * A GEMM launch marks its output (FAKE_CUDA_MARK) as the GPU would overwrite it, nothing more.
  */
@@ -77,6 +78,9 @@ static unsigned max_map_rank =
 /* Contexts, stream-ordered memory and failure injection: the section at the end of the file. */
 static CUcontext current_context(void);
 static int current_index(void);
+static int current_device(void);
+static void device_cc(int dev, int *major, int *minor);
+static int foreign_stream(CUstream stream, unsigned long long ctx_id);
 static unsigned long long current_id(void);
 static int alloc_should_fail(void);
 static unsigned long long next_buffer_id(void);
@@ -255,24 +259,34 @@ EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) {
 }
 
 EXPORT CUresult cuCtxGetDevice(CUdevice *dev) {
-  if (!context_present)
+  if (!context_present || current_device() < 0)
     return CUDA_ERROR_INVALID_CONTEXT;
-  *dev = 0;
+  *dev = current_device();
   return CUDA_SUCCESS;
 }
 
+/* Device 0: an H200 (132 SMs); 1: an H100 PCIe (sm_90, 114 SMs); 2: an A100 (sm_80, 108 SMs). */
+static const int device_sms[FAKE_CUDA_DEVICES] = {132, 114, 108};
+
+static void device_cc(int dev, int *major, int *minor) {
+  *major = dev == 0 ? cc_major : dev == 1 ? 9 : 8;
+  *minor = dev == 0 ? cc_minor : 0;
+}
+
 EXPORT CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attr, CUdevice dev) {
-  if (dev != 0)
+  if (dev < 0 || dev >= FAKE_CUDA_DEVICES)
     return CUDA_ERROR_INVALID_DEVICE;
+  int major, minor;
+  device_cc(dev, &major, &minor);
   switch (attr) {
   case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
-    *value = cc_major;
+    *value = major;
     break;
   case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
-    *value = cc_minor;
+    *value = minor;
     break;
   case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
-    *value = 132;
+    *value = device_sms[dev];
     break;
   case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN:
     *value = MAX_SMEM;
@@ -298,6 +312,7 @@ EXPORT CUresult cuModuleLoadData(CUmodule *out, const void *image) {
   pthread_mutex_lock(&lock);
   note_capture_violation();
   CUresult r = CUDA_SUCCESS;
+  int major, minor;
   size_t size = image ? fatbin_size(image) : 0;
   if (fail_loads > 0) {
     fail_loads--;
@@ -305,7 +320,8 @@ EXPORT CUresult cuModuleLoadData(CUmodule *out, const void *image) {
   } else if (!size || nmodules == MAX_MODULES) {
     counts.invalid += !size;
     r = CUDA_ERROR_INVALID_IMAGE;
-  } else if (cc_major != 9 || cc_minor != 0) {
+  } else if (device_cc(current_device() < 0 ? 0 : current_device(), &major, &minor),
+             major != 9 || minor != 0) {
     r = CUDA_ERROR_NO_BINARY_FOR_GPU;
   } else {
     modules[nmodules] = (module){image, size, current_id()};
@@ -567,6 +583,9 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, voi
     r = fn ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
   } else if (fn->mod->ctx_id != current_id()) {
     counts.invalid++, counts.stale++; /* a function of a destroyed or another context */
+    r = CUDA_ERROR_INVALID_HANDLE;
+  } else if (foreign_stream(config->hStream, fn->mod->ctx_id)) {
+    counts.invalid++, counts.cross_context++;
     r = CUDA_ERROR_INVALID_HANDLE;
   } else if (should_fail(fn->name)) {
     r = CUDA_ERROR_LAUNCH_FAILED;
@@ -911,9 +930,10 @@ EXPORT CUresult cuMemFreeHost(void *p) {
 typedef struct {
   int live;
   unsigned long long id;
+  int device;
 } fake_context;
 
-static fake_context contexts[MAX_CONTEXTS] = {{1, 1}};
+static fake_context contexts[MAX_CONTEXTS] = {{1, 1, 0}};
 static unsigned long long last_context_id = 1, last_buffer_id;
 static int last_destroyed = -1;
 static _Thread_local int thread_context; /* the slot current in this thread; -1: none */
@@ -948,6 +968,10 @@ static CUcontext current_context(void) {
 
 static int current_index(void) { return thread_context; }
 
+static int current_device(void) {
+  return thread_context >= 0 ? contexts[thread_context].device : -1;
+}
+
 static unsigned long long current_id(void) {
   return thread_context >= 0 && contexts[thread_context].live ? contexts[thread_context].id : 0;
 }
@@ -975,18 +999,72 @@ static void drop_allocations(int ctx) {
     }
 }
 
-EXPORT CUcontext fake_cuda_ctx_create(int at_address) {
+static CUcontext ctx_create(int at_address, int device) {
   pthread_mutex_lock(&lock);
   int i = at_address && last_destroyed >= 0 && !contexts[last_destroyed].live ? last_destroyed : -1;
   for (int j = 1; j < MAX_CONTEXTS && i < 0; j++)
     if (!contexts[j].live && !contexts[j].id)
       i = j;
   if (i >= 0) {
-    contexts[i] = (fake_context){1, ++last_context_id};
+    contexts[i] = (fake_context){1, ++last_context_id, device};
     thread_context = i;
   }
   pthread_mutex_unlock(&lock);
   return i >= 0 ? (CUcontext)(void *)&contexts[i] : NULL;
+}
+
+EXPORT CUcontext fake_cuda_ctx_create(int at_address) { return ctx_create(at_address, 0); }
+
+EXPORT CUcontext fake_cuda_ctx_create_on(int device) {
+  return device >= 0 && device < FAKE_CUDA_DEVICES ? ctx_create(0, device) : NULL;
+}
+
+/* Streams given a context; any other stream (the default ones too) is the current context's. */
+#define MAX_BOUND 16
+static struct {
+  CUstream stream;
+  int ctx;
+} bound[MAX_BOUND];
+
+EXPORT void fake_cuda_stream_bind(CUstream stream, CUcontext ctx) {
+  pthread_mutex_lock(&lock);
+  int i = 0;
+  while (i < MAX_BOUND && bound[i].stream && bound[i].stream != stream)
+    i++;
+  if (i < MAX_BOUND)
+    bound[i].stream = stream, bound[i].ctx = context_index(ctx);
+  pthread_mutex_unlock(&lock);
+}
+
+/* Under lock: the context slot of a stream. */
+static int stream_context(CUstream stream) {
+  for (int i = 0; i < MAX_BOUND && bound[i].stream; i++)
+    if (stream && bound[i].stream == stream)
+      return bound[i].ctx;
+  return thread_context;
+}
+
+/* Under lock: the stream is another context's than the one of ID ctx_id. */
+static int foreign_stream(CUstream stream, unsigned long long ctx_id) {
+  int c = stream_context(stream);
+  return c < 0 || contexts[c].id != ctx_id;
+}
+
+EXPORT CUresult cuStreamGetCtx(CUstream stream, CUcontext *out) {
+  pthread_mutex_lock(&lock);
+  int c = stream_context(stream);
+  pthread_mutex_unlock(&lock);
+  if (c < 0 || !contexts[c].live)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  *out = (CUcontext)(void *)&contexts[c];
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetPCIBusId(char *out, int len, CUdevice dev) {
+  if (dev < 0 || dev >= FAKE_CUDA_DEVICES || len < 13)
+    return CUDA_ERROR_INVALID_VALUE;
+  snprintf(out, (size_t)len, "0000:%02X:00.0", 0x19 + 0x10 * dev);
+  return CUDA_SUCCESS;
 }
 
 EXPORT void fake_cuda_ctx_destroy(CUcontext ctx) {
@@ -1007,7 +1085,7 @@ EXPORT void fake_cuda_ctx_destroy(CUcontext ctx) {
 EXPORT void fake_cuda_device_reset(void) {
   pthread_mutex_lock(&lock);
   drop_allocations(0);
-  contexts[0] = (fake_context){1, ++last_context_id};
+  contexts[0] = (fake_context){1, ++last_context_id, 0};
   thread_context = 0;
   pthread_mutex_unlock(&lock);
 }

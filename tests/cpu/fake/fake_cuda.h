@@ -2,7 +2,8 @@
  * for the tests: its log of the calls that matter to the engine, and the knobs that provoke the
  * engine's fallbacks. Found by the test with dlsym on the fake's handle.
  *
- * The fake is a host-memory "GPU": device pointers are host pointers, one context, an sm_90 H200.
+ * The fake is a host-memory "GPU": device pointers are host pointers, a primary context on an sm_90
+ * H200 (more contexts and devices: the knobs below).
  * It computes nothing; a GEMM kernel's launch only marks the elements of its output with
  * FAKE_CUDA_MARK (as the GPU would overwrite them), so that a test sees which elements the engine
  * would have written, and a fallback that recomputes an already overwritten output shows.
@@ -61,6 +62,7 @@ typedef struct {
   long stale;                  /* a function or memory of a destroyed (or other) context used */
   long graph_allocs;           /* cuMemAllocAsync on a capturing stream: memory the graph owns */
   long graph_frees;            /* cuMemFreeAsync on a capturing stream */
+  long cross_context;          /* a launch on a stream of a context other than the function's */
 } fake_cuda_counts;
 
 /* The log so far (events are never removed; the array stays valid until the next driver call). */
@@ -95,6 +97,15 @@ typedef CUcontext (*fake_cuda_ctx_create_fn)(int at_address);
 /* Destroy a context: its allocations and modules go with it (a later use counts as stale); the
  * threads it is current to see no context. */
 typedef void (*fake_cuda_ctx_destroy_fn)(CUcontext ctx);
+/* Devices (tests/cpu/test_multi_device.c): 0 is the H200 of the primary context (CC of
+ * FAKE_CUDA_CC, 132 SMs), 1 an sm_90 of 114 SMs, 2 an sm_80 of 108 SMs (the kernels do not load
+ * there); each has a PCI address 0000:BB:00.0 with BB = 0x19 + 0x10 * device. Create a context on
+ * `device` and make it current in the calling thread (NULL when full). */
+#define FAKE_CUDA_DEVICES 3
+typedef CUcontext (*fake_cuda_ctx_create_on_fn)(int device);
+/* Give `stream` to context ctx (cuStreamGetCtx answers it; a launch on it from a function of
+ * another context is refused and counted cross_context). Other streams are the current context's. */
+typedef void (*fake_cuda_stream_bind_fn)(CUstream stream, CUcontext ctx);
 /* cudaDeviceReset: the primary context destroyed and re-created at the same address, current. */
 typedef void (*fake_cuda_device_reset_fn)(void);
 /* Fail the nth allocation from now (1 = the next) of any kind (cuMemAlloc, cuMemAllocAsync,

@@ -1,0 +1,201 @@
+"""test_minite_merge.py — tools/minite-merge on statistics files that each test writes as the shim
+would for the ranks of one job: totals, fallbacks, one census and the instruments summed over
+ranks with a per-rank breakdown; a shared file holding two processes; missing and repeated ranks
+and a process without a summary reported; refusals with exit status 3 (fingerprints that differ,
+no start record), unreadable files and usage errors with 2; the table.
+"""
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import harness  # noqa: E402
+
+MERGE = os.path.join(ROOT, "tools", "minite-merge")
+TMP = harness.temp_dir("mt-merge-")
+FP = "0123456789abcdef"
+
+
+def ident(rank, pid, world, device):
+    return {"pid": pid, "host": "h", "rank": rank, "local_rank": rank, "world_size": world,
+            "device": device, "pci_bus": f"0000:{0x19 + rank:02X}:00.0", "role": "learner",
+            "spec": "nvfp4-row", "fingerprint": FP}
+
+
+def start(rank, pid, world=2, device=None, **extra):
+    rec = {"event": "start", "time": 1.0, **ident(rank, pid, world, rank if device is None
+                                                     else device),
+           "routes": ["256x512"], "version": "t"}
+    rec.update(extra)
+    return json.dumps(rec)
+
+
+def census_row(m, n, count, entry="cublasGemmEx", **extra):
+    row = {"entry": entry, "ops": "TN", "m": m, "n": n, "k": 512, "types": "bf16*bf16->bf16",
+           "count": count}
+    row.update(extra)
+    return row
+
+
+def summary(rank, pid, routed, passed, fallbacks, census, world=2, shadow=None, probe=None,
+            digests=0, suggested=("route 256x512",)):
+    route = {"shadow": shadow or {"calls": 0, "rel_l2_mean": None, "rel_l2_max": None,
+                                  "max_abs": None, "nonfinite": 0},
+             "probe": probe or {"calls": 0, "rows": 0, "differing": 0, "max_abs": None},
+             "digest": {"calls": digests, "written": digests, "dropped": 0}}
+    rec = {"event": "summary", "time": 2.0, **ident(rank, pid, world, rank),
+           "gemm_calls": routed + passed, "routed": routed, "passthrough": passed,
+           "fallbacks": fallbacks, "census": census, "census_overflow": 0,
+           "suggested_routes": list(suggested),
+           "engine": {"weight_cache": "frozen", "device_bytes": 1000 + rank, "frozen_weights": 4,
+                      "cache_full": rank, "captured_calls": 0,
+                      "contexts": [{"device": rank, "pci_bus": f"0000:{0x19 + rank:02X}:00.0",
+                                    "routed": routed, "device_bytes": 1000 + rank}]},
+             "instruments": {"routes": {"256x512": route}},
+             "digests": {"written": digests, "dropped": rank, "dropped_calls": 0}}
+    return json.dumps(rec)
+
+
+def digest_line(i):
+    return json.dumps({"event": "digest", "scheme": 1, "route": "256x512", "key": f"{i:016x}",
+                       "hash": f"{i:016x}", "n": 256, "sketch": [0.0] * 8})
+
+
+def write(name, lines):
+    path = os.path.join(TMP, name)
+    with open(path, "w") as f:
+        for line in lines:
+            f.write(line + "\n")
+    return path
+
+
+def merge(*args):
+    res = subprocess.run([sys.executable, MERGE] + [str(a) for a in args], capture_output=True,
+                         text=True)
+    return res.returncode, res.stdout, res.stderr
+
+
+def merge_json(*args):
+    rc, out, err = merge("--json", *args)
+    harness.check(rc == 0, f"minite-merge --json exit {rc}: {err}")
+    return json.loads(out) if rc == 0 else None
+
+
+def two_ranks():
+    r0 = write("stats.0.jsonl", [
+        start(0, 100),
+        digest_line(1), digest_line(2),
+        summary(0, 100, 30, 10, {"backward dgrad": 6, "capture": 1},
+                [census_row(256, 8, 20), census_row(1024, 8, 20)],
+                shadow={"calls": 2, "rel_l2_mean": 0.10, "rel_l2_max": 0.12, "max_abs": 1.0,
+                        "nonfinite": 0},
+                probe={"calls": 3, "rows": 6, "differing": 0, "max_abs": 0.0}, digests=2)])
+    r1 = write("stats.1.jsonl", [
+        start(1, 101),
+        digest_line(3),
+        summary(1, 101, 50, 5, {"backward dgrad": 4, "other context": 2},
+                [census_row(256, 8, 15), census_row(256, 16, 40)],
+                shadow={"calls": 6, "rel_l2_mean": 0.20, "rel_l2_max": 0.30, "max_abs": 0.5,
+                        "nonfinite": 1},
+                probe={"calls": 1, "rows": 2, "differing": 1, "max_abs": 0.25}, digests=1,
+                suggested=("route 256x512", "route 1024x512"))])
+    return r0, r1
+
+
+def test_ranks_are_summed_with_a_breakdown():
+    doc = merge_json(*two_ranks())
+    t = doc["total"]
+    harness.check(t == {"gemm_calls": 95, "routed": 80, "passthrough": 15}, str(t))
+    harness.check(doc["fallbacks"] == {"backward dgrad": 10, "capture": 1, "other context": 2},
+                  str(doc["fallbacks"]))
+    harness.check(doc["processes"] == 2 and doc["world_size"] == 2 and doc["missing_ranks"] == []
+                  and doc["repeated_ranks"] == [] and doc["without_summary"] == [], str(doc))
+    ranks = doc["ranks"]
+    harness.check([r["rank"] for r in ranks] == [0, 1], str(ranks))
+    harness.check(ranks[1]["routed"] == 50 and ranks[1]["fallbacks"] == 6 and
+                  ranks[1]["device"] == 1 and ranks[1]["pci_bus"] == "0000:1A:00.0" and
+                  ranks[1]["probe_differing"] == 1 and ranks[1]["digests_written"] == 1,
+                  str(ranks[1]))
+    harness.check(ranks[0]["contexts"][0]["routed"] == 30, str(ranks[0]["contexts"]))
+    harness.check(doc["engine"]["device_bytes"] == 2001 and doc["engine"]["cache_full"] == 1
+                  and doc["engine"]["frozen_weights"] == 8, str(doc["engine"]))
+    harness.check(doc["digests"] == {"written": 3, "dropped": 1, "dropped_calls": 0,
+                                     "records": 3}, str(doc["digests"]))
+
+
+def test_one_census_over_ranks():
+    doc = merge_json(*two_ranks())
+    c = doc["census"]
+    harness.check([(r["m"], r["n"], r["count"]) for r in c] ==
+                  [(256, 16, 40), (256, 8, 35), (1024, 8, 20)], str(c))
+    harness.check(all("batch" not in r for r in c), "batch 1 is not shown")
+    harness.check(doc["suggested_routes"] == [{"route": "route 256x512", "processes": 2},
+                                              {"route": "route 1024x512", "processes": 1}],
+                  str(doc["suggested_routes"]))
+
+
+def test_instruments_over_ranks():
+    doc = merge_json(*two_ranks())
+    r = doc["routes"]["256x512"]
+    sh, pr = r["shadow"], r["probe"]
+    harness.check(sh["calls"] == 8 and abs(sh["rel_l2_mean"] - (2 * 0.10 + 6 * 0.20) / 8) < 1e-12
+                  and sh["rel_l2_max"] == 0.30 and sh["max_abs"] == 1.0 and sh["nonfinite"] == 1,
+                  f"shadow weighted by calls, maxima kept: {sh}")
+    harness.check(pr == {"calls": 4, "rows": 8, "differing": 1, "max_abs": 0.25}, str(pr))
+    harness.check(r["digest"]["written"] == 3, str(r["digest"]))
+
+
+def test_shared_file_missing_and_repeated_ranks():
+    # one path for every rank (no %r): processes appended; world 4, rank 2 absent, rank 1 twice,
+    # rank 3 without a summary (killed)
+    shared = write("shared.jsonl", [
+        start(0, 200, world=4), start(1, 201, world=4),
+        summary(1, 201, 5, 0, {}, [census_row(256, 8, 5)], world=4),
+        summary(0, 200, 7, 1, {}, [census_row(256, 8, 8)], world=4),
+        start(3, 203, world=4), "{\"event\": \"summ",  # a truncated line
+    ])
+    other = write("late.jsonl", [start(1, 301, world=4),
+                                 summary(1, 301, 2, 0, {}, [census_row(256, 8, 2)], world=4)])
+    doc = merge_json(shared, other)
+    harness.check(doc["processes"] == 4 and doc["world_size"] == 4, str(doc["processes"]))
+    harness.check(doc["missing_ranks"] == [2] and doc["repeated_ranks"] == [1] and
+                  doc["without_summary"] == [3], str(doc))
+    harness.check(doc["total"]["routed"] == 14 and doc["census"][0]["count"] == 15, str(doc))
+    harness.check(doc["skipped_lines"][shared] == 1, str(doc["skipped_lines"]))
+    rc, out, err = merge(shared, other)
+    harness.check(rc == 0 and "missing ranks: 2" in out and "several processes: 1" in out and
+                  "no summary" in out and "1 lines skipped" in out, out + err)
+
+
+def test_refusals_and_usage():
+    r0, _ = two_ranks()
+    other = write("other-fp.jsonl", [start(1, 400, fingerprint="fedcba9876543210",
+                                           spec="nvfp4-tensor")])
+    rc, out, err = merge(r0, other)
+    harness.check(rc == 3 and "nvfp4-tensor" in err and "fedcba9876543210" in err and FP in err,
+                  f"exit {rc}: {err}")
+    nostart = write("nostart.jsonl", [summary(0, 1, 1, 0, {}, [])])
+    rc, out, err = merge(nostart)
+    harness.check(rc == 3 and "no start record" in err, f"exit {rc}: {err}")
+    rc, out, err = merge(os.path.join(TMP, "absent.jsonl"))
+    harness.check(rc == 2 and "cannot read" in err, f"exit {rc}: {err}")
+    rc, out, err = merge()
+    harness.check(rc == 2, f"no file: exit {rc}")
+
+
+def test_table():
+    rc, out, err = merge(*two_ranks())
+    harness.check(rc == 0 and err == "", f"exit {rc}: {err}")
+    harness.check("2 processes, world size 2" in out and "total: 95 GEMM calls, 80 routed" in out
+                  and "fallback backward dgrad: 10" in out and "0000:1A:00.0" in out and
+                  "census (all ranks)" in out and "route 256x512: shadow 8 calls" in out, out)
+
+
+for t in (test_ranks_are_summed_with_a_breakdown, test_one_census_over_ranks,
+          test_instruments_over_ranks, test_shared_file_missing_and_repeated_ranks,
+          test_refusals_and_usage, test_table):
+    harness.run(t)
+sys.exit(harness.done())

@@ -1,0 +1,380 @@
+/* test_multi_device.c — the shim in a process that drives several GPUs, and in jobs of several
+ * ranks, on the CPU: scenarios of this program run in children under the preloaded shim with the
+ * fake cuBLAS and the fake libcuda.so.1 of tests/cpu/fake, whose devices differ (0: an H200 of 132
+ * SMs, 1: an sm_90 of 114 SMs, 2: an sm_80 the kernels cannot run on; fake_cuda.h).
+ *
+ *   devices_apart              contexts on devices 0, 1, 2 from one thread, then 0 and 1 from two
+ *                              threads at once: each sm_90 device loads its own modules, sizes the
+ *                              persistent grid by its own SM count, and counts its calls in the
+ *                              summary's "contexts" under its ordinal and PCI address; the sm_80
+ *                              device's calls go to cuBLAS ("no engine"), taking no memory there,
+ *                              while the others route
+ *   stream_of_another_context  a call whose stream is another context's: cuBLAS's result, counted
+ *                              "other context", said once, no launch refused by the driver
+ *   cache_bound_per_device     MINITE_CACHE_MB bounds the weights kept on each GPU, not the process
+ *   rank_and_device_recorded   the start and summary records: rank, local_rank, world_size from
+ *                              torchrun's, Open MPI's or Slurm's variables; the device and its PCI
+ *                              address; %r gives each of two concurrent ranks its own file
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/cpu/scenario.h"
+
+#define IN 512
+#define OUT 256
+#define WIDE 1024 /* a second route: 8192 tokens of it make more tiles than any device has SMs */
+#define ROUTES "MINITE_ROUTE=256x512,1024x512"
+#define S1 ((CUstream)(uintptr_t)0x1000)
+#define S_DEV1 ((CUstream)(uintptr_t)0x3000)
+
+/* ======================================================================================== */
+/* The child.                                                                               */
+/* ======================================================================================== */
+
+static void *lib_cublas, *lib_cuda;
+static const float one = 1.0f, zero = 0.0f;
+static __typeof__(&cublasGemmEx) hook_gemm, fake_gemm;
+static __typeof__(&cublasCreate_v2) create_handle;
+static __typeof__(&cublasDestroy_v2) destroy_handle;
+static __typeof__(&cublasSetStream_v2) set_stream_fn;
+static fake_cuda_counts_fn cuda_counts;
+static fake_cuda_ctx_create_on_fn ctx_create_on;
+static fake_cuda_stream_bind_fn stream_bind;
+static CUresult (*set_current)(CUcontext);
+static CUresult (*get_current)(CUcontext *);
+static cublasHandle_t handle;
+
+static int load_fakes(const char *build) {
+  if (!(lib_cuda = mt_t_open(build, "tests/cpu/fake/driver/libcuda.so.1")) ||
+      !(lib_cublas = mt_t_open(build, "tests/cpu/fake/libcublas.so.13")) ||
+      !mt_t_open(build, "tests/cpu/fake/libcublasLt.so.13"))
+    return -1;
+  cuda_events = (fake_cuda_events_fn)mt_t_sym(lib_cuda, "fake_cuda_events");
+  cuda_counts = (fake_cuda_counts_fn)mt_t_sym(lib_cuda, "fake_cuda_counts_get");
+  ctx_create_on = (fake_cuda_ctx_create_on_fn)mt_t_sym(lib_cuda, "fake_cuda_ctx_create_on");
+  stream_bind = (fake_cuda_stream_bind_fn)mt_t_sym(lib_cuda, "fake_cuda_stream_bind");
+  set_current = (CUresult(*)(CUcontext))mt_t_sym(lib_cuda, "cuCtxSetCurrent");
+  get_current = (CUresult(*)(CUcontext *))mt_t_sym(lib_cuda, "cuCtxGetCurrent");
+  hook_gemm = (__typeof__(hook_gemm))dlsym(RTLD_DEFAULT, "cublasGemmEx");
+  fake_gemm = (__typeof__(fake_gemm))mt_t_sym(lib_cublas, "fake_own_cublasGemmEx");
+  create_handle = (__typeof__(create_handle))mt_t_sym(lib_cublas, "cublasCreate_v2");
+  destroy_handle = (__typeof__(destroy_handle))mt_t_sym(lib_cublas, "cublasDestroy_v2");
+  set_stream_fn = (__typeof__(set_stream_fn))mt_t_sym(lib_cublas, "cublasSetStream_v2");
+  if (!cuda_events || !cuda_counts || !ctx_create_on || !stream_bind || !set_current ||
+      !get_current || !hook_gemm || hook_gemm == fake_gemm || !create_handle || !destroy_handle ||
+      !set_stream_fn)
+    return printf("    child: a hook or a fake's knob is missing\n"), -1;
+  return create_handle(&handle) == CUBLAS_STATUS_SUCCESS ? 0 : -1;
+}
+
+typedef struct {
+  int out, tokens;
+  uint16_t *w, *x, *y;
+} problem;
+
+static problem make(uint32_t *seed, int out, int tokens) {
+  problem p = {out, tokens, mt_t_matrix(seed, (size_t)out * IN),
+               mt_t_matrix(seed, (size_t)tokens * IN), mt_t_matrix(seed, (size_t)out * tokens)};
+  return p;
+}
+
+static void unmake(problem *p) { free(p->w), free(p->x), free(p->y); }
+
+static cublasStatus_t gemm_on(cublasHandle_t h, const problem *p, CUstream s) {
+  set_stream_fn(h, (cudaStream_t)s);
+  return hook_gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, p->out, p->tokens, IN, &one, p->w, CUDA_R_16BF, IN,
+                   p->x, CUDA_R_16BF, IN, &zero, p->y, CUDA_R_16BF, p->out, CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT);
+}
+
+static int all_marked(const problem *p) {
+  for (size_t i = 0; i < (size_t)p->out * p->tokens; i++)
+    if (p->y[i] != FAKE_CUDA_MARK)
+      return 0;
+  return 1;
+}
+
+static int routed_on(cublasHandle_t h, const problem *p, CUstream s) {
+  return gemm_on(h, p, s) == CUBLAS_STATUS_SUCCESS && all_marked(p);
+}
+
+/* Computed by cuBLAS, bit for bit what the fake cuBLAS gives without the shim. */
+static int cublas_on(cublasHandle_t h, const problem *p, CUstream s) {
+  size_t n = (size_t)p->out * p->tokens;
+  uint16_t *want = malloc(n * 2);
+  memcpy(want, p->y, n * 2);
+  fake_gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, p->out, p->tokens, IN, &one, p->w, CUDA_R_16BF, IN, p->x,
+            CUDA_R_16BF, IN, &zero, want, CUDA_R_16BF, p->out, CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT);
+  int ok = gemm_on(h, p, s) == CUBLAS_STATUS_SUCCESS && !memcmp(p->y, want, n * 2);
+  free(want);
+  return ok;
+}
+
+static int count_kind(int from, int kind) {
+  int n = 0;
+  for (int i = from; i < now(); i++)
+    n += event(i)->kind == kind;
+  return n;
+}
+
+/* The grid of the first large-path GEMM launched since `from`; -1 when none. */
+static int large_grid(int from) {
+  for (int i = from; i < now(); i++)
+    if (event(i)->kind == FAKE_EV_LAUNCH && !strncmp(event(i)->name, "mt_gemm_large_", 14))
+      return (int)event(i)->grid[0];
+  return -1;
+}
+
+static void check_clean(void) {
+  fake_cuda_counts c;
+  cuda_counts(&c);
+  CHECKF(c.invalid == 0 && c.stale == 0 && c.cross_context == 0 && c.bad_frees == 0,
+         "invalid %ld, stale %ld, cross-context %ld, bad frees %ld", c.invalid, c.stale,
+         c.cross_context, c.bad_frees);
+}
+
+/* --- scenarios ---------------------------------------------------------------------------- */
+
+static void scenario_one_call(void) {
+  uint32_t seed = 1;
+  problem p = make(&seed, OUT, 8);
+  CHECK(routed_on(handle, &p, S1));
+  unmake(&p);
+}
+
+/* One device's first calls: a small one (which loads the modules: *loads) and one of 8192 tokens
+ * whose persistent grid has one CTA per SM of the device. */
+static void first_calls(const problem *p, const problem *big, int sms, int *loads) {
+  int t = now();
+  CHECK(routed_on(handle, p, S1));
+  *loads = count_kind(t, FAKE_EV_LOAD);
+  t = now();
+  CHECK(routed_on(handle, big, S1));
+  CHECKF(large_grid(t) == sms, "a grid of %d CTAs on a device of %d SMs", large_grid(t), sms);
+}
+
+typedef struct {
+  CUcontext ctx;
+  int calls, routed;
+  uint32_t seed;
+} ctx_job;
+
+static void *ctx_worker(void *arg) {
+  ctx_job *j = arg;
+  set_current(j->ctx);
+  cublasHandle_t h;
+  create_handle(&h);
+  problem p = make(&j->seed, OUT, 8);
+  for (int i = 0; i < j->calls; i++)
+    j->routed += routed_on(h, &p, S1);
+  unmake(&p);
+  destroy_handle(h);
+  return NULL;
+}
+
+/* Devices 0 and 1 route (53 and 52 calls), device 2's one call goes to cuBLAS. */
+static void scenario_devices(void) {
+  uint32_t seed = 2;
+  problem p = make(&seed, OUT, 8), big = make(&seed, WIDE, 8192);
+  CUcontext d0 = NULL;
+  get_current(&d0);
+  int loads0, loads1;
+  first_calls(&p, &big, 132, &loads0);
+  CUcontext d1 = ctx_create_on(1);
+  CHECK(d1 != NULL);
+  first_calls(&p, &big, 114, &loads1);
+  CHECKF(loads0 > 0 && loads1 == loads0, "modules loaded: %d on device 0, %d on device 1", loads0,
+         loads1);
+  CUcontext d2 = ctx_create_on(2);
+  CHECK(d2 != NULL);
+  CHECKF(cublas_on(handle, &p, S1), "the sm_80 device's call is not cuBLAS's");
+  set_current(d0);
+  int t = now();
+  CHECK(routed_on(handle, &p, S1));
+  CHECKF(count_kind(t, FAKE_EV_LOAD) == 0, "modules loaded again on device 0");
+  ctx_job jobs[2] = {{d0, 50, 0, 7}, {d1, 50, 0, 8}};
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++)
+    pthread_create(&th[i], NULL, ctx_worker, &jobs[i]);
+  for (int i = 0; i < 2; i++)
+    pthread_join(th[i], NULL);
+  CHECKF(jobs[0].routed == 50 && jobs[1].routed == 50, "routed %d and %d of 50", jobs[0].routed,
+         jobs[1].routed);
+  check_clean();
+  unmake(&p), unmake(&big);
+}
+
+/* S_DEV1 belongs to device 1's context; device 0's is current. */
+static void scenario_foreign(void) {
+  uint32_t seed = 3;
+  problem p = make(&seed, OUT, 8);
+  CUcontext d0 = NULL;
+  get_current(&d0);
+  CHECK(routed_on(handle, &p, S1));
+  CUcontext d1 = ctx_create_on(1);
+  stream_bind(S_DEV1, d1);
+  CHECK(routed_on(handle, &p, S_DEV1)); /* its own context current: routed */
+  set_current(d0);
+  for (int i = 0; i < 2; i++)
+    CHECKF(cublas_on(handle, &p, S_DEV1), "call %d on another context's stream", i);
+  CHECK(routed_on(handle, &p, S1));
+  check_clean();
+  unmake(&p);
+}
+
+/* Two weights kept on device 0, the same two on device 1. */
+static void scenario_cache(void) {
+  uint32_t seed = 4;
+  problem a = make(&seed, OUT, 8), b = make(&seed, OUT, 8);
+  for (int dev = 0; dev < 2; dev++) {
+    if (dev)
+      ctx_create_on(1);
+    for (int i = 0; i < 2; i++)
+      CHECK(routed_on(handle, &a, S1) && routed_on(handle, &b, S1));
+  }
+  check_clean();
+  unmake(&a), unmake(&b);
+}
+
+static const mt_t_scenario scenarios[] = {
+    {"cache", scenario_cache},
+    {"one_call", scenario_one_call},
+    {"devices", scenario_devices},
+    {"foreign", scenario_foreign},
+};
+
+/* ======================================================================================== */
+/* The parent.                                                                              */
+/* ======================================================================================== */
+
+static long json_int(const char *s, const char *key) { return mt_t_json_int_in(s, NULL, key); }
+
+/* The context entry of `pci` in the summary's "contexts": its "routed", or -1. */
+static long context_routed(const char *summary, const char *pci) {
+  const char *c = summary ? strstr(summary, "\"contexts\": [") : NULL;
+  char pat[96];
+  snprintf(pat, sizeof pat, "\"pci_bus\": \"%s\"", pci);
+  const char *p = c ? strstr(c, pat) : NULL;
+  return p ? json_int(p, "routed") : -1;
+}
+
+static void devices_apart(void) {
+  for (int frozen = 0; frozen < 2; frozen++) {
+    const char *env[] = {frozen ? "MINITE_WEIGHT_CACHE=frozen" : "MINITE_WEIGHT_CACHE=requantize",
+                         NULL};
+    mt_t_child r;
+    mt_t_run_child("devices", frozen ? "devices_frozen" : "devices", env, &r);
+    mt_t_check_child("devices", &r);
+    CHECKF(json_int(r.summary, "routed") == 105 && mt_t_fallback(r.summary, "no engine") == 1,
+           "routed %ld, no engine %ld", json_int(r.summary, "routed"),
+           mt_t_fallback(r.summary, "no engine"));
+    CHECKF(context_routed(r.summary, "0000:19:00.0") == 53 &&
+               context_routed(r.summary, "0000:29:00.0") == 52 &&
+               context_routed(r.summary, "0000:39:00.0") == 0 &&
+               strstr(r.summary, "\"routed\": 0, \"device_bytes\": 0}"),
+           "contexts: %.400s", r.summary ? strstr(r.summary, "\"contexts\"") : "no summary");
+    const char *dev1 = r.summary ? strstr(r.summary, "\"pci_bus\": \"0000:29:00.0\"") : NULL;
+    CHECKF(dev1 && strstr(r.summary, "{\"device\": 1, \"pci_bus\": \"0000:29:00.0\""),
+           "device 1's entry: %.200s", dev1 ? dev1 : "none");
+    CHECKF(r.stats && strstr(r.stats, "\"device\": 0, \"pci_bus\": \"0000:19:00.0\""),
+           "the start record names device 0: %.300s", r.stats ? r.stats : "no file");
+    mt_t_child_free(&r);
+  }
+}
+
+static void stream_of_another_context(void) {
+  mt_t_child r;
+  mt_t_run_child("foreign", "foreign", NULL, &r);
+  mt_t_check_child("foreign", &r);
+  CHECKF(mt_t_fallback(r.summary, "other context") == 2 && json_int(r.summary, "routed") == 3,
+         "other context %ld, routed %ld", mt_t_fallback(r.summary, "other context"),
+         json_int(r.summary, "routed"));
+  CHECKF(mt_t_count_of(r.err, "belongs to a CUDA context other than the current one") == 1,
+         "stderr: %s", r.err ? r.err : "");
+  mt_t_child_free(&r);
+}
+
+/* The start record of a child run with `env`: rank, local_rank, world_size as wanted. */
+static void ranks_from(const char *tag, const char *const env[], long rank, long local, long size) {
+  mt_t_child r;
+  mt_t_run_child("one_call", tag, env, &r);
+  mt_t_check_child(tag, &r);
+  const char *start = r.stats ? strstr(r.stats, "{\"event\": \"start\"") : NULL;
+  CHECKF(json_int(start, "rank") == rank && json_int(start, "local_rank") == local &&
+             json_int(start, "world_size") == size,
+         "%s: %.300s", tag, start ? start : "no start record");
+  CHECKF(json_int(r.summary, "rank") == rank && json_int(r.summary, "device") == 0, "%s: %.200s",
+         tag, r.summary ? r.summary : "no summary");
+  mt_t_child_free(&r);
+}
+
+static void rank_and_device_recorded(void) {
+  const char *torchrun[] = {"RANK=3", "LOCAL_RANK=1", "WORLD_SIZE=4", "SLURM_PROCID=9", NULL};
+  ranks_from("torchrun", torchrun, 3, 1, 4);
+  const char *mpi[] = {"OMPI_COMM_WORLD_RANK=5", "OMPI_COMM_WORLD_LOCAL_RANK=2",
+                       "OMPI_COMM_WORLD_SIZE=8", NULL};
+  ranks_from("mpi", mpi, 5, 2, 8);
+  const char *slurm[] = {"SLURM_PROCID=6", "SLURM_LOCALID=0", "SLURM_NTASKS=7", NULL};
+  ranks_from("slurm", slurm, 6, 0, 7);
+  const char *bad[] = {"RANK=x", "SLURM_PROCID=2", NULL}; /* the first set decides */
+  ranks_from("bad_rank", bad, 0, -1, -1);
+  ranks_from("no_rank", NULL, 0, -1, -1);
+  /* two ranks at once on the one device, one file each through %r */
+  char tmpl[PATH_MAX + 64];
+  snprintf(tmpl, sizeof tmpl, "MINITE_STATS=%s/ranks.%%r.jsonl", mt_t_paths.tmp);
+  pid_t pids[2];
+  for (int i = 0; i < 2; i++) {
+    fflush(stdout);
+    if ((pids[i] = fork()) == 0) {
+      const char *env[] = {tmpl, i ? "RANK=1" : "RANK=0", "WORLD_SIZE=2", NULL};
+      mt_t_child r;
+      mt_t_run_child("one_call", i ? "rank1" : "rank0", env, &r);
+      _exit(r.status);
+    }
+  }
+  for (int i = 0; i < 2; i++) {
+    int status = 1;
+    waitpid(pids[i], &status, 0);
+    CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d's child failed", i);
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/ranks.%d.jsonl", mt_t_paths.tmp, i);
+    char *text = mt_t_read_file(path, NULL);
+    const char *summary = text ? strstr(text, "{\"event\": \"summary\"") : NULL;
+    CHECKF(summary && json_int(summary, "rank") == i && json_int(summary, "routed") == 1 &&
+               mt_t_count_of(text, "\"event\": \"start\"") == 1,
+           "%s: %.300s", path, text ? text : "missing");
+    free(text);
+  }
+}
+
+/* MINITE_CACHE_MB bounds each GPU's kept weights: two weights of ~410 KB fit in 1 MiB on each of
+ * two devices (all four would not fit in one bound shared by the process). */
+static void cache_bound_per_device(void) {
+  const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", "MINITE_CACHE_MB=1", NULL};
+  mt_t_child r;
+  mt_t_run_child("cache", "cache", env, &r);
+  mt_t_check_child("cache", &r);
+  CHECKF(json_int(r.summary, "frozen_weights") == 4 && json_int(r.summary, "cache_full") == 0 &&
+             json_int(r.summary, "routed") == 8,
+         "%.300s", r.summary ? strstr(r.summary, "\"engine\"") : "no summary");
+  mt_t_child_free(&r);
+}
+
+static void tests(void) {
+  RUN(devices_apart);
+  RUN(cache_bound_per_device);
+  RUN(stream_of_another_context);
+  RUN(rank_and_device_recorded);
+}
+
+int main(int argc, char **argv) {
+  return mt_t_scenario_main(argc, argv, "/tmp/mt_multi_device.XXXXXX", ROUTES, load_fakes,
+                            scenarios, sizeof scenarios / sizeof scenarios[0], tests);
+}
