@@ -33,6 +33,7 @@ typedef struct {
 
 typedef struct {
   mt_weight_ref ref;
+  CUstream stream; /* the entry's stream: the only one that reads or writes its memory */
   CUdeviceptr mem; /* quantized weight, then the refresh state */
   mt_qweight q;
 } entry;
@@ -41,6 +42,7 @@ typedef struct {
 #define MAX_GROUPED 1024
 typedef struct {
   mt_wgroup_ref ref;
+  CUstream stream; /* as entry.stream */
   CUdeviceptr mem; /* the store, then the refresh state */
   mt_wstore store;
 } gentry;
@@ -271,9 +273,10 @@ static int same_ref(const mt_weight_ref *a, const mt_weight_ref *b) {
          same_num(&a->num, &b->num);
 }
 
-static size_t slot_of(const mt_weight_ref *w) {
-  uint64_t h =
-      (uint64_t)(uintptr_t)w->w * 0x9E3779B97F4A7C15ull ^ (uint64_t)w->n << 32 ^ (uint64_t)w->k;
+static size_t slot_of(const mt_weight_ref *w, CUstream stream) {
+  uint64_t h = ((uint64_t)(uintptr_t)w->w ^ (uint64_t)(uintptr_t)stream * 0xD6E8FEB86659FD93ull) *
+                   0x9E3779B97F4A7C15ull ^
+               (uint64_t)w->n << 32 ^ (uint64_t)w->k;
   return (size_t)(h >> 40) % MAX_ENTRIES;
 }
 
@@ -318,11 +321,11 @@ static int entry_alloc(const mt_driver *d, context *c, size_t data, mt_stream st
  * context's lock. */
 static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, int capturing,
                         mt_stream stream, enum mt_reason *why) {
-  size_t i = slot_of(w);
+  size_t i = slot_of(w, (CUstream)stream);
   for (int probes = 0; probes < MAX_ENTRIES; probes++, i = (i + 1) % MAX_ENTRIES) {
     if (!c->entries[i].mem)
       break;
-    if (same_ref(&c->entries[i].ref, w))
+    if (c->entries[i].stream == (CUstream)stream && same_ref(&c->entries[i].ref, w))
       return &c->entries[i];
   }
   size_t qbytes = round_up(mt_qweight_bytes(w->n, w->k, &w->num));
@@ -338,6 +341,7 @@ static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, 
     return NULL;
   entry *e = &c->entries[i];
   e->ref = *w;
+  e->stream = (CUstream)stream;
   e->mem = mem;
   mt_qweight_bind(&e->q, w->n, w->k, &w->num, (void *)mem);
   c->nentries++;
@@ -511,7 +515,7 @@ static gentry *gentry_get(const mt_driver *d, context *c, const mt_wgroup_ref *w
                           int capturing, mt_stream stream, enum mt_reason *why) {
   *why = MT_R_ROUTED;
   for (int i = 0; i < c->ngentries; i++)
-    if (same_gref(&c->gentries[i].ref, w))
+    if (c->gentries[i].stream == (CUstream)stream && same_gref(&c->gentries[i].ref, w))
       return &c->gentries[i];
   if (w->w_stride && w->w_stride != (int64_t)w->n * (int64_t)w->ldw)
     return NULL; /* gaps between the slices: the hash reads the tensor as one run of bytes */
@@ -531,6 +535,7 @@ static gentry *gentry_get(const mt_driver *d, context *c, const mt_wgroup_ref *w
   atomic_fetch_add(&store_elems, (unsigned long long)slices * (unsigned)w->n * (unsigned)w->k);
   gentry *e = &c->gentries[c->ngentries++];
   e->ref = *w;
+  e->stream = (CUstream)stream;
   e->mem = mem;
   mt_wstore_bind(&e->store, slices, w->n, w->k, &w->num, (void *)mem);
   return e;

@@ -840,6 +840,77 @@ static void scenario_frozen_batch(void) {
   free(w), free(x), free(y);
 }
 
+/* One frozen call of p (single) or of a strided batch of BATCH weights (batch) on stream s from
+ * event t: its check's state and the quantized weight it refreshes (the quantization's output). */
+typedef struct {
+  const mt_wcheck_state *state;
+  const void *data;
+} frozen_use;
+
+static frozen_use frozen_use_of(int t) {
+  frozen_use u = {NULL, NULL};
+  int wc = find_launch(t, "mt_wcheck", 0), q = find_launch(t, "mt_quant_tensor_", 0);
+  const mt_quant_params *qp = quant_args(q);
+  if (wc >= 0 && qp) {
+    u.state = ((const mt_wcheck_args *)event(wc)->args)->state;
+    u.data = qp->store ? (const void *)qp->store : (const void *)qp->xhat;
+    CHECKF(qp->only_if == &u.state->dirty, "the quantization reads another state's dirty word");
+  }
+  return u;
+}
+
+static void strided_call(const uint16_t *w, const uint16_t *x, uint16_t *y, int tokens) {
+  CHECK(hook_strided(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, IN,
+                     (long long)OUT * IN, x, CUDA_R_16BF, IN, (long long)tokens * IN, &zero, y,
+                     CUDA_R_16BF, OUT, (long long)OUT * tokens, BATCH, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+}
+
+/* Two streams on one frozen weight (a single call's, then a grouped call's): an entry per
+ * stream, each with its own check state (zeroed on its own stream) and its own quantized copy, so
+ * that no stream reads or writes what the other's refresh writes; each stream finds its own entry
+ * again, allocating nothing. */
+static void scenario_frozen_streams(void) {
+  problem p = make(OUT, 8, OUT);
+  uint16_t *w = matrix((size_t)BATCH * OUT * IN), *x = matrix((size_t)BATCH * 8 * IN),
+           *y = matrix((size_t)BATCH * OUT * 8);
+  frozen_use first[2][2]; /* [single, grouped][S1, S2] */
+  const CUstream streams[2] = {S1, S2};
+  for (int kind = 0; kind < 2; kind++)
+    for (int round = 0; round < 2; round++)
+      for (int si = 0; si < 2; si++) {
+        int t = now();
+        if (kind == 0) {
+          expect_routed(&p, streams[si], &zero);
+        } else {
+          set_stream(streams[si]);
+          strided_call(w, x, y, 8);
+        }
+        CHECKF(all_on(t, streams[si]), "%s", trace(t));
+        frozen_use u = frozen_use_of(t);
+        CHECK(u.state && u.data && is_device(u.state, sizeof *u.state));
+        int ms = find_kind(t, FAKE_EV_MEMSET, 0);
+        while (ms >= 0 && event(ms)->bytes != MT_REFRESH_STATE_BYTES)
+          ms = find_kind(ms + 1, FAKE_EV_MEMSET, 0);
+        if (round == 0) { /* a new entry: allocated, its state zeroed on this stream */
+          CHECKF(find_kind(t, FAKE_EV_ALLOC, 0) >= 0 && ms >= 0 &&
+                     event(ms)->ptr == (uint64_t)(uintptr_t)u.state,
+                 "kind %d stream %d: %s", kind, si, trace(t));
+          first[kind][si] = u;
+        } else { /* found again: its own state and copy, nothing allocated or zeroed */
+          CHECKF(find_kind(t, FAKE_EV_ALLOC, 0) < 0 && ms < 0, "kind %d stream %d: %s", kind, si,
+                 trace(t));
+          CHECK(u.state == first[kind][si].state && u.data == first[kind][si].data);
+        }
+      }
+  for (int kind = 0; kind < 2; kind++)
+    CHECKF(first[kind][0].state != first[kind][1].state &&
+               first[kind][0].data != first[kind][1].data,
+           "kind %d: two streams share a frozen entry", kind);
+  check_driver_clean();
+  unmake(&p), free(w), free(x), free(y);
+}
+
 /* An Lt strided batch (BATCH_COUNT, STRIDED_BATCH_OFFSET) with a bias per problem
  * (BIAS_BATCH_STRIDE): one grouped GEMM, each problem on its own operands and bias. */
 static void scenario_lt_batch(void) {
@@ -985,6 +1056,7 @@ static const mt_t_scenario scenarios[] = {
     {"lt", scenario_lt},
     {"frozen", scenario_frozen},
     {"frozen_batch", scenario_frozen_batch},
+    {"frozen_streams", scenario_frozen_streams},
     {"capture", scenario_capture},
     {"capture_module", scenario_capture_module},
     {"kpair", scenario_kpair},
@@ -1112,6 +1184,18 @@ static void frozen_entries_and_cache_full(void) {
   CHECKF(json_int(r.summary, "device_bytes") == mt_t_info(&r, "device_bytes"),
          "%ld, the fake holds %ld", json_int(r.summary, "device_bytes"),
          mt_t_info(&r, "device_bytes"));
+  mt_t_child_free(&r);
+}
+
+/* Two streams on one frozen weight: an entry each (a single call's weight and a grouped call's
+ * store, both on S1 and S2), four in the summary. */
+static void frozen_entries_per_stream(void) {
+  const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", NULL};
+  mt_t_child r;
+  run_child("frozen_streams", env, &r);
+  mt_t_check_child("frozen_streams", &r);
+  check_counts(&r, 8, NULL);
+  CHECKF(json_int(r.summary, "frozen_weights") == 4, "%ld", json_int(r.summary, "frozen_weights"));
   mt_t_child_free(&r);
 }
 
@@ -1258,6 +1342,7 @@ static void tests(void) {
   RUN(frozen_entries_and_cache_full);
   RUN(frozen_sampled_checks_a_sample);
   RUN(frozen_grouped_store);
+  RUN(frozen_entries_per_stream);
   RUN(sampled_lines_cover_the_runs);
   RUN(capture_falls_back_until_warm);
   RUN(capture_before_module_load);
