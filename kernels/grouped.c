@@ -7,13 +7,9 @@
 
 #include "kernels/driver.h"
 #include "kernels/engine.h"
-#include "kernels/gemm.h"
 #include "kernels/gemm_args.h"
 #include "kernels/quant.h"
 #include "kernels/wstore.h"
-
-/* mt_gemm_tensor_map's paired box is two K blocks deep: a stage of the grouped kernel's kpair mode. */
-_Static_assert(MT_LARGE_KS_64 == 2, "a paired activation box must be one grouped stage");
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 static int is_half(enum mt_dtype t) { return t == MT_DTYPE_BF16 || t == MT_DTYPE_FP16; }
@@ -77,8 +73,8 @@ size_t mt_grouped_workspace_bytes(int m, int k, const mt_numerics *num) {
 
 static int grouped_args_ok(const mt_grouped_args *a) {
   const mt_wstore *w = a->w;
-  if (a->nseg <= 0 || a->m <= 0 || a->n <= 0 || a->k <= 0 || !w || w->n != a->n || w->k != a->k || w->count < a->nseg ||
-      !w->base)
+  if (a->nseg <= 0 || a->m <= 0 || a->n <= 0 || a->k <= 0 || a->k % 16 || !w || w->n != a->n || w->k != a->k ||
+      w->count < a->nseg || !w->base)
     return 0;
   if (a->offs ? a->seg_rows != 0 : (a->seg_rows <= 0 || (long long)a->seg_rows * a->nseg != a->m)) return 0;
   if (!a->x || !is_half(a->xtype) || !aligned16(a->x) || a->ldx < (size_t)a->k || a->ldx % 8) return 0;
@@ -164,6 +160,24 @@ static int launch_gemm(const mt_grouped_args *a, mt_grouped_kargs *k, int bn, mt
   return st;
 }
 
+/* The quantized activations xhat[rows][k] (BF16, K-major) as TMA sees them: boxes of 64 columns
+ * (128 bytes, the swizzle span) by box_rows rows; reads past the matrix return zeros, which add
+ * nothing to a sum. pair (k % 64 == 0): rank 3, the columns as k / 64 blocks of 64 (128 bytes
+ * apart), a box two blocks deep (one stage of a kernel with MT_GROUPED_KS 2); a block past k is
+ * wholly past the third dimension, so zeros too. */
+static int act_map(CUtensorMap *map, const void *base, int rows, int k, int box_rows, int pair) {
+  const mt_driver *d = mt_driver_get();
+  cuuint64_t dims[3] = {pair ? 64 : (cuuint64_t)k, (cuuint64_t)rows, (cuuint64_t)k / 64};
+  cuuint64_t strides[2] = {(cuuint64_t)k * 2, 128};
+  cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 2};
+  cuuint32_t elem_strides[3] = {1, 1, 1};
+  CUresult r =
+      d->tensor_map_encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, pair ? 3 : 2, (void *)base, dims, strides, box,
+                                 elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? MT_OK : MT_ERR_UNSUPPORTED;
+}
+
 int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   if (!a || !grouped_args_ok(a)) return MT_ERR_UNSUPPORTED;
   int bn = a->bn ? a->bn : mt_grouped_bn(a->m, a->nseg);
@@ -178,7 +192,11 @@ int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   static mt_grouped_kargs proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
   mt_grouped_kargs k = proto;
   k.kpair = MT_GROUPED_KS(bn) == 2 && a->k % 64 == 0;
-  int st = mt_gemm_tensor_map(&k.ta, xhat, a->m, a->k, bn, k.kpair);
+  int st = act_map(&k.ta, xhat, a->m, a->k, bn, k.kpair);
+  if (st != MT_OK && k.kpair) { /* a driver that refuses the rank-3 map: a box a K block */
+    k.kpair = 0;
+    st = act_map(&k.ta, xhat, a->m, a->k, bn, 0);
+  }
   if (st == MT_OK) st = quantize_acts(a, xhat, outer, stream);
   if (st != MT_OK) return st;
   fill_kargs(a, outer, &k);

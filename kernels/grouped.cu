@@ -21,7 +21,7 @@
 //
 // Exactness: every dequantized element e2m1 * e4m3 is exact in BF16 and every product of two is
 // exact in FP32; each 16-element block sum is exact in FP32, so whether the weight is A or B does
-// not change the sums. The epilogue is gemm_common.cuh's order, each operation rounded on its own.
+// not change the sums. The epilogue is gemm_args.h's order, each operation rounded on its own.
 //
 // Tested by tests/gpu/test_grouped.c: against mt_ref_gemm (ref/nvfp4.c) within the
 // FP32-accumulation bound, bitwise against the per-expert large path and across segment layouts,
@@ -245,7 +245,7 @@ __device__ static void k_loop(float *d, uint8_t *smem, uint64_t *full, uint64_t 
 
 // The outputs of one consumer warpgroup: 64 channels from ch0 by BN tokens from tok0 of segment s;
 // d[4c + 2i + j] is channel 16w + g + 8i, token 8c + 2q + j (wgmma_rs.cuh). Per element exactly
-// epilogue() of gemm_common.cuh: t = (acc * ((1/S_a) * (1/S_w))) * alpha, + beta * c, + bias.
+// the epilogue of gemm_args.h: t = (acc * ((1/S_a) * (1/S_w))) * alpha, + beta * c, + bias.
 template <int BN>
 __device__ static void store_tile(const mt_grouped_kargs &a, const table *t, const float *d, const where &wh, int ch0) {
   const int lane = threadIdx.x % 32, w = (threadIdx.x % 128) / 32, g = lane / 4, q = lane % 4;

@@ -1,4 +1,4 @@
-/* wcheck.c — the frozen cache's refresh (engine.h: mt_refresh_weight): the change check of
+/* wcheck.c — the frozen cache's refresh (engine.h: mt_wstore_refresh): the change check of
  * kernels/wcheck.cu, then the weight's quantization, which runs only when the check found a
  * change. */
 #include <stddef.h>
@@ -22,13 +22,6 @@ static int check(const void *w, size_t ldw, int rows, int cols, void *state, uns
   if (st != MT_OK) return st;
   mt_wcheck_args a = {w, (int64_t)ldw, rows, cols, (mt_wcheck_state *)state, step ? step : 1};
   return mt_launch(f, CHECK_CTAS, 1, 256, 1, 0, 0, (CUstream)stream, &a) == MT_OK ? MT_OK : MT_ERR_CUDA;
-}
-
-int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state, unsigned step,
-                      mt_stream stream) {
-  int st = q ? check(w, ldw, q->n, q->k, state, step, stream) : MT_ERR_UNSUPPORTED;
-  if (st != MT_OK) return st;
-  return mt_quantize_weight_if(w, type, ldw, q, &((mt_wcheck_state *)state)->dirty, stream);
 }
 
 int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *ws, void *state, unsigned step,

@@ -21,7 +21,7 @@
 
 #define MAX_STREAMS 64   /* streams with scratch, per context */
 #define MAX_ENTRIES 8192 /* frozen weights, per context */
-#define ALIGN 256        /* what mt_qweight_bind and the workspace want */
+#define ALIGN 256        /* what mt_wstore_bind and the workspace want */
 
 typedef struct {
   pthread_mutex_t lock;     /* the lease */
@@ -34,8 +34,8 @@ typedef struct {
 typedef struct {
   mt_weight_ref ref;
   CUstream stream; /* the entry's stream: the only one that reads or writes its memory */
-  CUdeviceptr mem; /* quantized weight, then the refresh state */
-  mt_qweight q;
+  CUdeviceptr mem; /* the store (one slice), then the refresh state */
+  mt_wstore store;
 } entry;
 
 /* A grouped weight's store under weight_cache = frozen: a few per layer, searched in order. */
@@ -316,6 +316,12 @@ static int entry_alloc(const mt_driver *d, context *c, size_t data, mt_stream st
   return 1;
 }
 
+/* A frozen store's bytes and elements, for the summary's bytes an element. */
+static void count_store(size_t bytes, int slices, int n, int k) {
+  atomic_fetch_add(&store_bytes, bytes);
+  atomic_fetch_add(&store_elems, (unsigned long long)slices * (unsigned)n * (unsigned)k);
+}
+
 /* The frozen entry of w: found, or made (NULL when none can be made: full, capturing, no memory;
  * *why says whether the call can still go on, requantizing in its own memory). Under the
  * context's lock. */
@@ -328,7 +334,7 @@ static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, 
     if (c->entries[i].stream == (CUstream)stream && same_ref(&c->entries[i].ref, w))
       return &c->entries[i];
   }
-  size_t qbytes = round_up(mt_qweight_bytes(w->n, w->k, &w->num));
+  size_t sbytes = round_up(mt_wstore_bytes(1, w->n, w->k, &w->num));
   *why = MT_R_ROUTED;
   if (capturing)
     return NULL; /* no allocation in a capture: requantized in the graph's memory */
@@ -337,13 +343,14 @@ static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, 
     return NULL;
   }
   CUdeviceptr mem;
-  if (!entry_alloc(d, c, qbytes, stream, &mem, why))
+  if (!entry_alloc(d, c, sbytes, stream, &mem, why))
     return NULL;
+  count_store(sbytes, 1, w->n, w->k);
   entry *e = &c->entries[i];
   e->ref = *w;
   e->stream = (CUstream)stream;
   e->mem = mem;
-  mt_qweight_bind(&e->q, w->n, w->k, &w->num, (void *)mem);
+  mt_wstore_bind(&e->store, 1, w->n, w->k, &w->num, (void *)mem);
   c->nentries++;
   return e;
 }
@@ -464,29 +471,30 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   context *c = current(d, &x);
   if (!c)
     return MT_R_NO_ENGINE;
-  size_t ws = round_up(mt_gemm_workspace_bytes(m, w->k, &w->num));
-  size_t qbytes = round_up(mt_qweight_bytes(w->n, w->k, &w->num));
+  size_t ws = round_up(mt_grouped_workspace_bytes(m, w->k, &w->num));
+  size_t sbytes = round_up(mt_wstore_bytes(1, w->n, w->k, &w->num));
   entry *e = NULL;
   enum mt_reason why = MT_R_ROUTED;
-  if (ws && qbytes && frozen)
+  if (ws && sbytes && frozen)
     e = entry_get(d, c, w, capturing, stream, &why);
   CUdeviceptr mem = 0;
   enum mt_reason r =
-      take_memory(d, c, &x, stream, ws, qbytes, e != NULL, why, capturing, &out->hold, &mem);
+      take_memory(d, c, &x, stream, ws, sbytes, e != NULL, why, capturing, &out->hold, &mem);
   if (r != MT_R_ROUTED)
     return r;
   out->workspace = (void *)mem;
   out->workspace_bytes = ws;
+  int st;
   if (e) {
-    out->q = &e->q;
-    out->wsum = &((const mt_wcheck_state *)(uintptr_t)(e->mem + qbytes))->hash;
-    return weight_done(mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + qbytes),
-                                         check_step, stream),
-                       capturing);
+    out->store = e->store;
+    out->wsum = &((const mt_wcheck_state *)(uintptr_t)(e->mem + sbytes))->hash;
+    st = mt_wstore_refresh(w->w, w->type, w->ldw, &out->store, (void *)(e->mem + sbytes),
+                           check_step, stream);
+  } else {
+    mt_wstore_bind(&out->store, 1, w->n, w->k, &w->num, (void *)(mem + ws));
+    st = mt_wstore_quantize(w->w, w->type, w->ldw, 0, &out->store, NULL, stream);
   }
-  mt_qweight_bind(&out->own, w->n, w->k, &w->num, (void *)(mem + ws));
-  out->q = &out->own;
-  return weight_done(mt_quantize_weight(w->w, w->type, w->ldw, &out->own, stream), capturing);
+  return weight_done(st, capturing);
 }
 
 void mt_wcache_release(mt_wcache_hold *mem) {
@@ -531,8 +539,7 @@ static gentry *gentry_get(const mt_driver *d, context *c, const mt_wgroup_ref *w
   if (!entry_alloc(d, c, sbytes, stream, &mem, why))
     return NULL;
   const int slices = w->w_stride ? w->groups : 1;
-  atomic_fetch_add(&store_bytes, sbytes);
-  atomic_fetch_add(&store_elems, (unsigned long long)slices * (unsigned)w->n * (unsigned)w->k);
+  count_store(sbytes, slices, w->n, w->k);
   gentry *e = &c->gentries[c->ngentries++];
   e->ref = *w;
   e->stream = (CUstream)stream;

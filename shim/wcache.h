@@ -22,9 +22,9 @@
  * instead of a full requantization.
  * Under frozen-sampled the hash covers one 128-byte line in MT_SAMPLE_STEP (kernels/wcheck.h):
  * a call costs 1/64 of that read, and a change that misses every sampled line goes unseen (the
- * guarantee holds for weights changed as a whole, as an optimizer step changes them). A grouped
- * call's weights (all its experts, one tensor) make one entry: a store of slices
- * (kernels/wstore.h), refreshed the same way.
+ * guarantee holds for weights changed as a whole, as an optimizer step changes them). An entry is a
+ * weight store (kernels/wstore.h, 4.5 bits an element): one slice for a single call's weight, a
+ * slice per expert for a grouped call's weights (all its experts, one tensor).
  * An entry belongs to one stream: its quantized weight and its check state (and the amax word its
  * quantization builds) are read and written by that stream's calls alone, in that stream's order,
  * so no refresh can be seen half done and no two checks can mix their sums. Two streams using one
@@ -66,15 +66,15 @@ typedef struct {
   mt_stream stream;
 } mt_wcache_hold;
 
-/* What one routed problem gets. */
+/* What one routed problem gets: the activations' workspace and the weight's store of one slice
+ * (kernels/wstore.h, the grouped engine's), quantized (or refreshed) on the stream. */
 typedef struct {
   void *workspace;
   size_t workspace_bytes;
-  mt_qweight *q;        /* quantized (or refreshed) on the stream, ready for mt_gemm */
+  mt_wstore store;
   const uint64_t *wsum; /* frozen: the device word holding the weight's content hash as of this
                            call (kernels/wcheck.h, mt_wcheck_state.hash); NULL under requantize */
   mt_wcache_hold hold;
-  mt_qweight own; /* a weight quantized for this call alone (requantize, cache full, capture) */
 } mt_engine_mem;
 
 /* Read MINITE_WEIGHT_CACHE (overrides the spec's weight_cache), MINITE_CACHE_MB and
@@ -129,8 +129,8 @@ const char *mt_wcache_mode(void);
 enum mt_reason mt_engine_reason(int status);
 
 /* The summary's "engine" part (shim/stats.h: mt_stats_part): the mode, device bytes held, frozen
- * entries, calls that found the cache full, calls routed inside graph captures, and the bytes
- * per weight element of the frozen grouped stores. */
+ * entries, calls that found the cache full, calls routed inside graph captures, and the resident
+ * bytes per weight element of the frozen stores (single and grouped calls' alike). */
 void mt_wcache_summary(void (*emit)(void *ctx, const char *text), void *ctx);
 
 #endif

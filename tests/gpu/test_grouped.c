@@ -4,8 +4,8 @@
  * derives it), on segment tables with empty, short and long segments, both row layouts (device
  * offsets, fixed rows with strides), every token tile, C, bias, FP16, NaN rows, more segments than
  * one launch takes; and bitwise: a row's output the same whatever its segment's position, the
- * other segments, the token tile, the launch's layout, and the per-expert large path of
- * kernels/gemm_large.cu (an independent kernel reading a BF16 copy of the same weight).
+ * other segments, the token tile, the launch's layout, and the per-call path (mt_gemm: one
+ * expert, one call, its weight quantized into a store of its own).
  *
  * Fresh random inputs every run (the seed is printed; MT_TEST_SEED=N repeats one); outputs are
  * poisoned before each launch. Without an sm_90 GPU every test reports skipped. */
@@ -393,8 +393,8 @@ static void grouped_accuracy(void) {
 
 /* A row's bits depend on nothing but its inputs (per-row S_a): the same rows computed in one
  * grouped call, then each segment alone (fixed rows, one segment), then with the segments in
- * another order and other segments' sizes around them, then by the per-expert large path
- * (mt_gemm on the same weights quantized into the BF16 copy it reads). */
+ * another order and other segments' sizes around them, then by the per-call path (mt_gemm, each
+ * expert's weight quantized on its own). */
 static void grouped_bitwise(void) {
   NEED_GPU();
   enum { NSEG = 6, N = 384, K = 1024 };
@@ -403,17 +403,17 @@ static void grouped_bitwise(void) {
     rows[i] = 1 + rnd_below(70);
   experts e = {0};
   problem p = {0};
-  uint16_t *y0 = NULL, *all = NULL, *one = NULL, *large = NULL;
+  uint16_t *y0 = NULL, *all = NULL, *one = NULL, *percall = NULL;
   if (!make_experts(&e, NSEG, N, K, &num_row, 0) ||
       !make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, NULL, 0)) {
     CHECK(0);
     goto out;
   }
   size_t ybytes = (size_t)p.m * N * 2;
-  y0 = malloc(ybytes), all = malloc(ybytes), one = malloc(ybytes), large = malloc(ybytes);
+  y0 = malloc(ybytes), all = malloc(ybytes), one = malloc(ybytes), percall = malloc(ybytes);
   if (!run_offs(&p, &e, 0, N, MT_DTYPE_BF16, y0, all))
     goto out;
-  long differ_one = 0, differ_large = 0;
+  long differ_one = 0, differ_percall = 0;
   size_t ws_bytes = mt_grouped_workspace_bytes(p.m, K, &num_row);
   void *ws = dev_alloc(ws_bytes), *dy = dev_alloc(ybytes);
   /* each segment alone: fixed rows, one segment, its own slice as the store */
@@ -444,16 +444,19 @@ static void grouped_bitwise(void) {
     differ_one += memcmp(one + (size_t)r * N, all + (size_t)r * N, N * 2) != 0;
   CHECKF(differ_one == 0, "%ld rows differ between one grouped call and a call per segment",
          differ_one);
-  /* the per-expert large path on the same weights */
+  /* the per-call path: each expert's weight quantized on its own into a store of one slice, then
+   * one mt_gemm call per expert, as the shim runs a single routed call */
+  CHECK(poison(dy, ybytes));
   for (int s = 0; s < NSEG; s++) {
-    size_t qbytes = mt_qweight_bytes(N, K, &num_row),
-           gws = mt_gemm_workspace_bytes(p.rows[s], K, &num_row);
+    size_t qbytes = mt_wstore_bytes(1, N, K, &num_row),
+           gws = mt_grouped_workspace_bytes(p.rows[s], K, &num_row);
     void *qmem = dev_alloc(qbytes), *gw = dev_alloc(gws);
-    mt_qweight q;
+    mt_wstore q;
     if (!qmem || !gw)
       break;
-    MT(mt_qweight_bind(&q, N, K, &num_row, qmem));
-    MT(mt_quantize_weight((uint16_t *)e.dev + (size_t)s * e.stride, MT_DTYPE_BF16, e.ld, &q, NULL));
+    MT(mt_wstore_bind(&q, 1, N, K, &num_row, qmem));
+    MT(mt_wstore_quantize((uint16_t *)e.dev + (size_t)s * e.stride, MT_DTYPE_BF16, e.ld, 0, &q,
+                          NULL, NULL));
     mt_gemm_args g = {.m = p.rows[s],
                       .n = N,
                       .k = K,
@@ -466,16 +469,15 @@ static void grouped_bitwise(void) {
                       .ytype = MT_DTYPE_BF16,
                       .alpha = 1.0f,
                       .workspace = gw,
-                      .workspace_bytes = gws,
-                      .path = MT_PATH_LARGE};
+                      .workspace_bytes = gws};
     MT(mt_gemm(&g, NULL));
     CU(sync_check());
   }
-  CU(cudaMemcpy(large, dy, ybytes, cudaMemcpyDeviceToHost));
+  CU(cudaMemcpy(percall, dy, ybytes, cudaMemcpyDeviceToHost));
   for (int r = 0; r < p.m; r++)
-    differ_large += memcmp(large + (size_t)r * N, all + (size_t)r * N, N * 2) != 0;
-  CHECKF(differ_large == 0, "%ld of %d rows differ between the grouped engine and the large path",
-         differ_large, p.m);
+    differ_percall += memcmp(percall + (size_t)r * N, all + (size_t)r * N, N * 2) != 0;
+  CHECKF(differ_percall == 0, "%ld of %d rows differ between the grouped call and calls per expert",
+         differ_percall, p.m);
   /* the segments reversed and with other sizes around them: segment s's rows at a new place */
   {
     problem q = {0};
@@ -519,7 +521,7 @@ out:
   free(y0);
   free(all);
   free(one);
-  free(large);
+  free(percall);
   free_problem(&p);
   free_experts(&e);
   dev_free_all();
