@@ -9,6 +9,7 @@
 #include "kernels/engine.h"
 #include "kernels/gemm_args.h"
 #include "kernels/quant.h"
+#include "kernels/wcheck.h"
 #include "kernels/wstore.h"
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
@@ -39,11 +40,13 @@ int mt_wstore_bind(mt_wstore *w, int count, int n, int k, const mt_numerics *num
 }
 
 const float *mt_wstore_outer(const mt_wstore *w, int e) {
-  return (const float *)(w->base + (size_t)e * w->slice_bytes + MT_WS_SECTION(MT_WS_RECORD_BYTES(w->n, w->k)));
+  return (const float *)(w->base + (size_t)e * w->slice_bytes + MT_WS_OUTER_AT(w->n, w->k));
 }
 
-int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w,
-                       const uint32_t *only_if, mt_stream stream) {
+/* mt_wstore_quantize, the amax words already zeroed on the device where amax_zeroed (the frozen
+ * check's doing, mt_wstore_refresh). */
+static int store_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w,
+                          const uint32_t *only_if, int amax_zeroed, mt_stream stream) {
   if (!wt || !w || !w->base || !wstore_shape_ok(w->count, w->n, w->k, &w->num) || !is_half(type) || !aligned16(wt) ||
       ldw < (size_t)w->k || ldw % 8 || (w->count > 1 && (stride < (size_t)w->n * ldw || stride % 8)))
     return MT_ERR_UNSUPPORTED;
@@ -59,16 +62,45 @@ int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t st
       .batch_stride = (int64_t)(w->count > 1 ? stride : (size_t)w->n * ldw),
       .store = w->base,
       .slice_bytes = (int64_t)w->slice_bytes,
+      .amax_zeroed = amax_zeroed,
   };
   return mt_quantize(&p, w->num.weight_block == MT_WBLOCK_16X16, stream);
 }
 
-/* The activations' section and S after it, in the workspace (as mt_gemm's). */
+int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w,
+                       const uint32_t *only_if, mt_stream stream) {
+  return store_quantize(wt, type, ldw, stride, w, only_if, 0, stream);
+}
+
+/* The check reads the slices back to back as one matrix of count * n rows, sets the state's dirty
+ * word and, when it found a change, zeroes the slices' amax words for the quantization it lets run. */
+int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *ws, void *state, unsigned step,
+                      mt_stream stream) {
+  if (!ws || !ws->base) return MT_ERR_UNSUPPORTED;
+  mt_wcheck_state *s = state;
+  mt_wcheck_args a = {
+      .w = w,
+      .ldw = (int64_t)ldw,
+      .rows = ws->count * ws->n,
+      .cols = ws->k,
+      .state = s,
+      .step = step ? step : 1,
+      .amax = ws->num.weight_scale == MT_SCALE_ROW ? NULL : MT_AMAX_WORD(ws->base + MT_WS_OUTER_AT(ws->n, ws->k)),
+      .amax_stride = (int64_t)ws->slice_bytes,
+      .amax_count = ws->count,
+  };
+  int st = mt_wcheck_launch(&a, stream);
+  if (st != MT_OK) return st;
+  return store_quantize(w, type, ldw, (size_t)ws->n * ldw, ws, &s->dirty, a.amax != NULL, stream);
+}
+
+/* A GEMM's workspace: the activations' xhat (m x k BF16) in a 256-byte section, then their
+ * outer-scale section (kernels/quant.h). */
 static size_t section(size_t b) { return (b + 255) / 256 * 256; }
 
 size_t mt_grouped_workspace_bytes(int m, int k, const mt_numerics *num) {
   if (!num || m <= 0 || k <= 0) return 0;
-  return section((size_t)m * (size_t)k * 2) + section((num->act_scale == MT_SCALE_ROW ? (size_t)m : 2) * 4);
+  return section((size_t)m * (size_t)k * 2) + MT_OUTER_BYTES(m, num->act_scale == MT_SCALE_ROW);
 }
 
 static int grouped_args_ok(const mt_grouped_args *a) {
@@ -104,7 +136,7 @@ static int quantize_acts(const mt_grouped_args *a, uint16_t *xhat, float *outer,
       .row_outer = a->w->num.act_scale == MT_SCALE_ROW,
       .xhat = xhat,
       .outer = outer,
-      .amax = (uint32_t *)(outer + 1), /* per tensor: S, then the amax word */
+      .amax = MT_AMAX_WORD(outer),
       .batch_rows = a->offs || a->nseg == 1 ? 0 : a->seg_rows,
       .batch_stride = a->stride_x,
   };
@@ -116,7 +148,7 @@ static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kar
   k->ws = w->base;
   k->ws_slice = (long long)w->slice_bytes;
   k->ws_band = (long long)MT_WS_BAND_BYTES(w->k);
-  k->ws_outer = (long long)MT_WS_SECTION(MT_WS_RECORD_BYTES(w->n, w->k));
+  k->ws_outer = (long long)MT_WS_OUTER_AT(w->n, w->k);
   k->offs = a->offs;
   k->seg_rows = a->seg_rows;
   k->m = a->m;

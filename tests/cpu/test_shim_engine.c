@@ -351,11 +351,21 @@ static void check_call_args(int from, const problem *p, const void *c, const voi
   CHECK(am->x == p->w && am->store == w->store && am->only_if == only_if);
   CHECKF(w->only_if == only_if, "weight quantization reads %p, want %p", (void *)w->only_if,
          (void *)only_if);
-  /* the amax word zeroed before the amax pass is the slice's, after its S */
+  /* the amax word zeroed before the amax pass is the slice's, after its S: by a memset, or under a
+   * frozen entry by its check (when it finds a change), with no memset */
+  const uint32_t *amax_word = MT_AMAX_WORD(w->store + records);
   int ms = find_kind(from, FAKE_EV_MEMSET, 0);
   while (ms >= 0 && event(ms)->bytes != 4)
     ms = find_kind(ms + 1, FAKE_EV_MEMSET, 0);
-  CHECK(ms >= 0 && ms < amax && event(ms)->ptr == (uint64_t)(uintptr_t)(w->store + records + 4));
+  int wc = find_launch(from, "mt_wcheck", 0);
+  if (!only_if) {
+    CHECK(ms >= 0 && ms < amax && event(ms)->ptr == (uint64_t)(uintptr_t)amax_word);
+  } else {
+    const mt_wcheck_args *ca = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
+    CHECKF(ms < 0 || ms > amax, "a memset of 4 bytes before a frozen refresh's amax pass");
+    CHECK(ca && wc < amax && ca->amax == amax_word && ca->amax_count == 1 &&
+          ca->amax_stride == (int64_t)slice && &ca->state->dirty == only_if);
+  }
   CHECK(a->x == p->x && a->ldx == IN && a->rows == p->tokens && a->cols == IN && a->row_outer &&
         !a->only_if && !a->store && is_device(a->xhat, (size_t)p->tokens * IN * 2) &&
         is_device(a->outer, (size_t)p->tokens * 4));
@@ -388,8 +398,10 @@ static void check_call_args(int from, const problem *p, const void *c, const voi
 /* The first kernel lookup in a context loads every kernel file (so that a graph captured later
  * finds any kernel) and makes the context registry's liveness canary (kernels/driver.c). */
 #define LOAD_ALL "load load load load alloc"
-/* The weight into a store of one slice (per-tensor S: its amax word zeroed, the amax pass). */
+/* The weight into a store of one slice (per-tensor S: its amax word zeroed, the amax pass); after
+ * a frozen entry's check, which zeroes the amax word itself where it found a change, no memset. */
 #define WEIGHT_QUANT "memset4 mt_quant_amax_bf16 mt_quant_tensor_store_bf16"
+#define WEIGHT_REFRESH "mt_quant_amax_bf16 mt_quant_tensor_store_bf16"
 
 /* requantize: the kernels of a call in order, on its stream; scratch per stream, grown once. */
 static void scenario_requantize(void) {
@@ -511,7 +523,7 @@ static void scenario_frozen(void) {
   problem p = make(OUT, 8, OUT), q = make(OUT, 8, OUT), big = make(BIG_OUT, 8, BIG_OUT);
   int t = now();
   expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, "alloc memset64 alloc " LOAD_ALL " mt_wcheck " WEIGHT_QUANT " " FEW_CALL_FIRST);
+  CHECK_TRACE(t, "alloc memset64 alloc " LOAD_ALL " mt_wcheck " WEIGHT_REFRESH " " FEW_CALL_FIRST);
   CHECK(all_on(t, S1));
   int wc = find_launch(t, "mt_wcheck", 0), ms = find_kind(t, FAKE_EV_MEMSET, 0);
   const mt_wcheck_args *w = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
@@ -528,7 +540,7 @@ static void scenario_frozen(void) {
   /* the same weight again: the check and the conditional quantization, nothing allocated */
   t = now();
   expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, "mt_wcheck " WEIGHT_QUANT " " FEW_CALL);
+  CHECK_TRACE(t, "mt_wcheck " WEIGHT_REFRESH " " FEW_CALL);
   check_call_args(t, &p, p.y, NULL, 0.0f, dirty);
   wq = quant_args(find_launch(t, "mt_quant_tensor_store_bf16", 0));
   CHECK(wq && wq->store == entry_store);
@@ -536,7 +548,7 @@ static void scenario_frozen(void) {
   /* another weight of the same shape: a second entry */
   t = now();
   expect_routed(&q, S1, &zero);
-  CHECK_TRACE(t, "alloc memset64 mt_wcheck " WEIGHT_QUANT " " FEW_CALL);
+  CHECK_TRACE(t, "alloc memset64 mt_wcheck " WEIGHT_REFRESH " " FEW_CALL);
   wc = find_launch(t, "mt_wcheck", 0);
   w = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
   CHECK(w && w->w == q.w && &w->state->dirty != dirty);
@@ -695,14 +707,14 @@ static void scenario_frozen_capture(void) {
   set_capturing(S1, 1);
   int t = now();
   expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, "alloc_async mt_wcheck " WEIGHT_QUANT " " FEW_CALL " free_async");
+  CHECK_TRACE(t, "alloc_async mt_wcheck " WEIGHT_REFRESH " " FEW_CALL " free_async");
   t = now();
   expect_routed(&q, S1, &zero);
   CHECK_TRACE(t, "alloc_async " WEIGHT_QUANT " " FEW_CALL " free_async");
   set_capturing(S1, 0);
   t = now();
   expect_routed(&q, S1, &zero);
-  CHECK_TRACE(t, "alloc memset64 mt_wcheck " WEIGHT_QUANT " " FEW_CALL);
+  CHECK_TRACE(t, "alloc memset64 mt_wcheck " WEIGHT_REFRESH " " FEW_CALL);
   check_driver_clean();
   unmake(&p), unmake(&q);
 }
@@ -744,6 +756,7 @@ static void check_grouped_args(int from, const uint16_t *y, size_t sy, int token
  * activations, one grouped GEMM. */
 #define BATCH_CALL                                                                                 \
   "memset12 mt_quant_amax_bf16 mt_quant_tensor_store_bf16 tmap mt_quant_row_bf16_nb1"
+#define BATCH_REFRESH "mt_quant_amax_bf16 mt_quant_tensor_store_bf16 tmap mt_quant_row_bf16_nb1"
 #define BATCH_GEMM "mt_grouped_n16+pdl"
 
 static void scenario_strided(void) {
@@ -798,14 +811,16 @@ static void scenario_frozen_batch(void) {
     CHECK(hook_strided(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, IN,
                        sw, x, CUDA_R_16BF, IN, sx, &zero, y, CUDA_R_16BF, OUT, sy, BATCH,
                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
-    CHECK_TRACE(t, round ? "mt_wcheck " BATCH_CALL " " BATCH_GEMM
-                         : "alloc memset64 alloc " LOAD_ALL " mt_wcheck " BATCH_CALL
+    CHECK_TRACE(t, round ? "mt_wcheck " BATCH_REFRESH " " BATCH_GEMM
+                         : "alloc memset64 alloc " LOAD_ALL " mt_wcheck " BATCH_REFRESH
                            " smem " BATCH_GEMM);
     int wc = find_launch(t, "mt_wcheck", 0), q = find_launch(t, "mt_quant_tensor_store_bf16", 0);
     const mt_wcheck_args *a = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
     const mt_quant_params *p = q >= 0 ? quant_args(q) : NULL;
     CHECK(a && p && a->w == w && a->rows == BATCH * OUT && a->cols == IN && a->ldw == IN);
     CHECK(a && p && p->only_if == &a->state->dirty && p->batch_rows == OUT);
+    CHECK(a && p && p->amax_zeroed && a->amax_count == BATCH && a->amax_stride == p->slice_bytes &&
+          a->amax == MT_AMAX_WORD(p->store + MT_WS_OUTER_AT(OUT, IN)));
   }
   check_driver_clean();
   free(w), free(x), free(y);
