@@ -57,7 +57,7 @@ typedef struct {
   void *ws;
   size_t ws_bytes;
   int experts; /* rotated over */
-  int bn;      /* the token tile: 0, the launcher's choice */
+  int bn, cb;  /* the tile: 0, the launcher's choice */
 } gemm_ctx;
 
 static mt_gemm_args ours_args(const gemm_ctx *g, int i);
@@ -85,7 +85,8 @@ static mt_gemm_args ours_args(const gemm_ctx *g, int i) {
                     .alpha = 1.0f,
                     .workspace = g->ws,
                     .workspace_bytes = g->ws_bytes,
-                    .bn = g->bn};
+                    .bn = g->bn,
+                    .cb = g->cb};
   return a;
 }
 
@@ -125,41 +126,43 @@ static int call_cublas(void *p, int i) {
 static const char *only_name;
 static int only_m;
 
-/* Few tokens, each token tile forced (mt_gemm_args.bn) and the launcher's choice: the table that
- * says whether mt_grouped_bn picks well. Printed after the main table. Graphs of 256 calls, as the
- * main table's rows of few tokens. */
+/* Few tokens, each tile forced (mt_gemm_args.bn and .cb: 8 to 32 tokens by 128 channels, the same
+ * by 64) and the launcher's choice: the table that says whether mt_grouped_bn and the channel tile
+ * pick well. Printed after the main table. Graphs of 256 calls, as the main table's rows of few
+ * tokens. */
 static const int tile_ms[] = {1, 2, 4, 8, 12, 16};
-static const int tile_bns[] = {8, 16, 32, 64};
+static const int tile_forced[][2] = {{8, 128}, {16, 128}, {32, 128}, {8, 64}, {16, 64}, {32, 64}};
 #define NTILE_MS ((int)(sizeof tile_ms / sizeof tile_ms[0]))
-#define NTILE_BNS ((int)(sizeof tile_bns / sizeof tile_bns[0]))
+#define NTILES ((int)(sizeof tile_forced / sizeof tile_forced[0]))
 static char tile_table[8192];
 
 static void bench_tiles(gemm_ctx *g) {
   g->m = 1; /* a graph run and dropped: the first after the weights' quantization ran ~2 µs slow */
-  g->bn = 0;
+  g->bn = g->cb = 0;
   time_calls(call_ours, g, 256);
   for (int i = 0; i < NTILE_MS; i++) {
-    double t[NTILE_BNS + 1];
+    double t[NTILES + 1];
     g->m = tile_ms[i];
-    for (int b = 0; b <= NTILE_BNS; b++) { /* the launcher's choice last */
-      g->bn = b < NTILE_BNS ? tile_bns[b] : 0;
+    for (int b = 0; b <= NTILES; b++) { /* the launcher's choice last */
+      g->bn = b < NTILES ? tile_forced[b][0] : 0;
+      g->cb = b < NTILES ? tile_forced[b][1] : 0;
       t[b] = time_calls(call_ours, g, 256);
     }
-    g->bn = 0;
+    g->bn = g->cb = 0;
     size_t used = strlen(tile_table);
     used += (size_t)snprintf(tile_table + used, sizeof tile_table - used, "%-14s %3d |", g->s->name,
                              g->m);
-    for (int b = 0; b < NTILE_BNS; b++)
+    for (int b = 0; b < NTILES; b++)
       used += (size_t)snprintf(tile_table + used, sizeof tile_table - used, " %7.2f", t[b] * 1e6);
     snprintf(tile_table + used, sizeof tile_table - used, " | %3d %7.2f\n", mt_grouped_bn(g->m, 1),
-             t[NTILE_BNS] * 1e6);
-    char row[384];
+             t[NTILES] * 1e6);
+    char row[512];
     snprintf(row, sizeof row,
-             "{\"kind\": \"tile\", \"shape\": \"%s\", \"m\": %d, \"bn8_us\": %.3f, "
-             "\"bn16_us\": %.3f, \"bn32_us\": %.3f, \"bn64_us\": %.3f, \"auto_bn\": %d, "
-             "\"auto_us\": %.3f}",
-             g->s->name, g->m, t[0] * 1e6, t[1] * 1e6, t[2] * 1e6, t[3] * 1e6,
-             mt_grouped_bn(g->m, 1), t[NTILE_BNS] * 1e6);
+             "{\"kind\": \"tile\", \"shape\": \"%s\", \"m\": %d, \"bn8_cb128_us\": %.3f, "
+             "\"bn16_cb128_us\": %.3f, \"bn32_cb128_us\": %.3f, \"bn8_cb64_us\": %.3f, "
+             "\"bn16_cb64_us\": %.3f, \"bn32_cb64_us\": %.3f, \"auto_bn\": %d, \"auto_us\": %.3f}",
+             g->s->name, g->m, t[0] * 1e6, t[1] * 1e6, t[2] * 1e6, t[3] * 1e6, t[4] * 1e6,
+             t[5] * 1e6, mt_grouped_bn(g->m, 1), t[NTILES] * 1e6);
     json_row(row);
   }
 }
@@ -454,10 +457,10 @@ int main(int argc, char **argv) {
   for (int s = 0; s < NSHAPES; s++)
     bench_shape(&shapes[s], &num);
   if (!only_name) {
-    printf("\nfew tokens: each token tile forced, and the launcher's (us per call, quantization "
-           "included)\n");
-    printf("%-14s %3s | %7s %7s %7s %7s | %3s %7s\n", "shape", "M", "bn 8", "bn 16", "bn 32",
-           "bn 64", "bn", "us");
+    printf("\nfew tokens: each tile forced (tokens x channels), and the launcher's (us per call, "
+           "quantization included)\n");
+    printf("%-14s %3s | %7s %7s %7s %7s %7s %7s | %3s %7s\n", "shape", "M", "8x128", "16x128",
+           "32x128", "8x64", "16x64", "32x64", "bn", "us");
     printf("%s", tile_table);
   }
   fprintf(json, "\n]}\n");

@@ -58,6 +58,7 @@ int mt_gemm(const mt_gemm_args *a, mt_stream stream) {
       .workspace = a->workspace,
       .workspace_bytes = a->workspace_bytes,
       .bn = a->bn,
+      .cb = a->cb,
   };
   return mt_gemm_grouped(&g, stream);
 }

@@ -90,7 +90,7 @@ int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *
  * segment s is rows offs[s-1] .. offs[s]-1 of x, y and c (offs[-1] = 0), m the rows of x (a bound
  * on offs); without, every segment has seg_rows rows (m = nseg * seg_rows), segment s's at
  * x + s * stride_x, y + s * stride_y, c + s * stride_c (elements). A row's bits do not depend on
- * its segment, position, the other segments or bn. */
+ * its segment, position, the other segments or the tile (bn, cb). */
 typedef struct {
   int nseg, n, k;
   const mt_wstore *w; /* at least nseg slices */
@@ -114,6 +114,8 @@ typedef struct {
   void *workspace; /* at least mt_grouped_workspace_bytes(m, k, ...) */
   size_t workspace_bytes;
   int bn; /* tokens a tile (8 .. 256, a power of two): 0, the launcher's choice (mt_grouped_bn) */
+  int cb; /* channels a tile: 128, 64 (tiles of up to 32 tokens), or 0: the launcher's choice (64
+             where the tiles of 128 would leave most SMs idle) */
 } mt_grouped_args;
 
 size_t mt_grouped_workspace_bytes(int m, int k, const mt_numerics *num);
@@ -145,7 +147,7 @@ typedef struct {
   float alpha, beta;
   void *workspace; /* device scratch of at least mt_grouped_workspace_bytes(m, k, ...) */
   size_t workspace_bytes;
-  int bn; /* the token tile (mt_grouped_args.bn): 0, the launcher's choice */
+  int bn, cb; /* the tile (mt_grouped_args.bn and .cb): 0, the launcher's choice */
 } mt_gemm_args;
 
 int mt_gemm(const mt_gemm_args *a, mt_stream stream);

@@ -14,9 +14,10 @@
  * most MT_GROUPED_MAX_SEG segments a launch (the kernel's tile table); the launcher splits larger
  * problems. */
 #define MT_GROUPED_MAX_SEG 512
-/* Tiles of 128 channels x BN tokens (8 to 256). A stage: MT_GROUPED_KS 64-wide K blocks, each an
- * activation box of BN rows x 128 bytes (1024-aligned for the swizzle) and the tile's 4608 bytes of
- * weight records; then the ring's barriers and the tile table (3 x MT_GROUPED_MAX_SEG + 1 ints).
+/* Tiles of 128 channels x BN tokens (8 to 256), or of 64 channels (BN <= 32: the _c64 kernels,
+ * one consumer warpgroup, for grids that would leave SMs idle; they use half of each stage's
+ * records). A stage: MT_GROUPED_KS 64-wide K blocks, each an activation box of BN rows x 128 bytes
+ * (1024-aligned for the swizzle) and the tile's 4608 (or 2304) bytes of weight records; then the ring's barriers and the tile table (3 x MT_GROUPED_MAX_SEG + 1 ints).
  * Up to 32 tokens two CTAs share an SM (the weight decode runs on the consumer warps' ALUs, and
  * four warps a scheduler hide its latencies better than two), each with stages filling ~96 KB;
  * from 64 one CTA an SM with ~200 KB; at most 16 stages. */

@@ -171,23 +171,39 @@ static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kar
   k->beta = a->beta;
 }
 
+/* Tiles of cb channels by bn tokens over nseg segments of a (with offs, a bound: the rows' tiles
+ * and one partial tile a segment). */
+static long long tile_count(const mt_grouped_args *a, int nseg, int bn, int cb) {
+  const long long blocks = (a->n + cb - 1) / cb;
+  return a->offs ? ((long long)a->m / bn + nseg) * blocks : (long long)nseg * ((a->seg_rows + bn - 1) / bn) * blocks;
+}
+
+/* The channel tile: a->cb, or the launcher's: 64 (the _c64 kernels, one consumer warpgroup) where
+ * a tile has at most 32 tokens and twice the tiles of 128 channels still fit one wave of the CTAs
+ * the SMs hold (`slots`), so that twice as many CTAs stream the weight (a single call of few tokens
+ * on 1536 channels: 24 CTAs instead of 12); else 128. The bits are the same either way. */
+static int channel_tile(const mt_grouped_args *a, int bn, long long slots) {
+  if (a->cb) return a->cb;
+  const int nseg = a->nseg < MT_GROUPED_MAX_SEG ? a->nseg : MT_GROUPED_MAX_SEG;
+  return bn <= 32 && 2 * tile_count(a, nseg, bn, 128) <= slots ? 64 : 128;
+}
+
 /* Launches of at most MT_GROUPED_MAX_SEG segments (the kernel's tile table), the persistent grid
  * at most MT_GROUPED_CTAS(bn) CTAs an SM (their shared memory fills it). */
 static int launch_gemm(const mt_grouped_args *a, mt_grouped_kargs *k, int bn, mt_stream stream) {
-  char fn[32];
-  snprintf(fn, sizeof fn, "mt_grouped_n%d", bn);
+  const long long slots = (long long)mt_sm_count() * MT_GROUPED_CTAS(bn);
+  const int cb = channel_tile(a, bn, slots);
+  char fn[40];
+  snprintf(fn, sizeof fn, "mt_grouped_n%d%s", bn, cb == 64 ? "_c64" : "");
   CUfunction f;
   int st = mt_kernel_get("grouped", fn, (CUstream)stream, &f);
   if (st != MT_OK) return st;
-  const long long blocks = (a->n + 127) / 128, sms = (long long)mt_sm_count() * MT_GROUPED_CTAS(bn);
   for (int s0 = 0; s0 < a->nseg && st == MT_OK; s0 += MT_GROUPED_MAX_SEG) {
     k->seg0 = s0;
     k->nseg = a->nseg - s0 < MT_GROUPED_MAX_SEG ? a->nseg - s0 : MT_GROUPED_MAX_SEG;
-    long long rows = a->offs ? a->m : (long long)k->nseg * a->seg_rows;
-    long long tiles =
-        a->offs ? (rows / bn + k->nseg) * blocks : (long long)k->nseg * ((a->seg_rows + bn - 1) / bn) * blocks;
-    unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
-    st = mt_launch(f, grid, 1, 384, 1, MT_GROUPED_SMEM(bn), 1, (CUstream)stream, k);
+    long long tiles = tile_count(a, k->nseg, bn, cb);
+    unsigned grid = (unsigned)(tiles < slots ? tiles : slots);
+    st = mt_launch(f, grid, 1, cb == 64 ? 256 : 384, 1, MT_GROUPED_SMEM(bn), 1, (CUstream)stream, k);
   }
   return st;
 }
@@ -214,6 +230,7 @@ int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   if (!a || !grouped_args_ok(a)) return MT_ERR_UNSUPPORTED;
   int bn = a->bn ? a->bn : mt_grouped_bn(a->m, a->nseg);
   if (bn != 8 && bn != 16 && bn != 32 && bn != 64 && bn != 128 && bn != 256) return MT_ERR_UNSUPPORTED;
+  if ((a->cb && a->cb != 64 && a->cb != 128) || (a->cb == 64 && bn > 32)) return MT_ERR_UNSUPPORTED;
   const mt_numerics *num = &a->w->num;
   if (!a->workspace || ((uintptr_t)a->workspace % 256) ||
       a->workspace_bytes < mt_grouped_workspace_bytes(a->m, a->k, num))

@@ -372,6 +372,17 @@ static void check_call_args(int from, const problem *p, const void *c, const voi
   /* the activations do not overlap the weight's store */
   CHECK((const char *)a->xhat + (size_t)p->tokens * IN * 2 <= (const char *)w->store ||
         (const char *)w->store + slice <= (const char *)a->xhat);
+  /* the channel tile: 64 (one consumer warpgroup, 256 threads) where a tile has at most 32 tokens
+   * and twice the tiles of 128 channels fit the 2 x 132 CTAs the fake's SMs hold */
+  int bn = bn_of(g), c64 = strstr(event(g)->name, "_c64") != NULL;
+  long long tok_tiles = (p->tokens + bn - 1) / bn, t128 = tok_tiles * ((p->out + 127) / 128);
+  long long tiles = c64 ? tok_tiles * ((p->out + 63) / 64) : t128;
+  long long slots = 132LL * (bn <= 32 ? 2 : 1);
+  CHECKF(c64 == (bn <= 32 && 2 * t128 <= slots), "%s for %d tokens on %d channels", event(g)->name,
+         p->tokens, p->out);
+  CHECKF(event(g)->block[0] == (c64 ? 256u : 384u) &&
+             event(g)->grid[0] == (unsigned)(tiles < slots ? tiles : slots),
+         "%s: %u threads, %u CTAs", event(g)->name, event(g)->block[0], event(g)->grid[0]);
   const mt_grouped_kargs *k = gemm_of(g);
   CHECK(k->seg0 == 0 && k->nseg == 1 && !k->offs && k->seg_rows == p->tokens && k->m == p->tokens &&
         k->n == p->out && k->k == IN && k->y == p->y && k->ldy == p->ldc);
@@ -391,10 +402,11 @@ static void check_call_args(int from, const problem *p, const void *c, const voi
 /* --- scenarios -------------------------------------------------------------------------- */
 
 /* A call of 8 tokens on the OUT x IN weight: the activations' map and quantization, then the
- * grouped GEMM of one segment with tiles of 16 tokens (mt_grouped_bn); the first one loads the
- * module and raises the kernel's shared-memory limit. */
-#define FEW_CALL "tmap mt_quant_row_bf16_nb1 mt_grouped_n16+pdl"
-#define FEW_CALL_FIRST "tmap mt_quant_row_bf16_nb1 smem mt_grouped_n16+pdl"
+ * grouped GEMM of one segment with tiles of 16 tokens (mt_grouped_bn) by 64 channels (4 tiles:
+ * few enough for the _c64 kernel); the first one loads the module and raises the kernel's
+ * shared-memory limit. */
+#define FEW_CALL "tmap mt_quant_row_bf16_nb1 mt_grouped_n16_c64+pdl"
+#define FEW_CALL_FIRST "tmap mt_quant_row_bf16_nb1 smem mt_grouped_n16_c64+pdl"
 /* The first kernel lookup in a context loads every kernel file (so that a graph captured later
  * finds any kernel) and makes the context registry's liveness canary (kernels/driver.c). */
 #define LOAD_ALL "load load load load alloc"
@@ -435,14 +447,14 @@ static void scenario_requantize(void) {
   problem mid = make(OUT, 20, OUT);
   t = now();
   expect_routed(&mid, S1, &zero);
-  CHECK_TRACE(t, WEIGHT_QUANT " tmap mt_quant_row_bf16_nb1 smem mt_grouped_n32+pdl");
+  CHECK_TRACE(t, WEIGHT_QUANT " tmap mt_quant_row_bf16_nb1 smem mt_grouped_n32_c64+pdl");
   check_call_args(t, &mid, mid.y, NULL, 0.0f, NULL);
   const mt_quant_params *a0 = quant_args(find_launch(t, "mt_quant_row_bf16", 0));
   /* 2 tokens: the same kernel, with tiles of 8 */
   problem few = make(OUT, 2, OUT);
   t = now();
   expect_routed(&few, S1, &half);
-  CHECK_TRACE(t, WEIGHT_QUANT " tmap mt_quant_row_bf16_nb1 smem mt_grouped_n8+pdl");
+  CHECK_TRACE(t, WEIGHT_QUANT " tmap mt_quant_row_bf16_nb1 smem mt_grouped_n8_c64+pdl");
   check_call_args(t, &few, few.y, NULL, 0.5f, NULL);
   /* a second stream gets its own scratch: one allocation, no synchronisation */
   long before = device_bytes();
@@ -649,7 +661,7 @@ static void scenario_oom(void) {
   unmake(&p);
 }
 
-/* The GEMM kernel's launch fails (FAKE_CUDA_FAIL_LAUNCH=mt_grouped_n16:1): engine error. */
+/* The GEMM kernel's launch fails (FAKE_CUDA_FAIL_LAUNCH=mt_grouped_n16_c64:1): engine error. */
 static void scenario_launch_fail(void) {
   problem p = make(OUT, 8, OUT);
   int t = now();
@@ -658,7 +670,7 @@ static void scenario_launch_fail(void) {
              event(find_launch(t, "mt_grouped_n16", 0))->result,
          "%s", trace(t));
   expect_routed(&p, S1, &zero);
-  fail_launch("mt_grouped_n16", 1);
+  fail_launch("mt_grouped_n16_c64", 1);
   expect_fallback(&p, S1, &zero);
   check_driver_clean();
   unmake(&p);
@@ -689,7 +701,7 @@ static void scenario_fp16(void) {
                          CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
   CHECK(cublas_calls() == calls && marked(p.y, before, OUT, 8, OUT));
   CHECK_TRACE(t, "alloc " LOAD_ALL " memset4 mt_quant_amax_fp16 mt_quant_tensor_store_fp16 "
-                 "tmap mt_quant_row_fp16_nb1 smem mt_grouped_n16+pdl");
+                 "tmap mt_quant_row_fp16_nb1 smem mt_grouped_n16_c64+pdl");
   const mt_quant_params *w = quant_args(find_launch(t, "mt_quant_tensor_store_fp16", 0));
   const mt_quant_params *a = quant_args(find_launch(t, "mt_quant_row_fp16", 0));
   CHECK(w && w->fp16 && w->x == p.w && a && a->fp16 && a->x == p.x);
@@ -757,7 +769,7 @@ static void check_grouped_args(int from, const uint16_t *y, size_t sy, int token
 #define BATCH_CALL                                                                                 \
   "memset12 mt_quant_amax_bf16 mt_quant_tensor_store_bf16 tmap mt_quant_row_bf16_nb1"
 #define BATCH_REFRESH "mt_quant_amax_bf16 mt_quant_tensor_store_bf16 tmap mt_quant_row_bf16_nb1"
-#define BATCH_GEMM "mt_grouped_n16+pdl"
+#define BATCH_GEMM "mt_grouped_n16_c64+pdl"
 
 static void scenario_strided(void) {
   int tokens = 8;
@@ -1015,7 +1027,7 @@ static void scenario_arrays(void) {
 }
 
 /* A grouped call whose groups hold one problem each with beta != 0, the second failing after the
- * first ran on the engine (FAKE_CUDA_FAIL_LAUNCH=mt_grouped_n16:2): cuBLAS then recomputes the
+ * first ran on the engine (FAKE_CUDA_FAIL_LAUNCH=mt_grouped_n16_c64:2): cuBLAS then recomputes the
  * first problem from a C the engine already overwrote. exec.c refuses beta != 0 only for a group
  * of more than one problem. */
 static void scenario_grouped_beta_partial(void) {
@@ -1236,7 +1248,7 @@ static void out_of_memory_warns_once(void) {
 }
 
 static void launch_failure_is_engine_error(void) {
-  const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_grouped_n16:1", NULL};
+  const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_grouped_n16_c64:1", NULL};
   mt_t_child r;
   run_child("launch_fail", env, &r);
   mt_t_check_child("launch_fail", &r);
@@ -1321,7 +1333,7 @@ static void weight_quantization_failure_warns(void) {
 /* exec.c refuses beta != 0 for any call of more than one problem, across groups: a problem that
  * fails after others ran would leave cuBLAS reading outputs the engine already overwrote. */
 static void grouped_beta_failure_after_a_problem_ran(void) {
-  const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_grouped_n16:2", NULL};
+  const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_grouped_n16_c64:2", NULL};
   mt_t_child r;
   run_child("grouped_beta_partial", env, &r);
   mt_t_check_child("grouped_beta_partial", &r);

@@ -331,7 +331,7 @@ typedef struct {
   float alpha, beta;
   size_t ldx, ldy;
   int nan_rows[2], nnan;
-  int bn; /* the token tile: 0 (the launcher's choice), or forced */
+  int bn, cb; /* the tile: 0 (the launcher's choice), or forced */
 } gcase;
 
 /* Run one GEMM case and check every output against mt_ref_gemm within the bound of the header. */
@@ -396,6 +396,7 @@ static void check_gemm(const gcase *g) {
       .workspace = ws,
       .workspace_bytes = ws_bytes,
       .bn = g->bn,
+      .cb = g->cb,
   };
   MT(mt_gemm(&args, NULL));
   CU(sync_check());
@@ -416,11 +417,11 @@ static void check_gemm(const gcase *g) {
          g->m, g->n, g->k, mt_scale_name(g->num.act_scale), mt_scale_name(g->num.weight_scale),
          mt_wblock_name(g->num.weight_block), g->ytype == MT_DTYPE_FP16 ? "fp16" : "bf16", bad,
          bad_pad, bad_nan);
-  printf("    %dx%dx%d act %s weight %s %s y %s%s%s bn %d: worst error %.3f of the bound\n", g->m,
-         g->n, g->k, mt_scale_name(g->num.act_scale), mt_scale_name(g->num.weight_scale),
+  printf("    %dx%dx%d act %s weight %s %s y %s%s%s bn %d cb %d: worst error %.3f of the bound\n",
+         g->m, g->n, g->k, mt_scale_name(g->num.act_scale), mt_scale_name(g->num.weight_scale),
          mt_wblock_name(g->num.weight_block), g->ytype == MT_DTYPE_FP16 ? "fp16" : "bf16",
          g->beta != 0 ? (g->in_place ? " beta C=y" : " beta") : "", g->with_bias ? " bias" : "",
-         g->bn, worst);
+         g->bn, g->cb, worst);
 out:
   mt_nvfp4_free(&w.ref);
   free_acts(&a);
@@ -435,7 +436,8 @@ out:
 static const mt_numerics numerics_row = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
 
 /* Shapes of one segment on the grouped kernel (the per-call path), every spec numerics, both
- * output types, the token tile the launcher's or forced to each of 8 .. 256 in turn: k = 784 and
+ * output types, the token tile the launcher's or forced to each of 8 .. 256 in turn (with 64
+ * channels a tile on some of those of up to 32 tokens, the launcher's choice at few tokens): k = 784 and
  * 1008 end on an odd k16 step (a half record), k = 2080 on a block of 32 columns; k = 160 and 784
  * are not multiples of 128 (the store's padded columns); at k % 64 == 0 with tiles of up to 64
  * tokens the activations load by rank-3 maps (mt_grouped_kargs.kpair), and at 1088 (17 64-wide
@@ -466,6 +468,7 @@ static void gemm_accuracy(void) {
                  .beta = 0.0f};
       static const int bns[] = {0, 8, 16, 32, 64, 128, 256};
       g.bn = bns[(s * NKINDS(nums) + v) % NKINDS(bns)];
+      g.cb = g.bn && g.bn <= 32 && (s + v) % 2 ? 64 : 0;
       g.ldx = (size_t)g.k;
       g.ldy = (size_t)g.n;
       check_gemm(&g);
@@ -650,37 +653,44 @@ static void gemm_batch_invariance(void) {
   batch_invariance_kpair();
 }
 
-/* Every token tile gives the same bits (mt_gemm_args.bn forced to each of 8 .. 256 against the
- * launcher's choice), at M = 1 .. 9 on rows at a random offset. k = 944 ends on an odd k16 step,
- * is an odd number of 64-wide blocks (15: a stage of two holds a block wholly past k, of TMA's
- * zeros) and not a multiple of 128 (the store's padded columns). A tile the kernel does not have
- * is refused (MT_ERR_UNSUPPORTED). */
+/* Every tile gives the same bits (mt_gemm_args.bn forced to each of 8 .. 256 with 128 channels, and
+ * to 8 .. 32 with 64, against the launcher's choice), at M = 1 .. 9 on rows at a random offset, on
+ * 320 channels (two bands and a half: the last 64-channel tile's records are the band's padding).
+ * k = 944 ends on an odd k16 step, is an odd number of 64-wide blocks (15: a stage of two holds a
+ * block wholly past k, of TMA's zeros) and not a multiple of 128 (the store's padded columns). A
+ * tile the kernel does not have is refused (MT_ERR_UNSUPPORTED). */
 static void gemm_tiles_agree(void) {
   NEED_GPU();
-  enum { ROWS = 9, N = 256, K = 944 };
-  static const int bns[] = {8, 16, 32, 64, 128, 256};
+  enum { ROWS = 9, N = 320, K = 944 };
+  static const int tiles[][2] = {{8, 128},   {16, 128}, {32, 128}, {64, 128}, {128, 128},
+                                 {256, 128}, {8, 64},   {16, 64},  {32, 64}};
   inv_case c = {0};
   uint16_t *want = malloc((size_t)ROWS * N * 2), *got = malloc((size_t)ROWS * N * 2);
   if (inv_setup(&c, ROWS, N, K)) {
     long bad = 0;
     for (int m = 1; m <= ROWS; m++) {
       int offset = rnd_below(ROWS - m + 1);
-      c.args.bn = 0;
+      c.args.bn = c.args.cb = 0;
       if (!inv_run(&c, m, offset, want))
         break;
-      for (int b = 0; b < NKINDS(bns); b++) {
-        c.args.bn = bns[b];
+      for (int t = 0; t < NKINDS(tiles); t++) {
+        c.args.bn = tiles[t][0], c.args.cb = tiles[t][1];
         if (!inv_run(&c, m, offset, got))
           break;
         if (memcmp(got, want, (size_t)m * N * 2) != 0 && bad++ == 0)
-          CHECKF(0, "M = %d: tiles of %d tokens differ from the launcher's choice", m, bns[b]);
+          CHECKF(0, "M = %d: tiles of %d tokens x %d channels differ from the launcher's choice", m,
+                 tiles[t][0], tiles[t][1]);
       }
     }
     CHECKF(bad == 0, "%ld calls differ between tiles", bad);
-    c.args.bn = 48;
+    c.args.bn = 48, c.args.cb = 0;
+    CHECK(mt_gemm(&c.args, NULL) == MT_ERR_UNSUPPORTED);
+    c.args.bn = 64, c.args.cb = 64;
+    CHECK(mt_gemm(&c.args, NULL) == MT_ERR_UNSUPPORTED);
+    c.args.bn = 8, c.args.cb = 32;
     CHECK(mt_gemm(&c.args, NULL) == MT_ERR_UNSUPPORTED);
   }
-  c.args.bn = 0;
+  c.args.bn = c.args.cb = 0;
   inv_free(&c);
   free(want);
   free(got);
