@@ -26,8 +26,8 @@
 // not change the sums. The epilogue is gemm_args.h's order, each operation rounded on its own.
 //
 // Tested by tests/gpu/test_grouped.c: against mt_ref_gemm (ref/nvfp4.c) within the
-// FP32-accumulation bound, bitwise against the per-expert large path and across segment layouts,
-// BN and row positions.
+// FP32-accumulation bound, bitwise against one call per expert on stores quantized separately and
+// across segment layouts, tiles and row positions.
 #include "kernels/gemm_common.cuh"
 #include "kernels/wgmma_rs.cuh"
 #include "kernels/wstore.h"

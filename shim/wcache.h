@@ -16,7 +16,7 @@
  * as the graph. MINITE_CAPTURE=off sends captured calls to cuBLAS instead (reason "capture").
  *
  * Frozen entries are keyed by the weight's address, shape, row stride, type and numerics, and by
- * the stream of the call, and are refreshed at every call on the device (mt_refresh_weight: a
+ * the stream of the call, and are refreshed at every call on the device (mt_wstore_refresh: a
  * hash of the whole weight, compared with the one of its last quantization). The guarantee: a
  * frozen weight is never stale, whatever wrote it; the cost per call: one read of the BF16 weight
  * instead of a full requantization.
