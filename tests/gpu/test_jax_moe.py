@@ -7,7 +7,8 @@ shim answers with its hooks (shim/dl.h).
 tests/gpu/jax_child.py (a capacity einsum over an expert axis, jax.lax.ragged_dot, per-expert
 dots; weights 256 x 512) runs with XLA_FLAGS=--xla_gpu_enable_triton_gemm=false (so that cuBLAS
 gets the dots), --xla_gpu_autotune_level=0 (one algorithm, the same in every run) and
---xla_gpu_enable_cublaslt=true, then =false. For each setting:
+--xla_gpu_enable_cublaslt=true, then =false, and --xla_gpu_enable_command_buffer= (none: see
+child()). For each setting:
 - without the shim twice (XLA deterministic here, else skipped), then under MINITE_SPEC=bf16 with
   the route 256x512: every result bitwise equal, the census sees the program's GEMM calls (Lt
   under cublaslt=true; XLA 0.11 calls Lt under false too) and counts the expert forward calls
@@ -54,7 +55,10 @@ def child(tag, lt, minite=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINITE_")}
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     # no autotuning: one algorithm per GEMM, the same in every run (and no timing of candidates)
+    # no command buffers: XLA adds a captured cuBLAS call to its graph as a child graph, which may
+    # hold no memory allocation, and a routed call captured there allocates graph memory
     env["XLA_FLAGS"] = ("--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0 "
+                        "--xla_gpu_enable_command_buffer= "
                         f"--xla_gpu_enable_cublaslt={'true' if lt else 'false'}")
     if minite is not None:
         env["LD_PRELOAD"] = (env["LD_PRELOAD"] + ":" if env.get("LD_PRELOAD") else "") + LIB
