@@ -1,8 +1,7 @@
 /* bench_kernels.c — `make bench` (device machine): time the engine's W4A4 GEMM (mt_gemm, weights
  * pre-quantized, activation quantization included as a routed call does it) against cuBLAS BF16
  * (cublasGemmEx TN) on MoE expert shapes, the quantization kernels in GB/s, and at 1-16 tokens
- * every token tile of the kernel forced beside the launcher's choice (mt_grouped_bn). A call is
- * the grouped kernel with one segment, its weight a store of 4.5 bits an element.
+ * every GEMM path forced beside AUTO's choice (the table AUTO's thresholds come from).
  *
  * Method (bench/bench_common.h): random data; each measurement is a CUDA graph of many calls whose weights
  * rotate over the experts of a layer (128, so they stream from HBM rather than sit in L2), timed
@@ -21,6 +20,7 @@
 
 #include "kernels/driver.h"
 #include "kernels/engine.h"
+#include "kernels/gemm.h"
 #include "kernels/gemm_args.h"
 #include "kernels/quant.h"
 #include "kernels/wstore.h"
@@ -52,12 +52,12 @@ typedef struct {
   const shape *s;
   int m;
   uint16_t *w_bf16; /* EXPERTS x n x k */
-  mt_wstore q[EXPERTS];
+  mt_qweight q[EXPERTS];
   uint16_t *x, *y;
   void *ws;
   size_t ws_bytes;
   int experts; /* rotated over */
-  int bn, cb;  /* the tile: 0, the launcher's choice */
+  enum mt_gemm_path path;
 } gemm_ctx;
 
 static mt_gemm_args ours_args(const gemm_ctx *g, int i);
@@ -71,6 +71,9 @@ static int call_ours(void *p, int i) {
   return st;
 }
 
+/* The two halves of call_ours: the activation quantization alone, and the GEMM launcher alone on
+ * activations quantized once beforehand (the workspace keeps them): xhat, then S after it in the
+ * engine's layout (kernels/engine.c). */
 static mt_gemm_args ours_args(const gemm_ctx *g, int i) {
   mt_gemm_args a = {.m = g->m,
                     .n = g->s->n,
@@ -85,13 +88,10 @@ static mt_gemm_args ours_args(const gemm_ctx *g, int i) {
                     .alpha = 1.0f,
                     .workspace = g->ws,
                     .workspace_bytes = g->ws_bytes,
-                    .bn = g->bn,
-                    .cb = g->cb};
+                    .path = g->path};
   return a;
 }
 
-/* The activation quantization of call_ours alone: xhat, then S after it in the workspace's
- * layout (kernels/grouped.c). */
 static float *act_outer(const gemm_ctx *g) {
   return (float *)((char *)g->ws + ((size_t)g->m * g->s->k * 2 + 255) / 256 * 256);
 }
@@ -109,6 +109,13 @@ static int call_act_quant(void *p, int i) {
   return mt_quantize(&q, 0, (mt_stream)stream);
 }
 
+static int call_gemm_only(void *p, int i) {
+  gemm_ctx *g = p;
+  mt_gemm_args a = ours_args(g, i);
+  mt_qact q = {.xhat = g->ws, .outer = act_outer(g)};
+  return mt_gemm_launch(&a, &q, (mt_stream)stream);
+}
+
 static int call_cublas(void *p, int i) {
   gemm_ctx *g = p;
   const float alpha = 1.0f, beta = 0.0f;
@@ -121,48 +128,54 @@ static int call_cublas(void *p, int i) {
   return st != CUBLAS_STATUS_SUCCESS;
 }
 
-/* MT_BENCH_ONLY=NAME:M runs that one row alone (any M; no quantization or tile table): for a
+/* MT_BENCH_ONLY=NAME:M runs that one row alone (any M; no quantization or path table): for a
  * profiler. */
 static const char *only_name;
 static int only_m;
 
-/* Few tokens, each tile forced (mt_gemm_args.bn and .cb: 8 to 32 tokens by 128 channels, the same
- * by 64) and the launcher's choice: the table that says whether mt_grouped_bn and the channel tile
- * pick well. Printed after the main table. Graphs of 256 calls, as the main table's rows of few
- * tokens. */
-static const int tile_ms[] = {1, 2, 4, 8, 12, 16};
-static const int tile_forced[][2] = {{8, 128}, {16, 128}, {32, 128}, {8, 64}, {16, 64}, {32, 64}};
-#define NTILE_MS ((int)(sizeof tile_ms / sizeof tile_ms[0]))
-#define NTILES ((int)(sizeof tile_forced / sizeof tile_forced[0]))
-static char tile_table[8192];
+/* Few tokens, each path forced (mt_gemm_args.path) and AUTO's choice: the table that sets AUTO's
+ * thresholds (kernels/gemm.c, mt_gemm_path_of). Printed after the main table. Graphs of 256 calls,
+ * as the main table's rows of few tokens. */
+static const int path_ms[] = {1, 2, 3, 4, 5, 6, 8, 12, 16};
+#define NPATH_MS ((int)(sizeof path_ms / sizeof path_ms[0]))
+static char path_table[8192];
 
-static void bench_tiles(gemm_ctx *g) {
+/* A time for the path table: "-" (text) or null (JSON) where the path cannot take the call. */
+static const char *path_us(char *buf, size_t size, double t, int json_form) {
+  if (t > 0)
+    snprintf(buf, size, json_form ? "%.3f" : "%7.2f", t * 1e6);
+  else
+    snprintf(buf, size, json_form ? "null" : "%7s", "-");
+  return buf;
+}
+
+static void bench_paths(gemm_ctx *g) {
+  static const char *names[] = {"auto", "fused", "large"};
   g->m = 1; /* a graph run and dropped: the first after the weights' quantization ran ~2 µs slow */
-  g->bn = g->cb = 0;
+  g->path = MT_PATH_LARGE;
   time_calls(call_ours, g, 256);
-  for (int i = 0; i < NTILE_MS; i++) {
-    double t[NTILES + 1];
-    g->m = tile_ms[i];
-    for (int b = 0; b <= NTILES; b++) { /* the launcher's choice last */
-      g->bn = b < NTILES ? tile_forced[b][0] : 0;
-      g->cb = b < NTILES ? tile_forced[b][1] : 0;
-      t[b] = time_calls(call_ours, g, 256);
+  for (int i = 0; i < NPATH_MS; i++) {
+    double t[3];
+    g->m = path_ms[i];
+    for (int p = MT_PATH_FUSED; p <= MT_PATH_LARGE + 1; p++) { /* AUTO last */
+      g->path = (enum mt_gemm_path)(p % (MT_PATH_LARGE + 1));
+      mt_gemm_args a = ours_args(g, 0);
+      t[g->path] = mt_gemm_path_of(&a) < 0 ? 0 : time_calls(call_ours, g, 256);
     }
-    g->bn = g->cb = 0;
-    size_t used = strlen(tile_table);
-    used += (size_t)snprintf(tile_table + used, sizeof tile_table - used, "%-14s %3d |", g->s->name,
-                             g->m);
-    for (int b = 0; b < NTILES; b++)
-      used += (size_t)snprintf(tile_table + used, sizeof tile_table - used, " %7.2f", t[b] * 1e6);
-    snprintf(tile_table + used, sizeof tile_table - used, " | %3d %7.2f\n", mt_grouped_bn(g->m, 1),
-             t[NTILES] * 1e6);
-    char row[512];
+    g->path = MT_PATH_AUTO;
+    mt_gemm_args a = ours_args(g, 0);
+    const char *pick = names[mt_gemm_path_of(&a)];
+    char b[2][16];
+    size_t used = strlen(path_table);
+    snprintf(path_table + used, sizeof path_table - used, "%-14s %3d | %s %s | %-5s %7.2f\n",
+             g->s->name, g->m, path_us(b[0], 16, t[MT_PATH_FUSED], 0),
+             path_us(b[1], 16, t[MT_PATH_LARGE], 0), pick, t[0] * 1e6);
+    char row[384];
     snprintf(row, sizeof row,
-             "{\"kind\": \"tile\", \"shape\": \"%s\", \"m\": %d, \"bn8_cb128_us\": %.3f, "
-             "\"bn16_cb128_us\": %.3f, \"bn32_cb128_us\": %.3f, \"bn8_cb64_us\": %.3f, "
-             "\"bn16_cb64_us\": %.3f, \"bn32_cb64_us\": %.3f, \"auto_bn\": %d, \"auto_us\": %.3f}",
-             g->s->name, g->m, t[0] * 1e6, t[1] * 1e6, t[2] * 1e6, t[3] * 1e6, t[4] * 1e6,
-             t[5] * 1e6, mt_grouped_bn(g->m, 1), t[NTILES] * 1e6);
+             "{\"kind\": \"path\", \"shape\": \"%s\", \"m\": %d, \"fused_us\": %s, "
+             "\"large_us\": %s, \"auto\": \"%s\", \"auto_us\": %.3f}",
+             g->s->name, g->m, path_us(b[0], 16, t[MT_PATH_FUSED], 1),
+             path_us(b[1], 16, t[MT_PATH_LARGE], 1), pick, t[0] * 1e6);
     json_row(row);
   }
 }
@@ -185,14 +198,14 @@ static void bench_shape(const shape *s, const mt_numerics *num) {
   memset(&g, 0, sizeof g);
   g.s = s;
   g.experts = bench_experts();
-  size_t wn = (size_t)s->n * (size_t)s->k, qbytes = mt_wstore_bytes(1, s->n, s->k, num);
+  size_t wn = (size_t)s->n * (size_t)s->k, qbytes = mt_qweight_bytes(s->n, s->k, num);
   int max_m = only_name && only_m > ms[NMS - 1] ? only_m : ms[NMS - 1];
   g.w_bf16 = dmalloc(wn * 2 * EXPERTS);
   fill(g.w_bf16, wn * EXPERTS);
   char *qmem = dmalloc(qbytes * EXPERTS);
   for (int e = 0; e < EXPERTS; e++) {
-    if (mt_wstore_bind(&g.q[e], 1, s->n, s->k, num, qmem + qbytes * e) != MT_OK ||
-        mt_wstore_quantize(g.w_bf16 + wn * e, MT_DTYPE_BF16, (size_t)s->k, 0, &g.q[e], NULL,
+    if (mt_qweight_bind(&g.q[e], s->n, s->k, num, qmem + qbytes * e) != MT_OK ||
+        mt_quantize_weight(g.w_bf16 + wn * e, MT_DTYPE_BF16, (size_t)s->k, &g.q[e],
                            (mt_stream)stream) != MT_OK) {
       fprintf(stderr, "bench: quantizing %s failed\n", s->name);
       exit(1);
@@ -202,10 +215,10 @@ static void bench_shape(const shape *s, const mt_numerics *num) {
   g.x = dmalloc((size_t)max_m * s->k * 2);
   fill(g.x, (size_t)max_m * s->k);
   g.y = dmalloc((size_t)max_m * s->n * 2);
-  g.ws_bytes = mt_grouped_workspace_bytes(max_m, s->k, num);
+  g.ws_bytes = mt_gemm_workspace_bytes(max_m, s->k, num);
   g.ws = dmalloc(g.ws_bytes);
   if (!only_name) /* first: after the M = 16384 rows the clocks need a while to recover */
-    bench_tiles(&g);
+    bench_paths(&g);
 
   for (int i = 0; i < (only_name ? 1 : NMS); i++) {
     g.m = only_name ? only_m : ms[i];
@@ -214,24 +227,27 @@ static void bench_shape(const shape *s, const mt_numerics *num) {
     double t_ours = time_calls(call_ours, &g, calls);
     double t_blas = time_calls(call_cublas, &g, calls);
     double t_quant = time_calls(call_act_quant, &g, calls);
+    double t_gemm = time_calls(call_gemm_only, &g, calls);
     double flop = 2.0 * g.m * s->n * s->k;
-    double wbytes_ours = (double)qbytes; /* the store: codes, E4M3 scales, S, padding */
+    double wbytes_ours = (double)wn * 0.5 + (double)wn / 16; /* codes + E4M3 scales */
     double wbytes_blas = (double)wn * 2;
-    printf("%-14s %6d %5d %5d | %9.2f %9.2f | %6.2f | %7.2f | %7.1f %7.1f | %7.0f %7.0f\n", s->name,
-           g.m, s->n, s->k, t_ours * 1e6, t_blas * 1e6, t_ours > 0 ? t_blas / t_ours : 0,
-           t_quant * 1e6, t_ours > 0 ? flop / t_ours * 1e-12 : 0, flop / t_blas * 1e-12,
-           t_ours > 0 ? wbytes_ours / t_ours * 1e-9 : 0, wbytes_blas / t_blas * 1e-9);
+    printf("%-14s %6d %5d %5d | %9.2f %9.2f | %6.2f | %7.2f %7.2f | %7.1f %7.1f | %7.0f %7.0f\n",
+           s->name, g.m, s->n, s->k, t_ours * 1e6, t_blas * 1e6, t_ours > 0 ? t_blas / t_ours : 0,
+           t_quant * 1e6, t_gemm * 1e6, t_ours > 0 ? flop / t_ours * 1e-12 : 0,
+           flop / t_blas * 1e-12, t_ours > 0 ? wbytes_ours / t_ours * 1e-9 : 0,
+           wbytes_blas / t_blas * 1e-9);
     fflush(stdout);
     char row[768];
     snprintf(row, sizeof row,
              "{\"kind\": \"gemm\", \"shape\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, "
              "\"calls_per_graph\": %d, \"experts\": %d, \"ours_us\": %.3f, \"cublas_bf16_us\": "
              "%.3f, \"speedup\": %.3f, \"ours_tflops\": %.2f, \"cublas_tflops\": %.2f, "
-             "\"ours_weight_gbps\": %.1f, \"cublas_weight_gbps\": %.1f, \"act_quant_us\": %.3f}",
+             "\"ours_weight_gbps\": %.1f, \"cublas_weight_gbps\": %.1f, \"act_quant_us\": %.3f, "
+             "\"gemm_only_us\": %.3f}",
              s->name, g.m, s->n, s->k, calls, g.experts, t_ours * 1e6, t_blas * 1e6,
              t_ours > 0 ? t_blas / t_ours : 0, t_ours > 0 ? flop / t_ours * 1e-12 : 0,
              flop / t_blas * 1e-12, t_ours > 0 ? wbytes_ours / t_ours * 1e-9 : 0,
-             wbytes_blas / t_blas * 1e-9, t_quant * 1e6);
+             wbytes_blas / t_blas * 1e-9, t_quant * 1e6, t_gemm * 1e6);
     json_row(row);
   }
   cudaFree(g.w_bf16);
@@ -450,18 +466,17 @@ int main(int argc, char **argv) {
   printf("W4A4 GEMM (nvfp4-row, weights pre-quantized, activation quantization included) vs "
          "cuBLAS BF16, %s\n",
          prop.name);
-  printf("ours = one mt_gemm call, activation quantization included (quant: that alone); ratio = "
-         "cublas / ours; TF/s and weight GB/s ours, cublas\n");
-  printf("%-14s %6s %5s %5s | %9s %9s | %6s | %7s | %7s %7s | %7s %7s\n", "shape", "M", "N", "K",
-         "ours us", "cublas us", "ratio", "quant", "TF/s", "TF/s", "wGB/s", "wGB/s");
+  printf("ours = quant + gemm (each also timed alone); ratio = cublas / ours; TF/s and weight GB/s "
+         "ours, cublas\n");
+  printf("%-14s %6s %5s %5s | %9s %9s | %6s | %7s %7s | %7s %7s | %7s %7s\n", "shape", "M", "N",
+         "K", "ours us", "cublas us", "ratio", "quant", "gemm", "TF/s", "TF/s", "wGB/s", "wGB/s");
   for (int s = 0; s < NSHAPES; s++)
     bench_shape(&shapes[s], &num);
   if (!only_name) {
-    printf("\nfew tokens: each tile forced (tokens x channels), and the launcher's (us per call, "
-           "quantization included)\n");
-    printf("%-14s %3s | %7s %7s %7s %7s %7s %7s | %3s %7s\n", "shape", "M", "8x128", "16x128",
-           "32x128", "8x64", "16x64", "32x64", "bn", "us");
-    printf("%s", tile_table);
+    printf(
+        "\nfew tokens: each path forced, and AUTO's choice (us per call, quantization included)\n");
+    printf("%-14s %3s | %7s %7s | %-5s %7s\n", "shape", "M", "fused", "large", "auto", "us");
+    printf("%s", path_table);
   }
   fprintf(json, "\n]}\n");
   fclose(json);

@@ -23,6 +23,8 @@
 /* One fatbin per kernel file (kernels/NAME.cu), embedded by the Makefile through kernels/fatbin.S.
  * Strong references: they are what pulls the fatbin objects out of libmt.a into a test binary. */
 extern const char mt_fatbin_quant[];
+extern const char mt_fatbin_gemm_small[];
+extern const char mt_fatbin_gemm_large[];
 extern const char mt_fatbin_wcheck[];
 extern const char mt_fatbin_instr[];
 extern const char mt_fatbin_grouped[];
@@ -31,10 +33,8 @@ static const struct {
   const char *name;
   const char *image;
 } kernel_files[] = {
-    {"quant", mt_fatbin_quant},
-    {"wcheck", mt_fatbin_wcheck},
-    {"instr", mt_fatbin_instr},
-    {"grouped", mt_fatbin_grouped},
+    {"quant", mt_fatbin_quant},   {"gemm_small", mt_fatbin_gemm_small}, {"gemm_large", mt_fatbin_gemm_large},
+    {"wcheck", mt_fatbin_wcheck}, {"instr", mt_fatbin_instr},           {"grouped", mt_fatbin_grouped},
 };
 #define NFILES ((int)(sizeof kernel_files / sizeof kernel_files[0]))
 

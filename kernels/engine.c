@@ -1,12 +1,32 @@
-/* engine.c — the engine's C API (kernels/engine.h): status names, the spec's numerics, and one
- * routed GEMM, which is the grouped GEMM of kernels/grouped.c with one segment: the per-call path
- * and the grouped path are one store, one kernel and one arithmetic.
+/* engine.c — the engine's C API (kernels/engine.h): status names, the quantized weight's layout,
+ * weight quantization, and one routed GEMM (validate, quantize the activations into the caller's
+ * workspace, hand over to the GEMM launcher of kernels/gemm.c; for a few tokens the small-M kernel
+ * quantizes them itself).
  *
- * Nothing here allocates, synchronizes or reads device memory back: mt_gemm only enqueues work on
- * the caller's stream, so it is legal inside CUDA graph capture (once the modules are loaded in the
- * context; a first call while capturing answers MT_ERR_CAPTURE).
+ * Nothing here allocates, synchronizes or reads device memory back: mt_gemm and mt_quantize_weight
+ * only enqueue work on the caller's stream, so both are legal inside CUDA graph capture (once the
+ * modules are loaded in the context; a first call while capturing answers MT_ERR_CAPTURE).
  */
 #include "kernels/engine.h"
+
+#include "kernels/driver.h"
+#include "kernels/gemm.h"
+#include "kernels/gemm_args.h"
+#include "kernels/quant.h"
+
+/* Every section starts on 256 bytes: TMA wants 16, wide loads 16, and 256 keeps sections on
+ * separate cache lines and DRAM bursts. */
+#define SECTION_ALIGN 256
+
+static size_t section(size_t bytes) { return (bytes + SECTION_ALIGN - 1) / SECTION_ALIGN * SECTION_ALIGN; }
+
+/* The outer-scale section: S per row, or per tensor S followed by the amax word the per-tensor
+ * quantizer builds (so neither quantization needs memory beyond what the caller gave). */
+static size_t outer_bytes(int rows, enum mt_scale kind) {
+  return section((kind == MT_SCALE_ROW ? (size_t)rows : 2) * sizeof(float));
+}
+
+static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 const char *mt_status_name(enum mt_status s) {
   switch (s) {
@@ -34,31 +54,124 @@ void mt_numerics_from_spec(const mt_spec *s, mt_numerics *n) {
   n->weight_block = s->weight_block;
 }
 
-int mt_gemm(const mt_gemm_args *a, mt_stream stream) {
-  if (!a) return MT_ERR_UNSUPPORTED;
-  mt_grouped_args g = {
-      .nseg = 1,
-      .n = a->n,
-      .k = a->k,
-      .w = a->w,
-      .m = a->m,
-      .seg_rows = a->m,
-      .x = a->x,
-      .ldx = a->ldx,
-      .xtype = a->xtype,
-      .y = a->y,
-      .ldy = a->ldy,
-      .ytype = a->ytype,
-      .c = a->c,
-      .ldc = a->ldc,
-      .bias = a->bias,
-      .biastype = a->biastype,
-      .alpha = a->alpha,
-      .beta = a->beta,
-      .workspace = a->workspace,
-      .workspace_bytes = a->workspace_bytes,
-      .bn = a->bn,
-      .cb = a->cb,
+static int weight_shape_ok(int n, int k, const mt_numerics *num) {
+  if (!num || n <= 0 || k <= 0 || k % 16) return 0;
+  if (num->weight_scale != MT_SCALE_ROW && num->weight_scale != MT_SCALE_TENSOR) return 0;
+  if (num->weight_block == MT_WBLOCK_16X16) /* a tile's 16 rows share one S */
+    return num->weight_scale == MT_SCALE_TENSOR && n % 16 == 0;
+  return num->weight_block == MT_WBLOCK_1X16;
+}
+
+size_t mt_qweight_bytes(int n, int k, const mt_numerics *num) {
+  if (!weight_shape_ok(n, k, num)) return 0;
+  size_t elems = (size_t)n * (size_t)k;
+  return section(elems * 2) + section(elems / 2) + section(elems / 16) + outer_bytes(n, num->weight_scale) +
+         section(mt_gemm_frag_bytes(n, k));
+}
+
+int mt_qweight_bind(mt_qweight *q, int n, int k, const mt_numerics *num, void *mem) {
+  if (!q || !mem || ((uintptr_t)mem % SECTION_ALIGN) || !weight_shape_ok(n, k, num)) return MT_ERR_UNSUPPORTED;
+  size_t elems = (size_t)n * (size_t)k;
+  char *at = mem;
+  q->n = n;
+  q->k = k;
+  q->num = *num;
+  q->xhat = (uint16_t *)at;
+  at += section(elems * 2);
+  q->codes = (uint8_t *)at;
+  at += section(elems / 2);
+  q->scales = (uint8_t *)at;
+  at += section(elems / 16);
+  q->outer = (float *)at;
+  at += outer_bytes(n, num->weight_scale);
+  q->frag = mt_gemm_frag_bytes(n, k) ? (uint8_t *)at : NULL;
+  return MT_OK;
+}
+
+/* The amax word of a per-tensor outer section (see outer_bytes). */
+static uint32_t *amax_word(float *outer) { return (uint32_t *)(outer + 1); }
+
+/* The kernels read *only_if themselves (the per-tensor amax word is zeroed regardless: scratch). */
+int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, const uint32_t *only_if,
+                          mt_stream stream) {
+  if (!w || !q || !q->xhat || !weight_shape_ok(q->n, q->k, &q->num) ||
+      (type != MT_DTYPE_BF16 && type != MT_DTYPE_FP16) || !aligned16(w) || ldw < (size_t)q->k || ldw % 8)
+    return MT_ERR_UNSUPPORTED;
+  mt_quant_params p = {
+      .x = w,
+      .ldx = (int64_t)ldw,
+      .rows = q->n,
+      .cols = q->k,
+      .fp16 = type == MT_DTYPE_FP16,
+      .row_outer = q->num.weight_scale == MT_SCALE_ROW,
+      .xhat = q->xhat,
+      .codes = q->codes,
+      .scales = q->scales,
+      .outer = q->outer,
+      .amax = amax_word(q->outer),
+      .only_if = only_if,
   };
-  return mt_gemm_grouped(&g, stream);
+  int status = mt_quantize(&p, q->num.weight_block == MT_WBLOCK_16X16, stream);
+  if (status != MT_OK) return status;
+  return mt_gemm_pack_weight(q, only_if, stream);
+}
+
+int mt_quantize_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, mt_stream stream) {
+  return mt_quantize_weight_if(w, type, ldw, q, NULL, stream);
+}
+
+size_t mt_gemm_workspace_bytes(int m, int k, const mt_numerics *num) {
+  if (!num || m <= 0 || k <= 0) return 0;
+  return section((size_t)m * (size_t)k * 2) + outer_bytes(m, num->act_scale);
+}
+
+static int is_half(enum mt_dtype t) { return t == MT_DTYPE_BF16 || t == MT_DTYPE_FP16; }
+
+/* What the quantizer and the GEMM kernels take; anything else is a counted fallback. Rows and
+ * pointers on 16 bytes: the kernels move 16-byte vectors. */
+static int gemm_args_ok(const mt_gemm_args *a) {
+  const mt_qweight *w = a->w;
+  if (a->m <= 0 || a->n <= 0 || a->k <= 0 || a->k % 16 || !w || w->n != a->n || w->k != a->k || !w->xhat ||
+      !weight_shape_ok(w->n, w->k, &w->num))
+    return 0;
+  if (!a->x || !is_half(a->xtype) || !aligned16(a->x) || a->ldx < (size_t)a->k || a->ldx % 8) return 0;
+  if (!a->y || !is_half(a->ytype) || !aligned16(a->y) || a->ldy < (size_t)a->n || a->ldy % 8) return 0;
+  if (a->beta != 0.0f && (!a->c || !aligned16(a->c) || a->ldc < (size_t)a->n || a->ldc % 8)) return 0;
+  if (a->bias && (!aligned16(a->bias) || (!is_half(a->biastype) && a->biastype != MT_DTYPE_FP32))) return 0;
+  return 1;
+}
+
+int mt_gemm(const mt_gemm_args *a, mt_stream stream) {
+  if (!a || !gemm_args_ok(a)) return MT_ERR_UNSUPPORTED;
+  int path = mt_gemm_path_of(a);
+  if (path < 0) return MT_ERR_UNSUPPORTED;
+  const mt_numerics *num = &a->w->num;
+  if (!a->workspace || ((uintptr_t)a->workspace % SECTION_ALIGN) ||
+      a->workspace_bytes < mt_gemm_workspace_bytes(a->m, a->k, num))
+    return MT_ERR_NOMEM;
+  if (!mt_driver_get()) return MT_ERR_NO_DRIVER;
+  if (path == MT_PATH_FUSED) /* few tokens: the GEMM quantizes them itself, bit for bit the same */
+    return mt_gemm_launch_fused(a, stream);
+  /* the path chosen once: the calls below ask mt_gemm_path_of again, which for a forced path only
+   * checks that it fits */
+  mt_gemm_args resolved = *a;
+  resolved.path = (enum mt_gemm_path)path;
+  a = &resolved;
+  char *ws = a->workspace;
+  float *outer = (float *)(ws + section((size_t)a->m * (size_t)a->k * 2));
+  mt_quant_params p = {
+      .x = a->x,
+      .ldx = (int64_t)a->ldx,
+      .rows = a->m,
+      .cols = a->k,
+      .fp16 = a->xtype == MT_DTYPE_FP16,
+      .row_outer = num->act_scale == MT_SCALE_ROW,
+      .xhat = (uint16_t *)ws,
+      .outer = outer,
+      .amax = amax_word(outer),
+  };
+  int status = mt_quantize(&p, 0, stream);
+  if (status != MT_OK) return status;
+  mt_qact q = {.xhat = p.xhat, .outer = outer};
+  return mt_gemm_launch(a, &q, stream);
 }

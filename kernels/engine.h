@@ -44,6 +44,85 @@ typedef struct {
 
 void mt_numerics_from_spec(const mt_spec *s, mt_numerics *n);
 
+/* A weight quantized for the GEMM (device memory the caller owns, laid out by mt_qweight_bind):
+ * the exact BF16 dequantized weight that the tensor cores read on the large path, and the packed
+ * NVFP4 codes and scales (4.5 bits per weight; the small-M kernels' copy in fragment order only
+ * where AUTO may use it). */
+typedef struct {
+  int n, k;
+  mt_numerics num;
+  uint16_t *xhat;  /* [n][k] BF16: e2m1(code) * scale, exact; the outer scale is not applied */
+  uint8_t *codes;  /* [n][k/2] E2M1 codes, ref/nvfp4.h layout */
+  uint8_t *scales; /* [n][k/16] E4M3 block scales, ref/nvfp4.h layout */
+  float *outer;    /* S: n floats (row) or 1 (tensor) */
+  uint8_t *frag;   /* codes and scales again, in the small-M kernels' fragment order, or NULL
+                       (mt_gemm_frag_bytes in kernels/gemm.h; written by mt_gemm_pack_weight) */
+} mt_qweight;
+
+/* Bytes of device memory a quantized n x k weight takes (data and outer together). */
+size_t mt_qweight_bytes(int n, int k, const mt_numerics *num);
+
+/* Point q at `mem` (mt_qweight_bytes of device memory) for an n x k weight. */
+int mt_qweight_bind(mt_qweight *q, int n, int k, const mt_numerics *num, void *mem);
+
+/* Quantize W (n rows of k, row stride ldw, BF16 or FP16) into q on `stream`. */
+int mt_quantize_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, mt_stream stream);
+
+/* The same, done only when the device word *only_if is non-zero when the kernels run (they read it
+ * themselves: nothing is read back); NULL quantizes unconditionally. */
+int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, const uint32_t *only_if,
+                          mt_stream stream);
+
+/* The frozen cache's refresh: quantize W into q only when W's bytes differ from those of the last
+ * quantization recorded in `state` (MT_REFRESH_STATE_BYTES of device memory, zeroed before the
+ * first use). A hash of the weight is compared on the device (kernels/wcheck.cu): nothing is read
+ * back, so it is legal inside graph capture and a replay checks again. step 1: the whole weight
+ * (cost when nothing changed: one read of it); step s > 1: one 128-byte line in each run of s, the
+ * same lines at every call (weight_cache = frozen-sampled, MT_SAMPLE_STEP: a change confined to
+ * lines outside the sample goes unseen). */
+#define MT_REFRESH_STATE_BYTES 64
+#define MT_SAMPLE_STEP 64
+int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state, unsigned step,
+                      mt_stream stream);
+
+/* The kernels that run a GEMM: the few-token kernel that quantizes the activations itself
+ * (fused) and the tiled tensor-core kernels after the activations' quantization (large). Both
+ * give the same bits (docs/numerics.md, "Batch invariance"). AUTO, what the shim uses, lets
+ * mt_gemm_path_of (kernels/gemm.h) pick the faster for the call; tests and make bench force one,
+ * and a forced path that cannot take the call is MT_ERR_UNSUPPORTED. */
+enum mt_gemm_path { MT_PATH_AUTO, MT_PATH_FUSED, MT_PATH_LARGE };
+
+/* A large-path tile: bm tokens (128 or 64) x bn channels (256 to 64, or 64 to 32). {0, 0} in
+ * mt_gemm_args lets the launcher choose; tests and make bench force one. */
+typedef struct {
+  int bm, bn;
+} mt_gemm_tile;
+
+/* One routed GEMM:  y = acc * ((1/S_a[i]) * (1/S_w[j])) * alpha + beta * c + bias, one RNE cast. */
+typedef struct {
+  int m, n, k;   /* tokens, output channels, inner */
+  const void *x; /* [m][k], row stride ldx, type xtype */
+  size_t ldx;
+  enum mt_dtype xtype; /* BF16 or FP16 */
+  const mt_qweight *w; /* [n][k] */
+  void *y;             /* [m][n], row stride ldy, type ytype (BF16 or FP16) */
+  size_t ldy;
+  enum mt_dtype ytype;
+  const void *c; /* beta's operand, [m][n], row stride ldc, type ytype; may be y */
+  size_t ldc;
+  const void *bias;       /* [n] or NULL, type biastype */
+  enum mt_dtype biastype; /* BF16, FP16 or FP32 */
+  float alpha, beta;
+  void *workspace; /* device scratch of at least mt_gemm_workspace_bytes(m, k, ...) */
+  size_t workspace_bytes;
+  enum mt_gemm_path path; /* MT_PATH_AUTO (0) */
+  mt_gemm_tile tile;      /* the large path's tile: {0, 0} (the launcher's choice) */
+} mt_gemm_args;
+
+size_t mt_gemm_workspace_bytes(int m, int k, const mt_numerics *num);
+
+int mt_gemm(const mt_gemm_args *a, mt_stream stream);
+
 /* ---- the grouped engine: weights in 4.5 bits, a whole grouped problem in one launch ---------- */
 
 /* A weight quantized for the grouped GEMM (kernels/wstore.h): `count` slices (the experts of a 3-D
@@ -72,15 +151,8 @@ int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t st
                        const uint32_t *only_if, mt_stream stream);
 
 /* The frozen cache's refresh for a store whose count weights lie back to back (row stride ldw,
- * each n * ldw elements after the one before): quantize them into ws only when their bytes differ
- * from those of the last quantization recorded in `state` (MT_REFRESH_STATE_BYTES of device memory,
- * zeroed before the first use). A hash of the weights is compared on the device
- * (kernels/wcheck.cu): nothing is read back, so it is legal inside graph capture and a replay
- * checks again. step 1: every byte (cost when nothing changed: one read of the weights); step s >
- * 1: one 128-byte line in each run of s, the same lines at every call (weight_cache =
- * frozen-sampled, MT_SAMPLE_STEP: a change confined to lines outside the sample goes unseen). */
-#define MT_REFRESH_STATE_BYTES 64
-#define MT_SAMPLE_STEP 64
+ * each n * ldw elements after the one before): mt_refresh_weight's check over all of them, and
+ * the quantization only when it found a change. */
 int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *ws, void *state, unsigned step,
                       mt_stream stream);
 
@@ -90,7 +162,7 @@ int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *
  * segment s is rows offs[s-1] .. offs[s]-1 of x, y and c (offs[-1] = 0), m the rows of x (a bound
  * on offs); without, every segment has seg_rows rows (m = nseg * seg_rows), segment s's at
  * x + s * stride_x, y + s * stride_y, c + s * stride_c (elements). A row's bits do not depend on
- * its segment, position, the other segments or the tile (bn, cb). */
+ * its segment, position, the other segments or bn. */
 typedef struct {
   int nseg, n, k;
   const mt_wstore *w; /* at least nseg slices */
@@ -114,8 +186,6 @@ typedef struct {
   void *workspace; /* at least mt_grouped_workspace_bytes(m, k, ...) */
   size_t workspace_bytes;
   int bn; /* tokens a tile (8 .. 256, a power of two): 0, the launcher's choice (mt_grouped_bn) */
-  int cb; /* channels a tile: 128, 64 (tiles of up to 32 tokens), or 0: the launcher's choice (64
-             where the tiles of 128 would leave most SMs idle) */
 } mt_grouped_args;
 
 size_t mt_grouped_workspace_bytes(int m, int k, const mt_numerics *num);
@@ -124,32 +194,5 @@ size_t mt_grouped_workspace_bytes(int m, int k, const mt_numerics *num);
 int mt_grouped_bn(int m, int nseg);
 
 int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream);
-
-/* ---- one routed GEMM (one expert, one cuBLAS call) ------------------------------------------- */
-
-/* y[m][n] = x[m][k] . W[n][k]^T with W slice 0 of w: the grouped GEMM of one segment of m rows, the
- * same store, kernel and arithmetic as a grouped call, so a row's bits are the same whichever of
- * the two computed it. Each output y = acc * ((1/S_a[i]) * (1/S_w[j])) * alpha + beta * c + bias,
- * one RNE cast. */
-typedef struct {
-  int m, n, k;   /* tokens, output channels, inner */
-  const void *x; /* [m][k], row stride ldx, type xtype */
-  size_t ldx;
-  enum mt_dtype xtype; /* BF16 or FP16 */
-  const mt_wstore *w;  /* [n][k]: its slice 0 */
-  void *y;             /* [m][n], row stride ldy, type ytype (BF16 or FP16) */
-  size_t ldy;
-  enum mt_dtype ytype;
-  const void *c; /* beta's operand, [m][n], row stride ldc, type ytype; may be y */
-  size_t ldc;
-  const void *bias;       /* [n] or NULL, type biastype */
-  enum mt_dtype biastype; /* BF16, FP16 or FP32 */
-  float alpha, beta;
-  void *workspace; /* device scratch of at least mt_grouped_workspace_bytes(m, k, ...) */
-  size_t workspace_bytes;
-  int bn, cb; /* the tile (mt_grouped_args.bn and .cb): 0, the launcher's choice */
-} mt_gemm_args;
-
-int mt_gemm(const mt_gemm_args *a, mt_stream stream);
 
 #endif

@@ -1,23 +1,136 @@
-/* gemm_args.h — the by-value arguments of the GEMM kernel (kernels/grouped.cu, passed whole through
- * cuLaunchKernelEx; kernels/grouped.c fills them) and its tile and shared-memory sizes. Plain C,
- * included by both. */
+/* gemm_args.h — the by-value arguments of the GEMM kernels: kernels/gemm.c fills them, the kernels
+ * of kernels/gemm_small.cu and kernels/gemm_large.cu read them (one struct per kernel, passed whole through cuLaunchKernelEx).
+ * Plain C, included by both. */
 #ifndef MT_GEMM_ARGS_H
 #define MT_GEMM_ARGS_H
 
 #include <cuda.h>
 #include <stdint.h>
 
-/* The grouped GEMM (kernels/grouped.cu, launched by kernels/grouped.c): segments seg0 .. seg0 +
- * nseg - 1 of a grouped problem, each y_s = x_s . W_s^T with the epilogue
+/* The epilogue, shared by every path so that a row's bits never depend on the path:
  *   y[i][j] = RNE_out((acc * ((1/S_a[i]) * (1/S_w[j]))) * alpha + beta * c[i][j] + bias[j])
- * each operation rounded to FP32 in this order; c is not read when beta == 0 (then c == NULL). At
+ * each operation rounded to FP32 in this order; c is not read when beta == 0 (then c == NULL). */
+typedef struct {
+  int m, n, k;
+  const float *sa; /* S_a: m floats when sa_row, else 1 */
+  const float *sw; /* S_w: n floats when sw_row, else 1 */
+  int sa_row, sw_row;
+  void *y;
+  long long ldy;
+  const void *c;
+  long long ldc;
+  const void *bias;
+  int ytype, biastype; /* enum mt_dtype */
+  float alpha, beta;
+} mt_epilogue_args;
+
+/* Large M: TMA maps of the BF16 dequantized operands (128B swizzle, boxes of 64 along K). */
+typedef struct {
+  CUtensorMap ta;      /* activations [m][k], box 64 x (the tile's rows): the bands but the last */
+  CUtensorMap ta_last; /* the same, box 64 x last_rows rows: the last band */
+  CUtensorMap tw;      /* weight [n][k], box 64 x BN rows */
+  /* (mt_gemm_large_m64p_nBN: ta, ta_last and tw of rank 3, 64 columns by the rows by k / 64
+   * blocks 128 bytes apart, a box two blocks deep: one box a stage and operand) */
+  CUtensorMap ty; /* output [m][n] (the TMA-store kernels only), box 64 x 64 rows */
+  mt_epilogue_args e;
+  /* Rows of ta_last's box: the last band's rows rounded up to 8, so that a stage's activation
+   * load does not zero-fill the rows no token has (the rows past it keep stale shared memory; row
+   * i of the output reads row i of A alone, and rows past m are never stored). */
+  int last_rows;
+} mt_large_args;
+
+/* The few-token kernel mt_gemm_small_q4: the weight in fragment order and the raw activations,
+ * which the kernel quantizes itself (so e.sa is not read). */
+typedef struct {
+  const uint8_t *frag; /* mt_qweight.frag */
+  mt_epilogue_args e;
+  const void *x; /* [m][k] BF16 or FP16 activations, row stride ldx elements */
+  long long ldx;
+  int xfp16;
+} mt_small_args;
+
+/* Repacking a quantized weight into fragment order. */
+typedef struct {
+  const uint8_t *codes;  /* [n][k/2] */
+  const uint8_t *scales; /* [n][k/16] */
+  uint8_t *frag;
+  const uint32_t *only_if; /* NULL, or a device word: nothing to do when it reads 0 */
+  int n, k;
+} mt_pack_args;
+
+/* Tiles and shared memory of the kernels, one definition for the launcher and the kernels.
+ * Large M: 128 tokens x BN channels, K in steps of 64 (one 128-byte swizzle span of BF16), a ring
+ * of stages sized to fill ~200 KB. Small M: 2 warps x 8 channels, stages of 512 columns. */
+#define MT_LARGE_BM 128
+#define MT_LARGE_BK 64
+#define MT_LARGE_STAGES(bn) ((bn) == 256 ? 4 : (bn) == 192 ? 5 : (bn) == 128 ? 6 : (bn) == 96 ? 7 : 8)
+#define MT_LARGE_STAGE_BYTES(bn) (MT_LARGE_BM * MT_LARGE_BK * 2 + (bn)*MT_LARGE_BK * 2)
+/* stages, their two barriers, and per consumer warpgroup 1/S_w and bias of BN columns (floats) */
+#define MT_LARGE_SMEM(bn) (1024 + MT_LARGE_STAGES(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4)
+/* Tiles of 64 tokens (mt_gemm_large_m64_nBN, BN 32 to 64: one consumer warpgroup), for calls
+ * whose 128-token tiles leave SMs idle: stages of two 64-wide K blocks (MT_LARGE_KS_64: the two A
+ * blocks, then the two weight blocks), as many as fill ~192 KB, at most 16. */
+#define MT_LARGE_KS_64 2
+#define MT_LARGE_STAGE_BYTES_64(bn) (MT_LARGE_KS_64 * (64 + (bn)) * MT_LARGE_BK * 2)
+#define MT_LARGE_STAGES_64(bn) (196608 / MT_LARGE_STAGE_BYTES_64(bn) < 16 ? 196608 / MT_LARGE_STAGE_BYTES_64(bn) : 16)
+/* Whether they load a stage's blocks of an operand in one box (mt_gemm_large_m64p_nBN, rank-3
+ * maps): k % 64 == 0 and more stages than the ring holds (kernels/gemm.c: mt_gemm_kpair). */
+#define MT_LARGE_KPAIR_64(k, bn)                                                                                       \
+  ((k) % 64 == 0 && ((k) / 64 + MT_LARGE_KS_64 - 1) / MT_LARGE_KS_64 > MT_LARGE_STAGES_64(bn))
+/* ... then the columns' 1/S_w and bias, and the epilogue's row scales and their two mbarriers
+ * (scales64 in gemm_large.cu: 16 + 4 + 64 x 4 bytes, rounded up) */
+#define MT_LARGE_SMEM_64(bn) (1024 + MT_LARGE_STAGES_64(bn) * (MT_LARGE_STAGE_BYTES_64(bn) + 16) + 2 * (bn)*4 + 280)
+/* The TMA-store kernels: one stage fewer, then a 1024-aligned staging tile of 128 x bn outputs. */
+#define MT_LARGE_STAGES_TS(bn) (MT_LARGE_STAGES(bn) - 1)
+#define MT_LARGE_SMEM_TS(bn)                                                                                           \
+  (1024 + MT_LARGE_STAGES_TS(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4 + 1024 + 128 * (bn)*2)
+#define MT_SMALL_WARPS 2 /* one CTA per 16 output channels, 8 per warp */
+#define MT_SMALL_KC 512  /* columns per stage: 4 chunk turns (barrier, requests) for k = 2048 */
+#define MT_SMALL_WBYTES (MT_SMALL_WARPS * (MT_SMALL_KC / 32) * MT_FRAG_REC)
+#define MT_SMALL_PITCH (MT_SMALL_KC * 2 + 16) /* 16 extra bytes spread 8 tokens over all banks */
+/* the step loop loads a record (two steps) ahead without a bound check: slack past the end */
+#define MT_SMALL_SLACK 256
+/* The fused kernel (activation quantization inside, m <= MT_SMALL_FUSE_M): the weight ring, one
+ * zero A row, per-row S and amax (64 bytes), and the whole quantized activations, m rows of 2k + 16
+ * bytes, in MT_SMALL_FUSE_XHAT bytes (4 rows of k = 4096; 1 row of k = 16384). One fixed size, so
+ * the function's shared-memory limit is set once. */
+#define MT_SMALL_FUSE_M 4
+#define MT_SMALL_FUSE_STAGES 4
+#define MT_SMALL_FUSE_META (MT_SMALL_PITCH + 64)
+#define MT_SMALL_FUSE_XHAT (4 * (2 * 4096 + 16))
+#define MT_SMALL_FUSE_SMEM                                                                                             \
+  (MT_SMALL_FUSE_STAGES * MT_SMALL_WBYTES + MT_SMALL_FUSE_META + MT_SMALL_FUSE_XHAT + MT_SMALL_SLACK)
+
+/* Fragment order (mt_qweight.frag), for n % 16 == 0: records of 8 rows H (8H .. 8H+7) x 32
+ * columns P (two k16 steps), record (H, P) at byte (H * ceil(k/32) + P) * 160, so a warp's rows
+ * are contiguous over K. A record: 128 code bytes, lane l = 4g + q of the warp owning bytes
+ * 4l..4l+3 in the order of mma.sync's B registers: code byte q of row 8H+g's block 2P (elements
+ * 2q, 2q+1), its byte q+4 (2q+8, 2q+9), then the same two of block 2P+1; then 32 scale bytes, 4
+ * per g: row 8H+g's block scales 2P and 2P+1 as BF16 (exact; one byte more per 16 elements than
+ * E4M3, so no conversion in the GEMM). Blocks past k are zero. 5 bits per weight. */
+#define MT_FRAG_REC 160
+#define MT_FRAG_BYTES(n, k) ((size_t)(n) / 8 * (((size_t)(k) + 31) / 32) * MT_FRAG_REC)
+
+/* Rows as records (written by the quantization kernels' record mode, mt_quant_params.records): the
+ * record above with tokens as its rows
+ * (lane l = 4g + q: code bytes q and q+4 of token 8H+g's blocks 2P and 2P+1, then the 8 tokens'
+ * BF16 scale pairs), arranged by bands of 128 tokens so that one stage of the large kernel (128
+ * tokens x 64 columns: 16 row groups x 2 records) is 32 contiguous records, 5120 bytes, one bulk
+ * copy: record (H, P) at ((H / 16 * MT_ACT_PAIRS(k) + P) * 16 + H % 16) * 160. Pairs run to a
+ * whole 64 columns and tokens to a whole band: those past k or m are zero records (written). */
+#define MT_ACT_PAIRS(k) (2 * (((size_t)(k) + 63) / 64))
+#define MT_ACT_BAND 128
+#define MT_ACT_REC_BYTES(m, k)                                                                                         \
+  (((size_t)(m) + MT_ACT_BAND - 1) / MT_ACT_BAND * (MT_ACT_BAND / 8) * MT_ACT_PAIRS(k) * MT_FRAG_REC)
+
+/* The grouped GEMM (kernels/grouped.cu, launched by kernels/grouped.c): segments seg0 .. seg0 +
+ * nseg - 1 of a grouped problem, each y_s = x_s . W_s^T with the epilogue of mt_epilogue_args. At
  * most MT_GROUPED_MAX_SEG segments a launch (the kernel's tile table); the launcher splits larger
  * problems. */
 #define MT_GROUPED_MAX_SEG 512
-/* Tiles of 128 channels x BN tokens (8 to 256), or of 64 channels (BN <= 32: the _c64 kernels,
- * one consumer warpgroup, for grids that would leave SMs idle; they use half of each stage's
- * records). A stage: MT_GROUPED_KS 64-wide K blocks, each an activation box of BN rows x 128 bytes
- * (1024-aligned for the swizzle) and the tile's 4608 (or 2304) bytes of weight records; then the ring's barriers and the tile table (3 x MT_GROUPED_MAX_SEG + 1 ints).
+/* Tiles of 128 channels x BN tokens (8 to 256). A stage: MT_GROUPED_KS 64-wide K blocks, each an
+ * activation box of BN rows x 128 bytes (1024-aligned for the swizzle) and the tile's 4608 bytes of
+ * weight records; then the ring's barriers and the tile table (3 x MT_GROUPED_MAX_SEG + 1 ints).
  * Up to 32 tokens two CTAs share an SM (the weight decode runs on the consumer warps' ALUs, and
  * four warps a scheduler hide its latencies better than two), each with stages filling ~96 KB;
  * from 64 one CTA an SM with ~200 KB; at most 16 stages. */

@@ -1,6 +1,6 @@
-// gemm_common.cuh — the device helpers of the GEMM kernel (kernels/grouped.cu) and of the lab's
-// probes: output element loads and stores, the E2M1 decode into BF16 fragments, mbarriers, TMA and
-// bulk copies, wgmma descriptors.
+// gemm_common.cuh — what both GEMM paths share, so that a row's bits never depend on the path: the
+// epilogue (the order of gemm_args.h, each operation rounded on its own) and the device helpers of
+// kernels/gemm_small.cu and kernels/gemm_large.cu.
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -11,7 +11,7 @@
 
 enum { DT_BF16 = 0, DT_FP16 = 1, DT_FP32 = 2 }; // enum mt_dtype, kernels/engine.h
 
-// output elements
+// epilogue
 
 __device__ static inline float load_elem(const void *p, long long i, int type) {
   if (type == DT_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
@@ -19,7 +19,7 @@ __device__ static inline float load_elem(const void *p, long long i, int type) {
   return ((const float *)p)[i];
 }
 
-// y is BF16 or FP16: the engine routes no other output type (grouped_args_ok in grouped.c).
+// y is BF16 or FP16: the engine routes no other output type (gemm_args_ok in engine.c).
 __device__ static inline void store_elem(void *p, long long i, int type, float v) {
   if (type == DT_BF16)
     ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
@@ -27,8 +27,20 @@ __device__ static inline void store_elem(void *p, long long i, int type, float v
     ((__half *)p)[i] = __float2half_rn(v);
 }
 
-// The decode of packed E2M1 codes into BF16 MMA fragments (the weight store's records, wstore.h):
-// one k16 step's fragment pair of a row g, from 16 bits x = code
+// 1/S by the correctly rounded reciprocal: the same bits as the reference's 1.0f / S.
+__device__ static inline float inv_row(const float *s, int per_row, int i) { return __frcp_rn(s[per_row ? i : 0]); }
+
+// acc of output (i, j) to its final value, in the order of gemm_args.h; _rn keeps the compiler
+// from contracting into FMAs, which would make the bits depend on how each path was compiled.
+__device__ static inline float epilogue(const mt_epilogue_args &e, float acc, float inv_a, float inv_w, int i, int j) {
+  float t = __fmul_rn(__fmul_rn(acc, __fmul_rn(inv_a, inv_w)), e.alpha);
+  if (e.c) t = __fadd_rn(t, __fmul_rn(e.beta, load_elem(e.c, i * e.ldc + j, e.ytype)));
+  if (e.bias) t = __fadd_rn(t, load_elem(e.bias, j, e.biastype));
+  return t;
+}
+
+// The decode of packed E2M1 codes into BF16 MMA fragments, shared by the small path's 5-bit records
+// (gemm_args.h) and the grouped engine's store (wstore.h): one k16 step's fragment pair of a row g, from 16 bits x = code
 // byte q (elements 2q, 2q+1) then code byte q+4 (2q+8, 2q+9), and s2 the block scale as BF16 in
 // both halves. Magnitudes by byte permutations of two 8-entry tables (high and low bytes of the
 // BF16 values 0 .. 6); the four sign bits (3, 7, 11, 15) moved to bits 15 and 31 of each pair by
@@ -57,7 +69,7 @@ __device__ static inline uint32_t smem_u32(const void *p) { return (uint32_t)__c
 // writes to be visible. A no-op when the launch did not allow overlap.
 __device__ static inline void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
-// mbarriers in shared memory (sm_90): the kernel's stage ring.
+// mbarriers in shared memory (sm_90): the large path's stage ring.
 __device__ static inline void mbar_init(uint64_t *bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
 }
@@ -88,7 +100,7 @@ __device__ static inline void tma_load_2d(void *dst, const CUtensorMap *map, uin
       : "memory");
 }
 
-// The same for a map of rank 3 (grouped.c, act_map's pair): one box of (c0, c1, c2).
+// The same for a map of rank 3 (mt_gemm_large_m64p_nBN): one box of (c0, c1, c2).
 __device__ static inline void tma_load_3d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1, int c2) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::
@@ -98,7 +110,7 @@ __device__ static inline void tma_load_3d(void *dst, const CUtensorMap *map, uin
 }
 
 // A plain bulk copy (no tensor map) of `bytes` (a multiple of 16, both addresses 16-byte aligned)
-// from global into this CTA's shared memory, completing on bar (the weight store's records).
+// from global into this CTA's shared memory, completing on bar (the ra variant's records).
 __device__ static inline void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_u32(dst)),

@@ -7,10 +7,13 @@
 
 #include "kernels/driver.h"
 #include "kernels/engine.h"
+#include "kernels/gemm.h"
 #include "kernels/gemm_args.h"
 #include "kernels/quant.h"
-#include "kernels/wcheck.h"
 #include "kernels/wstore.h"
+
+/* mt_gemm_tensor_map's paired box is two K blocks deep: a stage of the grouped kernel's kpair mode. */
+_Static_assert(MT_LARGE_KS_64 == 2, "a paired activation box must be one grouped stage");
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 static int is_half(enum mt_dtype t) { return t == MT_DTYPE_BF16 || t == MT_DTYPE_FP16; }
@@ -40,13 +43,11 @@ int mt_wstore_bind(mt_wstore *w, int count, int n, int k, const mt_numerics *num
 }
 
 const float *mt_wstore_outer(const mt_wstore *w, int e) {
-  return (const float *)(w->base + (size_t)e * w->slice_bytes + MT_WS_OUTER_AT(w->n, w->k));
+  return (const float *)(w->base + (size_t)e * w->slice_bytes + MT_WS_SECTION(MT_WS_RECORD_BYTES(w->n, w->k)));
 }
 
-/* mt_wstore_quantize, the amax words already zeroed on the device where amax_zeroed (the frozen
- * check's doing, mt_wstore_refresh). */
-static int store_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w,
-                          const uint32_t *only_if, int amax_zeroed, mt_stream stream) {
+int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w,
+                       const uint32_t *only_if, mt_stream stream) {
   if (!wt || !w || !w->base || !wstore_shape_ok(w->count, w->n, w->k, &w->num) || !is_half(type) || !aligned16(wt) ||
       ldw < (size_t)w->k || ldw % 8 || (w->count > 1 && (stride < (size_t)w->n * ldw || stride % 8)))
     return MT_ERR_UNSUPPORTED;
@@ -62,51 +63,22 @@ static int store_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t
       .batch_stride = (int64_t)(w->count > 1 ? stride : (size_t)w->n * ldw),
       .store = w->base,
       .slice_bytes = (int64_t)w->slice_bytes,
-      .amax_zeroed = amax_zeroed,
   };
   return mt_quantize(&p, w->num.weight_block == MT_WBLOCK_16X16, stream);
 }
 
-int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w,
-                       const uint32_t *only_if, mt_stream stream) {
-  return store_quantize(wt, type, ldw, stride, w, only_if, 0, stream);
-}
-
-/* The check reads the slices back to back as one matrix of count * n rows, sets the state's dirty
- * word and, when it found a change, zeroes the slices' amax words for the quantization it lets run. */
-int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *ws, void *state, unsigned step,
-                      mt_stream stream) {
-  if (!ws || !ws->base) return MT_ERR_UNSUPPORTED;
-  mt_wcheck_state *s = state;
-  mt_wcheck_args a = {
-      .w = w,
-      .ldw = (int64_t)ldw,
-      .rows = ws->count * ws->n,
-      .cols = ws->k,
-      .state = s,
-      .step = step ? step : 1,
-      .amax = ws->num.weight_scale == MT_SCALE_ROW ? NULL : MT_AMAX_WORD(ws->base + MT_WS_OUTER_AT(ws->n, ws->k)),
-      .amax_stride = (int64_t)ws->slice_bytes,
-      .amax_count = ws->count,
-  };
-  int st = mt_wcheck_launch(&a, stream);
-  if (st != MT_OK) return st;
-  return store_quantize(w, type, ldw, (size_t)ws->n * ldw, ws, &s->dirty, a.amax != NULL, stream);
-}
-
-/* A GEMM's workspace: the activations' xhat (m x k BF16) in a 256-byte section, then their
- * outer-scale section (kernels/quant.h). */
+/* The activations' section and S after it, in the workspace (as mt_gemm's). */
 static size_t section(size_t b) { return (b + 255) / 256 * 256; }
 
 size_t mt_grouped_workspace_bytes(int m, int k, const mt_numerics *num) {
   if (!num || m <= 0 || k <= 0) return 0;
-  return section((size_t)m * (size_t)k * 2) + MT_OUTER_BYTES(m, num->act_scale == MT_SCALE_ROW);
+  return section((size_t)m * (size_t)k * 2) + section((num->act_scale == MT_SCALE_ROW ? (size_t)m : 2) * 4);
 }
 
 static int grouped_args_ok(const mt_grouped_args *a) {
   const mt_wstore *w = a->w;
-  if (a->nseg <= 0 || a->m <= 0 || a->n <= 0 || a->k <= 0 || a->k % 16 || !w || w->n != a->n || w->k != a->k ||
-      w->count < a->nseg || !w->base)
+  if (a->nseg <= 0 || a->m <= 0 || a->n <= 0 || a->k <= 0 || !w || w->n != a->n || w->k != a->k || w->count < a->nseg ||
+      !w->base)
     return 0;
   if (a->offs ? a->seg_rows != 0 : (a->seg_rows <= 0 || (long long)a->seg_rows * a->nseg != a->m)) return 0;
   if (!a->x || !is_half(a->xtype) || !aligned16(a->x) || a->ldx < (size_t)a->k || a->ldx % 8) return 0;
@@ -136,7 +108,7 @@ static int quantize_acts(const mt_grouped_args *a, uint16_t *xhat, float *outer,
       .row_outer = a->w->num.act_scale == MT_SCALE_ROW,
       .xhat = xhat,
       .outer = outer,
-      .amax = MT_AMAX_WORD(outer),
+      .amax = (uint32_t *)(outer + 1), /* per tensor: S, then the amax word */
       .batch_rows = a->offs || a->nseg == 1 ? 0 : a->seg_rows,
       .batch_stride = a->stride_x,
   };
@@ -148,7 +120,7 @@ static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kar
   k->ws = w->base;
   k->ws_slice = (long long)w->slice_bytes;
   k->ws_band = (long long)MT_WS_BAND_BYTES(w->k);
-  k->ws_outer = (long long)MT_WS_OUTER_AT(w->n, w->k);
+  k->ws_outer = (long long)MT_WS_SECTION(MT_WS_RECORD_BYTES(w->n, w->k));
   k->offs = a->offs;
   k->seg_rows = a->seg_rows;
   k->m = a->m;
@@ -171,66 +143,31 @@ static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kar
   k->beta = a->beta;
 }
 
-/* Tiles of cb channels by bn tokens over nseg segments of a (with offs, a bound: the rows' tiles
- * and one partial tile a segment). */
-static long long tile_count(const mt_grouped_args *a, int nseg, int bn, int cb) {
-  const long long blocks = (a->n + cb - 1) / cb;
-  return a->offs ? ((long long)a->m / bn + nseg) * blocks : (long long)nseg * ((a->seg_rows + bn - 1) / bn) * blocks;
-}
-
-/* The channel tile: a->cb, or the launcher's: 64 (the _c64 kernels, one consumer warpgroup) where
- * a tile has at most 32 tokens and twice the tiles of 128 channels still fit one wave of the CTAs
- * the SMs hold (`slots`), so that twice as many CTAs stream the weight (a single call of few tokens
- * on 1536 channels: 24 CTAs instead of 12); else 128. The bits are the same either way. */
-static int channel_tile(const mt_grouped_args *a, int bn, long long slots) {
-  if (a->cb) return a->cb;
-  const int nseg = a->nseg < MT_GROUPED_MAX_SEG ? a->nseg : MT_GROUPED_MAX_SEG;
-  return bn <= 32 && 2 * tile_count(a, nseg, bn, 128) <= slots ? 64 : 128;
-}
-
 /* Launches of at most MT_GROUPED_MAX_SEG segments (the kernel's tile table), the persistent grid
  * at most MT_GROUPED_CTAS(bn) CTAs an SM (their shared memory fills it). */
 static int launch_gemm(const mt_grouped_args *a, mt_grouped_kargs *k, int bn, mt_stream stream) {
-  const long long slots = (long long)mt_sm_count() * MT_GROUPED_CTAS(bn);
-  const int cb = channel_tile(a, bn, slots);
-  char fn[40];
-  snprintf(fn, sizeof fn, "mt_grouped_n%d%s", bn, cb == 64 ? "_c64" : "");
+  char fn[32];
+  snprintf(fn, sizeof fn, "mt_grouped_n%d", bn);
   CUfunction f;
   int st = mt_kernel_get("grouped", fn, (CUstream)stream, &f);
   if (st != MT_OK) return st;
+  const long long blocks = (a->n + 127) / 128, sms = (long long)mt_sm_count() * MT_GROUPED_CTAS(bn);
   for (int s0 = 0; s0 < a->nseg && st == MT_OK; s0 += MT_GROUPED_MAX_SEG) {
     k->seg0 = s0;
     k->nseg = a->nseg - s0 < MT_GROUPED_MAX_SEG ? a->nseg - s0 : MT_GROUPED_MAX_SEG;
-    long long tiles = tile_count(a, k->nseg, bn, cb);
-    unsigned grid = (unsigned)(tiles < slots ? tiles : slots);
-    st = mt_launch(f, grid, 1, cb == 64 ? 256 : 384, 1, MT_GROUPED_SMEM(bn), 1, (CUstream)stream, k);
+    long long rows = a->offs ? a->m : (long long)k->nseg * a->seg_rows;
+    long long tiles =
+        a->offs ? (rows / bn + k->nseg) * blocks : (long long)k->nseg * ((a->seg_rows + bn - 1) / bn) * blocks;
+    unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
+    st = mt_launch(f, grid, 1, 384, 1, MT_GROUPED_SMEM(bn), 1, (CUstream)stream, k);
   }
   return st;
-}
-
-/* The quantized activations xhat[rows][k] (BF16, K-major) as TMA sees them: boxes of 64 columns
- * (128 bytes, the swizzle span) by box_rows rows; reads past the matrix return zeros, which add
- * nothing to a sum. pair (k % 64 == 0): rank 3, the columns as k / 64 blocks of 64 (128 bytes
- * apart), a box two blocks deep (one stage of a kernel with MT_GROUPED_KS 2); a block past k is
- * wholly past the third dimension, so zeros too. */
-static int act_map(CUtensorMap *map, const void *base, int rows, int k, int box_rows, int pair) {
-  const mt_driver *d = mt_driver_get();
-  cuuint64_t dims[3] = {pair ? 64 : (cuuint64_t)k, (cuuint64_t)rows, (cuuint64_t)k / 64};
-  cuuint64_t strides[2] = {(cuuint64_t)k * 2, 128};
-  cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 2};
-  cuuint32_t elem_strides[3] = {1, 1, 1};
-  CUresult r =
-      d->tensor_map_encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, pair ? 3 : 2, (void *)base, dims, strides, box,
-                                 elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? MT_OK : MT_ERR_UNSUPPORTED;
 }
 
 int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   if (!a || !grouped_args_ok(a)) return MT_ERR_UNSUPPORTED;
   int bn = a->bn ? a->bn : mt_grouped_bn(a->m, a->nseg);
   if (bn != 8 && bn != 16 && bn != 32 && bn != 64 && bn != 128 && bn != 256) return MT_ERR_UNSUPPORTED;
-  if ((a->cb && a->cb != 64 && a->cb != 128) || (a->cb == 64 && bn > 32)) return MT_ERR_UNSUPPORTED;
   const mt_numerics *num = &a->w->num;
   if (!a->workspace || ((uintptr_t)a->workspace % 256) ||
       a->workspace_bytes < mt_grouped_workspace_bytes(a->m, a->k, num))
@@ -241,11 +178,7 @@ int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   static mt_grouped_kargs proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
   mt_grouped_kargs k = proto;
   k.kpair = MT_GROUPED_KS(bn) == 2 && a->k % 64 == 0;
-  int st = act_map(&k.ta, xhat, a->m, a->k, bn, k.kpair);
-  if (st != MT_OK && k.kpair) { /* a driver that refuses the rank-3 map: a box a K block */
-    k.kpair = 0;
-    st = act_map(&k.ta, xhat, a->m, a->k, bn, 0);
-  }
+  int st = mt_gemm_tensor_map(&k.ta, xhat, a->m, a->k, bn, k.kpair);
   if (st == MT_OK) st = quantize_acts(a, xhat, outer, stream);
   if (st != MT_OK) return st;
   fill_kargs(a, outer, &k);

@@ -1,14 +1,12 @@
 // grouped.cu — the W4A4 GEMM of a whole grouped problem in one launch (mt_grouped_nBN): segments
 // s = 0 .. nseg-1 (the experts of a MoE layer, or one weight), y_s[m_s][n] = x_s[m_s][k] . W_s[n][k]^T
-// on NVFP4 operands, exactly, through BF16 wgmma with FP32 accumulation. A single routed call is
-// the same kernel with one segment.
+// on NVFP4 operands, exactly, through BF16 wgmma with FP32 accumulation.
 //
 // The weight is A and comes from registers: each consumer warp decodes its 16 channels' codes and
 // E4M3 scales (kernels/wstore.h, 4.5 bits an element, streamed from HBM by bulk copies) into the
 // wgmma A fragments, so no BF16 copy of a weight exists anywhere; the tokens are B (N = BN): the
 // quantized activations (BF16 xhat, exact), TMA-loaded into 128B-swizzled shared memory. A CTA
-// owns tiles of 128 channels (two consumer warpgroups of 64; or, in the _c64 kernels for grids
-// that would leave SMs idle, 64 channels and one consumer warpgroup) by BN tokens of one segment, walks
+// owns tiles of 128 channels (two consumer warpgroups of 64) by BN tokens of one segment, walks
 // them persistently (tile blockIdx.x, + gridDim.x, ...), and runs each tile's whole K loop: k16
 // steps in increasing order into one FP32 accumulator per output, from zero, no split-K, no
 // atomics: the arithmetic of every other path (docs/numerics.md, "Batch invariance"), so a row's
@@ -23,22 +21,20 @@
 //
 // Exactness: every dequantized element e2m1 * e4m3 is exact in BF16 and every product of two is
 // exact in FP32; each 16-element block sum is exact in FP32, so whether the weight is A or B does
-// not change the sums. The epilogue is gemm_args.h's order, each operation rounded on its own.
+// not change the sums. The epilogue is gemm_common.cuh's order, each operation rounded on its own.
 //
 // Tested by tests/gpu/test_grouped.c: against mt_ref_gemm (ref/nvfp4.c) within the
-// FP32-accumulation bound, bitwise against one call per expert on stores quantized separately and
-// across segment layouts, tiles and row positions.
+// FP32-accumulation bound, bitwise against the per-expert large path and across segment layouts,
+// BN and row positions.
 #include "kernels/gemm_common.cuh"
 #include "kernels/wgmma_rs.cuh"
 #include "kernels/wstore.h"
 
 namespace grp {
-// CW: consumer warpgroups, 64 channels each: a tile of 64 * CW channels. A stage holds, per 64-wide
-// K block, its two column pairs' records of the tile's 8 * CW row groups (RG): the band's whole run
-// (CW = 2), or the tile's half of each pair (CW = 1).
+constexpr int CB = 128;        // channels a tile (two warpgroups of 64)
 constexpr int REC = MT_WS_REC; // bytes of a record (8 rows x 32 columns)
 constexpr int REC_BLOCK = MT_GROUPED_REC_BLOCK;
-static_assert(REC_BLOCK == (MT_WS_BAND / 8) * 2 * REC, "a band's records of one 64-wide block");
+static_assert(REC_BLOCK == (CB / 8) * 2 * REC, "a band's records of one 64-wide block");
 #define KS_OF(bn) MT_GROUPED_KS(bn)
 #define SB_OF(bn) MT_GROUPED_SB(bn)
 #define S_OF(bn) MT_GROUPED_STAGES(bn)
@@ -71,8 +67,8 @@ __device__ static inline void segment_rows(const mt_grouped_kargs &a, int s, int
 
 // The tile table, by warp 0: each segment's rows and first tile (an exclusive scan of
 // ceil(rows / BN) * channel blocks, 32 segments at a time).
-template <int BN, int CW> __device__ static void build_table(const mt_grouped_kargs &a, table *t) {
-  const int lane = threadIdx.x % 32, blocks = (a.n + 64 * CW - 1) / (64 * CW);
+template <int BN> __device__ static void build_table(const mt_grouped_kargs &a, table *t) {
+  const int lane = threadIdx.x % 32, blocks = (a.n + CB - 1) / CB;
   int carry = 0;
   for (int base = 0; base < a.nseg; base += 32) {
     const int s = base + lane;
@@ -120,15 +116,14 @@ __device__ static inline uint32_t scale_pair(uint32_t code) {
 }
 
 // The A fragments of the four k16 steps of 64-wide block b of a stage, for this warp's 16 channels
-// (row groups hw and hw + 1 of the tile: rows g and g + 8), from the stage's records (pair P, row
-// group h at (P * RG + h) * REC): per pair, the lane's code word and its row's two scales in each
+// (row groups hw and hw + 1 of the band: rows g and g + 8), from the stage's records (pair P, row
+// group h at (P * 16 + h) * REC): per pair, the lane's code word and its row's two scales in each
 // of the two records; step 2p + j takes block j of pair 2b + p.
-template <int RG>
 __device__ static inline void decode_block(const uint8_t *recs, int b, int hw, int lane, uint32_t (&A)[4][4]) {
   const int g = lane / 4;
 #pragma unroll
   for (int p = 0; p < 2; p++) {
-    const uint8_t *r0 = recs + ((2 * b + p) * RG + hw) * REC, *r1 = r0 + REC;
+    const uint8_t *r0 = recs + ((2 * b + p) * 16 + hw) * REC, *r1 = r0 + REC;
     const uint32_t w0 = *(const uint32_t *)(r0 + 4 * lane), w1 = *(const uint32_t *)(r1 + 4 * lane);
     const uint32_t s0 = *(const uint16_t *)(r0 + 128 + 2 * g), s1 = *(const uint16_t *)(r1 + 128 + 2 * g);
     weight_frag(w0 & 0xffffu, scale_pair(s0 & 0xffu), A[2 * p][0], A[2 * p][2]);
@@ -148,33 +143,27 @@ __device__ static inline void fence_operands(uint32_t (&A)[4][4]) {
 }
 
 // The ring of stages: "full" completes on the producer's arrival and the stage's bytes, "empty" on
-// one arrival per consumer warp (4 * CW).
-template <int S, int CW> __device__ static inline void init_ring(uint64_t *full, uint64_t *empty) {
+// one arrival per consumer warp (8).
+template <int S> __device__ static inline void init_ring(uint64_t *full, uint64_t *empty) {
   for (int s = 0; s < S; s++) {
     mbar_init(&full[s], 1);
-    mbar_init(&empty[s], 4 * CW);
+    mbar_init(&empty[s], 8);
   }
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
-// The producer thread: per tile, per stage, the tile's channels' records of the stage's K (CW = 2:
-// one bulk copy of KS x 4608 contiguous bytes; CW = 1: the tile's half of each of the 2 KS column
-// pairs, 1152 bytes each) and the tokens' activation boxes. Stage number `it` counts on across
-// tiles: slot it % S, phase (it / S) & 1. The weights of the CTA's first stages are requested
-// before griddepcontrol.wait (they do not depend on the kernel before this one).
-template <int BN, int CW>
+// The producer thread: per tile, per stage, the 128 channels' records of the stage's K (one bulk
+// copy of KS x 4608 contiguous bytes) and the tokens' activation boxes. Stage number `it` counts on
+// across tiles: slot it % S, phase (it / S) & 1. The weights of the CTA's first stages are
+// requested before griddepcontrol.wait (they do not depend on the kernel before this one).
+template <int BN>
 __device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_t *smem, uint64_t *full,
                                uint64_t *empty, int tiles, int nst) {
   constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128;
-  constexpr uint32_t RECS = KS * REC_BLOCK / 2 * CW;
-  auto records = [&](const where &w, int j, uint8_t *dst, uint64_t *bar) {
-    const uint8_t *src = a.ws + (long long)(a.seg0 + w.s) * a.ws_slice + (long long)(w.cb * CW / 2) * a.ws_band +
-                         (long long)j * KS * REC_BLOCK;
-    if constexpr (CW == 2)
-      bulk_load(dst, src, RECS, bar);
-    else
-      for (int q = 0; q < 2 * KS; q++) // pair q of the stage: its 8 row groups of the tile's half
-        bulk_load(dst + q * 8 * REC, src + (q * 16 + 8 * (w.cb % 2)) * REC, 8 * REC, bar);
+  constexpr uint32_t RECS = KS * REC_BLOCK;
+  const long long band = a.ws_band;
+  auto records = [&](const where &w, int j) {
+    return a.ws + (long long)(a.seg0 + w.s) * a.ws_slice + w.cb * band + (long long)j * RECS;
   };
   auto acts = [&](const where &w, int j, uint8_t *dst, uint64_t *bar) {
     const int row = t->row_start[w.s] + w.tok0;
@@ -192,7 +181,7 @@ __device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_
   const int pre = nst < S ? nst : S;
   for (int j = 0; j < pre; j++) {
     mbar_arrive_expect_tx(&full[j], RECS + KS * ACT);
-    records(w0, j, smem + j * SB + KS * ACT, &full[j]);
+    bulk_load(smem + j * SB + KS * ACT, records(w0, j), RECS, &full[j]);
   }
   grid_dependency_wait();
   for (int j = 0; j < pre; j++) acts(w0, j, smem + j * SB, &full[j]);
@@ -205,7 +194,7 @@ __device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_
       mbar_wait(&empty[slot], ((it / S) & 1) ^ 1);
       uint8_t *st = smem + slot * SB;
       mbar_arrive_expect_tx(&full[slot], RECS + KS * ACT);
-      records(w, j, st + KS * ACT, &full[slot]);
+      bulk_load(st + KS * ACT, records(w, j), RECS, &full[slot]);
       acts(w, j, st, &full[slot]);
     }
   }
@@ -213,10 +202,10 @@ __device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_
 
 // One 64-wide K block of a consumer warpgroup: decode its A, four k16 wgmmas as one group, then wait
 // until the group before is complete (its A registers may be written again, its stage released).
-template <int BN, int RG>
+template <int BN>
 __device__ static inline void block_step(float *d, uint32_t (&A)[4][4], const uint8_t *recs, int b, uint64_t db, int hw,
                                          int lane) {
-  decode_block<RG>(recs, b, hw, lane, A);
+  decode_block(recs, b, hw, lane, A);
   fence_operands(A);
   warpgroup_arrive_fence();
 #pragma unroll
@@ -229,7 +218,7 @@ __device__ static inline void block_step(float *d, uint32_t (&A)[4][4], const ui
 // The K loop of one consumer warpgroup over one tile: blocks kb = 0 .. nst * KS - 1 alternating the
 // two A register sets; block kb's stage (it0 + kb / KS) waited for at its first block and released
 // once the group of its last block is complete.
-template <int BN, int CW>
+template <int BN>
 __device__ static void k_loop(float *d, uint8_t *smem, uint64_t *full, uint64_t *empty, int it0, int nst, int hw,
                               int lane) {
   constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128;
@@ -240,7 +229,7 @@ __device__ static void k_loop(float *d, uint8_t *smem, uint64_t *full, uint64_t 
     if (kb % KS == 0) mbar_wait(&full[slot], (gs / S) & 1);
     uint8_t *st = smem + slot * SB;
     const int b = kb % KS;
-    block_step<BN, 8 * CW>(d, A, st + KS * ACT, b, desc_sw128(smem_u32(st + b * ACT)), hw, lane);
+    block_step<BN>(d, A, st + KS * ACT, b, desc_sw128(smem_u32(st + b * ACT)), hw, lane);
     // the group of block kb - 1 is complete: release its stage if that was its last block
     if (kb > 0 && (kb - 1) % KS == KS - 1 && lane == 0) mbar_arrive(&empty[(it0 + (kb - 1) / KS) % S]);
   };
@@ -256,7 +245,7 @@ __device__ static void k_loop(float *d, uint8_t *smem, uint64_t *full, uint64_t 
 
 // The outputs of one consumer warpgroup: 64 channels from ch0 by BN tokens from tok0 of segment s;
 // d[4c + 2i + j] is channel 16w + g + 8i, token 8c + 2q + j (wgmma_rs.cuh). Per element exactly
-// the epilogue of gemm_args.h: t = (acc * ((1/S_a) * (1/S_w))) * alpha, + beta * c, + bias.
+// epilogue() of gemm_common.cuh: t = (acc * ((1/S_a) * (1/S_w))) * alpha, + beta * c, + bias.
 template <int BN>
 __device__ static void store_tile(const mt_grouped_kargs &a, const table *t, const float *d, const where &wh, int ch0) {
   const int lane = threadIdx.x % 32, w = (threadIdx.x % 128) / 32, g = lane / 4, q = lane % 4;
@@ -295,9 +284,8 @@ __device__ static void store_tile(const mt_grouped_kargs &a, const table *t, con
     }
 }
 
-template <int BN, int CW> __device__ static void run(const mt_grouped_kargs &a) {
+template <int BN> __device__ static void run(const mt_grouped_kargs &a) {
   constexpr int SB = SB_OF(BN), S = S_OF(BN);
-  static_assert(CW == 2 || MT_GROUPED_CTAS(BN) == 2, "tiles of 64 channels only where no registers move");
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint64_t *full = (uint64_t *)(smem + S * SB), *empty = full + S;
@@ -305,8 +293,8 @@ template <int BN, int CW> __device__ static void run(const mt_grouped_kargs &a) 
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
   const int nst = (a.k + 64 * KS_OF(BN) - 1) / (64 * KS_OF(BN));
 
-  if (threadIdx.x < 32) build_table<BN, CW>(a, t); // offs was written before the kernel before this one
-  if (threadIdx.x == 32) init_ring<S, CW>(full, empty);
+  if (threadIdx.x < 32) build_table<BN>(a, t); // offs was written before the kernel before this one
+  if (threadIdx.x == 32) init_ring<S>(full, empty);
   __syncthreads();
   const int tiles = t->tile_start[a.nseg];
 
@@ -315,7 +303,7 @@ template <int BN, int CW> __device__ static void run(const mt_grouped_kargs &a) 
   constexpr bool MOVE_REGS = MT_GROUPED_CTAS(BN) == 1;
   if (wg == 0) { // producer: one thread keeps the ring of stages full
     if constexpr (MOVE_REGS) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (threadIdx.x == 0) produce<BN, CW>(a, t, smem, full, empty, tiles, nst);
+    if (threadIdx.x == 0) produce<BN>(a, t, smem, full, empty, tiles, nst);
     return;
   }
   if constexpr (MOVE_REGS) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
@@ -328,12 +316,12 @@ template <int BN, int CW> __device__ static void run(const mt_grouped_kargs &a) 
     float d[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
-    k_loop<BN, CW>(d, smem, full, empty, it, nst, hw, lane);
+    k_loop<BN>(d, smem, full, empty, it, nst, hw, lane);
     if (!waited) { // S_a comes from the quantization, and C and y may be another kernel's
       grid_dependency_wait();
       waited = true;
     }
-    store_tile<BN>(a, t, d, wh, wh.cb * 64 * CW + 64 * cw);
+    store_tile<BN>(a, t, d, wh, wh.cb * CB + 64 * cw);
   }
 }
 } // namespace grp
@@ -341,13 +329,7 @@ template <int BN, int CW> __device__ static void run(const mt_grouped_kargs &a) 
 #define MT_GROUPED(BN)                                                                                                 \
   extern "C" __global__ void __launch_bounds__(384, MT_GROUPED_CTAS(BN))                                               \
       mt_grouped_n##BN(const __grid_constant__ mt_grouped_kargs a) {                                                   \
-    grp::run<BN, 2>(a);                                                                                                \
-  }
-// Tiles of 64 channels (one consumer warpgroup), for grids of few tiles: up to 32 tokens.
-#define MT_GROUPED_C64(BN)                                                                                             \
-  extern "C" __global__ void __launch_bounds__(256, MT_GROUPED_CTAS(BN))                                               \
-      mt_grouped_n##BN##_c64(const __grid_constant__ mt_grouped_kargs a) {                                             \
-    grp::run<BN, 1>(a);                                                                                                \
+    grp::run<BN>(a);                                                                                                   \
   }
 MT_GROUPED(8)
 MT_GROUPED(16)
@@ -355,6 +337,3 @@ MT_GROUPED(32)
 MT_GROUPED(64)
 MT_GROUPED(128)
 MT_GROUPED(256)
-MT_GROUPED_C64(8)
-MT_GROUPED_C64(16)
-MT_GROUPED_C64(32)

@@ -1,7 +1,6 @@
 /* quant.c — launches the quantization kernels of kernels/quant.cu: picks the kernel and the CTA
  * shape for a matrix (see quant.cu for what each thread owns; with p->store, the store-mode
- * kernels) and, for a per-tensor outer scale, zeroes the amax word (unless the caller did) and runs
- * the amax pass first.
+ * kernels) and, for a per-tensor outer scale, zeroes the amax word and runs the amax pass first.
  * Launches only, so it is legal inside CUDA graph capture once the module is loaded.
  */
 #include "kernels/quant.h"
@@ -116,7 +115,7 @@ static int pick_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
  * 2-D memset for all of them. */
 static CUresult zero_amax(const mt_driver *d, const mt_quant_params *p, mt_stream stream) {
   if (!p->store) return d->memset_d8_async((CUdeviceptr)p->amax, 0, sizeof *p->amax, stream);
-  CUdeviceptr first = (CUdeviceptr)MT_AMAX_WORD(p->store + MT_WS_OUTER_AT(p->batch_rows, p->cols));
+  CUdeviceptr first = (CUdeviceptr)(p->store + MT_WS_SECTION(MT_WS_RECORD_BYTES(p->batch_rows, p->cols)) + 4);
   return d->memset_d2d32_async(first, (size_t)p->slice_bytes, 0, 1, (size_t)(p->rows / p->batch_rows), stream);
 }
 
@@ -135,7 +134,7 @@ int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) {
   if (status != MT_OK) return status;
   if (amax) {
     /* The amax pass ends in atomicMax on FP32 bits: exact and independent of order. */
-    if (!p->amax_zeroed && zero_amax(d, p, stream) != CUDA_SUCCESS) return MT_ERR_CUDA;
+    if (zero_amax(d, p, stream) != CUDA_SUCCESS) return MT_ERR_CUDA;
     unsigned warps = (unsigned)p->rows < 8192 ? (unsigned)p->rows : 8192; /* a row per warp */
     status = mt_launch(amax, (warps + 7) / 8, 1, 256, 1, 0, 0, stream, (void *)p);
     if (status != MT_OK) return status;

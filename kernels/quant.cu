@@ -51,7 +51,7 @@ __device__ __forceinline__ uint8_t *slice_of(const mt_quant_params &p, int e) {
   return p.store + (size_t)e * (size_t)p.slice_bytes;
 }
 __device__ __forceinline__ float *slice_outer(const mt_quant_params &p, int e) {
-  return (float *)(slice_of(p, e) + MT_WS_OUTER_AT(p.batch_rows, p.cols));
+  return (float *)(slice_of(p, e) + MT_WS_SECTION(MT_WS_RECORD_BYTES(p.batch_rows, p.cols)));
 }
 
 /* The record that row r of slice e's blocks b (even) and b + 1 belong to. */
@@ -213,8 +213,8 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
     S = outer_scale(__uint_as_float(m));
     if (tx == 0 && row_ok) outer[STORE ? rl : r] = S;
   } else {
-    /* per tensor: the amax word after S (the store's slice's, or p.amax) */
-    S = outer_scale(__uint_as_float(STORE ? *MT_AMAX_WORD(outer) : *p.amax));
+    /* per tensor: the amax word after S (the store's slice, or p.amax) */
+    S = outer_scale(__uint_as_float(STORE ? *(const uint32_t *)(outer + 1) : *p.amax));
     if (blockIdx.y == 0 && tx == 0 && (STORE ? rl == 0 : r_all == 0)) outer[0] = S;
   }
 
@@ -315,7 +315,7 @@ template <bool FP16> __device__ __forceinline__ void amax_pass(const mt_quant_pa
   for (int r = r0; r < r1; r++) {
     bits = max(bits, row_amax<FP16>(p, r, lane));
     if (p.store && (r + 1 == r1 || (r + 1) % p.batch_rows == 0)) { /* the slice's last row of this run */
-      if (lane == 0 && bits != 0) atomicMax(MT_AMAX_WORD(slice_outer(p, r / p.batch_rows)), bits);
+      if (lane == 0 && bits != 0) atomicMax((uint32_t *)(slice_outer(p, r / p.batch_rows) + 1), bits);
       bits = 0;
     }
   }

@@ -9,7 +9,6 @@
 #ifndef MT_QUANT_H
 #define MT_QUANT_H
 
-#include <stddef.h>
 #include <stdint.h>
 
 typedef struct {
@@ -22,7 +21,7 @@ typedef struct {
   uint8_t *codes;          /* [rows][cols/2] or NULL */
   uint8_t *scales;         /* [rows][cols/16] or NULL */
   float *outer;            /* S: rows floats or 1 */
-  uint32_t *amax;          /* per tensor: MT_AMAX_WORD(outer), zeroed then built by the amax kernel */
+  uint32_t *amax;          /* per-tensor: max |x| as FP32 bits, zeroed then built by the amax kernel */
   const uint32_t *only_if; /* NULL, or a device word: the kernels do nothing when it reads 0 */
   /* Batches of rows (experts): 0, or the rows of a batch; row r of x is then row r % batch_rows of
    * batch r / batch_rows, which starts batch_stride elements after the one before. */
@@ -32,25 +31,14 @@ typedef struct {
    * amax (not used then): batch e is slice e at store + e * slice_bytes, with its own S. */
   uint8_t *store;
   int64_t slice_bytes;
-  /* The amax words are zero already when the kernels run (the frozen check zeroes them when it
-   * finds a change, kernels/wcheck.h): the launcher does not zero them. */
-  int32_t amax_zeroed;
 } mt_quant_params;
-
-/* The outer-scale section of a quantized matrix, one layout for the activations' (after xhat in a
- * GEMM's workspace, kernels/grouped.c) and each weight-store slice's (after its records,
- * kernels/wstore.h): S, `rows` floats (per-row S) or one (per tensor), then, per tensor, the amax
- * word (max |x| as FP32 bits) that the amax pass builds and the quantization reads S from; a
- * 256-byte section. */
-#define MT_OUTER_BYTES(rows, row_outer) ((((row_outer) ? (size_t)(rows) : 2) * 4 + 255) / 256 * 256)
-#define MT_AMAX_WORD(outer) ((uint32_t *)((float *)(outer) + 1))
 
 #ifndef __CUDACC__
 #include "kernels/engine.h"
 
 /* Quantize as p says with 1x16 blocks (tile16 = 0) or 16x16 tiles (tile16 = 1: needs per-tensor S
  * and rows % 16 == 0; a batch's rows too). Per-tensor S zeroes the amax word (each slice's in the
- * store mode; not with amax_zeroed) and runs an amax pass first. Launches only: no allocation, no synchronisation (legal
+ * store mode) and runs an amax pass first. Launches only: no allocation, no synchronisation (legal
  * inside graph capture once the module is loaded). */
 int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream);
 #endif

@@ -22,13 +22,6 @@ typedef struct {
   mt_wcheck_state *state;
   uint32_t step; /* 1: every 128-byte line of every row; s > 1: one line in each run of s (the
                     same lines at every call: mt_wcheck_sampled) */
-  /* NULL, or the per-tensor amax words of the quantization this check decides (kernels/quant.h,
-   * MT_AMAX_WORD: one a weight-store slice, amax_stride bytes apart): zeroed by the check when it
-   * finds a change, so that the amax pass that follows builds them from zero, and left alone
-   * otherwise (the quantization does not run then): no memset on the stream at every refresh. */
-  uint32_t *amax;
-  int64_t amax_stride;
-  int32_t amax_count;
 } mt_wcheck_args;
 
 /* The line of each run of `step` lines that the sampled check hashes: the run's number mixed, so
@@ -40,12 +33,5 @@ __host__ __device__
     mt_wcheck_sampled(uint64_t run, uint32_t step) {
   return step <= 1 ? run : run * step + ((run * 0x9E3779B97F4A7C15ull) >> 40) % step;
 }
-
-#ifndef __CUDACC__
-#include "kernels/engine.h"
-
-/* Launch the check (no allocation, no read-back: legal inside graph capture once loaded). */
-int mt_wcheck_launch(const mt_wcheck_args *a, mt_stream stream);
-#endif
 
 #endif

@@ -16,8 +16,8 @@
  * records from the slice's start, so one stage of the kernel (128 rows x 64 or 128 columns) is one
  * contiguous run of 32 or 64 records. Columns are padded to a multiple of 128 and rows to a
  * multiple of 128 with zero records (zero codes and scales: they add +0 to a sum, which changes no
- * bits). After the records: the outer-scale section (kernels/quant.h, MT_OUTER_BYTES: S per row
- * or per tensor, and the per-tensor amax word).
+ * bits). After the records: the outer scales S (FP32), n of them (per row) or one (per tensor),
+ * padded to a 256-byte section.
  *
  * An expert tensor [E][n][k] is E such slices of MT_WS_SLICE_BYTES each, back to back: the
  * kernel finds expert e's weight at base + e * slice bytes.
@@ -27,8 +27,6 @@
 
 #include <stddef.h>
 
-#include "kernels/quant.h"
-
 #define MT_WS_REC 144
 #define MT_WS_BAND 128                                   /* rows of a band */
 #define MT_WS_PAIRS(k) ((((size_t)(k) + 127) / 128) * 4) /* column pairs of 32, padded to 128 */
@@ -36,8 +34,8 @@
 #define MT_WS_BAND_BYTES(k) (MT_WS_PAIRS(k) * (MT_WS_BAND / 8) * MT_WS_REC)
 #define MT_WS_RECORD_BYTES(n, k) (MT_WS_BANDS(n) * MT_WS_BAND_BYTES(k))
 #define MT_WS_SECTION(b) ((((size_t)(b)) + 255) / 256 * 256)
-/* a slice's outer-scale section, from the slice's start */
-#define MT_WS_OUTER_AT(n, k) MT_WS_SECTION(MT_WS_RECORD_BYTES(n, k))
-#define MT_WS_SLICE_BYTES(n, k, row) (MT_WS_OUTER_AT(n, k) + MT_OUTER_BYTES(n, row))
+/* outer scales: n floats (per row) or one; the per-tensor amax word of the quantizer after it */
+#define MT_WS_OUTER_BYTES(n, row) MT_WS_SECTION(((row) ? (size_t)(n) : 2) * 4)
+#define MT_WS_SLICE_BYTES(n, k, row) (MT_WS_SECTION(MT_WS_RECORD_BYTES(n, k)) + MT_WS_OUTER_BYTES(n, row))
 
 #endif

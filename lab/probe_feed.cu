@@ -2,8 +2,8 @@
 // kernels and tiles"): how fast TMA fills one SM's shared memory, alone and under the MMAs, for tiles of
 // BM tokens x BN channels on as many SMs as the tiles allow.
 //
-// The kernel is the pipeline of the former large-M path (kernels/gemm_large.cu, in git history:
-// one producer thread, a ring of 128B-swizzled stages, consumer warpgroups issuing wgmma m64nNk16 with one group in flight) with
+// The kernel is the large path's pipeline (kernels/gemm_large.cu: one producer thread, a ring of
+// 128B-swizzled stages, consumer warpgroups issuing wgmma m64nNk16 with one group in flight) with
 // no epilogue, on BF16 operands whose values do not matter: mode "null" issues nothing (launch
 // and grid cost), "feed" loads every stage and hands it back unread (the TMA alone), "mma" runs
 // the wgmmas on it as the real kernel does. Weights rotate over EXPERTS matrices, so they stream

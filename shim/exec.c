@@ -65,7 +65,7 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const oper
       .x = o->x,
       .ldx = (size_t)c->ldb,
       .xtype = dtype_of(c->btype),
-      .w = &mem.store,
+      .w = mem.q,
       .y = o->y,
       .ldy = (size_t)c->ldd,
       .ytype = dtype_of(c->dtype),

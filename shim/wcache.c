@@ -21,7 +21,7 @@
 
 #define MAX_STREAMS 64   /* streams with scratch, per context */
 #define MAX_ENTRIES 8192 /* frozen weights, per context */
-#define ALIGN 256        /* what mt_wstore_bind and the workspace want */
+#define ALIGN 256        /* what mt_qweight_bind and the workspace want */
 
 typedef struct {
   pthread_mutex_t lock;     /* the lease */
@@ -33,16 +33,14 @@ typedef struct {
 
 typedef struct {
   mt_weight_ref ref;
-  CUstream stream; /* the entry's stream: the only one that reads or writes its memory */
-  CUdeviceptr mem; /* the store (one slice), then the refresh state */
-  mt_wstore store;
+  CUdeviceptr mem; /* quantized weight, then the refresh state */
+  mt_qweight q;
 } entry;
 
 /* A grouped weight's store under weight_cache = frozen: a few per layer, searched in order. */
 #define MAX_GROUPED 1024
 typedef struct {
   mt_wgroup_ref ref;
-  CUstream stream; /* as entry.stream */
   CUdeviceptr mem; /* the store, then the refresh state */
   mt_wstore store;
 } gentry;
@@ -304,10 +302,9 @@ static int same_ref(const mt_weight_ref *a, const mt_weight_ref *b) {
          same_num(&a->num, &b->num);
 }
 
-static size_t slot_of(const mt_weight_ref *w, CUstream stream) {
-  uint64_t h = ((uint64_t)(uintptr_t)w->w ^ (uint64_t)(uintptr_t)stream * 0xD6E8FEB86659FD93ull) *
-                   0x9E3779B97F4A7C15ull ^
-               (uint64_t)w->n << 32 ^ (uint64_t)w->k;
+static size_t slot_of(const mt_weight_ref *w) {
+  uint64_t h =
+      (uint64_t)(uintptr_t)w->w * 0x9E3779B97F4A7C15ull ^ (uint64_t)w->n << 32 ^ (uint64_t)w->k;
   return (size_t)(h >> 40) % MAX_ENTRIES;
 }
 
@@ -341,25 +338,19 @@ static int entry_alloc(const mt_driver *d, context *c, size_t data, mt_stream st
   return 1;
 }
 
-/* A frozen store's bytes and elements, for the summary's bytes an element. */
-static void count_store(size_t bytes, int slices, int n, int k) {
-  atomic_fetch_add(&store_bytes, bytes);
-  atomic_fetch_add(&store_elems, (unsigned long long)slices * (unsigned)n * (unsigned)k);
-}
-
 /* The frozen entry of w: found, or made (NULL when none can be made: full, capturing, no memory;
  * *why says whether the call can still go on, requantizing in its own memory). Under the
  * context's lock. */
 static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, int capturing,
                         mt_stream stream, enum mt_reason *why) {
-  size_t i = slot_of(w, (CUstream)stream);
+  size_t i = slot_of(w);
   for (int probes = 0; probes < MAX_ENTRIES; probes++, i = (i + 1) % MAX_ENTRIES) {
     if (!c->entries[i].mem)
       break;
-    if (c->entries[i].stream == (CUstream)stream && same_ref(&c->entries[i].ref, w))
+    if (same_ref(&c->entries[i].ref, w))
       return &c->entries[i];
   }
-  size_t sbytes = round_up(mt_wstore_bytes(1, w->n, w->k, &w->num));
+  size_t qbytes = round_up(mt_qweight_bytes(w->n, w->k, &w->num));
   *why = MT_R_ROUTED;
   if (capturing)
     return NULL; /* no allocation in a capture: requantized in the graph's memory */
@@ -368,14 +359,12 @@ static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, 
     return NULL;
   }
   CUdeviceptr mem;
-  if (!entry_alloc(d, c, sbytes, stream, &mem, why))
+  if (!entry_alloc(d, c, qbytes, stream, &mem, why))
     return NULL;
-  count_store(sbytes, 1, w->n, w->k);
   entry *e = &c->entries[i];
   e->ref = *w;
-  e->stream = (CUstream)stream;
   e->mem = mem;
-  mt_wstore_bind(&e->store, 1, w->n, w->k, &w->num, (void *)mem);
+  mt_qweight_bind(&e->q, w->n, w->k, &w->num, (void *)mem);
   c->nentries++;
   return e;
 }
@@ -504,30 +493,29 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   if (!c)
     return MT_R_NO_ENGINE;
   out->hold.state = c;
-  size_t ws = round_up(mt_grouped_workspace_bytes(m, w->k, &w->num));
-  size_t sbytes = round_up(mt_wstore_bytes(1, w->n, w->k, &w->num));
+  size_t ws = round_up(mt_gemm_workspace_bytes(m, w->k, &w->num));
+  size_t qbytes = round_up(mt_qweight_bytes(w->n, w->k, &w->num));
   entry *e = NULL;
   enum mt_reason why = MT_R_ROUTED;
-  if (ws && sbytes && frozen)
+  if (ws && qbytes && frozen)
     e = entry_get(d, c, w, capturing, stream, &why);
   CUdeviceptr mem = 0;
   enum mt_reason r =
-      take_memory(d, c, &x, stream, ws, sbytes, e != NULL, why, capturing, &out->hold, &mem);
+      take_memory(d, c, &x, stream, ws, qbytes, e != NULL, why, capturing, &out->hold, &mem);
   if (r != MT_R_ROUTED)
     return r;
   out->workspace = (void *)mem;
   out->workspace_bytes = ws;
-  int st;
   if (e) {
-    out->store = e->store;
-    out->wsum = &((const mt_wcheck_state *)(uintptr_t)(e->mem + sbytes))->hash;
-    st = mt_wstore_refresh(w->w, w->type, w->ldw, &out->store, (void *)(e->mem + sbytes),
-                           check_step, stream);
-  } else {
-    mt_wstore_bind(&out->store, 1, w->n, w->k, &w->num, (void *)(mem + ws));
-    st = mt_wstore_quantize(w->w, w->type, w->ldw, 0, &out->store, NULL, stream);
+    out->q = &e->q;
+    out->wsum = &((const mt_wcheck_state *)(uintptr_t)(e->mem + qbytes))->hash;
+    return weight_done(mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + qbytes),
+                                         check_step, stream),
+                       capturing);
   }
-  return weight_done(st, capturing);
+  mt_qweight_bind(&out->own, w->n, w->k, &w->num, (void *)(mem + ws));
+  out->q = &out->own;
+  return weight_done(mt_quantize_weight(w->w, w->type, w->ldw, &out->own, stream), capturing);
 }
 
 void mt_wcache_ran(const mt_wcache_hold *mem) {
@@ -561,7 +549,7 @@ static gentry *gentry_get(const mt_driver *d, context *c, const mt_wgroup_ref *w
                           int capturing, mt_stream stream, enum mt_reason *why) {
   *why = MT_R_ROUTED;
   for (int i = 0; i < c->ngentries; i++)
-    if (c->gentries[i].stream == (CUstream)stream && same_gref(&c->gentries[i].ref, w))
+    if (same_gref(&c->gentries[i].ref, w))
       return &c->gentries[i];
   if (w->w_stride && w->w_stride != (int64_t)w->n * (int64_t)w->ldw)
     return NULL; /* gaps between the slices: the hash reads the tensor as one run of bytes */
@@ -577,10 +565,10 @@ static gentry *gentry_get(const mt_driver *d, context *c, const mt_wgroup_ref *w
   if (!entry_alloc(d, c, sbytes, stream, &mem, why))
     return NULL;
   const int slices = w->w_stride ? w->groups : 1;
-  count_store(sbytes, slices, w->n, w->k);
+  atomic_fetch_add(&store_bytes, sbytes);
+  atomic_fetch_add(&store_elems, (unsigned long long)slices * (unsigned)w->n * (unsigned)w->k);
   gentry *e = &c->gentries[c->ngentries++];
   e->ref = *w;
-  e->stream = (CUstream)stream;
   e->mem = mem;
   mt_wstore_bind(&e->store, slices, w->n, w->k, &w->num, (void *)mem);
   return e;

@@ -15,28 +15,24 @@
  * the warm-up, on later growth of any scratch, or on other streams, and its memory lives as long
  * as the graph. MINITE_CAPTURE=off sends captured calls to cuBLAS instead (reason "capture").
  *
- * Frozen entries are keyed by the weight's address, shape, row stride, type and numerics, and by
- * the stream of the call, and are refreshed at every call on the device (mt_wstore_refresh: a
- * hash of the whole weight, compared with the one of its last quantization). The guarantee: a
- * frozen weight is never stale, whatever wrote it; the cost per call: one read of the BF16 weight
- * instead of a full requantization.
+ * Frozen entries are keyed by the weight's address, shape, row stride, type and numerics, and are
+ * refreshed at every call on the device (mt_refresh_weight: a hash of the whole weight, compared
+ * with the one of its last quantization). The guarantee: a frozen weight is never stale, whatever
+ * wrote it; the cost per call: one read of the BF16 weight instead of a full requantization.
  * Under frozen-sampled the hash covers one 128-byte line in MT_SAMPLE_STEP (kernels/wcheck.h):
  * a call costs 1/64 of that read, and a change that misses every sampled line goes unseen (the
- * guarantee holds for weights changed as a whole, as an optimizer step changes them). An entry is a
- * weight store (kernels/wstore.h, 4.5 bits an element): one slice for a single call's weight, a
- * slice per expert for a grouped call's weights (all its experts, one tensor).
- * An entry belongs to one stream: its quantized weight and its check state (and the amax word its
- * quantization builds) are read and written by that stream's calls alone, in that stream's order,
- * so no refresh can be seen half done and no two checks can mix their sums. Two streams using one
- * weight keep a copy each (memory, counted in MINITE_CACHE_MB, for safety: nothing on the device
- * orders two streams, and a shared copy would need that order). A graph keeps the entry of the
- * stream it was captured on: replayed on another stream while the capture stream routes the same
- * weight, the two share it (the one case left to the program's own ordering).
+ * guarantee holds for weights changed as a whole, as an optimizer step changes them). A grouped
+ * call's weights (all its experts, one tensor) make one entry: a store of slices
+ * (kernels/wstore.h), refreshed the same way.
  * MINITE_CACHE_MB bounds the entries of each context (not the scratch): each GPU has its own
  * memory, so a process driving several GPUs may keep that much on each; past it, weights are requantized in
  * scratch instead. An entry is made outside captures only: a weight first seen inside a capture
- * (or never seen on the capturing stream) is requantized into the graph's memory at every replay
- * (correct, slower).
+ * is requantized into the graph's memory at every replay (correct, slower). An entry is shared by
+ * every stream, and so is its check's state: two streams checking one entry at the same moment
+ * (nothing orders them on the GPU) mix their sums, which costs requantizations of identical bytes,
+ * and after a change of the weight may leave both streams' quantizations skipped (one stream's
+ * check stores the new hash before the other's compares it): a stale weight. A state per stream
+ * (the quantized data shared) would close that; not done here.
  *
  * State lives per context slot (kernels/driver.h mt_ctx): a context found destroyed has its state
  * dropped (its memory went with it). A process forked after the engine ran routes nothing (CUDA
@@ -68,15 +64,15 @@ typedef struct {
   void *state; /* the context's state (its counters); NULL when none was found */
 } mt_wcache_hold;
 
-/* What one routed problem gets: the activations' workspace and the weight's store of one slice
- * (kernels/wstore.h, the grouped engine's), quantized (or refreshed) on the stream. */
+/* What one routed problem gets. */
 typedef struct {
   void *workspace;
   size_t workspace_bytes;
-  mt_wstore store;
+  mt_qweight *q;        /* quantized (or refreshed) on the stream, ready for mt_gemm */
   const uint64_t *wsum; /* frozen: the device word holding the weight's content hash as of this
                            call (kernels/wcheck.h, mt_wcheck_state.hash); NULL under requantize */
   mt_wcache_hold hold;
+  mt_qweight own; /* a weight quantized for this call alone (requantize, cache full, capture) */
 } mt_engine_mem;
 
 /* Read MINITE_WEIGHT_CACHE (overrides the spec's weight_cache), MINITE_CACHE_MB and
@@ -134,10 +130,9 @@ const char *mt_wcache_mode(void);
 enum mt_reason mt_engine_reason(int status);
 
 /* The summary's "engine" part (shim/stats.h: mt_stats_part): the mode, device bytes held, frozen
- * entries, calls that found the cache full, calls routed inside graph captures, the resident bytes
- * per weight element of the frozen stores (single and grouped calls' alike), and "contexts": for
- * each CUDA context the engine ran in, its device (ordinal and PCI address), the calls it ran there
- * and the bytes it holds there. */
+ * entries, calls that found the cache full, calls routed inside graph captures, the bytes per
+ * weight element of the frozen grouped stores, and "contexts": for each CUDA context the engine
+ * ran in, its device (ordinal and PCI address), the calls it ran there and the bytes it holds there. */
 void mt_wcache_summary(void (*emit)(void *ctx, const char *text), void *ctx);
 
 #endif

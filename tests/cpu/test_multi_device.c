@@ -124,10 +124,10 @@ static int count_kind(int from, int kind) {
   return n;
 }
 
-/* The grid of the first GEMM launched since `from`; -1 when none. */
+/* The grid of the first large-path GEMM launched since `from`; -1 when none. */
 static int large_grid(int from) {
   for (int i = from; i < now(); i++)
-    if (event(i)->kind == FAKE_EV_LAUNCH && !strncmp(event(i)->name, "mt_grouped_n", 12))
+    if (event(i)->kind == FAKE_EV_LAUNCH && !strncmp(event(i)->name, "mt_gemm_large_", 14))
       return (int)event(i)->grid[0];
   return -1;
 }

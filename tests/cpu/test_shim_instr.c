@@ -99,7 +99,8 @@ static const char *trace(int from) {
     int engine = e->kind == FAKE_EV_LAUNCH && strncmp(e->name, "mt_instr_", 9);
     if (engine || (e->kind == FAKE_EV_MEMSET && e->bytes == 4) || e->kind == FAKE_EV_TMAP ||
         e->kind == FAKE_EV_SETATTR) {
-      if (engine && !strncmp(e->name, "mt_grouped_", 11)) {
+      if (engine &&
+          (!strncmp(e->name, "mt_gemm_small", 13) || !strncmp(e->name, "mt_gemm_large", 13))) {
         w = "gemm";
       } else {
         continue;
@@ -269,7 +270,8 @@ static void scenario_digest(void) {
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
   /* the first lookup loads every kernel file and makes the context registry's canary; the
    * instruments' memory: device, then host (registered) */
-  CHECK_TRACE(t, "alloc load load load load alloc gemm alloc hostreg memset64 digest finish");
+  CHECK_TRACE(
+      t, "alloc load load load load load load alloc gemm alloc hostreg memset64 digest finish");
   int d = find_launch(t, "mt_instr_digest", 0), w = find_launch(t, "mt_instr_finish", 0);
   const mt_instr_digest_args *da = d >= 0 ? (const mt_instr_digest_args *)event(d)->args : NULL;
   const mt_instr_finish_args *wa = w >= 0 ? (const mt_instr_finish_args *)event(w)->args : NULL;
@@ -346,7 +348,8 @@ static void scenario_sampling(void) {
             pa->ld_alone == OUT && (uintptr_t)pa->alone % 256 == 0);
       int g = 0;
       for (int e = t; e < pr; e++)
-        g += event(e)->kind == FAKE_EV_LAUNCH && !strncmp(event(e)->name, "mt_grouped_", 11);
+        g += event(e)->kind == FAKE_EV_LAUNCH && (!strncmp(event(e)->name, "mt_gemm_small", 13) ||
+                                                  !strncmp(event(e)->name, "mt_gemm_large", 13));
       CHECKF(g == 5, "%d GEMM launches before the probe, want the call's and 4 alone", g);
     }
     if (got_shadow) {

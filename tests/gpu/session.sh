@@ -62,7 +62,7 @@ for s in $steps; do
   ncu) # the GEMM kernels of two rows of the benchmark under Nsight Compute (clocks left alone)
     for cfg in ${NCU_ROWS:-qwen3_gate_up:4096 qwen3_gate_up:1}; do
       step "ncu-${cfg/:/-}" 240 env MT_BENCH_ONLY="$cfg" ncu --clock-control none \
-          --kernel-name 'regex:mt_grouped_' --launch-count 1 --section SpeedOfLight \
+          --kernel-name 'regex:mt_gemm_(large|small)' --launch-count 1 --section SpeedOfLight \
           --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
           --section LaunchStats --section Occupancy --section SourceCounters \
           build/bench/bench_kernels "$out/ncu.json"

@@ -2,11 +2,10 @@
  * weight store bit for bit against the CPU reference (ref/nvfp4.c), slice by slice; the grouped
  * GEMM against mt_ref_gemm within the FP32-accumulation bound (tests/gpu/test_kernels.c's header
  * derives it), on segment tables with empty, short and long segments, both row layouts (device
- * offsets, fixed rows with strides), every tile (token tiles of 8 to 256 with 128 channels, of 8 to
- * 32 with 64), C, bias, FP16, NaN rows, more segments than one launch takes; and bitwise: a row's
- * output the same whatever its segment's position, the other segments, the tile, the launch's
- * layout, and the per-call path (mt_gemm: one
- * expert, one call, its weight quantized into a store of its own).
+ * offsets, fixed rows with strides), every token tile, C, bias, FP16, NaN rows, more segments than
+ * one launch takes; and bitwise: a row's output the same whatever its segment's position, the
+ * other segments, the token tile, the launch's layout, and the per-expert large path of
+ * kernels/gemm_large.cu (an independent kernel reading a BF16 copy of the same weight).
  *
  * Fresh random inputs every run (the seed is printed; MT_TEST_SEED=N repeats one); outputs are
  * poisoned before each launch. Without an sm_90 GPU every test reports skipped. */
@@ -17,13 +16,7 @@
 #include "tests/gpu/gpu_test.h"
 
 static const mt_numerics num_row = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
-/* The kernel's tiles: every token tile with 128 channels, and those of up to 32 tokens with 64
- * (the _c64 kernels); {0, 0} is the launcher's choice. */
-typedef struct {
-  int bn, cb;
-} tile;
-static const tile tiles[] = {{8, 128},   {16, 128}, {32, 128}, {64, 128}, {128, 128},
-                             {256, 128}, {8, 64},   {16, 64},  {32, 64}};
+static const int bns[] = {8, 16, 32, 64, 128, 256};
 
 /* E experts' weights on the GPU, quantized into one store, with each slice's reference. */
 typedef struct {
@@ -288,9 +281,9 @@ static mt_nvfp4 rows_of(const mt_nvfp4 *q, int r0, int rows) {
   return v;
 }
 
-/* Run the grouped GEMM of p on e (offsets on the device) with tile t into a fresh y of m x ldy
- * (poisoned; its first state in y0); returns 0 on a failure (reported). */
-static int run_offs(const problem *p, const experts *e, tile t, size_t ldy, enum mt_dtype ytype,
+/* Run the grouped GEMM of p on e (offsets on the device) with token tile bn into a fresh y of
+ * m x ldy (poisoned; its first state in y0); returns 0 on a failure (reported). */
+static int run_offs(const problem *p, const experts *e, int bn, size_t ldy, enum mt_dtype ytype,
                     uint16_t *y0, uint16_t *y) {
   int ok = 0, m = p->m > 0 ? p->m : 1;
   int32_t *offs_h = malloc((size_t)p->nseg * 4);
@@ -319,8 +312,7 @@ static int run_offs(const problem *p, const experts *e, tile t, size_t ldy, enum
                        .alpha = 1.0f,
                        .workspace = ws,
                        .workspace_bytes = ws_bytes,
-                       .bn = t.bn,
-                       .cb = t.cb};
+                       .bn = bn};
   MT(mt_gemm_grouped(&a, NULL));
   CU(sync_check());
   CU(cudaMemcpy(y, dy, (size_t)m * ldy * 2, cudaMemcpyDeviceToHost));
@@ -373,12 +365,12 @@ static void grouped_accuracy(void) {
         make_problem(&p, nseg, rows, k, num->act_scale, s == 1, NULL, 0)) {
       size_t ybytes = (size_t)p.m * ldy * 2;
       uint16_t *y0 = malloc(ybytes), *y = malloc(ybytes), *first = malloc(ybytes);
-      for (int b = 0; b < NKINDS(tiles); b++) {
-        if (!run_offs(&p, &e, tiles[b], ldy, yt, y0, y))
+      for (int b = 0; b < NKINDS(bns); b++) {
+        if (!run_offs(&p, &e, bns[b], ldy, yt, y0, y))
           break;
         char what[96];
-        snprintf(what, sizeof what, "%d segments of %dx%d, %d rows, bn %d cb %d", nseg, n, k, p.m,
-                 tiles[b].bn, tiles[b].cb);
+        snprintf(what, sizeof what, "%d segments of %dx%d, %d rows, bn %d", nseg, n, k, p.m,
+                 bns[b]);
         if (b == 0) {
           check_segments(&p, &e, y, y0, ldy, yt, NULL, what);
           memcpy(first, y, ybytes);
@@ -386,7 +378,7 @@ static void grouped_accuracy(void) {
           long differ = 0;
           for (int r = 0; r < p.m; r++)
             differ += memcmp(y + (size_t)r * ldy, first + (size_t)r * ldy, (size_t)n * 2) != 0;
-          CHECKF(differ == 0, "%s: %ld rows differ from bn 8 cb 128's", what, differ);
+          CHECKF(differ == 0, "%s: %ld rows differ from bn 8's", what, differ);
         }
       }
       free(y0);
@@ -401,8 +393,8 @@ static void grouped_accuracy(void) {
 
 /* A row's bits depend on nothing but its inputs (per-row S_a): the same rows computed in one
  * grouped call, then each segment alone (fixed rows, one segment), then with the segments in
- * another order and other segments' sizes around them, then by the per-call path (mt_gemm, each
- * expert's weight quantized on its own). */
+ * another order and other segments' sizes around them, then by the per-expert large path
+ * (mt_gemm on the same weights quantized into the BF16 copy it reads). */
 static void grouped_bitwise(void) {
   NEED_GPU();
   enum { NSEG = 6, N = 384, K = 1024 };
@@ -411,17 +403,17 @@ static void grouped_bitwise(void) {
     rows[i] = 1 + rnd_below(70);
   experts e = {0};
   problem p = {0};
-  uint16_t *y0 = NULL, *all = NULL, *one = NULL, *percall = NULL;
+  uint16_t *y0 = NULL, *all = NULL, *one = NULL, *large = NULL;
   if (!make_experts(&e, NSEG, N, K, &num_row, 0) ||
       !make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, NULL, 0)) {
     CHECK(0);
     goto out;
   }
   size_t ybytes = (size_t)p.m * N * 2;
-  y0 = malloc(ybytes), all = malloc(ybytes), one = malloc(ybytes), percall = malloc(ybytes);
-  if (!run_offs(&p, &e, (tile){0, 0}, N, MT_DTYPE_BF16, y0, all))
+  y0 = malloc(ybytes), all = malloc(ybytes), one = malloc(ybytes), large = malloc(ybytes);
+  if (!run_offs(&p, &e, 0, N, MT_DTYPE_BF16, y0, all))
     goto out;
-  long differ_one = 0, differ_percall = 0;
+  long differ_one = 0, differ_large = 0;
   size_t ws_bytes = mt_grouped_workspace_bytes(p.m, K, &num_row);
   void *ws = dev_alloc(ws_bytes), *dy = dev_alloc(ybytes);
   /* each segment alone: fixed rows, one segment, its own slice as the store */
@@ -452,19 +444,16 @@ static void grouped_bitwise(void) {
     differ_one += memcmp(one + (size_t)r * N, all + (size_t)r * N, N * 2) != 0;
   CHECKF(differ_one == 0, "%ld rows differ between one grouped call and a call per segment",
          differ_one);
-  /* the per-call path: each expert's weight quantized on its own into a store of one slice, then
-   * one mt_gemm call per expert, as the shim runs a single routed call */
-  CHECK(poison(dy, ybytes));
+  /* the per-expert large path on the same weights */
   for (int s = 0; s < NSEG; s++) {
-    size_t qbytes = mt_wstore_bytes(1, N, K, &num_row),
-           gws = mt_grouped_workspace_bytes(p.rows[s], K, &num_row);
+    size_t qbytes = mt_qweight_bytes(N, K, &num_row),
+           gws = mt_gemm_workspace_bytes(p.rows[s], K, &num_row);
     void *qmem = dev_alloc(qbytes), *gw = dev_alloc(gws);
-    mt_wstore q;
+    mt_qweight q;
     if (!qmem || !gw)
       break;
-    MT(mt_wstore_bind(&q, 1, N, K, &num_row, qmem));
-    MT(mt_wstore_quantize((uint16_t *)e.dev + (size_t)s * e.stride, MT_DTYPE_BF16, e.ld, 0, &q,
-                          NULL, NULL));
+    MT(mt_qweight_bind(&q, N, K, &num_row, qmem));
+    MT(mt_quantize_weight((uint16_t *)e.dev + (size_t)s * e.stride, MT_DTYPE_BF16, e.ld, &q, NULL));
     mt_gemm_args g = {.m = p.rows[s],
                       .n = N,
                       .k = K,
@@ -477,15 +466,16 @@ static void grouped_bitwise(void) {
                       .ytype = MT_DTYPE_BF16,
                       .alpha = 1.0f,
                       .workspace = gw,
-                      .workspace_bytes = gws};
+                      .workspace_bytes = gws,
+                      .path = MT_PATH_LARGE};
     MT(mt_gemm(&g, NULL));
     CU(sync_check());
   }
-  CU(cudaMemcpy(percall, dy, ybytes, cudaMemcpyDeviceToHost));
+  CU(cudaMemcpy(large, dy, ybytes, cudaMemcpyDeviceToHost));
   for (int r = 0; r < p.m; r++)
-    differ_percall += memcmp(percall + (size_t)r * N, all + (size_t)r * N, N * 2) != 0;
-  CHECKF(differ_percall == 0, "%ld of %d rows differ between the grouped call and calls per expert",
-         differ_percall, p.m);
+    differ_large += memcmp(large + (size_t)r * N, all + (size_t)r * N, N * 2) != 0;
+  CHECKF(differ_large == 0, "%ld of %d rows differ between the grouped engine and the large path",
+         differ_large, p.m);
   /* the segments reversed and with other sizes around them: segment s's rows at a new place */
   {
     problem q = {0};
@@ -513,7 +503,7 @@ static void grouped_bitwise(void) {
         size_t yb2 = (size_t)q.m * N * 2;
         uint16_t *z0 = malloc(yb2), *z = malloc(yb2);
         long differ_moved = 0;
-        if (run_offs(&q, &e2, (tile){0, 0}, N, MT_DTYPE_BF16, z0, z))
+        if (run_offs(&q, &e2, 0, N, MT_DTYPE_BF16, z0, z))
           for (int s = 0; s < NSEG; s++)
             for (int r = 0; r < q.rows[2 * s + 1]; r++)
               differ_moved += memcmp(z + (size_t)(q.start[2 * s + 1] + r) * N,
@@ -529,7 +519,7 @@ out:
   free(y0);
   free(all);
   free(one);
-  free(percall);
+  free(large);
   free_problem(&p);
   free_experts(&e);
   dev_free_all();
@@ -642,7 +632,7 @@ static void grouped_nan_rows(void) {
     uint16_t *y0 = malloc((size_t)p.m * N * 2), *y = malloc((size_t)p.m * N * 2);
     char nan_row[34] = {0};
     nan_row[3] = nan_row[20] = 1;
-    if (run_offs(&p, &e, (tile){16, 0}, N, MT_DTYPE_BF16, y0, y))
+    if (run_offs(&p, &e, 16, N, MT_DTYPE_BF16, y0, y))
       check_segments(&p, &e, y, y0, N, MT_DTYPE_BF16, nan_row, "NaN rows");
     free(y0);
     free(y);
@@ -665,7 +655,7 @@ static void grouped_many_segments(void) {
   if (make_experts(&e, NSEG, N, K, &num_row, 0) &&
       make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, NULL, 0)) {
     uint16_t *y0 = malloc((size_t)p.m * N * 2), *y = malloc((size_t)p.m * N * 2);
-    if (run_offs(&p, &e, (tile){8, 0}, N, MT_DTYPE_BF16, y0, y))
+    if (run_offs(&p, &e, 8, N, MT_DTYPE_BF16, y0, y))
       check_segments(&p, &e, y, y0, N, MT_DTYPE_BF16, NULL, "600 segments");
     free(y0);
     free(y);
@@ -690,8 +680,8 @@ static void layer_case(int N, int K, int rows_lo, int rows_span) {
       make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, NULL, 0)) {
     size_t ybytes = (size_t)p.m * N * 2;
     uint16_t *y0 = malloc(ybytes), *y = malloc(ybytes), *first = malloc(ybytes);
-    for (int b = 0; b < NKINDS(tiles); b += 1) {
-      if (!run_offs(&p, &e, tiles[b], N, MT_DTYPE_BF16, y0, y))
+    for (int b = 0; b < NKINDS(bns); b += 1) {
+      if (!run_offs(&p, &e, bns[b], N, MT_DTYPE_BF16, y0, y))
         break;
       if (b == 0) {
         memcpy(first, y, ybytes);
@@ -707,8 +697,7 @@ static void layer_case(int N, int K, int rows_lo, int rows_span) {
         printf("    layer %dx%d, %d rows: worst error %.3f of the bound (12 rows)\n", N, K, p.m,
                oc.worst);
       } else {
-        CHECKF(!memcmp(y, first, ybytes), "layer %dx%d: bn %d cb %d differs from bn 8 cb 128", N, K,
-               tiles[b].bn, tiles[b].cb);
+        CHECKF(!memcmp(y, first, ybytes), "layer %dx%d: bn %d differs from bn 8", N, K, bns[b]);
       }
     }
     free(y0);

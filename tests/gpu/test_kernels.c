@@ -238,25 +238,47 @@ static void quant_weight_blocks(void) {
 
 /* ---- the GEMM ------------------------------------------------------------------------------ */
 
-/* A quantized weight on the GPU (a store of one slice, kernels/wstore.h) and its reference. */
+/* A quantized weight on the GPU and its reference. */
 typedef struct {
   void *mem;
-  mt_wstore s;
+  mt_qweight q;
   mt_nvfp4 ref;
 } weight;
 
-/* Bytes of the store's slice 0 (records and S) that differ from the reference; -1 when the copy
- * fails. */
-static long store_diff(const mt_wstore *w, const mt_nvfp4 *ref) {
-  uint8_t *host = malloc(w->slice_bytes);
+/* Elements of the GPU's quantized weight (codes, scales, S, xhat) that differ from the reference;
+ * -1 when the copies fail. */
+static long qweight_diff(const mt_qweight *q, const mt_nvfp4 *ref) {
+  int n = q->n, k = q->k;
+  size_t ncodes = (size_t)n * (size_t)k / 2, nscales = ncodes / 8;
+  size_t nouter = q->num.weight_scale == MT_SCALE_ROW ? (size_t)n : 1;
+  uint8_t *codes = malloc(ncodes), *scales = malloc(nscales);
+  float *outer = malloc(nouter * sizeof *outer);
+  uint16_t *xhat = malloc((size_t)n * (size_t)k * 2);
   long bad = -1;
-  if (host && cudaMemcpy(host, w->base, w->slice_bytes, cudaMemcpyDeviceToHost) == cudaSuccess)
-    bad = check_store(host, ref);
-  free(host);
+  if (cudaMemcpy(codes, q->codes, ncodes, cudaMemcpyDeviceToHost) == cudaSuccess &&
+      cudaMemcpy(scales, q->scales, nscales, cudaMemcpyDeviceToHost) == cudaSuccess &&
+      cudaMemcpy(outer, q->outer, nouter * sizeof *outer, cudaMemcpyDeviceToHost) == cudaSuccess &&
+      cudaMemcpy(xhat, q->xhat, (size_t)n * (size_t)k * 2, cudaMemcpyDeviceToHost) == cudaSuccess) {
+    bad = 0;
+    for (size_t i = 0; i < ncodes; i++)
+      bad += codes[i] != ref->codes[i];
+    for (size_t i = 0; i < nscales; i++)
+      bad += scales[i] != ref->scales[i];
+    for (size_t i = 0; i < nouter; i++)
+      bad += !same_float(outer[i], ref->outer[i]);
+    for (int r = 0; r < n; r++)
+      for (int c = 0; c < k; c++)
+        bad +=
+            xhat[(size_t)r * (size_t)k + (size_t)c] != mt_float_to_bf16(mt_ref_dequant(ref, r, c));
+  }
+  free(codes);
+  free(scales);
+  free(outer);
+  free(xhat);
   return bad;
 }
 
-/* Quantize a random n x k weight both ways and check the GPU store bit for bit. */
+/* Quantize a random n x k weight both ways and check the GPU copy bit for bit. */
 static int make_weight(weight *w, int n, int k, const mt_numerics *num, int fp16) {
   size_t ld = rnd_ld(k);
   /* magnitudes that keep every output finite in FP16 */
@@ -266,22 +288,22 @@ static int make_weight(weight *w, int n, int k, const mt_numerics *num, int fp16
   int ok = 0;
   for (size_t i = 0; i < (size_t)n * ld; i++)
     xf[i] = from_half(x[i], fp16);
-  size_t bytes = mt_wstore_bytes(1, n, k, num);
+  size_t bytes = mt_qweight_bytes(n, k, num);
   void *dw = dev_alloc((size_t)n * ld * 2);
   w->mem = dev_alloc(bytes);
   if (mt_nvfp4_alloc(&w->ref, n, k, num->weight_scale, num->weight_block) != 0 || !dw || !w->mem ||
       !bytes)
     goto done;
   mt_ref_quantize(xf, ld, &w->ref);
-  if (mt_wstore_bind(&w->s, 1, n, k, num, w->mem) != MT_OK || !poison(w->mem, bytes) ||
+  if (mt_qweight_bind(&w->q, n, k, num, w->mem) != MT_OK || !poison(w->mem, bytes) ||
       cudaMemcpy(dw, x, (size_t)n * ld * 2, cudaMemcpyHostToDevice) != cudaSuccess)
     goto done;
-  int st = mt_wstore_quantize(dw, fp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16, ld, 0, &w->s, NULL, NULL);
-  CHECKF(st == MT_OK, "mt_wstore_quantize: %s", mt_status_name((enum mt_status)st));
+  int st = mt_quantize_weight(dw, fp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16, ld, &w->q, NULL);
+  CHECKF(st == MT_OK, "mt_quantize_weight: %s", mt_status_name((enum mt_status)st));
   if (st != MT_OK || sync_check() != cudaSuccess)
     goto done;
-  long bad = store_diff(&w->s, &w->ref);
-  CHECKF(bad == 0, "mt_wstore_quantize %dx%d differs from the reference (%ld)", n, k, bad);
+  long bad = qweight_diff(&w->q, &w->ref);
+  CHECKF(bad == 0, "mt_quantize_weight %dx%d differs from the reference (%ld)", n, k, bad);
   ok = bad == 0;
 done:
   free(x);
@@ -331,8 +353,10 @@ typedef struct {
   float alpha, beta;
   size_t ldx, ldy;
   int nan_rows[2], nnan;
-  int bn, cb; /* the tile: 0 (the launcher's choice), or forced */
+  enum mt_gemm_path path; /* AUTO, or forced */
 } gcase;
+
+static const char *const path_names[] = {"", " fused", " large"};
 
 /* Run one GEMM case and check every output against mt_ref_gemm within the bound of the header. */
 static void check_gemm(const gcase *g) {
@@ -363,7 +387,7 @@ static void check_gemm(const gcase *g) {
     biasf[j] = b;
   }
   void *dy = dev_alloc(ysize * 2), *dc = dev_alloc(ysize * 2), *dbias = dev_alloc((size_t)g->n * 4);
-  size_t ws_bytes = mt_grouped_workspace_bytes(g->m, g->k, &g->num);
+  size_t ws_bytes = mt_gemm_workspace_bytes(g->m, g->k, &g->num);
   void *ws = dev_alloc(ws_bytes);
   if (!dy || !dc || !dbias || !ws)
     goto out;
@@ -383,7 +407,7 @@ static void check_gemm(const gcase *g) {
       .x = a.dev,
       .ldx = g->ldx,
       .xtype = g->xfp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16,
-      .w = &w.s,
+      .w = &w.q,
       .y = dy,
       .ldy = g->ldy,
       .ytype = g->ytype,
@@ -395,8 +419,7 @@ static void check_gemm(const gcase *g) {
       .beta = g->beta,
       .workspace = ws,
       .workspace_bytes = ws_bytes,
-      .bn = g->bn,
-      .cb = g->cb,
+      .path = g->path,
   };
   MT(mt_gemm(&args, NULL));
   CU(sync_check());
@@ -417,11 +440,11 @@ static void check_gemm(const gcase *g) {
          g->m, g->n, g->k, mt_scale_name(g->num.act_scale), mt_scale_name(g->num.weight_scale),
          mt_wblock_name(g->num.weight_block), g->ytype == MT_DTYPE_FP16 ? "fp16" : "bf16", bad,
          bad_pad, bad_nan);
-  printf("    %dx%dx%d act %s weight %s %s y %s%s%s bn %d cb %d: worst error %.3f of the bound\n",
-         g->m, g->n, g->k, mt_scale_name(g->num.act_scale), mt_scale_name(g->num.weight_scale),
+  printf("    %dx%dx%d act %s weight %s %s y %s%s%s%s: worst error %.3f of the bound\n", g->m, g->n,
+         g->k, mt_scale_name(g->num.act_scale), mt_scale_name(g->num.weight_scale),
          mt_wblock_name(g->num.weight_block), g->ytype == MT_DTYPE_FP16 ? "fp16" : "bf16",
          g->beta != 0 ? (g->in_place ? " beta C=y" : " beta") : "", g->with_bias ? " bias" : "",
-         g->bn, g->cb, worst);
+         path_names[g->path], worst);
 out:
   mt_nvfp4_free(&w.ref);
   free_acts(&a);
@@ -435,14 +458,15 @@ out:
 
 static const mt_numerics numerics_row = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
 
-/* Shapes of one segment on the grouped kernel (the per-call path), every spec numerics, both
- * output types, the token tile the launcher's or forced to each of 8 .. 256 in turn (with 64
- * channels a tile on some of those of up to 32 tokens, the launcher's choice at few tokens): k = 784 and
- * 1008 end on an odd k16 step (a half record), k = 2080 on a block of 32 columns; k = 160 and 784
- * are not multiples of 128 (the store's padded columns); at k % 64 == 0 with tiles of up to 64
- * tokens the activations load by rank-3 maps (mt_grouped_kargs.kpair), and at 1088 (17 64-wide
- * blocks) the last stage's second block lies past the map's third dimension; n = 272 and 1536 are
- * not whole bands of 128 channels (n = 272: a partial last band). */
+/* Shapes across the three paths (up to 4 tokens the fused kernel that quantizes the activations
+ * itself and the small kernel that streams the packed weight, forced in turn; up to 8 the small
+ * kernel, forced; more, AUTO: the large path, which reads xhat by TMA), every spec numerics, both
+ * output types. The small kernels need the packed weight, which exists for k <= 1024 here
+ * (mt_gemm_frag_bytes): k = 784 and 1008 end on an odd k16 step (a half record, a partial chunk);
+ * 12 and 16 rows take the large path's one row of tiles, k = 2080 a last K step of 32 columns;
+ * at k = 1088 and 2048 the 64-token tiles load by rank-3 maps (mt_large_args.kpair: k % 64 == 0
+ * and more stages than their ring), and at 1088 (17 64-wide blocks) the last stage's second block
+ * lies past the map's third dimension. */
 static void gemm_accuracy(void) {
   NEED_GPU();
   static const int shapes[][3] = {{1, 256, 512},   {7, 1536, 256},  {64, 384, 768},
@@ -466,9 +490,8 @@ static void gemm_accuracy(void) {
                  .biastype = MT_DTYPE_FP32,
                  .alpha = 1.0f,
                  .beta = 0.0f};
-      static const int bns[] = {0, 8, 16, 32, 64, 128, 256};
-      g.bn = bns[(s * NKINDS(nums) + v) % NKINDS(bns)];
-      g.cb = g.bn && g.bn <= 32 && (s + v) % 2 ? 64 : 0;
+      if (g.m <= MT_SMALL_FUSE_M && v % 2 == 0)
+        g.path = MT_PATH_FUSED;
       g.ldx = (size_t)g.k;
       g.ldy = (size_t)g.n;
       check_gemm(&g);
@@ -501,7 +524,8 @@ static void gemm_epilogue_and_strides(void) {
     }
 }
 
-/* A row holding NaN gives NaN in that row only; the others stay within the bound. */
+/* A row holding NaN gives NaN in that row only; the others stay within the bound (3 rows: the
+ * fused small kernel quantizes them itself). */
 static void gemm_nan_rows(void) {
   NEED_GPU();
   static const int ms[] = {3, 8, 130};
@@ -536,7 +560,7 @@ static int inv_setup(inv_case *c, int rows, int n, int k) {
     CHECKF(0, "setup failed");
     return 0;
   }
-  size_t ws_bytes = mt_grouped_workspace_bytes(rows, k, &numerics_row);
+  size_t ws_bytes = mt_gemm_workspace_bytes(rows, k, &numerics_row);
   void *ws = dev_alloc(ws_bytes);
   c->dy = dev_alloc((size_t)rows * n * 2);
   c->args = (mt_gemm_args){.m = rows,
@@ -545,7 +569,7 @@ static int inv_setup(inv_case *c, int rows, int n, int k) {
                            .x = c->a.dev,
                            .ldx = k,
                            .xtype = MT_DTYPE_BF16,
-                           .w = &c->w.s,
+                           .w = &c->w.q,
                            .y = c->dy,
                            .ldy = n,
                            .ytype = MT_DTYPE_BF16,
@@ -606,22 +630,25 @@ static void invariance_against_one_call(int n, int k, int rows, const int *ms, i
   free(part);
 }
 
-/* A wide output (n = 4096, 32 channel blocks) across token tiles: rows of the 4096-row call (tiles
- * of 256 tokens) against M = 1 (8), 7 (16), 64 (128), 257 and 512 (256). */
+/* A wide output (n = 4096) across every kernel kind: rows of the 4096-row call (tiles of
+ * 128 x 256: the TMA-store kernel, or ra under MT_LARGE_VARIANT=ra) against M = 1 (the fused
+ * small kernel), 7 and 64 (tiles of 64 x 32), 257 (128 x 96: v6) and 512 (4 x 32 tiles of
+ * 128 x 128 fill one wave of 132 SMs: the TMA-store kernel). */
 static void batch_invariance_wide(void) {
   static const int ms[] = {1, 7, 64, 257, 512};
   invariance_against_one_call(4096, 512, 4096, ms, NKINDS(ms));
 }
 
-/* The tiles that load two K blocks a box (rank-3 maps, at k = 2112: 33 64-wide blocks, the last
- * stage's second block past k) against boxes of one block (the 4096-row call, tiles of 256
- * tokens): M = 1, 7, 64 and 65, 200 and 2048. */
+/* The 64-token tiles that load two K blocks a box (mt_gemm_large_m64p_*, at k = 2112: 33 64-wide
+ * blocks) against the 128-token tiles' boxes of one block (the 4096-row call, tiles of 128 x 64):
+ * M = 1, 7, 64 (one band, its box of 8 or 64 rows), 65 and 200 (full bands, then a last band of
+ * 8 rows: its second block 8 rows on) and 2048 (tiles of 64 x 64). */
 static void batch_invariance_kpair(void) {
   static const int ms[] = {1, 7, 64, 65, 200, 2048};
   invariance_against_one_call(256, 2112, 4096, ms, NKINDS(ms));
 }
 
-/* Row r's bits do not depend on M, on its position, or on the tile: every run below is compared
+/* Row r's bits do not depend on M, on its position, or on the path: every run below is compared
  * bit for bit with one 4096-row GEMM and with 1-row GEMMs. Then the same at n = 4096
  * (batch_invariance_wide) and at k = 2112 (batch_invariance_kpair). */
 static void gemm_batch_invariance(void) {
@@ -653,54 +680,52 @@ static void gemm_batch_invariance(void) {
   batch_invariance_kpair();
 }
 
-/* Every tile gives the same bits (mt_gemm_args.bn forced to each of 8 .. 256 with 128 channels, and
- * to 8 .. 32 with 64, against the launcher's choice), at M = 1 .. 9 on rows at a random offset, on
- * 320 channels (two bands and a half: the last 64-channel tile's records are the band's padding).
- * k = 944 ends on an odd k16 step, is an odd number of 64-wide blocks (15: a stage of two holds a
- * block wholly past k, of TMA's zeros) and not a multiple of 128 (the store's padded columns). A
- * tile the kernel does not have is refused (MT_ERR_UNSUPPORTED). */
-static void gemm_tiles_agree(void) {
+/* Every path that takes a call gives its bits (mt_gemm_args.path forced): the fused kernel (up to
+ * MT_SMALL_FUSE_M rows) and the large one, at every M they share, on rows at a random offset.
+ * k = 944 ends on an odd k16 step in a partial chunk, is an odd number of 64-wide blocks (15: the
+ * 64-token tiles' last stage of two holds a block wholly past k, of TMA's zeros), and has the
+ * packed weight the fused kernel needs. A path past its rows refuses the call
+ * (MT_ERR_UNSUPPORTED) and leaves the output alone. */
+static void gemm_paths_agree(void) {
   NEED_GPU();
-  enum { ROWS = 9, N = 320, K = 944 };
-  static const int tiles[][2] = {{8, 128},   {16, 128}, {32, 128}, {64, 128}, {128, 128},
-                                 {256, 128}, {8, 64},   {16, 64},  {32, 64}};
+  enum { ROWS = MT_SMALL_FUSE_M + 1, N = 256, K = 944 };
   inv_case c = {0};
   uint16_t *want = malloc((size_t)ROWS * N * 2), *got = malloc((size_t)ROWS * N * 2);
   if (inv_setup(&c, ROWS, N, K)) {
     long bad = 0;
     for (int m = 1; m <= ROWS; m++) {
       int offset = rnd_below(ROWS - m + 1);
-      c.args.bn = c.args.cb = 0;
+      c.args.path = MT_PATH_LARGE;
       if (!inv_run(&c, m, offset, want))
         break;
-      for (int t = 0; t < NKINDS(tiles); t++) {
-        c.args.bn = tiles[t][0], c.args.cb = tiles[t][1];
+      for (int p = MT_PATH_FUSED; p <= MT_PATH_FUSED; p++) {
+        int fits = m <= MT_SMALL_FUSE_M;
+        c.args.path = (enum mt_gemm_path)p;
+        if (!fits) {
+          CHECK(poison(c.dy, (size_t)m * N * 2));
+          CHECKF(mt_gemm(&c.args, NULL) == MT_ERR_UNSUPPORTED, "path %d took M = %d", p, m);
+          continue;
+        }
         if (!inv_run(&c, m, offset, got))
           break;
         if (memcmp(got, want, (size_t)m * N * 2) != 0 && bad++ == 0)
-          CHECKF(0, "M = %d: tiles of %d tokens x %d channels differ from the launcher's choice", m,
-                 tiles[t][0], tiles[t][1]);
+          CHECKF(0, "M = %d: path %d differs from the large path", m, p);
       }
     }
-    CHECKF(bad == 0, "%ld calls differ between tiles", bad);
-    c.args.bn = 48, c.args.cb = 0;
-    CHECK(mt_gemm(&c.args, NULL) == MT_ERR_UNSUPPORTED);
-    c.args.bn = 64, c.args.cb = 64;
-    CHECK(mt_gemm(&c.args, NULL) == MT_ERR_UNSUPPORTED);
-    c.args.bn = 8, c.args.cb = 32;
-    CHECK(mt_gemm(&c.args, NULL) == MT_ERR_UNSUPPORTED);
+    CHECKF(bad == 0, "%ld calls differ between paths", bad);
   }
-  c.args.bn = c.args.cb = 0;
+  c.args.path = MT_PATH_AUTO;
   inv_free(&c);
   free(want);
   free(got);
 }
 
-/* The persistent grid walks several tiles per CTA when there are more tiles than CTAs (here 12
- * channel blocks x 17 token tiles of 256, the last partial): every output is written (two runs
- * under different poison agree), and sampled rows are bitwise those of 1-row calls; K = 256 and
- * K = 160 (a last K step of 32 columns). Then an odd N with per-row S_w against the reference
- * (the last channel block partial), without and with beta and bias. */
+/* The large path's persistent grid walks several tiles per CTA when there are more tiles than
+ * SMs (here 33 x 8 = 264 tiles of 128 x 192, the last row of tiles partial): every output is
+ * written (two runs under different poison agree), and sampled rows are bitwise those of 1-row
+ * calls (the small path); K = 256 and K = 160 (a last K step of 32 columns). Then an odd N with
+ * per-row S_w against the reference (tiles of 128 x 64, the last one partial, its last column
+ * stored alone), without and with beta and bias. */
 static void large_tiles_case(int K) {
   enum { M = 4096 + 37, N = 1536 };
   weight w = {0};
@@ -713,7 +738,7 @@ static void large_tiles_case(int K) {
     goto out;
   }
   void *dy = dev_alloc(ybytes);
-  size_t ws_bytes = mt_grouped_workspace_bytes(M, K, &numerics_row);
+  size_t ws_bytes = mt_gemm_workspace_bytes(M, K, &numerics_row);
   void *ws = dev_alloc(ws_bytes);
   if (!dy || !ws)
     goto out;
@@ -723,7 +748,7 @@ static void large_tiles_case(int K) {
                        .x = a.dev,
                        .ldx = K,
                        .xtype = MT_DTYPE_BF16,
-                       .w = &w.s,
+                       .w = &w.q,
                        .y = dy,
                        .ldy = N,
                        .ytype = MT_DTYPE_BF16,
@@ -781,7 +806,8 @@ static void gemm_large_tiles(void) {
     g.ldy = 280;
     check_gemm(&g);
   }
-  /* a wide output: 32 channel blocks x 2 token tiles of 256 */
+  /* a wide output: 4 x 32 tiles of 128 x 128 (one wave of 132 SMs) by the TMA-store kernel, or
+   * by ra under MT_LARGE_VARIANT=ra */
   gcase wide = {.m = 400,
                 .n = 4096,
                 .k = 256,
@@ -835,11 +861,11 @@ static void quant_weight_only_if(void) {
     uint16_t *wh[2] = {NULL, NULL};
     float *wf = malloc((size_t)N * K * sizeof *wf);
     mt_nvfp4 ref[2] = {{0}, {0}};
-    size_t bytes = mt_wstore_bytes(1, N, K, &nums[v]);
+    size_t bytes = mt_qweight_bytes(N, K, &nums[v]);
     unsigned char *snap[2] = {malloc(bytes), malloc(bytes)};
     void *dw[2] = {NULL, NULL}, *mem = dev_alloc(bytes);
     uint32_t *flag = dev_alloc(sizeof *flag);
-    mt_wstore q;
+    mt_qweight q;
     for (int i = 0; i < 2; i++) {
       wh[i] =
           make_matrix(N, K, K, 0, kinds, NKINDS(kinds), nums[v].weight_block == MT_WBLOCK_16X16);
@@ -853,20 +879,19 @@ static void quant_weight_only_if(void) {
     }
     if (!mem || !flag || !dw[0] || !dw[1] || !ref[0].codes || !ref[1].codes)
       goto out;
-    MT(mt_wstore_bind(&q, 1, N, K, &nums[v], mem));
-    /* the per-tensor amax word (after S) is scratch that the quantizer zeroes either way */
-    size_t scratch =
-        (size_t)((const unsigned char *)(mt_wstore_outer(&q, 0) + 1) - (unsigned char *)mem);
+    MT(mt_qweight_bind(&q, N, K, &nums[v], mem));
+    /* the per-tensor amax word is scratch that the quantizer zeroes either way */
+    size_t scratch = (size_t)((unsigned char *)(q.outer + 1) - (unsigned char *)mem);
     CHECK(poison(mem, bytes));
     CU(cudaMemset(flag, 0, sizeof *flag));
     CU(cudaMemset(flag, 1, 1));
-    MT(mt_wstore_quantize(dw[0], MT_DTYPE_BF16, K, 0, &q, flag, NULL));
+    MT(mt_quantize_weight_if(dw[0], MT_DTYPE_BF16, K, &q, flag, NULL));
     CU(sync_check());
-    CHECKF(store_diff(&q, &ref[0]) == 0, "%s %s: flag 1 did not quantize W",
+    CHECKF(qweight_diff(&q, &ref[0]) == 0, "%s %s: flag 1 did not quantize W",
            mt_scale_name(nums[v].weight_scale), mt_wblock_name(nums[v].weight_block));
     CU(cudaMemcpy(snap[0], mem, bytes, cudaMemcpyDeviceToHost));
     CU(cudaMemset(flag, 0, sizeof *flag));
-    MT(mt_wstore_quantize(dw[1], MT_DTYPE_BF16, K, 0, &q, flag, NULL));
+    MT(mt_quantize_weight_if(dw[1], MT_DTYPE_BF16, K, &q, flag, NULL));
     CU(sync_check());
     CU(cudaMemcpy(snap[1], mem, bytes, cudaMemcpyDeviceToHost));
     if (nums[v].weight_scale == MT_SCALE_TENSOR)
@@ -874,9 +899,9 @@ static void quant_weight_only_if(void) {
     CHECKF(memcmp(snap[0], snap[1], bytes) == 0, "%s %s: flag 0 changed the quantized weight",
            mt_scale_name(nums[v].weight_scale), mt_wblock_name(nums[v].weight_block));
     CU(cudaMemset(flag, 0xff, sizeof *flag));
-    MT(mt_wstore_quantize(dw[1], MT_DTYPE_BF16, K, 0, &q, flag, NULL));
+    MT(mt_quantize_weight_if(dw[1], MT_DTYPE_BF16, K, &q, flag, NULL));
     CU(sync_check());
-    CHECKF(store_diff(&q, &ref[1]) == 0, "%s %s: flag set did not requantize",
+    CHECKF(qweight_diff(&q, &ref[1]) == 0, "%s %s: flag set did not requantize",
            mt_scale_name(nums[v].weight_scale), mt_wblock_name(nums[v].weight_block));
   out:
     for (int i = 0; i < 2; i++) {
@@ -950,15 +975,15 @@ enum { CTX_M = 37, CTX_N = 256, CTX_K = 512 };
 static void engine_run(const uint16_t *wh, const uint16_t *xh, uint16_t *yh, int fresh) {
   const mt_driver *d = mt_driver_get();
   const mt_numerics *num = &numerics_row;
-  size_t qbytes = mt_wstore_bytes(1, CTX_N, CTX_K, num),
-         ws_bytes = mt_grouped_workspace_bytes(CTX_M, CTX_K, num);
+  size_t qbytes = mt_qweight_bytes(CTX_N, CTX_K, num),
+         ws_bytes = mt_gemm_workspace_bytes(CTX_M, CTX_K, num);
   size_t ybytes = (size_t)CTX_M * CTX_N * 2;
   CUdeviceptr dw = 0, dq = 0, dx = 0, dy = 0, dws = 0;
   CUstream s = NULL;
   CUgraph graph = NULL;
   CUgraphExec exec = NULL;
   uint16_t *y2 = malloc(ybytes);
-  mt_wstore q;
+  mt_qweight q;
   DRV(d->mem_alloc(&dw, (size_t)CTX_N * CTX_K * 2));
   DRV(d->mem_alloc(&dq, qbytes));
   DRV(d->mem_alloc(&dx, (size_t)CTX_M * CTX_K * 2));
@@ -967,7 +992,7 @@ static void engine_run(const uint16_t *wh, const uint16_t *xh, uint16_t *yh, int
   DRV(d->memcpy_htod(dw, wh, (size_t)CTX_N * CTX_K * 2));
   DRV(d->memcpy_htod(dx, xh, (size_t)CTX_M * CTX_K * 2));
   DRV(cu.stream_create(&s, CU_STREAM_NON_BLOCKING));
-  MT(mt_wstore_bind(&q, 1, CTX_N, CTX_K, num, (void *)dq));
+  MT(mt_qweight_bind(&q, CTX_N, CTX_K, num, (void *)dq));
   mt_gemm_args args = {.m = CTX_M,
                        .n = CTX_N,
                        .k = CTX_K,
@@ -983,7 +1008,7 @@ static void engine_run(const uint16_t *wh, const uint16_t *xh, uint16_t *yh, int
                        .workspace_bytes = ws_bytes};
   if (fresh) {
     DRV(cu.begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
-    int st_w = mt_wstore_quantize((void *)dw, MT_DTYPE_BF16, CTX_K, 0, &q, NULL, s);
+    int st_w = mt_quantize_weight((void *)dw, MT_DTYPE_BF16, CTX_K, &q, s);
     int st_g = mt_gemm(&args, s);
     DRV(cu.end_capture(s, &graph));
     CHECKF(st_w == MT_ERR_CAPTURE && st_g == MT_ERR_CAPTURE,
@@ -993,7 +1018,7 @@ static void engine_run(const uint16_t *wh, const uint16_t *xh, uint16_t *yh, int
     graph = NULL;
   }
   DRV(d->memset_d8_async(dy, 0xA5, ybytes, s));
-  MT(mt_wstore_quantize((void *)dw, MT_DTYPE_BF16, CTX_K, 0, &q, NULL, s));
+  MT(mt_quantize_weight((void *)dw, MT_DTYPE_BF16, CTX_K, &q, s));
   MT(mt_gemm(&args, s));
   DRV(cu.stream_synchronize(s));
   DRV(d->memcpy_dtoh(yh, dy, ybytes));
@@ -1058,8 +1083,7 @@ out:
 
 static void gemm_rejects_bad_arguments(void) {
   static _Alignas(256) unsigned char fake[4096]; /* never touched: every call must refuse */
-  mt_wstore w;
-  CHECK(mt_wstore_bind(&w, 1, 64, 64, &numerics_row, fake) == MT_OK);
+  mt_qweight w = {.n = 64, .k = 64, .num = numerics_row, .xhat = (uint16_t *)fake};
   mt_gemm_args good = {.m = 4,
                        .n = 64,
                        .k = 64,
@@ -1075,7 +1099,7 @@ static void gemm_rejects_bad_arguments(void) {
                        .workspace_bytes = 0};
   mt_gemm_args a = good;
   CHECK(mt_gemm(&a, NULL) == MT_ERR_NOMEM); /* workspace too small */
-  a.workspace_bytes = mt_grouped_workspace_bytes(4, 64, &numerics_row) - 1;
+  a.workspace_bytes = mt_gemm_workspace_bytes(4, 64, &numerics_row) - 1;
   CHECK(mt_gemm(&a, NULL) == MT_ERR_NOMEM);
   good.workspace_bytes = sizeof fake;
   a = good, a.k = 40, w.k = 40, a.ldx = 40;
@@ -1099,26 +1123,29 @@ static void gemm_rejects_bad_arguments(void) {
   CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED); /* beta without C */
   a = good, a.ldy = 32;
   CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED);
-  a = good, a.bn = 24;
-  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED); /* no such tile */
-  a = good, a.w = NULL;
+  a = good, a.path = MT_PATH_FUSED;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED); /* the fused kernel without the packed weight */
+  a = good, a.path = (enum mt_gemm_path)7;
   CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED);
+  a = good, a.path = MT_PATH_LARGE, a.workspace_bytes = 0;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_NOMEM); /* the large path takes it: the next check refuses */
   CHECK(mt_gemm(NULL, NULL) == MT_ERR_UNSUPPORTED);
 
   mt_numerics tile_row = {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_16X16};
-  CHECK(mt_wstore_bytes(1, 64, 64, &tile_row) == 0); /* 16x16 needs one S per matrix */
+  CHECK(mt_qweight_bytes(64, 64, &tile_row) == 0); /* 16x16 needs one S per matrix */
   mt_numerics tile = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_16X16};
-  CHECK(mt_wstore_bytes(1, 40, 64, &tile) == 0); /* rows % 16 */
-  CHECK(mt_wstore_bytes(1, 64, 40, &numerics_row) == 0);
-  size_t bytes = mt_wstore_bytes(1, 64, 64, &numerics_row);
-  CHECK(bytes == MT_WS_SLICE_BYTES(64, 64, 0) && bytes % 256 == 0);
-  mt_wstore q;
-  CHECK(mt_wstore_bind(&q, 1, 64, 64, &numerics_row, fake + 16) == MT_ERR_UNSUPPORTED);
-  CHECK(mt_wstore_bind(&q, 1, 64, 64, &numerics_row, fake) == MT_OK);
-  CHECK((uintptr_t)mt_wstore_outer(&q, 0) - (uintptr_t)fake ==
-        MT_WS_SECTION(MT_WS_RECORD_BYTES(64, 64)));
-  CHECK(mt_wstore_quantize(fake + 2, MT_DTYPE_BF16, 64, 0, &q, NULL, NULL) == MT_ERR_UNSUPPORTED);
-  CHECK(mt_wstore_quantize(fake, MT_DTYPE_FP32, 64, 0, &q, NULL, NULL) == MT_ERR_UNSUPPORTED);
+  CHECK(mt_qweight_bytes(40, 64, &tile) == 0); /* rows % 16 */
+  CHECK(mt_qweight_bytes(64, 40, &numerics_row) == 0);
+  size_t bytes = mt_qweight_bytes(64, 64, &numerics_row);
+  CHECK(bytes >= 64 * 64 * 2 + 64 * 32 + 64 * 4 + 4);
+  mt_qweight q;
+  CHECK(mt_qweight_bind(&q, 64, 64, &numerics_row, fake + 16) == MT_ERR_UNSUPPORTED);
+  CHECK(mt_qweight_bind(&q, 64, 64, &numerics_row, fake) == MT_OK);
+  CHECK((uintptr_t)q.codes % 256 == 0 && (uintptr_t)q.scales % 256 == 0 &&
+        (uintptr_t)q.outer % 256 == 0 && (void *)q.xhat == (void *)fake);
+  CHECK((size_t)((unsigned char *)q.outer - fake) + 4 <= bytes);
+  CHECK(mt_quantize_weight(fake + 2, MT_DTYPE_BF16, 64, &q, NULL) == MT_ERR_UNSUPPORTED);
+  CHECK(mt_quantize_weight(fake, MT_DTYPE_FP32, 64, &q, NULL) == MT_ERR_UNSUPPORTED);
   CHECK(strcmp(mt_status_name(MT_ERR_CAPTURE), "stream capture") == 0);
 }
 
@@ -1134,7 +1161,7 @@ int main(void) {
   RUN(gemm_epilogue_and_strides);
   RUN(gemm_nan_rows);
   RUN(gemm_batch_invariance);
-  RUN(gemm_tiles_agree);
+  RUN(gemm_paths_agree);
   RUN(gemm_large_tiles);
   RUN(gemm_many_tiles);
   RUN(engine_contexts_and_capture);

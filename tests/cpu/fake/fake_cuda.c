@@ -87,7 +87,7 @@ static unsigned long long next_buffer_id(void);
 static _Thread_local int thread_relaxed; /* cuThreadExchangeStreamCaptureMode */
 static void launch_delay(void);
 
-/* The log, aligned as its argument copies must be (mt_grouped_kargs holds a CUtensorMap). */
+/* The log, aligned as its argument copies must be (mt_large_args holds CUtensorMaps). */
 static void events_alloc(void) {
   if (!events && (events = aligned_alloc(_Alignof(fake_cuda_event), MAX_EVENTS * sizeof *events)))
     memset(events, 0, MAX_EVENTS * sizeof *events);
@@ -400,9 +400,12 @@ EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attr, 
 }
 
 /* Bytes of the by-value argument struct of a kernel, by its name (the headers of kernels/); each
- * fits the event's copy (an argument struct outgrew 512 bytes once, and the copy ran into the next
+ * fits the event's copy (mt_large_args outgrew 512 bytes once, and the copy ran into the next
  * event). */
-_Static_assert(sizeof(mt_quant_params) <= FAKE_CUDA_ARGS_MAX &&
+_Static_assert(sizeof(mt_large_args) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_small_args) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_quant_params) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_pack_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_wcheck_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_digest_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_shadow_args) <= FAKE_CUDA_ARGS_MAX &&
@@ -415,6 +418,8 @@ static size_t args_size(const char *name) {
     return sizeof(mt_quant_params);
   if (!strcmp(name, "mt_wcheck"))
     return sizeof(mt_wcheck_args);
+  if (!strcmp(name, "mt_gemm_pack"))
+    return sizeof(mt_pack_args);
   if (!strcmp(name, "mt_instr_digest"))
     return sizeof(mt_instr_digest_args);
   if (!strcmp(name, "mt_instr_shadow"))
@@ -423,9 +428,20 @@ static size_t args_size(const char *name) {
     return sizeof(mt_instr_probe_args);
   if (!strcmp(name, "mt_instr_finish"))
     return sizeof(mt_instr_finish_args);
+  if (!strncmp(name, "mt_gemm_small_", 14))
+    return sizeof(mt_small_args);
+  if (!strncmp(name, "mt_gemm_large_", 14))
+    return sizeof(mt_large_args);
   if (!strncmp(name, "mt_grouped_", 11))
     return sizeof(mt_grouped_kargs);
   return 0;
+}
+
+/* The GEMM's output, as the GPU would overwrite it: y[i][j] for i < m, j < n, row stride ldy. */
+static void mark_output(const mt_epilogue_args *e) {
+  for (long long i = 0; i < e->m; i++)
+    for (long long j = 0; j < e->n; j++)
+      ((uint16_t *)e->y)[i * e->ldy + j] = FAKE_CUDA_MARK;
 }
 
 /* The grouped GEMM's outputs: each segment's rows (from the offsets, "device" memory the fake can
@@ -595,7 +611,11 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, voi
   }
   if (r == CUDA_SUCCESS) {
     counts.launches++;
-    if (!strncmp(fn->name, "mt_grouped_", 11))
+    if (!strncmp(fn->name, "mt_gemm_small_", 14))
+      mark_output(&((const mt_small_args *)params[0])->e);
+    else if (!strncmp(fn->name, "mt_gemm_large_", 14))
+      mark_output(&((const mt_large_args *)params[0])->e);
+    else if (!strncmp(fn->name, "mt_grouped_", 11))
       mark_grouped((const mt_grouped_kargs *)params[0]);
     else if (!strncmp(fn->name, "mt_instr_", 9))
       run_instr(fn->name, params[0]);

@@ -1,0 +1,164 @@
+/* test_gemm_paths.c — AUTO's choice of GEMM path (kernels/gemm.c: mt_gemm_auto_path) and the large
+ * path's choice of tile (mt_gemm_large_tile) on the benchmark shapes, against what make bench
+ * measured best on the H200 (lab/NOTES.md), and the refusals of a forced path
+ * that cannot take a call. No GPU: the choices are host code, and the refusals come before any
+ * launch. */
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/engine.h"
+#include "kernels/gemm.h"
+#include "kernels/gemm_args.h"
+#include "tests/harness.h"
+
+enum { F = MT_PATH_FUSED, L = MT_PATH_LARGE };
+
+/* The best path at M = 1..8 on 132 SMs (µs, quantization included, lab/NOTES.md's path table):
+ * the large path's 64-token tiles everywhere (gate_up 7.8 against fused 8.0)
+ * but Qwen3's down at one token (fused 4.56, large 5.12; at two 5.15 and 5.06). */
+static const struct {
+  const char *name;
+  int n, k;
+  int want[8];
+} shapes[] = {
+    {"qwen3 gate_up", 1536, 2048, {L, L, L, L, L, L, L, L}},
+    {"qwen3 down", 2048, 768, {F, L, L, L, L, L, L, L}},
+    {"dsv3 gate_up", 4096, 7168, {L, L, L, L, L, L, L, L}},
+    {"dsv3 down", 7168, 2048, {L, L, L, L, L, L, L, L}},
+};
+
+static void auto_path_on_the_benchmark_shapes(void) {
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (int m = 1; m <= 8; m++) {
+      int got = mt_gemm_auto_path(m, shapes[s].n, shapes[s].k, 1, 132);
+      CHECKF(got == shapes[s].want[m - 1], "%s M = %d: path %d, want %d", shapes[s].name, m, got,
+             shapes[s].want[m - 1]);
+    }
+}
+
+/* Without the packed weight every call takes the large path; fewer SMs mean more waves of the
+ * fused kernel's CTAs, so fewer tokens fused (down: 128 CTAs on 64 SMs are 2 waves); the fused
+ * kernel while m * k * waves <= 1024. */
+static void auto_path_edges(void) {
+  CHECK(mt_gemm_auto_path(1, 2048, 768, 0, 132) == L);
+  CHECK(mt_gemm_auto_path(1, 2048, 768, 1, 64) == L);
+  CHECK(mt_gemm_auto_path(1, 16, 1024, 1, 132) == F);
+  CHECK(mt_gemm_auto_path(1, 16, 1040, 1, 132) == L);
+  CHECK(mt_gemm_auto_path(2, 16, 512, 1, 132) == F);
+  CHECK(mt_gemm_auto_path(3, 16, 336, 1, 132) == F);
+  CHECK(mt_gemm_auto_path(3, 16, 352, 1, 132) == L);
+  CHECK(mt_gemm_auto_path(1, 2112, 512, 1, 132) == F); /* 132 CTAs: one wave */
+  CHECK(mt_gemm_auto_path(1, 2128, 768, 1, 132) == L); /* 133: two */
+}
+
+/* The fused kernel's copy of the weight exists only where AUTO fuses one token on 132 SMs. */
+static void fragment_copy_only_where_used(void) {
+  CHECK(mt_gemm_frag_bytes(2048, 768) == (size_t)2048 * 768 * 5 / 8);
+  CHECK(mt_gemm_frag_bytes(1536, 2048) == 0);
+  CHECK(mt_gemm_frag_bytes(2112, 1024) > 0 && mt_gemm_frag_bytes(2128, 1024) == 0);
+  CHECK(mt_gemm_frag_bytes(256, 1024) > 0 && mt_gemm_frag_bytes(256, 1040) == 0);
+  CHECK(mt_gemm_frag_bytes(4096, 7168) == 0 && mt_gemm_frag_bytes(7168, 2048) == 0);
+  CHECK(mt_gemm_frag_bytes(264, 256) == 0); /* n % 16 */
+  mt_numerics num = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
+  CHECK(mt_qweight_bytes(7168, 2048, &num) <
+        (size_t)7168 * 2048 * 2 * 13 / 10); /* ~2.56 B an element */
+  CHECK(mt_qweight_bytes(1536, 2048, &num) < (size_t)1536 * 2048 * 2 * 13 / 10);
+  CHECK(mt_qweight_bytes(2048, 768, &num) > (size_t)2048 * 768 * 3); /* ~3.19 */
+}
+
+/* The large path's tile on the benchmark shapes (132 SMs), bm x bn, at M = 1, 16, 64, 256, 300,
+ * 1024, 4096, 16384. Measured (µs of the GEMM alone, seventh session, call 2): gate_up M = 16
+ * 64 x 32 7.00, 64 x 48 7.25, 64 x 64 7.50, 128 x 64 8.04; M = 256 64 x 48 8.08, 64 x 64 8.35,
+ * 128 x 64 9.32; down M = 64 64 x 32 4.57, 64 x 48 4.80, 128 x 64 5.50; M = 256 64 x 64 5.96,
+ * 128 x 64 6.45, 64 x 48 7.83 (two waves); DeepSeek 4096x7168 M = 16 64 x 48 19.9 against
+ * 128 x 64 22.3. From M = 1024 on, the tiles of the sixth session (the TMA-store kernels). */
+static const int tile_ms[] = {1, 16, 64, 256, 300, 1024, 4096, 16384};
+static const struct {
+  const char *name;
+  int n;
+  int want[8][2];
+} tile_shapes[] = {
+    {"qwen3 gate_up",
+     1536,
+     {{64, 32}, {64, 32}, {64, 32}, {64, 48}, {64, 64}, {128, 96}, {128, 192}, {128, 256}}},
+    {"qwen3 down",
+     2048,
+     {{64, 32}, {64, 32}, {64, 32}, {64, 64}, {128, 64}, {128, 128}, {128, 256}, {128, 256}}},
+    {"dsv3 gate_up",
+     4096,
+     {{64, 32}, {64, 32}, {64, 32}, {128, 64}, {128, 96}, {128, 256}, {128, 256}, {128, 256}}},
+    {"dsv3 down",
+     7168,
+     {{64, 64}, {64, 64}, {64, 64}, {128, 128}, {128, 192}, {128, 256}, {128, 256}, {128, 256}}},
+};
+
+static void large_tiles_on_the_benchmark_shapes(void) {
+  for (size_t s = 0; s < sizeof tile_shapes / sizeof tile_shapes[0]; s++)
+    for (int i = 0; i < 8; i++) {
+      mt_gemm_tile t = mt_gemm_large_tile(tile_ms[i], tile_shapes[s].n, 132, 0, 0);
+      CHECKF(t.bm == tile_shapes[s].want[i][0] && t.bn == tile_shapes[s].want[i][1],
+             "%s M = %d: %d x %d, want %d x %d", tile_shapes[s].name, tile_ms[i], t.bm, t.bn,
+             tile_shapes[s].want[i][0], tile_shapes[s].want[i][1]);
+    }
+}
+
+/* Every choice is a tile some kernel has: 128 x 256..64 or 64 x 64..32; a forced height or width
+ * is kept, and a pair no kernel has is {0, 0}. */
+/* One box a stage and operand (mt_gemm_kpair) on the benchmark shapes' 64-token tiles where the
+ * K loop outlasts the ring of 8 stages at width 32 (gate_up, DeepSeek's two), not on down's 6
+ * stages, nor where k % 64 != 0, nor on the 128-token tiles. */
+static void kpair_where_the_loop_outlasts_the_ring(void) {
+  const mt_gemm_tile n32 = {64, 32}, n64 = {64, 64}, big = {128, 128};
+  CHECK(mt_gemm_kpair(2048, n32) && mt_gemm_kpair(7168, n32) && !mt_gemm_kpair(768, n32));
+  CHECK(!mt_gemm_kpair(1024, n32) && mt_gemm_kpair(1088, n32) && !mt_gemm_kpair(2080, n32));
+  CHECKF(MT_LARGE_STAGES_64(64) == 6, "%d stages at width 64", MT_LARGE_STAGES_64(64));
+  CHECK(!mt_gemm_kpair(768, n64) && mt_gemm_kpair(896, n64) && !mt_gemm_kpair(7168, big));
+}
+
+static void large_tiles_exist(void) {
+  static const int ms[] = {1, 7, 64, 65, 200, 513, 3000, 70000},
+                   ns[] = {16, 264, 1536, 4096, 7168, 30000};
+  static const int sms[] = {1, 78, 132};
+  for (int i = 0; i < 8; i++)
+    for (int j = 0; j < 6; j++)
+      for (int s = 0; s < 3; s++) {
+        mt_gemm_tile t = mt_gemm_large_tile(ms[i], ns[j], sms[s], 0, 0);
+        int ok = t.bm == 128 ? t.bn == 256 || t.bn == 192 || t.bn == 128 || t.bn == 96 || t.bn == 64
+                             : t.bm == 64 && (t.bn == 64 || t.bn == 48 || t.bn == 32);
+        CHECKF(ok, "M = %d, N = %d, %d SMs: %d x %d", ms[i], ns[j], sms[s], t.bm, t.bn);
+        mt_gemm_tile h = mt_gemm_large_tile(ms[i], ns[j], sms[s], 128, 0),
+                     w = mt_gemm_large_tile(ms[i], ns[j], sms[s], 0, 48);
+        CHECK(h.bm == 128 && w.bm == 64 && w.bn == 48);
+      }
+  mt_gemm_tile none = mt_gemm_large_tile(256, 1536, 132, 64, 256);
+  CHECK(none.bm == 0 && none.bn == 0);
+  none = mt_gemm_large_tile(256, 1536, 132, 128, 32);
+  CHECK(none.bm == 0 && none.bn == 0);
+}
+
+/* A forced path past its rows or without the packed weight is refused before anything runs. */
+static void forced_paths_refused(void) {
+  static _Alignas(256) unsigned char fake[256]; /* never touched */
+  mt_qweight w = {.n = 64, .k = 64, .xhat = (uint16_t *)fake, .frag = fake};
+  mt_gemm_args a = {.m = 5, .n = 64, .k = 64, .w = &w, .path = MT_PATH_FUSED};
+  CHECK(mt_gemm_path_of(&a) == -1);
+  a.m = 4;
+  CHECK(mt_gemm_path_of(&a) == MT_PATH_FUSED);
+  w.frag = NULL;
+  CHECK(mt_gemm_path_of(&a) == -1);
+  a.path = MT_PATH_LARGE;
+  CHECK(mt_gemm_path_of(&a) == MT_PATH_LARGE);
+  a.path = (enum mt_gemm_path)9;
+  CHECK(mt_gemm_path_of(&a) == -1);
+}
+
+int main(void) {
+  RUN(auto_path_on_the_benchmark_shapes);
+  RUN(auto_path_edges);
+  RUN(fragment_copy_only_where_used);
+  RUN(large_tiles_on_the_benchmark_shapes);
+  RUN(kpair_where_the_loop_outlasts_the_ring);
+  RUN(large_tiles_exist);
+  RUN(forced_paths_refused);
+  return mt_test_done();
+}
