@@ -344,7 +344,7 @@ static void scenario_sampling(void) {
       int pr = find_launch(t, "mt_instr_probe", 0);
       const mt_instr_probe_args *pa = (const mt_instr_probe_args *)event(pr)->args;
       CHECK(pa->nrows == 4 && pa->rows[0] == 0 && pa->rows[1] == 2 && pa->rows[2] == 5 &&
-            pa->rows[3] == 7 && pa->y == a.y && pa->n == OUT && pa->ldy == OUT &&
+            pa->rows[3] == 7 && pa->y == a.y && pa->n == OUT && pa->yoff[3] == 7 * OUT &&
             pa->ld_alone == OUT && (uintptr_t)pa->alone % 256 == 0);
       int g = 0;
       for (int e = t; e < pr; e++)
