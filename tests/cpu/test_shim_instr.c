@@ -313,15 +313,17 @@ static void scenario_digest(void) {
   unmake(&p), unmake(&q);
 }
 
-/* Frozen weights: the digest reads the cache's stored sum instead of hashing the weight. */
+/* Frozen weights: the digest reads the cache's stored sum instead of hashing the weight; under
+ * frozen-sampled (MT_SAMPLED=1), whose stored hash covers a sample only, it hashes the weight. */
 static void scenario_digest_frozen(void) {
+  int sampled = getenv("MT_SAMPLED") && getenv("MT_SAMPLED")[0] == '1';
   problem p = make(OUT, 4);
   int t = now();
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
   int wc = find_launch(t, "mt_wcheck", 0), w = find_launch(t, "mt_instr_finish", 0);
   CHECK(wc >= 0 && w > wc);
   const mt_instr_finish_args *wa = w >= 0 ? (const mt_instr_finish_args *)event(w)->args : NULL;
-  CHECK(wa && wa->frozen_sum && event(w)->grid[0] == 1);
+  CHECK(wa && (wa->frozen_sum == NULL) == sampled && (event(w)->grid[0] == 1) == !sampled);
   print_keys(&p);
   unmake(&p);
 }
@@ -646,6 +648,13 @@ static void digest_frozen_uses_the_cache_sum(void) {
   /* the fake's wcheck computes nothing: the stored sum is 0, so the key differs from the twin's:
    * what is checked is that the frozen sum (not a hash of the weight) reached the records */
   CHECK(mt_t_count_of(r.stats, "\"event\": \"digest\"") == 4);
+  mt_t_child_free(&r);
+  /* frozen-sampled: the weight hashed, so the keys are the content keys of every other mode */
+  const char *sampled[] = {"MINITE_DIGEST=1", "MINITE_WEIGHT_CACHE=frozen-sampled", "MT_SAMPLED=1",
+                           NULL};
+  mt_t_run_child("digest_frozen", "digest_sampled", sampled, &r);
+  mt_t_check_child("digest_frozen sampled", &r);
+  check_keys_in_file(&r, 4);
   mt_t_child_free(&r);
 }
 
