@@ -32,7 +32,7 @@ spread and the bf16 row, which runs the no-shim computation, bound the noise); r
 p99 / max, KL, share of importance ratios above 2); the instruments (shim/instr.c, at their
 default rates): the learner's shadow error, the invariance probe, the learner-sampler digest
 join of tools/minite-compare. Grouped calls get the probe and the digests but not the shadow, so
-grouped_mm rows show "n/a (grouped)" for the shadow.
+grouped_mm rows show "n/a (grouped)" for the shadow (no cuBLAS call to rerun).
 Table 2: GPU µs of one MoE layer (layer 0's sparse block forward, the profiler's summed kernel
 time, demo/demo_profile.py) at each T for each spec and path, and its speed against grouped_mm
 without the shim.
@@ -621,7 +621,7 @@ def notes_for(args, runs, overhead, png, passthrough, argv):
                  "differ bitwise, learner and sampler (MINITE_PROBE 1/64); digest join: "
                  "tools/minite-compare learner vs sampler, rows digested by both (MINITE_DIGEST "
                  "1/64 of rows, picked by content) and the share bitwise equal; grouped calls "
-                 "are probed and digested too. n/a (grouped): the shadow has no BF16 call to "
+                 "are probed and digested too. n/a (grouped): the shadow has no cuBLAS call to "
                  "rerun for a grouped call (README, Not done yet).")
     if overhead:
         if overhead["overhead_pct"] is not None:

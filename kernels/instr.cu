@@ -205,8 +205,10 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_shadow(const mt_instr
   unsigned bad = 0;
   for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (uint64_t)gridDim.x * blockDim.x) {
     uint64_t r = i / a.n, j = i % a.n;
-    float y = mt_instr_half_to_float(((const uint16_t *)a.y)[r * a.ld + j], a.type);
-    float ref = mt_instr_half_to_float(((const uint16_t *)a.ref)[r * a.ld + j], a.type);
+    int64_t at =
+        mt_instr_row_offset(a.seg_rows > 0 ? (int32_t)(r / a.seg_rows) : 0, a.seg_rows, a.stride, a.ld, (int64_t)r) + j;
+    float y = mt_instr_half_to_float(((const uint16_t *)a.y)[at], a.type);
+    float ref = mt_instr_half_to_float(((const uint16_t *)a.ref)[at], a.type);
     if (!isfinite(y) || !isfinite(ref)) {
       bad++;
       continue;

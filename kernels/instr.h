@@ -106,11 +106,12 @@ typedef struct {
   uint32_t seq;
 } mt_instr_finish_args;
 
-/* mt_instr_shadow: the shadow error of y against ref (same layout). */
+/* mt_instr_shadow: the shadow error of y against ref (same layout: row r at r * ld, or in a
+ * strided batch of seg_rows rows a problem, stride elements apart, as mt_instr_row_offset says). */
 typedef struct {
   const void *y, *ref;
-  int64_t ld;
-  int32_t m, n, type, pad;
+  int64_t ld, stride;
+  int32_t m, n, type, seg_rows;
   mt_instr_header *hdr;
 } mt_instr_shadow_args;
 

@@ -15,7 +15,8 @@
  * launch for all its problems, the weights' store from shim/wcache.c; nothing on the device is
  * ever read back to the host. After a single problem's GEMM, the sampled instruments of
  * shim/instr.c are enqueued behind it, under the same lease (the probe reuses the call's workspace
- * and quantized weight); after a grouped call's, its probe and digests (not the shadow).
+ * and quantized weight); after a grouped call's, its probe, digests and (strided cuBLAS batches)
+ * shadow.
  */
 #include "shim/exec.h"
 
@@ -97,7 +98,7 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const oper
   return mt_engine_reason(st);
 }
 
-/* The sampled instruments of a grouped call (probe and digests), enqueued behind its GEMM under
+/* The sampled instruments of a grouped call (probe, digests, shadow), enqueued behind its GEMM under
  * the same lease: the probe reuses the call's workspace and weight store. */
 static void instrument_grouped(const mt_spec *s, const mt_grouped_call *g, const mt_grouped_args *a,
                                int capturing) {

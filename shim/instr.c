@@ -145,6 +145,47 @@ static int rerun_cublas(const mt_call *c, int64_t row, int64_t rows, void *out, 
   return 0;
 }
 
+/* A strided batch (cuBLAS strided or Lt batched: the host knows every problem) whose shadow can
+ * rerun the call as it came; torch._grouped_mm has no cuBLAS call to rerun. */
+static int batch_rerunnable(const mt_call *c) {
+  return (c->entry == MT_FN_cublasGemmStridedBatchedEx ||
+          c->entry == MT_FN_cublasGemmStridedBatchedEx_64 || c->entry == MT_FN_cublasLtMatmul) &&
+         c->batch > 1 && !c->pointer_arrays && c->group_count == 0 && !c->ragged;
+}
+
+static int shadow_possible(const mt_instr_call *ic) {
+  return ic->grouped ? !ic->grouped->offs && batch_rerunnable(ic->call) : single_problem(ic->call);
+}
+
+/* A strided batch again through the real cuBLAS, with beta = 0, its output into `out` in the
+ * call's own layout (leading dimension and stride). */
+static int rerun_batch(const mt_call *c, void *out) {
+  static const float zero = 0.0f;
+  if (c->entry == MT_FN_cublasGemmStridedBatchedEx) {
+    mt_fn_cublasGemmStridedBatchedEx f = MT_REAL_FN(cublasGemmStridedBatchedEx);
+    return f && f(c->handle, c->transa, c->transb, (int)c->m, (int)c->n, (int)c->k, c->alpha, c->a,
+                  c->atype, (int)c->lda, c->stride_a, c->b, c->btype, (int)c->ldb, c->stride_b,
+                  &zero, out, c->ctype, (int)c->ldc, c->stride_c, (int)c->batch, c->compute,
+                  c->algo) == CUBLAS_STATUS_SUCCESS;
+  }
+  if (c->entry == MT_FN_cublasGemmStridedBatchedEx_64) {
+    mt_fn_cublasGemmStridedBatchedEx_64 f = MT_REAL_FN(cublasGemmStridedBatchedEx_64);
+    return f && f(c->handle, c->transa, c->transb, c->m, c->n, c->k, c->alpha, c->a, c->atype,
+                  c->lda, c->stride_a, c->b, c->btype, c->ldb, c->stride_b, &zero, out, c->ctype,
+                  c->ldc, c->stride_c, c->batch, c->compute, c->algo) == CUBLAS_STATUS_SUCCESS;
+  }
+  return rerun_cublas(c, 0, c->n, out, c->ldd);
+}
+
+/* Elements the shadow's output spans: the routed output's layout. */
+static size_t shadow_elems(const mt_instr_call *ic) {
+  const mt_grouped_args *g = ic->grouped;
+  if (!g)
+    return (size_t)(ic->m - 1) * ic->ldy + (size_t)ic->n;
+  return (size_t)(g->nseg - 1) * (size_t)g->stride_y + (size_t)(g->seg_rows - 1) * ic->ldy +
+         (size_t)ic->n;
+}
+
 /* The probe's rows in the scratch: 16-byte aligned, as the router requires of a routed output. */
 static int probe_ld(int n) { return (n + 7) / 8 * 8; }
 
@@ -337,12 +378,15 @@ static int enqueue(const mt_instr_call *ic, mt_iw_context *c, mt_iw_slot *s, int
     mt_instr_shadow_args sa = {.y = ic->y,
                                .ref = (const void *)ref,
                                .ld = (int64_t)ic->ldy,
+                               .stride = ic->grouped ? ic->grouped->stride_y : 0,
                                .m = ic->m,
                                .n = ic->n,
                                .type = ic->ytype,
+                               .seg_rows = ic->grouped ? ic->grouped->seg_rows : 0,
                                .hdr = hdr};
-    if (!rerun_cublas(ic->call, 0, ic->m, (void *)ref, (int64_t)ic->ldy) ||
-        mt_instr_launch_shadow(&sa, (mt_stream)stream) != MT_OK) {
+    int rerun = ic->grouped ? rerun_batch(ic->call, (void *)ref)
+                            : rerun_cublas(ic->call, 0, ic->m, (void *)ref, (int64_t)ic->ldy);
+    if (!rerun || mt_instr_launch_shadow(&sa, (mt_stream)stream) != MT_OK) {
       mt_iw_count_skips(MT_IW_SHADOW, MT_IW_ERROR);
       kinds &= ~MT_IW_SHADOW;
     }
@@ -377,7 +421,7 @@ static int finish(const mt_instr_call *ic, mt_iw_slot *s, int kinds) {
  * context's scratch_lock is held (*held set) until the call has enqueued them. */
 static int scratch_gate(const mt_instr_call *ic, mt_iw_context *c, int kinds, int *held) {
   size_t probe_bytes = probe_bytes_of(ic);
-  size_t shadow_bytes = 2 * ((size_t)(ic->m - 1) * ic->ldy + (size_t)ic->n);
+  size_t shadow_bytes = 2 * shadow_elems(ic);
   *held = 0;
   if ((kinds & MT_IW_SHADOW) && probe_bytes + shadow_bytes > c->scratch_bytes) {
     mt_iw_count_skips(MT_IW_SHADOW, MT_IW_SCRATCH);
@@ -426,7 +470,7 @@ static int choose(const mt_instr_call *ic, const mt_driver *d, const mt_instr_dr
     mt_iw_count_skips(kinds, MT_IW_BETA);
     kinds = 0;
   }
-  if ((kinds & MT_IW_SHADOW) && !single_problem(ic->call)) {
+  if ((kinds & MT_IW_SHADOW) && !shadow_possible(ic)) {
     mt_iw_count_skips(MT_IW_SHADOW, MT_IW_ENTRY);
     kinds &= ~MT_IW_SHADOW;
   }

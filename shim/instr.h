@@ -70,7 +70,8 @@ void mt_instr_from_call(const mt_spec *s, const mt_call *c, const float *alpha, 
                         mt_instr_call *out);
 
 /* Enqueue the sampled instruments of one routed problem (or grouped call) whose output is already
- * enqueued. A grouped call gets the probe and the digests, not the shadow (no BF16 rerun). */
+ * enqueued. A grouped call gets the probe and the digests; the shadow only when it is a strided
+ * batch of cuBLAS (rerun as it came; torch._grouped_mm has no cuBLAS call to rerun). */
 void mt_instr_after(const mt_instr_call *ic);
 
 /* Spec bf16: run a routed single-problem call through the real cuBLAS, then its instruments.

@@ -477,8 +477,11 @@ static void instr_shadow(const mt_instr_shadow_args *a) {
   memcpy(&mx, &a->hdr->shadow_max_bits, 4);
   for (int r = 0; r < a->m; r++)
     for (int j = 0; j < a->n; j++) {
-      float y = mt_instr_half_to_float(((const uint16_t *)a->y)[r * a->ld + j], a->type);
-      float ref = mt_instr_half_to_float(((const uint16_t *)a->ref)[r * a->ld + j], a->type);
+      int64_t at = mt_instr_row_offset(a->seg_rows > 0 ? r / a->seg_rows : 0, a->seg_rows,
+                                       a->stride, a->ld, r) +
+                   j;
+      float y = mt_instr_half_to_float(((const uint16_t *)a->y)[at], a->type);
+      float ref = mt_instr_half_to_float(((const uint16_t *)a->ref)[at], a->type);
       if (!isfinite(y) || !isfinite(ref)) {
         a->hdr->shadow_nonfinite++;
         continue;
