@@ -31,8 +31,8 @@ spread and the bf16 row, which runs the no-shim computation, bound the noise); r
 (the shim's summary record, the last line of each stats file); the log-prob gap (|dlogp| mean /
 p99 / max, KL, share of importance ratios above 2); the instruments (shim/instr.c, at their
 default rates): the learner's shadow error, the invariance probe, the learner-sampler digest
-join of tools/minite-compare. The instruments cover single-problem calls only, so grouped_mm rows
-show "n/a (grouped)" there.
+join of tools/minite-compare. Grouped calls get the probe and the digests but not the shadow, so
+grouped_mm rows show "n/a (grouped)" for the shadow (no cuBLAS call to rerun).
 Table 2: GPU µs of one MoE layer (layer 0's sparse block forward, the profiler's summed kernel
 time, demo/demo_profile.py) at each T for each spec and path, and its speed against grouped_mm
 without the shim.
@@ -496,11 +496,12 @@ def instrument_cells(run):
         return ["-", "-", "-"]
     f = run.get("instruments") or {}
     j = run.get("join")
-    none = "n/a (grouped)" if run["experts"] == GROUPED else "-"
+    # grouped calls get the probe and the digests, not the shadow (no BF16 call to rerun)
     shadow = (f"{num(f['shadow_mean'])} / {num(f['shadow_max'])} ({f['shadow_calls']} calls)"
-              if f.get("shadow_mean") is not None else none)
-    probe = f"{f['probe_differing']} / {f['probe_rows']}" if f.get("probe_rows") else none
-    join = none if not j or not j.get("matched") else (
+              if f.get("shadow_mean") is not None
+              else "n/a (grouped)" if run["experts"] == GROUPED else "-")
+    probe = f"{f['probe_differing']} / {f['probe_rows']}" if f.get("probe_rows") else "-"
+    join = "-" if not j or not j.get("matched") else (
         f"{j['matched']} / " + ("-" if j["equal_pct"] is None else f"{j['equal_pct']:.1f}"))
     return [shadow, probe, join]
 
@@ -619,8 +620,9 @@ def notes_for(args, runs, overhead, png, passthrough, argv):
                  "sampled calls (MINITE_SHADOW default 1/64); probe: rows recomputed alone that "
                  "differ bitwise, learner and sampler (MINITE_PROBE 1/64); digest join: "
                  "tools/minite-compare learner vs sampler, rows digested by both (MINITE_DIGEST "
-                 "1/64 of rows, picked by content) and the share bitwise equal. n/a (grouped): "
-                 "the instruments do not cover grouped calls yet (README, Not done yet).")
+                 "1/64 of rows, picked by content) and the share bitwise equal; grouped calls "
+                 "are probed and digested too. n/a (grouped): the shadow has no cuBLAS call to "
+                 "rerun for a grouped call (README, Not done yet).")
     if overhead:
         if overhead["overhead_pct"] is not None:
             notes.append(f"instruments' overhead ({overhead['spec']} eager learner, training "

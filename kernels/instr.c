@@ -64,3 +64,8 @@ int mt_instr_launch_probe(const mt_instr_probe_args *a, mt_stream stream) {
   mt_instr_probe_args copy = *a;
   return launch("mt_instr_probe", (unsigned)a->nrows, &copy, stream);
 }
+
+int mt_instr_launch_offs(const mt_instr_offs_args *a, mt_stream stream) {
+  mt_instr_offs_args copy = *a;
+  return launch("mt_instr_offs", (unsigned)a->nrows, &copy, stream);
+}

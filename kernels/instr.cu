@@ -59,14 +59,16 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr
   const int lane = threadIdx.x % 32;
   const int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= a.m) return;
-  const uint16_t *x = (const uint16_t *)a.x + (int64_t)r * a.ldx;
+  const int32_t seg = mt_instr_segment(a.offs, a.nseg, a.seg_rows, r);
+  if (seg < 0) return; // past the last segment's end: never written
+  const uint16_t *x = (const uint16_t *)a.x + mt_instr_row_offset(seg, a.seg_rows, a.stride_x, a.ldx, r);
   uint64_t row_hash = mt_instr_mix64(warp_sum(row_sum_lane(x, a.k, lane)) ^ mt_instr_tag((uint64_t)a.k, a.xtype));
   if (!a.all && row_hash >= a.threshold) return;
   unsigned slot = 0;
   if (lane == 0) slot = atomicAdd(&a.hdr->selected, 1u);
   slot = __shfl_sync(0xffffffffu, slot, 0);
   if ((int)slot >= a.cap) return; // counted by `selected`; the host reports the excess as dropped
-  const uint16_t *y = (const uint16_t *)a.y + (int64_t)r * a.ldy;
+  const uint16_t *y = (const uint16_t *)a.y + mt_instr_row_offset(seg, a.seg_rows, a.stride_y, a.ldy, r);
   uint64_t out_hash = mt_instr_mix64(warp_sum(row_sum_lane(y, a.n, lane)) ^ mt_instr_tag((uint64_t)a.n, a.ytype));
   float s[MT_INSTR_SKETCH];
   for (int i = 0; i < MT_INSTR_SKETCH; i++) s[i] = 0.0f;
@@ -83,27 +85,60 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr
   if (lane == 0) {
     out->row_hash = row_hash;
     out->out_hash = out_hash;
+    out->wsum = 0;
+    out->seg = seg;
   }
 }
 
-// Grid-stride over the weight's 16-byte pieces, numbered as kernels/wcheck.cu numbers them (its
-// stored sum of a frozen weight is then this very sum); the bias in CTA 0; then the last CTA to
-// finish publishes the block.
+// This thread's share of the content sum of one weight [n][k] (row stride ldw), grid-stride over
+// its 16-byte pieces numbered as kernels/wcheck.cu numbers them (its stored sum of a frozen weight
+// is then this very sum).
+__device__ uint64_t weight_sum_part(const uint16_t *w, int64_t ldw, int32_t n, int32_t k) {
+  const int per_row = k / 8;
+  const uint64_t pieces = (uint64_t)n * per_row;
+  uint64_t h = 0;
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < pieces;
+       i += (uint64_t)gridDim.x * blockDim.x) {
+    uint64_t r = i / per_row, j = i % per_row;
+    uint4 v = *(const uint4 *)(w + r * ldw + j * 8);
+    h += mt_instr_piece(i, (uint64_t)v.y << 32 | v.x, (uint64_t)v.w << 32 | v.z);
+  }
+  return h;
+}
+
+// A grouped call's digested rows: each segment's weight hashed once, into the first row of it
+// (w_stride 0: one weight for all, hashed once). cap <= blockDim.x: a thread a row.
+__device__ void grouped_sums(const mt_instr_finish_args &a, uint64_t *warp_part) {
+  mt_instr_row *rows = (mt_instr_row *)(a.hdr + 1);
+  const unsigned kept = min((unsigned)a.cap, *(volatile unsigned *)&a.hdr->selected);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (unsigned i = 0; i < kept; i++) {
+    const int32_t seg = a.w_stride ? rows[i].seg : 0;
+    if (__syncthreads_or(threadIdx.x < i && (a.w_stride ? rows[threadIdx.x].seg : 0) == seg)) continue;
+    uint64_t h = warp_sum(weight_sum_part((const uint16_t *)a.w + seg * a.w_stride, a.ldw, a.n, a.k));
+    if (lane == 0) warp_part[warp] = h;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint64_t s = 0;
+      for (int w = 0; w < warps; w++) s += warp_part[w];
+      atomicAdd((unsigned long long *)&rows[i].wsum, (unsigned long long)s);
+    }
+    __syncthreads();
+  }
+}
+
+// The weight's content sum (or each grouped row's own weight's); the bias in CTA 0; then the last
+// CTA to finish publishes the block.
 extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr_finish_args a) {
   __shared__ uint64_t warp_part[8];
   __shared__ bool last;
   mt_instr_header *hdr = a.hdr;
   const bool digest = a.w && hdr->selected > 0; // the same for the whole grid
   uint64_t h = 0, b = 0;
-  if (digest && !a.frozen_sum) {
-    const int per_row = a.k / 8;
-    const uint64_t pieces = (uint64_t)a.n * per_row;
-    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < pieces;
-         i += (uint64_t)gridDim.x * blockDim.x) {
-      uint64_t r = i / per_row, j = i % per_row;
-      uint4 v = *(const uint4 *)((const uint16_t *)a.w + r * a.ldw + j * 8);
-      h += mt_instr_piece(i, (uint64_t)v.y << 32 | v.x, (uint64_t)v.w << 32 | v.z);
-    }
+  if (digest && a.grouped) {
+    grouped_sums(a, warp_part);
+  } else if (digest && !a.frozen_sum) {
+    h = weight_sum_part((const uint16_t *)a.w, a.ldw, a.n, a.k);
   }
   if (digest && blockIdx.x == 0 && a.bias) {
     const unsigned char *p = (const unsigned char *)a.bias;
@@ -126,7 +161,7 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
     for (int w = 0; w < warps; w++) s += warp_part[w];
     if (digest && a.frozen_sum) {
       hdr->wsum = *a.frozen_sum;
-    } else if (digest) {
+    } else if (digest && !a.grouped) {
       atomicAdd((unsigned long long *)&hdr->wsum, (unsigned long long)s);
     }
   }
@@ -170,8 +205,10 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_shadow(const mt_instr
   unsigned bad = 0;
   for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (uint64_t)gridDim.x * blockDim.x) {
     uint64_t r = i / a.n, j = i % a.n;
-    float y = mt_instr_half_to_float(((const uint16_t *)a.y)[r * a.ld + j], a.type);
-    float ref = mt_instr_half_to_float(((const uint16_t *)a.ref)[r * a.ld + j], a.type);
+    int64_t at =
+        mt_instr_row_offset(a.seg_rows > 0 ? (int32_t)(r / a.seg_rows) : 0, a.seg_rows, a.stride, a.ld, (int64_t)r) + j;
+    float y = mt_instr_half_to_float(((const uint16_t *)a.y)[at], a.type);
+    float ref = mt_instr_half_to_float(((const uint16_t *)a.ref)[at], a.type);
     if (!isfinite(y) || !isfinite(ref)) {
       bad++;
       continue;
@@ -198,7 +235,11 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_shadow(const mt_instr
 extern "C" __global__ void __launch_bounds__(256) mt_instr_probe(const mt_instr_probe_args a) {
   const int p = blockIdx.x;
   if (p >= a.nrows) return;
-  const uint16_t *in_batch = (const uint16_t *)a.y + (int64_t)a.rows[p] * a.ldy;
+  if (a.offs && a.rows[p] >= a.offs[a.nseg - 1]) { // in no segment: the call never wrote it
+    if (threadIdx.x == 0) atomicAdd(&a.hdr->probe_outside, 1u);
+    return;
+  }
+  const uint16_t *in_batch = (const uint16_t *)a.y + a.yoff[p];
   const uint16_t *alone = (const uint16_t *)a.alone + (int64_t)p * a.ld_alone;
   int differ = 0;
   float mx = 0.0f;
@@ -212,4 +253,11 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_probe(const mt_instr_
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   if (threadIdx.x % 32 == 0 && mx > 0.0f) atomicMax(&a.hdr->probe_max_bits, __float_as_uint(mx));
   if (threadIdx.x == 0 && differ) atomicAdd(&a.hdr->probe_differing, 1u);
+}
+
+// One CTA per probed row of a grouped call with offsets (mt_instr_offs_args).
+extern "C" __global__ void __launch_bounds__(256) mt_instr_offs(const mt_instr_offs_args a) {
+  const int p = blockIdx.x;
+  if (p >= a.nrows) return;
+  for (int s = threadIdx.x; s < a.nseg; s += blockDim.x) a.out[(int64_t)p * a.nseg + s] = a.offs[s] > a.rows[p] ? 1 : 0;
 }

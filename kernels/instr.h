@@ -42,10 +42,14 @@
 #define MT_INSTR_MUL_H 0xD6E8FEB86659FD93ull
 #define MT_INSTR_PROBE_ROWS 4 /* rows a probe recomputes alone: first, last, two between */
 
-/* One digested row, as the kernel writes it; the key is finished on the host. */
+/* One digested row, as the kernel writes it; the key is finished on the host. In a grouped call
+ * the row's segment (which expert) and that expert's weight content sum (mt_instr_finish hashes
+ * each distinct segment once, into the first row of it; wsum 0 in the others). */
 typedef struct {
   uint64_t row_hash, out_hash;
   float sketch[MT_INSTR_SKETCH];
+  uint64_t wsum;
+  int32_t seg, pad;
 } mt_instr_row;
 
 /* What one instrumented call's kernels fill, then published to the host by mt_instr_finish, which
@@ -60,10 +64,13 @@ typedef struct {
   uint32_t shadow_nonfinite;   /* elements where y or ref is NaN or Inf */
   uint32_t probe_max_bits;     /* max |in-batch - alone| over the probed rows */
   uint32_t finished;           /* CTAs of mt_instr_finish done (the last one publishes) */
-  uint32_t pad[2];
+  uint32_t probe_outside;      /* probed rows of a grouped call in no segment (not compared) */
+  uint32_t pad;
 } mt_instr_header;
 
-/* mt_instr_digest: one warp per row of x (m rows). */
+/* mt_instr_digest: one warp per row of x (m rows). A grouped call's rows: with offs (device, nseg
+ * cumulative ends) row r is in the first segment s with offs[s] > r (rows in none are skipped);
+ * with seg_rows > 0, segment r / seg_rows, at x + s * stride_x + (r % seg_rows) * ldx (y alike). */
 typedef struct {
   const void *x; /* [m][k] 2-byte elements, row stride ldx (elements) */
   const void *y; /* [m][n] 2-byte elements, row stride ldy */
@@ -72,7 +79,10 @@ typedef struct {
   uint64_t threshold;                 /* a row is digested when its row hash < threshold */
   mt_instr_header *hdr;
   mt_instr_row *rows; /* room for cap rows */
-  int32_t cap, pad;
+  int32_t cap, nseg;
+  const int32_t *offs;
+  int64_t stride_x, stride_y;
+  int32_t seg_rows, pad;
 } mt_instr_digest_args;
 
 /* mt_instr_finish, the last kernel of an instrumented call: the weight's and bias's content sums
@@ -82,6 +92,9 @@ typedef struct {
 typedef struct {
   const void *w; /* [n][k] 2-byte elements, row stride ldw; NULL: no digest in this call */
   int64_t ldw;
+  int64_t w_stride; /* grouped (> 0 or shared): segment s's weight at w + s * w_stride, each
+                       digested row's own weight hashed into its row (once a segment) */
+  int32_t grouped, pad;
   const uint64_t *frozen_sum; /* the frozen cache's stored sum of this weight, or NULL */
   const void *bias;           /* NULL or bias_bytes of bias */
   int64_t bias_bytes;
@@ -93,23 +106,38 @@ typedef struct {
   uint32_t seq;
 } mt_instr_finish_args;
 
-/* mt_instr_shadow: the shadow error of y against ref (same layout). */
+/* mt_instr_shadow: the shadow error of y against ref (same layout: row r at r * ld, or in a
+ * strided batch of seg_rows rows a problem, stride elements apart, as mt_instr_row_offset says). */
 typedef struct {
   const void *y, *ref;
-  int64_t ld;
-  int32_t m, n, type, pad;
+  int64_t ld, stride;
+  int32_t m, n, type, seg_rows;
   mt_instr_header *hdr;
 } mt_instr_shadow_args;
 
-/* mt_instr_probe: rows[i] of y against row i of alone (n elements each, row stride ld_alone). */
+/* mt_instr_probe: the row at y + yoff[i] against row i of alone (n elements each, row stride
+ * ld_alone). With offs (a grouped call's nseg cumulative ends), rows[i] >= offs[nseg - 1] is in no
+ * segment: not compared, counted in probe_outside. */
 typedef struct {
   const void *y;
   const void *alone;
-  int64_t ldy;
+  int64_t yoff[MT_INSTR_PROBE_ROWS];
   int32_t rows[MT_INSTR_PROBE_ROWS];
   int32_t nrows, n, type, ld_alone;
   mt_instr_header *hdr;
+  const int32_t *offs;
+  int32_t nseg, pad;
 } mt_instr_probe_args;
+
+/* mt_instr_offs: for each probed row rows[i] of a grouped call with offs, the one-row offsets
+ * that make the grouped engine compute that row alone with its own segment's weight:
+ * out[i * nseg + s] = offs[s] > rows[i] (0 before the row's segment, 1 from it on). */
+typedef struct {
+  const int32_t *offs;
+  int32_t *out;
+  int32_t rows[MT_INSTR_PROBE_ROWS];
+  int32_t nrows, nseg;
+} mt_instr_offs_args;
 
 /* --- the math, one copy for both sides ---------------------------------------------------- */
 
@@ -131,6 +159,26 @@ MT_HD float mt_instr_sign(int i, int j) {
 }
 
 MT_HD uint64_t mt_instr_fold(uint64_t h, uint64_t v) { return mt_instr_mix64(h ^ v); }
+
+/* A grouped call's segment of row r (mt_instr_digest_args): the first s with offs[s] > r, -1 when
+ * none; r / seg_rows without offs; 0 for a single problem (neither). */
+MT_HD int32_t mt_instr_segment(const int32_t *offs, int32_t nseg, int32_t seg_rows, int64_t r) {
+  if (!offs) return seg_rows > 0 ? (int32_t)(r / seg_rows) : 0;
+  int32_t lo = 0, hi = nseg; /* offs is non-decreasing: binary search */
+  while (lo < hi) {
+    int32_t mid = (lo + hi) / 2;
+    if (offs[mid] > r)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo < nseg ? lo : -1;
+}
+
+/* Element offset of row r of a matrix with row stride ld in a grouped call (see above). */
+MT_HD int64_t mt_instr_row_offset(int32_t seg, int32_t seg_rows, int64_t stride, int64_t ld, int64_t r) {
+  return seg_rows > 0 ? seg * stride + (r % seg_rows) * ld : r * ld;
+}
 
 MT_HD float mt_instr_half_to_float(uint16_t h, int type) {
   uint32_t bits;
@@ -235,6 +283,7 @@ int mt_instr_launch_digest(const mt_instr_digest_args *a, mt_stream stream);
 int mt_instr_launch_finish(const mt_instr_finish_args *a, mt_stream stream);
 int mt_instr_launch_shadow(const mt_instr_shadow_args *a, mt_stream stream);
 int mt_instr_launch_probe(const mt_instr_probe_args *a, mt_stream stream);
+int mt_instr_launch_offs(const mt_instr_offs_args *a, mt_stream stream);
 
 #endif /* !__CUDACC__ */
 #endif

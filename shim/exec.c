@@ -15,7 +15,8 @@
  * launch for all its problems, the weights' store from shim/wcache.c; nothing on the device is
  * ever read back to the host. After a single problem's GEMM, the sampled instruments of
  * shim/instr.c are enqueued behind it, under the same lease (the probe reuses the call's workspace
- * and quantized weight); grouped calls are not instrumented yet.
+ * and quantized weight); after a grouped call's, its probe, digests and (strided cuBLAS batches)
+ * shadow.
  */
 #include "shim/exec.h"
 
@@ -99,6 +100,34 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const oper
   return mt_engine_reason(st);
 }
 
+/* The sampled instruments of a grouped call (probe, digests, shadow), enqueued behind its GEMM under
+ * the same lease: the probe reuses the call's workspace and weight store. */
+static void instrument_grouped(const mt_spec *s, const mt_grouped_call *g, const mt_grouped_args *a,
+                               int capturing) {
+  mt_instr_call ic = {.spec = s,
+                      .call = g->call,
+                      .w = g->w,
+                      .ldw = (size_t)g->ldw,
+                      .wtype = dtype_of(g->wtype),
+                      .m = a->m,
+                      .n = a->n,
+                      .k = a->k,
+                      .x = g->x,
+                      .ldx = (size_t)g->ldx,
+                      .xtype = a->xtype,
+                      .y = g->y,
+                      .ldy = (size_t)g->ldy,
+                      .ytype = a->ytype,
+                      .alpha = g->alpha,
+                      .beta = g->beta,
+                      .bias = g->bias,
+                      .biastype = a->biastype,
+                      .capturing = capturing,
+                      .grouped = a,
+                      .w_stride = g->w_stride};
+  mt_instr_after(&ic);
+}
+
 /* A grouped call on the grouped engine: one activation quantization and one GEMM launch for all
  * its segments (kernels/engine.h, mt_gemm_grouped). */
 static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, int capturing) {
@@ -146,8 +175,11 @@ static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, in
                        .workspace = mem.workspace,
                        .workspace_bytes = mem.workspace_bytes};
   int st = mt_gemm_grouped(&a, g->stream);
-  if (st == MT_OK)
+  if (st == MT_OK) {
     mt_wcache_ran(&mem.hold);
+    if (mt_instr_enabled())
+      instrument_grouped(s, g, &a, capturing);
+  }
   mt_wcache_release(&mem.hold);
   if (st != MT_OK && st != MT_ERR_CAPTURE)
     MT_WARN_ONCE("the NVFP4 engine could not run a routed grouped GEMM (%lld groups, n=%lld "

@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/log.h"
 #include "base/param.h"
@@ -144,11 +145,59 @@ static int rerun_cublas(const mt_call *c, int64_t row, int64_t rows, void *out, 
   return 0;
 }
 
+/* A strided batch (cuBLAS strided or Lt batched: the host knows every problem) whose shadow can
+ * rerun the call as it came; torch._grouped_mm has no cuBLAS call to rerun. */
+static int batch_rerunnable(const mt_call *c) {
+  return (c->entry == MT_FN_cublasGemmStridedBatchedEx ||
+          c->entry == MT_FN_cublasGemmStridedBatchedEx_64 || c->entry == MT_FN_cublasLtMatmul) &&
+         c->batch > 1 && !c->pointer_arrays && c->group_count == 0 && !c->ragged;
+}
+
+static int shadow_possible(const mt_instr_call *ic) {
+  return ic->grouped ? !ic->grouped->offs && batch_rerunnable(ic->call) : single_problem(ic->call);
+}
+
+/* A strided batch again through the real cuBLAS, with beta = 0, its output into `out` in the
+ * call's own layout (leading dimension and stride). */
+static int rerun_batch(const mt_call *c, void *out) {
+  static const float zero = 0.0f;
+  if (c->entry == MT_FN_cublasGemmStridedBatchedEx) {
+    mt_fn_cublasGemmStridedBatchedEx f = MT_REAL_FN(cublasGemmStridedBatchedEx);
+    return f && f(c->handle, c->transa, c->transb, (int)c->m, (int)c->n, (int)c->k, c->alpha, c->a,
+                  c->atype, (int)c->lda, c->stride_a, c->b, c->btype, (int)c->ldb, c->stride_b,
+                  &zero, out, c->ctype, (int)c->ldc, c->stride_c, (int)c->batch, c->compute,
+                  c->algo) == CUBLAS_STATUS_SUCCESS;
+  }
+  if (c->entry == MT_FN_cublasGemmStridedBatchedEx_64) {
+    mt_fn_cublasGemmStridedBatchedEx_64 f = MT_REAL_FN(cublasGemmStridedBatchedEx_64);
+    return f && f(c->handle, c->transa, c->transb, c->m, c->n, c->k, c->alpha, c->a, c->atype,
+                  c->lda, c->stride_a, c->b, c->btype, c->ldb, c->stride_b, &zero, out, c->ctype,
+                  c->ldc, c->stride_c, c->batch, c->compute, c->algo) == CUBLAS_STATUS_SUCCESS;
+  }
+  return rerun_cublas(c, 0, c->n, out, c->ldd);
+}
+
+/* Elements the shadow's output spans: the routed output's layout. */
+static size_t shadow_elems(const mt_instr_call *ic) {
+  const mt_grouped_args *g = ic->grouped;
+  if (!g)
+    return (size_t)(ic->m - 1) * ic->ldy + (size_t)ic->n;
+  return (size_t)(g->nseg - 1) * (size_t)g->stride_y + (size_t)(g->seg_rows - 1) * ic->ldy +
+         (size_t)ic->n;
+}
+
 /* The probe's rows in the scratch: 16-byte aligned, as the router requires of a routed output. */
 static int probe_ld(int n) { return (n + 7) / 8 * 8; }
 
-static size_t probe_bytes_of(int n) {
+static size_t probe_rows_bytes(int n) {
   return mt_iw_round256((size_t)MT_INSTR_PROBE_ROWS * probe_ld(n) * 2);
+}
+
+/* The probe's scratch: its rows, then (a grouped call with offsets) each row's one-row offsets. */
+static size_t probe_bytes_of(const mt_instr_call *ic) {
+  const mt_grouped_args *g = ic->grouped;
+  size_t offs = g && g->offs ? (size_t)MT_INSTR_PROBE_ROWS * (size_t)g->nseg * 4 : 0;
+  return probe_rows_bytes(ic->n) + mt_iw_round256(offs);
 }
 
 /* Rows the probe recomputes: first, last and two spread between, distinct. */
@@ -164,13 +213,78 @@ static int probe_rows_of(int m, int32_t rows[MT_INSTR_PROBE_ROWS]) {
   return n;
 }
 
+/* Probed row r of a grouped call alone through the grouped engine (M = 1, the call's store and
+ * workspace): with offsets, the one-row offsets `offs1` that mt_instr_offs built for it (the row
+ * keeps its segment, found on the device); else the segment's slice of the store, as a call of one
+ * segment. Sets the in-batch row's offset in y. */
+static int probe_grouped_row(const mt_instr_call *ic, int i, const int32_t *offs1, void *out,
+                             mt_instr_probe_args *pa) {
+  const mt_grouped_args *g = ic->grouped;
+  const int r = pa->rows[i];
+  mt_grouped_args one = *g;
+  mt_wstore slice = *g->w;
+  one.m = 1;
+  one.y = out;
+  one.ldy = (size_t)pa->ld_alone;
+  one.c = NULL;
+  one.beta = 0.0f;
+  one.bn = 0;
+  if (g->offs) {
+    one.offs = offs1 + (size_t)i * (size_t)g->nseg;
+    one.x = (const char *)g->x + 2 * (size_t)r * g->ldx;
+    pa->yoff[i] = (int64_t)r * (int64_t)g->ldy;
+  } else {
+    const int seg = r / g->seg_rows;
+    size_t belem = g->biastype == MT_DTYPE_FP32 ? 4 : 2;
+    slice.base += (size_t)seg * slice.slice_bytes; /* slice_bytes 0: one slice for all */
+    slice.count = 1;
+    one.w = &slice;
+    one.nseg = 1;
+    one.seg_rows = 1;
+    one.x = (const char *)g->x +
+            2 * (size_t)mt_instr_row_offset(seg, g->seg_rows, g->stride_x, (int64_t)g->ldx, r);
+    one.bias =
+        g->bias ? (const char *)g->bias + belem * (size_t)seg * (size_t)g->stride_bias : NULL;
+    pa->yoff[i] = mt_instr_row_offset(seg, g->seg_rows, g->stride_y, (int64_t)g->ldy, r);
+  }
+  return mt_gemm_grouped(&one, (mt_stream)ic->call->stream) == MT_OK;
+}
+
+/* A grouped call's probe: the one-row offsets of every probed row in one launch (offsets only),
+ * then each row alone. */
+static int probe_grouped(const mt_instr_call *ic, CUdeviceptr scratch, mt_instr_probe_args *pa) {
+  const mt_grouped_args *g = ic->grouped;
+  int32_t *offs1 = (int32_t *)(scratch + (CUdeviceptr)probe_rows_bytes(ic->n));
+  if (g->offs) {
+    mt_instr_offs_args oa = {.offs = g->offs, .out = offs1, .nrows = pa->nrows, .nseg = g->nseg};
+    memcpy(oa.rows, pa->rows, sizeof oa.rows);
+    if (mt_instr_launch_offs(&oa, (mt_stream)ic->call->stream) != MT_OK)
+      return 0;
+    pa->offs = g->offs;
+    pa->nseg = g->nseg;
+  }
+  for (int i = 0; i < pa->nrows; i++) {
+    void *out = (void *)(scratch + (CUdeviceptr)(2 * (size_t)i * pa->ld_alone));
+    if (!probe_grouped_row(ic, i, offs1, out, pa))
+      return 0;
+  }
+  return 1;
+}
+
 /* The probe's rows alone: through the engine (M = 1 each, the call's own quantized weight and
  * workspace, ordered after the call on its stream) or, for bf16, through cuBLAS. */
 static int run_probe(const mt_instr_call *ic, CUdeviceptr scratch, mt_instr_probe_args *pa) {
   pa->nrows = probe_rows_of(ic->m, pa->rows);
   pa->ld_alone = probe_ld(ic->n);
+  pa->y = ic->y;
+  pa->alone = (const void *)scratch;
+  pa->n = ic->n;
+  pa->type = ic->ytype;
+  if (ic->grouped)
+    return probe_grouped(ic, scratch, pa);
   for (int i = 0; i < pa->nrows; i++) {
     void *out = (void *)(scratch + (CUdeviceptr)(2 * (size_t)i * pa->ld_alone));
+    pa->yoff[i] = (int64_t)pa->rows[i] * (int64_t)ic->ldy;
     if (ic->engine) {
       mt_gemm_args one = *ic->engine;
       one.m = 1;
@@ -185,11 +299,6 @@ static int run_probe(const mt_instr_call *ic, CUdeviceptr scratch, mt_instr_prob
       return 0;
     }
   }
-  pa->y = ic->y;
-  pa->alone = (const void *)scratch;
-  pa->ldy = (int64_t)ic->ldy;
-  pa->n = ic->n;
-  pa->type = ic->ytype;
   return 1;
 }
 
@@ -242,6 +351,13 @@ static int enqueue(const mt_instr_call *ic, mt_iw_context *c, mt_iw_slot *s, int
                                .hdr = hdr,
                                .rows = (mt_instr_row *)(s->dev + sizeof *hdr),
                                .cap = MT_IW_ROWS};
+    if (ic->grouped) {
+      da.offs = ic->grouped->offs;
+      da.nseg = ic->grouped->nseg;
+      da.seg_rows = ic->grouped->seg_rows;
+      da.stride_x = ic->grouped->stride_x;
+      da.stride_y = ic->grouped->stride_y;
+    }
     if (mt_instr_launch_digest(&da, (mt_stream)stream) != MT_OK) {
       mt_iw_count_skips(MT_IW_DIGEST, MT_IW_ERROR);
       kinds &= ~MT_IW_DIGEST;
@@ -258,16 +374,19 @@ static int enqueue(const mt_instr_call *ic, mt_iw_context *c, mt_iw_slot *s, int
     }
   }
   if (kinds & MT_IW_SHADOW) {
-    CUdeviceptr ref = scratch + (CUdeviceptr)probe_bytes_of(ic->n);
+    CUdeviceptr ref = scratch + (CUdeviceptr)probe_bytes_of(ic);
     mt_instr_shadow_args sa = {.y = ic->y,
                                .ref = (const void *)ref,
                                .ld = (int64_t)ic->ldy,
+                               .stride = ic->grouped ? ic->grouped->stride_y : 0,
                                .m = ic->m,
                                .n = ic->n,
                                .type = ic->ytype,
+                               .seg_rows = ic->grouped ? ic->grouped->seg_rows : 0,
                                .hdr = hdr};
-    if (!rerun_cublas(ic->call, 0, ic->m, (void *)ref, (int64_t)ic->ldy) ||
-        mt_instr_launch_shadow(&sa, (mt_stream)stream) != MT_OK) {
+    int rerun = ic->grouped ? rerun_batch(ic->call, (void *)ref)
+                            : rerun_cublas(ic->call, 0, ic->m, (void *)ref, (int64_t)ic->ldy);
+    if (!rerun || mt_instr_launch_shadow(&sa, (mt_stream)stream) != MT_OK) {
       mt_iw_count_skips(MT_IW_SHADOW, MT_IW_ERROR);
       kinds &= ~MT_IW_SHADOW;
     }
@@ -283,6 +402,8 @@ static int finish(const mt_instr_call *ic, mt_iw_slot *s, int kinds) {
   s->seq++;
   mt_instr_finish_args fa = {.w = digest_on ? ic->w : NULL,
                              .ldw = (int64_t)ic->ldw,
+                             .w_stride = ic->w_stride,
+                             .grouped = ic->grouped != NULL,
                              .frozen_sum = digest_on ? ic->frozen_sum : NULL,
                              .bias = digest_on ? ic->bias : NULL,
                              .bias_bytes = digest_on && ic->bias ? (int64_t)(bias_elem * ic->n) : 0,
@@ -299,8 +420,8 @@ static int finish(const mt_instr_call *ic, mt_iw_slot *s, int kinds) {
 /* The scratch's room and availability for the probe and shadow. When they stay on, the
  * context's scratch_lock is held (*held set) until the call has enqueued them. */
 static int scratch_gate(const mt_instr_call *ic, mt_iw_context *c, int kinds, int *held) {
-  size_t probe_bytes = probe_bytes_of(ic->n);
-  size_t shadow_bytes = 2 * ((size_t)(ic->m - 1) * ic->ldy + (size_t)ic->n);
+  size_t probe_bytes = probe_bytes_of(ic);
+  size_t shadow_bytes = 2 * shadow_elems(ic);
   *held = 0;
   if ((kinds & MT_IW_SHADOW) && probe_bytes + shadow_bytes > c->scratch_bytes) {
     mt_iw_count_skips(MT_IW_SHADOW, MT_IW_SCRATCH);
@@ -349,11 +470,17 @@ static int choose(const mt_instr_call *ic, const mt_driver *d, const mt_instr_dr
     mt_iw_count_skips(kinds, MT_IW_BETA);
     kinds = 0;
   }
-  if ((kinds & MT_IW_SHADOW) && !single_problem(ic->call)) {
+  if ((kinds & MT_IW_SHADOW) && !shadow_possible(ic)) {
     mt_iw_count_skips(MT_IW_SHADOW, MT_IW_ENTRY);
     kinds &= ~MT_IW_SHADOW;
   }
-  if ((kinds & MT_IW_PROBE) && !ic->engine && ic->call->entry == MT_FN_cublasLtMatmul) {
+  /* a grouped call's bias differs by segment: its digests' keys would need one sum a row */
+  if ((kinds & MT_IW_DIGEST) && ic->grouped && ic->bias) {
+    mt_iw_count_skips(MT_IW_DIGEST, MT_IW_ENTRY);
+    kinds &= ~MT_IW_DIGEST;
+  }
+  if ((kinds & MT_IW_PROBE) && !ic->engine && !ic->grouped &&
+      ic->call->entry == MT_FN_cublasLtMatmul) {
     mt_iw_count_skips(MT_IW_PROBE, MT_IW_ENTRY);
     kinds &= ~MT_IW_PROBE;
   }
@@ -377,6 +504,8 @@ static void slot_fill(mt_iw_slot *s, const mt_instr_call *ic, int route, int kin
   s->has_bias = ic->bias != NULL, s->biastype = ic->biastype;
   s->alpha = ic->alpha;
   s->probe_rows = 0;
+  s->grouped = ic->grouped != NULL;
+  s->shared_w = ic->grouped && !ic->w_stride;
 }
 
 void mt_instr_after(const mt_instr_call *ic) {

@@ -6,7 +6,8 @@
  *                       runs the original BF16 GEMM (the real cuBLAS entry point) into scratch:
  *                       relative L2 and max |diff| of the routed output against it
  *   MINITE_PROBE=rate   every ceil(1/rate)-th routed call with M > 1 of a route recomputes up to
- *                       4 rows (first, last, two between) alone (M = 1) and compares bit for bit
+ *                       4 rows (first, last, two between) alone (M = 1) and compares bit for bit;
+ *                       in a grouped call, over its total rows, each with its own segment's weight
  *   MINITE_DIGEST=rate  output rows whose input-row hash is below rate * 2^64: a "digest" record
  *                       (scheme 1 of tools/minite-compare; hashes in kernels/instr.h)
  *   MINITE_INSTR_MB     device scratch for the shadow's output and the probe's rows, per GPU
@@ -57,13 +58,20 @@ typedef struct {
   const void *bias;
   enum mt_dtype biastype;
   int capturing;
+  /* A grouped call (shim/exec.c): the grouped engine's arguments (segments, strides, the store,
+   * the workspace), NULL for one problem. Then m is the call's total rows, x, y and w their bases
+   * (w the BF16 weights, segment s's at w + s * w_stride elements; w_stride 0: one for all). */
+  const mt_grouped_args *grouped;
+  int64_t w_stride;
 } mt_instr_call;
 
 /* An mt_instr_call from a TN problem and its host alpha and beta (engine and frozen_sum NULL). */
 void mt_instr_from_call(const mt_spec *s, const mt_call *c, const float *alpha, const float *beta,
                         mt_instr_call *out);
 
-/* Enqueue the sampled instruments of one routed problem whose output is already enqueued. */
+/* Enqueue the sampled instruments of one routed problem (or grouped call) whose output is already
+ * enqueued. A grouped call gets the probe and the digests; the shadow only when it is a strided
+ * batch of cuBLAS (rerun as it came; torch._grouped_mm has no cuBLAS call to rerun). */
 void mt_instr_after(const mt_instr_call *ic);
 
 /* Spec bf16: run a routed single-problem call through the real cuBLAS, then its instruments.

@@ -238,6 +238,15 @@ static void route_name(int route, char *out, size_t size) {
            cfg.spec->routes[route].in);
 }
 
+/* A grouped call's row i: its weight's content sum, held by the first row of its segment
+ * (mt_instr_finish hashes each weight once). */
+static uint64_t grouped_wsum(const mt_iw_slot *s, const mt_instr_row *rows, unsigned i) {
+  unsigned j = 0;
+  while (j < i && !s->shared_w && rows[j].seg != rows[i].seg)
+    j++;
+  return rows[j].wsum;
+}
+
 /* The records of one completed slot (its host block), and its share of the aggregates. */
 static void slot_records(const mt_iw_slot *s, text *t) {
   const mt_instr_header *h = (const mt_instr_header *)s->host;
@@ -250,6 +259,8 @@ static void slot_records(const mt_iw_slot *s, text *t) {
     uint64_t wid = mt_instr_weight_id(h->wsum, s->n, s->k, s->wtype);
     uint64_t bid = mt_instr_bias_id(s->has_bias, h->bsum, s->n, s->biastype);
     for (unsigned i = 0; i < kept; i++) {
+      if (s->grouped)
+        wid = mt_instr_weight_id(grouped_wsum(s, rows, i), s->n, s->k, s->wtype);
       uint64_t key = mt_instr_key(rows[i].row_hash, wid, s->ytype, s->alpha, bid);
       put(t,
           "{\"event\": \"digest\", \"scheme\": 1, \"route\": \"%s\", \"key\": \"%016" PRIx64
@@ -285,14 +296,15 @@ static void slot_records(const mt_iw_slot *s, text *t) {
   }
   if (s->kinds & MT_IW_PROBE) {
     double mx = float_of_bits(h->probe_max_bits);
+    int probed = s->probe_rows - (int)h->probe_outside; /* grouped: rows in no segment */
     put(t,
         "{\"event\": \"probe\", \"route\": \"%s\", \"m\": %d, \"rows\": %d, \"differing\": %" PRIu32
         ", \"max_abs\": ",
-        route, s->m, s->probe_rows, h->probe_differing);
+        route, s->m, probed, h->probe_differing);
     put_float(t, mx);
     put(t, "}\n");
     r->probe_calls++;
-    r->probe_rows += (unsigned)s->probe_rows;
+    r->probe_rows += (unsigned)probed;
     r->probe_differing += h->probe_differing;
     r->probe_max_abs = fmax(r->probe_max_abs, mx);
   }

@@ -58,6 +58,7 @@ typedef struct {
   unsigned char *host;
   /* what the writer needs to finish the records */
   int kinds, route, m, n, k, xtype, ytype, wtype, biastype, has_bias, probe_rows;
+  int grouped, shared_w; /* a grouped call: each row's weight sum is its own (shared_w: one W) */
   float alpha;
 } mt_iw_slot;
 

@@ -508,7 +508,10 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   out->workspace_bytes = ws;
   if (e) {
     out->q = &e->q;
-    out->wsum = &((const mt_wcheck_state *)(uintptr_t)(e->mem + qbytes))->hash;
+    /* frozen-sampled's hash covers a sample of the lines: not the weight's content sum, which a
+     * digest's key needs to join a process under another cache mode */
+    if (check_step == 1)
+      out->wsum = &((const mt_wcheck_state *)(uintptr_t)(e->mem + qbytes))->hash;
     return weight_done(mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + qbytes),
                                          check_step, stream),
                        capturing);

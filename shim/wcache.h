@@ -70,7 +70,8 @@ typedef struct {
   size_t workspace_bytes;
   mt_qweight *q;        /* quantized (or refreshed) on the stream, ready for mt_gemm */
   const uint64_t *wsum; /* frozen: the device word holding the weight's content hash as of this
-                           call (kernels/wcheck.h, mt_wcheck_state.hash); NULL under requantize */
+                           call (kernels/wcheck.h, mt_wcheck_state.hash); NULL under requantize
+                           and frozen-sampled (whose hash covers a sample of the weight) */
   mt_wcache_hold hold;
   mt_qweight own; /* a weight quantized for this call alone (requantize, cache full, capture) */
 } mt_engine_mem;

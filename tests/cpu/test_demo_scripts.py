@@ -136,7 +136,8 @@ def test_tables_from_made_up_results():
     runs = [fake_run("none", "none", "grouped_mm", (1000, 900, 1100), (20000, 19000, 21000),
                      gap, profile=prof),
             fake_run("nvfp4-row", "nvfp4-row", "grouped_mm", (900, 850, 950),
-                     (30000, 29000, 31000), gap, profile=prof_row),
+                     (30000, 29000, 31000), gap, {"probe_rows": 12, "probe_differing": 0},
+                     profile=prof_row),
             fake_run("nvfp4-row-eager", "nvfp4-row", "eager", (300, 290, 310), (2000, 1900, 2100),
                      gap, {"shadow_calls": 4, "shadow_mean": 0.13, "shadow_max": 0.14,
                            "probe_rows": 8, "probe_differing": 0})]
@@ -147,7 +148,8 @@ def test_tables_from_made_up_results():
     harness.check(row[1:3] == ["nvfp4-row", "grouped_mm"], f"row {row}")
     harness.check(row[3] == "900 (850-950) **0.90x**" and row[4] == "30,000 (29,000-31,000) "
                   "**1.50x**", f"median (min-max) and ratio to none: {row}")
-    harness.check(row[9:12] == ["n/a (grouped)"] * 3, f"instruments on grouped_mm: {row}")
+    harness.check(row[9:12] == ["n/a (grouped)", "0 / 12", "-"],
+                  f"instruments on grouped_mm: probe, no shadow: {row}")
     eager = [c.strip() for c in lines[4].split("|")]
     harness.check(eager[9] == "0.13 / 0.14 (4 calls)" and eager[10] == "0 / 8",
                   f"instruments on eager: {eager}")

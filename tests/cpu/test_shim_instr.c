@@ -313,15 +313,17 @@ static void scenario_digest(void) {
   unmake(&p), unmake(&q);
 }
 
-/* Frozen weights: the digest reads the cache's stored sum instead of hashing the weight. */
+/* Frozen weights: the digest reads the cache's stored sum instead of hashing the weight; under
+ * frozen-sampled (MT_SAMPLED=1), whose stored hash covers a sample only, it hashes the weight. */
 static void scenario_digest_frozen(void) {
+  int sampled = getenv("MT_SAMPLED") && getenv("MT_SAMPLED")[0] == '1';
   problem p = make(OUT, 4);
   int t = now();
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
   int wc = find_launch(t, "mt_wcheck", 0), w = find_launch(t, "mt_instr_finish", 0);
   CHECK(wc >= 0 && w > wc);
   const mt_instr_finish_args *wa = w >= 0 ? (const mt_instr_finish_args *)event(w)->args : NULL;
-  CHECK(wa && wa->frozen_sum && event(w)->grid[0] == 1);
+  CHECK(wa && (wa->frozen_sum == NULL) == sampled && (event(w)->grid[0] == 1) == !sampled);
   print_keys(&p);
   unmake(&p);
 }
@@ -344,7 +346,7 @@ static void scenario_sampling(void) {
       int pr = find_launch(t, "mt_instr_probe", 0);
       const mt_instr_probe_args *pa = (const mt_instr_probe_args *)event(pr)->args;
       CHECK(pa->nrows == 4 && pa->rows[0] == 0 && pa->rows[1] == 2 && pa->rows[2] == 5 &&
-            pa->rows[3] == 7 && pa->y == a.y && pa->n == OUT && pa->ldy == OUT &&
+            pa->rows[3] == 7 && pa->y == a.y && pa->n == OUT && pa->yoff[3] == 7 * OUT &&
             pa->ld_alone == OUT && (uintptr_t)pa->alone % 256 == 0);
       int g = 0;
       for (int e = t; e < pr; e++)
@@ -490,11 +492,62 @@ static void scenario_fork(void) {
   unmake(&p);
 }
 
+/* A strided batch of 3 problems of 8 rows (one grouped call): the shadow reruns the batch through
+ * the real cuBLAS into the scratch in the call's own layout, the probe recomputes rows 0, 8, 16
+ * and 23 alone through the grouped engine, each with its own problem's weight slice, and every
+ * row is digested with the key of its own problem's weight. */
+static void scenario_strided(void) {
+  enum { B = 3, T = 8 };
+  size_t sw = (size_t)OUT * IN, sx = (size_t)T * IN, sy = (size_t)OUT * T;
+  uint16_t *w = matrix(sw * B), *x = matrix(sx * B), *y = matrix(sy * B);
+  __typeof__(&cublasGemmStridedBatchedEx) hook_strided =
+      (__typeof__(hook_strided))dlsym(RTLD_DEFAULT, "cublasGemmStridedBatchedEx");
+  CHECK(hook_strided != NULL);
+  if (!hook_strided)
+    return;
+  long calls = cublas_calls();
+  int t = now();
+  CHECK(hook_strided(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, T, IN, &one, w, CUDA_R_16BF, IN, sw, x,
+                     CUDA_R_16BF, IN, sx, &zero, y, CUDA_R_16BF, OUT, sy, B, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+  CHECKF(cublas_calls() == calls + 1, "%ld cuBLAS calls: the shadow's rerun only",
+         cublas_calls() - calls);
+  int sh = find_launch(t, "mt_instr_shadow", 0), pr = find_launch(t, "mt_instr_probe", 0);
+  const mt_instr_shadow_args *sa = sh >= 0 ? (const mt_instr_shadow_args *)event(sh)->args : NULL;
+  const mt_instr_probe_args *pa = pr >= 0 ? (const mt_instr_probe_args *)event(pr)->args : NULL;
+  CHECK(sa && sa->y == y && sa->m == B * T && sa->ld == OUT && sa->stride == (int64_t)sy &&
+        sa->seg_rows == T);
+  CHECK(pa && !pa->offs && pa->nrows == 4 && pa->rows[1] == 8 && pa->rows[3] == 23 &&
+        pa->yoff[1] == (int64_t)sy && pa->yoff[3] == 2 * (int64_t)sy + 7 * OUT);
+  CHECK(find_launch(t, "mt_instr_offs", 0) < 0);
+  /* the rows alone: one grouped launch of one row each, between the call's and the comparison */
+  int alone = 0;
+  for (int e = find_launch(t, "mt_grouped_n8", 0); e >= 0 && e < pr; e++)
+    alone += event(e)->kind == FAKE_EV_LAUNCH && !strncmp(event(e)->name, "mt_grouped_", 11);
+  CHECKF(alone == 4, "%d grouped launches of one row", alone);
+  for (int b = 0; b < B; b++) {
+    uint64_t wsum = 0;
+    for (int r = 0; r < OUT; r++)
+      wsum += mt_instr_content_sum(w + b * sw + (size_t)r * IN, IN * 2, (uint64_t)r * (IN / 8));
+    uint64_t wid = mt_instr_weight_id(wsum, OUT, IN, 0);
+    for (int i = 0; i < T; i++)
+      printf("#info key %016" PRIx64 "\n",
+             mt_instr_key(mt_instr_row_hash(x + b * sx + (size_t)i * IN, IN, 0), wid, 0, 1.0f, 0));
+  }
+  check_clean();
+  free(w), free(x), free(y);
+}
+
 static const mt_t_scenario scenarios[] = {
-    {"busy", scenario_busy},         {"fork", scenario_fork},
-    {"digest", scenario_digest},     {"digest_frozen", scenario_digest_frozen},
-    {"sampling", scenario_sampling}, {"capture", scenario_capture},
-    {"bounded", scenario_bounded},   {"join", scenario_join},
+    {"strided", scenario_strided},
+    {"busy", scenario_busy},
+    {"fork", scenario_fork},
+    {"digest", scenario_digest},
+    {"digest_frozen", scenario_digest_frozen},
+    {"sampling", scenario_sampling},
+    {"capture", scenario_capture},
+    {"bounded", scenario_bounded},
+    {"join", scenario_join},
 };
 
 /* ======================================================================================== */
@@ -647,6 +700,13 @@ static void digest_frozen_uses_the_cache_sum(void) {
    * what is checked is that the frozen sum (not a hash of the weight) reached the records */
   CHECK(mt_t_count_of(r.stats, "\"event\": \"digest\"") == 4);
   mt_t_child_free(&r);
+  /* frozen-sampled: the weight hashed, so the keys are the content keys of every other mode */
+  const char *sampled[] = {"MINITE_DIGEST=1", "MINITE_WEIGHT_CACHE=frozen-sampled", "MT_SAMPLED=1",
+                           NULL};
+  mt_t_run_child("digest_frozen", "digest_sampled", sampled, &r);
+  mt_t_check_child("digest_frozen sampled", &r);
+  check_keys_in_file(&r, 4);
+  mt_t_child_free(&r);
 }
 
 static void sampling_is_per_route_and_deterministic(void) {
@@ -760,6 +820,23 @@ static void join_two_batchings_through_minite_compare(void) {
   }
 }
 
+static void strided_batch_gets_every_instrument(void) {
+  const char *env[] = {"MINITE_SHADOW=1", "MINITE_PROBE=1", "MINITE_DIGEST=1", NULL};
+  mt_t_child r;
+  mt_t_run_child("strided", "strided", env, &r);
+  mt_t_check_child("strided", &r);
+  check_keys_in_file(&r, 24);
+  const char *route = "\"256x512\": {\"shadow\"";
+  CHECK(mt_t_json_int_in(r.summary, route, "calls") == 1);
+  double rel = json_num_in(r.summary, route, "rel_l2_mean");
+  CHECKF(rel > 0 && isfinite(rel), "rel_l2_mean %g: the fake engine's mark against cuBLAS's", rel);
+  CHECK(mt_t_json_int_in(r.summary, route, "rows") == 4 &&
+        mt_t_json_int_in(r.summary, route, "differing") == 0);
+  CHECK(mt_t_json_int_in(r.summary, "\"digests\": {", "written") == 24);
+  CHECKF(r.err && !r.err[0], "stderr: %s", r.err);
+  mt_t_child_free(&r);
+}
+
 static void tests(void) {
   RUN(env_rates);
   RUN(twin_matches_python_reference);
@@ -771,6 +848,7 @@ static void tests(void) {
   RUN(scratch_busy_on_another_stream);
   RUN(fork_child_instruments_nothing);
   RUN(join_two_batchings_through_minite_compare);
+  RUN(strided_batch_gets_every_instrument);
 }
 
 int main(int argc, char **argv) {

@@ -20,11 +20,14 @@
  * with an optional of another layout.
  */
 #include <dlfcn.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/gemm_args.h"
+#include "kernels/instr.h"
 #include "tests/cpu/fake/fake.h"
 #include "tests/cpu/fake/fake_cuda.h"
 #include "tests/cpu/fake/fake_torch.h"
@@ -181,9 +184,97 @@ static void scenario_optional(void) {
   free(wdata), free(xdata), free(y.impl.data);
 }
 
+/* Launches since `from` whose kernel name starts with `prefix`. */
+static int launches_of(int from, const char *prefix) {
+  int n = 0;
+  for (int i = from; i < now(); i++)
+    n += event(i)->kind == FAKE_EV_LAUNCH && !strncmp(event(i)->name, prefix, strlen(prefix));
+  return n;
+}
+
+static int find_launch(int from, const char *name) {
+  for (int i = from; i < now(); i++)
+    if (event(i)->kind == FAKE_EV_LAUNCH && !strcmp(event(i)->name, name))
+      return i;
+  return -1;
+}
+
+/* The twin's keys of the rows of a grouped call (x rows of IN, offsets or 5 rows a segment,
+ * segment s through expert s of w), as #info lines the parent looks for in the statistics file:
+ * the key of a single call of that row through that expert's weight. */
+static void print_keys(const uint16_t *x, int rows, const int32_t *offs, const uint16_t *w) {
+  for (int r = 0; r < rows; r++) {
+    int32_t seg = mt_instr_segment(offs, E, offs ? 0 : 5, r);
+    if (seg < 0)
+      continue;
+    const uint16_t *ws = w + (size_t)seg * OUT * IN;
+    uint64_t wsum = 0;
+    for (int i = 0; i < OUT; i++)
+      wsum += mt_instr_content_sum(ws + (size_t)i * IN, IN * 2, (uint64_t)i * (IN / 8));
+    uint64_t key = mt_instr_key(mt_instr_row_hash(x + (size_t)r * IN, IN, 0),
+                                mt_instr_weight_id(wsum, OUT, IN, 0), 0, 1.0f, 0);
+    printf("#info key %016" PRIx64 "\n", key);
+  }
+}
+
+/* The instruments of grouped calls (MT_INSTR=on: probe and digests at rate 1; off: none). The
+ * forward's offsets end at 36 of its 40 rows: rows 36..39 are in no segment (never written),
+ * neither probed nor digested. With the instruments on, each call gets behind its grouped GEMM:
+ * the digest kernel (the segments found from the offsets on the device), for the offsets form the
+ * kernel that builds the probed rows' one-row offsets, the 4 rows alone through the grouped
+ * engine, the comparison, the finish; nothing read back. */
+static void scenario_instr(void) {
+  static int32_t part[E] = {8, 8, 25, 36};
+  int on = getenv("MT_INSTR") && !strcmp(getenv("MT_INSTR"), "on");
+  tensor x, w_t, y, x3, y3, offs;
+  uint16_t *wdata = matrix(E * OUT * IN), *xdata = matrix(T * IN), *x3data = matrix(E * 5 * IN);
+  make2(&x, xdata, T, IN, IN, 1);
+  make3(&w_t, wdata, E, IN, OUT, OUT * IN, 1, IN);
+  make2(&y, matrix(T * OUT), T, OUT, OUT, 1);
+  make3(&x3, x3data, E, 5, IN, 5 * IN, IN, 1);
+  make3(&y3, matrix(E * 5 * OUT), E, 5, OUT, 5 * OUT, OUT, 1);
+  make(&offs, part, 1, (int64_t[3]){E, 0, 0}, (int64_t[3]){1, 0, 0});
+  offs.impl.dtype = FAKE_TORCH_INT32;
+  fake_optional o = {.value = offs.t, .engaged = 1}, none = {{NULL}, 0};
+  void *passed[5];
+  int t = now();
+  op(&x.t, &w_t.t, &o, &none, &y.t, passed);
+  CHECKF(launches_of(t, "mt_grouped_") == (on ? 5 : 1), "forward: %d grouped launches",
+         launches_of(t, "mt_grouped_"));
+  CHECK(launches_of(t, "mt_instr_") == (on ? 4 : 0));
+  int oi = find_launch(t, "mt_instr_offs"), pi = find_launch(t, "mt_instr_probe");
+  CHECK(on == (oi >= 0) && on == (pi >= 0));
+  if (on && oi >= 0 && pi >= 0) {
+    const mt_instr_offs_args *oa = (const mt_instr_offs_args *)event(oi)->args;
+    const mt_instr_probe_args *pa = (const mt_instr_probe_args *)event(pi)->args;
+    CHECK(oa->offs == part && oa->nseg == E && oa->nrows == 4 && oa->rows[0] == 0 &&
+          oa->rows[1] == 13 && oa->rows[2] == 26 && oa->rows[3] == 39);
+    CHECK(pa->offs == part && pa->nseg == E && pa->yoff[3] == 39 * OUT && pa->y == y.impl.data);
+    /* the rows alone: m = 1, each with its own one-row offsets, after the offsets' kernel */
+    int g = find_launch(oi, "mt_grouped_n8");
+    const mt_grouped_kargs *ka = g >= 0 ? (const mt_grouped_kargs *)event(g)->args : NULL;
+    CHECK(ka && ka->m == 1 && ka->offs == oa->out && g < pi);
+  }
+  t = now();
+  op(&x3.t, &w_t.t, &none, &none, &y3.t, passed);
+  CHECK(launches_of(t, "mt_grouped_") == (on ? 5 : 1));
+  CHECK(launches_of(t, "mt_instr_") == (on ? 3 : 0) && find_launch(t, "mt_instr_offs") < 0);
+  pi = find_launch(t, "mt_instr_probe");
+  if (on && pi >= 0) { /* segment 1 row 1 of the batch: 5 rows a segment */
+    const mt_instr_probe_args *pa = (const mt_instr_probe_args *)event(pi)->args;
+    CHECK(!pa->offs && pa->rows[1] == 6 && pa->yoff[1] == 5 * OUT + OUT);
+  }
+  if (on) {
+    print_keys(xdata, T, part, wdata);
+    print_keys(x3data, E * 5, NULL, wdata);
+  }
+  free(wdata), free(xdata), free(x3data), free(y.impl.data), free(y3.impl.data);
+}
+
 static const mt_t_scenario scenarios[] = {
     {"modes", scenario_modes},
     {"optional", scenario_optional},
+    {"instr", scenario_instr},
 };
 
 /* ======================================================================================== */
@@ -295,6 +386,60 @@ static void an_optional_of_another_layout_is_torch_abi(void) {
   mt_t_child_free(&r);
 }
 
+/* Every "#info key K" of the child is the key of a digest record in its statistics file. */
+static int keys_in_file(const mt_t_child *r, int *keys) {
+  int found = 0;
+  *keys = 0;
+  for (const char *p = r->out; p && (p = strstr(p, "#info key ")); p++) {
+    char key[17] = {0}, pat[40];
+    memcpy(key, p + 10, 16);
+    snprintf(pat, sizeof pat, "\"key\": \"%s\"", key);
+    (*keys)++;
+    found += r->stats && strstr(r->stats, pat) != NULL;
+  }
+  return found;
+}
+
+/* Grouped calls' instruments, on: the probe of both forms (3 rows of the forward in a segment,
+ * 4 of the batch; none differing), the digests of the rows in a segment with the keys of their
+ * own experts, the shadow not available ("entry"); off: nothing launched (the child checks). */
+static void grouped_calls_get_probe_and_digests(void) {
+  const char *on[] = {"MINITE_SPEC=nvfp4-row", "FAKE_WITH_CUDA=1", "MT_INSTR=on", "MINITE_PROBE=1",
+                      "MINITE_DIGEST=1",       "MINITE_SHADOW=1",  NULL};
+  mt_t_child r;
+  mt_t_run_child("instr", "instr_on", on, &r);
+  mt_t_check_child("instr on", &r);
+  const char *route = "\"64x32\": {\"shadow\"";
+  CHECKF(mt_t_json_int_in(r.summary, route, "calls") == 0 &&
+             mt_t_json_int_in(r.summary, "\"shadow\": {\"rate\"", "entry") == 2,
+         "%s", r.summary ? r.summary : "(no summary)");
+  const char *probe = r.summary ? strstr(r.summary, "\"64x32\"") : NULL;
+  probe = probe ? strstr(probe, "\"probe\": {") : NULL;
+  CHECKF(mt_t_json_int_in(probe, NULL, "calls") == 2 &&
+             mt_t_json_int_in(probe, NULL, "rows") == 7 &&
+             mt_t_json_int_in(probe, NULL, "differing") == 0,
+         "%.300s", probe ? probe : "(no probe)");
+  CHECK(mt_t_count_of(r.stats, "\"event\": \"probe\"") == 2 &&
+        mt_t_count_of(r.stats, "\"rows\": 3, \"differing\": 0") == 1);
+  CHECK(mt_t_json_int_in(r.summary, "\"digests\": {", "written") == 36 + 20 &&
+        mt_t_count_of(r.stats, "\"event\": \"digest\"") == 56);
+  int keys, found = keys_in_file(&r, &keys);
+  CHECKF(keys == 56 && found == 56, "%d of %d keys found", found, keys);
+  CHECKF(r.err && !strstr(r.err, "minite WARN"), "stderr: %s", r.err);
+  mt_t_child_free(&r);
+  const char *off[] = {"MINITE_SPEC=nvfp4-row",
+                       "FAKE_WITH_CUDA=1",
+                       "MT_INSTR=off",
+                       "MINITE_PROBE=0",
+                       "MINITE_DIGEST=0",
+                       "MINITE_SHADOW=0",
+                       NULL};
+  mt_t_run_child("instr", "instr_off", off, &r);
+  mt_t_check_child("instr off", &r);
+  CHECK(mt_t_json_int_in(r.summary, NULL, "routed") == 2);
+  mt_t_child_free(&r);
+}
+
 static void tests(void) {
   RUN(bf16_counts_forward_calls_routed);
   RUN(nvfp4_without_a_driver_is_no_engine);
@@ -302,6 +447,7 @@ static void tests(void) {
   RUN(inert_passes_everything_through);
   RUN(a_missing_accessor_is_torch_abi);
   RUN(an_optional_of_another_layout_is_torch_abi);
+  RUN(grouped_calls_get_probe_and_digests);
 }
 
 int main(int argc, char **argv) {

@@ -15,6 +15,8 @@ Cases:
                batched, or an Lt matmul with a batch count under TORCH_BLAS_PREFER_CUBLASLT=1),
                each expert's F.linear, the call captured in a CUDA graph and replayed on new
                inputs, and one call under the profiler
+  digest       the same rows through the same experts in one grouped call, or split over the
+               per-call path and two grouped calls (MT_BATCHING=one or split), then a 3-D call
 """
 import json
 import os
@@ -151,8 +153,34 @@ def case_bmm():
     return info(out, kernels=names, lt=os.environ.get("TORCH_BLAS_PREFER_CUBLASLT", ""))
 
 
+def case_digest():
+    """The same token rows through the same experts (8, each with 1..15 rows), batched as
+    MT_BATCHING says: "one", one torch._grouped_mm call with offsets; "split", expert 0's rows as
+    its own F.linear (the per-call path), experts 1..3 in a grouped call, 4..7 in another (each
+    with zero rows for the other experts), then the strided 3-D form on the first 8 rows of every
+    expert as one more call in both modes."""
+    g = torch.Generator(device="cpu").manual_seed(5)
+    counts = torch.randint(1, 16, (E,), generator=g)  # at most 120 rows: a call keeps 128
+    x, w = rand(int(counts.sum()), K, seed=30), rand(E, N, K, seed=31)
+    wt = w.transpose(-2, -1)
+    ends = torch.cumsum(counts, 0)
+    if os.environ.get("MT_BATCHING", "one") == "one":
+        y = torch._grouped_mm(x, wt, offs=ends.to(torch.int32).cuda())
+    else:
+        c0, mid = int(ends[0]), int(ends[3])
+        low = torch.where(torch.arange(E) < 4, ends, ends[3]) - c0
+        low[0] = 0
+        high = torch.where(torch.arange(E) < 4, 0, ends - mid)
+        y = torch.cat([F.linear(x[:c0], w[0]),
+                       torch._grouped_mm(x[c0:mid], wt, offs=low.to(torch.int32).cuda()),
+                       torch._grouped_mm(x[mid:], wt, offs=high.to(torch.int32).cuda())])
+    x3 = rand(E, 8, K, seed=32)
+    y3 = torch._grouped_mm(x3, wt)
+    return {"y": f32(y), "y3": f32(y3), "counts": counts.numpy()}
+
+
 CASES = {"hf_train": case_hf_train, "hf_generate": case_hf_generate, "direct": case_direct,
-         "bmm": case_bmm}
+         "bmm": case_bmm, "digest": case_digest}
 
 if __name__ == "__main__":
     case, path = sys.argv[1], sys.argv[2]

@@ -411,6 +411,7 @@ _Static_assert(sizeof(mt_large_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_shadow_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_probe_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_finish_args) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_instr_offs_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_grouped_kargs) <= FAKE_CUDA_ARGS_MAX,
                "a kernel argument struct is larger than the fake keeps");
 static size_t args_size(const char *name) {
@@ -428,6 +429,8 @@ static size_t args_size(const char *name) {
     return sizeof(mt_instr_probe_args);
   if (!strcmp(name, "mt_instr_finish"))
     return sizeof(mt_instr_finish_args);
+  if (!strcmp(name, "mt_instr_offs"))
+    return sizeof(mt_instr_offs_args);
   if (!strncmp(name, "mt_gemm_small_", 14))
     return sizeof(mt_small_args);
   if (!strncmp(name, "mt_gemm_large_", 14))
@@ -461,15 +464,22 @@ static void mark_grouped(const mt_grouped_kargs *a) {
 
 static void instr_digest(const mt_instr_digest_args *a) {
   for (int r = 0; r < a->m; r++) {
-    const uint16_t *x = (const uint16_t *)a->x + (int64_t)r * a->ldx;
+    int32_t seg = mt_instr_segment(a->offs, a->nseg, a->seg_rows, r);
+    if (seg < 0)
+      continue;
+    const uint16_t *x =
+        (const uint16_t *)a->x + mt_instr_row_offset(seg, a->seg_rows, a->stride_x, a->ldx, r);
     uint64_t h = mt_instr_row_hash(x, a->k, a->xtype);
     if (!a->all && h >= a->threshold)
       continue;
     unsigned slot = a->hdr->selected++;
     if ((int)slot >= a->cap)
       continue;
-    const uint16_t *y = (const uint16_t *)a->y + (int64_t)r * a->ldy;
+    const uint16_t *y =
+        (const uint16_t *)a->y + mt_instr_row_offset(seg, a->seg_rows, a->stride_y, a->ldy, r);
     mt_instr_row *out = a->rows + slot;
+    out->wsum = 0;
+    out->seg = seg;
     out->row_hash = h;
     out->out_hash = mt_instr_out_hash(y, a->n, a->ytype);
     mt_instr_sketch(y, a->n, a->ytype, out->sketch);
@@ -483,8 +493,11 @@ static void instr_shadow(const mt_instr_shadow_args *a) {
   memcpy(&mx, &a->hdr->shadow_max_bits, 4);
   for (int r = 0; r < a->m; r++)
     for (int j = 0; j < a->n; j++) {
-      float y = mt_instr_half_to_float(((const uint16_t *)a->y)[r * a->ld + j], a->type);
-      float ref = mt_instr_half_to_float(((const uint16_t *)a->ref)[r * a->ld + j], a->type);
+      int64_t at = mt_instr_row_offset(a->seg_rows > 0 ? r / a->seg_rows : 0, a->seg_rows,
+                                       a->stride, a->ld, r) +
+                   j;
+      float y = mt_instr_half_to_float(((const uint16_t *)a->y)[at], a->type);
+      float ref = mt_instr_half_to_float(((const uint16_t *)a->ref)[at], a->type);
       if (!isfinite(y) || !isfinite(ref)) {
         a->hdr->shadow_nonfinite++;
         continue;
@@ -501,7 +514,11 @@ static void instr_probe(const mt_instr_probe_args *a) {
   float mx;
   memcpy(&mx, &a->hdr->probe_max_bits, 4);
   for (int p = 0; p < a->nrows; p++) {
-    const uint16_t *in = (const uint16_t *)a->y + (int64_t)a->rows[p] * a->ldy;
+    if (a->offs && a->rows[p] >= a->offs[a->nseg - 1]) {
+      a->hdr->probe_outside++;
+      continue;
+    }
+    const uint16_t *in = (const uint16_t *)a->y + a->yoff[p];
     const uint16_t *alone = (const uint16_t *)a->alone + (int64_t)p * a->ld_alone;
     int differ = 0;
     for (int j = 0; j < a->n; j++)
@@ -520,18 +537,38 @@ static void instr_probe(const mt_instr_probe_args *a) {
 static struct { uint32_t *flag, seq; } held[MAX_HELD];
 static int nheld, hold_events;
 
+static uint64_t weight_sum(const uint16_t *w, int64_t ldw, int n, int k) {
+  uint64_t sum = 0, per_row = (uint64_t)k / 8;
+  for (int r = 0; r < n; r++)
+    sum += mt_instr_content_sum(w + (int64_t)r * ldw, (size_t)k * 2, r * per_row);
+  return sum;
+}
+
+static void instr_offs(const mt_instr_offs_args *a) {
+  for (int p = 0; p < a->nrows; p++)
+    for (int s = 0; s < a->nseg; s++)
+      a->out[p * a->nseg + s] = a->offs[s] > a->rows[p];
+}
+
 /* The grid's work and then the last CTA's publication, in one go. */
 static void instr_finish(const mt_instr_finish_args *a) {
   mt_instr_header *h = a->hdr;
-  if (a->w && h->selected) {
+  if (a->w && h->selected && a->grouped) {
+    mt_instr_row *rows = (mt_instr_row *)(h + 1);
+    unsigned kept = h->selected < (unsigned)a->cap ? h->selected : (unsigned)a->cap;
+    for (unsigned i = 0; i < kept; i++) {
+      int first = 1;
+      for (unsigned j = 0; j < i; j++)
+        first &= a->w_stride && rows[j].seg != rows[i].seg;
+      if (first)
+        rows[i].wsum +=
+            weight_sum((const uint16_t *)a->w + rows[i].seg * a->w_stride, a->ldw, a->n, a->k);
+    }
+  } else if (a->w && h->selected) {
     if (a->frozen_sum) {
       h->wsum = *a->frozen_sum;
     } else {
-      uint64_t sum = 0, per_row = (uint64_t)a->k / 8;
-      for (int r = 0; r < a->n; r++)
-        sum += mt_instr_content_sum((const uint16_t *)a->w + (int64_t)r * a->ldw, (size_t)a->k * 2,
-                                    r * per_row);
-      h->wsum += sum;
+      h->wsum += weight_sum(a->w, a->ldw, a->n, a->k);
     }
     if (a->bias)
       h->bsum = mt_instr_content_sum(a->bias, (size_t)a->bias_bytes, 0);
@@ -556,6 +593,8 @@ static void run_instr(const char *name, const void *args) {
     instr_probe(args);
   else if (!strcmp(name, "mt_instr_finish"))
     instr_finish(args);
+  else if (!strcmp(name, "mt_instr_offs"))
+    instr_offs(args);
 }
 
 static int launch_config_ok(const CUlaunchConfig *c, const function *f) {
