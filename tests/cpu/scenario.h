@@ -182,6 +182,13 @@ MT_T_UNUSED static int mt_t_cublas_on(cublasHandle_t h, const mt_t_problem *p, C
   return ok;
 }
 
+/* The fake driver's counters (fake_cuda.h) as they are now. */
+MT_T_UNUSED static fake_cuda_counts mt_t_counts_now(void) {
+  fake_cuda_counts c;
+  mt_t_fakes.counts(&c);
+  return c;
+}
+
 /* Events of `kind` since `from`. */
 MT_T_UNUSED static int mt_t_count_kind(int from, int kind) {
   int n = 0;

@@ -67,8 +67,7 @@ static int large_grid(int from) {
 }
 
 static void check_clean(void) {
-  fake_cuda_counts c;
-  mt_t_fakes.counts(&c);
+  fake_cuda_counts c = mt_t_counts_now();
   CHECKF(c.invalid == 0 && c.stale == 0 && c.cross_context == 0 && c.bad_frees == 0,
          "invalid %ld, stale %ld, cross-context %ld, bad frees %ld", c.invalid, c.stale,
          c.cross_context, c.bad_frees);

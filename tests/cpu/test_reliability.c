@@ -87,14 +87,8 @@ static int correct_on(cublasHandle_t h, const mt_t_problem *p, CUstream s, int *
   return routed;
 }
 
-static fake_cuda_counts counts_now(void) {
-  fake_cuda_counts c;
-  mt_t_fakes.counts(&c);
-  return c;
-}
-
 static void check_clean(void) {
-  fake_cuda_counts c = counts_now();
+  fake_cuda_counts c = mt_t_counts_now();
   CHECKF(c.invalid == 0 && c.stale == 0 && c.during_capture == 0 && c.bad_frees == 0,
          "invalid %ld, stale %ld, during capture %ld, bad frees %ld", c.invalid, c.stale,
          c.during_capture, c.bad_frees);
@@ -327,7 +321,7 @@ static void scenario_parallel(void) {
   clock_gettime(CLOCK_MONOTONIC, &b);
   printf("#info wall_us %ld\n",
          (long)((b.tv_sec - a.tv_sec) * 1000000 + (b.tv_nsec - a.tv_nsec) / 1000));
-  printf("#info launches %ld\n", counts_now().launches);
+  printf("#info launches %ld\n", mt_t_counts_now().launches);
 }
 
 static atomic_int stop_looping;
@@ -406,7 +400,7 @@ static void scenario_allocs(void) {
   set_capturing(S1, 0);
   routed += correct_on(handle, &small, S1, &ok), wrong += !ok, calls++;
   CHECKF(wrong == 0, "%d wrong results", wrong);
-  fake_cuda_counts c = counts_now();
+  fake_cuda_counts c = mt_t_counts_now();
   CHECKF(c.invalid == 0 && c.stale == 0 && c.during_capture == 0 && c.bad_frees == 0,
          "invalid %ld, stale %ld, during capture %ld, bad frees %ld", c.invalid, c.stale,
          c.during_capture, c.bad_frees);
