@@ -47,6 +47,22 @@ def require_gpu():
     require_lib()
 
 
+def records(path):
+    """The start and the summary record of a statistics file (None where missing)."""
+    start = summary = None
+    with open(path, errors="replace") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("event") == "start":
+                start = rec
+            elif isinstance(rec, dict) and rec.get("event") == "summary":
+                summary = rec
+    return start, summary
+
+
 def run_demo(name, args, spec=None, role="learner", tag=None, extra=None):
     """Run demo/<name> (with the shim under `spec`, and the MINITE_* variables of `extra`);
     returns (rc, summary or None, stats summary record or None, stderr)."""
@@ -76,14 +92,7 @@ def run_demo(name, args, spec=None, role="learner", tag=None, extra=None):
     stats = None
     if stats_glob:
         for path in sorted(glob.glob(stats_glob), key=os.path.getmtime)[-1:]:
-            with open(path, errors="replace") as f:
-                for line in f:
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(rec, dict) and rec.get("event") == "summary":
-                        stats = rec
+            stats = records(path)[1]
     return res.returncode, summary, stats, res.stderr
 
 

@@ -40,7 +40,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from demo_common import LIB, ROUTE, TMP, harness, probe_torch, require_lib  # noqa: E402
+from demo_common import (LIB, ROUTE, TMP, harness, probe_torch, records,  # noqa: E402
+                         require_lib)
 
 DEMO = os.path.join(ROOT, "demo", "ep_demo.py")
 MERGE = os.path.join(ROOT, "tools", "minite-merge")
@@ -143,22 +144,6 @@ def launch(tag, nproc, spec=None, modes="ddp,ep", env_extra=None, torchrun=True,
     print(f"    {tag}: {nproc} rank(s), {spec or 'no shim'}, exit {rc}, {wall:.0f} s")
     return {"rc": rc, "wall": wall, "ranks": ranks, "stats": stats, "summary": summary,
             "err": stderr}
-
-
-def records(path):
-    """The start and the summary record of a statistics file (None where missing)."""
-    start = summary = None
-    with open(path, errors="replace") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and rec.get("event") == "start":
-                start = rec
-            elif isinstance(rec, dict) and rec.get("event") == "summary":
-                summary = rec
-    return start, summary
 
 
 def merged(paths):
