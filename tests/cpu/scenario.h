@@ -124,12 +124,10 @@ typedef struct {
 } mt_t_problem;
 
 MT_T_UNUSED static mt_t_problem mt_t_make(uint32_t *seed, int out, int in, int tokens) {
-  mt_t_problem p = {out,
-                    in,
-                    tokens,
-                    mt_t_matrix(seed, (size_t)out * in),
-                    mt_t_matrix(seed, (size_t)tokens * in),
-                    mt_t_matrix(seed, (size_t)out * tokens)};
+  mt_t_problem p = {out, in, tokens, NULL, NULL, NULL};
+  p.w = mt_t_matrix(seed, (size_t)out * in); /* in this order: the seed's sequence */
+  p.x = mt_t_matrix(seed, (size_t)tokens * in);
+  p.y = mt_t_matrix(seed, (size_t)out * tokens);
   return p;
 }
 
