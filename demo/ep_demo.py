@@ -40,18 +40,9 @@ import os
 import sys
 import time
 
-# Qwen3-30B-A3B's shapes, as demo/demo_model.py's GEOMETRY.
-GEOMETRY = {
-    "vocab_size": 151936,
-    "hidden_size": 2048,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "moe_intermediate_size": 768,
-}
-ROUTE = "1536x2048,2048x768"
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+from demo_model import GEOMETRY  # noqa: E402  (Qwen3-30B-A3B's shapes; standard library only)
+
 MODES = ("ddp", "ep")
 
 

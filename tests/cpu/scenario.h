@@ -2,7 +2,9 @@
  * shim share (tests/cpu/test_shim_engine.c, tests/cpu/test_shim_instr.c): random BF16 matrices,
  * symbols of the fakes, the child (a clean environment with nvfp4-row, the routes and statistics,
  * the instruments off unless a scenario asks; its stdout, stderr and statistics file kept), reading
- * what it wrote, and the main that dispatches "child NAME BUILD" or runs the parent's tests. */
+ * what it wrote, and the main that dispatches "child NAME BUILD" or runs the parent's tests. The
+ * children of test_reliability.c, test_multi_device.c and test_fork.c also share the loading of
+ * the fakes and the GEMM problems they route or hand to cuBLAS (mt_t_load_fakes, mt_t_problem). */
 #ifndef MT_TESTS_SCENARIO_H
 #define MT_TESTS_SCENARIO_H
 
@@ -76,6 +78,121 @@ MT_T_UNUSED static void *mt_t_open_global(const char *build, const char *rel) {
   if (!lib)
     printf("    child: %s\n", dlerror());
   return lib;
+}
+
+/* ---- the child's fakes and GEMMs (test_reliability.c, test_multi_device.c, test_fork.c) ---- */
+
+/* The fakes' libraries and the symbols every such child uses (set by mt_t_load_fakes). */
+MT_T_UNUSED static struct {
+  void *cuda, *cublas;
+  __typeof__(&cublasGemmEx) hook_gemm, fake_gemm; /* the shim's hook; the fake's own GEMM */
+  __typeof__(&cublasCreate_v2) create_handle;
+  __typeof__(&cublasDestroy_v2) destroy_handle;
+  __typeof__(&cublasSetStream_v2) set_stream;
+  fake_cuda_counts_fn counts;
+  CUresult (*set_current)(CUcontext);
+} mt_t_fakes;
+
+/* Open the fake libcuda, libcublas and libcublasLt of BUILD, find the common symbols (the hook
+ * must be the shim's, not the fake's) and create *h; -1, said on stdout, when any step fails. */
+MT_T_UNUSED static int mt_t_load_fakes(const char *build, cublasHandle_t *h) {
+  if (!(mt_t_fakes.cuda = mt_t_open(build, "tests/cpu/fake/driver/libcuda.so.1")) ||
+      !(mt_t_fakes.cublas = mt_t_open(build, "tests/cpu/fake/libcublas.so.13")) ||
+      !mt_t_open(build, "tests/cpu/fake/libcublasLt.so.13"))
+    return -1;
+  void *cuda = mt_t_fakes.cuda, *cublas = mt_t_fakes.cublas;
+  cuda_events = (fake_cuda_events_fn)mt_t_sym(cuda, "fake_cuda_events");
+  mt_t_fakes.counts = (fake_cuda_counts_fn)mt_t_sym(cuda, "fake_cuda_counts_get");
+  mt_t_fakes.set_current = (CUresult(*)(CUcontext))mt_t_sym(cuda, "cuCtxSetCurrent");
+  mt_t_fakes.hook_gemm = (__typeof__(&cublasGemmEx))dlsym(RTLD_DEFAULT, "cublasGemmEx");
+  mt_t_fakes.fake_gemm = (__typeof__(&cublasGemmEx))mt_t_sym(cublas, "fake_own_cublasGemmEx");
+  mt_t_fakes.create_handle = (__typeof__(&cublasCreate_v2))mt_t_sym(cublas, "cublasCreate_v2");
+  mt_t_fakes.destroy_handle = (__typeof__(&cublasDestroy_v2))mt_t_sym(cublas, "cublasDestroy_v2");
+  mt_t_fakes.set_stream = (__typeof__(&cublasSetStream_v2))mt_t_sym(cublas, "cublasSetStream_v2");
+  if (!cuda_events || !mt_t_fakes.counts || !mt_t_fakes.set_current || !mt_t_fakes.hook_gemm ||
+      mt_t_fakes.hook_gemm == mt_t_fakes.fake_gemm || !mt_t_fakes.create_handle ||
+      !mt_t_fakes.destroy_handle || !mt_t_fakes.set_stream)
+    return printf("    child: a hook or a fake's knob is missing\n"), -1;
+  return mt_t_fakes.create_handle(h) == CUBLAS_STATUS_SUCCESS ? 0 : -1;
+}
+
+/* A BF16 GEMM as PyTorch's linear layers call it: Y (out x tokens) = W X with the weight W
+ * (out x in) transposed, routed when out x in is one of the routes. */
+typedef struct {
+  int out, in, tokens;
+  uint16_t *w, *x, *y;
+} mt_t_problem;
+
+MT_T_UNUSED static mt_t_problem mt_t_make(uint32_t *seed, int out, int in, int tokens) {
+  mt_t_problem p = {out, in, tokens, NULL, NULL, NULL};
+  p.w = mt_t_matrix(seed, (size_t)out * in); /* in this order: the seed's sequence */
+  p.x = mt_t_matrix(seed, (size_t)tokens * in);
+  p.y = mt_t_matrix(seed, (size_t)out * tokens);
+  return p;
+}
+
+MT_T_UNUSED static void mt_t_unmake(mt_t_problem *p) { free(p->w), free(p->x), free(p->y); }
+
+MT_T_UNUSED static cublasStatus_t mt_t_gemm_into(__typeof__(&cublasGemmEx) gemm, cublasHandle_t h,
+                                                 const mt_t_problem *p, uint16_t *y) {
+  static const float one = 1.0f, zero = 0.0f;
+  return gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, p->out, p->tokens, p->in, &one, p->w, CUDA_R_16BF, p->in,
+              p->x, CUDA_R_16BF, p->in, &zero, y, CUDA_R_16BF, p->out, CUBLAS_COMPUTE_32F,
+              CUBLAS_GEMM_DEFAULT);
+}
+
+/* The call through the shim's hook, on stream s. */
+MT_T_UNUSED static cublasStatus_t mt_t_gemm_on(cublasHandle_t h, const mt_t_problem *p,
+                                               CUstream s) {
+  mt_t_fakes.set_stream(h, (cudaStream_t)s);
+  return mt_t_gemm_into(mt_t_fakes.hook_gemm, h, p, p->y);
+}
+
+/* Every element of the output marked by the fake GEMM kernel: the engine's. */
+MT_T_UNUSED static int mt_t_all_marked(const mt_t_problem *p) {
+  for (size_t i = 0; i < (size_t)p->out * p->tokens; i++)
+    if (p->y[i] != FAKE_CUDA_MARK)
+      return 0;
+  return 1;
+}
+
+/* Routed: the output is exactly the engine's (the shadow instrument may call cuBLAS too, into its
+ * own scratch). Returns 1 when so. */
+MT_T_UNUSED static int mt_t_routed_on(cublasHandle_t h, const mt_t_problem *p, CUstream s) {
+  return mt_t_gemm_on(h, p, s) == CUBLAS_STATUS_SUCCESS && mt_t_all_marked(p);
+}
+
+/* What the fake cuBLAS computes for p without the shim (malloc'ed). */
+MT_T_UNUSED static uint16_t *mt_t_cublas_reference(cublasHandle_t h, const mt_t_problem *p) {
+  size_t n = (size_t)p->out * p->tokens;
+  uint16_t *y = malloc(n * 2);
+  memcpy(y, p->y, n * 2);
+  mt_t_gemm_into(mt_t_fakes.fake_gemm, h, p, y);
+  return y;
+}
+
+/* Computed by cuBLAS, bit for bit what the fake cuBLAS gives without the shim. 1 when so. */
+MT_T_UNUSED static int mt_t_cublas_on(cublasHandle_t h, const mt_t_problem *p, CUstream s) {
+  uint16_t *want = mt_t_cublas_reference(h, p);
+  int ok = mt_t_gemm_on(h, p, s) == CUBLAS_STATUS_SUCCESS &&
+           !memcmp(p->y, want, (size_t)p->out * p->tokens * 2);
+  free(want);
+  return ok;
+}
+
+/* The fake driver's counters (fake_cuda.h) as they are now. */
+MT_T_UNUSED static fake_cuda_counts mt_t_counts_now(void) {
+  fake_cuda_counts c;
+  mt_t_fakes.counts(&c);
+  return c;
+}
+
+/* Events of `kind` since `from`. */
+MT_T_UNUSED static int mt_t_count_kind(int from, int kind) {
+  int n = 0;
+  for (int i = from; i < now(); i++)
+    n += event(i)->kind == kind;
+  return n;
 }
 
 /* ---- the parent ------------------------------------------------------------------------ */

@@ -41,91 +41,35 @@
 /* The child.                                                                               */
 /* ======================================================================================== */
 
-static void *lib_cublas, *lib_cuda;
-static const float one = 1.0f, zero = 0.0f;
-static __typeof__(&cublasGemmEx) hook_gemm, fake_gemm;
-static __typeof__(&cublasCreate_v2) create_handle;
-static __typeof__(&cublasDestroy_v2) destroy_handle;
-static __typeof__(&cublasSetStream_v2) set_stream_fn;
 static fake_cuda_launching_fn launching;
 static fake_cuda_fail_alloc_fn fail_alloc;
 static cublasHandle_t handle;
 
 static int load_fakes(const char *build) {
-  if (!(lib_cuda = mt_t_open(build, "tests/cpu/fake/driver/libcuda.so.1")) ||
-      !(lib_cublas = mt_t_open(build, "tests/cpu/fake/libcublas.so.13")) ||
-      !mt_t_open(build, "tests/cpu/fake/libcublasLt.so.13"))
-    return -1;
-  cuda_events = (fake_cuda_events_fn)mt_t_sym(lib_cuda, "fake_cuda_events");
-  launching = (fake_cuda_launching_fn)mt_t_sym(lib_cuda, "fake_cuda_launching");
-  fail_alloc = (fake_cuda_fail_alloc_fn)mt_t_sym(lib_cuda, "fake_cuda_fail_alloc");
-  hook_gemm = (__typeof__(hook_gemm))dlsym(RTLD_DEFAULT, "cublasGemmEx");
-  fake_gemm = (__typeof__(fake_gemm))mt_t_sym(lib_cublas, "fake_own_cublasGemmEx");
-  create_handle = (__typeof__(create_handle))mt_t_sym(lib_cublas, "cublasCreate_v2");
-  destroy_handle = (__typeof__(destroy_handle))mt_t_sym(lib_cublas, "cublasDestroy_v2");
-  set_stream_fn = (__typeof__(set_stream_fn))mt_t_sym(lib_cublas, "cublasSetStream_v2");
-  if (!launching || !fail_alloc || !hook_gemm || hook_gemm == fake_gemm || !create_handle ||
-      !destroy_handle || !set_stream_fn)
-    return printf("    child: a hook or a fake's knob is missing\n"), -1;
   alarm(120); /* the scenario itself: a parent stuck at a fork is a failure too */
-  return create_handle(&handle) == CUBLAS_STATUS_SUCCESS ? 0 : -1;
+  if (mt_t_load_fakes(build, &handle) != 0)
+    return -1;
+  launching = (fake_cuda_launching_fn)mt_t_sym(mt_t_fakes.cuda, "fake_cuda_launching");
+  fail_alloc = (fake_cuda_fail_alloc_fn)mt_t_sym(mt_t_fakes.cuda, "fake_cuda_fail_alloc");
+  if (!launching || !fail_alloc)
+    return printf("    child: a fake's knob is missing\n"), -1;
+  return 0;
 }
 
-typedef struct {
-  int tokens;
-  uint16_t *w, *x, *y;
-} problem;
-
-static problem make(uint32_t seed, int tokens) {
-  problem p = {tokens, mt_t_matrix(&seed, (size_t)OUT * IN),
-               mt_t_matrix(&seed, (size_t)tokens * IN), mt_t_matrix(&seed, (size_t)OUT * tokens)};
-  return p;
-}
-
-static void unmake(problem *p) { free(p->w), free(p->x), free(p->y); }
-
-static cublasStatus_t gemm_on(cublasHandle_t h, const problem *p, CUstream s) {
-  set_stream_fn(h, (cudaStream_t)s);
-  return hook_gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, OUT, p->tokens, IN, &one, p->w, CUDA_R_16BF, IN,
-                   p->x, CUDA_R_16BF, IN, &zero, p->y, CUDA_R_16BF, OUT, CUBLAS_COMPUTE_32F,
-                   CUBLAS_GEMM_DEFAULT);
-}
-
-/* Routed: every element marked by the fake GEMM kernel. */
-static int routed_on(cublasHandle_t h, const problem *p, CUstream s) {
-  if (gemm_on(h, p, s) != CUBLAS_STATUS_SUCCESS)
-    return 0;
-  for (size_t i = 0; i < (size_t)OUT * p->tokens; i++)
-    if (p->y[i] != FAKE_CUDA_MARK)
-      return 0;
-  return 1;
-}
-
-/* A forked child's call: not routed (the child cannot use CUDA), cuBLAS's bits. 1 when so. */
-static int cublas_bits_on(cublasHandle_t h, const problem *p, CUstream s) {
-  size_t n = (size_t)OUT * p->tokens;
-  uint16_t *want = malloc(n * 2);
-  memcpy(want, p->y, n * 2);
-  fake_gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, OUT, p->tokens, IN, &one, p->w, CUDA_R_16BF, IN, p->x,
-            CUDA_R_16BF, IN, &zero, want, CUDA_R_16BF, OUT, CUBLAS_COMPUTE_32F,
-            CUBLAS_GEMM_DEFAULT);
-  int ok = gemm_on(h, p, s) == CUBLAS_STATUS_SUCCESS && !memcmp(p->y, want, n * 2);
-  free(want);
-  return ok;
-}
+static mt_t_problem make(uint32_t seed, int tokens) { return mt_t_make(&seed, OUT, IN, tokens); }
 
 static atomic_int stop_looping;
 
 /* Routes without pause on its own stream (arg: the stream's number). */
 static void *looper(void *arg) {
   cublasHandle_t h;
-  create_handle(&h);
+  mt_t_fakes.create_handle(&h);
   uintptr_t i = (uintptr_t)arg;
-  problem p = make(100 + (uint32_t)i, 8 + 4 * (int)i);
+  mt_t_problem p = make(100 + (uint32_t)i, 8 + 4 * (int)i);
   while (!atomic_load(&stop_looping))
-    routed_on(h, &p, (CUstream)(0x2000 + 0x100 * i));
-  unmake(&p);
-  destroy_handle(h);
+    mt_t_routed_on(h, &p, (CUstream)(0x2000 + 0x100 * i));
+  mt_t_unmake(&p);
+  mt_t_fakes.destroy_handle(h);
   return NULL;
 }
 
@@ -158,18 +102,18 @@ static int fork_rounds(int rounds, int pause_ms, int (*child)(void), const char 
   return bad;
 }
 
-static problem child_problem;
+static mt_t_problem child_problem;
 
 static int child_saw_no_launch(void) { return launching() == 0 ? 0 : 3; }
 
-static int child_call(void) { return cublas_bits_on(handle, &child_problem, S1) ? 0 : 4; }
+static int child_call(void) { return mt_t_cublas_on(handle, &child_problem, S1) ? 0 : 4; }
 
 /* The fake driver's launches take 500 us (FAKE_CUDA_LAUNCH_US), so that a thread which routes
  * without pause is inside one most of the time: a fork that did not wait for it would copy it
  * there. */
 static void scenario_gate(void) {
   child_problem = make(1, 8);
-  CHECK(routed_on(handle, &child_problem, S1));
+  CHECK(mt_t_routed_on(handle, &child_problem, S1));
   pthread_t th;
   pthread_create(&th, NULL, looper, (void *)(uintptr_t)0);
   sleep_ms(20);
@@ -177,8 +121,8 @@ static void scenario_gate(void) {
   CHECKF(inside == 0, "%d of 40 children copied a thread inside the driver", inside);
   atomic_store(&stop_looping, 1);
   pthread_join(th, NULL);
-  CHECK(routed_on(handle, &child_problem, S1));
-  unmake(&child_problem);
+  CHECK(mt_t_routed_on(handle, &child_problem, S1));
+  mt_t_unmake(&child_problem);
 }
 
 /* A first routed call on a new stream whose scratch cannot be allocated warns: the thread that
@@ -186,12 +130,12 @@ static void scenario_gate(void) {
 static void *warner(void *arg) {
   (void)arg;
   cublasHandle_t h;
-  create_handle(&h);
-  problem p = make(2, 8);
+  mt_t_fakes.create_handle(&h);
+  mt_t_problem p = make(2, 8);
   fail_alloc(1);
-  gemm_on(h, &p, (CUstream)(uintptr_t)0x3000);
-  unmake(&p);
-  destroy_handle(h);
+  mt_t_gemm_on(h, &p, (CUstream)(uintptr_t)0x3000);
+  mt_t_unmake(&p);
+  mt_t_fakes.destroy_handle(h);
   return NULL;
 }
 
@@ -208,7 +152,7 @@ static void *late_reader(void *arg) {
 
 static void scenario_log(void) {
   child_problem = make(3, 8);
-  CHECK(routed_on(handle, &child_problem, S1)); /* logs nothing: the file is not opened yet */
+  CHECK(mt_t_routed_on(handle, &child_problem, S1)); /* logs nothing: the file is not opened yet */
   pthread_t w, r;
   pthread_create(&w, NULL, warner, NULL);
   sleep_ms(300); /* the warner is blocked in open(2) now, holding the log's lock */
@@ -217,12 +161,12 @@ static void scenario_log(void) {
   int bad = fork_rounds(1, 0, child_call, "bad_children");
   CHECKF(bad == 0, "the child forked while the log file opened did not come back");
   pthread_join(w, NULL);
-  unmake(&child_problem);
+  mt_t_unmake(&child_problem);
 }
 
 static void scenario_stress(void) {
   child_problem = make(4, 8);
-  CHECK(routed_on(handle, &child_problem, S1));
+  CHECK(mt_t_routed_on(handle, &child_problem, S1));
   pthread_t th[NLOOPERS];
   for (uintptr_t i = 0; i < NLOOPERS; i++)
     pthread_create(&th[i], NULL, looper, (void *)i);
@@ -231,8 +175,8 @@ static void scenario_stress(void) {
   atomic_store(&stop_looping, 1);
   for (int i = 0; i < NLOOPERS; i++)
     pthread_join(th[i], NULL);
-  CHECK(routed_on(handle, &child_problem, S1));
-  unmake(&child_problem);
+  CHECK(mt_t_routed_on(handle, &child_problem, S1));
+  mt_t_unmake(&child_problem);
 }
 
 static const mt_t_scenario scenarios[] = {

@@ -37,91 +37,25 @@
 /* The child.                                                                               */
 /* ======================================================================================== */
 
-static void *lib_cublas, *lib_cuda;
-static const float one = 1.0f, zero = 0.0f;
-static __typeof__(&cublasGemmEx) hook_gemm, fake_gemm;
-static __typeof__(&cublasCreate_v2) create_handle;
-static __typeof__(&cublasDestroy_v2) destroy_handle;
-static __typeof__(&cublasSetStream_v2) set_stream_fn;
-static fake_cuda_counts_fn cuda_counts;
 static fake_cuda_ctx_create_on_fn ctx_create_on;
 static fake_cuda_stream_bind_fn stream_bind;
-static CUresult (*set_current)(CUcontext);
 static CUresult (*get_current)(CUcontext *);
 static cublasHandle_t handle;
 
 static int load_fakes(const char *build) {
-  if (!(lib_cuda = mt_t_open(build, "tests/cpu/fake/driver/libcuda.so.1")) ||
-      !(lib_cublas = mt_t_open(build, "tests/cpu/fake/libcublas.so.13")) ||
-      !mt_t_open(build, "tests/cpu/fake/libcublasLt.so.13"))
+  if (mt_t_load_fakes(build, &handle) != 0)
     return -1;
-  cuda_events = (fake_cuda_events_fn)mt_t_sym(lib_cuda, "fake_cuda_events");
-  cuda_counts = (fake_cuda_counts_fn)mt_t_sym(lib_cuda, "fake_cuda_counts_get");
-  ctx_create_on = (fake_cuda_ctx_create_on_fn)mt_t_sym(lib_cuda, "fake_cuda_ctx_create_on");
-  stream_bind = (fake_cuda_stream_bind_fn)mt_t_sym(lib_cuda, "fake_cuda_stream_bind");
-  set_current = (CUresult(*)(CUcontext))mt_t_sym(lib_cuda, "cuCtxSetCurrent");
-  get_current = (CUresult(*)(CUcontext *))mt_t_sym(lib_cuda, "cuCtxGetCurrent");
-  hook_gemm = (__typeof__(hook_gemm))dlsym(RTLD_DEFAULT, "cublasGemmEx");
-  fake_gemm = (__typeof__(fake_gemm))mt_t_sym(lib_cublas, "fake_own_cublasGemmEx");
-  create_handle = (__typeof__(create_handle))mt_t_sym(lib_cublas, "cublasCreate_v2");
-  destroy_handle = (__typeof__(destroy_handle))mt_t_sym(lib_cublas, "cublasDestroy_v2");
-  set_stream_fn = (__typeof__(set_stream_fn))mt_t_sym(lib_cublas, "cublasSetStream_v2");
-  if (!cuda_events || !cuda_counts || !ctx_create_on || !stream_bind || !set_current ||
-      !get_current || !hook_gemm || hook_gemm == fake_gemm || !create_handle || !destroy_handle ||
-      !set_stream_fn)
-    return printf("    child: a hook or a fake's knob is missing\n"), -1;
-  return create_handle(&handle) == CUBLAS_STATUS_SUCCESS ? 0 : -1;
+  void *cuda = mt_t_fakes.cuda;
+  ctx_create_on = (fake_cuda_ctx_create_on_fn)mt_t_sym(cuda, "fake_cuda_ctx_create_on");
+  stream_bind = (fake_cuda_stream_bind_fn)mt_t_sym(cuda, "fake_cuda_stream_bind");
+  get_current = (CUresult(*)(CUcontext *))mt_t_sym(cuda, "cuCtxGetCurrent");
+  if (!ctx_create_on || !stream_bind || !get_current)
+    return printf("    child: a fake's knob is missing\n"), -1;
+  return 0;
 }
 
-typedef struct {
-  int out, tokens;
-  uint16_t *w, *x, *y;
-} problem;
-
-static problem make(uint32_t *seed, int out, int tokens) {
-  problem p = {out, tokens, mt_t_matrix(seed, (size_t)out * IN),
-               mt_t_matrix(seed, (size_t)tokens * IN), mt_t_matrix(seed, (size_t)out * tokens)};
-  return p;
-}
-
-static void unmake(problem *p) { free(p->w), free(p->x), free(p->y); }
-
-static cublasStatus_t gemm_on(cublasHandle_t h, const problem *p, CUstream s) {
-  set_stream_fn(h, (cudaStream_t)s);
-  return hook_gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, p->out, p->tokens, IN, &one, p->w, CUDA_R_16BF, IN,
-                   p->x, CUDA_R_16BF, IN, &zero, p->y, CUDA_R_16BF, p->out, CUBLAS_COMPUTE_32F,
-                   CUBLAS_GEMM_DEFAULT);
-}
-
-static int all_marked(const problem *p) {
-  for (size_t i = 0; i < (size_t)p->out * p->tokens; i++)
-    if (p->y[i] != FAKE_CUDA_MARK)
-      return 0;
-  return 1;
-}
-
-static int routed_on(cublasHandle_t h, const problem *p, CUstream s) {
-  return gemm_on(h, p, s) == CUBLAS_STATUS_SUCCESS && all_marked(p);
-}
-
-/* Computed by cuBLAS, bit for bit what the fake cuBLAS gives without the shim. */
-static int cublas_on(cublasHandle_t h, const problem *p, CUstream s) {
-  size_t n = (size_t)p->out * p->tokens;
-  uint16_t *want = malloc(n * 2);
-  memcpy(want, p->y, n * 2);
-  fake_gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, p->out, p->tokens, IN, &one, p->w, CUDA_R_16BF, IN, p->x,
-            CUDA_R_16BF, IN, &zero, want, CUDA_R_16BF, p->out, CUBLAS_COMPUTE_32F,
-            CUBLAS_GEMM_DEFAULT);
-  int ok = gemm_on(h, p, s) == CUBLAS_STATUS_SUCCESS && !memcmp(p->y, want, n * 2);
-  free(want);
-  return ok;
-}
-
-static int count_kind(int from, int kind) {
-  int n = 0;
-  for (int i = from; i < now(); i++)
-    n += event(i)->kind == kind;
-  return n;
+static mt_t_problem make(uint32_t *seed, int out, int tokens) {
+  return mt_t_make(seed, out, IN, tokens);
 }
 
 /* The grid of the first large-path GEMM launched since `from`; -1 when none. */
@@ -133,8 +67,7 @@ static int large_grid(int from) {
 }
 
 static void check_clean(void) {
-  fake_cuda_counts c;
-  cuda_counts(&c);
+  fake_cuda_counts c = mt_t_counts_now();
   CHECKF(c.invalid == 0 && c.stale == 0 && c.cross_context == 0 && c.bad_frees == 0,
          "invalid %ld, stale %ld, cross-context %ld, bad frees %ld", c.invalid, c.stale,
          c.cross_context, c.bad_frees);
@@ -144,19 +77,19 @@ static void check_clean(void) {
 
 static void scenario_one_call(void) {
   uint32_t seed = 1;
-  problem p = make(&seed, OUT, 8);
-  CHECK(routed_on(handle, &p, S1));
-  unmake(&p);
+  mt_t_problem p = make(&seed, OUT, 8);
+  CHECK(mt_t_routed_on(handle, &p, S1));
+  mt_t_unmake(&p);
 }
 
 /* One device's first calls: a small one (which loads the modules: *loads) and one of 8192 tokens
  * whose persistent grid has one CTA per SM of the device. */
-static void first_calls(const problem *p, const problem *big, int sms, int *loads) {
+static void first_calls(const mt_t_problem *p, const mt_t_problem *big, int sms, int *loads) {
   int t = now();
-  CHECK(routed_on(handle, p, S1));
-  *loads = count_kind(t, FAKE_EV_LOAD);
+  CHECK(mt_t_routed_on(handle, p, S1));
+  *loads = mt_t_count_kind(t, FAKE_EV_LOAD);
   t = now();
-  CHECK(routed_on(handle, big, S1));
+  CHECK(mt_t_routed_on(handle, big, S1));
   CHECKF(large_grid(t) == sms, "a grid of %d CTAs on a device of %d SMs", large_grid(t), sms);
 }
 
@@ -168,21 +101,21 @@ typedef struct {
 
 static void *ctx_worker(void *arg) {
   ctx_job *j = arg;
-  set_current(j->ctx);
+  mt_t_fakes.set_current(j->ctx);
   cublasHandle_t h;
-  create_handle(&h);
-  problem p = make(&j->seed, OUT, 8);
+  mt_t_fakes.create_handle(&h);
+  mt_t_problem p = make(&j->seed, OUT, 8);
   for (int i = 0; i < j->calls; i++)
-    j->routed += routed_on(h, &p, S1);
-  unmake(&p);
-  destroy_handle(h);
+    j->routed += mt_t_routed_on(h, &p, S1);
+  mt_t_unmake(&p);
+  mt_t_fakes.destroy_handle(h);
   return NULL;
 }
 
 /* Devices 0 and 1 route (53 and 52 calls), device 2's one call goes to cuBLAS. */
 static void scenario_devices(void) {
   uint32_t seed = 2;
-  problem p = make(&seed, OUT, 8), big = make(&seed, WIDE, 8192);
+  mt_t_problem p = make(&seed, OUT, 8), big = make(&seed, WIDE, 8192);
   CUcontext d0 = NULL;
   get_current(&d0);
   int loads0, loads1;
@@ -194,11 +127,11 @@ static void scenario_devices(void) {
          loads1);
   CUcontext d2 = ctx_create_on(2);
   CHECK(d2 != NULL);
-  CHECKF(cublas_on(handle, &p, S1), "the sm_80 device's call is not cuBLAS's");
-  set_current(d0);
+  CHECKF(mt_t_cublas_on(handle, &p, S1), "the sm_80 device's call is not cuBLAS's");
+  mt_t_fakes.set_current(d0);
   int t = now();
-  CHECK(routed_on(handle, &p, S1));
-  CHECKF(count_kind(t, FAKE_EV_LOAD) == 0, "modules loaded again on device 0");
+  CHECK(mt_t_routed_on(handle, &p, S1));
+  CHECKF(mt_t_count_kind(t, FAKE_EV_LOAD) == 0, "modules loaded again on device 0");
   ctx_job jobs[2] = {{d0, 50, 0, 7}, {d1, 50, 0, 8}};
   pthread_t th[2];
   for (int i = 0; i < 2; i++)
@@ -208,39 +141,39 @@ static void scenario_devices(void) {
   CHECKF(jobs[0].routed == 50 && jobs[1].routed == 50, "routed %d and %d of 50", jobs[0].routed,
          jobs[1].routed);
   check_clean();
-  unmake(&p), unmake(&big);
+  mt_t_unmake(&p), mt_t_unmake(&big);
 }
 
 /* S_DEV1 belongs to device 1's context; device 0's is current. */
 static void scenario_foreign(void) {
   uint32_t seed = 3;
-  problem p = make(&seed, OUT, 8);
+  mt_t_problem p = make(&seed, OUT, 8);
   CUcontext d0 = NULL;
   get_current(&d0);
-  CHECK(routed_on(handle, &p, S1));
+  CHECK(mt_t_routed_on(handle, &p, S1));
   CUcontext d1 = ctx_create_on(1);
   stream_bind(S_DEV1, d1);
-  CHECK(routed_on(handle, &p, S_DEV1)); /* its own context current: routed */
-  set_current(d0);
+  CHECK(mt_t_routed_on(handle, &p, S_DEV1)); /* its own context current: routed */
+  mt_t_fakes.set_current(d0);
   for (int i = 0; i < 2; i++)
-    CHECKF(cublas_on(handle, &p, S_DEV1), "call %d on another context's stream", i);
-  CHECK(routed_on(handle, &p, S1));
+    CHECKF(mt_t_cublas_on(handle, &p, S_DEV1), "call %d on another context's stream", i);
+  CHECK(mt_t_routed_on(handle, &p, S1));
   check_clean();
-  unmake(&p);
+  mt_t_unmake(&p);
 }
 
 /* Two weights kept on device 0, the same two on device 1. */
 static void scenario_cache(void) {
   uint32_t seed = 4;
-  problem a = make(&seed, OUT, 8), b = make(&seed, OUT, 8);
+  mt_t_problem a = make(&seed, OUT, 8), b = make(&seed, OUT, 8);
   for (int dev = 0; dev < 2; dev++) {
     if (dev)
       ctx_create_on(1);
     for (int i = 0; i < 2; i++)
-      CHECK(routed_on(handle, &a, S1) && routed_on(handle, &b, S1));
+      CHECK(mt_t_routed_on(handle, &a, S1) && mt_t_routed_on(handle, &b, S1));
   }
   check_clean();
-  unmake(&a), unmake(&b);
+  mt_t_unmake(&a), mt_t_unmake(&b);
 }
 
 static const mt_t_scenario scenarios[] = {

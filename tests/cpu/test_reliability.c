@@ -52,115 +52,43 @@
 /* The child.                                                                               */
 /* ======================================================================================== */
 
-static void *lib_cublas, *lib_cuda;
-static const float one = 1.0f, zero = 0.0f;
-static __typeof__(&cublasGemmEx) hook_gemm, fake_gemm;
-static __typeof__(&cublasCreate_v2) create_handle;
-static __typeof__(&cublasDestroy_v2) destroy_handle;
-static __typeof__(&cublasSetStream_v2) set_stream_fn;
-static fake_cuda_counts_fn cuda_counts;
 static fake_cuda_set_capturing_fn set_capturing;
 static fake_cuda_ctx_create_fn ctx_create;
 static fake_cuda_ctx_destroy_fn ctx_destroy;
 static fake_cuda_device_reset_fn device_reset;
 static fake_cuda_fail_alloc_fn fail_alloc;
-static CUresult (*set_current)(CUcontext);
 static cublasHandle_t handle;
 
 static int load_fakes(const char *build) {
-  if (!(lib_cuda = mt_t_open(build, "tests/cpu/fake/driver/libcuda.so.1")) ||
-      !(lib_cublas = mt_t_open(build, "tests/cpu/fake/libcublas.so.13")) ||
-      !mt_t_open(build, "tests/cpu/fake/libcublasLt.so.13"))
+  if (mt_t_load_fakes(build, &handle) != 0)
     return -1;
-  cuda_events = (fake_cuda_events_fn)mt_t_sym(lib_cuda, "fake_cuda_events");
-  cuda_counts = (fake_cuda_counts_fn)mt_t_sym(lib_cuda, "fake_cuda_counts_get");
-  set_capturing = (fake_cuda_set_capturing_fn)mt_t_sym(lib_cuda, "fake_cuda_set_capturing");
-  ctx_create = (fake_cuda_ctx_create_fn)mt_t_sym(lib_cuda, "fake_cuda_ctx_create");
-  ctx_destroy = (fake_cuda_ctx_destroy_fn)mt_t_sym(lib_cuda, "fake_cuda_ctx_destroy");
-  device_reset = (fake_cuda_device_reset_fn)mt_t_sym(lib_cuda, "fake_cuda_device_reset");
-  fail_alloc = (fake_cuda_fail_alloc_fn)mt_t_sym(lib_cuda, "fake_cuda_fail_alloc");
-  set_current = (CUresult(*)(CUcontext))mt_t_sym(lib_cuda, "cuCtxSetCurrent");
-  hook_gemm = (__typeof__(hook_gemm))dlsym(RTLD_DEFAULT, "cublasGemmEx");
-  fake_gemm = (__typeof__(fake_gemm))mt_t_sym(lib_cublas, "fake_own_cublasGemmEx");
-  create_handle = (__typeof__(create_handle))mt_t_sym(lib_cublas, "cublasCreate_v2");
-  destroy_handle = (__typeof__(destroy_handle))mt_t_sym(lib_cublas, "cublasDestroy_v2");
-  set_stream_fn = (__typeof__(set_stream_fn))mt_t_sym(lib_cublas, "cublasSetStream_v2");
-  if (!cuda_counts || !set_capturing || !ctx_create || !ctx_destroy || !device_reset ||
-      !fail_alloc || !set_current || !hook_gemm || hook_gemm == fake_gemm || !create_handle ||
-      !destroy_handle || !set_stream_fn)
-    return printf("    child: a hook or a fake's knob is missing\n"), -1;
-  return create_handle(&handle) == CUBLAS_STATUS_SUCCESS ? 0 : -1;
+  void *cuda = mt_t_fakes.cuda;
+  set_capturing = (fake_cuda_set_capturing_fn)mt_t_sym(cuda, "fake_cuda_set_capturing");
+  ctx_create = (fake_cuda_ctx_create_fn)mt_t_sym(cuda, "fake_cuda_ctx_create");
+  ctx_destroy = (fake_cuda_ctx_destroy_fn)mt_t_sym(cuda, "fake_cuda_ctx_destroy");
+  device_reset = (fake_cuda_device_reset_fn)mt_t_sym(cuda, "fake_cuda_device_reset");
+  fail_alloc = (fake_cuda_fail_alloc_fn)mt_t_sym(cuda, "fake_cuda_fail_alloc");
+  if (!set_capturing || !ctx_create || !ctx_destroy || !device_reset || !fail_alloc)
+    return printf("    child: a fake's knob is missing\n"), -1;
+  return 0;
 }
 
-typedef struct {
-  int out, tokens;
-  uint16_t *w, *x, *y;
-} problem;
-
-static problem make(uint32_t *seed, int out, int tokens) {
-  problem p = {out, tokens, mt_t_matrix(seed, (size_t)out * IN),
-               mt_t_matrix(seed, (size_t)tokens * IN), mt_t_matrix(seed, (size_t)out * tokens)};
-  return p;
-}
-
-static void unmake(problem *p) { free(p->w), free(p->x), free(p->y); }
-
-static cublasStatus_t gemm_on(cublasHandle_t h, const problem *p, CUstream s) {
-  set_stream_fn(h, (cudaStream_t)s);
-  return hook_gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, p->out, p->tokens, IN, &one, p->w, CUDA_R_16BF, IN,
-                   p->x, CUDA_R_16BF, IN, &zero, p->y, CUDA_R_16BF, p->out, CUBLAS_COMPUTE_32F,
-                   CUBLAS_GEMM_DEFAULT);
-}
-
-static int all_marked(const problem *p) {
-  for (size_t i = 0; i < (size_t)p->out * p->tokens; i++)
-    if (p->y[i] != FAKE_CUDA_MARK)
-      return 0;
-  return 1;
-}
-
-/* What the fake cuBLAS computes for p without the shim. */
-static uint16_t *reference(cublasHandle_t h, const problem *p) {
-  size_t n = (size_t)p->out * p->tokens;
-  uint16_t *y = malloc(n * 2);
-  memcpy(y, p->y, n * 2);
-  fake_gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, p->out, p->tokens, IN, &one, p->w, CUDA_R_16BF, IN, p->x,
-            CUDA_R_16BF, IN, &zero, y, CUDA_R_16BF, p->out, CUBLAS_COMPUTE_32F,
-            CUBLAS_GEMM_DEFAULT);
-  return y;
-}
-
-/* Routed: the output is exactly the engine's (every element marked by the fake GEMM kernel; the
- * shadow instrument may call cuBLAS too, into its own scratch). Returns 1 when so. */
-static int routed_on(cublasHandle_t h, const problem *p, CUstream s) {
-  return gemm_on(h, p, s) == CUBLAS_STATUS_SUCCESS && all_marked(p);
+static mt_t_problem make(uint32_t *seed, int out, int tokens) {
+  return mt_t_make(seed, out, IN, tokens);
 }
 
 /* Either routed or computed by cuBLAS bitwise: never a wrong result. Returns 1 when routed. */
-static int correct_on(cublasHandle_t h, const problem *p, CUstream s, int *ok) {
-  uint16_t *want = reference(h, p);
-  *ok = gemm_on(h, p, s) == CUBLAS_STATUS_SUCCESS;
-  int routed = all_marked(p);
+static int correct_on(cublasHandle_t h, const mt_t_problem *p, CUstream s, int *ok) {
+  uint16_t *want = mt_t_cublas_reference(h, p);
+  *ok = mt_t_gemm_on(h, p, s) == CUBLAS_STATUS_SUCCESS;
+  int routed = mt_t_all_marked(p);
   *ok &= routed || !memcmp(p->y, want, (size_t)p->out * p->tokens * 2);
   free(want);
   return routed;
 }
 
-static int count_kind(int from, int kind) {
-  int n = 0;
-  for (int i = from; i < now(); i++)
-    n += event(i)->kind == kind;
-  return n;
-}
-
-static fake_cuda_counts counts_now(void) {
-  fake_cuda_counts c;
-  cuda_counts(&c);
-  return c;
-}
-
 static void check_clean(void) {
-  fake_cuda_counts c = counts_now();
+  fake_cuda_counts c = mt_t_counts_now();
   CHECKF(c.invalid == 0 && c.stale == 0 && c.during_capture == 0 && c.bad_frees == 0,
          "invalid %ld, stale %ld, during capture %ld, bad frees %ld", c.invalid, c.stale,
          c.during_capture, c.bad_frees);
@@ -171,9 +99,9 @@ static void check_clean(void) {
 /* One routed call. */
 static void scenario_one_call(void) {
   uint32_t seed = 1;
-  problem p = make(&seed, OUT, 8);
-  CHECK(routed_on(handle, &p, S1));
-  unmake(&p);
+  mt_t_problem p = make(&seed, OUT, 8);
+  CHECK(mt_t_routed_on(handle, &p, S1));
+  mt_t_unmake(&p);
 }
 
 /* No GEMM at all: reads its stdin and says how many bytes it got. */
@@ -198,18 +126,18 @@ static int first_launch(int from, const char *prefix) {
  * activations' quantized rows of the captured call, and they are still device memory. */
 static void scenario_graph_lifetime(void) {
   uint32_t seed = 2;
-  problem p = make(&seed, OUT, 8), big = make(&seed, OUT, 200);
-  CHECK(routed_on(handle, &p, S1)); /* warm-up on the capture's own stream */
+  mt_t_problem p = make(&seed, OUT, 8), big = make(&seed, OUT, 200);
+  CHECK(mt_t_routed_on(handle, &p, S1)); /* warm-up on the capture's own stream */
   set_capturing(S1, 1);
   int t = now();
-  CHECK(routed_on(handle, &p, S1));
+  CHECK(mt_t_routed_on(handle, &p, S1));
   set_capturing(S1, 0);
   int q = first_launch(t, "mt_quant_row_bf16");
   const mt_quant_params *qa = q >= 0 ? (const mt_quant_params *)event(q)->args : NULL;
   CHECK(qa != NULL);
   const char *xhat = qa ? (const char *)qa->xhat : NULL;
   t = now();
-  CHECK(routed_on(handle, &big, S1)); /* grows S1's scratch */
+  CHECK(mt_t_routed_on(handle, &big, S1)); /* grows S1's scratch */
   for (int i = t; i < now() && xhat; i++) {
     const fake_cuda_event *e = event(i);
     if (e->kind == FAKE_EV_FREE || e->kind == FAKE_EV_FREE_ASYNC)
@@ -218,30 +146,30 @@ static void scenario_graph_lifetime(void) {
              "the captured call's memory was freed by a later call");
   }
   fake_cuda_is_device_fn is_device =
-      (fake_cuda_is_device_fn)mt_t_sym(lib_cuda, "fake_cuda_is_device");
+      (fake_cuda_is_device_fn)mt_t_sym(mt_t_fakes.cuda, "fake_cuda_is_device");
   CHECKF(xhat && is_device(xhat, 16), "the captured call's memory is gone");
   check_clean();
-  unmake(&p), unmake(&big);
+  mt_t_unmake(&p), mt_t_unmake(&big);
 }
 
 /* Item 4: PyTorch's documented pattern: warm-up on a side stream, capture on another. */
 static void scenario_capture_elsewhere(void) {
   uint32_t seed = 3;
-  problem p = make(&seed, OUT, 8);
-  CHECK(routed_on(handle, &p, S2)); /* warm-up */
+  mt_t_problem p = make(&seed, OUT, 8);
+  CHECK(mt_t_routed_on(handle, &p, S2)); /* warm-up */
   set_capturing(S1, 1);
-  CHECKF(routed_on(handle, &p, S1), "a captured call fell back");
+  CHECKF(mt_t_routed_on(handle, &p, S1), "a captured call fell back");
   set_capturing(S1, 0);
   check_clean();
-  unmake(&p);
+  mt_t_unmake(&p);
 }
 
 /* Captures with MINITE_CAPTURE=off, or a driver without stream-ordered memory: correct results
  * from cuBLAS, nothing allocated in the capture. */
 static void scenario_capture_fallback(void) {
   uint32_t seed = 4;
-  problem p = make(&seed, OUT, 8);
-  CHECK(routed_on(handle, &p, S2));
+  mt_t_problem p = make(&seed, OUT, 8);
+  CHECK(mt_t_routed_on(handle, &p, S2));
   set_capturing(S1, 1);
   int ok, t = now();
   CHECK(!correct_on(handle, &p, S1, &ok) && ok);
@@ -249,38 +177,39 @@ static void scenario_capture_fallback(void) {
   for (int i = t; i < now(); i++)
     CHECK(event(i)->kind != FAKE_EV_ALLOC && event(i)->kind != FAKE_EV_LAUNCH);
   check_clean();
-  unmake(&p);
+  mt_t_unmake(&p);
 }
 
 /* Item 8: cudaDeviceReset (the primary context re-created at the same address) and a context
  * destroyed and another created at its address: fresh modules and memory, nothing stale. */
 static void scenario_reset(void) {
   uint32_t seed = 5;
-  problem p = make(&seed, OUT, 8), big = make(&seed, OUT, 64);
+  mt_t_problem p = make(&seed, OUT, 8), big = make(&seed, OUT, 64);
   int t = now();
-  CHECK(routed_on(handle, &p, S1));
-  const int modules = count_kind(t, FAKE_EV_LOAD); /* the first call loads every kernel file */
+  CHECK(mt_t_routed_on(handle, &p, S1));
+  const int modules = mt_t_count_kind(t, FAKE_EV_LOAD); /* the first call loads every kernel file */
   CHECK(modules > 0);
   device_reset();
   t = now();
-  CHECKF(routed_on(handle, &p, S1), "not routed after a device reset");
-  CHECKF(count_kind(t, FAKE_EV_LOAD) == modules, "%d modules loaded again",
-         count_kind(t, FAKE_EV_LOAD));
-  CHECK(routed_on(handle, &big, S1));
+  CHECKF(mt_t_routed_on(handle, &p, S1), "not routed after a device reset");
+  CHECKF(mt_t_count_kind(t, FAKE_EV_LOAD) == modules, "%d modules loaded again",
+         mt_t_count_kind(t, FAKE_EV_LOAD));
+  CHECK(mt_t_routed_on(handle, &big, S1));
   CUcontext b = ctx_create(0);
-  CHECK(b && routed_on(handle, &p, S1));
+  CHECK(b && mt_t_routed_on(handle, &p, S1));
   ctx_destroy(b);
   CUcontext c = ctx_create(1); /* at b's address */
   CHECK(c == b);
   t = now();
-  CHECKF(routed_on(handle, &p, S1), "not routed in a context re-created at the same address");
-  CHECKF(count_kind(t, FAKE_EV_LOAD) == modules, "%d modules loaded", count_kind(t, FAKE_EV_LOAD));
+  CHECKF(mt_t_routed_on(handle, &p, S1), "not routed in a context re-created at the same address");
+  CHECKF(mt_t_count_kind(t, FAKE_EV_LOAD) == modules, "%d modules loaded",
+         mt_t_count_kind(t, FAKE_EV_LOAD));
   ctx_destroy(c);
-  set_current((CUcontext)NULL);
+  mt_t_fakes.set_current((CUcontext)NULL);
   int ok;
   CHECK(!correct_on(handle, &p, S1, &ok) && ok); /* no context: cuBLAS */
   check_clean();
-  unmake(&p), unmake(&big);
+  mt_t_unmake(&p), mt_t_unmake(&big);
 }
 
 typedef struct {
@@ -292,14 +221,14 @@ typedef struct {
 
 static void *ctx_worker(void *arg) {
   ctx_job *j = arg;
-  set_current(j->ctx);
+  mt_t_fakes.set_current(j->ctx);
   cublasHandle_t h;
-  create_handle(&h);
-  problem p = make(&j->seed, OUT, 8);
+  mt_t_fakes.create_handle(&h);
+  mt_t_problem p = make(&j->seed, OUT, 8);
   for (int i = 0; i < j->calls; i++)
-    j->routed += routed_on(h, &p, j->stream);
-  unmake(&p);
-  destroy_handle(h);
+    j->routed += mt_t_routed_on(h, &p, j->stream);
+  mt_t_unmake(&p);
+  mt_t_fakes.destroy_handle(h);
   return NULL;
 }
 
@@ -307,14 +236,15 @@ static void *ctx_worker(void *arg) {
  * thread at once. Each gets its own modules and memory (a use across contexts counts stale). */
 static void scenario_two_contexts(void) {
   uint32_t seed = 6;
-  problem p = make(&seed, OUT, 8);
+  mt_t_problem p = make(&seed, OUT, 8);
   CUcontext a = NULL;
-  CUresult (*get)(CUcontext *) = (CUresult(*)(CUcontext *))mt_t_sym(lib_cuda, "cuCtxGetCurrent");
+  CUresult (*get)(CUcontext *) =
+      (CUresult(*)(CUcontext *))mt_t_sym(mt_t_fakes.cuda, "cuCtxGetCurrent");
   get(&a);
   CUcontext b = ctx_create(0);
   for (int i = 0; i < 4; i++) {
-    set_current(i % 2 ? b : a);
-    CHECKF(routed_on(handle, &p, S1), "call %d not routed", i);
+    mt_t_fakes.set_current(i % 2 ? b : a);
+    CHECKF(mt_t_routed_on(handle, &p, S1), "call %d not routed", i);
   }
   ctx_job jobs[2] = {{a, S1, 50, 0, 7}, {b, S2, 50, 0, 8}};
   pthread_t th[2];
@@ -323,9 +253,9 @@ static void scenario_two_contexts(void) {
   for (int i = 0; i < 2; i++)
     pthread_join(th[i], NULL);
   CHECK(jobs[0].routed == 50 && jobs[1].routed == 50);
-  set_current(a);
+  mt_t_fakes.set_current(a);
   check_clean();
-  unmake(&p);
+  mt_t_unmake(&p);
 }
 
 typedef struct {
@@ -338,23 +268,23 @@ typedef struct {
 static void *thread_worker(void *arg) {
   thread_job *j = arg;
   cublasHandle_t h;
-  create_handle(&h);
+  mt_t_fakes.create_handle(&h);
   CUstream s = (CUstream)(uintptr_t)(0x10000 + 0x100 * j->index);
   uint32_t seed = 100 + (uint32_t)j->index;
   for (int i = 0; i < j->calls; i++) {
-    problem p = make(&seed, OUT, 1 + (i * 7 + j->index) % 40);
+    mt_t_problem p = make(&seed, OUT, 1 + (i * 7 + j->index) % 40);
     if (i % 2) {
       free(p.w);
       p.w = j->shared_w;
     }
-    int ok = 1, routed = j->check ? correct_on(h, &p, s, &ok) : routed_on(h, &p, s);
+    int ok = 1, routed = j->check ? correct_on(h, &p, s, &ok) : mt_t_routed_on(h, &p, s);
     j->routed += routed;
     j->wrong += !ok;
     if (i % 2)
       p.w = NULL;
-    unmake(&p);
+    mt_t_unmake(&p);
   }
-  destroy_handle(h);
+  mt_t_fakes.destroy_handle(h);
   return NULL;
 }
 
@@ -391,7 +321,7 @@ static void scenario_parallel(void) {
   clock_gettime(CLOCK_MONOTONIC, &b);
   printf("#info wall_us %ld\n",
          (long)((b.tv_sec - a.tv_sec) * 1000000 + (b.tv_nsec - a.tv_nsec) / 1000));
-  printf("#info launches %ld\n", counts_now().launches);
+  printf("#info launches %ld\n", mt_t_counts_now().launches);
 }
 
 static atomic_int stop_looping;
@@ -399,13 +329,13 @@ static atomic_int stop_looping;
 static void *looper(void *arg) {
   (void)arg;
   cublasHandle_t h;
-  create_handle(&h);
+  mt_t_fakes.create_handle(&h);
   uint32_t seed = 11;
-  problem p = make(&seed, OUT, 8);
+  mt_t_problem p = make(&seed, OUT, 8);
   while (!atomic_load(&stop_looping))
-    routed_on(h, &p, S2);
-  unmake(&p);
-  destroy_handle(h);
+    mt_t_routed_on(h, &p, S2);
+  mt_t_unmake(&p);
+  mt_t_fakes.destroy_handle(h);
   return NULL;
 }
 
@@ -413,8 +343,8 @@ static void *looper(void *arg) {
  * parent's CUDA), with correct results and no hang; the parent routes on. */
 static void scenario_fork_after(void) {
   uint32_t seed = 12;
-  problem p = make(&seed, OUT, 8);
-  CHECK(routed_on(handle, &p, S1));
+  mt_t_problem p = make(&seed, OUT, 8);
+  CHECK(mt_t_routed_on(handle, &p, S1));
   pthread_t th;
   pthread_create(&th, NULL, looper, NULL);
   for (int round = 0; round < 20; round++) {
@@ -432,25 +362,25 @@ static void scenario_fork_after(void) {
   }
   atomic_store(&stop_looping, 1);
   pthread_join(th, NULL);
-  CHECK(routed_on(handle, &p, S1));
-  unmake(&p);
+  CHECK(mt_t_routed_on(handle, &p, S1));
+  mt_t_unmake(&p);
 }
 
 /* A child forked before the engine ran starts from nothing and routes. */
 static void scenario_fork_before(void) {
   uint32_t seed = 13;
-  problem p = make(&seed, OUT, 8);
+  mt_t_problem p = make(&seed, OUT, 8);
   fflush(stdout);
   pid_t pid = fork();
   if (pid == 0) {
     alarm(10);
-    _exit(routed_on(handle, &p, S1) ? 0 : 1);
+    _exit(mt_t_routed_on(handle, &p, S1) ? 0 : 1);
   }
   int status = 0;
   waitpid(pid, &status, 0);
   CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: status %d", status);
-  CHECK(routed_on(handle, &p, S1));
-  unmake(&p);
+  CHECK(mt_t_routed_on(handle, &p, S1));
+  mt_t_unmake(&p);
 }
 
 /* Every kind of call that allocates: a first call (scratch, modules' canary, the instruments),
@@ -458,9 +388,10 @@ static void scenario_fork_before(void) {
  * right whether routed or not; prints the calls made and the allocations the run took. */
 static void scenario_allocs(void) {
   uint32_t seed = 14;
-  problem small = make(&seed, OUT, 8), big = make(&seed, OUT, 300), other = make(&seed, OUT, 8);
+  mt_t_problem small = make(&seed, OUT, 8), big = make(&seed, OUT, 300),
+               other = make(&seed, OUT, 8);
   int calls = 0, routed = 0, wrong = 0, ok;
-  const problem *seq[] = {&small, &big, &other, &small, &big};
+  const mt_t_problem *seq[] = {&small, &big, &other, &small, &big};
   const CUstream streams[] = {S1, S1, S2, S1, S2};
   for (int i = 0; i < 5; i++, calls++)
     routed += correct_on(handle, seq[i], streams[i], &ok), wrong += !ok;
@@ -469,12 +400,12 @@ static void scenario_allocs(void) {
   set_capturing(S1, 0);
   routed += correct_on(handle, &small, S1, &ok), wrong += !ok, calls++;
   CHECKF(wrong == 0, "%d wrong results", wrong);
-  fake_cuda_counts c = counts_now();
+  fake_cuda_counts c = mt_t_counts_now();
   CHECKF(c.invalid == 0 && c.stale == 0 && c.during_capture == 0 && c.bad_frees == 0,
          "invalid %ld, stale %ld, during capture %ld, bad frees %ld", c.invalid, c.stale,
          c.during_capture, c.bad_frees);
   printf("#info calls %d\n#info routed %d\n#info allocs %ld\n", calls, routed, fail_alloc(0));
-  unmake(&small), unmake(&big), unmake(&other);
+  mt_t_unmake(&small), mt_t_unmake(&big), mt_t_unmake(&other);
 }
 
 static const mt_t_scenario scenarios[] = {

@@ -1,6 +1,7 @@
-"""demo_common.py — what the GPU tests of the demos share: skip without torch or a GPU, run a demo
-as a child process with or without the shim preloaded, read its JSON summary and the shim's
-summary record. Not a test itself (tests/run runs only test_*.py).
+"""demo_common.py — what the GPU tests of the demos (test_demo_learner.py, test_demo_sampler.py,
+test_multi_gpu.py) share: skip without torch or a GPU, run a demo as a child process with or
+without the shim preloaded, read its JSON summary and the shim's summary record. Not a test itself
+(tests/run runs only test_*.py).
 """
 import glob
 import json
@@ -23,17 +24,43 @@ ROUTE = "1536x2048,2048x768"
 TMP = tempfile.mkdtemp(prefix="mt-gpu-demo-")
 
 
-def require_gpu():
-    """Skip (not fail) without torch, transformers or a CUDA GPU; fail without the library."""
-    probe = "import torch, transformers; print(torch.cuda.is_available())"
+def probe_torch(expr):
+    """What a child Python that imported torch and transformers prints for `expr`; skips (not
+    fails) when they cannot be imported."""
+    probe = f"import torch, transformers; print({expr})"
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     if res.returncode != 0:
         harness.skip("torch/transformers not importable: " +
                      (res.stderr.strip().splitlines() or ["?"])[-1])
-    if res.stdout.strip() != "True":
-        harness.skip("torch sees no CUDA GPU")
+    return res.stdout.strip()
+
+
+def require_lib():
     if not os.path.exists(LIB):
         raise AssertionError(f"{LIB} not found: build it with make")
+
+
+def require_gpu():
+    """Skip (not fail) without torch, transformers or a CUDA GPU; fail without the library."""
+    if probe_torch("torch.cuda.is_available()") != "True":
+        harness.skip("torch sees no CUDA GPU")
+    require_lib()
+
+
+def records(path):
+    """The start and the summary record of a statistics file (None where missing)."""
+    start = summary = None
+    with open(path, errors="replace") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("event") == "start":
+                start = rec
+            elif isinstance(rec, dict) and rec.get("event") == "summary":
+                summary = rec
+    return start, summary
 
 
 def run_demo(name, args, spec=None, role="learner", tag=None, extra=None):
@@ -65,14 +92,7 @@ def run_demo(name, args, spec=None, role="learner", tag=None, extra=None):
     stats = None
     if stats_glob:
         for path in sorted(glob.glob(stats_glob), key=os.path.getmtime)[-1:]:
-            with open(path, errors="replace") as f:
-                for line in f:
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(rec, dict) and rec.get("event") == "summary":
-                        stats = rec
+            stats = records(path)[1]
     return res.returncode, summary, stats, res.stderr
 
 

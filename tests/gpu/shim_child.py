@@ -1,6 +1,7 @@
 """shim_child.py — what the GPU tests that run a workload in a child process under the shim share
-(test_routed.py, test_instruments.py): the paths, the skip without torch or a GPU, running one case
-of a child script with the shim preloaded and reading its statistics, and the CPU reference GEMM.
+(test_routed.py, test_instruments.py, test_grouped_mm.py): the paths, the skip without torch or a
+GPU, running one case of a child script with the shim preloaded and reading its statistics, the
+CPU reference GEMM, and joining two statistics files with minite-compare.
 The child scripts (routed_child.py, instr_child.py) use its child half: rand, f32, child_main.
 Not a test itself (tests/run runs only test_*.py).
 """
@@ -20,6 +21,7 @@ import harness  # noqa: E402
 BUILD = os.environ.get("MT_BUILD", "build")
 LIB = os.path.join(ROOT, BUILD, "libminite.so")
 TOOL = os.path.join(ROOT, BUILD, "tests", "cpu", "nvfp4_tool")
+COMPARE = os.path.join(ROOT, "tools", "minite-compare")
 
 # ---- the parent's half ---------------------------------------------------------------------
 
@@ -72,6 +74,20 @@ def reference_gemm(x, w):
     if proc.returncode != 0:
         raise RuntimeError(f"nvfp4_tool: {proc.stderr.decode()}")
     return np.frombuffer(proc.stdout, dtype=np.float64).reshape(m, n)
+
+
+def compare(a, b):
+    """minite-compare's JSON document for the statistics files a and b."""
+    proc = subprocess.run([sys.executable, COMPARE, a, b, "--json"], capture_output=True,
+                          text=True, timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"minite-compare exit {proc.returncode}: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)
+
+
+def route_stats(summary, route, what):
+    """The instrument `what` (probe, shadow, ...) of `route` in a summary record; {} when absent."""
+    return summary.get("instruments", {}).get("routes", {}).get(route, {}).get(what, {})
 
 # ---- the child's half (torch is imported here only, inside the child process) -----------------
 

@@ -32,17 +32,16 @@ Skips (not passes) without torch, transformers or a GPU.
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from shim_child import ROOT, harness, need_gpu, reference_gemm, run_child  # noqa: E402
+from shim_child import (ROOT, compare, harness, need_gpu, reference_gemm,  # noqa: E402
+                        route_stats, run_child)
 
 CHILD = os.path.join(ROOT, "tests", "gpu", "grouped_child.py")
-COMPARE = os.path.join(ROOT, "tools", "minite-compare")
 TMP = tempfile.mkdtemp(prefix="mt_grouped_")
 ROUTE = "256x512"
 DETERMINISM = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "TORCH_BLAS_PREFER_CUBLASLT": None}
@@ -233,18 +232,6 @@ def lt_batched_routed_and_captured():
 
 # ---- the instruments of grouped calls -------------------------------------------------------
 
-def compare(a, b):
-    proc = subprocess.run([sys.executable, COMPARE, a, b, "--json"], capture_output=True,
-                          text=True, timeout=120)
-    if proc.returncode != 0:
-        raise RuntimeError(f"minite-compare exit {proc.returncode}: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout)
-
-
-def route_of(summary, part):
-    return summary.get("instruments", {}).get("routes", {}).get(ROUTE, {}).get(part, {})
-
-
 def grouped_digests_join_across_batchings_and_paths():
     """Learner-like process A (one grouped call, requantize) and sampler-like process B (the same
     rows over F.linear and two grouped calls, frozen-sampled): every row digested in both, every
@@ -261,7 +248,7 @@ def grouped_digests_join_across_batchings_and_paths():
     harness.check(np.array_equal(a["y"].view(np.uint8), b["y"].view(np.uint8)),
                   "the two batchings' outputs differ")
     for tag, s in (("A", sa), ("B", sb)):
-        dig, probe = s.get("digests", {}), route_of(s, "probe")
+        dig, probe = s.get("digests", {}), route_stats(s, ROUTE, "probe")
         print(f"    {tag}: digests {dig}, probe {probe}, shadow skipped "
               f"{s.get('instruments', {}).get('shadow', {}).get('skipped')}")
         harness.check(dig.get("written") == rows and dig.get("dropped") == 0,

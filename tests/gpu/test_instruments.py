@@ -29,18 +29,17 @@ import importlib.machinery
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from shim_child import ROOT, harness, need_gpu, reference_gemm, run_child  # noqa: E402
+from shim_child import (COMPARE, ROOT, compare, harness, need_gpu,  # noqa: E402
+                        reference_gemm, route_stats, run_child)
 
 CHILD = os.path.join(ROOT, "tests", "gpu", "instr_child.py")
 ROUTED_CHILD = os.path.join(ROOT, "tests", "gpu", "routed_child.py")
-COMPARE = os.path.join(ROOT, "tools", "minite-compare")
 TMP = tempfile.mkdtemp(prefix="mt_instr_")
 N, K = 256, 512
 ROUTE = f"{N}x{K}"
@@ -58,15 +57,11 @@ def child(case, tag, spec="nvfp4-row", cache="requantize", shadow=0, probe=0, di
     return arrays, files[0] if files else None, summary or {}
 
 
-def route_stats(summary, what):
-    return summary.get("instruments", {}).get("routes", {}).get(ROUTE, {}).get(what, {})
-
-
 def probe_row_is_batch_invariant_tensor_is_not():
     need_gpu()
     for spec, want_zero in (("nvfp4-row", True), ("nvfp4-tensor", False)):
         _, _, summary = child("probe", "probe_" + spec, spec=spec, probe=1)
-        p = route_stats(summary, "probe")
+        p = route_stats(summary, ROUTE, "probe")
         print(f"    {spec}: probe {p}")
         harness.check(p.get("calls") == 9 and p.get("rows") == 36,
                       f"{spec}: probe calls {p.get('calls')} rows {p.get('rows')}, want 9 and 36 "
@@ -77,14 +72,6 @@ def probe_row_is_batch_invariant_tensor_is_not():
         else:
             harness.check((p.get("differing") or 0) > 0,
                           f"{spec}: no probed row differs alone: the per-tensor scale should")
-
-
-def compare(a, b):
-    proc = subprocess.run([sys.executable, COMPARE, a, b, "--json"], capture_output=True,
-                          text=True, timeout=120)
-    if proc.returncode != 0:
-        raise RuntimeError(f"minite-compare exit {proc.returncode}: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout)
 
 
 def digests_of_two_batchings_join_equal():
@@ -122,7 +109,7 @@ def shadow_error_in_nvfp4_range_and_zero_under_bf16():
     need_gpu()
     got, path, summary = child("shadow", "shadow_row", shadow=1, digest=1)
     check_scheme_1("no bias", got, path)  # the same run's digests, against scheme 1
-    s = route_stats(summary, "shadow")
+    s = route_stats(summary, ROUTE, "shadow")
     x, w = got["x"].astype(np.float64), got["w"].astype(np.float64)
     exact = x @ w.T
     expected = float(np.linalg.norm(reference_gemm(got["x"], got["w"]) - exact) / np.linalg.norm(exact))
@@ -136,7 +123,7 @@ def shadow_error_in_nvfp4_range_and_zero_under_bf16():
     records = [json.loads(line) for line in open(path) if '"event": "shadow"' in line]
     harness.check(len(records) == 1 and records[0]["m"] == 64, f"shadow records {records}")
     _, _, summary = child("shadow", "shadow_bf16", spec="bf16", shadow=1, probe=1)
-    s, p = route_stats(summary, "shadow"), route_stats(summary, "probe")
+    s, p = route_stats(summary, ROUTE, "shadow"), route_stats(summary, ROUTE, "probe")
     print(f"    bf16: shadow {s}, probe {p}")
     harness.check(s.get("calls") == 1 and s.get("rel_l2_max") == 0 and s.get("max_abs") == 0,
                   f"bf16: shadow {s}: cuBLAS against cuBLAS must be exactly 0")

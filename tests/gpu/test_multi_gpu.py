@@ -35,39 +35,30 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-import harness  # noqa: E402
+sys.path.insert(0, HERE)
+from demo_common import (LIB, ROUTE, TMP, harness, probe_torch, records,  # noqa: E402
+                         require_lib)
 
-LIB = os.path.abspath(os.path.join(ROOT, os.environ.get("MT_BUILD", "build"), "libminite.so"))
 DEMO = os.path.join(ROOT, "demo", "ep_demo.py")
 MERGE = os.path.join(ROOT, "tools", "minite-merge")
-ROUTE = "1536x2048,2048x768"
 LAYERS, BATCH, SEQ, STEPS, TOP_K, EXPERTS = 1, 2, 256, 3, 8, 128
 ARGS = ["--layers", LAYERS, "--batch", BATCH, "--seq", SEQ, "--steps", STEPS]
 LOSS_RTOL = 0.02
 LAUNCH_TIMEOUT = 300
-TMP = tempfile.mkdtemp(prefix="mt-multi-gpu-")
 
 
 # ---- the machine ------------------------------------------------------------------------------
 
 def gpu_count():
-    """GPUs torch sees; skips without torch, transformers or a GPU."""
-    probe = "import torch, transformers; print(torch.cuda.device_count())"
-    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
-    if res.returncode != 0:
-        harness.skip("torch/transformers not importable: " +
-                     (res.stderr.strip().splitlines() or ["?"])[-1])
-    n = int(res.stdout.strip() or 0)
+    """GPUs torch sees; skips without torch, transformers or a GPU, fails without the library."""
+    n = int(probe_torch("torch.cuda.device_count()") or 0)
     if n == 0:
         harness.skip("torch sees no CUDA GPU")
-    if not os.path.exists(LIB):
-        raise AssertionError(f"{LIB} not found: build it with make")
+    require_lib()
     return n
 
 
@@ -153,22 +144,6 @@ def launch(tag, nproc, spec=None, modes="ddp,ep", env_extra=None, torchrun=True,
     print(f"    {tag}: {nproc} rank(s), {spec or 'no shim'}, exit {rc}, {wall:.0f} s")
     return {"rc": rc, "wall": wall, "ranks": ranks, "stats": stats, "summary": summary,
             "err": stderr}
-
-
-def records(path):
-    """The start and the summary record of a statistics file (None where missing)."""
-    start = summary = None
-    with open(path, errors="replace") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and rec.get("event") == "start":
-                start = rec
-            elif isinstance(rec, dict) and rec.get("event") == "summary":
-                summary = rec
-    return start, summary
 
 
 def merged(paths):
