@@ -12,11 +12,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tests/cpu/fake/fake.h"
@@ -187,6 +189,16 @@ MT_T_UNUSED static fake_cuda_counts mt_t_counts_now(void) {
   return c;
 }
 
+/* The fake driver saw nothing wrong: no invalid or stale handle, no allocation, load, sync or
+ * read-back while a stream captured, no launch across contexts, no bad free. */
+MT_T_UNUSED static void mt_t_check_clean(void) {
+  fake_cuda_counts c = mt_t_counts_now();
+  CHECKF(c.invalid == 0 && c.stale == 0 && c.during_capture == 0 && c.cross_context == 0 &&
+             c.bad_frees == 0,
+         "invalid %ld, stale %ld, during capture %ld, cross-context %ld, bad frees %ld", c.invalid,
+         c.stale, c.during_capture, c.cross_context, c.bad_frees);
+}
+
 /* Events of `kind` since `from`. */
 MT_T_UNUSED static int mt_t_count_kind(int from, int kind) {
   int n = 0;
@@ -243,18 +255,41 @@ static void mt_t_child_env(const char *stats, const char *const env[]) {
   setenv("LD_PRELOAD", mt_t_paths.preload, 1);
 }
 
+/* The wait status of child `pid`, killed first when it runs past `limit` seconds (> 0). */
+MT_T_UNUSED static int mt_t_wait(pid_t pid, int limit) {
+  int status = 0;
+  for (int waited = 0; limit > 0; waited++) {
+    if (waitpid(pid, &status, WNOHANG) == pid)
+      return status;
+    if (waited == limit * 100) {
+      kill(pid, SIGKILL);
+      break;
+    }
+    nanosleep(&(struct timespec){0, 10000000}, NULL);
+  }
+  waitpid(pid, &status, 0);
+  return status;
+}
+
 /* Run scenario `name` in a child under the shim, its files named after `tag`, with `env`
- * ("K=V", NULL-terminated) applied after the defaults of mt_t_child_env. */
-MT_T_UNUSED static void mt_t_run_child(const char *name, const char *tag, const char *const env[],
-                                       mt_t_child *r) {
+ * ("K=V", NULL-terminated) applied after the defaults of mt_t_child_env, `input` on its stdin (a
+ * pipe; NULL: empty), and, when `limit` > 0, killed after `limit` seconds (status 128 + SIGKILL). */
+MT_T_UNUSED static void mt_t_run_child_with(const char *name, const char *tag,
+                                            const char *const env[], const char *input, int limit,
+                                            mt_t_child *r) {
   char out[PATH_MAX + 64], err[PATH_MAX + 64];
   snprintf(out, sizeof out, "%s/%s.out", mt_t_paths.tmp, tag);
   snprintf(err, sizeof err, "%s/%s.err", mt_t_paths.tmp, tag);
   snprintf(r->path, sizeof r->path, "%s/%s.jsonl", mt_t_paths.tmp, tag);
+  int in[2];
+  if (pipe(in) != 0)
+    in[0] = in[1] = -1;
   fflush(stdout);
   pid_t pid = fork();
   if (pid == 0) {
     mt_t_child_env(r->path, env);
+    dup2(in[0], 0);
+    close(in[1]);
     int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
     fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -262,13 +297,22 @@ MT_T_UNUSED static void mt_t_run_child(const char *name, const char *tag, const 
     execl(mt_t_paths.self, mt_t_paths.self, "child", name, mt_t_paths.build, (char *)NULL);
     _exit(127);
   }
-  int status = 0;
-  waitpid(pid, &status, 0);
+  close(in[0]);
+  if (input && write(in[1], input, strlen(input)) < 0)
+    printf("    could not write the child's stdin\n");
+  close(in[1]);
+  int status = mt_t_wait(pid, limit);
   r->status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   r->out = mt_t_read_file(out, NULL);
   r->err = mt_t_read_file(err, NULL);
   r->stats = mt_t_read_file(r->path, NULL);
   r->summary = r->stats ? strstr(r->stats, "{\"event\": \"summary\"") : NULL;
+}
+
+/* The same with no input and no time limit. */
+MT_T_UNUSED static void mt_t_run_child(const char *name, const char *tag, const char *const env[],
+                                       mt_t_child *r) {
+  mt_t_run_child_with(name, tag, env, NULL, 0, r);
 }
 
 MT_T_UNUSED static void mt_t_child_free(mt_t_child *r) {

@@ -66,13 +66,6 @@ static int large_grid(int from) {
   return -1;
 }
 
-static void check_clean(void) {
-  fake_cuda_counts c = mt_t_counts_now();
-  CHECKF(c.invalid == 0 && c.stale == 0 && c.cross_context == 0 && c.bad_frees == 0,
-         "invalid %ld, stale %ld, cross-context %ld, bad frees %ld", c.invalid, c.stale,
-         c.cross_context, c.bad_frees);
-}
-
 /* --- scenarios ---------------------------------------------------------------------------- */
 
 static void scenario_one_call(void) {
@@ -140,7 +133,7 @@ static void scenario_devices(void) {
     pthread_join(th[i], NULL);
   CHECKF(jobs[0].routed == 50 && jobs[1].routed == 50, "routed %d and %d of 50", jobs[0].routed,
          jobs[1].routed);
-  check_clean();
+  mt_t_check_clean();
   mt_t_unmake(&p), mt_t_unmake(&big);
 }
 
@@ -158,7 +151,7 @@ static void scenario_foreign(void) {
   for (int i = 0; i < 2; i++)
     CHECKF(mt_t_cublas_on(handle, &p, S_DEV1), "call %d on another context's stream", i);
   CHECK(mt_t_routed_on(handle, &p, S1));
-  check_clean();
+  mt_t_check_clean();
   mt_t_unmake(&p);
 }
 
@@ -172,7 +165,7 @@ static void scenario_cache(void) {
     for (int i = 0; i < 2; i++)
       CHECK(mt_t_routed_on(handle, &a, S1) && mt_t_routed_on(handle, &b, S1));
   }
-  check_clean();
+  mt_t_check_clean();
   mt_t_unmake(&a), mt_t_unmake(&b);
 }
 

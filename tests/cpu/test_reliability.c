@@ -87,13 +87,6 @@ static int correct_on(cublasHandle_t h, const mt_t_problem *p, CUstream s, int *
   return routed;
 }
 
-static void check_clean(void) {
-  fake_cuda_counts c = mt_t_counts_now();
-  CHECKF(c.invalid == 0 && c.stale == 0 && c.during_capture == 0 && c.bad_frees == 0,
-         "invalid %ld, stale %ld, during capture %ld, bad frees %ld", c.invalid, c.stale,
-         c.during_capture, c.bad_frees);
-}
-
 /* --- scenarios ---------------------------------------------------------------------------- */
 
 /* One routed call. */
@@ -148,7 +141,7 @@ static void scenario_graph_lifetime(void) {
   fake_cuda_is_device_fn is_device =
       (fake_cuda_is_device_fn)mt_t_sym(mt_t_fakes.cuda, "fake_cuda_is_device");
   CHECKF(xhat && is_device(xhat, 16), "the captured call's memory is gone");
-  check_clean();
+  mt_t_check_clean();
   mt_t_unmake(&p), mt_t_unmake(&big);
 }
 
@@ -160,7 +153,7 @@ static void scenario_capture_elsewhere(void) {
   set_capturing(S1, 1);
   CHECKF(mt_t_routed_on(handle, &p, S1), "a captured call fell back");
   set_capturing(S1, 0);
-  check_clean();
+  mt_t_check_clean();
   mt_t_unmake(&p);
 }
 
@@ -176,7 +169,7 @@ static void scenario_capture_fallback(void) {
   set_capturing(S1, 0);
   for (int i = t; i < now(); i++)
     CHECK(event(i)->kind != FAKE_EV_ALLOC && event(i)->kind != FAKE_EV_LAUNCH);
-  check_clean();
+  mt_t_check_clean();
   mt_t_unmake(&p);
 }
 
@@ -208,7 +201,7 @@ static void scenario_reset(void) {
   mt_t_fakes.set_current((CUcontext)NULL);
   int ok;
   CHECK(!correct_on(handle, &p, S1, &ok) && ok); /* no context: cuBLAS */
-  check_clean();
+  mt_t_check_clean();
   mt_t_unmake(&p), mt_t_unmake(&big);
 }
 
@@ -254,7 +247,7 @@ static void scenario_two_contexts(void) {
     pthread_join(th[i], NULL);
   CHECK(jobs[0].routed == 50 && jobs[1].routed == 50);
   mt_t_fakes.set_current(a);
-  check_clean();
+  mt_t_check_clean();
   mt_t_unmake(&p);
 }
 
@@ -310,7 +303,7 @@ static void run_threads(int calls, int check) {
 /* 16 threads, each on its own stream and handle, routing at once. */
 static void scenario_threads(void) {
   run_threads(40, 1);
-  check_clean();
+  mt_t_check_clean();
 }
 
 /* The same with each launch taking time on the host (FAKE_CUDA_LAUNCH_US): the wall time. */
@@ -427,52 +420,8 @@ static const mt_t_scenario scenarios[] = {
 /* The parent.                                                                              */
 /* ======================================================================================== */
 
-/* A child as mt_t_run_child runs it, with `input` on its stdin (NULL: /dev/null) and killed after
- * `limit` seconds (status 128 + SIGKILL then). */
-static void run_limited(const char *name, const char *tag, const char *const env[],
-                        const char *input, int limit, mt_t_child *r) {
-  char out[PATH_MAX + 64], err[PATH_MAX + 64];
-  snprintf(out, sizeof out, "%s/%s.out", mt_t_paths.tmp, tag);
-  snprintf(err, sizeof err, "%s/%s.err", mt_t_paths.tmp, tag);
-  snprintf(r->path, sizeof r->path, "%s/%s.jsonl", mt_t_paths.tmp, tag);
-  int in[2];
-  if (pipe(in) != 0)
-    in[0] = in[1] = -1;
-  fflush(stdout);
-  pid_t pid = fork();
-  if (pid == 0) {
-    mt_t_child_env(r->path, env);
-    dup2(in[0], 0);
-    close(in[1]);
-    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 2);
-    execl(mt_t_paths.self, mt_t_paths.self, "child", name, mt_t_paths.build, (char *)NULL);
-    _exit(127);
-  }
-  close(in[0]);
-  if (input && write(in[1], input, strlen(input)) < 0)
-    printf("    could not write the child's stdin\n");
-  close(in[1]);
-  int status = 0;
-  for (int waited = 0; waitpid(pid, &status, WNOHANG) == 0; waited++) {
-    if (waited == limit * 100) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      break;
-    }
-    nanosleep(&(struct timespec){0, 10000000}, NULL);
-  }
-  r->status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r->out = mt_t_read_file(out, NULL);
-  r->err = mt_t_read_file(err, NULL);
-  r->stats = mt_t_read_file(r->path, NULL);
-  r->summary = r->stats ? strstr(r->stats, "{\"event\": \"summary\"") : NULL;
-}
-
 static void run_child(const char *name, const char *tag, const char *const env[], mt_t_child *r) {
-  run_limited(name, tag, env, NULL, 60, r);
+  mt_t_run_child_with(name, tag, env, NULL, 60, r);
 }
 
 static long json_int(const char *s, const char *key) { return mt_t_json_int_in(s, NULL, key); }
@@ -622,13 +571,13 @@ static void spec_from_fifo_or_stdin(void) {
   snprintf(env_spec, sizeof env_spec, "MINITE_SPEC=%s", fifo);
   const char *env[] = {env_spec, NULL};
   mt_t_child r;
-  run_limited("one_call", "fifo", env, NULL, 20, &r);
+  mt_t_run_child_with("one_call", "fifo", env, NULL, 20, &r);
   CHECKF(r.status != 128 + SIGKILL, "MINITE_SPEC=FIFO hangs the program");
   CHECKF(r.err && strstr(r.err, "is a FIFO or pipe, not a spec file") && strstr(r.err, "inert"),
          "stderr: %s", r.err ? r.err : "");
   mt_t_child_free(&r);
   const char *stdin_env[] = {"MINITE_SPEC=/dev/stdin", NULL};
-  run_limited("stdin", "spec_stdin", stdin_env, "the program's own input\n", 20, &r);
+  mt_t_run_child_with("stdin", "spec_stdin", stdin_env, "the program's own input\n", 20, &r);
   CHECKF(r.status == 0 && mt_t_info(&r, "stdin") == 24, "status %d, the program read %ld bytes",
          r.status, mt_t_info(&r, "stdin"));
   CHECKF(r.err && strstr(r.err, "not a spec file"), "stderr: %s", r.err ? r.err : "");
@@ -763,14 +712,14 @@ static void threads_do_not_serialize(void) {
 
 static void fork_after_and_before_routing(void) {
   mt_t_child r;
-  run_limited("fork_after", "fork_after", NULL, NULL, 60, &r);
+  mt_t_run_child_with("fork_after", "fork_after", NULL, NULL, 60, &r);
   mt_t_check_child("fork_after", &r);
   CHECKF(r.summary && json_int(r.summary, "passthrough") == 0, "the parent's counts: %s",
          r.summary ? r.summary : "none");
   CHECKF(mt_t_count_of(r.err, " minite WARN ") == 20 && strstr(r.err, "forked"),
          "one warning per child: %s", r.err ? r.err : "");
   mt_t_child_free(&r);
-  run_limited("fork_before", "fork_before", NULL, NULL, 60, &r);
+  mt_t_run_child_with("fork_before", "fork_before", NULL, NULL, 60, &r);
   mt_t_check_child("fork_before", &r);
   CHECKF(r.err && !r.err[0], "%s", r.err ? r.err : "");
   mt_t_child_free(&r);
