@@ -143,6 +143,17 @@ static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kar
   k->beta = a->beta;
 }
 
+/* A bound on the tiles of segments s0 .. s0 + nseg - 1, the persistent grid's size where it is
+ * below the SMs' CTAs: with offsets at most min(m, nseg) of them have rows, and a segment of r
+ * rows takes ceil(r / bn) token tiles. (Qwen3's layer at one token: 41 us with the grid bounded
+ * by nseg, 2 x 132 CTAs, most without a tile; 29 us bounded by min(m, nseg), 108 CTAs; lab/NOTES.md,
+ * "Grouped engine".) */
+static long long tile_bound(const mt_grouped_args *a, int nseg, int bn) {
+  const long long blocks = (a->n + 127) / 128;
+  if (!a->offs) return (long long)nseg * ((a->seg_rows + bn - 1) / bn) * blocks;
+  return ((long long)a->m / bn + (a->m < nseg ? a->m : nseg)) * blocks;
+}
+
 /* Launches of at most MT_GROUPED_MAX_SEG segments (the kernel's tile table), the persistent grid
  * at most MT_GROUPED_CTAS(bn) CTAs an SM (their shared memory fills it). */
 static int launch_gemm(const mt_grouped_args *a, mt_grouped_kargs *k, int bn, mt_stream stream) {
@@ -151,13 +162,11 @@ static int launch_gemm(const mt_grouped_args *a, mt_grouped_kargs *k, int bn, mt
   CUfunction f;
   int st = mt_kernel_get("grouped", fn, (CUstream)stream, &f);
   if (st != MT_OK) return st;
-  const long long blocks = (a->n + 127) / 128, sms = (long long)mt_sm_count() * MT_GROUPED_CTAS(bn);
+  const long long sms = (long long)mt_sm_count() * MT_GROUPED_CTAS(bn);
   for (int s0 = 0; s0 < a->nseg && st == MT_OK; s0 += MT_GROUPED_MAX_SEG) {
     k->seg0 = s0;
     k->nseg = a->nseg - s0 < MT_GROUPED_MAX_SEG ? a->nseg - s0 : MT_GROUPED_MAX_SEG;
-    long long rows = a->offs ? a->m : (long long)k->nseg * a->seg_rows;
-    long long tiles =
-        a->offs ? (rows / bn + k->nseg) * blocks : (long long)k->nseg * ((a->seg_rows + bn - 1) / bn) * blocks;
+    const long long tiles = tile_bound(a, k->nseg, bn);
     unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
     st = mt_launch(f, grid, 1, 384, 1, MT_GROUPED_SMEM(bn), 1, (CUstream)stream, k);
   }

@@ -250,10 +250,13 @@ static void scenario_instr(void) {
     CHECK(oa->offs == part && oa->nseg == E && oa->nrows == 4 && oa->rows[0] == 0 &&
           oa->rows[1] == 13 && oa->rows[2] == 26 && oa->rows[3] == 39);
     CHECK(pa->offs == part && pa->nseg == E && pa->yoff[3] == 39 * OUT && pa->y == y.impl.data);
-    /* the rows alone: m = 1, each with its own one-row offsets, after the offsets' kernel */
+    /* the rows alone: m = 1, each with its own one-row offsets, after the offsets' kernel; one
+     * row has one segment's tiles at most, and the grid no more CTAs than that */
     int g = find_launch(oi, "mt_grouped_n8");
     const mt_grouped_kargs *ka = g >= 0 ? (const mt_grouped_kargs *)event(g)->args : NULL;
     CHECK(ka && ka->m == 1 && ka->offs == oa->out && g < pi);
+    CHECKF(g >= 0 && event(g)->grid[0] == (OUT + 127) / 128, "a one-row launch of %u CTAs",
+           g >= 0 ? event(g)->grid[0] : 0);
   }
   t = now();
   op(&x3.t, &w_t.t, &none, &none, &y3.t, passed);
