@@ -1,6 +1,6 @@
 """jax_child.py OUT — an unmodified JAX MoE program, run in a process of its own by
 tests/gpu/test_jax_moe.py (which sets LD_PRELOAD, the MINITE_* variables and XLA_FLAGS). Writes
-OUT.npz with its results. Nothing here knows whether libminite.so is preloaded. Not a test by
+OUT.npz with its results and inputs. Nothing here knows whether libminite.so is preloaded. Not a test by
 itself.
 
 Three expert layers of 8 experts, weight 256 x 512 each (out x in, as the routes name it), BF16:
@@ -32,6 +32,7 @@ def main(path):
 
     out = {"capacity": capacity(x, w), "ragged": ragged(tokens, w, sizes),
            "per_expert": per_expert(x, w)}
+    out["x"], out["w"] = x, w  # the inputs, for the parent's reference GEMM
     out = {k: np.asarray(v.astype(jnp.float32)) for k, v in out.items()}
     out["backend"] = np.array([jax.default_backend() == "gpu"])
     np.savez(path, **out)

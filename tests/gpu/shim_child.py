@@ -76,6 +76,14 @@ def reference_gemm(x, w):
     return np.frombuffer(proc.stdout, dtype=np.float64).reshape(m, n)
 
 
+def reference_bound(x, w, ref):
+    """The largest error ref/nvfp4.c allows a GPU result of reference_gemm(x, w) = ref: FP32
+    accumulation over k / 16 block sums and the epilogue's roundings, then the output's BF16
+    rounding (docs/numerics.md)."""
+    k = x.shape[1]
+    return (k / 16 + 4) * 2.0 ** -23 * 2 * (np.abs(x) @ np.abs(w).T) + 2.0 ** -8 * np.abs(ref)
+
+
 def compare(a, b):
     """minite-compare's JSON document for the statistics files a and b."""
     proc = subprocess.run([sys.executable, COMPARE, a, b, "--json"], capture_output=True,

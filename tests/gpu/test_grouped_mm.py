@@ -38,7 +38,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from shim_child import (ROOT, compare, harness, need_gpu, reference_gemm,  # noqa: E402
+from shim_child import (ROOT, compare, harness, need_gpu, reference_bound, reference_gemm,  # noqa: E402
                         route_stats, run_child)
 
 CHILD = os.path.join(ROOT, "tests", "gpu", "grouped_child.py")
@@ -161,11 +161,6 @@ def direct_bf16_bitwise():
                       for r in rows), f"direct: census rows {rows}")
 
 
-def bound_of(x, w, ref):
-    k = x.shape[1]
-    return (k / 16 + 4) * 2.0 ** -23 * 2 * (np.abs(x) @ np.abs(w).T) + 2.0 ** -8 * np.abs(ref)
-
-
 def direct_nvfp4_is_the_per_call_engine():
     need_gpu()
     got, summary = child("direct", "direct_nvfp4", dict(MINITE_SPEC="nvfp4-row", MINITE_ROUTE=ROUTE))
@@ -177,7 +172,7 @@ def direct_nvfp4_is_the_per_call_engine():
         if end > start:
             ref = reference_gemm(x[start:end], w[e])
             err = np.abs(y[start:end] - ref)
-            harness.check(np.all(err <= bound_of(x[start:end], w[e], ref)),
+            harness.check(np.all(err <= reference_bound(x[start:end], w[e], ref)),
                           f"expert {e}: error over the reference bound")
         start = end
     harness.check(np.array_equal(got["y"].view(np.uint8), got["per_call"].view(np.uint8)),
