@@ -173,8 +173,11 @@ static void store_refresh_modes(void) {
         CHECK(line < lines);
         at = (size_t)line * 64 + 5, count = 1;
       }
+      /* another finite value; one element becomes 65536, the tensor's new amax, so that its
+       * requantization changes every code (a small change of one element may quantize to the same
+       * bytes, and the store would not show that the refresh saw it) */
       for (size_t i = at; i < at + count; i++)
-        w[i] ^= 0x0140; /* another finite value */
+        w[i] = count == 1 ? 0x4780 : w[i] ^ 0x0140;
       CU(cudaMemcpy(e.dev, w, wbytes, cudaMemcpyHostToDevice));
       CU(cudaMemcpy(before, e.mem, bytes, cudaMemcpyDeviceToHost));
       MT(mt_wstore_refresh(e.dev, MT_DTYPE_BF16, K, &e.ws, state, step, NULL));
