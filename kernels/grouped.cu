@@ -17,7 +17,9 @@
 // table of tiles first (token tile fastest, so CTAs running at once share a weight tile through
 // L2). The producer thread requests a stage's weight records (one bulk copy) before
 // griddepcontrol.wait for the CTA's first stages, so weights stream while the activation
-// quantization before this kernel still runs.
+// quantization before this kernel still runs. Pointer-array forms change only where the epilogue
+// writes a segment's rows (and reads its C): through the segment's pointer, with the same
+// arithmetic; their activations reach xhat through the quantizer, their weights the store.
 //
 // Exactness: every dequantized element e2m1 * e4m3 is exact in BF16 and every product of two is
 // exact in FP32; each 16-element block sum is exact in FP32, so whether the weight is A or B does
