@@ -1371,6 +1371,25 @@ static void pointer_arrays_on_the_grouped_engine(void) {
   mt_t_child_free(&r);
 }
 
+/* The instruments skip pointer-array calls ("entry": their rows' addresses are on the device only;
+ * the first batched call, beta != 0, as "beta"): the child's traces hold no instrument launch. */
+static void pointer_arrays_skip_the_instruments(void) {
+  const char *env[] = {"MINITE_DIGEST=1", "MINITE_PROBE=1", "MINITE_SHADOW=1", NULL};
+  mt_t_child r;
+  run_child("arrays", env, &r);
+  mt_t_check_child("arrays", &r);
+  const char *reasons[] = {"pointer arrays=4", NULL};
+  check_counts(&r, 6, reasons);
+  static const char *const kinds[] = {"\"digest\": {\"rate\"", "\"probe\": {\"rate\"",
+                                      "\"shadow\": {\"rate\"", NULL};
+  for (int i = 0; kinds[i]; i++)
+    CHECKF(mt_t_json_int_in(r.summary, kinds[i], "calls") == 6 &&
+               mt_t_json_int_in(r.summary, kinds[i], "entry") == 5 &&
+               mt_t_json_int_in(r.summary, kinds[i], "beta") == 1,
+           "%s: %s", kinds[i], r.summary);
+  mt_t_child_free(&r);
+}
+
 /* Under a frozen mode the same calls are requantized (no entry: the weights' addresses are on the
  * device), said once at INFO. */
 static void pointer_arrays_under_frozen(void) {
@@ -1447,6 +1466,7 @@ static void tests(void) {
   RUN(lt_strided_batch);
   RUN(pointer_arrays_on_the_grouped_engine);
   RUN(pointer_arrays_under_frozen);
+  RUN(pointer_arrays_skip_the_instruments);
   RUN(fp16_through_gemm_ex_64);
   RUN(frozen_capture_needs_an_entry);
   RUN(grouped_beta_failure_after_a_problem_ran);
