@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,6 +65,7 @@ static fake_cuda_set_mem_limit_fn set_mem_limit;
 static fake_cuda_fail_launch_fn fail_launch;
 static fake_cuda_fail_loads_fn fail_loads;
 static fake_cuda_is_device_fn is_device;
+static fake_cuda_guard_fn guard_pages;
 
 static uint32_t seed = 4321;
 
@@ -98,6 +100,7 @@ static int load_fakes(const char *build, int with_cuda) {
     fail_launch = (fake_cuda_fail_launch_fn)mt_t_sym(lib_cuda, "fake_cuda_fail_launch");
     fail_loads = (fake_cuda_fail_loads_fn)mt_t_sym(lib_cuda, "fake_cuda_fail_loads");
     is_device = (fake_cuda_is_device_fn)mt_t_sym(lib_cuda, "fake_cuda_is_device");
+    guard_pages = (fake_cuda_guard_fn)mt_t_sym(lib_cuda, "fake_cuda_guard");
   }
   if (!(lib_cublas = mt_t_open(build, "tests/cpu/fake/libcublas.so.13")))
     return -1;
@@ -965,22 +968,29 @@ static cublasStatus_t call_grouped(const arrays *x, int n0, int n1, int ldc1, fl
                       size, CUBLAS_COMPUTE_32F);
 }
 
-static void arrays_of(const problem *p, const void **a, const void **b, void **c) {
+/* The problems' arrays of pointers in a page of their own, which guard() makes unreadable to the
+ * host but for the fake's kernels (the GPU's reads): a host read of them crashes the child. */
+static arrays arrays_of(const problem *p) {
+  void **page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  arrays x = {(const void **)page, (const void **)page + BATCH, page + 2 * BATCH, BATCH};
   for (int i = 0; i < BATCH; i++)
-    a[i] = p[i].w, b[i] = p[i].x, c[i] = p[i].y;
+    x.a[i] = p[i].w, x.b[i] = p[i].x, x.c[i] = p[i].y;
+  return x;
 }
+
+static void guard(const arrays *x, int on) { guard_pages((void *)x->a, 4096, on); }
+
+static void arrays_free(arrays *x) { munmap((void *)x->a, 4096); }
 
 /* cublasGemmBatchedEx: beta != 0 (C through the output array), then beta 0 while capturing. */
 static void arrays_batched(void) {
   problem p[BATCH] = {make(OUT, 8, OUT), make(OUT, 8, OUT), make(OUT, 8, OUT)};
-  const void *a[BATCH], *b[BATCH];
-  void *c[BATCH];
-  arrays_of(p, a, b, c);
-  arrays x = {a, b, c, BATCH};
+  arrays x = arrays_of(p);
   uint16_t *before[BATCH];
   save_outputs(p, before, BATCH);
   long calls = cublas_calls();
   int t = now();
+  guard(&x, 1);
   CHECK(call_batched(&x, &half) == CUBLAS_STATUS_SUCCESS);
   CHECKF(cublas_calls() == calls, "the fake cuBLAS was called for a routed pointer-array batch");
   CHECK_TRACE(t, "alloc " LOAD_ALL " " BATCH_CALL " smem " BATCH_GEMM);
@@ -996,7 +1006,9 @@ static void arrays_batched(void) {
   check_array_args(t, &x, 8, BATCH * 8, 0.0f);
   check_marked(p, before, BATCH);
   set_capturing(S1, 0);
+  guard(&x, 0);
   free_all(before, BATCH);
+  arrays_free(&x);
   for (int i = 0; i < BATCH; i++)
     unmake(&p[i]);
 }
@@ -1005,12 +1017,10 @@ static void arrays_batched(void) {
  * capturing too), the same rows (a uniform batch), and groups that disagree (cuBLAS). */
 static void arrays_grouped(void) {
   problem g[BATCH] = {make(OUT, 8, OUT), make(OUT, 72, OUT), make(OUT, 72, OUT)};
-  const void *a[BATCH], *b[BATCH];
-  void *c[BATCH];
-  arrays_of(g, a, b, c);
-  arrays x = {a, b, c, BATCH};
+  arrays x = arrays_of(g);
   uint16_t *before[BATCH];
   long calls = cublas_calls();
+  guard(&x, 1);
   for (int capturing = 0; capturing < 2; capturing++) {
     set_capturing(S1, capturing);
     save_outputs(g, before, BATCH);
@@ -1035,12 +1045,14 @@ static void arrays_grouped(void) {
   for (int i = 0; i < BATCH; i++)
     CHECKF(marked(g[i].y, before[i], OUT, 8, OUT), "problem %d", i);
   free_all(before, BATCH);
+  guard(&x, 0); /* the fake cuBLAS reads them on the host */
   /* groups of other alphas or another ldc: cuBLAS, nothing enqueued */
   t = now();
   CHECK(call_grouped(&x, 8, 72, OUT, 2.0f) == CUBLAS_STATUS_SUCCESS);
   CHECK(call_grouped(&x, 8, 8, OUT + 8, 1.0f) == CUBLAS_STATUS_SUCCESS);
   CHECK_TRACE(t, "");
   CHECK(cublas_calls() == calls + 2);
+  arrays_free(&x);
   for (int i = 0; i < BATCH; i++)
     unmake(&g[i]);
 }
@@ -1049,10 +1061,7 @@ static void arrays_grouped(void) {
  * (whose fake refuses pointer arrays: the forwarded call's status comes back). */
 static void arrays_lt(void) {
   problem p[BATCH] = {make(OUT, 8, OUT), make(OUT, 8, OUT), make(OUT, 8, OUT)};
-  const void *a[BATCH], *b[BATCH];
-  void *c[BATCH];
-  arrays_of(p, a, b, c);
-  arrays x = {a, b, c, BATCH};
+  arrays x = arrays_of(p);
   __typeof__(&cublasLtMatmulDescCreate) desc_create =
       (__typeof__(desc_create))dlsym(lib_lt, "cublasLtMatmulDescCreate");
   __typeof__(&cublasLtMatmulDescSetAttribute) desc_set =
@@ -1079,8 +1088,10 @@ static void arrays_lt(void) {
   save_outputs(p, before, BATCH);
   long calls = lt_calls();
   int t = now();
-  CHECK(hook_lt(lt_handle, desc, &one, a, l[0], b, l[1], &zero, c, l[2], c, l[2], NULL, workspace,
-                sizeof workspace, (cudaStream_t)S1) == CUBLAS_STATUS_SUCCESS);
+  guard(&x, 1);
+  CHECK(hook_lt(lt_handle, desc, &one, x.a, l[0], x.b, l[1], &zero, x.c, l[2], x.c, l[2], NULL,
+                workspace, sizeof workspace, (cudaStream_t)S1) == CUBLAS_STATUS_SUCCESS);
+  guard(&x, 0);
   CHECKF(lt_calls() == calls, "the fake cublasLtMatmul was called for a routed batch");
   CHECK(all_on(t, S1));
   check_array_args(t, &x, 8, BATCH * 8, 0.0f);
@@ -1089,15 +1100,15 @@ static void arrays_lt(void) {
   /* A strided, B, C and D pointer arrays: not one form */
   layout_set(l[0], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &strided, sizeof strided);
   t = now();
-  CHECK(hook_lt(lt_handle, desc, &one, p[0].w, l[0], b, l[1], &zero, c, l[2], c, l[2], NULL,
+  CHECK(hook_lt(lt_handle, desc, &one, p[0].w, l[0], x.b, l[1], &zero, x.c, l[2], x.c, l[2], NULL,
                 workspace, sizeof workspace, (cudaStream_t)S1) == CUBLAS_STATUS_NOT_SUPPORTED);
   CHECK(lt_calls() == calls + 1);
   /* a bias with pointer-array batches */
   layout_set(l[0], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode);
   uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
   desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
-  CHECK(hook_lt(lt_handle, desc, &one, a, l[0], b, l[1], &zero, c, l[2], c, l[2], NULL, workspace,
-                sizeof workspace, (cudaStream_t)S1) == CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(hook_lt(lt_handle, desc, &one, x.a, l[0], x.b, l[1], &zero, x.c, l[2], x.c, l[2], NULL,
+                workspace, sizeof workspace, (cudaStream_t)S1) == CUBLAS_STATUS_NOT_SUPPORTED);
   CHECK(lt_calls() == calls + 2);
   CHECK_TRACE(t, "");
   ((__typeof__(&cublasLtMatmulDescDestroy))dlsym(lib_lt, "cublasLtMatmulDescDestroy"))(desc);
@@ -1105,6 +1116,7 @@ static void arrays_lt(void) {
       (__typeof__(layout_destroy))dlsym(lib_lt, "cublasLtMatrixLayoutDestroy");
   for (int i = 0; i < 3; i++)
     layout_destroy(l[i]);
+  arrays_free(&x);
   for (int i = 0; i < BATCH; i++)
     unmake(&p[i]);
 }

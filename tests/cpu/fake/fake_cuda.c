@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "kernels/gemm_args.h"
@@ -233,6 +234,33 @@ EXPORT void fake_cuda_fail_launch(const char *name, int nth) {
 }
 
 EXPORT void fake_cuda_fail_loads(int n) { fail_loads = n; }
+
+/* Guarded host pages ("device" memory the host must not read): PROT_NONE but while a kernel the
+ * fake computes runs, as the GPU reads them. */
+#define MAX_GUARDED 8
+static struct {
+  void *p;
+  size_t bytes;
+} guarded[MAX_GUARDED];
+static int nguarded;
+
+static void guards_open(int open) {
+  for (int i = 0; i < nguarded; i++)
+    mprotect(guarded[i].p, guarded[i].bytes, open ? PROT_READ | PROT_WRITE : PROT_NONE);
+}
+
+EXPORT void fake_cuda_guard(void *p, size_t bytes, int on) {
+  pthread_mutex_lock(&lock);
+  int i = 0;
+  while (i < nguarded && guarded[i].p != p)
+    i++;
+  if (on && i == nguarded && nguarded < MAX_GUARDED)
+    guarded[nguarded++] = (__typeof__(guarded[0])){p, bytes};
+  if (!on && i < nguarded)
+    guarded[i] = guarded[--nguarded];
+  mprotect(p, bytes, on ? PROT_NONE : PROT_READ | PROT_WRITE);
+  pthread_mutex_unlock(&lock);
+}
 
 EXPORT int fake_cuda_is_device(const void *p, size_t bytes) {
   pthread_mutex_lock(&lock);
@@ -668,9 +696,11 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, voi
       mark_output(&((const mt_small_args *)params[0])->e);
     else if (!strncmp(fn->name, "mt_gemm_large_", 14))
       mark_output(&((const mt_large_args *)params[0])->e);
-    else if (!strncmp(fn->name, "mt_grouped_", 11))
+    else if (!strncmp(fn->name, "mt_grouped_", 11)) {
+      guards_open(1);
       mark_grouped((const mt_grouped_kargs *)params[0]);
-    else if (!strcmp(fn->name, "mt_seg_ends"))
+      guards_open(0);
+    } else if (!strcmp(fn->name, "mt_seg_ends"))
       seg_ends((const mt_seg_ends_args *)params[0]);
     else if (!strncmp(fn->name, "mt_instr_", 9))
       run_instr(fn->name, params[0]);
