@@ -236,6 +236,16 @@ static void grouped_batched_records(void) {
   k[1] = ld[1] = IN, ta[1] = CUBLAS_OP_N;
   CHECK(GROUPED() == MT_R_PTR_ARRAYS);
 #undef GROUPED
+  /* the _64 form: its arrays are int64_t */
+  int64_t m64[2] = {OUT, OUT}, n64[2] = {5, 9}, k64[2] = {IN, IN}, ld64[2] = {IN, IN};
+  int64_t ldc64[2] = {OUT, OUT}, size64[2] = {1, E - 1};
+  ta[1] = CUBLAS_OP_T;
+  mt_norm_cublasGemmGroupedBatchedEx_64(&c, NULL, ta, tb, m64, n64, k64, alpha, a, CUDA_R_16BF,
+                                        ld64, b, CUDA_R_16BF, ld64, beta, y, CUDA_R_16BF, ldc64, 2,
+                                        size64, CUBLAS_COMPUTE_32F);
+  c.ptr_mode = MT_PTR_HOST, c.details = c.details_ok = 1;
+  CHECK(mt_norm_grouped(&c, &g) == MT_R_ROUTED && g.groups == E && g.group_rows &&
+        g.total_rows == 5 + 9 * (E - 1) && g.n == OUT && g.k == IN && g.ldy == OUT);
 }
 
 /* cuBLASLt: the layouts' batch modes, one by one. */
