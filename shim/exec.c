@@ -16,7 +16,7 @@
  * ever read back to the host. After a single problem's GEMM, the sampled instruments of
  * shim/instr.c are enqueued behind it, under the same lease (the probe reuses the call's workspace
  * and quantized weight); after a grouped call's, its probe, digests and (strided cuBLAS batches)
- * shadow.
+ * shadow (none after a pointer-array call's: shim/instr.c skips it as "entry").
  */
 #include "shim/exec.h"
 
