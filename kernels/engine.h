@@ -150,6 +150,11 @@ const float *mt_wstore_outer(const mt_wstore *w, int e);
 int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w,
                        const uint32_t *only_if, mt_stream stream);
 
+/* The same for weights behind a device array of w->count pointers (slice e from w_ptrs[e], row
+ * stride ldw): the array and the weights are read on the device only. The same slices, bit for bit,
+ * as mt_wstore_quantize of the same weights laid out with a stride. */
+int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_t ldw, mt_wstore *w, mt_stream stream);
+
 /* The frozen cache's refresh for a store whose count weights lie back to back (row stride ldw,
  * each n * ldw elements after the one before): mt_refresh_weight's check over all of them, and
  * the quantization only when it found a change. */
@@ -162,7 +167,11 @@ int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *
  * segment s is rows offs[s-1] .. offs[s]-1 of x, y and c (offs[-1] = 0), m the rows of x (a bound
  * on offs); without, every segment has seg_rows rows (m = nseg * seg_rows), segment s's at
  * x + s * stride_x, y + s * stride_y, c + s * stride_c (elements). A row's bits do not depend on
- * its segment, position, the other segments or bn. */
+ * its segment, position, the other segments or bn.
+ * Pointer arrays (device arrays of nseg pointers, read on the device only): with x_ptrs, segment
+ * s's rows are its own matrix at x_ptrs[s] (row stride ldx; x and stride_x not used; with offs,
+ * offs[nseg-1] must equal m), likewise y_ptrs and c_ptrs; the bits are those of the same data
+ * laid out with strides or offsets. */
 typedef struct {
   int nseg, n, k;
   const mt_wstore *w; /* at least nseg slices */
@@ -186,7 +195,17 @@ typedef struct {
   void *workspace; /* at least mt_grouped_workspace_bytes(m, k, ...) */
   size_t workspace_bytes;
   int bn; /* tokens a tile (8 .. 256, a power of two): 0, the launcher's choice (mt_grouped_bn) */
+  const void *const *x_ptrs;
+  void *const *y_ptrs;
+  const void *const *c_ptrs;
 } mt_grouped_args;
+
+/* Write offs[seg0 ..] (device int32 cumulative row ends, as mt_grouped_args.offs takes them) for
+ * runs j = 0 .. nruns-1 of size[j] segments of rows[j] rows each (host arrays), the first segment
+ * starting at row row0: the values travel in kernel parameters, so this is a launch only (legal
+ * in graph capture; no host copy). The ends must fit an int32. */
+int mt_grouped_seg_ends(int32_t *offs, int seg0, int row0, int nruns, const int32_t *size, const int32_t *rows,
+                        mt_stream stream);
 
 size_t mt_grouped_workspace_bytes(int m, int k, const mt_numerics *num);
 

@@ -159,11 +159,26 @@ typedef struct {
   long long ldy, stride_y;
   const void *c; /* beta's operand, laid out as y (NULL when beta == 0) */
   long long ldc, stride_c;
+  /* NULL, or device arrays of each segment's own output (and C): segment g's token r at
+   * y_ptrs[g] + r * ldy (c_ptrs[g] + r * ldc), whatever offs says; y (c) is then not used */
+  void *const *y_ptrs;
+  const void *const *c_ptrs;
   const void *bias; /* [n] a segment, stride_bias elements apart, or NULL */
   long long stride_bias;
   int ytype, biastype; /* enum mt_dtype */
   float alpha, beta;
   int kpair; /* ta is of rank 3 */
 } mt_grouped_kargs;
+
+/* mt_seg_ends (kernels/grouped.cu): the segments' cumulative row ends from counts the host knows,
+ * carried in the kernel's parameters (so the table is written inside a graph capture without a
+ * host copy): runs j = 0 .. nruns-1 of size[j] segments of rows[j] rows each, written from
+ * offs[seg0] on, the first segment starting at row row0. */
+#define MT_SEG_ENDS_RUNS 96
+typedef struct {
+  int32_t *offs;
+  int32_t seg0, row0, nruns;
+  int32_t size[MT_SEG_ENDS_RUNS], rows[MT_SEG_ENDS_RUNS];
+} mt_seg_ends_args;
 
 #endif

@@ -67,6 +67,45 @@ int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t st
   return mt_quantize(&p, w->num.weight_block == MT_WBLOCK_16X16, stream);
 }
 
+int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_t ldw, mt_wstore *w, mt_stream stream) {
+  if (!w_ptrs || !w || !w->base || !wstore_shape_ok(w->count, w->n, w->k, &w->num) || !is_half(type) ||
+      ldw < (size_t)w->k || ldw % 8)
+    return MT_ERR_UNSUPPORTED;
+  mt_quant_params p = {
+      .ldx = (int64_t)ldw,
+      .rows = w->count * w->n,
+      .cols = w->k,
+      .fp16 = type == MT_DTYPE_FP16,
+      .row_outer = w->num.weight_scale == MT_SCALE_ROW,
+      .batch_rows = w->n,
+      .batch_ptrs = w_ptrs,
+      .store = w->base,
+      .slice_bytes = (int64_t)w->slice_bytes,
+  };
+  return mt_quantize(&p, w->num.weight_block == MT_WBLOCK_16X16, stream);
+}
+
+int mt_grouped_seg_ends(int32_t *offs, int seg0, int row0, int nruns, const int32_t *size, const int32_t *rows,
+                        mt_stream stream) {
+  if (!offs || seg0 < 0 || row0 < 0 || nruns < 0 || (nruns && (!size || !rows))) return MT_ERR_UNSUPPORTED;
+  long long seg = seg0, row = row0;
+  for (int j = 0; j < nruns; j++) {
+    if (size[j] < 0 || rows[j] < 0) return MT_ERR_UNSUPPORTED;
+    seg += size[j], row += (long long)size[j] * rows[j];
+    if (seg > INT32_MAX || row > INT32_MAX) return MT_ERR_UNSUPPORTED;
+  }
+  CUfunction f;
+  int st = mt_kernel_get("grouped", "mt_seg_ends", (CUstream)stream, &f);
+  mt_seg_ends_args a = {.offs = offs, .seg0 = seg0, .row0 = row0};
+  for (int j0 = 0; j0 < nruns && st == MT_OK; j0 += MT_SEG_ENDS_RUNS) {
+    a.nruns = nruns - j0 < MT_SEG_ENDS_RUNS ? nruns - j0 : MT_SEG_ENDS_RUNS;
+    for (int j = 0; j < a.nruns; j++) a.size[j] = size[j0 + j], a.rows[j] = rows[j0 + j];
+    st = mt_launch(f, 1, 1, 128, 1, 0, 0, (CUstream)stream, &a);
+    for (int j = 0; j < a.nruns; j++) a.seg0 += a.size[j], a.row0 += a.size[j] * a.rows[j];
+  }
+  return st;
+}
+
 /* The activations' section and S after it, in the workspace (as mt_gemm's). */
 static size_t section(size_t b) { return (b + 255) / 256 * 256; }
 
@@ -81,11 +120,13 @@ static int grouped_args_ok(const mt_grouped_args *a) {
       !w->base)
     return 0;
   if (a->offs ? a->seg_rows != 0 : (a->seg_rows <= 0 || (long long)a->seg_rows * a->nseg != a->m)) return 0;
-  if (!a->x || !is_half(a->xtype) || !aligned16(a->x) || a->ldx < (size_t)a->k || a->ldx % 8) return 0;
-  if (!a->offs && a->nseg > 1 && (a->stride_x < (long long)a->seg_rows * (long long)a->ldx || a->stride_x % 8))
+  if (!is_half(a->xtype) || a->ldx < (size_t)a->k || a->ldx % 8) return 0;
+  if (!a->x_ptrs && (!a->x || !aligned16(a->x))) return 0;
+  if (!a->x_ptrs && !a->offs && a->nseg > 1 &&
+      (a->stride_x < (long long)a->seg_rows * (long long)a->ldx || a->stride_x % 8))
     return 0;
-  if (!a->y || !is_half(a->ytype) || a->ldy < (size_t)a->n) return 0;
-  if (a->beta != 0.0f && (!a->c || a->ldc < (size_t)a->n)) return 0;
+  if ((!a->y && !a->y_ptrs) || !is_half(a->ytype) || a->ldy < (size_t)a->n) return 0;
+  if (a->beta != 0.0f && ((!a->c && !a->c_ptrs) || a->ldc < (size_t)a->n)) return 0;
   if (a->bias && !is_half(a->biastype) && a->biastype != MT_DTYPE_FP32) return 0;
   return 1;
 }
@@ -109,8 +150,11 @@ static int quantize_acts(const mt_grouped_args *a, uint16_t *xhat, float *outer,
       .xhat = xhat,
       .outer = outer,
       .amax = (uint32_t *)(outer + 1), /* per tensor: S, then the amax word */
-      .batch_rows = a->offs || a->nseg == 1 ? 0 : a->seg_rows,
+      .batch_rows = a->offs || (a->nseg == 1 && !a->x_ptrs) ? 0 : a->seg_rows,
       .batch_stride = a->stride_x,
+      .batch_ptrs = a->x_ptrs,
+      .batch_offs = a->x_ptrs ? a->offs : NULL,
+      .nbatch = a->nseg,
   };
   return mt_quantize(&p, 0, stream);
 }
@@ -135,6 +179,8 @@ static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kar
   k->c = a->beta != 0.0f ? a->c : NULL; /* beta == 0: C is not read, as in cuBLAS */
   k->ldc = (long long)a->ldc;
   k->stride_c = a->offs ? 0 : a->stride_c;
+  k->y_ptrs = a->y_ptrs;
+  k->c_ptrs = a->beta != 0.0f ? a->c_ptrs : NULL;
   k->bias = a->bias;
   k->stride_bias = a->stride_bias;
   k->ytype = (int)a->ytype;

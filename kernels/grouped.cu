@@ -17,7 +17,9 @@
 // table of tiles first (token tile fastest, so CTAs running at once share a weight tile through
 // L2). The producer thread requests a stage's weight records (one bulk copy) before
 // griddepcontrol.wait for the CTA's first stages, so weights stream while the activation
-// quantization before this kernel still runs.
+// quantization before this kernel still runs. Pointer-array forms change only where the epilogue
+// writes a segment's rows (and reads its C): through the segment's pointer, with the same
+// arithmetic; their activations reach xhat through the quantizer, their weights the store.
 //
 // Exactness: every dequantized element e2m1 * e4m3 is exact in BF16 and every product of two is
 // exact in FP32; each 16-element block sum is exact in FP32, so whether the weight is A or B does
@@ -252,9 +254,12 @@ __device__ static void store_tile(const mt_grouped_kargs &a, const table *t, con
   const int s = wh.s, gs = a.seg0 + s, rows = t->rows[s], row0 = t->row_start[s];
   const float *sw = (const float *)(a.ws + (long long)gs * a.ws_slice + a.ws_outer);
   // y's (and c's) row of the segment's token r: the segment's rows of y (offs) or its own matrix
-  const long long yrow0 = a.offs ? row0 : 0;
-  char *y = (char *)a.y + (long long)gs * a.stride_y * 2;
-  const char *c = a.c ? (const char *)a.c + (long long)gs * a.stride_c * 2 : nullptr;
+  // (strided, or behind a pointer array)
+  const long long yrow0 = a.offs && !a.y_ptrs ? row0 : 0, crow0 = a.offs && !a.c_ptrs ? row0 : 0;
+  char *y = a.y_ptrs ? (char *)a.y_ptrs[gs] : (char *)a.y + (long long)gs * a.stride_y * 2;
+  const char *c = a.c_ptrs ? (const char *)a.c_ptrs[gs]
+                  : a.c    ? (const char *)a.c + (long long)gs * a.stride_c * 2
+                           : nullptr;
   const char *bias =
       a.bias ? (const char *)a.bias + (long long)gs * a.stride_bias * (a.biastype == DT_FP32 ? 4 : 2) : nullptr;
   // per channel (i: rows g and g + 8): 1/S_w and the bias; per token: 1/S_a, once
@@ -277,7 +282,7 @@ __device__ static void store_tile(const mt_grouped_kargs &a, const table *t, con
         const int ch = ch0 + 16 * w + g + 8 * i;
         if (ch >= a.n) continue;
         float v = __fmul_rn(__fmul_rn(d[4 * cc + 2 * i + j], __fmul_rn(inv_a, inv_w[i])), a.alpha);
-        if (c) v = __fadd_rn(v, __fmul_rn(a.beta, load_elem(c, (yrow0 + tok) * a.ldc + ch, a.ytype)));
+        if (c) v = __fadd_rn(v, __fmul_rn(a.beta, load_elem(c, (crow0 + tok) * a.ldc + ch, a.ytype)));
         if (bias) v = __fadd_rn(v, bv[i]);
         store_elem(y, (yrow0 + tok) * a.ldy + ch, a.ytype, v);
       }
@@ -337,3 +342,13 @@ MT_GROUPED(32)
 MT_GROUPED(64)
 MT_GROUPED(128)
 MT_GROUPED(256)
+
+// The segments' row ends from the host's counts (gemm_args.h, mt_seg_ends_args): thread j writes
+// run j's segments, after summing the runs before it.
+extern "C" __global__ void __launch_bounds__(128) mt_seg_ends(const __grid_constant__ mt_seg_ends_args a) {
+  for (int j = threadIdx.x; j < a.nruns; j += blockDim.x) {
+    int seg = a.seg0, row = a.row0;
+    for (int i = 0; i < j; i++) seg += a.size[i], row += a.size[i] * a.rows[i];
+    for (int s = 0; s < a.size[j]; s++) a.offs[seg + s] = row + (s + 1) * a.rows[j];
+  }
+}

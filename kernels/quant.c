@@ -125,6 +125,8 @@ int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) {
   if (p->rows <= 0 || p->cols <= 0 || p->cols % 16 || p->batch_rows < 0 || (p->batch_rows && p->rows % p->batch_rows) ||
       (p->store && !p->batch_rows) || (tile16 && (p->row_outer || p->rows % 16 || p->batch_rows % 16)))
     return MT_ERR_UNSUPPORTED;
+  if (p->batch_ptrs ? (p->batch_offs ? p->batch_rows || p->store || p->nbatch <= 0 : !p->batch_rows) : !!p->batch_offs)
+    return MT_ERR_UNSUPPORTED;
   launch_shape s;
   CUfunction quant, amax = NULL;
   int status = pick_shape(p, tile16, &s);

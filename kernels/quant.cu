@@ -34,12 +34,46 @@ constexpr int kAmaxThreads = 256; /* the amax pass's CTA (quant.c launches it wi
  * for this grid to finish. No effect on launches without that attribute. */
 __device__ __forceinline__ void allow_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
-/* Row r's first byte of x: batch r / batch_rows lies batch_stride elements after the one before. */
+/* The batch of row r under batch_offs (the first e with r < batch_offs[e]) and its row in it. */
+__device__ __forceinline__ int batch_of_row(const mt_quant_params &p, int r, int &rl) {
+  int lo = 0, hi = p.nbatch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (r < p.batch_offs[mid])
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  rl = r - (lo ? p.batch_offs[lo - 1] : 0);
+  return lo;
+}
+
+/* Row r's first byte of x: batch r / batch_rows lies batch_stride elements after the one before;
+ * with batch_ptrs, each batch at its own base. */
 __device__ __forceinline__ const char *x_row(const mt_quant_params &p, int r) {
+  if (p.batch_ptrs) {
+    int e, rl;
+    if (p.batch_offs) {
+      e = batch_of_row(p, r, rl);
+    } else {
+      e = r / p.batch_rows;
+      rl = r % p.batch_rows;
+    }
+    return (const char *)p.batch_ptrs[e] + (size_t)rl * (size_t)p.ldx * 2;
+  }
   size_t at = (size_t)r * (size_t)p.ldx;
   if (p.batch_rows)
     at = (size_t)(r / p.batch_rows) * (size_t)p.batch_stride + (size_t)(r % p.batch_rows) * (size_t)p.ldx;
   return (const char *)p.x + at * 2;
+}
+
+/* 16 bytes of a row: one vector load, or (a pointer array's base, which the host cannot check)
+ * eight 2-byte loads where the address is not 16-byte aligned. The same bytes either way. */
+__device__ __forceinline__ uint4 load16(const char *at, bool loose) {
+  if (!loose || ((uintptr_t)at & 15u) == 0) return *(const uint4 *)at;
+  const uint16_t *h = (const uint16_t *)at;
+  return make_uint4(h[0] | (uint32_t)h[1] << 16, h[2] | (uint32_t)h[3] << 16, h[4] | (uint32_t)h[5] << 16,
+                    h[6] | (uint32_t)h[7] << 16);
 }
 
 /* The store mode: batch e is slice e of the store (kernels/wstore.h), p.batch_rows rows padded to
@@ -186,9 +220,9 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
     const int b = block_of(j);
     uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
     if (row_ok && b < nblk) {
-      const uint4 *src = (const uint4 *)(xrow + (size_t)b * 32);
-      v0 = src[0];
-      v1 = src[1];
+      const char *src = xrow + (size_t)b * 32;
+      v0 = load16(src, p.batch_ptrs != nullptr);
+      v1 = load16(src + 16, p.batch_ptrs != nullptr);
     }
     w[j][0] = v0.x, w[j][1] = v0.y, w[j][2] = v0.z, w[j][3] = v0.w;
     w[j][4] = v1.x, w[j][5] = v1.y, w[j][6] = v1.z, w[j][7] = v1.w;
@@ -288,12 +322,14 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
  * mode, where a warp's run may cross into the next slice). */
 template <bool FP16> __device__ __forceinline__ uint32_t row_amax(const mt_quant_params &p, int r, int lane) {
   const int chunks = p.cols >> 3;
-  const uint4 *src = (const uint4 *)x_row(p, r);
+  const char *src = x_row(p, r);
+  const bool loose = p.batch_ptrs != nullptr;
   uint32_t m = 0;
   for (int c = lane; c < chunks; c += 4 * 32) {
     uint4 v[4];
 #pragma unroll
-    for (int u = 0; u < 4; u++) v[u] = (c + u * 32 < chunks) ? src[c + u * 32] : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < 4; u++)
+      v[u] = (c + u * 32 < chunks) ? load16(src + (size_t)(c + u * 32) * 16, loose) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < 4; u++) {
       m = __vmaxu2(m, v[u].x & 0x7fff7fffu);

@@ -27,6 +27,14 @@ typedef struct {
    * batch r / batch_rows, which starts batch_stride elements after the one before. */
   int32_t batch_rows;
   int64_t batch_stride;
+  /* NULL, or a device array of the batches' bases (pointer-array calls: x and batch_stride are
+   * not used): batch e's rows, at row stride ldx, start at batch_ptrs[e]. Each batch has
+   * batch_rows rows, or (batch_offs, batch_rows 0) batch e is rows [batch_offs[e-1], batch_offs[e])
+   * (batch_offs[-1] = 0) of nbatch batches: device int32 cumulative ends, the last equal to rows.
+   * Bases need only 2-byte alignment (the kernels test each row's). */
+  const void *const *batch_ptrs;
+  const int32_t *batch_offs;
+  int32_t nbatch;
   /* NULL, or the weight store (kernels/wstore.h) to write instead of xhat, codes, scales, outer and
    * amax (not used then): batch e is slice e at store + e * slice_bytes, with its own S. */
   uint8_t *store;

@@ -25,6 +25,10 @@
  * holds the total over the groups): torch._grouped_mm with offsets. */
 enum mt_ragged { MT_RAGGED_NONE = 0, MT_RAGGED_M, MT_RAGGED_N, MT_RAGGED_K };
 
+/* Which operands are device arrays of pointers (mt_call.pointer_arrays): all four in the cuBLAS
+ * pointer-array forms; in cuBLASLt, each layout whose BATCH_MODE is POINTER_ARRAY. */
+enum { MT_PA_A = 1, MT_PA_B = 2, MT_PA_C = 4, MT_PA_D = 8, MT_PA_ALL = 15 };
+
 enum mt_ptr_mode {
   MT_PTR_UNKNOWN = -1,
   MT_PTR_HOST = 0,
@@ -43,7 +47,7 @@ typedef struct {
   int64_t lda, ldb, ldc, ldd;
   int64_t batch; /* problems in the call: 1, batchCount, Lt's BATCH_COUNT, grouped_mm's groups */
   int64_t stride_a, stride_b, stride_c, stride_d; /* strided batch: elements between problems */
-  int pointer_arrays;       /* A/B/C are device arrays of pointers (BatchedEx, Lt POINTER_ARRAY) */
+  int pointer_arrays;       /* MT_PA_* of the operands that are device arrays of pointers */
   int ragged;               /* enum mt_ragged */
   const int32_t *offs;      /* ragged: device int32[batch], each group's end in the ragged dim */
   int algo;                 /* cublasGemmAlgo_t (cuBLAS entry points) */
@@ -101,6 +105,10 @@ typedef struct {
   int64_t rows;
   const int32_t *offs;
   int64_t total_rows;
+  /* cublasGemmGroupedBatchedEx whose rows differ by group (rows 0, offs NULL): segment g is
+   * problem g of the call's groups in order, with its group's rows (the call's host arrays),
+   * total_rows their sum; x, y and c are then pointer arrays. */
+  int group_rows;
 
   /* x_g = x + g * x_stride (offs: x + start_g * ldx), rows of k at row stride ldx; or x_ptrs[g]. */
   const void *x;

@@ -16,7 +16,7 @@
  * ever read back to the host. After a single problem's GEMM, the sampled instruments of
  * shim/instr.c are enqueued behind it, under the same lease (the probe reuses the call's workspace
  * and quantized weight); after a grouped call's, its probe, digests and (strided cuBLAS batches)
- * shadow.
+ * shadow (none after a pointer-array call's: shim/instr.c skips it as "entry").
  */
 #include "shim/exec.h"
 
@@ -128,34 +128,70 @@ static void instrument_grouped(const mt_spec *s, const mt_grouped_call *g, const
   mt_instr_after(&ic);
 }
 
-/* A grouped call on the grouped engine: one activation quantization and one GEMM launch for all
- * its segments (kernels/engine.h, mt_gemm_grouped). */
-static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, int capturing) {
-  const int64_t rows = g->offs ? g->total_rows : g->groups * g->rows;
+/* The segment table of a call whose rows differ by group (mt_grouped_call.group_rows): each
+ * problem's row end, from the call's host arrays, written on the device by kernels that carry the
+ * values in their parameters (nothing copied from the host: legal in a capture). */
+#define ENDS_RUNS 64
+static int write_seg_ends(const mt_grouped_call *g, int32_t *offs) {
+  const mt_call *c = g->call;
+  int32_t size[ENDS_RUNS], rows[ENDS_RUNS];
+  int seg = 0, row = 0, n = 0, st = MT_OK;
+  for (int64_t i = 0; i < c->group_count && st == MT_OK; i++) {
+    mt_call one;
+    mt_call_group(c, i, &one);
+    size[n] = (int32_t)one.batch, rows[n] = (int32_t)one.n, n++;
+    if (n < ENDS_RUNS && i + 1 < c->group_count)
+      continue;
+    st = mt_grouped_seg_ends(offs, seg, row, n, size, rows, (mt_stream)g->stream);
+    for (int j = 0; j < n; j++)
+      seg += size[j], row += size[j] * rows[j];
+    n = 0;
+  }
+  return st;
+}
+
+/* Rows of all segments: 0 when they do not fit the engine's ints. */
+static int64_t grouped_rows(const mt_grouped_call *g) {
+  const int64_t rows = g->offs || g->group_rows ? g->total_rows : g->groups * g->rows;
   if (rows <= 0 || rows > INT_MAX || g->n > INT_MAX || g->k > INT_MAX || g->groups > INT_MAX ||
       g->rows > INT_MAX)
+    return 0;
+  return rows;
+}
+
+/* A grouped call on the grouped engine: one activation quantization and one GEMM launch for all
+ * its segments (kernels/engine.h, mt_gemm_grouped); behind pointer arrays, the weights' store
+ * quantized from them (and, rows differing by group, the segment table written) first. */
+static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, int capturing) {
+  const int64_t rows = grouped_rows(g);
+  if (!rows)
     return MT_R_LAYOUT;
   mt_wgroup_ref w = {.w = g->w,
                      .w_stride = g->w_stride,
+                     .w_ptrs = g->w_ptrs,
                      .groups = (int)g->groups,
                      .n = (int)g->n,
                      .k = (int)g->k,
                      .ldw = (size_t)g->ldw,
-                     .type = dtype_of(g->wtype)};
+                     .type = dtype_of(g->wtype),
+                     .extra_bytes = g->group_rows ? (size_t)g->groups * 4 : 0};
   mt_numerics_from_spec(s, &w.num);
   mt_grouped_mem mem;
   enum mt_reason r = mt_wcache_prepare_grouped(&w, (int)rows, g->stream, capturing, &mem);
+  if (r == MT_R_ROUTED && g->group_rows)
+    r = mt_engine_reason(write_seg_ends(g, mem.extra));
   if (r != MT_R_ROUTED) {
     mt_wcache_release(&mem.hold);
     return r;
   }
+  const int32_t *offs = g->group_rows ? mem.extra : g->offs;
   mt_grouped_args a = {.nseg = (int)g->groups,
                        .n = (int)g->n,
                        .k = (int)g->k,
                        .w = &mem.store,
-                       .offs = g->offs,
+                       .offs = offs,
                        .m = (int)rows,
-                       .seg_rows = g->offs ? 0 : (int)g->rows,
+                       .seg_rows = offs ? 0 : (int)g->rows,
                        .x = g->x,
                        .ldx = (size_t)g->ldx,
                        .stride_x = g->x_stride,
@@ -173,7 +209,10 @@ static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, in
                        .alpha = g->alpha,
                        .beta = g->beta,
                        .workspace = mem.workspace,
-                       .workspace_bytes = mem.workspace_bytes};
+                       .workspace_bytes = mem.workspace_bytes,
+                       .x_ptrs = g->x_ptrs,
+                       .y_ptrs = g->y_ptrs,
+                       .c_ptrs = g->c_ptrs};
   int st = mt_gemm_grouped(&a, g->stream);
   if (st == MT_OK) {
     mt_wcache_ran(&mem.hold);
@@ -224,8 +263,6 @@ enum mt_reason mt_exec_grouped(const mt_spec *s, const mt_grouped_call *g) {
     return MT_R_NO_ENGINE;
   if (foreign_stream(g->stream))
     return MT_R_CONTEXT;
-  if (g->w_ptrs || g->x_ptrs || g->y_ptrs || g->c_ptrs)
-    return MT_R_PTR_ARRAYS;
   return run_grouped(s, g, stream_capturing(g->call));
 }
 

@@ -3,8 +3,9 @@
  * mt_exec_routed is the only place a routed call leaves cuBLAS (shim/exec.c: the TN call mapped
  * onto mt_gemm_args, the weight from shim/wcache.c, the call's stream and scalars); anything
  * that stops it is a fallback reason, and the hook then forwards the call to cuBLAS unchanged.
- * Calls of several problems (strided and pointer-array batches, Lt batches, torch._grouped_mm)
- * become one mt_grouped_call (shim/call.h, shim/norm.c) and go to mt_exec_grouped.
+ * Calls of several problems (strided and pointer-array batches, cublasGemmGroupedBatchedEx, Lt
+ * batches, torch._grouped_mm) become one mt_grouped_call (shim/call.h, shim/norm.c) and go to
+ * mt_exec_grouped.
  */
 #ifndef MT_EXEC_H
 #define MT_EXEC_H
@@ -25,8 +26,11 @@ enum mt_reason mt_exec_routed(const mt_spec *s, mt_call *c, cublasStatus_t *stat
  * otherwise the fallback reason, with nothing written to any output (the caller then runs the
  * original call), except where a failure came after a launch (warned, "engine error").
  *
- * The grouped engine (kernels/engine.h, mt_gemm_grouped) runs segments with strides and with
- * device offsets; pointer arrays fall back as "pointer arrays". */
+ * The grouped engine (kernels/engine.h, mt_gemm_grouped) runs segments with strides, with device
+ * offsets and behind device pointer arrays (read by its kernels only). Weights behind pointers are
+ * quantized into the call's memory at every call; rows that differ by group (mt_grouped_call's
+ * group_rows) get a segment table in the call's memory, written by a kernel whose parameters carry
+ * the host's counts, before the activations are quantized. */
 enum mt_reason mt_exec_grouped(const mt_spec *s, const mt_grouped_call *g);
 
 #endif

@@ -470,6 +470,12 @@ static int choose(const mt_instr_call *ic, const mt_driver *d, const mt_instr_dr
     mt_iw_count_skips(kinds, MT_IW_BETA);
     kinds = 0;
   }
+  /* behind pointer arrays the rows' addresses are on the device only: nothing to digest, probe
+   * or rerun from the host's side (and nothing read back to find them) */
+  if (kinds && ic->call->pointer_arrays) {
+    mt_iw_count_skips(kinds, MT_IW_ENTRY);
+    kinds = 0;
+  }
   if ((kinds & MT_IW_SHADOW) && !shadow_possible(ic)) {
     mt_iw_count_skips(MT_IW_SHADOW, MT_IW_ENTRY);
     kinds &= ~MT_IW_SHADOW;

@@ -98,7 +98,7 @@ void mt_norm_cublasGemmBatchedEx(mt_call *call, cublasHandle_t handle, cublasOpe
   gemm_common(call, MT_FN_cublasGemmBatchedEx, handle, transa, transb, m, n, k, alpha, Aarray,
               Atype, lda, Barray, Btype, ldb, beta, (void *)Carray, Ctype, ldc, computeType, algo);
   call->batch = batchCount;
-  call->pointer_arrays = 1;
+  call->pointer_arrays = MT_PA_ALL;
 }
 
 void mt_norm_cublasGemmBatchedEx_64(mt_call *call, cublasHandle_t handle, cublasOperation_t transa,
@@ -112,7 +112,7 @@ void mt_norm_cublasGemmBatchedEx_64(mt_call *call, cublasHandle_t handle, cublas
   gemm_common(call, MT_FN_cublasGemmBatchedEx_64, handle, transa, transb, m, n, k, alpha, Aarray,
               Atype, lda, Barray, Btype, ldb, beta, (void *)Carray, Ctype, ldc, computeType, algo);
   call->batch = batchCount;
-  call->pointer_arrays = 1;
+  call->pointer_arrays = MT_PA_ALL;
 }
 
 static void grouped_common(mt_call *c, enum mt_fn entry, cublasHandle_t handle, int wide,
@@ -123,7 +123,7 @@ static void grouped_common(mt_call *c, enum mt_fn entry, cublasHandle_t handle, 
                            int64_t group_count, const void *group_size, int compute) {
   gemm_common(c, entry, handle, 0, 0, 0, 0, 0, alpha, a, atype, 0, b, btype, 0, beta, cc, ctype, 0,
               compute, -1);
-  c->pointer_arrays = 1;
+  c->pointer_arrays = MT_PA_ALL;
   c->wide = wide;
   c->group_count = group_count;
   c->g_transa = ta, c->g_transb = tb, c->g_m = m, c->g_n = n, c->g_k = k;
@@ -281,7 +281,7 @@ void mt_norm_cublasLtMatmul(mt_call *call, cublasLtHandle_t lightHandle,
 /* Order, leading dimension and batch of one Lt layout; 0 or -1. The batch count must be D's (read
  * with the census): cuBLASLt's batches do not broadcast an operand. */
 static int lt_layout_details(const mt_call *c, void *layout, int *order, int64_t *ld,
-                             int64_t *stride, int *pointer_array, int folded) {
+                             int64_t *stride, int *pointer_array, int operand, int folded) {
   int32_t ord, count;
   uint32_t mode = CUBLASLT_BATCH_MODE_STRIDED;
   if (layout_get(layout, CUBLASLT_MATRIX_LAYOUT_ORDER, &ord, sizeof ord) ||
@@ -299,7 +299,7 @@ static int lt_layout_details(const mt_call *c, void *layout, int *order, int64_t
   if (!folded) /* A's and B's were read with the census, a row order folded into the op */
     *order = ord;
   if (mode == CUBLASLT_BATCH_MODE_POINTER_ARRAY)
-    *pointer_array = 1;
+    *pointer_array |= operand;
   return 0;
 }
 
@@ -320,13 +320,11 @@ static int lt_details(mt_call *c) {
   if (c->batch > 1 && epilogue == CUBLASLT_EPILOGUE_BIAS &&
       desc_get(c, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &c->bias_stride, sizeof c->bias_stride))
     return -1;
-  if (lt_layout_details(c, c->lt_adesc, &c->order_a, &c->lda, &c->stride_a, &c->pointer_arrays,
-                        1) ||
-      lt_layout_details(c, c->lt_bdesc, &c->order_b, &c->ldb, &c->stride_b, &c->pointer_arrays,
-                        1) ||
-      lt_layout_details(c, c->lt_cdesc, &c->order_c, &c->ldc, &c->stride_c, &c->pointer_arrays,
-                        0) ||
-      lt_layout_details(c, c->lt_ddesc, &c->order_d, &c->ldd, &c->stride_d, &c->pointer_arrays, 0))
+  int *pa = &c->pointer_arrays;
+  if (lt_layout_details(c, c->lt_adesc, &c->order_a, &c->lda, &c->stride_a, pa, MT_PA_A, 1) ||
+      lt_layout_details(c, c->lt_bdesc, &c->order_b, &c->ldb, &c->stride_b, pa, MT_PA_B, 1) ||
+      lt_layout_details(c, c->lt_cdesc, &c->order_c, &c->ldc, &c->stride_c, pa, MT_PA_C, 0) ||
+      lt_layout_details(c, c->lt_ddesc, &c->order_d, &c->ldd, &c->stride_d, pa, MT_PA_D, 0))
     return -1;
   return 0;
 }
@@ -354,46 +352,100 @@ void mt_norm_details(mt_call *c) {
 
 /* --- a routed call of several problems as one grouped record -------------------------------- */
 
-enum mt_reason mt_norm_grouped(const mt_call *c, mt_grouped_call *g) {
-  if (c->group_count > 0) /* a shape per group, every pointer in a device array */
-    return MT_R_PTR_ARRAYS;
-  float beta = *(const float *)c->beta;
-  int bias = c->epilogue == CUBLASLT_EPILOGUE_BIAS;
-  int ragged = c->ragged == MT_RAGGED_N;
+/* Pointer arrays the grouped engine takes: none, or A, B and D (and C when beta reads it). A
+ * cuBLASLt call mixing strided and pointer-array layouts is not. */
+static int arrays_ok(const mt_call *c, float beta) {
+  const int abd = MT_PA_A | MT_PA_B | MT_PA_D, pa = c->pointer_arrays;
+  if (!pa)
+    return 1;
+  /* an Lt bias of pointer-array batches: not taken */
+  return (pa & abd) == abd && (beta == 0.0f || (pa & MT_PA_C)) &&
+         c->epilogue != CUBLASLT_EPILOGUE_BIAS;
+}
+
+static void grouped_record(const mt_call *c, const mt_call *dims, mt_grouped_call *g) {
+  float beta = *(const float *)dims->beta;
+  int bias = dims->epilogue == CUBLASLT_EPILOGUE_BIAS;
+  int ragged = dims->ragged == MT_RAGGED_N;
   *g = (mt_grouped_call){
       .call = c,
-      .groups = c->batch,
-      .n = c->m,
-      .k = c->k,
-      .w = c->a,
-      .w_stride = c->stride_a,
-      .ldw = c->lda,
-      .wtype = c->atype,
-      .rows = ragged ? 0 : c->n,
-      .offs = ragged ? c->offs : NULL,
-      .total_rows = ragged ? c->n : 0,
-      .x = c->b,
-      .x_stride = c->stride_b,
-      .ldx = c->ldb,
-      .xtype = c->btype,
-      .y = c->d,
-      .y_stride = c->stride_d,
-      .ldy = c->ldd,
-      .ytype = c->dtype,
-      .c = beta != 0.0f ? c->c : NULL,
-      .c_stride = c->stride_c,
-      .ldc = c->ldc,
-      .bias = bias ? c->bias : NULL,
-      .bias_stride = bias ? c->bias_stride : 0,
-      .bias_type = c->bias_type == -1 ? c->dtype : c->bias_type,
-      .alpha = *(const float *)c->alpha,
+      .groups = dims->batch,
+      .n = dims->m,
+      .k = dims->k,
+      .w = dims->a,
+      .w_stride = dims->stride_a,
+      .ldw = dims->lda,
+      .wtype = dims->atype,
+      .rows = ragged ? 0 : dims->n,
+      .offs = ragged ? dims->offs : NULL,
+      .total_rows = ragged ? dims->n : 0,
+      .x = dims->b,
+      .x_stride = dims->stride_b,
+      .ldx = dims->ldb,
+      .xtype = dims->btype,
+      .y = dims->d,
+      .y_stride = dims->stride_d,
+      .ldy = dims->ldd,
+      .ytype = dims->dtype,
+      .c = beta != 0.0f ? dims->c : NULL,
+      .c_stride = dims->stride_c,
+      .ldc = dims->ldc,
+      .bias = bias ? dims->bias : NULL,
+      .bias_stride = bias ? dims->bias_stride : 0,
+      .bias_type = dims->bias_type == -1 ? dims->dtype : dims->bias_type,
+      .alpha = *(const float *)dims->alpha,
       .beta = beta,
-      .stream = c->stream,
+      .stream = dims->stream,
   };
-  if (c->pointer_arrays) {
+  if (dims->pointer_arrays) {
     g->w_ptrs = (const void *const *)g->w, g->x_ptrs = (const void *const *)g->x;
     g->y_ptrs = (void *const *)g->y, g->c_ptrs = (const void *const *)g->c;
     g->w = g->x = g->c = NULL, g->y = NULL;
   }
+}
+
+/* Group i of a cublasGemmGroupedBatchedEx against the first: the same weight shape, leading
+ * dimensions, ops and scalars (the router checked each group alone, not that they agree). */
+static int same_group(const mt_call *c, const mt_call *first, const mt_call *one, int64_t i) {
+  const float *alpha = c->alpha, *beta = c->beta;
+  return one->transa == first->transa && one->transb == first->transb && one->m == first->m &&
+         one->k == first->k && one->lda == first->lda && one->ldb == first->ldb &&
+         one->ldc == first->ldc && alpha[i] == alpha[0] && beta[i] == beta[0] && one->batch >= 0;
+}
+
+/* cublasGemmGroupedBatchedEx as one record: every problem one segment, in order; the rows
+ * (cuBLAS's n) may differ by group. */
+static enum mt_reason grouped_batched(const mt_call *c, mt_grouped_call *g) {
+  mt_call first, one;
+  int64_t problems = 0, total = 0, rows = -1;
+  int same_rows = 1;
+  mt_call_group(c, 0, &first);
+  for (int64_t i = 0; i < c->group_count; i++) {
+    mt_call_group(c, i, &one);
+    if (!same_group(c, &first, &one, i))
+      return MT_R_PTR_ARRAYS;
+    if (one.batch == 0)
+      continue;
+    if (rows >= 0 && one.n != rows)
+      same_rows = 0;
+    rows = one.n;
+    problems += one.batch;
+    total += one.batch * one.n;
+  }
+  if (problems == 0)
+    return MT_R_LAYOUT; /* nothing to compute: cuBLAS's to answer */
+  first.batch = problems;
+  grouped_record(c, &first, g);
+  if (!same_rows)
+    g->rows = 0, g->group_rows = 1, g->total_rows = total;
+  return MT_R_ROUTED;
+}
+
+enum mt_reason mt_norm_grouped(const mt_call *c, mt_grouped_call *g) {
+  if (!arrays_ok(c, *(const float *)c->beta))
+    return MT_R_PTR_ARRAYS;
+  if (c->group_count > 0)
+    return grouped_batched(c, g);
+  grouped_record(c, c, g);
   return MT_R_ROUTED;
 }

@@ -19,8 +19,11 @@
 #undef MT_HAND
 
 /* The grouped record of a routed forward call of several problems (a strided or pointer-array
- * batch, an Lt batch, a torch._grouped_mm call): MT_R_ROUTED, or the reason it has none
- * (cublasGemmGroupedBatchedEx: "pointer arrays", a shape per group). Its details must be read. */
+ * batch, a cublasGemmGroupedBatchedEx, an Lt batch, a torch._grouped_mm call): MT_R_ROUTED, or the
+ * reason it has none: "pointer arrays" for a cublasGemmGroupedBatchedEx whose groups differ in
+ * more than their rows (weight shape, ops, leading dimensions, alpha, beta) and for an Lt call
+ * mixing strided and pointer-array layouts or with a bias epilogue; "layout" for one of no
+ * problems. Its details must be read. */
 enum mt_reason mt_norm_grouped(const mt_call *c, mt_grouped_call *g);
 
 #endif

@@ -31,8 +31,9 @@ enum mt_reason {
   MT_R_CAPTURE,      /* would have to load kernels, allocate or read back while capturing */
   MT_R_NOMEM,        /* the engine's device memory could not be had (or MINITE_CACHE_MB) */
   MT_R_ENGINE,       /* the engine refused the problem or a launch failed */
-  MT_R_PTR_ARRAYS,   /* routed problems behind device pointer arrays: the engine would have to
-                        read them back (BatchedEx, GroupedBatchedEx, Lt POINTER_ARRAY batches) */
+  MT_R_PTR_ARRAYS,   /* a pointer-array form the grouped engine does not take: GroupedBatchedEx
+                        groups differing in more than their rows, an Lt call mixing strided and
+                        POINTER_ARRAY layouts or with a bias (shim/norm.h, mt_norm_grouped) */
   MT_R_TORCH_ABI,    /* torch._grouped_mm's arguments cannot be read: libtorch lacks an accessor
                         the shim needs (another PyTorch version), or its layout differs */
   MT_R_CONTEXT,      /* the call's stream belongs to a CUDA context other than the current one */

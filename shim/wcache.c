@@ -70,6 +70,7 @@ static int capture_graph = 1;
 static size_t cache_limit;
 static atomic_size_t held_total;
 static atomic_ullong cache_full, captured_calls;
+static atomic_ullong pointer_array_calls; /* grouped calls with weights behind pointer arrays */
 static atomic_ullong store_bytes, store_elems;   /* the frozen grouped stores' bytes and elements */
 static atomic_int engine_used, forked_after_use; /* CUDA does not survive a fork */
 
@@ -153,10 +154,11 @@ void mt_wcache_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
   snprintf(b, sizeof b,
            ", \"engine\": {\"weight_cache\": \"%s\", \"device_bytes\": %zu, "
            "\"frozen_weights\": %d, \"cache_full\": %llu, \"captured_calls\": %llu, "
-           "\"store_bytes_per_element\": %.4f",
+           "\"pointer_array_calls\": %llu, \"store_bytes_per_element\": %.4f",
            mt_wcache_mode(), atomic_load(&held_total) + mt_ctx_device_bytes(), n,
            (unsigned long long)atomic_load(&cache_full),
            (unsigned long long)atomic_load(&captured_calls),
+           (unsigned long long)atomic_load(&pointer_array_calls),
            elems ? (double)atomic_load(&store_bytes) / (double)elems : 0.0);
   emit(ctx, b);
   emit_contexts(emit, ctx);
@@ -579,10 +581,28 @@ static gentry *gentry_get(const mt_driver *d, context *c, const mt_wgroup_ref *w
 
 /* One slice serves every group: the kernel steps by slice_bytes, 0 here. */
 static void share_slices(mt_wstore *s, const mt_wgroup_ref *w) {
-  if (w->w_stride)
+  if (w->w_stride || w->w_ptrs)
     return;
   s->count = w->groups;
   s->slice_bytes = 0;
+}
+
+/* Weights behind pointer arrays: no frozen entry; said once where a frozen mode was asked. */
+static void count_pointer_arrays(void) {
+  static atomic_int said;
+  atomic_fetch_add(&pointer_array_calls, 1);
+  if (frozen && !atomic_exchange(&said, 1))
+    MT_INFO("routed calls whose weights are behind device pointer arrays (cublasGemmBatchedEx, "
+            "cublasGemmGroupedBatchedEx, cuBLASLt POINTER_ARRAY batches) are requantized at every "
+            "call: weight_cache=%s keeps weights by address, which only the device knows there",
+            mt_wcache_mode());
+}
+
+/* The store's quantization into the call's own memory, from a stride or pointer arrays. */
+static int quantize_store(const mt_wgroup_ref *w, mt_wstore *store, mt_stream stream) {
+  if (w->w_ptrs)
+    return mt_wstore_quantize_ptrs(w->w_ptrs, w->type, w->ldw, store, stream);
+  return mt_wstore_quantize(w->w, w->type, w->ldw, (size_t)w->w_stride, store, NULL, stream);
 }
 
 enum mt_reason mt_wcache_prepare_grouped(const mt_wgroup_ref *w, int rows, mt_stream stream,
@@ -595,28 +615,32 @@ enum mt_reason mt_wcache_prepare_grouped(const mt_wgroup_ref *w, int rows, mt_st
   if (!c)
     return MT_R_NO_ENGINE;
   out->hold.state = c;
-  const int slices = w->w_stride ? w->groups : 1;
+  const int slices = w->w_stride || w->w_ptrs ? w->groups : 1;
   size_t ws = round_up(mt_grouped_workspace_bytes(rows, w->k, &w->num));
+  size_t extra = round_up(w->extra_bytes);
   size_t sbytes = round_up(mt_wstore_bytes(slices, w->n, w->k, &w->num));
   gentry *e = NULL;
   enum mt_reason why = MT_R_ROUTED;
-  if (ws && sbytes && frozen)
+  if (w->w_ptrs)
+    count_pointer_arrays();
+  else if (ws && sbytes && frozen)
     e = gentry_get(d, c, w, sbytes, capturing, stream, &why);
   CUdeviceptr mem = 0;
-  enum mt_reason r =
-      take_memory(d, c, &x, stream, ws, sbytes, e != NULL, why, capturing, &out->hold, &mem);
+  enum mt_reason r = take_memory(d, c, &x, stream, ws ? ws + extra : 0, sbytes, e != NULL, why,
+                                 capturing, &out->hold, &mem);
   if (r != MT_R_ROUTED)
     return r;
   out->workspace = (void *)mem;
   out->workspace_bytes = ws;
+  out->extra = extra ? (void *)(mem + ws) : NULL;
   int st;
   if (e) {
     out->store = e->store;
     st = mt_wstore_refresh(w->w, w->type, w->ldw, &out->store, (void *)(e->mem + sbytes),
                            check_step, stream);
   } else {
-    mt_wstore_bind(&out->store, slices, w->n, w->k, &w->num, (void *)(mem + ws));
-    st = mt_wstore_quantize(w->w, w->type, w->ldw, (size_t)w->w_stride, &out->store, NULL, stream);
+    mt_wstore_bind(&out->store, slices, w->n, w->k, &w->num, (void *)(mem + ws + extra));
+    st = quantize_store(w, &out->store, stream);
   }
   share_slices(&out->store, w);
   return weight_done(st, capturing);

@@ -23,7 +23,9 @@
  * a call costs 1/64 of that read, and a change that misses every sampled line goes unseen (the
  * guarantee holds for weights changed as a whole, as an optimizer step changes them). A grouped
  * call's weights (all its experts, one tensor) make one entry: a store of slices
- * (kernels/wstore.h), refreshed the same way.
+ * (kernels/wstore.h), refreshed the same way. A call whose weights are behind device pointer
+ * arrays (cublasGemmBatchedEx, cublasGemmGroupedBatchedEx, cuBLASLt POINTER_ARRAY batches) has no
+ * address the host could key an entry by: it is requantized at every call, whatever the mode.
  * MINITE_CACHE_MB bounds the entries of each context (not the scratch): each GPU has its own
  * memory, so a process driving several GPUs may keep that much on each; past it, weights are requantized in
  * scratch instead. An entry is made outside captures only: a weight first seen inside a capture
@@ -87,29 +89,36 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
                                  mt_engine_mem *out);
 
 /* A grouped call's weights: `groups` weights of n x k at row stride ldw, w_stride elements apart
- * (0: one weight for every group). */
+ * (0: one weight for every group), or (w_ptrs) behind a device array of `groups` pointers. */
 typedef struct {
   const void *w;
   int64_t w_stride;
+  const void *const *w_ptrs;
   int groups, n, k;
   size_t ldw;
   enum mt_dtype type;
   mt_numerics num;
+  size_t extra_bytes; /* more of the call's own memory it needs (a segment table) */
 } mt_wgroup_ref;
 
-/* What a grouped call gets: the activations' workspace and the weights' store, quantized (or
- * refreshed) on the stream. A store of one slice serves all groups when w_stride is 0. */
+/* What a grouped call gets: the activations' workspace, extra_bytes of its own (NULL when none
+ * were asked) and the weights' store, quantized (or refreshed) on the stream. A store of one
+ * slice serves all groups when w_stride is 0 (and there is no w_ptrs). */
 typedef struct {
   void *workspace;
   size_t workspace_bytes;
+  void *extra;
   mt_wstore store;
   mt_wcache_hold hold;
 } mt_grouped_mem;
 
 /* The same for a grouped call of `rows` activation rows in all. Frozen: a store per weight tensor,
  * refreshed at every call as the mode says (the slices must lie back to back; else, past
- * MINITE_CACHE_MB or in a capture, requantized in the call's own memory). Whatever it returns,
- * mt_wcache_release(&out->hold) follows, after the call's launches. */
+ * MINITE_CACHE_MB or in a capture, requantized in the call's own memory). Weights behind pointer
+ * arrays are requantized in the call's own memory at every call whatever the mode (a frozen entry
+ * is keyed by addresses the host never sees; said once at INFO, counted in the summary's
+ * pointer_array_calls). Whatever it returns, mt_wcache_release(&out->hold) follows, after the
+ * call's launches. */
 enum mt_reason mt_wcache_prepare_grouped(const mt_wgroup_ref *w, int rows, mt_stream stream,
                                          int capturing, mt_grouped_mem *out);
 
@@ -131,7 +140,8 @@ const char *mt_wcache_mode(void);
 enum mt_reason mt_engine_reason(int status);
 
 /* The summary's "engine" part (shim/stats.h: mt_stats_part): the mode, device bytes held, frozen
- * entries, calls that found the cache full, calls routed inside graph captures, the bytes per
+ * entries, calls that found the cache full, calls routed inside graph captures, grouped calls
+ * whose weights were behind pointer arrays (requantized whatever the mode), the bytes per
  * weight element of the frozen grouped stores, and "contexts": for each CUDA context the engine
  * ran in, its device (ordinal and PCI address), the calls it ran there and the bytes it holds there. */
 void mt_wcache_summary(void (*emit)(void *ctx, const char *text), void *ctx);

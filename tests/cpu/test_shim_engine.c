@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,6 +65,7 @@ static fake_cuda_set_mem_limit_fn set_mem_limit;
 static fake_cuda_fail_launch_fn fail_launch;
 static fake_cuda_fail_loads_fn fail_loads;
 static fake_cuda_is_device_fn is_device;
+static fake_cuda_guard_fn guard_pages;
 
 static uint32_t seed = 4321;
 
@@ -98,6 +100,7 @@ static int load_fakes(const char *build, int with_cuda) {
     fail_launch = (fake_cuda_fail_launch_fn)mt_t_sym(lib_cuda, "fake_cuda_fail_launch");
     fail_loads = (fake_cuda_fail_loads_fn)mt_t_sym(lib_cuda, "fake_cuda_fail_loads");
     is_device = (fake_cuda_is_device_fn)mt_t_sym(lib_cuda, "fake_cuda_is_device");
+    guard_pages = (fake_cuda_guard_fn)mt_t_sym(lib_cuda, "fake_cuda_guard");
   }
   if (!(lib_cublas = mt_t_open(build, "tests/cpu/fake/libcublas.so.13")))
     return -1;
@@ -892,75 +895,243 @@ static void scenario_lt_batch(void) {
   free(w), free(x), free(y), free(bias), free(before);
 }
 
-/* The pointer-array forms (BatchedEx, GroupedBatchedEx) hold their problems' pointers in device
- * arrays, which the engine would have to read back: nothing is read or launched, cuBLAS computes
- * them ("pointer arrays"), while capturing too. */
-static void expect_arrays_fall_back(const problem *p, int count, cublasStatus_t (*call)(void *),
-                                    void *ctx) {
-  uint16_t *want[4];
-  for (int i = 0; i < count; i++)
-    want[i] = reference(&p[i], &zero);
-  long calls = cublas_calls();
-  int t = now();
-  CHECK(call(ctx) == CUBLAS_STATUS_SUCCESS);
-  CHECK_TRACE(t, "");
-  CHECK(cublas_calls() == calls + 1);
-  for (int i = 0; i < count; i++) {
-    CHECKF(!memcmp(p[i].y, want[i], (size_t)p[i].ldc * p[i].tokens * 2), "problem %d", i);
-    free(want[i]);
-  }
-}
-
+/* The pointer-array forms (BatchedEx, GroupedBatchedEx, Lt POINTER_ARRAY batches) hold their
+ * problems' pointers in device arrays: one grouped engine call whose quantizers read the weights'
+ * and activations' bases from the arrays and whose GEMM writes each output through its pointer.
+ * Nothing is read back to the host (no dtoh in any trace), capturing too; what the engine does not
+ * take falls back as "pointer arrays". */
 typedef struct {
   const void **a, **b;
   void **c;
   int count;
 } arrays;
 
-static cublasStatus_t call_batched(void *ctx) {
-  const arrays *x = ctx;
+/* A pointer-array call's kernels, checked against its arrays: the weights' store from `a` (no
+ * stride), the activations from `b` (rows each, or by `offs`), the outputs (and C) through `c`. */
+static void check_array_args(int from, const arrays *p, int rows, int total, float beta) {
+  int q = find_launch(from, "mt_quant_tensor_store_bf16", 0),
+      x = find_launch(from, "mt_quant_row_bf16", 0), g = find_launch(from, "mt_grouped_", 0);
+  CHECKF(q >= 0 && x > q && g > x, "store at %d, activations at %d, GEMM at %d", q, x, g);
+  if (q < 0 || x < 0 || g < 0)
+    return;
+  const mt_quant_params *w = quant_args(q), *a = quant_args(x);
+  const mt_grouped_kargs *k = (const mt_grouped_kargs *)event(g)->args;
+  CHECK(w->batch_ptrs == (const void *const *)p->a && !w->x && w->batch_rows == OUT &&
+        w->rows == p->count * OUT && w->store == k->ws);
+  CHECK(a->batch_ptrs == (const void *const *)p->b && !a->x && a->ldx == IN && a->rows == total);
+  CHECK(k->nseg == p->count && k->m == total && k->n == OUT && k->k == IN && !k->y && !k->c);
+  CHECK(k->y_ptrs == (void *const *)p->c && k->ldy == OUT && k->beta == beta);
+  CHECK(k->c_ptrs == (beta != 0.0f ? (const void *const *)p->c : NULL));
+  if (rows) { /* the same rows for every problem: no table */
+    CHECK(!k->offs && !a->batch_offs && a->batch_rows == rows && k->seg_rows == rows);
+    CHECK(find_launch(from, "mt_seg_ends", 0) < 0);
+  } else { /* the table, written on the device before the activations are read by it */
+    int e = find_launch(from, "mt_seg_ends", 0);
+    CHECKF(e >= 0 && e < x, "segment table at %d, activations at %d", e, x);
+    CHECK(k->offs && a->batch_offs == k->offs && !a->batch_rows && a->nbatch == p->count);
+    CHECK(k->seg_rows == 0 && is_device(k->offs, (size_t)p->count * 4));
+  }
+  CHECKF(find_kind(from, FAKE_EV_DTOH, 0) < 0 && find_kind(from, FAKE_EV_HTOD, 0) < 0,
+         "a copy between host and device");
+}
+
+/* The problems' outputs: exactly the GEMM's rows in each, the rest as before. */
+static void check_marked(const problem *p, uint16_t *const before[], int count) {
+  for (int i = 0; i < count; i++)
+    CHECKF(marked(p[i].y, before[i], OUT, p[i].tokens, OUT), "problem %d", i);
+}
+
+static void save_outputs(const problem *p, uint16_t *before[], int count) {
+  for (int i = 0; i < count; i++)
+    before[i] = copy_of(p[i].y, (size_t)OUT * p[i].tokens);
+}
+
+static void free_all(uint16_t *v[], int count) {
+  for (int i = 0; i < count; i++)
+    free(v[i]);
+}
+
+static cublasStatus_t call_batched(const arrays *x, const float *beta) {
   return hook_batched(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, 8, IN, &one, (const void *const *)x->a,
-                      CUDA_R_16BF, IN, (const void *const *)x->b, CUDA_R_16BF, IN, &zero, x->c,
+                      CUDA_R_16BF, IN, (const void *const *)x->b, CUDA_R_16BF, IN, beta, x->c,
                       CUDA_R_16BF, OUT, x->count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
-/* Two groups: one problem of 8 tokens, then two of 72. */
-static cublasStatus_t call_grouped(void *ctx) {
-  const arrays *x = ctx;
+/* Two groups: one problem of n0 tokens, then two of n1; group 1's ldc and alpha as given. */
+static cublasStatus_t call_grouped(const arrays *x, int n0, int n1, int ldc1, float alpha1) {
   cublasOperation_t ta[2] = {CUBLAS_OP_T, CUBLAS_OP_T}, tb[2] = {CUBLAS_OP_N, CUBLAS_OP_N};
-  int m[2] = {OUT, OUT}, n[2] = {8, 72}, k[2] = {IN, IN}, ld[2] = {IN, IN}, ldc[2] = {OUT, OUT};
+  int m[2] = {OUT, OUT}, n[2] = {n0, n1}, k[2] = {IN, IN}, ld[2] = {IN, IN}, ldc[2] = {OUT, ldc1};
   int size[2] = {1, 2};
-  float alpha[2] = {1.0f, 1.0f}, beta[2] = {0.0f, 0.0f};
+  float alpha[2] = {1.0f, alpha1}, beta[2] = {0.0f, 0.0f};
   return hook_grouped(handle, ta, tb, m, n, k, alpha, (const void *const *)x->a, CUDA_R_16BF, ld,
                       (const void *const *)x->b, CUDA_R_16BF, ld, beta, x->c, CUDA_R_16BF, ldc, 2,
                       size, CUBLAS_COMPUTE_32F);
 }
 
-static void scenario_arrays(void) {
-  problem p[BATCH] = {make(OUT, 8, OUT), make(OUT, 8, OUT), make(OUT, 8, OUT)};
-  problem g[BATCH] = {make(OUT, 8, OUT), make(OUT, 72, OUT), make(OUT, 72, OUT)};
-  const void *a[BATCH], *b[BATCH], *ga[BATCH], *gb[BATCH];
-  void *c[BATCH], *gc[BATCH];
-  for (int i = 0; i < BATCH; i++) {
-    a[i] = p[i].w, b[i] = p[i].x, c[i] = p[i].y;
-    ga[i] = g[i].w, gb[i] = g[i].x, gc[i] = g[i].y;
-  }
-  arrays batched = {a, b, c, BATCH}, grouped = {ga, gb, gc, BATCH};
-  set_stream(S1);
-  expect_arrays_fall_back(p, BATCH, call_batched, &batched);
-  expect_arrays_fall_back(g, BATCH, call_grouped, &grouped);
-  set_capturing(S1, 1);
-  expect_arrays_fall_back(p, BATCH, call_batched, &batched);
-  set_capturing(S1, 0);
-  check_driver_clean();
+/* The problems' arrays of pointers in a page of their own, which guard() makes unreadable to the
+ * host but for the fake's kernels (the GPU's reads): a host read of them crashes the child. */
+static arrays arrays_of(const problem *p) {
+  void **page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  arrays x = {(const void **)page, (const void **)page + BATCH, page + 2 * BATCH, BATCH};
   for (int i = 0; i < BATCH; i++)
-    unmake(&p[i]), unmake(&g[i]);
+    x.a[i] = p[i].w, x.b[i] = p[i].x, x.c[i] = p[i].y;
+  return x;
 }
 
-/* A grouped call whose groups hold one problem each with beta != 0, the second failing after the
- * first ran on the engine (FAKE_CUDA_FAIL_LAUNCH=mt_gemm_large_m64_n32:2): cuBLAS then recomputes the
- * first problem from a C the engine already overwrote. exec.c refuses beta != 0 only for a group
- * of more than one problem. */
+static void guard(const arrays *x, int on) { guard_pages((void *)x->a, 4096, on); }
+
+static void arrays_free(arrays *x) { munmap((void *)x->a, 4096); }
+
+/* cublasGemmBatchedEx: beta != 0 (C through the output array), then beta 0 while capturing. */
+static void arrays_batched(void) {
+  problem p[BATCH] = {make(OUT, 8, OUT), make(OUT, 8, OUT), make(OUT, 8, OUT)};
+  arrays x = arrays_of(p);
+  uint16_t *before[BATCH];
+  save_outputs(p, before, BATCH);
+  long calls = cublas_calls();
+  int t = now();
+  guard(&x, 1);
+  CHECK(call_batched(&x, &half) == CUBLAS_STATUS_SUCCESS);
+  CHECKF(cublas_calls() == calls, "the fake cuBLAS was called for a routed pointer-array batch");
+  CHECK_TRACE(t, "alloc " LOAD_ALL " " BATCH_CALL " smem " BATCH_GEMM);
+  check_array_args(t, &x, 8, BATCH * 8, 0.5f);
+  check_marked(p, before, BATCH);
+  free_all(before, BATCH);
+  set_capturing(S1, 1);
+  save_outputs(p, before, BATCH);
+  t = now();
+  CHECK(call_batched(&x, &zero) == CUBLAS_STATUS_SUCCESS);
+  CHECK(cublas_calls() == calls);
+  CHECK_TRACE(t, "alloc_async " BATCH_CALL " " BATCH_GEMM " free_async");
+  check_array_args(t, &x, 8, BATCH * 8, 0.0f);
+  check_marked(p, before, BATCH);
+  set_capturing(S1, 0);
+  guard(&x, 0);
+  free_all(before, BATCH);
+  arrays_free(&x);
+  for (int i = 0; i < BATCH; i++)
+    unmake(&p[i]);
+}
+
+/* cublasGemmGroupedBatchedEx: rows differing by group (a segment table written on the device,
+ * capturing too), the same rows (a uniform batch), and groups that disagree (cuBLAS). */
+static void arrays_grouped(void) {
+  problem g[BATCH] = {make(OUT, 8, OUT), make(OUT, 72, OUT), make(OUT, 72, OUT)};
+  arrays x = arrays_of(g);
+  uint16_t *before[BATCH];
+  long calls = cublas_calls();
+  guard(&x, 1);
+  for (int capturing = 0; capturing < 2; capturing++) {
+    set_capturing(S1, capturing);
+    save_outputs(g, before, BATCH);
+    int t = now();
+    CHECK(call_grouped(&x, 8, 72, OUT, 1.0f) == CUBLAS_STATUS_SUCCESS);
+    CHECK(cublas_calls() == calls);
+    check_array_args(t, &x, 0, 8 + 2 * 72, 0.0f);
+    int e = find_launch(t, "mt_grouped_", 0);
+    const int32_t *offs = e >= 0 ? ((const mt_grouped_kargs *)event(e)->args)->offs : NULL;
+    CHECKF(offs && offs[0] == 8 && offs[1] == 80 && offs[2] == 152, "the segment table");
+    CHECK(mt_t_count_of(trace(t), "alloc_async") == capturing);
+    check_marked(g, before, BATCH);
+    free_all(before, BATCH);
+  }
+  set_capturing(S1, 0);
+  /* every group 8 rows: a uniform batch */
+  save_outputs(g, before, BATCH);
+  int t = now();
+  CHECK(call_grouped(&x, 8, 8, OUT, 1.0f) == CUBLAS_STATUS_SUCCESS);
+  CHECK(cublas_calls() == calls);
+  check_array_args(t, &x, 8, BATCH * 8, 0.0f);
+  for (int i = 0; i < BATCH; i++)
+    CHECKF(marked(g[i].y, before[i], OUT, 8, OUT), "problem %d", i);
+  free_all(before, BATCH);
+  guard(&x, 0); /* the fake cuBLAS reads them on the host */
+  /* groups of other alphas or another ldc: cuBLAS, nothing enqueued */
+  t = now();
+  CHECK(call_grouped(&x, 8, 72, OUT, 2.0f) == CUBLAS_STATUS_SUCCESS);
+  CHECK(call_grouped(&x, 8, 8, OUT + 8, 1.0f) == CUBLAS_STATUS_SUCCESS);
+  CHECK_TRACE(t, "");
+  CHECK(cublas_calls() == calls + 2);
+  arrays_free(&x);
+  for (int i = 0; i < BATCH; i++)
+    unmake(&g[i]);
+}
+
+/* cublasLtMatmul with every layout POINTER_ARRAY (routed); one layout strided, or a bias: cuBLAS
+ * (whose fake refuses pointer arrays: the forwarded call's status comes back). */
+static void arrays_lt(void) {
+  problem p[BATCH] = {make(OUT, 8, OUT), make(OUT, 8, OUT), make(OUT, 8, OUT)};
+  arrays x = arrays_of(p);
+  __typeof__(&cublasLtMatmulDescCreate) desc_create =
+      (__typeof__(desc_create))dlsym(lib_lt, "cublasLtMatmulDescCreate");
+  __typeof__(&cublasLtMatmulDescSetAttribute) desc_set =
+      (__typeof__(desc_set))dlsym(lib_lt, "cublasLtMatmulDescSetAttribute");
+  __typeof__(&cublasLtMatrixLayoutCreate) layout_create =
+      (__typeof__(layout_create))dlsym(lib_lt, "cublasLtMatrixLayoutCreate");
+  __typeof__(&cublasLtMatrixLayoutSetAttribute) layout_set =
+      (__typeof__(layout_set))dlsym(lib_lt, "cublasLtMatrixLayoutSetAttribute");
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t l[3];
+  desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  int32_t ta = CUBLAS_OP_T, count = BATCH;
+  uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY, strided = CUBLASLT_BATCH_MODE_STRIDED;
+  desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+  layout_create(&l[0], CUDA_R_16BF, IN, OUT, IN);
+  layout_create(&l[1], CUDA_R_16BF, IN, 8, IN);
+  layout_create(&l[2], CUDA_R_16BF, OUT, 8, OUT);
+  for (int i = 0; i < 3; i++) {
+    layout_set(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count);
+    layout_set(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode);
+  }
+  char workspace[256];
+  uint16_t *before[BATCH];
+  save_outputs(p, before, BATCH);
+  long calls = lt_calls();
+  int t = now();
+  guard(&x, 1);
+  CHECK(hook_lt(lt_handle, desc, &one, x.a, l[0], x.b, l[1], &zero, x.c, l[2], x.c, l[2], NULL,
+                workspace, sizeof workspace, (cudaStream_t)S1) == CUBLAS_STATUS_SUCCESS);
+  guard(&x, 0);
+  CHECKF(lt_calls() == calls, "the fake cublasLtMatmul was called for a routed batch");
+  CHECK(all_on(t, S1));
+  check_array_args(t, &x, 8, BATCH * 8, 0.0f);
+  check_marked(p, before, BATCH);
+  free_all(before, BATCH);
+  /* A strided, B, C and D pointer arrays: not one form */
+  layout_set(l[0], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &strided, sizeof strided);
+  t = now();
+  CHECK(hook_lt(lt_handle, desc, &one, p[0].w, l[0], x.b, l[1], &zero, x.c, l[2], x.c, l[2], NULL,
+                workspace, sizeof workspace, (cudaStream_t)S1) == CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(lt_calls() == calls + 1);
+  /* a bias with pointer-array batches */
+  layout_set(l[0], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode);
+  uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+  desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+  CHECK(hook_lt(lt_handle, desc, &one, x.a, l[0], x.b, l[1], &zero, x.c, l[2], x.c, l[2], NULL,
+                workspace, sizeof workspace, (cudaStream_t)S1) == CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(lt_calls() == calls + 2);
+  CHECK_TRACE(t, "");
+  ((__typeof__(&cublasLtMatmulDescDestroy))dlsym(lib_lt, "cublasLtMatmulDescDestroy"))(desc);
+  __typeof__(&cublasLtMatrixLayoutDestroy) layout_destroy =
+      (__typeof__(layout_destroy))dlsym(lib_lt, "cublasLtMatrixLayoutDestroy");
+  for (int i = 0; i < 3; i++)
+    layout_destroy(l[i]);
+  arrays_free(&x);
+  for (int i = 0; i < BATCH; i++)
+    unmake(&p[i]);
+}
+
+static void scenario_arrays(void) {
+  set_stream(S1);
+  arrays_batched();
+  arrays_grouped();
+  arrays_lt();
+  check_driver_clean();
+}
+
+/* A grouped call whose groups hold one problem each with beta != 0, its one grouped GEMM launch
+ * failing (FAKE_CUDA_FAIL_LAUNCH=mt_grouped_n16:1): nothing was written, so cuBLAS computes every
+ * problem from its C as it came. */
 static void scenario_grouped_beta_partial(void) {
   int tokens = 8;
   problem p[2] = {make(OUT, tokens, OUT), make(OUT, tokens, OUT)};
@@ -1201,12 +1372,48 @@ static void lt_strided_batch(void) {
   mt_t_child_free(&r);
 }
 
-static void pointer_arrays_are_never_read_back(void) {
+static void pointer_arrays_on_the_grouped_engine(void) {
   mt_t_child r;
   run_child("arrays", NULL, &r);
   mt_t_check_child("arrays", &r);
-  const char *reasons[] = {"pointer arrays=3", NULL};
-  check_counts(&r, 0, reasons);
+  const char *reasons[] = {"pointer arrays=4", NULL};
+  check_counts(&r, 6, reasons);
+  CHECK(json_int(r.summary, "pointer_array_calls") == 6);
+  CHECKF(mt_t_count_of(r.err, "requantized at every call") == 0, "stderr: %s", r.err);
+  mt_t_child_free(&r);
+}
+
+/* The instruments skip pointer-array calls ("entry": their rows' addresses are on the device only;
+ * the first batched call, beta != 0, as "beta"): the child's traces hold no instrument launch. */
+static void pointer_arrays_skip_the_instruments(void) {
+  const char *env[] = {"MINITE_DIGEST=1", "MINITE_PROBE=1", "MINITE_SHADOW=1", NULL};
+  mt_t_child r;
+  run_child("arrays", env, &r);
+  mt_t_check_child("arrays", &r);
+  const char *reasons[] = {"pointer arrays=4", NULL};
+  check_counts(&r, 6, reasons);
+  static const char *const kinds[] = {"\"digest\": {\"rate\"", "\"probe\": {\"rate\"",
+                                      "\"shadow\": {\"rate\"", NULL};
+  for (int i = 0; kinds[i]; i++)
+    CHECKF(mt_t_json_int_in(r.summary, kinds[i], "calls") == 6 &&
+               mt_t_json_int_in(r.summary, kinds[i], "entry") == 5 &&
+               mt_t_json_int_in(r.summary, kinds[i], "beta") == 1,
+           "%s: %s", kinds[i], r.summary);
+  mt_t_child_free(&r);
+}
+
+/* Under a frozen mode the same calls are requantized (no entry: the weights' addresses are on the
+ * device), said once at INFO. */
+static void pointer_arrays_under_frozen(void) {
+  const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", "MINITE_LOG_LEVEL=INFO", NULL};
+  mt_t_child r;
+  run_child("arrays", env, &r);
+  mt_t_check_child("arrays", &r);
+  const char *reasons[] = {"pointer arrays=4", NULL};
+  check_counts(&r, 6, reasons);
+  CHECK(json_int(r.summary, "frozen_weights") == 0 &&
+        json_int(r.summary, "pointer_array_calls") == 6);
+  CHECKF(mt_t_count_of(r.err, "requantized at every call") == 1, "stderr: %s", r.err);
   mt_t_child_free(&r);
 }
 
@@ -1242,13 +1449,15 @@ static void weight_quantization_failure_warns(void) {
   mt_t_child_free(&r);
 }
 
-/* exec.c refuses beta != 0 for any call of more than one problem, across groups: a problem that
- * fails after others ran would leave cuBLAS reading outputs the engine already overwrote. */
+/* All problems of a grouped call run in one launch: a failed launch has written no output, and
+ * cuBLAS reads every C as it came. */
 static void grouped_beta_failure_after_a_problem_ran(void) {
-  const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_gemm_large_m64_n32:2", NULL};
+  const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_grouped_n16:1", NULL};
   mt_t_child r;
   run_child("grouped_beta_partial", env, &r);
   mt_t_check_child("grouped_beta_partial", &r);
+  const char *reasons[] = {"engine error=1", NULL};
+  check_counts(&r, 0, reasons);
   mt_t_child_free(&r);
 }
 
@@ -1267,7 +1476,9 @@ static void tests(void) {
   RUN(no_context_or_not_sm90_is_no_engine);
   RUN(strided_batched);
   RUN(lt_strided_batch);
-  RUN(pointer_arrays_are_never_read_back);
+  RUN(pointer_arrays_on_the_grouped_engine);
+  RUN(pointer_arrays_under_frozen);
+  RUN(pointer_arrays_skip_the_instruments);
   RUN(fp16_through_gemm_ex_64);
   RUN(frozen_capture_needs_an_entry);
   RUN(grouped_beta_failure_after_a_problem_ran);

@@ -187,13 +187,97 @@ static void pointer_array_records(void) {
   CHECK(mt_norm_grouped(&c, &g) == MT_R_ROUTED);
   CHECK(g.w_ptrs == (const void *const *)a && g.x_ptrs == (const void *const *)b);
   CHECK(g.y_ptrs == (void *const *)y && !g.c_ptrs && !g.w && !g.x && !g.y && g.rows == 5);
-  /* GroupedBatchedEx: a shape per group behind device arrays */
-  int m[1] = {OUT}, n[1] = {5}, k[1] = {IN}, ld[1] = {IN}, ldc[1] = {OUT}, size[1] = {E};
-  cublasOperation_t ta[1] = {CUBLAS_OP_T}, tb[1] = {CUBLAS_OP_N};
-  float alpha[1] = {1}, beta[1] = {0};
-  mt_norm_cublasGemmGroupedBatchedEx(&c, NULL, ta, tb, m, n, k, alpha, a, CUDA_R_16BF, ld, b,
-                                     CUDA_R_16BF, ld, beta, y, CUDA_R_16BF, ldc, 1, size,
-                                     CUBLAS_COMPUTE_32F);
+  /* beta != 0: C through the output array */
+  mt_norm_cublasGemmBatchedEx(&c, NULL, CUBLAS_OP_T, CUBLAS_OP_N, OUT, 5, IN, &one, a, CUDA_R_16BF,
+                              IN, b, CUDA_R_16BF, IN, &half, y, CUDA_R_16BF, OUT, E,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  CHECK(mt_norm_grouped(&c, &g) == MT_R_ROUTED && g.c_ptrs == (const void *const *)y);
+}
+
+/* cublasGemmGroupedBatchedEx: one segment per problem, in order; rows may differ by group, the
+ * rest must agree. */
+static void grouped_batched_records(void) {
+  const void *a[E] = {0}, *b[E] = {0};
+  void *y[E] = {0};
+  int m[2] = {OUT, OUT}, n[2] = {5, 5}, k[2] = {IN, IN}, ld[2] = {IN, IN}, ldc[2] = {OUT, OUT};
+  int size[2] = {1, E - 1};
+  cublasOperation_t ta[2] = {CUBLAS_OP_T, CUBLAS_OP_T}, tb[2] = {CUBLAS_OP_N, CUBLAS_OP_N};
+  float alpha[2] = {1, 1}, beta[2] = {0, 0};
+  mt_call c;
+  mt_grouped_call g;
+#define GROUPED()                                                                                  \
+  (mt_norm_cublasGemmGroupedBatchedEx(&c, NULL, ta, tb, m, n, k, alpha, a, CUDA_R_16BF, ld, b,     \
+                                      CUDA_R_16BF, ld, beta, y, CUDA_R_16BF, ldc, 2, size,         \
+                                      CUBLAS_COMPUTE_32F),                                         \
+   c.ptr_mode = MT_PTR_HOST, c.details = c.details_ok = 1, mt_norm_grouped(&c, &g))
+  CHECK(GROUPED() == MT_R_ROUTED);
+  CHECK(g.call == &c && g.groups == E && g.rows == 5 && !g.group_rows && !g.offs);
+  CHECK(g.n == OUT && g.k == IN && g.ldw == IN && g.ldx == IN && g.ldy == OUT);
+  CHECK(g.w_ptrs == (const void *const *)a && g.x_ptrs == (const void *const *)b);
+  CHECK(g.y_ptrs == (void *const *)y && !g.c_ptrs && !g.w && !g.x && !g.y);
+  n[1] = 9; /* rows by group: from the call's arrays */
+  CHECK(GROUPED() == MT_R_ROUTED);
+  CHECK(g.groups == E && g.rows == 0 && g.group_rows && g.total_rows == 5 + 9 * (E - 1));
+  size[1] = 0; /* an empty group adds nothing and differs in nothing */
+  CHECK(GROUPED() == MT_R_ROUTED && g.groups == 1 && g.rows == 5 && !g.group_rows);
+  size[0] = 0;
+  CHECK(GROUPED() == MT_R_LAYOUT); /* no problem at all: cuBLAS's */
+  size[0] = 1, size[1] = E - 1;
+  beta[0] = beta[1] = 0.5f;
+  CHECK(GROUPED() == MT_R_ROUTED && g.c_ptrs == (const void *const *)y && g.beta == 0.5f);
+  beta[1] = 0.25f;
+  CHECK(GROUPED() == MT_R_PTR_ARRAYS);
+  beta[1] = 0.5f, alpha[1] = 2;
+  CHECK(GROUPED() == MT_R_PTR_ARRAYS);
+  alpha[1] = 1, ldc[1] = OUT + 8;
+  CHECK(GROUPED() == MT_R_PTR_ARRAYS);
+  ldc[1] = OUT, k[1] = ld[1] = 2 * IN;
+  CHECK(GROUPED() == MT_R_PTR_ARRAYS);
+  k[1] = ld[1] = IN, ta[1] = CUBLAS_OP_N;
+  CHECK(GROUPED() == MT_R_PTR_ARRAYS);
+#undef GROUPED
+  /* the _64 form: its arrays are int64_t */
+  int64_t m64[2] = {OUT, OUT}, n64[2] = {5, 9}, k64[2] = {IN, IN}, ld64[2] = {IN, IN};
+  int64_t ldc64[2] = {OUT, OUT}, size64[2] = {1, E - 1};
+  ta[1] = CUBLAS_OP_T;
+  mt_norm_cublasGemmGroupedBatchedEx_64(&c, NULL, ta, tb, m64, n64, k64, alpha, a, CUDA_R_16BF,
+                                        ld64, b, CUDA_R_16BF, ld64, beta, y, CUDA_R_16BF, ldc64, 2,
+                                        size64, CUBLAS_COMPUTE_32F);
+  c.ptr_mode = MT_PTR_HOST, c.details = c.details_ok = 1;
+  CHECK(mt_norm_grouped(&c, &g) == MT_R_ROUTED && g.groups == E && g.group_rows &&
+        g.total_rows == 5 + 9 * (E - 1) && g.n == OUT && g.k == IN && g.ldy == OUT);
+}
+
+/* cuBLASLt: the layouts' batch modes, one by one. */
+static void lt_pointer_array_modes(void) {
+  mt_call c = {.entry = MT_FN_cublasLtMatmul,
+               .transa = CUBLAS_OP_T,
+               .m = OUT,
+               .n = 5,
+               .k = IN,
+               .a = W,
+               .b = X,
+               .c = Y,
+               .d = mem[4],
+               .lda = IN,
+               .ldb = IN,
+               .ldc = OUT,
+               .ldd = OUT,
+               .batch = E,
+               .alpha = &one,
+               .beta = &zero,
+               .pointer_arrays = MT_PA_ALL};
+  mt_grouped_call g;
+  CHECK(mt_norm_grouped(&c, &g) == MT_R_ROUTED && g.y_ptrs == (void *const *)mem[4] && !g.c_ptrs);
+  c.pointer_arrays = MT_PA_A | MT_PA_B | MT_PA_D; /* C not read at beta 0 */
+  CHECK(mt_norm_grouped(&c, &g) == MT_R_ROUTED);
+  c.beta = &half;
+  CHECK(mt_norm_grouped(&c, &g) == MT_R_PTR_ARRAYS);
+  c.pointer_arrays = MT_PA_ALL;
+  CHECK(mt_norm_grouped(&c, &g) == MT_R_ROUTED && g.c_ptrs == (const void *const *)Y);
+  c.pointer_arrays = MT_PA_B | MT_PA_C | MT_PA_D; /* A strided */
+  CHECK(mt_norm_grouped(&c, &g) == MT_R_PTR_ARRAYS);
+  c.pointer_arrays = MT_PA_ALL, c.epilogue = CUBLASLT_EPILOGUE_BIAS;
   CHECK(mt_norm_grouped(&c, &g) == MT_R_PTR_ARRAYS);
 }
 
@@ -240,6 +324,8 @@ int main(void) {
   RUN(odd_arguments);
   RUN(strided_batch_record);
   RUN(pointer_array_records);
+  RUN(grouped_batched_records);
+  RUN(lt_pointer_array_modes);
   RUN(lt_batch_with_bias_record);
   return mt_test_done();
 }

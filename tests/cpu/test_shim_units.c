@@ -101,8 +101,8 @@ static void router_decision_table(void) {
       (c.entry = MT_FN_cublasLtMatmul, c.batch = 2, c.stride_a = 64 * 32, c.stride_b = 32 * 5,
        c.stride_c = c.stride_d = 64 * 5),
       MT_R_ROUTED);
-  ROW("Lt pointer-array batch (exec refuses it)",
-      (c.entry = MT_FN_cublasLtMatmul, c.batch = 2, c.pointer_arrays = 1), MT_R_ROUTED);
+  ROW("Lt pointer-array batch",
+      (c.entry = MT_FN_cublasLtMatmul, c.batch = 2, c.pointer_arrays = MT_PA_ALL), MT_R_ROUTED);
   ROW("batch stride not a multiple of 8",
       (c.entry = MT_FN_cublasGemmStridedBatchedEx, c.batch = 2, c.stride_a = 64 * 32 + 4,
        c.stride_d = 64 * 5),

@@ -3,7 +3,9 @@
  * GEMM against mt_ref_gemm within the FP32-accumulation bound (tests/gpu/test_kernels.c's header
  * derives it), on segment tables with empty, short and long segments, both row layouts (device
  * offsets, fixed rows with strides), every token tile, C, bias, FP16, NaN rows, more segments than
- * one launch takes; and bitwise: a row's output the same whatever its segment's position, the
+ * one launch takes; pointer arrays (weights, activations, outputs and C behind device arrays of
+ * pointers at any 2-byte alignment, the segment table from mt_grouped_seg_ends) bit for bit
+ * against the same data with strides or offsets; and bitwise: a row's output the same whatever its segment's position, the
  * other segments, the token tile, the launch's layout, and the per-expert large path of
  * kernels/gemm_large.cu (an independent kernel reading a BF16 copy of the same weight).
  *
@@ -623,6 +625,205 @@ static void grouped_strided(void) {
   }
 }
 
+/* ---- pointer arrays ---------------------------------------------------------------------------- */
+
+/* Device memory handed out in pieces, each `skew` elements past a 256-byte boundary (skew 1 and 4:
+ * 2 and 8 bytes, so that nothing may assume a 16-byte base behind a pointer array). */
+typedef struct {
+  char *base;
+  size_t used, bytes;
+} pool;
+
+static void *pool_put(pool *p, const void *host, size_t bytes, int skew) {
+  size_t at = (p->used + 255) / 256 * 256 + (size_t)skew * 2;
+  if (!p->base || at + bytes > p->bytes)
+    return NULL;
+  p->used = at + bytes;
+  void *d = p->base + at;
+  if (host && bytes && cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+    return NULL;
+  return d;
+}
+
+static const int skews[] = {0, 1, 4};
+
+/* The store quantized through a device array of pointers to copies of the weights (at other
+ * places and alignments) is the strided store of the same weights, byte for byte (both written
+ * over the same bytes, so that the padding compares too). */
+static int same_store(experts *e, int fp16, pool *pl, mt_wstore *ws2) {
+  const enum mt_dtype t = fp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16;
+  size_t bytes = mt_wstore_bytes(e->count, e->n, e->k, &e->num), wbytes = (size_t)e->n * e->ld * 2;
+  void *wp[8], *mem2 = pool_put(pl, NULL, bytes, 0);
+  uint8_t *a = malloc(bytes), *b = malloc(bytes);
+  int same = 0;
+  for (int s = 0; s < e->count; s++)
+    wp[s] = pool_put(pl, e->host + (size_t)s * e->stride, wbytes, skews[s % 3]);
+  void *const *dwp = pool_put(pl, wp, (size_t)e->count * sizeof *wp, 0);
+  if (!mem2 || !dwp || mt_wstore_bind(ws2, e->count, e->n, e->k, &e->num, mem2) != MT_OK) {
+    CHECK(0);
+    goto out;
+  }
+  CU(cudaMemset(e->mem, 0x5a, bytes));
+  CU(cudaMemset(mem2, 0x5a, bytes));
+  MT(mt_wstore_quantize(e->dev, t, e->ld, e->stride, &e->ws, NULL, NULL));
+  MT(mt_wstore_quantize_ptrs((const void *const *)dwp, t, e->ld, ws2, NULL));
+  CU(sync_check());
+  CU(cudaMemcpy(a, e->mem, bytes, cudaMemcpyDeviceToHost));
+  CU(cudaMemcpy(b, mem2, bytes, cudaMemcpyDeviceToHost));
+  long differ = 0;
+  for (size_t i = 0; i < bytes; i++)
+    differ += a[i] != b[i];
+  CHECKF(differ == 0, "the store through pointers differs in %ld of %zu bytes", differ, bytes);
+  same = differ == 0;
+out:
+  free(a), free(b);
+  return same;
+}
+
+/* One pointer-array case: NSEG segments (rows each, or ragged with an empty one); the grouped GEMM
+ * through x, y and C pointer arrays (and, ragged, a segment table from mt_grouped_seg_ends) against
+ * the same data laid out with strides (uniform) or offsets (ragged): every output bit for bit, and
+ * the pointer run's outputs against the reference. */
+static void pointer_case(const mt_numerics *num, int fp16, int ragged, float beta) {
+  enum { NSEG = 3, N = 256, K = 512, ROWS = 37 };
+  const int rows[NSEG] = {ragged ? 5 : ROWS, ragged ? 0 : ROWS, ragged ? 40 : ROWS};
+  const enum mt_dtype xt = fp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16, yt = xt;
+  const float alpha = 1.25f;
+  experts e = {0};
+  problem p = {0};
+  mt_wstore ws2;
+  pool pl = {0};
+  uint16_t *y0 = NULL, *c0 = NULL, *ya = NULL, *yb = NULL;
+  float *cf = NULL;
+  char what[96];
+  snprintf(what, sizeof what, "%s act S, %s weight S, %s, %s, %s, beta %g",
+           mt_scale_name(num->act_scale), mt_scale_name(num->weight_scale),
+           mt_wblock_name(num->weight_block), fp16 ? "fp16" : "bf16", ragged ? "ragged" : "uniform",
+           beta);
+  if (!make_experts(&e, NSEG, N, K, num, fp16) ||
+      !make_problem(&p, NSEG, rows, K, num->act_scale, fp16, NULL, 0)) {
+    CHECK(0);
+    goto out;
+  }
+  const size_t ldy = N + 8, ybytes = (size_t)p.m * ldy * 2;
+  pl.bytes = (size_t)64 << 20;
+  pl.base = dev_alloc(pl.bytes);
+  if (!same_store(&e, fp16, &pl, &ws2))
+    goto out;
+  y0 = malloc(ybytes), c0 = malloc(ybytes), ya = malloc(ybytes), yb = malloc(ybytes);
+  cf = malloc((size_t)p.m * ldy * sizeof *cf);
+  for (size_t i = 0; i < (size_t)p.m * ldy; i++) {
+    y0[i] = to_half((rnd_unit() - 0.5f) * 4.0f, fp16);
+    c0[i] = to_half((rnd_unit() - 0.5f) * 4.0f, fp16);
+    cf[i] = out_value(c0, i, yt);
+  }
+  /* the strided (or offsets) run: x, y and C each one matrix of all rows */
+  int32_t ends[NSEG], ones[NSEG], rows32[NSEG];
+  for (int s = 0; s < NSEG; s++)
+    ends[s] = p.start[s] + p.rows[s], ones[s] = 1, rows32[s] = p.rows[s];
+  void *dy = pool_put(&pl, y0, ybytes, 0), *dc = pool_put(&pl, c0, ybytes, 0);
+  int32_t *doffs = pool_put(&pl, ends, sizeof ends, 0),
+          *doffs2 = pool_put(&pl, NULL, sizeof ends, 0);
+  size_t ws_bytes = mt_grouped_workspace_bytes(p.m, K, num);
+  void *ws = pool_put(&pl, NULL, ws_bytes, 0);
+  if (!dy || !dc || !doffs || !doffs2 || !ws) {
+    CHECK(0);
+    goto out;
+  }
+  mt_grouped_args a = {.nseg = NSEG,
+                       .n = N,
+                       .k = K,
+                       .w = &e.ws,
+                       .offs = ragged ? doffs : NULL,
+                       .m = p.m,
+                       .seg_rows = ragged ? 0 : ROWS,
+                       .x = p.dx,
+                       .ldx = p.ld,
+                       .stride_x = ragged ? 0 : (long long)(ROWS * p.ld),
+                       .xtype = xt,
+                       .y = dy,
+                       .ldy = ldy,
+                       .stride_y = ragged ? 0 : (long long)(ROWS * ldy),
+                       .ytype = yt,
+                       .c = dc,
+                       .ldc = ldy,
+                       .stride_c = ragged ? 0 : (long long)(ROWS * ldy),
+                       .alpha = alpha,
+                       .beta = beta,
+                       .workspace = ws,
+                       .workspace_bytes = ws_bytes};
+  MT(mt_gemm_grouped(&a, NULL));
+  /* the pointer run: every segment's x, y and C its own piece, weights from the second store */
+  void *xp[NSEG], *yp[NSEG], *cp[NSEG];
+  for (int s = 0; s < NSEG; s++) {
+    size_t at = (size_t)p.start[s] * ldy, n = (size_t)p.rows[s] * ldy * 2;
+    xp[s] = pool_put(&pl, p.x + (size_t)p.start[s] * p.ld, (size_t)p.rows[s] * p.ld * 2, skews[s]);
+    yp[s] = pool_put(&pl, y0 + at, n, skews[(s + 1) % 3]);
+    cp[s] = pool_put(&pl, c0 + at, n, skews[(s + 2) % 3]);
+  }
+  void *dxp = pool_put(&pl, xp, sizeof xp, 0), *dyp = pool_put(&pl, yp, sizeof yp, 0),
+       *dcp = pool_put(&pl, cp, sizeof cp, 0), *ws_b = pool_put(&pl, NULL, ws_bytes, 0);
+  if (!dxp || !dyp || !dcp || !ws_b) {
+    CHECK(0);
+    goto out;
+  }
+  if (ragged)
+    MT(mt_grouped_seg_ends(doffs2, 0, 0, NSEG, ones, rows32, NULL));
+  mt_grouped_args b = a;
+  b.w = &ws2, b.offs = ragged ? doffs2 : NULL, b.workspace = ws_b;
+  b.x = NULL, b.y = NULL, b.c = NULL, b.stride_x = b.stride_y = b.stride_c = 0;
+  b.x_ptrs = dxp, b.y_ptrs = dyp, b.c_ptrs = beta != 0.0f ? dcp : NULL;
+  MT(mt_gemm_grouped(&b, NULL));
+  CU(sync_check());
+  CU(cudaMemcpy(ya, dy, ybytes, cudaMemcpyDeviceToHost));
+  for (int s = 0; s < NSEG; s++)
+    CU(cudaMemcpy(yb + (size_t)p.start[s] * ldy, yp[s], (size_t)p.rows[s] * ldy * 2,
+                  cudaMemcpyDeviceToHost));
+  int32_t got_ends[NSEG];
+  CU(cudaMemcpy(got_ends, ragged ? doffs2 : doffs, sizeof got_ends, cudaMemcpyDeviceToHost));
+  CHECKF(!memcmp(got_ends, ends, sizeof ends), "%s: the segment table", what);
+  long differ = 0;
+  for (size_t i = 0; i < (size_t)p.m * ldy; i++)
+    differ += ya[i] != yb[i];
+  CHECKF(differ == 0, "%s: %ld outputs differ from the strided path's", what, differ);
+  out_check oc = {0};
+  for (int s = 0; s < NSEG; s++) {
+    if (!p.rows[s])
+      continue;
+    mt_nvfp4 ar = rows_of(&p.ref, p.start[s], p.rows[s]);
+    size_t at = (size_t)p.start[s] * ldy;
+    check_outputs(&ar, &e.ref[s], yb + at, y0 + at, ldy, yt, alpha, beta, cf + at, NULL, NULL, &oc);
+  }
+  CHECKF(!oc.bad && !oc.pad && !oc.nan, "%s: %ld outside the bound, %ld padding, %ld NaN", what,
+         oc.bad, oc.pad, oc.nan);
+  printf("    %s: bitwise the strided path's; worst error %.3f of the bound\n", what, oc.worst);
+out:
+  free(y0), free(c0), free(ya), free(yb), free(cf);
+  free_problem(&p);
+  free_experts(&e);
+  dev_free_all();
+}
+
+/* Pointer arrays (the cuBLAS pointer-array forms): per-row and per-tensor S of both operands, 1x16
+ * and 16x16 weight blocks, BF16 and FP16, uniform and ragged rows, beta with C and without. */
+static void grouped_pointer_arrays(void) {
+  NEED_GPU();
+  static const mt_numerics nums[] = {
+      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
+      {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
+      {MT_SCALE_TENSOR, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
+      {MT_SCALE_TENSOR, MT_SCALE_TENSOR, MT_WBLOCK_16X16},
+  };
+  pointer_case(&nums[0], 0, 0, 0.75f);
+  pointer_case(&nums[0], 0, 1, 0.0f);
+  pointer_case(&nums[1], 1, 1, 0.5f);
+  pointer_case(&nums[1], 0, 0, 0.0f);
+  pointer_case(&nums[2], 0, 1, 0.75f);
+  pointer_case(&nums[2], 1, 0, 0.0f);
+  pointer_case(&nums[3], 1, 0, 0.75f);
+  pointer_case(&nums[3], 0, 1, 0.25f);
+}
+
 /* A row holding NaN gives NaN in that row only, whatever segment it is in. */
 static void grouped_nan_rows(void) {
   NEED_GPU();
@@ -725,6 +926,7 @@ int main(void) {
   RUN(grouped_accuracy);
   RUN(grouped_bitwise);
   RUN(grouped_strided);
+  RUN(grouped_pointer_arrays);
   RUN(grouped_nan_rows);
   RUN(grouped_many_segments);
   RUN(grouped_layer);

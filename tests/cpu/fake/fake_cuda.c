@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "kernels/gemm_args.h"
@@ -234,6 +235,33 @@ EXPORT void fake_cuda_fail_launch(const char *name, int nth) {
 
 EXPORT void fake_cuda_fail_loads(int n) { fail_loads = n; }
 
+/* Guarded host pages ("device" memory the host must not read): PROT_NONE but while a kernel the
+ * fake computes runs, as the GPU reads them. */
+#define MAX_GUARDED 8
+static struct {
+  void *p;
+  size_t bytes;
+} guarded[MAX_GUARDED];
+static int nguarded;
+
+static void guards_open(int open) {
+  for (int i = 0; i < nguarded; i++)
+    mprotect(guarded[i].p, guarded[i].bytes, open ? PROT_READ | PROT_WRITE : PROT_NONE);
+}
+
+EXPORT void fake_cuda_guard(void *p, size_t bytes, int on) {
+  pthread_mutex_lock(&lock);
+  int i = 0;
+  while (i < nguarded && guarded[i].p != p)
+    i++;
+  if (on && i == nguarded && nguarded < MAX_GUARDED)
+    guarded[nguarded++] = (__typeof__(guarded[0])){p, bytes};
+  if (!on && i < nguarded)
+    guarded[i] = guarded[--nguarded];
+  mprotect(p, bytes, on ? PROT_NONE : PROT_READ | PROT_WRITE);
+  pthread_mutex_unlock(&lock);
+}
+
 EXPORT int fake_cuda_is_device(const void *p, size_t bytes) {
   pthread_mutex_lock(&lock);
   int in = allocation_of(p, bytes) != NULL;
@@ -412,7 +440,8 @@ _Static_assert(sizeof(mt_large_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_probe_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_finish_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_offs_args) <= FAKE_CUDA_ARGS_MAX &&
-                   sizeof(mt_grouped_kargs) <= FAKE_CUDA_ARGS_MAX,
+                   sizeof(mt_grouped_kargs) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_seg_ends_args) <= FAKE_CUDA_ARGS_MAX,
                "a kernel argument struct is larger than the fake keeps");
 static size_t args_size(const char *name) {
   if (!strncmp(name, "mt_quant_", 9))
@@ -437,6 +466,8 @@ static size_t args_size(const char *name) {
     return sizeof(mt_large_args);
   if (!strncmp(name, "mt_grouped_", 11))
     return sizeof(mt_grouped_kargs);
+  if (!strcmp(name, "mt_seg_ends"))
+    return sizeof(mt_seg_ends_args);
   return 0;
 }
 
@@ -448,16 +479,27 @@ static void mark_output(const mt_epilogue_args *e) {
 }
 
 /* The grouped GEMM's outputs: each segment's rows (from the offsets, "device" memory the fake can
- * read, or seg_rows each) of n columns. */
+ * read, or seg_rows each) of n columns, in y or in the segment's own matrix (y_ptrs, a "device"
+ * array the fake reads as the GPU would). */
 static void mark_grouped(const mt_grouped_kargs *a) {
   for (int s = a->seg0; s < a->seg0 + a->nseg; s++) {
     long long start = a->offs ? (s ? a->offs[s - 1] : 0) : 0,
               rows = a->offs ? a->offs[s] - start : a->seg_rows;
-    uint16_t *y = (uint16_t *)a->y + (long long)s * a->stride_y;
+    uint16_t *y =
+        a->y_ptrs ? (uint16_t *)a->y_ptrs[s] : (uint16_t *)a->y + (long long)s * a->stride_y;
+    long long row0 = a->y_ptrs ? 0 : start;
     for (long long i = 0; i < rows; i++)
       for (long long j = 0; j < a->n; j++)
-        y[(start + i) * a->ldy + j] = FAKE_CUDA_MARK;
+        y[(row0 + i) * a->ldy + j] = FAKE_CUDA_MARK;
   }
+}
+
+/* mt_seg_ends (kernels/grouped.cu): the segment table, as the kernel writes it. */
+static void seg_ends(const mt_seg_ends_args *a) {
+  int seg = a->seg0, row = a->row0;
+  for (int j = 0; j < a->nruns; j++)
+    for (int s = 0; s < a->size[j]; s++)
+      a->offs[seg++] = (row += a->rows[j]);
 }
 
 /* --- the instruments' kernels, on the host (kernels/instr.h's twin) ------------------------- */
@@ -654,8 +696,12 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, voi
       mark_output(&((const mt_small_args *)params[0])->e);
     else if (!strncmp(fn->name, "mt_gemm_large_", 14))
       mark_output(&((const mt_large_args *)params[0])->e);
-    else if (!strncmp(fn->name, "mt_grouped_", 11))
+    else if (!strncmp(fn->name, "mt_grouped_", 11)) {
+      guards_open(1);
       mark_grouped((const mt_grouped_kargs *)params[0]);
+      guards_open(0);
+    } else if (!strcmp(fn->name, "mt_seg_ends"))
+      seg_ends((const mt_seg_ends_args *)params[0]);
     else if (!strncmp(fn->name, "mt_instr_", 9))
       run_instr(fn->name, params[0]);
   }

@@ -113,6 +113,11 @@ typedef void (*fake_cuda_device_reset_fn)(void);
  * allocations were made so far. */
 typedef long (*fake_cuda_fail_alloc_fn)(int nth);
 
+/* Guard (on = 1) the whole pages [p, p + bytes) as device memory the host never reads: PROT_NONE
+ * (a host read crashes the process), opened only while the fake computes a kernel that reads them
+ * on the "GPU" (the grouped GEMM's output pointers); on = 0: readable again. */
+typedef void (*fake_cuda_guard_fn)(void *p, size_t bytes, int on);
+
 /* Threads inside a launch's host-side cost (FAKE_CUDA_LAUNCH_US) now: in a forked child, the
  * parent's threads that were inside the driver at the fork. */
 typedef int (*fake_cuda_launching_fn)(void);
