@@ -26,12 +26,14 @@ C program cases (tests/gpu/reliability_app.c, real cuBLAS, with and without the 
   ("out of memory": no cache entry to be had) with cuBLAS's bits (those of the run without the
   shim); once memory is back they are routed.
 With MT_SANITIZE=1: compute-sanitizer memcheck and racecheck on the threads case (fewer calls) and
-on the graph cases grow and side: no error.
+on the graph cases grow and side: memcheck without error, racecheck without a hazard in an engine
+kernel (one in a cuBLAS kernel is printed), the threads' results still bitwise.
 Skips (not passes) without torch or a GPU.
 """
 import json
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -202,13 +204,21 @@ def out_of_memory_falls_back():
 
 
 def sanitizer_report(tool, log):
-    """(clean, what to print) for one compute-sanitizer log: memcheck ends with "ERROR SUMMARY: 0
-    errors", racecheck with "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"; every
-    process of the run (--target-processes all) writes its own summary line."""
+    """(clean, what to print) for one compute-sanitizer log (every process of the run writes its
+    own summary line: --target-processes all). memcheck: every summary "ERROR SUMMARY: 0 errors".
+    racecheck: no hazard in an engine kernel (mt_*). racecheck analyses each kernel's own shared
+    memory, so a hazard inside one of cuBLAS's kernels (racecheck has reported one in an nvjet
+    kernel, which the shadow instrument's cuBLAS rerun launches here) is cuBLAS's, whatever else
+    runs: printed, not counted against the shim."""
     text = "".join(open(f, errors="replace").read() for f in sorted(glob.glob(log.replace("%p", "*"))))
-    clean = "ERROR SUMMARY: 0 errors" if tool == "memcheck" else "0 hazards displayed (0 errors, 0 warnings)"
     summaries = [line for line in text.splitlines() if "SUMMARY:" in line]
-    ok = bool(summaries) and all(clean in line for line in summaries)
+    if tool == "memcheck":
+        ok = bool(summaries) and all("ERROR SUMMARY: 0 errors" in line for line in summaries)
+    else:
+        kernels = set(re.findall(r"access at (\S+?)\+0x", text))
+        ok = bool(summaries) and not any(k.startswith("mt_") for k in kernels)
+        if kernels:
+            summaries.append(f"hazards in {sorted(kernels)}")
     return ok, "\n".join(summaries) + "\n" + text[:3000]
 
 
@@ -226,10 +236,12 @@ def sanitizers_clean():
             return log, [sanitizer, "--tool", tool, "--error-exitcode", "99", "--target-processes", "all",
                          "--print-limit", "20", "--log-file", log]
         log, cmd = wrap("threads")
-        rc, _, _, _, _ = app("threads", f"san_{tool}", extra=small, wrap=cmd, timeout=1800)
+        rc, info, _, _, _ = app("threads", f"san_{tool}", extra=small, wrap=cmd, timeout=1800)
         ok, report = sanitizer_report(tool, log)
-        print(f"    {tool} on threads: exit {rc}; " + report.splitlines()[0] if report else "")
-        harness.check(rc == 0 and ok, f"{tool} on threads: exit {rc}:\n{report}")
+        print(f"    {tool} on threads: exit {rc}; " + " / ".join(report.splitlines()[:2]))
+        # 99: the sanitizer found something (ok says whether it was the engine's)
+        harness.check(rc in (0, 99) and info.get("differing") == 0 and ok,
+                      f"{tool} on threads: exit {rc}, {info}:\n{report}")
         for case in ("grow", "side"):
             log, cmd = wrap(case)
             env = {k: v for k, v in os.environ.items() if not k.startswith("MINITE_")}
@@ -237,8 +249,9 @@ def sanitizers_clean():
             proc = subprocess.run(cmd + [sys.executable, CHILD, case, os.path.join(TMP, "san.npz")],
                                   env=env, capture_output=True, text=True, timeout=1800)
             ok, report = sanitizer_report(tool, log)
-            print(f"    {tool} on graph case {case}: exit {proc.returncode}; " + report.splitlines()[0])
-            harness.check(proc.returncode == 0 and ok,
+            print(f"    {tool} on graph case {case}: exit {proc.returncode}; "
+                  + " / ".join(report.splitlines()[:2]))
+            harness.check(proc.returncode in (0, 99) and ok,
                           f"{tool} on graph case {case}: exit {proc.returncode}:\n{report}\n"
                           f"{proc.stderr[-1500:]}")
 
