@@ -71,7 +71,7 @@ static void tensor_shape(unsigned units, launch_shape *s) {
  * whole 128-column steps, each slice's rows padded to whole bands), the same CTA shapes otherwise;
  * 16x16 tiles take 16 rows a CTA. */
 static int pick_store_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
-  const char *type = p->fp16 ? "fp16" : "bf16";
+  const char *type = p->fp16 ? "fp16" : "bf16", *sfx = p->batch_ptrs ? "_ptrs" : "";
   unsigned nblk = (unsigned)MT_WS_PAIRS(p->cols) * 2, nb;
   unsigned slices = (unsigned)(p->rows / p->batch_rows);
   unsigned rows = slices * (unsigned)((p->batch_rows + MT_WS_BAND - 1) / MT_WS_BAND * MT_WS_BAND);
@@ -79,33 +79,33 @@ static int pick_store_shape(const mt_quant_params *p, int tile16, launch_shape *
     s->block_x = nblk / 2 < 16 ? pow2_at_least(nblk / 2) : 16;
     s->block_y = 16;
     s->grid_y = (nblk / 2 + s->block_x - 1) / s->block_x;
-    snprintf(s->name, sizeof s->name, "mt_quant_tile_store_%s", type);
+    snprintf(s->name, sizeof s->name, "mt_quant_tile_store_%s%s", type, sfx);
   } else if (p->row_outer) {
     if (row_shape(nblk, (unsigned)p->rows, 2, s, &nb) != MT_OK) return MT_ERR_UNSUPPORTED;
-    snprintf(s->name, sizeof s->name, "mt_quant_row_store_%s_nb%u", type, nb);
+    snprintf(s->name, sizeof s->name, "mt_quant_row_store_%s_nb%u%s", type, nb, sfx);
   } else {
     tensor_shape(nblk / 2, s);
-    snprintf(s->name, sizeof s->name, "mt_quant_tensor_store_%s", type);
+    snprintf(s->name, sizeof s->name, "mt_quant_tensor_store_%s%s", type, sfx);
   }
   s->grid_x = (rows + s->block_y - 1) / s->block_y;
   return s->grid_y <= 65535 ? MT_OK : MT_ERR_UNSUPPORTED;
 }
 
 static int pick_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
-  const char *type = p->fp16 ? "fp16" : "bf16";
+  const char *type = p->fp16 ? "fp16" : "bf16", *sfx = p->batch_ptrs ? "_ptrs" : "";
   unsigned rows = (unsigned)p->rows, nblk = (unsigned)p->cols / 16, nb;
   if (p->store) return pick_store_shape(p, tile16, s);
   if (tile16) {
     s->block_x = nblk < 16 ? pow2_at_least(nblk) : 16;
     s->block_y = 16;
     s->grid_y = (nblk + s->block_x - 1) / s->block_x;
-    snprintf(s->name, sizeof s->name, "mt_quant_tile_%s", type);
+    snprintf(s->name, sizeof s->name, "mt_quant_tile_%s%s", type, sfx);
   } else if (p->row_outer) {
     if (row_shape(nblk, rows, 1, s, &nb) != MT_OK) return MT_ERR_UNSUPPORTED;
-    snprintf(s->name, sizeof s->name, "mt_quant_row_%s_nb%u", type, nb);
+    snprintf(s->name, sizeof s->name, "mt_quant_row_%s_nb%u%s", type, nb, sfx);
   } else {
     tensor_shape(nblk, s);
-    snprintf(s->name, sizeof s->name, "mt_quant_tensor_%s", type);
+    snprintf(s->name, sizeof s->name, "mt_quant_tensor_%s%s", type, sfx);
   }
   s->grid_x = (rows + s->block_y - 1) / s->block_y;
   return s->grid_y <= 65535 ? MT_OK : MT_ERR_UNSUPPORTED;
@@ -131,8 +131,11 @@ int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) {
   CUfunction quant, amax = NULL;
   int status = pick_shape(p, tile16, &s);
   if (status == MT_OK) status = mt_kernel_get("quant", s.name, stream, &quant);
-  if (status == MT_OK && !p->row_outer)
-    status = mt_kernel_get("quant", p->fp16 ? "mt_quant_amax_fp16" : "mt_quant_amax_bf16", stream, &amax);
+  if (status == MT_OK && !p->row_outer) {
+    char name[40];
+    snprintf(name, sizeof name, "mt_quant_amax_%s%s", p->fp16 ? "fp16" : "bf16", p->batch_ptrs ? "_ptrs" : "");
+    status = mt_kernel_get("quant", name, stream, &amax);
+  }
   if (status != MT_OK) return status;
   if (amax) {
     /* The amax pass ends in atomicMax on FP32 bits: exact and independent of order. */

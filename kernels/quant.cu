@@ -49,9 +49,10 @@ __device__ __forceinline__ int batch_of_row(const mt_quant_params &p, int r, int
 }
 
 /* Row r's first byte of x: batch r / batch_rows lies batch_stride elements after the one before;
- * with batch_ptrs, each batch at its own base. */
-__device__ __forceinline__ const char *x_row(const mt_quant_params &p, int r) {
-  if (p.batch_ptrs) {
+ * with batch_ptrs (PTRS: the _ptrs kernels, so that the others compile as if it did not exist),
+ * each batch at its own base. */
+template <bool PTRS> __device__ __forceinline__ const char *x_row(const mt_quant_params &p, int r) {
+  if constexpr (PTRS) {
     int e, rl;
     if (p.batch_offs) {
       e = batch_of_row(p, r, rl);
@@ -197,7 +198,7 @@ __device__ __forceinline__ float block_coef(uint32_t amax_bits, float s_over_6, 
  * blockIdx.y * TX * NB / 2 + tx + i * TX (blocks j = 2i and 2i + 1 of its NB), over the rows and
  * pairs of each slice the layout pads to: rows past a slice's p.batch_rows load as zero, so their
  * codes and scales are 0 (their S is not written). */
-template <bool FP16, int NB, bool ROW, bool TILE, bool STORE = false>
+template <bool FP16, int NB, bool ROW, bool TILE, bool STORE = false, bool PTRS = false>
 __device__ __forceinline__ void quantize(const mt_quant_params &p) {
   if (p.only_if && *p.only_if == 0) /* the same for the whole grid: no barrier is left waiting */
     return;
@@ -212,7 +213,7 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
   auto block_of = [&](int j) {
     return STORE ? 2 * (blockIdx.y * (TX * NB / 2) + tx + (j >> 1) * TX) + (j & 1) : b0 + j * TX;
   };
-  const char *xrow = x_row(p, row_ok ? r : 0);
+  const char *xrow = x_row<PTRS>(p, row_ok ? r : 0);
 
   uint32_t w[NB][8], amax_b[NB];
 #pragma unroll
@@ -221,8 +222,8 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
     uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
     if (row_ok && b < nblk) {
       const char *src = xrow + (size_t)b * 32;
-      v0 = load16(src, p.batch_ptrs != nullptr);
-      v1 = load16(src + 16, p.batch_ptrs != nullptr);
+      v0 = load16(src, PTRS);
+      v1 = load16(src + 16, PTRS);
     }
     w[j][0] = v0.x, w[j][1] = v0.y, w[j][2] = v0.z, w[j][3] = v0.w;
     w[j][4] = v1.x, w[j][5] = v1.y, w[j][6] = v1.z, w[j][7] = v1.w;
@@ -320,16 +321,16 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
  * slice's amax word (FP32 bits; the launcher zeroes them first): each warp takes a run of rows,
  * four 16-byte loads in flight per lane; one atomicMax per CTA (per warp and slice in the store
  * mode, where a warp's run may cross into the next slice). */
-template <bool FP16> __device__ __forceinline__ uint32_t row_amax(const mt_quant_params &p, int r, int lane) {
+template <bool FP16, bool PTRS>
+__device__ __forceinline__ uint32_t row_amax(const mt_quant_params &p, int r, int lane) {
   const int chunks = p.cols >> 3;
-  const char *src = x_row(p, r);
-  const bool loose = p.batch_ptrs != nullptr;
+  const char *src = x_row<PTRS>(p, r);
   uint32_t m = 0;
   for (int c = lane; c < chunks; c += 4 * 32) {
     uint4 v[4];
 #pragma unroll
     for (int u = 0; u < 4; u++)
-      v[u] = (c + u * 32 < chunks) ? load16(src + (size_t)(c + u * 32) * 16, loose) : make_uint4(0, 0, 0, 0);
+      v[u] = (c + u * 32 < chunks) ? load16(src + (size_t)(c + u * 32) * 16, PTRS) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < 4; u++) {
       m = __vmaxu2(m, v[u].x & 0x7fff7fffu);
@@ -341,7 +342,7 @@ template <bool FP16> __device__ __forceinline__ uint32_t row_amax(const mt_quant
   return __reduce_max_sync(0xffffffffu, __float_as_uint(abs_bits_to_float<FP16>(max(m & 0xffffu, m >> 16))));
 }
 
-template <bool FP16> __device__ __forceinline__ void amax_pass(const mt_quant_params &p) {
+template <bool FP16, bool PTRS> __device__ __forceinline__ void amax_pass(const mt_quant_params &p) {
   if (p.only_if && *p.only_if == 0) return;
   const int lane = threadIdx.x & 31;
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -349,7 +350,7 @@ template <bool FP16> __device__ __forceinline__ void amax_pass(const mt_quant_pa
   const int run = (p.rows + nwarps - 1) / nwarps, r0 = warp * run, r1 = min(p.rows, r0 + run);
   uint32_t bits = 0;
   for (int r = r0; r < r1; r++) {
-    bits = max(bits, row_amax<FP16>(p, r, lane));
+    bits = max(bits, row_amax<FP16, PTRS>(p, r, lane));
     if (p.store && (r + 1 == r1 || (r + 1) % p.batch_rows == 0)) { /* the slice's last row of this run */
       if (lane == 0 && bits != 0) atomicMax((uint32_t *)(slice_outer(p, r / p.batch_rows) + 1), bits);
       bits = 0;
@@ -370,11 +371,16 @@ template <bool FP16> __device__ __forceinline__ void amax_pass(const mt_quant_pa
 
 } // namespace
 
-#define MT_QUANT_ROW(type, fp16, nb)                                                                                   \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_row_##type##_nb##nb(const mt_quant_params p) {    \
+/* Every kernel twice: for strided rows, and (suffix _ptrs) for rows behind device pointer arrays
+ * (mt_quant_params.batch_ptrs), whose bases only the device sees. */
+#define MT_QUANT_ROW_AS(type, fp16, nb, sfx, ptrs)                                                                     \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
+      mt_quant_row_##type##_nb##nb##sfx(const mt_quant_params p) {                                                     \
     allow_dependents();                                                                                                \
-    quantize<fp16, nb, true, false>(p);                                                                                \
+    quantize<fp16, nb, true, false, false, ptrs>(p);                                                                   \
   }
+#define MT_QUANT_ROW(type, fp16, nb)                                                                                   \
+  MT_QUANT_ROW_AS(type, fp16, nb, , false) MT_QUANT_ROW_AS(type, fp16, nb, _ptrs, true)
 MT_QUANT_ROW(bf16, false, 1)
 MT_QUANT_ROW(bf16, false, 2)
 MT_QUANT_ROW(bf16, false, 4)
@@ -384,38 +390,44 @@ MT_QUANT_ROW(fp16, true, 2)
 MT_QUANT_ROW(fp16, true, 4)
 MT_QUANT_ROW(fp16, true, 8)
 
-#define MT_QUANT_TENSOR(type, fp16)                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tensor_##type(const mt_quant_params p) {          \
+#define MT_QUANT_TENSOR_AS(type, fp16, sfx, ptrs)                                                                      \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tensor_##type##sfx(const mt_quant_params p) {     \
     allow_dependents();                                                                                                \
-    quantize<fp16, 1, false, false>(p);                                                                                \
+    quantize<fp16, 1, false, false, false, ptrs>(p);                                                                   \
   }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tile_##type(const mt_quant_params p) {            \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tile_##type##sfx(const mt_quant_params p) {       \
     allow_dependents();                                                                                                \
-    quantize<fp16, 1, false, true>(p);                                                                                 \
+    quantize<fp16, 1, false, true, false, ptrs>(p);                                                                    \
   }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kAmaxThreads) mt_quant_amax_##type(const mt_quant_params p) {           \
-    amax_pass<fp16>(p);                                                                                                \
+  extern "C" __global__ void __launch_bounds__(kAmaxThreads) mt_quant_amax_##type##sfx(const mt_quant_params p) {      \
+    amax_pass<fp16, ptrs>(p);                                                                                          \
   }
+#define MT_QUANT_TENSOR(type, fp16) MT_QUANT_TENSOR_AS(type, fp16, , false) MT_QUANT_TENSOR_AS(type, fp16, _ptrs, true)
 MT_QUANT_TENSOR(bf16, false)
 MT_QUANT_TENSOR(fp16, true)
 
 /* The store mode (mt_quant_params.store, weights): per-row S with 2, 4 or 8 blocks a thread (pairs
  * of adjacent blocks), per-tensor S with 2, and 16x16 tiles (per-tensor S) with 2. */
-#define MT_QUANT_STORE(type, fp16)                                                                                     \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_row_store_##type##_nb2(const mt_quant_params p) { \
-    quantize<fp16, 2, true, false, true>(p);                                                                           \
+#define MT_QUANT_STORE_AS(type, fp16, sfx, ptrs)                                                                       \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
+      mt_quant_row_store_##type##_nb2##sfx(const mt_quant_params p) {                                                  \
+    quantize<fp16, 2, true, false, true, ptrs>(p);                                                                     \
   }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_row_store_##type##_nb4(const mt_quant_params p) { \
-    quantize<fp16, 4, true, false, true>(p);                                                                           \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
+      mt_quant_row_store_##type##_nb4##sfx(const mt_quant_params p) {                                                  \
+    quantize<fp16, 4, true, false, true, ptrs>(p);                                                                     \
   }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_row_store_##type##_nb8(const mt_quant_params p) { \
-    quantize<fp16, 8, true, false, true>(p);                                                                           \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
+      mt_quant_row_store_##type##_nb8##sfx(const mt_quant_params p) {                                                  \
+    quantize<fp16, 8, true, false, true, ptrs>(p);                                                                     \
   }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tensor_store_##type(const mt_quant_params p) {    \
-    quantize<fp16, 2, false, false, true>(p);                                                                          \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
+      mt_quant_tensor_store_##type##sfx(const mt_quant_params p) {                                                     \
+    quantize<fp16, 2, false, false, true, ptrs>(p);                                                                    \
   }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tile_store_##type(const mt_quant_params p) {      \
-    quantize<fp16, 2, false, true, true>(p);                                                                           \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tile_store_##type##sfx(const mt_quant_params p) { \
+    quantize<fp16, 2, false, true, true, ptrs>(p);                                                                     \
   }
+#define MT_QUANT_STORE(type, fp16) MT_QUANT_STORE_AS(type, fp16, , false) MT_QUANT_STORE_AS(type, fp16, _ptrs, true)
 MT_QUANT_STORE(bf16, false)
 MT_QUANT_STORE(fp16, true)

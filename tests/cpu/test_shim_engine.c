@@ -776,6 +776,10 @@ static void check_grouped_args(int from, const uint16_t *y, size_t sy, int token
 #define BATCH_CALL                                                                                 \
   "memset12 mt_quant_amax_bf16 mt_quant_tensor_store_bf16 tmap mt_quant_row_bf16_nb1"
 #define BATCH_GEMM "mt_grouped_n16+pdl"
+/* ... and of a pointer-array batch: the quantizers' kernels for rows behind pointers */
+#define ARRAYS_CALL                                                                                \
+  "memset12 mt_quant_amax_bf16_ptrs mt_quant_tensor_store_bf16_ptrs tmap "                         \
+  "mt_quant_row_bf16_nb1_ptrs"
 
 static void scenario_strided(void) {
   int tokens = 8;
@@ -993,7 +997,7 @@ static void arrays_batched(void) {
   guard(&x, 1);
   CHECK(call_batched(&x, &half) == CUBLAS_STATUS_SUCCESS);
   CHECKF(cublas_calls() == calls, "the fake cuBLAS was called for a routed pointer-array batch");
-  CHECK_TRACE(t, "alloc " LOAD_ALL " " BATCH_CALL " smem " BATCH_GEMM);
+  CHECK_TRACE(t, "alloc " LOAD_ALL " " ARRAYS_CALL " smem " BATCH_GEMM);
   check_array_args(t, &x, 8, BATCH * 8, 0.5f);
   check_marked(p, before, BATCH);
   free_all(before, BATCH);
@@ -1002,7 +1006,7 @@ static void arrays_batched(void) {
   t = now();
   CHECK(call_batched(&x, &zero) == CUBLAS_STATUS_SUCCESS);
   CHECK(cublas_calls() == calls);
-  CHECK_TRACE(t, "alloc_async " BATCH_CALL " " BATCH_GEMM " free_async");
+  CHECK_TRACE(t, "alloc_async " ARRAYS_CALL " " BATCH_GEMM " free_async");
   check_array_args(t, &x, 8, BATCH * 8, 0.0f);
   check_marked(p, before, BATCH);
   set_capturing(S1, 0);
