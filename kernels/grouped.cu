@@ -262,6 +262,10 @@ __device__ static void store_tile(const mt_grouped_kargs &a, const table *t, con
                            : nullptr;
   const char *bias =
       a.bias ? (const char *)a.bias + (long long)gs * a.stride_bias * (a.biastype == DT_FP32 ? 4 : 2) : nullptr;
+  // A pointer read from an array is generic to the compiler: said global, y keeps the strided
+  // path's st.global stores (not generic ones) in every kernel; C, read only when beta != 0, is
+  // read through generic loads (the assumption does not reach them).
+  __builtin_assume(__isGlobal(y));
   // per channel (i: rows g and g + 8): 1/S_w and the bias; per token: 1/S_a, once
   float inv_w[2], bv[2];
 #pragma unroll
