@@ -4,13 +4,16 @@
  * go on (so one run shows every broken assertion of a test); SKIP ends the test as skipped with
  * a reason, never as passed. mt_test_done() prints the program's counts as a line
  * "#mt-counts PASSED FAILED SKIPPED", which tests/run sums into the closing line of `make test`,
- * and returns the exit status.
+ * and returns the exit status. MT_TEST_ONLY="a b" runs only the tests whose names contain one of
+ * the words (the others are not counted), as in tests/harness.py.
  */
 #ifndef MT_TESTS_HARNESS_H
 #define MT_TESTS_HARNESS_H
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define MT_TEST_MAX_MESSAGES 8 /* per test; more failures are counted, not printed */
 
@@ -51,7 +54,25 @@ mt_t_fail(const char *file, int line, const char *expr, const char *fmt, ...) {
 
 #define RUN(fn) mt_t_run(#fn, fn)
 
+/* MT_TEST_ONLY: space-separated parts of test names; unset or empty, every test. */
+__attribute__((unused)) static int mt_t_selected(const char *name) {
+  const char *only = getenv("MT_TEST_ONLY");
+  if (!only || !*only)
+    return 1;
+  for (const char *w = only; *w;) {
+    size_t n = strcspn(w, " ");
+    for (const char *at = name; *at; at++)
+      if (!strncmp(at, w, n))
+        return 1;
+    w += n;
+    w += strspn(w, " ");
+  }
+  return 0;
+}
+
 __attribute__((unused)) static void mt_t_run(const char *name, void (*fn)(void)) {
+  if (!mt_t_selected(name))
+    return;
   mt_t_cur_failures = 0;
   mt_t_cur_skipped = 0;
   fn();

@@ -1,13 +1,14 @@
 """harness.py — the Python tests' harness, the twin of tests/harness.h.
 
 check() records a failure and goes on; a test that raises counts as failed with its traceback;
-skip() ends a test as skipped with a reason. Arguments on a test program's command line pick its
-tests by a part of their name (`python3 tests/gpu/test_reliability.py sanitizers`); the others do
-not run and are not counted. done() prints "#mt-counts P F S" for tests/run and
+skip() ends a test as skipped with a reason. Arguments on a test program's command line, or the words of
+MT_TEST_ONLY (as in tests/harness.h), pick its tests by a part of their name
+(`python3 tests/gpu/test_reliability.py sanitizers`); the others do not run and are not counted. done() prints "#mt-counts P F S" for tests/run and
 returns the exit status. temp_dir() gives a test program a temporary directory that is removed
 when the program exits.
 """
 import atexit
+import os
 import shutil
 import sys
 import tempfile
@@ -44,7 +45,8 @@ def temp_dir(prefix):
 
 def run(fn):
     global _passed, _failed, _skipped, _cur_failures
-    if sys.argv[1:] and not any(a in fn.__name__ for a in sys.argv[1:]):
+    only = sys.argv[1:] + os.environ.get("MT_TEST_ONLY", "").split()
+    if only and not any(a in fn.__name__ for a in only):
         return
     _cur_failures = 0
     try:
