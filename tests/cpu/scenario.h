@@ -47,6 +47,30 @@ MT_T_UNUSED static void *mt_t_sym(void *lib, const char *name) {
   return p;
 }
 
+/* The descriptor functions of the cuBLASLt in `lib` (the fake's), for building Lt calls. */
+typedef struct {
+  __typeof__(&cublasLtMatmulDescCreate) desc_create;
+  __typeof__(&cublasLtMatmulDescSetAttribute) desc_set;
+  __typeof__(&cublasLtMatmulDescDestroy) desc_destroy;
+  __typeof__(&cublasLtMatrixLayoutCreate) layout_create;
+  __typeof__(&cublasLtMatrixLayoutSetAttribute) layout_set;
+  __typeof__(&cublasLtMatrixLayoutDestroy) layout_destroy;
+} mt_t_lt_api;
+
+MT_T_UNUSED static mt_t_lt_api mt_t_lt(void *lib) {
+  mt_t_lt_api a;
+  void *p;
+#define MT_T_LT_SYM(field, name) (p = mt_t_sym(lib, name), memcpy(&a.field, &p, sizeof p))
+  MT_T_LT_SYM(desc_create, "cublasLtMatmulDescCreate");
+  MT_T_LT_SYM(desc_set, "cublasLtMatmulDescSetAttribute");
+  MT_T_LT_SYM(desc_destroy, "cublasLtMatmulDescDestroy");
+  MT_T_LT_SYM(layout_create, "cublasLtMatrixLayoutCreate");
+  MT_T_LT_SYM(layout_set, "cublasLtMatrixLayoutSetAttribute");
+  MT_T_LT_SYM(layout_destroy, "cublasLtMatrixLayoutDestroy");
+#undef MT_T_LT_SYM
+  return a;
+}
+
 /* The fake libcuda's event log (set by the child's loader): how many events so far, and one. */
 static fake_cuda_events_fn cuda_events;
 

@@ -472,34 +472,27 @@ static void scenario_requantize(void) {
 /* cublasLtMatmul, with and without the BIAS epilogue; C and D separate. */
 static void lt_call(const problem *p, const uint16_t *c, const void *bias, int bias_type,
                     const float *beta) {
-  __typeof__(&cublasLtMatmulDescCreate) desc_create =
-      (__typeof__(desc_create))dlsym(lib_lt, "cublasLtMatmulDescCreate");
-  __typeof__(&cublasLtMatmulDescSetAttribute) desc_set =
-      (__typeof__(desc_set))dlsym(lib_lt, "cublasLtMatmulDescSetAttribute");
-  __typeof__(&cublasLtMatrixLayoutCreate) layout_create =
-      (__typeof__(layout_create))dlsym(lib_lt, "cublasLtMatrixLayoutCreate");
+  const mt_t_lt_api api = mt_t_lt(lib_lt);
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t la, lb, lc;
-  desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  api.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
   int32_t ta = CUBLAS_OP_T;
-  desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+  api.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
   if (bias) {
     uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
-    desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
-    desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    api.desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    api.desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
     if (bias_type != -1)
-      desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type);
+      api.desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type);
   }
-  layout_create(&la, CUDA_R_16BF, IN, p->out, IN);
-  layout_create(&lb, CUDA_R_16BF, IN, p->tokens, IN);
-  layout_create(&lc, CUDA_R_16BF, p->out, p->tokens, p->ldc);
+  api.layout_create(&la, CUDA_R_16BF, IN, p->out, IN);
+  api.layout_create(&lb, CUDA_R_16BF, IN, p->tokens, IN);
+  api.layout_create(&lc, CUDA_R_16BF, p->out, p->tokens, p->ldc);
   char workspace[256];
   CHECK(hook_lt(lt_handle, desc, &one, p->w, la, p->x, lb, beta, c, lc, p->y, lc, NULL, workspace,
                 sizeof workspace, (cudaStream_t)S1) == CUBLAS_STATUS_SUCCESS);
-  ((__typeof__(&cublasLtMatmulDescDestroy))dlsym(lib_lt, "cublasLtMatmulDescDestroy"))(desc);
-  __typeof__(&cublasLtMatrixLayoutDestroy) layout_destroy =
-      (__typeof__(layout_destroy))dlsym(lib_lt, "cublasLtMatrixLayoutDestroy");
-  layout_destroy(la), layout_destroy(lb), layout_destroy(lc);
+  api.desc_destroy(desc);
+  api.layout_destroy(la), api.layout_destroy(lb), api.layout_destroy(lc);
 }
 
 static void scenario_lt(void) {
@@ -854,30 +847,24 @@ static void scenario_lt_batch(void) {
   size_t sw = (size_t)OUT * IN, sx = (size_t)tokens * IN, sy = (size_t)OUT * tokens;
   uint16_t *w = matrix(sw * BATCH), *x = matrix(sx * BATCH), *y = matrix(sy * BATCH);
   uint16_t *bias = matrix((size_t)OUT * BATCH), *before = copy_of(y, sy * BATCH);
-  __typeof__(&cublasLtMatmulDescCreate) desc_create =
-      (__typeof__(desc_create))dlsym(lib_lt, "cublasLtMatmulDescCreate");
-  __typeof__(&cublasLtMatmulDescSetAttribute) desc_set =
-      (__typeof__(desc_set))dlsym(lib_lt, "cublasLtMatmulDescSetAttribute");
-  __typeof__(&cublasLtMatrixLayoutCreate) layout_create =
-      (__typeof__(layout_create))dlsym(lib_lt, "cublasLtMatrixLayoutCreate");
-  __typeof__(&cublasLtMatrixLayoutSetAttribute) layout_set =
-      (__typeof__(layout_set))dlsym(lib_lt, "cublasLtMatrixLayoutSetAttribute");
+  const mt_t_lt_api api = mt_t_lt(lib_lt);
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t l[3];
-  desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  api.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
   int32_t ta = CUBLAS_OP_T, count = BATCH;
   uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
   int64_t bias_stride = OUT, strides[3] = {(int64_t)sw, (int64_t)sx, (int64_t)sy};
-  desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-  desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
-  desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
-  desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bias_stride, sizeof bias_stride);
-  layout_create(&l[0], CUDA_R_16BF, IN, OUT, IN);
-  layout_create(&l[1], CUDA_R_16BF, IN, tokens, IN);
-  layout_create(&l[2], CUDA_R_16BF, OUT, tokens, OUT);
+  api.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+  api.desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+  api.desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+  api.desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bias_stride, sizeof bias_stride);
+  api.layout_create(&l[0], CUDA_R_16BF, IN, OUT, IN);
+  api.layout_create(&l[1], CUDA_R_16BF, IN, tokens, IN);
+  api.layout_create(&l[2], CUDA_R_16BF, OUT, tokens, OUT);
   for (int i = 0; i < 3; i++) {
-    layout_set(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count);
-    layout_set(l[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i], sizeof strides[i]);
+    api.layout_set(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count);
+    api.layout_set(l[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i],
+                   sizeof strides[i]);
   }
   char workspace[256];
   long calls = lt_calls();
@@ -890,11 +877,9 @@ static void scenario_lt_batch(void) {
   check_grouped_args(t, y, sy, tokens, NULL, 0.0f, bias, OUT);
   for (int i = 0; i < BATCH; i++)
     CHECK(marked(y + i * sy, before + i * sy, OUT, tokens, OUT));
-  ((__typeof__(&cublasLtMatmulDescDestroy))dlsym(lib_lt, "cublasLtMatmulDescDestroy"))(desc);
-  __typeof__(&cublasLtMatrixLayoutDestroy) layout_destroy =
-      (__typeof__(layout_destroy))dlsym(lib_lt, "cublasLtMatrixLayoutDestroy");
+  api.desc_destroy(desc);
   for (int i = 0; i < 3; i++)
-    layout_destroy(l[i]);
+    api.layout_destroy(l[i]);
   check_driver_clean();
   free(w), free(x), free(y), free(bias), free(before);
 }
@@ -1066,26 +1051,19 @@ static void arrays_grouped(void) {
 static void arrays_lt(void) {
   problem p[BATCH] = {make(OUT, 8, OUT), make(OUT, 8, OUT), make(OUT, 8, OUT)};
   arrays x = arrays_of(p);
-  __typeof__(&cublasLtMatmulDescCreate) desc_create =
-      (__typeof__(desc_create))dlsym(lib_lt, "cublasLtMatmulDescCreate");
-  __typeof__(&cublasLtMatmulDescSetAttribute) desc_set =
-      (__typeof__(desc_set))dlsym(lib_lt, "cublasLtMatmulDescSetAttribute");
-  __typeof__(&cublasLtMatrixLayoutCreate) layout_create =
-      (__typeof__(layout_create))dlsym(lib_lt, "cublasLtMatrixLayoutCreate");
-  __typeof__(&cublasLtMatrixLayoutSetAttribute) layout_set =
-      (__typeof__(layout_set))dlsym(lib_lt, "cublasLtMatrixLayoutSetAttribute");
+  const mt_t_lt_api api = mt_t_lt(lib_lt);
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t l[3];
-  desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  api.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
   int32_t ta = CUBLAS_OP_T, count = BATCH;
   uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY, strided = CUBLASLT_BATCH_MODE_STRIDED;
-  desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-  layout_create(&l[0], CUDA_R_16BF, IN, OUT, IN);
-  layout_create(&l[1], CUDA_R_16BF, IN, 8, IN);
-  layout_create(&l[2], CUDA_R_16BF, OUT, 8, OUT);
+  api.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+  api.layout_create(&l[0], CUDA_R_16BF, IN, OUT, IN);
+  api.layout_create(&l[1], CUDA_R_16BF, IN, 8, IN);
+  api.layout_create(&l[2], CUDA_R_16BF, OUT, 8, OUT);
   for (int i = 0; i < 3; i++) {
-    layout_set(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count);
-    layout_set(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode);
+    api.layout_set(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count);
+    api.layout_set(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode);
   }
   char workspace[256];
   uint16_t *before[BATCH];
@@ -1102,24 +1080,22 @@ static void arrays_lt(void) {
   check_marked(p, before, BATCH);
   free_all(before, BATCH);
   /* A strided, B, C and D pointer arrays: not one form */
-  layout_set(l[0], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &strided, sizeof strided);
+  api.layout_set(l[0], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &strided, sizeof strided);
   t = now();
   CHECK(hook_lt(lt_handle, desc, &one, p[0].w, l[0], x.b, l[1], &zero, x.c, l[2], x.c, l[2], NULL,
                 workspace, sizeof workspace, (cudaStream_t)S1) == CUBLAS_STATUS_NOT_SUPPORTED);
   CHECK(lt_calls() == calls + 1);
   /* a bias with pointer-array batches */
-  layout_set(l[0], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode);
+  api.layout_set(l[0], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode);
   uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
-  desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+  api.desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
   CHECK(hook_lt(lt_handle, desc, &one, x.a, l[0], x.b, l[1], &zero, x.c, l[2], x.c, l[2], NULL,
                 workspace, sizeof workspace, (cudaStream_t)S1) == CUBLAS_STATUS_NOT_SUPPORTED);
   CHECK(lt_calls() == calls + 2);
   CHECK_TRACE(t, "");
-  ((__typeof__(&cublasLtMatmulDescDestroy))dlsym(lib_lt, "cublasLtMatmulDescDestroy"))(desc);
-  __typeof__(&cublasLtMatrixLayoutDestroy) layout_destroy =
-      (__typeof__(layout_destroy))dlsym(lib_lt, "cublasLtMatrixLayoutDestroy");
+  api.desc_destroy(desc);
   for (int i = 0; i < 3; i++)
-    layout_destroy(l[i]);
+    api.layout_destroy(l[i]);
   arrays_free(&x);
   for (int i = 0; i < BATCH; i++)
     unmake(&p[i]);

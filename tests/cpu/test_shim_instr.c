@@ -215,35 +215,29 @@ static void print_keys(const problem *p) {
 /* cublasLtMatmul of p with an FP32 bias (the BIAS epilogue), C = D = p's output. */
 static cublasStatus_t lt_bias(const problem *p, const float *bias) {
   __typeof__(&cublasLtCreate) lt_create = (__typeof__(lt_create))dlsym(lib_lt, "cublasLtCreate");
-  __typeof__(&cublasLtMatmulDescCreate) desc_create =
-      (__typeof__(desc_create))dlsym(lib_lt, "cublasLtMatmulDescCreate");
-  __typeof__(&cublasLtMatmulDescSetAttribute) desc_set =
-      (__typeof__(desc_set))dlsym(lib_lt, "cublasLtMatmulDescSetAttribute");
-  __typeof__(&cublasLtMatrixLayoutCreate) layout_create =
-      (__typeof__(layout_create))dlsym(lib_lt, "cublasLtMatrixLayoutCreate");
+  const mt_t_lt_api api = mt_t_lt(lib_lt);
   __typeof__(&cublasLtMatmul) hook_lt = (__typeof__(hook_lt))dlsym(RTLD_DEFAULT, "cublasLtMatmul");
   cublasLtHandle_t lt;
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t la, lb, lc;
-  if (!lt_create || !desc_create || !desc_set || !layout_create || !hook_lt || lt_create(&lt))
+  if (!lt_create || !api.desc_create || !api.desc_set || !api.layout_create || !hook_lt ||
+      lt_create(&lt))
     return CUBLAS_STATUS_NOT_INITIALIZED;
-  desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  api.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
   int32_t ta = CUBLAS_OP_T, bias_type = CUDA_R_32F;
   uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
-  desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-  desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
-  desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
-  desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type);
-  layout_create(&la, CUDA_R_16BF, IN, p->out, IN);
-  layout_create(&lb, CUDA_R_16BF, IN, p->tokens, IN);
-  layout_create(&lc, CUDA_R_16BF, p->out, p->tokens, p->out);
+  api.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+  api.desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+  api.desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+  api.desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type);
+  api.layout_create(&la, CUDA_R_16BF, IN, p->out, IN);
+  api.layout_create(&lb, CUDA_R_16BF, IN, p->tokens, IN);
+  api.layout_create(&lc, CUDA_R_16BF, p->out, p->tokens, p->out);
   static char workspace[256];
   cublasStatus_t st = hook_lt(lt, desc, &one, p->w, la, p->x, lb, &zero, p->y, lc, p->y, lc, NULL,
                               workspace, sizeof workspace, (cudaStream_t)S1);
-  ((__typeof__(&cublasLtMatmulDescDestroy))dlsym(lib_lt, "cublasLtMatmulDescDestroy"))(desc);
-  __typeof__(&cublasLtMatrixLayoutDestroy) destroy =
-      (__typeof__(destroy))dlsym(lib_lt, "cublasLtMatrixLayoutDestroy");
-  destroy(la), destroy(lb), destroy(lc);
+  api.desc_destroy(desc);
+  api.layout_destroy(la), api.layout_destroy(lb), api.layout_destroy(lc);
   ((__typeof__(&cublasLtDestroy))dlsym(lib_lt, "cublasLtDestroy"))(lt);
   return st;
 }
