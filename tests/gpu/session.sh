@@ -20,9 +20,12 @@
 #              lines into ab.log
 #   run        make run (RUN_LIMIT, default 540; RUN_ARGS passed on)
 # TAG=-x appends -x to the log names: the same steps again under another setting, side by side.
-# A device call has at most 600 s, so pick the steps of each call: on the H200 build takes ~60 s,
-# kernels ~80, sanitize ~80, bench ~10, probe ~20 to build, torch ~580 in all (the demos,
-# instruments and routed tests ~360, test_torch_passthrough.py ~220: two calls with GPU_PY).
+# A device call has at most 600 s, so pick the steps of each call: on the H200 build takes ~40 s,
+# kernels ~140 (test_kernels ~90, test_grouped ~45), sanitize ~80, bench ~10, probe ~20 to build,
+# torch ~1000 in all: three calls with GPU_PY. Per program, s: test_grouped_mm.py ~265,
+# test_multi_gpu.py ~160, test_torch_passthrough.py ~145, test_demo_sampler.py ~95,
+# test_demo_learner.py ~90, test_reliability.py ~75 (its sanitizers alone, MT_SANITIZE=1 and
+# MT_TEST_ONLY=sanitizers, ~40), test_jax_moe.py ~40, test_ptr_arrays.py ~2.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 out=${OUT:-build/gpu-session}
