@@ -5,8 +5,10 @@
  *
  * What must hold, whatever the answers: no crash, no read or write past an attribute's buffer
  * (ASan), no undefined arithmetic (UBSan); and a call decided "routed" is one the engine can
- * take: its weight shape is a route, k a multiple of 16, n positive, no batch, column-major
- * operands with leading dimensions that hold them, host scalars, 16-byte aligned pointers.
+ * take: its weight shape is a route, k a multiple of 16, n positive, one problem or more,
+ * column-major operands with leading dimensions that hold them, host scalars, 16-byte aligned
+ * pointers (a strided batch: aligned strides, no two problems writing one output; pointer arrays
+ * are the grouped engine's to check on the device).
  * Any violation aborts, so libFuzzer keeps the input.
  */
 #include <stdatomic.h>
@@ -66,11 +68,16 @@ static void check_routed(const mt_spec *s, const mt_call *c) {
   if (c->m <= 0 || c->k <= 0 || c->n <= 0 || c->m > UINT32_MAX || c->k > UINT32_MAX ||
       !mt_spec_routes(s, (uint32_t)c->m, (uint32_t)c->k))
     abort();
-  if (c->k % 16 || c->batch != 1 || c->pointer_arrays || c->order_a || c->order_b || c->order_c || c->order_d) abort();
+  if (c->k % 16 || c->batch < 1 || c->order_a || c->order_b || c->order_c || c->order_d) abort();
   if (c->lda < c->k || c->ldb < c->k || c->ldc < c->m || c->ldd < c->m || c->lda % 8 || c->ldb % 8) abort();
   if (!half_type(c->atype) || c->atype != c->btype || !half_type(c->dtype) || c->ptr_mode != 0 || !c->details_ok)
     abort();
+  if (c->pointer_arrays) return; /* the operands are device arrays: the grouped engine's to check */
   if (((uintptr_t)c->a | (uintptr_t)c->b | (uintptr_t)c->c | (uintptr_t)c->d) % 16) abort();
+  /* a strided batch: aligned problems, none writing another's output */
+  if (c->batch > 1 && (c->stride_a < 0 || c->stride_b < 0 ||
+                       (c->stride_a | c->stride_b | c->stride_c | c->stride_d) % 8 || c->stride_d < c->ldd * c->n))
+    abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -88,6 +88,9 @@ static int layout_ok(const mt_call *c) {
     return 0; /* something could not be read: never guess a layout */
   if (c->order_a || c->order_b || c->order_c || c->order_d)
     return 0;
+  /* No problem (an Lt batch count of 0) or a negative count: whatever cuBLAS answers to it. */
+  if (c->batch < 1)
+    return 0;
   if (!strides_ok(c))
     return 0;
   /* No tokens, or a negative count (cuBLAS refuses it; an Lt layout can say so): cuBLAS's. */

@@ -61,7 +61,7 @@ static void router_decision_table(void) {
     const char *what;
     mt_call c;
     enum mt_reason want;
-  } rows[40];
+  } rows[48];
   int n = 0;
   mt_call c = forward();
 #define ROW(text, expr, reason)                                                                    \
@@ -130,6 +130,10 @@ static void router_decision_table(void) {
   /* found by lab/fuzz_lt.c: an Lt layout of 2^64 - x columns read as a negative token count */
   ROW("negative token count", c.n = -8142508126285856760LL, MT_R_LAYOUT);
   ROW("no tokens", c.n = 0, MT_R_LAYOUT);
+  /* found by lab/fuzz_lt.c: an Lt layout's batch count of 0 was routed as one problem */
+  ROW("Lt batch count 0", (c.entry = MT_FN_cublasLtMatmul, c.batch = 0), MT_R_LAYOUT);
+  ROW("negative batch count", (c.entry = MT_FN_cublasGemmStridedBatchedEx, c.batch = -3),
+      MT_R_LAYOUT);
 #undef ROW
   for (int i = 0; i < n; i++) {
     enum mt_reason got = mt_route_decide(&spec, &rows[i].c);
