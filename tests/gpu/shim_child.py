@@ -1,7 +1,9 @@
 """shim_child.py — what the GPU tests that run a workload in a child process under the shim share
-(test_routed.py, test_instruments.py, test_grouped_mm.py): the paths, the skip without torch or a
-GPU, running one case of a child script with the shim preloaded and reading its statistics, the
-CPU reference GEMM, and joining two statistics files with minite-compare.
+(test_routed.py, test_instruments.py, test_grouped_mm.py, and for their C programs and JAX child
+test_reliability.py, test_ptr_arrays.py and test_jax_moe.py): the paths, the skip without torch or
+a GPU, a child's environment under the shim, running one case of a child script or a C program
+with the shim preloaded and reading its statistics, the CPU reference GEMM, and joining two
+statistics files with minite-compare.
 The child scripts (routed_child.py, instr_child.py) use its child half: rand, f32, child_main.
 Not a test itself (tests/run runs only test_*.py).
 """
@@ -39,20 +41,35 @@ def need_gpu():
             raise RuntimeError(f"{path} missing: run {how} first")
 
 
-def run_child(script, case, tag, tmp, minite=None, extra=None):
-    """Run `script CASE OUT.npz` in its own process: with the shim preloaded and `minite` (a dict
-    of MINITE_* settings; the statistics go to tmp/TAG.PID.jsonl) unless minite is None, and with
-    `extra` environment variables (a value None unsets it). Every MINITE_* and every `extra` key of
-    the caller's environment is dropped first. Returns (arrays, statistics files, the last file's summary record or None)."""
-    out = os.path.join(tmp, tag + ".npz")
+def shim_env(tag, tmp, minite=None, extra=None):
+    """A child's environment: the caller's without its MINITE_* and `extra` keys; the shim
+    preloaded with `minite` (a dict of MINITE_* settings; the statistics go to tmp/TAG.PID.jsonl)
+    unless minite is None; then `extra` (a value None unsets it)."""
     drop = set(extra or {})
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINITE_") and k not in drop}
     if minite is not None:
         env["LD_PRELOAD"] = (env["LD_PRELOAD"] + ":" if env.get("LD_PRELOAD") else "") + LIB
         env.update(minite, MINITE_STATS=os.path.join(tmp, tag + ".%p.jsonl"))
     env.update({k: v for k, v in (extra or {}).items() if v is not None})
-    proc = subprocess.run([sys.executable, script, case, out], env=env, capture_output=True,
-                          text=True, timeout=300)
+    return env
+
+
+def last_summary(tag, tmp):
+    """The summary record of the last of tmp/TAG.*.jsonl that ends with one, or None."""
+    summary = None
+    for f in sorted(glob.glob(os.path.join(tmp, tag + ".*.jsonl"))):
+        records = [json.loads(line) for line in open(f)]
+        if records and records[-1].get("event") == "summary":
+            summary = records[-1]
+    return summary
+
+
+def run_child(script, case, tag, tmp, minite=None, extra=None):
+    """Run `script CASE OUT.npz` in its own process, in shim_env(tag, tmp, minite, extra).
+    Returns (arrays, statistics files, the last file's summary record or None)."""
+    out = os.path.join(tmp, tag + ".npz")
+    proc = subprocess.run([sys.executable, script, case, out], env=shim_env(tag, tmp, minite, extra),
+                          capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise RuntimeError(f"{tag}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     files = sorted(glob.glob(os.path.join(tmp, tag + ".*.jsonl")))
@@ -61,6 +78,21 @@ def run_child(script, case, tag, tmp, minite=None, extra=None):
         lines = [json.loads(line) for line in open(f)]
         summary = lines[-1] if lines and lines[-1].get("event") == "summary" else None
     return np.load(out), files, summary
+
+
+def run_app(cmd, out, tag, tmp, minite=None, extra=None, timeout=600):
+    """Run the C program `cmd` (whose output file is `out`, uint16 words) in shim_env(tag, tmp,
+    minite, extra). Returns (exit status, its "#info KEY VALUE" lines as a dict, the output words,
+    last_summary or {}, stderr)."""
+    proc = subprocess.run(cmd, env=shim_env(tag, tmp, minite, extra), capture_output=True,
+                          text=True, timeout=timeout)
+    info = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("#info "):
+            _, key, value = line.split(" ", 2)
+            info[key] = int(value)
+    data = np.fromfile(out, dtype=np.uint16) if os.path.exists(out) else np.zeros(0, np.uint16)
+    return proc.returncode, info, data, last_summary(tag, tmp) or {}, proc.stderr
 
 
 def reference_gemm(x, w):

@@ -19,8 +19,6 @@ child()). For each setting:
   ragged_dot (not an expert call the route names) bitwise equal to BF16.
 Skips (not passes) without JAX or a GPU.
 """
-import glob
-import json
 import os
 import subprocess
 import sys
@@ -29,7 +27,8 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from shim_child import HERE, LIB, TOOL, harness, reference_bound, reference_gemm  # noqa: E402
+from shim_child import (HERE, LIB, TOOL, harness, last_summary, reference_bound,  # noqa: E402
+                        reference_gemm, shim_env)
 
 CHILD = os.path.join(HERE, "jax_child.py")
 TMP = tempfile.mkdtemp(prefix="mt_jax_")
@@ -52,28 +51,20 @@ def need_jax_gpu():
 
 def child(tag, lt, minite=None):
     out = os.path.join(TMP, tag + ".npz")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MINITE_")}
-    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     # no autotuning: one algorithm per GEMM, the same in every run (and no timing of candidates)
     # no command buffers: XLA adds a captured cuBLAS call to its graph as a child graph, which may
     # hold no memory allocation, and a routed call captured there allocates graph memory
-    env["XLA_FLAGS"] = ("--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0 "
-                        "--xla_gpu_enable_command_buffer= "
-                        f"--xla_gpu_enable_cublaslt={'true' if lt else 'false'}")
-    if minite is not None:
-        env["LD_PRELOAD"] = (env["LD_PRELOAD"] + ":" if env.get("LD_PRELOAD") else "") + LIB
-        env.update(minite, MINITE_STATS=os.path.join(TMP, tag + ".%p.jsonl"))
-    proc = subprocess.run([sys.executable, CHILD, out], env=env, capture_output=True, text=True,
-                          timeout=600)
+    xla = dict(XLA_PYTHON_CLIENT_PREALLOCATE="false",
+               XLA_FLAGS=("--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0 "
+                          "--xla_gpu_enable_command_buffer= "
+                          f"--xla_gpu_enable_cublaslt={'true' if lt else 'false'}"))
+    proc = subprocess.run([sys.executable, CHILD, out], env=shim_env(tag, TMP, minite, xla),
+                          capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"{tag}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     if minite is not None and "minite WARN" in proc.stderr:
         print(f"    {tag}: shim warnings:\n{proc.stderr[-1500:]}")
-    summary = None
-    for f in glob.glob(os.path.join(TMP, tag + ".*.jsonl")):
-        lines = [json.loads(line) for line in open(f)]
-        if lines and lines[-1].get("event") == "summary":
-            summary = lines[-1]
+    summary = last_summary(tag, TMP)
     if minite is not None:
         harness.check(summary is not None, f"{tag}: no statistics summary (no GEMM call seen?)")
     return np.load(out), summary or {}

@@ -22,22 +22,15 @@ tokens, beta 0.5 with C):
 Skips (not passes) without a CUDA device.
 """
 import ctypes
-import glob
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-import harness  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shim_child import BUILD, LIB, ROOT, harness, run_app  # noqa: E402
 
-BUILD = os.environ.get("MT_BUILD", "build")
-LIB = os.path.join(ROOT, BUILD, "libminite.so")
 APP = os.path.join(ROOT, BUILD, "tests", "gpu", "ptr_arrays_app")
 TMP = tempfile.mkdtemp(prefix="mt_ptr_arrays_")
 FORMS = ("batched", "grouped", "ragged", "lt")
@@ -60,25 +53,8 @@ def app(tag, shim=True, extra=None):
     """Run the program (without the shim: no graphs); returns (exit status, #info values, reference
     output, summary, stderr)."""
     out = os.path.join(TMP, tag + ".bin")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MINITE_")}
-    if shim:
-        env["LD_PRELOAD"] = (env["LD_PRELOAD"] + ":" if env.get("LD_PRELOAD") else "") + LIB
-        env.update(MINITE_SPEC="nvfp4-row", MINITE_ROUTE="512x1024",
-                   MINITE_STATS=os.path.join(TMP, tag + ".%p.jsonl"))
-    env.update(extra or {})
-    proc = subprocess.run([APP, out] + ([] if shim else ["eager"]), env=env, capture_output=True, text=True, timeout=300)
-    info = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("#info "):
-            _, key, value = line.split(" ", 2)
-            info[key] = int(value)
-    summary = {}
-    for f in sorted(glob.glob(os.path.join(TMP, tag + ".*.jsonl"))):
-        records = [json.loads(line) for line in open(f)]
-        if records and records[-1].get("event") == "summary":
-            summary = records[-1]
-    data = np.fromfile(out, dtype=np.uint16) if os.path.exists(out) else np.zeros(0, np.uint16)
-    return proc.returncode, info, data, summary, proc.stderr
+    minite = dict(MINITE_SPEC="nvfp4-row", MINITE_ROUTE="512x1024") if shim else None
+    return run_app([APP, out] + ([] if shim else ["eager"]), out, tag, TMP, minite, extra, timeout=300)
 
 
 def routed_forms(cache):

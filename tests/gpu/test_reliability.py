@@ -30,7 +30,6 @@ on the graph cases grow and side: memcheck without error, racecheck without a ha
 kernel (one in a cuBLAS kernel is printed), the threads' results still bitwise.
 Skips (not passes) without torch or a GPU.
 """
-import json
 import glob
 import os
 import re
@@ -42,7 +41,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from shim_child import BUILD, LIB, ROOT, harness, need_gpu, run_child  # noqa: E402
+from shim_child import BUILD, LIB, ROOT, harness, need_gpu, run_app, run_child  # noqa: E402
 
 CHILD = os.path.join(ROOT, "tests", "gpu", "reliability_child.py")
 APP = os.path.join(ROOT, BUILD, "tests", "gpu", "reliability_app")
@@ -115,26 +114,8 @@ def app(mode, tag, shim=True, extra=None, wrap=None, timeout=600):
     if not os.path.exists(APP):
         raise RuntimeError(f"{APP} missing: run make {BUILD}/tests/gpu/reliability_app first")
     out = os.path.join(TMP, tag + ".bin")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MINITE_")}
-    if shim:
-        env["LD_PRELOAD"] = (env["LD_PRELOAD"] + ":" if env.get("LD_PRELOAD") else "") + LIB
-        env.update(MINITE_SPEC="nvfp4-row", MINITE_ROUTE=ROUTE,
-                   MINITE_STATS=os.path.join(TMP, tag + ".%p.jsonl"))
-    env.update(extra or {})
-    proc = subprocess.run((wrap or []) + [APP, mode, out], env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    info = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("#info "):
-            _, key, value = line.split(" ", 2)
-            info[key] = int(value)
-    summary = None
-    for f in sorted(glob.glob(os.path.join(TMP, tag + ".*.jsonl"))):
-        records = [json.loads(line) for line in open(f)]
-        if records and records[-1].get("event") == "summary":
-            summary = records[-1]
-    data = np.fromfile(out, dtype=np.uint16) if os.path.exists(out) else np.zeros(0, np.uint16)
-    return proc.returncode, info, data, summary or {}, proc.stderr
+    minite = dict(MINITE_SPEC="nvfp4-row", MINITE_ROUTE=ROUTE) if shim else None
+    return run_app((wrap or []) + [APP, mode, out], out, tag, TMP, minite, extra, timeout)
 
 
 def all_routed(tag, summary, calls):
