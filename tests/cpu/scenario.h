@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -186,6 +187,38 @@ MT_T_UNUSED static int mt_t_all_marked(const mt_t_problem *p) {
  * own scratch). Returns 1 when so. */
 MT_T_UNUSED static int mt_t_routed_on(cublasHandle_t h, const mt_t_problem *p, CUstream s) {
   return mt_t_gemm_on(h, p, s) == CUBLAS_STATUS_SUCCESS && mt_t_all_marked(p);
+}
+
+/* One thread's share of a test of contexts used at once: `calls` calls of an out x in problem of
+ * 8 tokens (drawn from seed) in context ctx on `stream`, through a handle of its own; `routed`
+ * counts those routed. mt_t_run_ctx_jobs runs each job (at most 8) in a thread of its own, all at
+ * once. */
+typedef struct {
+  CUcontext ctx;
+  CUstream stream;
+  int out, in, calls, routed;
+  uint32_t seed;
+} mt_t_ctx_job;
+
+MT_T_UNUSED static void *mt_t_ctx_worker(void *arg) {
+  mt_t_ctx_job *j = arg;
+  mt_t_fakes.set_current(j->ctx);
+  cublasHandle_t h;
+  mt_t_fakes.create_handle(&h);
+  mt_t_problem p = mt_t_make(&j->seed, j->out, j->in, 8);
+  for (int i = 0; i < j->calls; i++)
+    j->routed += mt_t_routed_on(h, &p, j->stream);
+  mt_t_unmake(&p);
+  mt_t_fakes.destroy_handle(h);
+  return NULL;
+}
+
+MT_T_UNUSED static void mt_t_run_ctx_jobs(mt_t_ctx_job *jobs, int n) {
+  pthread_t th[8];
+  for (int i = 0; i < n && i < 8; i++)
+    pthread_create(&th[i], NULL, mt_t_ctx_worker, &jobs[i]);
+  for (int i = 0; i < n && i < 8; i++)
+    pthread_join(th[i], NULL);
 }
 
 /* What the fake cuBLAS computes for p without the shim (malloc'ed). */

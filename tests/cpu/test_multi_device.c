@@ -86,25 +86,6 @@ static void first_calls(const mt_t_problem *p, const mt_t_problem *big, int sms,
   CHECKF(large_grid(t) == sms, "a grid of %d CTAs on a device of %d SMs", large_grid(t), sms);
 }
 
-typedef struct {
-  CUcontext ctx;
-  int calls, routed;
-  uint32_t seed;
-} ctx_job;
-
-static void *ctx_worker(void *arg) {
-  ctx_job *j = arg;
-  mt_t_fakes.set_current(j->ctx);
-  cublasHandle_t h;
-  mt_t_fakes.create_handle(&h);
-  mt_t_problem p = make(&j->seed, OUT, 8);
-  for (int i = 0; i < j->calls; i++)
-    j->routed += mt_t_routed_on(h, &p, S1);
-  mt_t_unmake(&p);
-  mt_t_fakes.destroy_handle(h);
-  return NULL;
-}
-
 /* Devices 0 and 1 route (53 and 52 calls), device 2's one call goes to cuBLAS. */
 static void scenario_devices(void) {
   uint32_t seed = 2;
@@ -125,12 +106,9 @@ static void scenario_devices(void) {
   int t = now();
   CHECK(mt_t_routed_on(handle, &p, S1));
   CHECKF(mt_t_count_kind(t, FAKE_EV_LOAD) == 0, "modules loaded again on device 0");
-  ctx_job jobs[2] = {{d0, 50, 0, 7}, {d1, 50, 0, 8}};
-  pthread_t th[2];
-  for (int i = 0; i < 2; i++)
-    pthread_create(&th[i], NULL, ctx_worker, &jobs[i]);
-  for (int i = 0; i < 2; i++)
-    pthread_join(th[i], NULL);
+  mt_t_ctx_job jobs[2] = {{.ctx = d0, .stream = S1, .out = OUT, .in = IN, .calls = 50, .seed = 7},
+                          {.ctx = d1, .stream = S1, .out = OUT, .in = IN, .calls = 50, .seed = 8}};
+  mt_t_run_ctx_jobs(jobs, 2);
   CHECKF(jobs[0].routed == 50 && jobs[1].routed == 50, "routed %d and %d of 50", jobs[0].routed,
          jobs[1].routed);
   mt_t_check_clean();

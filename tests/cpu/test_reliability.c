@@ -205,26 +205,6 @@ static void scenario_reset(void) {
   mt_t_unmake(&p), mt_t_unmake(&big);
 }
 
-typedef struct {
-  CUcontext ctx;
-  CUstream stream;
-  int calls, routed;
-  uint32_t seed;
-} ctx_job;
-
-static void *ctx_worker(void *arg) {
-  ctx_job *j = arg;
-  mt_t_fakes.set_current(j->ctx);
-  cublasHandle_t h;
-  mt_t_fakes.create_handle(&h);
-  mt_t_problem p = make(&j->seed, OUT, 8);
-  for (int i = 0; i < j->calls; i++)
-    j->routed += mt_t_routed_on(h, &p, j->stream);
-  mt_t_unmake(&p);
-  mt_t_fakes.destroy_handle(h);
-  return NULL;
-}
-
 /* Two contexts alive on the one device: alternately from one thread, then each from its own
  * thread at once. Each gets its own modules and memory (a use across contexts counts stale). */
 static void scenario_two_contexts(void) {
@@ -239,12 +219,9 @@ static void scenario_two_contexts(void) {
     mt_t_fakes.set_current(i % 2 ? b : a);
     CHECKF(mt_t_routed_on(handle, &p, S1), "call %d not routed", i);
   }
-  ctx_job jobs[2] = {{a, S1, 50, 0, 7}, {b, S2, 50, 0, 8}};
-  pthread_t th[2];
-  for (int i = 0; i < 2; i++)
-    pthread_create(&th[i], NULL, ctx_worker, &jobs[i]);
-  for (int i = 0; i < 2; i++)
-    pthread_join(th[i], NULL);
+  mt_t_ctx_job jobs[2] = {{.ctx = a, .stream = S1, .out = OUT, .in = IN, .calls = 50, .seed = 7},
+                          {.ctx = b, .stream = S2, .out = OUT, .in = IN, .calls = 50, .seed = 8}};
+  mt_t_run_ctx_jobs(jobs, 2);
   CHECK(jobs[0].routed == 50 && jobs[1].routed == 50);
   mt_t_fakes.set_current(a);
   mt_t_check_clean();
