@@ -191,9 +191,8 @@ static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kar
 
 /* A bound on the tiles of segments s0 .. s0 + nseg - 1, the persistent grid's size where it is
  * below the SMs' CTAs: with offsets at most min(m, nseg) of them have rows, and a segment of r
- * rows takes ceil(r / bn) token tiles. (Qwen3's layer at one token: 41 us with the grid bounded
- * by nseg, 2 x 132 CTAs, most without a tile; 29 us bounded by min(m, nseg), 108 CTAs; lab/NOTES.md,
- * "Grouped engine".) */
+ * rows takes ceil(r / bn) token tiles. CTAs without a tile are not free: at one token they cost
+ * Qwen3's layer over a quarter of its time (lab/NOTES.md, "Grouped engine"). */
 static long long tile_bound(const mt_grouped_args *a, int nseg, int bn) {
   const long long blocks = (a->n + 127) / 128;
   if (!a->offs) return (long long)nseg * ((a->seg_rows + bn - 1) / bn) * blocks;
