@@ -307,15 +307,21 @@ template <int BN> __device__ static void run(const mt_grouped_kargs &a) {
   __syncthreads();
   const int tiles = t->tile_start[a.nseg];
 
-  // Registers: one CTA an SM moves them from the producer warpgroup to the consumers (BN / 2
-  // accumulators, up to 128); two an SM (BN <= 32) need no more than the launch gives.
-  constexpr bool MOVE_REGS = MT_GROUPED_CTAS(BN) == 1;
+  // Registers: the producer warpgroup gives its registers to the consumers (BN / 2 accumulators, up
+  // to 128, two A register sets and the decode): 40 / 232 a thread at one CTA an SM; at two (BN <=
+  // 32, 80 a thread at launch) 24 / 104, without which ptxas serializes the wgmmas.
   if (wg == 0) { // producer: one thread keeps the ring of stages full
-    if constexpr (MOVE_REGS) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if constexpr (MT_GROUPED_CTAS(BN) == 1)
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    else
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     if (threadIdx.x == 0) produce<BN>(a, t, smem, full, empty, tiles, nst);
     return;
   }
-  if constexpr (MOVE_REGS) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  if constexpr (MT_GROUPED_CTAS(BN) == 1)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  else
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 104;\n");
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0);
   const int hw = 8 * cw + 2 * ((threadIdx.x % 128) / 32); // the warp's first row group of the band
   bool waited = false;
