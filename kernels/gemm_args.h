@@ -170,6 +170,21 @@ typedef struct {
   int kpair; /* ta is of rank 3 */
 } mt_grouped_kargs;
 
+/* Segment g's rows under offs (offs[g-1] .. offs[g], offs[-1] = 0) clamped into [0, m], so that a
+ * bad table computes nothing out of bounds: the one reading of a table that the grouped GEMM and
+ * the frozen check (kernels/wcheck.cu: which slices a call uses) share. */
+#ifdef __CUDACC__
+__device__
+#endif
+    static inline void
+    mt_offs_span(const int32_t *offs, int g, int m, int *start, int *rows) {
+  int lo = g > 0 ? offs[g - 1] : 0, hi = offs[g];
+  lo = lo < 0 ? 0 : lo > m ? m : lo;
+  hi = hi < lo ? lo : hi > m ? m : hi;
+  *start = lo;
+  *rows = hi - lo;
+}
+
 /* mt_seg_ends (kernels/grouped.cu): the segments' cumulative row ends from counts the host knows,
  * carried in the kernel's parameters (so the table is written inside a graph capture without a
  * host copy): runs j = 0 .. nruns-1 of size[j] segments of rows[j] rows each, written from

@@ -51,20 +51,15 @@ struct table {                            // 3 * MT_GROUPED_MAX_SEG + 1 ints
 
 __device__ static inline void warpgroup_arrive_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 
-// Segment s's rows: [offs[s - 1], offs[s]) clamped into [0, m] (a bad table computes nothing out of
-// bounds), or seg_rows of them.
+// Segment s's rows: offs's (mt_offs_span), or seg_rows of them.
 __device__ static inline void segment_rows(const mt_grouped_kargs &a, int s, int &start, int &rows) {
   const int g = a.seg0 + s;
-  if (!a.offs) {
-    start = g * a.seg_rows;
-    rows = a.seg_rows;
+  if (a.offs) {
+    mt_offs_span(a.offs, g, a.m, &start, &rows);
     return;
   }
-  int lo = g > 0 ? a.offs[g - 1] : 0, hi = a.offs[g];
-  lo = min(max(lo, 0), a.m);
-  hi = min(max(hi, lo), a.m);
-  start = lo;
-  rows = hi - lo;
+  start = g * a.seg_rows;
+  rows = a.seg_rows;
 }
 
 // The tile table, by warp 0: each segment's rows and first tile (an exclusive scan of
