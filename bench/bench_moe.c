@@ -10,9 +10,11 @@
  * row: µs per layer, the ratio cuBLAS / ours, TFLOP/s (2 * 8T * (N1 K1 + N2 K2) per layer) and the
  * weight bytes read per second (the active experts' weights: 4.5 bits an element for ours, 16 for
  * cuBLAS's). A sanity column gives the relative L2 difference of our output against cuBLAS's on
- * the last routing (NVFP4 W4A4 against BF16: ~0.1 on these Gaussian-like data). Writes JSON to
+ * the last routing (NVFP4 W4A4 against BF16: ~0.1 on these Gaussian-like data), and the frozen
+ * caches' refresh of the layer's weights for the routing (nothing changed: the check of the
+ * routed experts' slices, every byte or the sample). Writes JSON to
  * argv[1] (default build/bench_moe.json); `--only NAME` runs one geometry, `--tokens T` one T (for a
- * profiler). */
+ * profiler), `--bn BN` forces the grouped kernel's token tile (an A/B of the launcher's choice). */
 #include <cublas_v2.h>
 #include <math.h>
 #include <string.h>
@@ -33,6 +35,7 @@ static const int tokens[] = {1, 16, 128, 1024, 8192};
 
 static cublasHandle_t blas;
 static int only_tokens; /* --tokens */
+static int force_bn;    /* --bn: the grouped kernel's token tile (0: the launcher's choice) */
 
 /* One GEMM of the layer: E experts' weights (BF16 for cuBLAS, the store for ours). */
 typedef struct {
@@ -140,7 +143,8 @@ static int ours_gemm(moe_ctx *c, const routing *r, const layer_gemm *l, const ui
                        .ytype = MT_DTYPE_BF16,
                        .alpha = 1.0f,
                        .workspace = c->ws,
-                       .workspace_bytes = c->ws_bytes};
+                       .workspace_bytes = c->ws_bytes,
+                       .bn = force_bn};
   int st = mt_gemm_grouped(&a, (mt_stream)stream);
   if (st != MT_OK)
     fprintf(stderr, "bench_moe: mt_gemm_grouped: %s\n", mt_status_name((enum mt_status)st));
@@ -171,18 +175,44 @@ static int blas_gemm(const routing *r, const layer_gemm *l, const void **ptrs) {
   return st != CUBLAS_STATUS_SUCCESS;
 }
 
-/* The frozen caches' check of gate_up's weights (every byte, or the sample), nothing changed. */
+/* The frozen caches' refresh (check, then the quantization of changed slices: none here). The
+ * whole of gate_up's tensor (every slice); or the layer's two weights for a routing, which covers
+ * only the experts with rows in it. */
 typedef struct {
-  layer_gemm *l;
-  void *state;
+  moe_ctx *c;
+  void *state[2]; /* gate_up's, down's */
   unsigned step;
+  int whole;
 } check_ctx;
 
+static int refresh(check_ctx *k, layer_gemm *l, void *state, const routing *r) {
+  return mt_wstore_refresh(l->w, MT_DTYPE_BF16, (size_t)l->k, &l->ws, state, k->step,
+                           r ? r->offs : NULL, TOPK * k->c->t, (mt_stream)stream);
+}
+
 static int call_check(void *p, int i) {
-  check_ctx *c = p;
-  (void)i;
-  return mt_wstore_refresh(c->l->w, MT_DTYPE_BF16, (size_t)c->l->k, &c->l->ws, c->state, c->step,
-                           (mt_stream)stream);
+  check_ctx *k = p;
+  moe_ctx *c = k->c;
+  if (k->whole)
+    return refresh(k, &c->up, k->state[0], NULL);
+  const routing *r = &c->r[i % c->routings];
+  return refresh(k, &c->up, k->state[0], r) || refresh(k, &c->down, k->state[1], r);
+}
+
+/* The states of both weights under `step`, each weight quantized once by its first refresh. */
+static void check_init(check_ctx *k, moe_ctx *c, unsigned step) {
+  const size_t bytes = MT_REFRESH_STATE_BYTES(c->g->experts);
+  k->c = c, k->step = step, k->whole = 1;
+  for (int j = 0; j < 2; j++) {
+    k->state[j] = dmalloc(bytes);
+    /* on the bench's stream: it does not wait for the legacy default stream, and a state read
+     * before its zeroing lands is whatever memory the last geometry left there */
+    CUDA_OK(cudaMemsetAsync(k->state[j], 0, bytes, stream));
+  }
+  if (refresh(k, &c->up, k->state[0], NULL) || refresh(k, &c->down, k->state[1], NULL)) {
+    fprintf(stderr, "bench_moe: the first refresh failed\n");
+    exit(1);
+  }
 }
 
 static int call_blas(void *p, int i) {
@@ -224,25 +254,24 @@ static void bench_geometry(const geometry *g) {
          "(%.3f bytes an element)\n",
          g->name, g->experts, TOPK, 2 * g->width, g->hidden, g->hidden, g->width, bf16_bytes / 1e6,
          store_bytes / 1e6, (double)store_bytes / (bf16_bytes / 2));
-  check_ctx ck = {&c.up, dmalloc(64), 1};
-  CUDA_OK(cudaMemset(ck.state, 0, 64));
-  double t_full = time_calls(call_check, &ck, 4);
-  ck.step = MT_SAMPLE_STEP;
-  CUDA_OK(cudaMemset(ck.state, 0, 64));
-  double t_sampled = time_calls(call_check, &ck, 16);
+  check_ctx full, sampled;
+  check_init(&full, &c, 1);
+  check_init(&sampled, &c, MT_SAMPLE_STEP);
+  double t_full = time_calls(call_check, &full, 4),
+         t_whole_sampled = time_calls(call_check, &sampled, 16);
+  full.whole = sampled.whole = 0;
   double gate_up_bytes = (double)g->experts * 2 * g->width * g->hidden * 2;
-  printf("gate_up's check: frozen %.1f us (%.2f TB/s of its BF16 bytes), frozen-sampled %.2f us\n",
-         t_full * 1e6, gate_up_bytes / t_full * 1e-12, t_sampled * 1e6);
+  printf("gate_up's whole check: frozen %.1f us (%.2f TB/s of its BF16 bytes), frozen-sampled %.2f "
+         "us\n",
+         t_full * 1e6, gate_up_bytes / t_full * 1e-12, t_whole_sampled * 1e6);
   char crow[256];
-  snprintf(
-      crow, sizeof crow,
-      "{\"kind\": \"moe_check\", \"geometry\": \"%s\", \"frozen_us\": %.3f, \"frozen_tbps\": %.3f, "
-      "\"sampled_us\": %.3f}",
-      g->name, t_full * 1e6, gate_up_bytes / t_full * 1e-12, t_sampled * 1e6);
+  snprintf(crow, sizeof crow,
+           "{\"kind\": \"moe_check\", \"geometry\": \"%s\", \"frozen_us\": %.3f, \"frozen_tbps\": "
+           "%.3f, \"sampled_us\": %.3f}",
+           g->name, t_full * 1e6, gate_up_bytes / t_full * 1e-12, t_whole_sampled * 1e6);
   json_row(crow);
-  cudaFree(ck.state);
-  printf("%6s | %10s %10s %7s | %8s %8s | %9s %9s | %7s\n", "T", "ours us", "cuBLAS us", "ratio",
-         "TF/s", "TF/s", "wGB/s", "wGB/s", "rel L2");
+  printf("%6s | %10s %10s %7s | %8s %8s | %9s %9s | %7s | %9s %9s\n", "T", "ours us", "cuBLAS us",
+         "ratio", "TF/s", "TF/s", "wGB/s", "wGB/s", "rel L2", "frozen us", "sampled");
   for (size_t ti = 0; ti < sizeof tokens / sizeof tokens[0]; ti++) {
     c.t = tokens[ti];
     if (only_tokens && c.t != only_tokens)
@@ -269,6 +298,10 @@ static void bench_geometry(const geometry *g) {
     }
     double t_ours = time_calls(call_ours, &c, c.routings),
            t_blas = time_calls(call_blas, &c, c.routings);
+    /* the refresh of the layer's weights under each frozen mode, nothing changed: the routing's
+     * experts only */
+    double t_fz = time_calls(call_check, &full, c.routings),
+           t_fs = time_calls(call_check, &sampled, c.routings);
     /* the sanity column: gate_up's outputs of the last routing, ours against cuBLAS's */
     double diff = -1;
     if (t_ours > 0 && t_blas > 0) {
@@ -280,18 +313,19 @@ static void bench_geometry(const geometry *g) {
     }
     double flops = 2.0 * rows * (2.0 * g->width * g->hidden + (double)g->hidden * g->width);
     double wbytes = active_frac * (double)bf16_bytes;
-    printf("%6d | %10.2f %10.2f %7.2f | %8.1f %8.1f | %9.0f %9.0f | %7.4f\n", c.t, t_ours * 1e6,
-           t_blas * 1e6, t_blas / t_ours, flops / t_ours * 1e-12, flops / t_blas * 1e-12,
-           wbytes * 0.28125 / t_ours * 1e-9, wbytes / t_blas * 1e-9, diff);
+    printf("%6d | %10.2f %10.2f %7.2f | %8.1f %8.1f | %9.0f %9.0f | %7.4f | %9.2f %9.2f\n", c.t,
+           t_ours * 1e6, t_blas * 1e6, t_blas / t_ours, flops / t_ours * 1e-12,
+           flops / t_blas * 1e-12, wbytes * 0.28125 / t_ours * 1e-9, wbytes / t_blas * 1e-9, diff,
+           t_fz * 1e6, t_fs * 1e6);
     char row[512];
     snprintf(row, sizeof row,
              "{\"kind\": \"moe_layer\", \"geometry\": \"%s\", \"tokens\": %d, \"ours_us\": %.3f, "
              "\"cublas_us\": %.3f, "
              "\"ratio\": %.4f, \"ours_tflops\": %.2f, \"cublas_tflops\": %.2f, \"active_experts\": "
              "%.1f, "
-             "\"rel_l2_vs_bf16\": %.5f}",
+             "\"rel_l2_vs_bf16\": %.5f, \"frozen_refresh_us\": %.3f, \"sampled_refresh_us\": %.3f}",
              g->name, c.t, t_ours * 1e6, t_blas * 1e6, t_blas / t_ours, flops / t_ours * 1e-12,
-             flops / t_blas * 1e-12, active_frac * g->experts, diff);
+             flops / t_blas * 1e-12, active_frac * g->experts, diff, t_fz * 1e6, t_fs * 1e6);
     json_row(row);
     for (int i = 0; i < c.routings; i++) {
       cudaFree(c.r[i].offs);
@@ -299,6 +333,8 @@ static void bench_geometry(const geometry *g) {
     }
     cudaFree(c.x), cudaFree(c.h), cudaFree(c.y), cudaFree(yb), cudaFree(hb), cudaFree(c.ws);
   }
+  for (int j = 0; j < 2; j++)
+    cudaFree(full.state[j]), cudaFree(sampled.state[j]);
   cudaFree(c.up.w), cudaFree(c.up.qmem), cudaFree(c.down.w), cudaFree(c.down.qmem);
 }
 
@@ -309,6 +345,8 @@ int main(int argc, char **argv) {
       only = argv[++i];
     else if (!strcmp(argv[i], "--tokens") && i + 1 < argc)
       only_tokens = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--bn") && i + 1 < argc)
+      force_bn = atoi(argv[++i]);
     else
       out = argv[i];
   }

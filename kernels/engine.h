@@ -74,13 +74,13 @@ int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qwei
                           mt_stream stream);
 
 /* The frozen cache's refresh: quantize W into q only when W's bytes differ from those of the last
- * quantization recorded in `state` (MT_REFRESH_STATE_BYTES of device memory, zeroed before the
+ * quantization recorded in `state` (MT_REFRESH_STATE_BYTES(1) of device memory, zeroed before the
  * first use). A hash of the weight is compared on the device (kernels/wcheck.cu): nothing is read
  * back, so it is legal inside graph capture and a replay checks again. step 1: the whole weight
- * (cost when nothing changed: one read of it); step s > 1: one 128-byte line in each run of s, the
- * same lines at every call (weight_cache = frozen-sampled, MT_SAMPLE_STEP: a change confined to
- * lines outside the sample goes unseen). */
-#define MT_REFRESH_STATE_BYTES 64
+ * (cost when nothing changed: one read of it); step s > 1: one 1 KB run of lines in each s runs,
+ * the same lines at every call (weight_cache = frozen-sampled, MT_SAMPLE_STEP: a change confined
+ * to lines outside the sample goes unseen). */
+#define MT_REFRESH_STATE_BYTES(slices) ((20 + 28 * (size_t)(slices) + 7) / 8 * 8)
 #define MT_SAMPLE_STEP 64
 int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state, unsigned step,
                       mt_stream stream);
@@ -146,7 +146,9 @@ const float *mt_wstore_outer(const mt_wstore *w, int e);
 
 /* Quantize w->count weights of n rows of k (row stride ldw elements, `stride` elements from one to
  * the next; BF16 or FP16) into w on `stream`, each slice with its own S. With only_if (a device
- * word), nothing is done when it reads 0 when the kernels run. */
+ * list: a count n, then n slice numbers, as a refresh's check leaves it), only the listed slices,
+ * read when the kernels run, and their amax words (per-tensor S) are not zeroed here: the check
+ * that wrote the list did it. */
 int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w,
                        const uint32_t *only_if, mt_stream stream);
 
@@ -156,10 +158,13 @@ int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t st
 int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_t ldw, mt_wstore *w, mt_stream stream);
 
 /* The frozen cache's refresh for a store whose count weights lie back to back (row stride ldw,
- * each n * ldw elements after the one before): mt_refresh_weight's check over all of them, and
- * the quantization only when it found a change. */
+ * each n * ldw elements after the one before; state: MT_REFRESH_STATE_BYTES(count)): the check
+ * and quantization of mt_refresh_weight, slice by slice, for the slices the call uses. With offs (the
+ * call's segment table as mt_gemm_grouped reads it, m its rows), only the slices whose segment
+ * has rows are checked and, when changed, requantized: the others keep their quantization until a
+ * call that uses them checks them. Without, every slice. */
 int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *ws, void *state, unsigned step,
-                      mt_stream stream);
+                      const int32_t *offs, int m, mt_stream stream);
 
 /* A grouped GEMM: segments s = 0 .. nseg-1, y_s[m_s][n] = x_s[m_s][k] . W_s[n][k]^T with W_s slice s
  * of w, each output y = acc * ((1/S_a[i]) * (1/S_w[j])) * alpha + beta * c + bias, one RNE cast.

@@ -87,8 +87,13 @@ static int pick_store_shape(const mt_quant_params *p, int tile16, launch_shape *
     tensor_shape(nblk / 2, s);
     snprintf(s->name, sizeof s->name, "mt_quant_tensor_store_%s%s", type, sfx);
   }
-  s->grid_x = (rows + s->block_y - 1) / s->block_y;
-  return s->grid_y <= 65535 ? MT_OK : MT_ERR_UNSUPPORTED;
+  /* a CTA takes whole blocks of block_y rows, each within one slice (slices are whole bands); under
+   * a refresh's list (only_if) it walks the listed slices' blocks, so one wave of CTAs at most: a
+   * refresh that finds nothing changed launches that, not a CTA a block */
+  s->grid_x = rows / s->block_y;
+  const unsigned wave = (unsigned)mt_sm_count() * (2048 / (s->block_x * s->block_y));
+  if (p->only_if && s->grid_x > wave) s->grid_x = wave;
+  return s->grid_y <= 65535 && MT_WS_BAND % s->block_y == 0 ? MT_OK : MT_ERR_UNSUPPORTED;
 }
 
 static int pick_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
@@ -112,9 +117,11 @@ static int pick_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
 }
 
 /* The amax words the pass builds: p->amax, or each slice's (after its S: kernels/wstore.h), one
- * 2-D memset for all of them. */
+ * 2-D memset for all of them; under a refresh's list (the store's only_if), none: its check zeroed
+ * those of the listed slices. */
 static CUresult zero_amax(const mt_driver *d, const mt_quant_params *p, mt_stream stream) {
   if (!p->store) return d->memset_d8_async((CUdeviceptr)p->amax, 0, sizeof *p->amax, stream);
+  if (p->only_if) return CUDA_SUCCESS;
   CUdeviceptr first = (CUdeviceptr)(p->store + MT_WS_SECTION(MT_WS_RECORD_BYTES(p->batch_rows, p->cols)) + 4);
   return d->memset_d2d32_async(first, (size_t)p->slice_bytes, 0, 1, (size_t)(p->rows / p->batch_rows), stream);
 }

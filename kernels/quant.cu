@@ -199,12 +199,12 @@ __device__ __forceinline__ float block_coef(uint32_t amax_bits, float s_over_6, 
  * pairs of each slice the layout pads to: rows past a slice's p.batch_rows load as zero, so their
  * codes and scales are 0 (their S is not written). */
 template <bool FP16, int NB, bool ROW, bool TILE, bool STORE = false, bool PTRS = false>
-__device__ __forceinline__ void quantize(const mt_quant_params &p) {
-  if (p.only_if && *p.only_if == 0) /* the same for the whole grid: no barrier is left waiting */
-    return;
+__device__ __forceinline__ void quantize(const mt_quant_params &p, int bx) {
+  /* the same for the whole grid: no barrier is left waiting (the store mode's list: quantize_store) */
+  if (!STORE && p.only_if && *p.only_if == 0) return;
   const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x;
   const int nblk = p.cols >> 4;
-  const int r_all = blockIdx.x * blockDim.y + ty;
+  const int r_all = bx * blockDim.y + ty;
   /* the store mode's slice e and its row rl; elsewhere r is the row */
   const int e = STORE ? r_all / slice_rows(p) : 0, rl = STORE ? r_all % slice_rows(p) : r_all;
   const int r = STORE ? e * p.batch_rows + rl : r_all;
@@ -317,6 +317,22 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p) {
   }
 }
 
+/* The store mode's CTAs: each takes whole blocks of blockDim.y rows (a block lies within one slice:
+ * quant.c) of the listed slices (p.only_if: a count n, then n slice numbers, as a refresh's check
+ * leaves them) or of every slice, grid-stride, so that a refresh that finds nothing changed costs a
+ * small grid, not one CTA a block. */
+template <bool FP16, int NB, bool ROW, bool TILE, bool PTRS>
+__device__ __forceinline__ void quantize_store(const mt_quant_params &p) {
+  const int per_slice = slice_rows(p) / blockDim.y, all = p.rows / p.batch_rows;
+  const int slices = p.only_if ? (int)min(p.only_if[0], (uint32_t)all) : all;
+  for (int b = blockIdx.x; b < slices * per_slice; b += gridDim.x) {
+    const int i = b / per_slice, e = p.only_if ? (int)p.only_if[1 + i] : i;
+    if (e >= all) continue; /* a list not of this store: nothing written out of it */
+    quantize<FP16, NB, ROW, TILE, true, PTRS>(p, e * per_slice + b % per_slice);
+    __syncthreads(); /* one block's shared memory before the next's */
+  }
+}
+
 /* max |x| over the whole matrix into *p.amax, or in the store mode over each slice into the
  * slice's amax word (FP32 bits; the launcher zeroes them first): each warp takes a run of rows,
  * four 16-byte loads in flight per lane; one atomicMax per CTA (per warp and slice in the store
@@ -342,21 +358,37 @@ __device__ __forceinline__ uint32_t row_amax(const mt_quant_params &p, int r, in
   return __reduce_max_sync(0xffffffffu, __float_as_uint(abs_bits_to_float<FP16>(max(m & 0xffffu, m >> 16))));
 }
 
-template <bool FP16, bool PTRS> __device__ __forceinline__ void amax_pass(const mt_quant_params &p) {
-  if (p.only_if && *p.only_if == 0) return;
-  const int lane = threadIdx.x & 31;
-  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int nwarps = (gridDim.x * blockDim.x) >> 5;
-  const int run = (p.rows + nwarps - 1) / nwarps, r0 = warp * run, r1 = min(p.rows, r0 + run);
+/* The store mode's amax: each warp a run of the rows of the listed slices (as quantize_store) or of
+ * every slice, one atomicMax per slice it touched. */
+template <bool FP16, bool PTRS>
+__device__ __forceinline__ void amax_store(const mt_quant_params &p, int warp, int nwarps) {
+  const int lane = threadIdx.x & 31, all = p.rows / p.batch_rows;
+  const int slices = p.only_if ? (int)min(p.only_if[0], (uint32_t)all) : all, rows = slices * p.batch_rows;
+  const int run = (rows + nwarps - 1) / nwarps, v0 = warp * run, v1 = min(rows, v0 + run);
   uint32_t bits = 0;
-  for (int r = r0; r < r1; r++) {
-    bits = max(bits, row_amax<FP16, PTRS>(p, r, lane));
-    if (p.store && (r + 1 == r1 || (r + 1) % p.batch_rows == 0)) { /* the slice's last row of this run */
-      if (lane == 0 && bits != 0) atomicMax((uint32_t *)(slice_outer(p, r / p.batch_rows) + 1), bits);
+  for (int v = v0; v < v1; v++) {
+    const int i = v / p.batch_rows, e = p.only_if ? (int)p.only_if[1 + i] : i;
+    if (e >= all) continue; /* as quantize_store */
+    bits = max(bits, row_amax<FP16, PTRS>(p, e * p.batch_rows + v % p.batch_rows, lane));
+    if (v + 1 == v1 || (v + 1) % p.batch_rows == 0) { /* the slice's last row of this run */
+      if (lane == 0 && bits != 0) atomicMax((uint32_t *)(slice_outer(p, e) + 1), bits);
       bits = 0;
     }
   }
-  if (p.store) return;
+}
+
+template <bool FP16, bool PTRS> __device__ __forceinline__ void amax_pass(const mt_quant_params &p) {
+  const int lane = threadIdx.x & 31;
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int nwarps = (gridDim.x * blockDim.x) >> 5;
+  if (p.store) {
+    amax_store<FP16, PTRS>(p, warp, nwarps);
+    return;
+  }
+  if (p.only_if && *p.only_if == 0) return;
+  const int run = (p.rows + nwarps - 1) / nwarps, r0 = warp * run, r1 = min(p.rows, r0 + run);
+  uint32_t bits = 0;
+  for (int r = r0; r < r1; r++) bits = max(bits, row_amax<FP16, PTRS>(p, r, lane));
   /* then across the CTA's warps, so that one atomic per CTA (not per warp: 8192 on one word at
    * 8192 rows) reaches L2, where atomics on one address are served one after another */
   __shared__ uint32_t warp_max[kAmaxThreads / 32];
@@ -377,7 +409,7 @@ template <bool FP16, bool PTRS> __device__ __forceinline__ void amax_pass(const 
   extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
       mt_quant_row_##type##_nb##nb##sfx(const mt_quant_params p) {                                                     \
     allow_dependents();                                                                                                \
-    quantize<fp16, nb, true, false, false, ptrs>(p);                                                                   \
+    quantize<fp16, nb, true, false, false, ptrs>(p, blockIdx.x);                                                       \
   }
 #define MT_QUANT_ROW(type, fp16, nb)                                                                                   \
   MT_QUANT_ROW_AS(type, fp16, nb, , false) MT_QUANT_ROW_AS(type, fp16, nb, _ptrs, true)
@@ -393,11 +425,11 @@ MT_QUANT_ROW(fp16, true, 8)
 #define MT_QUANT_TENSOR_AS(type, fp16, sfx, ptrs)                                                                      \
   extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tensor_##type##sfx(const mt_quant_params p) {     \
     allow_dependents();                                                                                                \
-    quantize<fp16, 1, false, false, false, ptrs>(p);                                                                   \
+    quantize<fp16, 1, false, false, false, ptrs>(p, blockIdx.x);                                                       \
   }                                                                                                                    \
   extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tile_##type##sfx(const mt_quant_params p) {       \
     allow_dependents();                                                                                                \
-    quantize<fp16, 1, false, true, false, ptrs>(p);                                                                    \
+    quantize<fp16, 1, false, true, false, ptrs>(p, blockIdx.x);                                                        \
   }                                                                                                                    \
   extern "C" __global__ void __launch_bounds__(kAmaxThreads) mt_quant_amax_##type##sfx(const mt_quant_params p) {      \
     amax_pass<fp16, ptrs>(p);                                                                                          \
@@ -411,22 +443,22 @@ MT_QUANT_TENSOR(fp16, true)
 #define MT_QUANT_STORE_AS(type, fp16, sfx, ptrs)                                                                       \
   extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
       mt_quant_row_store_##type##_nb2##sfx(const mt_quant_params p) {                                                  \
-    quantize<fp16, 2, true, false, true, ptrs>(p);                                                                     \
+    quantize_store<fp16, 2, true, false, ptrs>(p);                                                                     \
   }                                                                                                                    \
   extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
       mt_quant_row_store_##type##_nb4##sfx(const mt_quant_params p) {                                                  \
-    quantize<fp16, 4, true, false, true, ptrs>(p);                                                                     \
+    quantize_store<fp16, 4, true, false, ptrs>(p);                                                                     \
   }                                                                                                                    \
   extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
       mt_quant_row_store_##type##_nb8##sfx(const mt_quant_params p) {                                                  \
-    quantize<fp16, 8, true, false, true, ptrs>(p);                                                                     \
+    quantize_store<fp16, 8, true, false, ptrs>(p);                                                                     \
   }                                                                                                                    \
   extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
       mt_quant_tensor_store_##type##sfx(const mt_quant_params p) {                                                     \
-    quantize<fp16, 2, false, false, true, ptrs>(p);                                                                    \
+    quantize_store<fp16, 2, false, false, ptrs>(p);                                                                    \
   }                                                                                                                    \
   extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tile_store_##type##sfx(const mt_quant_params p) { \
-    quantize<fp16, 2, false, true, true, ptrs>(p);                                                                     \
+    quantize_store<fp16, 2, false, true, ptrs>(p);                                                                     \
   }
 #define MT_QUANT_STORE(type, fp16) MT_QUANT_STORE_AS(type, fp16, , false) MT_QUANT_STORE_AS(type, fp16, _ptrs, true)
 MT_QUANT_STORE(bf16, false)

@@ -1,37 +1,85 @@
 /* wcheck.h — the frozen weight cache's change check (kernels/wcheck.cu): device state kept with a
- * cached quantized weight, and the kernel's by-value arguments. Plain C, included by both sides. */
+ * cached quantized weight, and the kernel's by-value arguments. Plain C, included by both sides.
+ *
+ * The state of a weight of `slices` slices (a store's experts, or the one weight of a per-call
+ * entry) is MT_REFRESH_STATE_BYTES(slices) (kernels/engine.h) of device memory, zeroed when the
+ * weight is bound: a head, the slices' words, then the list of the slices the last check found
+ * changed (which the quantizers read as their only_if). */
 #ifndef MT_WCHECK_H
 #define MT_WCHECK_H
 
+#include <stddef.h>
 #include <stdint.h>
 
-/* Lives in device memory with the quantized weight; zeroed when the weight is bound. */
 typedef struct {
-  uint64_t hash;  /* hash of the weight when it was last quantized */
-  uint64_t sum;   /* the hash being built by the running check; 0 between checks */
-  uint32_t valid; /* hash holds a quantized weight's hash */
-  uint32_t dirty; /* the last check found a change (or nothing quantized yet): requantize */
-  uint32_t done;  /* CTAs of the running check that have finished; 0 between checks */
-  uint32_t pad;
-} mt_wcheck_state;
+  uint32_t done; /* CTAs of the running check that have finished; 0 between checks */
+  uint32_t pad[3];
+} mt_wcheck_head;
 
 typedef struct {
-  const void *w; /* [rows][cols] BF16 or FP16 (the hash reads bits only), row stride ldw */
+  uint64_t hash;  /* hash of the slice when it was last quantized */
+  uint64_t sum;   /* the hash being built by the running check; 0 between checks */
+  uint32_t valid; /* hash holds a quantized slice's hash */
+  uint32_t pad;
+} mt_wcheck_slice;
+
+#define MT_WCHECK_STATE_BYTES(slices)                                                                                  \
+  ((sizeof(mt_wcheck_head) + (size_t)(slices) * sizeof(mt_wcheck_slice) + 4 * (1 + (size_t)(slices)) + 7) / 8 * 8)
+
+#ifdef __CUDACC__
+#define MT_WCHECK_FN __host__ __device__ static inline
+#else
+#define MT_WCHECK_FN static inline
+#endif
+
+MT_WCHECK_FN mt_wcheck_slice *mt_wcheck_slices(void *state) {
+  return (mt_wcheck_slice *)((char *)state + sizeof(mt_wcheck_head));
+}
+
+/* The slices to requantize, as the last check left them: their number n, then n slice numbers (in
+ * no particular order): the slices it covered and found changed (or never quantized). For a weight
+ * of one slice, [0] is its dirty word. */
+MT_WCHECK_FN uint32_t *mt_wcheck_list(void *state, int slices) {
+  return (uint32_t *)(mt_wcheck_slices(state) + slices);
+}
+
+typedef struct {
+  const void *w; /* slices back to back: slice e's [rows][cols] BF16 or FP16 (the hash reads bits
+                    only) at w + e * rows * ldw elements, row stride ldw */
   int64_t ldw;
-  int32_t rows, cols;
-  mt_wcheck_state *state;
-  uint32_t step; /* 1: every 128-byte line of every row; s > 1: one line in each run of s (the
-                    same lines at every call: mt_wcheck_sampled) */
+  int32_t rows, cols, slices;
+  uint32_t step;       /* 1: every 128-byte line of every row; s > 1: one run of MT_WCHECK_RUN lines in
+                    each s runs (the same lines at every call: mt_wcheck_line) */
+  const int32_t *offs; /* NULL: every slice; else only the slices whose segment has rows in the
+                          call (offs: the grouped GEMM's cumulative row ends, clamped to m) */
+  int32_t m;
+  int32_t pad;
+  void *state;         /* MT_WCHECK_STATE_BYTES(slices) */
+  uint32_t *amax;      /* NULL, or slice 0's amax word in a store of per-tensor S: zeroed for each slice
+                      found changed, for its quantization's amax pass */
+  int64_t amax_stride; /* bytes from one slice's amax word to the next */
 } mt_wcheck_args;
 
-/* The line of each run of `step` lines that the sampled check hashes: the run's number mixed, so
- * that the sample moves across the columns from run to run. Shared with the CPU tests. */
-#ifdef __CUDACC__
-__host__ __device__
-#endif
-    static inline uint64_t
-    mt_wcheck_sampled(uint64_t run, uint32_t step) {
-  return step <= 1 ? run : run * step + ((run * 0x9E3779B97F4A7C15ull) >> 40) % step;
+/* Lines (128 bytes) of a sampled run: 1 KB together, so that a sample of 1/step of a weight's
+ * lines costs 1/8 of the random DRAM reads that single lines would. */
+#define MT_WCHECK_RUN 8
+
+/* The items a check of `lines` lines walks: every line, or MT_WCHECK_RUN lines of each group of
+ * step runs. */
+MT_WCHECK_FN uint64_t mt_wcheck_items(uint64_t lines, uint32_t step) {
+  if (step <= 1) return lines;
+  const uint64_t runs = (lines + MT_WCHECK_RUN - 1) / MT_WCHECK_RUN;
+  return (runs + step - 1) / step * MT_WCHECK_RUN;
+}
+
+/* The line item i hashes (past the slice's last line: none). Sampled, group g = i / MT_WCHECK_RUN
+ * takes one run of its step runs, the group's number mixed so that the sample moves across the
+ * columns from group to group. Shared with the CPU tests. */
+MT_WCHECK_FN uint64_t mt_wcheck_line(uint64_t item, uint32_t step) {
+  if (step <= 1) return item;
+  const uint64_t g = item / MT_WCHECK_RUN;
+  const uint64_t run = g * step + (uint32_t)((g * 0x9E3779B97F4A7C15ull) >> 40) % step;
+  return run * MT_WCHECK_RUN + item % MT_WCHECK_RUN;
 }
 
 #endif

@@ -174,7 +174,8 @@ static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, in
                      .k = (int)g->k,
                      .ldw = (size_t)g->ldw,
                      .type = dtype_of(g->wtype),
-                     .extra_bytes = g->group_rows ? (size_t)g->groups * 4 : 0};
+                     .extra_bytes = g->group_rows ? (size_t)g->groups * 4 : 0,
+                     .offs = g->group_rows ? NULL : g->offs};
   mt_numerics_from_spec(s, &w.num);
   mt_grouped_mem mem;
   enum mt_reason r = mt_wcache_prepare_grouped(&w, (int)rows, g->stream, capturing, &mem);

@@ -315,13 +315,13 @@ static size_t slot_of(const mt_weight_ref *w) {
  * context's lock, as are its entries. */
 static int cache_fits(const context *c, size_t bytes) { return c->cached + bytes <= cache_limit; }
 
-/* A frozen entry's memory: `data` bytes, then its refresh state, zeroed on the stream (a zeroed
- * state has no hash yet: the first refresh quantizes); counted against the context's
- * MINITE_CACHE_MB. *why says whether the call can still go on, requantizing in its own memory
- * (cache full). */
-static int entry_alloc(const mt_driver *d, context *c, size_t data, mt_stream stream,
+/* A frozen entry's memory: `data` bytes, then the refresh state of its `slices`, zeroed on the
+ * stream (a zeroed state has no hash yet: the first refresh quantizes); counted against the
+ * context's MINITE_CACHE_MB. *why says whether the call can still go on, requantizing in its own
+ * memory (cache full). */
+static int entry_alloc(const mt_driver *d, context *c, size_t data, int slices, mt_stream stream,
                        CUdeviceptr *mem, enum mt_reason *why) {
-  size_t bytes = data + MT_REFRESH_STATE_BYTES;
+  const size_t state = MT_REFRESH_STATE_BYTES(slices), bytes = data + state;
   *why = MT_R_ROUTED;
   if (!cache_fits(c, bytes)) {
     atomic_fetch_add(&cache_full, 1);
@@ -329,7 +329,7 @@ static int entry_alloc(const mt_driver *d, context *c, size_t data, mt_stream st
   }
   if ((*why = device_alloc(d, bytes, mem)) != MT_R_ROUTED)
     return 0;
-  if (d->memset_d8_async(*mem + data, 0, MT_REFRESH_STATE_BYTES, stream) != CUDA_SUCCESS) {
+  if (d->memset_d8_async(*mem + data, 0, state, stream) != CUDA_SUCCESS) {
     MT_WARN_ONCE("could not clear a frozen weight's state: such calls fall back to cuBLAS");
     device_free(d, *mem);
     *why = MT_R_ENGINE;
@@ -361,7 +361,7 @@ static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, 
     return NULL;
   }
   CUdeviceptr mem;
-  if (!entry_alloc(d, c, qbytes, stream, &mem, why))
+  if (!entry_alloc(d, c, qbytes, 1, stream, &mem, why))
     return NULL;
   entry *e = &c->entries[i];
   e->ref = *w;
@@ -513,7 +513,7 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
     /* frozen-sampled's hash covers a sample of the lines: not the weight's content sum, which a
      * digest's key needs to join a process under another cache mode */
     if (check_step == 1)
-      out->wsum = &((const mt_wcheck_state *)(uintptr_t)(e->mem + qbytes))->hash;
+      out->wsum = &mt_wcheck_slices((void *)(uintptr_t)(e->mem + qbytes))->hash;
     return weight_done(mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + qbytes),
                                          check_step, stream),
                        capturing);
@@ -557,7 +557,7 @@ static gentry *gentry_get(const mt_driver *d, context *c, const mt_wgroup_ref *w
     if (same_gref(&c->gentries[i].ref, w))
       return &c->gentries[i];
   if (w->w_stride && w->w_stride != (int64_t)w->n * (int64_t)w->ldw)
-    return NULL; /* gaps between the slices: the hash reads the tensor as one run of bytes */
+    return NULL; /* gaps between the slices: the check reads slice e at e * n * ldw */
   if (capturing)
     return NULL; /* no allocation in a capture: requantized in the graph's memory */
   if (!c->gentries && !(c->gentries = calloc(MAX_GROUPED, sizeof *c->gentries)))
@@ -567,13 +567,14 @@ static gentry *gentry_get(const mt_driver *d, context *c, const mt_wgroup_ref *w
     return NULL;
   }
   CUdeviceptr mem;
-  if (!entry_alloc(d, c, sbytes, stream, &mem, why))
-    return NULL;
   const int slices = w->w_stride ? w->groups : 1;
+  if (!entry_alloc(d, c, sbytes, slices, stream, &mem, why))
+    return NULL;
   atomic_fetch_add(&store_bytes, sbytes);
   atomic_fetch_add(&store_elems, (unsigned long long)slices * (unsigned)w->n * (unsigned)w->k);
   gentry *e = &c->gentries[c->ngentries++];
   e->ref = *w;
+  e->ref.offs = NULL; /* the call's, not the entry's */
   e->mem = mem;
   mt_wstore_bind(&e->store, slices, w->n, w->k, &w->num, (void *)mem);
   return e;
@@ -636,8 +637,10 @@ enum mt_reason mt_wcache_prepare_grouped(const mt_wgroup_ref *w, int rows, mt_st
   int st;
   if (e) {
     out->store = e->store;
+    /* slices one a group: only those with rows in the call */
+    const int32_t *offs = w->w_stride ? w->offs : NULL;
     st = mt_wstore_refresh(w->w, w->type, w->ldw, &out->store, (void *)(e->mem + sbytes),
-                           check_step, stream);
+                           check_step, offs, rows, stream);
   } else {
     mt_wstore_bind(&out->store, slices, w->n, w->k, &w->num, (void *)(mem + ws + extra));
     st = quantize_store(w, &out->store, stream);

@@ -19,11 +19,12 @@
  * refreshed at every call on the device (mt_refresh_weight: a hash of the whole weight, compared
  * with the one of its last quantization). The guarantee: a frozen weight is never stale, whatever
  * wrote it; the cost per call: one read of the BF16 weight instead of a full requantization.
- * Under frozen-sampled the hash covers one 128-byte line in MT_SAMPLE_STEP (kernels/wcheck.h):
+ * Under frozen-sampled the hash covers one 1 KB run of lines in MT_SAMPLE_STEP (kernels/wcheck.h):
  * a call costs 1/64 of that read, and a change that misses every sampled line goes unseen (the
  * guarantee holds for weights changed as a whole, as an optimizer step changes them). A grouped
  * call's weights (all its experts, one tensor) make one entry: a store of slices
- * (kernels/wstore.h), refreshed the same way. A call whose weights are behind device pointer
+ * (kernels/wstore.h), refreshed slice by slice, a call with segment offsets refreshing only the
+ * slices with rows in it (the others are checked by the next call that uses them). A call whose weights are behind device pointer
  * arrays (cublasGemmBatchedEx, cublasGemmGroupedBatchedEx, cuBLASLt POINTER_ARRAY batches) has no
  * address the host could key an entry by: it is requantized at every call, whatever the mode.
  * MINITE_CACHE_MB bounds the entries of each context (not the scratch): each GPU has its own
@@ -72,7 +73,7 @@ typedef struct {
   size_t workspace_bytes;
   mt_qweight *q;        /* quantized (or refreshed) on the stream, ready for mt_gemm */
   const uint64_t *wsum; /* frozen: the device word holding the weight's content hash as of this
-                           call (kernels/wcheck.h, mt_wcheck_state.hash); NULL under requantize
+                           call (kernels/wcheck.h, mt_wcheck_slice.hash); NULL under requantize
                            and frozen-sampled (whose hash covers a sample of the weight) */
   mt_wcache_hold hold;
   mt_qweight own; /* a weight quantized for this call alone (requantize, cache full, capture) */
@@ -98,7 +99,10 @@ typedef struct {
   size_t ldw;
   enum mt_dtype type;
   mt_numerics num;
-  size_t extra_bytes; /* more of the call's own memory it needs (a segment table) */
+  size_t extra_bytes;  /* more of the call's own memory it needs (a segment table) */
+  const int32_t *offs; /* the call's segment ends on the device (not part of the entry's key), or
+                          NULL: the refresh of a frozen store covers the slices with rows in the
+                          call, or without them every slice */
 } mt_wgroup_ref;
 
 /* What a grouped call gets: the activations' workspace, extra_bytes of its own (NULL when none

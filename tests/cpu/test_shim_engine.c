@@ -528,17 +528,19 @@ static void scenario_frozen(void) {
   problem p = make(OUT, 8, OUT), q = make(OUT, 8, OUT), big = make(BIG_OUT, 8, BIG_OUT);
   int t = now();
   expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, "alloc memset64 alloc " LOAD_ALL " mt_wcheck memset4 mt_quant_amax_bf16 "
+  CHECK_TRACE(t, "alloc memset48 alloc " LOAD_ALL " mt_wcheck memset4 mt_quant_amax_bf16 "
                  "mt_quant_tensor_bf16 mt_gemm_pack " FEW_CALL_FIRST);
   CHECK(all_on(t, S1));
   int wc = find_launch(t, "mt_wcheck", 0), ms = find_kind(t, FAKE_EV_MEMSET, 0);
   const mt_wcheck_args *w = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
-  const uint32_t *dirty = w ? &w->state->dirty : NULL;
+  const uint32_t *dirty = w ? mt_wcheck_list(w->state, 1) : NULL;
   const char *mode = getenv("MINITE_WEIGHT_CACHE");
   unsigned step = mode && !strcmp(mode, "frozen-sampled") ? MT_SAMPLE_STEP : 1;
-  CHECK(w && w->w == p.w && w->ldw == IN && w->rows == OUT && w->cols == IN && w->step == step);
+  CHECK(w && w->w == p.w && w->ldw == IN && w->rows == OUT && w->cols == IN && w->step == step &&
+        w->slices == 1 && !w->offs);
   CHECK(w && ms >= 0 && event(ms)->ptr == (uint64_t)(uintptr_t)w->state && event(ms)->value == 0 &&
-        event(ms)->bytes >= sizeof(mt_wcheck_state) && is_device(w->state, sizeof *w->state));
+        event(ms)->bytes == MT_WCHECK_STATE_BYTES(1) &&
+        is_device(w->state, MT_WCHECK_STATE_BYTES(1)));
   check_call_args(t, &p, p.y, NULL, 0.0f, dirty);
   const mt_quant_params *wq = quant_args(find_launch(t, "mt_quant_tensor_bf16", 0));
   uint16_t *entry_xhat = wq ? wq->xhat : NULL;
@@ -554,11 +556,11 @@ static void scenario_frozen(void) {
   /* another weight of the same shape: a second entry */
   t = now();
   expect_routed(&q, S1, &zero);
-  CHECK_TRACE(t, "alloc memset64 mt_wcheck " WEIGHT_QUANT " " FEW_CALL);
+  CHECK_TRACE(t, "alloc memset48 mt_wcheck " WEIGHT_QUANT " " FEW_CALL);
   wc = find_launch(t, "mt_wcheck", 0);
   w = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
-  CHECK(w && w->w == q.w && &w->state->dirty != dirty);
-  check_call_args(t, &q, q.y, NULL, 0.0f, w ? &w->state->dirty : NULL);
+  CHECK(w && w->w == q.w && mt_wcheck_list(w->state, 1) != dirty);
+  check_call_args(t, &q, q.y, NULL, 0.0f, w ? mt_wcheck_list(w->state, 1) : NULL);
   /* a weight past the cache: requantized in the (grown) scratch, no check kernel */
   t = now();
   expect_routed(&big, S1, &zero);
@@ -726,7 +728,7 @@ static void scenario_frozen_capture(void) {
   set_capturing(S1, 0);
   t = now();
   expect_routed(&q, S1, &zero);
-  CHECK_TRACE(t, "alloc memset64 mt_wcheck " WEIGHT_QUANT " " FEW_CALL);
+  CHECK_TRACE(t, "alloc memset48 mt_wcheck " WEIGHT_QUANT " " FEW_CALL);
   check_driver_clean();
   unmake(&p), unmake(&q);
 }
@@ -769,6 +771,8 @@ static void check_grouped_args(int from, const uint16_t *y, size_t sy, int token
 #define BATCH_CALL                                                                                 \
   "memset12 mt_quant_amax_bf16 mt_quant_tensor_store_bf16 tmap mt_quant_row_bf16_nb1"
 #define BATCH_GEMM "mt_grouped_n16+pdl"
+/* ... refreshed under frozen: the check zeroed the changed slices' amax words (no memset) */
+#define BATCH_REFRESH "mt_quant_amax_bf16 mt_quant_tensor_store_bf16 tmap mt_quant_row_bf16_nb1"
 /* ... and of a pointer-array batch: the quantizers' kernels for rows behind pointers */
 #define ARRAYS_CALL                                                                                \
   "memset12 mt_quant_amax_bf16_ptrs mt_quant_tensor_store_bf16_ptrs tmap "                         \
@@ -827,14 +831,18 @@ static void scenario_frozen_batch(void) {
     CHECK(hook_strided(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, IN,
                        sw, x, CUDA_R_16BF, IN, sx, &zero, y, CUDA_R_16BF, OUT, sy, BATCH,
                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
-    CHECK_TRACE(t, round ? "mt_wcheck " BATCH_CALL " " BATCH_GEMM
-                         : "alloc memset64 alloc " LOAD_ALL " mt_wcheck " BATCH_CALL
+    CHECK_TRACE(t, round ? "mt_wcheck " BATCH_REFRESH " " BATCH_GEMM
+                         : "alloc memset104 alloc " LOAD_ALL " mt_wcheck " BATCH_REFRESH
                            " smem " BATCH_GEMM);
     int wc = find_launch(t, "mt_wcheck", 0), q = find_launch(t, "mt_quant_tensor_store_bf16", 0);
     const mt_wcheck_args *a = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
     const mt_quant_params *p = q >= 0 ? quant_args(q) : NULL;
-    CHECK(a && p && a->w == w && a->rows == BATCH * OUT && a->cols == IN && a->ldw == IN);
-    CHECK(a && p && p->only_if == &a->state->dirty && p->batch_rows == OUT);
+    CHECK(a && p && a->w == w && a->slices == BATCH && a->rows == OUT && a->cols == IN &&
+          a->ldw == IN && !a->offs); /* a strided batch uses every slice */
+    CHECK(a && p && p->only_if == mt_wcheck_list(a->state, BATCH) && p->batch_rows == OUT);
+    /* per-tensor S: the check zeroes a changed slice's amax word, inside slice 0 and a slice apart */
+    CHECK(a && p && a->amax_stride == p->slice_bytes && (const uint8_t *)a->amax > p->store &&
+          (const uint8_t *)a->amax < p->store + p->slice_bytes);
   }
   check_driver_clean();
   free(w), free(x), free(y);
@@ -1237,16 +1245,25 @@ static void frozen_sampled_checks_a_sample(void) {
   mt_t_child_free(&r);
 }
 
-/* The sampled check's lines (kernels/wcheck.h): one in each run of `step`, inside the run, at an
- * offset that moves from run to run (so that a sample covers every column over the rows); step 1
- * takes every line. */
+/* The sampled check's lines (kernels/wcheck.h): runs of MT_WCHECK_RUN consecutive lines, one run
+ * in each group of MT_SAMPLE_STEP runs, at an offset that moves from group to group (so that a
+ * sample covers every column over the rows); the items cover every group of a slice and no line
+ * twice; step 1 takes every line. */
 static void sampled_lines_cover_the_runs(void) {
   int offsets[MT_SAMPLE_STEP] = {0}, distinct = 0;
-  for (uint64_t q = 0; q < 4096; q++) {
-    uint64_t line = mt_wcheck_sampled(q, MT_SAMPLE_STEP);
-    CHECK(line / MT_SAMPLE_STEP == q);
-    distinct += !offsets[line % MT_SAMPLE_STEP]++;
-    CHECK(mt_wcheck_sampled(q, 1) == q);
+  const uint64_t lines = 4096 * MT_WCHECK_RUN * MT_SAMPLE_STEP + 5; /* a short last group */
+  const uint64_t items = mt_wcheck_items(lines, MT_SAMPLE_STEP);
+  CHECK(items == 4097 * MT_WCHECK_RUN && mt_wcheck_items(lines, 1) == lines);
+  uint64_t last = 0;
+  for (uint64_t i = 0; i < items; i++) {
+    const uint64_t line = mt_wcheck_line(i, MT_SAMPLE_STEP), run = line / MT_WCHECK_RUN;
+    CHECKF(run / MT_SAMPLE_STEP == i / MT_WCHECK_RUN && line % MT_WCHECK_RUN == i % MT_WCHECK_RUN,
+           "item %llu: line %llu", (unsigned long long)i, (unsigned long long)line);
+    CHECK(i == 0 || line > last); /* increasing: no line twice */
+    last = line;
+    if (i % MT_WCHECK_RUN == 0 && i / MT_WCHECK_RUN < 4096)
+      distinct += !offsets[run % MT_SAMPLE_STEP]++;
+    CHECK(mt_wcheck_line(i, 1) == i);
   }
   CHECKF(distinct == MT_SAMPLE_STEP, "%d of %d offsets taken", distinct, MT_SAMPLE_STEP);
 }

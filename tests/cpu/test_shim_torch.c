@@ -28,6 +28,8 @@
 
 #include "kernels/gemm_args.h"
 #include "kernels/instr.h"
+#include "kernels/quant.h"
+#include "kernels/wcheck.h"
 #include "tests/cpu/fake/fake.h"
 #include "tests/cpu/fake/fake_cuda.h"
 #include "tests/cpu/fake/fake_torch.h"
@@ -145,6 +147,27 @@ static void call(const char *what, tensor *a, tensor *b, int with_offs, unsigned
 
 static void *matrix(int64_t elems) { return mt_t_matrix(&seed, (size_t)elems); }
 
+/* Under a frozen weight cache, the routed call since `from` refreshed its store first: one check
+ * of E slices of the weight, covering the slices with rows under the call's offsets (`offs`, T
+ * rows), or every slice (offs NULL), and one store quantization under the slices' dirty words. */
+static int find_launch(int from, const char *name);
+static void check_refresh(int from, const char *what, const void *w, const int32_t *offs) {
+  const char *mode = getenv("MINITE_WEIGHT_CACHE");
+  if (!mode || strncmp(mode, "frozen", 6) || !engine_runs(1))
+    return;
+  int c = find_launch(from, "mt_wcheck");
+  const mt_wcheck_args *a = c >= 0 ? (const mt_wcheck_args *)event(c)->args : NULL;
+  const mt_quant_params *p = NULL; /* the first store quantization after the check */
+  for (int i = c + 1; c >= 0 && i < now() && !p; i++)
+    if (event(i)->kind == FAKE_EV_LAUNCH && strstr(event(i)->name, "_store_"))
+      p = (const mt_quant_params *)event(i)->args;
+  CHECKF(a && a->w == w && a->slices == E && a->rows == OUT && a->cols == IN && a->ldw == IN &&
+             a->offs == offs && (!offs || a->m == T),
+         "%s: the check's arguments", what);
+  CHECKF(a && p && p->store && p->only_if == mt_wcheck_list(a->state, E),
+         "%s: the store's quantization under the check's dirty words", what);
+}
+
 static void scenario_modes(void) {
   tensor x, w_t, w, y, dy, dx, dy_t, dw, x3, y3, b2, y4;
   void *wdata = matrix(E * OUT * IN), *xdata = matrix(T * IN), *dydata = matrix(T * OUT);
@@ -162,10 +185,14 @@ static void scenario_modes(void) {
   make2(&b2, matrix(IN * T), IN, T, T, 1);
   make2(&y4, matrix(5 * T), 5, T, T, 1);
   /* the forward's token counts are on the device: the grouped engine reads them there */
+  int t = cuda_events ? now() : 0;
   call("forward", &x, &w_t, 1, 1, &y, 1);
+  check_refresh(t, "forward", wdata, ends);
   call("dgrad", &dy, &w, 1, 1, &dx, 0);
   call("wgrad", &dy_t, &x, 1, 1, &dw, 0);
+  t = cuda_events ? now() : 0;
   call("batch", &x3, &w_t, 0, 0, &y3, 1);
+  check_refresh(t, "batch", wdata, NULL);
   call("m ragged", &x3, &b2, 1, 1, &y4, 0);
   free(wdata), free(xdata), free(dydata), free(x3data);
   free(y.impl.data), free(dx.impl.data), free(dw.impl.data), free(y3.impl.data);
@@ -352,6 +379,19 @@ static void nvfp4_grouped_engine_runs_forward_and_batch(void) {
   mt_t_child_free(&r);
 }
 
+/* The same under weight_cache = frozen: the forward's store refresh covers the experts with rows
+ * in the call (check_refresh), the batch's every expert; one store for both (one weight). */
+static void nvfp4_frozen_refreshes_the_slices_a_call_uses(void) {
+  mt_t_child r;
+  const char *env[] = {"MINITE_SPEC=nvfp4-row", "MINITE_WEIGHT_CACHE=frozen", "FAKE_WITH_CUDA=1",
+                       NULL};
+  mt_t_run_child("modes", "frozen", env, &r);
+  mt_t_check_child("modes frozen", &r);
+  CHECK(json(&r, "routed") == 2 && fallback(&r, "engine error") == 0);
+  CHECKF(r.summary && strstr(r.summary, "\"weight_cache\": \"frozen\""), "%.400s", r.summary);
+  mt_t_child_free(&r);
+}
+
 static void inert_passes_everything_through(void) {
   const char *env[] = {"MINITE_SPEC=", NULL};
   mt_t_child r;
@@ -447,6 +487,7 @@ static void tests(void) {
   RUN(bf16_counts_forward_calls_routed);
   RUN(nvfp4_without_a_driver_is_no_engine);
   RUN(nvfp4_grouped_engine_runs_forward_and_batch);
+  RUN(nvfp4_frozen_refreshes_the_slices_a_call_uses);
   RUN(inert_passes_everything_through);
   RUN(a_missing_accessor_is_torch_abi);
   RUN(an_optional_of_another_layout_is_torch_abi);

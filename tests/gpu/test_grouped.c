@@ -96,7 +96,8 @@ static int make_experts(experts *e, int count, int n, int k, const mt_numerics *
 }
 
 /* Slices of every kind of weight: per-row and per-tensor S, 1x16 and 16x16 blocks, rows that fill
- * no band, columns that fill no 128-column step; then only_if = 0 leaves the store alone. */
+ * no band, columns that fill no 128-column step; then an only_if list of slice 1 leaves slice 0
+ * alone and requantizes slice 1. */
 static void store_slices(void) {
   NEED_GPU();
   static const mt_numerics nums[] = {
@@ -116,18 +117,20 @@ static void store_slices(void) {
   if (make_experts(&e, 2, 64, 256, &num_row, 0)) {
     size_t bytes = mt_wstore_bytes(2, 64, 256, &num_row);
     uint8_t *before = malloc(bytes), *after = malloc(bytes);
-    uint32_t zero = 0, *dz = dev_alloc(4);
-    CU(cudaMemcpy(dz, &zero, 4, cudaMemcpyHostToDevice));
+    /* a list of one slice, slice 1, whose amax word is zeroed (what a refresh's check does) */
+    uint32_t list[2] = {1, 1}, *dz = dev_alloc(sizeof list);
+    CU(cudaMemcpy(dz, list, sizeof list, cudaMemcpyHostToDevice));
+    CU(cudaMemset((void *)(mt_wstore_outer(&e.ws, 1) + 1), 0, 4));
     CU(cudaMemcpy(before, e.mem, bytes, cudaMemcpyDeviceToHost));
-    CU(cudaMemset(e.dev, 0x3c, e.stride * 2));
+    CU(cudaMemset(e.dev, 0x3c, 2 * e.stride * 2));
     MT(mt_wstore_quantize(e.dev, MT_DTYPE_BF16, e.ld, e.stride, &e.ws, dz, NULL));
     CU(sync_check());
     CU(cudaMemcpy(after, e.mem, bytes, cudaMemcpyDeviceToHost));
     /* the records and S of each slice (the per-tensor amax word after S is the quantizer's scratch) */
     size_t kept = MT_WS_SECTION(MT_WS_RECORD_BYTES(64, 256)) + 4;
     for (int s = 0; s < 2; s++)
-      CHECKF(!memcmp(before + s * e.ws.slice_bytes, after + s * e.ws.slice_bytes, kept),
-             "only_if = 0 changed slice %d", s);
+      CHECKF(!memcmp(before + s * e.ws.slice_bytes, after + s * e.ws.slice_bytes, kept) == (s == 0),
+             "only_if lists slice 1: slice %d %s", s, s ? "kept" : "changed");
   out:
     free(before);
     free(after);
@@ -136,85 +139,132 @@ static void store_slices(void) {
   dev_free_all();
 }
 
-/* The frozen refresh of a store (mt_wstore_refresh) against in-place changes of its weights: the
- * whole tensor, one row, one element. step 1 (frozen) sees each; step MT_SAMPLE_STEP
- * (frozen-sampled) sees the whole tensor and any change in a sampled line, and misses a change
- * confined to lines outside the sample (documented: README, "Weight cache"). Seen: the store is
- * the new weight's quantization (bit for bit against the reference); missed: unchanged. */
+/* Whether slice sl of two images of e's store differ; the slice's per-tensor amax word is left
+ * out (every refresh zeroes it: a memset cannot wait on the dirty words, and nothing reads it but
+ * the next quantization). */
+static int slice_changed(const experts *e, const uint8_t *before, const uint8_t *after, int sl) {
+  const size_t at = (size_t)sl * e->ws.slice_bytes;
+  const size_t amax =
+      (size_t)((const uint8_t *)(mt_wstore_outer(&e->ws, sl) + 1) - (const uint8_t *)e->mem);
+  return memcmp(before + at, after + at, amax - at) != 0 ||
+         memcmp(before + amax + 4, after + amax + 4, at + e->ws.slice_bytes - amax - 4) != 0;
+}
+
+/* Whether line `line` of a slice of `lines` is in the check's sample (kernels/wcheck.h). */
+static int in_sample(uint64_t line, uint64_t lines, unsigned step) {
+  const uint64_t items = mt_wcheck_items(lines, step);
+  for (uint64_t i = line / (MT_WCHECK_RUN * step) * MT_WCHECK_RUN; i < items; i++) {
+    const uint64_t l = mt_wcheck_line(i, step);
+    if (l == line)
+      return 1;
+    if (l > line)
+      return 0; /* the lines increase with the items */
+  }
+  return 0;
+}
+
+/* The frozen refresh of a store (mt_wstore_refresh) against in-place changes of its weights, slice
+ * by slice: the whole tensor, one row, one element in a sampled line, one outside the sample, and
+ * a change in a slice the call does not use (segment offsets giving it no rows) that the next
+ * call using it sees. step 1 (frozen) sees every change of a slice the call uses; step
+ * MT_SAMPLE_STEP (frozen-sampled) only those touching a sampled line (the miss of the others is
+ * documented: README, "Weight cache"). Seen: the slice is the new weight's quantization (bit for
+ * bit against the reference); missed or not covered: unchanged. */
+static void store_refresh_case(int N, int K);
 static void store_refresh_modes(void) {
   NEED_GPU();
-  enum { E = 2, N = 256, K = 512 };
+  store_refresh_case(256, 512);
+  store_refresh_case(128, 7168); /* a CTA a row in the store quantizer (224 threads) */
+}
+
+static void store_refresh_case(int N, int K) {
+  enum { E = 3 };
+  const uint64_t lines = (uint64_t)N * K * 2 / 128; /* a slice's 128-byte lines */
+  /* per change: the slice (-1: all), the element of it and how many, the call's offsets (NULL:
+   * every slice) and rows */
+  static const int32_t skip2[E] = {5, 9, 9}, only2[E] = {0, 0, 4};
+  const struct {
+    int slice;
+    long at, count; /* at < 0: an element of a sampled line (-1) or of an unsampled one (-2) */
+    const int32_t *offs;
+    int m;
+  } changes[] = {{-1, 0, (long)N * K, NULL, 0}, {1, 17L * K, K, NULL, 0}, {1, -1, 1, NULL, 0},
+                 {1, -2, 1, NULL, 0},           {2, -1, 1, skip2, 9},     {2, 0, 0, only2, 4}};
   for (int sampled = 0; sampled < 2; sampled++) {
     experts e = {0};
-    unsigned step = sampled ? MT_SAMPLE_STEP : 1;
-    void *state = dev_alloc(MT_REFRESH_STATE_BYTES);
-    size_t bytes = mt_wstore_bytes(E, N, K, &num_row), wbytes = (size_t)E * N * K * 2;
+    const unsigned step = sampled ? MT_SAMPLE_STEP : 1;
+    const size_t sbytes = MT_REFRESH_STATE_BYTES(E), bytes = mt_wstore_bytes(E, N, K, &num_row);
+    const size_t wbytes = (size_t)E * N * K * 2;
+    void *state = dev_alloc(sbytes);
+    int32_t *offs = dev_alloc(E * 4);
     uint8_t *before = malloc(bytes), *after = malloc(bytes);
     uint16_t *w = malloc(wbytes);
-    if (!state || !make_experts_of(&e, E, N, K, &num_row, 0, 0, 1)) {
+    int pending[E] = {0}; /* a change the next check of the slice sees */
+    if (!state || !offs || !make_experts_of(&e, E, N, K, &num_row, 0, 0, 1)) {
       CHECK(0);
       goto next;
     }
-    CU(cudaMemset(state, 0, MT_REFRESH_STATE_BYTES));
-    MT(mt_wstore_refresh(e.dev, MT_DTYPE_BF16, K, &e.ws, state, step, NULL)); /* first: quantizes */
+    CU(cudaMemset(state, 0, sbytes));
+    MT(mt_wstore_refresh(e.dev, MT_DTYPE_BF16, K, &e.ws, state, step, NULL, 0,
+                         NULL)); /* quantizes */
     CU(sync_check());
     CU(cudaMemcpy(w, e.dev, wbytes, cudaMemcpyDeviceToHost));
-    /* change kinds: 0 whole tensor, 1 one row, 2 one element in a sampled line, 3 one element
-     * outside the sample (only meaningful when sampled) */
-    for (int kind = 0; kind < (sampled ? 4 : 3); kind++) {
-      size_t at = 0, count = 0;
-      if (kind == 0)
-        at = 0, count = (size_t)E * N * K;
-      if (kind == 1)
-        at = (size_t)(N + 17) * K, count = K;
-      if (kind >= 2) {
-        const uint64_t lines = (uint64_t)E * N * K * 2 / 128, q = 37;
-        uint64_t line = mt_wcheck_sampled(q, step);
-        if (kind == 3)
-          line = line % MT_SAMPLE_STEP ? line - 1 : line + 1; /* a neighbour in the same run */
+    for (int c = 0; c < (int)NKINDS(changes); c++) {
+      const int first = changes[c].slice < 0 ? 0 : changes[c].slice;
+      const int last = changes[c].slice < 0 ? E - 1 : changes[c].slice;
+      long at = changes[c].at;
+      if (at < 0) { /* the first line from 37 * 8 + 1 in (+ 9: out of) the sample; frozen: that */
+        uint64_t line = 37 * 8 + (at == -1 ? 1 : 9);
+        while (sampled && line < lines && in_sample(line, lines, step) != (at == -1))
+          line++;
         CHECK(line < lines);
-        at = (size_t)line * 64 + 5, count = 1;
+        at = (long)line * 64 + 5;
       }
-      /* another finite value; one element becomes 65536, the tensor's new amax, so that its
+      /* another finite value; one element becomes 65536, its slice's new amax, so that its
        * requantization changes every code (a small change of one element may quantize to the same
        * bytes, and the store would not show that the refresh saw it) */
-      for (size_t i = at; i < at + count; i++)
-        w[i] = count == 1 ? 0x4780 : w[i] ^ 0x0140;
+      for (int sl = first; sl <= last && changes[c].count; sl++) {
+        uint16_t *ws = w + (size_t)sl * N * K;
+        for (long i = at; i < at + changes[c].count; i++)
+          ws[i] = changes[c].count == 1 ? 0x4780 : ws[i] ^ 0x0140;
+        const uint64_t l0 = (uint64_t)at * 2 / 128,
+                       l1 = (uint64_t)(at + changes[c].count - 1) * 2 / 128;
+        for (uint64_t l = l0; l <= l1; l++)
+          pending[sl] |= in_sample(l, lines, step);
+      }
+      if (changes[c].offs)
+        CU(cudaMemcpy(offs, changes[c].offs, E * 4, cudaMemcpyHostToDevice));
       CU(cudaMemcpy(e.dev, w, wbytes, cudaMemcpyHostToDevice));
       CU(cudaMemcpy(before, e.mem, bytes, cudaMemcpyDeviceToHost));
-      MT(mt_wstore_refresh(e.dev, MT_DTYPE_BF16, K, &e.ws, state, step, NULL));
+      MT(mt_wstore_refresh(e.dev, MT_DTYPE_BF16, K, &e.ws, state, step,
+                           changes[c].offs ? offs : NULL, changes[c].m, NULL));
       CU(sync_check());
       CU(cudaMemcpy(after, e.mem, bytes, cudaMemcpyDeviceToHost));
-      /* every refresh zeroes the amax words (a memset cannot wait on the dirty word; nothing reads
-       * them but the next quantization): seen is a change of anything else */
       for (int sl = 0; sl < E; sl++) {
-        size_t amax =
-            (size_t)((const uint8_t *)(mt_wstore_outer(&e.ws, sl) + 1) - (const uint8_t *)e.mem);
-        memset(before + amax, 0, 4), memset(after + amax, 0, 4);
-      }
-      int seen = memcmp(before, after, bytes) != 0, want = kind < 2 || kind == 2 || !sampled;
-      if (kind == 1 && sampled)
-        want = -1; /* a row of 8 lines may or may not hold a sampled one */
-      CHECKF(want < 0 || seen == want, "%s: change %d %s", sampled ? "frozen-sampled" : "frozen",
-             kind, seen ? "seen" : "missed");
-      if (seen) { /* the store is the new weights' quantization */
+        const int covered =
+            !changes[c].offs || changes[c].offs[sl] > (sl ? changes[c].offs[sl - 1] : 0);
+        const int want = covered && pending[sl], seen = slice_changed(&e, before, after, sl);
+        CHECKF(seen == want, "%dx%d %s: change %d, slice %d (%s): %s", N, K,
+               sampled ? "frozen-sampled" : "frozen", c, sl, covered ? "used" : "not used",
+               seen ? "requantized" : "kept");
+        if (!seen)
+          continue;
+        pending[sl] = 0;
         float *xf = malloc((size_t)N * K * sizeof *xf);
-        long bad = 0;
-        for (int s = 0; s < E; s++) {
-          mt_nvfp4 ref;
-          mt_nvfp4_alloc(&ref, N, K, MT_SCALE_TENSOR, MT_WBLOCK_1X16);
-          for (size_t i = 0; i < (size_t)N * K; i++)
-            xf[i] = mt_bf16_to_float(w[(size_t)s * N * K + i]);
-          mt_ref_quantize(xf, K, &ref);
-          bad += check_store(after + (size_t)s * e.ws.slice_bytes, &ref);
-          mt_nvfp4_free(&ref);
-        }
+        mt_nvfp4 ref;
+        mt_nvfp4_alloc(&ref, N, K, MT_SCALE_TENSOR, MT_WBLOCK_1X16);
+        for (size_t i = 0; i < (size_t)N * K; i++)
+          xf[i] = mt_bf16_to_float(w[(size_t)sl * N * K + i]);
+        mt_ref_quantize(xf, K, &ref);
+        long bad = check_store(after + (size_t)sl * e.ws.slice_bytes, &ref);
+        CHECKF(bad == 0, "%dx%d change %d: refreshed slice %d differs from the reference (%ld)", N,
+               K, c, sl, bad);
+        mt_nvfp4_free(&ref);
         free(xf);
-        CHECKF(bad == 0, "change %d: the refreshed store differs from the reference (%ld)", kind,
-               bad);
       }
-      printf("    %s: change %d %s\n", sampled ? "frozen-sampled" : "frozen", kind,
-             seen ? "seen" : "missed");
+      printf("    %dx%d %s: change %d: slices %d%d%d requantized\n", N, K,
+             sampled ? "frozen-sampled" : "frozen", c, slice_changed(&e, before, after, 0),
+             slice_changed(&e, before, after, 1), slice_changed(&e, before, after, 2));
     }
   out:
   next:
