@@ -16,6 +16,10 @@
 /* Rows above which the per-row kernel is shaped for bandwidth rather than latency. */
 #define MANY_ROWS 512
 
+/* CTAs of the store kernels under a refresh's list (two an SM): few to launch when the list is
+ * empty, as at most calls of a frozen weight, and ~4 MB of loads in flight when it is not. */
+static unsigned list_ctas(void) { return 2u * (unsigned)mt_sm_count(); }
+
 typedef struct {
   char name[40];
   unsigned grid_x, grid_y, block_x, block_y;
@@ -88,11 +92,10 @@ static int pick_store_shape(const mt_quant_params *p, int tile16, launch_shape *
     snprintf(s->name, sizeof s->name, "mt_quant_tensor_store_%s%s", type, sfx);
   }
   /* a CTA takes whole blocks of block_y rows, each within one slice (slices are whole bands); under
-   * a refresh's list (only_if) it walks the listed slices' blocks, so one wave of CTAs at most: a
-   * refresh that finds nothing changed launches that, not a CTA a block */
+   * a refresh's list (only_if) it walks the listed slices' blocks grid-stride: a refresh that finds
+   * nothing changed launches list_ctas(), not a CTA a block */
   s->grid_x = rows / s->block_y;
-  const unsigned wave = (unsigned)mt_sm_count() * (2048 / (s->block_x * s->block_y));
-  if (p->only_if && s->grid_x > wave) s->grid_x = wave;
+  if (p->only_if && s->grid_x > list_ctas()) s->grid_x = list_ctas();
   return s->grid_y <= 65535 && MT_WS_BAND % s->block_y == 0 ? MT_OK : MT_ERR_UNSUPPORTED;
 }
 
@@ -148,7 +151,9 @@ int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) {
     /* The amax pass ends in atomicMax on FP32 bits: exact and independent of order. */
     if (zero_amax(d, p, stream) != CUDA_SUCCESS) return MT_ERR_CUDA;
     unsigned warps = (unsigned)p->rows < 8192 ? (unsigned)p->rows : 8192; /* a row per warp */
-    status = mt_launch(amax, (warps + 7) / 8, 1, 256, 1, 0, 0, stream, (void *)p);
+    unsigned ctas = (warps + 7) / 8;
+    if (p->store && p->only_if && ctas > list_ctas()) ctas = list_ctas();
+    status = mt_launch(amax, ctas, 1, 256, 1, 0, 0, stream, (void *)p);
     if (status != MT_OK) return status;
   }
   return mt_launch(quant, s.grid_x, s.grid_y, s.block_x, s.block_y, 0, 0, stream, (void *)p);
