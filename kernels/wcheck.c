@@ -13,7 +13,8 @@ _Static_assert(MT_WCHECK_STATE_BYTES(1) == MT_REFRESH_STATE_BYTES(1) &&
                "engine.h's state size is wcheck.h's");
 
 /* Enough CTAs of 256 threads to keep every SM streaming, few enough that the last-CTA handoff
- * stays cheap. */
+ * stays cheap; the same for every launch, whatever the call covers, because the state's count of
+ * finished CTAs, shared by every check of the weight, is read against gridDim.x. */
 #define CHECK_CTAS 264
 
 /* The check of `slices` slices of rows x cols (row stride ldw, back to back) against `state`,

@@ -32,10 +32,10 @@
  * scratch instead. An entry is made outside captures only: a weight first seen inside a capture
  * is requantized into the graph's memory at every replay (correct, slower). An entry is shared by
  * every stream, and so is its check's state: two streams checking one entry at the same moment
- * (nothing orders them on the GPU) mix their sums, which costs requantizations of identical bytes,
- * and after a change of the weight may leave both streams' quantizations skipped (one stream's
- * check stores the new hash before the other's compares it): a stale weight. A state per stream
- * (the quantized data shared) would close that; not done here.
+ * (nothing orders them on the GPU) mix their sums and their lists of changed slices, which costs
+ * requantizations of identical bytes, and after a change of the weight may leave both streams'
+ * quantizations skipped (one stream's check stores the new hash before the other's compares it):
+ * a stale weight. A state per stream (the quantized data shared) would close that; not done here.
  *
  * State lives per context slot (kernels/driver.h mt_ctx): a context found destroyed has its state
  * dropped (its memory went with it). A process forked after the engine ran routes nothing (CUDA
