@@ -101,8 +101,9 @@ __device__ static void finish(const mt_wcheck_args &a) {
   }
 }
 
-// Each warp takes chunks of one slice's items (32 lines a lane's turn: 4 turns a chunk, or 1 when
-// sampled), skips a chunk of an uncovered slice, and adds its sum to the slice's with one atomic.
+// Each warp takes chunks of one slice's items (a turn: a line a lane, 32 lines; 4 turns a chunk, 1
+// when sampled), skips the chunks of uncovered slices, and adds a chunk's sum to its slice's with
+// one atomic.
 extern "C" __global__ void __launch_bounds__(256) mt_wcheck(const mt_wcheck_args a) {
   const int per_row = a.cols / 8;              // 16-byte pieces of a row (cols % 16 == 0)
   const int lines_per_row = (per_row + 7) / 8; // 128-byte lines (the last may be short)
