@@ -201,7 +201,7 @@ static int call_check(void *p, int i) {
 
 /* The states of both weights under `step`, each weight quantized once by its first refresh. */
 static void check_init(check_ctx *k, moe_ctx *c, unsigned step) {
-  const size_t bytes = MT_REFRESH_STATE_BYTES(c->g->experts);
+  const size_t bytes = mt_refresh_state_bytes(c->g->experts);
   k->c = c, k->step = step, k->whole = 1;
   for (int j = 0; j < 2; j++) {
     k->state[j] = dmalloc(bytes);

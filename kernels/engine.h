@@ -74,14 +74,14 @@ int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qwei
                           mt_stream stream);
 
 /* The frozen cache's refresh: quantize W into q only when W's bytes differ from those of the last
- * quantization recorded in `state` (MT_REFRESH_STATE_BYTES(1) of device memory, zeroed before the
+ * quantization recorded in `state` (mt_refresh_state_bytes(1) of device memory, zeroed before the
  * first use). A hash of the weight is compared on the device (kernels/wcheck.cu): nothing is read
  * back, so it is legal inside graph capture and a replay checks again. step 1: the whole weight
  * (cost when nothing changed: one read of it); step s > 1: one 1 KB run of lines in each s runs,
  * the same lines at every call (weight_cache = frozen-sampled, MT_SAMPLE_STEP: a change confined
  * to lines outside the sample goes unseen). */
-#define MT_REFRESH_STATE_BYTES(slices) ((20 + 28 * (size_t)(slices) + 7) / 8 * 8)
 #define MT_SAMPLE_STEP 64
+size_t mt_refresh_state_bytes(int slices);
 int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state, unsigned step,
                       mt_stream stream);
 
@@ -158,7 +158,7 @@ int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t st
 int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_t ldw, mt_wstore *w, mt_stream stream);
 
 /* The frozen cache's refresh for a store whose count weights lie back to back (row stride ldw,
- * each n * ldw elements after the one before; state: MT_REFRESH_STATE_BYTES(count)): the check
+ * each n * ldw elements after the one before; state: mt_refresh_state_bytes(count)): the check
  * and quantization of mt_refresh_weight, slice by slice, for the slices the call uses. With offs (the
  * call's segment table as mt_gemm_grouped reads it, m its rows), only the slices whose segment
  * has rows are checked and, when changed, requantized: the others keep their quantization until a

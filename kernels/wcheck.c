@@ -7,10 +7,7 @@
 #include "kernels/engine.h"
 #include "kernels/wcheck.h"
 
-_Static_assert(MT_WCHECK_STATE_BYTES(1) == MT_REFRESH_STATE_BYTES(1) &&
-                   MT_WCHECK_STATE_BYTES(3) == MT_REFRESH_STATE_BYTES(3) &&
-                   MT_WCHECK_STATE_BYTES(256) == MT_REFRESH_STATE_BYTES(256),
-               "engine.h's state size is wcheck.h's");
+size_t mt_refresh_state_bytes(int slices) { return slices > 0 ? MT_WCHECK_STATE_BYTES(slices) : 0; }
 
 /* Enough CTAs of 256 threads to keep every SM streaming, few enough that the last-CTA handoff
  * stays cheap; the same for every launch, whatever the call covers, because the state's count of

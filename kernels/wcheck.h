@@ -2,7 +2,7 @@
  * cached quantized weight, and the kernel's by-value arguments. Plain C, included by both sides.
  *
  * The state of a weight of `slices` slices (a store's experts, or the one weight of a per-call
- * entry) is MT_REFRESH_STATE_BYTES(slices) (kernels/engine.h) of device memory, zeroed when the
+ * entry) is MT_WCHECK_STATE_BYTES(slices) (mt_refresh_state_bytes) of device memory, zeroed when the
  * weight is bound: a head, the slices' words, then the list of the slices the last check found
  * changed (which the quantizers read as their only_if). */
 #ifndef MT_WCHECK_H

@@ -321,7 +321,7 @@ static int cache_fits(const context *c, size_t bytes) { return c->cached + bytes
  * memory (cache full). */
 static int entry_alloc(const mt_driver *d, context *c, size_t data, int slices, mt_stream stream,
                        CUdeviceptr *mem, enum mt_reason *why) {
-  const size_t state = MT_REFRESH_STATE_BYTES(slices), bytes = data + state;
+  const size_t state = mt_refresh_state_bytes(slices), bytes = data + state;
   *why = MT_R_ROUTED;
   if (!cache_fits(c, bytes)) {
     atomic_fetch_add(&cache_full, 1);

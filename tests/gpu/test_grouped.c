@@ -193,7 +193,7 @@ static void store_refresh_case(int N, int K) {
   for (int sampled = 0; sampled < 2; sampled++) {
     experts e = {0};
     const unsigned step = sampled ? MT_SAMPLE_STEP : 1;
-    const size_t sbytes = MT_REFRESH_STATE_BYTES(E), bytes = mt_wstore_bytes(E, N, K, &num_row);
+    const size_t sbytes = mt_refresh_state_bytes(E), bytes = mt_wstore_bytes(E, N, K, &num_row);
     const size_t wbytes = (size_t)E * N * K * 2;
     void *state = dev_alloc(sbytes);
     int32_t *offs = dev_alloc(E * 4);
