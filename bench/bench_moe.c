@@ -12,9 +12,9 @@
  * cuBLAS's). A sanity column gives the relative L2 difference of our output against cuBLAS's on
  * the last routing (NVFP4 W4A4 against BF16: ~0.1 on these Gaussian-like data), and the frozen
  * caches' refresh of the layer's weights for the routing (nothing changed: the check of the
- * routed experts' slices, every byte or the sample). Writes JSON to
- * argv[1] (default build/bench_moe.json); `--only NAME` runs one geometry, `--tokens T` one T (for a
- * profiler), `--bn BN` forces the grouped kernel's token tile (an A/B of the launcher's choice). */
+ * routed experts' slices, every byte or the sample). Writes JSON to argv[1] (default
+ * build/bench_moe.json); `--only NAME` runs one geometry, `--tokens T` one T (for a profiler),
+ * `--bn BN` forces the grouped kernel's token tile (an A/B of the launcher's choice). */
 #include <cublas_v2.h>
 #include <math.h>
 #include <string.h>

@@ -24,9 +24,10 @@
  * guarantee holds for weights changed as a whole, as an optimizer step changes them). A grouped
  * call's weights (all its experts, one tensor) make one entry: a store of slices
  * (kernels/wstore.h), refreshed slice by slice, a call with segment offsets refreshing only the
- * slices with rows in it (the others are checked by the next call that uses them). A call whose weights are behind device pointer
- * arrays (cublasGemmBatchedEx, cublasGemmGroupedBatchedEx, cuBLASLt POINTER_ARRAY batches) has no
- * address the host could key an entry by: it is requantized at every call, whatever the mode.
+ * slices with rows in it (the others are checked by the next call that uses them). A call whose
+ * weights are behind device pointer arrays (cublasGemmBatchedEx, cublasGemmGroupedBatchedEx,
+ * cuBLASLt POINTER_ARRAY batches) has no address the host could key an entry by: it is
+ * requantized at every call, whatever the mode.
  * MINITE_CACHE_MB bounds the entries of each context (not the scratch): each GPU has its own
  * memory, so a process driving several GPUs may keep that much on each; past it, weights are requantized in
  * scratch instead. An entry is made outside captures only: a weight first seen inside a capture
