@@ -147,10 +147,16 @@ static void call(const char *what, tensor *a, tensor *b, int with_offs, unsigned
 
 static void *matrix(int64_t elems) { return mt_t_matrix(&seed, (size_t)elems); }
 
+static int find_launch(int from, const char *name) {
+  for (int i = from; i < now(); i++)
+    if (event(i)->kind == FAKE_EV_LAUNCH && !strcmp(event(i)->name, name))
+      return i;
+  return -1;
+}
+
 /* Under a frozen weight cache, the routed call since `from` refreshed its store first: one check
  * of E slices of the weight, covering the slices with rows under the call's offsets (`offs`, T
  * rows), or every slice (offs NULL), and one store quantization under the slices' dirty words. */
-static int find_launch(int from, const char *name);
 static void check_refresh(int from, const char *what, const void *w, const int32_t *offs) {
   const char *mode = getenv("MINITE_WEIGHT_CACHE");
   if (!mode || strncmp(mode, "frozen", 6) || !engine_runs(1))
@@ -217,13 +223,6 @@ static int launches_of(int from, const char *prefix) {
   for (int i = from; i < now(); i++)
     n += event(i)->kind == FAKE_EV_LAUNCH && !strncmp(event(i)->name, prefix, strlen(prefix));
   return n;
-}
-
-static int find_launch(int from, const char *name) {
-  for (int i = from; i < now(); i++)
-    if (event(i)->kind == FAKE_EV_LAUNCH && !strcmp(event(i)->name, name))
-      return i;
-  return -1;
 }
 
 /* The twin's keys of the rows of a grouped call (x rows of IN, offsets or 5 rows a segment,
