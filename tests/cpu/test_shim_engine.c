@@ -335,7 +335,8 @@ static const mt_epilogue_args *epilogue_of(int i) {
 
 /* The weight quantization (per-tensor S: amax then quant), the packing, the activations' and the
  * large path's GEMM of one call starting at `from`: operands, shapes and device memory. only_if:
- * the frozen entry's dirty word, or NULL under requantize. */
+ * the frozen entry's dirty word (its check's list, whose count is the word for one slice), or NULL
+ * under requantize. */
 static void check_call_args(int from, const problem *p, const void *c, const void *bias, float beta,
                             const uint32_t *only_if) {
   int amax = find_launch(from, "mt_quant_amax_bf16", 0);
@@ -820,7 +821,8 @@ static void scenario_strided(void) {
 }
 
 /* A strided batch under frozen: one store for the three weights (back to back), its check over
- * all of them, the quantization under its dirty word; again: the check alone before the GEMM. */
+ * all of them, the quantization under its list of changed slices; again: the check alone before
+ * the GEMM. */
 static void scenario_frozen_batch(void) {
   int tokens = 8;
   size_t sw = (size_t)OUT * IN, sx = (size_t)tokens * IN, sy = (size_t)OUT * tokens;

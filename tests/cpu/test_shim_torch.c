@@ -156,7 +156,8 @@ static int find_launch(int from, const char *name) {
 
 /* Under a frozen weight cache, the routed call since `from` refreshed its store first: one check
  * of E slices of the weight, covering the slices with rows under the call's offsets (`offs`, T
- * rows), or every slice (offs NULL), and one store quantization under the slices' dirty words. */
+ * rows), or every slice (offs NULL), and one store quantization under the check's list of changed
+ * slices. */
 static void check_refresh(int from, const char *what, const void *w, const int32_t *offs) {
   const char *mode = getenv("MINITE_WEIGHT_CACHE");
   if (!mode || strncmp(mode, "frozen", 6) || !engine_runs(1))
@@ -171,7 +172,7 @@ static void check_refresh(int from, const char *what, const void *w, const int32
              a->offs == offs && (!offs || a->m == T),
          "%s: the check's arguments", what);
   CHECKF(a && p && p->store && p->only_if == mt_wcheck_list(a->state, E),
-         "%s: the store's quantization under the check's dirty words", what);
+         "%s: the store's quantization under the check's list", what);
 }
 
 static void scenario_modes(void) {

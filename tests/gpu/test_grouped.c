@@ -140,8 +140,8 @@ static void store_slices(void) {
 }
 
 /* Whether slice sl of two images of e's store differ; the slice's per-tensor amax word is left
- * out (every refresh zeroes it: a memset cannot wait on the dirty words, and nothing reads it but
- * the next quantization). */
+ * out (the quantizer's scratch: the check zeroes it for a slice it lists, the amax pass rebuilds
+ * it, and nothing else reads it). */
 static int slice_changed(const experts *e, const uint8_t *before, const uint8_t *after, int sl) {
   const size_t at = (size_t)sl * e->ws.slice_bytes;
   const size_t amax =
