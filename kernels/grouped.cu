@@ -3,11 +3,12 @@
 // on NVFP4 operands, exactly, through BF16 wgmma with FP32 accumulation.
 //
 // The weight is A and comes from registers: each consumer warp decodes its 16 channels' codes and
-// E4M3 scales (kernels/wstore.h, 4.5 bits an element, streamed from HBM by bulk copies) into the
-// wgmma A fragments, so no BF16 copy of a weight exists anywhere; the tokens are B (N = BN): the
-// quantized activations (BF16 xhat, exact), TMA-loaded into 128B-swizzled shared memory. A CTA
-// owns tiles of 128 channels (two consumer warpgroups of 64) by BN tokens of one segment, walks
-// them persistently (tile blockIdx.x, + gridDim.x, ...), and runs each tile's whole K loop: k16
+// block scales (kernels/wstore.h, 4.5 bits an element, streamed from HBM by bulk copies) into the
+// wgmma A fragments (record_frags: ~19 instructions for 8 elements), so no BF16 copy of a weight
+// exists anywhere; the tokens are B (N = BN): the quantized activations (BF16 xhat, exact),
+// TMA-loaded into 128B-swizzled shared memory. A CTA owns tiles of 128 channels (two consumer
+// warpgroups of 64) by BN tokens of one segment, walks them persistently (tile blockIdx.x,
+// + gridDim.x, ...), and runs each tile's whole K loop: k16
 // steps in increasing order into one FP32 accumulator per output, from zero, no split-K, no
 // atomics: the arithmetic of every other path (docs/numerics.md, "Batch invariance"), so a row's
 // bits do not depend on its segment, its position, BN or the other segments.
@@ -23,7 +24,12 @@
 //
 // Exactness: every dequantized element e2m1 * e4m3 is exact in BF16 and every product of two is
 // exact in FP32; each 16-element block sum is exact in FP32, so whether the weight is A or B does
-// not change the sums. The epilogue is gemm_common.cuh's order, each operation rounded on its own.
+// not change the sums. The weight's decode (wstore.h: a code's bits as BF16, times its scale
+// byte's BF16) gives each element times 2^-7, a normal BF16: every product, block sum and partial
+// sum is the unscaled one times 2^-7, all far above FP32's normal minimum (the smallest product is
+// 2^-27), so each rounding is the unscaled one scaled, and the epilogue's exact multiply by 2^7
+// gives the unscaled accumulator's bits. The epilogue is gemm_common.cuh's order, each operation
+// rounded on its own.
 //
 // Tested by tests/gpu/test_grouped.c: against mt_ref_gemm (ref/nvfp4.c) within the
 // FP32-accumulation bound, bitwise against the per-expert large path and across segment layouts,
@@ -40,6 +46,7 @@ static_assert(REC_BLOCK == (CB / 8) * 2 * REC, "a band's records of one 64-wide 
 #define KS_OF(bn) MT_GROUPED_KS(bn)
 #define SB_OF(bn) MT_GROUPED_SB(bn)
 #define S_OF(bn) MT_GROUPED_STAGES(bn)
+constexpr float kUnshift = (float)(1u << MT_WS_WEIGHT_SHIFT); // the decoded weights' 2^-7, undone
 
 // Shared memory (gemm_args.h, MT_GROUPED_SMEM): the stages (each: KS activation boxes of BN rows x
 // 128 bytes, then KS x 4608 bytes of records), the ring's barriers, then the tile table.
@@ -104,29 +111,54 @@ template <int BN> __device__ static inline where locate(const table *t, int nseg
   return {lo, local / ntok, local % ntok * BN};
 }
 
-// One E4M3 scale code (never negative, never NaN) as a BF16 pair: the code's exponent and mantissa
-// fields moved to FP32's (a subnormal E4M3 becomes a subnormal FP32), the bias difference 2^120
-// applied by an exact multiply, then the top half (at most 4 significant bits: exact in BF16).
-__device__ static inline uint32_t scale_pair(uint32_t code) {
-  const uint32_t h = __float_as_uint(__fmul_rn(__uint_as_float(code << 20), 0x1p120f)) >> 16;
-  return h | h << 16;
+// Pair P of a store code word (wstore.h) as a BF16 pair of codes * 2^-126: the mask of one
+// rotation of the word, or of two (its magnitudes and its signs).
+template <int R> __device__ static inline uint32_t rotate(uint32_t w) {
+  if constexpr (R == 0)
+    return w;
+  else
+    return __funnelshift_l(w, w, R);
+}
+template <int P> __device__ static inline uint32_t code_pair(uint32_t w) {
+  constexpr int em = MT_WS_EM_ROT(P), sg = MT_WS_SIGN_ROT(P);
+  if constexpr (em == sg)
+    return rotate<em>(w) & (MT_WS_EM | MT_WS_SIGN);
+  else
+    return (rotate<em>(w) & MT_WS_EM) | (rotate<sg>(w) & MT_WS_SIGN);
+}
+
+__device__ static inline uint32_t bf16_mul(uint32_t a, __nv_bfloat162 b) {
+  __nv_bfloat162 r = __hmul2(*(__nv_bfloat162 *)&a, b);
+  return *(uint32_t *)&r;
+}
+
+// One record's word w of a lane (row g or g + 8: c = 0 or 1 of the fragment) and the row's two
+// scale bytes sc, into the A fragments of the record's two k16 steps (S0: the first block, S1:
+// the second): pairs 0 and 1 are the fragment's registers c and c + 2 of S0, pairs 2 and 3 those
+// of S1. The scale bytes become the BF16 pair (scale0, scale1) * 2^119 by one multiply-add
+// (wstore.h); each code pair times its block's half of it is the dequantized pair * 2^-7, exact
+// (the code's subnormal 0.5 * 2^-126 included: BF16 arithmetic keeps subnormals).
+__device__ static inline void record_frags(uint32_t w, uint32_t sc, int c, uint32_t (&S0)[4], uint32_t (&S1)[4]) {
+  const uint32_t x = __byte_perm(sc, 0, 0x4140) * 16u + (MT_WS_SCALE_BF16 | MT_WS_SCALE_BF16 << 16);
+  const __nv_bfloat162 s2 = *(const __nv_bfloat162 *)&x;
+  const __nv_bfloat162 s0 = __low2bfloat162(s2), s1 = __high2bfloat162(s2);
+  S0[c] = bf16_mul(code_pair<0>(w), s0);
+  S0[c + 2] = bf16_mul(code_pair<1>(w), s0);
+  S1[c] = bf16_mul(code_pair<2>(w), s1);
+  S1[c + 2] = bf16_mul(code_pair<3>(w), s1);
 }
 
 // The A fragments of the four k16 steps of 64-wide block b of a stage, for this warp's 16 channels
 // (row groups hw and hw + 1 of the band: rows g and g + 8), from the stage's records (pair P, row
-// group h at (P * 16 + h) * REC): per pair, the lane's code word and its row's two scales in each
-// of the two records; step 2p + j takes block j of pair 2b + p.
+// group h at (P * 16 + h) * REC): per pair, the lane's code word and its row's two scale bytes in
+// each of the two records; step 2p + j takes block j of pair 2b + p.
 __device__ static inline void decode_block(const uint8_t *recs, int b, int hw, int lane, uint32_t (&A)[4][4]) {
   const int g = lane / 4;
 #pragma unroll
   for (int p = 0; p < 2; p++) {
     const uint8_t *r0 = recs + ((2 * b + p) * 16 + hw) * REC, *r1 = r0 + REC;
-    const uint32_t w0 = *(const uint32_t *)(r0 + 4 * lane), w1 = *(const uint32_t *)(r1 + 4 * lane);
-    const uint32_t s0 = *(const uint16_t *)(r0 + 128 + 2 * g), s1 = *(const uint16_t *)(r1 + 128 + 2 * g);
-    weight_frag(w0 & 0xffffu, scale_pair(s0 & 0xffu), A[2 * p][0], A[2 * p][2]);
-    weight_frag(w1 & 0xffffu, scale_pair(s1 & 0xffu), A[2 * p][1], A[2 * p][3]);
-    weight_frag(w0 >> 16, scale_pair(s0 >> 8), A[2 * p + 1][0], A[2 * p + 1][2]);
-    weight_frag(w1 >> 16, scale_pair(s1 >> 8), A[2 * p + 1][1], A[2 * p + 1][3]);
+    record_frags(*(const uint32_t *)(r0 + 4 * lane), *(const uint16_t *)(r0 + 128 + 2 * g), 0, A[2 * p], A[2 * p + 1]);
+    record_frags(*(const uint32_t *)(r1 + 4 * lane), *(const uint16_t *)(r1 + 128 + 2 * g), 1, A[2 * p], A[2 * p + 1]);
   }
 }
 
@@ -280,7 +312,8 @@ __device__ static void store_tile(const mt_grouped_kargs &a, const table *t, con
       for (int i = 0; i < 2; i++) {
         const int ch = ch0 + 16 * w + g + 8 * i;
         if (ch >= a.n) continue;
-        float v = __fmul_rn(__fmul_rn(d[4 * cc + 2 * i + j], __fmul_rn(inv_a, inv_w[i])), a.alpha);
+        const float acc = __fmul_rn(d[4 * cc + 2 * i + j], kUnshift);
+        float v = __fmul_rn(__fmul_rn(acc, __fmul_rn(inv_a, inv_w[i])), a.alpha);
         if (c) v = __fadd_rn(v, __fmul_rn(a.beta, load_elem(c, (crow0 + tok) * a.ldc + ch, a.ytype)));
         if (bias) v = __fadd_rn(v, bv[i]);
         store_elem(y, (yrow0 + tok) * a.ldy + ch, a.ytype, v);

@@ -96,21 +96,22 @@ __device__ __forceinline__ uint8_t *record_of(const mt_quant_params &p, int e, i
 }
 
 /* The record's four code words of row r from its blocks b (codes cd0) and b + 1 (cd1): lane 4g + q's
- * word holds code bytes q and q + 4 of each block (gemm_args.h). */
+ * word holds the pairs of code bytes q and q + 4 of each block, in the store's bit order
+ * (kernels/wstore.h, mt_ws_word). */
 __device__ __forceinline__ void record_words_of_codes(const uint32_t (&cd0)[2], const uint32_t (&cd1)[2],
                                                       uint32_t (&word)[4]) {
   const uint32_t a01 = __byte_perm(cd0[0], cd0[1], 0x5140), a23 = __byte_perm(cd0[0], cd0[1], 0x7362);
   const uint32_t b01 = __byte_perm(cd1[0], cd1[1], 0x5140), b23 = __byte_perm(cd1[0], cd1[1], 0x7362);
-  word[0] = __byte_perm(a01, b01, 0x5410), word[1] = __byte_perm(a01, b01, 0x7632);
-  word[2] = __byte_perm(a23, b23, 0x5410), word[3] = __byte_perm(a23, b23, 0x7632);
+  word[0] = mt_ws_word(__byte_perm(a01, b01, 0x5410)), word[1] = mt_ws_word(__byte_perm(a01, b01, 0x7632));
+  word[2] = mt_ws_word(__byte_perm(a23, b23, 0x5410)), word[3] = mt_ws_word(__byte_perm(a23, b23, 0x7632));
 }
 
 /* Row r's part of one record (row g of it): its four code words (16 bytes) and its two blocks'
- * E4M3 scale codes. */
-__device__ __forceinline__ void store_record(uint8_t *rec, int g, const uint32_t (&word)[4], uint32_t sb0,
-                                             uint32_t sb1) {
+ * scale bytes (mt_ws_scale_byte). */
+__device__ __forceinline__ void store_record(uint8_t *rec, int g, const uint32_t (&word)[4], uint32_t sc0,
+                                             uint32_t sc1) {
   *(uint4 *)(rec + 16 * g) = make_uint4(word[0], word[1], word[2], word[3]);
-  *(uint16_t *)(rec + 128 + 2 * g) = (uint16_t)(sb0 | sb1 << 8);
+  *(uint16_t *)(rec + 128 + 2 * g) = (uint16_t)(sc0 | sc1 << 8);
 }
 
 /* The store mode's encode (lab/NOTES.md, "Activation quantization"). mt_q::encode
@@ -142,39 +143,38 @@ __device__ __forceinline__ uint32_t e2m1_mag_biased(float a) {
   return __vimin3_u32(__float_as_uint(t1), __float_as_uint(t2), __float_as_uint(t3));
 }
 
-/* PTX prmt in its generic mode: a selector nibble with bit 3 set replicates the sign bit of the
- * byte it picks over the result byte (CUDA's __byte_perm documents only the low 3 bits). */
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
+/* The bias that record_words's biased magnitudes add at the store's code positions (mt_ws_pair_bits),
+ * negated: the sum starting from it ends as the codes alone (at most 7 in a field of 3 bits, so
+ * no carries: the biases cancel modulo 2^32). */
+__host__ __device__ constexpr uint32_t word_bias_start() {
+  uint32_t sum = 0;
+  for (uint32_t p = 0; p < 4; p++)
+    sum += (0x4B000000u << ((6u - MT_WS_EM_ROT(p)) & 31u)) + (0x4B000000u << ((22u - MT_WS_EM_ROT(p)) & 31u));
+  return 0u - sum;
 }
 
-/* The four code words of a pair of blocks (words w0, w1, coefficients c0, c1, both finite), in
- * the record's byte order directly: word q's bytes 0..3 are the element pairs of w0[q], w0[q + 4],
- * w1[q], w1[q + 4], low element in the low nibble. Magnitudes: each biased code is added in at its
- * nibble (an IMAD); the bias 0x4B000000 lands in bits 24-31 from nibble 0 and, shifted out
- * past bit 31 but for 0xB0000000, from nibble 1: 0x05000000 + 0x4B000000 + 0xB0000000 = 2^32, so
- * the sum starts at 0x05000000 and ends as the codes alone (at most 7 a nibble: no carries). Sign:
- * x * c_b has x's sign (c_b >= +0, and the product is not NaN), the BF16/FP16 sign bits 15 and 31
- * of each word: gathered by byte (prmt), spread by sign replication, masked onto bits 3 and 7. */
+/* The four code words of a pair of blocks (words w0, w1, coefficients c0, c1, both finite), in the
+ * store's bit order directly: word q's pairs 0..3 are the element pairs of w0[q], w0[q + 4], w1[q],
+ * w1[q + 4]. Magnitudes: each biased code is added in at its position (an IMAD), from
+ * word_bias_start. Sign: x * c_b has x's sign (c_b >= +0, and the product is not NaN), the
+ * BF16/FP16 sign bits 15 and 31 of each source word, shifted to the pair's sign positions. */
 template <bool FP16>
 __device__ __forceinline__ void record_words(const uint32_t (&w0)[8], const uint32_t (&w1)[8], float c0, float c1,
                                              uint32_t (&word)[4]) {
 #pragma unroll
   for (int q = 0; q < 4; q++) {
     const uint32_t src[4] = {w0[q], w0[q + 4], w1[q], w1[q + 4]};
-    uint32_t acc = 0x05000000u;
+    uint32_t acc = word_bias_start(), sign = 0;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
       float lo, hi;
       unpack<FP16>(src[k], lo, hi);
       const float c = k < 2 ? c0 : c1;
-      acc += e2m1_mag_biased(__fmul_rn(fabsf(lo), c)) << (8 * k);
-      acc += e2m1_mag_biased(__fmul_rn(fabsf(hi), c)) << (8 * k + 4);
+      acc += e2m1_mag_biased(__fmul_rn(fabsf(lo), c)) << ((6u - MT_WS_EM_ROT(k)) & 31u);
+      acc += e2m1_mag_biased(__fmul_rn(fabsf(hi), c)) << ((22u - MT_WS_EM_ROT(k)) & 31u);
+      sign |= (src[k] & MT_WS_SIGN) >> MT_WS_SIGN_ROT(k);
     }
-    const uint32_t a = prmt(src[0], src[1], 0x7351), b = prmt(src[2], src[3], 0x7351);
-    word[q] = (prmt(a, b, 0xDC98) & 0x08080808u) | (prmt(a, b, 0xFEBA) & 0x80808080u) | acc;
+    word[q] = acc | sign;
   }
 }
 
@@ -278,11 +278,13 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p, int bx) {
     for (int j = 0; j < NB; j += 2) {
       const int b = block_of(j);
       if (b >= 2 * pairs) break;
-      uint32_t word[4] = {0, 0, 0, 0}, sb0 = 0, sb1 = 0;
+      uint32_t word[4] = {0, 0, 0, 0}, sc0 = 0, sc1 = 0;
       if (!domain_bad) {
+        uint32_t sb0, sb1;
         float f0, f1; /* the scales' values */
         const float c0 = block_coef(amax_b[j], s_over_6, inv_s, sb0, f0);
         const float c1 = block_coef(amax_b[j + 1], s_over_6, inv_s, sb1, f1);
+        sc0 = mt_ws_scale_byte(__float_as_uint(f0)), sc1 = mt_ws_scale_byte(__float_as_uint(f1));
         if (c0 <= kFltMax && c1 <= kFltMax) {
           record_words<FP16>(w[j], w[j + 1], c0, c1, word);
         } else { /* c_b = +Inf (1/S subnormal): 0 * Inf is NaN, +6 whatever x's sign */
@@ -292,7 +294,7 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p, int bx) {
           record_words_of_codes(cd0, cd1, word);
         }
       }
-      store_record(record_of(p, e, rl, b), rl % 8, word, sb0, sb1);
+      store_record(record_of(p, e, rl, b), rl % 8, word, sc0, sc1);
     }
     return;
   }

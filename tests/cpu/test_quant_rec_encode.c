@@ -1,6 +1,7 @@
 /* test_quant_rec_encode.c — a host twin of the record-mode encode of kernels/quant.cu (v2:
  * e2m1_mag_biased, record_words, e4m3_value), checked against the reference (ref/nvfp4.c) and
- * against the byte order the kernels wrote before (record_words_of_codes over mt_q's code words).
+ * against the reference codes in the store's bit order (record_words_of_codes over mt_q's code words,
+ * then kernels/wstore.h's mt_ws_word), and the decode of that order that kernels/grouped.cu does.
  * The twin does the same IEEE FP32 operations as the device code (fmaf = FFMA, one rounding;
  * fma.rn.sat = that rounding, then a clamp to [0, 1]; adds and multiplies rounded each on their
  * own: C11 on x86-64 does not contract); prmt is emulated with its sign-replicating selectors.
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/wstore.h"
 #include "ref/nvfp4.h"
 #include "tests/cpu/floatbits.h"
 #include "tests/harness.h"
@@ -61,26 +63,35 @@ static void unpack(uint32_t w, int fp16, float *lo, float *hi) {
   }
 }
 
+/* quant.cu: word_bias_start */
+static uint32_t word_bias_start(void) {
+  uint32_t sum = 0;
+  for (uint32_t p = 0; p < 4; p++)
+    sum += (0x4B000000u << ((6u - MT_WS_EM_ROT(p)) & 31u)) +
+           (0x4B000000u << ((22u - MT_WS_EM_ROT(p)) & 31u));
+  return 0u - sum;
+}
+
 /* quant.cu: record_words */
 static void record_words(const uint32_t w0[8], const uint32_t w1[8], float c0, float c1, int fp16,
                          uint32_t word[4]) {
   for (int q = 0; q < 4; q++) {
     const uint32_t src[4] = {w0[q], w0[q + 4], w1[q], w1[q + 4]};
-    uint32_t acc = 0x05000000u;
+    uint32_t acc = word_bias_start(), sign = 0;
     for (int k = 0; k < 4; k++) {
       float lo, hi;
       unpack(src[k], fp16, &lo, &hi);
       float c = k < 2 ? c0 : c1;
-      acc += mag_biased(fabsf(lo) * c) << (8 * k);
-      acc += mag_biased(fabsf(hi) * c) << (8 * k + 4);
+      acc += mag_biased(fabsf(lo) * c) << ((6u - MT_WS_EM_ROT(k)) & 31u);
+      acc += mag_biased(fabsf(hi) * c) << ((22u - MT_WS_EM_ROT(k)) & 31u);
+      sign |= (src[k] & MT_WS_SIGN) >> MT_WS_SIGN_ROT(k);
     }
-    uint32_t a = prmt(src[0], src[1], 0x7351), b = prmt(src[2], src[3], 0x7351);
-    word[q] = (prmt(a, b, 0xDC98) & 0x08080808u) | (prmt(a, b, 0xFEBA) & 0x80808080u) | acc;
+    word[q] = acc | sign;
   }
 }
 
-/* The words as the kernels built them before: reference codes packed as mt_q::encode_block does,
- * then quant.cu's record_words_of_codes. */
+/* The words from the reference codes: packed as mt_q::encode_block does, then quant.cu's
+ * record_words_of_codes (pairs of code bytes, then the store's bit order, mt_ws_word). */
 static void record_words_ref(const uint32_t w0[8], const uint32_t w1[8], float c0, float c1,
                              int fp16, uint32_t word[4]) {
   uint32_t cd[2][2] = {{0, 0}, {0, 0}};
@@ -93,8 +104,10 @@ static void record_words_ref(const uint32_t w0[8], const uint32_t w1[8], float c
     }
   uint32_t a01 = byte_perm(cd[0][0], cd[0][1], 0x5140), a23 = byte_perm(cd[0][0], cd[0][1], 0x7362);
   uint32_t b01 = byte_perm(cd[1][0], cd[1][1], 0x5140), b23 = byte_perm(cd[1][0], cd[1][1], 0x7362);
-  word[0] = byte_perm(a01, b01, 0x5410), word[1] = byte_perm(a01, b01, 0x7632);
-  word[2] = byte_perm(a23, b23, 0x5410), word[3] = byte_perm(a23, b23, 0x7632);
+  word[0] = mt_ws_word(byte_perm(a01, b01, 0x5410)),
+  word[1] = mt_ws_word(byte_perm(a01, b01, 0x7632));
+  word[2] = mt_ws_word(byte_perm(a23, b23, 0x5410)),
+  word[3] = mt_ws_word(byte_perm(a23, b23, 0x7632));
 }
 
 static int mag_ok(uint32_t u) {
@@ -203,10 +216,75 @@ static void e4m3_values(void) {
   }
 }
 
+/* The BF16 bits as a float. */
+static float bf16_value(uint32_t h) { return float_of(h << 16); }
+
+/* grouped.cu: code_pair, rotations and masks. */
+static uint32_t rotl(uint32_t w, uint32_t r) { return r ? w << r | w >> (32 - r) : w; }
+static uint32_t code_pair(uint32_t w, int p) {
+  uint32_t em = MT_WS_EM_ROT(p), sg = MT_WS_SIGN_ROT(p);
+  return (rotl(w, em) & MT_WS_EM) | (rotl(w, sg) & MT_WS_SIGN);
+}
+
+/* The store's decode (kernels/wstore.h, grouped.cu's record_frags), every code in every position
+ * and every scale: the four pairs' bits tile the word; a pair's BF16 bits are its codes * 2^-126;
+ * the scale byte's BF16 is the scale * 2^119; their product (the kernel's BF16 multiply) is the
+ * dequantized element * 2^-7, exact and a normal BF16. */
+static void store_decode(void) {
+  uint32_t all = 0;
+  for (int p = 0; p < 4; p++) {
+    uint32_t bits = mt_ws_pair_bits(p, 15, 15);
+    CHECKF((all & bits) == 0, "pair %d overlaps: %08x", p, all & bits);
+    all |= bits;
+  }
+  CHECKF(all == 0xffffffffu, "the pairs leave bits %08x", ~all);
+  int bad = 0;
+  for (int p = 0; p < 4; p++)
+    for (uint32_t lo = 0; lo < 16; lo++)
+      for (uint32_t hi = 0; hi < 16; hi++) {
+        /* the other pairs' codes random: they must not leak into this one */
+        uint32_t w = mt_ws_pair_bits(p, lo, hi);
+        for (int o = 0; o < 4; o++)
+          if (o != p)
+            w |= mt_ws_pair_bits(o, next32() & 15, next32() & 15);
+        uint32_t pair = code_pair(w, p);
+        float vlo = bf16_value(pair & 0xffff) * 0x1p126f, vhi = bf16_value(pair >> 16) * 0x1p126f;
+        if ((bits_of(vlo) != bits_of(mt_e2m1_to_float((uint8_t)lo)) ||
+             bits_of(vhi) != bits_of(mt_e2m1_to_float((uint8_t)hi))) &&
+            bad++ < 3)
+          CHECKF(0, "pair %d codes %x %x: %a %a", p, lo, hi, (double)vlo, (double)vhi);
+      }
+  for (uint32_t code = 0; code <= 0x7f; code++) {
+    float s = mt_e4m3_to_float((uint8_t)code);
+    uint32_t b = mt_ws_scale_byte(bits_of(s));
+    CHECKF(b < 256, "code %#x: byte %u", code, b);
+    float f = bf16_value(b * 16 + MT_WS_SCALE_BF16);
+    if (s != s) {
+      CHECKF(f != f, "code %#x (NaN): byte %u is %a", code, b, (double)f);
+      continue;
+    }
+    if (s == 0) /* its codes are all zero: any finite factor */
+      continue;
+    CHECKF(f * 0x1p-119f == s, "code %#x: byte %u is %a, want %a * 2^119", code, b, (double)f,
+           (double)s);
+    for (uint32_t c = 0; c < 16; c++) {
+      float want = mt_e2m1_to_float((uint8_t)c) * s; /* exact: at most 6 significant bits */
+      float got =
+          bf16_value(code_pair(mt_ws_pair_bits(0, c, 0), 0) & 0xffff) * f; /* exact in FP32 */
+      CHECKF(got == want * 0x1p-7f && (bits_of(got) & 0xffff) == 0 &&
+                 (got == 0 || fabsf(got) >= 0x1p-126f),
+             "code %x scale %#x: %a, want %a * 2^-7, a normal BF16", c, code, (double)got,
+             (double)want);
+    }
+  }
+  CHECK(bad == 0);
+}
+
 int main(void) {
   RUN(magnitude_codes);
   RUN(element_codes);
   RUN(record_word_order);
   RUN(e4m3_values);
+  RUN(store_decode);
   return mt_test_done();
 }

@@ -272,10 +272,11 @@ static double *abs_sums(const mt_nvfp4 *a, const mt_nvfp4 *w) {
 }
 
 /* One slice of the weight store (kernels/wstore.h) against the reference quantization of its
- * weight: every record of the layout read back into codes and scales (lane 4g + q's code word holds
- * code bytes q and q + 4 of row 8H + g's blocks 2P and 2P + 1; row g's E4M3 scales at 128 + 2g),
- * rows past `rows` and blocks past cols / 16 zero records, and S after the records. Returns the
- * number of wrong bytes and floats (the first one reported). */
+ * weight: every record of the layout read back (lane 4g + q's code word: mt_ws_word of code bytes
+ * q and q + 4 of row 8H + g's blocks 2P and 2P + 1; row g's scale bytes at 128 + 2g:
+ * mt_ws_scale_byte of the reference scales), rows past `rows` and blocks past cols / 16 zero
+ * records, and S after the records. Returns the number of wrong words, bytes and floats (the
+ * first one reported). */
 static long check_store(const uint8_t *slice, const mt_nvfp4 *ref) {
   const int rows = ref->rows, cols = ref->cols;
   const size_t pairs = MT_WS_PAIRS(cols), nblk = (size_t)cols / 16, groups = MT_WS_BAND / 8;
@@ -286,21 +287,28 @@ static long check_store(const uint8_t *slice, const mt_nvfp4 *ref) {
       const uint8_t *at =
           slice + ((r / MT_WS_BAND * pairs + P) * groups + (r / 8) % groups) * MT_WS_REC;
       const size_t g = r % 8;
+      /* code byte q of block b (zero past the weight) */
+      uint8_t code[2][8];
       for (int half = 0; half < 2; half++) {
         size_t b = 2 * P + (size_t)half;
         int real = r < (size_t)rows && b < nblk;
-        for (int q = 0; q < 8;
-             q++) { /* code byte q of block b: lane 4g + q % 4, byte 2 half + q / 4 */
-          uint8_t got = at[16 * g + 4 * (q % 4) + 2 * half + q / 4];
-          uint8_t want = real ? ref->codes[r * (size_t)cols / 2 + b * 8 + (size_t)q] : 0;
-          if (got != want && bad++ == 0)
-            CHECKF(0, "store code byte (row %zu, block %zu, byte %d) = %02x, reference %02x", r, b,
-                   q, got, want);
-        }
-        uint8_t got_s = at[128 + 2 * g + (size_t)half],
-                want_s = real ? ref->scales[r * nblk + b] : 0;
+        for (int q = 0; q < 8; q++)
+          code[half][q] = real ? ref->codes[r * (size_t)cols / 2 + b * 8 + (size_t)q] : 0;
+        uint8_t got_s = at[128 + 2 * g + (size_t)half];
+        uint32_t want_s =
+            real ? mt_ws_scale_byte(float_bits(mt_e4m3_to_float(ref->scales[r * nblk + b]))) : 0;
         if (got_s != want_s && bad++ == 0)
-          CHECKF(0, "store scale (row %zu, block %zu) = %02x, reference %02x", r, b, got_s, want_s);
+          CHECKF(0, "store scale byte (row %zu, block %zu) = %02x, reference %02x", r, b, got_s,
+                 want_s);
+      }
+      for (int q = 0; q < 4; q++) {
+        uint32_t got,
+            want = mt_ws_word(code[0][q] | (uint32_t)code[0][q + 4] << 8 |
+                              (uint32_t)code[1][q] << 16 | (uint32_t)code[1][q + 4] << 24);
+        memcpy(&got, at + 16 * g + 4 * (size_t)q, 4);
+        if (got != want && bad++ == 0)
+          CHECKF(0, "store code word (row %zu, pair %zu, lane %zu) = %08x, reference %08x", r, P,
+                 4 * g + (size_t)q, got, want);
       }
     }
   const float *outer = (const float *)(slice + MT_WS_SECTION(MT_WS_RECORD_BYTES(rows, cols)));

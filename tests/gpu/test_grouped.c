@@ -449,7 +449,10 @@ static void grouped_accuracy(void) {
 /* A row's bits depend on nothing but its inputs (per-row S_a): the same rows computed in one
  * grouped call, then each segment alone (fixed rows, one segment), then with the segments in
  * another order and other segments' sizes around them, then by the per-expert large path
- * (mt_gemm on the same weights quantized into the BF16 copy it reads). */
+ * (mt_gemm on the same weights quantized into the BF16 copy it reads). The weights hold every
+ * finite row kind: wide exponents, ties and subnormals give block scales from E4M3's subnormals
+ * up, the scale bytes and code positions the store's decode must turn into the same BF16 operands
+ * (times 2^-7) as the large path's copy. */
 static void grouped_bitwise(void) {
   NEED_GPU();
   enum { NSEG = 6, N = 384, K = 1024 };
@@ -459,7 +462,7 @@ static void grouped_bitwise(void) {
   experts e = {0};
   problem p = {0};
   uint16_t *y0 = NULL, *all = NULL, *one = NULL, *large = NULL;
-  if (!make_experts(&e, NSEG, N, K, &num_row, 0) ||
+  if (!make_experts_of(&e, NSEG, N, K, &num_row, 0, 1, 0) ||
       !make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, NULL, 0)) {
     CHECK(0);
     goto out;
