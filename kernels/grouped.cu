@@ -244,32 +244,50 @@ __device__ static inline void block_step(float *d, uint32_t (&A)[4][4], const ui
   fence_operands(A);
 }
 
-// The K loop of one consumer warpgroup over one tile: blocks kb = 0 .. nst * KS - 1 alternating the
-// two A register sets; block kb's stage (it0 + kb / KS) waited for at its first block and released
-// once the group of its last block is complete.
+// The consumer's place in the ring: the slot of its next stage and that slot's phase, carried
+// across tiles (stage number n: slot n % S, phase (n / S) & 1, counted on, never divided).
+struct ring_pos {
+  int slot = 0, phase = 0;
+};
+
+// The K loop of one consumer warpgroup over one tile: nst stages of KS blocks, the blocks
+// alternating the two A register sets (within a stage when KS = 2, across stages when KS = 1); a
+// stage waited for before its first block and released once the group of its last block is
+// complete, which the wait of the block after it tells.
 template <int BN>
-__device__ static void k_loop(float *d, uint8_t *smem, uint64_t *full, uint64_t *empty, int it0, int nst, int hw,
-                              int lane) {
+__device__ static void k_loop(float *d, uint8_t *smem, uint64_t *full, uint64_t *empty, ring_pos &at, int nst,
+                              int hw, int lane) {
   constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128;
+  static_assert(KS == 1 || KS == 2, "one or two blocks a stage");
   uint32_t A0[4][4], A1[4][4];
-  const int nb = nst * KS;
-  auto step = [&](uint32_t(&A)[4][4], int kb) {
-    const int gs = it0 + kb / KS, slot = gs % S;
-    if (kb % KS == 0) mbar_wait(&full[slot], (gs / S) & 1);
-    uint8_t *st = smem + slot * SB;
-    const int b = kb % KS;
+  int done = -1; // a slot whose last block's group is the one in flight before the next block's
+  auto block = [&](uint32_t(&A)[4][4], const uint8_t *st, int b) {
     block_step<BN>(d, A, st + KS * ACT, b, desc_sw128(smem_u32(st + b * ACT)), hw, lane);
-    // the group of block kb - 1 is complete: release its stage if that was its last block
-    if (kb > 0 && (kb - 1) % KS == KS - 1 && lane == 0) mbar_arrive(&empty[(it0 + (kb - 1) / KS) % S]);
+    if (done >= 0) { // the group before this block's is complete
+      if (lane == 0) mbar_arrive(&empty[done]);
+      done = -1;
+    }
   };
-  int kb = 0;
-  for (; kb + 1 < nb; kb += 2) {
-    step(A0, kb);
-    step(A1, kb + 1);
+  auto stage = [&](uint32_t(&A)[4][4], uint32_t(&B)[4][4]) {
+    mbar_wait(&full[at.slot], at.phase);
+    const uint8_t *st = smem + at.slot * SB;
+    block(A, st, 0);
+    if constexpr (KS == 2) block(B, st, 1);
+    done = at.slot;
+    if (++at.slot == S) at.slot = 0, at.phase ^= 1;
+  };
+  int j = 0;
+  if constexpr (KS == 2)
+    for (; j < nst; j++) stage(A0, A1);
+  else {
+    for (; j + 1 < nst; j += 2) {
+      stage(A0, A1);
+      stage(A1, A0);
+    }
+    if (j < nst) stage(A0, A1);
   }
-  if (kb < nb) step(A0, kb);
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-  if (lane == 0) mbar_arrive(&empty[(it0 + (nb - 1) / KS) % S]);
+  if (lane == 0) mbar_arrive(&empty[done]);
 }
 
 // The outputs of one consumer warpgroup: 64 channels from ch0 by BN tokens from tok0 of segment s;
@@ -353,13 +371,13 @@ template <int BN> __device__ static void run(const mt_grouped_kargs &a) {
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0);
   const int hw = 8 * cw + 2 * ((threadIdx.x % 128) / 32); // the warp's first row group of the band
   bool waited = false;
-  int it = 0;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, it += nst) {
+  ring_pos at;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const where wh = locate<BN>(t, a.nseg, tile);
     float d[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
-    k_loop<BN>(d, smem, full, empty, it, nst, hw, lane);
+    k_loop<BN>(d, smem, full, empty, at, nst, hw, lane);
     if (!waited) { // S_a comes from the quantization, and C and y may be another kernel's
       grid_dependency_wait();
       waited = true;
