@@ -255,8 +255,8 @@ struct ring_pos {
 // stage waited for before its first block and released once the group of its last block is
 // complete, which the wait of the block after it tells.
 template <int BN>
-__device__ static void k_loop(float *d, uint8_t *smem, uint64_t *full, uint64_t *empty, ring_pos &at, int nst,
-                              int hw, int lane) {
+__device__ static void k_loop(float *d, uint8_t *smem, uint64_t *full, uint64_t *empty, ring_pos &at, int nst, int hw,
+                              int lane) {
   constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128;
   static_assert(KS == 1 || KS == 2, "one or two blocks a stage");
   uint32_t A0[4][4], A1[4][4];
@@ -290,53 +290,91 @@ __device__ static void k_loop(float *d, uint8_t *smem, uint64_t *full, uint64_t 
   if (lane == 0) mbar_arrive(&empty[done]);
 }
 
-// The outputs of one consumer warpgroup: 64 channels from ch0 by BN tokens from tok0 of segment s;
-// d[4c + 2i + j] is channel 16w + g + 8i, token 8c + 2q + j (wgmma_rs.cuh). Per element exactly
-// epilogue() of gemm_common.cuh: t = (acc * ((1/S_a) * (1/S_w))) * alpha, + beta * c, + bias.
-template <int BN>
-__device__ static void store_tile(const mt_grouped_kargs &a, const table *t, const float *d, const where &wh, int ch0) {
+__device__ static inline void put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ static inline void put(__half *p, float v) { *p = __float2half_rn(v); }
+
+// The outputs of one consumer warpgroup: 64 channels from ch0 by BN tokens from tok0 of segment s,
+// as T (y's type: BF16 or FP16), with C or a bias when EXTRA; d[4c + 2i + j] is channel
+// 16w + g + 8i, token 8c + 2q + j (wgmma_rs.cuh). Per element exactly epilogue() of
+// gemm_common.cuh: t = (acc * ((1/S_a) * (1/S_w))) * alpha, + beta * c, + bias. The epilogue runs
+// while the tensor cores wait, so its instructions count: 1/S_a is computed once a token in the
+// warp (lane l: tokens l, l + 32, ...) and shuffled to the lanes that use it, a token's y row is
+// one pointer step from the one before, and without C and bias an element is four multiplies, a
+// conversion and a store.
+template <int BN, typename T, bool EXTRA>
+__device__ static void store_tile_as(const mt_grouped_kargs &a, const table *t, const float *d, const where &wh,
+                                     int ch0) {
   const int lane = threadIdx.x % 32, w = (threadIdx.x % 128) / 32, g = lane / 4, q = lane % 4;
   const int s = wh.s, gs = a.seg0 + s, rows = t->rows[s], row0 = t->row_start[s];
   const float *sw = (const float *)(a.ws + (long long)gs * a.ws_slice + a.ws_outer);
   // y's (and c's) row of the segment's token r: the segment's rows of y (offs) or its own matrix
   // (strided, or behind a pointer array)
   const long long yrow0 = a.offs && !a.y_ptrs ? row0 : 0, crow0 = a.offs && !a.c_ptrs ? row0 : 0;
-  char *y = a.y_ptrs ? (char *)a.y_ptrs[gs] : (char *)a.y + (long long)gs * a.stride_y * 2;
-  const char *c = a.c_ptrs ? (const char *)a.c_ptrs[gs]
-                  : a.c    ? (const char *)a.c + (long long)gs * a.stride_c * 2
-                           : nullptr;
-  const char *bias =
-      a.bias ? (const char *)a.bias + (long long)gs * a.stride_bias * (a.biastype == DT_FP32 ? 4 : 2) : nullptr;
+  T *y = a.y_ptrs ? (T *)a.y_ptrs[gs] : (T *)a.y + (long long)gs * a.stride_y;
+  const char *c = nullptr, *bias = nullptr;
+  if constexpr (EXTRA) {
+    c = a.c_ptrs ? (const char *)a.c_ptrs[gs] : a.c ? (const char *)a.c + (long long)gs * a.stride_c * 2 : nullptr;
+    bias = a.bias ? (const char *)a.bias + (long long)gs * a.stride_bias * (a.biastype == DT_FP32 ? 4 : 2) : nullptr;
+  }
   // A pointer read from an array is generic to the compiler: said global, y keeps the strided
   // path's st.global stores (not generic ones) in every kernel; C, read only when beta != 0, is
   // read through generic loads (the assumption does not reach them).
   __builtin_assume(__isGlobal(y));
-  // per channel (i: rows g and g + 8): 1/S_w and the bias; per token: 1/S_a, once
+  // per channel (i: rows g and g + 8): whether it is one of y's, 1/S_w and the bias
+  const int ch_0 = ch0 + 16 * w + g;
+  bool ok[2];
   float inv_w[2], bv[2];
 #pragma unroll
   for (int i = 0; i < 2; i++) {
-    const int ch = min(ch0 + 16 * w + g + 8 * i, a.n - 1);
+    const int ch = min(ch_0 + 8 * i, a.n - 1);
+    ok[i] = ch_0 + 8 * i < a.n;
     inv_w[i] = __frcp_rn(sw[a.sw_row ? ch : 0]);
     bv[i] = bias ? load_elem(bias, ch, a.biastype) : 0.0f;
   }
+  // 1/S_a of the tile's tokens 32k + lane (past the segment's rows: unused)
+  constexpr int NA = (BN + 31) / 32;
+  float inv_own[NA];
 #pragma unroll
-  for (int cc = 0; cc < BN / 8; cc++)
+  for (int k = 0; k < NA; k++) {
+    const int tok = wh.tok0 + 32 * k + lane;
+    inv_own[k] = tok < rows ? __frcp_rn(a.sa[a.sa_row ? row0 + tok : 0]) : 0.0f;
+  }
+  T *yrow = y + (yrow0 + wh.tok0 + 2 * q) * a.ldy + ch_0; // token 8cc + 2q's row, channel ch_0
+#pragma unroll
+  for (int cc = 0; cc < BN / 8; cc++, yrow += 8 * a.ldy)
 #pragma unroll
     for (int j = 0; j < 2; j++) {
-      const int tok = wh.tok0 + 8 * cc + 2 * q + j;
+      const int local = 8 * cc + 2 * q + j, tok = wh.tok0 + local;
+      const float inv_a = __shfl_sync(0xffffffffu, inv_own[cc / 4], local % 32);
       if (tok >= rows) continue;
-      const float inv_a = __frcp_rn(a.sa[a.sa_row ? row0 + tok : 0]);
+      T *yr = yrow + j * a.ldy;
 #pragma unroll
       for (int i = 0; i < 2; i++) {
-        const int ch = ch0 + 16 * w + g + 8 * i;
-        if (ch >= a.n) continue;
+        if (!ok[i]) continue;
         const float acc = __fmul_rn(d[4 * cc + 2 * i + j], kUnshift);
         float v = __fmul_rn(__fmul_rn(acc, __fmul_rn(inv_a, inv_w[i])), a.alpha);
-        if (c) v = __fadd_rn(v, __fmul_rn(a.beta, load_elem(c, (crow0 + tok) * a.ldc + ch, a.ytype)));
-        if (bias) v = __fadd_rn(v, bv[i]);
-        store_elem(y, (yrow0 + tok) * a.ldy + ch, a.ytype, v);
+        if constexpr (EXTRA) {
+          if (c) v = __fadd_rn(v, __fmul_rn(a.beta, load_elem(c, (crow0 + tok) * a.ldc + ch_0 + 8 * i, a.ytype)));
+          if (bias) v = __fadd_rn(v, bv[i]);
+        }
+        put(yr + 8 * i, v);
       }
     }
+}
+
+// y is BF16 or FP16 (gemm_common.cuh, store_elem); C and a bias are rare on the grouped path.
+template <int BN>
+__device__ static void store_tile(const mt_grouped_kargs &a, const table *t, const float *d, const where &wh, int ch0) {
+  const bool extra = a.c || a.c_ptrs || a.bias;
+  if (a.ytype == DT_FP16) {
+    if (extra)
+      store_tile_as<BN, __half, true>(a, t, d, wh, ch0);
+    else
+      store_tile_as<BN, __half, false>(a, t, d, wh, ch0);
+  } else if (extra)
+    store_tile_as<BN, __nv_bfloat16, true>(a, t, d, wh, ch0);
+  else
+    store_tile_as<BN, __nv_bfloat16, false>(a, t, d, wh, ch0);
 }
 
 template <int BN> __device__ static void run(const mt_grouped_kargs &a) {
