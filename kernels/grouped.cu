@@ -293,6 +293,27 @@ __device__ static void k_loop(float *d, uint8_t *smem, uint64_t *full, uint64_t 
 __device__ static inline void put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ static inline void put(__half *p, float v) { *p = __float2half_rn(v); }
 
+// The outer scales a consumer thread's part of a tile needs: S_w of its two channels (rows g and
+// g + 8 of its warp's 16: i = 0, 1) and S_a of the tile's tokens 32k + lane (as the epilogue's
+// shuffles hand them out). Loaded before the tile's K loop when the kernel before this one is
+// known complete (every tile after the first), so that their latency hides behind it.
+template <int BN> struct tile_scales { float sw[2], sa[(BN + 31) / 32]; };
+
+template <int BN>
+__device__ static inline void load_scales(const mt_grouped_kargs &a, const table *t, const where &wh, int ch0,
+                                          tile_scales<BN> &ts) {
+  const int lane = threadIdx.x % 32, w = (threadIdx.x % 128) / 32, g = lane / 4;
+  const int s = wh.s, gs = a.seg0 + s, rows = t->rows[s], row0 = t->row_start[s];
+  const float *sw = (const float *)(a.ws + (long long)gs * a.ws_slice + a.ws_outer);
+#pragma unroll
+  for (int i = 0; i < 2; i++) ts.sw[i] = sw[a.sw_row ? min(ch0 + 16 * w + g + 8 * i, a.n - 1) : 0];
+#pragma unroll
+  for (int k = 0; k < (BN + 31) / 32; k++) { // past the segment's rows: 1 (unused)
+    const int tok = wh.tok0 + 32 * k + lane;
+    ts.sa[k] = tok < rows ? a.sa[a.sa_row ? row0 + tok : 0] : 1.0f;
+  }
+}
+
 // The outputs of one consumer warpgroup: 64 channels from ch0 by BN tokens from tok0 of segment s,
 // as T (y's type: BF16 or FP16), with C or a bias when EXTRA; d[4c + 2i + j] is channel
 // 16w + g + 8i, token 8c + 2q + j (wgmma_rs.cuh). Per element exactly epilogue() of
@@ -303,10 +324,9 @@ __device__ static inline void put(__half *p, float v) { *p = __float2half_rn(v);
 // conversion and a store.
 template <int BN, typename T, bool EXTRA>
 __device__ static void store_tile_as(const mt_grouped_kargs &a, const table *t, const float *d, const where &wh,
-                                     int ch0) {
+                                     int ch0, const tile_scales<BN> &ts) {
   const int lane = threadIdx.x % 32, w = (threadIdx.x % 128) / 32, g = lane / 4, q = lane % 4;
   const int s = wh.s, gs = a.seg0 + s, rows = t->rows[s], row0 = t->row_start[s];
-  const float *sw = (const float *)(a.ws + (long long)gs * a.ws_slice + a.ws_outer);
   // y's (and c's) row of the segment's token r: the segment's rows of y (offs) or its own matrix
   // (strided, or behind a pointer array)
   const long long yrow0 = a.offs && !a.y_ptrs ? row0 : 0, crow0 = a.offs && !a.c_ptrs ? row0 : 0;
@@ -328,17 +348,14 @@ __device__ static void store_tile_as(const mt_grouped_kargs &a, const table *t, 
   for (int i = 0; i < 2; i++) {
     const int ch = min(ch_0 + 8 * i, a.n - 1);
     ok[i] = ch_0 + 8 * i < a.n;
-    inv_w[i] = __frcp_rn(sw[a.sw_row ? ch : 0]);
+    inv_w[i] = __frcp_rn(ts.sw[i]);
     bv[i] = bias ? load_elem(bias, ch, a.biastype) : 0.0f;
   }
   // 1/S_a of the tile's tokens 32k + lane (past the segment's rows: unused)
   constexpr int NA = (BN + 31) / 32;
   float inv_own[NA];
 #pragma unroll
-  for (int k = 0; k < NA; k++) {
-    const int tok = wh.tok0 + 32 * k + lane;
-    inv_own[k] = tok < rows ? __frcp_rn(a.sa[a.sa_row ? row0 + tok : 0]) : 0.0f;
-  }
+  for (int k = 0; k < NA; k++) inv_own[k] = __frcp_rn(ts.sa[k]);
   T *yrow = y + (yrow0 + wh.tok0 + 2 * q) * a.ldy + ch_0; // token 8cc + 2q's row, channel ch_0
 #pragma unroll
   for (int cc = 0; cc < BN / 8; cc++, yrow += 8 * a.ldy)
@@ -364,17 +381,18 @@ __device__ static void store_tile_as(const mt_grouped_kargs &a, const table *t, 
 
 // y is BF16 or FP16 (gemm_common.cuh, store_elem); C and a bias are rare on the grouped path.
 template <int BN>
-__device__ static void store_tile(const mt_grouped_kargs &a, const table *t, const float *d, const where &wh, int ch0) {
+__device__ static void store_tile(const mt_grouped_kargs &a, const table *t, const float *d, const where &wh, int ch0,
+                                  const tile_scales<BN> &ts) {
   const bool extra = a.c || a.c_ptrs || a.bias;
   if (a.ytype == DT_FP16) {
     if (extra)
-      store_tile_as<BN, __half, true>(a, t, d, wh, ch0);
+      store_tile_as<BN, __half, true>(a, t, d, wh, ch0, ts);
     else
-      store_tile_as<BN, __half, false>(a, t, d, wh, ch0);
+      store_tile_as<BN, __half, false>(a, t, d, wh, ch0, ts);
   } else if (extra)
-    store_tile_as<BN, __nv_bfloat16, true>(a, t, d, wh, ch0);
+    store_tile_as<BN, __nv_bfloat16, true>(a, t, d, wh, ch0, ts);
   else
-    store_tile_as<BN, __nv_bfloat16, false>(a, t, d, wh, ch0);
+    store_tile_as<BN, __nv_bfloat16, false>(a, t, d, wh, ch0, ts);
 }
 
 template <int BN> __device__ static void run(const mt_grouped_kargs &a) {
@@ -415,12 +433,16 @@ template <int BN> __device__ static void run(const mt_grouped_kargs &a) {
     float d[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+    const int ch0 = wh.cb * CB + 64 * cw;
+    tile_scales<BN> ts;
+    if (waited) load_scales<BN>(a, t, wh, ch0, ts);
     k_loop<BN>(d, smem, full, empty, at, nst, hw, lane);
-    if (!waited) { // S_a comes from the quantization, and C and y may be another kernel's
+    if (!waited) { // S_a comes from the quantization, S_w may, and C and y may be another kernel's
       grid_dependency_wait();
       waited = true;
+      load_scales<BN>(a, t, wh, ch0, ts);
     }
-    store_tile<BN>(a, t, d, wh, wh.cb * CB + 64 * cw);
+    store_tile<BN>(a, t, d, wh, ch0, ts);
   }
 }
 } // namespace grp
