@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "kernels/gemm_args.h"
+#include "kernels/pdl.cuh"
 
 enum { DT_BF16 = 0, DT_FP16 = 1, DT_FP32 = 2 }; // enum mt_dtype, kernels/engine.h
 
@@ -63,11 +64,6 @@ __device__ static inline void weight_frag(uint32_t x, uint32_t s2, uint32_t &b0,
 }
 
 __device__ static inline uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-// Programmatic dependent launch: the GEMMs are launched so that they may start while the
-// activation quantization before them still runs; this waits for that grid to complete and its
-// writes to be visible. A no-op when the launch did not allow overlap.
-__device__ static inline void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 // mbarriers in shared memory (sm_90): the large path's stage ring.
 __device__ static inline void mbar_init(uint64_t *bar, int count) {

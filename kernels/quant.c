@@ -139,6 +139,9 @@ int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) {
     return MT_ERR_UNSUPPORTED;
   launch_shape s;
   CUfunction quant, amax = NULL;
+  /* a refresh's list: the check before wrote it; the pass and the quantizer are launched to start
+   * while the kernel before them ends (they wait for it first: kernels/pdl.cuh) */
+  const int listed = p->store && p->only_if;
   int status = pick_shape(p, tile16, &s);
   if (status == MT_OK) status = mt_kernel_get("quant", s.name, stream, &quant);
   if (status == MT_OK && !p->row_outer) {
@@ -152,9 +155,9 @@ int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) {
     if (zero_amax(d, p, stream) != CUDA_SUCCESS) return MT_ERR_CUDA;
     unsigned warps = (unsigned)p->rows < 8192 ? (unsigned)p->rows : 8192; /* a row per warp */
     unsigned ctas = (warps + 7) / 8;
-    if (p->store && p->only_if && ctas > list_ctas()) ctas = list_ctas();
-    status = mt_launch(amax, ctas, 1, 256, 1, 0, 0, stream, (void *)p);
+    if (listed && ctas > list_ctas()) ctas = list_ctas();
+    status = mt_launch(amax, ctas, 1, 256, 1, 0, listed, stream, (void *)p);
     if (status != MT_OK) return status;
   }
-  return mt_launch(quant, s.grid_x, s.grid_y, s.block_x, s.block_y, 0, 0, stream, (void *)p);
+  return mt_launch(quant, s.grid_x, s.grid_y, s.block_x, s.block_y, 0, listed, stream, (void *)p);
 }

@@ -18,6 +18,7 @@
  */
 #include <stdint.h>
 
+#include "kernels/pdl.cuh"
 #include "kernels/quant.cuh"
 #include "kernels/quant.h"
 #include "kernels/wstore.h"
@@ -28,11 +29,6 @@ namespace {
 
 constexpr int kMaxThreads = 512;  /* per CTA; the launcher never asks for more */
 constexpr int kAmaxThreads = 256; /* the amax pass's CTA (quant.c launches it with 256) */
-
-/* Let a kernel launched after this one with programmatic stream serialization (a GEMM that streams
- * its weights before it waits for the activations) start now; its griddepcontrol.wait still waits
- * for this grid to finish. No effect on launches without that attribute. */
-__device__ __forceinline__ void allow_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 /* The batch of row r under batch_offs (the first e with r < batch_offs[e]) and its row in it. */
 __device__ __forceinline__ int batch_of_row(const mt_quant_params &p, int r, int &rl) {
@@ -325,6 +321,8 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p, int bx) {
  * small grid, not one CTA a block. */
 template <bool FP16, int NB, bool ROW, bool TILE, bool PTRS>
 __device__ __forceinline__ void quantize_store(const mt_quant_params &p) {
+  grid_dependency_wait(); /* under a refresh's list, launched dependent on the amax pass or check */
+  allow_dependents();
   const int per_slice = slice_rows(p) / blockDim.y, all = p.rows / p.batch_rows;
   const int slices = p.only_if ? (int)min(p.only_if[0], (uint32_t)all) : all;
   for (int b = blockIdx.x; b < slices * per_slice; b += gridDim.x) {
@@ -406,7 +404,8 @@ template <bool FP16, bool PTRS> __device__ __forceinline__ void amax_pass(const 
 } // namespace
 
 /* Every kernel twice: for strided rows, and (suffix _ptrs) for rows behind device pointer arrays
- * (mt_quant_params.batch_ptrs), whose bases only the device sees. */
+ * (mt_quant_params.batch_ptrs), whose bases only the device sees. The activation quantizers let
+ * the GEMM after them start at once (it streams its weights before it waits for them). */
 #define MT_QUANT_ROW_AS(type, fp16, nb, sfx, ptrs)                                                                     \
   extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
       mt_quant_row_##type##_nb##nb##sfx(const mt_quant_params p) {                                                     \
@@ -434,6 +433,8 @@ MT_QUANT_ROW(fp16, true, 8)
     quantize<fp16, 1, false, true, false, ptrs>(p, blockIdx.x);                                                        \
   }                                                                                                                    \
   extern "C" __global__ void __launch_bounds__(kAmaxThreads) mt_quant_amax_##type##sfx(const mt_quant_params p) {      \
+    grid_dependency_wait(); /* under a refresh's list, launched dependent on the check */                              \
+    allow_dependents();                                                                                                \
     amax_pass<fp16, ptrs>(p);                                                                                          \
   }
 #define MT_QUANT_TENSOR(type, fp16) MT_QUANT_TENSOR_AS(type, fp16, , false) MT_QUANT_TENSOR_AS(type, fp16, _ptrs, true)

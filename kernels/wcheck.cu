@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "kernels/gemm_args.h"
+#include "kernels/pdl.cuh"
 #include "kernels/wcheck.h"
 
 __device__ static inline uint64_t mix64(uint64_t z) { // splitmix64's finalizer
@@ -105,6 +106,11 @@ __device__ static void finish(const mt_wcheck_args &a) {
 // when sampled), skips the chunks of uncovered slices, and adds a chunk's sum to its slice's with
 // one atomic.
 extern "C" __global__ void __launch_bounds__(256) mt_wcheck(const mt_wcheck_args a) {
+  // A sampled check is short: the quantizers after it (launched dependent under its list:
+  // kernels/pdl.cuh) may start now, and wait for all of it. A full one streams the weight: they
+  // start when it ends. (The check itself is launched in order: launched dependent on the kernel
+  // before it, the full check ran 10-20% slower, for a reason not found: lab/NOTES.md.)
+  if (a.step > 1) allow_dependents();
   const int per_row = a.cols / 8;              // 16-byte pieces of a row (cols % 16 == 0)
   const int lines_per_row = (per_row + 7) / 8; // 128-byte lines (the last may be short)
   // a slice's lines and items fit 32 bits (the launcher checks), so the divisions here are 32-bit

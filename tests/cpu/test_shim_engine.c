@@ -772,8 +772,10 @@ static void check_grouped_args(int from, const uint16_t *y, size_t sy, int token
 #define BATCH_CALL                                                                                 \
   "memset12 mt_quant_amax_bf16 mt_quant_tensor_store_bf16 tmap mt_quant_row_bf16_nb1"
 #define BATCH_GEMM "mt_grouped_n16+pdl"
-/* ... refreshed under frozen: the check zeroed the changed slices' amax words (no memset) */
-#define BATCH_REFRESH "mt_quant_amax_bf16 mt_quant_tensor_store_bf16 tmap mt_quant_row_bf16_nb1"
+/* ... refreshed under frozen: the check zeroed the changed slices' amax words (no memset), and the
+ * amax pass and the quantizer of its list may start while the kernel before them ends (+pdl) */
+#define BATCH_REFRESH                                                                              \
+  "mt_quant_amax_bf16+pdl mt_quant_tensor_store_bf16+pdl tmap mt_quant_row_bf16_nb1"
 /* ... and of a pointer-array batch: the quantizers' kernels for rows behind pointers */
 #define ARRAYS_CALL                                                                                \
   "memset12 mt_quant_amax_bf16_ptrs mt_quant_tensor_store_bf16_ptrs tmap "                         \
