@@ -47,6 +47,9 @@ build_all() { # NAME...
     mkdir -p "$work/$v" && tar --exclude=./build --exclude=./build-san --exclude=./ab --exclude=./.git -cf - . |
       tar -C "$work/$v" -xf - && cp -r "ab/$v/." "$work/$v/"
   done
+  # main builds in place: on a machine kept warm between calls its build/ outputs can look newer
+  # than the sources copied since, and make would skip what changed
+  find . \( -path ./build -o -path ./build-san -o -path ./ab -o -path ./.git \) -prune -o -type f -exec touch {} +
   for v in main "$@"; do
     (cd "$(tree_of "$v")" && make -j"$jobs" all build/tests/gpu/test_kernels build/bench/bench_kernels \
       >"$out/build-$v.log" 2>&1; echo "build $v: exit $?") &
