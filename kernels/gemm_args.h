@@ -7,6 +7,8 @@
 #include <cuda.h>
 #include <stdint.h>
 
+#include "kernels/hostdev.h"
+
 /* The epilogue, shared by every path so that a row's bits never depend on the path:
  *   y[i][j] = RNE_out((acc * ((1/S_a[i]) * (1/S_w[j]))) * alpha + beta * c[i][j] + bias[j])
  * each operation rounded to FP32 in this order; c is not read when beta == 0 (then c == NULL). */
@@ -173,11 +175,7 @@ typedef struct {
 /* Segment g's rows under offs (offs[g-1] .. offs[g], offs[-1] = 0) clamped into [0, m], so that a
  * bad table computes nothing out of bounds: the one reading of a table that the grouped GEMM and
  * the frozen check (kernels/wcheck.cu: which slices a call uses) share. */
-#ifdef __CUDACC__
-__device__
-#endif
-    static inline void
-    mt_offs_span(const int32_t *offs, int g, int m, int *start, int *rows) {
+MT_HD void mt_offs_span(const int32_t *offs, int g, int m, int *start, int *rows) {
   int lo = g > 0 ? offs[g - 1] : 0, hi = offs[g];
   lo = lo < 0 ? 0 : lo > m ? m : lo;
   hi = hi < lo ? lo : hi > m ? m : hi;

@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/hostdev.h"
+
 typedef struct {
   uint32_t done; /* CTAs of the running check that have finished; 0 between checks */
   uint32_t pad[3];
@@ -26,22 +28,14 @@ typedef struct {
 #define MT_WCHECK_STATE_BYTES(slices)                                                                                  \
   ((sizeof(mt_wcheck_head) + (size_t)(slices) * sizeof(mt_wcheck_slice) + 4 * (1 + (size_t)(slices)) + 7) / 8 * 8)
 
-#ifdef __CUDACC__
-#define MT_WCHECK_FN __host__ __device__ static inline
-#else
-#define MT_WCHECK_FN static inline
-#endif
-
-MT_WCHECK_FN mt_wcheck_slice *mt_wcheck_slices(void *state) {
+MT_HD mt_wcheck_slice *mt_wcheck_slices(void *state) {
   return (mt_wcheck_slice *)((char *)state + sizeof(mt_wcheck_head));
 }
 
 /* The slices to requantize, as the last check left them: their number n, then n slice numbers (in
  * no particular order): the slices it covered and found changed (or never quantized). For a weight
  * of one slice, [0] is its dirty word. */
-MT_WCHECK_FN uint32_t *mt_wcheck_list(void *state, int slices) {
-  return (uint32_t *)(mt_wcheck_slices(state) + slices);
-}
+MT_HD uint32_t *mt_wcheck_list(void *state, int slices) { return (uint32_t *)(mt_wcheck_slices(state) + slices); }
 
 typedef struct {
   const void *w; /* slices back to back: slice e's [rows][cols] BF16 or FP16 (the hash reads bits
@@ -66,7 +60,7 @@ typedef struct {
 
 /* The items a check of `lines` lines walks: every line, or MT_WCHECK_RUN lines of each group of
  * step runs. */
-MT_WCHECK_FN uint64_t mt_wcheck_items(uint64_t lines, uint32_t step) {
+MT_HD uint64_t mt_wcheck_items(uint64_t lines, uint32_t step) {
   if (step <= 1) return lines;
   const uint64_t runs = (lines + MT_WCHECK_RUN - 1) / MT_WCHECK_RUN;
   return (runs + step - 1) / step * MT_WCHECK_RUN;
@@ -75,7 +69,7 @@ MT_WCHECK_FN uint64_t mt_wcheck_items(uint64_t lines, uint32_t step) {
 /* The line item i hashes (past the slice's last line: none). Sampled, group g = i / MT_WCHECK_RUN
  * takes one run of its step runs, the group's number mixed so that the sample moves across the
  * columns from group to group. Shared with the CPU tests. */
-MT_WCHECK_FN uint64_t mt_wcheck_line(uint64_t item, uint32_t step) {
+MT_HD uint64_t mt_wcheck_line(uint64_t item, uint32_t step) {
   if (step <= 1) return item;
   const uint64_t g = item / MT_WCHECK_RUN;
   const uint64_t run = g * step + (uint32_t)((g * 0x9E3779B97F4A7C15ull) >> 40) % step;
