@@ -41,8 +41,9 @@ __device__ static inline float epilogue(const mt_epilogue_args &e, float acc, fl
 }
 
 // The decode of packed E2M1 codes into BF16 MMA fragments, for the small path's 5-bit records
-// (gemm_args.h; the grouped engine's store has its own bit order, wstore.h): one k16 step's fragment pair of a row g, from 16 bits x = code
-// byte q (elements 2q, 2q+1) then code byte q+4 (2q+8, 2q+9), and s2 the block scale as BF16 in
+// (gemm_args.h; the grouped engine's store has its own bit order, wstore.h): one k16 step's
+// fragment pair of a row g, from 16 bits x = code byte q (elements 2q, 2q+1) then code byte q+4
+// (2q+8, 2q+9), and s2 the block scale as BF16 in
 // both halves. Magnitudes by byte permutations of two 8-entry tables (high and low bytes of the
 // BF16 values 0 .. 6); the four sign bits (3, 7, 11, 15) moved to bits 15 and 31 of each pair by
 // one multiply each (no carries reach them); then one BF16x2 multiply per pair, exact (e2m1 * e4m3

@@ -8,9 +8,8 @@
 // exists anywhere; the tokens are B (N = BN): the quantized activations (BF16 xhat, exact),
 // TMA-loaded into 128B-swizzled shared memory. A CTA owns tiles of 128 channels (two consumer
 // warpgroups of 64) by BN tokens of one segment, walks them persistently (tile blockIdx.x,
-// + gridDim.x, ...), and runs each tile's whole K loop: k16
-// steps in increasing order into one FP32 accumulator per output, from zero, no split-K, no
-// atomics: the arithmetic of every other path (docs/numerics.md, "Batch invariance"), so a row's
+// + gridDim.x, ...), and runs each tile's whole K loop: k16 steps in increasing order into one
+// FP32 accumulator per output, from zero, no split-K, no atomics: the arithmetic of every other path (docs/numerics.md, "Batch invariance"), so a row's
 // bits do not depend on its segment, its position, BN or the other segments.
 //
 // The segments' rows come from device memory (offs: cumulative row ends, as torch._grouped_mm

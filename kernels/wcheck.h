@@ -38,19 +38,23 @@ MT_HD mt_wcheck_slice *mt_wcheck_slices(void *state) {
 MT_HD uint32_t *mt_wcheck_list(void *state, int slices) { return (uint32_t *)(mt_wcheck_slices(state) + slices); }
 
 typedef struct {
-  const void *w; /* slices back to back: slice e's [rows][cols] BF16 or FP16 (the hash reads bits
-                    only) at w + e * rows * ldw elements, row stride ldw */
+  /* slices back to back: slice e's [rows][cols] BF16 or FP16 (the hash reads bits only) at
+   * w + e * rows * ldw elements, row stride ldw */
+  const void *w;
   int64_t ldw;
   int32_t rows, cols, slices;
-  uint32_t step;       /* 1: every 128-byte line of every row; s > 1: one run of MT_WCHECK_RUN lines in
-                    each s runs (the same lines at every call: mt_wcheck_line) */
-  const int32_t *offs; /* NULL: every slice; else only the slices whose segment has rows in the
-                          call (offs: the grouped GEMM's cumulative row ends, clamped to m) */
+  /* 1: every 128-byte line of every row; s > 1: one run of MT_WCHECK_RUN lines in each s runs (the
+   * same lines at every call: mt_wcheck_line) */
+  uint32_t step;
+  /* NULL: every slice; else only the slices whose segment has rows in the call (offs: the grouped
+   * GEMM's cumulative row ends, clamped to m) */
+  const int32_t *offs;
   int32_t m;
   int32_t pad;
-  void *state;         /* MT_WCHECK_STATE_BYTES(slices) */
-  uint32_t *amax;      /* NULL, or slice 0's amax word in a store of per-tensor S: zeroed for each slice
-                      found changed, for its quantization's amax pass */
+  void *state; /* MT_WCHECK_STATE_BYTES(slices) */
+  /* NULL, or slice 0's amax word in a store of per-tensor S: zeroed for each slice found changed,
+   * for its quantization's amax pass */
+  uint32_t *amax;
   int64_t amax_stride; /* bytes from one slice's amax word to the next */
 } mt_wcheck_args;
 
