@@ -86,6 +86,18 @@ MT_T_UNUSED static const fake_cuda_event *event(int i) {
   return &e[i];
 }
 
+/* The index of the nth (0-based) launch since event `from` of the kernel `name` (prefix: of a
+ * kernel whose name starts with it), or -1. */
+MT_T_UNUSED static int mt_t_find_launch(int from, const char *name, int prefix, int nth) {
+  for (int i = from; i < now(); i++) {
+    const fake_cuda_event *e = event(i);
+    if (e->kind == FAKE_EV_LAUNCH &&
+        !(prefix ? strncmp(e->name, name, strlen(name)) : strcmp(e->name, name)) && nth-- == 0)
+      return i;
+  }
+  return -1;
+}
+
 /* BUILD/REL opened with RTLD_LOCAL (a fake's own symbols stay out of the global scope, where the
  * shim's hooks must be found first); NULL, said on stdout, when it fails. */
 MT_T_UNUSED static void *mt_t_open(const char *build, const char *rel) {

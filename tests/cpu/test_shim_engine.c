@@ -206,12 +206,7 @@ static int all_on(int from, CUstream s) {
 
 /* The index of the nth (0-based) launch of a kernel whose name starts with `prefix`, or -1. */
 static int find_launch(int from, const char *prefix, int nth) {
-  for (int i = from; i < now(); i++) {
-    const fake_cuda_event *e = event(i);
-    if (e->kind == FAKE_EV_LAUNCH && !strncmp(e->name, prefix, strlen(prefix)) && nth-- == 0)
-      return i;
-  }
-  return -1;
+  return mt_t_find_launch(from, prefix, 1, nth);
 }
 
 static int find_kind(int from, int kind, int nth) {

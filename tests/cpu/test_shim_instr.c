@@ -161,12 +161,7 @@ static const char *trace(int from) {
   } while (0)
 
 static int find_launch(int from, const char *name, int nth) {
-  for (int i = from; i < now(); i++) {
-    const fake_cuda_event *e = event(i);
-    if (e->kind == FAKE_EV_LAUNCH && !strcmp(e->name, name) && nth-- == 0)
-      return i;
-  }
-  return -1;
+  return mt_t_find_launch(from, name, 0, nth);
 }
 
 static void check_clean(void) {

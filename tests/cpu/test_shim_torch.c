@@ -147,12 +147,7 @@ static void call(const char *what, tensor *a, tensor *b, int with_offs, unsigned
 
 static void *matrix(int64_t elems) { return mt_t_matrix(&seed, (size_t)elems); }
 
-static int find_launch(int from, const char *name) {
-  for (int i = from; i < now(); i++)
-    if (event(i)->kind == FAKE_EV_LAUNCH && !strcmp(event(i)->name, name))
-      return i;
-  return -1;
-}
+static int find_launch(int from, const char *name) { return mt_t_find_launch(from, name, 0, 0); }
 
 /* Under a frozen weight cache, the routed call since `from` refreshed its store first: one check
  * of E slices of the weight, covering the slices with rows under the call's offsets (`offs`, T
