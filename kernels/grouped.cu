@@ -252,16 +252,17 @@ struct ring_pos {
 // The K loop of one consumer warpgroup over one tile: nst stages of KS blocks, the blocks
 // alternating the two A register sets (within a stage when KS = 2, across stages when KS = 1); a
 // stage waited for before its first block and released once the group of its last block is
-// complete, which the wait of the block after it tells.
-template <int BN>
-__device__ static void k_loop(float *d, uint8_t *smem, uint64_t *full, uint64_t *empty, ring_pos &at, int nst, int hw,
-                              int lane) {
+// complete, which the wait of the block after it tells. The wgmmas are NW tokens wide (NW <= BN:
+// the tile's rows rounded up, accumulators d[0 .. NW/2 - 1]; the stage holds BN rows either way).
+template <int BN, int NW>
+__device__ static __forceinline__ void k_loop(float *d, uint8_t *smem, uint64_t *full, uint64_t *empty, ring_pos &at,
+                                              int nst, int hw, int lane) {
   constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128;
   static_assert(KS == 1 || KS == 2, "one or two blocks a stage");
   uint32_t A0[4][4], A1[4][4];
   int done = -1; // a slot whose last block's group is the one in flight before the next block's
   auto block = [&](uint32_t(&A)[4][4], const uint8_t *st, int b) {
-    block_step<BN>(d, A, st + KS * ACT, b, desc_sw128(smem_u32(st + b * ACT)), hw, lane);
+    block_step<NW>(d, A, st + KS * ACT, b, desc_sw128(smem_u32(st + b * ACT)), hw, lane);
     if (done >= 0) { // the group before this block's is complete
       if (lane == 0) mbar_arrive(&empty[done]);
       done = -1;
@@ -321,9 +322,9 @@ __device__ static inline void load_scales(const mt_grouped_kargs &a, const table
 // warp (lane l: tokens l, l + 32, ...) and shuffled to the lanes that use it, a token's y row is
 // one pointer step from the one before, and without C and bias an element is four multiplies, a
 // conversion and a store.
-template <int BN, typename T, bool EXTRA>
-__device__ static void store_tile_as(const mt_grouped_kargs &a, const table *t, const float *d, const where &wh,
-                                     int ch0, const tile_scales<BN> &ts) {
+template <int BN, int NW, typename T, bool EXTRA>
+__device__ static __forceinline__ void store_tile_as(const mt_grouped_kargs &a, const table *t, const float *d,
+                                                     const where &wh, int ch0, const tile_scales<BN> &ts) {
   const int lane = threadIdx.x % 32, w = (threadIdx.x % 128) / 32, g = lane / 4, q = lane % 4;
   const int s = wh.s, gs = a.seg0 + s, rows = t->rows[s], row0 = t->row_start[s];
   // y's (and c's) row of the segment's token r: the segment's rows of y (offs) or its own matrix
@@ -357,7 +358,7 @@ __device__ static void store_tile_as(const mt_grouped_kargs &a, const table *t, 
   for (int k = 0; k < NA; k++) inv_own[k] = __frcp_rn(ts.sa[k]);
   T *yrow = y + (yrow0 + wh.tok0 + 2 * q) * a.ldy + ch_0; // token 8cc + 2q's row, channel ch_0
 #pragma unroll
-  for (int cc = 0; cc < BN / 8; cc++, yrow += 8 * a.ldy)
+  for (int cc = 0; cc < NW / 8; cc++, yrow += 8 * a.ldy)
 #pragma unroll
     for (int j = 0; j < 2; j++) {
       const int local = 8 * cc + 2 * q + j, tok = wh.tok0 + local;
@@ -379,22 +380,67 @@ __device__ static void store_tile_as(const mt_grouped_kargs &a, const table *t, 
 }
 
 // y is BF16 or FP16 (gemm_common.cuh, store_elem); C and a bias are rare on the grouped path.
-template <int BN>
-__device__ static void store_tile(const mt_grouped_kargs &a, const table *t, const float *d, const where &wh, int ch0,
-                                  const tile_scales<BN> &ts) {
+template <int BN, int NW>
+__device__ static __forceinline__ void store_tile(const mt_grouped_kargs &a, const table *t, const float *d,
+                                                  const where &wh, int ch0, const tile_scales<BN> &ts) {
+  if constexpr (NW < BN) { // narrow tiles only without C or bias, into BF16 (tile_rows)
+    store_tile_as<BN, NW, __nv_bfloat16, false>(a, t, d, wh, ch0, ts);
+    return;
+  }
   const bool extra = a.c || a.c_ptrs || a.bias;
   if (a.ytype == DT_FP16) {
     if (extra)
-      store_tile_as<BN, __half, true>(a, t, d, wh, ch0, ts);
+      store_tile_as<BN, NW, __half, true>(a, t, d, wh, ch0, ts);
     else
-      store_tile_as<BN, __half, false>(a, t, d, wh, ch0, ts);
+      store_tile_as<BN, NW, __half, false>(a, t, d, wh, ch0, ts);
   } else if (extra)
-    store_tile_as<BN, __nv_bfloat16, true>(a, t, d, wh, ch0, ts);
+    store_tile_as<BN, NW, __nv_bfloat16, true>(a, t, d, wh, ch0, ts);
   else
-    store_tile_as<BN, __nv_bfloat16, false>(a, t, d, wh, ch0, ts);
+    store_tile_as<BN, NW, __nv_bfloat16, false>(a, t, d, wh, ch0, ts);
 }
 
-template <int BN> __device__ static void run(const mt_grouped_kargs &a) {
+// One tile of a consumer warpgroup (64 channels from ch0): its K loop and its outputs, with wgmmas
+// and accumulators NW tokens wide (NW <= BN; the stage holds BN rows either way).
+template <int BN, int NW>
+__device__ static __forceinline__ void tile_as(const mt_grouped_kargs &a, const table *t, uint8_t *smem, uint64_t *full,
+                                               uint64_t *empty, ring_pos &at, int nst, int hw, int lane,
+                                               const where &wh, int ch0, bool &waited) {
+  float d[NW / 2];
+#pragma unroll
+  for (int i = 0; i < NW / 2; i++) d[i] = 0.0f;
+  tile_scales<BN> ts;
+  if (waited) load_scales<BN>(a, t, wh, ch0, ts);
+  k_loop<BN, NW>(d, smem, full, empty, at, nst, hw, lane);
+  if (!waited) { // S_a comes from the quantization, S_w may, and C and y may be another kernel's
+    grid_dependency_wait();
+    waited = true;
+    load_scales<BN>(a, t, wh, ch0, ts);
+  }
+  store_tile<BN, NW>(a, t, d, wh, ch0, ts);
+}
+
+// A tile with wgmmas as wide as its rows need: a segment's last token tile is mostly padding (at
+// T = 1024 Qwen3's experts have ~64 rows for tiles of 128), and the tensor cores' time is the
+// wgmma's width while the decode's is the same at any width. The widths are BN, BN / 2, ... down to
+// narrowest(BN), each its own instantiation, so that each wgmma pipeline is straight-line code with
+// only the accumulators it needs. narrowest() is the set ptxas keeps pipelined: with more widths
+// (BN / 4 in the n32 kernel, any narrower one in the n256 kernel, widths 3 * 2^j anywhere) it
+// serializes the wgmmas of the kernel ("insufficient register resources"). A token's bits do not
+// depend on the width, as they do not on BN (docs/numerics.md, "Batch invariance").
+constexpr int narrowest(int bn) { return bn == 256 ? 256 : bn == 32 ? 16 : bn / 4 > 8 ? bn / 4 : 8; }
+template <int BN, int NW = narrowest(BN)>
+__device__ static __forceinline__ void tile_rows(const mt_grouped_kargs &a, const table *t, uint8_t *smem,
+                                                 uint64_t *full, uint64_t *empty, ring_pos &at, int nst, int hw,
+                                                 int lane, const where &wh, int ch0, bool narrow, bool &waited) {
+  if constexpr (NW < BN) {
+    if (narrow && t->rows[wh.s] - wh.tok0 <= NW)
+      return tile_as<BN, NW>(a, t, smem, full, empty, at, nst, hw, lane, wh, ch0, waited);
+    return tile_rows<BN, 2 * NW>(a, t, smem, full, empty, at, nst, hw, lane, wh, ch0, narrow, waited);
+  } else
+    tile_as<BN, BN>(a, t, smem, full, empty, at, nst, hw, lane, wh, ch0, waited);
+}
+
+template <int BN> __device__ static __forceinline__ void run(const mt_grouped_kargs &a) {
   constexpr int SB = SB_OF(BN), S = S_OF(BN);
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -427,21 +473,11 @@ template <int BN> __device__ static void run(const mt_grouped_kargs &a) {
   const int hw = 8 * cw + 2 * ((threadIdx.x % 128) / 32); // the warp's first row group of the band
   bool waited = false;
   ring_pos at;
+  // narrower wgmmas for a tile's rows (tile_rows) on the common output alone: BF16, without C or bias
+  const bool narrow = !(a.c || a.c_ptrs || a.bias) && a.ytype != DT_FP16;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const where wh = locate<BN>(t, a.nseg, tile);
-    float d[BN / 2];
-#pragma unroll
-    for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
-    const int ch0 = wh.cb * CB + 64 * cw;
-    tile_scales<BN> ts;
-    if (waited) load_scales<BN>(a, t, wh, ch0, ts);
-    k_loop<BN>(d, smem, full, empty, at, nst, hw, lane);
-    if (!waited) { // S_a comes from the quantization, S_w may, and C and y may be another kernel's
-      grid_dependency_wait();
-      waited = true;
-      load_scales<BN>(a, t, wh, ch0, ts);
-    }
-    store_tile<BN>(a, t, d, wh, ch0, ts);
+    tile_rows<BN>(a, t, smem, full, empty, at, nst, hw, lane, wh, wh.cb * CB + 64 * cw, narrow, waited);
   }
 }
 } // namespace grp

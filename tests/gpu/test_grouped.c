@@ -446,6 +446,43 @@ static void grouped_accuracy(void) {
   }
 }
 
+/* The wgmma widths of a segment's last token tile (grouped.cu, tile_rows: BN, BN / 2, ... as its
+ * rows need): segments whose last tile has the rows at and around each width's bound, for every
+ * token tile, each bitwise the same as token tile 8's (whose tiles are all 8 wide), and those
+ * against the reference. */
+static void grouped_widths(void) {
+  NEED_GPU();
+  enum { N = 256, K = 256 };
+  int rows[] = {1, 8, 9, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 200, 255, 256, 257};
+  enum { NSEG = sizeof rows / sizeof rows[0] };
+  experts e = {0};
+  problem p = {0};
+  if (make_experts(&e, NSEG, N, K, &num_row, 0) &&
+      make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, NULL, 0)) {
+    size_t ybytes = (size_t)p.m * N * 2;
+    uint16_t *y0 = malloc(ybytes), *y = malloc(ybytes), *first = malloc(ybytes);
+    for (int b = 0; b < NKINDS(bns); b++) {
+      if (!run_offs(&p, &e, bns[b], N, MT_DTYPE_BF16, y0, y))
+        break;
+      if (b == 0) {
+        check_segments(&p, &e, y, y0, N, MT_DTYPE_BF16, NULL, "widths, bn 8");
+        memcpy(first, y, ybytes);
+        continue;
+      }
+      long differ = 0;
+      for (int r = 0; r < p.m; r++)
+        differ += memcmp(y + (size_t)r * N, first + (size_t)r * N, (size_t)N * 2) != 0;
+      CHECKF(differ == 0, "widths: bn %d: %ld rows differ from bn 8's", bns[b], differ);
+    }
+    free(y0);
+    free(y);
+    free(first);
+  }
+  free_problem(&p);
+  free_experts(&e);
+  dev_free_all();
+}
+
 /* A row's bits depend on nothing but its inputs (per-row S_a): the same rows computed in one
  * grouped call, then each segment alone (fixed rows, one segment), then with the segments in
  * another order and other segments' sizes around them, then by the per-expert large path
@@ -977,6 +1014,7 @@ int main(void) {
   RUN(store_slices);
   RUN(store_refresh_modes);
   RUN(grouped_accuracy);
+  RUN(grouped_widths);
   RUN(grouped_bitwise);
   RUN(grouped_strided);
   RUN(grouped_pointer_arrays);
