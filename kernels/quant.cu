@@ -268,7 +268,6 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p, int bx) {
   const bool domain_bad = !(S == S);
   const float s_over_6 = S_over_6(S), inv_s = inv_S(S);
   if (STORE) {
-    if (e * p.batch_rows >= p.rows) return; /* past the last slice */
     const int pairs = (int)MT_WS_PAIRS(p.cols);
 #pragma unroll
     for (int j = 0; j < NB; j += 2) {
@@ -315,19 +314,30 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p, int bx) {
   }
 }
 
+/* The store mode's slices to do: those listed (p.only_if: a count n, then n slice numbers, as a
+ * refresh's check leaves them; at most the store's count), or every slice. */
+__device__ __forceinline__ int store_todo(const mt_quant_params &p) {
+  const int all = p.rows / p.batch_rows;
+  return p.only_if ? (int)min(p.only_if[0], (uint32_t)all) : all;
+}
+
+/* The i-th slice to do, or -1 for a listed number not of this store (nothing is written out of it). */
+__device__ __forceinline__ int store_slice(const mt_quant_params &p, int i) {
+  const uint32_t e = p.only_if ? p.only_if[1 + i] : (uint32_t)i;
+  return e < (uint32_t)(p.rows / p.batch_rows) ? (int)e : -1;
+}
+
 /* The store mode's CTAs: each takes whole blocks of blockDim.y rows (a block lies within one slice:
- * quant.c) of the listed slices (p.only_if: a count n, then n slice numbers, as a refresh's check
- * leaves them) or of every slice, grid-stride, so that a refresh that finds nothing changed costs a
+ * quant.c) of the slices to do, grid-stride, so that a refresh that finds nothing changed costs a
  * small grid, not one CTA a block. */
 template <bool FP16, int NB, bool ROW, bool TILE, bool PTRS>
 __device__ __forceinline__ void quantize_store(const mt_quant_params &p) {
   grid_dependency_wait(); /* under a refresh's list, launched dependent on the amax pass or check */
   allow_dependents();
-  const int per_slice = slice_rows(p) / blockDim.y, all = p.rows / p.batch_rows;
-  const int slices = p.only_if ? (int)min(p.only_if[0], (uint32_t)all) : all;
+  const int per_slice = slice_rows(p) / blockDim.y, slices = store_todo(p);
   for (int b = blockIdx.x; b < slices * per_slice; b += gridDim.x) {
-    const int i = b / per_slice, e = p.only_if ? (int)p.only_if[1 + i] : i;
-    if (e >= all) continue; /* a list not of this store: nothing written out of it */
+    const int e = store_slice(p, b / per_slice);
+    if (e < 0) continue;
     quantize<FP16, NB, ROW, TILE, true, PTRS>(p, e * per_slice + b % per_slice);
     __syncthreads(); /* one block's shared memory before the next's */
   }
@@ -358,17 +368,16 @@ __device__ __forceinline__ uint32_t row_amax(const mt_quant_params &p, int r, in
   return __reduce_max_sync(0xffffffffu, __float_as_uint(abs_bits_to_float<FP16>(max(m & 0xffffu, m >> 16))));
 }
 
-/* The store mode's amax: each warp a run of the rows of the listed slices (as quantize_store) or of
- * every slice, one atomicMax per slice it touched. */
+/* The store mode's amax: each warp a run of the rows of the slices to do (as quantize_store), one
+ * atomicMax per slice it touched. */
 template <bool FP16, bool PTRS>
 __device__ __forceinline__ void amax_store(const mt_quant_params &p, int warp, int nwarps) {
-  const int lane = threadIdx.x & 31, all = p.rows / p.batch_rows;
-  const int slices = p.only_if ? (int)min(p.only_if[0], (uint32_t)all) : all, rows = slices * p.batch_rows;
+  const int lane = threadIdx.x & 31, rows = store_todo(p) * p.batch_rows;
   const int run = (rows + nwarps - 1) / nwarps, v0 = warp * run, v1 = min(rows, v0 + run);
   uint32_t bits = 0;
   for (int v = v0; v < v1; v++) {
-    const int i = v / p.batch_rows, e = p.only_if ? (int)p.only_if[1 + i] : i;
-    if (e >= all) continue; /* as quantize_store */
+    const int e = store_slice(p, v / p.batch_rows);
+    if (e < 0) continue;
     bits = max(bits, row_amax<FP16, PTRS>(p, e * p.batch_rows + v % p.batch_rows, lane));
     if (v + 1 == v1 || (v + 1) % p.batch_rows == 0) { /* the slice's last row of this run */
       if (lane == 0 && bits != 0) atomicMax((uint32_t *)(slice_outer(p, e) + 1), bits);
