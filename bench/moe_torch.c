@@ -1,0 +1,59 @@
+/* moe_torch.c — the grouped engine for bench/bench_moe_torch.py, as a shared library its ctypes
+ * calls (build/bench/libmt_bench.so, bench-only: the product, libminite.so, exports the hooks and
+ * nothing else). Numerics of the nvfp4-row built-in: per-row activation scale, tensor weight scale,
+ * 1x16 weight blocks. Each function returns an mt_status (mtb_status names it) or a size. */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/engine.h"
+
+#define MTB_EXPORT __attribute__((visibility("default")))
+
+static const mt_numerics num = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
+
+MTB_EXPORT const char *mtb_status(int st) { return mt_status_name((enum mt_status)st); }
+
+/* Bytes of device memory the store of `count` experts of n x k takes (0: a shape it cannot hold). */
+MTB_EXPORT size_t mtb_store_bytes(int count, int n, int k) {
+  return mt_wstore_bytes(count, n, k, &num);
+}
+
+/* Quantize the BF16 expert tensor w (count x n x k, contiguous) into the store at mem. */
+MTB_EXPORT int mtb_store_quantize(const void *w, int count, int n, int k, void *mem, void *stream) {
+  mt_wstore ws;
+  int st = mt_wstore_bind(&ws, count, n, k, &num, mem);
+  if (st != MT_OK)
+    return st;
+  return mt_wstore_quantize(w, MT_DTYPE_BF16, (size_t)k, (size_t)n * k, &ws, NULL, stream);
+}
+
+MTB_EXPORT size_t mtb_workspace_bytes(int m, int k) { return mt_grouped_workspace_bytes(m, k, &num); }
+
+/* y[m][n] = x[m][k] . W_e^T for the rows of each expert e (offs: count int32 cumulative row ends on
+ * the device, as torch._grouped_mm takes them), BF16 in and out, contiguous; one grouped launch
+ * after the activations' quantization, on `stream` (legal in graph capture once a first call has
+ * loaded the kernels). */
+MTB_EXPORT int mtb_grouped(int count, int n, int k, void *mem, const int32_t *offs, int m,
+                           const void *x, void *y, void *workspace, size_t workspace_bytes,
+                           void *stream) {
+  mt_wstore ws;
+  int st = mt_wstore_bind(&ws, count, n, k, &num, mem);
+  if (st != MT_OK)
+    return st;
+  mt_grouped_args a = {.nseg = count,
+                       .n = n,
+                       .k = k,
+                       .w = &ws,
+                       .offs = offs,
+                       .m = m,
+                       .x = x,
+                       .ldx = (size_t)k,
+                       .xtype = MT_DTYPE_BF16,
+                       .y = y,
+                       .ldy = (size_t)n,
+                       .ytype = MT_DTYPE_BF16,
+                       .alpha = 1.0f,
+                       .workspace = workspace,
+                       .workspace_bytes = workspace_bytes};
+  return mt_gemm_grouped(&a, stream);
+}
