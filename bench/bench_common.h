@@ -43,14 +43,17 @@ static uint16_t rnd_bf16(void) {
   return (uint16_t)(((r >> 16) & 1) << 15 | exp << 7 | man);
 }
 
-/* Fill `elems` BF16 of device memory from the random pool at a random offset. */
+/* Fill `elems` BF16 of device memory from the random pool at a random offset, on the bench's stream:
+ * it does not wait for the legacy default stream, so work on it must be enqueued on it to be ordered
+ * before the kernels that read it (a weight quantized before its fill landed gave garbage once). */
 static void fill(void *dst, size_t elems) {
   size_t done = 0;
   while (done < elems) {
     size_t off = rnd() % POOL_ELEMS, len = POOL_ELEMS - off;
     if (len > elems - done)
       len = elems - done;
-    CUDA_OK(cudaMemcpy((uint16_t *)dst + done, pool + off, len * 2, cudaMemcpyDeviceToDevice));
+    CUDA_OK(cudaMemcpyAsync((uint16_t *)dst + done, pool + off, len * 2, cudaMemcpyDeviceToDevice,
+                            stream));
     done += len;
   }
 }
@@ -125,6 +128,7 @@ static void make_pool(void) {
     h[i] = rnd_bf16();
   pool = dmalloc(POOL_ELEMS * 2);
   CUDA_OK(cudaMemcpy(pool, h, POOL_ELEMS * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaDeviceSynchronize()); /* the pool is read on the bench's stream */
   free(h);
 }
 

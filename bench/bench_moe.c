@@ -105,7 +105,7 @@ static void make_routing(routing *r, int experts, int t) {
     r->active += r->rows[e] > 0;
   }
   r->offs = dmalloc((size_t)experts * 4);
-  CUDA_OK(cudaMemcpy(r->offs, offs, (size_t)experts * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpyAsync(r->offs, offs, (size_t)experts * 4, cudaMemcpyHostToDevice, stream));
 }
 
 /* cuBLAS's pointer arrays for one GEMM (weights w, inputs in, outputs out): 3 x active. */
@@ -123,7 +123,8 @@ static void make_ptrs(const moe_ctx *c, routing *r, const layer_gemm *l, const u
     }
     at += r->rows[e];
   }
-  CUDA_OK(cudaMemcpy(dev, h, 3 * (size_t)r->active * sizeof *h, cudaMemcpyHostToDevice));
+  CUDA_OK(
+      cudaMemcpyAsync(dev, h, 3 * (size_t)r->active * sizeof *h, cudaMemcpyHostToDevice, stream));
   free(h);
 }
 

@@ -84,6 +84,12 @@ class Bench:
         if st != 0:
             raise RuntimeError(f"{what}: {self.lib.mtb_status(st).decode()}")
 
+    def after_setup(self):
+        """The bench's stream waits for the work enqueued on the current stream (the tensors made
+        there): torch's side streams do not synchronize with the default stream, and a kernel of
+        ours would read a weight or the routing before they are written."""
+        self.stream.wait_stream(self.torch.cuda.current_stream())
+
     def store(self, w):
         """w (experts x n x k, BF16) in the engine's store: a uint8 tensor of its bytes."""
         e, n, k = w.shape
@@ -91,6 +97,7 @@ class Bench:
         if not nbytes:
             raise RuntimeError(f"the store cannot hold {e} x {n}x{k}")
         mem = self.torch.empty(nbytes, dtype=self.torch.uint8, device="cuda")
+        self.after_setup()
         with self.torch.cuda.stream(self.stream):
             self.ok(self.lib.mtb_store_quantize(w.data_ptr(), e, n, k, mem.data_ptr(),
                                                 self.stream.cuda_stream), "quantizing")
@@ -100,6 +107,7 @@ class Bench:
     def graph(self, fn, calls):
         """A graph of fn(0) .. fn(calls - 1) on the bench's stream, after two eager calls."""
         torch = self.torch
+        self.after_setup()
         with torch.cuda.stream(self.stream):
             fn(0), fn(1 % calls)
         self.stream.synchronize()

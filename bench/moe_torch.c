@@ -27,7 +27,9 @@ MTB_EXPORT int mtb_store_quantize(const void *w, int count, int n, int k, void *
   return mt_wstore_quantize(w, MT_DTYPE_BF16, (size_t)k, (size_t)n * k, &ws, NULL, stream);
 }
 
-MTB_EXPORT size_t mtb_workspace_bytes(int m, int k) { return mt_grouped_workspace_bytes(m, k, &num); }
+MTB_EXPORT size_t mtb_workspace_bytes(int m, int k) {
+  return mt_grouped_workspace_bytes(m, k, &num);
+}
 
 /* y[m][n] = x[m][k] . W_e^T for the rows of each expert e (offs: count int32 cumulative row ends on
  * the device, as torch._grouped_mm takes them), BF16 in and out, contiguous; one grouped launch
