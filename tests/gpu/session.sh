@@ -10,7 +10,7 @@
 #   sanitize   test_kernels under compute-sanitizer memcheck (SANITIZE_LIMIT, default 300)
 #   torch      the Python GPU tests through make gputest (TORCH_LIMIT, default 420);
 #              GPU_PY="tests/gpu/test_a.py ..." narrows them
-#   bench      make bench; bench.json into the logs
+#   bench      make bench; its JSON files into the logs
 #   benchshim  make bench-shim
 #   ncu        two rows of the benchmark (NCU_ROWS) under Nsight Compute; NCU_BLAS=1 adds the
 #              cuBLAS kernels of those rows
@@ -61,7 +61,7 @@ for s in $steps; do
   kernels) kernels_bin && step kernels "${KERNELS_LIMIT:-240}" env MT_BUILD=build tests/run $gpu_bins ;;
   torch) step torch "${TORCH_LIMIT:-420}" make gputest GPU_TESTS= ${GPU_PY:+GPUTEST_PY="$GPU_PY"} ;;
   sanitize) kernels_bin && step sanitize "${SANITIZE_LIMIT:-300}" compute-sanitizer --tool memcheck build/tests/gpu/test_kernels ;;
-  bench) step bench 300 make bench && cp build/bench.json build/bench_moe.json "$out/" 2>/dev/null ;;
+  bench) step bench 400 make bench && cp build/bench.json build/bench_moe.json build/bench_moe_torch.json "$out/" 2>/dev/null ;;
   benchshim) step benchshim 120 make bench-shim ;;
   ncu) # the GEMM kernels of two rows of the benchmark under Nsight Compute (clocks left alone)
     for cfg in ${NCU_ROWS:-qwen3_gate_up:4096 qwen3_gate_up:1}; do
