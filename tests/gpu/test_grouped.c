@@ -396,6 +396,32 @@ static void check_segments(const problem *p, const experts *e, const uint16_t *y
   printf("    %s: worst error %.3f of the bound\n", what, oc.worst);
 }
 
+/* p on e with every token tile: token tile 8's outputs (every tile 8 wide) against the reference,
+ * every other token tile's bitwise equal to them. */
+static void every_bn(const problem *p, const experts *e, size_t ldy, enum mt_dtype yt,
+                     const char *name) {
+  size_t ybytes = (size_t)p->m * ldy * 2;
+  uint16_t *y0 = malloc(ybytes), *y = malloc(ybytes), *first = malloc(ybytes);
+  for (int b = 0; b < NKINDS(bns); b++) {
+    if (!run_offs(p, e, bns[b], ldy, yt, y0, y))
+      break;
+    char what[128];
+    snprintf(what, sizeof what, "%s, bn %d", name, bns[b]);
+    if (b == 0) {
+      check_segments(p, e, y, y0, ldy, yt, NULL, what);
+      memcpy(first, y, ybytes);
+      continue;
+    }
+    long differ = 0;
+    for (int r = 0; r < p->m; r++)
+      differ += memcmp(y + (size_t)r * ldy, first + (size_t)r * ldy, (size_t)e->n * 2) != 0;
+    CHECKF(differ == 0, "%s: %ld rows differ from bn 8's", what, differ);
+  }
+  free(y0);
+  free(y);
+  free(first);
+}
+
 /* Segments of 0 to 40 rows (some empty) over odd shapes (n short of a band, k a partial last
  * block: 400 = 6.25 blocks; 448 = 7 blocks, rank-3 boxes with a last stage half past k), every
  * token tile: every row within the bound, and bitwise the same for every tile. */
@@ -418,27 +444,9 @@ static void grouped_accuracy(void) {
     size_t ldy = (size_t)n + (s % 2 ? 8 : 0);
     if (make_experts(&e, nseg, n, k, num, s == 2) &&
         make_problem(&p, nseg, rows, k, num->act_scale, s == 1, NULL, 0)) {
-      size_t ybytes = (size_t)p.m * ldy * 2;
-      uint16_t *y0 = malloc(ybytes), *y = malloc(ybytes), *first = malloc(ybytes);
-      for (int b = 0; b < NKINDS(bns); b++) {
-        if (!run_offs(&p, &e, bns[b], ldy, yt, y0, y))
-          break;
-        char what[96];
-        snprintf(what, sizeof what, "%d segments of %dx%d, %d rows, bn %d", nseg, n, k, p.m,
-                 bns[b]);
-        if (b == 0) {
-          check_segments(&p, &e, y, y0, ldy, yt, NULL, what);
-          memcpy(first, y, ybytes);
-        } else {
-          long differ = 0;
-          for (int r = 0; r < p.m; r++)
-            differ += memcmp(y + (size_t)r * ldy, first + (size_t)r * ldy, (size_t)n * 2) != 0;
-          CHECKF(differ == 0, "%s: %ld rows differ from bn 8's", what, differ);
-        }
-      }
-      free(y0);
-      free(y);
-      free(first);
+      char what[96];
+      snprintf(what, sizeof what, "%d segments of %dx%d, %d rows", nseg, n, k, p.m);
+      every_bn(&p, &e, ldy, yt, what);
     }
     free_problem(&p);
     free_experts(&e);
@@ -458,26 +466,8 @@ static void grouped_widths(void) {
   experts e = {0};
   problem p = {0};
   if (make_experts(&e, NSEG, N, K, &num_row, 0) &&
-      make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, NULL, 0)) {
-    size_t ybytes = (size_t)p.m * N * 2;
-    uint16_t *y0 = malloc(ybytes), *y = malloc(ybytes), *first = malloc(ybytes);
-    for (int b = 0; b < NKINDS(bns); b++) {
-      if (!run_offs(&p, &e, bns[b], N, MT_DTYPE_BF16, y0, y))
-        break;
-      if (b == 0) {
-        check_segments(&p, &e, y, y0, N, MT_DTYPE_BF16, NULL, "widths, bn 8");
-        memcpy(first, y, ybytes);
-        continue;
-      }
-      long differ = 0;
-      for (int r = 0; r < p.m; r++)
-        differ += memcmp(y + (size_t)r * N, first + (size_t)r * N, (size_t)N * 2) != 0;
-      CHECKF(differ == 0, "widths: bn %d: %ld rows differ from bn 8's", bns[b], differ);
-    }
-    free(y0);
-    free(y);
-    free(first);
-  }
+      make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, NULL, 0))
+    every_bn(&p, &e, N, MT_DTYPE_BF16, "widths");
   free_problem(&p);
   free_experts(&e);
   dev_free_all();
