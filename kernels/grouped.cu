@@ -9,8 +9,10 @@
 // TMA-loaded into 128B-swizzled shared memory. A CTA owns tiles of 128 channels (two consumer
 // warpgroups of 64) by BN tokens of one segment, walks them persistently (tile blockIdx.x,
 // + gridDim.x, ...), and runs each tile's whole K loop: k16 steps in increasing order into one
-// FP32 accumulator per output, from zero, no split-K, no atomics: the arithmetic of every other path (docs/numerics.md, "Batch invariance"), so a row's
-// bits do not depend on its segment, its position, BN or the other segments.
+// FP32 accumulator per output, from zero, no split-K, no atomics: the arithmetic of every other
+// path (docs/numerics.md, "Batch invariance"), so a row's bits do not depend on its segment, its
+// position, BN or the other segments. A segment's last token tile multiplies with wgmmas only as
+// wide as its rows need (tile_rows).
 //
 // The segments' rows come from device memory (offs: cumulative row ends, as torch._grouped_mm
 // gives them) or are fixed (seg_rows each, strided-batched forms): every CTA turns them into a
