@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "bench/bench_common.h"
+#include "bench/moe_args.h"
 #include "kernels/engine.h"
 
 #define TOPK 8
@@ -130,22 +131,9 @@ static void make_ptrs(const moe_ctx *c, routing *r, const layer_gemm *l, const u
 
 static int ours_gemm(moe_ctx *c, const routing *r, const layer_gemm *l, const uint16_t *in,
                      uint16_t *out) {
-  mt_grouped_args a = {.nseg = c->g->experts,
-                       .n = l->n,
-                       .k = l->k,
-                       .w = &l->ws,
-                       .offs = r->offs,
-                       .m = TOPK * c->t,
-                       .x = in,
-                       .ldx = (size_t)l->k,
-                       .xtype = MT_DTYPE_BF16,
-                       .y = out,
-                       .ldy = (size_t)l->n,
-                       .ytype = MT_DTYPE_BF16,
-                       .alpha = 1.0f,
-                       .workspace = c->ws,
-                       .workspace_bytes = c->ws_bytes,
-                       .bn = force_bn};
+  mt_grouped_args a = mtb_layer_args(&l->ws, c->g->experts, l->n, l->k, r->offs, TOPK * c->t, in,
+                                     out, c->ws, c->ws_bytes);
+  a.bn = force_bn;
   int st = mt_gemm_grouped(&a, (mt_stream)stream);
   if (st != MT_OK)
     fprintf(stderr, "bench_moe: mt_gemm_grouped: %s\n", mt_status_name((enum mt_status)st));

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bench/moe_args.h"
 #include "kernels/engine.h"
 
 #define MTB_EXPORT __attribute__((visibility("default")))
@@ -42,20 +43,6 @@ MTB_EXPORT int mtb_grouped(int count, int n, int k, void *mem, const int32_t *of
   int st = mt_wstore_bind(&ws, count, n, k, &num, mem);
   if (st != MT_OK)
     return st;
-  mt_grouped_args a = {.nseg = count,
-                       .n = n,
-                       .k = k,
-                       .w = &ws,
-                       .offs = offs,
-                       .m = m,
-                       .x = x,
-                       .ldx = (size_t)k,
-                       .xtype = MT_DTYPE_BF16,
-                       .y = y,
-                       .ldy = (size_t)n,
-                       .ytype = MT_DTYPE_BF16,
-                       .alpha = 1.0f,
-                       .workspace = workspace,
-                       .workspace_bytes = workspace_bytes};
+  mt_grouped_args a = mtb_layer_args(&ws, count, n, k, offs, m, x, y, workspace, workspace_bytes);
   return mt_gemm_grouped(&a, stream);
 }
