@@ -113,19 +113,23 @@ template <int BN> __device__ static inline where locate(const table *t, int nseg
 }
 
 // Pair P of a store code word (wstore.h) as a BF16 pair of codes * 2^-126: the mask of one
-// rotation of the word, or of two (its magnitudes and its signs).
-template <int R> __device__ static inline uint32_t rotate(uint32_t w) {
+// rotation of the word, or of two (its magnitudes and its signs). A rotation whose masked bits
+// all come from below (R no more than the mask's lowest bit) is a left shift, which ptxas can give
+// to the FMA pipe (IMAD.SHL): the decode's logic operations fill the ALU pipe, the busiest.
+template <int R, uint32_t MASK> __device__ static inline uint32_t rotate(uint32_t w) {
   if constexpr (R == 0)
     return w;
+  else if constexpr ((MASK & ((1u << R) - 1)) == 0)
+    return w << R;
   else
     return __funnelshift_l(w, w, R);
 }
 template <int P> __device__ static inline uint32_t code_pair(uint32_t w) {
   constexpr int em = MT_WS_EM_ROT(P), sg = MT_WS_SIGN_ROT(P);
   if constexpr (em == sg)
-    return rotate<em>(w) & (MT_WS_EM | MT_WS_SIGN);
+    return rotate<em, MT_WS_EM | MT_WS_SIGN>(w) & (MT_WS_EM | MT_WS_SIGN);
   else
-    return (rotate<em>(w) & MT_WS_EM) | (rotate<sg>(w) & MT_WS_SIGN);
+    return (rotate<em, MT_WS_EM>(w) & MT_WS_EM) | (rotate<sg, MT_WS_SIGN>(w) & MT_WS_SIGN);
 }
 
 __device__ static inline uint32_t bf16_mul(uint32_t a, __nv_bfloat162 b) {
