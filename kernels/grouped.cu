@@ -385,7 +385,10 @@ __device__ static __forceinline__ void store_tile_as(const mt_grouped_kargs &a, 
     }
 }
 
-// y is BF16 or FP16 (gemm_common.cuh, store_elem); C and a bias are rare on the grouped path.
+// C or a bias: rare on the grouped path, so each has its own instantiation of the epilogue.
+__device__ static inline bool has_extra(const mt_grouped_kargs &a) { return a.c || a.c_ptrs || a.bias; }
+
+// y is BF16 or FP16 (gemm_common.cuh, store_elem).
 template <int BN, int NW>
 __device__ static __forceinline__ void store_tile(const mt_grouped_kargs &a, const table *t, const float *d,
                                                   const where &wh, int ch0, const tile_scales<BN> &ts) {
@@ -393,7 +396,7 @@ __device__ static __forceinline__ void store_tile(const mt_grouped_kargs &a, con
     store_tile_as<BN, NW, __nv_bfloat16, false>(a, t, d, wh, ch0, ts);
     return;
   }
-  const bool extra = a.c || a.c_ptrs || a.bias;
+  const bool extra = has_extra(a);
   if (a.ytype == DT_FP16) {
     if (extra)
       store_tile_as<BN, NW, __half, true>(a, t, d, wh, ch0, ts);
@@ -480,7 +483,7 @@ template <int BN> __device__ static __forceinline__ void run(const mt_grouped_ka
   bool waited = false;
   ring_pos at;
   // narrower wgmmas for a tile's rows (tile_rows) on the common output alone: BF16, without C or bias
-  const bool narrow = !(a.c || a.c_ptrs || a.bias) && a.ytype != DT_FP16;
+  const bool narrow = !has_extra(a) && a.ytype != DT_FP16;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const where wh = locate<BN>(t, a.nseg, tile);
     tile_rows<BN>(a, t, smem, full, empty, at, nst, hw, lane, wh, wh.cb * CB + 64 * cw, narrow, waited);
