@@ -50,7 +50,9 @@
  * 24..22, and rotating it by MT_WS_SIGN_ROT(p) their signs to bits 15 and 31: the kernel's decode
  * of a pair is the mask MT_WS_EM | MT_WS_SIGN of one rotation (pairs 0 and 1) or of two, 5
  * rotations and 6 logic operations a word (kernels/grouped.cu). These four placements are a
- * cheapest way for 8 codes to fill 32 bits (tiling the word with the four pairs' bits). */
+ * cheapest way for 8 codes to fill 32 bits (tiling the word with the four pairs' bits). Four of
+ * the five rotations bring their masked bits up from below (all but pair 3's magnitudes, 12), so
+ * they are left shifts, which the kernel runs on the FMA pipe instead of the logic unit's. */
 #define MT_WS_EM_ROT(p) ((0x0C030600u >> (8 * (p))) & 31u)   /* 0, 6, 3, 12 */
 #define MT_WS_SIGN_ROT(p) ((0x02010600u >> (8 * (p))) & 31u) /* 0, 6, 1, 2 */
 #define MT_WS_EM 0x01C001C0u
