@@ -156,15 +156,16 @@ __device__ static inline void record_frags(uint32_t w, uint32_t sc, int c, uint3
 // The A fragments of the four k16 steps of 64-wide block b of a stage, for this warp's 16 channels
 // (row groups hw and hw + 1 of the band: rows g and g + 8), from the stage's records (pair P, row
 // group h at (P * 16 + h) * REC): per pair, the lane's code word and its row's two scale bytes in
-// each of the two records; step 2p + j takes block j of pair 2b + p.
-__device__ static inline void decode_block(const uint8_t *recs, int b, int hw, int lane, uint32_t (&A)[4][4]) {
-  const int g = lane / 4;
+// each of the two records; step 2p + j takes block j of pair 2b + p. code and scale: this thread's
+// code word and scale bytes in the stage's first record of its row group.
+__device__ static inline void decode_block(const uint8_t *code, const uint8_t *scale, int b, uint32_t (&A)[4][4]) {
 #pragma unroll
-  for (int p = 0; p < 2; p++) {
-    const uint8_t *r0 = recs + ((2 * b + p) * 16 + hw) * REC, *r1 = r0 + REC;
-    record_frags(*(const uint32_t *)(r0 + 4 * lane), *(const uint16_t *)(r0 + 128 + 2 * g), 0, A[2 * p], A[2 * p + 1]);
-    record_frags(*(const uint32_t *)(r1 + 4 * lane), *(const uint16_t *)(r1 + 128 + 2 * g), 1, A[2 * p], A[2 * p + 1]);
-  }
+  for (int p = 0; p < 2; p++)
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const int rec = ((2 * b + p) * 16 + r) * REC;
+      record_frags(*(const uint32_t *)(code + rec), *(const uint16_t *)(scale + rec), r, A[2 * p], A[2 * p + 1]);
+    }
 }
 
 // Keeps the compiler from moving the A registers' computation across the wgmma fence and wait
@@ -237,9 +238,9 @@ __device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_
 // One 64-wide K block of a consumer warpgroup: decode its A, four k16 wgmmas as one group, then wait
 // until the group before is complete (its A registers may be written again, its stage released).
 template <int BN>
-__device__ static inline void block_step(float *d, uint32_t (&A)[4][4], const uint8_t *recs, int b, uint64_t db, int hw,
-                                         int lane) {
-  decode_block(recs, b, hw, lane, A);
+__device__ static inline void block_step(float *d, uint32_t (&A)[4][4], const uint8_t *code, const uint8_t *scale,
+                                         int b, uint64_t db) {
+  decode_block(code, scale, b, A);
   fence_operands(A);
   warpgroup_arrive_fence();
 #pragma unroll
@@ -258,27 +259,26 @@ struct ring_pos {
 // The K loop of one consumer warpgroup over one tile: nst stages of KS blocks, the blocks
 // alternating the two A register sets (within a stage when KS = 2, across stages when KS = 1); a
 // stage waited for before its first block and released once the group of its last block is
-// complete, which the wait of the block after it tells. The wgmmas are NW tokens wide (NW <= BN:
-// the tile's rows rounded up, accumulators d[0 .. NW/2 - 1]; the stage holds BN rows either way).
+// complete, which the wait of the block after it tells. The thread's addresses in a stage and the
+// stage's descriptor are those of slot 0 plus the slot's offset. The wgmmas are NW tokens wide
+// (NW <= BN: the tile's rows rounded up, accumulators d[0 .. NW/2 - 1]; the stage holds BN rows
+// either way).
 template <int BN, int NW>
 __device__ static __forceinline__ void k_loop(float *d, uint8_t *smem, uint64_t *full, uint64_t *empty, ring_pos &at,
                                               int nst, int hw, int lane) {
   constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128;
   static_assert(KS == 1 || KS == 2, "one or two blocks a stage");
+  const uint8_t *code = smem + KS * ACT + hw * REC + 4 * lane, *scale = smem + KS * ACT + hw * REC + 128 + lane / 4 * 2;
+  const uint64_t desc = desc_sw128(smem_u32(smem));
+  const bool leader = lane == 0;
   uint32_t A0[4][4], A1[4][4];
   int done = -1; // a slot whose last block's group is the one in flight before the next block's
-  auto block = [&](uint32_t(&A)[4][4], const uint8_t *st, int b) {
-    block_step<NW>(d, A, st + KS * ACT, b, desc_sw128(smem_u32(st + b * ACT)), hw, lane);
-    if (done >= 0) { // the group before this block's is complete
-      if (lane == 0) mbar_arrive(&empty[done]);
-      done = -1;
-    }
-  };
   auto stage = [&](uint32_t(&A)[4][4], uint32_t(&B)[4][4]) {
     mbar_wait(&full[at.slot], at.phase);
-    const uint8_t *st = smem + at.slot * SB;
-    block(A, st, 0);
-    if constexpr (KS == 2) block(B, st, 1);
+    const int off = at.slot * SB;
+    block_step<NW>(d, A, code + off, scale + off, 0, desc + (uint32_t)off / 16);
+    if (done >= 0 && leader) mbar_arrive(&empty[done]); // the group before this block's is complete
+    if constexpr (KS == 2) block_step<NW>(d, B, code + off, scale + off, 1, desc + (uint32_t)(off + ACT) / 16);
     done = at.slot;
     if (++at.slot == S) at.slot = 0, at.phase ^= 1;
   };
@@ -293,7 +293,7 @@ __device__ static __forceinline__ void k_loop(float *d, uint8_t *smem, uint64_t 
     if (j < nst) stage(A0, A1);
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-  if (lane == 0) mbar_arrive(&empty[done]);
+  if (leader) mbar_arrive(&empty[done]);
 }
 
 __device__ static inline void put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
