@@ -174,13 +174,16 @@ typedef struct {
 
 /* Segment g's rows under offs (offs[g-1] .. offs[g], offs[-1] = 0) clamped into [0, m], so that a
  * bad table computes nothing out of bounds: the one reading of a table that the grouped GEMM and
- * the frozen check (kernels/wcheck.cu: which slices a call uses) share. */
-MT_HD void mt_offs_span(const int32_t *offs, int g, int m, int *start, int *rows) {
-  int lo = g > 0 ? offs[g - 1] : 0, hi = offs[g];
+ * the frozen check (kernels/wcheck.cu: which slices a call uses) share. mt_offs_clamp takes the two
+ * ends already read (the grouped GEMM reads many segments' ends before it uses any). */
+MT_HD void mt_offs_clamp(int lo, int hi, int m, int *start, int *rows) {
   lo = lo < 0 ? 0 : lo > m ? m : lo;
   hi = hi < lo ? lo : hi > m ? m : hi;
   *start = lo;
   *rows = hi - lo;
+}
+MT_HD void mt_offs_span(const int32_t *offs, int g, int m, int *start, int *rows) {
+  mt_offs_clamp(g > 0 ? offs[g - 1] : 0, offs[g], m, start, rows);
 }
 
 /* mt_seg_ends (kernels/grouped.cu): the segments' cumulative row ends from counts the host knows,

@@ -59,27 +59,33 @@ struct table {                            // 3 * MT_GROUPED_MAX_SEG + 1 ints
 
 __device__ static inline void warpgroup_arrive_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 
-// Segment s's rows: offs's (mt_offs_span), or seg_rows of them.
-__device__ static inline void segment_rows(const mt_grouped_kargs &a, int s, int &start, int &rows) {
-  const int g = a.seg0 + s;
-  if (a.offs) {
-    mt_offs_span(a.offs, g, a.m, &start, &rows);
-    return;
-  }
-  start = g * a.seg_rows;
-  rows = a.seg_rows;
-}
-
-// The tile table, by warp 0: each segment's rows and first tile (an exclusive scan of
-// ceil(rows / BN) * channel blocks, 32 segments at a time).
+// The tile table, by warp 0: each segment's rows (offs's, as mt_offs_span reads them, or seg_rows
+// each) and first tile (an exclusive scan of ceil(rows / BN) * channel blocks, 32 segments at a
+// time). Every segment's ends are read before any is used, so that reading offs is one round trip
+// to memory, not one a round of 32 (4 for 128 experts): the producer requests no weight before
+// the table is done.
 template <int BN> __device__ static void build_table(const mt_grouped_kargs &a, table *t) {
+  constexpr int R = MT_GROUPED_MAX_SEG / 32;
   const int lane = threadIdx.x % 32, blocks = (a.n + CB - 1) / CB;
+  int start[R], rows[R];
+  if (a.offs) {
+    int lo[R], hi[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const int s = 32 * r + lane, g = a.seg0 + s;
+      hi[r] = s < a.nseg ? a.offs[g] : 0;
+      lo[r] = s < a.nseg && g > 0 ? a.offs[g - 1] : 0;
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) mt_offs_clamp(lo[r], hi[r], a.m, &start[r], &rows[r]);
+  } else
+#pragma unroll
+    for (int r = 0; r < R; r++) start[r] = (a.seg0 + 32 * r + lane) * a.seg_rows, rows[r] = a.seg_rows;
   int carry = 0;
-  for (int base = 0; base < a.nseg; base += 32) {
-    const int s = base + lane;
-    int start = 0, rows = 0;
-    if (s < a.nseg) segment_rows(a, s, start, rows);
-    int v = (rows + BN - 1) / BN * blocks, incl = v;
+#pragma unroll
+  for (int r = 0; r < R && 32 * r < a.nseg; r++) {
+    const int s = 32 * r + lane;
+    int v = s < a.nseg ? (rows[r] + BN - 1) / BN * blocks : 0, incl = v;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const int u = __shfl_up_sync(0xffffffffu, incl, o);
@@ -87,8 +93,8 @@ template <int BN> __device__ static void build_table(const mt_grouped_kargs &a, 
     }
     if (s < a.nseg) {
       t->tile_start[s] = carry + incl - v;
-      t->row_start[s] = start;
-      t->rows[s] = rows;
+      t->row_start[s] = start[r];
+      t->rows[s] = rows[r];
     }
     carry += __shfl_sync(0xffffffffu, incl, 31);
   }
