@@ -156,7 +156,7 @@ static int quantize_acts(const mt_grouped_args *a, uint16_t *xhat, float *outer,
       .batch_offs = a->x_ptrs ? a->offs : NULL,
       .nbatch = a->nseg,
   };
-  return mt_quantize(&p, 0, stream);
+  return mt_quantize_dependent(&p, stream);
 }
 
 static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kargs *k) {

@@ -19,9 +19,12 @@
 // table of tiles first (token tile fastest, so CTAs running at once share a weight tile through
 // L2). The producer thread requests a stage's weight records (one bulk copy) before
 // griddepcontrol.wait for the CTA's first stages, so weights stream while the activation
-// quantization before this kernel still runs. Pointer-array forms change only where the epilogue
-// writes a segment's rows (and reads its C): through the segment's pointer, with the same
-// arithmetic; their activations reach xhat through the quantizer, their weights the store.
+// quantization before this kernel still runs (no kernel that writes the store lets its dependents
+// start early: kernels/quant.cu); and at a few tokens the grid lets the next call's kernels start
+// at once, so that the next GEMM's table and first weights overlap this one's K loop.
+// Pointer-array forms change only where the epilogue writes a segment's rows (and reads its C):
+// through the segment's pointer, with the same arithmetic; their activations reach xhat through
+// the quantizer, their weights the store.
 //
 // Exactness: every dequantized element e2m1 * e4m3 is exact in BF16 and every product of two is
 // exact in FP32; each 16-element block sum is exact in FP32, so whether the weight is A or B does
@@ -464,6 +467,12 @@ template <int BN> __device__ static __forceinline__ void run(const mt_grouped_ka
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
   const int nst = (a.k + 64 * KS_OF(BN) - 1) / (64 * KS_OF(BN));
 
+  // With two CTAs an SM (a few tokens a segment), the next call's kernels, launched dependent, may
+  // take the SMs this grid leaves free now: its activations' quantizer waits for this grid before
+  // it reads or writes, its GEMM builds its table and streams its first weights while this one runs
+  // (neither is written by this kernel). With one (many tokens) they would gain no more than the
+  // tail, and there the early start cost T = 1024 2% (lab/NOTES.md, "Grouped engine").
+  if constexpr (MT_GROUPED_CTAS(BN) == 2) allow_dependents();
   if (threadIdx.x < 32) build_table<BN>(a, t); // offs was written before the kernel before this one
   if (threadIdx.x == 32) init_ring<S>(full, empty);
   __syncthreads();

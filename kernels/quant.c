@@ -129,7 +129,8 @@ static CUresult zero_amax(const mt_driver *d, const mt_quant_params *p, mt_strea
   return d->memset_d2d32_async(first, (size_t)p->slice_bytes, 0, 1, (size_t)(p->rows / p->batch_rows), stream);
 }
 
-int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) {
+/* dependent: per-row S's one kernel launched with programmatic serialization (mt_quantize_dependent) */
+static int quantize(const mt_quant_params *p, int tile16, int dependent, mt_stream stream) {
   const mt_driver *d = mt_driver_get();
   if (!d) return MT_ERR_NO_DRIVER;
   if (p->rows <= 0 || p->cols <= 0 || p->cols % 16 || p->batch_rows < 0 || (p->batch_rows && p->rows % p->batch_rows) ||
@@ -159,5 +160,12 @@ int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) {
     status = mt_launch(amax, ctas, 1, 256, 1, 0, listed, stream, (void *)p);
     if (status != MT_OK) return status;
   }
-  return mt_launch(quant, s.grid_x, s.grid_y, s.block_x, s.block_y, 0, listed, stream, (void *)p);
+  return mt_launch(quant, s.grid_x, s.grid_y, s.block_x, s.block_y, 0, listed || (dependent && !amax), stream,
+                   (void *)p);
+}
+
+int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) { return quantize(p, tile16, 0, stream); }
+
+int mt_quantize_dependent(const mt_quant_params *p, mt_stream stream) {
+  return p->store ? MT_ERR_UNSUPPORTED : quantize(p, 0, 1, stream);
 }

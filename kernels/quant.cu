@@ -329,11 +329,12 @@ __device__ __forceinline__ int store_slice(const mt_quant_params &p, int i) {
 
 /* The store mode's CTAs: each takes whole blocks of blockDim.y rows (a block lies within one slice:
  * quant.c) of the slices to do, grid-stride, so that a refresh that finds nothing changed costs a
- * small grid, not one CTA a block. */
+ * small grid, not one CTA a block. They let no dependent start before they end: the grouped GEMM
+ * reads the store before it waits (kernels/grouped.cu), and a kernel launched dependent after this
+ * one (the activations' quantizer) starts it. */
 template <bool FP16, int NB, bool ROW, bool TILE, bool PTRS>
 __device__ __forceinline__ void quantize_store(const mt_quant_params &p) {
   grid_dependency_wait(); /* under a refresh's list, launched dependent on the amax pass or check */
-  allow_dependents();
   const int per_slice = slice_rows(p) / blockDim.y, slices = store_todo(p);
   for (int b = blockIdx.x; b < slices * per_slice; b += gridDim.x) {
     const int e = store_slice(p, b / per_slice);
@@ -414,11 +415,14 @@ template <bool FP16, bool PTRS> __device__ __forceinline__ void amax_pass(const 
 
 /* Every kernel twice: for strided rows, and (suffix _ptrs) for rows behind device pointer arrays
  * (mt_quant_params.batch_ptrs), whose bases only the device sees. The activation quantizers let
- * the GEMM after them start at once (it streams its weights before it waits for them). */
+ * the GEMM after them start at once (it streams its weights before it waits for them); the per-row
+ * ones, launched dependent themselves (mt_quantize_dependent), wait for the kernel before them
+ * first (a no-op when launched in order). */
 #define MT_QUANT_ROW_AS(type, fp16, nb, sfx, ptrs)                                                                     \
   extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
       mt_quant_row_##type##_nb##nb##sfx(const mt_quant_params p) {                                                     \
     allow_dependents();                                                                                                \
+    grid_dependency_wait();                                                                                            \
     quantize<fp16, nb, true, false, false, ptrs>(p, blockIdx.x);                                                       \
   }
 #define MT_QUANT_ROW(type, fp16, nb)                                                                                   \

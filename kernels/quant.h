@@ -52,6 +52,12 @@ typedef struct {
  * store mode) and runs an amax pass first. Launches only: no allocation, no synchronisation (legal
  * inside graph capture once the module is loaded). */
 int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream);
+
+/* mt_quantize with 1x16 blocks, its one kernel launched to start while the kernel before it on the
+ * stream still runs, where there is one kernel (per-row S; per-tensor S launches as mt_quantize):
+ * it waits for that kernel before it reads or writes anything (kernels/pdl.cuh). For activations
+ * behind a kernel that lets its dependents start early (the grouped GEMM of the call before). */
+int mt_quantize_dependent(const mt_quant_params *p, mt_stream stream);
 #endif
 
 #endif

@@ -763,18 +763,19 @@ static void check_grouped_args(int from, const uint16_t *y, size_t sy, int token
 }
 
 /* The engine's trace of a strided batch of 3 problems of 8 rows: the weights into one store, the
- * activations, one grouped GEMM. */
+ * activations (launched dependent: they wait on the device for the kernel before them, and the
+ * store's quantizer lets none start early), one grouped GEMM. */
 #define BATCH_CALL                                                                                 \
-  "memset12 mt_quant_amax_bf16 mt_quant_tensor_store_bf16 tmap mt_quant_row_bf16_nb1"
+  "memset12 mt_quant_amax_bf16 mt_quant_tensor_store_bf16 tmap mt_quant_row_bf16_nb1+pdl"
 #define BATCH_GEMM "mt_grouped_n16+pdl"
 /* ... refreshed under frozen: the check zeroed the changed slices' amax words (no memset), and the
  * amax pass and the quantizer of its list may start while the kernel before them ends (+pdl) */
 #define BATCH_REFRESH                                                                              \
-  "mt_quant_amax_bf16+pdl mt_quant_tensor_store_bf16+pdl tmap mt_quant_row_bf16_nb1"
+  "mt_quant_amax_bf16+pdl mt_quant_tensor_store_bf16+pdl tmap mt_quant_row_bf16_nb1+pdl"
 /* ... and of a pointer-array batch: the quantizers' kernels for rows behind pointers */
 #define ARRAYS_CALL                                                                                \
   "memset12 mt_quant_amax_bf16_ptrs mt_quant_tensor_store_bf16_ptrs tmap "                         \
-  "mt_quant_row_bf16_nb1_ptrs"
+  "mt_quant_row_bf16_nb1_ptrs+pdl"
 
 static void scenario_strided(void) {
   int tokens = 8;
