@@ -14,6 +14,11 @@ size_t mt_refresh_state_bytes(int slices) { return slices > 0 ? MT_WCHECK_STATE_
  * finished CTAs, shared by every check of the weight, is read against gridDim.x. */
 #define CHECK_CTAS 264
 
+/* A call's covered slices are listed in each CTA's shared memory, 4 bytes a slice, within the 48 KB
+ * a launch gets without asking; a store of more slices (no model has so many experts) is checked
+ * whole. */
+#define MAX_LISTED (48 * 1024 / 4)
+
 /* The check of `slices` slices of rows x cols (row stride ldw, back to back) against `state`,
  * sampled by `step`, only the slices with rows under offs (when given): lists the changed ones on
  * the device, zeroing their amax words (`amax`, `amax_stride` apart) when given. */
@@ -22,6 +27,7 @@ static int check(const void *w, size_t ldw, int slices, int rows, int cols, void
   if (!w || !state || slices <= 0 || rows <= 0 || cols % 16 || ldw % 8 || ((uintptr_t)w & 15) || (offs && m < 0))
     return MT_ERR_UNSUPPORTED;
   if ((uint64_t)rows * (uint64_t)((cols / 8 + 7) / 8) > UINT32_MAX / 2) return MT_ERR_UNSUPPORTED; /* 32-bit lines */
+  if (slices > MAX_LISTED) offs = NULL;
   CUfunction f;
   int st = mt_kernel_get("wcheck", "mt_wcheck", (CUstream)stream, &f);
   if (st != MT_OK) return st;
@@ -36,7 +42,8 @@ static int check(const void *w, size_t ldw, int slices, int rows, int cols, void
                       .state = state,
                       .amax = amax,
                       .amax_stride = (int64_t)amax_stride};
-  return mt_launch(f, CHECK_CTAS, 1, 256, 1, 0, 0, (CUstream)stream, &a) == MT_OK ? MT_OK : MT_ERR_CUDA;
+  const unsigned smem = offs ? 4u * (unsigned)slices : 0;
+  return mt_launch(f, CHECK_CTAS, 1, 256, 1, smem, 0, (CUstream)stream, &a) == MT_OK ? MT_OK : MT_ERR_CUDA;
 }
 
 int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state, unsigned step,

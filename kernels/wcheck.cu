@@ -38,12 +38,39 @@ __device__ static inline uint64_t piece_hash(uint4 v, uint64_t i) {
   return mix64(lo + 0x9E3779B97F4A7C15ull * (2 * i + 1)) ^ mix64(hi ^ (0xD6E8FEB86659FD93ull * (i + 1)));
 }
 
-// Whether slice e has rows in the call (every slice without a segment table).
-__device__ static inline bool covered(const mt_wcheck_args &a, int e) {
-  if (!a.offs) return true;
-  int start, rows;
-  mt_offs_span(a.offs, e, a.m, &start, &rows);
-  return rows > 0;
+// The slices the check covers, i = 0 .. n-1: every slice without a segment table; with one, those
+// with rows in the call, listed in increasing order in `list` (the CTA's shared memory) by
+// covered_list, so that every CTA numbers them alike and the walk below only visits theirs.
+struct slices_of {
+  const int *list;
+  int n;
+  __device__ int operator[](int i) const { return list ? list[i] : i; }
+};
+
+// The list, from the segments' ends read by every thread at once (a round of blockDim.x slices
+// costs one trip to memory; 128 or 256 experts, one round): each warp's covered slices are placed
+// after those of the warps and rounds before it.
+__device__ static slices_of covered_list(const mt_wcheck_args &a, int *list) {
+  if (!a.offs) return {nullptr, a.slices};
+  __shared__ int warp_n[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  int n = 0;
+  for (int base = 0; base < a.slices; base += blockDim.x) {
+    const int e = base + threadIdx.x;
+    int start, rows = 0;
+    if (e < a.slices) mt_offs_span(a.offs, e, a.m, &start, &rows);
+    const uint32_t ballot = __ballot_sync(0xffffffffu, rows > 0);
+    if (lane == 0) warp_n[warp] = __popc(ballot);
+    __syncthreads();
+    int before = n;
+    for (int w = 0; w < warps; w++) {
+      if (w == warp) before = n;
+      n += warp_n[w];
+    }
+    if (rows > 0) list[before + __popc(ballot & ((1u << lane) - 1))] = e;
+    __syncthreads(); // warp_n before the next round's
+  }
+  return {list, n};
 }
 
 // Line `line` of a slice (row-major 128-byte lines; the last of a row may be short): its hash.
@@ -69,7 +96,7 @@ __device__ static inline uint64_t line_hash(const uint16_t *w, int64_t ldw, int 
 // slice's hash, lists the changed slices for the quantizers (zeroing their amax words) and resets
 // the words for the next call. A slice the call does not cover is not listed: its quantization is
 // not redone at this call.
-__device__ static void finish(const mt_wcheck_args &a) {
+__device__ static void finish(const mt_wcheck_args &a, const slices_of &cov) {
   __shared__ bool last;
   __shared__ uint32_t changed;
   __threadfence(); // this thread's sums before the CTA's count
@@ -84,8 +111,8 @@ __device__ static void finish(const mt_wcheck_args &a) {
   __threadfence();
   mt_wcheck_slice *sl = mt_wcheck_slices(a.state);
   uint32_t *list = mt_wcheck_list(a.state, a.slices);
-  for (int e = threadIdx.x; e < a.slices; e += blockDim.x) {
-    if (!covered(a, e)) continue;
+  for (int i = threadIdx.x; i < cov.n; i += blockDim.x) {
+    const int e = cov[i];
     const uint64_t sum = *(volatile uint64_t *)&sl[e].sum;
     if (!sl[e].valid || sum != sl[e].hash) {
       list[1 + atomicAdd(&changed, 1u)] = e;
@@ -102,9 +129,9 @@ __device__ static void finish(const mt_wcheck_args &a) {
   }
 }
 
-// Each warp takes chunks of one slice's items (a turn: a line a lane, 32 lines; 4 turns a chunk, 1
-// when sampled), skips the chunks of uncovered slices, and adds a chunk's sum to its slice's with
-// one atomic.
+// Each warp takes chunks of one covered slice's items (a turn: a line a lane, 32 lines; 4 turns a
+// chunk, 1 when sampled) and adds a chunk's sum to its slice's with one atomic. The list of the
+// covered slices takes 4 bytes a slice of dynamic shared memory when there is a segment table.
 extern "C" __global__ void __launch_bounds__(256) mt_wcheck(const mt_wcheck_args a) {
   // A sampled check is short: the quantizers after it (launched dependent under its list:
   // kernels/pdl.cuh) may start now, and wait for all of it. A full one streams the weight: they
@@ -117,13 +144,14 @@ extern "C" __global__ void __launch_bounds__(256) mt_wcheck(const mt_wcheck_args
   const uint32_t lines = (uint32_t)a.rows * lines_per_row, items = (uint32_t)mt_wcheck_items(lines, a.step);
   const int turns = a.step > 1 ? 1 : 4, lane = threadIdx.x % 32;
   const uint32_t chunk = 32 * turns, chunks = (items + chunk - 1) / chunk;
-  const uint64_t total = (uint64_t)chunks * a.slices, warps = (uint64_t)gridDim.x * blockDim.x / 32;
+  extern __shared__ int covered_smem[];
+  const slices_of cov = covered_list(a, covered_smem);
+  const uint64_t total = (uint64_t)chunks * cov.n, warps = (uint64_t)gridDim.x * blockDim.x / 32;
   mt_wcheck_slice *sl = mt_wcheck_slices(a.state);
   for (uint64_t c = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; c < total; c += warps) {
-    const int e = (int)(c / chunks);
-    if (!covered(a, e)) continue;
+    const int i = (int)(c / chunks), e = cov[i];
     const uint16_t *w = (const uint16_t *)a.w + (uint64_t)e * a.rows * a.ldw;
-    const uint32_t first = (uint32_t)(c - (uint64_t)e * chunks) * chunk + lane;
+    const uint32_t first = (uint32_t)(c - (uint64_t)i * chunks) * chunk + lane;
     uint64_t h = 0;
 #pragma unroll 1
     for (int u = 0; u < turns; u++) {
@@ -134,5 +162,5 @@ extern "C" __global__ void __launch_bounds__(256) mt_wcheck(const mt_wcheck_args
     for (int o = 16; o > 0; o >>= 1) h += __shfl_xor_sync(0xffffffffu, h, o);
     if (lane == 0 && h) atomicAdd((unsigned long long *)&sl[e].sum, (unsigned long long)h);
   }
-  finish(a);
+  finish(a, cov);
 }
