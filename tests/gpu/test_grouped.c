@@ -612,17 +612,19 @@ out:
 
 /* Fixed rows with strides (the strided-batched cuBLAS form): segment s's x, y and C each their own
  * matrix at a stride, FP16 activations and outputs, alpha, beta with C, a bias per segment of each
- * type; every output against the reference, and the gaps between the matrices untouched. */
+ * type; every output against the reference, and the gaps between the matrices untouched. Segments
+ * of 37 rows, and of 3 (9 rows: the GEMM quantizes them itself, MT_GROUPED_FUSE_M). */
 static void grouped_strided(void) {
   NEED_GPU();
-  enum { NSEG = 3, N = 256, K = 512, ROWS = 37 };
-  for (int v = 0; v < 3; v++) {
+  enum { NSEG = 3, N = 256, K = 512 };
+  for (int v = 0; v < 6; v++) {
+    const int ROWS = v < 3 ? 37 : 3;
     experts e = {0};
     problem p = {0};
     int rows[NSEG] = {ROWS, ROWS, ROWS};
-    const enum mt_dtype yt = v == 1 ? MT_DTYPE_BF16 : MT_DTYPE_FP16;
-    const enum mt_dtype bt = v == 0 ? MT_DTYPE_FP32 : v == 1 ? MT_DTYPE_BF16 : MT_DTYPE_FP16;
-    const float alpha = v == 2 ? 0.5f : 1.25f, beta = v == 1 ? 0.0f : 0.75f;
+    const enum mt_dtype yt = v % 3 == 1 ? MT_DTYPE_BF16 : MT_DTYPE_FP16;
+    const enum mt_dtype bt = v % 3 == 0 ? MT_DTYPE_FP32 : v % 3 == 1 ? MT_DTYPE_BF16 : MT_DTYPE_FP16;
+    const float alpha = v % 3 == 2 ? 0.5f : 1.25f, beta = v % 3 == 1 ? 0.0f : 0.75f;
     const size_t ldy = N + 8, sy = (size_t)ROWS * ldy + 64; /* y's stride leaves a gap */
     uint16_t *y0 = malloc(NSEG * sy * 2), *y = malloc(NSEG * sy * 2);
     float *cf = malloc(NSEG * sy * sizeof *cf), *biasf = malloc(NSEG * N * sizeof *biasf);
@@ -691,7 +693,7 @@ static void grouped_strided(void) {
     CHECKF(!oc.bad && !oc.pad && !oc.nan && !gap,
            "strided, y %s, bias %d, beta %g: %ld outside the bound, %ld padding, %ld gap written",
            yt ? "fp16" : "bf16", (int)bt, beta, oc.bad, oc.pad, gap);
-    printf("    strided variant %d: worst error %.3f of the bound\n", v, oc.worst);
+    printf("    strided variant %d, %d rows a segment: worst error %.3f of the bound\n", v % 3, ROWS, oc.worst);
   out:
   next:
     free(y0);
@@ -904,6 +906,49 @@ static void grouped_pointer_arrays(void) {
   pointer_case(&nums[3], 0, 1, 0.25f);
 }
 
+/* At most MT_GROUPED_FUSE_M rows with per-row S the GEMM quantizes them itself (token tiles 8 to
+ * 32; from 64 the quantization kernel does): segments of 0 to 3 rows over shapes with a partial
+ * last block (k = 400), an odd number of 64-column blocks (448), Qwen3's and DeepSeek-V3's widths,
+ * BF16 and FP16 rows: every token tile's outputs bitwise the same (every_bn: tile 8's against the
+ * reference); and a NaN row, NaN in its outputs only. */
+static void grouped_few_rows(void) {
+  NEED_GPU();
+  static const int shapes[][3] = {{6, 320, 448}, {5, 256, 400}, {9, 1536, 2048}, {4, 256, 7168}};
+  for (int s = 0; s < NKINDS(shapes); s++) {
+    int nseg = shapes[s][0], n = shapes[s][1], k = shapes[s][2], rows[16], m;
+    do { /* one to MT_GROUPED_FUSE_M rows, some segments empty */
+      m = 0;
+      for (int i = 0; i < nseg; i++)
+        m += rows[i] = rnd_below(4);
+    } while (m < 1 || m > MT_GROUPED_FUSE_M);
+    experts e = {0};
+    problem p = {0};
+    if (make_experts(&e, nseg, n, k, &num_row, 0) &&
+        make_problem(&p, nseg, rows, k, MT_SCALE_ROW, s % 2, NULL, 0)) {
+      char what[96];
+      snprintf(what, sizeof what, "%d segments of %dx%d, %d rows", nseg, n, k, p.m);
+      every_bn(&p, &e, n, MT_DTYPE_BF16, what);
+    }
+    free_problem(&p);
+    free_experts(&e);
+    dev_free_all();
+  }
+  enum { NSEG = 3, N = 128, K = 256 };
+  int rows[NSEG] = {2, 0, 3}, nan_rows[1] = {3};
+  experts e = {0};
+  problem p = {0};
+  if (make_experts(&e, NSEG, N, K, &num_row, 0) &&
+      make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, nan_rows, 1)) {
+    uint16_t y0[5 * N], y[5 * N];
+    char nan_row[5] = {0, 0, 0, 1, 0};
+    if (run_offs(&p, &e, 8, N, MT_DTYPE_BF16, y0, y))
+      check_segments(&p, &e, y, y0, N, MT_DTYPE_BF16, nan_row, "few rows, a NaN row");
+  }
+  free_problem(&p);
+  free_experts(&e);
+  dev_free_all();
+}
+
 /* A row holding NaN gives NaN in that row only, whatever segment it is in. */
 static void grouped_nan_rows(void) {
   NEED_GPU();
@@ -1008,6 +1053,7 @@ int main(void) {
   RUN(grouped_bitwise);
   RUN(grouped_strided);
   RUN(grouped_pointer_arrays);
+  RUN(grouped_few_rows);
   RUN(grouped_nan_rows);
   RUN(grouped_many_segments);
   RUN(grouped_layer);
