@@ -144,10 +144,6 @@ typedef struct {
 #define MT_GROUPED_STAGES(bn)                                                                                          \
   (MT_GROUPED_RING(bn) / MT_GROUPED_SB(bn) < 16 ? MT_GROUPED_RING(bn) / MT_GROUPED_SB(bn) : 16)
 #define MT_GROUPED_SMEM(bn) (1024 + MT_GROUPED_STAGES(bn) * (MT_GROUPED_SB(bn) + 16) + (3 * MT_GROUPED_MAX_SEG + 1) * 4)
-/* At most this many rows (and per-row S, tiles of at most 32 tokens, rows with strides) the GEMM
- * quantizes its activations itself (mt_grouped_kargs.fuse), where a launch of the quantization
- * kernel before it would cost more than its work. */
-#define MT_GROUPED_FUSE_M 16
 typedef struct {
   CUtensorMap ta;      /* xhat [m][k] BF16, box 64 columns x BN rows (kpair: rank 3, 64 x m x k / 64,
                              a box two blocks deep) */
@@ -159,7 +155,7 @@ typedef struct {
                              offs[-1] = 0), or NULL: seg_rows rows each, segment g at row g * seg_rows */
   int seg0, nseg, seg_rows;
   int m, n, k;        /* m: rows of xhat (bounds offs) */
-  float *sa;          /* S_a: per row of xhat, or one (written by the kernel when fuse) */
+  const float *sa;    /* S_a: per row of xhat, or one */
   int sa_row, sw_row; /* S_w: per channel of a slice, or one a slice */
   void *y;            /* segment g's token r: y + g * stride_y + (offs ? offs[g-1] + r : r) * ldy */
   long long ldy, stride_y;
@@ -174,12 +170,6 @@ typedef struct {
   int ytype, biastype; /* enum mt_dtype */
   float alpha, beta;
   int kpair; /* ta is of rank 3 */
-  /* fuse: no xhat, no ta; the kernel quantizes x's rows itself (per-row S into sa). Segment g's
-   * token r is row (offs ? offs[g-1] + r : g * seg_rows + r) of xhat, and of x at x + (offs ? that
-   * row * ldx : g * stride_x + r * ldx) elements, BF16 (FP16 when xfp16) */
-  int fuse, xfp16;
-  const void *x;
-  long long ldx, stride_x;
 } mt_grouped_kargs;
 
 /* Segment g's rows under offs (offs[g-1] .. offs[g], offs[-1] = 0) clamped into [0, m], so that a

@@ -159,7 +159,7 @@ static int quantize_acts(const mt_grouped_args *a, uint16_t *xhat, float *outer,
   return mt_quantize_dependent(&p, stream);
 }
 
-static void fill_kargs(const mt_grouped_args *a, float *sa, mt_grouped_kargs *k) {
+static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kargs *k) {
   const mt_wstore *w = a->w;
   k->ws = w->base;
   k->ws_slice = (long long)w->slice_bytes;
@@ -218,15 +218,6 @@ static int launch_gemm(const mt_grouped_args *a, mt_grouped_kargs *k, int bn, mt
   return st;
 }
 
-/* A few rows with per-row S, strided or with offsets, in tiles of at most 32 tokens: the GEMM's
- * CTAs quantize their tiles' rows themselves (kernels/grouped.cu, quantize_acts), so the call is
- * one launch where a quantization launch before it would cost more than its work (at one token, a
- * launch and its end's ~1 µs, against ~0.1 µs of work on each CTA). Per-tensor S needs every row
- * before any, rows behind pointers their own kernel: those keep the quantization launch. */
-static int fused(const mt_grouped_args *a, int bn) {
-  return a->m <= MT_GROUPED_FUSE_M && bn <= 32 && !a->x_ptrs && a->w->num.act_scale == MT_SCALE_ROW;
-}
-
 int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   if (!a || !grouped_args_ok(a)) return MT_ERR_UNSUPPORTED;
   int bn = a->bn ? a->bn : mt_grouped_bn(a->m, a->nseg);
@@ -240,18 +231,9 @@ int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   float *outer = (float *)((char *)a->workspace + section((size_t)a->m * (size_t)a->k * 2));
   static mt_grouped_kargs proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
   mt_grouped_kargs k = proto;
-  int st = MT_OK;
-  if (fused(a, bn)) {
-    k.fuse = 1;
-    k.xfp16 = a->xtype == MT_DTYPE_FP16;
-    k.x = a->x;
-    k.ldx = (long long)a->ldx;
-    k.stride_x = a->stride_x;
-  } else {
-    k.kpair = MT_GROUPED_KS(bn) == 2 && a->k % 64 == 0;
-    st = mt_gemm_tensor_map(&k.ta, xhat, a->m, a->k, bn, k.kpair);
-    if (st == MT_OK) st = quantize_acts(a, xhat, outer, stream);
-  }
+  k.kpair = MT_GROUPED_KS(bn) == 2 && a->k % 64 == 0;
+  int st = mt_gemm_tensor_map(&k.ta, xhat, a->m, a->k, bn, k.kpair);
+  if (st == MT_OK) st = quantize_acts(a, xhat, outer, stream);
   if (st != MT_OK) return st;
   fill_kargs(a, outer, &k);
   return launch_gemm(a, &k, bn, stream);

@@ -39,7 +39,6 @@
 // FP32-accumulation bound, bitwise against the per-expert large path and across segment layouts,
 // BN and row positions.
 #include "kernels/gemm_common.cuh"
-#include "kernels/quant.cuh"
 #include "kernels/wgmma_rs.cuh"
 #include "kernels/wstore.h"
 
@@ -52,7 +51,6 @@ static_assert(REC_BLOCK == (CB / 8) * 2 * REC, "a band's records of one 64-wide 
 #define SB_OF(bn) MT_GROUPED_SB(bn)
 #define S_OF(bn) MT_GROUPED_STAGES(bn)
 constexpr float kUnshift = (float)(1u << MT_WS_WEIGHT_SHIFT); // the decoded weights' 2^-7, undone
-constexpr int QUANT_WARPS = 3; // the producer warpgroup's warps 1-3, when the kernel quantizes (fuse)
 
 // Shared memory (gemm_args.h, MT_GROUPED_SMEM): the stages (each: KS activation boxes of BN rows x
 // 128 bytes, then KS x 4608 bytes of records), the ring's barriers, then the tile table.
@@ -188,12 +186,11 @@ __device__ static inline void fence_operands(uint32_t (&A)[4][4]) {
     for (int j = 0; j < 4; j++) asm volatile("" : "+r"(A[i][j])::"memory");
 }
 
-// The ring of stages: "full" completes on the producer's arrival and the stage's bytes (and, when
-// the kernel quantizes the activations itself, the three quantizer warps' arrivals), "empty" on
+// The ring of stages: "full" completes on the producer's arrival and the stage's bytes, "empty" on
 // one arrival per consumer warp (8).
-template <int S> __device__ static inline void init_ring(uint64_t *full, uint64_t *empty, bool fuse) {
+template <int S> __device__ static inline void init_ring(uint64_t *full, uint64_t *empty) {
   for (int s = 0; s < S; s++) {
-    mbar_init(&full[s], fuse ? 1 + QUANT_WARPS : 1);
+    mbar_init(&full[s], 1);
     mbar_init(&empty[s], 8);
   }
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -203,20 +200,16 @@ template <int S> __device__ static inline void init_ring(uint64_t *full, uint64_
 // copy of KS x 4608 contiguous bytes) and the tokens' activation boxes. Stage number `it` counts on
 // across tiles: slot it % S, phase (it / S) & 1. The weights of the CTA's first stages are
 // requested before griddepcontrol.wait (they do not depend on the kernel before this one).
-// When the kernel quantizes the activations itself (a.fuse), the producer brings the weights only
-// and does not wait for the kernel before (the quantizer warps do).
 template <int BN>
 __device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_t *smem, uint64_t *full,
                                uint64_t *empty, int tiles, int nst) {
   constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128;
   constexpr uint32_t RECS = KS * REC_BLOCK;
-  const uint32_t bytes = a.fuse ? RECS : RECS + KS * ACT;
   const long long band = a.ws_band;
   auto records = [&](const where &w, int j) {
     return a.ws + (long long)(a.seg0 + w.s) * a.ws_slice + w.cb * band + (long long)j * RECS;
   };
   auto acts = [&](const where &w, int j, uint8_t *dst, uint64_t *bar) {
-    if (a.fuse) return;
     const int row = t->row_start[w.s] + w.tok0;
     if (a.kpair)
       tma_load_3d(dst, &a.ta, bar, 0, row, j * KS);
@@ -224,17 +217,17 @@ __device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_
       for (int b = 0; b < KS; b++) tma_load_2d(dst + b * ACT, &a.ta, bar, (j * KS + b) * 64, row);
   };
   if ((int)blockIdx.x >= tiles) {
-    if (!a.fuse) grid_dependency_wait();
+    grid_dependency_wait();
     return;
   }
   // the first tile's first stages: weights now, activations after the wait
   const where w0 = locate<BN>(t, a.nseg, blockIdx.x);
   const int pre = nst < S ? nst : S;
   for (int j = 0; j < pre; j++) {
-    mbar_arrive_expect_tx(&full[j], bytes);
+    mbar_arrive_expect_tx(&full[j], RECS + KS * ACT);
     bulk_load(smem + j * SB + KS * ACT, records(w0, j), RECS, &full[j]);
   }
-  if (!a.fuse) grid_dependency_wait();
+  grid_dependency_wait();
   for (int j = 0; j < pre; j++) acts(w0, j, smem + j * SB, &full[j]);
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -244,96 +237,9 @@ __device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_
       const int slot = it % S;
       mbar_wait(&empty[slot], ((it / S) & 1) ^ 1);
       uint8_t *st = smem + slot * SB;
-      mbar_arrive_expect_tx(&full[slot], bytes);
+      mbar_arrive_expect_tx(&full[slot], RECS + KS * ACT);
       bulk_load(st + KS * ACT, records(w, j), RECS, &full[slot]);
       acts(w, j, st, &full[slot]);
-    }
-  }
-}
-
-// The activations quantized in the kernel (a.fuse: a few rows with per-row S, kernels/grouped.c):
-// the producer warpgroup's warps 1-3 write each stage's activation boxes as TMA would have loaded
-// xhat (a box: BN rows of 128 bytes, 128B-swizzled: a row's 16-byte chunk c at c ^ (row % 8)), with
-// the steps of kernels/quant.cuh, bit for bit as the quantization kernel: a row's S from the maximum
-// of its blocks' amax bits, each block by mt_q::block, a NaN/Inf row giving zero xhat and a NaN
-// S_a. Rows past the segment's and columns past k are zeros, as TMA's out-of-bounds fill; the
-// tile's S_a go to a.sa, where the consumers read them after the tile's K loop (its stages' full
-// barriers order them). Each CTA quantizes its own tiles' rows, its channel blocks' rows again: a
-// few rows of x, read from L2 and then L1 (the row's amax pass before its blocks).
-__device__ static inline const char *x_row(const mt_grouped_kargs &a, const table *t, int s, int tok) {
-  const long long at = a.offs ? ((long long)t->row_start[s] + tok) * a.ldx
-                              : (long long)(a.seg0 + s) * a.stride_x + (long long)tok * a.ldx;
-  return (const char *)a.x + at * 2;
-}
-
-template <bool FP16> __device__ static inline uint32_t x_block(const char *row, int col, uint32_t (&v)[8]) {
-  const uint4 *src = (const uint4 *)(row + (long long)col * 2);
-  const uint4 v0 = src[0], v1 = src[1];
-  v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
-  return mt_q::block_amax_bits<FP16>(v);
-}
-
-__device__ static inline void quant_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(32 * QUANT_WARPS) : "memory"); }
-
-template <int BN, bool FP16>
-__device__ static void quantize_acts(const mt_grouped_kargs &a, const table *t, uint8_t *smem, uint64_t *full,
-                                     uint64_t *empty, int tiles, int nst) {
-  constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128, QT = 32 * QUANT_WARPS;
-  static_assert(BN <= 32, "the fused quantization takes tiles of at most 32 tokens");
-  __shared__ uint32_t amax[BN];
-  __shared__ float row_S[BN];
-  const int qt = threadIdx.x - 32, lane = threadIdx.x % 32, nblk = a.k / 16;
-  grid_dependency_wait(); // x, and S_a's words, may be the kernel before's
-  int it = 0;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const where w = locate<BN>(t, a.nseg, tile);
-    const int rows = min(BN, t->rows[w.s] - w.tok0);
-    // the tile's rows into L1 at once (a row is read twice, for its amax and for its blocks; the
-    // loops below keep one block's loads in flight a thread, for want of registers)
-    for (int r = 0; r < rows; r++)
-      for (int l = qt; l < (a.k + 63) / 64; l += QT)
-        asm volatile("prefetch.global.L1 [%0];\n" ::"l"(x_row(a, t, w.s, w.tok0 + r) + 128 * l));
-    if (qt < BN) amax[qt] = 0;
-    quant_sync();
-    for (int r = 0; r < rows; r++) { // the rows' amax, a block a thread
-      const char *row = x_row(a, t, w.s, w.tok0 + r);
-      uint32_t m = 0;
-      for (int b = qt; b < nblk; b += QT) {
-        uint32_t v[8];
-        m = max(m, x_block<FP16>(row, 16 * b, v));
-      }
-      if (m) atomicMax(&amax[r], m);
-    }
-    quant_sync();
-    if (qt < rows) {
-      row_S[qt] = mt_q::outer_scale(__uint_as_float(amax[qt]));
-      a.sa[t->row_start[w.s] + w.tok0 + qt] = row_S[qt];
-    }
-    quant_sync();
-    for (int j = 0; j < nst; j++, it++) {
-      const int slot = it % S;
-      mbar_wait(&empty[slot], ((it / S) & 1) ^ 1);
-      uint8_t *st = smem + slot * SB;
-      for (int i = qt; i < KS * BN * 4; i += QT) { // a 16-column block of a row of a box a thread
-        const int box = i / (BN * 4), r = i / 4 % BN, q = i % 4, col = (j * KS + box) * 64 + 16 * q;
-        uint32_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0}, cd[2]; // the block's x, then its xhat in place
-        if (r < rows && col < a.k) {
-          const uint32_t amax_b = x_block<FP16>(x_row(a, t, w.s, w.tok0 + r), col, v);
-          const float Sr = row_S[r];
-          if (Sr == Sr)
-            mt_q::block<FP16, false>(v, amax_b, mt_q::S_over_6(Sr), mt_q::inv_S(Sr), v, cd);
-          else
-#pragma unroll
-            for (int e = 0; e < 8; e++) v[e] = 0;
-        }
-        uint8_t *line = st + box * ACT + r * 128;
-        *(uint4 *)(line + ((2 * q) ^ (r % 8)) * 16) = make_uint4(v[0], v[1], v[2], v[3]);
-        *(uint4 *)(line + ((2 * q + 1) ^ (r % 8)) * 16) = make_uint4(v[4], v[5], v[6], v[7]);
-      }
-      // the generic proxy's writes, before the wgmmas' (async proxy) reads that the arrival releases
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&full[slot]);
     }
   }
 }
@@ -521,10 +427,10 @@ __device__ static __forceinline__ void tile_as(const mt_grouped_kargs &a, const 
 #pragma unroll
   for (int i = 0; i < NW / 2; i++) d[i] = 0.0f;
   tile_scales<BN> ts;
-  if (waited && !a.fuse) load_scales<BN>(a, t, wh, ch0, ts); // fused: S_a is known after the K loop
+  if (waited) load_scales<BN>(a, t, wh, ch0, ts);
   k_loop<BN, NW>(d, smem, full, empty, at, nst, hw, lane);
-  if (!waited || a.fuse) { // S_a comes from the quantization, S_w may, and C and y may be another kernel's
-    if (!waited) grid_dependency_wait();
+  if (!waited) { // S_a comes from the quantization, S_w may, and C and y may be another kernel's
+    grid_dependency_wait();
     waited = true;
     load_scales<BN>(a, t, wh, ch0, ts);
   }
@@ -568,28 +474,19 @@ template <int BN> __device__ static __forceinline__ void run(const mt_grouped_ka
   // tail, and there the early start cost T = 1024 2% (lab/NOTES.md, "Grouped engine").
   if constexpr (MT_GROUPED_CTAS(BN) == 2) allow_dependents();
   if (threadIdx.x < 32) build_table<BN>(a, t); // offs was written before the kernel before this one
-  if (threadIdx.x == 32) init_ring<S>(full, empty, a.fuse);
+  if (threadIdx.x == 32) init_ring<S>(full, empty);
   __syncthreads();
   const int tiles = t->tile_start[a.nseg];
 
   // Registers: the producer warpgroup gives its registers to the consumers (BN / 2 accumulators, up
   // to 128, two A register sets and the decode): 40 / 232 a thread at one CTA an SM; at two (BN <=
-  // 32, 80 a thread at launch) 32 / 104 (the pool's 80 a thread exactly), without which ptxas
-  // serializes the wgmmas; 32 is what the fused quantization needs.
-  if (wg == 0) { // producer: one thread keeps the ring of stages full, three warps may quantize
+  // 32, 80 a thread at launch) 24 / 104, without which ptxas serializes the wgmmas.
+  if (wg == 0) { // producer: one thread keeps the ring of stages full
     if constexpr (MT_GROUPED_CTAS(BN) == 1)
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     else
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n");
-    if (threadIdx.x == 0)
-      produce<BN>(a, t, smem, full, empty, tiles, nst);
-    else if constexpr (BN <= 32)
-      if (a.fuse && threadIdx.x >= 32) {
-        if (a.xfp16)
-          quantize_acts<BN, true>(a, t, smem, full, empty, tiles, nst);
-        else
-          quantize_acts<BN, false>(a, t, smem, full, empty, tiles, nst);
-      }
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (threadIdx.x == 0) produce<BN>(a, t, smem, full, empty, tiles, nst);
     return;
   }
   if constexpr (MT_GROUPED_CTAS(BN) == 1)

@@ -613,7 +613,7 @@ out:
 /* Fixed rows with strides (the strided-batched cuBLAS form): segment s's x, y and C each their own
  * matrix at a stride, FP16 activations and outputs, alpha, beta with C, a bias per segment of each
  * type; every output against the reference, and the gaps between the matrices untouched. Segments
- * of 37 rows, and of 3 (9 rows: the GEMM quantizes them itself, MT_GROUPED_FUSE_M). */
+ * of 37 rows, and of 3 (a decode step's few rows). */
 static void grouped_strided(void) {
   NEED_GPU();
   enum { NSEG = 3, N = 256, K = 512 };
@@ -906,8 +906,7 @@ static void grouped_pointer_arrays(void) {
   pointer_case(&nums[3], 0, 1, 0.25f);
 }
 
-/* At most MT_GROUPED_FUSE_M rows with per-row S the GEMM quantizes them itself (token tiles 8 to
- * 32; from 64 the quantization kernel does): segments of 0 to 3 rows over shapes with a partial
+/* A decode step's few rows (1 to 16 in all): segments of 0 to 3 rows over shapes with a partial
  * last block (k = 400), an odd number of 64-column blocks (448), Qwen3's and DeepSeek-V3's widths,
  * BF16 and FP16 rows: every token tile's outputs bitwise the same (every_bn: tile 8's against the
  * reference); and a NaN row, NaN in its outputs only. */
@@ -916,11 +915,11 @@ static void grouped_few_rows(void) {
   static const int shapes[][3] = {{6, 320, 448}, {5, 256, 400}, {9, 1536, 2048}, {4, 256, 7168}};
   for (int s = 0; s < NKINDS(shapes); s++) {
     int nseg = shapes[s][0], n = shapes[s][1], k = shapes[s][2], rows[16], m;
-    do { /* one to MT_GROUPED_FUSE_M rows, some segments empty */
+    do { /* one to 16 rows, some segments empty */
       m = 0;
       for (int i = 0; i < nseg; i++)
         m += rows[i] = rnd_below(4);
-    } while (m < 1 || m > MT_GROUPED_FUSE_M);
+    } while (m < 1 || m > 16);
     experts e = {0};
     problem p = {0};
     if (make_experts(&e, nseg, n, k, &num_row, 0) &&
