@@ -176,7 +176,12 @@ int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *
  * Pointer arrays (device arrays of nseg pointers, read on the device only): with x_ptrs, segment
  * s's rows are its own matrix at x_ptrs[s] (row stride ldx; x and stride_x not used; with offs,
  * offs[nseg-1] must equal m), likewise y_ptrs and c_ptrs; the bits are those of the same data
- * laid out with strides or offsets. */
+ * laid out with strides or offsets.
+ * Launch order (kernels/pdl.cuh): the activations' quantizer (per-row S) is launched to start while
+ * the kernel before the call ends, and waits for it before it reads or writes; the GEMM reads offs
+ * and the store before it waits. So offs and the store must not be written by a kernel just
+ * before the call that lets its dependents start early: none of the engine's do (the store's
+ * quantizers and mt_grouped_seg_ends end before what follows them starts). */
 typedef struct {
   int nseg, n, k;
   const mt_wstore *w; /* at least nseg slices */

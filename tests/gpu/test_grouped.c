@@ -618,14 +618,16 @@ static void grouped_strided(void) {
   NEED_GPU();
   enum { NSEG = 3, N = 256, K = 512 };
   for (int v = 0; v < 6; v++) {
-    const int ROWS = v < 3 ? 37 : 3;
+    const int seg_rows = v < 3 ? 37 : 3;
     experts e = {0};
     problem p = {0};
-    int rows[NSEG] = {ROWS, ROWS, ROWS};
+    int rows[NSEG] = {seg_rows, seg_rows, seg_rows};
     const enum mt_dtype yt = v % 3 == 1 ? MT_DTYPE_BF16 : MT_DTYPE_FP16;
-    const enum mt_dtype bt = v % 3 == 0 ? MT_DTYPE_FP32 : v % 3 == 1 ? MT_DTYPE_BF16 : MT_DTYPE_FP16;
+    const enum mt_dtype bt = v % 3 == 0   ? MT_DTYPE_FP32
+                             : v % 3 == 1 ? MT_DTYPE_BF16
+                                          : MT_DTYPE_FP16;
     const float alpha = v % 3 == 2 ? 0.5f : 1.25f, beta = v % 3 == 1 ? 0.0f : 0.75f;
-    const size_t ldy = N + 8, sy = (size_t)ROWS * ldy + 64; /* y's stride leaves a gap */
+    const size_t ldy = N + 8, sy = (size_t)seg_rows * ldy + 64; /* y's stride leaves a gap */
     uint16_t *y0 = malloc(NSEG * sy * 2), *y = malloc(NSEG * sy * 2);
     float *cf = malloc(NSEG * sy * sizeof *cf), *biasf = malloc(NSEG * N * sizeof *biasf);
     uint8_t *bias_h = malloc(NSEG * N * 4);
@@ -659,10 +661,10 @@ static void grouped_strided(void) {
                          .k = K,
                          .w = &e.ws,
                          .m = p.m,
-                         .seg_rows = ROWS,
+                         .seg_rows = seg_rows,
                          .x = p.dx,
                          .ldx = p.ld,
-                         .stride_x = (long long)(ROWS * p.ld),
+                         .stride_x = (long long)(seg_rows * p.ld),
                          .xtype = MT_DTYPE_FP16,
                          .y = dy,
                          .ldy = ldy,
@@ -684,16 +686,17 @@ static void grouped_strided(void) {
     out_check oc = {0};
     long gap = 0;
     for (int s = 0; s < NSEG; s++) {
-      mt_nvfp4 ar = rows_of(&p.ref, s * ROWS, ROWS);
+      mt_nvfp4 ar = rows_of(&p.ref, s * seg_rows, seg_rows);
       check_outputs(&ar, &e.ref[s], y + s * sy, y0 + s * sy, ldy, yt, alpha, beta, cf + s * sy,
                     biasf + s * N, NULL, &oc);
-      for (size_t i = (size_t)ROWS * ldy; i < sy; i++)
+      for (size_t i = (size_t)seg_rows * ldy; i < sy; i++)
         gap += y[s * sy + i] != y0[s * sy + i];
     }
     CHECKF(!oc.bad && !oc.pad && !oc.nan && !gap,
            "strided, y %s, bias %d, beta %g: %ld outside the bound, %ld padding, %ld gap written",
            yt ? "fp16" : "bf16", (int)bt, beta, oc.bad, oc.pad, gap);
-    printf("    strided variant %d, %d rows a segment: worst error %.3f of the bound\n", v % 3, ROWS, oc.worst);
+    printf("    strided variant %d, %d rows a segment: worst error %.3f of the bound\n", v % 3,
+           seg_rows, oc.worst);
   out:
   next:
     free(y0);
