@@ -422,6 +422,23 @@ static void every_bn(const problem *p, const experts *e, size_t ldy, enum mt_dty
   free(first);
 }
 
+/* nseg segments of rows[] over experts of n x k and numerics num (their weights FP16 when wfp16,
+ * the rows when xfp16): every_bn into y of row stride ldy and type yt. */
+static void every_bn_case(int nseg, const int *rows, int n, int k, const mt_numerics *num,
+                          int wfp16, int xfp16, size_t ldy, enum mt_dtype yt) {
+  experts e = {0};
+  problem p = {0};
+  if (make_experts(&e, nseg, n, k, num, wfp16) &&
+      make_problem(&p, nseg, rows, k, num->act_scale, xfp16, NULL, 0)) {
+    char what[96];
+    snprintf(what, sizeof what, "%d segments of %dx%d, %d rows", nseg, n, k, p.m);
+    every_bn(&p, &e, ldy, yt, what);
+  }
+  free_problem(&p);
+  free_experts(&e);
+  dev_free_all();
+}
+
 /* Segments of 0 to 40 rows (some empty) over odd shapes (n short of a band, k a partial last
  * block: 400 = 6.25 blocks; 448 = 7 blocks, rank-3 boxes with a last stage half past k), every
  * token tile: every row within the bound, and bitwise the same for every tile. */
@@ -438,19 +455,8 @@ static void grouped_accuracy(void) {
     int nseg = shapes[s][0], n = shapes[s][1], k = shapes[s][2], rows[8];
     for (int i = 0; i < nseg; i++)
       rows[i] = i == 1 ? 0 : 1 + rnd_below(40);
-    experts e = {0};
-    problem p = {0};
-    enum mt_dtype yt = s % 2 ? MT_DTYPE_FP16 : MT_DTYPE_BF16;
-    size_t ldy = (size_t)n + (s % 2 ? 8 : 0);
-    if (make_experts(&e, nseg, n, k, num, s == 2) &&
-        make_problem(&p, nseg, rows, k, num->act_scale, s == 1, NULL, 0)) {
-      char what[96];
-      snprintf(what, sizeof what, "%d segments of %dx%d, %d rows", nseg, n, k, p.m);
-      every_bn(&p, &e, ldy, yt, what);
-    }
-    free_problem(&p);
-    free_experts(&e);
-    dev_free_all();
+    every_bn_case(nseg, rows, n, k, num, s == 2, s == 1, (size_t)n + (s % 2 ? 8 : 0),
+                  s % 2 ? MT_DTYPE_FP16 : MT_DTYPE_BF16);
   }
 }
 
@@ -923,17 +929,7 @@ static void grouped_few_rows(void) {
       for (int i = 0; i < nseg; i++)
         m += rows[i] = rnd_below(4);
     } while (m < 1 || m > 16);
-    experts e = {0};
-    problem p = {0};
-    if (make_experts(&e, nseg, n, k, &num_row, 0) &&
-        make_problem(&p, nseg, rows, k, MT_SCALE_ROW, s % 2, NULL, 0)) {
-      char what[96];
-      snprintf(what, sizeof what, "%d segments of %dx%d, %d rows", nseg, n, k, p.m);
-      every_bn(&p, &e, n, MT_DTYPE_BF16, what);
-    }
-    free_problem(&p);
-    free_experts(&e);
-    dev_free_all();
+    every_bn_case(nseg, rows, n, k, &num_row, 0, s % 2, (size_t)n, MT_DTYPE_BF16);
   }
   enum { NSEG = 3, N = 128, K = 256 };
   int rows[NSEG] = {2, 0, 3}, nan_rows[1] = {3};
