@@ -329,9 +329,9 @@ __device__ __forceinline__ int store_slice(const mt_quant_params &p, int i) {
 
 /* The store mode's CTAs: each takes whole blocks of blockDim.y rows (a block lies within one slice:
  * quant.c) of the slices to do, grid-stride, so that a refresh that finds nothing changed costs a
- * small grid, not one CTA a block. They let no dependent start before they end: the grouped GEMM
- * reads the store before it waits (kernels/grouped.cu), and a kernel launched dependent after this
- * one (the activations' quantizer) starts it. */
+ * small grid, not one CTA a block. They let no dependent start before they end: the activations'
+ * quantizer launched after them lets the grouped GEMM start at once, and the GEMM reads the store
+ * before it waits (kernels/grouped.cu). */
 template <bool FP16, int NB, bool ROW, bool TILE, bool PTRS>
 __device__ __forceinline__ void quantize_store(const mt_quant_params &p) {
   grid_dependency_wait(); /* under a refresh's list, launched dependent on the amax pass or check */
