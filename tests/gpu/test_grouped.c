@@ -469,14 +469,7 @@ static void grouped_widths(void) {
   enum { N = 256, K = 256 };
   int rows[] = {1, 8, 9, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 200, 255, 256, 257};
   enum { NSEG = sizeof rows / sizeof rows[0] };
-  experts e = {0};
-  problem p = {0};
-  if (make_experts(&e, NSEG, N, K, &num_row, 0) &&
-      make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, NULL, 0))
-    every_bn(&p, &e, N, MT_DTYPE_BF16, "widths");
-  free_problem(&p);
-  free_experts(&e);
-  dev_free_all();
+  every_bn_case(NSEG, rows, N, K, &num_row, 0, 0, N, MT_DTYPE_BF16);
 }
 
 /* A row's bits depend on nothing but its inputs (per-row S_a): the same rows computed in one
@@ -915,6 +908,29 @@ static void grouped_pointer_arrays(void) {
   pointer_case(&nums[3], 0, 1, 0.25f);
 }
 
+/* Three segments of rows[] over 128 x 256 experts, a NaN in each of the nnan rows nan_rows[], token
+ * tile bn: every row within the bound, NaN exactly in those rows' outputs. */
+static void nan_case(const int rows[3], const int *nan_rows, int nnan, int bn, const char *what) {
+  enum { NSEG = 3, N = 128, K = 256 };
+  experts e = {0};
+  problem p = {0};
+  if (make_experts(&e, NSEG, N, K, &num_row, 0) &&
+      make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, nan_rows, nnan)) {
+    uint16_t *y0 = malloc((size_t)p.m * N * 2), *y = malloc((size_t)p.m * N * 2);
+    char *nan_row = calloc((size_t)p.m, 1);
+    for (int i = 0; i < nnan; i++)
+      nan_row[nan_rows[i]] = 1;
+    if (run_offs(&p, &e, bn, N, MT_DTYPE_BF16, y0, y))
+      check_segments(&p, &e, y, y0, N, MT_DTYPE_BF16, nan_row, what);
+    free(y0);
+    free(y);
+    free(nan_row);
+  }
+  free_problem(&p);
+  free_experts(&e);
+  dev_free_all();
+}
+
 /* A decode step's few rows (1 to 16 in all): segments of 0 to 3 rows over shapes with a partial
  * last block (k = 400), an odd number of 64-column blocks (448), Qwen3's and DeepSeek-V3's widths,
  * BF16 and FP16 rows: every token tile's outputs bitwise the same (every_bn: tile 8's against the
@@ -931,42 +947,15 @@ static void grouped_few_rows(void) {
     } while (m < 1 || m > 16);
     every_bn_case(nseg, rows, n, k, &num_row, 0, s % 2, (size_t)n, MT_DTYPE_BF16);
   }
-  enum { NSEG = 3, N = 128, K = 256 };
-  int rows[NSEG] = {2, 0, 3}, nan_rows[1] = {3};
-  experts e = {0};
-  problem p = {0};
-  if (make_experts(&e, NSEG, N, K, &num_row, 0) &&
-      make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, nan_rows, 1)) {
-    uint16_t y0[5 * N], y[5 * N];
-    char nan_row[5] = {0, 0, 0, 1, 0};
-    if (run_offs(&p, &e, 8, N, MT_DTYPE_BF16, y0, y))
-      check_segments(&p, &e, y, y0, N, MT_DTYPE_BF16, nan_row, "few rows, a NaN row");
-  }
-  free_problem(&p);
-  free_experts(&e);
-  dev_free_all();
+  const int rows[3] = {2, 0, 3}, nan_rows[1] = {3};
+  nan_case(rows, nan_rows, 1, 8, "few rows, a NaN row");
 }
 
 /* A row holding NaN gives NaN in that row only, whatever segment it is in. */
 static void grouped_nan_rows(void) {
   NEED_GPU();
-  enum { NSEG = 3, N = 128, K = 256 };
-  int rows[NSEG] = {5, 9, 20}, nan_rows[2] = {3, 20};
-  experts e = {0};
-  problem p = {0};
-  if (make_experts(&e, NSEG, N, K, &num_row, 0) &&
-      make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, nan_rows, 2)) {
-    uint16_t *y0 = malloc((size_t)p.m * N * 2), *y = malloc((size_t)p.m * N * 2);
-    char nan_row[34] = {0};
-    nan_row[3] = nan_row[20] = 1;
-    if (run_offs(&p, &e, 16, N, MT_DTYPE_BF16, y0, y))
-      check_segments(&p, &e, y, y0, N, MT_DTYPE_BF16, nan_row, "NaN rows");
-    free(y0);
-    free(y);
-  }
-  free_problem(&p);
-  free_experts(&e);
-  dev_free_all();
+  const int rows[3] = {5, 9, 20}, nan_rows[2] = {3, 20};
+  nan_case(rows, nan_rows, 2, 16, "NaN rows");
 }
 
 /* More segments than one launch's table (MT_GROUPED_MAX_SEG): the launcher splits them; 0 to 3
