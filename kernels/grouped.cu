@@ -46,10 +46,12 @@ namespace grp {
 constexpr int CB = 128;        // channels a tile (two warpgroups of 64)
 constexpr int REC = MT_WS_REC; // bytes of a record (8 rows x 32 columns)
 constexpr int REC_BLOCK = MT_GROUPED_REC_BLOCK;
+constexpr int PART = MT_GROUPED_PART;
 static_assert(REC_BLOCK == (CB / 8) * 2 * REC, "a band's records of one 64-wide block");
 #define KS_OF(bn) MT_GROUPED_KS(bn)
 #define SB_OF(bn) MT_GROUPED_SB(bn)
 #define S_OF(bn) MT_GROUPED_STAGES(bn)
+constexpr int SYNC_MAX = 16; // token tiles up to this many multiply by warp (k_loop_warp), wider by warpgroup
 constexpr float kUnshift = (float)(1u << MT_WS_WEIGHT_SHIFT); // the decoded weights' 2^-7, undone
 
 // Shared memory (gemm_args.h, MT_GROUPED_SMEM): the stages (each: KS activation boxes of BN rows x
@@ -209,12 +211,25 @@ __device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_
   auto records = [&](const where &w, int j) {
     return a.ws + (long long)(a.seg0 + w.s) * a.ws_slice + w.cb * band + (long long)j * RECS;
   };
+  // A tile's activation rows: the whole box, or (MT_GROUPED_PARTIAL) a segment's last, shorter
+  // tile as deep as its rows in boxes of PART rows. The box's other rows, the next segment's or
+  // an earlier stage's, reach only the accumulators of tokens past the segment, which are not
+  // stored: a token is one column of B. At T = 1024 Qwen3's experts have ~64 rows for tiles of
+  // 128, and the activations, read again for every channel block from L2, are most of a
+  // stage's bytes (16 KB against 4.6 KB of weights).
+  auto act_rows = [&](const where &w) {
+    const int left = t->rows[w.s] - w.tok0;
+    if (!MT_GROUPED_PARTIAL(BN) || left >= BN) return BN;
+    return (left + PART - 1) / PART * PART;
+  };
   auto acts = [&](const where &w, int j, uint8_t *dst, uint64_t *bar) {
-    const int row = t->row_start[w.s] + w.tok0;
+    const int row = t->row_start[w.s] + w.tok0, rows = act_rows(w);
     if (a.kpair)
       tma_load_3d(dst, &a.ta, bar, 0, row, j * KS);
-    else
+    else if (rows == BN)
       for (int b = 0; b < KS; b++) tma_load_2d(dst + b * ACT, &a.ta, bar, (j * KS + b) * 64, row);
+    else
+      for (int r = 0; r < rows; r += PART) tma_load_2d(dst + r * 128, &a.ta_part, bar, j * 64, row + r);
   };
   if ((int)blockIdx.x >= tiles) {
     grid_dependency_wait();
@@ -223,8 +238,9 @@ __device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_
   // the first tile's first stages: weights now, activations after the wait
   const where w0 = locate<BN>(t, a.nseg, blockIdx.x);
   const int pre = nst < S ? nst : S;
+  const uint32_t bytes0 = RECS + KS * 128 * act_rows(w0);
   for (int j = 0; j < pre; j++) {
-    mbar_arrive_expect_tx(&full[j], RECS + KS * ACT);
+    mbar_arrive_expect_tx(&full[j], bytes0);
     bulk_load(smem + j * SB + KS * ACT, records(w0, j), RECS, &full[j]);
   }
   grid_dependency_wait();
@@ -232,12 +248,13 @@ __device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const where w = locate<BN>(t, a.nseg, tile);
+    const uint32_t bytes = RECS + KS * 128 * act_rows(w);
     for (int j = 0; j < nst; j++, it++) {
       if (it < pre) continue; // issued above
       const int slot = it % S;
       mbar_wait(&empty[slot], ((it / S) & 1) ^ 1);
       uint8_t *st = smem + slot * SB;
-      mbar_arrive_expect_tx(&full[slot], RECS + KS * ACT);
+      mbar_arrive_expect_tx(&full[slot], bytes);
       bulk_load(st + KS * ACT, records(w, j), RECS, &full[slot]);
       acts(w, j, st, &full[slot]);
     }
@@ -303,6 +320,64 @@ __device__ static __forceinline__ void k_loop(float *d, uint8_t *smem, uint64_t 
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
   if (leader) mbar_arrive(&empty[done]);
+}
+
+// Four 8 x 8 BF16 matrices from shared memory (lanes 8i .. 8i + 7 give matrix i's row addresses):
+// thread 4g + q receives row g's elements 2q, 2q + 1 of each, mma.sync's B fragment when a row is
+// a token and its 16 bytes are 8 consecutive k.
+__device__ static inline void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// One k16 step of one warp's 16 channels by 8 tokens, accumulated into d[0 .. 3] (the layout of
+// the wgmma's d[4c .. 4c + 3] for the warp: the same bits, lab/NOTES.md "Exactness of the MMA
+// instructions").
+__device__ static inline void mma_16816(float *d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The K loop of one consumer warp over one tile at a few tokens (BN <= SYNC_MAX): the
+// same stages and decode as k_loop, multiplied by the warp alone with mma.sync m16n8k16 (NW / 8
+// token groups, B by ldmatrix from the 128B-swizzled boxes: token r's 16-byte chunk c sits at
+// r * 128 + (c ^ r % 8) * 16). No warpgroup meets at a fence or a wait, so a warp's decode of one
+// block runs beside its own MMAs of the block before; at one or two tokens a tile the wgmma
+// group's fence, commit and wait were most of a block's time. A stage is released once the
+// warp's last reads of it have returned (the MMAs read registers).
+template <int BN, int NW>
+__device__ static __forceinline__ void k_loop_warp(float *d, uint8_t *smem, uint64_t *full, uint64_t *empty,
+                                                   ring_pos &at, int nst, int hw, int lane) {
+  constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128;
+  const uint8_t *code = smem + KS * ACT + hw * REC + 4 * lane, *scale = smem + KS * ACT + hw * REC + 128 + lane / 4 * 2;
+  const int r = lane % 8, c = lane / 8;
+  const uint32_t rows = smem_u32(smem) + r * 128;
+  const uint32_t chunk0 = (uint32_t)((c ^ r) * 16), chunk1 = (uint32_t)(((4 + c) ^ r) * 16);
+  for (int j = 0; j < nst; j++) {
+    mbar_wait(&full[at.slot], at.phase);
+    const int off = at.slot * SB;
+#pragma unroll
+    for (int b = 0; b < KS; b++) {
+      uint32_t A[4][4];
+      decode_block(code + off, scale + off, b, A);
+#pragma unroll
+      for (int h = 0; h < 2; h++) { // k16 steps 2h and 2h + 1: chunks 4h .. 4h + 3
+        uint32_t B[NW / 8][4];
+#pragma unroll
+        for (int g = 0; g < NW / 8; g++) ldsm_x4(B[g], rows + off + b * ACT + g * 1024 + (h ? chunk1 : chunk0));
+#pragma unroll
+        for (int s = 0; s < 2; s++)
+#pragma unroll
+          for (int g = 0; g < NW / 8; g++) mma_16816(d + 4 * g, A[2 * h + s], B[g][2 * s], B[g][2 * s + 1]);
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[at.slot]);
+    if (++at.slot == S) at.slot = 0, at.phase ^= 1;
+  }
 }
 
 __device__ static inline void put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
@@ -428,7 +503,10 @@ __device__ static __forceinline__ void tile_as(const mt_grouped_kargs &a, const 
   for (int i = 0; i < NW / 2; i++) d[i] = 0.0f;
   tile_scales<BN> ts;
   if (waited) load_scales<BN>(a, t, wh, ch0, ts);
-  k_loop<BN, NW>(d, smem, full, empty, at, nst, hw, lane);
+  if constexpr (BN <= SYNC_MAX)
+    k_loop_warp<BN, NW>(d, smem, full, empty, at, nst, hw, lane);
+  else
+    k_loop<BN, NW>(d, smem, full, empty, at, nst, hw, lane);
   if (!waited) { // S_a comes from the quantization, S_w may, and C and y may be another kernel's
     grid_dependency_wait();
     waited = true;
