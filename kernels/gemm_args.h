@@ -137,10 +137,6 @@ typedef struct {
  * four warps a scheduler hide its latencies better than two), each with stages filling ~96 KB;
  * from 64 one CTA an SM with ~200 KB; at most 16 stages. */
 #define MT_GROUPED_KS(bn) ((bn) <= 64 ? 2 : 1)
-/* Rows of a partial activation box (ta_part): from BN = 128 on (one block a stage), a tile with
- * fewer rows than BN loads its rows in boxes of this many, not BN. */
-#define MT_GROUPED_PART 32
-#define MT_GROUPED_PARTIAL(bn) ((bn) >= 128)
 #define MT_GROUPED_CTAS(bn) ((bn) <= 32 ? 2 : 1)
 #define MT_GROUPED_REC_BLOCK 4608
 #define MT_GROUPED_SB(bn) ((MT_GROUPED_KS(bn) * ((bn)*128 + MT_GROUPED_REC_BLOCK) + 1023) / 1024 * 1024)
@@ -151,8 +147,6 @@ typedef struct {
 typedef struct {
   CUtensorMap ta;      /* xhat [m][k] BF16, box 64 columns x BN rows (kpair: rank 3, 64 x m x k / 64,
                              a box two blocks deep) */
-  CUtensorMap ta_part; /* xhat again, box 64 columns x MT_GROUPED_PART rows: a segment's last token
-                             tile in BN >= 128 kernels, loaded only as deep as its rows */
   const uint8_t *ws;   /* the weight store (kernels/wstore.h): slice g at ws + g * ws_slice */
   long long ws_slice;  /* bytes of a slice */
   long long ws_band;   /* bytes of a band's records: MT_WS_BAND_BYTES(k) */

@@ -233,7 +233,6 @@ int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   mt_grouped_kargs k = proto;
   k.kpair = MT_GROUPED_KS(bn) == 2 && a->k % 64 == 0;
   int st = mt_gemm_tensor_map(&k.ta, xhat, a->m, a->k, bn, k.kpair);
-  if (st == MT_OK && MT_GROUPED_PARTIAL(bn)) st = mt_gemm_tensor_map(&k.ta_part, xhat, a->m, a->k, MT_GROUPED_PART, 0);
   if (st == MT_OK) st = quantize_acts(a, xhat, outer, stream);
   if (st != MT_OK) return st;
   fill_kargs(a, outer, &k);

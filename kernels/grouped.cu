@@ -4,8 +4,9 @@
 //
 // The weight is A and comes from registers: each consumer warp decodes its 16 channels' codes and
 // block scales (kernels/wstore.h, 4.5 bits an element, streamed from HBM by bulk copies) into the
-// wgmma A fragments (record_frags: ~19 instructions for 8 elements), so no BF16 copy of a weight
-// exists anywhere; the tokens are B (N = BN): the quantized activations (BF16 xhat, exact),
+// A fragments of wgmma (or, at token tiles of at most 16, of the warp's own mma.sync m16n8k16:
+// the same fragment, the same bits) (record_frags: ~19 instructions for 8 elements), so no BF16
+// copy of a weight exists anywhere; the tokens are B (N = BN): the quantized activations (BF16 xhat, exact),
 // TMA-loaded into 128B-swizzled shared memory. A CTA owns tiles of 128 channels (two consumer
 // warpgroups of 64) by BN tokens of one segment, walks them persistently (tile blockIdx.x,
 // + gridDim.x, ...), and runs each tile's whole K loop: k16 steps in increasing order into one
@@ -46,7 +47,6 @@ namespace grp {
 constexpr int CB = 128;        // channels a tile (two warpgroups of 64)
 constexpr int REC = MT_WS_REC; // bytes of a record (8 rows x 32 columns)
 constexpr int REC_BLOCK = MT_GROUPED_REC_BLOCK;
-constexpr int PART = MT_GROUPED_PART;
 static_assert(REC_BLOCK == (CB / 8) * 2 * REC, "a band's records of one 64-wide block");
 #define KS_OF(bn) MT_GROUPED_KS(bn)
 #define SB_OF(bn) MT_GROUPED_SB(bn)
@@ -211,25 +211,12 @@ __device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_
   auto records = [&](const where &w, int j) {
     return a.ws + (long long)(a.seg0 + w.s) * a.ws_slice + w.cb * band + (long long)j * RECS;
   };
-  // A tile's activation rows: the whole box, or (MT_GROUPED_PARTIAL) a segment's last, shorter
-  // tile as deep as its rows in boxes of PART rows. The box's other rows, the next segment's or
-  // an earlier stage's, reach only the accumulators of tokens past the segment, which are not
-  // stored: a token is one column of B. At T = 1024 Qwen3's experts have ~64 rows for tiles of
-  // 128, and the activations, read again for every channel block from L2, are most of a
-  // stage's bytes (16 KB against 4.6 KB of weights).
-  auto act_rows = [&](const where &w) {
-    const int left = t->rows[w.s] - w.tok0;
-    if (!MT_GROUPED_PARTIAL(BN) || left >= BN) return BN;
-    return (left + PART - 1) / PART * PART;
-  };
   auto acts = [&](const where &w, int j, uint8_t *dst, uint64_t *bar) {
-    const int row = t->row_start[w.s] + w.tok0, rows = act_rows(w);
+    const int row = t->row_start[w.s] + w.tok0;
     if (a.kpair)
       tma_load_3d(dst, &a.ta, bar, 0, row, j * KS);
-    else if (rows == BN)
-      for (int b = 0; b < KS; b++) tma_load_2d(dst + b * ACT, &a.ta, bar, (j * KS + b) * 64, row);
     else
-      for (int r = 0; r < rows; r += PART) tma_load_2d(dst + r * 128, &a.ta_part, bar, j * 64, row + r);
+      for (int b = 0; b < KS; b++) tma_load_2d(dst + b * ACT, &a.ta, bar, (j * KS + b) * 64, row);
   };
   if ((int)blockIdx.x >= tiles) {
     grid_dependency_wait();
@@ -238,9 +225,8 @@ __device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_
   // the first tile's first stages: weights now, activations after the wait
   const where w0 = locate<BN>(t, a.nseg, blockIdx.x);
   const int pre = nst < S ? nst : S;
-  const uint32_t bytes0 = RECS + KS * 128 * act_rows(w0);
   for (int j = 0; j < pre; j++) {
-    mbar_arrive_expect_tx(&full[j], bytes0);
+    mbar_arrive_expect_tx(&full[j], RECS + KS * ACT);
     bulk_load(smem + j * SB + KS * ACT, records(w0, j), RECS, &full[j]);
   }
   grid_dependency_wait();
@@ -248,13 +234,12 @@ __device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const where w = locate<BN>(t, a.nseg, tile);
-    const uint32_t bytes = RECS + KS * 128 * act_rows(w);
     for (int j = 0; j < nst; j++, it++) {
       if (it < pre) continue; // issued above
       const int slot = it % S;
       mbar_wait(&empty[slot], ((it / S) & 1) ^ 1);
       uint8_t *st = smem + slot * SB;
-      mbar_arrive_expect_tx(&full[slot], bytes);
+      mbar_arrive_expect_tx(&full[slot], RECS + KS * ACT);
       bulk_load(st + KS * ACT, records(w, j), RECS, &full[slot]);
       acts(w, j, st, &full[slot]);
     }
@@ -345,9 +330,9 @@ __device__ static inline void mma_16816(float *d, const uint32_t (&a)[4], uint32
 // same stages and decode as k_loop, multiplied by the warp alone with mma.sync m16n8k16 (NW / 8
 // token groups, B by ldmatrix from the 128B-swizzled boxes: token r's 16-byte chunk c sits at
 // r * 128 + (c ^ r % 8) * 16). No warpgroup meets at a fence or a wait, so a warp's decode of one
-// block runs beside its own MMAs of the block before; at one or two tokens a tile the wgmma
-// group's fence, commit and wait were most of a block's time. A stage is released once the
-// warp's last reads of it have returned (the MMAs read registers).
+// block runs beside its own MMAs of the block before: Qwen3's layer at 16 tokens 4% faster, at one
+// token 0.3 µs, at 128 (BN 16) the same (lab/NOTES.md, "Grouped engine", item 10). A stage is
+// released once the warp's last reads of it have returned (the MMAs read registers).
 template <int BN, int NW>
 __device__ static __forceinline__ void k_loop_warp(float *d, uint8_t *smem, uint64_t *full, uint64_t *empty,
                                                    ring_pos &at, int nst, int hw, int lane) {
