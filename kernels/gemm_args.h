@@ -132,18 +132,25 @@ typedef struct {
 #define MT_GROUPED_MAX_SEG 512
 /* Tiles of 128 channels x BN tokens (8 to 256). A stage: MT_GROUPED_KS 64-wide K blocks, each an
  * activation box of BN rows x 128 bytes (1024-aligned for the swizzle) and the tile's 4608 bytes of
- * weight records; then the ring's barriers and the tile table (3 x MT_GROUPED_MAX_SEG + 1 ints).
+ * weight records; then the ring's barriers and the tile table (4 x MT_GROUPED_MAX_SEG + 1 ints).
  * Up to 32 tokens two CTAs share an SM (the weight decode runs on the consumer warps' ALUs, and
  * four warps a scheduler hide its latencies better than two), each with stages filling ~96 KB;
  * from 64 one CTA an SM with ~200 KB; at most 16 stages. */
 #define MT_GROUPED_KS(bn) ((bn) <= 64 ? 2 : 1)
 #define MT_GROUPED_CTAS(bn) ((bn) <= 32 ? 2 : 1)
+/* The n256 kernel has one wgmma width (kernels/grouped.cu, narrowest), so a segment's last tile of
+ * a few rows would cost a whole tile's tensor time: its launch leaves a last tile of fewer than
+ * MT_GROUPED_TAIL rows to a second launch of the n(MT_GROUPED_TAIL_BN) kernel (mt_grouped_kargs,
+ * split). */
+#define MT_GROUPED_SPLITS(bn) ((bn) == 256)
+#define MT_GROUPED_TAIL 64
+#define MT_GROUPED_TAIL_BN 32
 #define MT_GROUPED_REC_BLOCK 4608
 #define MT_GROUPED_SB(bn) ((MT_GROUPED_KS(bn) * ((bn)*128 + MT_GROUPED_REC_BLOCK) + 1023) / 1024 * 1024)
 #define MT_GROUPED_RING(bn) (MT_GROUPED_CTAS(bn) == 2 ? 98304 : 204800)
 #define MT_GROUPED_STAGES(bn)                                                                                          \
   (MT_GROUPED_RING(bn) / MT_GROUPED_SB(bn) < 16 ? MT_GROUPED_RING(bn) / MT_GROUPED_SB(bn) : 16)
-#define MT_GROUPED_SMEM(bn) (1024 + MT_GROUPED_STAGES(bn) * (MT_GROUPED_SB(bn) + 16) + (3 * MT_GROUPED_MAX_SEG + 1) * 4)
+#define MT_GROUPED_SMEM(bn) (1024 + MT_GROUPED_STAGES(bn) * (MT_GROUPED_SB(bn) + 16) + (4 * MT_GROUPED_MAX_SEG + 1) * 4)
 typedef struct {
   CUtensorMap ta;      /* xhat [m][k] BF16, box 64 columns x BN rows (kpair: rank 3, 64 x m x k / 64,
                              a box two blocks deep) */
@@ -170,6 +177,10 @@ typedef struct {
   int ytype, biastype; /* enum mt_dtype */
   float alpha, beta;
   int kpair; /* ta is of rank 3 */
+  /* Which tiles of each segment this launch runs: 0 all; 1 all but a last tile of fewer than
+   * MT_GROUPED_TAIL rows (tiles of split_bn rows from the segment's first); 2 only that last tile's
+   * rows (MT_GROUPED_SPLITS) */
+  int split, split_bn;
 } mt_grouped_kargs;
 
 /* Segment g's rows under offs (offs[g-1] .. offs[g], offs[-1] = 0) clamped into [0, m], so that a

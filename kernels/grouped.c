@@ -193,10 +193,14 @@ static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kar
  * below the SMs' CTAs: with offsets at most min(m, nseg) of them have rows, and a segment of r
  * rows takes ceil(r / bn) token tiles. CTAs without a tile are not free: at one token they cost
  * Qwen3's layer over a quarter of its time (lab/NOTES.md, "Grouped engine"). */
-static long long tile_bound(const mt_grouped_args *a, int nseg, int bn) {
-  const long long blocks = (a->n + 127) / 128;
+static long long tile_bound(const mt_grouped_args *a, int nseg, int bn, int split) {
+  const long long blocks = (a->n + 127) / 128, used = a->m < nseg ? a->m : nseg;
+  if (split == 2) { /* a last tile of fewer than MT_GROUPED_TAIL rows a segment */
+    const long long tail_tiles = (MT_GROUPED_TAIL - 1 + bn - 1) / bn;
+    return (a->offs ? used : nseg) * tail_tiles * blocks;
+  }
   if (!a->offs) return (long long)nseg * ((a->seg_rows + bn - 1) / bn) * blocks;
-  return ((long long)a->m / bn + (a->m < nseg ? a->m : nseg)) * blocks;
+  return ((long long)a->m / bn + used) * blocks;
 }
 
 /* Launches of at most MT_GROUPED_MAX_SEG segments (the kernel's tile table), the persistent grid
@@ -211,7 +215,7 @@ static int launch_gemm(const mt_grouped_args *a, mt_grouped_kargs *k, int bn, mt
   for (int s0 = 0; s0 < a->nseg && st == MT_OK; s0 += MT_GROUPED_MAX_SEG) {
     k->seg0 = s0;
     k->nseg = a->nseg - s0 < MT_GROUPED_MAX_SEG ? a->nseg - s0 : MT_GROUPED_MAX_SEG;
-    const long long tiles = tile_bound(a, k->nseg, bn);
+    const long long tiles = tile_bound(a, k->nseg, bn, k->split);
     unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
     st = mt_launch(f, grid, 1, 384, 1, MT_GROUPED_SMEM(bn), 1, (CUstream)stream, k);
   }
@@ -230,11 +234,21 @@ int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   uint16_t *xhat = a->workspace;
   float *outer = (float *)((char *)a->workspace + section((size_t)a->m * (size_t)a->k * 2));
   static mt_grouped_kargs proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
-  mt_grouped_kargs k = proto;
+  mt_grouped_kargs k = proto, tail = proto;
+  const int tail_bn = MT_GROUPED_TAIL_BN;
   k.kpair = MT_GROUPED_KS(bn) == 2 && a->k % 64 == 0;
+  tail.kpair = MT_GROUPED_KS(tail_bn) == 2 && a->k % 64 == 0;
   int st = mt_gemm_tensor_map(&k.ta, xhat, a->m, a->k, bn, k.kpair);
+  if (st == MT_OK && MT_GROUPED_SPLITS(bn)) st = mt_gemm_tensor_map(&tail.ta, xhat, a->m, a->k, tail_bn, tail.kpair);
   if (st == MT_OK) st = quantize_acts(a, xhat, outer, stream);
   if (st != MT_OK) return st;
   fill_kargs(a, outer, &k);
-  return launch_gemm(a, &k, bn, stream);
+  if (!MT_GROUPED_SPLITS(bn)) return launch_gemm(a, &k, bn, stream);
+  /* the segments' tiles of bn rows, then their short last tiles on the narrower kernel (the same
+   * bits: a row's output does not depend on the token tile) */
+  fill_kargs(a, outer, &tail);
+  k.split = 1, tail.split = 2;
+  k.split_bn = tail.split_bn = bn;
+  st = launch_gemm(a, &k, bn, stream);
+  return st == MT_OK ? launch_gemm(a, &tail, tail_bn, stream) : st;
 }

@@ -56,11 +56,20 @@ constexpr float kUnshift = (float)(1u << MT_WS_WEIGHT_SHIFT); // the decoded wei
 
 // Shared memory (gemm_args.h, MT_GROUPED_SMEM): the stages (each: KS activation boxes of BN rows x
 // 128 bytes, then KS x 4608 bytes of records), the ring's barriers, then the tile table.
-struct table {                            // 3 * MT_GROUPED_MAX_SEG + 1 ints
+struct table {                            // 4 * MT_GROUPED_MAX_SEG + 1 ints
   int tile_start[MT_GROUPED_MAX_SEG + 1]; // first tile of each segment; [nseg]: all tiles
   int row_start[MT_GROUPED_MAX_SEG];      // the segment's first row of xhat
-  int rows[MT_GROUPED_MAX_SEG];
+  int first[MT_GROUPED_MAX_SEG];          // the tokens this launch runs: first .. end - 1
+  int end[MT_GROUPED_MAX_SEG];
 };
+
+// The tokens of a segment of `rows` this launch runs (mt_grouped_kargs, split): all of them, all
+// but a last tile of split_bn of fewer than MT_GROUPED_TAIL rows, or only that tile's.
+__device__ static inline void part_of(const mt_grouped_kargs &a, int rows, int &first, int &end) {
+  const int tail = a.split ? rows % a.split_bn : 0, cut = tail < MT_GROUPED_TAIL ? tail : 0;
+  first = a.split == 2 ? rows - cut : 0;
+  end = a.split == 1 ? rows - cut : rows;
+}
 
 __device__ static inline void warpgroup_arrive_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 
@@ -90,7 +99,9 @@ template <int BN> __device__ static void build_table(const mt_grouped_kargs &a, 
 #pragma unroll
   for (int r = 0; r < R && 32 * r < a.nseg; r++) {
     const int s = 32 * r + lane;
-    int v = s < a.nseg ? (rows[r] + BN - 1) / BN * blocks : 0, incl = v;
+    int first, end;
+    part_of(a, rows[r], first, end);
+    int v = s < a.nseg ? (end - first + BN - 1) / BN * blocks : 0, incl = v;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const int u = __shfl_up_sync(0xffffffffu, incl, o);
@@ -99,7 +110,8 @@ template <int BN> __device__ static void build_table(const mt_grouped_kargs &a, 
     if (s < a.nseg) {
       t->tile_start[s] = carry + incl - v;
       t->row_start[s] = start[r];
-      t->rows[s] = rows[r];
+      t->first[s] = first;
+      t->end[s] = end;
     }
     carry += __shfl_sync(0xffffffffu, incl, 31);
   }
@@ -119,8 +131,8 @@ template <int BN> __device__ static inline where locate(const table *t, int nseg
     else
       hi = mid;
   }
-  const int local = tile - t->tile_start[lo], ntok = (t->rows[lo] + BN - 1) / BN;
-  return {lo, local / ntok, local % ntok * BN};
+  const int local = tile - t->tile_start[lo], ntok = (t->end[lo] - t->first[lo] + BN - 1) / BN;
+  return {lo, local / ntok, t->first[lo] + local % ntok * BN};
 }
 
 // Pair P of a store code word (wstore.h) as a BF16 pair of codes * 2^-126: the mask of one
@@ -378,7 +390,7 @@ template <int BN>
 __device__ static inline void load_scales(const mt_grouped_kargs &a, const table *t, const where &wh, int ch0,
                                           tile_scales<BN> &ts) {
   const int lane = threadIdx.x % 32, w = (threadIdx.x % 128) / 32, g = lane / 4;
-  const int s = wh.s, gs = a.seg0 + s, rows = t->rows[s], row0 = t->row_start[s];
+  const int s = wh.s, gs = a.seg0 + s, rows = t->end[s], row0 = t->row_start[s];
   const float *sw = (const float *)(a.ws + (long long)gs * a.ws_slice + a.ws_outer);
 #pragma unroll
   for (int i = 0; i < 2; i++) ts.sw[i] = sw[a.sw_row ? min(ch0 + 16 * w + g + 8 * i, a.n - 1) : 0];
@@ -401,7 +413,7 @@ template <int BN, int NW, typename T, bool EXTRA>
 __device__ static __forceinline__ void store_tile_as(const mt_grouped_kargs &a, const table *t, const float *d,
                                                      const where &wh, int ch0, const tile_scales<BN> &ts) {
   const int lane = threadIdx.x % 32, w = (threadIdx.x % 128) / 32, g = lane / 4, q = lane % 4;
-  const int s = wh.s, gs = a.seg0 + s, rows = t->rows[s], row0 = t->row_start[s];
+  const int s = wh.s, gs = a.seg0 + s, rows = t->end[s], row0 = t->row_start[s];
   // y's (and c's) row of the segment's token r: the segment's rows of y (offs) or its own matrix
   // (strided, or behind a pointer array)
   const long long yrow0 = a.offs && !a.y_ptrs ? row0 : 0, crow0 = a.offs && !a.c_ptrs ? row0 : 0;
@@ -514,7 +526,7 @@ __device__ static __forceinline__ void tile_rows(const mt_grouped_kargs &a, cons
                                                  uint64_t *full, uint64_t *empty, ring_pos &at, int nst, int hw,
                                                  int lane, const where &wh, int ch0, bool narrow, bool &waited) {
   if constexpr (NW < BN) {
-    if (narrow && t->rows[wh.s] - wh.tok0 <= NW)
+    if (narrow && t->end[wh.s] - wh.tok0 <= NW)
       return tile_as<BN, NW>(a, t, smem, full, empty, at, nst, hw, lane, wh, ch0, waited);
     return tile_rows<BN, 2 * NW>(a, t, smem, full, empty, at, nst, hw, lane, wh, ch0, narrow, waited);
   } else

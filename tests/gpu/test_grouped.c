@@ -461,13 +461,15 @@ static void grouped_accuracy(void) {
 }
 
 /* The wgmma widths of a segment's last token tile (grouped.cu, tile_rows: BN, BN / 2, ... as its
- * rows need): segments whose last tile has the rows at and around each width's bound, for every
- * token tile, each bitwise the same as token tile 8's (whose tiles are all 8 wide), and those
- * against the reference. */
+ * rows need) and, at BN 256, the last tiles of fewer than MT_GROUPED_TAIL rows left to the second
+ * launch (grouped.c: 257, 319 and 513 rows split, 320 not): segments whose last tile has the rows
+ * at and around each bound, for every token tile, each bitwise the same as token tile 8's (whose
+ * tiles are all 8 wide), and those against the reference. */
 static void grouped_widths(void) {
   NEED_GPU();
   enum { N = 256, K = 256 };
-  int rows[] = {1, 8, 9, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 200, 255, 256, 257};
+  int rows[] = {1,   8,   9,   16,  17,  31,  32,  33,  63,  64, 65,
+                127, 128, 129, 200, 255, 256, 257, 319, 320, 513};
   enum { NSEG = sizeof rows / sizeof rows[0] };
   every_bn_case(NSEG, rows, N, K, &num_row, 0, 0, N, MT_DTYPE_BF16);
 }
