@@ -181,7 +181,10 @@ int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *
  * the kernel before the call ends, and waits for it before it reads or writes; the GEMM reads offs
  * and the store before it waits. So offs and the store must not be written by a kernel just
  * before the call that lets its dependents start early: none of the engine's do (the store's
- * quantizers and mt_grouped_seg_ends end before what follows them starts). */
+ * quantizers and mt_grouped_seg_ends end before what follows them starts). At token tile 256 the
+ * GEMM is two launches (the segments' last tiles of a few rows on the second, which waits for the
+ * first before it reads the activations), so a kernel that waits for the call's last waits for
+ * the whole call. */
 typedef struct {
   int nseg, n, k;
   const mt_wstore *w; /* at least nseg slices */

@@ -191,7 +191,8 @@ static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kar
 
 /* A bound on the tiles of segments s0 .. s0 + nseg - 1, the persistent grid's size where it is
  * below the SMs' CTAs: with offsets at most min(m, nseg) of them have rows, and a segment of r
- * rows takes ceil(r / bn) token tiles. CTAs without a tile are not free: at one token they cost
+ * rows takes ceil(r / bn) token tiles (a split's tails: at most one last tile a segment, of fewer
+ * than MT_GROUPED_TAIL rows). CTAs without a tile are not free: at one token they cost
  * Qwen3's layer over a quarter of its time (lab/NOTES.md, "Grouped engine"). */
 static long long tile_bound(const mt_grouped_args *a, int nseg, int bn, int split) {
   const long long blocks = (a->n + 127) / 128, used = a->m < nseg ? a->m : nseg;
@@ -245,7 +246,9 @@ int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   fill_kargs(a, outer, &k);
   if (!MT_GROUPED_SPLITS(bn)) return launch_gemm(a, &k, bn, stream);
   /* the segments' tiles of bn rows, then their short last tiles on the narrower kernel (the same
-   * bits: a row's output does not depend on the token tile) */
+   * bits: a row's output does not depend on the token tile). The second launch's every CTA waits
+   * for the first's grid before it reads the activations, so its end is the call's end for a
+   * kernel that waits for it (kernels/engine.h). */
   fill_kargs(a, outer, &tail);
   k.split = 1, tail.split = 2;
   k.split_bn = tail.split_bn = bn;

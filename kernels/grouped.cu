@@ -1,19 +1,20 @@
 // grouped.cu — the W4A4 GEMM of a whole grouped problem in one launch (mt_grouped_nBN): segments
 // s = 0 .. nseg-1 (the experts of a MoE layer, or one weight), y_s[m_s][n] = x_s[m_s][k] . W_s[n][k]^T
-// on NVFP4 operands, exactly, through BF16 wgmma with FP32 accumulation.
+// on NVFP4 operands, exactly, through BF16 tensor-core MMAs with FP32 accumulation.
 //
 // The weight is A and comes from registers: each consumer warp decodes its 16 channels' codes and
 // block scales (kernels/wstore.h, 4.5 bits an element, streamed from HBM by bulk copies) into the
-// A fragments of wgmma (or, at token tiles of at most 16, of the warp's own mma.sync m16n8k16:
-// the same fragment, the same bits) (record_frags: ~19 instructions for 8 elements), so no BF16
-// copy of a weight exists anywhere; the tokens are B (N = BN): the quantized activations (BF16 xhat, exact),
-// TMA-loaded into 128B-swizzled shared memory. A CTA owns tiles of 128 channels (two consumer
-// warpgroups of 64) by BN tokens of one segment, walks them persistently (tile blockIdx.x,
-// + gridDim.x, ...), and runs each tile's whole K loop: k16 steps in increasing order into one
-// FP32 accumulator per output, from zero, no split-K, no atomics: the arithmetic of every other
-// path (docs/numerics.md, "Batch invariance"), so a row's bits do not depend on its segment, its
-// position, BN or the other segments. A segment's last token tile multiplies with wgmmas only as
-// wide as its rows need (tile_rows).
+// A fragments of wgmma, or at token tiles of at most 16 of the warp's own mma.sync m16n8k16 (the
+// same fragment, the same bits) (record_frags: ~19 instructions for 8 elements), so no BF16 copy
+// of a weight exists anywhere; the tokens are B (N = BN): the quantized activations (BF16 xhat,
+// exact), TMA-loaded into 128B-swizzled shared memory. A CTA owns tiles of 128 channels (two
+// consumer warpgroups of 64) by BN tokens of one segment, walks them persistently (tile
+// blockIdx.x, + gridDim.x, ...), and runs each tile's whole K loop: k16 steps in increasing order
+// into one FP32 accumulator per output, from zero, no split-K, no atomics: the arithmetic of every
+// other path (docs/numerics.md, "Batch invariance"), so a row's bits do not depend on its segment,
+// its position, BN or the other segments. A segment's last token tile multiplies only as wide as
+// its rows need (tile_rows); the n256 kernel, which keeps one width, leaves a last tile of fewer
+// than MT_GROUPED_TAIL rows to a second launch of a narrower kernel (mt_grouped_kargs, split).
 //
 // The segments' rows come from device memory (offs: cumulative row ends, as torch._grouped_mm
 // gives them) or are fixed (seg_rows each, strided-batched forms): every CTA turns them into a
