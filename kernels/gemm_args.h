@@ -197,6 +197,15 @@ MT_HD void mt_offs_span(const int32_t *offs, int g, int m, int *start, int *rows
   mt_offs_clamp(g > 0 ? offs[g - 1] : 0, offs[g], m, start, rows);
 }
 
+/* The tokens first .. end - 1 of a segment of `rows` that a grouped launch runs (mt_grouped_kargs,
+ * split): all of them; all but a last tile of split_bn of fewer than MT_GROUPED_TAIL rows; or only
+ * that tile's. The kernel's tile table and the tests' fake GPU read a split alike. */
+MT_HD void mt_grouped_part(int rows, int split, int split_bn, int *first, int *end) {
+  const int tail = split ? rows % split_bn : 0, cut = tail < MT_GROUPED_TAIL ? tail : 0;
+  *first = split == 2 ? rows - cut : 0;
+  *end = split == 1 ? rows - cut : rows;
+}
+
 /* mt_seg_ends (kernels/grouped.cu): the segments' cumulative row ends from counts the host knows,
  * carried in the kernel's parameters (so the table is written inside a graph capture without a
  * host copy): runs j = 0 .. nruns-1 of size[j] segments of rows[j] rows each, written from

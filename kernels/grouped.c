@@ -244,7 +244,9 @@ int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   if (st == MT_OK) st = quantize_acts(a, xhat, outer, stream);
   if (st != MT_OK) return st;
   fill_kargs(a, outer, &k);
-  if (!MT_GROUPED_SPLITS(bn)) return launch_gemm(a, &k, bn, stream);
+  /* A call that reads C runs whole in one launch: y may be C, and if a second launch failed after
+   * the first had written its rows, the caller's fallback would read those rows as C. */
+  if (!MT_GROUPED_SPLITS(bn) || k.c || k.c_ptrs) return launch_gemm(a, &k, bn, stream);
   /* the segments' tiles of bn rows, then their short last tiles on the narrower kernel (the same
    * bits: a row's output does not depend on the token tile). The second launch's every CTA waits
    * for the first's grid before it reads the activations, so its end is the call's end for a

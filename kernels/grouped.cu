@@ -64,14 +64,6 @@ struct table {                            // 4 * MT_GROUPED_MAX_SEG + 1 ints
   int end[MT_GROUPED_MAX_SEG];
 };
 
-// The tokens of a segment of `rows` this launch runs (mt_grouped_kargs, split): all of them, all
-// but a last tile of split_bn of fewer than MT_GROUPED_TAIL rows, or only that tile's.
-__device__ static inline void part_of(const mt_grouped_kargs &a, int rows, int &first, int &end) {
-  const int tail = a.split ? rows % a.split_bn : 0, cut = tail < MT_GROUPED_TAIL ? tail : 0;
-  first = a.split == 2 ? rows - cut : 0;
-  end = a.split == 1 ? rows - cut : rows;
-}
-
 __device__ static inline void warpgroup_arrive_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 
 // The tile table, by warp 0: each segment's rows (offs's, as mt_offs_span reads them, or seg_rows
@@ -101,7 +93,7 @@ template <int BN> __device__ static void build_table(const mt_grouped_kargs &a, 
   for (int r = 0; r < R && 32 * r < a.nseg; r++) {
     const int s = 32 * r + lane;
     int first, end;
-    part_of(a, rows[r], first, end);
+    mt_grouped_part(rows[r], a.split, a.split_bn, &first, &end);
     int v = s < a.nseg ? (end - first + BN - 1) / BN * blocks : 0, incl = v;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {

@@ -818,6 +818,69 @@ static void scenario_strided(void) {
   free(w), free(x), free(y), free(before);
 }
 
+/* A strided batch of problems of 300 rows (token tile 256: kernels/gemm_args.h, MT_GROUPED_SPLITS):
+ * two GEMM launches, each problem's tile of 256 rows on the n256 kernel (split 1), then its last 44
+ * rows on the n32 kernel (split 2, with its own activation map, two blocks a box), both dependent, together writing
+ * every output once; a batch that reads C (beta != 0) runs whole in one launch. */
+static void scenario_split(void) {
+  int tokens = 300;
+  size_t sw = (size_t)OUT * IN, sx = (size_t)tokens * IN, sy = (size_t)OUT * tokens;
+  uint16_t *w = matrix(sw * BATCH), *x = matrix(sx * BATCH), *y = matrix(sy * BATCH);
+  uint16_t *before = copy_of(y, sy * BATCH);
+  set_stream(S1);
+  for (int round = 0; round < 2; round++) {
+    const float *beta = round ? &half : &zero;
+    int t = now();
+    CHECK(hook_strided(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, IN,
+                       sw, x, CUDA_R_16BF, IN, sx, beta, y, CUDA_R_16BF, OUT, sy, BATCH,
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+    int body = find_launch(t, "mt_grouped_n256", 0), tail = find_launch(t, "mt_grouped_n32", 0);
+    CHECKF(body >= 0 && event(body)->pdl, "beta %g: no dependent n256 launch", *beta);
+    CHECKF(find_launch(t, "mt_grouped_", round ? 1 : 2) < 0, "beta %g: too many grouped launches",
+           *beta);
+    if (body < 0)
+      continue;
+    const mt_grouped_kargs *kb = (const mt_grouped_kargs *)event(body)->args;
+    if (round) {
+      CHECKF(tail < 0 && kb->split == 0, "C read: the call is split (%d)", kb->split);
+      continue;
+    }
+    CHECKF(tail > body && event(tail)->pdl, "the tails' launch at %d, the body's at %d", tail,
+           body);
+    if (tail < 0)
+      continue;
+    const mt_grouped_kargs *kt = (const mt_grouped_kargs *)event(tail)->args;
+    CHECK(kb->split == 1 && kt->split == 2 && kb->split_bn == 256 && kt->split_bn == 256);
+    CHECK(kt->seg_rows == tokens && kt->y == y && kt->stride_y == (long long)sy && !kb->kpair &&
+          kt->kpair);
+    for (int i = 0; i < BATCH; i++)
+      CHECKF(marked(y + i * sy, before + i * sy, OUT, tokens, OUT),
+             "problem %d: not every row written", i);
+  }
+  check_driver_clean();
+  free(w), free(x), free(y), free(before);
+}
+
+/* The same batch (beta 0) with the tails' launch failing (FAKE_CUDA_FAIL_LAUNCH=mt_grouped_n32:1):
+ * the body's rows were written, nothing reads them, and cuBLAS computes the whole batch. */
+static void scenario_split_fail(void) {
+  int tokens = 300;
+  size_t sw = (size_t)OUT * IN, sx = (size_t)tokens * IN, sy = (size_t)OUT * tokens;
+  uint16_t *w = matrix(sw * BATCH), *x = matrix(sx * BATCH), *y = matrix(sy * BATCH);
+  uint16_t *want = copy_of(y, sy * BATCH);
+  CHECK(fake_strided(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, IN,
+                     sw, x, CUDA_R_16BF, IN, sx, &zero, want, CUDA_R_16BF, OUT, sy, BATCH,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+  set_stream(S1);
+  long calls = cublas_calls();
+  CHECK(hook_strided(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, IN,
+                     sw, x, CUDA_R_16BF, IN, sx, &zero, y, CUDA_R_16BF, OUT, sy, BATCH,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+  CHECKF(cublas_calls() == calls + 1, "cuBLAS was not called after the failed launch");
+  CHECKF(!memcmp(y, want, sy * BATCH * 2), "the output differs from cuBLAS's");
+  free(w), free(x), free(y), free(want);
+}
+
 /* A strided batch under frozen: one store for the three weights (back to back), its check over
  * all of them, the quantization under its list of changed slices; again: the check alone before
  * the GEMM. */
@@ -1151,6 +1214,8 @@ static const mt_t_scenario scenarios[] = {
     {"launch_fail", scenario_launch_fail},
     {"no_engine", scenario_no_engine},
     {"strided", scenario_strided},
+    {"split", scenario_split},
+    {"split_fail", scenario_split_fail},
     {"lt_batch", scenario_lt_batch},
     {"arrays", scenario_arrays},
     {"fp16", scenario_fp16},
@@ -1458,6 +1523,22 @@ static void grouped_beta_failure_after_a_problem_ran(void) {
   mt_t_child_free(&r);
 }
 
+/* A grouped call at token tile 256 is two launches (scenario_split); the second failing, cuBLAS
+ * computes the whole call. */
+static void grouped_split_into_two_launches(void) {
+  mt_t_child r;
+  run_child("split", NULL, &r);
+  mt_t_check_child("split", &r);
+  check_counts(&r, 2, NULL);
+  mt_t_child_free(&r);
+  const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_grouped_n32:1", NULL};
+  run_child("split_fail", env, &r);
+  mt_t_check_child("split_fail", &r);
+  const char *reasons[] = {"engine error=1", NULL};
+  check_counts(&r, 0, reasons);
+  mt_t_child_free(&r);
+}
+
 static void tests(void) {
   RUN(requantize_kernels_in_order);
   RUN(lt_routed_with_bias);
@@ -1472,6 +1553,7 @@ static void tests(void) {
   RUN(launch_failure_is_engine_error);
   RUN(no_context_or_not_sm90_is_no_engine);
   RUN(strided_batched);
+  RUN(grouped_split_into_two_launches);
   RUN(lt_strided_batch);
   RUN(pointer_arrays_on_the_grouped_engine);
   RUN(pointer_arrays_under_frozen);

@@ -479,16 +479,18 @@ static void mark_output(const mt_epilogue_args *e) {
 }
 
 /* The grouped GEMM's outputs: each segment's rows (from the offsets, "device" memory the fake can
- * read, or seg_rows each) of n columns, in y or in the segment's own matrix (y_ptrs, a "device"
- * array the fake reads as the GPU would). */
+ * read, or seg_rows each; of a split launch, its part of them) of n columns, in y or in the
+ * segment's own matrix (y_ptrs, a "device" array the fake reads as the GPU would). */
 static void mark_grouped(const mt_grouped_kargs *a) {
   for (int s = a->seg0; s < a->seg0 + a->nseg; s++) {
-    long long start = a->offs ? (s ? a->offs[s - 1] : 0) : 0,
-              rows = a->offs ? a->offs[s] - start : a->seg_rows;
+    long long start = a->offs ? (s ? a->offs[s - 1] : 0) : 0;
+    int first, end;
+    mt_grouped_part(a->offs ? (int)(a->offs[s] - start) : a->seg_rows, a->split, a->split_bn,
+                    &first, &end);
     uint16_t *y =
         a->y_ptrs ? (uint16_t *)a->y_ptrs[s] : (uint16_t *)a->y + (long long)s * a->stride_y;
     long long row0 = a->y_ptrs ? 0 : start;
-    for (long long i = 0; i < rows; i++)
+    for (long long i = first; i < end; i++)
       for (long long j = 0; j < a->n; j++)
         y[(row0 + i) * a->ldy + j] = FAKE_CUDA_MARK;
   }
