@@ -762,6 +762,16 @@ static void check_grouped_args(int from, const uint16_t *y, size_t sy, int token
   CHECK(k->bias == bias && (!bias || k->stride_bias == stride_bias));
 }
 
+/* A strided batch of `count` problems of `tokens` rows through `fn` (the hook or the fake cuBLAS):
+ * the routed weight's shape, each operand's problems one matrix apart. */
+static int strided_call(__typeof__(&cublasGemmStridedBatchedEx) fn, int tokens, const uint16_t *w,
+                        const uint16_t *x, const float *beta, uint16_t *y, int count) {
+  long long sw = (long long)OUT * IN, sx = (long long)tokens * IN, sy = (long long)OUT * tokens;
+  return fn(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, IN, sw, x,
+            CUDA_R_16BF, IN, sx, beta, y, CUDA_R_16BF, OUT, sy, count, CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+}
+
 /* The engine's trace of a strided batch of 3 problems of 8 rows: the weights into one store, the
  * activations (launched dependent: they wait on the device for the kernel before them, and the
  * store's quantizer lets none start early), one grouped GEMM. */
@@ -786,9 +796,7 @@ static void scenario_strided(void) {
   uint16_t *before = copy_of(y, sy * BATCH);
   long calls = cublas_calls();
   int t = now();
-  CHECK(hook_strided(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, IN,
-                     sw, x, CUDA_R_16BF, IN, sx, &half, y, CUDA_R_16BF, OUT, sy, BATCH,
-                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+  CHECK(strided_call(hook_strided, tokens, w, x, &half, y, BATCH));
   CHECK(cublas_calls() == calls);
   CHECK_TRACE(t, "alloc " LOAD_ALL " " BATCH_CALL " smem " BATCH_GEMM);
   check_grouped_args(t, y, sy, tokens, y, 0.5f, NULL, 0);
@@ -798,9 +806,7 @@ static void scenario_strided(void) {
   free(before);
   before = copy_of(y, sy * BATCH);
   t = now();
-  CHECK(hook_strided(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, IN,
-                     sw, x, CUDA_R_16BF, IN, sx, &zero, y, CUDA_R_16BF, OUT, sy, BATCH,
-                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+  CHECK(strided_call(hook_strided, tokens, w, x, &zero, y, BATCH));
   CHECK(cublas_calls() == calls);
   CHECK_TRACE(t, BATCH_CALL " " BATCH_GEMM);
   check_grouped_args(t, y, sy, tokens, NULL, 0.0f, NULL, 0);
@@ -808,9 +814,7 @@ static void scenario_strided(void) {
     CHECK(marked(y + i * sy, before + i * sy, OUT, tokens, OUT));
   /* one problem with beta != 0: the per-call path */
   t = now();
-  CHECK(hook_strided(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, IN,
-                     sw, x, CUDA_R_16BF, IN, sx, &half, y, CUDA_R_16BF, OUT, sy, 1,
-                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+  CHECK(strided_call(hook_strided, tokens, w, x, &half, y, 1));
   /* (its weight, requantized in scratch, outgrows the grouped call's: the scratch grows) */
   CHECK_TRACE(t, "sync free alloc memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 "
                  "mt_gemm_pack " FEW_CALL_FIRST);
@@ -819,9 +823,10 @@ static void scenario_strided(void) {
 }
 
 /* A strided batch of problems of 300 rows (token tile 256: kernels/gemm_args.h, MT_GROUPED_SPLITS):
- * two GEMM launches, each problem's tile of 256 rows on the n256 kernel (split 1), then its last 44
- * rows on the n32 kernel (split 2, with its own activation map, two blocks a box), both dependent, together writing
- * every output once; a batch that reads C (beta != 0) runs whole in one launch. */
+ * two GEMM launches, each problem's tile of 256 rows on the n256 kernel (split 1), then its last
+ * 44 rows on the n32 kernel (split 2, with its own activation map, two blocks a box), both
+ * dependent, together writing every output once; a batch that reads C (beta != 0) runs whole in
+ * one launch. */
 static void scenario_split(void) {
   int tokens = 300;
   size_t sw = (size_t)OUT * IN, sx = (size_t)tokens * IN, sy = (size_t)OUT * tokens;
@@ -831,9 +836,7 @@ static void scenario_split(void) {
   for (int round = 0; round < 2; round++) {
     const float *beta = round ? &half : &zero;
     int t = now();
-    CHECK(hook_strided(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, IN,
-                       sw, x, CUDA_R_16BF, IN, sx, beta, y, CUDA_R_16BF, OUT, sy, BATCH,
-                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+    CHECK(strided_call(hook_strided, tokens, w, x, beta, y, BATCH));
     int body = find_launch(t, "mt_grouped_n256", 0), tail = find_launch(t, "mt_grouped_n32", 0);
     CHECKF(body >= 0 && event(body)->pdl, "beta %g: no dependent n256 launch", *beta);
     CHECKF(find_launch(t, "mt_grouped_", round ? 1 : 2) < 0, "beta %g: too many grouped launches",
@@ -868,14 +871,10 @@ static void scenario_split_fail(void) {
   size_t sw = (size_t)OUT * IN, sx = (size_t)tokens * IN, sy = (size_t)OUT * tokens;
   uint16_t *w = matrix(sw * BATCH), *x = matrix(sx * BATCH), *y = matrix(sy * BATCH);
   uint16_t *want = copy_of(y, sy * BATCH);
-  CHECK(fake_strided(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, IN,
-                     sw, x, CUDA_R_16BF, IN, sx, &zero, want, CUDA_R_16BF, OUT, sy, BATCH,
-                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+  CHECK(strided_call(fake_strided, tokens, w, x, &zero, want, BATCH));
   set_stream(S1);
   long calls = cublas_calls();
-  CHECK(hook_strided(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, IN,
-                     sw, x, CUDA_R_16BF, IN, sx, &zero, y, CUDA_R_16BF, OUT, sy, BATCH,
-                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+  CHECK(strided_call(hook_strided, tokens, w, x, &zero, y, BATCH));
   CHECKF(cublas_calls() == calls + 1, "cuBLAS was not called after the failed launch");
   CHECKF(!memcmp(y, want, sy * BATCH * 2), "the output differs from cuBLAS's");
   free(w), free(x), free(y), free(want);
@@ -891,9 +890,7 @@ static void scenario_frozen_batch(void) {
   set_stream(S1);
   for (int round = 0; round < 2; round++) {
     int t = now();
-    CHECK(hook_strided(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, IN,
-                       sw, x, CUDA_R_16BF, IN, sx, &zero, y, CUDA_R_16BF, OUT, sy, BATCH,
-                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+    CHECK(strided_call(hook_strided, tokens, w, x, &zero, y, BATCH));
     CHECK_TRACE(t, round ? "mt_wcheck " BATCH_REFRESH " " BATCH_GEMM
                          : "alloc memset104 alloc " LOAD_ALL " mt_wcheck " BATCH_REFRESH
                            " smem " BATCH_GEMM);
