@@ -270,6 +270,20 @@ __device__ static inline void block_step(float *d, uint32_t (&A)[4][4], const ui
 // across tiles (stage number n: slot n % S, phase (n / S) & 1, counted on, never divided).
 struct ring_pos {
   int slot = 0, phase = 0;
+  template <int S> __device__ void next() {
+    if (++slot == S) slot = 0, phase ^= 1;
+  }
+};
+
+// This thread's code word and scale bytes in slot 0's first record of its row group hw (the K
+// loops add a slot's offset and a record's): decode_block's code and scale.
+template <int BN> struct lane_records {
+  const uint8_t *code, *scale;
+  __device__ lane_records(uint8_t *smem, int hw, int lane) {
+    const uint8_t *recs = smem + KS_OF(BN) * BN * 128 + hw * REC;
+    code = recs + 4 * lane;
+    scale = recs + 128 + lane / 4 * 2;
+  }
 };
 
 // The K loop of one consumer warpgroup over one tile: nst stages of KS blocks, the blocks
@@ -284,7 +298,7 @@ __device__ static __forceinline__ void k_loop(float *d, uint8_t *smem, uint64_t 
                                               int nst, int hw, int lane) {
   constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128;
   static_assert(KS == 1 || KS == 2, "one or two blocks a stage");
-  const uint8_t *code = smem + KS * ACT + hw * REC + 4 * lane, *scale = smem + KS * ACT + hw * REC + 128 + lane / 4 * 2;
+  const lane_records<BN> lr(smem, hw, lane);
   const uint64_t desc = desc_sw128(smem_u32(smem));
   const bool leader = lane == 0;
   uint32_t A0[4][4], A1[4][4];
@@ -292,11 +306,11 @@ __device__ static __forceinline__ void k_loop(float *d, uint8_t *smem, uint64_t 
   auto stage = [&](uint32_t(&A)[4][4], uint32_t(&B)[4][4]) {
     mbar_wait(&full[at.slot], at.phase);
     const int off = at.slot * SB;
-    block_step<NW>(d, A, code + off, scale + off, 0, desc + (uint32_t)off / 16);
+    block_step<NW>(d, A, lr.code + off, lr.scale + off, 0, desc + (uint32_t)off / 16);
     if (done >= 0 && leader) mbar_arrive(&empty[done]); // the group before this block's is complete
-    if constexpr (KS == 2) block_step<NW>(d, B, code + off, scale + off, 1, desc + (uint32_t)(off + ACT) / 16);
+    if constexpr (KS == 2) block_step<NW>(d, B, lr.code + off, lr.scale + off, 1, desc + (uint32_t)(off + ACT) / 16);
     done = at.slot;
-    if (++at.slot == S) at.slot = 0, at.phase ^= 1;
+    at.next<S>();
   };
   int j = 0;
   if constexpr (KS == 2)
@@ -342,7 +356,7 @@ template <int BN, int NW>
 __device__ static __forceinline__ void k_loop_warp(float *d, uint8_t *smem, uint64_t *full, uint64_t *empty,
                                                    ring_pos &at, int nst, int hw, int lane) {
   constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128;
-  const uint8_t *code = smem + KS * ACT + hw * REC + 4 * lane, *scale = smem + KS * ACT + hw * REC + 128 + lane / 4 * 2;
+  const lane_records<BN> lr(smem, hw, lane);
   const int r = lane % 8, c = lane / 8;
   const uint32_t rows = smem_u32(smem) + r * 128;
   const uint32_t chunk0 = (uint32_t)((c ^ r) * 16), chunk1 = (uint32_t)(((4 + c) ^ r) * 16);
@@ -352,7 +366,7 @@ __device__ static __forceinline__ void k_loop_warp(float *d, uint8_t *smem, uint
 #pragma unroll
     for (int b = 0; b < KS; b++) {
       uint32_t A[4][4];
-      decode_block(code + off, scale + off, b, A);
+      decode_block(lr.code + off, lr.scale + off, b, A);
 #pragma unroll
       for (int h = 0; h < 2; h++) { // k16 steps 2h and 2h + 1: chunks 4h .. 4h + 3
         uint32_t B[NW / 8][4];
@@ -366,7 +380,7 @@ __device__ static __forceinline__ void k_loop_warp(float *d, uint8_t *smem, uint
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[at.slot]);
-    if (++at.slot == S) at.slot = 0, at.phase ^= 1;
+    at.next<S>();
   }
 }
 
