@@ -235,25 +235,27 @@ int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   uint16_t *xhat = a->workspace;
   float *outer = (float *)((char *)a->workspace + section((size_t)a->m * (size_t)a->k * 2));
   static mt_grouped_kargs proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
-  mt_grouped_kargs k = proto, tail = proto;
-  const int tail_bn = MT_GROUPED_TAIL_BN;
-  k.kpair = MT_GROUPED_KS(bn) == 2 && a->k % 64 == 0;
-  tail.kpair = MT_GROUPED_KS(tail_bn) == 2 && a->k % 64 == 0;
-  int st = mt_gemm_tensor_map(&k.ta, xhat, a->m, a->k, bn, k.kpair);
-  if (st == MT_OK && MT_GROUPED_SPLITS(bn)) st = mt_gemm_tensor_map(&tail.ta, xhat, a->m, a->k, tail_bn, tail.kpair);
-  if (st == MT_OK) st = quantize_acts(a, xhat, outer, stream);
-  if (st != MT_OK) return st;
+  mt_grouped_kargs k = proto;
   fill_kargs(a, outer, &k);
   /* A call that reads C runs whole in one launch: y may be C, and if a second launch failed after
    * the first had written its rows, the caller's fallback would read those rows as C. */
-  if (!MT_GROUPED_SPLITS(bn) || k.c || k.c_ptrs) return launch_gemm(a, &k, bn, stream);
+  const int split = MT_GROUPED_SPLITS(bn) && !k.c && !k.c_ptrs, tail_bn = MT_GROUPED_TAIL_BN;
+  k.kpair = MT_GROUPED_KS(bn) == 2 && a->k % 64 == 0;
+  int st = mt_gemm_tensor_map(&k.ta, xhat, a->m, a->k, bn, k.kpair);
   /* the segments' tiles of bn rows, then their short last tiles on the narrower kernel (the same
    * bits: a row's output does not depend on the token tile). The second launch's every CTA waits
    * for the first's grid before it reads the activations, so its end is the call's end for a
    * kernel that waits for it (kernels/engine.h). */
-  fill_kargs(a, outer, &tail);
-  k.split = 1, tail.split = 2;
-  k.split_bn = tail.split_bn = bn;
+  mt_grouped_kargs tail = k;
+  if (split) {
+    k.split = 1, tail.split = 2;
+    k.split_bn = tail.split_bn = bn;
+    tail.kpair = MT_GROUPED_KS(tail_bn) == 2 && a->k % 64 == 0;
+    if (st == MT_OK) st = mt_gemm_tensor_map(&tail.ta, xhat, a->m, a->k, tail_bn, tail.kpair);
+  }
+  if (st == MT_OK) st = quantize_acts(a, xhat, outer, stream);
+  if (st != MT_OK) return st;
+  if (!split) return launch_gemm(a, &k, bn, stream);
   st = launch_gemm(a, &k, bn, stream);
   return st == MT_OK ? launch_gemm(a, &tail, tail_bn, stream) : st;
 }
