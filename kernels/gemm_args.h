@@ -132,10 +132,10 @@ typedef struct {
 #define MT_GROUPED_MAX_SEG 512
 /* Tiles of 128 channels x BN tokens (8 to 256). A stage: MT_GROUPED_KS 64-wide K blocks, each an
  * activation box of BN rows x 128 bytes (1024-aligned for the swizzle) and the tile's 4608 bytes of
- * weight records; then the ring's barriers and the tile table (5 x MT_GROUPED_MAX_SEG + 1 ints).
+ * weight records; then the ring's barriers and the tile table (4 x MT_GROUPED_MAX_SEG + 1 ints).
  * Up to 32 tokens two CTAs share an SM (the weight decode runs on the consumer warps' ALUs, and
- * four warps a scheduler hide its latencies better than two); from 64 one CTA an SM; at most 16
- * stages. */
+ * four warps a scheduler hide its latencies better than two), each with stages filling ~96 KB;
+ * from 64 one CTA an SM with ~200 KB; at most 16 stages. */
 #define MT_GROUPED_KS(bn) ((bn) <= 64 ? 2 : 1)
 #define MT_GROUPED_CTAS(bn) ((bn) <= 32 ? 2 : 1)
 /* The n256 kernel has one wgmma width (kernels/grouped.cu, narrowest), so a segment's last tile of
@@ -147,13 +147,10 @@ typedef struct {
 #define MT_GROUPED_TAIL_BN 32
 #define MT_GROUPED_REC_BLOCK 4608
 #define MT_GROUPED_SB(bn) ((MT_GROUPED_KS(bn) * ((bn)*128 + MT_GROUPED_REC_BLOCK) + 1023) / 1024 * 1024)
-/* The ring takes what an SM's 228 KB leave a CTA (1 KB of each CTA's is the system's) after the
- * alignment slack and the table: 1 KB + stages x (stage + its two barriers) + table. */
-#define MT_GROUPED_FIXED (1024 + (5 * MT_GROUPED_MAX_SEG + 1) * 4)
-#define MT_GROUPED_RING(bn) (233472 / MT_GROUPED_CTAS(bn) - 1024 - MT_GROUPED_FIXED)
+#define MT_GROUPED_RING(bn) (MT_GROUPED_CTAS(bn) == 2 ? 98304 : 204800)
 #define MT_GROUPED_STAGES(bn)                                                                                          \
-  (MT_GROUPED_RING(bn) / (MT_GROUPED_SB(bn) + 16) < 16 ? MT_GROUPED_RING(bn) / (MT_GROUPED_SB(bn) + 16) : 16)
-#define MT_GROUPED_SMEM(bn) (MT_GROUPED_FIXED + MT_GROUPED_STAGES(bn) * (MT_GROUPED_SB(bn) + 16))
+  (MT_GROUPED_RING(bn) / MT_GROUPED_SB(bn) < 16 ? MT_GROUPED_RING(bn) / MT_GROUPED_SB(bn) : 16)
+#define MT_GROUPED_SMEM(bn) (1024 + MT_GROUPED_STAGES(bn) * (MT_GROUPED_SB(bn) + 16) + (4 * MT_GROUPED_MAX_SEG + 1) * 4)
 typedef struct {
   CUtensorMap ta;      /* xhat [m][k] BF16, box 64 columns x BN rows (kpair: rank 3, 64 x m x k / 64,
                              a box two blocks deep) */

@@ -57,30 +57,12 @@ constexpr float kUnshift = (float)(1u << MT_WS_WEIGHT_SHIFT); // the decoded wei
 
 // Shared memory (gemm_args.h, MT_GROUPED_SMEM): the stages (each: KS activation boxes of BN rows x
 // 128 bytes, then KS x 4608 bytes of records), the ring's barriers, then the tile table.
-// The table's entries are the segments in order of their last tile's width, widest first (see
-// build_table), entry p for segment seg[p].
-struct table {                            // 5 * MT_GROUPED_MAX_SEG + 1 ints
-  int tile_start[MT_GROUPED_MAX_SEG + 1]; // first tile of each entry; [nseg]: all tiles
+struct table {                            // 4 * MT_GROUPED_MAX_SEG + 1 ints
+  int tile_start[MT_GROUPED_MAX_SEG + 1]; // first tile of each segment; [nseg]: all tiles
   int row_start[MT_GROUPED_MAX_SEG];      // the segment's first row of xhat
   int first[MT_GROUPED_MAX_SEG];          // the tokens this launch runs: first .. end - 1
   int end[MT_GROUPED_MAX_SEG];
-  int seg[MT_GROUPED_MAX_SEG];
 };
-
-// The token-tile widths a kernel multiplies by: BN, BN / 2, ... down to narrowest(BN) (tile_rows).
-__host__ __device__ constexpr int narrowest(int bn) { return bn == 256 ? 256 : bn == 32 ? 16 : bn / 4 > 8 ? bn / 4 : 8; }
-// Which of them a segment of n rows ends with: 0 for BN, 1 for BN / 2, ...
-template <int BN> __device__ static inline int width_class(int n) {
-  const int rest = n > 0 ? (n - 1) % BN + 1 : BN;
-  int c = 0;
-  for (int w = BN / 2; w >= narrowest(BN) && rest <= w; w /= 2) c++;
-  return c;
-}
-__host__ __device__ constexpr int widths(int bn) {
-  int c = 1;
-  for (int w = bn / 2; w >= narrowest(bn); w /= 2) c++;
-  return c;
-}
 
 __device__ static inline void warpgroup_arrive_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 
@@ -88,10 +70,7 @@ __device__ static inline void warpgroup_arrive_fence() { asm volatile("wgmma.fen
 // each) and first tile (an exclusive scan of ceil(rows / BN) * channel blocks, 32 segments at a
 // time). Every segment's ends are read before any is used, so that reading offs is one round trip
 // to memory, not one a round of 32 (4 for 128 experts): the producer requests no weight before
-// the table is done. The segments whose last tile is widest come first, then the next width, ...:
-// a CTA takes every gridDim.x-th tile, so each takes about as many of the cheap narrow tiles as
-// the others (in segment order, at T = 1024 Qwen3's ~64-row experts would give CTAs 12 tiles of
-// two costs at random).
+// the table is done.
 template <int BN> __device__ static void build_table(const mt_grouped_kargs &a, table *t) {
   constexpr int R = MT_GROUPED_MAX_SEG / 32;
   const int lane = threadIdx.x % 32, blocks = (a.n + CB - 1) / CB;
@@ -109,40 +88,32 @@ template <int BN> __device__ static void build_table(const mt_grouped_kargs &a, 
   } else
 #pragma unroll
     for (int r = 0; r < R; r++) start[r] = (a.seg0 + 32 * r + lane) * a.seg_rows, rows[r] = a.seg_rows;
-  int carry = 0, p0 = 0;
+  int carry = 0;
 #pragma unroll
-  for (int c = 0; c < widths(BN); c++)
+  for (int r = 0; r < R && 32 * r < a.nseg; r++) {
+    const int s = 32 * r + lane;
+    int first, end;
+    mt_grouped_part(rows[r], a.split, a.split_bn, &first, &end);
+    int v = s < a.nseg ? (end - first + BN - 1) / BN * blocks : 0, incl = v;
 #pragma unroll
-    for (int r = 0; r < R && 32 * r < a.nseg; r++) {
-      const int s = 32 * r + lane;
-      int first, end;
-      mt_grouped_part(rows[r], a.split, a.split_bn, &first, &end);
-      const bool in = s < a.nseg && (widths(BN) == 1 || width_class<BN>(end - first) == c);
-      const uint32_t ins = __ballot_sync(0xffffffffu, in);
-      int v = in ? (end - first + BN - 1) / BN * blocks : 0, incl = v;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int u = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += u;
-      }
-      if (in) {
-        const int p = p0 + __popc(ins & ((1u << lane) - 1));
-        t->tile_start[p] = carry + incl - v;
-        t->row_start[p] = start[r];
-        t->first[p] = first;
-        t->end[p] = end;
-        t->seg[p] = s;
-      }
-      p0 += __popc(ins);
-      carry += __shfl_sync(0xffffffffu, incl, 31);
+    for (int o = 1; o < 32; o <<= 1) {
+      const int u = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += u;
     }
+    if (s < a.nseg) {
+      t->tile_start[s] = carry + incl - v;
+      t->row_start[s] = start[r];
+      t->first[s] = first;
+      t->end[s] = end;
+    }
+    carry += __shfl_sync(0xffffffffu, incl, 31);
+  }
   if (lane == 0) t->tile_start[a.nseg] = carry;
 }
 
-// Tile `tile`'s table entry and segment, channel block and token tile (token tile fastest within a
-// segment).
+// Tile `tile`'s segment, channel block and token tile (token tile fastest within a segment).
 struct where {
-  int p, s, cb, tok0;
+  int s, cb, tok0;
 };
 template <int BN> __device__ static inline where locate(const table *t, int nseg, int tile) {
   int lo = 0, hi = nseg; // the last segment whose first tile is <= tile
@@ -154,7 +125,7 @@ template <int BN> __device__ static inline where locate(const table *t, int nseg
       hi = mid;
   }
   const int local = tile - t->tile_start[lo], ntok = (t->end[lo] - t->first[lo] + BN - 1) / BN;
-  return {lo, t->seg[lo], local / ntok, t->first[lo] + local % ntok * BN};
+  return {lo, local / ntok, t->first[lo] + local % ntok * BN};
 }
 
 // Pair P of a store code word (wstore.h) as a BF16 pair of codes * 2^-126: the mask of one
@@ -246,7 +217,7 @@ __device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_
     return a.ws + (long long)(a.seg0 + w.s) * a.ws_slice + w.cb * band + (long long)j * RECS;
   };
   auto acts = [&](const where &w, int j, uint8_t *dst, uint64_t *bar) {
-    const int row = t->row_start[w.p] + w.tok0;
+    const int row = t->row_start[w.s] + w.tok0;
     if (a.kpair)
       tma_load_3d(dst, &a.ta, bar, 0, row, j * KS);
     else
@@ -426,7 +397,7 @@ template <int BN>
 __device__ static inline void load_scales(const mt_grouped_kargs &a, const table *t, const where &wh, int ch0,
                                           tile_scales<BN> &ts) {
   const int lane = threadIdx.x % 32, w = (threadIdx.x % 128) / 32, g = lane / 4;
-  const int gs = a.seg0 + wh.s, rows = t->end[wh.p], row0 = t->row_start[wh.p];
+  const int s = wh.s, gs = a.seg0 + s, rows = t->end[s], row0 = t->row_start[s];
   const float *sw = (const float *)(a.ws + (long long)gs * a.ws_slice + a.ws_outer);
 #pragma unroll
   for (int i = 0; i < 2; i++) ts.sw[i] = sw[a.sw_row ? min(ch0 + 16 * w + g + 8 * i, a.n - 1) : 0];
@@ -449,7 +420,7 @@ template <int BN, int NW, typename T, bool EXTRA>
 __device__ static __forceinline__ void store_tile_as(const mt_grouped_kargs &a, const table *t, const float *d,
                                                      const where &wh, int ch0, const tile_scales<BN> &ts) {
   const int lane = threadIdx.x % 32, w = (threadIdx.x % 128) / 32, g = lane / 4, q = lane % 4;
-  const int gs = a.seg0 + wh.s, rows = t->end[wh.p], row0 = t->row_start[wh.p];
+  const int s = wh.s, gs = a.seg0 + s, rows = t->end[s], row0 = t->row_start[s];
   // y's (and c's) row of the segment's token r: the segment's rows of y (offs) or its own matrix
   // (strided, or behind a pointer array)
   const long long yrow0 = a.offs && !a.y_ptrs ? row0 : 0, crow0 = a.offs && !a.c_ptrs ? row0 : 0;
@@ -556,12 +527,13 @@ __device__ static __forceinline__ void tile_as(const mt_grouped_kargs &a, const 
 // (BN / 4 in the n32 kernel, any narrower one in the n256 kernel, widths 3 * 2^j anywhere) it
 // serializes the wgmmas of the kernel ("insufficient register resources"). A token's bits do not
 // depend on the width, as they do not on BN (docs/numerics.md, "Batch invariance").
+constexpr int narrowest(int bn) { return bn == 256 ? 256 : bn == 32 ? 16 : bn / 4 > 8 ? bn / 4 : 8; }
 template <int BN, int NW = narrowest(BN)>
 __device__ static __forceinline__ void tile_rows(const mt_grouped_kargs &a, const table *t, uint8_t *smem,
                                                  uint64_t *full, uint64_t *empty, ring_pos &at, int nst, int hw,
                                                  int lane, const where &wh, int ch0, bool narrow, bool &waited) {
   if constexpr (NW < BN) {
-    if (narrow && t->end[wh.p] - wh.tok0 <= NW)
+    if (narrow && t->end[wh.s] - wh.tok0 <= NW)
       return tile_as<BN, NW>(a, t, smem, full, empty, at, nst, hw, lane, wh, ch0, waited);
     return tile_rows<BN, 2 * NW>(a, t, smem, full, empty, at, nst, hw, lane, wh, ch0, narrow, waited);
   } else
