@@ -7,7 +7,10 @@
 # Steps (default: build kernels bench benchshim torch run):
 #   build      make all
 #   kernels    the C GPU tests, build/tests/gpu/test_* (KERNELS_LIMIT s, default 240)
-#   sanitize   test_kernels under compute-sanitizer memcheck (SANITIZE_LIMIT, default 300)
+#   sanitize   under compute-sanitizer memcheck (SANITIZE_LIMIT each, default 300): test_kernels,
+#              and test_grouped's cases that reach every grouped kernel path (few rows and the
+#              warp MMAs, every token-tile width and the n256 kernel's split, strided and
+#              pointer-array segments, NaN rows; its layer cases add only size)
 #   torch      the Python GPU tests through make gputest (TORCH_LIMIT, default 420);
 #              GPU_PY="tests/gpu/test_a.py ..." narrows them
 #   bench      make bench; its JSON files into the logs
@@ -21,7 +24,7 @@
 #   run        make run (RUN_LIMIT, default 540; RUN_ARGS passed on)
 # TAG=-x appends -x to the log names: the same steps again under another setting, side by side.
 # A device call has at most 600 s, so pick the steps of each call: on the H200 build takes ~40 s,
-# kernels ~140 (test_kernels ~90, test_grouped ~45), sanitize ~80, bench ~10, probe ~20 to build,
+# kernels ~150 (test_kernels ~90, test_grouped ~60), sanitize ~100, bench ~10, probe ~20 to build,
 # torch ~1000 in all: three calls with GPU_PY. Per program, s: test_grouped_mm.py ~265,
 # test_multi_gpu.py ~160, test_torch_passthrough.py ~145, test_demo_sampler.py ~95,
 # test_demo_learner.py ~90, test_reliability.py ~75 (its sanitizers alone, MT_SANITIZE=1 and
@@ -57,10 +60,17 @@ kernels_bin() {
 for s in $steps; do
   case $s in
   build) step build 240 make -j16 all ;;
-  # shellcheck disable=SC2086 # one word per binary
-  kernels) kernels_bin && step kernels "${KERNELS_LIMIT:-240}" env MT_BUILD=build tests/run $gpu_bins ;;
+  kernels)
+    # shellcheck disable=SC2086 # one word per binary
+    kernels_bin && step kernels "${KERNELS_LIMIT:-240}" env MT_BUILD=build tests/run $gpu_bins ;;
   torch) step torch "${TORCH_LIMIT:-420}" make gputest GPU_TESTS= ${GPU_PY:+GPUTEST_PY="$GPU_PY"} ;;
-  sanitize) kernels_bin && step sanitize "${SANITIZE_LIMIT:-300}" compute-sanitizer --tool memcheck build/tests/gpu/test_kernels ;;
+  sanitize)
+    kernels_bin || continue
+    step sanitize "${SANITIZE_LIMIT:-300}" compute-sanitizer --tool memcheck --error-exitcode 99 \
+        build/tests/gpu/test_kernels
+    step sanitize-grouped "${SANITIZE_LIMIT:-300}" env \
+        MT_TEST_ONLY="grouped_few_rows grouped_widths grouped_strided grouped_pointer_arrays grouped_nan" \
+        compute-sanitizer --tool memcheck --error-exitcode 99 build/tests/gpu/test_grouped ;;
   bench) step bench 400 make bench && cp build/bench.json build/bench_moe.json build/bench_moe_torch.json "$out/" 2>/dev/null ;;
   benchshim) step benchshim 120 make bench-shim ;;
   ncu) # the GEMM kernels of two rows of the benchmark under Nsight Compute (clocks left alone)
