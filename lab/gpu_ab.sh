@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # lab/gpu_ab.sh — compare kernel variants against the working tree in one device call: each built
-# beside the others, their benchmarks run interleaved, one table of the GEMM's µs.
+# beside the others, their benchmarks run interleaved, one table of the GEMM's or the layer's µs.
 #
 #   lab/gpu_ab.sh prepare NAME REF   (here, with git) ab/NAME/ gets the files REF changed since
 #                                        it left HEAD's history, as REF has them (rebase REF on HEAD
@@ -10,18 +10,21 @@
 #                                        own, then runs bench_kernels on each in turn, AB_REPEATS
 #                                        times (default 2), and prints per benchmark row (M <= AB_MAX_M,
 #                                        default 1024) the GEMM's µs for each, one column a variant
-#                                        (the median of the repeats; of two, the lower)
+#                                        (the median of the repeats; of two, the lower); with
+#                                        AB_BENCH=moe bench_moe instead (AB_MOE_ARGS passed on, e.g.
+#                                        "--only qwen3"), per geometry and T the layer's µs (the
+#                                        grouped engine: activation quantization and GEMMs)
 #   lab/gpu_ab.sh table NAME...      the table again from $OUT's logs
 #
 # ab/ must travel to the device: it is untracked, so leave it out of .gitignore or name it in the
 # device tool's carry. AB_PROBES="floor ..." builds lab/probe_P.cu in every tree, main's too
 # (the probes include the kernels, so each runs that tree's kernel: ~20 s to build, seconds to run).
-# AB_TESTS=1 then runs test_kernels on each variant (~80 s each; main's own run is make gputest's),
-# AB_TESTS=all on main too. Logs go to $OUT (or build/gpu-ab): build-NAME.log, bench-NAME-i.log,
-# probe-P-NAME.log, kernels-NAME.log, ab.txt. Repeats of A/B runs made this way agreed within
+# AB_TESTS=1 then runs test_kernels on each variant (~80 s each; main's own run is make gputest's;
+# with AB_BENCH=moe test_grouped, ~60 s each), AB_TESTS=all on main too. Logs go to $OUT (or build/gpu-ab): build-NAME.log, bench-NAME-i.log,
+# probe-P-NAME.log, test_kernels-NAME.log (test_grouped-NAME.log), ab.txt. Repeats of A/B runs made this way agreed within
 # 0.05 µs (lab/NOTES.md, "Measurement method and noise").
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-build/gpu-ab}
 work=/tmp/gpu-ab
 
@@ -51,7 +54,8 @@ build_all() { # NAME...
   # than the sources copied since, and make would skip what changed
   find . \( -path ./build -o -path ./build-san -o -path ./ab -o -path ./.git \) -prune -o -type f -exec touch {} +
   for v in main "$@"; do
-    (cd "$(tree_of "$v")" && make -j"$jobs" all build/tests/gpu/test_kernels build/bench/bench_kernels \
+    (cd "$(tree_of "$v")" && make -j"$jobs" all build/tests/gpu/test_kernels build/tests/gpu/test_grouped \
+      build/bench/bench_kernels build/bench/bench_moe \
       >"$out/build-$v.log" 2>&1; echo "build $v: exit $?") &
   done
   wait
@@ -59,12 +63,18 @@ build_all() { # NAME...
 
 # the GEMM column (the routed call's second part) of one bench log: "name M us" per row
 gemm_rows() { awk -v max="${AB_MAX_M:-1024}" 'NF == 18 && $2 <= max { print $1, $2, $12 }' "$1"; }
+# the layer column ("ours us") of one bench_moe log: "geometry T us" per row, the geometry from the
+# line that opens its table ("qwen3: 128 experts, ...")
+moe_rows() { awk '/^[a-z0-9_]+: [0-9]+ experts/ { g = substr($1, 1, length($1) - 1) } g != "" && $2 == "|" && $1 ~ /^[0-9]+$/ { print g, $1, $3 }' "$1"; }
+moe() { [ "${AB_BENCH:-kernels}" = moe ]; }
 
 table() { # NAME... (main first): the median of the repeats, per row and variant
   local v i
   for v in "$@"; do
-    for i in $(seq "${AB_REPEATS:-2}"); do gemm_rows "$out/bench-$v-$i.log" | sed "s/^/$v /"; done
-  done | awk -v order="$*" '
+    for i in $(seq "${AB_REPEATS:-2}"); do
+      if moe; then moe_rows "$out/bench-$v-$i.log"; else gemm_rows "$out/bench-$v-$i.log"; fi | sed "s/^/$v /"
+    done
+  done | awk -v order="$*" -v title="$(moe && echo "layer us (median)" || echo "GEMM us (median)")" '
     { key = $2 " " $3; v[key, $1] = v[key, $1] " " $4; if (!(key in seen)) { seen[key] = 1; keys[++n] = key } }
     function med(s,   a, k, i, j, t) {
       k = split(s, a, " ")
@@ -73,7 +83,7 @@ table() { # NAME... (main first): the median of the repeats, per row and variant
     }
     END {
       m = split(order, names, " ")
-      printf "%-22s", "GEMM us (median)"; for (j = 1; j <= m; j++) printf " %10s", names[j]; print ""
+      printf "%-22s", title; for (j = 1; j <= m; j++) printf " %10s", names[j]; print ""
       for (i = 1; i <= n; i++) {
         printf "%-22s", keys[i]; for (j = 1; j <= m; j++) printf " %10s", med(v[keys[i], names[j]]); print ""
       }
@@ -89,8 +99,12 @@ run() { # NAME...
   build_all "$@"
   for i in $(seq "${AB_REPEATS:-2}"); do
     for v in main "$@"; do
-      (cd "$(tree_of "$v")" && timeout 120 build/bench/bench_kernels "$work/bench-$v-$i.json") \
-        >"$out/bench-$v-$i.log" 2>&1 || echo "bench $v ($i): exit $?"
+      if moe; then
+        # shellcheck disable=SC2086 # AB_MOE_ARGS: none or several words
+        (cd "$(tree_of "$v")" && timeout 120 build/bench/bench_moe ${AB_MOE_ARGS:-} "$work/bench-$v-$i.json")
+      else
+        (cd "$(tree_of "$v")" && timeout 120 build/bench/bench_kernels "$work/bench-$v-$i.json")
+      fi >"$out/bench-$v-$i.log" 2>&1 || echo "bench $v ($i): exit $?"
     done
   done
   table main "$@" | tee "$out/ab.txt"
@@ -120,10 +134,11 @@ probes() { # NAME...: each of AB_PROBES built in every tree in parallel, then ru
 }
 
 tests() { # NAME...
-  local v
+  local v t
+  t=$(moe && echo test_grouped || echo test_kernels)
   for v in "$@"; do
-    (cd "$(tree_of "$v")" && timeout 150 build/tests/gpu/test_kernels) >"$out/kernels-$v.log" 2>&1
-    echo "test_kernels $v: exit $?, $(grep -c '^ok' "$out/kernels-$v.log") ok"
+    (cd "$(tree_of "$v")" && timeout 150 "build/tests/gpu/$t") >"$out/$t-$v.log" 2>&1
+    echo "$t $v: exit $?, $(grep -c '^ok' "$out/$t-$v.log") ok"
   done
 }
 
@@ -131,5 +146,5 @@ case ${1:-} in
 prepare) [ $# -eq 3 ] && prepare "$2" "$3" ;;
 run) shift && [ $# -ge 1 ] && run "$@" ;;
 table) shift && table main "$@" ;; # the table again from $OUT's logs
-*) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' && false ;;
+*) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' && false ;;
 esac

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_gpu_ab.sh — lab/gpu_ab.sh's parts that need no GPU: the table it prints from benchmark
-# logs (rows as bench_kernels writes them; per row and variant the median of the repeats, the
-# lower of two, in the order given, main first), and "prepare", which copies a branch's changed
+# logs (rows as bench_kernels or, with AB_BENCH=moe, bench_moe writes them; per row and variant
+# the median of the repeats, the lower of two, in the order given, main first), and "prepare", which copies a branch's changed
 # files into ab/NAME (in a scratch git repository).
 set -u
 pass=0 fail=0
@@ -27,6 +27,27 @@ want=$(printf '%-22s %10s %10s' "qwen3_gate_up 4096" 35.0 34.9)
 if [ "$got" = "$want" ]; then ok table_rows_up_to_ab_max_m
 else bad table_rows_up_to_ab_max_m "got: $got" "want: $want"; fi
 
+# AB_BENCH=moe: bench_moe's tables (a geometry's header line, then "T | ours cuBLAS ratio | ..."),
+# per geometry and T the layer's µs
+moe_log() { # qwen3's us at T = 1 and 1024, dsv3's at T = 1
+  echo "qwen3: 128 experts, top-8, gate_up 1536x2048, down 2048x768; weights 1208 MB BF16, 340 MB in the store"
+  echo "gate_up's whole check: frozen 254.9 us (3.16 TB/s of its BF16 bytes), frozen-sampled 11.51 us"
+  echo "     T |    ours us  cuBLAS us   ratio |     TF/s     TF/s |     wGB/s     wGB/s |  rel L2 | frozen us   sampled"
+  echo "     1 |      $1      47.13    2.91 |      4.7      1.6 |      1312      1602 |  0.1383 |     46.41     15.92"
+  echo "  1024 |     $2     423.70    1.47 |    267.5    182.5 |      1176      2851 |  0.1402 |    392.82     23.03"
+  echo "dsv3: 256 experts, top-8, gate_up 4096x7168, down 7168x2048; weights 22549 MB BF16, 6342 MB in the store"
+  echo "     1 |      $3     192.32    2.91 |     10.7      3.7 |      2999      3664 |  0.1401 |    243.78     21.31"
+}
+moe_log 16.19 288.98 66.09 >"$tmp/bench-main-1.log"
+moe_log 16.24 287.86 66.50 >"$tmp/bench-main-2.log"
+moe_log 16.50 285.25 66.01 >"$tmp/bench-rs-1.log"
+moe_log 16.15 297.18 66.20 >"$tmp/bench-rs-2.log"
+got=$(OUT=$tmp AB_BENCH=moe lab/gpu_ab.sh table rs)
+want=$(printf '%-22s %10s %10s\n%-22s %10s %10s\n%-22s %10s %10s\n%-22s %10s %10s' "layer us (median)" main rs \
+  "qwen3 1" 16.19 16.15 "qwen3 1024" 287.86 285.25 "dsv3 1" 66.09 66.01)
+if [ "$got" = "$want" ]; then ok moe_table_per_geometry_and_tokens
+else bad moe_table_per_geometry_and_tokens "got:" "$got" "want:" "$want"; fi
+
 # prepare: a branch off HEAD that changes one file and adds one; ab/NAME holds both, as the branch has them
 repo=$tmp/repo
 mkdir -p "$repo/lab" "$repo/kernels"
@@ -42,6 +63,6 @@ else bad prepare_copies_the_branch_files "ab/x: $(cd "$repo" && find ab -type f 
 
 if lab/gpu_ab.sh >/dev/null 2>&1; then bad usage_without_a_command_fails "exit 0"
 else ok usage_without_a_command_fails; fi
-cd "$root"
+cd "$root" || exit 1
 echo "#mt-counts $pass $fail 0"
 [ "$fail" -eq 0 ]
