@@ -223,6 +223,13 @@ static int launch_gemm(const mt_grouped_args *a, mt_grouped_kargs *k, int bn, mt
   return st;
 }
 
+/* The activations' tensor map for token tile bn: boxes two 64-column blocks deep (rank 3) where a
+ * stage is two blocks and k fills them. */
+static int act_map(mt_grouped_kargs *k, uint16_t *xhat, const mt_grouped_args *a, int bn) {
+  k->kpair = MT_GROUPED_KS(bn) == 2 && a->k % 64 == 0;
+  return mt_gemm_tensor_map(&k->ta, xhat, a->m, a->k, bn, k->kpair);
+}
+
 int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   if (!a || !grouped_args_ok(a)) return MT_ERR_UNSUPPORTED;
   int bn = a->bn ? a->bn : mt_grouped_bn(a->m, a->nseg);
@@ -240,8 +247,7 @@ int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   /* A call that reads C runs whole in one launch: y may be C, and if a second launch failed after
    * the first had written its rows, the caller's fallback would read those rows as C. */
   const int split = MT_GROUPED_SPLITS(bn) && !k.c && !k.c_ptrs, tail_bn = MT_GROUPED_TAIL_BN;
-  k.kpair = MT_GROUPED_KS(bn) == 2 && a->k % 64 == 0;
-  int st = mt_gemm_tensor_map(&k.ta, xhat, a->m, a->k, bn, k.kpair);
+  int st = act_map(&k, xhat, a, bn);
   /* the segments' tiles of bn rows, then their short last tiles on the narrower kernel (the same
    * bits: a row's output does not depend on the token tile). The second launch's every CTA waits
    * for the first's grid before it reads the activations, so its end is the call's end for a
@@ -250,12 +256,10 @@ int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   if (split) {
     k.split = 1, tail.split = 2;
     k.split_bn = tail.split_bn = bn;
-    tail.kpair = MT_GROUPED_KS(tail_bn) == 2 && a->k % 64 == 0;
-    if (st == MT_OK) st = mt_gemm_tensor_map(&tail.ta, xhat, a->m, a->k, tail_bn, tail.kpair);
+    if (st == MT_OK) st = act_map(&tail, xhat, a, tail_bn);
   }
   if (st == MT_OK) st = quantize_acts(a, xhat, outer, stream);
-  if (st != MT_OK) return st;
-  if (!split) return launch_gemm(a, &k, bn, stream);
-  st = launch_gemm(a, &k, bn, stream);
-  return st == MT_OK ? launch_gemm(a, &tail, tail_bn, stream) : st;
+  if (st == MT_OK) st = launch_gemm(a, &k, bn, stream);
+  if (st == MT_OK && split) st = launch_gemm(a, &tail, tail_bn, stream);
+  return st;
 }
