@@ -12,7 +12,8 @@
  * cuBLAS's). A sanity column gives the relative L2 difference of our output against cuBLAS's on
  * the last routing (NVFP4 W4A4 against BF16: ~0.1 on these Gaussian-like data), and the frozen
  * caches' refresh of the layer's weights for the routing (nothing changed: the check of the
- * routed experts' slices, every byte or the sample). Writes JSON to argv[1] (default
+ * routed experts' slices, every byte or the sample; "synced": the sampled refresh after a weight
+ * sync, every routed expert requantized). Writes JSON to argv[1] (default
  * build/bench_moe.json); `--only NAME` runs one geometry, `--tokens T` one T (for a profiler),
  * `--bn BN` forces the grouped kernel's token tile (an A/B of the launcher's choice). */
 #include <cublas_v2.h>
@@ -73,7 +74,7 @@ static void make_gemm(layer_gemm *l, int experts, int n, int k) {
   fill(l->w, (size_t)experts * n * k);
   l->qmem = dmalloc(mt_wstore_bytes(experts, n, k, &num));
   if (mt_wstore_bind(&l->ws, experts, n, k, &num, l->qmem) != MT_OK ||
-      mt_wstore_quantize(l->w, MT_DTYPE_BF16, (size_t)k, (size_t)n * k, &l->ws, NULL,
+      mt_wstore_quantize(l->w, MT_DTYPE_BF16, (size_t)k, (size_t)n * k, &l->ws,
                          (mt_stream)stream) != MT_OK) {
     fprintf(stderr, "bench_moe: quantizing %d x %dx%d failed\n", experts, n, k);
     exit(1);
@@ -172,9 +173,12 @@ typedef struct {
   void *state[2]; /* gate_up's, down's */
   unsigned step;
   int whole;
+  int synced; /* each state zeroed first: every slice requantized, as after a weight sync */
 } check_ctx;
 
 static int refresh(check_ctx *k, layer_gemm *l, void *state, const routing *r) {
+  if (k->synced && cudaMemsetAsync(state, 0, mt_refresh_state_bytes(k->c->g->experts), stream))
+    return 1;
   return mt_wstore_refresh(l->w, MT_DTYPE_BF16, (size_t)l->k, &l->ws, state, k->step,
                            r ? r->offs : NULL, TOPK * k->c->t, (mt_stream)stream);
 }
@@ -191,7 +195,7 @@ static int call_check(void *p, int i) {
 /* The states of both weights under `step`, each weight quantized once by its first refresh. */
 static void check_init(check_ctx *k, moe_ctx *c, unsigned step) {
   const size_t bytes = mt_refresh_state_bytes(c->g->experts);
-  k->c = c, k->step = step, k->whole = 1;
+  k->c = c, k->step = step, k->whole = 1, k->synced = 0;
   for (int j = 0; j < 2; j++) {
     k->state[j] = dmalloc(bytes);
     /* on the bench's stream: it does not wait for the legacy default stream, and a state read
@@ -259,8 +263,9 @@ static void bench_geometry(const geometry *g) {
            "%.3f, \"sampled_us\": %.3f}",
            g->name, t_full * 1e6, gate_up_bytes / t_full * 1e-12, t_whole_sampled * 1e6);
   json_row(crow);
-  printf("%6s | %10s %10s %7s | %8s %8s | %9s %9s | %7s | %9s %9s\n", "T", "ours us", "cuBLAS us",
-         "ratio", "TF/s", "TF/s", "wGB/s", "wGB/s", "rel L2", "frozen us", "sampled");
+  printf("%6s | %10s %10s %7s | %8s %8s | %9s %9s | %7s | %9s %9s %9s\n", "T", "ours us",
+         "cuBLAS us", "ratio", "TF/s", "TF/s", "wGB/s", "wGB/s", "rel L2", "frozen us", "sampled",
+         "synced");
   for (size_t ti = 0; ti < sizeof tokens / sizeof tokens[0]; ti++) {
     c.t = tokens[ti];
     if (only_tokens && c.t != only_tokens)
@@ -291,6 +296,11 @@ static void bench_geometry(const geometry *g) {
      * experts only */
     double t_fz = time_calls(call_check, &full, c.routings),
            t_fs = time_calls(call_check, &sampled, c.routings);
+    /* ... and after a weight sync: the routing's experts requantized (a memset of each state
+     * first, ~1 µs of the column) */
+    sampled.synced = 1;
+    double t_sync = time_calls(call_check, &sampled, c.routings);
+    sampled.synced = 0;
     /* the sanity column: gate_up's outputs of the last routing, ours against cuBLAS's */
     double diff = -1;
     if (t_ours > 0 && t_blas > 0) {
@@ -302,19 +312,21 @@ static void bench_geometry(const geometry *g) {
     }
     double flops = 2.0 * rows * (2.0 * g->width * g->hidden + (double)g->hidden * g->width);
     double wbytes = active_frac * (double)bf16_bytes;
-    printf("%6d | %10.2f %10.2f %7.2f | %8.1f %8.1f | %9.0f %9.0f | %7.4f | %9.2f %9.2f\n", c.t,
-           t_ours * 1e6, t_blas * 1e6, t_blas / t_ours, flops / t_ours * 1e-12,
+    printf("%6d | %10.2f %10.2f %7.2f | %8.1f %8.1f | %9.0f %9.0f | %7.4f | %9.2f %9.2f %9.2f\n",
+           c.t, t_ours * 1e6, t_blas * 1e6, t_blas / t_ours, flops / t_ours * 1e-12,
            flops / t_blas * 1e-12, wbytes * 0.28125 / t_ours * 1e-9, wbytes / t_blas * 1e-9, diff,
-           t_fz * 1e6, t_fs * 1e6);
+           t_fz * 1e6, t_fs * 1e6, t_sync * 1e6);
     char row[512];
     snprintf(row, sizeof row,
              "{\"kind\": \"moe_layer\", \"geometry\": \"%s\", \"tokens\": %d, \"ours_us\": %.3f, "
              "\"cublas_us\": %.3f, "
              "\"ratio\": %.4f, \"ours_tflops\": %.2f, \"cublas_tflops\": %.2f, \"active_experts\": "
              "%.1f, "
-             "\"rel_l2_vs_bf16\": %.5f, \"frozen_refresh_us\": %.3f, \"sampled_refresh_us\": %.3f}",
+             "\"rel_l2_vs_bf16\": %.5f, \"frozen_refresh_us\": %.3f, \"sampled_refresh_us\": %.3f, "
+             "\"synced_refresh_us\": %.3f}",
              g->name, c.t, t_ours * 1e6, t_blas * 1e6, t_blas / t_ours, flops / t_ours * 1e-12,
-             flops / t_blas * 1e-12, active_frac * g->experts, diff, t_fz * 1e6, t_fs * 1e6);
+             flops / t_blas * 1e-12, active_frac * g->experts, diff, t_fz * 1e6, t_fs * 1e6,
+             t_sync * 1e6);
     json_row(row);
     for (int i = 0; i < c.routings; i++) {
       cudaFree(c.r[i].offs);

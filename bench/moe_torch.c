@@ -25,7 +25,7 @@ MTB_EXPORT int mtb_store_quantize(const void *w, int count, int n, int k, void *
   int st = mt_wstore_bind(&ws, count, n, k, &num, mem);
   if (st != MT_OK)
     return st;
-  return mt_wstore_quantize(w, MT_DTYPE_BF16, (size_t)k, (size_t)n * k, &ws, NULL, stream);
+  return mt_wstore_quantize(w, MT_DTYPE_BF16, (size_t)k, (size_t)n * k, &ws, stream);
 }
 
 MTB_EXPORT size_t mtb_workspace_bytes(int m, int k) {

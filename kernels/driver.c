@@ -86,6 +86,7 @@ void mt_capture_restore(int previous) {
 
 #define MAX_FUNCTIONS 256 /* kernels looked up per context: far more than the engine has */
 #define MAX_CONFIGURED 64 /* functions whose shared-memory limit was raised, per context */
+#define MAX_FITS 32       /* cluster capacities asked of the driver, per context */
 #define MAX_NAME 64
 #define CANARY_BYTES 256
 
@@ -94,6 +95,12 @@ typedef struct {
   char fn[MAX_NAME];
   CUfunction function;
 } function_slot;
+
+typedef struct {
+  CUfunction function;
+  unsigned threads, smem;
+  int clusters;
+} cluster_fit;
 
 typedef struct {
   _Atomic unsigned long long id; /* 0: free */
@@ -105,6 +112,8 @@ typedef struct {
   _Atomic int nfunctions; /* slots below it are complete and never change while id holds */
   function_slot functions[MAX_FUNCTIONS];
   _Atomic(CUfunction) configured[MAX_CONFIGURED];
+  _Atomic int nfits; /* entries below it are complete and never change while id holds */
+  cluster_fit fits[MAX_FITS];
 } ctx_slot;
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER; /* claims, loads, canaries */
@@ -143,6 +152,7 @@ static void slot_free(ctx_slot *s) {
   s->loaded = 0;
   memset(s->modules, 0, sizeof s->modules); /* they went with their context */
   for (int i = 0; i < MAX_CONFIGURED; i++) atomic_store_explicit(&s->configured[i], NULL, memory_order_relaxed);
+  atomic_store_explicit(&s->nfits, 0, memory_order_relaxed);
 }
 
 /* Under registry_lock: a free slot for a context not seen before, after forgetting the slots of
@@ -368,4 +378,40 @@ int mt_sm_count(void) {
       d->device_get_attribute(&n, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS || n <= 0)
     return 132;
   return n;
+}
+
+static int find_fit(ctx_slot *s, CUfunction f, unsigned threads, unsigned smem) {
+  const int n = atomic_load_explicit(&s->nfits, memory_order_acquire);
+  for (int i = 0; i < n; i++)
+    if (s->fits[i].function == f && s->fits[i].threads == threads && s->fits[i].smem == smem)
+      return s->fits[i].clusters;
+  return 0;
+}
+
+/* The answer is kept in the context's slot (lookups lock-free): the driver's occupancy calculator is
+ * not asked again for a launch of the same shape. */
+int mt_cluster_capacity(CUfunction f, unsigned cluster, unsigned bx, unsigned by, unsigned smem) {
+  const mt_driver *d = mt_driver_get();
+  const int fallback = mt_sm_count() / (int)cluster > 0 ? mt_sm_count() / (int)cluster : 1;
+  mt_ctx c;
+  if (!d || !d->occupancy_max_active_clusters || mt_ctx_current(&c) != MT_OK) return fallback;
+  ctx_slot *s = &slots[c.index];
+  int clusters = find_fit(s, f, bx * by, smem);
+  if (clusters > 0) return clusters;
+  CUlaunchConfig cfg = {0};
+  cfg.gridDimX = cluster;
+  cfg.gridDimY = cfg.gridDimZ = 1;
+  cfg.blockDimX = bx;
+  cfg.blockDimY = by;
+  cfg.blockDimZ = 1;
+  cfg.sharedMemBytes = smem;
+  if (d->occupancy_max_active_clusters(&clusters, f, &cfg) != CUDA_SUCCESS || clusters <= 0) return fallback;
+  pthread_mutex_lock(&registry_lock);
+  const int n = atomic_load_explicit(&s->nfits, memory_order_relaxed);
+  if (n < MAX_FITS && !find_fit(s, f, bx * by, smem)) {
+    s->fits[n] = (cluster_fit){f, bx * by, smem, clusters};
+    atomic_store_explicit(&s->nfits, n + 1, memory_order_release);
+  }
+  pthread_mutex_unlock(&registry_lock);
+  return clusters;
 }

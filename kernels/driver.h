@@ -36,7 +36,8 @@
 
 /* Entry points the engine works without (NULL when the driver lacks them): context IDs (CUDA 12.0),
  * stream-ordered allocation (11.2), pointer attributes, the thread's capture mode, host memory
- * registration (the instruments), a stream's context and a device's PCI address. */
+ * registration (the instruments), a stream's context, a device's PCI address and the clusters of a
+ * kernel that fit the device at once (12.0). */
 #define MT_DRIVER_OPTIONAL(X)                                                                                          \
   X(ctx_get_id, cuCtxGetId, "cuCtxGetId")                                                                              \
   X(mem_alloc_async, cuMemAllocAsync, "cuMemAllocAsync")                                                               \
@@ -45,7 +46,8 @@
   X(exchange_capture_mode, cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode")                     \
   X(mem_host_register, cuMemHostRegister, "cuMemHostRegister_v2")                                                      \
   X(stream_get_ctx, cuStreamGetCtx, "cuStreamGetCtx")                                                                  \
-  X(device_get_pci_bus_id, cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId")
+  X(device_get_pci_bus_id, cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId")                                                 \
+  X(occupancy_max_active_clusters, cuOccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters")
 
 typedef struct {
 #define MT_DRIVER_FIELD(field, decl, sym) __typeof__(&decl) field;
@@ -127,5 +129,11 @@ int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, 
 
 /* The current device's SM count (132, an H200's, when it cannot be read): the kernels' grids. */
 int mt_sm_count(void);
+
+/* How many clusters of f (of `cluster` CTAs, f's compile-time cluster size, of bx x by threads and
+ * `smem` bytes of dynamic shared memory) the current device runs at once: asked of the driver once
+ * per function, shape and context; mt_sm_count() / cluster (one CTA an SM) when the driver cannot
+ * say. At least 1. */
+int mt_cluster_capacity(CUfunction f, unsigned cluster, unsigned bx, unsigned by, unsigned smem);
 
 #endif

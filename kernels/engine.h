@@ -145,12 +145,8 @@ int mt_wstore_bind(mt_wstore *w, int count, int n, int k, const mt_numerics *num
 const float *mt_wstore_outer(const mt_wstore *w, int e);
 
 /* Quantize w->count weights of n rows of k (row stride ldw elements, `stride` elements from one to
- * the next; BF16 or FP16) into w on `stream`, each slice with its own S. With only_if (a device
- * list: a count n, then n slice numbers, as a refresh's check leaves it), only the listed slices,
- * read when the kernels run, and their amax words (per-tensor S) are not zeroed here: the check
- * that wrote the list did it. */
-int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w,
-                       const uint32_t *only_if, mt_stream stream);
+ * the next; BF16 or FP16) into w on `stream`, each slice with its own S. */
+int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w, mt_stream stream);
 
 /* The same for weights behind a device array of w->count pointers (slice e from w_ptrs[e], row
  * stride ldw): the array and the weights are read on the device only. The same slices, bit for bit,
@@ -159,10 +155,11 @@ int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_
 
 /* The frozen cache's refresh for a store whose count weights lie back to back (row stride ldw,
  * each n * ldw elements after the one before; state: mt_refresh_state_bytes(count)): the check
- * and quantization of mt_refresh_weight, slice by slice, for the slices the call uses. With offs (the
- * call's segment table as mt_gemm_grouped reads it, m its rows), only the slices whose segment
- * has rows are checked and, when changed, requantized: the others keep their quantization until a
- * call that uses them checks them. Without, every slice. */
+ * and quantization of mt_refresh_weight, slice by slice, for the slices the call uses, in one
+ * launch (kernels/quant.cu, refresh_store). With offs (the call's segment table as mt_gemm_grouped
+ * reads it, m its rows), only the slices whose segment has rows are checked and, when changed,
+ * requantized: the others keep their quantization until a call that uses them checks them.
+ * Without, every slice. */
 int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *ws, void *state, unsigned step,
                       const int32_t *offs, int m, mt_stream stream);
 

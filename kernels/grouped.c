@@ -46,25 +46,42 @@ const float *mt_wstore_outer(const mt_wstore *w, int e) {
   return (const float *)(w->base + (size_t)e * w->slice_bytes + MT_WS_SECTION(MT_WS_RECORD_BYTES(w->n, w->k)));
 }
 
-int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w,
-                       const uint32_t *only_if, mt_stream stream) {
-  if (!wt || !w || !w->base || !wstore_shape_ok(w->count, w->n, w->k, &w->num) || !is_half(type) || !aligned16(wt) ||
-      ldw < (size_t)w->k || ldw % 8 || (w->count > 1 && (stride < (size_t)w->n * ldw || stride % 8)))
-    return MT_ERR_UNSUPPORTED;
-  mt_quant_params p = {
+/* The store mode's quantization of w's count weights (strided: slice e at wt + e * stride). */
+static mt_quant_params store_params(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, const mt_wstore *w) {
+  return (mt_quant_params){
       .x = wt,
       .ldx = (int64_t)ldw,
       .rows = w->count * w->n,
       .cols = w->k,
       .fp16 = type == MT_DTYPE_FP16,
       .row_outer = w->num.weight_scale == MT_SCALE_ROW,
-      .only_if = only_if,
       .batch_rows = w->n,
       .batch_stride = (int64_t)(w->count > 1 ? stride : (size_t)w->n * ldw),
       .store = w->base,
       .slice_bytes = (int64_t)w->slice_bytes,
   };
+}
+
+static int store_source_ok(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, const mt_wstore *w) {
+  return wt && w && w->base && wstore_shape_ok(w->count, w->n, w->k, &w->num) && is_half(type) && aligned16(wt) &&
+         ldw >= (size_t)w->k && ldw % 8 == 0 && (w->count == 1 || (stride >= (size_t)w->n * ldw && stride % 8 == 0));
+}
+
+int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w, mt_stream stream) {
+  if (!store_source_ok(wt, type, ldw, stride, w)) return MT_ERR_UNSUPPORTED;
+  mt_quant_params p = store_params(wt, type, ldw, stride, w);
   return mt_quantize(&p, w->num.weight_block == MT_WBLOCK_16X16, stream);
+}
+
+int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *ws, void *state, unsigned step,
+                      const int32_t *offs, int m, mt_stream stream) {
+  const size_t stride = ws ? (size_t)ws->n * ldw : 0;
+  if (!store_source_ok(w, type, ldw, stride, ws) || !state) return MT_ERR_UNSUPPORTED;
+  /* a slice's 128-byte lines number in 32 bits on the device (kernels/whash.cuh) */
+  if ((uint64_t)ws->n * (uint64_t)((ws->k / 8 + 7) / 8) > UINT32_MAX / 2) return MT_ERR_UNSUPPORTED;
+  mt_refresh_args a = {
+      .q = store_params(w, type, ldw, stride, ws), .offs = offs, .m = m, .step = step ? step : 1, .state = state};
+  return mt_quantize_refresh(&a, ws->num.weight_block == MT_WBLOCK_16X16, stream);
 }
 
 int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_t ldw, mt_wstore *w, mt_stream stream) {

@@ -6,6 +6,7 @@
 #include "kernels/quant.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "kernels/driver.h"
 #include "kernels/wstore.h"
@@ -15,10 +16,6 @@
 #define MAX_ROW_THREADS 512
 /* Rows above which the per-row kernel is shaped for bandwidth rather than latency. */
 #define MANY_ROWS 512
-
-/* CTAs of the store kernels under a refresh's list (two an SM): few to launch when the list is
- * empty, as at most calls of a frozen weight, and ~4 MB of loads in flight when it is not. */
-static unsigned list_ctas(void) { return 2u * (unsigned)mt_sm_count(); }
 
 typedef struct {
   char name[40];
@@ -91,11 +88,8 @@ static int pick_store_shape(const mt_quant_params *p, int tile16, launch_shape *
     tensor_shape(nblk / 2, s);
     snprintf(s->name, sizeof s->name, "mt_quant_tensor_store_%s%s", type, sfx);
   }
-  /* a CTA takes whole blocks of block_y rows, each within one slice (slices are whole bands); under
-   * a refresh's list (only_if) it walks the listed slices' blocks grid-stride: a refresh that finds
-   * nothing changed launches list_ctas(), not a CTA a block */
+  /* a CTA takes one block of block_y rows, within one slice (slices are whole bands) */
   s->grid_x = rows / s->block_y;
-  if (p->only_if && s->grid_x > list_ctas()) s->grid_x = list_ctas();
   return s->grid_y <= 65535 && MT_WS_BAND % s->block_y == 0 ? MT_OK : MT_ERR_UNSUPPORTED;
 }
 
@@ -120,29 +114,29 @@ static int pick_shape(const mt_quant_params *p, int tile16, launch_shape *s) {
 }
 
 /* The amax words the pass builds: p->amax, or each slice's (after its S: kernels/wstore.h), one
- * 2-D memset for all of them; under a refresh's list (the store's only_if), none: its check zeroed
- * those of the listed slices. */
+ * 2-D memset for all of them. */
 static CUresult zero_amax(const mt_driver *d, const mt_quant_params *p, mt_stream stream) {
   if (!p->store) return d->memset_d8_async((CUdeviceptr)p->amax, 0, sizeof *p->amax, stream);
-  if (p->only_if) return CUDA_SUCCESS;
   CUdeviceptr first = (CUdeviceptr)(p->store + MT_WS_SECTION(MT_WS_RECORD_BYTES(p->batch_rows, p->cols)) + 4);
   return d->memset_d2d32_async(first, (size_t)p->slice_bytes, 0, 1, (size_t)(p->rows / p->batch_rows), stream);
+}
+
+/* Whether quantize (or, store mode, a refresh) can take p: the shapes the kernels assume. */
+static int params_ok(const mt_quant_params *p, int tile16) {
+  if (p->rows <= 0 || p->cols <= 0 || p->cols % 16 || p->batch_rows < 0 || (p->batch_rows && p->rows % p->batch_rows) ||
+      (p->store && (!p->batch_rows || p->only_if)) || (tile16 && (p->row_outer || p->rows % 16 || p->batch_rows % 16)))
+    return 0;
+  return p->batch_ptrs ? (p->batch_offs ? !p->batch_rows && !p->store && p->nbatch > 0 : !!p->batch_rows)
+                       : !p->batch_offs;
 }
 
 /* dependent: per-row S's one kernel launched with programmatic serialization (mt_quantize_dependent) */
 static int quantize(const mt_quant_params *p, int tile16, int dependent, mt_stream stream) {
   const mt_driver *d = mt_driver_get();
   if (!d) return MT_ERR_NO_DRIVER;
-  if (p->rows <= 0 || p->cols <= 0 || p->cols % 16 || p->batch_rows < 0 || (p->batch_rows && p->rows % p->batch_rows) ||
-      (p->store && !p->batch_rows) || (tile16 && (p->row_outer || p->rows % 16 || p->batch_rows % 16)))
-    return MT_ERR_UNSUPPORTED;
-  if (p->batch_ptrs ? (p->batch_offs ? p->batch_rows || p->store || p->nbatch <= 0 : !p->batch_rows) : !!p->batch_offs)
-    return MT_ERR_UNSUPPORTED;
+  if (!params_ok(p, tile16)) return MT_ERR_UNSUPPORTED;
   launch_shape s;
   CUfunction quant, amax = NULL;
-  /* a refresh's list: the check before wrote it; the pass and the quantizer are launched to start
-   * while the kernel before them ends (they wait for it first: kernels/pdl.cuh) */
-  const int listed = p->store && p->only_if;
   int status = pick_shape(p, tile16, &s);
   if (status == MT_OK) status = mt_kernel_get("quant", s.name, stream, &quant);
   if (status == MT_OK && !p->row_outer) {
@@ -155,17 +149,44 @@ static int quantize(const mt_quant_params *p, int tile16, int dependent, mt_stre
     /* The amax pass ends in atomicMax on FP32 bits: exact and independent of order. */
     if (zero_amax(d, p, stream) != CUDA_SUCCESS) return MT_ERR_CUDA;
     unsigned warps = (unsigned)p->rows < 8192 ? (unsigned)p->rows : 8192; /* a row per warp */
-    unsigned ctas = (warps + 7) / 8;
-    if (listed && ctas > list_ctas()) ctas = list_ctas();
-    status = mt_launch(amax, ctas, 1, 256, 1, 0, listed, stream, (void *)p);
+    status = mt_launch(amax, (warps + 7) / 8, 1, 256, 1, 0, 0, stream, (void *)p);
     if (status != MT_OK) return status;
   }
-  return mt_launch(quant, s.grid_x, s.grid_y, s.block_x, s.block_y, 0, listed || (dependent && !amax), stream,
-                   (void *)p);
+  return mt_launch(quant, s.grid_x, s.grid_y, s.block_x, s.block_y, 0, dependent && !amax, stream, (void *)p);
 }
 
 int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) { return quantize(p, tile16, 0, stream); }
 
 int mt_quantize_dependent(const mt_quant_params *p, mt_stream stream) {
   return p->store ? MT_ERR_UNSUPPORTED : quantize(p, 0, 1, stream);
+}
+
+/* A refresh's clusters (kernels/quant.cu, kRefreshCluster CTAs each): one a slice the call can
+ * cover (a segment with rows has at least one of the call's m), at most as many as the device runs
+ * at once (a second wave would wait for the first). */
+#define REFRESH_CLUSTER 8
+
+int mt_quantize_refresh(const mt_refresh_args *a, int tile16, mt_stream stream) {
+  const mt_quant_params *p = &a->q;
+  if (!p->store || p->batch_ptrs || !params_ok(p, tile16) || !a->state || (a->offs && a->m < 0))
+    return MT_ERR_UNSUPPORTED;
+  const unsigned slices = (unsigned)(p->rows / p->batch_rows);
+  const unsigned covered = a->offs && (unsigned)a->m < slices ? (unsigned)a->m : slices;
+  if (covered == 0) return MT_OK;
+  launch_shape s;
+  int status = pick_store_shape(p, tile16, &s);
+  /* the list of covered slices in shared memory, 4 bytes a slice, within the 48 KB a launch gets
+   * without asking (no model has 12,288 experts) */
+  if (status != MT_OK || (s.block_x * s.block_y) % 32 || (a->offs && slices > 48 * 1024 / 4)) return MT_ERR_UNSUPPORTED;
+  char name[64];
+  snprintf(name, sizeof name, "mt_refresh_%s", s.name + strlen("mt_quant_"));
+  CUfunction f;
+  status = mt_kernel_get("quant", name, stream, &f);
+  if (status != MT_OK) return status;
+  const unsigned smem = a->offs ? 4 * slices : 0;
+  unsigned clusters = (unsigned)mt_cluster_capacity(f, REFRESH_CLUSTER, s.block_x, s.block_y, smem);
+  if (clusters > covered) clusters = covered;
+  mt_refresh_args k = *a;
+  k.grid_y = (int32_t)s.grid_y;
+  return mt_launch(f, clusters * REFRESH_CLUSTER, 1, s.block_x, s.block_y, smem, 0, stream, &k);
 }

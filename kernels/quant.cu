@@ -16,11 +16,14 @@
  * per-row amax is a max over the FP32 bits of |x| (exact and order-independent; NaN's bits exceed
  * Inf's, so NaN wins as in the reference): butterfly shuffles, then shared memory across warps.
  */
+#include <cooperative_groups.h>
 #include <stdint.h>
 
 #include "kernels/pdl.cuh"
 #include "kernels/quant.cuh"
 #include "kernels/quant.h"
+#include "kernels/wcheck.h"
+#include "kernels/whash.cuh"
 #include "kernels/wstore.h"
 
 using namespace mt_q;
@@ -187,16 +190,17 @@ __device__ __forceinline__ float block_coef(uint32_t amax_bits, float s_over_6, 
   return sb_code == 0 ? 0.0f : __frcp_rn(__fmul_rn(sb, inv_s));
 }
 
-/* Rows r = blockIdx.x * TY + ty; thread tx owns blocks blockIdx.y * TX * NB + tx + j * TX. ROW: S
- * from the row's amax (the launcher makes one CTA span the whole row); else S from the amax word.
+/* Rows r = bx * TY + ty; thread tx owns blocks by * TX * NB + tx + j * TX (the launch's CTA
+ * (blockIdx.x, blockIdx.y), or the refresh's: refresh_store). ROW: S from the row's amax (the
+ * launcher makes one CTA span the whole row); else S from the amax word (or *amax_at, where given).
  * TILE: 16x16 tiles, TY == 16, the tile's amax through shared memory. STORE (NB even): the output
  * is the weight store p.store instead; thread tx owns the pairs of blocks
- * blockIdx.y * TX * NB / 2 + tx + i * TX (blocks j = 2i and 2i + 1 of its NB), over the rows and
- * pairs of each slice the layout pads to: rows past a slice's p.batch_rows load as zero, so their
- * codes and scales are 0 (their S is not written). */
+ * by * TX * NB / 2 + tx + i * TX (blocks j = 2i and 2i + 1 of its NB), over the rows and pairs of
+ * each slice the layout pads to: rows past a slice's p.batch_rows load as zero, so their codes and
+ * scales are 0 (their S is not written). */
 template <bool FP16, int NB, bool ROW, bool TILE, bool STORE = false, bool PTRS = false>
-__device__ __forceinline__ void quantize(const mt_quant_params &p, int bx) {
-  /* the same for the whole grid: no barrier is left waiting (the store mode's list: quantize_store) */
+__device__ __forceinline__ void quantize(const mt_quant_params &p, int bx, int by, const uint32_t *amax_at = nullptr) {
+  /* the same for the whole grid: no barrier is left waiting */
   if (!STORE && p.only_if && *p.only_if == 0) return;
   const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x;
   const int nblk = p.cols >> 4;
@@ -205,10 +209,8 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p, int bx) {
   const int e = STORE ? r_all / slice_rows(p) : 0, rl = STORE ? r_all % slice_rows(p) : r_all;
   const int r = STORE ? e * p.batch_rows + rl : r_all;
   const bool row_ok = STORE ? rl < p.batch_rows && r < p.rows : r < p.rows;
-  const int b0 = blockIdx.y * (TX * NB) + tx;
-  auto block_of = [&](int j) {
-    return STORE ? 2 * (blockIdx.y * (TX * NB / 2) + tx + (j >> 1) * TX) + (j & 1) : b0 + j * TX;
-  };
+  const int b0 = by * (TX * NB) + tx;
+  auto block_of = [&](int j) { return STORE ? 2 * (by * (TX * NB / 2) + tx + (j >> 1) * TX) + (j & 1) : b0 + j * TX; };
   const char *xrow = x_row<PTRS>(p, row_ok ? r : 0);
 
   uint32_t w[NB][8], amax_b[NB];
@@ -245,13 +247,14 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p, int bx) {
     if (tx == 0 && row_ok) outer[STORE ? rl : r] = S;
   } else {
     /* per tensor: the amax word after S (the store's slice, or p.amax) */
-    S = outer_scale(__uint_as_float(STORE ? *(const uint32_t *)(outer + 1) : *p.amax));
-    if (blockIdx.y == 0 && tx == 0 && (STORE ? rl == 0 : r_all == 0)) outer[0] = S;
+    if (!amax_at) amax_at = STORE ? (const uint32_t *)(outer + 1) : p.amax;
+    S = outer_scale(__uint_as_float(*amax_at));
+    if (by == 0 && tx == 0 && (STORE ? rl == 0 : r_all == 0)) outer[0] = S;
   }
 
   if (TILE) { /* TY == 16: the 16 rows of a CTA are one row of tiles (a slice's rows are whole tiles) */
     __shared__ uint32_t tile_max[kMaxThreads / 16 * 8];
-    const int first = blockIdx.y * TX * NB;
+    const int first = by * TX * NB;
 #pragma unroll
     for (int j = 0; j < NB; j++)
       if (ty == 0) tile_max[block_of(j) - first] = 0;
@@ -314,34 +317,13 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p, int bx) {
   }
 }
 
-/* The store mode's slices to do: those listed (p.only_if: a count n, then n slice numbers, as a
- * refresh's check leaves them; at most the store's count), or every slice. */
-__device__ __forceinline__ int store_todo(const mt_quant_params &p) {
-  const int all = p.rows / p.batch_rows;
-  return p.only_if ? (int)min(p.only_if[0], (uint32_t)all) : all;
-}
-
-/* The i-th slice to do, or -1 for a listed number not of this store (nothing is written out of it). */
-__device__ __forceinline__ int store_slice(const mt_quant_params &p, int i) {
-  const uint32_t e = p.only_if ? p.only_if[1 + i] : (uint32_t)i;
-  return e < (uint32_t)(p.rows / p.batch_rows) ? (int)e : -1;
-}
-
-/* The store mode's CTAs: each takes whole blocks of blockDim.y rows (a block lies within one slice:
- * quant.c) of the slices to do, grid-stride, so that a refresh that finds nothing changed costs a
- * small grid, not one CTA a block. They let no dependent start before they end: the activations'
- * quantizer launched after them lets the grouped GEMM start at once, and the GEMM reads the store
- * before it waits (kernels/grouped.cu). */
+/* The store mode's CTAs: one block of blockDim.y rows (a block lies within one slice: quant.c)
+ * and TX * NB / 2 pairs of columns each. They let no dependent start before they end: the
+ * activations' quantizer launched after them lets the grouped GEMM start at once, and the GEMM
+ * reads the store before it waits (kernels/grouped.cu). */
 template <bool FP16, int NB, bool ROW, bool TILE, bool PTRS>
 __device__ __forceinline__ void quantize_store(const mt_quant_params &p) {
-  grid_dependency_wait(); /* under a refresh's list, launched dependent on the amax pass or check */
-  const int per_slice = slice_rows(p) / blockDim.y, slices = store_todo(p);
-  for (int b = blockIdx.x; b < slices * per_slice; b += gridDim.x) {
-    const int e = store_slice(p, b / per_slice);
-    if (e < 0) continue;
-    quantize<FP16, NB, ROW, TILE, true, PTRS>(p, e * per_slice + b % per_slice);
-    __syncthreads(); /* one block's shared memory before the next's */
-  }
+  quantize<FP16, NB, ROW, TILE, true, PTRS>(p, blockIdx.x, blockIdx.y);
 }
 
 /* max |x| over the whole matrix into *p.amax, or in the store mode over each slice into the
@@ -369,17 +351,15 @@ __device__ __forceinline__ uint32_t row_amax(const mt_quant_params &p, int r, in
   return __reduce_max_sync(0xffffffffu, __float_as_uint(abs_bits_to_float<FP16>(max(m & 0xffffu, m >> 16))));
 }
 
-/* The store mode's amax: each warp a run of the rows of the slices to do (as quantize_store), one
- * atomicMax per slice it touched. */
+/* The store mode's amax: each warp a run of the rows, one atomicMax per slice it touched. */
 template <bool FP16, bool PTRS>
 __device__ __forceinline__ void amax_store(const mt_quant_params &p, int warp, int nwarps) {
-  const int lane = threadIdx.x & 31, rows = store_todo(p) * p.batch_rows;
-  const int run = (rows + nwarps - 1) / nwarps, v0 = warp * run, v1 = min(rows, v0 + run);
+  const int lane = threadIdx.x & 31;
+  const int run = (p.rows + nwarps - 1) / nwarps, v0 = warp * run, v1 = min(p.rows, v0 + run);
   uint32_t bits = 0;
   for (int v = v0; v < v1; v++) {
-    const int e = store_slice(p, v / p.batch_rows);
-    if (e < 0) continue;
-    bits = max(bits, row_amax<FP16, PTRS>(p, e * p.batch_rows + v % p.batch_rows, lane));
+    const int e = v / p.batch_rows;
+    bits = max(bits, row_amax<FP16, PTRS>(p, v, lane));
     if (v + 1 == v1 || (v + 1) % p.batch_rows == 0) { /* the slice's last row of this run */
       if (lane == 0 && bits != 0) atomicMax((uint32_t *)(slice_outer(p, e) + 1), bits);
       bits = 0;
@@ -411,6 +391,165 @@ template <bool FP16, bool PTRS> __device__ __forceinline__ void amax_pass(const 
   }
 }
 
+/* ---- a store's refresh: the check and the requantization of changed slices in one launch -------
+ *
+ * A cluster of kRefreshCluster CTAs owns every clusters-th covered slice: its CTAs hash their share of
+ * the slices' lines (kernels/whash.cuh), the cluster adds the shares in distributed shared memory and
+ * compares the sum with the hash kept at the slice's last quantization. Unchanged: on to the next
+ * slice. Changed (or never quantized): the cluster takes the slice's amax the same way (per-tensor
+ * S), quantizes its blocks as the store quantizer would (bit for bit: the same quantize<>), and
+ * keeps the new hash. A slice's words are touched by its cluster only, so nothing is counted,
+ * listed or reset across the grid: a refresh that finds nothing changed is one launch, one read of
+ * the segment ends, one of the sample (all of a cluster's slices at once) and two cluster barriers. Tested on the GPU by
+ * tests/gpu/test_grouped.c (store_refresh_modes: every weight scale, whole, one-row and one-element
+ * changes, sampled lines, slices outside the call), the launches on the CPU by
+ * tests/cpu/test_shim_engine.c. */
+constexpr int kRefreshCluster = 8; /* portable on sm_90; quant.c sizes the grid in clusters */
+
+/* One value of the CTA, combined over its warps: a sum (hash words) or a max (amax bits); thread 0
+ * holds the result. */
+template <bool MAX> __device__ __forceinline__ uint64_t combine(uint64_t a, uint64_t b) {
+  return MAX ? max(a, b) : a + b;
+}
+template <bool MAX> __device__ uint64_t cta_combine(uint64_t v, int tid, int nthreads) {
+  __shared__ uint64_t warp_v[kMaxThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) v = combine<MAX>(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (tid % 32 == 0) warp_v[tid / 32] = v;
+  __syncthreads();
+  if (tid == 0)
+    for (int w = 1; w < nthreads / 32; w++) v = combine<MAX>(v, warp_v[w]);
+  return v;
+}
+
+/* The cluster's combination of one value a CTA, for every thread: thread 0 puts its CTA's in
+ * `slot` (its shared memory; two slots used in turn, so that a round's writes never meet the reads
+ * of the round before, which every CTA finishes before the next barrier), the cluster's barrier,
+ * then each thread reads every CTA's slot. */
+template <bool MAX>
+__device__ uint64_t cluster_combine(const cooperative_groups::cluster_group &cl, uint64_t *slot, uint64_t v, int tid,
+                                    int nthreads) {
+  v = cta_combine<MAX>(v, tid, nthreads);
+  if (tid == 0) *slot = v;
+  cl.sync();
+  v = 0;
+#pragma unroll
+  for (int r = 0; r < kRefreshCluster; r++) v = combine<MAX>(v, *cl.map_shared_rank(slot, r));
+  return v;
+}
+
+/* Up to kRefreshBatch of the cluster's slices are checked in one pass, without a barrier between
+ * slices (a batch's words live in shared memory); a cluster takes more in further passes. */
+constexpr int kRefreshBatch = 32;
+
+/* A pass's slices: the cluster's j-th covered slice is cov[first + j * stride], j < n. */
+struct refresh_batch {
+  mt_slices_of cov;
+  int first, stride, n;
+  __device__ int slice(int j) const { return cov[first + j * stride]; }
+};
+
+/* This CTA's share of a batch's check into part[j] (shared memory, zeroed): the batch's items in
+ * runs of 32 (a line a lane), slice after slice, dealt to the cluster's warps in turn (rank * warps
+ * + warp, then a cluster's warps further on), so that a sample of a few runs a slice still keeps
+ * every warp busy. A warp adds its sum of a slice to the slice's word once, when it moves past the
+ * slice (a 64-bit add to shared memory is a compare-and-swap loop: one a warp, not one a thread). */
+__device__ void hash_shares(const mt_refresh_args &a, const refresh_batch &bt, uint64_t *part, int rank, int tid,
+                            int nthreads) {
+  const mt_quant_params &p = a.q;
+  const mt_wlines g = mt_wlines_of(p.batch_rows, p.cols, a.step);
+  const uint32_t runs = (g.items + 31) / 32, stride = kRefreshCluster * nthreads / 32, lane = tid % 32;
+  uint32_t run = rank * nthreads / 32 + tid / 32;
+  int j = 0;
+  for (; j < bt.n && run >= runs; j++) run -= runs;
+  uint64_t h = 0;
+  while (j < bt.n) {
+    h += mt_item_hash((const uint16_t *)p.x + (size_t)bt.slice(j) * (size_t)p.batch_stride, p.ldx, g, a.step,
+                      run * 32 + lane);
+    run += stride;
+    if (run < runs) continue;
+    for (int o = 16; o > 0; o >>= 1) h += __shfl_xor_sync(0xffffffffu, h, o);
+    if (lane == 0) atomicAdd((unsigned long long *)&part[j], (unsigned long long)h);
+    h = 0;
+    for (; j < bt.n && run >= runs; j++) run -= runs;
+  }
+}
+
+/* This CTA's share of slice e's amax (FP32 bits of max |x|): rows rank * warps + warp + i * (the
+ * cluster's warps), as the amax pass reads a row. */
+template <bool FP16>
+__device__ uint32_t slice_amax_share(const mt_quant_params &p, int e, int rank, int tid, int nthreads) {
+  const int warps = nthreads / 32;
+  uint32_t m = 0;
+  for (int r = rank * warps + tid / 32; r < p.batch_rows; r += kRefreshCluster * warps)
+    m = max(m, row_amax<FP16, false>(p, e * p.batch_rows + r, tid % 32));
+  return m;
+}
+
+/* Slice e's requantization by the cluster (found changed): its amax the way the check's sums were
+ * combined (per-tensor S), then its blocks of rows and columns dealt to the CTAs in turn. */
+template <bool FP16, int NB, bool ROW, bool TILE>
+__device__ void requantize(const cooperative_groups::cluster_group &cl, const mt_refresh_args &a, int e,
+                           uint64_t *amax_slot, int rank, int tid, int nthreads) {
+  const mt_quant_params &p = a.q;
+  const int per_slice = slice_rows(p) / blockDim.y;
+  uint32_t amax = 0;
+  if (!ROW) {
+    amax = (uint32_t)cluster_combine<true>(cl, amax_slot, slice_amax_share<FP16>(p, e, rank, tid, nthreads), tid,
+                                           nthreads);
+    if (rank == 0 && tid == 0) *(uint32_t *)(slice_outer(p, e) + 1) = amax; /* as the amax pass leaves it */
+  }
+  for (int b = rank; b < per_slice * a.grid_y; b += kRefreshCluster) {
+    quantize<FP16, NB, ROW, TILE, true, false>(p, e * per_slice + b % per_slice, b / per_slice, &amax);
+    __syncthreads(); /* one block's shared memory before the next's */
+  }
+}
+
+template <bool FP16, int NB, bool ROW, bool TILE> __device__ void refresh_store(const mt_refresh_args &a) {
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cl = cg::this_cluster();
+  const mt_quant_params &p = a.q;
+  const int rank = (int)cl.block_rank(), tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int nthreads = blockDim.x * blockDim.y, clusters = gridDim.x / kRefreshCluster;
+  __shared__ uint64_t part[kRefreshBatch], sum[kRefreshBatch], amax_slot[2];
+  __shared__ uint32_t changed[kRefreshBatch];
+  extern __shared__ int covered[];
+  refresh_batch bt = {mt_covered_list(a.offs, p.rows / p.batch_rows, a.m, covered, tid, nthreads), 0, clusters, 0};
+  mt_wcheck_slice *words = mt_wcheck_slices(a.state);
+  int round = 0;
+  for (bt.first = blockIdx.x / kRefreshCluster; bt.first < bt.cov.n; bt.first += kRefreshBatch * clusters) {
+    bt.n = min(kRefreshBatch, (bt.cov.n - bt.first + clusters - 1) / clusters);
+    /* every CTA of the cluster takes the same verdicts: the same sums (read from every CTA's part)
+     * against the same words, read here, before the hashes' loads (one trip to memory for both),
+     * and written below only after the next barrier */
+    mt_wcheck_slice w = {0, 0, 0, 0};
+    if (tid < bt.n) {
+      part[tid] = 0;
+      w = words[bt.slice(tid)];
+    }
+    __syncthreads();
+    hash_shares(a, bt, part, rank, tid, nthreads);
+    cl.sync();
+    if (tid < bt.n) {
+      uint64_t total = 0;
+#pragma unroll
+      for (int r = 0; r < kRefreshCluster; r++) total += cl.map_shared_rank(part, r)[tid];
+      sum[tid] = total;
+      changed[tid] = !w.valid || total != w.hash;
+    }
+    cl.sync(); /* the parts read before any is zeroed again; the verdicts before they are used */
+    for (int j = 0; j < bt.n; j++) {
+      if (!changed[j]) continue;
+      requantize<FP16, NB, ROW, TILE>(cl, a, bt.slice(j), &amax_slot[round], rank, tid, nthreads);
+      round ^= 1;
+      if (rank == 0 && tid == 0) {
+        words[bt.slice(j)].hash = sum[j];
+        words[bt.slice(j)].valid = 1;
+      }
+    }
+  }
+  cl.sync(); /* no CTA leaves while another may still read its shared memory */
+}
+
 } // namespace
 
 /* Every kernel twice: for strided rows, and (suffix _ptrs) for rows behind device pointer arrays
@@ -423,7 +562,7 @@ template <bool FP16, bool PTRS> __device__ __forceinline__ void amax_pass(const 
       mt_quant_row_##type##_nb##nb##sfx(const mt_quant_params p) {                                                     \
     allow_dependents();                                                                                                \
     grid_dependency_wait();                                                                                            \
-    quantize<fp16, nb, true, false, false, ptrs>(p, blockIdx.x);                                                       \
+    quantize<fp16, nb, true, false, false, ptrs>(p, blockIdx.x, blockIdx.y);                                           \
   }
 #define MT_QUANT_ROW(type, fp16, nb)                                                                                   \
   MT_QUANT_ROW_AS(type, fp16, nb, , false) MT_QUANT_ROW_AS(type, fp16, nb, _ptrs, true)
@@ -439,14 +578,13 @@ MT_QUANT_ROW(fp16, true, 8)
 #define MT_QUANT_TENSOR_AS(type, fp16, sfx, ptrs)                                                                      \
   extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tensor_##type##sfx(const mt_quant_params p) {     \
     allow_dependents();                                                                                                \
-    quantize<fp16, 1, false, false, false, ptrs>(p, blockIdx.x);                                                       \
+    quantize<fp16, 1, false, false, false, ptrs>(p, blockIdx.x, blockIdx.y);                                           \
   }                                                                                                                    \
   extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tile_##type##sfx(const mt_quant_params p) {       \
     allow_dependents();                                                                                                \
-    quantize<fp16, 1, false, true, false, ptrs>(p, blockIdx.x);                                                        \
+    quantize<fp16, 1, false, true, false, ptrs>(p, blockIdx.x, blockIdx.y);                                            \
   }                                                                                                                    \
   extern "C" __global__ void __launch_bounds__(kAmaxThreads) mt_quant_amax_##type##sfx(const mt_quant_params p) {      \
-    grid_dependency_wait(); /* under a refresh's list, launched dependent on the check */                              \
     allow_dependents();                                                                                                \
     amax_pass<fp16, ptrs>(p);                                                                                          \
   }
@@ -479,3 +617,19 @@ MT_QUANT_TENSOR(fp16, true)
 #define MT_QUANT_STORE(type, fp16) MT_QUANT_STORE_AS(type, fp16, , false) MT_QUANT_STORE_AS(type, fp16, _ptrs, true)
 MT_QUANT_STORE(bf16, false)
 MT_QUANT_STORE(fp16, true)
+
+/* A store's refresh (refresh_store), one kernel a store quantizer: per-row S with 2, 4 or 8 blocks
+ * a thread, per-tensor S, 16x16 tiles; in clusters of kRefreshCluster CTAs. */
+#define MT_REFRESH_AS(name, fp16, nb, row, tile)                                                                       \
+  extern "C" __global__ void __cluster_dims__(kRefreshCluster, 1, 1) __launch_bounds__(kMaxThreads)                    \
+      name(const mt_refresh_args a) {                                                                                  \
+    refresh_store<fp16, nb, row, tile>(a);                                                                             \
+  }
+#define MT_REFRESH(type, fp16)                                                                                         \
+  MT_REFRESH_AS(mt_refresh_row_store_##type##_nb2, fp16, 2, true, false)                                               \
+  MT_REFRESH_AS(mt_refresh_row_store_##type##_nb4, fp16, 4, true, false)                                               \
+  MT_REFRESH_AS(mt_refresh_row_store_##type##_nb8, fp16, 8, true, false)                                               \
+  MT_REFRESH_AS(mt_refresh_tensor_store_##type, fp16, 2, false, false)                                                 \
+  MT_REFRESH_AS(mt_refresh_tile_store_##type, fp16, 2, false, true)
+MT_REFRESH(bf16, false)
+MT_REFRESH(fp16, true)

@@ -44,6 +44,20 @@ typedef struct {
   int64_t slice_bytes;
 } mt_quant_params;
 
+/* A grouped store's refresh under the frozen cache (kernels/quant.cu, refresh_store): the change
+ * check of each slice the call covers, then the quantization of those it finds changed into the
+ * store (q: the store mode), a cluster of CTAs a slice. */
+typedef struct {
+  mt_quant_params q;
+  /* NULL: every slice; else only the slices with rows under these cumulative ends (clamped to m) */
+  const int32_t *offs;
+  int32_t m;
+  uint32_t step;  /* the check's sample (kernels/wcheck.h) */
+  void *state;    /* MT_WCHECK_STATE_BYTES(slices): each slice's hash and valid word */
+  int32_t grid_y; /* the store quantizer's blocks of columns (quant.c) */
+  int32_t pad;
+} mt_refresh_args;
+
 #ifndef __CUDACC__
 #include "kernels/engine.h"
 
@@ -58,6 +72,10 @@ int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream);
  * it waits for that kernel before it reads or writes anything (kernels/pdl.cuh). For activations
  * behind a kernel that lets its dependents start early (the grouped GEMM of the call before). */
 int mt_quantize_dependent(const mt_quant_params *p, mt_stream stream);
+
+/* The refresh of a->q's store (the store mode, 1x16 blocks or 16x16 tiles): one launch, in order
+ * on the stream, which lets no kernel after it start before it ends. Launches only. */
+int mt_quantize_refresh(const mt_refresh_args *a, int tile16, mt_stream stream);
 #endif
 
 #endif

@@ -1,10 +1,12 @@
-/* wcheck.h — the frozen weight cache's change check (kernels/wcheck.cu): device state kept with a
- * cached quantized weight, and the kernel's by-value arguments. Plain C, included by both sides.
+/* wcheck.h — the frozen weight cache's change check: device state kept with a cached quantized
+ * weight, the sample's lines, and the per-call check's by-value arguments (kernels/wcheck.cu). Plain
+ * C, included by both sides.
  *
  * The state of a weight of `slices` slices (a store's experts, or the one weight of a per-call
  * entry) is MT_WCHECK_STATE_BYTES(slices) (mt_refresh_state_bytes) of device memory, zeroed when the
- * weight is bound: a head, the slices' words, then the list of the slices the last check found
- * changed (which the quantizers read as their only_if). */
+ * weight is bound: a head, the slices' words, then the list of the slices the last per-call check
+ * found changed (which the quantizers read as their only_if). A store's refresh (kernels/quant.cu,
+ * refresh_store) keeps only the slices' hash and valid words: its verdicts never leave a cluster. */
 #ifndef MT_WCHECK_H
 #define MT_WCHECK_H
 
@@ -14,13 +16,13 @@
 #include "kernels/hostdev.h"
 
 typedef struct {
-  uint32_t done; /* CTAs of the running check that have finished; 0 between checks */
+  uint32_t done; /* CTAs of the running per-call check that have finished; 0 between checks */
   uint32_t pad[3];
 } mt_wcheck_head;
 
 typedef struct {
   uint64_t hash;  /* hash of the slice when it was last quantized */
-  uint64_t sum;   /* the hash being built by the running check; 0 between checks */
+  uint64_t sum;   /* the hash being built by the running per-call check; 0 between checks */
   uint32_t valid; /* hash holds a quantized slice's hash */
   uint32_t pad;
 } mt_wcheck_slice;
@@ -32,8 +34,8 @@ MT_HD mt_wcheck_slice *mt_wcheck_slices(void *state) {
   return (mt_wcheck_slice *)((char *)state + sizeof(mt_wcheck_head));
 }
 
-/* The slices to requantize, as the last check left them: their number n, then n slice numbers (in
- * no particular order): the slices it covered and found changed (or never quantized). For a weight
+/* The slices to requantize, as the last per-call check left them: their number n, then n slice
+ * numbers (in no particular order): the slices it found changed (or never quantized). For a weight
  * of one slice, [0] is its dirty word. */
 MT_HD uint32_t *mt_wcheck_list(void *state, int slices) { return (uint32_t *)(mt_wcheck_slices(state) + slices); }
 
@@ -46,16 +48,7 @@ typedef struct {
   /* 1: every 128-byte line of every row; s > 1: one run of MT_WCHECK_RUN lines in each s runs (the
    * same lines at every call: mt_wcheck_line) */
   uint32_t step;
-  /* NULL: every slice; else only the slices whose segment has rows in the call (offs: the grouped
-   * GEMM's cumulative row ends, clamped to m) */
-  const int32_t *offs;
-  int32_t m;
-  int32_t pad;
   void *state; /* MT_WCHECK_STATE_BYTES(slices) */
-  /* NULL, or slice 0's amax word in a store of per-tensor S: zeroed for each slice found changed,
-   * for its quantization's amax pass */
-  uint32_t *amax;
-  int64_t amax_stride; /* bytes from one slice's amax word to the next */
 } mt_wcheck_args;
 
 /* Lines (128 bytes) of a sampled run: 1 KB together, so that a sample of 1/step of a weight's

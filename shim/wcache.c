@@ -603,7 +603,7 @@ static void count_pointer_arrays(void) {
 static int quantize_store(const mt_wgroup_ref *w, mt_wstore *store, mt_stream stream) {
   if (w->w_ptrs)
     return mt_wstore_quantize_ptrs(w->w_ptrs, w->type, w->ldw, store, stream);
-  return mt_wstore_quantize(w->w, w->type, w->ldw, (size_t)w->w_stride, store, NULL, stream);
+  return mt_wstore_quantize(w->w, w->type, w->ldw, (size_t)w->w_stride, store, stream);
 }
 
 enum mt_reason mt_wcache_prepare_grouped(const mt_wgroup_ref *w, int rows, mt_stream stream,

@@ -149,25 +149,20 @@ static void *matrix(int64_t elems) { return mt_t_matrix(&seed, (size_t)elems); }
 
 static int find_launch(int from, const char *name) { return mt_t_find_launch(from, name, 0, 0); }
 
-/* Under a frozen weight cache, the routed call since `from` refreshed its store first: one check
+/* Under a frozen weight cache, the routed call since `from` refreshed its store first: one refresh
  * of E slices of the weight, covering the slices with rows under the call's offsets (`offs`, T
- * rows), or every slice (offs NULL), and one store quantization under the check's list of changed
- * slices. */
+ * rows), or every slice (offs NULL), and no other quantization of the store. */
 static void check_refresh(int from, const char *what, const void *w, const int32_t *offs) {
   const char *mode = getenv("MINITE_WEIGHT_CACHE");
   if (!mode || strncmp(mode, "frozen", 6) || !engine_runs(1))
     return;
-  int c = find_launch(from, "mt_wcheck");
-  const mt_wcheck_args *a = c >= 0 ? (const mt_wcheck_args *)event(c)->args : NULL;
-  const mt_quant_params *p = NULL; /* the first store quantization after the check */
-  for (int i = c + 1; c >= 0 && i < now() && !p; i++)
-    if (event(i)->kind == FAKE_EV_LAUNCH && strstr(event(i)->name, "_store_"))
-      p = (const mt_quant_params *)event(i)->args;
-  CHECKF(a && a->w == w && a->slices == E && a->rows == OUT && a->cols == IN && a->ldw == IN &&
-             a->offs == offs && (!offs || a->m == T),
-         "%s: the check's arguments", what);
-  CHECKF(a && p && p->store && p->only_if == mt_wcheck_list(a->state, E),
-         "%s: the store's quantization under the check's list", what);
+  int c = mt_t_find_launch(from, "mt_refresh_", 1, 0);
+  const mt_refresh_args *a = c >= 0 ? (const mt_refresh_args *)event(c)->args : NULL;
+  CHECKF(a && a->q.x == w && a->q.store && a->q.rows == E * OUT && a->q.batch_rows == OUT &&
+             a->q.cols == IN && a->q.ldx == IN && a->offs == offs && (!offs || a->m == T),
+         "%s: the refresh's arguments", what);
+  CHECKF(c >= 0 && mt_t_find_launch(from, "mt_quant_tensor_store_", 1, 0) < 0,
+         "%s: the store quantized besides its refresh", what);
 }
 
 static void scenario_modes(void) {

@@ -75,7 +75,7 @@ static int make_experts_of(experts *e, int count, int n, int k, const mt_numeric
           cudaSuccess)
     return 0;
   int st = mt_wstore_quantize(e->dev, fp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16, e->ld, e->stride,
-                              &e->ws, NULL, NULL);
+                              &e->ws, NULL);
   CHECKF(st == MT_OK, "mt_wstore_quantize: %s", mt_status_name((enum mt_status)st));
   if (st != MT_OK || sync_check() != cudaSuccess)
     return 0;
@@ -96,8 +96,7 @@ static int make_experts(experts *e, int count, int n, int k, const mt_numerics *
 }
 
 /* Slices of every kind of weight: per-row and per-tensor S, 1x16 and 16x16 blocks, rows that fill
- * no band, columns that fill no 128-column step; then an only_if list of slice 1 leaves slice 0
- * alone and requantizes slice 1. */
+ * no band, columns that fill no 128-column step. */
 static void store_slices(void) {
   NEED_GPU();
   static const mt_numerics nums[] = {
@@ -113,41 +112,18 @@ static void store_slices(void) {
       free_experts(&e);
       dev_free_all();
     }
-  experts e = {0};
-  if (make_experts(&e, 2, 64, 256, &num_row, 0)) {
-    size_t bytes = mt_wstore_bytes(2, 64, 256, &num_row);
-    uint8_t *before = malloc(bytes), *after = malloc(bytes);
-    /* a list of one slice, slice 1, whose amax word is zeroed (what a refresh's check does) */
-    uint32_t list[2] = {1, 1}, *dz = dev_alloc(sizeof list);
-    CU(cudaMemcpy(dz, list, sizeof list, cudaMemcpyHostToDevice));
-    CU(cudaMemset((void *)(mt_wstore_outer(&e.ws, 1) + 1), 0, 4));
-    CU(cudaMemcpy(before, e.mem, bytes, cudaMemcpyDeviceToHost));
-    CU(cudaMemset(e.dev, 0x3c, 2 * e.stride * 2));
-    MT(mt_wstore_quantize(e.dev, MT_DTYPE_BF16, e.ld, e.stride, &e.ws, dz, NULL));
-    CU(sync_check());
-    CU(cudaMemcpy(after, e.mem, bytes, cudaMemcpyDeviceToHost));
-    /* the records and S of each slice (the per-tensor amax word after S is the quantizer's scratch) */
-    size_t kept = MT_WS_SECTION(MT_WS_RECORD_BYTES(64, 256)) + 4;
-    for (int s = 0; s < 2; s++)
-      CHECKF(!memcmp(before + s * e.ws.slice_bytes, after + s * e.ws.slice_bytes, kept) == (s == 0),
-             "only_if lists slice 1: slice %d %s", s, s ? "kept" : "changed");
-  out:
-    free(before);
-    free(after);
-  }
-  free_experts(&e);
-  dev_free_all();
 }
 
-/* Whether slice sl of two images of e's store differ; the slice's per-tensor amax word is left
- * out (the quantizer's scratch: the check zeroes it for a slice it lists, the amax pass rebuilds
- * it, and nothing else reads it). */
+/* Whether slice sl of two images of e's store differ; a per-tensor S's amax word after it is left
+ * out (the quantizer's scratch: nothing but the quantizer reads it). */
 static int slice_changed(const experts *e, const uint8_t *before, const uint8_t *after, int sl) {
-  const size_t at = (size_t)sl * e->ws.slice_bytes;
+  const size_t at = (size_t)sl * e->ws.slice_bytes, end = at + e->ws.slice_bytes;
+  if (e->num.weight_scale == MT_SCALE_ROW)
+    return memcmp(before + at, after + at, end - at) != 0;
   const size_t amax =
       (size_t)((const uint8_t *)(mt_wstore_outer(&e->ws, sl) + 1) - (const uint8_t *)e->mem);
   return memcmp(before + at, after + at, amax - at) != 0 ||
-         memcmp(before + amax + 4, after + amax + 4, at + e->ws.slice_bytes - amax - 4) != 0;
+         memcmp(before + amax + 4, after + amax + 4, end - amax - 4) != 0;
 }
 
 /* Whether line `line` of a slice of `lines` is in the check's sample (kernels/wcheck.h). */
@@ -170,14 +146,22 @@ static int in_sample(uint64_t line, uint64_t lines, unsigned step) {
  * MT_SAMPLE_STEP (frozen-sampled) only those touching a sampled line (the miss of the others is
  * documented: README, "Weight cache"). Seen: the slice is the new weight's quantization (bit for
  * bit against the reference); missed or not covered: unchanged. */
-static void store_refresh_case(int N, int K);
+static void store_refresh_case(int N, int K, const mt_numerics *num);
 static void store_refresh_modes(void) {
   NEED_GPU();
-  store_refresh_case(256, 512);
-  store_refresh_case(128, 7168); /* a CTA a row in the store quantizer (224 threads) */
+  static const mt_numerics nums[] = {
+      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
+      {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
+      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_16X16},
+  };
+  for (int v = 0; v < NKINDS(nums); v++) {
+    store_refresh_case(256, 512, &nums[v]);
+    /* a CTA a row in the store quantizer (224 threads); 16x16 tiles: 14 blocks of columns */
+    store_refresh_case(128, 7168, &nums[v]);
+  }
 }
 
-static void store_refresh_case(int N, int K) {
+static void store_refresh_case(int N, int K, const mt_numerics *num) {
   enum { E = 3 };
   const uint64_t lines = (uint64_t)N * K * 2 / 128; /* a slice's 128-byte lines */
   /* per change: the slice (-1: all), the element of it and how many, the call's offsets (NULL:
@@ -193,14 +177,14 @@ static void store_refresh_case(int N, int K) {
   for (int sampled = 0; sampled < 2; sampled++) {
     experts e = {0};
     const unsigned step = sampled ? MT_SAMPLE_STEP : 1;
-    const size_t sbytes = mt_refresh_state_bytes(E), bytes = mt_wstore_bytes(E, N, K, &num_row);
+    const size_t sbytes = mt_refresh_state_bytes(E), bytes = mt_wstore_bytes(E, N, K, num);
     const size_t wbytes = (size_t)E * N * K * 2;
     void *state = dev_alloc(sbytes);
     int32_t *offs = dev_alloc(E * 4);
     uint8_t *before = malloc(bytes), *after = malloc(bytes);
     uint16_t *w = malloc(wbytes);
     int pending[E] = {0}; /* a change the next check of the slice sees */
-    if (!state || !offs || !make_experts_of(&e, E, N, K, &num_row, 0, 0, 1)) {
+    if (!state || !offs || !make_experts_of(&e, E, N, K, num, 0, 0, 1)) {
       CHECK(0);
       goto next;
     }
@@ -244,26 +228,29 @@ static void store_refresh_case(int N, int K) {
         const int covered =
             !changes[c].offs || changes[c].offs[sl] > (sl ? changes[c].offs[sl - 1] : 0);
         const int want = covered && pending[sl], seen = slice_changed(&e, before, after, sl);
-        CHECKF(seen == want, "%dx%d %s: change %d, slice %d (%s): %s", N, K,
-               sampled ? "frozen-sampled" : "frozen", c, sl, covered ? "used" : "not used",
+        CHECKF(seen == want, "%dx%d %s %s S %s: change %d, slice %d (%s): %s", N, K,
+               sampled ? "frozen-sampled" : "frozen", mt_scale_name(num->weight_scale),
+               mt_wblock_name(num->weight_block), c, sl, covered ? "used" : "not used",
                seen ? "requantized" : "kept");
         if (!seen)
           continue;
         pending[sl] = 0;
         float *xf = malloc((size_t)N * K * sizeof *xf);
         mt_nvfp4 ref;
-        mt_nvfp4_alloc(&ref, N, K, MT_SCALE_TENSOR, MT_WBLOCK_1X16);
+        mt_nvfp4_alloc(&ref, N, K, num->weight_scale, num->weight_block);
         for (size_t i = 0; i < (size_t)N * K; i++)
           xf[i] = mt_bf16_to_float(w[(size_t)sl * N * K + i]);
         mt_ref_quantize(xf, K, &ref);
         long bad = check_store(after + (size_t)sl * e.ws.slice_bytes, &ref);
-        CHECKF(bad == 0, "%dx%d change %d: refreshed slice %d differs from the reference (%ld)", N,
-               K, c, sl, bad);
+        CHECKF(bad == 0,
+               "%dx%d %s S %s change %d: refreshed slice %d differs from the reference (%ld)", N, K,
+               mt_scale_name(num->weight_scale), mt_wblock_name(num->weight_block), c, sl, bad);
         mt_nvfp4_free(&ref);
         free(xf);
       }
-      printf("    %dx%d %s: change %d: slices %d%d%d requantized\n", N, K,
-             sampled ? "frozen-sampled" : "frozen", c, slice_changed(&e, before, after, 0),
+      printf("    %dx%d %s %s S %s: change %d: slices %d%d%d requantized\n", N, K,
+             sampled ? "frozen-sampled" : "frozen", mt_scale_name(num->weight_scale),
+             mt_wblock_name(num->weight_block), c, slice_changed(&e, before, after, 0),
              slice_changed(&e, before, after, 1), slice_changed(&e, before, after, 2));
     }
   out:
@@ -272,6 +259,60 @@ static void store_refresh_case(int N, int K) {
     free_experts(&e);
     dev_free_all();
   }
+}
+
+/* A refresh of more slices than it has clusters (kernels/quant.cu, refresh_store: at most two CTAs
+ * an SM, eight a cluster), so that each cluster takes several slices in turn, changed and unchanged
+ * mixed: the first refresh quantizes every slice; then three slices change and only they are
+ * requantized (each against the reference), whichever cluster takes them and in whatever turn;
+ * then nothing changes and nothing is written. */
+static void store_refresh_rounds(void) {
+  NEED_GPU();
+  enum { E = 100, N = 32, K = 256 };
+  static const int changed[] = {5, 40, 99};
+  experts e = {0};
+  const size_t sbytes = mt_refresh_state_bytes(E), bytes = mt_wstore_bytes(E, N, K, &num_row);
+  const size_t wbytes = (size_t)E * N * K * 2;
+  void *state = dev_alloc(sbytes);
+  uint8_t *before = malloc(bytes), *after = malloc(bytes);
+  if (!state || !make_experts_of(&e, E, N, K, &num_row, 0, 0, 1)) {
+    CHECK(0);
+    goto out;
+  }
+  CU(cudaMemset(state, 0, sbytes));
+  CU(cudaMemset(e.mem, 0x5a, bytes));
+  MT(mt_wstore_refresh(e.dev, MT_DTYPE_BF16, K, &e.ws, state, 1, NULL, 0, NULL));
+  CU(sync_check());
+  CU(cudaMemcpy(after, e.mem, bytes, cudaMemcpyDeviceToHost));
+  long bad = 0;
+  for (int sl = 0; sl < E; sl++)
+    bad += check_store(after + (size_t)sl * e.ws.slice_bytes, &e.ref[sl]);
+  CHECKF(bad == 0, "first refresh of %d slices: %ld differences from the reference", E, bad);
+  for (int round = 0; round < 2; round++) {
+    if (round == 0)
+      for (int c = 0; c < NKINDS(changed); c++) /* another weight: the next slice's */
+        CU(cudaMemcpy((uint16_t *)e.dev + (size_t)changed[c] * N * K,
+                      (uint16_t *)e.dev + (size_t)(changed[c] + 1) % E * N * K, wbytes / E,
+                      cudaMemcpyDeviceToDevice));
+    memcpy(before, after, bytes);
+    MT(mt_wstore_refresh(e.dev, MT_DTYPE_BF16, K, &e.ws, state, 1, NULL, 0, NULL));
+    CU(sync_check());
+    CU(cudaMemcpy(after, e.mem, bytes, cudaMemcpyDeviceToHost));
+    for (int sl = 0; sl < E; sl++) {
+      int want = 0;
+      for (int c = 0; round == 0 && c < NKINDS(changed); c++)
+        want |= changed[c] == sl;
+      const int seen = slice_changed(&e, before, after, sl);
+      CHECKF(seen == want, "round %d, slice %d: %s", round, sl, seen ? "requantized" : "kept");
+      if (seen && want) /* it holds the next slice's weight now */
+        CHECKF(check_store(after + (size_t)sl * e.ws.slice_bytes, &e.ref[(sl + 1) % E]) == 0,
+               "round %d: requantized slice %d differs from the reference", round, sl);
+    }
+  }
+out:
+  free(before), free(after);
+  free_experts(&e);
+  dev_free_all();
 }
 
 /* ---- the grouped GEMM ------------------------------------------------------------------------ */
@@ -751,7 +792,7 @@ static int same_store(experts *e, int fp16, pool *pl, mt_wstore *ws2) {
   }
   CU(cudaMemset(e->mem, 0x5a, bytes));
   CU(cudaMemset(mem2, 0x5a, bytes));
-  MT(mt_wstore_quantize(e->dev, t, e->ld, e->stride, &e->ws, NULL, NULL));
+  MT(mt_wstore_quantize(e->dev, t, e->ld, e->stride, &e->ws, NULL));
   MT(mt_wstore_quantize_ptrs((const void *const *)dwp, t, e->ld, ws2, NULL));
   CU(sync_check());
   CU(cudaMemcpy(a, e->mem, bytes, cudaMemcpyDeviceToHost));
@@ -1037,6 +1078,7 @@ int main(void) {
   seed_rng();
   RUN(store_slices);
   RUN(store_refresh_modes);
+  RUN(store_refresh_rounds);
   RUN(grouped_accuracy);
   RUN(grouped_widths);
   RUN(grouped_bitwise);

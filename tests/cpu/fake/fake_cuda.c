@@ -406,6 +406,18 @@ static function *function_of(CUfunction f) {
   return p >= functions && p < functions + nfunctions ? p : NULL;
 }
 
+/* The clusters of a kernel the fake device runs at once: two, whatever the kernel and shape (a
+ * small device, so that a refresh covering more slices finds its grid capped). No event: a query. */
+EXPORT CUresult cuOccupancyMaxActiveClusters(int *n, CUfunction hfunc, const CUlaunchConfig *cfg) {
+  pthread_mutex_lock(&lock);
+  const int ok = n && cfg && function_of(hfunc);
+  pthread_mutex_unlock(&lock);
+  if (!ok)
+    return CUDA_ERROR_INVALID_VALUE;
+  *n = 2;
+  return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attr, int value) {
   pthread_mutex_lock(&lock);
   function *f = function_of(hfunc);
@@ -433,6 +445,7 @@ EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attr, 
 _Static_assert(sizeof(mt_large_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_small_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_quant_params) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_refresh_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_pack_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_wcheck_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_digest_args) <= FAKE_CUDA_ARGS_MAX &&
@@ -446,6 +459,8 @@ _Static_assert(sizeof(mt_large_args) <= FAKE_CUDA_ARGS_MAX &&
 static size_t args_size(const char *name) {
   if (!strncmp(name, "mt_quant_", 9))
     return sizeof(mt_quant_params);
+  if (!strncmp(name, "mt_refresh_", 11))
+    return sizeof(mt_refresh_args);
   if (!strcmp(name, "mt_wcheck"))
     return sizeof(mt_wcheck_args);
   if (!strcmp(name, "mt_gemm_pack"))
