@@ -98,8 +98,8 @@ typedef struct {
 
 typedef struct {
   CUfunction function;
-  unsigned threads, smem;
-  int clusters;
+  unsigned cluster, threads, smem;
+  int clusters; /* 0: none runs (or the driver cannot say) */
 } cluster_fit;
 
 typedef struct {
@@ -380,38 +380,67 @@ int mt_sm_count(void) {
   return n;
 }
 
-static int find_fit(ctx_slot *s, CUfunction f, unsigned threads, unsigned smem) {
+static int find_fit(ctx_slot *s, CUfunction f, unsigned cluster, unsigned threads, unsigned smem) {
   const int n = atomic_load_explicit(&s->nfits, memory_order_acquire);
-  for (int i = 0; i < n; i++)
-    if (s->fits[i].function == f && s->fits[i].threads == threads && s->fits[i].smem == smem)
-      return s->fits[i].clusters;
-  return 0;
+  for (int i = 0; i < n; i++) {
+    const cluster_fit *t = &s->fits[i];
+    if (t->function == f && t->cluster == cluster && t->threads == threads && t->smem == smem) return t->clusters;
+  }
+  return -1;
 }
 
-/* The answer is kept in the context's slot (lookups lock-free): the driver's occupancy calculator is
- * not asked again for a launch of the same shape. */
+static void cluster_config(CUlaunchConfig *cfg, CUlaunchAttribute *attr, unsigned cluster, unsigned gx, unsigned bx,
+                           unsigned by, unsigned smem) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->gridDimX = gx;
+  cfg->gridDimY = cfg->gridDimZ = 1;
+  cfg->blockDimX = bx;
+  cfg->blockDimY = by;
+  cfg->blockDimZ = 1;
+  cfg->sharedMemBytes = smem;
+  attr->id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attr->value.clusterDim.x = cluster;
+  attr->value.clusterDim.y = attr->value.clusterDim.z = 1;
+  cfg->attrs = attr;
+  cfg->numAttrs = 1;
+}
+
+/* The answer is kept in the context's slot (lookups lock-free): the driver is asked once per
+ * function, cluster size and shape. A cluster of more than 8 (non-portable) needs the function's
+ * permission first, which stays with the function for its later launches. */
 int mt_cluster_capacity(CUfunction f, unsigned cluster, unsigned bx, unsigned by, unsigned smem) {
   const mt_driver *d = mt_driver_get();
-  const int fallback = mt_sm_count() / (int)cluster > 0 ? mt_sm_count() / (int)cluster : 1;
   mt_ctx c;
-  if (!d || !d->occupancy_max_active_clusters || mt_ctx_current(&c) != MT_OK) return fallback;
+  if (!d || !d->occupancy_max_active_clusters || mt_ctx_current(&c) != MT_OK) return 0;
   ctx_slot *s = &slots[c.index];
-  int clusters = find_fit(s, f, bx * by, smem);
-  if (clusters > 0) return clusters;
-  CUlaunchConfig cfg = {0};
-  cfg.gridDimX = cluster;
-  cfg.gridDimY = cfg.gridDimZ = 1;
-  cfg.blockDimX = bx;
-  cfg.blockDimY = by;
-  cfg.blockDimZ = 1;
-  cfg.sharedMemBytes = smem;
-  if (d->occupancy_max_active_clusters(&clusters, f, &cfg) != CUDA_SUCCESS || clusters <= 0) return fallback;
+  int clusters = find_fit(s, f, cluster, bx * by, smem);
+  if (clusters >= 0) return clusters;
+  CUlaunchConfig cfg;
+  CUlaunchAttribute attr;
+  cluster_config(&cfg, &attr, cluster, cluster, bx, by, smem);
+  if ((cluster > 8 &&
+       d->func_set_attribute(f, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1) != CUDA_SUCCESS) ||
+      d->occupancy_max_active_clusters(&clusters, f, &cfg) != CUDA_SUCCESS || clusters < 0)
+    clusters = 0;
   pthread_mutex_lock(&registry_lock);
   const int n = atomic_load_explicit(&s->nfits, memory_order_relaxed);
-  if (n < MAX_FITS && !find_fit(s, f, bx * by, smem)) {
-    s->fits[n] = (cluster_fit){f, bx * by, smem, clusters};
+  if (n < MAX_FITS && find_fit(s, f, cluster, bx * by, smem) < 0) {
+    s->fits[n] = (cluster_fit){f, cluster, bx * by, smem, clusters};
     atomic_store_explicit(&s->nfits, n + 1, memory_order_release);
   }
   pthread_mutex_unlock(&registry_lock);
   return clusters;
+}
+
+int mt_launch_clusters(CUfunction f, unsigned cluster, unsigned clusters, unsigned bx, unsigned by, unsigned smem,
+                       CUstream stream, void *args) {
+  const mt_driver *d = mt_driver_get();
+  if (!d) return MT_ERR_NO_DRIVER;
+  if (smem > 48 * 1024 && allow_smem(d, f, smem) != MT_OK) return MT_ERR_CUDA;
+  CUlaunchConfig cfg;
+  CUlaunchAttribute attr;
+  cluster_config(&cfg, &attr, cluster, cluster * clusters, bx, by, smem);
+  cfg.hStream = stream;
+  void *params[] = {args};
+  return d->launch_kernel_ex(&cfg, f, params, NULL) == CUDA_SUCCESS ? MT_OK : MT_ERR_CUDA;
 }

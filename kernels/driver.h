@@ -130,10 +130,15 @@ int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, 
 /* The current device's SM count (132, an H200's, when it cannot be read): the kernels' grids. */
 int mt_sm_count(void);
 
-/* How many clusters of f (of `cluster` CTAs, f's compile-time cluster size, of bx x by threads and
- * `smem` bytes of dynamic shared memory) the current device runs at once: asked of the driver once
- * per function, shape and context; mt_sm_count() / cluster (one CTA an SM) when the driver cannot
- * say. At least 1. */
+/* How many clusters of `cluster` CTAs of f (a kernel without a compile-time cluster size; CTAs of
+ * bx x by threads and `smem` bytes of dynamic shared memory) the current device runs at once: asked
+ * of the driver once per function, size, shape and context. 0 when none runs or the driver cannot
+ * say (a size over 8, non-portable, is then not for this device). */
 int mt_cluster_capacity(CUfunction f, unsigned cluster, unsigned bx, unsigned by, unsigned smem);
+
+/* Launch f (as mt_launch, in order) as `clusters` clusters of `cluster` CTAs of bx x by threads, one
+ * dimension. A cluster over 8 needs mt_cluster_capacity to have answered for it first. */
+int mt_launch_clusters(CUfunction f, unsigned cluster, unsigned clusters, unsigned bx, unsigned by, unsigned smem,
+                       CUstream stream, void *args);
 
 #endif

@@ -161,10 +161,21 @@ int mt_quantize_dependent(const mt_quant_params *p, mt_stream stream) {
   return p->store ? MT_ERR_UNSUPPORTED : quantize(p, 0, 1, stream);
 }
 
-/* A refresh's clusters (kernels/quant.cu, kRefreshCluster CTAs each): one a slice the call can
- * cover (a segment with rows has at least one of the call's m), at most as many as the device runs
- * at once (a second wave would wait for the first). */
-#define REFRESH_CLUSTER 8
+/* A refresh's clusters (kernels/quant.cu, refresh_store): of 16 CTAs where the device runs them (a
+ * slice's share of the CTAs is what bounds a call of few slices: one token's), else 8 (portable);
+ * one a slice the call can cover (a segment with rows has at least one of the call's m), at most as
+ * many as the device runs at once (a second wave would wait for the first). */
+static void refresh_clusters(CUfunction f, const launch_shape *s, unsigned smem, unsigned covered, unsigned *size,
+                             unsigned *clusters) {
+  *size = 16;
+  int fit = mt_cluster_capacity(f, *size, s->block_x, s->block_y, smem);
+  if (fit <= 0) {
+    *size = 8;
+    fit = mt_cluster_capacity(f, *size, s->block_x, s->block_y, smem);
+  }
+  if (fit <= 0) fit = mt_sm_count() / 8 > 0 ? mt_sm_count() / 8 : 1; /* one CTA an SM */
+  *clusters = (unsigned)fit < covered ? (unsigned)fit : covered;
+}
 
 int mt_quantize_refresh(const mt_refresh_args *a, int tile16, mt_stream stream) {
   const mt_quant_params *p = &a->q;
@@ -184,9 +195,9 @@ int mt_quantize_refresh(const mt_refresh_args *a, int tile16, mt_stream stream) 
   status = mt_kernel_get("quant", name, stream, &f);
   if (status != MT_OK) return status;
   const unsigned smem = a->offs ? 4 * slices : 0;
-  unsigned clusters = (unsigned)mt_cluster_capacity(f, REFRESH_CLUSTER, s.block_x, s.block_y, smem);
-  if (clusters > covered) clusters = covered;
+  unsigned size, clusters;
+  refresh_clusters(f, &s, smem, covered, &size, &clusters);
   mt_refresh_args k = *a;
   k.grid_y = (int32_t)s.grid_y;
-  return mt_launch(f, clusters * REFRESH_CLUSTER, 1, s.block_x, s.block_y, smem, 0, stream, &k);
+  return mt_launch_clusters(f, size, clusters, s.block_x, s.block_y, smem, stream, &k);
 }

@@ -393,31 +393,44 @@ template <bool FP16, bool PTRS> __device__ __forceinline__ void amax_pass(const 
 
 /* ---- a store's refresh: the check and the requantization of changed slices in one launch -------
  *
- * A cluster of kRefreshCluster CTAs owns every clusters-th covered slice: its CTAs hash their share of
- * the slices' lines (kernels/whash.cuh), the cluster adds the shares in distributed shared memory and
- * compares the sum with the hash kept at the slice's last quantization. Unchanged: on to the next
- * slice. Changed (or never quantized): the cluster takes the slice's amax the same way (per-tensor
- * S), quantizes its blocks as the store quantizer would (bit for bit: the same quantize<>), and
- * keeps the new hash. A slice's words are touched by its cluster only, so nothing is counted,
- * listed or reset across the grid: a refresh that finds nothing changed is one launch, one read of
- * the segment ends, one of the sample (all of a cluster's slices at once) and two cluster barriers. Tested on the GPU by
- * tests/gpu/test_grouped.c (store_refresh_modes: every weight scale, whole, one-row and one-element
- * changes, sampled lines, slices outside the call), the launches on the CPU by
- * tests/cpu/test_shim_engine.c. */
-constexpr int kRefreshCluster = 8; /* portable on sm_90; quant.c sizes the grid in clusters */
+ * A cluster of CTAs (16, or 8 where the device runs no cluster of 16: quant.c) owns every G-th
+ * covered slice: its CTAs hash their share of the slices' lines (kernels/whash.cuh), the cluster
+ * adds the shares in distributed shared memory and compares each sum with the hash kept at the
+ * slice's last quantization. Unchanged: nothing more. Changed (or never quantized): the cluster
+ * takes the slice's amax the same way (per-tensor S), quantizes its blocks as the store quantizer
+ * would (bit for bit: the same quantize<>), and keeps the new hash. A slice's words are touched by
+ * its cluster only, so nothing is counted, listed or reset across the grid: a refresh that finds
+ * nothing changed is one launch, one read of the segment ends, one of the sample (all of a
+ * cluster's slices at once) and two cluster barriers. Tested on the GPU by tests/gpu/test_grouped.c
+ * (store_refresh_modes: every weight scale, whole, one-row and one-element changes, sampled lines,
+ * slices outside the call; store_refresh_rounds: clusters of several slices), the launch on the
+ * CPU by tests/cpu/test_shim_engine.c. */
+
+/* Where this thread stands: its cluster, its CTA's rank in it, its number in the CTA. */
+struct cluster_at {
+  cooperative_groups::cluster_group cl;
+  int rank, size; /* the CTA's rank, the cluster's CTAs */
+  int tid, nthreads;
+};
+
+__device__ cluster_at cluster_here() {
+  const cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+  return {cl, (int)cl.block_rank(), (int)cl.num_blocks(), (int)(threadIdx.y * blockDim.x + threadIdx.x),
+          (int)(blockDim.x * blockDim.y)};
+}
 
 /* One value of the CTA, combined over its warps: a sum (hash words) or a max (amax bits); thread 0
  * holds the result. */
 template <bool MAX> __device__ __forceinline__ uint64_t combine(uint64_t a, uint64_t b) {
   return MAX ? max(a, b) : a + b;
 }
-template <bool MAX> __device__ uint64_t cta_combine(uint64_t v, int tid, int nthreads) {
+template <bool MAX> __device__ uint64_t cta_combine(uint64_t v, const cluster_at &c) {
   __shared__ uint64_t warp_v[kMaxThreads / 32];
   for (int o = 16; o > 0; o >>= 1) v = combine<MAX>(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if (tid % 32 == 0) warp_v[tid / 32] = v;
+  if (c.tid % 32 == 0) warp_v[c.tid / 32] = v;
   __syncthreads();
-  if (tid == 0)
-    for (int w = 1; w < nthreads / 32; w++) v = combine<MAX>(v, warp_v[w]);
+  if (c.tid == 0)
+    for (int w = 1; w < c.nthreads / 32; w++) v = combine<MAX>(v, warp_v[w]);
   return v;
 }
 
@@ -425,15 +438,12 @@ template <bool MAX> __device__ uint64_t cta_combine(uint64_t v, int tid, int nth
  * `slot` (its shared memory; two slots used in turn, so that a round's writes never meet the reads
  * of the round before, which every CTA finishes before the next barrier), the cluster's barrier,
  * then each thread reads every CTA's slot. */
-template <bool MAX>
-__device__ uint64_t cluster_combine(const cooperative_groups::cluster_group &cl, uint64_t *slot, uint64_t v, int tid,
-                                    int nthreads) {
-  v = cta_combine<MAX>(v, tid, nthreads);
-  if (tid == 0) *slot = v;
-  cl.sync();
+template <bool MAX> __device__ uint64_t cluster_combine(const cluster_at &c, uint64_t *slot, uint64_t v) {
+  v = cta_combine<MAX>(v, c);
+  if (c.tid == 0) *slot = v;
+  c.cl.sync();
   v = 0;
-#pragma unroll
-  for (int r = 0; r < kRefreshCluster; r++) v = combine<MAX>(v, *cl.map_shared_rank(slot, r));
+  for (int r = 0; r < c.size; r++) v = combine<MAX>(v, *c.cl.map_shared_rank(slot, r));
   return v;
 }
 
@@ -453,12 +463,11 @@ struct refresh_batch {
  * + warp, then a cluster's warps further on), so that a sample of a few runs a slice still keeps
  * every warp busy. A warp adds its sum of a slice to the slice's word once, when it moves past the
  * slice (a 64-bit add to shared memory is a compare-and-swap loop: one a warp, not one a thread). */
-__device__ void hash_shares(const mt_refresh_args &a, const refresh_batch &bt, uint64_t *part, int rank, int tid,
-                            int nthreads) {
+__device__ void hash_shares(const mt_refresh_args &a, const refresh_batch &bt, uint64_t *part, const cluster_at &c) {
   const mt_quant_params &p = a.q;
   const mt_wlines g = mt_wlines_of(p.batch_rows, p.cols, a.step);
-  const uint32_t runs = (g.items + 31) / 32, stride = kRefreshCluster * nthreads / 32, lane = tid % 32;
-  uint32_t run = rank * nthreads / 32 + tid / 32;
+  const uint32_t runs = (g.items + 31) / 32, stride = c.size * c.nthreads / 32, lane = c.tid % 32;
+  uint32_t run = c.rank * c.nthreads / 32 + c.tid / 32;
   int j = 0;
   for (; j < bt.n && run >= runs; j++) run -= runs;
   uint64_t h = 0;
@@ -476,78 +485,72 @@ __device__ void hash_shares(const mt_refresh_args &a, const refresh_batch &bt, u
 
 /* This CTA's share of slice e's amax (FP32 bits of max |x|): rows rank * warps + warp + i * (the
  * cluster's warps), as the amax pass reads a row. */
-template <bool FP16>
-__device__ uint32_t slice_amax_share(const mt_quant_params &p, int e, int rank, int tid, int nthreads) {
-  const int warps = nthreads / 32;
+template <bool FP16> __device__ uint32_t slice_amax_share(const mt_quant_params &p, int e, const cluster_at &c) {
+  const int warps = c.nthreads / 32;
   uint32_t m = 0;
-  for (int r = rank * warps + tid / 32; r < p.batch_rows; r += kRefreshCluster * warps)
-    m = max(m, row_amax<FP16, false>(p, e * p.batch_rows + r, tid % 32));
+  for (int r = c.rank * warps + c.tid / 32; r < p.batch_rows; r += c.size * warps)
+    m = max(m, row_amax<FP16, false>(p, e * p.batch_rows + r, c.tid % 32));
   return m;
 }
 
 /* Slice e's requantization by the cluster (found changed): its amax the way the check's sums were
  * combined (per-tensor S), then its blocks of rows and columns dealt to the CTAs in turn. */
 template <bool FP16, int NB, bool ROW, bool TILE>
-__device__ void requantize(const cooperative_groups::cluster_group &cl, const mt_refresh_args &a, int e,
-                           uint64_t *amax_slot, int rank, int tid, int nthreads) {
+__device__ void requantize(const mt_refresh_args &a, int e, uint64_t *amax_slot, const cluster_at &c) {
   const mt_quant_params &p = a.q;
   const int per_slice = slice_rows(p) / blockDim.y;
   uint32_t amax = 0;
   if (!ROW) {
-    amax = (uint32_t)cluster_combine<true>(cl, amax_slot, slice_amax_share<FP16>(p, e, rank, tid, nthreads), tid,
-                                           nthreads);
-    if (rank == 0 && tid == 0) *(uint32_t *)(slice_outer(p, e) + 1) = amax; /* as the amax pass leaves it */
+    amax = (uint32_t)cluster_combine<true>(c, amax_slot, slice_amax_share<FP16>(p, e, c));
+    if (c.rank == 0 && c.tid == 0) *(uint32_t *)(slice_outer(p, e) + 1) = amax; /* as the amax pass leaves it */
   }
-  for (int b = rank; b < per_slice * a.grid_y; b += kRefreshCluster) {
+  for (int b = c.rank; b < per_slice * a.grid_y; b += c.size) {
     quantize<FP16, NB, ROW, TILE, true, false>(p, e * per_slice + b % per_slice, b / per_slice, &amax);
     __syncthreads(); /* one block's shared memory before the next's */
   }
 }
 
 template <bool FP16, int NB, bool ROW, bool TILE> __device__ void refresh_store(const mt_refresh_args &a) {
-  namespace cg = cooperative_groups;
-  const cg::cluster_group cl = cg::this_cluster();
+  const cluster_at c = cluster_here();
   const mt_quant_params &p = a.q;
-  const int rank = (int)cl.block_rank(), tid = threadIdx.y * blockDim.x + threadIdx.x;
-  const int nthreads = blockDim.x * blockDim.y, clusters = gridDim.x / kRefreshCluster;
+  const int clusters = gridDim.x / c.size;
   __shared__ uint64_t part[kRefreshBatch], sum[kRefreshBatch], amax_slot[2];
   __shared__ uint32_t changed[kRefreshBatch];
   extern __shared__ int covered[];
-  refresh_batch bt = {mt_covered_list(a.offs, p.rows / p.batch_rows, a.m, covered, tid, nthreads), 0, clusters, 0};
+  refresh_batch bt = {mt_covered_list(a.offs, p.rows / p.batch_rows, a.m, covered, c.tid, c.nthreads), 0, clusters, 0};
   mt_wcheck_slice *words = mt_wcheck_slices(a.state);
   int round = 0;
-  for (bt.first = blockIdx.x / kRefreshCluster; bt.first < bt.cov.n; bt.first += kRefreshBatch * clusters) {
+  for (bt.first = blockIdx.x / c.size; bt.first < bt.cov.n; bt.first += kRefreshBatch * clusters) {
     bt.n = min(kRefreshBatch, (bt.cov.n - bt.first + clusters - 1) / clusters);
     /* every CTA of the cluster takes the same verdicts: the same sums (read from every CTA's part)
      * against the same words, read here, before the hashes' loads (one trip to memory for both),
      * and written below only after the next barrier */
     mt_wcheck_slice w = {0, 0, 0, 0};
-    if (tid < bt.n) {
-      part[tid] = 0;
-      w = words[bt.slice(tid)];
+    if (c.tid < bt.n) {
+      part[c.tid] = 0;
+      w = words[bt.slice(c.tid)];
     }
     __syncthreads();
-    hash_shares(a, bt, part, rank, tid, nthreads);
-    cl.sync();
-    if (tid < bt.n) {
+    hash_shares(a, bt, part, c);
+    c.cl.sync();
+    if (c.tid < bt.n) {
       uint64_t total = 0;
-#pragma unroll
-      for (int r = 0; r < kRefreshCluster; r++) total += cl.map_shared_rank(part, r)[tid];
-      sum[tid] = total;
-      changed[tid] = !w.valid || total != w.hash;
+      for (int r = 0; r < c.size; r++) total += c.cl.map_shared_rank(part, r)[c.tid];
+      sum[c.tid] = total;
+      changed[c.tid] = !w.valid || total != w.hash;
     }
-    cl.sync(); /* the parts read before any is zeroed again; the verdicts before they are used */
+    c.cl.sync(); /* the parts read before any is zeroed again; the verdicts before they are used */
     for (int j = 0; j < bt.n; j++) {
       if (!changed[j]) continue;
-      requantize<FP16, NB, ROW, TILE>(cl, a, bt.slice(j), &amax_slot[round], rank, tid, nthreads);
+      requantize<FP16, NB, ROW, TILE>(a, bt.slice(j), &amax_slot[round], c);
       round ^= 1;
-      if (rank == 0 && tid == 0) {
+      if (c.rank == 0 && c.tid == 0) {
         words[bt.slice(j)].hash = sum[j];
         words[bt.slice(j)].valid = 1;
       }
     }
   }
-  cl.sync(); /* no CTA leaves while another may still read its shared memory */
+  c.cl.sync(); /* no CTA leaves while another may still read its shared memory */
 }
 
 } // namespace
@@ -619,10 +622,9 @@ MT_QUANT_STORE(bf16, false)
 MT_QUANT_STORE(fp16, true)
 
 /* A store's refresh (refresh_store), one kernel a store quantizer: per-row S with 2, 4 or 8 blocks
- * a thread, per-tensor S, 16x16 tiles; in clusters of kRefreshCluster CTAs. */
+ * a thread, per-tensor S, 16x16 tiles; launched in clusters (their size is the launch's). */
 #define MT_REFRESH_AS(name, fp16, nb, row, tile)                                                                       \
-  extern "C" __global__ void __cluster_dims__(kRefreshCluster, 1, 1) __launch_bounds__(kMaxThreads)                    \
-      name(const mt_refresh_args a) {                                                                                  \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads) name(const mt_refresh_args a) {                            \
     refresh_store<fp16, nb, row, tile>(a);                                                                             \
   }
 #define MT_REFRESH(type, fp16)                                                                                         \

@@ -61,7 +61,8 @@ static int nmodules;
 typedef struct {
   module *mod;
   char name[48];
-  int max_smem; /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */
+  int max_smem;    /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */
+  int nonportable; /* CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED */
 } function;
 static function functions[MAX_FUNCTIONS];
 static int nfunctions;
@@ -406,11 +407,30 @@ static function *function_of(CUfunction f) {
   return p >= functions && p < functions + nfunctions ? p : NULL;
 }
 
-/* The clusters of a kernel the fake device runs at once: two, whatever the kernel and shape (a
- * small device, so that a refresh covering more slices finds its grid capped). No event: a query. */
+/* The cluster size a launch configuration asks for (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION), 1 when
+ * none; 0 when it is not one dimension or the function may not take it (over 8 without the
+ * function's non-portable permission, over 16 ever: sm_90's limits). */
+static unsigned cluster_of(const CUlaunchConfig *c, const function *f) {
+  unsigned size = 1;
+  for (unsigned i = 0; i < c->numAttrs && c->attrs; i++)
+    if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+      const CUlaunchAttributeValue *v = &c->attrs[i].value;
+      if (v->clusterDim.y != 1 || v->clusterDim.z != 1 || c->gridDimX % v->clusterDim.x)
+        return 0;
+      size = v->clusterDim.x;
+    }
+  return size && size <= (f->nonportable ? 16u : 8u) ? size : 0;
+}
+
+/* The clusters of a kernel the fake device runs at once: two, whatever the kernel, size and shape
+ * (a small device, so that a refresh covering more slices finds its grid capped). No event: a
+ * query. */
 EXPORT CUresult cuOccupancyMaxActiveClusters(int *n, CUfunction hfunc, const CUlaunchConfig *cfg) {
   pthread_mutex_lock(&lock);
-  const int ok = n && cfg && function_of(hfunc);
+  const function *f = function_of(hfunc);
+  const int ok = n && cfg && f && cluster_of(cfg, f);
+  if (!ok)
+    counts.invalid++;
   pthread_mutex_unlock(&lock);
   if (!ok)
     return CUDA_ERROR_INVALID_VALUE;
@@ -428,6 +448,10 @@ EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attr, 
     r = CUDA_ERROR_INVALID_VALUE;
   } else if (attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
     f->max_smem = value;
+  } else if (attr == CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED) {
+    f->nonportable = value; /* a permission, not a launch setting: no event */
+    pthread_mutex_unlock(&lock);
+    return r;
   }
   fake_cuda_event *e = event_new(FAKE_EV_SETATTR);
   if (e) {
@@ -661,7 +685,7 @@ static int launch_config_ok(const CUlaunchConfig *c, const function *f) {
   return c->gridDimX && c->gridDimY && c->gridDimZ && c->gridDimY <= 65535 &&
          c->gridDimZ <= 65535 && threads && threads <= 1024 &&
          (c->sharedMemBytes <= DEFAULT_SMEM || (int)c->sharedMemBytes <= f->max_smem) &&
-         (c->numAttrs == 0 || c->attrs);
+         (c->numAttrs == 0 || c->attrs) && cluster_of(c, f);
 }
 
 static int should_fail(const char *name) {
@@ -697,6 +721,7 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, voi
     e->smem = config->sharedMemBytes;
     e->stream = config->hStream;
     e->nattrs = (int)config->numAttrs;
+    e->cluster = fn ? cluster_of(config, fn) : 0;
     for (unsigned i = 0; i < config->numAttrs && config->attrs; i++)
       if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION &&
           config->attrs[i].value.programmaticStreamSerializationAllowed)

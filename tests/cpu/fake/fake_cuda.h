@@ -42,7 +42,8 @@ typedef struct {
   int result;    /* the CUresult returned */
   char name[48]; /* the kernel (LAUNCH, SETATTR) */
   unsigned grid[3], block[3], smem;
-  int pdl; /* launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1 */
+  int pdl;          /* launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1 */
+  unsigned cluster; /* CTAs a cluster (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION; 1 without) */
   int nattrs;
   CUstream stream;
   uint64_t ptr;
