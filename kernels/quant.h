@@ -22,10 +22,9 @@ typedef struct {
   uint8_t *scales;         /* [rows][cols/16] or NULL */
   float *outer;            /* S: rows floats or 1 */
   uint32_t *amax;          /* per-tensor: max |x| as FP32 bits, zeroed then built by the amax kernel */
-  const uint32_t *only_if; /* NULL, or device words read when the kernels run: one word, nothing
-                              done when it reads 0; in the store mode a list, a count n then n
-                              slice numbers, only those slices done (a refresh's check wrote it and
-                              zeroed their amax words) */
+  const uint32_t *only_if; /* NULL, or a device word read when the kernels run: nothing done when
+                              it reads 0 (a per-call refresh's check wrote it); not in the store
+                              mode, whose refresh is its own kernel (mt_quantize_refresh) */
   /* Batches of rows (experts): 0, or the rows of a batch; row r of x is then row r % batch_rows of
    * batch r / batch_rows, which starts batch_stride elements after the one before. */
   int32_t batch_rows;

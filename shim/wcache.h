@@ -23,8 +23,9 @@
  * a call costs 1/64 of that read, and a change that misses every sampled line goes unseen (the
  * guarantee holds for weights changed as a whole, as an optimizer step changes them). A grouped
  * call's weights (all its experts, one tensor) make one entry: a store of slices
- * (kernels/wstore.h), refreshed slice by slice, a call with segment offsets refreshing only the
- * slices with rows in it (the others are checked by the next call that uses them). A call whose
+ * (kernels/wstore.h), refreshed slice by slice in one launch (mt_wstore_refresh), a call with
+ * segment offsets refreshing only the slices with rows in it (the others are checked by the next
+ * call that uses them). A call whose
  * weights are behind device pointer arrays (cublasGemmBatchedEx, cublasGemmGroupedBatchedEx,
  * cuBLASLt POINTER_ARRAY batches) has no address the host could key an entry by: it is
  * requantized at every call, whatever the mode.
@@ -33,10 +34,12 @@
  * scratch instead. An entry is made outside captures only: a weight first seen inside a capture
  * is requantized into the graph's memory at every replay (correct, slower). An entry is shared by
  * every stream, and so is its check's state: two streams checking one entry at the same moment
- * (nothing orders them on the GPU) mix their sums and their lists of changed slices, which costs
- * requantizations of identical bytes, and after a change of the weight may leave both streams'
- * quantizations skipped (one stream's check stores the new hash before the other's compares it):
- * a stale weight. A state per stream (the quantized data shared) would close that; not done here.
+ * (nothing orders them on the GPU) mix their sums (a per-call weight), which costs requantizations
+ * of identical bytes, and after a change of the weight may leave both streams' quantizations
+ * skipped (one stream's check stores the new hash before the other's compares it), or let one
+ * stream read a store's slice that the other's refresh still writes (it keeps the new hash from
+ * one CTA of the slice's cluster while the others may still quantize): a stale weight. A state
+ * per stream (the quantized data shared) would close that; not done here.
  *
  * State lives per context slot (kernels/driver.h mt_ctx): a context found destroyed has its state
  * dropped (its memory went with it). A process forked after the engine ran routes nothing (CUDA
