@@ -71,6 +71,7 @@ static CUstream capturing[MAX_CAPTURING];
 static int context_present = 1;
 static long long mem_limit = -1;
 static char fail_name[48];
+static unsigned max_cluster = 16; /* CTAs a cluster the device runs (FAKE_CUDA_MAX_CLUSTER) */
 static int fail_in; /* launches of fail_name (or any) until the failing one; 0: none */
 static int fail_loads;
 static int cc_major = 9, cc_minor = 0;
@@ -176,6 +177,9 @@ static void env_config(void) {
     }
     fail_in = atoi(v);
   }
+  v = getenv("FAKE_CUDA_MAX_CLUSTER");
+  if (v && *v)
+    max_cluster = (unsigned)atoi(v);
   v = getenv("FAKE_CUDA_MAP_RANK");
   if (v && *v)
     max_map_rank = (unsigned)atoi(v);
@@ -408,9 +412,8 @@ static function *function_of(CUfunction f) {
 }
 
 /* The cluster size a launch configuration asks for (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION), 1 when
- * none; 0 when it is not one dimension or the function may not take it (over 8 without the
- * function's non-portable permission, over 16 ever: sm_90's limits). */
-static unsigned cluster_of(const CUlaunchConfig *c, const function *f) {
+ * none; 0 when it is not one dimension or does not divide the grid. */
+static unsigned cluster_size(const CUlaunchConfig *c) {
   unsigned size = 1;
   for (unsigned i = 0; i < c->numAttrs && c->attrs; i++)
     if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
@@ -419,22 +422,29 @@ static unsigned cluster_of(const CUlaunchConfig *c, const function *f) {
         return 0;
       size = v->clusterDim.x;
     }
-  return size && size <= (f->nonportable ? 16u : 8u) ? size : 0;
+  return size;
 }
 
-/* The clusters of a kernel the fake device runs at once: two, whatever the kernel, size and shape
- * (a small device, so that a refresh covering more slices finds its grid capped). No event: a
- * query. */
+/* Whether f may be launched in clusters of `size`: over 8 only with the function's non-portable
+ * permission, over 16 never (sm_90's limits). */
+static int cluster_allowed(const function *f, unsigned size) {
+  return size && size <= (f->nonportable ? 16u : 8u);
+}
+
+/* The clusters of a kernel the fake device runs at once: two of at most FAKE_CUDA_MAX_CLUSTER CTAs
+ * (default 16), whatever the kernel and shape (a small device, so that a refresh covering more
+ * slices finds its grid capped); none of more. No event: a query. */
 EXPORT CUresult cuOccupancyMaxActiveClusters(int *n, CUfunction hfunc, const CUlaunchConfig *cfg) {
   pthread_mutex_lock(&lock);
   const function *f = function_of(hfunc);
-  const int ok = n && cfg && f && cluster_of(cfg, f);
+  const unsigned size = cfg ? cluster_size(cfg) : 0;
+  const int ok = n && f && cluster_allowed(f, size);
   if (!ok)
     counts.invalid++;
   pthread_mutex_unlock(&lock);
   if (!ok)
     return CUDA_ERROR_INVALID_VALUE;
-  *n = 2;
+  *n = size <= max_cluster ? 2 : 0;
   return CUDA_SUCCESS;
 }
 
@@ -685,7 +695,8 @@ static int launch_config_ok(const CUlaunchConfig *c, const function *f) {
   return c->gridDimX && c->gridDimY && c->gridDimZ && c->gridDimY <= 65535 &&
          c->gridDimZ <= 65535 && threads && threads <= 1024 &&
          (c->sharedMemBytes <= DEFAULT_SMEM || (int)c->sharedMemBytes <= f->max_smem) &&
-         (c->numAttrs == 0 || c->attrs) && cluster_of(c, f);
+         (c->numAttrs == 0 || c->attrs) && cluster_allowed(f, cluster_size(c)) &&
+         cluster_size(c) <= max_cluster;
 }
 
 static int should_fail(const char *name) {
@@ -721,7 +732,7 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, voi
     e->smem = config->sharedMemBytes;
     e->stream = config->hStream;
     e->nattrs = (int)config->numAttrs;
-    e->cluster = fn ? cluster_of(config, fn) : 0;
+    e->cluster = cluster_size(config);
     for (unsigned i = 0; i < config->numAttrs && config->attrs; i++)
       if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION &&
           config->attrs[i].value.programmaticStreamSerializationAllowed)

@@ -131,6 +131,7 @@ typedef int (*fake_cuda_launching_fn)(void);
  * refused with CUDA_ERROR_NOT_SUPPORTED; default 3), FAKE_CUDA_FAIL_ALLOC=n (the nth allocation
  * fails), FAKE_CUDA_LAUNCH_US=n (each launch takes n microseconds, outside the fake's lock),
  * FAKE_CUDA_NO_ASYNC=1 (cuMemAllocAsync answers CUDA_ERROR_NOT_SUPPORTED,
- * as on a device without memory pools). */
+ * as on a device without memory pools), FAKE_CUDA_MAX_CLUSTER=n (the largest cluster the device
+ * runs; default 16). */
 
 #endif
