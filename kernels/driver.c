@@ -324,14 +324,10 @@ static int allow_smem(const mt_driver *d, CUfunction f, unsigned smem) {
   return MT_OK;
 }
 
-int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem, int dependent,
-              CUstream stream, void *args) {
-  const mt_driver *d = mt_driver_get();
-  if (!d) return MT_ERR_NO_DRIVER;
-  if (smem > 48 * 1024 && allow_smem(d, f, smem) != MT_OK) return MT_ERR_CUDA;
-  CUlaunchAttribute attr;
-  attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-  attr.value.programmaticStreamSerializationAllowed = 1;
+/* A launch of gx x gy CTAs of bx x by threads and `smem` bytes on `stream`, with the one attribute
+ * `attr` (NULL: none). */
+static CUlaunchConfig launch_config(unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem, CUstream stream,
+                                    CUlaunchAttribute *attr) {
   CUlaunchConfig cfg = {0};
   cfg.gridDimX = gx;
   cfg.gridDimY = gy;
@@ -341,10 +337,36 @@ int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, 
   cfg.blockDimZ = 1;
   cfg.sharedMemBytes = smem;
   cfg.hStream = stream;
-  cfg.attrs = dependent ? &attr : NULL;
-  cfg.numAttrs = dependent ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = attr ? 1 : 0;
+  return cfg;
+}
+
+static CUlaunchAttribute cluster_attr(unsigned cluster) {
+  CUlaunchAttribute attr;
+  memset(&attr, 0, sizeof attr);
+  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attr.value.clusterDim.x = cluster;
+  attr.value.clusterDim.y = attr.value.clusterDim.z = 1;
+  return attr;
+}
+
+/* f's one by-value argument struct `args`, launched as cfg says. */
+static int launch(CUfunction f, const CUlaunchConfig *cfg, void *args) {
+  const mt_driver *d = mt_driver_get();
+  if (!d) return MT_ERR_NO_DRIVER;
+  if (cfg->sharedMemBytes > 48 * 1024 && allow_smem(d, f, cfg->sharedMemBytes) != MT_OK) return MT_ERR_CUDA;
   void *params[] = {args};
-  return d->launch_kernel_ex(&cfg, f, params, NULL) == CUDA_SUCCESS ? MT_OK : MT_ERR_CUDA;
+  return d->launch_kernel_ex(cfg, f, params, NULL) == CUDA_SUCCESS ? MT_OK : MT_ERR_CUDA;
+}
+
+int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem, int dependent,
+              CUstream stream, void *args) {
+  CUlaunchAttribute attr;
+  attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attr.value.programmaticStreamSerializationAllowed = 1;
+  const CUlaunchConfig cfg = launch_config(gx, gy, bx, by, smem, stream, dependent ? &attr : NULL);
+  return launch(f, &cfg, args);
 }
 
 int mt_stream_foreign(CUstream stream) {
@@ -389,22 +411,6 @@ static int find_fit(ctx_slot *s, CUfunction f, unsigned cluster, unsigned thread
   return -1;
 }
 
-static void cluster_config(CUlaunchConfig *cfg, CUlaunchAttribute *attr, unsigned cluster, unsigned gx, unsigned bx,
-                           unsigned by, unsigned smem) {
-  memset(cfg, 0, sizeof *cfg);
-  cfg->gridDimX = gx;
-  cfg->gridDimY = cfg->gridDimZ = 1;
-  cfg->blockDimX = bx;
-  cfg->blockDimY = by;
-  cfg->blockDimZ = 1;
-  cfg->sharedMemBytes = smem;
-  attr->id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-  attr->value.clusterDim.x = cluster;
-  attr->value.clusterDim.y = attr->value.clusterDim.z = 1;
-  cfg->attrs = attr;
-  cfg->numAttrs = 1;
-}
-
 /* The answer is kept in the context's slot (lookups lock-free): the driver is asked once per
  * function, cluster size and shape. A cluster of more than 8 (non-portable) needs the function's
  * permission first, which stays with the function for its later launches. */
@@ -415,9 +421,8 @@ int mt_cluster_capacity(CUfunction f, unsigned cluster, unsigned bx, unsigned by
   ctx_slot *s = &slots[c.index];
   int clusters = find_fit(s, f, cluster, bx * by, smem);
   if (clusters >= 0) return clusters;
-  CUlaunchConfig cfg;
-  CUlaunchAttribute attr;
-  cluster_config(&cfg, &attr, cluster, cluster, bx, by, smem);
+  CUlaunchAttribute attr = cluster_attr(cluster);
+  const CUlaunchConfig cfg = launch_config(cluster, 1, bx, by, smem, NULL, &attr);
   if ((cluster > 8 &&
        d->func_set_attribute(f, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1) != CUDA_SUCCESS) ||
       d->occupancy_max_active_clusters(&clusters, f, &cfg) != CUDA_SUCCESS || clusters < 0)
@@ -434,13 +439,7 @@ int mt_cluster_capacity(CUfunction f, unsigned cluster, unsigned bx, unsigned by
 
 int mt_launch_clusters(CUfunction f, unsigned cluster, unsigned clusters, unsigned bx, unsigned by, unsigned smem,
                        CUstream stream, void *args) {
-  const mt_driver *d = mt_driver_get();
-  if (!d) return MT_ERR_NO_DRIVER;
-  if (smem > 48 * 1024 && allow_smem(d, f, smem) != MT_OK) return MT_ERR_CUDA;
-  CUlaunchConfig cfg;
-  CUlaunchAttribute attr;
-  cluster_config(&cfg, &attr, cluster, cluster * clusters, bx, by, smem);
-  cfg.hStream = stream;
-  void *params[] = {args};
-  return d->launch_kernel_ex(&cfg, f, params, NULL) == CUDA_SUCCESS ? MT_OK : MT_ERR_CUDA;
+  CUlaunchAttribute attr = cluster_attr(cluster);
+  const CUlaunchConfig cfg = launch_config(cluster * clusters, 1, bx, by, smem, stream, &attr);
+  return launch(f, &cfg, args);
 }

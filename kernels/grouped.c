@@ -10,6 +10,7 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm_args.h"
 #include "kernels/quant.h"
+#include "kernels/wcheck.h"
 #include "kernels/wstore.h"
 
 /* mt_gemm_tensor_map's paired box is two K blocks deep: a stage of the grouped kernel's kpair mode. */
@@ -77,8 +78,7 @@ int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *
                       const int32_t *offs, int m, mt_stream stream) {
   const size_t stride = ws ? (size_t)ws->n * ldw : 0;
   if (!store_source_ok(w, type, ldw, stride, ws) || !state) return MT_ERR_UNSUPPORTED;
-  /* a slice's 128-byte lines number in 32 bits on the device (kernels/whash.cuh) */
-  if ((uint64_t)ws->n * (uint64_t)((ws->k / 8 + 7) / 8) > UINT32_MAX / 2) return MT_ERR_UNSUPPORTED;
+  if (!mt_wcheck_lines_fit(ws->n, ws->k)) return MT_ERR_UNSUPPORTED;
   mt_refresh_args a = {
       .q = store_params(w, type, ldw, stride, ws), .offs = offs, .m = m, .step = step ? step : 1, .state = state};
   return mt_quantize_refresh(&a, ws->num.weight_block == MT_WBLOCK_16X16, stream);

@@ -19,7 +19,7 @@ size_t mt_refresh_state_bytes(int slices) { return slices > 0 ? MT_WCHECK_STATE_
  * dirty word on the device (mt_wcheck_list). */
 static int check(const void *w, size_t ldw, int rows, int cols, void *state, unsigned step, mt_stream stream) {
   if (!w || !state || rows <= 0 || cols % 16 || ldw % 8 || ((uintptr_t)w & 15)) return MT_ERR_UNSUPPORTED;
-  if ((uint64_t)rows * (uint64_t)((cols / 8 + 7) / 8) > UINT32_MAX / 2) return MT_ERR_UNSUPPORTED; /* 32-bit lines */
+  if (!mt_wcheck_lines_fit(rows, cols)) return MT_ERR_UNSUPPORTED;
   CUfunction f;
   int st = mt_kernel_get("wcheck", "mt_wcheck", (CUstream)stream, &f);
   if (st != MT_OK) return st;

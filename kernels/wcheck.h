@@ -51,6 +51,12 @@ typedef struct {
   void *state; /* MT_WCHECK_STATE_BYTES(slices) */
 } mt_wcheck_args;
 
+/* Whether a slice of rows x cols (cols % 16 == 0) numbers its 128-byte lines (the last of a row
+ * may be short) and a check's items in 32 bits, as the kernels do (kernels/whash.cuh). */
+MT_HD int mt_wcheck_lines_fit(int rows, int cols) {
+  return (uint64_t)rows * (uint64_t)((cols / 8 + 7) / 8) <= UINT32_MAX / 2;
+}
+
 /* Lines (128 bytes) of a sampled run: 1 KB together, so that a sample of 1/step of a weight's
  * lines costs 1/8 of the random DRAM reads that single lines would. */
 #define MT_WCHECK_RUN 8

@@ -1,7 +1,7 @@
-// whash.cuh — the frozen cache's content hash of a weight slice, and the slices a grouped call
-// covers: shared by the per-call check (kernels/wcheck.cu) and the store's refresh
-// (kernels/quant.cu, refresh_store), so that both hash alike (tests/gpu/test_grouped.c and
-// tests/gpu/test_kernels.c check each against in-place changes).
+// whash.cuh — the frozen cache's content hash of a weight slice, shared by the per-call check
+// (kernels/wcheck.cu) and the store's refresh (kernels/quant.cu, refresh_store) so that both hash
+// alike (tests/gpu/test_grouped.c and tests/gpu/test_kernels.c check each against in-place
+// changes); and the slices a grouped call covers, which the refresh walks.
 //
 // The hash of a slice is a sum mod 2^64 of a 64-bit mix of each 16-byte piece and its position in
 // the slice: integer addition is exact and order-free, so the result is the same whatever the grid.
@@ -29,7 +29,7 @@ __device__ static inline uint64_t mt_piece_hash(uint4 v, uint64_t i) {
 struct mt_wlines {
   int per_row;       // 16-byte pieces of a row (cols % 16 == 0)
   int lines_per_row; // 128-byte lines of a row
-  uint32_t lines;    // of the slice (the launchers check that they fit 32 bits)
+  uint32_t lines;    // of the slice (the launchers check that they fit 32 bits: mt_wcheck_lines_fit)
   uint32_t items;    // the lines a check of `step` walks (mt_wcheck_items)
 };
 

@@ -18,6 +18,12 @@
 #include "tests/gpu/gpu_test.h"
 
 static const mt_numerics num_row = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
+/* Every kind of weight a store holds: per-tensor and per-row S, 1x16 blocks and 16x16 tiles. */
+static const mt_numerics store_nums[] = {
+    {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
+    {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
+    {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_16X16},
+};
 static const int bns[] = {8, 16, 32, 64, 128, 256};
 
 /* E experts' weights on the GPU, quantized into one store, with each slice's reference. */
@@ -99,16 +105,12 @@ static int make_experts(experts *e, int count, int n, int k, const mt_numerics *
  * no band, columns that fill no 128-column step. */
 static void store_slices(void) {
   NEED_GPU();
-  static const mt_numerics nums[] = {
-      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
-      {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
-      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_16X16},
-  };
   static const int shapes[][3] = {{3, 200, 400}, {2, 128, 2048}, {5, 48, 16}, {1, 256, 784}};
-  for (int v = 0; v < NKINDS(nums); v++)
+  for (int v = 0; v < NKINDS(store_nums); v++)
     for (int s = 0; s < NKINDS(shapes); s++) {
       experts e = {0};
-      make_experts_of(&e, shapes[s][0], shapes[s][1], shapes[s][2], &nums[v], (s + v) % 2, 1, 0);
+      make_experts_of(&e, shapes[s][0], shapes[s][1], shapes[s][2], &store_nums[v], (s + v) % 2, 1,
+                      0);
       free_experts(&e);
       dev_free_all();
     }
@@ -149,15 +151,10 @@ static int in_sample(uint64_t line, uint64_t lines, unsigned step) {
 static void store_refresh_case(int N, int K, const mt_numerics *num);
 static void store_refresh_modes(void) {
   NEED_GPU();
-  static const mt_numerics nums[] = {
-      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
-      {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
-      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_16X16},
-  };
-  for (int v = 0; v < NKINDS(nums); v++) {
-    store_refresh_case(256, 512, &nums[v]);
+  for (int v = 0; v < NKINDS(store_nums); v++) {
+    store_refresh_case(256, 512, &store_nums[v]);
     /* a CTA a row in the store quantizer (224 threads); 16x16 tiles: 14 blocks of columns */
-    store_refresh_case(128, 7168, &nums[v]);
+    store_refresh_case(128, 7168, &store_nums[v]);
   }
 }
 

@@ -691,12 +691,11 @@ static void run_instr(const char *name, const void *args) {
 }
 
 static int launch_config_ok(const CUlaunchConfig *c, const function *f) {
-  unsigned threads = c->blockDimX * c->blockDimY * c->blockDimZ;
+  unsigned threads = c->blockDimX * c->blockDimY * c->blockDimZ, cluster = cluster_size(c);
   return c->gridDimX && c->gridDimY && c->gridDimZ && c->gridDimY <= 65535 &&
          c->gridDimZ <= 65535 && threads && threads <= 1024 &&
          (c->sharedMemBytes <= DEFAULT_SMEM || (int)c->sharedMemBytes <= f->max_smem) &&
-         (c->numAttrs == 0 || c->attrs) && cluster_allowed(f, cluster_size(c)) &&
-         cluster_size(c) <= max_cluster;
+         (c->numAttrs == 0 || c->attrs) && cluster_allowed(f, cluster) && cluster <= max_cluster;
 }
 
 static int should_fail(const char *name) {
