@@ -133,6 +133,10 @@ typedef struct {
   mt_numerics num;
   uint8_t *base; /* slice e at base + e * slice_bytes */
   size_t slice_bytes;
+  /* NULL (mt_wstore_bind), or the generation word of the refresh state this store was last given
+   * to (mt_wstore_refresh sets it): a grouped GEMM on the store reads it to know whether the
+   * refresh, which lets the GEMM start before it ends, requantized a slice meanwhile */
+  const uint32_t *gen;
 } mt_wstore;
 
 /* Bytes of device memory a store of count slices of n x k takes (0: a shape it cannot hold). */
@@ -159,7 +163,11 @@ int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_
  * launch (kernels/quant.cu, refresh_store). With offs (the call's segment table as mt_gemm_grouped
  * reads it, m its rows), only the slices whose segment has rows are checked and, when changed,
  * requantized: the others keep their quantization until a call that uses them checks them.
- * Without, every slice. */
+ * Without, every slice.
+ * The kernels launched dependent after it (kernels/pdl.cuh) start at once: a grouped GEMM on ws
+ * streams its first weights while the refresh still runs, and reads them again where the refresh
+ * requantized a slice (ws->gen, set here). So what follows the refresh on the stream and reads the
+ * store before it waits must be a grouped GEMM given this ws (or a copy made after this call). */
 int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *ws, void *state, unsigned step,
                       const int32_t *offs, int m, mt_stream stream);
 
@@ -177,8 +185,10 @@ int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *
  * Launch order (kernels/pdl.cuh): the activations' quantizer (per-row S) is launched to start while
  * the kernel before the call ends, and waits for it before it reads or writes; the GEMM reads offs
  * and the store before it waits. So offs and the store must not be written by a kernel just
- * before the call that lets its dependents start early: none of the engine's do (the store's
- * quantizers and mt_grouped_seg_ends end before what follows them starts). At token tile 256 the
+ * before the call that lets its dependents start early, except a refresh of this store
+ * (mt_wstore_refresh: the GEMM reads the weights again if the refresh requantized a slice): none
+ * of the engine's others do (the store's quantizers and mt_grouped_seg_ends end before what
+ * follows them starts). At token tile 256 the
  * GEMM is two launches (the segments' last tiles of a few rows on the second, which waits for the
  * first before it reads the activations), so a kernel that waits for the call's last waits for
  * the whole call. */

@@ -132,7 +132,7 @@ typedef struct {
 #define MT_GROUPED_MAX_SEG 512
 /* Tiles of 128 channels x BN tokens (8 to 256). A stage: MT_GROUPED_KS 64-wide K blocks, each an
  * activation box of BN rows x 128 bytes (1024-aligned for the swizzle) and the tile's 4608 bytes of
- * weight records; then the ring's barriers and the tile table (4 x MT_GROUPED_MAX_SEG + 1 ints).
+ * weight records; then the ring's barriers and the tile table (16 bytes and 4 x MT_GROUPED_MAX_SEG + 1 ints).
  * Up to 32 tokens two CTAs share an SM (the weight decode runs on the consumer warps' ALUs, and
  * four warps a scheduler hide its latencies better than two), each with stages filling ~96 KB;
  * from 64 one CTA an SM with ~200 KB; at most 16 stages. */
@@ -150,7 +150,8 @@ typedef struct {
 #define MT_GROUPED_RING(bn) (MT_GROUPED_CTAS(bn) == 2 ? 98304 : 204800)
 #define MT_GROUPED_STAGES(bn)                                                                                          \
   (MT_GROUPED_RING(bn) / MT_GROUPED_SB(bn) < 16 ? MT_GROUPED_RING(bn) / MT_GROUPED_SB(bn) : 16)
-#define MT_GROUPED_SMEM(bn) (1024 + MT_GROUPED_STAGES(bn) * (MT_GROUPED_SB(bn) + 16) + (4 * MT_GROUPED_MAX_SEG + 1) * 4)
+#define MT_GROUPED_SMEM(bn)                                                                                            \
+  (1024 + MT_GROUPED_STAGES(bn) * (MT_GROUPED_SB(bn) + 16) + 16 + (4 * MT_GROUPED_MAX_SEG + 1) * 4)
 typedef struct {
   CUtensorMap ta;      /* xhat [m][k] BF16, box 64 columns x BN rows (kpair: rank 3, 64 x m x k / 64,
                              a box two blocks deep) */
@@ -158,6 +159,7 @@ typedef struct {
   long long ws_slice;  /* bytes of a slice */
   long long ws_band;   /* bytes of a band's records: MT_WS_BAND_BYTES(k) */
   long long ws_outer;  /* a slice's S from its start */
+  const uint32_t *gen; /* NULL, or the store's generation word (mt_wstore.gen; kernels/wcheck.h) */
   const int32_t *offs; /* device: cumulative row ends of the segments (segment g: offs[g-1] .. offs[g],
                              offs[-1] = 0), or NULL: seg_rows rows each, segment g at row g * seg_rows */
   int seg0, nseg, seg_rows;

@@ -40,6 +40,7 @@ int mt_wstore_bind(mt_wstore *w, int count, int n, int k, const mt_numerics *num
   w->num = *num;
   w->base = mem;
   w->slice_bytes = MT_WS_SLICE_BYTES(n, k, num->weight_scale == MT_SCALE_ROW);
+  w->gen = NULL;
   return MT_OK;
 }
 
@@ -81,6 +82,7 @@ int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *
   if (!mt_wcheck_lines_fit(ws->n, ws->k)) return MT_ERR_UNSUPPORTED;
   mt_refresh_args a = {
       .q = store_params(w, type, ldw, stride, ws), .offs = offs, .m = m, .step = step ? step : 1, .state = state};
+  ws->gen = &((mt_wcheck_head *)state)->gen;
   return mt_quantize_refresh(&a, ws->num.weight_block == MT_WBLOCK_16X16, stream);
 }
 
@@ -182,6 +184,7 @@ static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kar
   k->ws_slice = (long long)w->slice_bytes;
   k->ws_band = (long long)MT_WS_BAND_BYTES(w->k);
   k->ws_outer = (long long)MT_WS_SECTION(MT_WS_RECORD_BYTES(w->n, w->k));
+  k->gen = w->gen;
   k->offs = a->offs;
   k->seg_rows = a->seg_rows;
   k->m = a->m;

@@ -57,7 +57,10 @@ constexpr float kUnshift = (float)(1u << MT_WS_WEIGHT_SHIFT); // the decoded wei
 
 // Shared memory (gemm_args.h, MT_GROUPED_SMEM): the stages (each: KS activation boxes of BN rows x
 // 128 bytes, then KS x 4608 bytes of records), the ring's barriers, then the tile table.
-struct table {                            // 4 * MT_GROUPED_MAX_SEG + 1 ints
+struct table {    // 16 bytes, then 4 * MT_GROUPED_MAX_SEG + 1 ints
+  uint64_t ready; // the producer's verdict on the store is in `moved` (an mbarrier of one arrival)
+  uint32_t gen;   // the store's generation before the CTA's first read of it (store_moved)
+  int moved;
   int tile_start[MT_GROUPED_MAX_SEG + 1]; // first tile of each segment; [nseg]: all tiles
   int row_start[MT_GROUPED_MAX_SEG];      // the segment's first row of xhat
   int first[MT_GROUPED_MAX_SEG];          // the tokens this launch runs: first .. end - 1
@@ -65,6 +68,16 @@ struct table {                            // 4 * MT_GROUPED_MAX_SEG + 1 ints
 };
 
 __device__ static inline void warpgroup_arrive_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+
+// The store's generation, read by thread 0 (the producer) before it requests any weight: with
+// acquire, so that a refresh's writes counted in the value read are seen, also by the bulk copies
+// (the async proxy) that thread issues after it.
+__device__ static inline uint32_t generation(const uint32_t *gen) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(gen) : "memory");
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  return v;
+}
 
 // The tile table, by warp 0: each segment's rows (offs's, as mt_offs_span reads them, or seg_rows
 // each) and first tile (an exclusive scan of ceil(rows / BN) * channel blocks, 32 segments at a
@@ -108,7 +121,25 @@ template <int BN> __device__ static void build_table(const mt_grouped_kargs &a, 
     }
     carry += __shfl_sync(0xffffffffu, incl, 31);
   }
-  if (lane == 0) t->tile_start[a.nseg] = carry;
+  if (lane == 0) {
+    t->tile_start[a.nseg] = carry;
+    t->gen = a.gen ? generation(a.gen) : 0;
+  }
+}
+
+// Whether a refresh of the store requantized a slice since the CTA read t->gen (kernels/quant.cu,
+// refresh_store: it lets the kernels after it start at once, and each of its CTAs that wrote
+// adds one to the generation after its writes). Then the weights of the stages requested before
+// grid_dependency_wait may be stale or torn, and the CTA's first tile runs again. Asked once, by
+// the producer after its wait (the refresh has ended then: this kernel waited for the quantizer,
+// which waited for it), and told to the consumers through t->ready, so that all agree on the
+// stages that come even if the word moved again.
+__device__ static inline bool store_moved(const mt_grouped_kargs &a, const table *t) {
+  return a.gen && *(const volatile uint32_t *)a.gen != t->gen;
+}
+__device__ static inline bool producer_saw_moved(const table *t) {
+  mbar_wait(const_cast<uint64_t *>(&t->ready), 0);
+  return t->moved;
 }
 
 // Tile `tile`'s segment, channel block and token tile (token tile fastest within a segment).
@@ -195,21 +226,24 @@ __device__ static inline void fence_operands(uint32_t (&A)[4][4]) {
 
 // The ring of stages: "full" completes on the producer's arrival and the stage's bytes, "empty" on
 // one arrival per consumer warp (8).
-template <int S> __device__ static inline void init_ring(uint64_t *full, uint64_t *empty) {
+template <int S> __device__ static inline void init_ring(uint64_t *full, uint64_t *empty, table *t) {
   for (int s = 0; s < S; s++) {
     mbar_init(&full[s], 1);
     mbar_init(&empty[s], 8);
   }
+  mbar_init(&t->ready, 1);
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
 // The producer thread: per tile, per stage, the 128 channels' records of the stage's K (one bulk
 // copy of KS x 4608 contiguous bytes) and the tokens' activation boxes. Stage number `it` counts on
 // across tiles: slot it % S, phase (it / S) & 1. The weights of the CTA's first stages are
-// requested before griddepcontrol.wait (they do not depend on the kernel before this one).
+// requested before griddepcontrol.wait (they do not depend on the kernel before this one, unless
+// a refresh of the store requantized them meanwhile: then the first tile's stages come twice,
+// store_moved).
 template <int BN>
-__device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_t *smem, uint64_t *full,
-                               uint64_t *empty, int tiles, int nst) {
+__device__ static void produce(const mt_grouped_kargs &a, table *t, uint8_t *smem, uint64_t *full, uint64_t *empty,
+                               int tiles, int nst) {
   constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128;
   constexpr uint32_t RECS = KS * REC_BLOCK;
   const long long band = a.ws_band;
@@ -235,9 +269,12 @@ __device__ static void produce(const mt_grouped_kargs &a, const table *t, uint8_
     bulk_load(smem + j * SB + KS * ACT, records(w0, j), RECS, &full[j]);
   }
   grid_dependency_wait();
+  t->moved = store_moved(a, t);
+  mbar_arrive(&t->ready);
   for (int j = 0; j < pre; j++) acts(w0, j, smem + j * SB, &full[j]);
   int it = 0;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+  // pass 0 (only where the store moved) is the first tile with the weights requested early
+  for (int tile = blockIdx.x, pass = t->moved ? 0 : 1; tile < tiles; tile += pass++ ? gridDim.x : 0) {
     const where w = locate<BN>(t, a.nseg, tile);
     for (int j = 0; j < nst; j++, it++) {
       if (it < pre) continue; // issued above
@@ -503,18 +540,22 @@ __device__ static __forceinline__ void tile_as(const mt_grouped_kargs &a, const 
                                                uint64_t *empty, ring_pos &at, int nst, int hw, int lane,
                                                const where &wh, int ch0, bool &waited) {
   float d[NW / 2];
-#pragma unroll
-  for (int i = 0; i < NW / 2; i++) d[i] = 0.0f;
   tile_scales<BN> ts;
   if (waited) load_scales<BN>(a, t, wh, ch0, ts);
-  if constexpr (BN <= SYNC_MAX)
-    k_loop_warp<BN, NW>(d, smem, full, empty, at, nst, hw, lane);
-  else
-    k_loop<BN, NW>(d, smem, full, empty, at, nst, hw, lane);
-  if (!waited) { // S_a comes from the quantization, S_w may, and C and y may be another kernel's
-    grid_dependency_wait();
-    waited = true;
-    load_scales<BN>(a, t, wh, ch0, ts);
+  for (bool again = true; again;) {
+#pragma unroll
+    for (int i = 0; i < NW / 2; i++) d[i] = 0.0f;
+    if constexpr (BN <= SYNC_MAX)
+      k_loop_warp<BN, NW>(d, smem, full, empty, at, nst, hw, lane);
+    else
+      k_loop<BN, NW>(d, smem, full, empty, at, nst, hw, lane);
+    again = false;
+    if (!waited) { // S_a comes from the quantization, S_w may, and C and y may be another kernel's
+      grid_dependency_wait();
+      waited = true;
+      load_scales<BN>(a, t, wh, ch0, ts);
+      again = producer_saw_moved(t); // then the producer sends the tile's stages again
+    }
   }
   store_tile<BN, NW>(a, t, d, wh, ch0, ts);
 }
@@ -556,7 +597,7 @@ template <int BN> __device__ static __forceinline__ void run(const mt_grouped_ka
   // tail, and there the early start cost T = 1024 2% (lab/NOTES.md, "Grouped engine").
   if constexpr (MT_GROUPED_CTAS(BN) == 2) allow_dependents();
   if (threadIdx.x < 32) build_table<BN>(a, t); // offs was written before the kernel before this one
-  if (threadIdx.x == 32) init_ring<S>(full, empty);
+  if (threadIdx.x == 32) init_ring<S>(full, empty, t);
   __syncthreads();
   const int tiles = t->tile_start[a.nseg];
 

@@ -401,10 +401,13 @@ template <bool FP16, bool PTRS> __device__ __forceinline__ void amax_pass(const 
  * would (bit for bit: the same quantize<>), and keeps the new hash. A slice's words are touched by
  * its cluster only, so nothing is counted, listed or reset across the grid: a refresh that finds
  * nothing changed is one launch, one read of the segment ends, one of the sample (all of a
- * cluster's slices at once) and two cluster barriers. Tested on the GPU by tests/gpu/test_grouped.c
- * (store_refresh_modes: every weight scale, whole, one-row and one-element changes, sampled lines,
- * slices outside the call; store_refresh_rounds: clusters of several slices), the launch on the
- * CPU by tests/cpu/test_shim_engine.c. */
+ * cluster's slices at once) and two cluster barriers. The kernels after it start at once: a CTA
+ * that requantized adds one to the state's generation after its writes, and the grouped GEMM that
+ * streamed weights meanwhile reads them again (kernels/grouped.cu, store_moved). Tested on the GPU
+ * by tests/gpu/test_grouped.c (store_refresh_modes: every weight scale, whole, one-row and
+ * one-element changes, sampled lines, slices outside the call; store_refresh_rounds: clusters of
+ * several slices; grouped_after_refresh: the GEMM that follows a refresh), the launch on the CPU
+ * by tests/cpu/test_shim_engine.c. */
 
 /* Where this thread stands: its cluster, its CTA's rank in it, its number in the CTA. */
 struct cluster_at {
@@ -520,6 +523,7 @@ template <bool FP16, int NB, bool ROW, bool TILE> __device__ void refresh_store(
   refresh_batch bt = {mt_covered_list(a.offs, p.rows / p.batch_rows, a.m, covered, c.tid, c.nthreads), 0, clusters, 0};
   mt_wcheck_slice *words = mt_wcheck_slices(a.state);
   int round = 0;
+  bool wrote = false; /* alike in every thread of the CTA: the cluster's verdicts */
   for (bt.first = blockIdx.x / c.size; bt.first < bt.cov.n; bt.first += kRefreshBatch * clusters) {
     bt.n = min(kRefreshBatch, (bt.cov.n - bt.first + clusters - 1) / clusters);
     /* every CTA of the cluster takes the same verdicts: the same sums (read from every CTA's part)
@@ -532,6 +536,10 @@ template <bool FP16, int NB, bool ROW, bool TILE> __device__ void refresh_store(
     }
     __syncthreads();
     hash_shares(a, bt, part, c);
+    /* The CTA's reads of the sample are done: the kernels after it may start (a grouped GEMM
+     * streams its first weights before it waits for this grid, and again if the store's generation
+     * moves, below). Earlier, that stream would queue before the sample's loads. */
+    allow_dependents();
     c.cl.sync();
     if (c.tid < bt.n) {
       uint64_t total = 0;
@@ -544,11 +552,17 @@ template <bool FP16, int NB, bool ROW, bool TILE> __device__ void refresh_store(
       if (!changed[j]) continue;
       requantize<FP16, NB, ROW, TILE>(a, bt.slice(j), &amax_slot[round], c);
       round ^= 1;
+      wrote = true;
       if (c.rank == 0 && c.tid == 0) {
         words[bt.slice(j)].hash = sum[j];
         words[bt.slice(j)].valid = 1;
       }
     }
+  }
+  if (wrote) { /* the CTA's writes, then the generation: release (the GEMM reads it with acquire) */
+    __threadfence();
+    __syncthreads();
+    if (c.tid == 0) atomicAdd(&((mt_wcheck_head *)a.state)->gen, 1u);
   }
   c.cl.sync(); /* no CTA leaves while another may still read its shared memory */
 }

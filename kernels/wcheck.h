@@ -6,7 +6,8 @@
  * entry) is MT_WCHECK_STATE_BYTES(slices) (mt_refresh_state_bytes) of device memory, zeroed when the
  * weight is bound: a head, the slices' words, then the list of the slices the last per-call check
  * found changed (which the quantizers read as their only_if). A store's refresh (kernels/quant.cu,
- * refresh_store) keeps only the slices' hash and valid words: its verdicts never leave a cluster. */
+ * refresh_store) keeps only the slices' hash and valid words (its verdicts never leave a cluster)
+ * and the head's generation. */
 #ifndef MT_WCHECK_H
 #define MT_WCHECK_H
 
@@ -17,7 +18,11 @@
 
 typedef struct {
   uint32_t done; /* CTAs of the running per-call check that have finished; 0 between checks */
-  uint32_t pad[3];
+  /* A store's generation: every CTA of a refresh that requantized a slice adds one after its
+   * writes, so that a grouped GEMM that read the store while the refresh ran knows to read it
+   * again (mt_wstore.gen) */
+  uint32_t gen;
+  uint32_t pad[2];
 } mt_wcheck_head;
 
 typedef struct {

@@ -758,6 +758,7 @@ static void check_grouped_args(int from, const uint16_t *y, size_t sy, int token
         k->m == BATCH * tokens);
   CHECK(k->n == OUT && k->k == IN && k->y == y && k->ldy == OUT && k->stride_y == (long long)sy);
   CHECK(k->ws == p->store && k->ws_slice == p->slice_bytes && p->batch_rows == OUT);
+  CHECK(!k->gen); /* a store quantized for the call: no refresh runs before the GEMM */
   CHECK(k->c == c && (!c || k->stride_c == (long long)sy) && k->beta == beta && k->alpha == 1.0f);
   CHECK(k->bias == bias && (!bias || k->stride_bias == stride_bias));
 }
@@ -898,6 +899,11 @@ static void scenario_frozen_batch(void) {
           a->q.cols == IN && a->q.ldx == IN && a->q.batch_stride == (long long)OUT * IN &&
           !a->q.only_if && a->step == 1 && a->state && a->grid_y == 1);
     CHECK(a && !a->offs); /* a strided batch uses every slice */
+    /* the GEMM, which starts while the refresh runs, reads the state's generation */
+    int g = find_launch(t, "mt_grouped_", 0);
+    CHECK(g > r && a &&
+          ((const mt_grouped_kargs *)event(g)->args)->gen ==
+              &((const mt_wcheck_head *)a->state)->gen);
     /* clusters of 16 CTAs (8 on a device that runs no cluster of 16), as many as the (fake)
      * device runs at once: 2 for the 3 slices */
     const char *max = getenv("FAKE_CUDA_MAX_CLUSTER");

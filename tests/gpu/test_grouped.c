@@ -374,10 +374,17 @@ static mt_nvfp4 rows_of(const mt_nvfp4 *q, int r0, int rows) {
   return v;
 }
 
+/* A store refresh to run on the stream just before the GEMM (NULL: none). */
+typedef struct {
+  void *state;
+  unsigned step;
+} refresh_first;
+
 /* Run the grouped GEMM of p on e (offsets on the device) with token tile bn into a fresh y of
- * m x ldy (poisoned; its first state in y0); returns 0 on a failure (reported). */
-static int run_offs(const problem *p, const experts *e, int bn, size_t ldy, enum mt_dtype ytype,
-                    uint16_t *y0, uint16_t *y) {
+ * m x ldy (poisoned; its first state in y0), after e's refresh `rf` on the same stream, nothing
+ * between them; returns 0 on a failure (reported). */
+static int run_offs_after(const problem *p, const experts *e, int bn, size_t ldy,
+                          enum mt_dtype ytype, uint16_t *y0, uint16_t *y, const refresh_first *rf) {
   int ok = 0, m = p->m > 0 ? p->m : 1;
   int32_t *offs_h = malloc((size_t)p->nseg * 4);
   for (int s = 0; s < p->nseg; s++)
@@ -406,6 +413,11 @@ static int run_offs(const problem *p, const experts *e, int bn, size_t ldy, enum
                        .workspace = ws,
                        .workspace_bytes = ws_bytes,
                        .bn = bn};
+  mt_wstore store = e->ws; /* the store the refresh is given is the one the GEMM reads */
+  a.w = &store;
+  if (rf)
+    MT(mt_wstore_refresh(e->dev, MT_DTYPE_BF16, e->ld, &store, rf->state, rf->step, doffs, m,
+                         NULL));
   MT(mt_gemm_grouped(&a, NULL));
   CU(sync_check());
   CU(cudaMemcpy(y, dy, (size_t)m * ldy * 2, cudaMemcpyDeviceToHost));
@@ -413,6 +425,11 @@ static int run_offs(const problem *p, const experts *e, int bn, size_t ldy, enum
 out:
   free(offs_h);
   return ok;
+}
+
+static int run_offs(const problem *p, const experts *e, int bn, size_t ldy, enum mt_dtype ytype,
+                    uint16_t *y0, uint16_t *y) {
+  return run_offs_after(p, e, bn, ldy, ytype, y0, y, NULL);
 }
 
 /* Every segment's rows against the reference; rows past the last offset untouched. */
@@ -1071,11 +1088,71 @@ static void grouped_layer(void) {
   layer_case(4096, 7168, 1, 60);
 }
 
+/* The GEMM right after a refresh on the stream (kernels/engine.h, mt_wstore_refresh): it starts
+ * while the refresh runs and streams its first weights before it waits, so where the refresh
+ * requantizes it must read them again (kernels/grouped.cu, store_moved). Eight experts of 512 x
+ * 2048 (the K loop longer than the ring, so that some stages come before the wait and some after),
+ * one to three rows each, token tiles 8 (two CTAs an SM) and 128 (one), every store numerics, both
+ * frozen modes. The weights rotated in place (slice s takes slice s + 1's): the output of the
+ * refresh and GEMM back to back against the reference of the rotated weights, bitwise equal to the
+ * same GEMM run alone afterwards; then nothing changed: the same bits again. */
+static void grouped_after_refresh(void) {
+  NEED_GPU();
+  enum { E = 8, N = 512, K = 2048 };
+  static const int rows[E] = {1, 3, 2, 1, 2, 3, 1, 2};
+  for (int v = 0; v < NKINDS(store_nums); v++)
+    for (int sampled = 0; sampled < 2; sampled++)
+      for (int b = 0; b < 2; b++) {
+        const int bn = b ? 128 : 8;
+        const refresh_first rf = {dev_alloc(mt_refresh_state_bytes(E)),
+                                  sampled ? MT_SAMPLE_STEP : 1};
+        experts e = {0};
+        problem p = {0};
+        mt_nvfp4 *rot = malloc(E * sizeof *rot);
+        uint16_t *y0 = NULL, *y = NULL, *alone = NULL;
+        if (!rf.state || !make_experts_of(&e, E, N, K, &store_nums[v], 0, 0, 1) ||
+            !make_problem(&p, E, rows, K, store_nums[v].act_scale, 0, NULL, 0)) {
+          CHECK(0);
+          goto out;
+        }
+        const size_t ybytes = (size_t)p.m * N * 2, wslice = (size_t)N * K;
+        y0 = malloc(ybytes), y = malloc(ybytes), alone = malloc(ybytes);
+        char what[128];
+        snprintf(what, sizeof what, "%s, %s S %s, bn %d", sampled ? "frozen-sampled" : "frozen",
+                 mt_scale_name(store_nums[v].weight_scale),
+                 mt_wblock_name(store_nums[v].weight_block), bn);
+        CU(cudaMemset(rf.state, 0, mt_refresh_state_bytes(E)));
+        MT(mt_wstore_refresh(e.dev, MT_DTYPE_BF16, e.ld, &e.ws, rf.state, rf.step, NULL, 0, NULL));
+        for (int sl = 0; sl < E; sl++) { /* slice s takes slice s + 1's weights */
+          CU(cudaMemcpy((uint16_t *)e.dev + sl * wslice, e.host + (sl + 1) % E * wslice, wslice * 2,
+                        cudaMemcpyHostToDevice));
+          rot[sl] = e.ref[(sl + 1) % E];
+        }
+        if (!run_offs_after(&p, &e, bn, N, MT_DTYPE_BF16, y0, y, &rf) ||
+            !run_offs(&p, &e, bn, N, MT_DTYPE_BF16, y0, alone))
+          goto out;
+        experts er = e;
+        er.ref = rot;
+        check_segments(&p, &er, y, y0, N, MT_DTYPE_BF16, NULL, what);
+        CHECKF(!memcmp(y, alone, ybytes), "%s: the GEMM after the refresh differs from it alone",
+               what);
+        if (!run_offs_after(&p, &e, bn, N, MT_DTYPE_BF16, y0, y, &rf))
+          goto out;
+        CHECKF(!memcmp(y, alone, ybytes), "%s, nothing changed: the output differs", what);
+      out:
+        free(y0), free(y), free(alone), free(rot);
+        free_problem(&p);
+        free_experts(&e);
+        dev_free_all();
+      }
+}
+
 int main(void) {
   seed_rng();
   RUN(store_slices);
   RUN(store_refresh_modes);
   RUN(store_refresh_rounds);
+  RUN(grouped_after_refresh);
   RUN(grouped_accuracy);
   RUN(grouped_widths);
   RUN(grouped_bitwise);
