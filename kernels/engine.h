@@ -164,8 +164,8 @@ int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_
  * reads it, m its rows), only the slices whose segment has rows are checked and, when changed,
  * requantized: the others keep their quantization until a call that uses them checks them.
  * Without, every slice.
- * The kernels launched dependent after it (kernels/pdl.cuh) start at once: a grouped GEMM on ws
- * streams its first weights while the refresh still runs, and reads them again where the refresh
+ * The kernels launched dependent after it (kernels/pdl.cuh) start once it has read the lines it
+ * hashes: a grouped GEMM on ws streams its first weights while the refresh still runs, and reads them again where the refresh
  * requantized a slice (ws->gen, set here). So what follows the refresh on the stream and reads the
  * store before it waits must be a grouped GEMM given this ws (or a copy made after this call). */
 int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *ws, void *state, unsigned step,

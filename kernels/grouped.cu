@@ -128,7 +128,7 @@ template <int BN> __device__ static void build_table(const mt_grouped_kargs &a, 
 }
 
 // Whether a refresh of the store requantized a slice since the CTA read t->gen (kernels/quant.cu,
-// refresh_store: it lets the kernels after it start at once, and each of its CTAs that wrote
+// refresh_store: it lets the kernels after it start before it ends, and each of its CTAs that wrote
 // adds one to the generation after its writes). Then the weights of the stages requested before
 // grid_dependency_wait may be stale or torn, and the CTA's first tile runs again. Asked once, by
 // the producer after its wait (the refresh has ended then: this kernel waited for the quantizer,

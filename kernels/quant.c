@@ -161,15 +161,17 @@ int mt_quantize_dependent(const mt_quant_params *p, mt_stream stream) {
   return p->store ? MT_ERR_UNSUPPORTED : quantize(p, 0, 1, stream);
 }
 
-/* A refresh's clusters (kernels/quant.cu, refresh_store): of 16 CTAs where the device runs them (a
- * slice's share of the CTAs is what bounds a call of few slices: one token's), else 8 (portable);
- * one a slice the call can cover (a segment with rows has at least one of the call's m), at most as
- * many as the device runs at once (a second wave would wait for the first). */
-static void refresh_clusters(CUfunction f, const launch_shape *s, unsigned smem, unsigned covered, unsigned *size,
-                             unsigned *clusters) {
-  *size = 16;
+/* A refresh's clusters (kernels/quant.cu, refresh_store): a full check (step 1) of 16 CTAs where the
+ * device runs them (a slice's share of the CTAs is what bounds the stream of few slices: one
+ * token's), a sampled one, and any where the device runs none of 16, of 8 (portable: the sample's
+ * trips and barriers take longer across 16); one a slice the call can cover (a segment with rows
+ * has at least one of the call's m), at most as many as the device runs at once (a second wave
+ * would wait for the first). */
+static void refresh_clusters(CUfunction f, const launch_shape *s, unsigned smem, unsigned covered, unsigned step,
+                             unsigned *size, unsigned *clusters) {
+  *size = step > 1 ? 8 : 16;
   int fit = mt_cluster_capacity(f, *size, s->block_x, s->block_y, smem);
-  if (fit <= 0) {
+  if (fit <= 0 && *size > 8) {
     *size = 8;
     fit = mt_cluster_capacity(f, *size, s->block_x, s->block_y, smem);
   }
@@ -196,7 +198,7 @@ int mt_quantize_refresh(const mt_refresh_args *a, int tile16, mt_stream stream) 
   if (status != MT_OK) return status;
   const unsigned smem = a->offs ? 4 * slices : 0;
   unsigned size, clusters;
-  refresh_clusters(f, &s, smem, covered, &size, &clusters);
+  refresh_clusters(f, &s, smem, covered, a->step, &size, &clusters);
   mt_refresh_args k = *a;
   k.grid_y = (int32_t)s.grid_y;
   return mt_launch_clusters(f, size, clusters, s.block_x, s.block_y, smem, stream, &k);

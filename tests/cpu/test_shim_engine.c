@@ -204,6 +204,12 @@ static int all_on(int from, CUstream s) {
   return 1;
 }
 
+/* The weight check's step under the scenario's MINITE_WEIGHT_CACHE: a sample, or every line. */
+static unsigned cache_step(void) {
+  const char *mode = getenv("MINITE_WEIGHT_CACHE");
+  return mode && !strcmp(mode, "frozen-sampled") ? MT_SAMPLE_STEP : 1;
+}
+
 /* The index of the nth (0-based) launch of a kernel whose name starts with `prefix`, or -1. */
 static int find_launch(int from, const char *prefix, int nth) {
   return mt_t_find_launch(from, prefix, 1, nth);
@@ -530,8 +536,7 @@ static void scenario_frozen(void) {
   int wc = find_launch(t, "mt_wcheck", 0), ms = find_kind(t, FAKE_EV_MEMSET, 0);
   const mt_wcheck_args *w = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
   const uint32_t *dirty = w ? mt_wcheck_list(w->state, 1) : NULL;
-  const char *mode = getenv("MINITE_WEIGHT_CACHE");
-  unsigned step = mode && !strcmp(mode, "frozen-sampled") ? MT_SAMPLE_STEP : 1;
+  const unsigned step = cache_step();
   CHECK(w && w->w == p.w && w->ldw == IN && w->rows == OUT && w->cols == IN && w->step == step &&
         w->slices == 1);
   CHECK(w && ms >= 0 && event(ms)->ptr == (uint64_t)(uintptr_t)w->state && event(ms)->value == 0 &&
@@ -882,9 +887,10 @@ static void scenario_split_fail(void) {
 /* A strided batch under frozen: one store for the three weights (back to back), its refresh over
  * all of them (every round: the kernel finds what changed), in clusters of 16 CTAs (the function
  * allowed a non-portable size first: the fake refuses the launch otherwise), or of 8 where the
- * device runs none of 16 (FAKE_CUDA_MAX_CLUSTER=8). */
+ * device runs none of 16 (FAKE_CUDA_MAX_CLUSTER=8) and under frozen-sampled. */
 static void scenario_frozen_batch(void) {
   int tokens = 8;
+  const unsigned step = cache_step();
   size_t sw = (size_t)OUT * IN, sx = (size_t)tokens * IN, sy = (size_t)OUT * tokens;
   uint16_t *w = matrix(sw * BATCH), *x = matrix(sx * BATCH), *y = matrix(sy * BATCH);
   set_stream(S1);
@@ -897,17 +903,17 @@ static void scenario_frozen_batch(void) {
     const mt_refresh_args *a = r >= 0 ? (const mt_refresh_args *)event(r)->args : NULL;
     CHECK(a && a->q.x == w && a->q.store && a->q.rows == BATCH * OUT && a->q.batch_rows == OUT &&
           a->q.cols == IN && a->q.ldx == IN && a->q.batch_stride == (long long)OUT * IN &&
-          !a->q.only_if && a->step == 1 && a->state && a->grid_y == 1);
+          !a->q.only_if && a->step == step && a->state && a->grid_y == 1);
     CHECK(a && !a->offs); /* a strided batch uses every slice */
     /* the GEMM, which starts while the refresh runs, reads the state's generation */
     int g = find_launch(t, "mt_grouped_", 0);
     CHECK(g > r && a &&
           ((const mt_grouped_kargs *)event(g)->args)->gen ==
               &((const mt_wcheck_head *)a->state)->gen);
-    /* clusters of 16 CTAs (8 on a device that runs no cluster of 16), as many as the (fake)
-     * device runs at once: 2 for the 3 slices */
+    /* clusters of 16 CTAs (8 on a device that runs no cluster of 16, or for a sample), as many
+     * as the (fake) device runs at once: 2 for the 3 slices */
     const char *max = getenv("FAKE_CUDA_MAX_CLUSTER");
-    const unsigned size = max && atoi(max) < 16 ? 8 : 16;
+    const unsigned size = (max && atoi(max) < 16) || step > 1 ? 8 : 16;
     CHECKF(r >= 0 && event(r)->cluster == size && event(r)->grid[0] == size * 2 &&
                event(r)->block[0] * event(r)->block[1] % 32 == 0,
            "clusters of %u, grid %u, want clusters of %u", r >= 0 ? event(r)->cluster : 0,
@@ -1306,6 +1312,12 @@ static void frozen_grouped_store(void) {
   const char *eight[] = {"MINITE_WEIGHT_CACHE=frozen", "FAKE_CUDA_MAX_CLUSTER=8", NULL};
   run_child("frozen_batch", eight, &r);
   mt_t_check_child("frozen_batch, clusters of 8", &r);
+  check_counts(&r, 2, NULL);
+  mt_t_child_free(&r);
+  /* a sampled refresh: clusters of 8 */
+  const char *sampled[] = {"MINITE_WEIGHT_CACHE=frozen-sampled", NULL};
+  run_child("frozen_batch", sampled, &r);
+  mt_t_check_child("frozen_batch, frozen-sampled", &r);
   check_counts(&r, 2, NULL);
   mt_t_child_free(&r);
 }
