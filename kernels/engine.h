@@ -165,9 +165,10 @@ int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_
  * requantized: the others keep their quantization until a call that uses them checks them.
  * Without, every slice.
  * The kernels launched dependent after it (kernels/pdl.cuh) start once it has read the lines it
- * hashes: a grouped GEMM on ws streams its first weights while the refresh still runs, and reads them again where the refresh
- * requantized a slice (ws->gen, set here). So what follows the refresh on the stream and reads the
- * store before it waits must be a grouped GEMM given this ws (or a copy made after this call). */
+ * hashes: a grouped GEMM on ws streams its first weights while the refresh still runs, and reads
+ * them again where the refresh requantized a slice (ws->gen, set here). So what follows the
+ * refresh on the stream and reads the store before it waits must be a grouped GEMM given this ws
+ * (or a copy made after this call). */
 int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *ws, void *state, unsigned step,
                       const int32_t *offs, int m, mt_stream stream);
 
@@ -188,10 +189,9 @@ int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *
  * before the call that lets its dependents start early, except a refresh of this store
  * (mt_wstore_refresh: the GEMM reads the weights again if the refresh requantized a slice): none
  * of the engine's others do (the store's quantizers and mt_grouped_seg_ends end before what
- * follows them starts). At token tile 256 the
- * GEMM is two launches (the segments' last tiles of a few rows on the second, which waits for the
- * first before it reads the activations), so a kernel that waits for the call's last waits for
- * the whole call. */
+ * follows them starts). At token tile 256 the GEMM is two launches (the segments' last tiles of a
+ * few rows on the second, which waits for the first before it reads the activations), so a kernel
+ * that waits for the call's last waits for the whole call. */
 typedef struct {
   int nseg, n, k;
   const mt_wstore *w; /* at least nseg slices */

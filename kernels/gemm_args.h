@@ -132,10 +132,10 @@ typedef struct {
 #define MT_GROUPED_MAX_SEG 512
 /* Tiles of 128 channels x BN tokens (8 to 256). A stage: MT_GROUPED_KS 64-wide K blocks, each an
  * activation box of BN rows x 128 bytes (1024-aligned for the swizzle) and the tile's 4608 bytes of
- * weight records; then the ring's barriers and the tile table (16 bytes and 4 x MT_GROUPED_MAX_SEG + 1 ints).
- * Up to 32 tokens two CTAs share an SM (the weight decode runs on the consumer warps' ALUs, and
- * four warps a scheduler hide its latencies better than two), each with stages filling ~96 KB;
- * from 64 one CTA an SM with ~200 KB; at most 16 stages. */
+ * weight records; then the ring's barriers and the tile table (16 bytes, then
+ * 4 x MT_GROUPED_MAX_SEG + 1 ints). Up to 32 tokens two CTAs share an SM (the weight decode runs on
+ * the consumer warps' ALUs, and four warps a scheduler hide its latencies better than two), each
+ * with stages filling ~96 KB; from 64 one CTA an SM with ~200 KB; at most 16 stages. */
 #define MT_GROUPED_KS(bn) ((bn) <= 64 ? 2 : 1)
 #define MT_GROUPED_CTAS(bn) ((bn) <= 32 ? 2 : 1)
 /* The n256 kernel has one wgmma width (kernels/grouped.cu, narrowest), so a segment's last tile of
