@@ -14,8 +14,8 @@
  * caches' refresh of the layer's weights for the routing (nothing changed: the check of the
  * routed experts' slices, every byte or the sample; "synced": the sampled refresh after a weight
  * sync, every routed expert requantized), and the layer as served under frozen-sampled (each
- * weight's refresh, nothing changed, then its GEMM: "served", and its time over the layer's
- * alone, "check"). Writes JSON to argv[1] (default
+ * weight's grouped call running its refresh, nothing changed: "served", and its time over the
+ * layer's alone, "check"). Writes JSON to argv[1] (default
  * build/bench_moe.json); `--only NAME` runs one geometry, `--tokens T` one T (for a profiler),
  * `--bn BN` forces the grouped kernel's token tile (an A/B of the launcher's choice). */
 #include <cublas_v2.h>
@@ -132,15 +132,23 @@ static void make_ptrs(const moe_ctx *c, routing *r, const layer_gemm *l, const u
   free(h);
 }
 
-static int ours_gemm(moe_ctx *c, const routing *r, const layer_gemm *l, const uint16_t *in,
-                     uint16_t *out) {
+/* One grouped GEMM of the layer; with refresh, the call refreshes the store first. */
+static int ours_gemm_refreshed(moe_ctx *c, const routing *r, const layer_gemm *l,
+                               const uint16_t *in, uint16_t *out,
+                               const mt_wstore_refresh_args *refresh) {
   mt_grouped_args a = mtb_layer_args(&l->ws, c->g->experts, l->n, l->k, r->offs, TOPK * c->t, in,
                                      out, c->ws, c->ws_bytes);
   a.bn = force_bn;
+  a.refresh = refresh;
   int st = mt_gemm_grouped(&a, (mt_stream)stream);
   if (st != MT_OK)
     fprintf(stderr, "bench_moe: mt_gemm_grouped: %s\n", mt_status_name((enum mt_status)st));
   return st;
+}
+
+static int ours_gemm(moe_ctx *c, const routing *r, const layer_gemm *l, const uint16_t *in,
+                     uint16_t *out) {
+  return ours_gemm_refreshed(c, r, l, in, out, NULL);
 }
 
 static int call_ours(void *p, int i) {
@@ -178,21 +186,37 @@ typedef struct {
   int synced; /* each state zeroed first: every slice requantized, as after a weight sync */
 } check_ctx;
 
+/* Weight l's refresh (state: its state) for routing r, or for every slice. */
+static mt_wstore_refresh_args refresh_of(const check_ctx *k, const layer_gemm *l, void *state,
+                                         const routing *r) {
+  return (mt_wstore_refresh_args){.w = l->w,
+                                  .type = MT_DTYPE_BF16,
+                                  .ldw = (size_t)l->k,
+                                  .ws = &l->ws,
+                                  .state = state,
+                                  .step = k->step,
+                                  .offs = r ? r->offs : NULL,
+                                  .m = TOPK * k->c->t};
+}
+
 static int refresh(check_ctx *k, layer_gemm *l, void *state, const routing *r) {
   if (k->synced && cudaMemsetAsync(state, 0, mt_refresh_state_bytes(k->c->g->experts), stream))
     return 1;
-  return mt_wstore_refresh(l->w, MT_DTYPE_BF16, (size_t)l->k, &l->ws, state, k->step,
-                           r ? r->offs : NULL, TOPK * k->c->t, (mt_stream)stream);
+  const mt_wstore_refresh_args a = refresh_of(k, l, state, r);
+  return mt_wstore_refresh(&a, (mt_stream)stream);
 }
 
-/* The layer as the shim serves it under a frozen mode: each weight's refresh, then its GEMM (which
- * starts while the refresh runs: kernels/engine.h, mt_wstore_refresh). */
+/* The layer as the shim serves it under a frozen mode: each weight's grouped call with its
+ * refresh (kernels/engine.h, mt_grouped_args.refresh: the refresh beside the activations'
+ * quantization, the GEMM starting before it ends). */
 static int call_served(void *p, int i) {
   check_ctx *k = p;
   moe_ctx *c = k->c;
   const routing *r = &c->r[i % c->routings];
-  return refresh(k, &c->up, k->state[0], r) || ours_gemm(c, r, &c->up, c->x, c->h) ||
-         refresh(k, &c->down, k->state[1], r) || ours_gemm(c, r, &c->down, c->h, c->y);
+  const mt_wstore_refresh_args up = refresh_of(k, &c->up, k->state[0], r),
+                               down = refresh_of(k, &c->down, k->state[1], r);
+  return ours_gemm_refreshed(c, r, &c->up, c->x, c->h, &up) ||
+         ours_gemm_refreshed(c, r, &c->down, c->h, c->y, &down);
 }
 
 static int call_check(void *p, int i) {

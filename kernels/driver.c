@@ -324,10 +324,10 @@ static int allow_smem(const mt_driver *d, CUfunction f, unsigned smem) {
   return MT_OK;
 }
 
-/* A launch of gx x gy CTAs of bx x by threads and `smem` bytes on `stream`, with the one attribute
- * `attr` (NULL: none). */
+/* A launch of gx x gy CTAs of bx x by threads and `smem` bytes on `stream`, with the attributes
+ * attr[0 .. nattr-1]. */
 static CUlaunchConfig launch_config(unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem, CUstream stream,
-                                    CUlaunchAttribute *attr) {
+                                    CUlaunchAttribute *attr, unsigned nattr) {
   CUlaunchConfig cfg = {0};
   cfg.gridDimX = gx;
   cfg.gridDimY = gy;
@@ -337,8 +337,8 @@ static CUlaunchConfig launch_config(unsigned gx, unsigned gy, unsigned bx, unsig
   cfg.blockDimZ = 1;
   cfg.sharedMemBytes = smem;
   cfg.hStream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = attr ? 1 : 0;
+  cfg.attrs = nattr ? attr : NULL;
+  cfg.numAttrs = nattr;
   return cfg;
 }
 
@@ -360,12 +360,18 @@ static int launch(CUfunction f, const CUlaunchConfig *cfg, void *args) {
   return d->launch_kernel_ex(cfg, f, params, NULL) == CUDA_SUCCESS ? MT_OK : MT_ERR_CUDA;
 }
 
-int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem, int dependent,
-              CUstream stream, void *args) {
+static CUlaunchAttribute dependent_attr(void) {
   CUlaunchAttribute attr;
+  memset(&attr, 0, sizeof attr);
   attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
   attr.value.programmaticStreamSerializationAllowed = 1;
-  const CUlaunchConfig cfg = launch_config(gx, gy, bx, by, smem, stream, dependent ? &attr : NULL);
+  return attr;
+}
+
+int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem, int dependent,
+              CUstream stream, void *args) {
+  CUlaunchAttribute attr = dependent_attr();
+  const CUlaunchConfig cfg = launch_config(gx, gy, bx, by, smem, stream, &attr, dependent ? 1 : 0);
   return launch(f, &cfg, args);
 }
 
@@ -422,7 +428,7 @@ int mt_cluster_capacity(CUfunction f, unsigned cluster, unsigned bx, unsigned by
   int clusters = find_fit(s, f, cluster, bx * by, smem);
   if (clusters >= 0) return clusters;
   CUlaunchAttribute attr = cluster_attr(cluster);
-  const CUlaunchConfig cfg = launch_config(cluster, 1, bx, by, smem, NULL, &attr);
+  const CUlaunchConfig cfg = launch_config(cluster, 1, bx, by, smem, NULL, &attr, 1);
   if ((cluster > 8 &&
        d->func_set_attribute(f, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1) != CUDA_SUCCESS) ||
       d->occupancy_max_active_clusters(&clusters, f, &cfg) != CUDA_SUCCESS || clusters < 0)
@@ -438,8 +444,8 @@ int mt_cluster_capacity(CUfunction f, unsigned cluster, unsigned bx, unsigned by
 }
 
 int mt_launch_clusters(CUfunction f, unsigned cluster, unsigned clusters, unsigned bx, unsigned by, unsigned smem,
-                       CUstream stream, void *args) {
-  CUlaunchAttribute attr = cluster_attr(cluster);
-  const CUlaunchConfig cfg = launch_config(cluster * clusters, 1, bx, by, smem, stream, &attr);
+                       int dependent, CUstream stream, void *args) {
+  CUlaunchAttribute attr[2] = {cluster_attr(cluster), dependent_attr()};
+  const CUlaunchConfig cfg = launch_config(cluster * clusters, 1, bx, by, smem, stream, attr, dependent ? 2 : 1);
   return launch(f, &cfg, args);
 }

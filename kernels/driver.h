@@ -136,9 +136,9 @@ int mt_sm_count(void);
  * say (a size over 8, non-portable, is then not for this device). */
 int mt_cluster_capacity(CUfunction f, unsigned cluster, unsigned bx, unsigned by, unsigned smem);
 
-/* Launch f (as mt_launch, in order) as `clusters` clusters of `cluster` CTAs of bx x by threads, one
+/* Launch f (as mt_launch) as `clusters` clusters of `cluster` CTAs of bx x by threads, one
  * dimension. A cluster over 8 needs mt_cluster_capacity to have answered for it first. */
 int mt_launch_clusters(CUfunction f, unsigned cluster, unsigned clusters, unsigned bx, unsigned by, unsigned smem,
-                       CUstream stream, void *args);
+                       int dependent, CUstream stream, void *args);
 
 #endif

@@ -133,10 +133,6 @@ typedef struct {
   mt_numerics num;
   uint8_t *base; /* slice e at base + e * slice_bytes */
   size_t slice_bytes;
-  /* NULL (mt_wstore_bind), or the generation word of the refresh state this store was last given
-   * to (mt_wstore_refresh sets it): a grouped GEMM on the store reads it to know whether the
-   * refresh, which lets the GEMM start before it ends, requantized a slice meanwhile */
-  const uint32_t *gen;
 } mt_wstore;
 
 /* Bytes of device memory a store of count slices of n x k takes (0: a shape it cannot hold). */
@@ -157,20 +153,27 @@ int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t st
  * as mt_wstore_quantize of the same weights laid out with a stride. */
 int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_t ldw, mt_wstore *w, mt_stream stream);
 
-/* The frozen cache's refresh for a store whose count weights lie back to back (row stride ldw,
- * each n * ldw elements after the one before; state: mt_refresh_state_bytes(count)): the check
- * and quantization of mt_refresh_weight, slice by slice, for the slices the call uses, in one
- * launch (kernels/quant.cu, refresh_store). With offs (the call's segment table as mt_gemm_grouped
- * reads it, m its rows), only the slices whose segment has rows are checked and, when changed,
- * requantized: the others keep their quantization until a call that uses them checks them.
- * Without, every slice.
- * The kernels launched dependent after it (kernels/pdl.cuh) start once it has read the lines it
- * hashes: a grouped GEMM on ws streams its first weights while the refresh still runs, and reads
- * them again where the refresh requantized a slice (ws->gen, set here). So what follows the
- * refresh on the stream and reads the store before it waits must be a grouped GEMM given this ws
- * (or a copy made after this call). */
-int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *ws, void *state, unsigned step,
-                      const int32_t *offs, int m, mt_stream stream);
+/* The frozen cache's refresh of a store (kernels/quant.cu, refresh_store): the check and
+ * quantization of mt_refresh_weight, slice by slice, of ws from its ws->count weights lying back to
+ * back (row stride ldw, each n * ldw elements after the one before; BF16 or FP16), with state
+ * mt_refresh_state_bytes(ws->count) and step as there. With offs (a call's segment table as
+ * mt_gemm_grouped reads it, m its rows), only the slices whose segment has rows are checked and,
+ * when changed, requantized: the others keep their quantization until a call that uses them
+ * checks them. Without, every slice. */
+typedef struct {
+  const void *w;
+  enum mt_dtype type;
+  size_t ldw;
+  const mt_wstore *ws;
+  void *state;
+  unsigned step;
+  const int32_t *offs;
+  int m;
+} mt_wstore_refresh_args;
+
+/* The refresh on its own: one launch, which ends before what follows it on the stream starts. A
+ * grouped call given it (mt_grouped_args.refresh) runs it beside its activations' quantization. */
+int mt_wstore_refresh(const mt_wstore_refresh_args *r, mt_stream stream);
 
 /* A grouped GEMM: segments s = 0 .. nseg-1, y_s[m_s][n] = x_s[m_s][k] . W_s[n][k]^T with W_s slice s
  * of w, each output y = acc * ((1/S_a[i]) * (1/S_w[j])) * alpha + beta * c + bias, one RNE cast.
@@ -183,15 +186,20 @@ int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *
  * s's rows are its own matrix at x_ptrs[s] (row stride ldx; x and stride_x not used; with offs,
  * offs[nseg-1] must equal m), likewise y_ptrs and c_ptrs; the bits are those of the same data
  * laid out with strides or offsets.
+ * With refresh (the frozen cache), the call refreshes the store first: of w itself, or of the one
+ * slice its segments share (refresh->ws at w's base, one slice, w->slice_bytes 0).
  * Launch order (kernels/pdl.cuh): the activations' quantizer (per-row S) is launched to start while
  * the kernel before the call ends, and waits for it before it reads or writes; the GEMM reads offs
  * and the store before it waits. So offs and the store must not be written by a kernel just
- * before the call that lets its dependents start early, except a refresh of this store
- * (mt_wstore_refresh: the GEMM reads the weights again if the refresh requantized a slice): none
- * of the engine's others do (the store's quantizers and mt_grouped_seg_ends end before what
- * follows them starts). At token tile 256 the GEMM is two launches (the segments' last tiles of a
- * few rows on the second, which waits for the first before it reads the activations), so a kernel
- * that waits for the call's last waits for the whole call. */
+ * before the call that lets its dependents start early: none of the engine's do (the store's
+ * quantizers, its refresh on its own and mt_grouped_seg_ends end before what follows them
+ * starts). With refresh, the refresh is launched between the quantizer and the GEMM: it starts once
+ * the kernel before the call has ended, runs beside the quantizer (reading the weights, offs and
+ * its state), waits for the quantizer at its end, and lets the GEMM start once its lines are read;
+ * the GEMM reads the weights again where the refresh requantized a slice. At token tile 256 the
+ * GEMM is two launches (the segments' last tiles of a few rows on the second, which waits for the
+ * first before it reads the activations), so a kernel that waits for the call's last waits for the
+ * whole call. */
 typedef struct {
   int nseg, n, k;
   const mt_wstore *w; /* at least nseg slices */
@@ -218,6 +226,7 @@ typedef struct {
   const void *const *x_ptrs;
   void *const *y_ptrs;
   const void *const *c_ptrs;
+  const mt_wstore_refresh_args *refresh; /* NULL, or the store's refresh the call runs first */
 } mt_grouped_args;
 
 /* Write offs[seg0 ..] (device int32 cumulative row ends, as mt_grouped_args.offs takes them) for

@@ -159,7 +159,7 @@ typedef struct {
   long long ws_slice;  /* bytes of a slice */
   long long ws_band;   /* bytes of a band's records: MT_WS_BAND_BYTES(k) */
   long long ws_outer;  /* a slice's S from its start */
-  const uint32_t *gen; /* NULL, or the store's generation word (mt_wstore.gen; kernels/wcheck.h) */
+  const uint32_t *gen; /* NULL, or the generation word of the call's refresh (kernels/wcheck.h) */
   const int32_t *offs; /* device: cumulative row ends of the segments (segment g: offs[g-1] .. offs[g],
                              offs[-1] = 0), or NULL: seg_rows rows each, segment g at row g * seg_rows */
   int seg0, nseg, seg_rows;

@@ -1,6 +1,6 @@
-/* grouped.c — host side of the grouped GEMM (kernels/grouped.cu): the weight store's layout and
- * quantization, and one grouped problem (validate, quantize all its activation rows in one launch,
- * describe them, launch the GEMM). Nothing here allocates, synchronizes or reads device memory
+/* grouped.c — host side of the grouped GEMM (kernels/grouped.cu): the weight store's layout,
+ * quantization and refresh, and one grouped problem (validate, quantize all its activation rows in
+ * one launch, refresh the store where asked, describe them, launch the GEMM). Nothing here allocates, synchronizes or reads device memory
  * back: legal inside CUDA graph capture once the modules are loaded. */
 #include <stdint.h>
 #include <stdio.h>
@@ -40,7 +40,6 @@ int mt_wstore_bind(mt_wstore *w, int count, int n, int k, const mt_numerics *num
   w->num = *num;
   w->base = mem;
   w->slice_bytes = MT_WS_SLICE_BYTES(n, k, num->weight_scale == MT_SCALE_ROW);
-  w->gen = NULL;
   return MT_OK;
 }
 
@@ -75,15 +74,29 @@ int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t st
   return mt_quantize(&p, w->num.weight_block == MT_WBLOCK_16X16, stream);
 }
 
-int mt_wstore_refresh(const void *w, enum mt_dtype type, size_t ldw, mt_wstore *ws, void *state, unsigned step,
-                      const int32_t *offs, int m, mt_stream stream) {
-  const size_t stride = ws ? (size_t)ws->n * ldw : 0;
-  if (!store_source_ok(w, type, ldw, stride, ws) || !state) return MT_ERR_UNSUPPORTED;
-  if (!mt_wcheck_lines_fit(ws->n, ws->k)) return MT_ERR_UNSUPPORTED;
-  mt_refresh_args a = {
-      .q = store_params(w, type, ldw, stride, ws), .offs = offs, .m = m, .step = step ? step : 1, .state = state};
-  ws->gen = &((mt_wcheck_head *)state)->gen;
-  return mt_quantize_refresh(&a, ws->num.weight_block == MT_WBLOCK_16X16, stream);
+/* The refresh kernel's arguments for r: on its own, or chained into a grouped call. */
+static int refresh_kargs(const mt_wstore_refresh_args *r, int chained, mt_refresh_args *k) {
+  const mt_wstore *ws = r ? r->ws : NULL;
+  const size_t stride = ws ? (size_t)ws->n * r->ldw : 0;
+  if (!r || !store_source_ok(r->w, r->type, r->ldw, stride, ws) || !r->state || !mt_wcheck_lines_fit(ws->n, ws->k))
+    return MT_ERR_UNSUPPORTED;
+  *k = (mt_refresh_args){.q = store_params(r->w, r->type, r->ldw, stride, ws),
+                         .offs = r->offs,
+                         .m = r->m,
+                         .step = r->step ? r->step : 1,
+                         .state = r->state,
+                         .chained = chained};
+  return MT_OK;
+}
+
+static int launch_refresh(const mt_wstore_refresh_args *r, const mt_refresh_args *k, mt_stream stream) {
+  return mt_quantize_refresh(k, r->ws->num.weight_block == MT_WBLOCK_16X16, stream);
+}
+
+int mt_wstore_refresh(const mt_wstore_refresh_args *r, mt_stream stream) {
+  mt_refresh_args k;
+  const int st = refresh_kargs(r, 0, &k);
+  return st == MT_OK ? launch_refresh(r, &k, stream) : st;
 }
 
 int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_t ldw, mt_wstore *w, mt_stream stream) {
@@ -158,6 +171,9 @@ int mt_grouped_bn(int m, int nseg) {
   return bn;
 }
 
+/* The call's activations into xhat and S: one kernel launched dependent where S is per row, which
+ * lets the kernels after it start at once, or with a refresh after it (which reads the weights and
+ * its state before it waits) only once the kernel before the call has ended. */
 static int quantize_acts(const mt_grouped_args *a, uint16_t *xhat, float *outer, mt_stream stream) {
   mt_quant_params p = {
       .x = a->x,
@@ -174,6 +190,7 @@ static int quantize_acts(const mt_grouped_args *a, uint16_t *xhat, float *outer,
       .batch_ptrs = a->x_ptrs,
       .batch_offs = a->x_ptrs ? a->offs : NULL,
       .nbatch = a->nseg,
+      .dependents_after_wait = a->refresh != NULL,
   };
   return mt_quantize_dependent(&p, stream);
 }
@@ -184,7 +201,7 @@ static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kar
   k->ws_slice = (long long)w->slice_bytes;
   k->ws_band = (long long)MT_WS_BAND_BYTES(w->k);
   k->ws_outer = (long long)MT_WS_SECTION(MT_WS_RECORD_BYTES(w->n, w->k));
-  k->gen = w->gen;
+  k->gen = a->refresh ? &((mt_wcheck_head *)a->refresh->state)->gen : NULL;
   k->offs = a->offs;
   k->seg_rows = a->seg_rows;
   k->m = a->m;
@@ -250,8 +267,17 @@ static int act_map(mt_grouped_kargs *k, uint16_t *xhat, const mt_grouped_args *a
   return mt_gemm_tensor_map(&k->ta, xhat, a->m, a->k, bn, k->kpair);
 }
 
+/* A refresh the call can run: of the call's store, or of the one slice its segments share. */
+static int refresh_fits(const mt_grouped_args *a) {
+  const mt_wstore *r = a->refresh->ws, *w = a->w;
+  return r && r->base == w->base && r->n == w->n && r->k == w->k && r->num.weight_scale == w->num.weight_scale &&
+         r->num.weight_block == w->num.weight_block && (r->count == w->count || (r->count == 1 && w->slice_bytes == 0));
+}
+
 int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   if (!a || !grouped_args_ok(a)) return MT_ERR_UNSUPPORTED;
+  mt_refresh_args rk;
+  if (a->refresh && (!refresh_fits(a) || refresh_kargs(a->refresh, 1, &rk) != MT_OK)) return MT_ERR_UNSUPPORTED;
   int bn = a->bn ? a->bn : mt_grouped_bn(a->m, a->nseg);
   if (bn != 8 && bn != 16 && bn != 32 && bn != 64 && bn != 128 && bn != 256) return MT_ERR_UNSUPPORTED;
   const mt_numerics *num = &a->w->num;
@@ -279,6 +305,7 @@ int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
     if (st == MT_OK) st = act_map(&tail, xhat, a, tail_bn);
   }
   if (st == MT_OK) st = quantize_acts(a, xhat, outer, stream);
+  if (st == MT_OK && a->refresh) st = launch_refresh(a->refresh, &rk, stream);
   if (st == MT_OK) st = launch_gemm(a, &k, bn, stream);
   if (st == MT_OK && split) st = launch_gemm(a, &tail, tail_bn, stream);
   return st;

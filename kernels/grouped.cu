@@ -22,8 +22,9 @@
 // L2). The producer thread requests a stage's weight records (one bulk copy) before
 // griddepcontrol.wait for the CTA's first stages, so weights stream while the activation
 // quantization before this kernel still runs (no kernel that writes the store lets its dependents
-// start early: kernels/quant.cu); and at a few tokens the grid lets the next call's kernels start
-// at once, so that the next GEMM's table and first weights overlap this one's K loop.
+// start early, but the call's own refresh: store_moved); and at a few tokens the grid lets the
+// next call's kernels start at once, so that the next GEMM's table and first weights overlap this
+// one's K loop.
 // Pointer-array forms change only where the epilogue writes a segment's rows (and reads its C):
 // through the segment's pointer, with the same arithmetic; their activations reach xhat through
 // the quantizer, their weights the store.
@@ -59,8 +60,8 @@ constexpr float kUnshift = (float)(1u << MT_WS_WEIGHT_SHIFT); // the decoded wei
 // 128 bytes, then KS x 4608 bytes of records), the ring's barriers, then the tile table.
 struct table {    // 16 bytes, then 4 * MT_GROUPED_MAX_SEG + 1 ints
   uint64_t ready; // the producer's verdict on the store is in `moved` (an mbarrier of one arrival)
-  uint32_t gen;   // the store's generation before the CTA's first read of it (store_moved)
   int moved;
+  int pad;
   int tile_start[MT_GROUPED_MAX_SEG + 1]; // first tile of each segment; [nseg]: all tiles
   int row_start[MT_GROUPED_MAX_SEG];      // the segment's first row of xhat
   int first[MT_GROUPED_MAX_SEG];          // the tokens this launch runs: first .. end - 1
@@ -71,7 +72,7 @@ __device__ static inline void warpgroup_arrive_fence() { asm volatile("wgmma.fen
 
 // The store's generation, read by thread 0 (the producer) before it requests any weight: with
 // acquire, so that a refresh's writes counted in the value read are seen, also by the bulk copies
-// (the async proxy) that thread issues after it.
+// (the async proxy) that thread issues after it. Kept in that thread's registers.
 __device__ static inline uint32_t generation(const uint32_t *gen) {
   uint32_t v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(gen) : "memory");
@@ -83,8 +84,8 @@ __device__ static inline uint32_t generation(const uint32_t *gen) {
 // each) and first tile (an exclusive scan of ceil(rows / BN) * channel blocks, 32 segments at a
 // time). Every segment's ends are read before any is used, so that reading offs is one round trip
 // to memory, not one a round of 32 (4 for 128 experts): the producer requests no weight before
-// the table is done.
-template <int BN> __device__ static void build_table(const mt_grouped_kargs &a, table *t) {
+// the table is done. Returns the store's generation to lane 0, the producer (0 without a refresh).
+template <int BN> __device__ static uint32_t build_table(const mt_grouped_kargs &a, table *t) {
   constexpr int R = MT_GROUPED_MAX_SEG / 32;
   const int lane = threadIdx.x % 32, blocks = (a.n + CB - 1) / CB;
   int start[R], rows[R];
@@ -121,21 +122,19 @@ template <int BN> __device__ static void build_table(const mt_grouped_kargs &a, 
     }
     carry += __shfl_sync(0xffffffffu, incl, 31);
   }
-  if (lane == 0) {
-    t->tile_start[a.nseg] = carry;
-    t->gen = a.gen ? generation(a.gen) : 0;
-  }
+  if (lane != 0) return 0;
+  t->tile_start[a.nseg] = carry;
+  return a.gen ? generation(a.gen) : 0;
 }
 
-// Whether a refresh of the store requantized a slice since the CTA read t->gen (kernels/quant.cu,
-// refresh_store: it lets the kernels after it start before it ends, and each of its CTAs that wrote
-// adds one to the generation after its writes). Then the weights of the stages requested before
-// grid_dependency_wait may be stale or torn, and the CTA's first tile runs again. Asked once, by
-// the producer after its wait (the refresh has ended then: this kernel waited for the quantizer,
-// which waited for it), and told to the consumers through t->ready, so that all agree on the
-// stages that come even if the word moved again.
-__device__ static inline bool store_moved(const mt_grouped_kargs &a, const table *t) {
-  return a.gen && *(const volatile uint32_t *)a.gen != t->gen;
+// Whether the call's refresh of the store requantized a slice since the CTA read its generation
+// gen (kernels/quant.cu, refresh_store: chained before this kernel, it lets it start before it
+// ends, and each of its CTAs that wrote adds one to the generation after its writes). Then the
+// weights of the stages requested before grid_dependency_wait may be stale or torn, and the CTA's
+// first tile runs again. Asked once, by the producer after its wait (the refresh has ended then),
+// and told to the consumers through t->ready, so that all agree on the stages that come.
+__device__ static inline bool store_moved(const mt_grouped_kargs &a, uint32_t gen) {
+  return a.gen && *(const volatile uint32_t *)a.gen != gen;
 }
 __device__ static inline bool producer_saw_moved(const table *t) {
   mbar_wait(const_cast<uint64_t *>(&t->ready), 0);
@@ -242,8 +241,8 @@ template <int S> __device__ static inline void init_ring(uint64_t *full, uint64_
 // a refresh of the store requantized them meanwhile: then the first tile's stages come twice,
 // store_moved).
 template <int BN>
-__device__ static void produce(const mt_grouped_kargs &a, table *t, uint8_t *smem, uint64_t *full, uint64_t *empty,
-                               int tiles, int nst) {
+__device__ static void produce(const mt_grouped_kargs &a, table *t, uint32_t gen, uint8_t *smem, uint64_t *full,
+                               uint64_t *empty, int tiles, int nst) {
   constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128;
   constexpr uint32_t RECS = KS * REC_BLOCK;
   const long long band = a.ws_band;
@@ -269,7 +268,7 @@ __device__ static void produce(const mt_grouped_kargs &a, table *t, uint8_t *sme
     bulk_load(smem + j * SB + KS * ACT, records(w0, j), RECS, &full[j]);
   }
   grid_dependency_wait();
-  t->moved = store_moved(a, t);
+  t->moved = store_moved(a, gen);
   mbar_arrive(&t->ready);
   for (int j = 0; j < pre; j++) acts(w0, j, smem + j * SB, &full[j]);
   int it = 0;
@@ -596,7 +595,8 @@ template <int BN> __device__ static __forceinline__ void run(const mt_grouped_ka
   // (neither is written by this kernel). With one (many tokens) they would gain no more than the
   // tail, and there the early start cost T = 1024 2% (lab/NOTES.md, "Grouped engine").
   if constexpr (MT_GROUPED_CTAS(BN) == 2) allow_dependents();
-  if (threadIdx.x < 32) build_table<BN>(a, t); // offs was written before the kernel before this one
+  uint32_t gen = 0;                                  // the store's generation, in the producer's registers
+  if (threadIdx.x < 32) gen = build_table<BN>(a, t); // offs was written before the kernel before this one
   if (threadIdx.x == 32) init_ring<S>(full, empty, t);
   __syncthreads();
   const int tiles = t->tile_start[a.nseg];
@@ -609,7 +609,7 @@ template <int BN> __device__ static __forceinline__ void run(const mt_grouped_ka
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     else
       asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-    if (threadIdx.x == 0) produce<BN>(a, t, smem, full, empty, tiles, nst);
+    if (threadIdx.x == 0) produce<BN>(a, t, gen, smem, full, empty, tiles, nst);
     return;
   }
   if constexpr (MT_GROUPED_CTAS(BN) == 1)

@@ -401,9 +401,11 @@ template <bool FP16, bool PTRS> __device__ __forceinline__ void amax_pass(const 
  * blocks as the store quantizer would (bit for bit: the same quantize<>), and keeps the new hash. A
  * slice's words are touched by its cluster only, so nothing is counted, listed or reset across the
  * grid: a refresh that finds nothing changed is one launch, one read of the segment ends, one of
- * the sample (all of a cluster's slices at once) and two cluster barriers. The kernels after it
- * start once every CTA has read its lines: a CTA that requantized adds one to the state's
- * generation after its writes, and the grouped GEMM that streamed weights meanwhile reads them
+ * the sample (all of a cluster's slices at once) and two cluster barriers. On its own it ends
+ * before what follows it starts. Chained (a grouped call's, between its activations' quantizer and
+ * its GEMM: kernels/grouped.c), it runs beside the quantizer, which it waits for only at its end,
+ * and the GEMM starts once every CTA has read its lines: a CTA that requantized adds one to the
+ * state's generation after its writes, and the GEMM, which streamed weights meanwhile, reads them
  * again (kernels/grouped.cu, store_moved). Tested on the GPU by tests/gpu/test_grouped.c
  * (store_refresh_modes: every weight scale, whole, one-row and one-element changes, sampled lines,
  * slices outside the call; store_refresh_rounds: clusters of several slices;
@@ -537,10 +539,10 @@ template <bool FP16, int NB, bool ROW, bool TILE> __device__ void refresh_store(
     }
     __syncthreads();
     hash_shares(a, bt, part, c);
-    /* The CTA's reads of the sample are done: the kernels after it may start (a grouped GEMM
-     * streams its first weights before it waits for this grid, and again if the store's generation
-     * moves, below). Earlier, that stream would queue before the sample's loads. */
-    allow_dependents();
+    /* The CTA's reads of the sample are done: chained, the call's GEMM may start (it streams its
+     * first weights before it waits for this grid, and again if the store's generation moves,
+     * below). Earlier, that stream would queue before the sample's loads. */
+    if (a.chained) allow_dependents();
     c.cl.sync();
     if (c.tid < bt.n) {
       uint64_t total = 0;
@@ -560,12 +562,16 @@ template <bool FP16, int NB, bool ROW, bool TILE> __device__ void refresh_store(
       }
     }
   }
+  if (a.chained) allow_dependents(); /* a CTA whose cluster had no slice (the call used fewer) */
   if (wrote) { /* the CTA's writes, then the generation: release (the GEMM reads it with acquire) */
     __threadfence();
     __syncthreads();
     if (c.tid == 0) atomicAdd(&((mt_wcheck_head *)a.state)->gen, 1u);
   }
   c.cl.sync(); /* no CTA leaves while another may still read its shared memory */
+  /* Chained, the activations' quantizer before this grid runs beside it: its end is this one's,
+   * so that the GEMM's wait for this grid is a wait for both. */
+  grid_dependency_wait();
 }
 
 } // namespace
@@ -574,12 +580,14 @@ template <bool FP16, int NB, bool ROW, bool TILE> __device__ void refresh_store(
  * (mt_quant_params.batch_ptrs), whose bases only the device sees. The activation quantizers let
  * the GEMM after them start at once (it streams its weights before it waits for them); the per-row
  * ones, launched dependent themselves (mt_quantize_dependent), wait for the kernel before them
- * first (a no-op when launched in order). */
+ * first (a no-op when launched in order), and before a store's refresh let it start only then (it
+ * reads what the kernels before this one wrote: kernels/grouped.c). */
 #define MT_QUANT_ROW_AS(type, fp16, nb, sfx, ptrs)                                                                     \
   extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
       mt_quant_row_##type##_nb##nb##sfx(const mt_quant_params p) {                                                     \
-    allow_dependents();                                                                                                \
+    if (!p.dependents_after_wait) allow_dependents();                                                                  \
     grid_dependency_wait();                                                                                            \
+    if (p.dependents_after_wait) allow_dependents();                                                                   \
     quantize<fp16, nb, true, false, false, ptrs>(p, blockIdx.x, blockIdx.y);                                           \
   }
 #define MT_QUANT_ROW(type, fp16, nb)                                                                                   \

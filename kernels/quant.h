@@ -37,6 +37,10 @@ typedef struct {
   const void *const *batch_ptrs;
   const int32_t *batch_offs;
   int32_t nbatch;
+  /* The per-row kernel launched dependent (mt_quantize_dependent): 0, it lets the kernels after it
+   * start at once; 1, only once it has waited for the kernel before it (a store's refresh follows,
+   * which reads the weights and its state before it waits: mt_gemm_grouped) */
+  int32_t dependents_after_wait;
   /* NULL, or the weight store (kernels/wstore.h) to write instead of xhat, codes, scales, outer and
    * amax (not used then): batch e is slice e at store + e * slice_bytes, with its own S. */
   uint8_t *store;
@@ -54,7 +58,10 @@ typedef struct {
   uint32_t step;  /* the check's sample (kernels/wcheck.h) */
   void *state;    /* MT_WCHECK_STATE_BYTES(slices): each slice's hash and valid word */
   int32_t grid_y; /* the store quantizer's blocks of columns (quant.c) */
-  int32_t pad;
+  /* 0: launched in order, lets nothing after it start before it ends; 1: launched dependent after
+   * the activations' quantizer of a grouped call, whose GEMM it lets start once its lines are read
+   * (mt_gemm_grouped), and it waits for the quantizer before it ends */
+  int32_t chained;
 } mt_refresh_args;
 
 #ifndef __CUDACC__
@@ -73,7 +80,8 @@ int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream);
 int mt_quantize_dependent(const mt_quant_params *p, mt_stream stream);
 
 /* The refresh of a->q's store (the store mode, 1x16 blocks or 16x16 tiles): one launch, in order
- * on the stream, which lets no kernel after it start before it ends. Launches only. */
+ * on the stream and letting no kernel after it start before it ends, or (a->chained) dependent and
+ * letting the kernel after it start early. Launches only. */
 int mt_quantize_refresh(const mt_refresh_args *a, int tile16, mt_stream stream);
 #endif
 

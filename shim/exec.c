@@ -160,8 +160,9 @@ static int64_t grouped_rows(const mt_grouped_call *g) {
 }
 
 /* A grouped call on the grouped engine: one activation quantization and one GEMM launch for all
- * its segments (kernels/engine.h, mt_gemm_grouped); behind pointer arrays, the weights' store
- * quantized from them (and, rows differing by group, the segment table written) first. */
+ * its segments (kernels/engine.h, mt_gemm_grouped), a frozen store's refresh between them; else
+ * the weights' store quantized for the call (and, rows differing by group, the segment table
+ * written) first. */
 static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, int capturing) {
   const int64_t rows = grouped_rows(g);
   if (!rows)
@@ -174,8 +175,7 @@ static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, in
                      .k = (int)g->k,
                      .ldw = (size_t)g->ldw,
                      .type = dtype_of(g->wtype),
-                     .extra_bytes = g->group_rows ? (size_t)g->groups * 4 : 0,
-                     .offs = g->group_rows ? NULL : g->offs};
+                     .extra_bytes = g->group_rows ? (size_t)g->groups * 4 : 0};
   mt_numerics_from_spec(s, &w.num);
   mt_grouped_mem mem;
   enum mt_reason r = mt_wcache_prepare_grouped(&w, (int)rows, g->stream, capturing, &mem);
@@ -186,6 +186,8 @@ static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, in
     return r;
   }
   const int32_t *offs = g->group_rows ? mem.extra : g->offs;
+  if (g->w_stride) /* slices one a group: a frozen store's refresh covers those with rows */
+    mem.refresh.offs = offs;
   mt_grouped_args a = {.nseg = (int)g->groups,
                        .n = (int)g->n,
                        .k = (int)g->k,
@@ -213,7 +215,8 @@ static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, in
                        .workspace_bytes = mem.workspace_bytes,
                        .x_ptrs = g->x_ptrs,
                        .y_ptrs = g->y_ptrs,
-                       .c_ptrs = g->c_ptrs};
+                       .c_ptrs = g->c_ptrs,
+                       .refresh = mem.refresh.ws ? &mem.refresh : NULL};
   int st = mt_gemm_grouped(&a, g->stream);
   if (st == MT_OK) {
     mt_wcache_ran(&mem.hold);

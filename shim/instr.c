@@ -229,6 +229,7 @@ static int probe_grouped_row(const mt_instr_call *ic, int i, const int32_t *offs
   one.c = NULL;
   one.beta = 0.0f;
   one.bn = 0;
+  one.refresh = NULL; /* the call itself refreshed the store */
   if (g->offs) {
     one.offs = offs1 + (size_t)i * (size_t)g->nseg;
     one.x = (const char *)g->x + 2 * (size_t)r * g->ldx;

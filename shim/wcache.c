@@ -574,7 +574,6 @@ static gentry *gentry_get(const mt_driver *d, context *c, const mt_wgroup_ref *w
   atomic_fetch_add(&store_elems, (unsigned long long)slices * (unsigned)w->n * (unsigned)w->k);
   gentry *e = &c->gentries[c->ngentries++];
   e->ref = *w;
-  e->ref.offs = NULL; /* the call's, not the entry's */
   e->mem = mem;
   mt_wstore_bind(&e->store, slices, w->n, w->k, &w->num, (void *)mem);
   return e;
@@ -634,13 +633,16 @@ enum mt_reason mt_wcache_prepare_grouped(const mt_wgroup_ref *w, int rows, mt_st
   out->workspace = (void *)mem;
   out->workspace_bytes = ws;
   out->extra = extra ? (void *)(mem + ws) : NULL;
-  int st;
+  int st = MT_OK;
   if (e) {
-    out->store = e->store;
-    /* slices one a group: only those with rows in the call */
-    const int32_t *offs = w->w_stride ? w->offs : NULL;
-    st = mt_wstore_refresh(w->w, w->type, w->ldw, &out->store, (void *)(e->mem + sbytes),
-                           check_step, offs, rows, stream);
+    out->store = out->refreshed = e->store;
+    out->refresh = (mt_wstore_refresh_args){.w = w->w,
+                                            .type = w->type,
+                                            .ldw = w->ldw,
+                                            .ws = &out->refreshed,
+                                            .state = (void *)(e->mem + sbytes),
+                                            .step = check_step,
+                                            .m = rows};
   } else {
     mt_wstore_bind(&out->store, slices, w->n, w->k, &w->num, (void *)(mem + ws + extra));
     st = quantize_store(w, &out->store, stream);

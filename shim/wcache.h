@@ -103,25 +103,27 @@ typedef struct {
   size_t ldw;
   enum mt_dtype type;
   mt_numerics num;
-  size_t extra_bytes;  /* more of the call's own memory it needs (a segment table) */
-  const int32_t *offs; /* the call's segment ends on the device (not part of the entry's key), or
-                          NULL: the refresh of a frozen store covers the slices with rows in the
-                          call, or without them every slice */
+  size_t extra_bytes; /* more of the call's own memory it needs (a segment table) */
 } mt_wgroup_ref;
 
 /* What a grouped call gets: the activations' workspace, extra_bytes of its own (NULL when none
- * were asked) and the weights' store, quantized (or refreshed) on the stream. A store of one
- * slice serves all groups when w_stride is 0 (and there is no w_ptrs). */
+ * were asked) and the weights' store, quantized on the stream or, frozen, to be refreshed by the
+ * call (refresh.ws set: mt_grouped_args.refresh, which runs it beside the activations'
+ * quantization; it covers every slice until the caller sets refresh.offs to the call's segment
+ * table). A store of one slice serves all groups when w_stride is 0 (and there is no w_ptrs); the
+ * refresh then covers that slice (refreshed: the store as the entry keeps it). */
 typedef struct {
   void *workspace;
   size_t workspace_bytes;
   void *extra;
   mt_wstore store;
+  mt_wstore refreshed;
+  mt_wstore_refresh_args refresh;
   mt_wcache_hold hold;
 } mt_grouped_mem;
 
 /* The same for a grouped call of `rows` activation rows in all. Frozen: a store per weight tensor,
- * refreshed at every call as the mode says (the slices must lie back to back; else, past
+ * refreshed by every call as the mode says (the slices must lie back to back; else, past
  * MINITE_CACHE_MB or in a capture, requantized in the call's own memory). Weights behind pointer
  * arrays are requantized in the call's own memory at every call whatever the mode (a frozen entry
  * is keyed by addresses the host never sees; said once at INFO, counted in the summary's

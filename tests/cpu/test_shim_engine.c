@@ -764,6 +764,8 @@ static void check_grouped_args(int from, const uint16_t *y, size_t sy, int token
   CHECK(k->n == OUT && k->k == IN && k->y == y && k->ldy == OUT && k->stride_y == (long long)sy);
   CHECK(k->ws == p->store && k->ws_slice == p->slice_bytes && p->batch_rows == OUT);
   CHECK(!k->gen); /* a store quantized for the call: no refresh runs before the GEMM */
+  int a = find_launch(from, "mt_quant_row_bf16_nb1", 0);
+  CHECK(a > q && a < g && !quant_args(a)->dependents_after_wait);
   CHECK(k->c == c && (!c || k->stride_c == (long long)sy) && k->beta == beta && k->alpha == 1.0f);
   CHECK(k->bias == bias && (!bias || k->stride_bias == stride_bias));
 }
@@ -784,8 +786,9 @@ static int strided_call(__typeof__(&cublasGemmStridedBatchedEx) fn, int tokens, 
 #define BATCH_CALL                                                                                 \
   "memset12 mt_quant_amax_bf16 mt_quant_tensor_store_bf16 tmap mt_quant_row_bf16_nb1+pdl"
 #define BATCH_GEMM "mt_grouped_n16+pdl"
-/* ... refreshed under frozen: the check and the requantization of changed slices, one launch */
-#define BATCH_REFRESH "mt_refresh_tensor_store_bf16 tmap mt_quant_row_bf16_nb1+pdl"
+/* ... refreshed under frozen: the activations, then the check and the requantization of changed
+ * slices, one launch dependent on them (they let it start once the kernel before has ended) */
+#define BATCH_REFRESH "tmap mt_quant_row_bf16_nb1+pdl mt_refresh_tensor_store_bf16+pdl"
 /* ... and of a pointer-array batch: the quantizers' kernels for rows behind pointers */
 #define ARRAYS_CALL                                                                                \
   "memset12 mt_quant_amax_bf16_ptrs mt_quant_tensor_store_bf16_ptrs tmap "                         \
@@ -897,16 +900,21 @@ static void scenario_frozen_batch(void) {
   for (int round = 0; round < 2; round++) {
     int t = now();
     CHECK(strided_call(hook_strided, tokens, w, x, &zero, y, BATCH));
-    CHECK_TRACE(t, round ? BATCH_REFRESH " " BATCH_GEMM
-                         : "alloc memset104 alloc " LOAD_ALL " " BATCH_REFRESH " smem " BATCH_GEMM);
+    CHECK_TRACE(
+        t, round ? BATCH_REFRESH " " BATCH_GEMM
+                 : "alloc memset104 alloc tmap " LOAD_ALL
+                   " mt_quant_row_bf16_nb1+pdl mt_refresh_tensor_store_bf16+pdl smem " BATCH_GEMM);
     int r = find_launch(t, "mt_refresh_tensor_store_bf16", 0);
     const mt_refresh_args *a = r >= 0 ? (const mt_refresh_args *)event(r)->args : NULL;
     CHECK(a && a->q.x == w && a->q.store && a->q.rows == BATCH * OUT && a->q.batch_rows == OUT &&
           a->q.cols == IN && a->q.ldx == IN && a->q.batch_stride == (long long)OUT * IN &&
           !a->q.only_if && a->step == step && a->state && a->grid_y == 1);
     CHECK(a && !a->offs); /* a strided batch uses every slice */
-    /* the GEMM, which starts while the refresh runs, reads the state's generation */
-    int g = find_launch(t, "mt_grouped_", 0);
+    /* chained: the activations' quantizer lets it start only after its wait, and the GEMM, which
+     * starts while the refresh runs, reads the state's generation */
+    int q = find_launch(t, "mt_quant_row_bf16_nb1", 0), g = find_launch(t, "mt_grouped_", 0);
+    CHECK(q >= 0 && q < r && quant_args(q)->dependents_after_wait);
+    CHECK(a && a->chained);
     CHECK(g > r && a &&
           ((const mt_grouped_kargs *)event(g)->args)->gen ==
               &((const mt_wcheck_head *)a->state)->gen);

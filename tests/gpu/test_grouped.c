@@ -141,6 +141,21 @@ static int in_sample(uint64_t line, uint64_t lines, unsigned step) {
   return 0;
 }
 
+/* The refresh of e's store from e's weights (row stride ld) on its own (state, step, offs and m
+ * as mt_wstore_refresh_args says). */
+static int refresh_store(const experts *e, size_t ld, void *state, unsigned step,
+                         const int32_t *offs, int m) {
+  const mt_wstore_refresh_args r = {.w = e->dev,
+                                    .type = MT_DTYPE_BF16,
+                                    .ldw = ld,
+                                    .ws = &e->ws,
+                                    .state = state,
+                                    .step = step,
+                                    .offs = offs,
+                                    .m = m};
+  return mt_wstore_refresh(&r, NULL);
+}
+
 /* The frozen refresh of a store (mt_wstore_refresh) against in-place changes of its weights, slice
  * by slice: the whole tensor, one row, one element in a sampled line, one outside the sample, and
  * a change in a slice the call does not use (segment offsets giving it no rows) that the next
@@ -186,8 +201,7 @@ static void store_refresh_case(int N, int K, const mt_numerics *num) {
       goto next;
     }
     CU(cudaMemset(state, 0, sbytes));
-    MT(mt_wstore_refresh(e.dev, MT_DTYPE_BF16, K, &e.ws, state, step, NULL, 0,
-                         NULL)); /* quantizes */
+    MT(refresh_store(&e, K, state, step, NULL, 0)); /* quantizes */
     CU(sync_check());
     CU(cudaMemcpy(w, e.dev, wbytes, cudaMemcpyDeviceToHost));
     for (int c = 0; c < (int)NKINDS(changes); c++) {
@@ -217,8 +231,7 @@ static void store_refresh_case(int N, int K, const mt_numerics *num) {
         CU(cudaMemcpy(offs, changes[c].offs, E * 4, cudaMemcpyHostToDevice));
       CU(cudaMemcpy(e.dev, w, wbytes, cudaMemcpyHostToDevice));
       CU(cudaMemcpy(before, e.mem, bytes, cudaMemcpyDeviceToHost));
-      MT(mt_wstore_refresh(e.dev, MT_DTYPE_BF16, K, &e.ws, state, step,
-                           changes[c].offs ? offs : NULL, changes[c].m, NULL));
+      MT(refresh_store(&e, K, state, step, changes[c].offs ? offs : NULL, changes[c].m));
       CU(sync_check());
       CU(cudaMemcpy(after, e.mem, bytes, cudaMemcpyDeviceToHost));
       for (int sl = 0; sl < E; sl++) {
@@ -278,7 +291,7 @@ static void store_refresh_rounds(void) {
   }
   CU(cudaMemset(state, 0, sbytes));
   CU(cudaMemset(e.mem, 0x5a, bytes));
-  MT(mt_wstore_refresh(e.dev, MT_DTYPE_BF16, K, &e.ws, state, 1, NULL, 0, NULL));
+  MT(refresh_store(&e, K, state, 1, NULL, 0));
   CU(sync_check());
   CU(cudaMemcpy(after, e.mem, bytes, cudaMemcpyDeviceToHost));
   long bad = 0;
@@ -292,7 +305,7 @@ static void store_refresh_rounds(void) {
                       (uint16_t *)e.dev + (size_t)(changed[c] + 1) % E * N * K, wbytes / E,
                       cudaMemcpyDeviceToDevice));
     memcpy(before, after, bytes);
-    MT(mt_wstore_refresh(e.dev, MT_DTYPE_BF16, K, &e.ws, state, 1, NULL, 0, NULL));
+    MT(refresh_store(&e, K, state, 1, NULL, 0));
     CU(sync_check());
     CU(cudaMemcpy(after, e.mem, bytes, cudaMemcpyDeviceToHost));
     for (int sl = 0; sl < E; sl++) {
@@ -374,15 +387,15 @@ static mt_nvfp4 rows_of(const mt_nvfp4 *q, int r0, int rows) {
   return v;
 }
 
-/* A store refresh to run on the stream just before the GEMM (NULL: none). */
+/* A store refresh for the grouped call to run (NULL: none). */
 typedef struct {
   void *state;
   unsigned step;
 } refresh_first;
 
 /* Run the grouped GEMM of p on e (offsets on the device) with token tile bn into a fresh y of
- * m x ldy (poisoned; its first state in y0), after e's refresh `rf` on the same stream, nothing
- * between them; returns 0 on a failure (reported). */
+ * m x ldy (poisoned; its first state in y0), the call running e's refresh `rf` first
+ * (mt_grouped_args.refresh); returns 0 on a failure (reported). */
 static int run_offs_after(const problem *p, const experts *e, int bn, size_t ldy,
                           enum mt_dtype ytype, uint16_t *y0, uint16_t *y, const refresh_first *rf) {
   int ok = 0, m = p->m > 0 ? p->m : 1;
@@ -413,11 +426,15 @@ static int run_offs_after(const problem *p, const experts *e, int bn, size_t ldy
                        .workspace = ws,
                        .workspace_bytes = ws_bytes,
                        .bn = bn};
-  mt_wstore store = e->ws; /* the store the refresh is given is the one the GEMM reads */
-  a.w = &store;
-  if (rf)
-    MT(mt_wstore_refresh(e->dev, MT_DTYPE_BF16, e->ld, &store, rf->state, rf->step, doffs, m,
-                         NULL));
+  const mt_wstore_refresh_args r = {.w = e->dev,
+                                    .type = MT_DTYPE_BF16,
+                                    .ldw = e->ld,
+                                    .ws = &e->ws,
+                                    .state = rf ? rf->state : NULL,
+                                    .step = rf ? rf->step : 0,
+                                    .offs = doffs,
+                                    .m = m};
+  a.refresh = rf ? &r : NULL;
   MT(mt_gemm_grouped(&a, NULL));
   CU(sync_check());
   CU(cudaMemcpy(y, dy, (size_t)m * ldy * 2, cudaMemcpyDeviceToHost));
@@ -1088,41 +1105,44 @@ static void grouped_layer(void) {
   layer_case(4096, 7168, 1, 60);
 }
 
-/* The GEMM right after a refresh on the stream (kernels/engine.h, mt_wstore_refresh): it starts
- * while the refresh runs and streams its first weights before it waits, so where the refresh
- * requantizes it must read them again (kernels/grouped.cu, store_moved). Eight experts of 512 x
- * 2048 (the K loop longer than the ring, so that some stages come before the wait and some after),
- * one to three rows each, token tiles 8 (two CTAs an SM) and 128 (one), every store numerics, both
- * frozen modes. The weights rotated in place (slice s takes slice s + 1's): the output of the
- * refresh and GEMM back to back against the reference of the rotated weights, bitwise equal to the
+/* A grouped call that runs its store's refresh (kernels/engine.h, mt_grouped_args.refresh): its
+ * GEMM starts while the refresh runs and streams its first weights before it waits, so where the
+ * refresh requantizes it must read them again (kernels/grouped.cu, store_moved); the refresh runs
+ * beside the activations' quantizer. Eight experts of 512 x 2048 (the K loop longer than the ring,
+ * so that some stages come before the wait and some after), one to three rows each, token tiles 8
+ * (two CTAs an SM) and 128 (one), every store numerics and per-tensor S of the activations (a
+ * quantizer of two kernels), both frozen modes. The weights rotated in place (slice s takes slice
+ * s + 1's): the call's output against the reference of the rotated weights, bitwise equal to the
  * same GEMM run alone afterwards; then nothing changed: the same bits again. */
 static void grouped_after_refresh(void) {
   NEED_GPU();
   enum { E = 8, N = 512, K = 2048 };
   static const int rows[E] = {1, 3, 2, 1, 2, 3, 1, 2};
-  for (int v = 0; v < NKINDS(store_nums); v++)
+  static const mt_numerics tensor_acts = {MT_SCALE_TENSOR, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
+  for (int v = 0; v <= NKINDS(store_nums); v++)
     for (int sampled = 0; sampled < 2; sampled++)
       for (int b = 0; b < 2; b++) {
         const int bn = b ? 128 : 8;
+        const mt_numerics num = v < NKINDS(store_nums) ? store_nums[v] : tensor_acts;
         const refresh_first rf = {dev_alloc(mt_refresh_state_bytes(E)),
                                   sampled ? MT_SAMPLE_STEP : 1};
         experts e = {0};
         problem p = {0};
         mt_nvfp4 *rot = malloc(E * sizeof *rot);
         uint16_t *y0 = NULL, *y = NULL, *alone = NULL;
-        if (!rf.state || !make_experts_of(&e, E, N, K, &store_nums[v], 0, 0, 1) ||
-            !make_problem(&p, E, rows, K, store_nums[v].act_scale, 0, NULL, 0)) {
+        if (!rf.state || !make_experts_of(&e, E, N, K, &num, 0, 0, 1) ||
+            !make_problem(&p, E, rows, K, num.act_scale, 0, NULL, 0)) {
           CHECK(0);
           goto out;
         }
         const size_t ybytes = (size_t)p.m * N * 2, wslice = (size_t)N * K;
         y0 = malloc(ybytes), y = malloc(ybytes), alone = malloc(ybytes);
         char what[128];
-        snprintf(what, sizeof what, "%s, %s S %s, bn %d", sampled ? "frozen-sampled" : "frozen",
-                 mt_scale_name(store_nums[v].weight_scale),
-                 mt_wblock_name(store_nums[v].weight_block), bn);
+        snprintf(what, sizeof what, "%s, activations %s S, weights %s S %s, bn %d",
+                 sampled ? "frozen-sampled" : "frozen", mt_scale_name(num.act_scale),
+                 mt_scale_name(num.weight_scale), mt_wblock_name(num.weight_block), bn);
         CU(cudaMemset(rf.state, 0, mt_refresh_state_bytes(E)));
-        MT(mt_wstore_refresh(e.dev, MT_DTYPE_BF16, e.ld, &e.ws, rf.state, rf.step, NULL, 0, NULL));
+        MT(refresh_store(&e, e.ld, rf.state, rf.step, NULL, 0));
         for (int sl = 0; sl < E; sl++) { /* slice s takes slice s + 1's weights */
           CU(cudaMemcpy((uint16_t *)e.dev + sl * wslice, e.host + (sl + 1) % E * wslice, wslice * 2,
                         cudaMemcpyHostToDevice));
