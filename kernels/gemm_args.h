@@ -160,6 +160,10 @@ typedef struct {
   long long ws_band;   /* bytes of a band's records: MT_WS_BAND_BYTES(k) */
   long long ws_outer;  /* a slice's S from its start */
   const uint32_t *gen; /* NULL, or the generation word of the call's refresh (kernels/wcheck.h) */
+  /* NULL, or the count of the call's activations' quantizer's running CTAs (mt_wcheck_head.acts),
+   * for the first launch after the call's refresh: it reads the activations once the count is 0
+   * and waits for the grid before it (the refresh) only before it ends */
+  const uint32_t *acts;
   const int32_t *offs; /* device: cumulative row ends of the segments (segment g: offs[g-1] .. offs[g],
                              offs[-1] = 0), or NULL: seg_rows rows each, segment g at row g * seg_rows */
   int seg0, nseg, seg_rows;

@@ -95,7 +95,7 @@ static int launch_refresh(const mt_wstore_refresh_args *r, const mt_refresh_args
 
 int mt_wstore_refresh(const mt_wstore_refresh_args *r, mt_stream stream) {
   mt_refresh_args k;
-  const int st = refresh_kargs(r, 0, &k);
+  const int st = refresh_kargs(r, MT_REFRESH_ALONE, &k);
   return st == MT_OK ? launch_refresh(r, &k, stream) : st;
 }
 
@@ -171,9 +171,26 @@ int mt_grouped_bn(int m, int nseg) {
   return bn;
 }
 
+/* Whether the call's GEMM runs beside its refresh (MT_REFRESH_BESIDE): at most BESIDE_ROWS rows,
+ * per-row S (the activations' quantizer one kernel, launched dependent). Else the GEMM waits for the
+ * refresh before its K loops: from 16 tokens of Qwen3's layer (128 rows) the refresh's clusters
+ * fill the SMs, the GEMM's CTAs wait for them either way, and the count cost 1-3% (lab/NOTES.md,
+ * "The GEMM beside the refresh"). */
+#define BESIDE_ROWS 64
+static int gemm_beside_refresh(const mt_grouped_args *a) {
+  return a->refresh && a->w->num.act_scale == MT_SCALE_ROW && a->m <= BESIDE_ROWS;
+}
+
+/* The count of the call's activations' quantizer's running CTAs, where the GEMM runs beside the
+ * refresh (it waits for that count, not for the grid before it), else NULL. */
+static uint32_t *acts_running(const mt_grouped_args *a) {
+  return gemm_beside_refresh(a) ? &((mt_wcheck_head *)a->refresh->state)->acts : NULL;
+}
+
 /* The call's activations into xhat and S: one kernel launched dependent where S is per row, which
  * lets the kernels after it start at once, or with a refresh after it (which reads the weights and
- * its state before it waits) only once the kernel before the call has ended. */
+ * its state before it waits) only once the kernel before the call has ended, counting its CTAs
+ * while they run. */
 static int quantize_acts(const mt_grouped_args *a, uint16_t *xhat, float *outer, mt_stream stream) {
   mt_quant_params p = {
       .x = a->x,
@@ -191,6 +208,7 @@ static int quantize_acts(const mt_grouped_args *a, uint16_t *xhat, float *outer,
       .batch_offs = a->x_ptrs ? a->offs : NULL,
       .nbatch = a->nseg,
       .dependents_after_wait = a->refresh != NULL,
+      .running = acts_running(a),
   };
   return mt_quantize_dependent(&p, stream);
 }
@@ -202,6 +220,7 @@ static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kar
   k->ws_band = (long long)MT_WS_BAND_BYTES(w->k);
   k->ws_outer = (long long)MT_WS_SECTION(MT_WS_RECORD_BYTES(w->n, w->k));
   k->gen = a->refresh ? &((mt_wcheck_head *)a->refresh->state)->gen : NULL;
+  k->acts = acts_running(a);
   k->offs = a->offs;
   k->seg_rows = a->seg_rows;
   k->m = a->m;
@@ -256,6 +275,7 @@ static int launch_gemm(const mt_grouped_args *a, mt_grouped_kargs *k, int bn, mt
     const long long tiles = tile_bound(a, k->nseg, bn, k->split);
     unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
     st = mt_launch(f, grid, 1, 384, 1, MT_GROUPED_SMEM(bn), 1, (CUstream)stream, k);
+    k->acts = NULL; /* a later launch waits for the one before it */
   }
   return st;
 }
@@ -277,7 +297,8 @@ static int refresh_fits(const mt_grouped_args *a) {
 int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   if (!a || !grouped_args_ok(a)) return MT_ERR_UNSUPPORTED;
   mt_refresh_args rk;
-  if (a->refresh && (!refresh_fits(a) || refresh_kargs(a->refresh, 1, &rk) != MT_OK)) return MT_ERR_UNSUPPORTED;
+  const int chained = gemm_beside_refresh(a) ? MT_REFRESH_BESIDE : MT_REFRESH_CHAINED;
+  if (a->refresh && (!refresh_fits(a) || refresh_kargs(a->refresh, chained, &rk) != MT_OK)) return MT_ERR_UNSUPPORTED;
   int bn = a->bn ? a->bn : mt_grouped_bn(a->m, a->nseg);
   if (bn != 8 && bn != 16 && bn != 32 && bn != 64 && bn != 128 && bn != 256) return MT_ERR_UNSUPPORTED;
   const mt_numerics *num = &a->w->num;
@@ -299,6 +320,7 @@ int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
    * for the first's grid before it reads the activations, so its end is the call's end for a
    * kernel that waits for it (kernels/engine.h). */
   mt_grouped_kargs tail = k;
+  tail.acts = NULL; /* it waits for the first launch */
   if (split) {
     k.split = 1, tail.split = 2;
     k.split_bn = tail.split_bn = bn;

@@ -127,12 +127,25 @@ template <int BN> __device__ static uint32_t build_table(const mt_grouped_kargs 
   return a.gen ? generation(a.gen) : 0;
 }
 
+// The call's activations are written once its quantizer's count of running CTAs reads 0 (every CTA
+// counted itself before this grid could start: kernels/quant.cu, start_dependents): read with
+// acquire, so that their writes are seen, also by the bulk copies of the activations after it.
+__device__ static inline void acts_written(const uint32_t *acts) {
+  for (;;) {
+    uint32_t v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(acts) : "memory");
+    if (v == 0) break;
+    __nanosleep(64);
+  }
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
 // Whether the call's refresh of the store requantized a slice since the CTA read its generation
 // gen (kernels/quant.cu, refresh_store: chained before this kernel, it lets it start before it
 // ends, and each of its CTAs that wrote adds one to the generation after its writes). Then the
-// weights of the stages requested before grid_dependency_wait may be stale or torn, and the CTA's
-// first tile runs again. Asked once, by the producer after its wait (the refresh has ended then),
-// and told to the consumers through t->ready, so that all agree on the stages that come.
+// weights requested before grid_dependency_wait may be stale or torn, and the tiles that read them
+// run again. Asked once, by the producer after its wait (the refresh has ended then), and told to
+// the consumers through t->ready, so that all agree on the stages that come.
 __device__ static inline bool store_moved(const mt_grouped_kargs &a, uint32_t gen) {
   return a.gen && *(const volatile uint32_t *)a.gen != gen;
 }
@@ -238,8 +251,10 @@ template <int S> __device__ static inline void init_ring(uint64_t *full, uint64_
 // copy of KS x 4608 contiguous bytes) and the tokens' activation boxes. Stage number `it` counts on
 // across tiles: slot it % S, phase (it / S) & 1. The weights of the CTA's first stages are
 // requested before griddepcontrol.wait (they do not depend on the kernel before this one, unless
-// a refresh of the store requantized them meanwhile: then the first tile's stages come twice,
-// store_moved).
+// the call's refresh requantized them meanwhile: then the first tile's stages come twice,
+// store_moved). After the call's refresh (a.acts), the activations come once the quantizer's count
+// says they are written, every tile's stages follow, and only then the wait for the refresh: where
+// it moved the store, every tile's stages come twice.
 template <int BN>
 __device__ static void produce(const mt_grouped_kargs &a, table *t, uint32_t gen, uint8_t *smem, uint64_t *full,
                                uint64_t *empty, int tiles, int nst) {
@@ -260,30 +275,42 @@ __device__ static void produce(const mt_grouped_kargs &a, table *t, uint32_t gen
     grid_dependency_wait();
     return;
   }
-  // the first tile's first stages: weights now, activations after the wait
+  // the first tile's first stages: weights now, activations once written
   const where w0 = locate<BN>(t, a.nseg, blockIdx.x);
   const int pre = nst < S ? nst : S;
   for (int j = 0; j < pre; j++) {
     mbar_arrive_expect_tx(&full[j], RECS + KS * ACT);
     bulk_load(smem + j * SB + KS * ACT, records(w0, j), RECS, &full[j]);
   }
-  grid_dependency_wait();
-  t->moved = store_moved(a, gen);
-  mbar_arrive(&t->ready);
+  auto verdict = [&]() {
+    grid_dependency_wait();
+    t->moved = store_moved(a, gen);
+    mbar_arrive(&t->ready);
+  };
+  if (a.acts)
+    acts_written(a.acts);
+  else
+    verdict();
   for (int j = 0; j < pre; j++) acts(w0, j, smem + j * SB, &full[j]);
   int it = 0;
-  // pass 0 (only where the store moved) is the first tile with the weights requested early
-  for (int tile = blockIdx.x, pass = t->moved ? 0 : 1; tile < tiles; tile += pass++ ? gridDim.x : 0) {
-    const where w = locate<BN>(t, a.nseg, tile);
-    for (int j = 0; j < nst; j++, it++) {
-      if (it < pre) continue; // issued above
-      const int slot = it % S;
-      mbar_wait(&empty[slot], ((it / S) & 1) ^ 1);
-      uint8_t *st = smem + slot * SB;
-      mbar_arrive_expect_tx(&full[slot], RECS + KS * ACT);
-      bulk_load(st + KS * ACT, records(w, j), RECS, &full[slot]);
-      acts(w, j, st, &full[slot]);
+  for (int round = 0;; round++) {
+    // pass 0 (only where the store moved before the wait) is the first tile with the weights
+    // requested early
+    for (int tile = blockIdx.x, pass = !a.acts && t->moved ? 0 : 1; tile < tiles; tile += pass++ ? gridDim.x : 0) {
+      const where w = locate<BN>(t, a.nseg, tile);
+      for (int j = 0; j < nst; j++, it++) {
+        if (it < pre) continue; // issued above
+        const int slot = it % S;
+        mbar_wait(&empty[slot], ((it / S) & 1) ^ 1);
+        uint8_t *st = smem + slot * SB;
+        mbar_arrive_expect_tx(&full[slot], RECS + KS * ACT);
+        bulk_load(st + KS * ACT, records(w, j), RECS, &full[slot]);
+        acts(w, j, st, &full[slot]);
+      }
     }
+    if (round || !a.acts) return;
+    verdict(); // after the call's refresh: every tile again where it moved the store
+    if (!t->moved) return;
   }
 }
 
@@ -532,15 +559,23 @@ __device__ static __forceinline__ void store_tile(const mt_grouped_kargs &a, con
     store_tile_as<BN, NW, __nv_bfloat16, false>(a, t, d, wh, ch0, ts);
 }
 
+// When a consumer loads a tile's scales (tile_scales): S_a comes from the quantization, S_w from
+// the store (which the call's refresh may rewrite), C and y may be another kernel's. The first
+// tile's after its K loop and the wait for the grid before (AFTER_WAIT); or, after the call's
+// refresh, after its K loop alone (AFTER_ACTS: the producer saw the activations written before it
+// sent the first stage, and the refresh's verdict comes at the end: run); every later tile's
+// before its K loop (BEFORE).
+enum scales_at { AFTER_WAIT, AFTER_ACTS, BEFORE };
+
 // One tile of a consumer warpgroup (64 channels from ch0): its K loop and its outputs, with wgmmas
 // and accumulators NW tokens wide (NW <= BN; the stage holds BN rows either way).
 template <int BN, int NW>
 __device__ static __forceinline__ void tile_as(const mt_grouped_kargs &a, const table *t, uint8_t *smem, uint64_t *full,
                                                uint64_t *empty, ring_pos &at, int nst, int hw, int lane,
-                                               const where &wh, int ch0, bool &waited) {
+                                               const where &wh, int ch0, scales_at &sc) {
   float d[NW / 2];
   tile_scales<BN> ts;
-  if (waited) load_scales<BN>(a, t, wh, ch0, ts);
+  if (sc == BEFORE) load_scales<BN>(a, t, wh, ch0, ts);
   for (bool again = true; again;) {
 #pragma unroll
     for (int i = 0; i < NW / 2; i++) d[i] = 0.0f;
@@ -549,11 +584,13 @@ __device__ static __forceinline__ void tile_as(const mt_grouped_kargs &a, const 
     else
       k_loop<BN, NW>(d, smem, full, empty, at, nst, hw, lane);
     again = false;
-    if (!waited) { // S_a comes from the quantization, S_w may, and C and y may be another kernel's
+    if (sc == AFTER_WAIT) {
       grid_dependency_wait();
-      waited = true;
-      load_scales<BN>(a, t, wh, ch0, ts);
       again = producer_saw_moved(t); // then the producer sends the tile's stages again
+    }
+    if (sc != BEFORE) {
+      sc = BEFORE;
+      load_scales<BN>(a, t, wh, ch0, ts);
     }
   }
   store_tile<BN, NW>(a, t, d, wh, ch0, ts);
@@ -571,13 +608,13 @@ constexpr int narrowest(int bn) { return bn == 256 ? 256 : bn == 32 ? 16 : bn / 
 template <int BN, int NW = narrowest(BN)>
 __device__ static __forceinline__ void tile_rows(const mt_grouped_kargs &a, const table *t, uint8_t *smem,
                                                  uint64_t *full, uint64_t *empty, ring_pos &at, int nst, int hw,
-                                                 int lane, const where &wh, int ch0, bool narrow, bool &waited) {
+                                                 int lane, const where &wh, int ch0, bool narrow, scales_at &sc) {
   if constexpr (NW < BN) {
     if (narrow && t->end[wh.s] - wh.tok0 <= NW)
-      return tile_as<BN, NW>(a, t, smem, full, empty, at, nst, hw, lane, wh, ch0, waited);
-    return tile_rows<BN, 2 * NW>(a, t, smem, full, empty, at, nst, hw, lane, wh, ch0, narrow, waited);
+      return tile_as<BN, NW>(a, t, smem, full, empty, at, nst, hw, lane, wh, ch0, sc);
+    return tile_rows<BN, 2 * NW>(a, t, smem, full, empty, at, nst, hw, lane, wh, ch0, narrow, sc);
   } else
-    tile_as<BN, BN>(a, t, smem, full, empty, at, nst, hw, lane, wh, ch0, waited);
+    tile_as<BN, BN>(a, t, smem, full, empty, at, nst, hw, lane, wh, ch0, sc);
 }
 
 template <int BN> __device__ static __forceinline__ void run(const mt_grouped_kargs &a) {
@@ -618,13 +655,20 @@ template <int BN> __device__ static __forceinline__ void run(const mt_grouped_ka
     asm volatile("setmaxnreg.inc.sync.aligned.u32 104;\n");
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0);
   const int hw = 8 * cw + 2 * ((threadIdx.x % 128) / 32); // the warp's first row group of the band
-  bool waited = false;
+  scales_at sc = a.acts ? AFTER_ACTS : AFTER_WAIT;
   ring_pos at;
   // narrower wgmmas for a tile's rows (tile_rows) on the common output alone: BF16, without C or bias
   const bool narrow = !has_extra(a) && a.ytype != DT_FP16;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const where wh = locate<BN>(t, a.nseg, tile);
-    tile_rows<BN>(a, t, smem, full, empty, at, nst, hw, lane, wh, wh.cb * CB + 64 * cw, narrow, waited);
+  for (int round = 0;; round++) {
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const where wh = locate<BN>(t, a.nseg, tile);
+      tile_rows<BN>(a, t, smem, full, empty, at, nst, hw, lane, wh, wh.cb * CB + 64 * cw, narrow, sc);
+    }
+    // after the call's refresh, its verdict: where it requantized a slice, every tile again (the
+    // outputs written anew; nothing reads them before this grid ends)
+    if (round || !a.acts || (int)blockIdx.x >= tiles) return;
+    grid_dependency_wait();
+    if (!producer_saw_moved(t)) return;
   }
 }
 } // namespace grp

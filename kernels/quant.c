@@ -201,5 +201,5 @@ int mt_quantize_refresh(const mt_refresh_args *a, int tile16, mt_stream stream) 
   refresh_clusters(f, &s, smem, covered, a->step, &size, &clusters);
   mt_refresh_args k = *a;
   k.grid_y = (int32_t)s.grid_y;
-  return mt_launch_clusters(f, size, clusters, s.block_x, s.block_y, smem, a->chained, stream, &k);
+  return mt_launch_clusters(f, size, clusters, s.block_x, s.block_y, smem, a->chained != MT_REFRESH_ALONE, stream, &k);
 }

@@ -402,11 +402,12 @@ template <bool FP16, bool PTRS> __device__ __forceinline__ void amax_pass(const 
  * slice's words are touched by its cluster only, so nothing is counted, listed or reset across the
  * grid: a refresh that finds nothing changed is one launch, one read of the segment ends, one of
  * the sample (all of a cluster's slices at once) and two cluster barriers. On its own it ends
- * before what follows it starts. Chained (a grouped call's, between its activations' quantizer and
- * its GEMM: kernels/grouped.c), it runs beside the quantizer, which it waits for only at its end,
- * and the GEMM starts once every CTA has read its lines: a CTA that requantized adds one to the
- * state's generation after its writes, and the GEMM, which streamed weights meanwhile, reads them
- * again (kernels/grouped.cu, store_moved). Tested on the GPU by tests/gpu/test_grouped.c
+ * before what follows it starts. In a grouped call (between its activations' quantizer and its
+ * GEMM: kernels/grouped.c) it runs beside the quantizer, which it waits for only at its end, and
+ * lets the GEMM start once its lines are read (MT_REFRESH_CHAINED: the GEMM waits for it before its
+ * K loops) or at once (MT_REFRESH_BESIDE: the GEMM waits for it only before it ends). A CTA that
+ * requantized adds one to the state's generation after its writes, and the GEMM, which read
+ * weights meanwhile, reads them again (kernels/grouped.cu, store_moved). Tested on the GPU by tests/gpu/test_grouped.c
  * (store_refresh_modes: every weight scale, whole, one-row and one-element changes, sampled lines,
  * slices outside the call; store_refresh_rounds: clusters of several slices;
  * grouped_after_refresh: the GEMM that follows a refresh), the launch on the CPU by
@@ -517,6 +518,10 @@ __device__ void requantize(const mt_refresh_args &a, int e, uint64_t *amax_slot,
 }
 
 template <bool FP16, int NB, bool ROW, bool TILE> __device__ void refresh_store(const mt_refresh_args &a) {
+  /* Beside, the call's GEMM starts now: it streams the weights and runs its K loops while the
+   * refresh runs (once the activations are written), and waits for this grid before it ends; if a
+   * slice was requantized meanwhile, it runs them again (the store's generation moved). */
+  if (a.chained == MT_REFRESH_BESIDE) allow_dependents();
   const cluster_at c = cluster_here();
   const mt_quant_params &p = a.q;
   const int clusters = gridDim.x / c.size;
@@ -540,8 +545,8 @@ template <bool FP16, int NB, bool ROW, bool TILE> __device__ void refresh_store(
     __syncthreads();
     hash_shares(a, bt, part, c);
     /* The CTA's reads of the sample are done: chained, the call's GEMM may start (it streams its
-     * first weights before it waits for this grid, and again if the store's generation moves,
-     * below). Earlier, that stream would queue before the sample's loads. */
+     * first weights before it waits for this grid, and again if the generation moves, below).
+     * Earlier, that stream would queue before the sample's loads. */
     if (a.chained) allow_dependents();
     c.cl.sync();
     if (c.tid < bt.n) {
@@ -576,19 +581,43 @@ template <bool FP16, int NB, bool ROW, bool TILE> __device__ void refresh_store(
 
 } // namespace
 
+namespace {
+/* A per-row quantizer before a store's refresh (kernels/grouped.c): the kernels after it start
+ * once every CTA has waited for the kernel before it (the refresh reads what the kernels before
+ * this one wrote) and counted itself as running (mt_quant_params.running: the GEMM after the
+ * refresh waits for the count to fall back to 0, so it must never miss a CTA that has yet to write;
+ * counted after the wait, so a GEMM before this kernel, waiting for 0, is never held up by it). */
+__device__ void start_dependents(const mt_quant_params &p) {
+  if (p.running && threadIdx.x == 0 && threadIdx.y == 0) {
+    atomicAdd(p.running, 1u);
+    __threadfence(); /* counted before the kernels after this one can start */
+  }
+  __syncthreads();
+  allow_dependents();
+}
+
+/* The CTA's writes, then its count down (release: the GEMM reads the count with acquire). */
+__device__ void stop_running(uint32_t *running) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) atomicSub(running, 1u);
+}
+} // namespace
+
 /* Every kernel twice: for strided rows, and (suffix _ptrs) for rows behind device pointer arrays
  * (mt_quant_params.batch_ptrs), whose bases only the device sees. The activation quantizers let
  * the GEMM after them start at once (it streams its weights before it waits for them); the per-row
  * ones, launched dependent themselves (mt_quantize_dependent), wait for the kernel before them
- * first (a no-op when launched in order), and before a store's refresh let it start only then (it
- * reads what the kernels before this one wrote: kernels/grouped.c). */
+ * first (a no-op when launched in order), and before a store's refresh let it start only then
+ * (start_dependents). */
 #define MT_QUANT_ROW_AS(type, fp16, nb, sfx, ptrs)                                                                     \
   extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
       mt_quant_row_##type##_nb##nb##sfx(const mt_quant_params p) {                                                     \
     if (!p.dependents_after_wait) allow_dependents();                                                                  \
     grid_dependency_wait();                                                                                            \
-    if (p.dependents_after_wait) allow_dependents();                                                                   \
+    if (p.dependents_after_wait) start_dependents(p);                                                                  \
     quantize<fp16, nb, true, false, false, ptrs>(p, blockIdx.x, blockIdx.y);                                           \
+    if (p.dependents_after_wait && p.running) stop_running(p.running);                                                 \
   }
 #define MT_QUANT_ROW(type, fp16, nb)                                                                                   \
   MT_QUANT_ROW_AS(type, fp16, nb, , false) MT_QUANT_ROW_AS(type, fp16, nb, _ptrs, true)

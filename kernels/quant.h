@@ -41,6 +41,10 @@ typedef struct {
    * start at once; 1, only once it has waited for the kernel before it (a store's refresh follows,
    * which reads the weights and its state before it waits: mt_gemm_grouped) */
   int32_t dependents_after_wait;
+  /* NULL, or (with dependents_after_wait) a word zero between calls that each CTA raises by one
+   * before it lets the kernels after it start and lowers after its writes: the grouped GEMM reads
+   * the activations once it reads 0 (kernels/wcheck.h, mt_wcheck_head.acts) */
+  uint32_t *running;
   /* NULL, or the weight store (kernels/wstore.h) to write instead of xhat, codes, scales, outer and
    * amax (not used then): batch e is slice e at store + e * slice_bytes, with its own S. */
   uint8_t *store;
@@ -55,14 +59,20 @@ typedef struct {
   /* NULL: every slice; else only the slices with rows under these cumulative ends (clamped to m) */
   const int32_t *offs;
   int32_t m;
-  uint32_t step;  /* the check's sample (kernels/wcheck.h) */
-  void *state;    /* MT_WCHECK_STATE_BYTES(slices): each slice's hash and valid word */
-  int32_t grid_y; /* the store quantizer's blocks of columns (quant.c) */
-  /* 0: launched in order, lets nothing after it start before it ends; 1: launched dependent after
-   * the activations' quantizer of a grouped call, whose GEMM it lets start once its lines are read
-   * (mt_gemm_grouped), and it waits for the quantizer before it ends */
-  int32_t chained;
+  uint32_t step;   /* the check's sample (kernels/wcheck.h) */
+  void *state;     /* MT_WCHECK_STATE_BYTES(slices): each slice's hash and valid word */
+  int32_t grid_y;  /* the store quantizer's blocks of columns (quant.c) */
+  int32_t chained; /* MT_REFRESH_ALONE, _CHAINED or _BESIDE */
 } mt_refresh_args;
+
+/* A refresh launched in order, which lets nothing after it start before it ends (ALONE); or
+ * launched dependent after a grouped call's activations' quantizer, waiting for it before it ends,
+ * and letting the call's GEMM start once its CTAs have read their lines (CHAINED: the GEMM waits
+ * for the refresh before its K loops) or at once (BESIDE: the GEMM waits only for the activations,
+ * and for the refresh before it ends: kernels/grouped.c) */
+#define MT_REFRESH_ALONE 0
+#define MT_REFRESH_CHAINED 1
+#define MT_REFRESH_BESIDE 2
 
 #ifndef __CUDACC__
 #include "kernels/engine.h"
@@ -79,9 +89,8 @@ int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream);
  * behind a kernel that lets its dependents start early (the grouped GEMM of the call before). */
 int mt_quantize_dependent(const mt_quant_params *p, mt_stream stream);
 
-/* The refresh of a->q's store (the store mode, 1x16 blocks or 16x16 tiles): one launch, in order
- * on the stream and letting no kernel after it start before it ends, or (a->chained) dependent and
- * letting the kernel after it start early. Launches only. */
+/* The refresh of a->q's store (the store mode, 1x16 blocks or 16x16 tiles): one launch, as
+ * a->chained says. Launches only. */
 int mt_quantize_refresh(const mt_refresh_args *a, int tile16, mt_stream stream);
 #endif
 

@@ -7,7 +7,8 @@
  * weight is bound: a head, the slices' words, then the list of the slices the last per-call check
  * found changed (which the quantizers read as their only_if). A store's refresh (kernels/quant.cu,
  * refresh_store) keeps only the slices' hash and valid words (its verdicts never leave a cluster)
- * and the head's generation. */
+ * and the head's generation; the grouped call that runs it, the head's count of its activations'
+ * quantizer's running CTAs. */
 #ifndef MT_WCHECK_H
 #define MT_WCHECK_H
 
@@ -19,10 +20,14 @@
 typedef struct {
   uint32_t done; /* CTAs of the running per-call check that have finished; 0 between checks */
   /* A store's generation: every CTA of a refresh that requantized a slice adds one after its
-   * writes, so that a grouped GEMM that read the store while the refresh ran knows to read it
-   * again (mt_wstore.gen) */
+   * writes, so that the grouped GEMM that read the store while the refresh ran knows to read it
+   * again (kernels/grouped.cu, store_moved) */
   uint32_t gen;
-  uint32_t pad[2];
+  /* The CTAs of a grouped call's activations' quantizer, chained before the store's refresh, that
+   * have started and not yet ended (0 between calls): the call's GEMM reads its activations once
+   * it reads 0 (kernels/grouped.c) */
+  uint32_t acts;
+  uint32_t pad;
 } mt_wcheck_head;
 
 typedef struct {

@@ -765,7 +765,8 @@ static void check_grouped_args(int from, const uint16_t *y, size_t sy, int token
   CHECK(k->ws == p->store && k->ws_slice == p->slice_bytes && p->batch_rows == OUT);
   CHECK(!k->gen); /* a store quantized for the call: no refresh runs before the GEMM */
   int a = find_launch(from, "mt_quant_row_bf16_nb1", 0);
-  CHECK(a > q && a < g && !quant_args(a)->dependents_after_wait);
+  CHECK(a > q && a < g && !quant_args(a)->dependents_after_wait && !quant_args(a)->running);
+  CHECK(!k->acts);
   CHECK(k->c == c && (!c || k->stride_c == (long long)sy) && k->beta == beta && k->alpha == 1.0f);
   CHECK(k->bias == bias && (!bias || k->stride_bias == stride_bias));
 }
@@ -887,10 +888,37 @@ static void scenario_split_fail(void) {
   free(w), free(x), free(y), free(want);
 }
 
+/* The launches of a frozen strided batch of BATCH weights w since event t: the refresh of every
+ * slice between the activations' quantizer (which lets it start only after its wait) and the GEMM;
+ * beside (at most 64 rows), the quantizer counts its running CTAs in the state and the GEMM, which
+ * starts with the refresh, waits for that count; else the GEMM waits for the refresh. Either way
+ * the GEMM reads the state's generation. Returns the refresh's launch. */
+static int check_frozen_launches(int t, const uint16_t *w, unsigned step, int beside) {
+  int r = find_launch(t, "mt_refresh_tensor_store_bf16", 0);
+  const mt_refresh_args *a = r >= 0 ? (const mt_refresh_args *)event(r)->args : NULL;
+  CHECK(a && a->q.x == w && a->q.store && a->q.rows == BATCH * OUT && a->q.batch_rows == OUT &&
+        a->q.cols == IN && a->q.ldx == IN && a->q.batch_stride == (long long)OUT * IN &&
+        !a->q.only_if && a->step == step && a->state && a->grid_y == 1);
+  CHECK(a && !a->offs); /* a strided batch uses every slice */
+  int q = find_launch(t, "mt_quant_row_bf16_nb1", 0), g = find_launch(t, "mt_grouped_", 0);
+  if (!a || q < 0 || g < 0) {
+    CHECKF(0, "refresh %d, quantizer %d, GEMM %d", r, q, g);
+    return r;
+  }
+  mt_wcheck_head *head = (mt_wcheck_head *)a->state;
+  const mt_quant_params *qp = quant_args(q);
+  const mt_grouped_kargs *k = (const mt_grouped_kargs *)event(g)->args;
+  CHECK(q < r && r < g && event(r)->pdl && qp->dependents_after_wait && k->gen == &head->gen);
+  CHECKF(a->chained == (beside ? MT_REFRESH_BESIDE : MT_REFRESH_CHAINED), "chained %d", a->chained);
+  CHECK(qp->running == (beside ? &head->acts : NULL) && k->acts == qp->running);
+  return r;
+}
+
 /* A strided batch under frozen: one store for the three weights (back to back), its refresh over
  * all of them (every round: the kernel finds what changed), in clusters of 16 CTAs (the function
  * allowed a non-portable size first: the fake refuses the launch otherwise), or of 8 where the
- * device runs none of 16 (FAKE_CUDA_MAX_CLUSTER=8) and under frozen-sampled. */
+ * device runs none of 16 (FAKE_CUDA_MAX_CLUSTER=8) and under frozen-sampled; 8 tokens a problem
+ * (the GEMM beside the refresh), then 32 (the GEMM waiting for it). */
 static void scenario_frozen_batch(void) {
   int tokens = 8;
   const unsigned step = cache_step();
@@ -904,20 +932,7 @@ static void scenario_frozen_batch(void) {
         t, round ? BATCH_REFRESH " " BATCH_GEMM
                  : "alloc memset104 alloc tmap " LOAD_ALL
                    " mt_quant_row_bf16_nb1+pdl mt_refresh_tensor_store_bf16+pdl smem " BATCH_GEMM);
-    int r = find_launch(t, "mt_refresh_tensor_store_bf16", 0);
-    const mt_refresh_args *a = r >= 0 ? (const mt_refresh_args *)event(r)->args : NULL;
-    CHECK(a && a->q.x == w && a->q.store && a->q.rows == BATCH * OUT && a->q.batch_rows == OUT &&
-          a->q.cols == IN && a->q.ldx == IN && a->q.batch_stride == (long long)OUT * IN &&
-          !a->q.only_if && a->step == step && a->state && a->grid_y == 1);
-    CHECK(a && !a->offs); /* a strided batch uses every slice */
-    /* chained: the activations' quantizer lets it start only after its wait, and the GEMM, which
-     * starts while the refresh runs, reads the state's generation */
-    int q = find_launch(t, "mt_quant_row_bf16_nb1", 0), g = find_launch(t, "mt_grouped_", 0);
-    CHECK(q >= 0 && q < r && quant_args(q)->dependents_after_wait);
-    CHECK(a && a->chained);
-    CHECK(g > r && a &&
-          ((const mt_grouped_kargs *)event(g)->args)->gen ==
-              &((const mt_wcheck_head *)a->state)->gen);
+    int r = check_frozen_launches(t, w, step, 1);
     /* clusters of 16 CTAs (8 on a device that runs no cluster of 16, or for a sample), as many
      * as the (fake) device runs at once: 2 for the 3 slices */
     const char *max = getenv("FAKE_CUDA_MAX_CLUSTER");
@@ -927,8 +942,12 @@ static void scenario_frozen_batch(void) {
            "clusters of %u, grid %u, want clusters of %u", r >= 0 ? event(r)->cluster : 0,
            r >= 0 ? event(r)->grid[0] : 0, size);
   }
+  uint16_t *x32 = matrix(4 * sx * BATCH), *y32 = matrix(4 * sy * BATCH);
+  int t = now();
+  CHECK(strided_call(hook_strided, 4 * tokens, w, x32, &zero, y32, BATCH));
+  check_frozen_launches(t, w, step, 0);
   check_driver_clean();
-  free(w), free(x), free(y);
+  free(w), free(x), free(y), free(x32), free(y32);
 }
 
 /* An Lt strided batch (BATCH_COUNT, STRIDED_BATCH_OFFSET) with a bias per problem
@@ -1300,14 +1319,14 @@ static void lt_routed_with_bias(void) {
   mt_t_child_free(&r);
 }
 
-/* A frozen grouped weight: routed twice, one entry, and the summary's bytes an element of the
+/* A frozen grouped weight: routed three times, one entry, and the summary's bytes an element of the
  * stores (kernels/wstore.h: 4.5 bits and the padding of rows and columns). */
 static void frozen_grouped_store(void) {
   const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", NULL};
   mt_t_child r;
   run_child("frozen_batch", env, &r);
   mt_t_check_child("frozen_batch", &r);
-  check_counts(&r, 2, NULL);
+  check_counts(&r, 3, NULL);
   CHECKF(json_int(r.summary, "frozen_weights") == 1, "%ld", json_int(r.summary, "frozen_weights"));
   double want = (double)((MT_WS_SLICE_BYTES(OUT, IN, 0) * BATCH + 255) / 256 * 256) /
                 ((double)BATCH * OUT * IN);
@@ -1320,13 +1339,13 @@ static void frozen_grouped_store(void) {
   const char *eight[] = {"MINITE_WEIGHT_CACHE=frozen", "FAKE_CUDA_MAX_CLUSTER=8", NULL};
   run_child("frozen_batch", eight, &r);
   mt_t_check_child("frozen_batch, clusters of 8", &r);
-  check_counts(&r, 2, NULL);
+  check_counts(&r, 3, NULL);
   mt_t_child_free(&r);
   /* a sampled refresh: clusters of 8 */
   const char *sampled[] = {"MINITE_WEIGHT_CACHE=frozen-sampled", NULL};
   run_child("frozen_batch", sampled, &r);
   mt_t_check_child("frozen_batch, frozen-sampled", &r);
-  check_counts(&r, 2, NULL);
+  check_counts(&r, 3, NULL);
   mt_t_child_free(&r);
 }
 

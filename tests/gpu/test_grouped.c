@@ -1042,15 +1042,23 @@ static void grouped_many_segments(void) {
     rows[i] = rnd_below(4);
   experts e = {0};
   problem p = {0};
-  if (make_experts(&e, NSEG, N, K, &num_row, 0) &&
-      make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, NULL, 0)) {
-    uint16_t *y0 = malloc((size_t)p.m * N * 2), *y = malloc((size_t)p.m * N * 2);
-    if (run_offs(&p, &e, 8, N, MT_DTYPE_BF16, y0, y))
-      check_segments(&p, &e, y, y0, N, MT_DTYPE_BF16, NULL, "600 segments");
-    free(y0);
-    free(y);
+  uint16_t *y0 = NULL, *y = NULL;
+  /* then the call running its refresh, a fresh state (every used slice requantized, the same
+   * bits): the first launch waits for the quantizer's count, the second for the first */
+  const refresh_first rf = {dev_alloc(mt_refresh_state_bytes(NSEG)), 1};
+  if (!rf.state || !make_experts_of(&e, NSEG, N, K, &num_row, 0, 0, 1) ||
+      !make_problem(&p, NSEG, rows, K, MT_SCALE_ROW, 0, NULL, 0)) {
+    CHECK(0);
+    goto out;
   }
-  free(rows);
+  y0 = malloc((size_t)p.m * N * 2), y = malloc((size_t)p.m * N * 2);
+  if (run_offs(&p, &e, 8, N, MT_DTYPE_BF16, y0, y))
+    check_segments(&p, &e, y, y0, N, MT_DTYPE_BF16, NULL, "600 segments");
+  CU(cudaMemset(rf.state, 0, mt_refresh_state_bytes(NSEG)));
+  if (run_offs_after(&p, &e, 8, N, MT_DTYPE_BF16, y0, y, &rf))
+    check_segments(&p, &e, y, y0, N, MT_DTYPE_BF16, NULL, "600 segments, refreshed");
+out:
+  free(y0), free(y), free(rows);
   free_problem(&p);
   free_experts(&e);
   dev_free_all();
@@ -1105,24 +1113,28 @@ static void grouped_layer(void) {
   layer_case(4096, 7168, 1, 60);
 }
 
-/* A grouped call that runs its store's refresh (kernels/engine.h, mt_grouped_args.refresh): its
- * GEMM starts while the refresh runs and streams its first weights before it waits, so where the
- * refresh requantizes it must read them again (kernels/grouped.cu, store_moved); the refresh runs
- * beside the activations' quantizer. Eight experts of 512 x 2048 (the K loop longer than the ring,
- * so that some stages come before the wait and some after), one to three rows each, token tiles 8
- * (two CTAs an SM) and 128 (one), every store numerics and per-tensor S of the activations (a
- * quantizer of two kernels), both frozen modes. The weights rotated in place (slice s takes slice
- * s + 1's): the call's output against the reference of the rotated weights, bitwise equal to the
- * same GEMM run alone afterwards; then nothing changed: the same bits again. */
+/* A grouped call that runs its store's refresh (kernels/engine.h, mt_grouped_args.refresh). Its
+ * GEMM reads weights while the refresh runs: its first stages before it waits for the refresh (72
+ * rows, 8 to 10 an expert), or every tile's before the refresh's verdict (15 rows, one to three:
+ * the GEMM beside the refresh, waiting only for the activations); where the refresh requantizes,
+ * it must read them again (kernels/grouped.cu, store_moved). Eight experts of 512 x 2048 (the K
+ * loop longer than the ring, so that some stages come before the wait and some after), token tiles
+ * 8 (two CTAs an SM), 128 (one) and 256 (its launch has no tile: the rows go to the second, which
+ * waits for it), every store numerics and per-tensor S of the activations (a quantizer of two
+ * kernels, the GEMM waiting for the refresh at any rows), both frozen modes. The weights rotated in
+ * place (slice s takes slice s + 1's): the call's output against the reference of the rotated
+ * weights, bitwise equal to the same GEMM run alone afterwards; then nothing changed: the same bits
+ * again. */
 static void grouped_after_refresh(void) {
   NEED_GPU();
   enum { E = 8, N = 512, K = 2048 };
-  static const int rows[E] = {1, 3, 2, 1, 2, 3, 1, 2};
+  static const int few[E] = {1, 3, 2, 1, 2, 3, 1, 2}, more[E] = {8, 10, 9, 8, 10, 9, 8, 10};
   static const mt_numerics tensor_acts = {MT_SCALE_TENSOR, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
   for (int v = 0; v <= NKINDS(store_nums); v++)
-    for (int sampled = 0; sampled < 2; sampled++)
-      for (int b = 0; b < 2; b++) {
-        const int bn = b ? 128 : 8;
+    for (int c = 0; c < (v ? 2 : 4); c++) { /* more rows: one numerics (the reference is slow) */
+      const int sampled = c & 1, *rows = c & 2 ? more : few;
+      for (int b = 0; b < 3; b++) {
+        const int bn = b == 2 ? 256 : b ? 128 : 8;
         const mt_numerics num = v < NKINDS(store_nums) ? store_nums[v] : tensor_acts;
         const refresh_first rf = {dev_alloc(mt_refresh_state_bytes(E)),
                                   sampled ? MT_SAMPLE_STEP : 1};
@@ -1138,8 +1150,8 @@ static void grouped_after_refresh(void) {
         const size_t ybytes = (size_t)p.m * N * 2, wslice = (size_t)N * K;
         y0 = malloc(ybytes), y = malloc(ybytes), alone = malloc(ybytes);
         char what[128];
-        snprintf(what, sizeof what, "%s, activations %s S, weights %s S %s, bn %d",
-                 sampled ? "frozen-sampled" : "frozen", mt_scale_name(num.act_scale),
+        snprintf(what, sizeof what, "%s, %d rows, activations %s S, weights %s S %s, bn %d",
+                 sampled ? "frozen-sampled" : "frozen", p.m, mt_scale_name(num.act_scale),
                  mt_scale_name(num.weight_scale), mt_wblock_name(num.weight_block), bn);
         CU(cudaMemset(rf.state, 0, mt_refresh_state_bytes(E)));
         MT(refresh_store(&e, e.ld, rf.state, rf.step, NULL, 0));
@@ -1165,6 +1177,7 @@ static void grouped_after_refresh(void) {
         free_experts(&e);
         dev_free_all();
       }
+    }
 }
 
 int main(void) {
