@@ -15,9 +15,9 @@
  * routed experts' slices, every byte or the sample; "synced": the sampled refresh after a weight
  * sync, every routed expert requantized), and the layer as served under frozen-sampled (each
  * weight's grouped call running its refresh, nothing changed: "served", and its time over the
- * layer's alone, "check"). Writes JSON to argv[1] (default
- * build/bench_moe.json); `--only NAME` runs one geometry, `--tokens T` one T (for a profiler),
- * `--bn BN` forces the grouped kernel's token tile (an A/B of the launcher's choice). */
+ * layer's alone, "check"). Writes JSON to argv[1] (default build/bench_moe.json); `--only NAME`
+ * runs one geometry, `--tokens T` one T, any (a sweep, a profiler), `--bn BN` forces the grouped
+ * kernel's token tile (an A/B of the launcher's choice). */
 #include <cublas_v2.h>
 #include <math.h>
 #include <string.h>
@@ -302,10 +302,10 @@ static void bench_geometry(const geometry *g) {
   printf("%6s | %10s %10s %7s | %8s %8s | %9s %9s | %7s | %9s %9s %9s | %9s %6s\n", "T", "ours us",
          "cuBLAS us", "ratio", "TF/s", "TF/s", "wGB/s", "wGB/s", "rel L2", "frozen us", "sampled",
          "synced", "served us", "check");
-  for (size_t ti = 0; ti < sizeof tokens / sizeof tokens[0]; ti++) {
-    c.t = tokens[ti];
-    if (only_tokens && c.t != only_tokens)
-      continue;
+  const int *ts = only_tokens ? &only_tokens : tokens;
+  const size_t nts = only_tokens ? 1 : sizeof tokens / sizeof tokens[0];
+  for (size_t ti = 0; ti < nts; ti++) {
+    c.t = ts[ti];
     size_t rows = (size_t)TOPK * c.t;
     c.routings = c.t >= 1024 ? 4 : MAX_ROUTINGS;
     c.x = dmalloc(rows * g->hidden * 2);
@@ -388,6 +388,15 @@ int main(int argc, char **argv) {
       force_bn = atoi(argv[++i]);
     else
       out = argv[i];
+  }
+  int known = !only;
+  for (size_t i = 0; i < sizeof geometries / sizeof geometries[0]; i++)
+    known |= only && !strcmp(only, geometries[i].name);
+  if (!known || only_tokens < 0 || only_tokens > 65536) {
+    fprintf(stderr, "bench_moe: %s\n",
+            known ? "--tokens wants a count of tokens from 1 to 65536"
+                  : "--only wants a geometry: qwen3 or dsv3");
+    return 2;
   }
   bench_open("bench_moe", out, &blas);
   fprintf(json, "{\"replays\": %d, \"results\": [", REPLAYS);
