@@ -195,8 +195,13 @@ int mt_wstore_refresh(const mt_wstore_refresh_args *r, mt_stream stream);
  * quantizers, its refresh on its own and mt_grouped_seg_ends end before what follows them
  * starts). With refresh, the refresh is launched between the quantizer and the GEMM: it starts once
  * the kernel before the call has ended, runs beside the quantizer (reading the weights, offs and
- * its state), waits for the quantizer at its end, and lets the GEMM start once its lines are read;
- * the GEMM reads the weights again where the refresh requantized a slice. At token tile 256 the
+ * its state) and waits for it at its end. At up to 64 rows with per-row S the GEMM starts with the
+ * refresh, waits only for the activations (the quantizer counts its running CTAs in the refresh's
+ * state), runs every tile, and waits for the refresh before it ends: where the refresh requantized
+ * a slice, every tile again. Else the refresh lets the GEMM start once its lines are read, and the
+ * GEMM waits for it before its K loops, its first tile again where it requantized. Calls on one
+ * state from several streams at once never wait for each other for good (the count may make one
+ * wait for another's quantizer), but their refreshes race (shim/wcache.h). At token tile 256 the
  * GEMM is two launches (the segments' last tiles of a few rows on the second, which waits for the
  * first before it reads the activations), so a kernel that waits for the call's last waits for the
  * whole call. */

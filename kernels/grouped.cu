@@ -22,9 +22,10 @@
 // L2). The producer thread requests a stage's weight records (one bulk copy) before
 // griddepcontrol.wait for the CTA's first stages, so weights stream while the activation
 // quantization before this kernel still runs (no kernel that writes the store lets its dependents
-// start early, but the call's own refresh: store_moved); and at a few tokens the grid lets the
-// next call's kernels start at once, so that the next GEMM's table and first weights overlap this
-// one's K loop.
+// start early, but the call's own refresh: store_moved); at a few rows after the call's refresh,
+// every tile runs before the wait, once the quantizer's count says the activations are written
+// (a.acts); and at a few tokens the grid lets the next call's kernels start at once, so that the
+// next GEMM's table and first weights overlap this one's K loop.
 // Pointer-array forms change only where the epilogue writes a segment's rows (and reads its C):
 // through the segment's pointer, with the same arithmetic; their activations reach xhat through
 // the quantizer, their weights the store.
@@ -561,10 +562,11 @@ __device__ static __forceinline__ void store_tile(const mt_grouped_kargs &a, con
 
 // When a consumer loads a tile's scales (tile_scales): S_a comes from the quantization, S_w from
 // the store (which the call's refresh may rewrite), C and y may be another kernel's. The first
-// tile's after its K loop and the wait for the grid before (AFTER_WAIT); or, after the call's
-// refresh, after its K loop alone (AFTER_ACTS: the producer saw the activations written before it
-// sent the first stage, and the refresh's verdict comes at the end: run); every later tile's
-// before its K loop (BEFORE).
+// tile's after its K loop and the wait for the grid before (AFTER_WAIT); or, beside the call's
+// refresh (a.acts), after its K loop alone (AFTER_ACTS: the producer saw the activations written
+// before it sent the first stage, the kernels before the call have ended, since the quantizer let
+// the refresh start only after its wait for them, and the refresh's verdict comes at the end:
+// run); every later tile's before its K loop (BEFORE).
 enum scales_at { AFTER_WAIT, AFTER_ACTS, BEFORE };
 
 // One tile of a consumer warpgroup (64 channels from ch0): its K loop and its outputs, with wgmmas
