@@ -1,7 +1,8 @@
 /* grouped.c — host side of the grouped GEMM (kernels/grouped.cu): the weight store's layout,
  * quantization and refresh, and one grouped problem (validate, quantize all its activation rows in
- * one launch, refresh the store where asked, describe them, launch the GEMM). Nothing here allocates, synchronizes or reads device memory
- * back: legal inside CUDA graph capture once the modules are loaded. */
+ * one launch, refresh the store where asked, describe them, launch the GEMM). Nothing here
+ * allocates, synchronizes or reads device memory back: legal inside CUDA graph capture once the
+ * modules are loaded. */
 #include <stdint.h>
 #include <stdio.h>
 
@@ -174,8 +175,8 @@ int mt_grouped_bn(int m, int nseg) {
 /* Whether the call's GEMM runs beside its refresh (MT_REFRESH_BESIDE): at most BESIDE_ROWS rows,
  * per-row S (the activations' quantizer one kernel, launched dependent). Else the GEMM waits for the
  * refresh before its K loops: from 16 tokens of Qwen3's layer (128 rows) the refresh's clusters
- * fill the SMs, the GEMM's CTAs wait for them either way, and the count cost 1-3% (lab/NOTES.md,
- * "The GEMM beside the refresh"). */
+ * fill the SMs, the GEMM's CTAs wait for them either way, and beside it the layer took 0.5-2% longer
+ * (lab/NOTES.md, "The GEMM beside the refresh"). */
 #define BESIDE_ROWS 64
 static int gemm_beside_refresh(const mt_grouped_args *a) {
   return a->refresh && a->w->num.act_scale == MT_SCALE_ROW && a->m <= BESIDE_ROWS;

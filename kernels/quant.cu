@@ -407,10 +407,11 @@ template <bool FP16, bool PTRS> __device__ __forceinline__ void amax_pass(const 
  * lets the GEMM start once its lines are read (MT_REFRESH_CHAINED: the GEMM waits for it before its
  * K loops) or at once (MT_REFRESH_BESIDE: the GEMM waits for it only before it ends). A CTA that
  * requantized adds one to the state's generation after its writes, and the GEMM, which read
- * weights meanwhile, reads them again (kernels/grouped.cu, store_moved). Tested on the GPU by tests/gpu/test_grouped.c
- * (store_refresh_modes: every weight scale, whole, one-row and one-element changes, sampled lines,
- * slices outside the call; store_refresh_rounds: clusters of several slices;
- * grouped_after_refresh: the GEMM that follows a refresh), the launch on the CPU by
+ * weights meanwhile, reads them again (kernels/grouped.cu, store_moved). Tested on the GPU by
+ * tests/gpu/test_grouped.c (store_refresh_modes: every weight scale, whole, one-row and one-element
+ * changes, sampled lines, slices outside the call; store_refresh_rounds: clusters of several
+ * slices; grouped_after_refresh and grouped_many_segments: grouped calls that run a refresh, the GEMM
+ * beside it and after it), the launch on the CPU by
  * tests/cpu/test_shim_engine.c. */
 
 /* Where this thread stands: its cluster, its CTA's rank in it, its number in the CTA. */
