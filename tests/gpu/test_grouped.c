@@ -141,18 +141,24 @@ static int in_sample(uint64_t line, uint64_t lines, unsigned step) {
   return 0;
 }
 
-/* The refresh of e's store from e's weights (row stride ld) on its own (state, step, offs and m
- * as mt_wstore_refresh_args says). */
+/* The refresh of e's store from e's weights (row stride ld; state, step, offs and m as
+ * mt_wstore_refresh_args says). */
+static mt_wstore_refresh_args refresh_of(const experts *e, size_t ld, void *state, unsigned step,
+                                         const int32_t *offs, int m) {
+  return (mt_wstore_refresh_args){.w = e->dev,
+                                  .type = MT_DTYPE_BF16,
+                                  .ldw = ld,
+                                  .ws = &e->ws,
+                                  .state = state,
+                                  .step = step,
+                                  .offs = offs,
+                                  .m = m};
+}
+
+/* ... run on its own. */
 static int refresh_store(const experts *e, size_t ld, void *state, unsigned step,
                          const int32_t *offs, int m) {
-  const mt_wstore_refresh_args r = {.w = e->dev,
-                                    .type = MT_DTYPE_BF16,
-                                    .ldw = ld,
-                                    .ws = &e->ws,
-                                    .state = state,
-                                    .step = step,
-                                    .offs = offs,
-                                    .m = m};
+  const mt_wstore_refresh_args r = refresh_of(e, ld, state, step, offs, m);
   return mt_wstore_refresh(&r, NULL);
 }
 
@@ -426,14 +432,8 @@ static int run_offs_after(const problem *p, const experts *e, int bn, size_t ldy
                        .workspace = ws,
                        .workspace_bytes = ws_bytes,
                        .bn = bn};
-  const mt_wstore_refresh_args r = {.w = e->dev,
-                                    .type = MT_DTYPE_BF16,
-                                    .ldw = e->ld,
-                                    .ws = &e->ws,
-                                    .state = rf ? rf->state : NULL,
-                                    .step = rf ? rf->step : 0,
-                                    .offs = doffs,
-                                    .m = m};
+  const mt_wstore_refresh_args r =
+      refresh_of(e, e->ld, rf ? rf->state : NULL, rf ? rf->step : 0, doffs, m);
   a.refresh = rf ? &r : NULL;
   MT(mt_gemm_grouped(&a, NULL));
   CU(sync_check());
