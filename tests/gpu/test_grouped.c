@@ -399,39 +399,55 @@ typedef struct {
   unsigned step;
 } refresh_first;
 
+/* The grouped call of p on e (offsets doffs on the device) with token tile bn into dy (ldy), its
+ * workspace ws of ws_bytes. */
+static mt_grouped_args offs_call(const problem *p, const experts *e, int bn, size_t ldy,
+                                 enum mt_dtype ytype, const int32_t *doffs, void *dy, void *ws,
+                                 size_t ws_bytes) {
+  return (mt_grouped_args){.nseg = p->nseg,
+                           .n = e->n,
+                           .k = e->k,
+                           .w = &e->ws,
+                           .offs = doffs,
+                           .m = p->m > 0 ? p->m : 1,
+                           .x = p->dx,
+                           .ldx = p->ld,
+                           .xtype = p->fp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16,
+                           .y = dy,
+                           .ldy = ldy,
+                           .ytype = ytype,
+                           .alpha = 1.0f,
+                           .workspace = ws,
+                           .workspace_bytes = ws_bytes,
+                           .bn = bn};
+}
+
+/* p's cumulative row ends on the device (NULL on a failure). */
+static int32_t *dev_offs(const problem *p) {
+  int32_t *offs_h = malloc((size_t)p->nseg * 4), *doffs = dev_alloc((size_t)p->nseg * 4);
+  for (int s = 0; s < p->nseg; s++)
+    offs_h[s] = p->start[s] + p->rows[s];
+  if (doffs &&
+      cudaMemcpy(doffs, offs_h, (size_t)p->nseg * 4, cudaMemcpyHostToDevice) != cudaSuccess)
+    doffs = NULL;
+  free(offs_h);
+  return doffs;
+}
+
 /* Run the grouped GEMM of p on e (offsets on the device) with token tile bn into a fresh y of
  * m x ldy (poisoned; its first state in y0), the call running e's refresh `rf` first
  * (mt_grouped_args.refresh); returns 0 on a failure (reported). */
 static int run_offs_after(const problem *p, const experts *e, int bn, size_t ldy,
                           enum mt_dtype ytype, uint16_t *y0, uint16_t *y, const refresh_first *rf) {
   int ok = 0, m = p->m > 0 ? p->m : 1;
-  int32_t *offs_h = malloc((size_t)p->nseg * 4);
-  for (int s = 0; s < p->nseg; s++)
-    offs_h[s] = p->start[s] + p->rows[s];
   size_t ws_bytes = mt_grouped_workspace_bytes(m, e->k, &e->num);
-  void *doffs = dev_alloc((size_t)p->nseg * 4), *dy = dev_alloc((size_t)m * ldy * 2),
-       *ws = dev_alloc(ws_bytes);
+  int32_t *doffs = dev_offs(p);
+  void *dy = dev_alloc((size_t)m * ldy * 2), *ws = dev_alloc(ws_bytes);
   if (!doffs || !dy || !ws)
     goto out;
-  CU(cudaMemcpy(doffs, offs_h, (size_t)p->nseg * 4, cudaMemcpyHostToDevice));
   CHECK(poison(dy, (size_t)m * ldy * 2) && poison(ws, ws_bytes));
   CU(cudaMemcpy(y0, dy, (size_t)m * ldy * 2, cudaMemcpyDeviceToHost));
-  mt_grouped_args a = {.nseg = p->nseg,
-                       .n = e->n,
-                       .k = e->k,
-                       .w = &e->ws,
-                       .offs = doffs,
-                       .m = m,
-                       .x = p->dx,
-                       .ldx = p->ld,
-                       .xtype = p->fp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16,
-                       .y = dy,
-                       .ldy = ldy,
-                       .ytype = ytype,
-                       .alpha = 1.0f,
-                       .workspace = ws,
-                       .workspace_bytes = ws_bytes,
-                       .bn = bn};
+  mt_grouped_args a = offs_call(p, e, bn, ldy, ytype, doffs, dy, ws, ws_bytes);
   const mt_wstore_refresh_args r =
       refresh_of(e, e->ld, rf ? rf->state : NULL, rf ? rf->step : 0, doffs, m);
   a.refresh = rf ? &r : NULL;
@@ -440,7 +456,6 @@ static int run_offs_after(const problem *p, const experts *e, int bn, size_t ldy
   CU(cudaMemcpy(y, dy, (size_t)m * ldy * 2, cudaMemcpyDeviceToHost));
   ok = 1;
 out:
-  free(offs_h);
   return ok;
 }
 
@@ -1180,12 +1195,99 @@ static void grouped_after_refresh(void) {
     }
 }
 
+/* Grouped calls on one store and state back to back, nothing between them on the stream but an
+ * in-place change: at token tile 8 (two CTAs an SM) a GEMM lets the next call's kernels start while
+ * it runs, so the next call's quantizer counts itself in the state, and its refresh reads the
+ * store, as soon as this call has ended (kernels/engine.h). Every slice changed in place (rotated:
+ * slice s takes slice s + 1's), then two calls of 15 rows (the GEMM beside the refresh), the
+ * weights put back by an asynchronous copy, two calls more: each output bitwise equal to the same
+ * GEMM run alone on its weights, which matches the reference, and the calls end (no GEMM waiting
+ * for its activations' count is held for good by the next call's quantizer: a variant whose
+ * quantizer counted itself before its wait, and whose GEMM let the next call start before it had
+ * read its count, hung here). Token tiles 8 and 128 (one CTA an SM: the next call starts as the
+ * GEMM ends); every store numerics, frozen-sampled (and frozen on one). */
+static void grouped_back_to_back(void) {
+  NEED_GPU();
+  enum { E = 8, N = 512, K = 2048, CALLS = 4 };
+  static const int rows[E] = {1, 3, 2, 1, 2, 3, 1, 2};
+  for (int v = 0; v < NKINDS(store_nums); v++)
+    for (int c = 0; c < (v ? 2 : 4); c++) {
+      const int bn = c & 1 ? 128 : 8, sampled = !(c & 2);
+      const refresh_first rf = {dev_alloc(mt_refresh_state_bytes(E)), sampled ? MT_SAMPLE_STEP : 1};
+      experts e = {0};
+      problem p = {0};
+      mt_nvfp4 *rot = malloc(E * sizeof *rot);
+      uint16_t *y0 = NULL, *y = NULL, *alone[2] = {NULL, NULL};
+      if (!rf.state || !make_experts_of(&e, E, N, K, &store_nums[v], 0, 0, 1) ||
+          !make_problem(&p, E, rows, K, store_nums[v].act_scale, 0, NULL, 0)) {
+        CHECK(0);
+        goto out;
+      }
+      const size_t ybytes = (size_t)p.m * N * 2, wslice = (size_t)N * K;
+      const size_t ws_bytes = mt_grouped_workspace_bytes(p.m, K, &e.num);
+      y0 = malloc(ybytes), y = malloc(ybytes), alone[0] = malloc(ybytes), alone[1] = malloc(ybytes);
+      void *orig = dev_alloc(E * wslice * 2), *ws = dev_alloc(ws_bytes), *dy[CALLS];
+      int32_t *doffs = dev_offs(&p);
+      for (int i = 0; i < CALLS; i++)
+        dy[i] = dev_alloc(ybytes);
+      char what[96];
+      snprintf(what, sizeof what, "%s, weights %s S %s, bn %d",
+               sampled ? "frozen-sampled" : "frozen", mt_scale_name(store_nums[v].weight_scale),
+               mt_wblock_name(store_nums[v].weight_block), bn);
+      CHECK(orig && ws && doffs && dy[CALLS - 1]);
+      if (!orig || !ws || !doffs || !dy[CALLS - 1])
+        goto out;
+      CU(cudaMemset(rf.state, 0, mt_refresh_state_bytes(E)));
+      MT(refresh_store(&e, e.ld, rf.state, rf.step, NULL, 0));
+      CU(cudaMemcpy(orig, e.dev, E * wslice * 2, cudaMemcpyDeviceToDevice));
+      for (int sl = 0; sl < E; sl++) {
+        CU(cudaMemcpy((uint16_t *)e.dev + sl * wslice, e.host + (sl + 1) % E * wslice, wslice * 2,
+                      cudaMemcpyHostToDevice));
+        rot[sl] = e.ref[(sl + 1) % E];
+      }
+      const mt_wstore_refresh_args r = refresh_of(&e, e.ld, rf.state, rf.step, doffs, p.m);
+      for (int i = 0; i < CALLS; i++) {
+        if (i == CALLS / 2)
+          CU(cudaMemcpyAsync(e.dev, orig, E * wslice * 2, cudaMemcpyDeviceToDevice, NULL));
+        mt_grouped_args a = offs_call(&p, &e, bn, N, MT_DTYPE_BF16, doffs, dy[i], ws, ws_bytes);
+        a.refresh = &r;
+        MT(mt_gemm_grouped(&a, NULL));
+      }
+      CU(sync_check());
+      /* the same GEMMs alone: the weights put back, then rotated again */
+      if (!run_offs(&p, &e, bn, N, MT_DTYPE_BF16, y0, alone[1]))
+        goto out;
+      for (int sl = 0; sl < E; sl++)
+        CU(cudaMemcpy((uint16_t *)e.dev + sl * wslice, e.host + (sl + 1) % E * wslice, wslice * 2,
+                      cudaMemcpyHostToDevice));
+      MT(refresh_store(&e, e.ld, rf.state, rf.step, NULL, 0));
+      CU(sync_check());
+      if (!run_offs(&p, &e, bn, N, MT_DTYPE_BF16, y0, alone[0]))
+        goto out;
+      experts er = e;
+      er.ref = rot;
+      check_segments(&p, &er, alone[0], y0, N, MT_DTYPE_BF16, NULL, what);
+      check_segments(&p, &e, alone[1], y0, N, MT_DTYPE_BF16, NULL, what);
+      for (int i = 0; i < CALLS; i++) {
+        CU(cudaMemcpy(y, dy[i], ybytes, cudaMemcpyDeviceToHost));
+        CHECKF(!memcmp(y, alone[i >= CALLS / 2], ybytes),
+               "%s: call %d of %d back to back differs from it alone", what, i + 1, CALLS);
+      }
+    out:
+      free(y0), free(y), free(alone[0]), free(alone[1]), free(rot);
+      free_problem(&p);
+      free_experts(&e);
+      dev_free_all();
+    }
+}
+
 int main(void) {
   seed_rng();
   RUN(store_slices);
   RUN(store_refresh_modes);
   RUN(store_refresh_rounds);
   RUN(grouped_after_refresh);
+  RUN(grouped_back_to_back);
   RUN(grouped_accuracy);
   RUN(grouped_widths);
   RUN(grouped_bitwise);
