@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kernels/driver.h"
+#include "kernels/wcheck.h"
 #include "kernels/wstore.h"
 
 /* CTAs of about this many threads; a row (per-row S) may take up to 512. */
@@ -161,21 +162,34 @@ int mt_quantize_dependent(const mt_quant_params *p, mt_stream stream) {
   return p->store ? MT_ERR_UNSUPPORTED : quantize(p, 0, 1, stream);
 }
 
+/* A sampled refresh's cluster size: as few CTAs as give each warp of a slice's cluster at most one
+ * run of 32 of the sample's lines (a lane a line: kernels/quant.cu, hash_shares), so that the check
+ * stays one trip to memory, at most 8 (portable). Fewer CTAs leave more of the SMs to the call's
+ * GEMM, which runs beside the refresh or starts once its lines are read: Qwen3's layer served at
+ * 1 to 128 tokens 4-14% faster with clusters of 2 or 4 than of 8 (lab/NOTES.md, "The sampled
+ * refresh's clusters"); a changed slice is requantized by its cluster alone, so slower. */
+static unsigned sampled_cluster(const mt_quant_params *p, const launch_shape *s, unsigned step) {
+  const uint64_t lines = (uint64_t)p->batch_rows * (uint64_t)((p->cols / 8 + 7) / 8);
+  const uint64_t runs = (mt_wcheck_items(lines, step) + 31) / 32, warps = s->block_x * s->block_y / 32;
+  unsigned size = 1;
+  while (size < 8 && size * warps < runs) size *= 2;
+  return size;
+}
+
 /* A refresh's clusters (kernels/quant.cu, refresh_store): a full check (step 1) of 16 CTAs where the
  * device runs them (a slice's share of the CTAs is what bounds the stream of few slices: one
- * token's), a sampled one, and any where the device runs none of 16, of 8 (portable: the sample's
- * trips and barriers take longer across 16); one a slice the call can cover (a segment with rows
- * has at least one of the call's m), at most as many as the device runs at once (a second wave
- * would wait for the first). */
-static void refresh_clusters(CUfunction f, const launch_shape *s, unsigned smem, unsigned covered, unsigned step,
-                             unsigned *size, unsigned *clusters) {
-  *size = step > 1 ? 8 : 16;
+ * token's), a sampled one as sampled_cluster says, and any where the device runs none of 16, of 8;
+ * one a slice the call can cover (a segment with rows has at least one of the call's m), at most as
+ * many as the device runs at once (a second wave would wait for the first). */
+static void refresh_clusters(CUfunction f, const mt_quant_params *p, const launch_shape *s, unsigned smem,
+                             unsigned covered, unsigned step, unsigned *size, unsigned *clusters) {
+  *size = step > 1 ? sampled_cluster(p, s, step) : 16;
   int fit = mt_cluster_capacity(f, *size, s->block_x, s->block_y, smem);
   if (fit <= 0 && *size > 8) {
     *size = 8;
     fit = mt_cluster_capacity(f, *size, s->block_x, s->block_y, smem);
   }
-  if (fit <= 0) fit = mt_sm_count() / 8 > 0 ? mt_sm_count() / 8 : 1; /* one CTA an SM */
+  if (fit <= 0) fit = mt_sm_count() / (int)*size > 0 ? mt_sm_count() / (int)*size : 1; /* one CTA an SM */
   *clusters = (unsigned)fit < covered ? (unsigned)fit : covered;
 }
 
@@ -198,7 +212,7 @@ int mt_quantize_refresh(const mt_refresh_args *a, int tile16, mt_stream stream) 
   if (status != MT_OK) return status;
   const unsigned smem = a->offs ? 4 * slices : 0;
   unsigned size, clusters;
-  refresh_clusters(f, &s, smem, covered, a->step, &size, &clusters);
+  refresh_clusters(f, p, &s, smem, covered, a->step, &size, &clusters);
   mt_refresh_args k = *a;
   k.grid_y = (int32_t)s.grid_y;
   return mt_launch_clusters(f, size, clusters, s.block_x, s.block_y, smem, a->chained != MT_REFRESH_ALONE, stream, &k);

@@ -917,7 +917,7 @@ static int check_frozen_launches(int t, const uint16_t *w, unsigned step, int be
 /* A strided batch under frozen: one store for the three weights (back to back), its refresh over
  * all of them (every round: the kernel finds what changed), in clusters of 16 CTAs (the function
  * allowed a non-portable size first: the fake refuses the launch otherwise), or of 8 where the
- * device runs none of 16 (FAKE_CUDA_MAX_CLUSTER=8) and under frozen-sampled; 8 tokens a problem
+ * device runs none of 16 (FAKE_CUDA_MAX_CLUSTER=8), of one under frozen-sampled; 8 tokens a problem
  * (the GEMM beside the refresh), then 32 (the GEMM waiting for it). */
 static void scenario_frozen_batch(void) {
   int tokens = 8;
@@ -933,10 +933,11 @@ static void scenario_frozen_batch(void) {
                  : "alloc memset104 alloc tmap " LOAD_ALL
                    " mt_quant_row_bf16_nb1+pdl mt_refresh_tensor_store_bf16+pdl smem " BATCH_GEMM);
     int r = check_frozen_launches(t, w, step, 1);
-    /* clusters of 16 CTAs (8 on a device that runs no cluster of 16, or for a sample), as many
-     * as the (fake) device runs at once: 2 for the 3 slices */
+    /* clusters of 16 CTAs (8 on a device that runs no cluster of 16; for a sample, as many as
+     * give each warp one run of 32 lines: a slice of 256 x 512 has one run, so 1), as many as the
+     * (fake) device runs at once: 2 for the 3 slices */
     const char *max = getenv("FAKE_CUDA_MAX_CLUSTER");
-    const unsigned size = (max && atoi(max) < 16) || step > 1 ? 8 : 16;
+    const unsigned size = step > 1 ? 1 : max && atoi(max) < 16 ? 8 : 16;
     CHECKF(r >= 0 && event(r)->cluster == size && event(r)->grid[0] == size * 2 &&
                event(r)->block[0] * event(r)->block[1] % 32 == 0,
            "clusters of %u, grid %u, want clusters of %u", r >= 0 ? event(r)->cluster : 0,
@@ -1341,7 +1342,7 @@ static void frozen_grouped_store(void) {
   mt_t_check_child("frozen_batch, clusters of 8", &r);
   check_counts(&r, 3, NULL);
   mt_t_child_free(&r);
-  /* a sampled refresh: clusters of 8 */
+  /* a sampled refresh: clusters of one CTA (the sample's one run of lines a slice) */
   const char *sampled[] = {"MINITE_WEIGHT_CACHE=frozen-sampled", NULL};
   run_child("frozen_batch", sampled, &r);
   mt_t_check_child("frozen_batch, frozen-sampled", &r);

@@ -177,6 +177,9 @@ static void store_refresh_modes(void) {
     /* a CTA a row in the store quantizer (224 threads); 16x16 tiles: 14 blocks of columns */
     store_refresh_case(128, 7168, &store_nums[v]);
   }
+  /* a sample of 16 runs of 32 lines a slice: frozen-sampled's clusters of two CTAs (quant.c,
+   * sampled_cluster; the shapes above take one) */
+  store_refresh_case(1024, 2048, &store_nums[0]);
 }
 
 static void store_refresh_case(int N, int K, const mt_numerics *num) {
