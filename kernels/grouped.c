@@ -174,9 +174,9 @@ int mt_grouped_bn(int m, int nseg) {
 
 /* Whether the call's GEMM runs beside its refresh (MT_REFRESH_BESIDE): at most BESIDE_ROWS rows,
  * per-row S (the activations' quantizer one kernel, launched dependent). Else the GEMM waits for the
- * refresh before its K loops: from 16 tokens of Qwen3's layer (128 rows) the refresh's clusters
- * fill the SMs, the GEMM's CTAs wait for them either way, and beside it the layer took 0.5-2% longer
- * (lab/NOTES.md, "The GEMM beside the refresh"). */
+ * refresh before its K loops: beside it above 64 rows, Qwen3's layer took 0.6-1.6% longer at 16-64
+ * tokens (gained 2.6% at 128 alone) and DeepSeek's 3% at 16 and 128 (lab/NOTES.md, "The sampled
+ * refresh's clusters"). */
 #define BESIDE_ROWS 64
 static int gemm_beside_refresh(const mt_grouped_args *a) {
   return a->refresh && a->w->num.act_scale == MT_SCALE_ROW && a->m <= BESIDE_ROWS;
