@@ -176,14 +176,25 @@ static unsigned sampled_cluster(const mt_quant_params *p, const launch_shape *s,
   return size;
 }
 
-/* A refresh's clusters (kernels/quant.cu, refresh_store): a full check (step 1) of 16 CTAs where the
- * device runs them (a slice's share of the CTAs is what bounds the stream of few slices: one
- * token's), a sampled one as sampled_cluster says, and any where the device runs none of 16, of 8;
- * one a slice the call can cover (a segment with rows has at least one of the call's m), at most as
- * many as the device runs at once (a second wave would wait for the first). */
+/* A full check (step 1) takes clusters of 16 CTAs (a slice's share of the CTAs is what bounds the
+ * stream of few slices: one token's), a sampled one as sampled_cluster says. */
+static unsigned cluster_size(const mt_quant_params *p, const launch_shape *s, unsigned step) {
+  return step > 1 ? sampled_cluster(p, s, step) : 16;
+}
+
+unsigned mt_refresh_cluster(const mt_quant_params *p, int tile16, unsigned step) {
+  launch_shape s;
+  if (!p || !p->store || !params_ok(p, tile16) || pick_store_shape(p, tile16, &s) != MT_OK) return 0;
+  return cluster_size(p, &s, step);
+}
+
+/* A refresh's clusters (kernels/quant.cu, refresh_store): of cluster_size's CTAs, or 8 where the
+ * device runs none of 16; one a slice the call can cover (a segment with rows has at least one of
+ * the call's m), at most as many as the device runs at once (a second wave would wait for the
+ * first). */
 static void refresh_clusters(CUfunction f, const mt_quant_params *p, const launch_shape *s, unsigned smem,
                              unsigned covered, unsigned step, unsigned *size, unsigned *clusters) {
-  *size = step > 1 ? sampled_cluster(p, s, step) : 16;
+  *size = cluster_size(p, s, step);
   int fit = mt_cluster_capacity(f, *size, s->block_x, s->block_y, smem);
   if (fit <= 0 && *size > 8) {
     *size = 8;

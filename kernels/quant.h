@@ -92,6 +92,12 @@ int mt_quantize_dependent(const mt_quant_params *p, mt_stream stream);
 /* The refresh of a->q's store (the store mode, 1x16 blocks or 16x16 tiles): one launch, as
  * a->chained says. Launches only. */
 int mt_quantize_refresh(const mt_refresh_args *a, int tile16, mt_stream stream);
+
+/* The CTAs a cluster of that refresh takes, with the check's sample `step`, where the device runs
+ * clusters of that size (else 8): 16 for a full check, for a sample as few as give each warp one
+ * run of 32 of its lines, at most 8 (quant.c). 0 where p is no store the refresh takes. Host code:
+ * no device needed. */
+unsigned mt_refresh_cluster(const mt_quant_params *p, int tile16, unsigned step);
 #endif
 
 #endif

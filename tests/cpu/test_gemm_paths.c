@@ -1,14 +1,15 @@
-/* test_gemm_paths.c — AUTO's choice of GEMM path (kernels/gemm.c: mt_gemm_auto_path) and the large
- * path's choice of tile (mt_gemm_large_tile) on the benchmark shapes, against what make bench
- * measured best on the H200 (lab/NOTES.md), and the refusals of a forced path
- * that cannot take a call. No GPU: the choices are host code, and the refusals come before any
- * launch. */
+/* test_gemm_paths.c — AUTO's choice of GEMM path (kernels/gemm.c: mt_gemm_auto_path), the large
+ * path's choice of tile (mt_gemm_large_tile) and a store refresh's cluster size
+ * (kernels/quant.c: mt_refresh_cluster) on the benchmark shapes, against what the benchmarks
+ * measured best (lab/NOTES.md), and the refusals of a forced path that cannot take a call. No GPU:
+ * the choices are host code, and the refusals come before any launch. */
 #include <stdio.h>
 #include <string.h>
 
 #include "kernels/engine.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_args.h"
+#include "kernels/quant.h"
 #include "tests/harness.h"
 
 enum { F = MT_PATH_FUSED, L = MT_PATH_LARGE };
@@ -102,6 +103,39 @@ static void large_tiles_on_the_benchmark_shapes(void) {
     }
 }
 
+/* A store refresh's clusters on the benchmark layers' weights (128 or 256 slices): a full check 16
+ * CTAs a slice; a sampled one as few as keep each warp at one run of 32 sampled lines, at most 8:
+ * Qwen3's gate_up has 24 runs a slice, its down 12, DeepSeek's 224 and 112, over 8 warps a CTA
+ * (per-tensor S, 1x16 blocks or 16x16 tiles) or 4 (per-row S: a CTA spans a row's pairs of
+ * blocks) (lab/NOTES.md, "The sampled refresh's clusters"); 0 for what is no store. */
+static void refresh_clusters_on_the_benchmark_shapes(void) {
+  static const struct {
+    const char *name;
+    int slices, n, k;
+    unsigned sampled, sampled_row; /* per-tensor S, per-row S */
+  } w[] = {{"qwen3 gate_up", 128, 1536, 2048, 4, 8},
+           {"qwen3 down", 128, 2048, 768, 2, 4},
+           {"dsv3 gate_up", 256, 4096, 7168, 8, 8},
+           {"dsv3 down", 256, 7168, 2048, 8, 8},
+           {"one run a slice", 3, 256, 512, 1, 1}};
+  for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+    for (int v = 0; v < 3; v++) { /* per-tensor S, per-row S, 16x16 tiles */
+      mt_quant_params p = {.rows = w[i].slices * w[i].n,
+                           .cols = w[i].k,
+                           .row_outer = v == 1,
+                           .batch_rows = w[i].n,
+                           .store = (uint8_t *)16};
+      const unsigned want = v == 1 ? w[i].sampled_row : w[i].sampled;
+      const unsigned full = mt_refresh_cluster(&p, v == 2, 1),
+                     sampled = mt_refresh_cluster(&p, v == 2, MT_SAMPLE_STEP);
+      CHECKF(full == 16 && sampled == want,
+             "%s, numerics %d: clusters of %u and %u, want 16 and %u", w[i].name, v, full, sampled,
+             want);
+    }
+  mt_quant_params none = {.rows = 256, .cols = 512, .batch_rows = 256};
+  CHECK(mt_refresh_cluster(&none, 0, MT_SAMPLE_STEP) == 0 && mt_refresh_cluster(NULL, 0, 1) == 0);
+}
+
 /* Every choice is a tile some kernel has: 128 x 256..64 or 64 x 64..32; a forced height or width
  * is kept, and a pair no kernel has is {0, 0}. */
 /* One box a stage and operand (mt_gemm_kpair) on the benchmark shapes' 64-token tiles where the
@@ -159,6 +193,7 @@ int main(void) {
   RUN(large_tiles_on_the_benchmark_shapes);
   RUN(kpair_where_the_loop_outlasts_the_ring);
   RUN(large_tiles_exist);
+  RUN(refresh_clusters_on_the_benchmark_shapes);
   RUN(forced_paths_refused);
   return mt_test_done();
 }
