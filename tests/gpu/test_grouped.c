@@ -162,6 +162,22 @@ static int refresh_store(const experts *e, size_t ld, void *state, unsigned step
   return mt_wstore_refresh(&r, NULL);
 }
 
+/* e's weights changed in place, every slice: slice s takes slice s + 1's (from the host copy);
+ * rot, where given, gets the rotated slices' references. */
+static cudaError_t rotate_slices(const experts *e, mt_nvfp4 *rot) {
+  for (int sl = 0; sl < e->count; sl++) {
+    const int from = (sl + 1) % e->count;
+    cudaError_t err =
+        cudaMemcpy((uint16_t *)e->dev + (size_t)sl * e->stride, e->host + (size_t)from * e->stride,
+                   e->stride * 2, cudaMemcpyHostToDevice);
+    if (err != cudaSuccess)
+      return err;
+    if (rot)
+      rot[sl] = e->ref[from];
+  }
+  return cudaSuccess;
+}
+
 /* The frozen refresh of a store (mt_wstore_refresh) against in-place changes of its weights, slice
  * by slice: the whole tensor, one row, one element in a sampled line, one outside the sample, and
  * a change in a slice the call does not use (segment offsets giving it no rows) that the next
@@ -1165,7 +1181,7 @@ static void grouped_after_refresh(void) {
           CHECK(0);
           goto out;
         }
-        const size_t ybytes = (size_t)p.m * N * 2, wslice = (size_t)N * K;
+        const size_t ybytes = (size_t)p.m * N * 2;
         y0 = malloc(ybytes), y = malloc(ybytes), alone = malloc(ybytes);
         char what[128];
         snprintf(what, sizeof what, "%s, %d rows, activations %s S, weights %s S %s, bn %d",
@@ -1173,11 +1189,7 @@ static void grouped_after_refresh(void) {
                  mt_scale_name(num.weight_scale), mt_wblock_name(num.weight_block), bn);
         CU(cudaMemset(rf.state, 0, mt_refresh_state_bytes(E)));
         MT(refresh_store(&e, e.ld, rf.state, rf.step, NULL, 0));
-        for (int sl = 0; sl < E; sl++) { /* slice s takes slice s + 1's weights */
-          CU(cudaMemcpy((uint16_t *)e.dev + sl * wslice, e.host + (sl + 1) % E * wslice, wslice * 2,
-                        cudaMemcpyHostToDevice));
-          rot[sl] = e.ref[(sl + 1) % E];
-        }
+        CU(rotate_slices(&e, rot));
         if (!run_offs_after(&p, &e, bn, N, MT_DTYPE_BF16, y0, y, &rf) ||
             !run_offs(&p, &e, bn, N, MT_DTYPE_BF16, y0, alone))
           goto out;
@@ -1226,32 +1238,30 @@ static void grouped_back_to_back(void) {
         CHECK(0);
         goto out;
       }
-      const size_t ybytes = (size_t)p.m * N * 2, wslice = (size_t)N * K;
+      const size_t ybytes = (size_t)p.m * N * 2, wbytes = (size_t)E * N * K * 2;
       const size_t ws_bytes = mt_grouped_workspace_bytes(p.m, K, &e.num);
       y0 = malloc(ybytes), y = malloc(ybytes), alone[0] = malloc(ybytes), alone[1] = malloc(ybytes);
-      void *orig = dev_alloc(E * wslice * 2), *ws = dev_alloc(ws_bytes), *dy[CALLS];
+      void *orig = dev_alloc(wbytes), *ws = dev_alloc(ws_bytes), *dy[CALLS];
       int32_t *doffs = dev_offs(&p);
+      int have = orig && ws && doffs;
       for (int i = 0; i < CALLS; i++)
-        dy[i] = dev_alloc(ybytes);
+        have &= (dy[i] = dev_alloc(ybytes)) != NULL;
       char what[96];
       snprintf(what, sizeof what, "%s, weights %s S %s, bn %d",
                sampled ? "frozen-sampled" : "frozen", mt_scale_name(store_nums[v].weight_scale),
                mt_wblock_name(store_nums[v].weight_block), bn);
-      CHECK(orig && ws && doffs && dy[CALLS - 1]);
-      if (!orig || !ws || !doffs || !dy[CALLS - 1])
+      if (!have) {
+        CHECK(0);
         goto out;
+      }
       CU(cudaMemset(rf.state, 0, mt_refresh_state_bytes(E)));
       MT(refresh_store(&e, e.ld, rf.state, rf.step, NULL, 0));
-      CU(cudaMemcpy(orig, e.dev, E * wslice * 2, cudaMemcpyDeviceToDevice));
-      for (int sl = 0; sl < E; sl++) {
-        CU(cudaMemcpy((uint16_t *)e.dev + sl * wslice, e.host + (sl + 1) % E * wslice, wslice * 2,
-                      cudaMemcpyHostToDevice));
-        rot[sl] = e.ref[(sl + 1) % E];
-      }
+      CU(cudaMemcpy(orig, e.dev, wbytes, cudaMemcpyDeviceToDevice));
+      CU(rotate_slices(&e, rot));
       const mt_wstore_refresh_args r = refresh_of(&e, e.ld, rf.state, rf.step, doffs, p.m);
       for (int i = 0; i < CALLS; i++) {
         if (i == CALLS / 2)
-          CU(cudaMemcpyAsync(e.dev, orig, E * wslice * 2, cudaMemcpyDeviceToDevice, NULL));
+          CU(cudaMemcpyAsync(e.dev, orig, wbytes, cudaMemcpyDeviceToDevice, NULL));
         mt_grouped_args a = offs_call(&p, &e, bn, N, MT_DTYPE_BF16, doffs, dy[i], ws, ws_bytes);
         a.refresh = &r;
         MT(mt_gemm_grouped(&a, NULL));
@@ -1260,9 +1270,7 @@ static void grouped_back_to_back(void) {
       /* the same GEMMs alone: the weights put back, then rotated again */
       if (!run_offs(&p, &e, bn, N, MT_DTYPE_BF16, y0, alone[1]))
         goto out;
-      for (int sl = 0; sl < E; sl++)
-        CU(cudaMemcpy((uint16_t *)e.dev + sl * wslice, e.host + (sl + 1) % E * wslice, wslice * 2,
-                      cudaMemcpyHostToDevice));
+      CU(rotate_slices(&e, NULL));
       MT(refresh_store(&e, e.ld, rf.state, rf.step, NULL, 0));
       CU(sync_check());
       if (!run_offs(&p, &e, bn, N, MT_DTYPE_BF16, y0, alone[0]))
