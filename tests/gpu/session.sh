@@ -12,7 +12,7 @@
 #              warp MMAs, every token-tile width and the n256 kernel's split, strided and
 #              pointer-array segments, NaN rows, the store's refresh in clusters and the
 #              grouped calls that run it, the GEMM beside it and after it, over one launch and
-#              two; its layer cases add only size)
+#              two, and back to back; its layer cases add only size)
 #   torch      the Python GPU tests through make gputest (TORCH_LIMIT, default 420);
 #              GPU_PY="tests/gpu/test_a.py ..." narrows them
 #   bench      make bench; its JSON files into the logs
@@ -72,7 +72,7 @@ for s in $steps; do
         build/tests/gpu/test_kernels
     step sanitize-grouped "${SANITIZE_LIMIT:-300}" env \
         MT_TEST_ONLY="grouped_few_rows grouped_widths grouped_strided grouped_pointer_arrays grouped_nan \
-store_refresh_modes store_refresh_rounds grouped_after_refresh grouped_many_segments" \
+store_refresh_modes store_refresh_rounds grouped_after_refresh grouped_many_segments grouped_back_to_back" \
         compute-sanitizer --tool memcheck --error-exitcode 99 build/tests/gpu/test_grouped ;;
   bench) step bench 400 make bench && cp build/bench.json build/bench_moe.json build/bench_moe_torch.json "$out/" 2>/dev/null ;;
   benchshim) step benchshim 120 make bench-shim ;;
