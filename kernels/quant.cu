@@ -190,43 +190,76 @@ __device__ __forceinline__ float block_coef(uint32_t amax_bits, float s_over_6, 
   return sb_code == 0 ? 0.0f : __frcp_rn(__fmul_rn(sb, inv_s));
 }
 
-/* Rows r = bx * TY + ty; thread tx owns blocks by * TX * NB + tx + j * TX (the launch's CTA
- * (blockIdx.x, blockIdx.y), or the refresh's: refresh_store). ROW: S from the row's amax (the
- * launcher makes one CTA span the whole row); else S from the amax word (or *amax_at, where given).
- * TILE: 16x16 tiles, TY == 16, the tile's amax through shared memory. STORE (NB even): the output
- * is the weight store p.store instead; thread tx owns the pairs of blocks
- * by * TX * NB / 2 + tx + i * TX (blocks j = 2i and 2i + 1 of its NB), over the rows and pairs of
- * each slice the layout pads to: rows past a slice's p.batch_rows load as zero, so their codes and
- * scales are 0 (their S is not written). */
-template <bool FP16, int NB, bool ROW, bool TILE, bool STORE = false, bool PTRS = false>
-__device__ __forceinline__ void quantize(const mt_quant_params &p, int bx, int by, const uint32_t *amax_at = nullptr) {
-  /* the same for the whole grid: no barrier is left waiting */
-  if (!STORE && p.only_if && *p.only_if == 0) return;
-  const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x;
-  const int nblk = p.cols >> 4;
-  const int r_all = bx * blockDim.y + ty;
-  /* the store mode's slice e and its row rl; elsewhere r is the row */
-  const int e = STORE ? r_all / slice_rows(p) : 0, rl = STORE ? r_all % slice_rows(p) : r_all;
-  const int r = STORE ? e * p.batch_rows + rl : r_all;
-  const bool row_ok = STORE ? rl < p.batch_rows && r < p.rows : r < p.rows;
-  const int b0 = by * (TX * NB) + tx;
-  auto block_of = [&](int j) { return STORE ? 2 * (by * (TX * NB / 2) + tx + (j >> 1) * TX) + (j & 1) : b0 + j * TX; };
-  const char *xrow = x_row<PTRS>(p, row_ok ? r : 0);
+/* Where a thread's part of one CTA-sized block of rows and columns lies: row r (in the store mode
+ * row rl of slice e), the block of columns by, and x's row (any row of the matrix where !row_ok:
+ * nothing is loaded from it). */
+struct block_at {
+  int e, rl, r, by;
+  bool row_ok;
+  const char *xrow;
+};
 
-  uint32_t w[NB][8], amax_b[NB];
+/* The store mode's block at row rl of slice e: rows past the slice's p.batch_rows (its padding to
+ * whole bands) are not rows of x. */
+template <bool PTRS>
+__device__ __forceinline__ block_at slice_block_at(const mt_quant_params &p, int e, int rl, int by) {
+  const int r = e * p.batch_rows + rl;
+  const bool ok = rl < p.batch_rows && r < p.rows;
+  if constexpr (PTRS) return {e, rl, r, by, ok, x_row<true>(p, ok ? r : 0)};
+  /* x_row's arithmetic with e and rl known: no division */
+  const size_t at = (size_t)e * (size_t)p.batch_stride + (size_t)(ok ? rl : 0) * (size_t)p.ldx;
+  return {e, rl, r, by, ok, (const char *)p.x + at * 2};
+}
+
+/* The launch's CTA (bx, by): rows r = bx * TY + ty (in the store mode over the slices' padded rows). */
+template <bool STORE, bool PTRS>
+__device__ __forceinline__ block_at block_at_of(const mt_quant_params &p, int bx, int by) {
+  const int r_all = bx * blockDim.y + threadIdx.y;
+  if constexpr (STORE) return slice_block_at<PTRS>(p, r_all / slice_rows(p), r_all % slice_rows(p), by);
+  return {0, r_all, r_all, by, r_all < p.rows, x_row<PTRS>(p, r_all < p.rows ? r_all : 0)};
+}
+
+/* Thread tx's j-th block of the block of columns by: by * TX * NB + tx + j * TX, or in the store
+ * mode (NB even) the pairs by * TX * NB / 2 + tx + i * TX (blocks j = 2i and 2i + 1). */
+template <int NB, bool STORE> __device__ __forceinline__ int block_index(int by, int j) {
+  const int tx = threadIdx.x, TX = blockDim.x;
+  return STORE ? 2 * (by * (TX * NB / 2) + tx + (j >> 1) * TX) + (j & 1) : by * (TX * NB) + tx + j * TX;
+}
+
+/* The thread's NB blocks of 16 values (zero past the row or outside x). */
+template <int NB, bool STORE, bool PTRS>
+__device__ __forceinline__ void load_blocks(const mt_quant_params &p, const block_at &at, uint32_t (&w)[NB][8]) {
+  const int nblk = p.cols >> 4;
 #pragma unroll
   for (int j = 0; j < NB; j++) {
-    const int b = block_of(j);
+    const int b = block_index<NB, STORE>(at.by, j);
     uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
-    if (row_ok && b < nblk) {
-      const char *src = xrow + (size_t)b * 32;
+    if (at.row_ok && b < nblk) {
+      const char *src = at.xrow + (size_t)b * 32;
       v0 = load16(src, PTRS);
       v1 = load16(src + 16, PTRS);
     }
     w[j][0] = v0.x, w[j][1] = v0.y, w[j][2] = v0.z, w[j][3] = v0.w;
     w[j][4] = v1.x, w[j][5] = v1.y, w[j][6] = v1.z, w[j][7] = v1.w;
-    amax_b[j] = block_amax_bits<FP16>(w[j]);
   }
+}
+
+/* The thread's loaded blocks w of `at` quantized (block_index's blocks). ROW: S from the row's amax
+ * (the launcher makes one CTA span the whole row); else S from the amax word (or *amax_at, where
+ * given). TILE: 16x16 tiles, TY == 16, the tile's amax through shared memory. STORE: the output is
+ * the weight store p.store instead, over the rows and pairs of each slice the layout pads to: rows
+ * past a slice's p.batch_rows loaded as zero, so their codes and scales are 0 (their S is not
+ * written). Every thread of the CTA calls it (ROW and TILE meet at barriers). */
+template <bool FP16, int NB, bool ROW, bool TILE, bool STORE>
+__device__ __forceinline__ void quantize_loaded(const mt_quant_params &p, const block_at &at,
+                                                const uint32_t (&w)[NB][8], const uint32_t *amax_at) {
+  const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x;
+  const int nblk = p.cols >> 4, by = at.by, e = at.e, rl = at.rl, r = at.r;
+  const bool row_ok = at.row_ok;
+  auto block_of = [&](int j) { return block_index<NB, STORE>(by, j); };
+  uint32_t amax_b[NB];
+#pragma unroll
+  for (int j = 0; j < NB; j++) amax_b[j] = block_amax_bits<FP16>(w[j]);
 
   float *outer = STORE ? slice_outer(p, e) : p.outer;
   float S;
@@ -249,7 +282,7 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p, int bx, int b
     /* per tensor: the amax word after S (the store's slice, or p.amax) */
     if (!amax_at) amax_at = STORE ? (const uint32_t *)(outer + 1) : p.amax;
     S = outer_scale(__uint_as_float(*amax_at));
-    if (by == 0 && tx == 0 && (STORE ? rl == 0 : r_all == 0)) outer[0] = S;
+    if (by == 0 && tx == 0 && rl == 0) outer[0] = S;
   }
 
   if (TILE) { /* TY == 16: the 16 rows of a CTA are one row of tiles (a slice's rows are whole tiles) */
@@ -315,6 +348,17 @@ __device__ __forceinline__ void quantize(const mt_quant_params &p, int bx, int b
     if (p.codes) *(uint2 *)(p.codes + row_base / 2 + (size_t)b * 8) = make_uint2(cd[0], cd[1]);
     if (p.scales) p.scales[row_base / 16 + b] = (uint8_t)sb_code;
   }
+}
+
+/* The CTA (bx, by)'s block (the launch's, or the refresh's: refresh_store). */
+template <bool FP16, int NB, bool ROW, bool TILE, bool STORE = false, bool PTRS = false>
+__device__ __forceinline__ void quantize(const mt_quant_params &p, int bx, int by) {
+  /* the same for the whole grid: no barrier is left waiting */
+  if (!STORE && p.only_if && *p.only_if == 0) return;
+  const block_at at = block_at_of<STORE, PTRS>(p, bx, by);
+  uint32_t w[NB][8];
+  load_blocks<NB, STORE, PTRS>(p, at, w);
+  quantize_loaded<FP16, NB, ROW, TILE, STORE>(p, at, w, nullptr);
 }
 
 /* The store mode's CTAs: one block of blockDim.y rows (a block lies within one slice: quant.c)
@@ -398,7 +442,7 @@ template <bool FP16, bool PTRS> __device__ __forceinline__ void amax_pass(const 
  * (kernels/whash.cuh), the cluster adds the shares in distributed shared memory and compares each
  * sum with the hash kept at the slice's last quantization. Unchanged: nothing more. Changed (or
  * never quantized): the cluster takes the slice's amax the same way (per-tensor S), quantizes its
- * blocks as the store quantizer would (bit for bit: the same quantize<>), and keeps the new hash. A
+ * blocks as the store quantizer would (bit for bit: the same quantize_loaded), and keeps the new hash. A
  * slice's words are touched by its cluster only, so nothing is counted, listed or reset across the
  * grid: a refresh that finds nothing changed is one launch, one read of the segment ends, one of
  * the sample (all of a cluster's slices at once) and two cluster barriers. On its own it ends
@@ -502,19 +546,45 @@ template <bool FP16> __device__ uint32_t slice_amax_share(const mt_quant_params 
 }
 
 /* Slice e's requantization by the cluster (found changed): its amax the way the check's sums were
- * combined (per-tensor S), then its blocks of rows and columns dealt to the CTAs in turn. */
+ * combined (per-tensor S), then its blocks of rows and columns dealt to the CTAs in turn. A CTA's
+ * blocks are a chain of trips to memory, with two warps a scheduler to hide them, so the next
+ * block's loads are issued before this one is quantized where both fit the registers (NB == 2:
+ * 32 values a thread). */
 template <bool FP16, int NB, bool ROW, bool TILE>
 __device__ void requantize(const mt_refresh_args &a, int e, uint64_t *amax_slot, const cluster_at &c) {
   const mt_quant_params &p = a.q;
-  const int per_slice = slice_rows(p) / blockDim.y;
+  const int per_slice = slice_rows(p) / blockDim.y, blocks = per_slice * a.grid_y;
   uint32_t amax = 0;
   if (!ROW) {
     amax = (uint32_t)cluster_combine<true>(c, amax_slot, slice_amax_share<FP16>(p, e, c));
     if (c.rank == 0 && c.tid == 0) *(uint32_t *)(slice_outer(p, e) + 1) = amax; /* as the amax pass leaves it */
   }
-  for (int b = c.rank; b < per_slice * a.grid_y; b += c.size) {
-    quantize<FP16, NB, ROW, TILE, true, false>(p, e * per_slice + b % per_slice, b / per_slice, &amax);
+  constexpr bool kAhead = NB == 2;
+  /* block b: the rows (b % per_slice) * TY.. of the slice, the columns' block b / per_slice */
+  int b = c.rank, rb = b % per_slice, by = b / per_slice;
+  auto at_of = [&]() { return slice_block_at<false>(p, e, rb * (int)blockDim.y + (int)threadIdx.y, by); };
+  auto step = [&]() {
+    b += c.size, rb += c.size;
+    for (; rb >= per_slice; rb -= per_slice) by++;
+  };
+  if (b >= blocks) return;
+  block_at at = at_of();
+  uint32_t w[NB][8], w_next[NB][8];
+  load_blocks<NB, true, false>(p, at, w);
+  for (;;) {
+    step();
+    const bool more = b < blocks;
+    const block_at at_next = more ? at_of() : at;
+    if (kAhead && more) load_blocks<NB, true, false>(p, at_next, w_next);
+    quantize_loaded<FP16, NB, ROW, TILE, true>(p, at, w, &amax);
     __syncthreads(); /* one block's shared memory before the next's */
+    if (!more) return;
+    if (!kAhead) load_blocks<NB, true, false>(p, at_next, w_next);
+    at = at_next;
+#pragma unroll
+    for (int j = 0; j < NB; j++)
+#pragma unroll
+      for (int k = 0; k < 8; k++) w[j][k] = w_next[j][k];
   }
 }
 
