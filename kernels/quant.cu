@@ -437,26 +437,27 @@ template <bool FP16, bool PTRS> __device__ __forceinline__ void amax_pass(const 
 
 /* ---- a store's refresh: the check and the requantization of changed slices in one launch -------
  *
- * A cluster of CTAs (16 for a full check, 8 for a sampled one or where the device runs no cluster
- * of 16: quant.c) owns every G-th covered slice: its CTAs hash their share of the slices' lines
- * (kernels/whash.cuh), the cluster adds the shares in distributed shared memory and compares each
- * sum with the hash kept at the slice's last quantization. Unchanged: nothing more. Changed (or
- * never quantized): the cluster takes the slice's amax the same way (per-tensor S), quantizes its
- * blocks as the store quantizer would (bit for bit: the same quantize_loaded), and keeps the new hash. A
- * slice's words are touched by its cluster only, so nothing is counted, listed or reset across the
- * grid: a refresh that finds nothing changed is one launch, one read of the segment ends, one of
- * the sample (all of a cluster's slices at once) and two cluster barriers. On its own it ends
- * before what follows it starts. In a grouped call (between its activations' quantizer and its
- * GEMM: kernels/grouped.c) it runs beside the quantizer, which it waits for only at its end, and
- * lets the GEMM start once its lines are read (MT_REFRESH_CHAINED: the GEMM waits for it before its
- * K loops) or at once (MT_REFRESH_BESIDE: the GEMM waits for it only before it ends). A CTA that
- * requantized adds one to the state's generation after its writes, and the GEMM, which read
- * weights meanwhile, reads them again (kernels/grouped.cu, store_moved). Tested on the GPU by
- * tests/gpu/test_grouped.c (store_refresh_modes: every weight scale, whole, one-row and one-element
- * changes, sampled lines, slices outside the call; store_refresh_rounds: clusters of several
- * slices; grouped_after_refresh and grouped_many_segments: grouped calls that run a refresh, the GEMM
- * beside it and after it), the launch on the CPU by
- * tests/cpu/test_shim_engine.c. */
+ * A cluster of CTAs (16 for a full check, 8 where the device runs no cluster of 16; for a sampled
+ * one as few as keep the sample one trip a warp, at most 8: quant.c) owns every G-th covered slice:
+ * its CTAs hash their share of the slices' lines (kernels/whash.cuh), the cluster adds the shares
+ * in distributed shared memory and compares each sum with the hash kept at the slice's last
+ * quantization. Unchanged: nothing more. Changed (or never quantized): the cluster takes the
+ * slice's amax the same way (per-tensor S), quantizes its blocks as the store quantizer would (bit
+ * for bit: the same quantize_loaded), and keeps the new hash. A slice's words are touched by its
+ * cluster only, so nothing is counted, listed or reset across the grid: a refresh that finds
+ * nothing changed is one launch, one read of the segment ends, one of the sample (all of a
+ * cluster's slices at once) and two cluster barriers. On its own it ends before what follows it
+ * starts. In a grouped call (between its activations' quantizer and its GEMM: kernels/grouped.c) it
+ * runs beside the quantizer, which it waits for only at its end, and lets the GEMM start once its
+ * lines are read (MT_REFRESH_CHAINED: the GEMM waits for it before its K loops) or at once
+ * (MT_REFRESH_BESIDE: the GEMM waits for it only before it ends). A CTA that requantized adds one
+ * to the state's generation after its writes, and the GEMM, which read weights meanwhile, reads
+ * them again (kernels/grouped.cu, store_moved). Tested on the GPU by tests/gpu/test_grouped.c
+ * (store_refresh_modes: every weight scale, whole, one-row and one-element changes, sampled lines,
+ * slices outside the call; store_refresh_rounds: clusters of several slices; grouped_after_refresh
+ * and grouped_many_segments: grouped calls that run a refresh, the GEMM beside it and after it),
+ * the launch on the CPU by tests/cpu/test_shim_engine.c.
+ */
 
 /* Where this thread stands: its cluster, its CTA's rank in it, its number in the CTA. */
 struct cluster_at {
