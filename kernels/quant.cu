@@ -548,7 +548,7 @@ template <bool FP16> __device__ uint32_t slice_amax_share(const mt_quant_params 
 
 /* Slice e's requantization by the cluster (found changed): its amax the way the check's sums were
  * combined (per-tensor S), then its blocks of rows and columns dealt to the CTAs in turn. A CTA's
- * blocks are a chain of trips to memory, with two warps a scheduler to hide them, so the next
+ * blocks are a chain of trips to memory, with only two warps a scheduler to hide them, so the next
  * block's loads are issued before this one is quantized where both fit the registers (NB == 2:
  * 32 values a thread). */
 template <bool FP16, int NB, bool ROW, bool TILE>
