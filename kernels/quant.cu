@@ -47,9 +47,14 @@ __device__ __forceinline__ int batch_of_row(const mt_quant_params &p, int r, int
   return lo;
 }
 
-/* Row r's first byte of x: batch r / batch_rows lies batch_stride elements after the one before;
- * with batch_ptrs (PTRS: the _ptrs kernels, so that the others compile as if it did not exist),
- * each batch at its own base. */
+/* Row rl of batch e's first element of x, in elements: each batch batch_stride elements after the
+ * one before. */
+__device__ __forceinline__ size_t batch_row_at(const mt_quant_params &p, int e, int rl) {
+  return (size_t)e * (size_t)p.batch_stride + (size_t)rl * (size_t)p.ldx;
+}
+
+/* Row r's first byte of x: row r % batch_rows of batch r / batch_rows; with batch_ptrs (PTRS: the
+ * _ptrs kernels, so that the others compile as if it did not exist), each batch at its own base. */
 template <bool PTRS> __device__ __forceinline__ const char *x_row(const mt_quant_params &p, int r) {
   if constexpr (PTRS) {
     int e, rl;
@@ -62,8 +67,7 @@ template <bool PTRS> __device__ __forceinline__ const char *x_row(const mt_quant
     return (const char *)p.batch_ptrs[e] + (size_t)rl * (size_t)p.ldx * 2;
   }
   size_t at = (size_t)r * (size_t)p.ldx;
-  if (p.batch_rows)
-    at = (size_t)(r / p.batch_rows) * (size_t)p.batch_stride + (size_t)(r % p.batch_rows) * (size_t)p.ldx;
+  if (p.batch_rows) at = batch_row_at(p, r / p.batch_rows, r % p.batch_rows);
   return (const char *)p.x + at * 2;
 }
 
@@ -206,9 +210,8 @@ __device__ __forceinline__ block_at slice_block_at(const mt_quant_params &p, int
   const int r = e * p.batch_rows + rl;
   const bool ok = rl < p.batch_rows && r < p.rows;
   if constexpr (PTRS) return {e, rl, r, by, ok, x_row<true>(p, ok ? r : 0)};
-  /* x_row's arithmetic with e and rl known: no division */
-  const size_t at = (size_t)e * (size_t)p.batch_stride + (size_t)(ok ? rl : 0) * (size_t)p.ldx;
-  return {e, rl, r, by, ok, (const char *)p.x + at * 2};
+  /* e and rl known: no division */
+  return {e, rl, r, by, ok, (const char *)p.x + batch_row_at(p, e, ok ? rl : 0) * 2};
 }
 
 /* The launch's CTA (bx, by): rows r = bx * TY + ty (in the store mode over the slices' padded rows). */
