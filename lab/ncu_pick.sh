@@ -10,9 +10,10 @@
 # (one metric a launch), then profiles the first one that ran at least MIN_US µs on a grid of GRID
 # CTAs ("32" for (32, 1, 1); "any" for any grid) with the full section set and writes its
 # per-instruction counts (SASS, stall samples) as CSV. Clocks are left alone (--clock-control
-# none), as in tests/gpu/session.sh. Output in $OUT (or build/ncu-pick): launches.csv, pick.txt
-# (the chosen launch: its index among the matches, µs, grid), report.txt, sass.csv. COMMAND must run
-# the same launches in the same order both times (bench_moe and bench_kernels do).
+# none), as in tests/gpu/session.sh. Output in $OUT (or build/ncu-pick): launches.csv (and
+# launches.err), pick.txt (the chosen launch: its index among the matches, µs, grid),
+# report.ncu-rep (and report.log, COMMAND's output), report.txt, sass.csv. COMMAND must run the
+# same launches in the same order both times (bench_moe and bench_kernels do).
 set -u
 if [ $# -lt 5 ] || [ "$4" != "--" ]; then
   echo "usage: lab/ncu_pick.sh REGEX MIN_US GRID -- COMMAND..." >&2
