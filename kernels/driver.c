@@ -382,6 +382,17 @@ int mt_stream_foreign(CUstream stream) {
   return d->stream_get_ctx(stream, &its) == CUDA_SUCCESS && its && its != mine;
 }
 
+/* A thread's key is a number never given to another thread (an address of its own would come back
+ * with the next thread glibc gives the same stack), with its low bits set: a handle is a pointer,
+ * 8-aligned, or a small constant (the legacy and per-thread default streams). */
+uintptr_t mt_stream_key(CUstream stream) {
+  static atomic_uintptr_t threads;
+  static _Thread_local uintptr_t mine;
+  if (stream != CU_STREAM_PER_THREAD) return (uintptr_t)stream;
+  if (!mine) mine = (atomic_fetch_add(&threads, 1) + 1) << 4 | 0x7;
+  return mine;
+}
+
 int mt_device_sm90(void) {
   const mt_driver *d = mt_driver_get();
   return d && device_is_sm90(d);

@@ -10,6 +10,7 @@
 
 #include <cuda.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* X(field, declared name (typed by cuda.h), exported symbol) */
 #define MT_DRIVER_FUNCTIONS(X)                                                                                         \
@@ -32,7 +33,10 @@
   X(memset_d2d32_async, cuMemsetD2D32Async, "cuMemsetD2D32Async")                                                      \
   X(ctx_synchronize, cuCtxSynchronize, "cuCtxSynchronize")                                                             \
   X(stream_synchronize, cuStreamSynchronize, "cuStreamSynchronize")                                                    \
-  X(memcpy_dtoh_async, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")
+  X(memcpy_dtoh_async, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")                                                      \
+  X(event_create, cuEventCreate, "cuEventCreate")                                                                      \
+  X(event_record, cuEventRecord, "cuEventRecord")                                                                      \
+  X(stream_wait_event, cuStreamWaitEvent, "cuStreamWaitEvent")
 
 /* Entry points the engine works without (NULL when the driver lacks them): context IDs (CUDA 12.0),
  * stream-ordered allocation (11.2), pointer attributes, the thread's capture mode, host memory
@@ -94,6 +98,11 @@ void mt_ctx_fork_unlock(void);
  * a call). 0 when the stream is the current context's (the legacy and per-thread default streams
  * always are) or the driver cannot say (no cuStreamGetCtx). */
 int mt_stream_foreign(CUstream stream);
+
+/* A key that tells streams apart, for state kept per stream (never passed to the driver): the
+ * handle, but for the per-thread default stream, one handle for a stream per thread, a key of the
+ * calling thread's own, never another thread's. */
+uintptr_t mt_stream_key(CUstream stream);
 
 /* The current context's device: its ordinal (as the process numbers them, after
  * CUDA_VISIBLE_DEVICES) and PCI address ("0000:19:00.0"; "" when unknown), which names the GPU

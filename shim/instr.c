@@ -305,7 +305,7 @@ static int run_probe(const mt_instr_call *ic, CUdeviceptr scratch, mt_instr_prob
 
 /* Can the scratch serve this stream now (see the file comment)? Under scratch_lock. */
 static int scratch_free(mt_iw_context *c, CUstream stream) {
-  if (!c->scratch_used || c->scratch_stream == stream)
+  if (!c->scratch_used || c->scratch_stream == mt_stream_key(stream))
     return 1;
   /* the slot may have been published again since: its sequence only grows */
   return (int32_t)(__atomic_load_n(c->scratch_slot->flag, __ATOMIC_ACQUIRE) - c->scratch_seq) >= 0;
@@ -550,7 +550,7 @@ void mt_instr_after(const mt_instr_call *ic) {
   }
   if (got && (got & (MT_IW_PROBE | MT_IW_SHADOW))) {
     c->scratch_used = 1;
-    c->scratch_stream = (CUstream)ic->call->stream;
+    c->scratch_stream = mt_stream_key((CUstream)ic->call->stream);
     c->scratch_slot = s;
     c->scratch_seq = s->seq;
   }

@@ -71,7 +71,7 @@ struct mt_iw_context {
   size_t host_size;
   pthread_mutex_t scratch_lock; /* the five fields below, and the scratch's contents */
   size_t scratch_bytes;
-  CUstream scratch_stream;  /* last user of the scratch */
+  uintptr_t scratch_stream; /* last user of the scratch (kernels/driver.h: mt_stream_key) */
   mt_iw_slot *scratch_slot; /* ... whose publication ends that use */
   uint32_t scratch_seq;
   int scratch_used;

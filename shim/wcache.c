@@ -1,9 +1,12 @@
 /* wcache.c — the engine's device memory per CUDA context (see wcache.h).
  *
- * Locks: one per context (its tables: scratch slots, frozen entries) and one per scratch buffer
- * (the lease a call holds while it enqueues its launches). A context lock is never taken while a
- * lease is held, except by context_of when it drops a destroyed context's state (it takes each
- * lease in turn, after the context lock): the order is context, then lease.
+ * Locks: one per context (its tables: scratch slots, frozen entries), one per context for the
+ * calls on its kept weights (taken with the weight's lookup, held until the call's release, so
+ * that one call's wait, launches and event on a weight are never interleaved with another
+ * thread's), and one per scratch buffer (the lease a call holds while it enqueues its launches).
+ * A context lock is never taken while the others are held, except by context_of when it drops a
+ * destroyed context's state (it waits for the kept-weight lock, then takes each lease in turn):
+ * the order is context, kept, lease.
  */
 #include "shim/wcache.h"
 
@@ -27,14 +30,26 @@ typedef struct {
   pthread_mutex_t lock;     /* the lease */
   unsigned long long owner; /* the context ID this slot belongs to; 0: dropped */
   CUstream stream;
+  uintptr_t key; /* the stream's (kernels/driver.h: mt_stream_key) */
   CUdeviceptr mem;
   size_t bytes;
 } scratch;
+
+/* The calls that use one kept weight (a frozen entry or store), in the order their launches were
+ * enqueued: a call on another stream than the last one's waits for that call's event first, so
+ * that no two calls check, requantize or read the weight at once (its check's state and its
+ * quantized data are one, shared by every stream). */
+typedef struct {
+  CUevent done;   /* recorded after the last call's launches; NULL until one is */
+  int pending;    /* a call's end is in `done`: a call on another stream waits for it */
+  uintptr_t last; /* that call's stream (kernels/driver.h: mt_stream_key) */
+} order;
 
 typedef struct {
   mt_weight_ref ref;
   CUdeviceptr mem; /* quantized weight, then the refresh state */
   mt_qweight q;
+  order order;
 } entry;
 
 /* A grouped weight's store under weight_cache = frozen: a few per layer, searched in order. */
@@ -43,10 +58,12 @@ typedef struct {
   mt_wgroup_ref ref;
   CUdeviceptr mem; /* the store, then the refresh state */
   mt_wstore store;
+  order order;
 } gentry;
 
 typedef struct {
   pthread_mutex_t lock;
+  pthread_mutex_t kept;  /* held by a call on a kept weight from its lookup to its release */
   unsigned long long id; /* the context (kernels/driver.h); 0: none yet */
   scratch scratch[MAX_STREAMS];
   int nscratch;
@@ -77,6 +94,7 @@ static atomic_int engine_used, forked_after_use; /* CUDA does not survive a fork
 static void init_locks(void) {
   for (int i = 0; i < MT_MAX_CONTEXTS; i++) {
     pthread_mutex_init(&contexts[i].lock, NULL);
+    pthread_mutex_init(&contexts[i].kept, NULL);
     for (int j = 0; j < MAX_STREAMS; j++)
       pthread_mutex_init(&contexts[i].scratch[j].lock, NULL);
   }
@@ -172,10 +190,12 @@ static size_t round_up(size_t v) { return (v + ALIGN - 1) / ALIGN * ALIGN; }
 /* Forget what belonged to a destroyed context: its memory went with it, so nothing is freed;
  * a call of that context still holding a lease ends first. Under the context's lock. */
 static void context_drop(context *c) {
+  pthread_mutex_lock(&c->kept); /* a call on one of its kept weights ends first */
+  pthread_mutex_unlock(&c->kept);
   for (int i = 0; i < c->nscratch; i++) {
     scratch *s = &c->scratch[i];
     pthread_mutex_lock(&s->lock);
-    s->owner = 0, s->stream = NULL, s->mem = 0, s->bytes = 0;
+    s->owner = 0, s->stream = NULL, s->key = 0, s->mem = 0, s->bytes = 0;
     pthread_mutex_unlock(&s->lock);
   }
   c->nscratch = 0;
@@ -238,12 +258,13 @@ static void device_free(const mt_driver *d, CUdeviceptr p) {
 static scratch *scratch_lease(context *c, unsigned long long id, CUstream stream,
                               enum mt_reason *why) {
   scratch *s = NULL;
+  const uintptr_t key = mt_stream_key(stream);
   for (int i = 0; i < c->nscratch && !s; i++)
-    if (c->scratch[i].stream == stream)
+    if (c->scratch[i].key == key)
       s = &c->scratch[i];
   if (!s && c->nscratch < MAX_STREAMS) {
     s = &c->scratch[c->nscratch++];
-    s->stream = stream, s->owner = id, s->mem = 0, s->bytes = 0;
+    s->stream = stream, s->key = key, s->owner = id, s->mem = 0, s->bytes = 0;
   }
   pthread_mutex_unlock(&c->lock);
   if (!s) {
@@ -254,7 +275,7 @@ static scratch *scratch_lease(context *c, unsigned long long id, CUstream stream
     return NULL;
   }
   pthread_mutex_lock(&s->lock);
-  if (s->owner != id || s->stream != stream) { /* dropped meanwhile: the context is gone */
+  if (s->owner != id || s->key != key) { /* dropped meanwhile: the context is gone */
     pthread_mutex_unlock(&s->lock);
     *why = MT_R_NO_ENGINE;
     return NULL;
@@ -369,6 +390,57 @@ static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, 
   mt_qweight_bind(&e->q, w->n, w->k, &w->num, (void *)mem);
   c->nentries++;
   return e;
+}
+
+/* --- the order of a kept weight's calls ---------------------------------------------------- */
+
+/* A call on kept weight `o` outside a capture holds the context's kept-weight lock from here
+ * (under the context's lock) to mt_wcache_release. */
+static void order_take(context *c, order *o, mt_wcache_hold *hold) {
+  pthread_mutex_lock(&c->kept);
+  hold->kept = &c->kept;
+  hold->order = o;
+}
+
+/* The call's stream waits for the weight's last call where that ran on another stream. */
+static enum mt_reason order_wait(const mt_driver *d, mt_wcache_hold *hold) {
+  order *o = hold->order;
+  CUstream s = (CUstream)hold->stream;
+  if (o->pending && o->last != mt_stream_key(s) &&
+      d->stream_wait_event(s, o->done, 0) != CUDA_SUCCESS) {
+    MT_WARN_ONCE("could not order a routed GEMM after another stream's call on the same kept "
+                 "weight (cuStreamWaitEvent): such calls fall back to cuBLAS (reason \"engine "
+                 "error\")");
+    return MT_R_ENGINE;
+  }
+  hold->ordered = 1;
+  return MT_R_ROUTED;
+}
+
+/* After the call's launches: the weight's event recorded on the call's stream, for the next call
+ * on another. Without an event, the stream is waited for, so that no later call has to. */
+static void order_done(const mt_driver *d, mt_wcache_hold *hold) {
+  order *o = hold->order;
+  CUstream s = (CUstream)hold->stream;
+  if (!o->done) {
+    int relaxed = mt_capture_relax();
+    if (d->event_create(&o->done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+      o->done = NULL;
+    mt_capture_restore(relaxed);
+  }
+  o->last = mt_stream_key(s);
+  o->pending = o->done && d->event_record(o->done, s) == CUDA_SUCCESS;
+  if (o->pending)
+    return;
+  MT_WARN_ONCE("could not record the end of a routed GEMM on a kept weight (cuEventRecord): its "
+               "stream is waited for instead, so that a call on another stream finds it done");
+  int relaxed = mt_capture_relax();
+  CUresult r = d->stream_synchronize(s);
+  mt_capture_restore(relaxed);
+  if (r != CUDA_SUCCESS)
+    MT_WARN_ONCE("could not wait for a stream after a routed GEMM on a kept weight "
+                 "(cuStreamSynchronize): a call on another stream may check or requantize that "
+                 "weight while this one still reads it");
 }
 
 enum mt_reason mt_engine_reason(int status) {
@@ -501,9 +573,13 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   enum mt_reason why = MT_R_ROUTED;
   if (ws && qbytes && frozen)
     e = entry_get(d, c, w, capturing, stream, &why);
+  if (e && !capturing)
+    order_take(c, &e->order, &out->hold);
   CUdeviceptr mem = 0;
   enum mt_reason r =
       take_memory(d, c, &x, stream, ws, qbytes, e != NULL, why, capturing, &out->hold, &mem);
+  if (r == MT_R_ROUTED && out->hold.order)
+    r = order_wait(d, &out->hold);
   if (r != MT_R_ROUTED)
     return r;
   out->workspace = (void *)mem;
@@ -530,14 +606,21 @@ void mt_wcache_ran(const mt_wcache_hold *mem) {
 
 void mt_wcache_release(mt_wcache_hold *mem) {
   const mt_driver *d = mt_driver_get();
+  if (mem->ordered)
+    order_done(d, mem);
   if (mem->graph_mem && d &&
       d->mem_free_async((CUdeviceptr)mem->graph_mem, (CUstream)mem->stream) != CUDA_SUCCESS)
     MT_WARN_ONCE("could not free a captured call's graph memory (cuMemFreeAsync): the graph keeps "
                  "it until it is destroyed");
   if (mem->lease)
     pthread_mutex_unlock(&((scratch *)mem->lease)->lock);
+  if (mem->kept)
+    pthread_mutex_unlock(mem->kept);
   mem->graph_mem = 0;
   mem->lease = NULL;
+  mem->kept = NULL;
+  mem->order = NULL;
+  mem->ordered = 0;
 }
 
 /* --- grouped calls ------------------------------------------------------------------------- */
@@ -625,9 +708,13 @@ enum mt_reason mt_wcache_prepare_grouped(const mt_wgroup_ref *w, int rows, mt_st
     count_pointer_arrays();
   else if (ws && sbytes && frozen)
     e = gentry_get(d, c, w, sbytes, capturing, stream, &why);
+  if (e && !capturing)
+    order_take(c, &e->order, &out->hold);
   CUdeviceptr mem = 0;
   enum mt_reason r = take_memory(d, c, &x, stream, ws ? ws + extra : 0, sbytes, e != NULL, why,
                                  capturing, &out->hold, &mem);
+  if (r == MT_R_ROUTED && out->hold.order)
+    r = order_wait(d, &out->hold);
   if (r != MT_R_ROUTED)
     return r;
   out->workspace = (void *)mem;

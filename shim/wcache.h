@@ -32,14 +32,19 @@
  * MINITE_CACHE_MB bounds the entries of each context (not the scratch): each GPU has its own
  * memory, so a process driving several GPUs may keep that much on each; past it, weights are requantized in
  * scratch instead. An entry is made outside captures only: a weight first seen inside a capture
- * is requantized into the graph's memory at every replay (correct, slower). An entry is shared by
- * every stream, and so is its check's state: two streams checking one entry at the same moment
- * (nothing orders them on the GPU) mix their sums (a per-call weight), which costs requantizations
- * of identical bytes, and after a change of the weight may leave both streams' quantizations
- * skipped (one stream's check stores the new hash before the other's compares it), or let one
- * stream read a store's slice that the other's refresh still writes (it keeps the new hash from
- * one CTA of the slice's cluster while the others may still quantize): a stale weight. A state
- * per stream (the quantized data shared) would close that; not done here.
+ * is requantized into the graph's memory at every replay (correct, slower).
+ *
+ * An entry is shared by every stream, its check's state and its quantized data alike, so its calls
+ * run one at a time on the GPU: a call on another stream than the entry's last call first makes
+ * its stream wait for that call's end (cuStreamWaitEvent), and every call records the entry's
+ * event after its launches (one cuEventRecord a call); the context's kept-weight lock, held from
+ * the entry's lookup to the release, keeps one thread's wait, launches and record together.
+ * Unordered, two streams would mix their checks' sums and could read a slice the other still
+ * requantizes: a stale weight. Streams are told apart by kernels/driver.h's mt_stream_key (two
+ * threads' per-thread default streams are two streams, each with its own scratch, kept after the
+ * thread ends: 64 streams a context have scratch, calls on more fall back). Calls inside a
+ * capture neither wait (the other stream's work would join the graph) nor record: a graph's
+ * replay checks the entry whenever it runs, ordered only as the program orders that replay.
  *
  * State lives per context slot (kernels/driver.h mt_ctx): a context found destroyed has its state
  * dropped (its memory went with it). A process forked after the engine ran routes nothing (CUDA
@@ -69,6 +74,9 @@ typedef struct {
   uint64_t graph_mem;
   mt_stream stream;
   void *state; /* the context's state (its counters); NULL when none was found */
+  void *kept;  /* a kept weight's call: its context's lock, held; its order (shim/wcache.c) */
+  void *order;
+  int ordered; /* the stream waits for the weight's last call: the release records this one's end */
 } mt_wcache_hold;
 
 /* What one routed problem gets. */

@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <math.h>
 #include <stdio.h>
@@ -177,7 +178,8 @@ static const char *trace(int from) {
                                           [FAKE_EV_RECORD] = "record",
                                           [FAKE_EV_HOSTALLOC] = "hostalloc",
                                           [FAKE_EV_FREE_ASYNC] = "free_async",
-                                          [FAKE_EV_HOSTREG] = "hostreg"};
+                                          [FAKE_EV_HOSTREG] = "hostreg",
+                                          [FAKE_EV_WAIT] = "wait"};
       const char *w =
           e->kind >= 0 && e->kind < (int)(sizeof words / sizeof words[0]) ? words[e->kind] : NULL;
       used += (size_t)snprintf(s + used, sizeof s - used, "%s%s", sep, w ? w : "?");
@@ -531,7 +533,7 @@ static void scenario_frozen(void) {
   int t = now();
   expect_routed(&p, S1, &zero);
   CHECK_TRACE(t, "alloc memset48 alloc " LOAD_ALL " mt_wcheck memset4 mt_quant_amax_bf16 "
-                 "mt_quant_tensor_bf16 mt_gemm_pack " FEW_CALL_FIRST);
+                 "mt_quant_tensor_bf16 mt_gemm_pack " FEW_CALL_FIRST " record");
   CHECK(all_on(t, S1));
   int wc = find_launch(t, "mt_wcheck", 0), ms = find_kind(t, FAKE_EV_MEMSET, 0);
   const mt_wcheck_args *w = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
@@ -549,7 +551,7 @@ static void scenario_frozen(void) {
   /* the same weight again: the check and the conditional quantization, nothing allocated */
   t = now();
   expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, "mt_wcheck " WEIGHT_QUANT " " FEW_CALL);
+  CHECK_TRACE(t, "mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
   check_call_args(t, &p, p.y, NULL, 0.0f, dirty);
   wq = quant_args(find_launch(t, "mt_quant_tensor_bf16", 0));
   CHECK(wq && wq->xhat == entry_xhat);
@@ -557,7 +559,7 @@ static void scenario_frozen(void) {
   /* another weight of the same shape: a second entry */
   t = now();
   expect_routed(&q, S1, &zero);
-  CHECK_TRACE(t, "alloc memset48 mt_wcheck " WEIGHT_QUANT " " FEW_CALL);
+  CHECK_TRACE(t, "alloc memset48 mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
   wc = find_launch(t, "mt_wcheck", 0);
   w = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
   CHECK(w && w->w == q.w && mt_wcheck_list(w->state, 1) != dirty);
@@ -729,7 +731,7 @@ static void scenario_frozen_capture(void) {
   set_capturing(S1, 0);
   t = now();
   expect_routed(&q, S1, &zero);
-  CHECK_TRACE(t, "alloc memset48 mt_wcheck " WEIGHT_QUANT " " FEW_CALL);
+  CHECK_TRACE(t, "alloc memset48 mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
   check_driver_clean();
   unmake(&p), unmake(&q);
 }
@@ -929,9 +931,10 @@ static void scenario_frozen_batch(void) {
     int t = now();
     CHECK(strided_call(hook_strided, tokens, w, x, &zero, y, BATCH));
     CHECK_TRACE(
-        t, round ? BATCH_REFRESH " " BATCH_GEMM
+        t, round ? BATCH_REFRESH " " BATCH_GEMM " record"
                  : "alloc memset104 alloc tmap " LOAD_ALL
-                   " mt_quant_row_bf16_nb1+pdl mt_refresh_tensor_store_bf16+pdl smem " BATCH_GEMM);
+                   " mt_quant_row_bf16_nb1+pdl mt_refresh_tensor_store_bf16+pdl smem " BATCH_GEMM
+                   " record");
     int r = check_frozen_launches(t, w, step, 1);
     /* clusters of 16 CTAs (8 on a device that runs no cluster of 16; for a sample, as many as
      * give each warp one run of 32 lines: a slice of 256 x 512 has one run, so 1), as many as the
@@ -949,6 +952,190 @@ static void scenario_frozen_batch(void) {
   check_frozen_launches(t, w, step, 0);
   check_driver_clean();
   free(w), free(x), free(y), free(x32), free(y32);
+}
+
+/* --- a kept weight on several streams ------------------------------------------------------- */
+
+#define S3 ((CUstream)(uintptr_t)0x3000)
+
+static fake_cuda_fail_event_ops_fn fail_event_ops;
+
+/* The kinds of the log that order a kept weight's calls, and its launches. */
+static int order_kind(int kind) {
+  return kind == FAKE_EV_WAIT || kind == FAKE_EV_RECORD || kind == FAKE_EV_LAUNCH;
+}
+
+/* The call since `from` waited for the weight's event on stream s (first, before any launch) when
+ * `waits`, ran its launches on s and recorded the event on s last; the event, or 0. */
+static uint64_t check_ordered(int from, CUstream s, int waits, uint64_t ev) {
+  int first = from, last = now() - 1;
+  while (first <= last && !order_kind(event(first)->kind))
+    first++;
+  const fake_cuda_event *w = first <= last ? event(first) : NULL, *r = event(last);
+  CHECKF(!waits || (w && w->kind == FAKE_EV_WAIT && w->stream == s && (!ev || w->ptr == ev)),
+         "no wait on the stream before the call's launches");
+  CHECKF(waits || find_kind(from, FAKE_EV_WAIT, 0) < 0, "a wait where the last call was on the "
+                                                        "same stream");
+  CHECKF(r->kind == FAKE_EV_RECORD && r->stream == s && (!ev || r->ptr == ev),
+         "the call's last event is not the weight's record on its stream");
+  CHECK(find_kind(from, FAKE_EV_RECORD, 0) == last && all_on(from, s));
+  return r->kind == FAKE_EV_RECORD ? r->ptr : 0;
+}
+
+static void *call_on_per_thread_stream(void *arg) {
+  expect_routed((const problem *)arg, CU_STREAM_PER_THREAD, &zero);
+  return NULL;
+}
+
+/* Calls on one kept weight, stream after stream: each records the weight's event on its stream
+ * after its launches, and a call on another stream than the last one's waits for it first (two
+ * threads' per-thread default streams are two streams); a new entry, or a captured call, neither
+ * waits (a capture would join the other stream's work) nor records; a grouped store likewise. A
+ * failed record waits for the stream instead; a failed wait sends the call to cuBLAS. */
+static void scenario_streams(void) {
+  problem p = make(OUT, 8, OUT), q = make(OUT, 8, OUT);
+  fail_event_ops = (fake_cuda_fail_event_ops_fn)mt_t_sym(lib_cuda, "fake_cuda_fail_event_ops");
+  int t = now();
+  expect_routed(&p, S1, &zero);
+  const uint64_t ev = check_ordered(t, S1, 0, 0);
+  CHECK(ev != 0);
+  t = now();
+  expect_routed(&p, S1, &zero);
+  CHECK_TRACE(t, "mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
+  t = now();
+  expect_routed(&p, S2, &zero);
+  CHECK_TRACE(t, "alloc wait mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
+  check_ordered(t, S2, 1, ev);
+  t = now();
+  expect_routed(&p, S2, &zero);
+  check_ordered(t, S2, 0, ev);
+  t = now();
+  expect_routed(&p, S1, &zero);
+  check_ordered(t, S1, 1, ev);
+  t = now();
+  expect_routed(&q, S2, &zero); /* a new entry: nothing to wait for */
+  CHECK(check_ordered(t, S2, 0, 0) != ev);
+  set_capturing(S3, 1);
+  t = now();
+  expect_routed(&p, S3, &zero);
+  CHECK_TRACE(t, "alloc_async mt_wcheck " WEIGHT_QUANT " " FEW_CALL " free_async");
+  set_capturing(S3, 0);
+  /* each thread's per-thread default stream: its own scratch, and a wait */
+  t = now();
+  expect_routed(&p, CU_STREAM_PER_THREAD, &zero);
+  CHECK_TRACE(t, "alloc wait mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
+  check_ordered(t, CU_STREAM_PER_THREAD, 1, ev);
+  pthread_t other;
+  t = now();
+  CHECK(!pthread_create(&other, NULL, call_on_per_thread_stream, &p) && !pthread_join(other, NULL));
+  CHECK_TRACE(t, "alloc wait mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
+  check_ordered(t, CU_STREAM_PER_THREAD, 1, ev);
+  /* a thread started after that one ended (glibc may give it the same stack): another stream */
+  t = now();
+  CHECK(!pthread_create(&other, NULL, call_on_per_thread_stream, &p) && !pthread_join(other, NULL));
+  CHECK_TRACE(t, "alloc wait mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
+  /* the record fails: the stream is waited for, and the next call has nothing to wait for */
+  expect_routed(&p, S1, &zero);
+  fail_event_ops(1);
+  t = now();
+  expect_routed(&p, S1, &zero);
+  CHECK_TRACE(t, "mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record sync");
+  t = now();
+  expect_routed(&p, S2, &zero);
+  check_ordered(t, S2, 0, ev);
+  /* the wait fails: cuBLAS computes the call, nothing launched or recorded; the next one waits */
+  fail_event_ops(1);
+  t = now();
+  expect_fallback(&p, S1, &zero);
+  CHECK_TRACE(t, "wait");
+  t = now();
+  expect_routed(&p, S1, &zero);
+  check_ordered(t, S1, 1, ev);
+  /* a strided batch's store: the same order */
+  const int tokens = 8;
+  size_t sw = (size_t)OUT * IN, sx = (size_t)tokens * IN, sy = (size_t)OUT * tokens;
+  uint16_t *w = matrix(sw * BATCH), *x = matrix(sx * BATCH), *y = matrix(sy * BATCH);
+  set_stream(S1);
+  t = now();
+  CHECK(strided_call(hook_strided, tokens, w, x, &zero, y, BATCH));
+  const uint64_t gev = check_ordered(t, S1, 0, 0);
+  CHECK(gev != 0 && gev != ev);
+  set_stream(S2);
+  t = now();
+  CHECK(strided_call(hook_strided, tokens, w, x, &zero, y, BATCH));
+  CHECK_TRACE(t, "sync free alloc wait " BATCH_REFRESH " " BATCH_GEMM
+                 " record"); /* S2's scratch grows */
+  check_ordered(t, S2, 1, gev);
+  check_driver_clean();
+  free(w), free(x), free(y);
+  unmake(&p), unmake(&q);
+}
+
+enum { THREAD_CALLS = 64 };
+
+/* A thread's calls on the shared weight: its own cuBLAS handle, stream and operands. */
+typedef struct {
+  const uint16_t *w;
+  uint16_t *x, *y;
+  CUstream stream;
+  int routed;
+} caller;
+
+static void *calls_on(void *arg) {
+  caller *c = arg;
+  cublasHandle_t h;
+  __typeof__(&cublasCreate_v2) create = (__typeof__(create))mt_t_sym(lib_cublas, "cublasCreate_v2");
+  __typeof__(&cublasSetStream_v2) stream =
+      (__typeof__(stream))dlsym(lib_cublas, "cublasSetStream_v2");
+  if (create(&h) || stream(h, (cudaStream_t)c->stream))
+    return NULL;
+  for (int i = 0; i < THREAD_CALLS; i++)
+    c->routed += hook_gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, OUT, 8, IN, &one, c->w, CUDA_R_16BF, IN,
+                           c->x, CUDA_R_16BF, IN, &zero, c->y, CUDA_R_16BF, OUT, CUBLAS_COMPUTE_32F,
+                           CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+  return NULL;
+}
+
+/* Two threads call on one kept weight at once, each on its own stream: in the driver's log, every
+ * call's launches lie between two records of the weight's event, on one stream, and a call on
+ * another stream than the record before it starts with its wait (the kept-weight lock keeps one
+ * thread's wait, launches and record together). */
+static void scenario_streams_threads(void) {
+  uint16_t *w = matrix((size_t)OUT * IN);
+  caller c[2];
+  pthread_t th[2];
+  int t = now();
+  for (int i = 0; i < 2; i++) {
+    c[i] = (caller){w, matrix((size_t)8 * IN), matrix((size_t)8 * OUT), i ? S2 : S1, 0};
+    CHECK(!pthread_create(&th[i], NULL, calls_on, &c[i]));
+  }
+  for (int i = 0; i < 2; i++)
+    CHECK(!pthread_join(th[i], NULL) && c[i].routed == THREAD_CALLS);
+  CUstream last = NULL, cur = NULL;
+  int records = 0, switches = 0, waited = 0, bad = 0;
+  for (int i = t; i < now(); i++) {
+    const fake_cuda_event *e = event(i);
+    if (e->kind == FAKE_EV_WAIT) {
+      bad += cur != NULL || e->stream == last;
+      waited = 1, cur = e->stream;
+    } else if (e->kind == FAKE_EV_LAUNCH) {
+      if (!cur) {
+        bad += last && e->stream != last && !waited;
+        switches += last && e->stream != last;
+        cur = e->stream;
+      }
+      bad += e->stream != cur;
+    } else if (e->kind == FAKE_EV_RECORD) {
+      bad += e->stream != cur;
+      records++, last = cur, cur = NULL, waited = 0;
+    }
+  }
+  CHECKF(!bad && records == 2 * THREAD_CALLS, "%d events out of order, %d records", bad, records);
+  printf("#info stream switches %d\n", switches);
+  check_driver_clean();
+  free(w);
+  for (int i = 0; i < 2; i++)
+    free(c[i].x), free(c[i].y);
 }
 
 /* An Lt strided batch (BATCH_COUNT, STRIDED_BATCH_OFFSET) with a bias per problem
@@ -1260,6 +1447,8 @@ static const mt_t_scenario scenarios[] = {
     {"arrays", scenario_arrays},
     {"fp16", scenario_fp16},
     {"frozen_capture", scenario_frozen_capture},
+    {"streams", scenario_streams},
+    {"streams_threads", scenario_streams_threads},
     {"weight_quant_fail", scenario_weight_quant_fail},
     {"grouped_beta_partial", scenario_grouped_beta_partial},
 };
@@ -1551,6 +1740,26 @@ static void frozen_capture_needs_an_entry(void) {
 
 /* A failure inside the weight cache's preparation (a failed module load or quantization launch)
  * is warned about, as a failed GEMM launch is. */
+/* scenario_streams: one warning for the failed wait (its call in cuBLAS), one for the failed
+ * record (the stream waited for instead); scenario_streams_threads: every call in order. */
+static void kept_weights_ordered_across_streams(void) {
+  const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", NULL};
+  mt_t_child r;
+  run_child("streams", env, &r);
+  mt_t_check_child("streams", &r);
+  const char *reasons[] = {"engine error=1", NULL};
+  check_counts(&r, 16, reasons);
+  CHECKF(mt_t_count_of(r.err, " minite WARN ") == 2 && strstr(r.err, "cuStreamWaitEvent") &&
+             strstr(r.err, "cuEventRecord"),
+         "stderr: %s", r.err);
+  mt_t_child_free(&r);
+  const char *sampled[] = {"MINITE_WEIGHT_CACHE=frozen-sampled", NULL};
+  run_child("streams_threads", sampled, &r);
+  mt_t_check_child("streams_threads", &r);
+  check_counts(&r, 2 * 64, NULL);
+  mt_t_child_free(&r);
+}
+
 static void weight_quantization_failure_warns(void) {
   const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_quant_tensor_bf16:1", NULL};
   mt_t_child r;
@@ -1612,6 +1821,7 @@ static void tests(void) {
   RUN(pointer_arrays_skip_the_instruments);
   RUN(fp16_through_gemm_ex_64);
   RUN(frozen_capture_needs_an_entry);
+  RUN(kept_weights_ordered_across_streams);
   RUN(grouped_beta_failure_after_a_problem_ran);
   RUN(weight_quantization_failure_warns);
 }

@@ -17,6 +17,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -437,6 +438,11 @@ static void scenario_join(void) {
   unmake(&p);
 }
 
+static void *gemm_in_thread(void *p) {
+  CHECK(gemm(p, &zero) == CUBLAS_STATUS_SUCCESS);
+  return NULL;
+}
+
 /* The scratch of the shadow and probe serves another stream only once its last user's slot is
  * published: until then that stream's calls skip them ("busy"), never wait or order the streams. */
 static void scenario_busy(void) {
@@ -457,6 +463,15 @@ static void scenario_busy(void) {
   t = now();
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
   CHECK(find_launch(t, "mt_instr_shadow", 0) >= 0 && find_launch(t, "mt_instr_probe", 0) >= 0);
+  /* two threads' per-thread default streams are two streams */
+  hold_events(1);
+  set_stream(CU_STREAM_PER_THREAD);
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  pthread_t other;
+  t = now();
+  CHECK(!pthread_create(&other, NULL, gemm_in_thread, &p) && !pthread_join(other, NULL));
+  CHECK(find_launch(t, "mt_instr_shadow", 0) < 0 && find_launch(t, "mt_instr_probe", 0) < 0);
+  hold_events(0);
   check_clean();
   unmake(&p);
 }
@@ -752,9 +767,10 @@ static void scratch_busy_on_another_stream(void) {
   mt_t_child r;
   mt_t_run_child("busy", "busy", env, &r);
   mt_t_check_child("busy", &r);
-  CHECK(mt_t_json_int_in(r.summary, "\"shadow\": {\"rate\"", "busy") == 1 &&
-        mt_t_json_int_in(r.summary, "\"probe\": {\"rate\"", "busy") == 1);
-  CHECK(mt_t_json_int_in(r.summary, "\"digests\": {", "written") == 16);
+  CHECK(mt_t_json_int_in(r.summary, "\"shadow\": {\"rate\"", "busy") == 2 &&
+        mt_t_json_int_in(r.summary, "\"probe\": {\"rate\"", "busy") == 2);
+  CHECKF(mt_t_json_int_in(r.summary, "\"digests\": {", "written") == 24, "%ld",
+         mt_t_json_int_in(r.summary, "\"digests\": {", "written"));
   mt_t_child_free(&r);
 }
 

@@ -996,6 +996,14 @@ EXPORT CUresult cuEventDestroy_v2(CUevent ev) {
   return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
+static int fail_event_ops;
+
+EXPORT void fake_cuda_fail_event_ops(int n) {
+  pthread_mutex_lock(&lock);
+  fail_event_ops = n;
+  pthread_mutex_unlock(&lock);
+}
+
 EXPORT CUresult cuEventRecord(CUevent ev, CUstream stream) {
   pthread_mutex_lock(&lock);
   fake_event *e = fake_event_of(ev);
@@ -1003,11 +1011,31 @@ EXPORT CUresult cuEventRecord(CUevent ev, CUstream stream) {
   if (!e) {
     counts.invalid++;
     r = CUDA_ERROR_INVALID_HANDLE;
+  } else if (fail_event_ops > 0) {
+    fail_event_ops--;
+    r = CUDA_ERROR_LAUNCH_FAILED;
   } else {
     e->recorded = 1;
     e->recorder = pthread_self();
   }
   log_simple(FAKE_EV_RECORD, stream, (uint64_t)(uintptr_t)ev, 0, 0, r);
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+/* A wait on a capturing stream would join the capture to work outside it: the engine never asks
+ * for one (counted invalid). */
+EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent ev, unsigned int flags) {
+  pthread_mutex_lock(&lock);
+  CUresult r = CUDA_SUCCESS;
+  if (!fake_event_of(ev) || flags || is_capturing(stream)) {
+    counts.invalid++;
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else if (fail_event_ops > 0) {
+    fail_event_ops--;
+    r = CUDA_ERROR_LAUNCH_FAILED;
+  }
+  log_simple(FAKE_EV_WAIT, stream, (uint64_t)(uintptr_t)ev, 0, 0, r);
   pthread_mutex_unlock(&lock);
   return r;
 }

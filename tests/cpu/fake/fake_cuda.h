@@ -35,6 +35,7 @@ enum fake_cuda_kind {
   FAKE_EV_ALLOC_ASYNC, /* cuMemAllocAsync: ptr, bytes, stream, value 1 when the stream captures */
   FAKE_EV_FREE_ASYNC,  /* cuMemFreeAsync: ptr, bytes, stream, value 1 when the stream captures */
   FAKE_EV_HOSTREG,     /* cuMemHostRegister_v2: ptr, bytes */
+  FAKE_EV_WAIT,        /* cuStreamWaitEvent: ptr (the event), stream */
 };
 
 typedef struct {
@@ -86,6 +87,8 @@ typedef int (*fake_cuda_is_device_fn)(const void *p, size_t bytes);
  * kernel copies its block but holds back its flag write (work "in flight" forever); 0: release
  * the held flags, and events are complete once recorded (the default). */
 typedef void (*fake_cuda_hold_events_fn)(int on);
+/* Fail the next n cuEventRecord and cuStreamWaitEvent calls (CUDA_ERROR_LAUNCH_FAILED). */
+typedef void (*fake_cuda_fail_event_ops_fn)(int n);
 /* Event queries answered so far, and how many of them came from the thread that recorded the
  * event (the instruments must query from their own thread). */
 typedef void (*fake_cuda_event_queries_fn)(long *queries, long *same_thread);
