@@ -91,13 +91,13 @@ int mt_qweight_bind(mt_qweight *q, int n, int k, const mt_numerics *num, void *m
 /* The amax word of a per-tensor outer section (see outer_bytes). */
 static uint32_t *amax_word(float *outer) { return (uint32_t *)(outer + 1); }
 
-/* The kernels read *only_if themselves (the per-tensor amax word is zeroed regardless: scratch). */
-int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, const uint32_t *only_if,
-                          mt_stream stream) {
+/* The quantizer's arguments for W into q, or MT_ERR_UNSUPPORTED. */
+static int weight_params(const void *w, enum mt_dtype type, size_t ldw, const mt_qweight *q, const uint32_t *only_if,
+                         mt_quant_params *out) {
   if (!w || !q || !q->xhat || !weight_shape_ok(q->n, q->k, &q->num) ||
       (type != MT_DTYPE_BF16 && type != MT_DTYPE_FP16) || !aligned16(w) || ldw < (size_t)q->k || ldw % 8)
     return MT_ERR_UNSUPPORTED;
-  mt_quant_params p = {
+  *out = (mt_quant_params){
       .x = w,
       .ldx = (int64_t)ldw,
       .rows = q->n,
@@ -111,7 +111,20 @@ int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qwei
       .amax = amax_word(q->outer),
       .only_if = only_if,
   };
-  int status = mt_quantize(&p, q->num.weight_block == MT_WBLOCK_16X16, stream);
+  return mt_quantize_accepts(out, q->num.weight_block == MT_WBLOCK_16X16);
+}
+
+int mt_quantize_weight_accepts(const void *w, enum mt_dtype type, size_t ldw, const mt_qweight *q) {
+  mt_quant_params p;
+  return weight_params(w, type, ldw, q, NULL, &p);
+}
+
+/* The kernels read *only_if themselves (the per-tensor amax word is zeroed regardless: scratch). */
+int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, const uint32_t *only_if,
+                          mt_stream stream) {
+  mt_quant_params p;
+  int status = weight_params(w, type, ldw, q, only_if, &p);
+  if (status == MT_OK) status = mt_quantize(&p, q->num.weight_block == MT_WBLOCK_16X16, stream);
   if (status != MT_OK) return status;
   return mt_gemm_pack_weight(q, only_if, stream);
 }

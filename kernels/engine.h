@@ -73,9 +73,15 @@ int mt_quantize_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight
 int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, const uint32_t *only_if,
                           mt_stream stream);
 
+/* MT_OK when mt_quantize_weight takes these arguments, else MT_ERR_UNSUPPORTED; nothing is
+ * launched. */
+int mt_quantize_weight_accepts(const void *w, enum mt_dtype type, size_t ldw, const mt_qweight *q);
+
 /* The frozen cache's refresh: quantize W into q only when W's bytes differ from those of the last
  * quantization recorded in `state` (mt_refresh_state_bytes(1) of device memory, zeroed before the
- * first use). A hash of the weight is compared on the device (kernels/wcheck.cu): nothing is read
+ * first use). Arguments the quantization would refuse are refused before the check runs, and a
+ * quantization that fails to launch after it leaves the state without a hash (the next refresh
+ * quantizes), so that the state never vouches for a q it did not get. A hash of the weight is compared on the device (kernels/wcheck.cu): nothing is read
  * back, so it is legal inside graph capture and a replay checks again. step 1: the whole weight
  * (cost when nothing changed: one read of it); step s > 1: one 1 KB run of lines in each s runs,
  * the same lines at every call (weight_cache = frozen-sampled, MT_SAMPLE_STEP: a change confined
@@ -157,9 +163,10 @@ int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_
  * quantization of mt_refresh_weight, slice by slice, of ws from its ws->count weights lying back to
  * back (row stride ldw, each n * ldw elements after the one before; BF16 or FP16), with state
  * mt_refresh_state_bytes(ws->count) and step as there. With offs (a call's segment table as
- * mt_gemm_grouped reads it, m its rows), only the slices whose segment has rows are checked and,
- * when changed, requantized: the others keep their quantization until a call that uses them
- * checks them. Without, every slice. */
+ * mt_gemm_grouped reads it, a segment a slice: ws->count ends; m its rows), only the slices whose
+ * segment has rows are checked and, when changed, requantized: the others keep their quantization
+ * until a call that uses them checks them. Without, every slice. A grouped call takes a refresh
+ * with offs only where offs is its own and nseg is ws->count. */
 typedef struct {
   const void *w;
   enum mt_dtype type;

@@ -288,11 +288,15 @@ static int act_map(mt_grouped_kargs *k, uint16_t *xhat, const mt_grouped_args *a
   return mt_gemm_tensor_map(&k->ta, xhat, a->m, a->k, bn, k->kpair);
 }
 
-/* A refresh the call can run: of the call's store, or of the one slice its segments share. */
+/* A refresh the call can run: of the call's store, or of the one slice its segments share; with
+ * offs, the call's own table, a segment a slice (the refresh reads an end for each of its slices). */
 static int refresh_fits(const mt_grouped_args *a) {
   const mt_wstore *r = a->refresh->ws, *w = a->w;
+  const int32_t *offs = a->refresh->offs;
   return r && r->base == w->base && r->n == w->n && r->k == w->k && r->num.weight_scale == w->num.weight_scale &&
-         r->num.weight_block == w->num.weight_block && (r->count == w->count || (r->count == 1 && w->slice_bytes == 0));
+         r->num.weight_block == w->num.weight_block &&
+         (r->count == w->count || (r->count == 1 && w->slice_bytes == 0)) &&
+         (!offs || (offs == a->offs && r->count == a->nseg));
 }
 
 int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {

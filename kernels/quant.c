@@ -158,6 +158,11 @@ static int quantize(const mt_quant_params *p, int tile16, int dependent, mt_stre
 
 int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream) { return quantize(p, tile16, 0, stream); }
 
+int mt_quantize_accepts(const mt_quant_params *p, int tile16) {
+  launch_shape s;
+  return params_ok(p, tile16) && pick_shape(p, tile16, &s) == MT_OK ? MT_OK : MT_ERR_UNSUPPORTED;
+}
+
 int mt_quantize_dependent(const mt_quant_params *p, mt_stream stream) {
   return p->store ? MT_ERR_UNSUPPORTED : quantize(p, 0, 1, stream);
 }
@@ -214,8 +219,10 @@ int mt_quantize_refresh(const mt_refresh_args *a, int tile16, mt_stream stream) 
   launch_shape s;
   int status = pick_store_shape(p, tile16, &s);
   /* the list of covered slices in shared memory, 4 bytes a slice, within the 48 KB a launch gets
-   * without asking (no model has 12,288 experts) */
-  if (status != MT_OK || (s.block_x * s.block_y) % 32 || (a->offs && slices > 48 * 1024 / 4)) return MT_ERR_UNSUPPORTED;
+   * without asking, less 4 KB for the kernel's own (under 2 KB by ptxas); no model has 11,264
+   * experts */
+  if (status != MT_OK || (s.block_x * s.block_y) % 32 || (a->offs && slices > MT_REFRESH_LIST_MAX))
+    return MT_ERR_UNSUPPORTED;
   char name[64];
   snprintf(name, sizeof name, "mt_refresh_%s", s.name + strlen("mt_quant_"));
   CUfunction f;

@@ -83,6 +83,10 @@ typedef struct {
  * inside graph capture once the module is loaded). */
 int mt_quantize(const mt_quant_params *p, int tile16, mt_stream stream);
 
+/* MT_OK when mt_quantize takes p (its shapes and a launch shape for them), else
+ * MT_ERR_UNSUPPORTED; nothing is launched. */
+int mt_quantize_accepts(const mt_quant_params *p, int tile16);
+
 /* mt_quantize with 1x16 blocks, its one kernel launched to start while the kernel before it on the
  * stream still runs, where there is one kernel (per-row S; per-tensor S launches as mt_quantize):
  * it waits for that kernel before it reads or writes anything (kernels/pdl.cuh). For activations
@@ -92,6 +96,9 @@ int mt_quantize_dependent(const mt_quant_params *p, mt_stream stream);
 /* The refresh of a->q's store (the store mode, 1x16 blocks or 16x16 tiles): one launch, as
  * a->chained says. Launches only. */
 int mt_quantize_refresh(const mt_refresh_args *a, int tile16, mt_stream stream);
+
+/* The most slices a refresh with a segment table takes (their list lives in shared memory). */
+#define MT_REFRESH_LIST_MAX ((48 * 1024 - 4096) / 4)
 
 /* The CTAs a cluster of that refresh takes, with the check's sample `step`, where the device runs
  * clusters of that size (else 8): 16 for a full check, for a sample as few as give each warp one

@@ -28,9 +28,20 @@ static int check(const void *w, size_t ldw, int rows, int cols, void *state, uns
   return mt_launch(f, CHECK_CTAS, 1, 256, 1, 0, 0, (CUstream)stream, &a) == MT_OK ? MT_OK : MT_ERR_CUDA;
 }
 
+/* The check has stored the new hash as the quantization's: after a failed launch it must not
+ * stand, or every later check would find the weight unchanged and keep what q holds. */
+static void forget(void *state, mt_stream stream) {
+  const mt_driver *d = mt_driver_get();
+  uint32_t *valid = &mt_wcheck_slices(state)[0].valid;
+  if (d) d->memset_d8_async((CUdeviceptr)valid, 0, sizeof *valid, (CUstream)stream);
+}
+
 int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state, unsigned step,
                       mt_stream stream) {
-  int st = q ? check(w, ldw, q->n, q->k, state, step, stream) : MT_ERR_UNSUPPORTED;
+  int st = mt_quantize_weight_accepts(w, type, ldw, q);
+  if (st == MT_OK) st = check(w, ldw, q->n, q->k, state, step, stream);
   if (st != MT_OK) return st;
-  return mt_quantize_weight_if(w, type, ldw, q, mt_wcheck_list(state, 1), stream);
+  st = mt_quantize_weight_if(w, type, ldw, q, mt_wcheck_list(state, 1), stream);
+  if (st != MT_OK) forget(state, stream);
+  return st;
 }

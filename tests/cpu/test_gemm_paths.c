@@ -186,6 +186,62 @@ static void forced_paths_refused(void) {
   CHECK(mt_gemm_path_of(&a) == -1);
 }
 
+/* A grouped call's refresh with a segment table reads an end for each of its slices: it must be the
+ * call's own table, a segment a slice. Refused before anything runs; accepted, the call goes on to
+ * its workspace (NULL here: out of memory). */
+static void grouped_refresh_tables(void) {
+  static _Alignas(256) unsigned char fake[4096]; /* never touched */
+  const int32_t *offs = (const int32_t *)fake, *other = offs + 64;
+  mt_wstore w = {.count = 8, .n = 64, .k = 64, .base = fake, .slice_bytes = 512};
+  mt_wstore_refresh_args r = {
+      .w = fake, .type = MT_DTYPE_BF16, .ldw = 64, .ws = &w, .state = fake, .m = 16};
+  mt_grouped_args a = {.m = 16,
+                       .n = 64,
+                       .k = 64,
+                       .nseg = 8,
+                       .w = &w,
+                       .offs = offs,
+                       .x = fake,
+                       .ldx = 64,
+                       .y = fake,
+                       .ldy = 64,
+                       .refresh = &r};
+  CHECK(mt_gemm_grouped(&a, NULL) == MT_ERR_NOMEM); /* no table: every slice */
+  r.offs = offs;
+  CHECK(mt_gemm_grouped(&a, NULL) == MT_ERR_NOMEM);
+  r.offs = other;
+  CHECK(mt_gemm_grouped(&a, NULL) == MT_ERR_UNSUPPORTED);
+  r.offs = offs, a.nseg = 4; /* 8 slices, 4 ends */
+  CHECK(mt_gemm_grouped(&a, NULL) == MT_ERR_UNSUPPORTED);
+  mt_wstore one = {.count = 1, .n = 64, .k = 64, .base = fake}; /* one slice for every segment */
+  mt_wstore shared = one;
+  shared.count = 4, shared.slice_bytes = 0;
+  a.w = &shared, r.ws = &one;
+  CHECK(mt_gemm_grouped(&a, NULL) == MT_ERR_UNSUPPORTED);
+  r.offs = NULL;
+  CHECK(mt_gemm_grouped(&a, NULL) == MT_ERR_NOMEM);
+}
+
+/* A refresh with a segment table keeps the covered slices' list in shared memory: past
+ * MT_REFRESH_LIST_MAX slices it is refused before anything is asked of the driver (a store it
+ * takes gets as far as loading its kernel, which fails here: no driver or no context). */
+static void refresh_list_bound(void) {
+  static _Alignas(256) unsigned char fake[256]; /* never touched */
+  mt_refresh_args k = {.q = {.x = fake, .ldx = 64, .cols = 64, .batch_rows = 16, .store = fake},
+                       .offs = (const int32_t *)fake,
+                       .m = 1,
+                       .step = 1,
+                       .state = fake};
+  k.q.rows = MT_REFRESH_LIST_MAX * 16;
+  int st = mt_quantize_refresh(&k, 0, NULL);
+  CHECKF(st != MT_ERR_UNSUPPORTED && st != MT_OK, "%s", mt_status_name((enum mt_status)st));
+  k.q.rows += 16;
+  CHECK(mt_quantize_refresh(&k, 0, NULL) == MT_ERR_UNSUPPORTED);
+  k.offs = NULL; /* every slice: no list */
+  st = mt_quantize_refresh(&k, 0, NULL);
+  CHECKF(st != MT_ERR_UNSUPPORTED && st != MT_OK, "%s", mt_status_name((enum mt_status)st));
+}
+
 int main(void) {
   RUN(auto_path_on_the_benchmark_shapes);
   RUN(auto_path_edges);
@@ -195,5 +251,7 @@ int main(void) {
   RUN(large_tiles_exist);
   RUN(refresh_clusters_on_the_benchmark_shapes);
   RUN(forced_paths_refused);
+  RUN(grouped_refresh_tables);
+  RUN(refresh_list_bound);
   return mt_test_done();
 }

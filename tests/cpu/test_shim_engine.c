@@ -746,6 +746,26 @@ static void scenario_weight_quant_fail(void) {
   unmake(&p);
 }
 
+/* Under frozen, the packing after the check fails (FAKE_CUDA_FAIL_LAUNCH=mt_gemm_pack:1): cuBLAS
+ * computes the call, and the state's hash is taken back (its valid word cleared after the failed
+ * launch), so that the next call's check finds a change and quantizes again. */
+static void scenario_frozen_quant_fail(void) {
+  problem p = make(OUT, 8, OUT);
+  int t = now();
+  expect_fallback(&p, S1, &zero);
+  CHECK_TRACE(t, "alloc memset48 alloc " LOAD_ALL " mt_wcheck memset4 mt_quant_amax_bf16 "
+                 "mt_quant_tensor_bf16 mt_gemm_pack!fail memset4 record");
+  const int wc = find_launch(t, "mt_wcheck", 0), last = now() - 2;
+  const mt_wcheck_args *w = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
+  CHECK(w && event(last)->kind == FAKE_EV_MEMSET && event(last)->value == 0 &&
+        event(last)->ptr == (uint64_t)(uintptr_t)&mt_wcheck_slices(w->state)[0].valid);
+  t = now();
+  expect_routed(&p, S1, &zero);
+  CHECK_TRACE(t, "mt_wcheck " WEIGHT_QUANT " " FEW_CALL_FIRST " record");
+  check_driver_clean();
+  unmake(&p);
+}
+
 /* --- batched and grouped ------------------------------------------------------------------ */
 
 enum { BATCH = 3 };
@@ -1450,6 +1470,7 @@ static const mt_t_scenario scenarios[] = {
     {"streams", scenario_streams},
     {"streams_threads", scenario_streams_threads},
     {"weight_quant_fail", scenario_weight_quant_fail},
+    {"frozen_quant_fail", scenario_frozen_quant_fail},
     {"grouped_beta_partial", scenario_grouped_beta_partial},
 };
 
@@ -1772,6 +1793,17 @@ static void weight_quantization_failure_warns(void) {
   mt_t_child_free(&r);
 }
 
+static void frozen_quantization_failure_forgets_the_hash(void) {
+  const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", "FAKE_CUDA_FAIL_LAUNCH=mt_gemm_pack:1", NULL};
+  mt_t_child r;
+  run_child("frozen_quant_fail", env, &r);
+  mt_t_check_child("frozen_quant_fail", &r);
+  const char *reasons[] = {"engine error=1", NULL};
+  check_counts(&r, 1, reasons);
+  CHECKF(mt_t_count_of(r.err, " minite WARN ") == 1, "stderr: %s", r.err);
+  mt_t_child_free(&r);
+}
+
 /* All problems of a grouped call run in one launch: a failed launch has written no output, and
  * cuBLAS reads every C as it came. */
 static void grouped_beta_failure_after_a_problem_ran(void) {
@@ -1824,6 +1856,7 @@ static void tests(void) {
   RUN(kept_weights_ordered_across_streams);
   RUN(grouped_beta_failure_after_a_problem_ran);
   RUN(weight_quantization_failure_warns);
+  RUN(frozen_quantization_failure_forgets_the_hash);
 }
 
 int main(int argc, char **argv) {
