@@ -270,7 +270,9 @@ void mt_norm_cublasLtMatmul(mt_call *call, cublasLtHandle_t lightHandle,
       layout_get(Ddesc, CUBLASLT_MATRIX_LAYOUT_COLS, &dcols, sizeof dcols) ||
       layout_get(Ddesc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch))
     return;
-  c->k = (int64_t)(ta != MT_OP_N ? arows : acols);
+  /* op(A) is m x k: an A whose other dimension is not D's rows is cuBLASLt's to refuse (k = -1
+   * matches no route) */
+  c->k = (ta != MT_OP_N ? acols : arows) == drows ? (int64_t)(ta != MT_OP_N ? arows : acols) : -1;
   c->transa = fold_order(ta, aorder, &c->order_a);
   c->transb = fold_order(tb, border, &c->order_b);
   c->batch = batch;
@@ -303,6 +305,23 @@ static int lt_layout_details(const mt_call *c, void *layout, int *order, int64_t
   return 0;
 }
 
+/* op(B) is k x n and C is m x n, as D: cuBLASLt refuses other shapes (the engine would read past
+ * them), and a NULL handle. 0 or -1. */
+static int lt_shapes_ok(const mt_call *c) {
+  int32_t tb;
+  uint64_t brows, bcols, crows, ccols;
+  if (!c->handle || desc_get(c, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ||
+      layout_get(c->lt_bdesc, CUBLASLT_MATRIX_LAYOUT_ROWS, &brows, sizeof brows) ||
+      layout_get(c->lt_bdesc, CUBLASLT_MATRIX_LAYOUT_COLS, &bcols, sizeof bcols) ||
+      layout_get(c->lt_cdesc, CUBLASLT_MATRIX_LAYOUT_ROWS, &crows, sizeof crows) ||
+      layout_get(c->lt_cdesc, CUBLASLT_MATRIX_LAYOUT_COLS, &ccols, sizeof ccols))
+    return -1;
+  const uint64_t k = (uint64_t)c->k, m = (uint64_t)c->m, n = (uint64_t)c->n;
+  int ok = (tb != MT_OP_N ? bcols : brows) == k && (tb != MT_OP_N ? brows : bcols) == n &&
+           crows == m && ccols == n;
+  return ok ? 0 : -1;
+}
+
 static int lt_details(mt_call *c) {
   int32_t compute, scale, ptr_mode, bias_type;
   uint32_t epilogue, ctype;
@@ -326,7 +345,7 @@ static int lt_details(mt_call *c) {
       lt_layout_details(c, c->lt_cdesc, &c->order_c, &c->ldc, &c->stride_c, pa, MT_PA_C, 0) ||
       lt_layout_details(c, c->lt_ddesc, &c->order_d, &c->ldd, &c->stride_d, pa, MT_PA_D, 0))
     return -1;
-  return 0;
+  return lt_shapes_ok(c);
 }
 
 /* For the cuBLAS entry points the pointer mode and stream live in the handle. */
@@ -429,8 +448,11 @@ static enum mt_reason grouped_batched(const mt_call *c, mt_grouped_call *g) {
     if (rows >= 0 && one.n != rows)
       same_rows = 0;
     rows = one.n;
-    problems += one.batch;
-    total += one.batch * one.n;
+    int64_t group_rows;
+    if (__builtin_mul_overflow(one.batch, one.n, &group_rows) ||
+        __builtin_add_overflow(total, group_rows, &total) ||
+        __builtin_add_overflow(problems, one.batch, &problems))
+      return MT_R_LAYOUT; /* sizes no device holds: cuBLAS's to answer */
   }
   if (problems == 0)
     return MT_R_LAYOUT; /* nothing to compute: cuBLAS's to answer */

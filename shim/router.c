@@ -40,7 +40,12 @@ static int routed(const mt_spec *s, int64_t out, int64_t in) {
   return mt_spec_routes(s, (uint32_t)out, (uint32_t)in);
 }
 
+/* N, T or C (the same as T for real types); any other value is cuBLAS's to refuse. */
+static int op_ok(int op) { return op >= MT_OP_N && op <= 2; }
+
 enum mt_role mt_route_role(const mt_spec *s, const mt_call *c) {
+  if (!op_ok(c->transa) || !op_ok(c->transb))
+    return MT_ROLE_NONE;
   int ta = c->transa != MT_OP_N, tb = c->transb != MT_OP_N;
   int mk_known = c->ragged != MT_RAGGED_M && c->ragged != MT_RAGGED_K;
   int mn_known = c->ragged != MT_RAGGED_M && c->ragged != MT_RAGGED_N;
@@ -80,12 +85,15 @@ static int strides_ok(const mt_call *c) {
     return 0;
   if (c->ragged == MT_RAGGED_N) /* the groups are consecutive rows of one output */
     return 1;
-  return c->stride_d >= c->ldd * c->n;
+  int64_t span;
+  return !__builtin_mul_overflow(c->ldd, c->n, &span) && c->stride_d >= span;
 }
 
 static int layout_ok(const mt_call *c) {
   if (!c->details_ok)
     return 0; /* something could not be read: never guess a layout */
+  if (!c->alpha || !c->beta)
+    return 0; /* cuBLAS refuses NULL scalars (INVALID_VALUE): its to answer */
   if (c->order_a || c->order_b || c->order_c || c->order_d)
     return 0;
   /* No problem (an Lt batch count of 0) or a negative count: whatever cuBLAS answers to it. */
@@ -136,7 +144,8 @@ enum mt_reason mt_route_decide(const mt_spec *s, const mt_call *c) {
     return MT_R_EPILOGUE;
   if (!layout_ok(c))
     return MT_R_LAYOUT;
-  if (c->k % MT_K_BLOCK)
+  /* the block does not tile the weight (spec/spec.h: mt_spec_route_unusable) */
+  if (c->k % MT_K_BLOCK || (s->weight_block == MT_WBLOCK_16X16 && c->m % MT_K_BLOCK))
     return MT_R_K_ALIGN;
   return MT_R_ROUTED;
 }

@@ -200,13 +200,12 @@ static enum mt_reason decide_grouped(mt_call *c) {
 /* Routes the engine can never take, one warning each; they stay in the spec (its fingerprint is
  * what the other side compares), and their calls fall back with the reason "k alignment". */
 static void warn_unusable_routes(void) {
+  char why[160];
   for (int i = 0; i < spec.nroutes; i++)
-    if (mt_spec_route_unusable(&spec, &spec.routes[i]))
-      MT_WARN("route %ux%u can never be routed: its in-dimension %u is not a multiple of 16 (the "
-              "NVFP4 block), so every call of that weight falls back to cuBLAS (reason \"k "
-              "alignment\"); remove it from the spec or MINITE_ROUTE",
-              (unsigned)spec.routes[i].out, (unsigned)spec.routes[i].in,
-              (unsigned)spec.routes[i].in);
+    if (mt_spec_route_unusable(&spec, &spec.routes[i], why, sizeof why))
+      MT_WARN("route %ux%u can never be routed: %s, so every call of that weight falls back to "
+              "cuBLAS (reason \"k alignment\"); remove it from the spec or MINITE_ROUTE",
+              (unsigned)spec.routes[i].out, (unsigned)spec.routes[i].in, why);
 }
 
 /* What only a process that uses cuBLAS should do or say: the statistics file and its start

@@ -159,14 +159,14 @@ void mt_stats_start(const mt_spec *s, const char *role, const char *version) {
     return;
   }
   char host[1600], role_json[1600], name_json[400], version_json[100],
-      routes[MT_SPEC_MAX_ROUTES * 24];
+      routes[MT_SPEC_MAX_ROUTES * 26]; /* each at most ', "4294967295x4294967295"' */
   mt_json_string(host, sizeof host, mt_proc_host());
   mt_json_string(role_json, sizeof role_json, role ? role : "");
   mt_json_string(name_json, sizeof name_json, s->name);
   mt_json_string(version_json, sizeof version_json, version);
   size_t used = 0;
   routes[0] = '\0';
-  for (int i = 0; i < s->nroutes; i++)
+  for (int i = 0; i < s->nroutes && used < sizeof routes; i++)
     used += (size_t)snprintf(routes + used, sizeof routes - used, "%s\"%" PRIu32 "x%" PRIu32 "\"",
                              i ? ", " : "", s->routes[i].out, s->routes[i].in);
   char pci[32], pci_json[80];

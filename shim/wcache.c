@@ -521,7 +521,11 @@ static enum mt_reason take_memory(const mt_driver *d, context *c, const mt_ctx *
                                   int capturing, mt_wcache_hold *hold, CUdeviceptr *mem) {
   if (!ws || !wbytes || why != MT_R_ROUTED) {
     pthread_mutex_unlock(&c->lock);
-    return !ws || !wbytes ? MT_R_ENGINE : why;
+    if (ws && wbytes)
+      return why;
+    MT_WARN_ONCE("the NVFP4 engine has no layout for a routed weight's shape under the spec's "
+                 "numerics: such calls fall back to cuBLAS (reason \"engine error\")");
+    return MT_R_ENGINE;
   }
   return call_memory(d, c, x, (CUstream)stream, ws + (kept ? 0 : wbytes), capturing, hold, mem);
 }

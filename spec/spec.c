@@ -196,8 +196,19 @@ int mt_spec_load(const char *name_or_path, mt_spec *out, mt_spec_errors *errs) {
   return rc;
 }
 
-int mt_spec_route_unusable(const mt_spec *s, const mt_route *r) {
-  return s->format == MT_FORMAT_NVFP4 && r->in % 16 != 0;
+const char *mt_spec_route_unusable(const mt_spec *s, const mt_route *r, char *text, size_t size) {
+  if (s->format != MT_FORMAT_NVFP4)
+    return NULL;
+  if (r->in % 16)
+    snprintf(text, size, "its in-dimension %u is not a multiple of 16 (the NVFP4 block)",
+             (unsigned)r->in);
+  else if (s->weight_block == MT_WBLOCK_16X16 && r->out % 16)
+    snprintf(text, size,
+             "its out-dimension %u is not a multiple of 16 (weight_block = 16x16 tiles it)",
+             (unsigned)r->out);
+  else
+    return NULL;
+  return text;
 }
 
 int mt_spec_routes(const mt_spec *s, uint32_t out, uint32_t in) {

@@ -108,11 +108,12 @@ int mt_spec_load(const char *name_or_path, mt_spec *out, mt_spec_errors *errs);
  * error (line 0) naming the bad item, leaving *s unchanged. */
 int mt_spec_add_routes(mt_spec *s, const char *list, mt_spec_errors *errs);
 
-/* 1 when route r of s can never be taken: under nvfp4 the in-dimension (K) must be a multiple
- * of the 16-element block, or every call of that weight falls back ("k alignment"). The route
- * stays in the spec (it is part of the fingerprint both sides compare); the shim and
- * `minite spec` warn about it. */
-int mt_spec_route_unusable(const mt_spec *s, const mt_route *r);
+/* Why route r of s can never be taken, or NULL: under nvfp4 the in-dimension (K) must be a
+ * multiple of the 16-element block, and under weight_block = 16x16 the out-dimension too, or
+ * every call of that weight falls back ("k alignment"). `text` (at least 160 bytes) gets the
+ * reason, naming the dimension. The route stays in the spec (it is part of the fingerprint both
+ * sides compare); the shim and `minite spec` warn about it. */
+const char *mt_spec_route_unusable(const mt_spec *s, const mt_route *r, char *text, size_t size);
 
 /* 1 when a weight of out x in is routed. */
 int mt_spec_routes(const mt_spec *s, uint32_t out, uint32_t in);

@@ -56,14 +56,13 @@ static void print_errors(const char *where, const mt_spec_errors *errs) {
 
 /* Routes the engine can never take (their calls would all fall back): a warning, not an error. */
 static void warn_routes(const char *where, const mt_spec *s) {
+  char why[160];
   for (int i = 0; i < s->nroutes; i++)
-    if (mt_spec_route_unusable(s, &s->routes[i]))
+    if (mt_spec_route_unusable(s, &s->routes[i], why, sizeof why))
       fprintf(stderr,
-              "%s: warning: route %ux%u can never be routed: its in-dimension %u is not a "
-              "multiple of 16 (the NVFP4 block), so every call of that weight falls back to "
-              "cuBLAS (reason \"k alignment\"); remove the route\n",
-              where, (unsigned)s->routes[i].out, (unsigned)s->routes[i].in,
-              (unsigned)s->routes[i].in);
+              "%s: warning: route %ux%u can never be routed: %s, so every call of that weight "
+              "falls back to cuBLAS (reason \"k alignment\"); remove the route\n",
+              where, (unsigned)s->routes[i].out, (unsigned)s->routes[i].in, why);
 }
 
 static int cmd_list(int argc, char **argv) {

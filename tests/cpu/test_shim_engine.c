@@ -526,6 +526,56 @@ static void scenario_lt(void) {
   unmake(&p), free(c), free(bias), free(bias32);
 }
 
+/* An Lt call of p whose B has `brows` rows (IN is right), on handle h: its status. */
+static cublasStatus_t lt_shaped(const problem *p, cublasLtHandle_t h, uint64_t brows) {
+  const mt_t_lt_api api = mt_t_lt(lib_lt);
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t la, lb, lc;
+  api.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  int32_t ta = CUBLAS_OP_T;
+  api.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+  api.layout_create(&la, CUDA_R_16BF, IN, p->out, IN);
+  api.layout_create(&lb, CUDA_R_16BF, brows, p->tokens, (int64_t)brows);
+  api.layout_create(&lc, CUDA_R_16BF, p->out, p->tokens, p->ldc);
+  char workspace[256];
+  cublasStatus_t st = hook_lt(h, desc, &one, p->w, la, p->x, lb, &zero, p->y, lc, p->y, lc, NULL,
+                              workspace, sizeof workspace, (cudaStream_t)S1);
+  api.desc_destroy(desc);
+  api.layout_destroy(la), api.layout_destroy(lb), api.layout_destroy(lc);
+  return st;
+}
+
+/* Calls of a routed shape that cuBLAS refuses reach it as they came, and get its status: NULL
+ * alpha or beta, an op that is no cublasOperation_t, an Lt B whose shape is not op(B)'s, a NULL Lt
+ * handle. Nothing runs on the engine. */
+static void scenario_refused(void) {
+  problem p = make(OUT, 8, OUT);
+  const cublasOperation_t T = CUBLAS_OP_T, N = CUBLAS_OP_N;
+  set_stream(S1);
+  const int t = now();
+  const long calls = cublas_calls(), lts = lt_calls();
+  CHECK(hook_gemm(handle, T, N, OUT, 8, IN, NULL, p.w, CUDA_R_16BF, IN, p.x, CUDA_R_16BF, IN, &zero,
+                  p.y, CUDA_R_16BF, OUT, CUBLAS_COMPUTE_32F,
+                  CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE);
+  CHECK(hook_gemm(handle, T, N, OUT, 8, IN, &one, p.w, CUDA_R_16BF, IN, p.x, CUDA_R_16BF, IN, NULL,
+                  p.y, CUDA_R_16BF, OUT, CUBLAS_COMPUTE_32F,
+                  CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE);
+  CHECK(hook_gemm(handle, (cublasOperation_t)3, N, OUT, 8, IN, &one, p.w, CUDA_R_16BF, IN, p.x,
+                  CUDA_R_16BF, IN, &zero, p.y, CUDA_R_16BF, OUT, CUBLAS_COMPUTE_32F,
+                  CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE);
+  CHECK(hook_strided(handle, T, N, OUT, 4, IN, &one, p.w, CUDA_R_16BF, IN, 0, p.x, CUDA_R_16BF, IN,
+                     4 * IN, NULL, p.y, CUDA_R_16BF, OUT, 4 * OUT, 2, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE);
+  CHECK(cublas_calls() == calls + 4);
+  CHECK(lt_shaped(&p, lt_handle, IN + 16) == CUBLAS_STATUS_INVALID_VALUE);
+  CHECK(lt_shaped(&p, NULL, IN) == CUBLAS_STATUS_NOT_INITIALIZED);
+  CHECK(lt_calls() == lts + 2);
+  CHECKF(find_kind(t, FAKE_EV_LAUNCH, 0) < 0, "the engine ran a call cuBLAS refuses");
+  expect_routed(&p, S1, &zero); /* and the shape itself routes */
+  check_driver_clean();
+  unmake(&p);
+}
+
 /* frozen: an entry per weight, zeroed state, the check first and quantization under its dirty
  * word; a weight past MINITE_CACHE_MB is requantized in scratch. */
 static void scenario_frozen(void) {
@@ -1452,6 +1502,7 @@ static void scenario_grouped_beta_partial(void) {
 static const mt_t_scenario scenarios[] = {
     {"requantize", scenario_requantize},
     {"lt", scenario_lt},
+    {"refused", scenario_refused},
     {"frozen", scenario_frozen},
     {"frozen_batch", scenario_frozen_batch},
     {"capture", scenario_capture},
@@ -1593,6 +1644,17 @@ static void sampled_lines_cover_the_runs(void) {
     CHECK(mt_wcheck_line(i, 1) == i);
   }
   CHECKF(distinct == MT_SAMPLE_STEP, "%d of %d offsets taken", distinct, MT_SAMPLE_STEP);
+}
+
+/* scenario_refused: four calls with a reason ("layout": NULL scalars, an Lt shape or handle
+ * cuBLASLt refuses), the op that is no op unrouted, one routed. */
+static void refused_calls_reach_cublas(void) {
+  mt_t_child r;
+  run_child("refused", NULL, &r);
+  mt_t_check_child("refused", &r);
+  const char *reasons[] = {"layout=5", NULL};
+  check_counts(&r, 1, reasons);
+  mt_t_child_free(&r);
 }
 
 static void frozen_entries_and_cache_full(void) {
@@ -1835,6 +1897,7 @@ static void grouped_split_into_two_launches(void) {
 static void tests(void) {
   RUN(requantize_kernels_in_order);
   RUN(lt_routed_with_bias);
+  RUN(refused_calls_reach_cublas);
   RUN(frozen_entries_and_cache_full);
   RUN(frozen_sampled_checks_a_sample);
   RUN(frozen_grouped_store);

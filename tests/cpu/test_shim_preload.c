@@ -480,6 +480,27 @@ static void nvfp4_without_routes_warns(void) {
   CHECK(same_results("noroutes"));
 }
 
+/* The start record lists every route of the spec, the longest a route can be included: 64 routes
+ * of ten-digit dimensions overflowed its buffer once (AddressSanitizer caught it). */
+static void start_record_of_64_long_routes(void) {
+  char stats[PATH_MAX + 64], env1[PATH_MAX + 80], routes[64 * 24 + 32];
+  tmp_path(stats, sizeof stats, "longroutes.jsonl");
+  snprintf(env1, sizeof env1, "MINITE_STATS=%s", stats);
+  size_t used = (size_t)snprintf(routes, sizeof routes, "MINITE_ROUTE=");
+  for (unsigned i = 0; i < 64; i++)
+    used += (size_t)snprintf(routes + used, sizeof routes - used, "%s%ux%u", i ? "," : "",
+                             4000000000u + i * 16, 4000000000u + i * 16);
+  const char *env[] = {env1, routes, "MINITE_SPEC=nvfp4-row", NULL};
+  run_result r;
+  app(DIRECT, "longroutes", env, 1, &r);
+  CHECK(r.status == 0);
+  char *start = NULL, *summary = NULL;
+  stats_lines(stats, &start, &summary);
+  CHECKF(json_parses(stats), "%s is not JSON lines", stats);
+  CHECKF(start && strstr(start, "\"4000001008x4000001008\"], \"version\": "), "%s", start);
+  free(start), free(summary);
+}
+
 int main(void) {
   const char *b = getenv("MT_BUILD") ? getenv("MT_BUILD") : "build";
   if (!realpath(b, build)) {
@@ -510,6 +531,7 @@ int main(void) {
   RUN(log_file_and_templates);
   RUN(no_gemm_no_file);
   RUN(nvfp4_without_routes_warns);
+  RUN(start_record_of_64_long_routes);
   free(baseline);
   char cmd[PATH_MAX + 16];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);

@@ -18,6 +18,7 @@ static mt_spec spec;
 /* A forward call PyTorch's F.linear would make for the routed weight 64x32, details read. */
 static mt_call forward(void) {
   static _Alignas(16) char buf[4][64];
+  static const float one = 1.0f, zero = 0.0f;
   return (mt_call){
       .entry = MT_FN_cublasGemmEx,
       .transa = CUBLAS_OP_T,
@@ -40,6 +41,8 @@ static mt_call forward(void) {
       .ldc = 64,
       .ldd = 64,
       .batch = 1,
+      .alpha = &one,
+      .beta = &zero,
       .ptr_mode = MT_PTR_HOST,
       .device = -1,
       .epilogue = CUBLASLT_EPILOGUE_DEFAULT,
@@ -81,6 +84,9 @@ static void router_decision_table(void) {
       MT_R_ROUTED);
   ROW("unrouted shape", (c.m = 16, c.k = 16), MT_R_UNROUTED);
   ROW("TT is no GEMM of the weight", c.transb = CUBLAS_OP_T, MT_R_UNROUTED);
+  ROW("an op that is no cublasOperation_t", c.transa = 3, MT_R_UNROUTED);
+  ROW("NULL alpha (cuBLAS refuses it)", c.alpha = NULL, MT_R_LAYOUT);
+  ROW("NULL beta", c.beta = NULL, MT_R_LAYOUT);
   ROW("dgrad NN", (c.transa = CUBLAS_OP_N, c.m = 32, c.k = 64), MT_R_DGRAD);
   ROW("wgrad NT", (c.transa = CUBLAS_OP_N, c.transb = CUBLAS_OP_T, c.m = 32, c.n = 64, c.k = 5),
       MT_R_WGRAD);
@@ -140,6 +146,25 @@ static void router_decision_table(void) {
     CHECKF(got == rows[i].want, "%s: %s, expected %s", rows[i].what, mt_reason_name(got),
            mt_reason_name(rows[i].want));
   }
+  /* weight_block = 16x16 tiles the out-dimension too (spec/spec.h: mt_spec_route_unusable) */
+  mt_spec tiles;
+  mt_spec_errors errs = {0};
+  static const char text[] = "name = t16\nformat = nvfp4\nelement = e2m1\nblock = 16\n"
+                             "block_scale = e4m3\nact_scale = row\nweight_scale = tensor\n"
+                             "weight_block = 16x16\nrounding = rne\naccumulate = fp32\n"
+                             "backward = bf16\nweight_cache = requantize\nroute 64x32\n"
+                             "route 40x32\n";
+  CHECK(mt_spec_parse(text, sizeof text - 1, &tiles, &errs) == 0);
+  c = forward();
+  CHECK(mt_route_decide(&tiles, &c) == MT_R_ROUTED);
+  c.m = 40, c.ldc = c.ldd = 40;
+  CHECK(mt_route_decide(&tiles, &c) == MT_R_K_ALIGN);
+  char why[160];
+  CHECK(!mt_spec_route_unusable(&tiles, &tiles.routes[1], why, sizeof why) &&
+        mt_spec_route_unusable(&tiles, &tiles.routes[0], why, sizeof why) &&
+        strstr(why, "out-dimension 40"));
+  CHECK(mt_spec_route_unusable(&spec, &spec.routes[0], why, sizeof why) &&
+        strstr(why, "in-dimension 24"));
 }
 
 static void reason_names(void) {

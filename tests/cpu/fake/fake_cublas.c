@@ -99,6 +99,8 @@ static cublasStatus_t strided(cublasHandle_t h, int ta, int tb, int64_t m, int64
                               void *c, int ct, int64_t ldc, int64_t sc, int64_t batch,
                               int compute) {
   (void)h; /* pointer mode DEVICE reads the same (host) memory in the fake */
+  if (!alpha || !beta || ta < 0 || ta > 2 || tb < 0 || tb > 2)
+    return CUBLAS_STATUS_INVALID_VALUE;
   if (!compute_ok(compute))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   float al = *(const float *)alpha, be = *(const float *)beta;

@@ -198,6 +198,15 @@ EXPORT cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmu
     return CUBLAS_STATUS_NOT_SUPPORTED;
   if (i32(ld, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE) != CUBLASLT_BATCH_MODE_STRIDED)
     return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (!lightHandle)
+    return CUBLAS_STATUS_NOT_INITIALIZED;
+  /* op(A) m x k, op(B) k x n, C m x n */
+  int64_t am = ta ? i64(la, CUBLASLT_MATRIX_LAYOUT_COLS) : i64(la, CUBLASLT_MATRIX_LAYOUT_ROWS);
+  int64_t bk = tb ? i64(lb, CUBLASLT_MATRIX_LAYOUT_COLS) : i64(lb, CUBLASLT_MATRIX_LAYOUT_ROWS);
+  int64_t bn = tb ? i64(lb, CUBLASLT_MATRIX_LAYOUT_ROWS) : i64(lb, CUBLASLT_MATRIX_LAYOUT_COLS);
+  if (!alpha || !beta || am != m || bk != k || bn != n ||
+      i64(lc, CUBLASLT_MATRIX_LAYOUT_ROWS) != m || i64(lc, CUBLASLT_MATRIX_LAYOUT_COLS) != n)
+    return CUBLAS_STATUS_INVALID_VALUE;
   float al = *(const float *)alpha, be = *(const float *)beta;
   for (int64_t p = 0; p < batch; p++)
     for (int64_t j = 0; j < n; j++)
