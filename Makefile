@@ -8,12 +8,12 @@
 #                      the lab probes, CUDA only, are left to the plain build)
 #   make fuzz          libFuzzer targets of lab/fuzz.mk (spec parser, environment, Lt descriptors)
 #   make gputest       GPU tests (device machine: H200, sm_90); without a GPU it says so and fails
-#   make bench         kernel benchmarks (device machine); writes build/bench.json
+#   make bench         kernel benchmarks (device machine); writes build/bench*.json
 #   make bench-build   the benchmarks, built and not run; make lab: the lab probes, likewise
 #
 # The shim links no cuBLAS and no CUDA runtime: it finds cuBLAS already loaded in the process and
 # reaches the GPU through the driver API (libcuda.so.1 via dlopen), with its kernels embedded as
-# sm_90a fatbins. README.md says why.
+# sm_90a fatbins. docs/design.md ("Why the driver API and not cudart") says why.
 
 CUDA_HOME    ?= /usr/local/cuda
 NVCC         ?= $(CUDA_HOME)/bin/nvcc

@@ -92,8 +92,8 @@ double mt_param_rate(const char *name, double def, int *errors) {
 
 unsigned long long mt_param_count(const char *name, unsigned long long def, unsigned long long min,
                                   unsigned long long max, const char *unit, int *errors) {
-  const char *v = mt_param_str(name);
-  if (!v)
+  const char *v = getenv(name);
+  if (!v || !v[0])
     return def;
   char *end;
   unsigned long long n = strtoull(v, &end, 10);
@@ -105,6 +105,8 @@ unsigned long long mt_param_count(const char *name, unsigned long long def, unsi
       (*errors)++;
     return def;
   }
+  if (n != def)
+    MT_INFO("%s set by environment to %llu", name, n);
   return n;
 }
 

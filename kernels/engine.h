@@ -1,8 +1,8 @@
 /* engine.h — the NVFP4 W4A4 engine: the C API that the shim calls to run one routed GEMM.
  *
  * Runs on the CUDA driver API only (libcuda.so.1 through dlopen, see kernels/driver.h): no CUDA
- * runtime, no cuBLAS. Kernels come from a fatbin built for sm_90a and embedded in the library; a
- * module is loaded once per CUDA context, on first use.
+ * runtime, no cuBLAS. Kernels come from fatbins built for sm_90a, one per kernel file, embedded in
+ * the library; all of them are loaded once per CUDA context, at its first routed call.
  *
  * Shapes are in token terms, row-major: x[M][K] activations, W[N][K] weight (N output channels),
  * y[M][N] = x . W^T. A cuBLAS TN call (m = N, n = M, k = K, A = W, B = x, C = y) maps onto it

@@ -16,8 +16,9 @@
  *
  * After a routed GEMM (shim/exec.c for the engine, shim.c for spec bf16, whose routed calls are
  * cuBLAS's), mt_instr_after enqueues the instruments' kernels on the call's stream into a result
- * slot, copies the slot to pinned host memory with cuMemcpyDtoHAsync and records an event; one
- * background thread per process polls the events and writes the records. Slots are a fixed pool:
+ * slot; the last of them copies the slot into its mapped pinned host twin and then writes a
+ * sequence number into the slot's flag; one background thread per process polls the flags (plain
+ * host reads, no CUDA call: shim/instr_writer.h) and writes the records. Slots are a fixed pool:
  * a call that finds none free is not instrumented and counted as dropped. Nothing runs while the
  * stream captures a graph (counted as skipped). At exit, what completes within 2 s is written;
  * the rest is counted as dropped.

@@ -5,8 +5,8 @@
  * belongs to one stream and is leased to one call at a time (mt_wcache_prepare takes the lease,
  * mt_wcache_release gives it back once the call's launches are enqueued), so stream order keeps
  * a call from overwriting what an earlier call on that stream still reads, and threads on
- * different streams never wait for each other. It only grows, to the largest call seen; growing
- * waits for that stream alone.
+ * different streams never wait for each other. It only grows, to a quarter more than the largest
+ * call seen; growing waits for that stream alone.
  *
  * A call on a stream that is capturing a CUDA graph never touches that scratch: it takes its
  * memory with stream-ordered allocation on the capturing stream (cuMemAllocAsync, then

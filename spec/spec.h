@@ -2,8 +2,8 @@
  *
  * A spec is a built-in name (bf16, nvfp4-row, nvfp4-tensor) or a text file. Both sides of an RL
  * run (learner and sampler) load the same spec; its fingerprint, a 64-bit hash of the canonical
- * text, goes into every statistics record so that two logs of different numerics are never
- * compared. The name is a label and is not part of the fingerprint.
+ * text, goes into the start and summary records of the statistics so that two logs of different
+ * numerics are never compared. The name is a label and is not part of the fingerprint.
  *
  * The text format, one item per line:
  *

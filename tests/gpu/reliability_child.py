@@ -3,7 +3,8 @@ process of its own (the parent sets LD_PRELOAD and the MINITE_* variables). Writ
 the tensors the parent compares. Not a test by itself.
 
 The routed weights are 1536 x 2048 (Qwen3-30B-A3B's gate_up); "experts" are bias-free nn.Linear
-layers, whose forward is one cublasGemmEx each (DESIGN.md §6).
+layers, whose forward is one cublasGemmEx each (docs/design.md, "Interposition facts measured
+on the H200").
 
 Cases:
   grow        a call captured on stream s after a warm-up on s; then an eager call of 4096 tokens on
