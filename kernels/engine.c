@@ -144,8 +144,8 @@ static int is_half(enum mt_dtype t) { return t == MT_DTYPE_BF16 || t == MT_DTYPE
  * pointers on 16 bytes: the kernels move 16-byte vectors. */
 static int gemm_args_ok(const mt_gemm_args *a) {
   const mt_qweight *w = a->w;
-  if (a->m <= 0 || a->n <= 0 || a->k <= 0 || a->k % 16 || !w || w->n != a->n || w->k != a->k || !w->xhat ||
-      !weight_shape_ok(w->n, w->k, &w->num))
+  if (a->m <= 0 || a->n <= 0 || a->k <= 0 || a->k % 16 || a->m > MT_GEMM_DIM_MAX || a->n > MT_GEMM_DIM_MAX || !w ||
+      w->n != a->n || w->k != a->k || !w->xhat || !weight_shape_ok(w->n, w->k, &w->num))
     return 0;
   if (!a->x || !is_half(a->xtype) || !aligned16(a->x) || a->ldx < (size_t)a->k || a->ldx % 8) return 0;
   if (!a->y || !is_half(a->ytype) || !aligned16(a->y) || a->ldy < (size_t)a->n || a->ldy % 8) return 0;

@@ -12,8 +12,13 @@
 #ifndef MT_GEMM_H
 #define MT_GEMM_H
 
+#include <limits.h>
+
 #include "kernels/driver.h"
 #include "kernels/engine.h"
+
+/* The largest m or n a GEMM takes: tile counts round a dimension up by less than 256 in int. */
+#define MT_GEMM_DIM_MAX (INT_MAX - 256)
 
 /* The quantized activations the engine prepared in its workspace. */
 typedef struct {

@@ -22,6 +22,7 @@ static int is_half(enum mt_dtype t) { return t == MT_DTYPE_BF16 || t == MT_DTYPE
 
 static int wstore_shape_ok(int count, int n, int k, const mt_numerics *num) {
   if (!num || count <= 0 || n <= 0 || k <= 0 || k % 16) return 0;
+  if ((long long)count * n > INT_MAX) return 0; /* the quantizer's rows are count * n, an int */
   if (num->weight_scale != MT_SCALE_ROW && num->weight_scale != MT_SCALE_TENSOR) return 0;
   if (num->weight_block == MT_WBLOCK_16X16) /* a tile's 16 rows share one S */
     return num->weight_scale == MT_SCALE_TENSOR && n % 16 == 0;
@@ -149,8 +150,8 @@ size_t mt_grouped_workspace_bytes(int m, int k, const mt_numerics *num) {
 
 static int grouped_args_ok(const mt_grouped_args *a) {
   const mt_wstore *w = a->w;
-  if (a->nseg <= 0 || a->m <= 0 || a->n <= 0 || a->k <= 0 || !w || w->n != a->n || w->k != a->k || w->count < a->nseg ||
-      !w->base)
+  if (a->nseg <= 0 || a->m <= 0 || a->n <= 0 || a->k <= 0 || a->m > MT_GEMM_DIM_MAX || a->n > MT_GEMM_DIM_MAX || !w ||
+      w->n != a->n || w->k != a->k || w->count < a->nseg || !w->base)
     return 0;
   if (a->offs ? a->seg_rows != 0 : (a->seg_rows <= 0 || (long long)a->seg_rows * a->nseg != a->m)) return 0;
   if (!is_half(a->xtype) || a->ldx < (size_t)a->k || a->ldx % 8) return 0;

@@ -242,6 +242,38 @@ static void refresh_list_bound(void) {
   CHECKF(st != MT_ERR_UNSUPPORTED && st != MT_OK, "%s", mt_status_name((enum mt_status)st));
 }
 
+/* Sizes whose tile counts or row counts would overflow an int are refused, before any launch. */
+static void sizes_past_an_int_refused(void) {
+  static _Alignas(256) unsigned char fake[256]; /* never touched */
+  const mt_numerics num = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
+  CHECK(mt_wstore_bytes(128, 1536, 2048, &num) > 0);
+  CHECK(mt_wstore_bytes(70000, 40000, 64, &num) == 0); /* 2.8e9 rows */
+  mt_qweight w = {.n = 64, .k = 64, .num = num, .xhat = (uint16_t *)fake};
+  mt_gemm_args a = {.m = MT_GEMM_DIM_MAX + 1,
+                    .n = 64,
+                    .k = 64,
+                    .x = fake,
+                    .ldx = 64,
+                    .w = &w,
+                    .y = fake,
+                    .ldy = 64,
+                    .workspace = fake,
+                    .workspace_bytes = 256};
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED);
+  mt_wstore s = {.count = 1, .n = MT_GEMM_DIM_MAX + 1, .k = 64, .num = num, .base = fake};
+  mt_grouped_args g = {.m = 16,
+                       .n = s.n,
+                       .k = 64,
+                       .nseg = 1,
+                       .seg_rows = 16,
+                       .w = &s,
+                       .x = fake,
+                       .ldx = 64,
+                       .y = fake,
+                       .ldy = (size_t)s.n};
+  CHECK(mt_gemm_grouped(&g, NULL) == MT_ERR_UNSUPPORTED);
+}
+
 int main(void) {
   RUN(auto_path_on_the_benchmark_shapes);
   RUN(auto_path_edges);
@@ -253,5 +285,6 @@ int main(void) {
   RUN(forced_paths_refused);
   RUN(grouped_refresh_tables);
   RUN(refresh_list_bound);
+  RUN(sizes_past_an_int_refused);
   return mt_test_done();
 }
