@@ -8,6 +8,10 @@
  *   reliability_app MODE OUT
  *     threads    16 threads on 16 streams (own handles), the shared weight and their own; then
  *                the same calls one after another on one stream: bitwise equal
+ *     swap       the threads' calls in rounds, the shared weight rewritten in place between rounds
+ *                (two versions, alternately): each round bitwise equal to the calls made one after
+ *                another on its version (under a frozen cache, the streams' checks of the shared
+ *                weight right after its change run at once: shim/wcache.h orders them)
  *     fork       routes, forks while another thread routes: the child's call must come back (any
  *                status, no hang); then a child forked before CUDA was used routes on its own
  *     reset      routes; the primary context reset and retained again (cudaDeviceReset); routes;
@@ -250,6 +254,52 @@ static int mode_threads(void) {
   return differ ? 1 : 0;
 }
 
+/* --- swap ------------------------------------------------------------------------------------- */
+
+#define ROUNDS 6
+
+static void jobs_free(job *j, int n) {
+  for (int i = 0; i < n; i++)
+    free(j[i].results);
+  free(j);
+}
+
+/* The shared weight set to `host` between rounds: every call before it has ended, and the copy
+ * has landed before any call after it starts (the streams do not block on the legacy stream). */
+static int set_weight(CUdeviceptr w, const uint16_t *host) {
+  return CU(cuCtxSynchronize)() || CU(cuMemcpyHtoD)(w, host, (size_t)OUT * IN * 2) ||
+                 CU(cuCtxSynchronize)()
+             ? -1
+             : 0;
+}
+
+static int mode_swap(void) {
+  buffers shared;
+  uint16_t *v[2] = {malloc((size_t)OUT * IN * 2), malloc((size_t)OUT * IN * 2)};
+  if (!v[0] || !v[1] || buffers_make(&shared, 7, 8))
+    return 2;
+  fill(v[0], (size_t)OUT * IN, 7); /* buffers_make's weight */
+  fill(v[1], (size_t)OUT * IN, 9);
+  job *seq[2];
+  for (int k = 0; k < 2; k++) {
+    seq[k] = jobs_new(nthreads, current(), shared.w);
+    if (set_weight(shared.w, v[k]) || run_jobs(seq[k], nthreads, 0))
+      return printf("#info failed_calls 1\n"), 1;
+  }
+  long differ = 0;
+  for (int r = 0; r < ROUNDS; r++) {
+    job *par = jobs_new(nthreads, current(), shared.w);
+    if (set_weight(shared.w, v[r % 2]) || run_jobs(par, nthreads, 1)) /* a change each round */
+      return printf("#info failed_calls 1\n"), 1;
+    differ += compare_jobs(par, seq[r % 2], nthreads);
+    jobs_free(par, nthreads);
+  }
+  printf("#info calls %d\n#info differing %ld\n", (2 + ROUNDS) * nthreads * ncalls, differ);
+  jobs_free(seq[0], nthreads), jobs_free(seq[1], nthreads);
+  free(v[0]), free(v[1]);
+  return differ ? 1 : 0;
+}
+
 /* --- fork ------------------------------------------------------------------------------------- */
 
 static volatile int stop_looping;
@@ -455,7 +505,7 @@ static int mode_oom(void) {
 
 int main(int argc, char **argv) {
   if (argc != 3)
-    return fprintf(stderr, "usage: reliability_app threads|fork|reset|contexts|oom OUT\n"), 2;
+    return fprintf(stderr, "usage: reliability_app threads|swap|fork|reset|contexts|oom OUT\n"), 2;
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char *t = getenv("RELIABILITY_THREADS"), *c = getenv("RELIABILITY_CALLS");
   if (t && atoi(t) > 0 && atoi(t) <= NTHREADS)
@@ -468,6 +518,7 @@ int main(int argc, char **argv) {
     return fprintf(stderr, "no CUDA device\n"), 2;
   out_file = fopen(argv[2], "wb");
   int rc = !strcmp(argv[1], "threads")    ? mode_threads()
+           : !strcmp(argv[1], "swap")     ? mode_swap()
            : !strcmp(argv[1], "fork")     ? mode_fork()
            : !strcmp(argv[1], "reset")    ? mode_reset()
            : !strcmp(argv[1], "contexts") ? mode_contexts()

@@ -16,6 +16,9 @@ Graph cases (tests/gpu/reliability_child.py under the shim, routes 1536x2048):
 C program cases (tests/gpu/reliability_app.c, real cuBLAS, with and without the shim):
 - threads: 16 threads on 16 streams, shared and own weights: bitwise equal to the same calls one
   after another, every call routed;
+- swap (frozen and frozen-sampled caches): the same threads in rounds, the shared weight rewritten
+  in place between rounds: every round bitwise equal to its version's calls made one after
+  another (the streams' checks of the changed weight are ordered, none keeps a stale weight);
 - fork: a child forked while another thread routes comes back (no hang) as often as without the
   shim; a child forked before CUDA was used routes and gets the parent's bits; the parent goes on;
 - reset: the primary context reset three times and a created context destroyed and re-created
@@ -138,6 +141,16 @@ def threads_bitwise_equal_to_one_thread():
                   "the routed results are cuBLAS's: nothing was routed")
 
 
+def kept_weight_changed_under_threads():
+    need_gpu()
+    for cache in ("frozen", "frozen-sampled"):
+        rc, info, _, summary, err = app("swap", "swap_" + cache,
+                                        extra={"MINITE_WEIGHT_CACHE": cache})
+        harness.check(rc == 0 and info.get("differing") == 0,
+                      f"swap/{cache}: exit {rc}, {info}: {err[-2000:]}")
+        all_routed(f"swap/{cache}", summary, info.get("calls"))
+
+
 def forks_come_back():
     need_gpu()
     rc0, plain, _, _, _ = app("fork", "fork_plain", shim=False, timeout=900)
@@ -238,8 +251,8 @@ def sanitizers_clean():
 
 
 for t in (graph_outlives_scratch_growth, graph_without_stream_argument, make_graphed_callables_routes,
-          torch_compile_reduce_overhead_routes, threads_bitwise_equal_to_one_thread, forks_come_back,
-          reset_and_recreated_contexts, two_contexts_on_one_gpu, out_of_memory_falls_back,
-          sanitizers_clean):
+          torch_compile_reduce_overhead_routes, threads_bitwise_equal_to_one_thread,
+          kept_weight_changed_under_threads, forks_come_back, reset_and_recreated_contexts,
+          two_contexts_on_one_gpu, out_of_memory_falls_back, sanitizers_clean):
     harness.run(t)
 sys.exit(harness.done())
