@@ -127,14 +127,22 @@ def all_routed(tag, summary, calls):
                   f"fallbacks {summary.get('fallbacks')}")
 
 
-def threads_bitwise_equal_to_one_thread():
-    need_gpu()
-    for cache in ("requantize", "frozen"):
-        rc, info, data, summary, err = app("threads", "threads_" + cache,
+def routed_and_equal(mode, caches):
+    """reliability_app MODE under each weight cache: its own comparison finds nothing differing and
+    every call is routed. Returns the last run's outputs."""
+    data = None
+    for cache in caches:
+        rc, info, data, summary, err = app(mode, f"{mode}_{cache}",
                                            extra={"MINITE_WEIGHT_CACHE": cache})
         harness.check(rc == 0 and info.get("differing") == 0,
-                      f"threads/{cache}: exit {rc}, {info}: {err[-2000:]}")
-        all_routed(f"threads/{cache}", summary, info.get("calls"))
+                      f"{mode}/{cache}: exit {rc}, {info}: {err[-2000:]}")
+        all_routed(f"{mode}/{cache}", summary, info.get("calls"))
+    return data
+
+
+def threads_bitwise_equal_to_one_thread():
+    need_gpu()
+    data = routed_and_equal("threads", ("requantize", "frozen"))
     rc, info, plain, _, err = app("threads", "threads_plain", shim=False)
     harness.check(rc == 0, f"threads without the shim: exit {rc}: {err[-2000:]}")
     harness.check(plain.size == data.size and not np.array_equal(plain, data),
@@ -143,12 +151,7 @@ def threads_bitwise_equal_to_one_thread():
 
 def kept_weight_changed_under_threads():
     need_gpu()
-    for cache in ("frozen", "frozen-sampled"):
-        rc, info, _, summary, err = app("swap", "swap_" + cache,
-                                        extra={"MINITE_WEIGHT_CACHE": cache})
-        harness.check(rc == 0 and info.get("differing") == 0,
-                      f"swap/{cache}: exit {rc}, {info}: {err[-2000:]}")
-        all_routed(f"swap/{cache}", summary, info.get("calls"))
+    routed_and_equal("swap", ("frozen", "frozen-sampled"))
 
 
 def forks_come_back():
