@@ -23,7 +23,7 @@
 #define CK(x)                                                                                                          \
   do {                                                                                                                 \
     if ((x) != 0) {                                                                                                    \
-      std::printf("%s failed at line %d\n", #x, __LINE__);                                                            \
+      std::printf("%s failed at line %d\n", #x, __LINE__);                                                             \
       return 1;                                                                                                        \
     }                                                                                                                  \
   } while (0)
@@ -106,8 +106,8 @@ int main() {
   CK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
   empty<<<1, 32, 0, s1>>>();
   CK(cudaDeviceSynchronize());
-  std::printf("host ns a call: cuEventRecord %.0f, cuStreamWaitEvent %.0f, empty launch %.0f\n",
-              host_ns(0, ev, s1, s2), host_ns(1, ev, s1, s2), host_ns(2, ev, s1, s2));
+  std::printf("host ns a call: cuEventRecord %.0f, cuStreamWaitEvent %.0f, empty launch %.0f\n", host_ns(0, ev, s1, s2),
+              host_ns(1, ev, s1, s2), host_ns(2, ev, s1, s2));
   chain_us(false, ev, s1); // warm-up
   const double plain = chain_us(false, ev, s1), recorded = chain_us(true, ev, s1);
   std::printf("chain of %d PDL kernels of ~2 us: %.0f us, with a record between each two: %.0f us "

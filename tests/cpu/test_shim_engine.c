@@ -1163,6 +1163,7 @@ static void *calls_on(void *arg) {
     c->routed += hook_gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, OUT, 8, IN, &one, c->w, CUDA_R_16BF, IN,
                            c->x, CUDA_R_16BF, IN, &zero, c->y, CUDA_R_16BF, OUT, CUBLAS_COMPUTE_32F,
                            CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+  ((__typeof__(&cublasDestroy_v2))mt_t_sym(lib_cublas, "cublasDestroy_v2"))(h);
   return NULL;
 }
 
