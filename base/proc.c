@@ -30,7 +30,11 @@ static const char *first_number(const char *const names[]) {
     const char *v = getenv(names[i]);
     if (!v || !v[0])
       continue;
-    return strlen(v) <= 9 && strspn(v, "0123456789") == strlen(v) ? v : NULL;
+    if (strlen(v) > 9 || strspn(v, "0123456789") != strlen(v))
+      return NULL;
+    while (v[0] == '0' && v[1]) /* "007" is 7: a JSON number has no leading zero */
+      v++;
+    return v;
   }
   return NULL;
 }

@@ -230,6 +230,14 @@ static void rank_and_device_recorded(void) {
   const char *bad[] = {"RANK=x", "SLURM_PROCID=2", NULL}; /* the first set decides */
   ranks_from("bad_rank", bad, 0, -1, -1);
   ranks_from("no_rank", NULL, 0, -1, -1);
+  /* leading zeros: the numbers as JSON writes them (the start record stays JSON) */
+  const char *zeros[] = {"RANK=007", "LOCAL_RANK=01", "WORLD_SIZE=08", NULL};
+  ranks_from("zeros", zeros, 7, 1, 8);
+  mt_t_child r;
+  mt_t_run_child("one_call", "zeros_text", zeros, &r);
+  CHECKF(r.stats && strstr(r.stats, "\"rank\": 7, \"local_rank\": 1, \"world_size\": 8,"), "%.300s",
+         r.stats ? r.stats : "no statistics");
+  mt_t_child_free(&r);
   /* two ranks at once on the one device, one file each through %r */
   char tmpl[PATH_MAX + 64];
   snprintf(tmpl, sizeof tmpl, "MINITE_STATS=%s/ranks.%%r.jsonl", mt_t_paths.tmp);
@@ -238,9 +246,9 @@ static void rank_and_device_recorded(void) {
     fflush(stdout);
     if ((pids[i] = fork()) == 0) {
       const char *env[] = {tmpl, i ? "RANK=1" : "RANK=0", "WORLD_SIZE=2", NULL};
-      mt_t_child r;
-      mt_t_run_child("one_call", i ? "rank1" : "rank0", env, &r);
-      _exit(r.status);
+      mt_t_child one;
+      mt_t_run_child("one_call", i ? "rank1" : "rank0", env, &one);
+      _exit(one.status);
     }
   }
   for (int i = 0; i < 2; i++) {
