@@ -14,16 +14,18 @@ The format, JSON lines in UTF-8:
 
 "tokens" holds the generated tokens only; "logprobs"[i] is the natural-log probability of
 "tokens"[i] given the prompt and "tokens"[:i], computed as log_softmax in FP32 over the full
-vocabulary (no top-k/top-p truncation); null stands for a value that was not finite. "prompt" is
-what the learner needs to teacher-force the sequence; a reader that only compares log-probs does
-not need it. Readers ignore keys they do not know, so writers may add some (the demos add
-"shim", "source", sizes).
+vocabulary (no top-k/top-p truncation), so at most 0 (LOGPROB_MAX allows for rounding); null
+stands for a value that was not finite (a reader also takes NaN and Infinity, and an integer
+below a double's range as -inf: not finite either). "prompt" is what the learner needs to
+teacher-force the sequence; a reader that only compares log-probs does not need it. Readers
+ignore keys they do not know, so writers may add some (the demos add "shim", "source", sizes).
 
 Reading never raises on a bad sequence line: a line that is not JSON (a truncated last line, a
-corrupt byte), lacks a field, has fields of the wrong type, or whose "tokens" and "logprobs"
-differ in length is skipped and counted, and so is a second line for a seq already read. Only a
-file that cannot be opened, is empty, or does not start with a minite-logprobs header of a known
-version raises FormatError.
+corrupt byte, nesting deeper than the parser goes), lacks a field, has fields of the wrong type,
+holds a finite log-prob above LOGPROB_MAX (a probability above 1), or whose "tokens" and
+"logprobs" differ in length is skipped and counted, and so is a second line for a seq already
+read. Only a file that cannot be opened, is empty, or does not start with a minite-logprobs
+header of a known version raises FormatError.
 """
 import json
 import math
@@ -31,6 +33,9 @@ import math
 FORMAT = "minite-logprobs"
 VERSION = 1
 ROLES = ("sampler", "learner")
+# FP32 rounding leaves a log-prob near 0 a few units of 2^-23 (1.2e-7) above it at most; 1e-4 is
+# far above that and still refuses a probability above 1.0001. It also bounds exp(log-prob).
+LOGPROB_MAX = 1e-4
 
 
 class FormatError(Exception):
@@ -76,13 +81,21 @@ def _is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _logprob(v):
-    """A logprob entry as float, NaN for null or non-finite; None when it is not a number."""
+    """A logprob entry as float: NaN for null, -inf for an integer below a double's range; None
+    when it is not a number or a finite one above LOGPROB_MAX."""
     if v is None:
         return math.nan
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if not _is_number(v) or LOGPROB_MAX < v < math.inf:
         return None
-    return float(v)
+    try:
+        return float(v)
+    except OverflowError:  # only a negative integer gets here: a probability of 0 to a double
+        return -math.inf
 
 
 def _parse_header(path, line):
@@ -91,7 +104,7 @@ def _parse_header(path, line):
             "its first line is a JSON object with \"format\": \"minite-logprobs\"")
     try:
         header = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json can read
         raise FormatError(f"{what}: its first line is not JSON ({hint})") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         found = header.get("format") if isinstance(header, dict) else type(header).__name__
@@ -102,7 +115,8 @@ def _parse_header(path, line):
                           f"version {VERSION} files have \"version\": {VERSION}")
     if version > VERSION:
         raise FormatError(f"{path}: minite-logprobs version {version} is newer than this reader "
-                          f"(version {VERSION}); update scripts/ to a version that reads it")
+                          f"(version {VERSION}); update tools/ (tools/logprobs.py reads the "
+                          "format) to a version that reads it")
     if header.get("role") not in ROLES:
         raise FormatError(f"{path}: header role is {header.get('role')!r}; it must be one of "
                           f"{', '.join(ROLES)}")
@@ -123,7 +137,10 @@ def _parse_seq(obj):
     if len(lps) != len(tokens):
         return f"seq {seq}: {len(tokens)} tokens but {len(lps)} logprobs"
     values = [_logprob(v) for v in lps]
-    if any(v is None for v in values):
+    if None in values:
+        pos = values.index(None)
+        if _is_number(lps[pos]):
+            return f"seq {seq}: log-prob {pos} is above 0 (a probability above 1)"
         return f"seq {seq}: \"logprobs\" holds something other than numbers and null"
     prompt = obj.get("prompt", [])
     if not isinstance(prompt, list) or not all(_is_int(t) and t >= 0 for t in prompt):
@@ -151,7 +168,7 @@ def read(path):
                 continue
             try:
                 obj = json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):
                 result.skip(lineno, "not valid JSON (truncated or corrupt)")
                 continue
             s = _parse_seq(obj)

@@ -2,7 +2,8 @@
 small log-prob files that each test writes: metrics against values computed by hand, truncated
 and corrupt lines skipped and counted, refusals (tokens that differ, a wrong header, a newer
 version, swapped files, different models) with exit status 3, usage errors with 2, --json that
-parses, and a PNG (magic bytes) for one run and for several.
+parses, a PNG (magic bytes) for one run and for several; lines nested too deep, headers without a
+spec, log-probs far apart (exp and sums beyond a double) and above 0, a checksum beyond a double.
 """
 import json
 import math
@@ -21,6 +22,7 @@ GAP_REPORT = os.path.join(ROOT, "tools", "gap-report")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MODEL = {"name": "test", "layers": 2, "seed": 0, "checksum": 123.25}
 TMP = harness.temp_dir("mt-gap-report-")
+DROP = object()                   # a header field left out
 
 # Two sequences of two tokens. Sampler log-probs -1..-4; the learner's differ by
 # r = lp_learner - lp_sampler = 0, ln 1.5, -ln 4, ln 3, so the importance ratios are
@@ -296,12 +298,131 @@ def test_writer_and_reader_round_trip():
     harness.check(got.corrupt == 0 and got.duplicates == 0, "nothing skipped")
 
 
+def strict_json(text):
+    """json.loads that refuses NaN and Infinity, which are not JSON."""
+    def refuse(word):
+        raise ValueError(f"{word} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_deeply_nested_lines_are_not_json():
+    nested = write("nested.jsonl", "sampler", LP_SAMPLER, extra_lines=["[" * 100000 + "\n"])
+    f = logprobs.read(nested)
+    harness.check(f.corrupt == 1 and sorted(f.seqs) == [0, 1], f"corrupt {f.corrupt}")
+    header = write("nested-header.jsonl", "learner", LP_LEARNER, header="[" * 100000)
+    rc, out, err = gap_report(header, path("sampler.jsonl"))
+    harness.check(rc == 3 and "not JSON" in err and "Traceback" not in err,
+                  f"exit {rc}: {err[-300:]}")
+
+
+def test_headers_without_spec_get_a_label():
+    pair()
+    bare = {"format": "minite-logprobs", "version": 1, "model": MODEL, "seed": 0}
+    for name, specs in (("none", (DROP, DROP)), ("list", (["a"], ["a"])), ("one", (DROP, "x"))):
+        files = []
+        for role, lps, spec in (("learner", LP_LEARNER, specs[0]),
+                                ("sampler", LP_SAMPLER, specs[1])):
+            head = dict(bare, role=role) if spec is DROP else dict(bare, role=role, spec=spec)
+            files.append(write(f"{role}-spec-{name}.jsonl", role, lps, header=json.dumps(head)))
+        rc, out, err = gap_report(*files)
+        harness.check(rc == 0 and "Traceback" not in err and "ratio mean" in out,
+                      f"{name}: exit {rc}:\n{out}{err[-300:]}")
+        doc = report_json(*files)
+        label = doc["runs"][0]["label"] if doc else None
+        harness.check(isinstance(label, str) and label, f"{name}: label {label!r}")
+        if name == "none":
+            harness.check(label == "run", f"no spec at all: label {label!r}")
+    if require_matplotlib():
+        rc, out, err = gap_report(*files, "--png", path("no-spec.png"))
+        harness.check(rc == 0 and is_png(path("no-spec.png")), f"--png: exit {rc}: {err[-300:]}")
+
+
+def test_extreme_logprobs_do_not_overflow():
+    # finite log-probs far apart: exp(r) beyond a double makes k3 KL inf (null in --json), the
+    # others stay finite; sums beyond a double are still averaged
+    top = sys.float_info.max
+    cases = {
+        "exp overflow": ({0: [-1.0, -1.0]}, {0: [-750.0, -1.0]}),
+        "sum overflow": ({0: [-1.7e308, -1.7e308]}, {0: [-0.5, -0.5]}),
+        "max of a double": ({0: [-top] * 3}, {0: [0.0] * 3}),
+    }
+    for name, (lp_l, lp_s) in cases.items():
+        tokens = {0: list(range(11, 11 + len(lp_l[0])))}
+        files = (write(f"learner-{name[:3]}.jsonl", "learner", lp_l, tokens=tokens),
+                 write(f"sampler-{name[:3]}.jsonl", "sampler", lp_s, tokens=tokens))
+        rc, out, err = gap_report("--json", *files)
+        harness.check(rc == 0 and "Traceback" not in err, f"{name}: exit {rc}: {err[-300:]}")
+        try:
+            m = strict_json(out)["runs"][0]["metrics"]
+        except (ValueError, KeyError, IndexError) as e:
+            harness.check(False, f"{name}: --json is not JSON ({e}): {out[:300]}")
+            continue
+        r = [a - b for a, b in zip(lp_l[0], lp_s[0])]
+        ratio_max = math.exp(min(max(max(r), -20.0), 20.0))
+        kl = -math.fsum(x / 4 for x in r) / len(r) * 4          # quarters: no sum overflows
+        harness.check(close(m["kl"], kl) and
+                      close(m["abs_dlogp_max"], max(map(abs, r))) and
+                      close(m["ratio_max"], ratio_max), f"{name}: {m}")
+        if name == "exp overflow":
+            harness.check(m["k3_kl"] is None, f"k3 KL of exp(749) is not finite: {m['k3_kl']}")
+            rc, out, err = gap_report(*files)
+            k3 = [line for line in out.splitlines() if line.startswith("k3 KL")]
+            harness.check(rc == 0 and k3 and k3[0].split()[-1] == "inf", f"table:\n{out}{err}")
+        else:
+            harness.check(close(m["k3_kl"], -r[0]), f"{name}: k3 KL {m['k3_kl']}")
+
+
+def test_logprobs_above_zero_are_corrupt():
+    # a log-prob above 0 beyond rounding is a probability above 1: its line is skipped and
+    # counted; a negative integer beyond a double is a log-prob of -inf (not finite, counted)
+    huge = "1" + "0" * 400
+    lines = ['{"seq": 2, "tokens": [1], "logprobs": [800.0]}\n',
+             '{"seq": 3, "tokens": [1], "logprobs": [%s]}\n' % huge,
+             '{"seq": 4, "tokens": [1, 2], "logprobs": [-1.0, 0.5]}\n',
+             '{"seq": 5, "tokens": [1], "logprobs": [-%s]}\n' % huge,
+             '{"seq": 6, "tokens": [1], "logprobs": [1e-7]}\n']
+    f = logprobs.read(write("above-zero.jsonl", "sampler", LP_SAMPLER, extra_lines=lines))
+    harness.check(f.corrupt == 3 and sorted(f.seqs) == [0, 1, 5, 6], f"{f.corrupt} {f.problems}")
+    harness.check(any("above 0" in p for p in f.problems), f"reason named: {f.problems}")
+    harness.check(f.seqs.get(5) and f.seqs[5].logprobs == [-math.inf], "-10^400 is -inf")
+    harness.check(f.seqs.get(6) and f.seqs[6].logprobs == [1e-7], "rounding above 0 is kept")
+    learner = write("learner-above.jsonl", "learner", {**LP_LEARNER, 2: [-1.0], 5: [-1.0]},
+                    tokens={**TOKENS, 2: [1], 5: [1]})
+    rc, out, err = gap_report("--json", learner, path("above-zero.jsonl"))
+    doc = strict_json(out) if rc == 0 else {}
+    c = doc["runs"][0]["counts"] if doc else {}
+    harness.check(rc == 0 and c.get("corrupt_lines_sampler") == 3 and
+                  c.get("sequences_only_learner") == 1 and c.get("nonfinite_tokens") == 1,
+                  f"exit {rc}: {c} {err[-300:]}")
+
+
+def test_newer_version_names_the_reader_to_update():
+    newer = write("newer-2.jsonl", "learner", LP_LEARNER,
+                  header='{"format": "minite-logprobs", "version": 2, "role": "learner"}')
+    rc, out, err = gap_report(newer, path("sampler.jsonl"))
+    harness.check(rc == 3 and "update tools/" in err and "tools/logprobs.py" in err and
+                  "scripts/" not in err, f"exit {rc}: {err}")
+
+
+def test_huge_model_checksum_is_compared():
+    # a checksum beyond a double is compared exactly: refused when it differs, never a traceback
+    learner, sampler = pair()
+    huge = write("learner-huge-sum.jsonl", "learner", LP_LEARNER,
+                 model=dict(MODEL, checksum=10 ** 400))
+    rc, out, err = gap_report(huge, sampler)
+    harness.check(rc == 3 and "checksum" in err and "Traceback" not in err,
+                  f"exit {rc}: {err[-300:]}")
+
+
 for t in (test_metrics_match_hand_computed_values, test_table_names_every_metric,
           test_truncated_and_corrupt_lines_are_skipped_and_counted,
           test_reader_never_raises_on_bad_lines, test_nonfinite_logprobs_are_counted_not_used,
           test_mismatched_tokens_are_refused, test_wrong_headers_are_refused,
           test_swapped_files_and_different_models_are_refused, test_no_token_in_common_is_refused,
           test_usage_errors_exit_2, test_several_runs_in_one_report, test_png_is_written,
-          test_writer_and_reader_round_trip):
+          test_writer_and_reader_round_trip, test_deeply_nested_lines_are_not_json,
+          test_headers_without_spec_get_a_label, test_extreme_logprobs_do_not_overflow,
+          test_logprobs_above_zero_are_corrupt, test_newer_version_names_the_reader_to_update,
+          test_huge_model_checksum_is_compared):
     harness.run(t)
 sys.exit(harness.done())

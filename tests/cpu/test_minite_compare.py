@@ -4,7 +4,8 @@ rows perturbed in a random direction by a known relative amount (the median esti
 refusals with exit status 3 (fingerprints that differ, no start record, not a statistics file,
 disagreeing start records), unreadable files and usage errors with 2, truncated and corrupt lines
 skipped and counted, keys inconsistent within one file, unknown fields ignored, an empty join,
-and --json with its documented fields.
+--json with its documented fields, sketch values beyond FP32 and routes beyond uint32 counted as
+corrupt, and the message for an unknown digest scheme.
 """
 import importlib.machinery
 import importlib.util
@@ -388,6 +389,50 @@ def test_sketch_reference():
     harness.check(abs(ratio / (8 / 128) - 1) < 0.1, f"E||s||^2 / ||y||^2 = {ratio}, 8/128")
 
 
+def test_sketch_values_beyond_fp32_are_corrupt():
+    # the shim writes FP32: a finite sketch value beyond FP32's max is a corrupt record (skipped
+    # and counted, never squared into an OverflowError); FP32's max itself, as %.9g writes it,
+    # is compared, with either sign
+    fp32_max = 3.40282347e38
+    big = [fp32_max] * 8
+    a = write("fp32-a.jsonl", [digest(1, 1, [0.0] * N, sketch=big),
+                               digest(2, 2, [0.0] * N, sketch=big)])
+    b = write("fp32-b.jsonl", [digest(1, 3, [0.0] * N, sketch=[-v for v in big]),
+                               digest(2, 4, [0.0] * N, sketch=[1e200] * 8),
+                               digest(5, 5, [0.0] * N, sketch=[1.0] * 7 + [-3.5e38])])
+    rc, out, err = compare("--json", a, b)
+    harness.check(rc == 0 and "Traceback" not in err, f"exit {rc}: {err[-300:]}")
+    doc = json.loads(out) if rc == 0 else {}
+    t = doc.get("total", {})
+    harness.check(doc and doc["b"]["skipped"]["corrupt"] == 2 and doc["a"]["skipped"]["corrupt"]
+                  == 0 and t["matched"] == 1 and math.isclose(t["diff_max"], 2.0, rel_tol=1e-9),
+                  f"{str(doc)[:400]}")
+    harness.check("beyond FP32" in err, f"stderr names the reason: {err}")
+
+
+def test_routes_are_uint32():
+    ys = rows(1, 17)
+    long_route = "1" * 5000 + "x2"
+    a = write("route-a.jsonl", [digest(1, 1, ys[0]), digest(2, 2, ys[0], route=long_route),
+                                digest(3, 3, ys[0], route="12345678901x2", n=12345678901),
+                                digest(4, 4, ys[0], route="4294967295x4294967295",
+                                       n=4294967295)])
+    rc, out, err = compare("--json", a, a)
+    harness.check(rc == 0 and "Traceback" not in err, f"exit {rc}: {err[-300:]}")
+    doc = json.loads(out) if rc == 0 else {}
+    harness.check(doc and doc["a"]["skipped"]["corrupt"] == 2 and
+                  [r["route"] for r in doc["routes"]] == [ROUTE, "4294967295x4294967295"],
+                  f"{str(doc)[:400]}")
+
+
+def test_unknown_scheme_names_the_tool_to_update():
+    ys = rows(1, 18)
+    a = write("scheme-a.jsonl", [digest(1, 1, ys[0]), digest(2, 2, ys[0], scheme=2)])
+    rc, out, err = compare(a, a)
+    harness.check(rc == 0 and "scheme 2" in err and "tools/minite-compare" in err and
+                  "scripts/" not in err, f"exit {rc}: {err}")
+
+
 for t in (test_identical_rows_are_all_equal, test_scaled_rows_are_estimated_exactly,
           test_random_perturbation_median_within_tolerance, test_several_routes_and_total,
           test_mismatched_fingerprints_are_refused,
@@ -397,6 +442,7 @@ for t in (test_identical_rows_are_all_equal, test_scaled_rows_are_estimated_exac
           test_keys_inconsistent_within_one_file, test_unknown_fields_and_records_are_ignored,
           test_digests_dropped_by_the_shim_are_reported,
           test_empty_join_is_reported_not_an_error, test_json_has_the_documented_fields,
-          test_sketch_reference):
+          test_sketch_reference, test_sketch_values_beyond_fp32_are_corrupt,
+          test_routes_are_uint32, test_unknown_scheme_names_the_tool_to_update):
     harness.run(t)
 sys.exit(harness.done())

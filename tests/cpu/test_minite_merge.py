@@ -2,7 +2,9 @@
 would for the ranks of one job: totals, fallbacks, one census and the instruments summed over
 ranks with a per-rank breakdown; a shared file holding two processes; missing and repeated ranks
 and a process without a summary reported; refusals with exit status 3 (fingerprints that differ,
-no start record), unreadable files and usage errors with 2; the table.
+no start record), unreadable files and usage errors with 2; the table; shadow figures that are
+not finite kept so; records of wrong types and lines nested too deep skipped and counted, with
+--json still JSON; a file given twice read once.
 """
 import json
 import os
@@ -166,8 +168,21 @@ def test_shared_file_missing_and_repeated_ranks():
     harness.check(doc["total"]["routed"] == 14 and doc["census"][0]["count"] == 15, str(doc))
     harness.check(doc["skipped_lines"][shared] == 1, str(doc["skipped_lines"]))
     rc, out, err = merge(shared, other)
-    harness.check(rc == 0 and "missing ranks: 2" in out and "several processes: 1" in out and
+    harness.check(rc == 0 and "missing ranks (1): 2" in out and "several processes: 1" in out and
                   "no summary" in out and "1 lines skipped" in out, out + err)
+
+
+def test_a_world_of_a_billion_ranks():
+    # a launcher's WORLD_SIZE may be anything the shim reads (9 digits): the first 1000 missing
+    # ranks listed and their number, at once
+    path = write("billion.jsonl", [start(0, 500, world=999999999),
+                                   summary(0, 500, 1, 0, {}, [], world=999999999)])
+    doc = merge_json(path)
+    harness.check(doc["missing_rank_count"] == 999999998 and
+                  doc["missing_ranks"] == list(range(1, 1001)), str(doc["missing_rank_count"]))
+    rc, out, err = merge(path)
+    harness.check(rc == 0 and "missing ranks (999999998): 1, 2," in out and
+                  "1000 and 999998998 more" in out, out + err)
 
 
 def test_refusals_and_usage():
@@ -194,8 +209,123 @@ def test_table():
                   "census (all ranks)" in out and "route 256x512: shadow 8 calls" in out, out)
 
 
+def strict_json(text):
+    """json.loads that refuses NaN and Infinity, which are not JSON."""
+    def refuse(word):
+        raise ValueError(f"{word} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_not_finite_shadow_figures_stay_not_finite():
+    # the shim writes rel_l2_mean and rel_l2_max as null when they are not finite (an infinite
+    # relative error): over calls > 0 the merged figure is not finite too, whatever the order
+    inf_shadow = {"calls": 2, "rel_l2_mean": None, "rel_l2_max": None, "max_abs": None,
+                  "nonfinite": 0}
+    finite = {"calls": 6, "rel_l2_mean": 0.20, "rel_l2_max": 0.30, "max_abs": 0.5,
+              "nonfinite": 0}
+    idle = {"calls": 0, "rel_l2_mean": None, "rel_l2_max": None, "max_abs": None,
+            "nonfinite": 0}
+    for order, shadows in (("null first", (inf_shadow, finite)),
+                           ("null last", (finite, inf_shadow))):
+        paths = [write(f"inf-{order[5:]}.{rank}.jsonl",
+                       [start(rank, 500 + rank), summary(rank, 500 + rank, 1, 0, {}, [],
+                                                        shadow=sh)])
+                 for rank, sh in enumerate(shadows)]
+        doc = merge_json(*paths)
+        sh = doc["routes"]["256x512"]["shadow"] if doc else {}
+        harness.check(sh.get("calls") == 8 and sh.get("rel_l2_mean") is None and
+                      sh.get("rel_l2_max") is None and sh.get("max_abs") is None,
+                      f"{order}: not finite stays null: {sh}")
+        rc, out, err = merge(*paths)
+        harness.check(rc == 0 and "rel_l2 mean not finite max not finite" in out,
+                      f"{order}: table:\n{out}{err}")
+    # a process without shadow calls adds nothing, null or not; the mean weights calls
+    paths = [write(f"idle.{rank}.jsonl", [start(rank, 600 + rank),
+                                          summary(rank, 600 + rank, 1, 0, {}, [], shadow=sh)])
+             for rank, sh in enumerate((idle, finite, dict(finite, calls=2, rel_l2_mean=0.1)))]
+    doc = merge_json(*paths)
+    sh = doc["routes"]["256x512"]["shadow"] if doc else {}
+    harness.check(sh.get("calls") == 8 and abs(sh["rel_l2_mean"] - (6 * 0.2 + 2 * 0.1) / 8) < 1e-12
+                  and sh["rel_l2_max"] == 0.30, f"idle process: {sh}")
+
+
+def test_mistyped_records_are_skipped_and_counted():
+    # each a record the shim does not write: skipped and counted with the lines, never a
+    # traceback, and --json stays JSON; rank 0 (good) is merged alone
+    good = summary(1, 701, 5, 0, {}, [census_row(256, 8, 5)])
+    cases = {
+        "fallbacks list": good.replace('"fallbacks": {}', '"fallbacks": [3]'),
+        "route null": json.dumps(dict(json.loads(good),
+                                      instruments={"routes": {"1536x2048": None}})),
+        "census types list": summary(1, 701, 5, 0, {}, [census_row(256, 8, 5, types=["bf16"])]),
+        "suggested list": summary(1, 701, 5, 0, {}, [], suggested=(["route 256x512"],)),
+        "gemm_calls NaN": good.replace('"gemm_calls": 5', '"gemm_calls": NaN'),
+        "count Infinity": summary(1, 701, 5, 0, {}, [census_row(256, 8, 5)]).replace(
+            '"count": 5', '"count": Infinity'),
+        "calls 10**400": good.replace('"gemm_calls": 5', '"gemm_calls": 1' + "0" * 400),
+    }
+    for i, (name, bad) in enumerate(cases.items()):
+        harness.check(bad != good, f"{name}: the case changes the record")
+        shared = write(f"mistyped.{i}.jsonl", [start(0, 700), summary(0, 700, 7, 1, {}, []),
+                                               start(1, 701), bad])
+        rc, out, err = merge("--json", shared)
+        harness.check(rc == 0 and "Traceback" not in err, f"{name}: exit {rc}: {err[-300:]}")
+        try:
+            doc = strict_json(out)
+        except ValueError as e:
+            harness.check(False, f"{name}: --json is not JSON ({e}): {out[:200]}")
+            continue
+        harness.check(doc["skipped_lines"][shared] == 1 and doc["without_summary"] == [1] and
+                      doc["total"]["gemm_calls"] == 8, f"{name}: {doc['skipped_lines']} "
+                      f"{doc['without_summary']} {doc['total']}")
+    # a start record of a wrong type: that process is not read (its summary neither)
+    host_list = write("mistyped-host.jsonl", [
+        start(0, 710), summary(0, 710, 7, 1, {}, []),
+        start(1, 711, host=["h"]), summary(1, 711, 5, 0, {}, []).replace('"host": "h"',
+                                                                          '"host": ["h"]')])
+    rc, out, err = merge("--json", host_list)
+    harness.check(rc == 0 and "Traceback" not in err, f"host list: exit {rc}: {err[-300:]}")
+    doc = strict_json(out) if rc == 0 else {}
+    harness.check(doc.get("processes") == 1 and doc.get("skipped_lines") == {host_list: 2},
+                  f"host list: {doc}")
+    rc, out, err = merge(host_list)
+    harness.check(rc == 0 and "2 lines skipped (not JSON, or fields of a wrong type)" in out,
+                  f"table:\n{out}{err}")
+
+
+def test_deeply_nested_line_is_skipped():
+    nested = write("nested.jsonl", [start(0, 800, world=1), "[" * 100000,
+                                    summary(0, 800, 3, 0, {}, [], world=1)])
+    rc, out, err = merge("--json", nested)
+    harness.check(rc == 0 and "Traceback" not in err, f"exit {rc}: {err[-300:]}")
+    doc = json.loads(out) if rc == 0 else {}
+    harness.check(doc.get("skipped_lines") == {nested: 1} and doc["total"]["routed"] == 3,
+                  str(doc)[:300])
+
+
+def test_the_same_file_twice_is_read_once():
+    r0, r1 = two_ranks()
+    link = os.path.join(TMP, "stats.0.link.jsonl")
+    if not os.path.lexists(link):
+        os.symlink(r0, link)
+    again = os.path.join(TMP, ".", os.path.basename(r0))
+    rc, out, err = merge("--json", r0, r1, again, link, r1)
+    harness.check(rc == 0, f"exit {rc}: {err}")
+    doc = json.loads(out) if rc == 0 else {}
+    harness.check(doc.get("processes") == 2 and doc["total"]["gemm_calls"] == 95 and
+                  doc["repeated_ranks"] == [] and list(doc["skipped_lines"]) == [r0, r1],
+                  f"one read each: {str(doc)[:300]}")
+    harness.check(err.count("minite-merge: ") == 1 and again in err and link in err and
+                  "read once" in err, f"one note on stderr: {err}")
+    rc, out, err = merge(r0, r1)
+    harness.check(rc == 0 and err == "", f"distinct files: no note: {err}")
+
+
 for t in (test_ranks_are_summed_with_a_breakdown, test_one_census_over_ranks,
           test_instruments_over_ranks, test_shared_file_missing_and_repeated_ranks,
-          test_refusals_and_usage, test_table):
+          test_refusals_and_usage, test_table,
+          test_not_finite_shadow_figures_stay_not_finite,
+          test_mistyped_records_are_skipped_and_counted, test_deeply_nested_line_is_skipped,
+          test_the_same_file_twice_is_read_once, test_a_world_of_a_billion_ranks):
     harness.run(t)
 sys.exit(harness.done())
