@@ -2,7 +2,8 @@
 #
 #   make test          what CI runs, and the one command a fresh machine needs: makes build/venv
 #                      (tests/requirements.txt), checks the format, builds the library, the tests,
-#                      the benchmarks and the lab probes, runs the CPU tests; closes with
+#                      the benchmarks and the lab probes, compiles the fuzz harnesses, runs the
+#                      CPU tests; closes with
 #                      "tests: N passed, N failed, N skipped"
 #   make test SAN=1    the same under AddressSanitizer + UndefinedBehaviorSanitizer (in build-san/;
 #                      the lab probes, CUDA only, are left to the plain build)
@@ -120,7 +121,7 @@ $(VENV)/requirements.txt: tests/requirements.txt
 	@cp $< $@
 
 # The lab probes are CUDA alone, the same in both builds: only the plain one compiles them.
-TEST_BUILD := all $(CPU_TESTS) $(TEST_FIXTURES) bench-build $(if $(filter 1,$(SAN)),,lab)
+TEST_BUILD := all $(CPU_TESTS) $(TEST_FIXTURES) bench-build $(FUZZ_CHECKS) $(if $(filter 1,$(SAN)),,lab)
 
 # MT_TEST_TIMEOUT: seconds each test program may run (tests/run; default 600).
 test: format-check $(TEST_BUILD) $(TEST_VENV)

@@ -27,6 +27,14 @@ $(B)/fuzz/fuzz_%: lab/fuzz_%.c $(wildcard base/*.c base/*.h spec/*.c spec/*.h sh
 
 FUZZ_LIMIT = $(if $(FUZZ_RUNS),-runs=$(FUZZ_RUNS),-max_total_time=$(FUZZ_SECONDS))
 
+# The harnesses compiled (not linked: libFuzzer brings main) by `make test` with the library's
+# compiler and flags, so that an API change cannot leave them broken until someone fuzzes.
+FUZZ_CHECKS := $(patsubst lab/%.c,$(B)/fuzz/%.o,$(wildcard lab/fuzz_*.c))
+
+$(B)/fuzz/%.o: lab/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
 .PHONY: fuzz
 fuzz: $(foreach t,$(FUZZ_TARGETS),$(B)/fuzz/fuzz_$(t))
 	@for t in $(FUZZ_TARGETS); do \

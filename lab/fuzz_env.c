@@ -81,7 +81,8 @@ static void routes(const char *v) {
     const mt_route *a = &s.routes[i - 1], *b = &s.routes[i];
     if (a->out > b->out || (a->out == b->out && a->in >= b->in)) abort();
   }
-  for (int i = 0; i < s.nroutes; i++) (void)mt_spec_route_unusable(&s, &s.routes[i]);
+  char why[160];
+  for (int i = 0; i < s.nroutes; i++) (void)mt_spec_route_unusable(&s, &s.routes[i], why, sizeof why);
 }
 
 /* A closed literal of valid UTF-8 with escapes well formed and no raw control character. */
