@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "kernels/instr.h"
+#include "kernels/wcheck.h"
 #include "base/param.h"
 #include "tests/cpu/fake/fake.h"
 #include "tests/cpu/fake/fake_cuda.h"
@@ -313,7 +314,11 @@ static void scenario_digest_frozen(void) {
   int wc = find_launch(t, "mt_wcheck", 0), w = find_launch(t, "mt_instr_finish", 0);
   CHECK(wc >= 0 && w > wc);
   const mt_instr_finish_args *wa = w >= 0 ? (const mt_instr_finish_args *)event(w)->args : NULL;
+  const mt_wcheck_args *ca = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
   CHECK(wa && (wa->frozen_sum == NULL) == sampled && (event(w)->grid[0] == 1) == !sampled);
+  /* the stored hash of the weight's last quantization, not the running check's sum */
+  CHECKF(sampled || (ca && wa && wa->frozen_sum == &mt_wcheck_slices(ca->state)->hash),
+         "the digest reads %p", wa ? (const void *)wa->frozen_sum : NULL);
   print_keys(&p);
   unmake(&p);
 }

@@ -64,7 +64,7 @@ static void router_decision_table(void) {
     const char *what;
     mt_call c;
     enum mt_reason want;
-  } rows[48];
+  } rows[64];
   int n = 0;
   mt_call c = forward();
 #define ROW(text, expr, reason)                                                                    \
@@ -101,6 +101,16 @@ static void router_decision_table(void) {
   ROW("Lt BIAS of FP64", (c.epilogue = CUBLASLT_EPILOGUE_BIAS, c.bias_type = CUDA_R_64F),
       MT_R_EPILOGUE);
   ROW("row-major Lt", c.order_b = CUBLASLT_ORDER_ROW, MT_R_LAYOUT);
+  ROW("row-major Lt A", c.order_a = CUBLASLT_ORDER_ROW, MT_R_LAYOUT);
+  ROW("row-major Lt C", c.order_c = CUBLASLT_ORDER_ROW, MT_R_LAYOUT);
+  ROW("row-major Lt D", c.order_d = CUBLASLT_ORDER_ROW, MT_R_LAYOUT);
+  ROW("output leading dimension below m", (c.ldc = c.ldd = 56), MT_R_LAYOUT);
+  ROW("D of another type than C", c.dtype = CUDA_R_16F, MT_R_DTYPE);
+  ROW("a shape past uint32 is no route", (c.m = 64 + (1LL << 32)), MT_R_UNROUTED);
+  ROW("negative batch stride of B",
+      (c.entry = MT_FN_cublasGemmStridedBatchedEx, c.batch = 2, c.stride_a = 64 * 32,
+       c.stride_b = -32 * 5, c.stride_c = c.stride_d = 64 * 5),
+      MT_R_LAYOUT);
   ROW("Lt batch writing one output twice", (c.entry = MT_FN_cublasLtMatmul, c.batch = 2),
       MT_R_LAYOUT);
   ROW("Lt strided batch",
@@ -141,6 +151,7 @@ static void router_decision_table(void) {
   ROW("negative batch count", (c.entry = MT_FN_cublasGemmStridedBatchedEx, c.batch = -3),
       MT_R_LAYOUT);
 #undef ROW
+  CHECK(n <= (int)(sizeof rows / sizeof rows[0]));
   for (int i = 0; i < n; i++) {
     enum mt_reason got = mt_route_decide(&spec, &rows[i].c);
     CHECKF(got == rows[i].want, "%s: %s, expected %s", rows[i].what, mt_reason_name(got),

@@ -267,5 +267,8 @@ EXPORT cublasStatus_t cublasGemmGroupedBatchedEx_64(
 OWN(cublasGemmEx);
 OWN(cublasGemmEx_64);
 OWN(cublasGemmStridedBatchedEx);
+OWN(cublasGemmStridedBatchedEx_64);
 OWN(cublasGemmBatchedEx);
+OWN(cublasGemmBatchedEx_64);
 OWN(cublasGemmGroupedBatchedEx);
+OWN(cublasGemmGroupedBatchedEx_64);
