@@ -526,15 +526,17 @@ static void scenario_lt(void) {
   unmake(&p), free(c), free(bias), free(bias32);
 }
 
-/* An Lt call of p whose B has `brows` rows (IN is right), on handle h: its status. */
-static cublasStatus_t lt_shaped(const problem *p, cublasLtHandle_t h, uint64_t brows) {
+/* An Lt call of p whose A has `acols` columns (p->out is right) and B `brows` rows (IN is right),
+ * on handle h: its status. */
+static cublasStatus_t lt_shaped(const problem *p, cublasLtHandle_t h, uint64_t acols,
+                                uint64_t brows) {
   const mt_t_lt_api api = mt_t_lt(lib_lt);
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t la, lb, lc;
   api.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
   int32_t ta = CUBLAS_OP_T;
   api.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-  api.layout_create(&la, CUDA_R_16BF, IN, p->out, IN);
+  api.layout_create(&la, CUDA_R_16BF, IN, acols, IN);
   api.layout_create(&lb, CUDA_R_16BF, brows, p->tokens, (int64_t)brows);
   api.layout_create(&lc, CUDA_R_16BF, p->out, p->tokens, p->ldc);
   char workspace[256];
@@ -546,8 +548,8 @@ static cublasStatus_t lt_shaped(const problem *p, cublasLtHandle_t h, uint64_t b
 }
 
 /* Calls of a routed shape that cuBLAS refuses reach it as they came, and get its status: NULL
- * alpha or beta, an op that is no cublasOperation_t, an Lt B whose shape is not op(B)'s, a NULL Lt
- * handle. Nothing runs on the engine. */
+ * alpha or beta, an op that is no cublasOperation_t, an Lt A or B whose shape is not op(A)'s or
+ * op(B)'s, a NULL Lt handle. Nothing runs on the engine. */
 static void scenario_refused(void) {
   problem p = make(OUT, 8, OUT);
   const cublasOperation_t T = CUBLAS_OP_T, N = CUBLAS_OP_N;
@@ -567,9 +569,10 @@ static void scenario_refused(void) {
                      4 * IN, NULL, p.y, CUDA_R_16BF, OUT, 4 * OUT, 2, CUBLAS_COMPUTE_32F,
                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE);
   CHECK(cublas_calls() == calls + 4);
-  CHECK(lt_shaped(&p, lt_handle, IN + 16) == CUBLAS_STATUS_INVALID_VALUE);
-  CHECK(lt_shaped(&p, NULL, IN) == CUBLAS_STATUS_NOT_INITIALIZED);
-  CHECK(lt_calls() == lts + 2);
+  CHECK(lt_shaped(&p, lt_handle, OUT, IN + 16) == CUBLAS_STATUS_INVALID_VALUE);
+  CHECK(lt_shaped(&p, NULL, OUT, IN) == CUBLAS_STATUS_NOT_INITIALIZED);
+  CHECK(lt_shaped(&p, lt_handle, OUT + 8, IN) == CUBLAS_STATUS_INVALID_VALUE); /* A's m, not D's */
+  CHECK(lt_calls() == lts + 3);
   CHECKF(find_kind(t, FAKE_EV_LAUNCH, 0) < 0, "the engine ran a call cuBLAS refuses");
   expect_routed(&p, S1, &zero); /* and the shape itself routes */
   check_driver_clean();
@@ -626,6 +629,30 @@ static void scenario_frozen(void) {
   printf("#info device_bytes %ld\n", device_bytes());
   check_driver_clean();
   unmake(&p), unmake(&q), unmake(&big);
+}
+
+/* One weight's call on wide (OUT rows at row stride ldw), 8 tokens. */
+static void strided_weight_call(const uint16_t *wide, int ldw, const problem *p) {
+  set_stream(S1);
+  CHECK(hook_gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, 8, IN, &one, wide, CUDA_R_16BF, ldw, p->x,
+                  CUDA_R_16BF, IN, &zero, p->y, CUDA_R_16BF, OUT, CUBLAS_COMPUTE_32F,
+                  CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+}
+
+/* Under frozen, one address read at another row stride is another weight: another entry, each
+ * found again at its own stride. */
+static void scenario_frozen_stride(void) {
+  problem p = make(OUT, 8, OUT);
+  uint16_t *wide = matrix((size_t)OUT * (IN + 16));
+  strided_weight_call(wide, IN, &p);
+  int t = now();
+  strided_weight_call(wide, IN + 16, &p);
+  CHECK_TRACE(t, "alloc memset48 mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
+  t = now();
+  strided_weight_call(wide, IN, &p);
+  CHECK_TRACE(t, "mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
+  check_driver_clean();
+  free(wide), unmake(&p);
 }
 
 /* A capturing stream: nothing is allocated outside the graph, loaded or read back. Before any
@@ -1507,6 +1534,7 @@ static const mt_t_scenario scenarios[] = {
     {"lt", scenario_lt},
     {"refused", scenario_refused},
     {"frozen", scenario_frozen},
+    {"frozen_stride", scenario_frozen_stride},
     {"frozen_batch", scenario_frozen_batch},
     {"capture", scenario_capture},
     {"capture_module", scenario_capture_module},
@@ -1657,6 +1685,16 @@ static void refused_calls_reach_cublas(void) {
   mt_t_check_child("refused", &r);
   const char *reasons[] = {"layout=5", NULL};
   check_counts(&r, 1, reasons);
+  mt_t_child_free(&r);
+}
+
+static void frozen_entries_by_row_stride(void) {
+  const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", NULL};
+  mt_t_child r;
+  run_child("frozen_stride", env, &r);
+  mt_t_check_child("frozen_stride", &r);
+  check_counts(&r, 3, NULL);
+  CHECKF(json_int(r.summary, "frozen_weights") == 2, "%ld", json_int(r.summary, "frozen_weights"));
   mt_t_child_free(&r);
 }
 
@@ -1902,6 +1940,7 @@ static void tests(void) {
   RUN(lt_routed_with_bias);
   RUN(refused_calls_reach_cublas);
   RUN(frozen_entries_and_cache_full);
+  RUN(frozen_entries_by_row_stride);
   RUN(frozen_sampled_checks_a_sample);
   RUN(frozen_grouped_store);
   RUN(sampled_lines_cover_the_runs);
