@@ -1677,8 +1677,8 @@ static void sampled_lines_cover_the_runs(void) {
   CHECKF(distinct == MT_SAMPLE_STEP, "%d of %d offsets taken", distinct, MT_SAMPLE_STEP);
 }
 
-/* scenario_refused: four calls with a reason ("layout": NULL scalars, an Lt shape or handle
- * cuBLASLt refuses), the op that is no op unrouted, one routed. */
+/* scenario_refused: five calls with the reason "layout" (NULL scalars, an Lt B shape or handle
+ * cuBLASLt refuses), the op that is no op and the Lt A of another m unrouted, one routed. */
 static void refused_calls_reach_cublas(void) {
   mt_t_child r;
   run_child("refused", NULL, &r);
