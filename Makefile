@@ -121,7 +121,8 @@ $(VENV)/requirements.txt: tests/requirements.txt
 	@cp $< $@
 
 # The lab probes are CUDA alone, the same in both builds: only the plain one compiles them.
-TEST_BUILD := all $(CPU_TESTS) $(TEST_FIXTURES) bench-build $(FUZZ_CHECKS) $(if $(filter 1,$(SAN)),,lab)
+TEST_BUILD := all $(CPU_TESTS) $(TEST_FIXTURES) bench-build $(FUZZ_CHECKS) \
+              $(if $(filter 1,$(SAN)),,lab)
 
 # MT_TEST_TIMEOUT: seconds each test program may run (tests/run; default 600).
 test: format-check $(TEST_BUILD) $(TEST_VENV)

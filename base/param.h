@@ -1,8 +1,8 @@
 /* param.h — the MINITE_* environment variables: each read once, with a default.
  *
  * A value other than the default is logged at INFO ("MINITE_X set by environment to V"), the way
- * NCCL echoes its NCCL_* settings (a string, which has no default, whenever it is set); an invalid value is a WARN naming the accepted values, and the
- * default is used. Callers count invalid values as configuration errors (MINITE_STRICT).
+ * NCCL echoes its NCCL_* settings (a string, which has no default, whenever it is set); an
+ * invalid value is a WARN naming the accepted values, and the default is used. Callers count invalid values as configuration errors (MINITE_STRICT).
  */
 #ifndef MT_PARAM_H
 #define MT_PARAM_H
@@ -21,13 +21,13 @@ int mt_param_choice(const char *name, const char *const choices[], int def, int 
 int mt_param_bool(const char *name, int def, int *errors);
 
 /* A sampling rate in [0, 1]: a decimal ("0.015625", "1", "0") or a fraction ("1/64"); `def` when
- * unset. A value other than `def` is logged at INFO; an invalid one is warned about (with the accepted forms),
- * adds one to *errors and gives `def`. */
+ * unset. A value other than `def` is logged at INFO; an invalid one is warned about (with the
+ * accepted forms), adds one to *errors and gives `def`. */
 double mt_param_rate(const char *name, double def, int *errors);
 
 /* A whole number in [min, max] (decimal digits only), `def` when unset. A valid value other than
- * `def` is logged at INFO; an invalid one is warned about (naming `unit`, the range and the default), adds one to
- * *errors and gives `def`. */
+ * `def` is logged at INFO; an invalid one is warned about (naming `unit`, the range and the
+ * default), adds one to *errors and gives `def`. */
 unsigned long long mt_param_count(const char *name, unsigned long long def, unsigned long long min,
                                   unsigned long long max, const char *unit, int *errors);
 

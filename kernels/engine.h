@@ -81,8 +81,9 @@ int mt_quantize_weight_accepts(const void *w, enum mt_dtype type, size_t ldw, co
  * quantization recorded in `state` (mt_refresh_state_bytes(1) of device memory, zeroed before the
  * first use). Arguments the quantization would refuse are refused before the check runs, and a
  * quantization that fails to launch after it leaves the state without a hash (the next refresh
- * quantizes), so that the state never vouches for a q it did not get. A hash of the weight is compared on the device (kernels/wcheck.cu): nothing is read
- * back, so it is legal inside graph capture and a replay checks again. step 1: the whole weight
+ * quantizes), so that the state never vouches for a q it did not get. A hash of the weight is
+ * compared on the device (kernels/wcheck.cu): nothing is read back, so it is legal inside graph
+ * capture and a replay checks again. step 1: the whole weight
  * (cost when nothing changed: one read of it); step s > 1: one 1 KB run of lines in each s runs,
  * the same lines at every call (weight_cache = frozen-sampled, MT_SAMPLE_STEP: a change confined
  * to lines outside the sample goes unseen). */
