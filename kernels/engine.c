@@ -91,7 +91,8 @@ int mt_qweight_bind(mt_qweight *q, int n, int k, const mt_numerics *num, void *m
 /* The amax word of a per-tensor outer section (see outer_bytes). */
 static uint32_t *amax_word(float *outer) { return (uint32_t *)(outer + 1); }
 
-/* The quantizer's arguments for W into q, or MT_ERR_UNSUPPORTED. */
+/* The quantizer's arguments for W into q, or MT_ERR_UNSUPPORTED; the launch shape is
+ * mt_quantize's to find (a kernel name built a call), so a call that launches asks for it once. */
 static int weight_params(const void *w, enum mt_dtype type, size_t ldw, const mt_qweight *q, const uint32_t *only_if,
                          mt_quant_params *out) {
   if (!w || !q || !q->xhat || !weight_shape_ok(q->n, q->k, &q->num) ||
@@ -111,12 +112,13 @@ static int weight_params(const void *w, enum mt_dtype type, size_t ldw, const mt
       .amax = amax_word(q->outer),
       .only_if = only_if,
   };
-  return mt_quantize_accepts(out, q->num.weight_block == MT_WBLOCK_16X16);
+  return MT_OK;
 }
 
 int mt_quantize_weight_accepts(const void *w, enum mt_dtype type, size_t ldw, const mt_qweight *q) {
   mt_quant_params p;
-  return weight_params(w, type, ldw, q, NULL, &p);
+  int status = weight_params(w, type, ldw, q, NULL, &p);
+  return status == MT_OK ? mt_quantize_accepts(&p, q->num.weight_block == MT_WBLOCK_16X16) : status;
 }
 
 /* The kernels read *only_if themselves (the per-tensor amax word is zeroed regardless: scratch). */
