@@ -1,8 +1,9 @@
 /* param.h — the MINITE_* environment variables: each read once, with a default.
  *
  * A value other than the default is logged at INFO ("MINITE_X set by environment to V"), the way
- * NCCL echoes its NCCL_* settings (a string, which has no default, whenever it is set); an
- * invalid value is a WARN naming the accepted values, and the default is used. Callers count invalid values as configuration errors (MINITE_STRICT).
+ * NCCL echoes its NCCL_* settings (a string, which has no default, whenever it is set); an invalid
+ * value is a WARN naming the accepted values, and the default is used. Callers count invalid values
+ * as configuration errors (MINITE_STRICT).
  */
 #ifndef MT_PARAM_H
 #define MT_PARAM_H

@@ -3,7 +3,8 @@
 //
 // Exactness (docs/numerics.md, "Why BF16 tensor cores compute NVFP4 exactly on Hopper"): every
 // dequantized element e2m1 * e4m3 is exact in BF16 and every product of two is exact in FP32, so
-// the tensor cores compute the NVFP4 products exactly; the outer scales are applied in the epilogue, in the order of gemm_args.h. Tiles of 128 tokens x BN
+// the tensor cores compute the NVFP4 products exactly; the outer scales are applied in the
+// epilogue, in the order of gemm_args.h. Tiles of 128 tokens x BN
 // channels (BN 64 to 256), or of 64 tokens x BN 32 to 64 where 128-token tiles would leave SMs
 // idle (kernels/gemm.c chooses; their stages hold two 64-wide K blocks, brought by one box an
 // operand in mt_gemm_large_m64p_nBN, rank-3 maps); TMA brings the BF16

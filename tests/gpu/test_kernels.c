@@ -8,10 +8,11 @@
  * Uses the CUDA runtime for allocation and copies (the engine itself uses only the driver table).
  *
  * GEMM accuracy bound (docs/numerics.md, "What the tests mean by ... within the bound"). Every
- * dequantized element e2m1 * s_b is exact in BF16 and every product of two is exact in FP32. Within one 16-element K block both operands share their
- * block scales, so the block's sum is s_a * s_w * sum(q_a * q_w): the code products are multiples
- * of 1/4 up to 36, sixteen of them fit in 12 bits, and s_a * s_w (E4M3 significands, 4 bits each)
- * adds at most 8: at most 20 significant bits, exact in FP32 however the tensor core adds them.
+ * dequantized element e2m1 * s_b is exact in BF16 and every product of two is exact in FP32. Within
+ * one 16-element K block both operands share their block scales, so the block's sum is s_a * s_w *
+ * sum(q_a * q_w): the code products are multiples of 1/4 up to 36, sixteen of them fit in 12 bits,
+ * and s_a * s_w (E4M3 significands, 4 bits each) adds at most 8: at most 20 significant bits, exact
+ * in FP32 however the tensor core adds them.
  * Only the K/16 additions of block sums into the FP32 accumulator round, each by at most one unit
  * in the last place of the running sum (2^-23 relative: tensor cores may truncate), so
  *     |acc - exact| <= (K/16) * 2^-23 * sum_k |products|.
