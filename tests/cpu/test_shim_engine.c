@@ -473,9 +473,12 @@ static void scenario_requantize(void) {
   unmake(&p), unmake(&big), unmake(&mid), unmake(&few);
 }
 
-/* cublasLtMatmul, with and without the BIAS epilogue; C and D separate. */
-static void lt_call(const problem *p, const uint16_t *c, const void *bias, int bias_type,
-                    const float *beta) {
+/* cublasLtMatmul of p on handle h, its A of acols columns (p->out is right) and its B of brows
+ * rows (IN is right), with the BIAS epilogue where bias is given; C (c) and D separate: its
+ * status. */
+static cublasStatus_t lt_matmul(const problem *p, cublasLtHandle_t h, uint64_t acols,
+                                uint64_t brows, const uint16_t *c, const void *bias, int bias_type,
+                                const float *beta) {
   const mt_t_lt_api api = mt_t_lt(lib_lt);
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t la, lb, lc;
@@ -489,14 +492,22 @@ static void lt_call(const problem *p, const uint16_t *c, const void *bias, int b
     if (bias_type != -1)
       api.desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type);
   }
-  api.layout_create(&la, CUDA_R_16BF, IN, p->out, IN);
-  api.layout_create(&lb, CUDA_R_16BF, IN, p->tokens, IN);
+  api.layout_create(&la, CUDA_R_16BF, IN, acols, IN);
+  api.layout_create(&lb, CUDA_R_16BF, brows, p->tokens, (int64_t)brows);
   api.layout_create(&lc, CUDA_R_16BF, p->out, p->tokens, p->ldc);
   char workspace[256];
-  CHECK(hook_lt(lt_handle, desc, &one, p->w, la, p->x, lb, beta, c, lc, p->y, lc, NULL, workspace,
-                sizeof workspace, (cudaStream_t)S1) == CUBLAS_STATUS_SUCCESS);
+  cublasStatus_t st = hook_lt(h, desc, &one, p->w, la, p->x, lb, beta, c, lc, p->y, lc, NULL,
+                              workspace, sizeof workspace, (cudaStream_t)S1);
   api.desc_destroy(desc);
   api.layout_destroy(la), api.layout_destroy(lb), api.layout_destroy(lc);
+  return st;
+}
+
+/* A routed cublasLtMatmul of p's own shapes. */
+static void lt_call(const problem *p, const uint16_t *c, const void *bias, int bias_type,
+                    const float *beta) {
+  CHECK(lt_matmul(p, lt_handle, (uint64_t)p->out, IN, c, bias, bias_type, beta) ==
+        CUBLAS_STATUS_SUCCESS);
 }
 
 static void scenario_lt(void) {
@@ -526,27 +537,6 @@ static void scenario_lt(void) {
   unmake(&p), free(c), free(bias), free(bias32);
 }
 
-/* An Lt call of p whose A has `acols` columns (p->out is right) and B `brows` rows (IN is right),
- * on handle h: its status. */
-static cublasStatus_t lt_shaped(const problem *p, cublasLtHandle_t h, uint64_t acols,
-                                uint64_t brows) {
-  const mt_t_lt_api api = mt_t_lt(lib_lt);
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t la, lb, lc;
-  api.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-  int32_t ta = CUBLAS_OP_T;
-  api.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-  api.layout_create(&la, CUDA_R_16BF, IN, acols, IN);
-  api.layout_create(&lb, CUDA_R_16BF, brows, p->tokens, (int64_t)brows);
-  api.layout_create(&lc, CUDA_R_16BF, p->out, p->tokens, p->ldc);
-  char workspace[256];
-  cublasStatus_t st = hook_lt(h, desc, &one, p->w, la, p->x, lb, &zero, p->y, lc, p->y, lc, NULL,
-                              workspace, sizeof workspace, (cudaStream_t)S1);
-  api.desc_destroy(desc);
-  api.layout_destroy(la), api.layout_destroy(lb), api.layout_destroy(lc);
-  return st;
-}
-
 /* Calls of a routed shape that cuBLAS refuses reach it as they came, and get its status: NULL
  * alpha or beta, an op that is no cublasOperation_t, an Lt A or B whose shape is not op(A)'s or
  * op(B)'s, a NULL Lt handle. Nothing runs on the engine. */
@@ -569,9 +559,11 @@ static void scenario_refused(void) {
                      4 * IN, NULL, p.y, CUDA_R_16BF, OUT, 4 * OUT, 2, CUBLAS_COMPUTE_32F,
                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE);
   CHECK(cublas_calls() == calls + 4);
-  CHECK(lt_shaped(&p, lt_handle, OUT, IN + 16) == CUBLAS_STATUS_INVALID_VALUE);
-  CHECK(lt_shaped(&p, NULL, OUT, IN) == CUBLAS_STATUS_NOT_INITIALIZED);
-  CHECK(lt_shaped(&p, lt_handle, OUT + 8, IN) == CUBLAS_STATUS_INVALID_VALUE); /* A's m, not D's */
+  CHECK(lt_matmul(&p, lt_handle, OUT, IN + 16, p.y, NULL, -1, &zero) ==
+        CUBLAS_STATUS_INVALID_VALUE);
+  CHECK(lt_matmul(&p, NULL, OUT, IN, p.y, NULL, -1, &zero) == CUBLAS_STATUS_NOT_INITIALIZED);
+  CHECK(lt_matmul(&p, lt_handle, OUT + 8, IN, p.y, NULL, -1, &zero) ==
+        CUBLAS_STATUS_INVALID_VALUE); /* A's m, not D's */
   CHECK(lt_calls() == lts + 3);
   CHECKF(find_kind(t, FAKE_EV_LAUNCH, 0) < 0, "the engine ran a call cuBLAS refuses");
   expect_routed(&p, S1, &zero); /* and the shape itself routes */
