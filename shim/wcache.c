@@ -514,11 +514,15 @@ static enum mt_reason call_memory(const mt_driver *d, context *c, const mt_ctx *
   return r;
 }
 
-/* The call's memory after its weight's entry was looked up (`why`: the lookup's verdict): the
- * workspace, and room for the weight unless an entry keeps it. Releases the context's lock. */
+/* The call's memory after its weight's entry was looked up (`why`: the lookup's verdict; `kept`:
+ * the entry's order, NULL without one): the workspace, and room for the weight unless an entry
+ * keeps it; outside a capture, the call put in the kept weight's order. Releases the context's
+ * lock. */
 static enum mt_reason take_memory(const mt_driver *d, context *c, const mt_ctx *x, mt_stream stream,
-                                  size_t ws, size_t wbytes, int kept, enum mt_reason why,
+                                  size_t ws, size_t wbytes, order *kept, enum mt_reason why,
                                   int capturing, mt_wcache_hold *hold, CUdeviceptr *mem) {
+  if (kept && !capturing)
+    order_take(c, kept, hold);
   if (!ws || !wbytes || why != MT_R_ROUTED) {
     pthread_mutex_unlock(&c->lock);
     if (ws && wbytes)
@@ -527,7 +531,9 @@ static enum mt_reason take_memory(const mt_driver *d, context *c, const mt_ctx *
                  "numerics: such calls fall back to cuBLAS (reason \"engine error\")");
     return MT_R_ENGINE;
   }
-  return call_memory(d, c, x, (CUstream)stream, ws + (kept ? 0 : wbytes), capturing, hold, mem);
+  enum mt_reason r =
+      call_memory(d, c, x, (CUstream)stream, ws + (kept ? 0 : wbytes), capturing, hold, mem);
+  return r == MT_R_ROUTED && hold->order ? order_wait(d, hold) : r;
 }
 
 /* The weight's quantization or refresh status as the call's reason, captured calls counted. */
@@ -577,13 +583,9 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   enum mt_reason why = MT_R_ROUTED;
   if (ws && qbytes && frozen)
     e = entry_get(d, c, w, capturing, stream, &why);
-  if (e && !capturing)
-    order_take(c, &e->order, &out->hold);
   CUdeviceptr mem = 0;
-  enum mt_reason r =
-      take_memory(d, c, &x, stream, ws, qbytes, e != NULL, why, capturing, &out->hold, &mem);
-  if (r == MT_R_ROUTED && out->hold.order)
-    r = order_wait(d, &out->hold);
+  enum mt_reason r = take_memory(d, c, &x, stream, ws, qbytes, e ? &e->order : NULL, why, capturing,
+                                 &out->hold, &mem);
   if (r != MT_R_ROUTED)
     return r;
   out->workspace = (void *)mem;
@@ -712,13 +714,9 @@ enum mt_reason mt_wcache_prepare_grouped(const mt_wgroup_ref *w, int rows, mt_st
     count_pointer_arrays();
   else if (ws && sbytes && frozen)
     e = gentry_get(d, c, w, sbytes, capturing, stream, &why);
-  if (e && !capturing)
-    order_take(c, &e->order, &out->hold);
   CUdeviceptr mem = 0;
-  enum mt_reason r = take_memory(d, c, &x, stream, ws ? ws + extra : 0, sbytes, e != NULL, why,
-                                 capturing, &out->hold, &mem);
-  if (r == MT_R_ROUTED && out->hold.order)
-    r = order_wait(d, &out->hold);
+  enum mt_reason r = take_memory(d, c, &x, stream, ws ? ws + extra : 0, sbytes,
+                                 e ? &e->order : NULL, why, capturing, &out->hold, &mem);
   if (r != MT_R_ROUTED)
     return r;
   out->workspace = (void *)mem;
