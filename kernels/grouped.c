@@ -283,10 +283,16 @@ static int launch_gemm(const mt_grouped_args *a, mt_grouped_kargs *k, int bn, mt
 }
 
 /* The activations' tensor map for token tile bn: boxes two 64-column blocks deep (rank 3) where a
- * stage is two blocks and k fills them. */
+ * stage is two blocks and k fills them; boxes of one block (rank 2) where the driver refuses
+ * rank 3 (the kernel loads a stage's two blocks by two requests then). */
 static int act_map(mt_grouped_kargs *k, uint16_t *xhat, const mt_grouped_args *a, int bn) {
   k->kpair = MT_GROUPED_KS(bn) == 2 && a->k % 64 == 0;
-  return mt_gemm_tensor_map(&k->ta, xhat, a->m, a->k, bn, k->kpair);
+  int st = mt_gemm_tensor_map(&k->ta, xhat, a->m, a->k, bn, k->kpair);
+  if (st != MT_OK && k->kpair) {
+    k->kpair = 0;
+    st = mt_gemm_tensor_map(&k->ta, xhat, a->m, a->k, bn, 0);
+  }
+  return st;
 }
 
 /* A refresh the call can run: of the call's store, or of the one slice its segments share; with

@@ -698,30 +698,6 @@ static void scenario_capture_module(void) {
   unmake(&p);
 }
 
-/* A call whose K loop outlasts the 64-token tiles' ring (k = 2048 at 8 tokens): every operand map
- * of rank 3 and the kernel that loads by them (mt_gemm_kpair, mt_gemm_large_m64p_*); under
- * FAKE_CUDA_MAP_RANK=2, a driver that refuses rank 3, the first map is refused, the maps of rank 2
- * and mt_gemm_large_m64_* taken instead, and the call is routed as ever. */
-static void scenario_kpair(void) {
-  const char *limit = getenv("FAKE_CUDA_MAP_RANK");
-  int refuse = limit && atoi(limit) < 3;
-  problem p = make_k(OUT, 8, OUT, 2048);
-  int t = now();
-  expect_routed(&p, S1, &zero);
-  int g = find_launch(t, "mt_gemm_large_m64", 0);
-  map_counts mc = maps_between(t, g, 3);
-  CHECKF(g >= 0 && mc.refused == refuse && mc.of_rank == (refuse ? 0 : 2) && mc.maps == 2 + refuse,
-         "GEMM at %d, %d maps, %d of rank 3, %d refused", g, mc.maps, mc.of_rank, mc.refused);
-  if (g >= 0) {
-    const mt_large_args *la = (const mt_large_args *)event(g)->args;
-    const char *want = refuse ? "mt_gemm_large_m64_" : "mt_gemm_large_m64p_";
-    CHECKF(!strncmp(event(g)->name, want, strlen(want)), "%s, want %s*", event(g)->name, want);
-    CHECK(la->last_rows == 8 && la->e.k == 2048);
-  }
-  check_driver_clean();
-  unmake(&p);
-}
-
 /* Device memory refused (FAKE_CUDA_MEM_LIMIT): out of memory, cuBLAS computes. */
 static void scenario_oom(void) {
   problem p = make(OUT, 8, OUT);
@@ -885,6 +861,45 @@ static int strided_call(__typeof__(&cublasGemmStridedBatchedEx) fn, int tokens, 
 #define ARRAYS_CALL                                                                                \
   "memset12 mt_quant_amax_bf16_ptrs mt_quant_tensor_store_bf16_ptrs tmap "                         \
   "mt_quant_row_bf16_nb1_ptrs+pdl"
+
+/* A call whose K loop outlasts the 64-token tiles' ring (k = 2048 at 8 tokens): every operand map
+ * of rank 3 and the kernel that loads by them (mt_gemm_kpair, mt_gemm_large_m64p_*); under
+ * FAKE_CUDA_MAP_RANK=2, a driver that refuses rank 3, the first map is refused, the maps of rank 2
+ * and mt_gemm_large_m64_* taken instead, and the call is routed as ever. Then a strided batch of 8
+ * rows a problem, whose grouped GEMM takes its activations two K blocks a box (kpair), or one
+ * where rank 3 is refused. */
+static void scenario_kpair(void) {
+  const char *limit = getenv("FAKE_CUDA_MAP_RANK");
+  int refuse = limit && atoi(limit) < 3;
+  problem p = make_k(OUT, 8, OUT, 2048);
+  int t = now();
+  expect_routed(&p, S1, &zero);
+  int g = find_launch(t, "mt_gemm_large_m64", 0);
+  map_counts mc = maps_between(t, g, 3);
+  CHECKF(g >= 0 && mc.refused == refuse && mc.of_rank == (refuse ? 0 : 2) && mc.maps == 2 + refuse,
+         "GEMM at %d, %d maps, %d of rank 3, %d refused", g, mc.maps, mc.of_rank, mc.refused);
+  if (g >= 0) {
+    const mt_large_args *la = (const mt_large_args *)event(g)->args;
+    const char *want = refuse ? "mt_gemm_large_m64_" : "mt_gemm_large_m64p_";
+    CHECKF(!strncmp(event(g)->name, want, strlen(want)), "%s, want %s*", event(g)->name, want);
+    CHECK(la->last_rows == 8 && la->e.k == 2048);
+  }
+  unmake(&p);
+  int tokens = 8;
+  uint16_t *w = matrix((size_t)OUT * IN * BATCH), *x = matrix((size_t)tokens * IN * BATCH);
+  uint16_t *y = matrix((size_t)OUT * tokens * BATCH);
+  set_stream(S1);
+  t = now();
+  CHECK(strided_call(hook_strided, tokens, w, x, &zero, y, BATCH));
+  g = find_launch(t, "mt_grouped_n16", 0);
+  mc = maps_between(t, g, 3);
+  CHECKF(g >= 0 && mc.refused == refuse && mc.of_rank == !refuse,
+         "grouped GEMM at %d, %d of rank 3, %d refused", g, mc.of_rank, mc.refused);
+  if (g >= 0)
+    CHECK(((const mt_grouped_kargs *)event(g)->args)->kpair == !refuse);
+  check_driver_clean();
+  free(w), free(x), free(y);
+}
 
 static void scenario_strided(void) {
   int tokens = 8;
@@ -1731,7 +1746,7 @@ static void kpair_maps_and_their_refusal(void) {
     mt_t_child r;
     run_child("kpair", envs[i], &r);
     mt_t_check_child("kpair", &r);
-    check_counts(&r, 1, NULL);
+    check_counts(&r, 2, NULL);
     CHECKF(mt_t_count_of(r.err, " minite WARN ") == 0, "stderr: %s", r.err);
     mt_t_child_free(&r);
   }
