@@ -301,6 +301,18 @@ static void suggested_routes_rule(void) {
     mt_call f16 = shape(CUBLAS_OP_T, 1536, n, 2048, CUDA_R_16F);
     mt_stats_census(&nn), mt_stats_census(&f32), mt_stats_census(&f16);
   }
+  /* never: B transposed (TT, TC), a layout the router does not take as a forward call, nor counted
+   * with the TN calls of the same weight, which have two token counts (not yet) */
+  for (int n = 1; n <= 5; n++) {
+    mt_call tt = shape(CUBLAS_OP_T, 768, n, 384, CUDA_R_16BF);
+    mt_call tc = shape(CUBLAS_OP_T, 640, n, 320, CUDA_R_16BF);
+    tt.transb = CUBLAS_OP_T, tc.transb = CUBLAS_OP_C;
+    mt_stats_census(&tt), mt_stats_census(&tc);
+  }
+  for (int n = 6; n <= 7; n++) {
+    mt_call tn = shape(CUBLAS_OP_T, 768, n, 384, CUDA_R_16BF);
+    mt_stats_census(&tn);
+  }
   mt_route r[8];
   int n = mt_stats_suggest(r, 8);
   CHECKF(n == 2, "%d suggestions", n);
