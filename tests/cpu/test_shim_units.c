@@ -1,6 +1,7 @@
 /* test_shim_units.c — the shim's modules one at a time: the router's decision table, parameter
- * parsing and path templates, the log line format, the census's suggested-route rule, and the
- * hook's answer when no real cuBLAS is in the process. */
+ * parsing and path templates, the log line format, the census's order and suggested-route rule,
+ * and the hook's answer when no real cuBLAS is in the process. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -322,6 +323,60 @@ static void suggested_routes_rule(void) {
   unlink(path);
 }
 
+/* The summary's census lists the most frequent shapes first (shim/stats.c, write_census); rows
+ * differing only in B's op are rows of their own. The counts are added out of order, and the
+ * hash table holds these rows out of order too (as a census without its sort would list them). */
+static void census_most_calls_first(void) {
+  char path[] = "/tmp/mt_stats_test.XXXXXX";
+  close(mkstemp(path));
+  char why[256] = "";
+  CHECKF(mt_stats_check(path, why, sizeof why) == 0, "%s", why);
+  mt_stats_reset();
+  static const struct {
+    int tb, count;
+    int64_t m;
+  } rows[] = {{CUBLAS_OP_N, 3, 96},
+              {CUBLAS_OP_N, 1, 160},
+              {CUBLAS_OP_N, 5, 224},
+              {CUBLAS_OP_T, 2, 96},
+              {CUBLAS_OP_N, 4, 288}};
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+    for (int j = 0; j < rows[i].count; j++) {
+      mt_call c = shape(CUBLAS_OP_T, rows[i].m, 8, 64, CUDA_R_16BF);
+      c.transb = rows[i].tb;
+      mt_stats_census(&c);
+    }
+  mt_spec bf16;
+  CHECK(mt_spec_builtin("bf16", &bf16) == 0);
+  mt_stats_start(&bf16, "test", "0");
+  mt_stats_finish(NULL);
+  char text[8192] = "";
+  int fd = open(path, O_RDONLY);
+  ssize_t got = fd >= 0 ? read(fd, text, sizeof text - 1) : -1;
+  text[got > 0 ? got : 0] = '\0';
+  if (fd >= 0)
+    close(fd);
+  const char *census = strstr(text, "\"census\": [");
+  CHECKF(census, "no census in %s", text);
+  const char *at = census;
+  for (int count = 5; census && count >= 1; count--) {
+    char want[160];
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+      if (rows[i].count == count)
+        snprintf(want, sizeof want,
+                 "\"ops\": \"T%c\", \"m\": %lld, \"n\": 8, \"k\": 64, \"types\": "
+                 "\"bf16*bf16->bf16\", \"count\": %d}",
+                 rows[i].tb == CUBLAS_OP_N ? 'N' : 'T', (long long)rows[i].m, count);
+    const char *row = strstr(census, want);
+    CHECKF(row && row > at, "row of %d calls missing or out of order: %.700s", count, census);
+    if (!row || row <= at)
+      break;
+    at = row;
+  }
+  mt_stats_reset();
+  unlink(path);
+}
+
 static cublasStatus_t statuses[2];
 
 static void call_twice(void) {
@@ -353,6 +408,7 @@ int main(void) {
   RUN(params);
   RUN(log_lines);
   RUN(suggested_routes_rule);
+  RUN(census_most_calls_first);
   RUN(no_real_cublas);
   return mt_test_done();
 }
