@@ -11,6 +11,10 @@
  * is bitwise what the fake cuBLAS computes without the shim. The parent checks the child's exit,
  * its stderr (warnings) and the summary record of the statistics file.
  *
+ * scenario_quant_shapes calls this program's own engine (linked from libmt.a, beside the
+ * preloaded shim's, on the same fake driver) instead of a hook: the quantizer's shapes that no
+ * routed call of these tests reaches.
+ *
  * "No engine" without any libcuda is covered by test_shim_preload.c (its nvfp4 runs).
  */
 #include <dlfcn.h>
@@ -1536,6 +1540,73 @@ static void scenario_grouped_beta_partial(void) {
   unmake(&p[0]), unmake(&p[1]), free(want[0]), free(want[1]);
 }
 
+/* The quantizer's CTA shapes (kernels/quant.c) where its caps start to bind and just before,
+ * launched by this program's own engine (linked from libmt.a beside the preloaded shim, on the
+ * same fake driver): most of these shapes no routed call of the tests reaches (8192 rows and more,
+ * rows of more than 4096 blocks), and only the driver sees a launch's shape. Per-tensor S: the
+ * amax pass runs a warp a row over at most 8192 warps (1024 CTAs of 256 threads); the quantizer's
+ * CTAs are of 256 threads, a row over at most 256 threads of one and the rest of it over grid y
+ * (a thread a block of 16, rows of fewer than 256 blocks sharing a CTA). Per-row S:
+ * a row of up to 512 threads, one block of 16 a thread while that holds and then 2, 4 or 8 (past
+ * 8 the shape is refused); CTAs of 256 threads, or of 128 over more than 512 rows, where a row
+ * takes at most 128 threads (2 blocks a thread where that fills them no worse than 4). */
+static void scenario_quant_shapes(void) {
+  static const struct {
+    int rows, cols, row_outer;
+    const char *name;
+    unsigned grid[2], block[2];
+  } want[] = {
+      {8184, 16, 0, "mt_quant_amax_bf16", {1023, 1}, {256, 1}},
+      {8192, 16, 0, "mt_quant_amax_bf16", {1024, 1}, {256, 1}},
+      {8193, 16, 0, "mt_quant_amax_bf16", {1024, 1}, {256, 1}},
+      {65536, 16, 0, "mt_quant_amax_bf16", {1024, 1}, {256, 1}},
+      {16, 2048, 0, "mt_quant_tensor_bf16", {8, 1}, {128, 2}},
+      {16, 4080, 0, "mt_quant_tensor_bf16", {16, 1}, {256, 1}},
+      {16, 4096, 0, "mt_quant_tensor_bf16", {16, 1}, {256, 1}},
+      {16, 4112, 0, "mt_quant_tensor_bf16", {16, 2}, {256, 1}},
+      {4, 8192, 1, "mt_quant_row_bf16_nb1", {4, 1}, {512, 1}},
+      {4, 8208, 1, "mt_quant_row_bf16_nb2", {4, 1}, {288, 1}},
+      {4, 65536, 1, "mt_quant_row_bf16_nb8", {4, 1}, {512, 1}},
+      {512, 512, 1, "mt_quant_row_bf16_nb1", {64, 1}, {32, 8}},
+      {513, 512, 1, "mt_quant_row_bf16_nb4", {33, 1}, {8, 16}},
+      {1024, 4096, 1, "mt_quant_row_bf16_nb2", {1024, 1}, {128, 1}},
+      {1024, 4112, 1, "mt_quant_row_bf16_nb4", {1024, 1}, {96, 1}},
+      {1024, 8192, 1, "mt_quant_row_bf16_nb4", {1024, 1}, {128, 1}},
+      {1024, 8208, 1, "mt_quant_row_bf16_nb8", {1024, 1}, {96, 1}},
+  };
+  CUresult (*mem_alloc)(CUdeviceptr *, size_t) =
+      (CUresult(*)(CUdeviceptr *, size_t))mt_t_sym(lib_cuda, "cuMemAlloc_v2");
+  CUdeviceptr amax = 0;
+  CHECK(mem_alloc && mem_alloc(&amax, 4) == CUDA_SUCCESS);
+  static _Alignas(256) unsigned char fake[256]; /* never read: the fake computes no quantizer */
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    mt_quant_params q = {.x = fake,
+                         .ldx = want[i].cols,
+                         .rows = want[i].rows,
+                         .cols = want[i].cols,
+                         .row_outer = want[i].row_outer,
+                         .xhat = (uint16_t *)fake,
+                         .outer = (float *)fake,
+                         .amax = (uint32_t *)(uintptr_t)amax};
+    const int t = now(), st = mt_quantize(&q, 0, (mt_stream)S1);
+    const int l = mt_t_find_launch(t, want[i].name, 0, 0), last = now() - 1;
+    static const fake_cuda_event none = {.name = "nothing launched"};
+    const fake_cuda_event *e = l >= 0 ? event(l) : last >= t ? event(last) : &none;
+    const int ok = st == MT_OK && l >= 0 && e->grid[0] == want[i].grid[0] &&
+                   e->grid[1] == want[i].grid[1] && e->block[0] == want[i].block[0] &&
+                   e->block[1] == want[i].block[1];
+    CHECKF(ok, "%d x %d: %s, %s grid %u x %u block %u x %u, want %s %u x %u and %u x %u",
+           want[i].rows, want[i].cols, mt_status_name((enum mt_status)st), e->name, e->grid[0],
+           e->grid[1], e->block[0], e->block[1], want[i].name, want[i].grid[0], want[i].grid[1],
+           want[i].block[0], want[i].block[1]);
+  }
+  /* rows of 4097 blocks would need 16 a thread: refused before anything is launched */
+  mt_quant_params wide = {.x = fake, .ldx = 65552, .rows = 4, .cols = 65552, .row_outer = 1};
+  const int t = now();
+  CHECK(mt_quantize(&wide, 0, (mt_stream)S1) == MT_ERR_UNSUPPORTED && now() == t);
+  check_driver_clean();
+}
+
 static const mt_t_scenario scenarios[] = {
     {"requantize", scenario_requantize},
     {"lt", scenario_lt},
@@ -1561,6 +1632,7 @@ static const mt_t_scenario scenarios[] = {
     {"weight_quant_fail", scenario_weight_quant_fail},
     {"frozen_quant_fail", scenario_frozen_quant_fail},
     {"grouped_beta_partial", scenario_grouped_beta_partial},
+    {"quant_shapes", scenario_quant_shapes},
 };
 
 static int load_all(const char *build) { return load_fakes(build, 1); }
@@ -1903,6 +1975,13 @@ static void weight_quantization_failure_warns(void) {
   mt_t_child_free(&r);
 }
 
+static void quantizer_shapes_at_their_caps(void) {
+  mt_t_child r;
+  run_child("quant_shapes", NULL, &r);
+  mt_t_check_child("quant_shapes", &r);
+  mt_t_child_free(&r);
+}
+
 static void frozen_quantization_failure_forgets_the_hash(void) {
   const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", "FAKE_CUDA_FAIL_LAUNCH=mt_gemm_pack:1", NULL};
   mt_t_child r;
@@ -1969,6 +2048,7 @@ static void tests(void) {
   RUN(grouped_beta_failure_after_a_problem_ran);
   RUN(weight_quantization_failure_warns);
   RUN(frozen_quantization_failure_forgets_the_hash);
+  RUN(quantizer_shapes_at_their_caps);
 }
 
 int main(int argc, char **argv) {
