@@ -11,9 +11,10 @@
  * is bitwise what the fake cuBLAS computes without the shim. The parent checks the child's exit,
  * its stderr (warnings) and the summary record of the statistics file.
  *
- * scenario_quant_shapes calls this program's own engine (linked from libmt.a, beside the
- * preloaded shim's, on the same fake driver) instead of a hook: the quantizer's shapes that no
- * routed call of these tests reaches.
+ * scenario_quant_shapes and scenario_frozen_numerics call this program's own engine and weight
+ * cache (linked from libmt.a, beside the preloaded shim's, on the same fake driver) instead of a
+ * hook: the quantizer's shapes that no routed call of these tests reaches, and kept weights under
+ * numerics that differ within one process, which one spec a process never gives.
  *
  * "No engine" without any libcuda is covered by test_shim_preload.c (its nvfp4 runs).
  */
@@ -35,6 +36,7 @@
 #include "kernels/quant.h"
 #include "kernels/wcheck.h"
 #include "kernels/wstore.h"
+#include "shim/wcache.h"
 #include "tests/cpu/fake/fake.h"
 #include "tests/cpu/fake/fake_cuda.h"
 #include "tests/cpu/scenario.h"
@@ -1607,6 +1609,64 @@ static void scenario_quant_shapes(void) {
   check_driver_clean();
 }
 
+/* The weight cache's summary part (mt_wcache_summary's emit), kept in a buffer of 4096 bytes. */
+static void append_text(void *ctx, const char *text) {
+  strncat((char *)ctx, text, 4095 - strlen((char *)ctx));
+}
+
+/* A kept weight's entry is keyed by the numerics it was quantized under (shim/wcache.c, same_num):
+ * the same weight under another act_scale, weight_scale or weight_block is another entry, each
+ * found again under its own numerics; so is a grouped call's store. A process's shim has one spec,
+ * so no two routed calls on one weight differ in numerics: this program's own weight cache (linked
+ * from libmt.a beside the preloaded shim's, on the same fake driver) is called directly. */
+static void scenario_frozen_numerics(void) {
+  mt_spec spec;
+  CHECK(mt_spec_builtin("nvfp4-row", &spec) == 0);
+  spec.weight_cache = MT_WCACHE_FROZEN;
+  CHECK(mt_wcache_init(&spec) == 0);
+  static const mt_numerics nums[] = {{MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
+                                     {MT_SCALE_TENSOR, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
+                                     {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
+                                     {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_16X16}};
+  enum { NUMS = sizeof nums / sizeof nums[0] };
+  uint16_t *w = matrix((size_t)OUT * IN);
+  const void *kept[2][NUMS]; /* the entries found: one weight's, a grouped call's store */
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < NUMS; i++) {
+      const mt_weight_ref ref = {
+          .w = w, .n = OUT, .k = IN, .ldw = IN, .type = MT_DTYPE_BF16, .num = nums[i]};
+      mt_engine_mem m;
+      CHECK(mt_wcache_prepare(&ref, 8, (mt_stream)S1, 0, &m) == MT_R_ROUTED);
+      CHECKF(m.q && m.q != &m.own && !memcmp(&m.q->num, &nums[i], sizeof nums[i]),
+             "numerics %d: not the kept weight's entry, or under other numerics", i);
+      const void *found[2] = {m.q, NULL};
+      mt_wcache_release(&m.hold); /* the context's kept-weight lock, which the next call takes */
+      const mt_wgroup_ref all = {
+          .w = w, .groups = 2, .n = OUT, .k = IN, .ldw = IN, .type = MT_DTYPE_BF16, .num = nums[i]};
+      mt_grouped_mem g;
+      CHECK(mt_wcache_prepare_grouped(&all, 16, (mt_stream)S1, 0, &g) == MT_R_ROUTED);
+      CHECKF(g.refresh.ws && !memcmp(&g.store.num, &nums[i], sizeof nums[i]),
+             "numerics %d: no grouped entry, or under other numerics", i);
+      found[1] = g.store.base;
+      mt_wcache_release(&g.hold);
+      for (int k = 0; k < 2; k++) {
+        if (pass == 0)
+          for (int j = 0; j < i; j++)
+            CHECKF(kept[k][j] != found[k], "%s: numerics %d and %d share an entry",
+                   k ? "grouped" : "one weight", j, i);
+        else
+          CHECKF(kept[k][i] == found[k], "%s: numerics %d found another entry the second time",
+                 k ? "grouped" : "one weight", i);
+        kept[k][i] = found[k];
+      }
+    }
+  char summary[4096] = "";
+  mt_wcache_summary(append_text, summary);
+  CHECKF(strstr(summary, "\"frozen_weights\": 8,"), "%s", summary);
+  check_driver_clean();
+  free(w);
+}
+
 static const mt_t_scenario scenarios[] = {
     {"requantize", scenario_requantize},
     {"lt", scenario_lt},
@@ -1633,6 +1693,7 @@ static const mt_t_scenario scenarios[] = {
     {"frozen_quant_fail", scenario_frozen_quant_fail},
     {"grouped_beta_partial", scenario_grouped_beta_partial},
     {"quant_shapes", scenario_quant_shapes},
+    {"frozen_numerics", scenario_frozen_numerics},
 };
 
 static int load_all(const char *build) { return load_fakes(build, 1); }
@@ -1982,6 +2043,14 @@ static void quantizer_shapes_at_their_caps(void) {
   mt_t_child_free(&r);
 }
 
+static void frozen_entries_by_numerics(void) {
+  mt_t_child r;
+  /* a call that took the kept-weight lock and kept it would hang the child: killed, a failure */
+  mt_t_run_child_with("frozen_numerics", "frozen_numerics", NULL, NULL, 60, &r);
+  mt_t_check_child("frozen_numerics", &r);
+  mt_t_child_free(&r);
+}
+
 static void frozen_quantization_failure_forgets_the_hash(void) {
   const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", "FAKE_CUDA_FAIL_LAUNCH=mt_gemm_pack:1", NULL};
   mt_t_child r;
@@ -2049,6 +2118,7 @@ static void tests(void) {
   RUN(weight_quantization_failure_warns);
   RUN(frozen_quantization_failure_forgets_the_hash);
   RUN(quantizer_shapes_at_their_caps);
+  RUN(frozen_entries_by_numerics);
 }
 
 int main(int argc, char **argv) {
