@@ -352,9 +352,20 @@ static const char *type_name(int t, char *buf, size_t size) {
 
 static char op_char(int op) { return op == 0 ? 'N' : op == 1 ? 'T' : op == 2 ? 'C' : '?'; }
 
+static int cmp_i64(int64_t a, int64_t b) { return a < b ? -1 : a > b; }
+
+/* Rows of equal counts by entry name, m, n and k, as tools/minite-merge orders its rows, so that a
+ * process's census and the merge of its file list tied rows alike. */
 static int by_count_desc(const void *x, const void *y) {
   const census_row *a = *(const census_row *const *)x, *b = *(const census_row *const *)y;
-  return a->count != b->count ? (a->count < b->count ? 1 : -1) : 0;
+  if (a->count != b->count)
+    return a->count < b->count ? 1 : -1;
+  int c = strcmp(mt_fn_name((enum mt_fn)a->entry), mt_fn_name((enum mt_fn)b->entry));
+  if (!c)
+    c = cmp_i64(a->m, b->m);
+  if (!c)
+    c = cmp_i64(a->n, b->n);
+  return c ? c : cmp_i64(a->k, b->k);
 }
 
 /* Most frequent shapes first: the ones a reader looks for. Caller holds census_lock. */
