@@ -12,3 +12,11 @@ $(B)/lab/probe_%: lab/probe_%.cu $(wildcard lab/*.cuh kernels/*.cuh kernels/*.h)
 	$(NVCC) $(NVFLAGS) -o $@ $< $(LAB_LIBS)
 
 lab: $(LAB_PROBES)
+
+# lab/trace.c: a kernel timeline of any program it is preloaded into (CUPTI, lab only)
+$(B)/lab/libtrace.so: lab/trace.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -fPIC -shared -I$(CUDA_HOME)/include -o $@ $< \
+	    -L$(CUDA_HOME)/lib64 -lcupti -Wl,-rpath,$(CUDA_HOME)/lib64
+
+lab: $(B)/lab/libtrace.so
