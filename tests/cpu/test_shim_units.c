@@ -323,9 +323,10 @@ static void suggested_routes_rule(void) {
   unlink(path);
 }
 
-/* The summary's census lists the most frequent shapes first (shim/stats.c, write_census); rows
- * differing only in B's op are rows of their own. The counts are added out of order, and the
- * hash table holds these rows out of order too (as a census without its sort would list them). */
+/* The summary's census lists the most frequent shapes first, rows of equal counts by entry, m, n
+ * and k (shim/stats.c, write_census); rows differing only in B's op are rows of their own. The
+ * counts are added out of order, and the hash table holds these rows out of order too (as a
+ * census without its sort would list them). */
 static void census_most_calls_first(void) {
   char path[] = "/tmp/mt_stats_test.XXXXXX";
   close(mkstemp(path));
