@@ -23,6 +23,9 @@
 #              lab/probe_*.cu; PROBE_ARGS is passed to each, e.g. mc for probe_feed)
 #   ab         the benchmark rows AB_ROWS ("qwen3_gate_up:4096 ...") one at a time, their table
 #              lines into ab.log
+#   trace      bench_moe's Qwen3 layer at TRACE_TOKENS (default "1 16") under lab/trace.c: every
+#              kernel's start and end on the GPU, one replay of each graph printed by
+#              lab/timeline.py (the layer alone, served, the checks, cuBLAS), ~15 s a T
 #   run        make run (RUN_LIMIT, default 540; RUN_ARGS passed on)
 # TAG=-x appends -x to the log names: the same steps again under another setting, side by side.
 # A device call has at most 600 s, so pick the steps of each call: on the H200 build takes ~40 s,
@@ -101,6 +104,15 @@ store_refresh_modes store_refresh_rounds grouped_after_refresh grouped_many_segm
       MT_BENCH_ONLY=$r timeout 60 build/bench/bench_kernels "$out/ab.json" 2>&1 | grep -E "^${r%%:*} |rror"
     done >"$out/ab${TAG:-}.log" 2>&1
     cat "$out/ab${TAG:-}.log" ;;
+  trace)
+    make -s build/lab/libtrace.so build/bench/bench_moe >"$out/trace-build${TAG:-}.log" 2>&1 ||
+      { echo "== trace: build failed (trace-build${TAG:-}.log)"; continue; }
+    for t in ${TRACE_TOKENS:-1 16}; do
+      step "trace-$t" 120 env MT_TRACE="$out/trace-$t${TAG:-}.csv" LD_PRELOAD=build/lab/libtrace.so \
+          build/bench/bench_moe --only qwen3 --tokens "$t" "$out/trace-$t.json" &&
+        python3 lab/timeline.py "$out/trace-$t${TAG:-}.csv" >"$out/timeline-$t${TAG:-}.txt" &&
+        grep -A30 "(served)" "$out/timeline-$t${TAG:-}.txt" | head -n 40
+    done ;;
   run) step run "${RUN_LIMIT:-540}" make run ${RUN_ARGS:+RUN_ARGS="$RUN_ARGS"} && cp build/run/table.md build/run/gap.png "$out/" 2>/dev/null ;;
   *) echo "unknown step $s" ;;
   esac
