@@ -178,6 +178,7 @@ typedef struct {
   CUcontext ctx;
   CUdeviceptr shared_w;
   uint16_t *results; /* CALLS x MAXTOK x OUT */
+  CUstream stream;   /* 0: the worker makes its own */
 } job;
 
 static void *worker(void *arg) {
@@ -186,7 +187,8 @@ static void *worker(void *arg) {
   cublasHandle_t h;
   CUstream s;
   buffers b;
-  if (blas_create(&h) || CU(cuStreamCreate)(&s, CU_STREAM_NON_BLOCKING) ||
+  s = j->stream;
+  if (blas_create(&h) || (!s && CU(cuStreamCreate)(&s, CU_STREAM_NON_BLOCKING)) ||
       buffers_make(&b, 1000u + (uint32_t)j->index, 2000u + (uint32_t)j->index)) {
     j->failed = 1;
     return NULL;
@@ -230,7 +232,7 @@ static long compare_jobs(const job *a, const job *b, int n) {
 static job *jobs_new(int n, CUcontext ctx, CUdeviceptr shared_w) {
   job *j = calloc((size_t)n, sizeof *j);
   for (int i = 0; i < n; i++)
-    j[i] = (job){i, 0, ctx, shared_w, malloc((size_t)CALLS * MAXTOK * OUT * 2)};
+    j[i] = (job){i, 0, ctx, shared_w, malloc((size_t)CALLS * MAXTOK * OUT * 2), 0};
   return j;
 }
 
@@ -286,9 +288,17 @@ static int mode_swap(void) {
     if (set_weight(shared.w, v[k]) || run_jobs(seq[k], nthreads, 0))
       return printf("#info failed_calls 1\n"), 1;
   }
+  /* one stream a thread index for every round: the shim keeps a scratch slot for each stream
+   * that routes (64 a context, never given back), and the rounds start 96 threads */
+  CUstream streams[NTHREADS];
+  for (int i = 0; i < nthreads; i++)
+    if (CU(cuStreamCreate)(&streams[i], CU_STREAM_NON_BLOCKING))
+      return 2;
   long differ = 0;
   for (int r = 0; r < ROUNDS; r++) {
     job *par = jobs_new(nthreads, current(), shared.w);
+    for (int i = 0; i < nthreads; i++)
+      par[i].stream = streams[i];
     if (set_weight(shared.w, v[r % 2]) || run_jobs(par, nthreads, 1)) /* a change each round */
       return printf("#info failed_calls 1\n"), 1;
     differ += compare_jobs(par, seq[r % 2], nthreads);
@@ -357,7 +367,7 @@ static int mode_fork(void) {
   printf("#info early_child_same %d\n", same);
   record(y, 100);
   /* children forked while another thread routes: each child's call comes back */
-  job loop = {0, 0, current(), 0, malloc((size_t)MAXTOK * OUT * 2)};
+  job loop = {0, 0, current(), 0, malloc((size_t)MAXTOK * OUT * 2), 0};
   pthread_t th;
   pthread_create(&th, NULL, looper, &loop);
   int hung = 0;
@@ -456,7 +466,7 @@ static int mode_contexts(void) {
     if (buffers_make(&w, 7, 8))
       return 2;
     shared[i] = w.w;
-    jobs[i] = (job){i, 0, i ? b : a, shared[i], malloc((size_t)CALLS * MAXTOK * OUT * 2)};
+    jobs[i] = (job){i, 0, i ? b : a, shared[i], malloc((size_t)CALLS * MAXTOK * OUT * 2), 0};
   }
   job seq[2] = {jobs[0], jobs[1]};
   for (int i = 0; i < 2; i++)
