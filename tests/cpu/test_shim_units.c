@@ -278,12 +278,17 @@ static mt_call shape(int ta, int64_t m, int64_t n, int64_t k, int type) {
   return c;
 }
 
-static void suggested_routes_rule(void) {
-  char path[] = "/tmp/mt_stats_test.XXXXXX";
+/* A fresh statistics file at path (a mkstemp template) and an empty census. */
+static void stats_fresh(char *path) {
   close(mkstemp(path));
   char why[256] = "";
   CHECKF(mt_stats_check(path, why, sizeof why) == 0, "%s", why);
   mt_stats_reset();
+}
+
+static void suggested_routes_rule(void) {
+  char path[] = "/tmp/mt_stats_test.XXXXXX";
+  stats_fresh(path);
   for (int n = 1; n <= 3; n++) { /* three token counts: an expert */
     mt_call c = shape(CUBLAS_OP_T, 1536, n, 2048, CUDA_R_16BF);
     mt_stats_census(&c);
@@ -329,10 +334,7 @@ static void suggested_routes_rule(void) {
  * census without its sort would list them). */
 static void census_most_calls_first(void) {
   char path[] = "/tmp/mt_stats_test.XXXXXX";
-  close(mkstemp(path));
-  char why[256] = "";
-  CHECKF(mt_stats_check(path, why, sizeof why) == 0, "%s", why);
-  mt_stats_reset();
+  stats_fresh(path);
   static const struct {
     int tb, count;
     int64_t m;
