@@ -18,6 +18,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "kernels/wstore.h"
+
 namespace mt_q {
 
 constexpr float kOneSixth = 0x1.555556p-3f; /* the FP32 constant nearest 1/6, as the reference */
@@ -127,6 +129,107 @@ static __device__ __forceinline__ uint32_t block(const uint32_t (&w)[8], uint32_
   const float c = sb_code == 0 ? 0.0f : __frcp_rn(__fmul_rn(sb, inv_s));
   encode_block<FP16, CODES>(w, c, sb, xh, cd);
   return sb_code;
+}
+
+/* ---- the weight store's encode (kernels/wstore.h): the store quantizer's (kernels/quant.cu) and
+ * the grouped GEMM's own requantization of a band (kernels/grouped.cu), bit for bit alike ---- */
+
+/* The record's four code words of row r from its blocks b (codes cd0) and b + 1 (cd1): lane 4g + q's
+ * word holds the pairs of code bytes q and q + 4 of each block, in the store's bit order
+ * (kernels/wstore.h, mt_ws_word). */
+static __device__ __forceinline__ void record_words_of_codes(const uint32_t (&cd0)[2], const uint32_t (&cd1)[2],
+                                                             uint32_t (&word)[4]) {
+  const uint32_t a01 = __byte_perm(cd0[0], cd0[1], 0x5140), a23 = __byte_perm(cd0[0], cd0[1], 0x7362);
+  const uint32_t b01 = __byte_perm(cd1[0], cd1[1], 0x5140), b23 = __byte_perm(cd1[0], cd1[1], 0x7362);
+  word[0] = mt_ws_word(__byte_perm(a01, b01, 0x5410)), word[1] = mt_ws_word(__byte_perm(a01, b01, 0x7632));
+  word[2] = mt_ws_word(__byte_perm(a23, b23, 0x5410)), word[3] = mt_ws_word(__byte_perm(a23, b23, 0x7632));
+}
+
+/* Row r's part of one record (row g of it): its four code words (16 bytes) and its two blocks'
+ * scale bytes (mt_ws_scale_byte). */
+static __device__ __forceinline__ void store_record(uint8_t *rec, int g, const uint32_t (&word)[4], uint32_t sc0,
+                                                    uint32_t sc1) {
+  *(uint4 *)(rec + 16 * g) = make_uint4(word[0], word[1], word[2], word[3]);
+  *(uint16_t *)(rec + 128 + 2 * g) = (uint16_t)(sc0 | sc1 << 8);
+}
+
+/* The store mode's encode (lab/NOTES.md, "Activation quantization"). mt_q::encode
+ * spends ~15 ALU-pipe instructions an element (compares, selects, shifts, ORs: the ALU pipe issues
+ * a warp instruction every second cycle), which made the record kernels ALU-bound; this one spends
+ * ~3, its other work on the FMA pipe. The same codes, bit for bit, for every c_b the kernels meet
+ * except c_b = +Inf (the caller takes mt_q::encode there): tests/cpu/test_quant_rec_encode.c
+ * checks a C twin of this arithmetic against mt_e2m1_rne_satfinite over the FP32 range, and the
+ * assembled words against the old byte order.
+ *
+ * E2M1 magnitude of a = |x| * c_b (finite or +Inf, never NaN since c_b is finite): with
+ * n(u) = RNE(u) to an integer, code = min(n(2a), n(a) + 2, 6 + n(clamp(a/2 - 2, 0, 1))), each
+ * term one FP32 rounding of an exact value (the FPU's own ties to even) onto the integer grid of
+ * [2^23, 2^24): 2a + 2^23 in one FFMA, a + (2^23 + 2) in one FADD, the clamp as FFMA.SAT (a/2 - 2
+ * is exact) then + (2^23 + 6). Rounding is monotone, so the min of the rounded terms is the
+ * rounding of min(2a, a + 2, a/2 + 4) clamped at 7, which is E2M1's RNE code with saturation
+ * (the last term also caps Inf and everything above 5 at 7). The three are positive floats of
+ * one binade, so the min is one integer VIMNMX3 on their bits: 0x4B000000 + code. */
+static __device__ __forceinline__ float fma_sat(float a, float b, float c) {
+  float r;
+  asm("fma.rn.sat.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+  return r;
+}
+
+static __device__ __forceinline__ uint32_t e2m1_mag_biased(float a) {
+  const float t1 = __fmaf_rn(a, 2.0f, 0x1p23f);
+  const float t2 = __fadd_rn(a, 0x1p23f + 2.0f);
+  const float t3 = __fadd_rn(fma_sat(a, 0.5f, -2.0f), 0x1p23f + 6.0f);
+  return __vimin3_u32(__float_as_uint(t1), __float_as_uint(t2), __float_as_uint(t3));
+}
+
+/* The bias that record_words's biased magnitudes add at the store's code positions (mt_ws_pair_bits),
+ * negated: the sum starting from it ends as the codes alone (at most 7 in a field of 3 bits, so
+ * no carries: the biases cancel modulo 2^32). */
+static __host__ __device__ constexpr uint32_t word_bias_start() {
+  uint32_t sum = 0;
+  for (uint32_t p = 0; p < 4; p++)
+    sum += (0x4B000000u << ((6u - MT_WS_EM_ROT(p)) & 31u)) + (0x4B000000u << ((22u - MT_WS_EM_ROT(p)) & 31u));
+  return 0u - sum;
+}
+
+/* The four code words of a pair of blocks (words w0, w1, coefficients c0, c1, both finite), in the
+ * store's bit order directly: word q's pairs 0..3 are the element pairs of w0[q], w0[q + 4], w1[q],
+ * w1[q + 4]. Magnitudes: each biased code is added in at its position (an IMAD), from
+ * word_bias_start. Sign: x * c_b has x's sign (c_b >= +0, and the product is not NaN), the
+ * BF16/FP16 sign bits 15 and 31 of each source word, shifted to the pair's sign positions. */
+template <bool FP16>
+static __device__ __forceinline__ void record_words(const uint32_t (&w0)[8], const uint32_t (&w1)[8], float c0,
+                                                    float c1, uint32_t (&word)[4]) {
+#pragma unroll
+  for (int q = 0; q < 4; q++) {
+    const uint32_t src[4] = {w0[q], w0[q + 4], w1[q], w1[q + 4]};
+    uint32_t acc = word_bias_start(), sign = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      float lo, hi;
+      unpack<FP16>(src[k], lo, hi);
+      const float c = k < 2 ? c0 : c1;
+      acc += e2m1_mag_biased(__fmul_rn(fabsf(lo), c)) << ((6u - MT_WS_EM_ROT(k)) & 31u);
+      acc += e2m1_mag_biased(__fmul_rn(fabsf(hi), c)) << ((22u - MT_WS_EM_ROT(k)) & 31u);
+      sign |= (src[k] & MT_WS_SIGN) >> MT_WS_SIGN_ROT(k);
+    }
+    word[q] = acc | sign;
+  }
+}
+
+/* mt_q::e4m3_to_float without its branch: the code's exponent and mantissa fields moved to FP32's
+ * (a subnormal E4M3 becomes a subnormal FP32), then the bias difference 2^(127 - 7) applied by an
+ * exact multiply (denormals are kept). tests/cpu/test_quant_rec_encode.c checks all 127 codes. */
+static __device__ __forceinline__ float e4m3_value(uint32_t code) {
+  return __fmul_rn(__uint_as_float(code << 20), 0x1p120f);
+}
+
+/* mt_q::block's scale code and encode coefficient, alone. */
+static __device__ __forceinline__ float block_coef(uint32_t amax_bits, float s_over_6, float inv_s, uint32_t &sb_code,
+                                                   float &sb) {
+  sb_code = e4m3_rne_satfinite(__fmul_rn(__uint_as_float(amax_bits), s_over_6));
+  sb = e4m3_value(sb_code);
+  return sb_code == 0 ? 0.0f : __frcp_rn(__fmul_rn(sb, inv_s));
 }
 
 } // namespace mt_q
