@@ -71,15 +71,6 @@ template <bool PTRS> __device__ __forceinline__ const char *x_row(const mt_quant
   return (const char *)p.x + at * 2;
 }
 
-/* 16 bytes of a row: one vector load, or (a pointer array's base, which the host cannot check)
- * eight 2-byte loads where the address is not 16-byte aligned. The same bytes either way. */
-__device__ __forceinline__ uint4 load16(const char *at, bool loose) {
-  if (!loose || ((uintptr_t)at & 15u) == 0) return *(const uint4 *)at;
-  const uint16_t *h = (const uint16_t *)at;
-  return make_uint4(h[0] | (uint32_t)h[1] << 16, h[2] | (uint32_t)h[3] << 16, h[4] | (uint32_t)h[5] << 16,
-                    h[6] | (uint32_t)h[7] << 16);
-}
-
 /* The store mode: batch e is slice e of the store (kernels/wstore.h), p.batch_rows rows padded to
  * whole bands; its records, then its S (and, per tensor, its amax word after S). */
 __device__ __forceinline__ int slice_rows(const mt_quant_params &p) {
@@ -217,21 +208,7 @@ __device__ __forceinline__ void quantize_loaded(const mt_quant_params &p, const 
       const int b = block_of(j);
       if (b >= 2 * pairs) break;
       uint32_t word[4] = {0, 0, 0, 0}, sc0 = 0, sc1 = 0;
-      if (!domain_bad) {
-        uint32_t sb0, sb1;
-        float f0, f1; /* the scales' values */
-        const float c0 = block_coef(amax_b[j], s_over_6, inv_s, sb0, f0);
-        const float c1 = block_coef(amax_b[j + 1], s_over_6, inv_s, sb1, f1);
-        sc0 = mt_ws_scale_byte(__float_as_uint(f0)), sc1 = mt_ws_scale_byte(__float_as_uint(f1));
-        if (c0 <= kFltMax && c1 <= kFltMax) {
-          record_words<FP16>(w[j], w[j + 1], c0, c1, word);
-        } else { /* c_b = +Inf (1/S subnormal): 0 * Inf is NaN, +6 whatever x's sign */
-          uint32_t xh[8], cd0[2], cd1[2];
-          encode_block<FP16, true>(w[j], c0, f0, xh, cd0);
-          encode_block<FP16, true>(w[j + 1], c1, f1, xh, cd1);
-          record_words_of_codes(cd0, cd1, word);
-        }
-      }
+      if (!domain_bad) record_pair<FP16>(w[j], w[j + 1], amax_b[j], amax_b[j + 1], s_over_6, inv_s, word, sc0, sc1);
       store_record(record_of(p, e, rl, b), rl % 8, word, sc0, sc1);
     }
     return;
@@ -283,23 +260,7 @@ __device__ __forceinline__ void quantize_store(const mt_quant_params &p) {
  * mode, where a warp's run may cross into the next slice). */
 template <bool FP16, bool PTRS>
 __device__ __forceinline__ uint32_t row_amax(const mt_quant_params &p, int r, int lane) {
-  const int chunks = p.cols >> 3;
-  const char *src = x_row<PTRS>(p, r);
-  uint32_t m = 0;
-  for (int c = lane; c < chunks; c += 4 * 32) {
-    uint4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; u++)
-      v[u] = (c + u * 32 < chunks) ? load16(src + (size_t)(c + u * 32) * 16, PTRS) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-      m = __vmaxu2(m, v[u].x & 0x7fff7fffu);
-      m = __vmaxu2(m, v[u].y & 0x7fff7fffu);
-      m = __vmaxu2(m, v[u].z & 0x7fff7fffu);
-      m = __vmaxu2(m, v[u].w & 0x7fff7fffu);
-    }
-  }
-  return __reduce_max_sync(0xffffffffu, __float_as_uint(abs_bits_to_float<FP16>(max(m & 0xffffu, m >> 16))));
+  return row_amax_bits<FP16, PTRS>(x_row<PTRS>(p, r), p.cols, lane);
 }
 
 /* The store mode's amax: each warp a run of the rows, one atomicMax per slice it touched. */

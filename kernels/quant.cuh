@@ -232,6 +232,58 @@ static __device__ __forceinline__ float block_coef(uint32_t amax_bits, float s_o
   return sb_code == 0 ? 0.0f : __frcp_rn(__fmul_rn(sb, inv_s));
 }
 
+/* The record words and scale bytes of a pair of blocks w0, w1 (amax_b amax0, amax1) of a finite
+ * domain (S_over_6 and inv_S of its S): the store's bytes for them (kernels/wstore.h). */
+template <bool FP16>
+static __device__ __forceinline__ void record_pair(const uint32_t (&w0)[8], const uint32_t (&w1)[8], uint32_t amax0,
+                                                   uint32_t amax1, float s_over_6, float inv_s, uint32_t (&word)[4],
+                                                   uint32_t &sc0, uint32_t &sc1) {
+  uint32_t sb0, sb1;
+  float f0, f1; /* the scales' values */
+  const float c0 = block_coef(amax0, s_over_6, inv_s, sb0, f0);
+  const float c1 = block_coef(amax1, s_over_6, inv_s, sb1, f1);
+  sc0 = mt_ws_scale_byte(__float_as_uint(f0)), sc1 = mt_ws_scale_byte(__float_as_uint(f1));
+  if (c0 <= kFltMax && c1 <= kFltMax) {
+    record_words<FP16>(w0, w1, c0, c1, word);
+  } else { /* c_b = +Inf (1/S subnormal): 0 * Inf is NaN, +6 whatever x's sign */
+    uint32_t xh[8], cd0[2], cd1[2];
+    encode_block<FP16, true>(w0, c0, f0, xh, cd0);
+    encode_block<FP16, true>(w1, c1, f1, xh, cd1);
+    record_words_of_codes(cd0, cd1, word);
+  }
+}
+
+/* 16 bytes of a row: one vector load, or (a pointer array's base, which the host cannot check)
+ * eight 2-byte loads where the address is not 16-byte aligned. The same bytes either way. */
+static __device__ __forceinline__ uint4 load16(const char *at, bool loose) {
+  if (!loose || ((uintptr_t)at & 15u) == 0) return *(const uint4 *)at;
+  const uint16_t *h = (const uint16_t *)at;
+  return make_uint4(h[0] | (uint32_t)h[1] << 16, h[2] | (uint32_t)h[3] << 16, h[4] | (uint32_t)h[5] << 16,
+                    h[6] | (uint32_t)h[7] << 16);
+}
+
+/* max |x| of the row of `cols` elements at src, as FP32 bits, by a warp (lane `lane`), in every lane: four
+ * 16-byte loads in flight a lane (LOOSE: src need not be 16-byte aligned, load16). */
+template <bool FP16, bool LOOSE>
+static __device__ __forceinline__ uint32_t row_amax_bits(const char *src, int cols, int lane) {
+  const int chunks = cols >> 3;
+  uint32_t m = 0;
+  for (int c = lane; c < chunks; c += 4 * 32) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      v[u] = (c + u * 32 < chunks) ? load16(src + (size_t)(c + u * 32) * 16, LOOSE) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      m = __vmaxu2(m, v[u].x & 0x7fff7fffu);
+      m = __vmaxu2(m, v[u].y & 0x7fff7fffu);
+      m = __vmaxu2(m, v[u].z & 0x7fff7fffu);
+      m = __vmaxu2(m, v[u].w & 0x7fff7fffu);
+    }
+  }
+  return __reduce_max_sync(0xffffffffu, __float_as_uint(abs_bits_to_float<FP16>(max(m & 0xffffu, m >> 16))));
+}
+
 } // namespace mt_q
 
 #endif
