@@ -15,7 +15,8 @@
  * routed experts' slices, every byte or the sample; "synced": the sampled refresh after a weight
  * sync, every routed expert requantized), and the layer as served under frozen-sampled (each
  * weight's grouped call running its refresh, nothing changed: "served", and its time over the
- * layer's alone, "check"). Writes JSON to argv[1] (default build/bench_moe.json); `--only NAME`
+ * layer's alone, "check"; and served after a weight sync, every routed expert requantized by the
+ * call that uses it: "srv sync"). Writes JSON to argv[1] (default build/bench_moe.json); `--only NAME`
  * runs one geometry, `--tokens T` one T, any (a sweep, a profiler), `--bn BN` forces the grouped
  * kernel's token tile (an A/B of the launcher's choice). */
 #include <cublas_v2.h>
@@ -213,6 +214,10 @@ static int call_served(void *p, int i) {
   check_ctx *k = p;
   moe_ctx *c = k->c;
   const routing *r = &c->r[i % c->routings];
+  const size_t sbytes = mt_refresh_state_bytes(c->g->experts);
+  if (k->synced && (cudaMemsetAsync(k->state[0], 0, sbytes, stream) ||
+                    cudaMemsetAsync(k->state[1], 0, sbytes, stream)))
+    return 1;
   const mt_wstore_refresh_args up = refresh_of(k, &c->up, k->state[0], r),
                                down = refresh_of(k, &c->down, k->state[1], r);
   return ours_gemm_refreshed(c, r, &c->up, c->x, c->h, &up) ||
@@ -299,9 +304,9 @@ static void bench_geometry(const geometry *g) {
            "%.3f, \"sampled_us\": %.3f}",
            g->name, t_full * 1e6, gate_up_bytes / t_full * 1e-12, t_whole_sampled * 1e6);
   json_row(crow);
-  printf("%6s | %10s %10s %7s | %8s %8s | %9s %9s | %7s | %9s %9s %9s | %9s %6s\n", "T", "ours us",
-         "cuBLAS us", "ratio", "TF/s", "TF/s", "wGB/s", "wGB/s", "rel L2", "frozen us", "sampled",
-         "synced", "served us", "check");
+  printf("%6s | %10s %10s %7s | %8s %8s | %9s %9s | %7s | %9s %9s %9s | %9s %6s %9s\n", "T",
+         "ours us", "cuBLAS us", "ratio", "TF/s", "TF/s", "wGB/s", "wGB/s", "rel L2", "frozen us",
+         "sampled", "synced", "served us", "check", "srv sync");
   const int *ts = only_tokens ? &only_tokens : tokens;
   const size_t nts = only_tokens ? 1 : sizeof tokens / sizeof tokens[0];
   for (size_t ti = 0; ti < nts; ti++) {
@@ -335,7 +340,8 @@ static void bench_geometry(const geometry *g) {
     /* ... and after a weight sync: the routing's experts requantized (a memset of each state
      * first, ~1 µs of the column) */
     sampled.synced = 1;
-    double t_sync = time_calls(call_check, &sampled, c.routings);
+    double t_sync = time_calls(call_check, &sampled, c.routings),
+           t_served_sync = time_calls(call_served, &sampled, c.routings);
     sampled.synced = 0;
     double t_served = time_calls(call_served, &sampled, c.routings);
     /* the sanity column: gate_up's outputs of the last routing, ours against cuBLAS's */
@@ -350,21 +356,23 @@ static void bench_geometry(const geometry *g) {
     double flops = 2.0 * rows * (2.0 * g->width * g->hidden + (double)g->hidden * g->width);
     double wbytes = active_frac * (double)bf16_bytes;
     printf("%6d | %10.2f %10.2f %7.2f | %8.1f %8.1f | %9.0f %9.0f | %7.4f | %9.2f %9.2f %9.2f | "
-           "%9.2f %5.0f%%\n",
+           "%9.2f %5.0f%% %9.2f\n",
            c.t, t_ours * 1e6, t_blas * 1e6, t_blas / t_ours, flops / t_ours * 1e-12,
            flops / t_blas * 1e-12, wbytes * 0.28125 / t_ours * 1e-9, wbytes / t_blas * 1e-9, diff,
-           t_fz * 1e6, t_fs * 1e6, t_sync * 1e6, t_served * 1e6, (t_served / t_ours - 1) * 100);
-    char row[640];
+           t_fz * 1e6, t_fs * 1e6, t_sync * 1e6, t_served * 1e6, (t_served / t_ours - 1) * 100,
+           t_served_sync * 1e6);
+    char row[768];
     snprintf(row, sizeof row,
              "{\"kind\": \"moe_layer\", \"geometry\": \"%s\", \"tokens\": %d, \"ours_us\": %.3f, "
              "\"cublas_us\": %.3f, "
              "\"ratio\": %.4f, \"ours_tflops\": %.2f, \"cublas_tflops\": %.2f, \"active_experts\": "
              "%.1f, "
              "\"rel_l2_vs_bf16\": %.5f, \"frozen_refresh_us\": %.3f, \"sampled_refresh_us\": %.3f, "
-             "\"synced_refresh_us\": %.3f, \"sampled_served_us\": %.3f}",
+             "\"synced_refresh_us\": %.3f, \"sampled_served_us\": %.3f, "
+             "\"synced_served_us\": %.3f}",
              g->name, c.t, t_ours * 1e6, t_blas * 1e6, t_blas / t_ours, flops / t_ours * 1e-12,
              flops / t_blas * 1e-12, active_frac * g->experts, diff, t_fz * 1e6, t_fs * 1e6,
-             t_sync * 1e6, t_served * 1e6);
+             t_sync * 1e6, t_served * 1e6, t_served_sync * 1e6);
     json_row(row);
     for (int i = 0; i < c.routings; i++) {
       cudaFree(c.r[i].offs);
