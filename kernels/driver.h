@@ -36,6 +36,7 @@
   X(memcpy_dtoh_async, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")                                                      \
   X(event_create, cuEventCreate, "cuEventCreate")                                                                      \
   X(event_record, cuEventRecord, "cuEventRecord")                                                                      \
+  X(event_query, cuEventQuery, "cuEventQuery")                                                                         \
   X(stream_wait_event, cuStreamWaitEvent, "cuStreamWaitEvent")
 
 /* Entry points the engine works without (NULL when the driver lacks them): context IDs (CUDA 12.0),

@@ -33,6 +33,8 @@ typedef struct {
   uintptr_t key; /* the stream's (kernels/driver.h: mt_stream_key) */
   CUdeviceptr mem;
   size_t bytes;
+  CUevent done; /* the end of the slot's last tracked lease (scratch_idle); NULL until one */
+  int recorded; /* done was recorded at the last lease's end */
 } scratch;
 
 /* The calls that use one kept weight (a frozen entry or store), in the order their launches were
@@ -195,7 +197,8 @@ static void context_drop(context *c) {
   for (int i = 0; i < c->nscratch; i++) {
     scratch *s = &c->scratch[i];
     pthread_mutex_lock(&s->lock);
-    s->owner = 0, s->stream = NULL, s->key = 0, s->mem = 0, s->bytes = 0;
+    s->owner = 0, s->stream = NULL, s->key = 0, s->mem = 0, s->bytes = 0, s->done = NULL;
+    s->recorded = 0;
     pthread_mutex_unlock(&s->lock);
   }
   c->nscratch = 0;
@@ -254,33 +257,91 @@ static void device_free(const mt_driver *d, CUdeviceptr p) {
 
 /* --- scratch ------------------------------------------------------------------------------- */
 
-/* This stream's scratch slot, leased (its lock held); NULL when there is none to be had. */
-static scratch *scratch_lease(context *c, unsigned long long id, CUstream stream,
-                              enum mt_reason *why) {
-  scratch *s = NULL;
-  const uintptr_t key = mt_stream_key(stream);
-  for (int i = 0; i < c->nscratch && !s; i++)
-    if (c->scratch[i].key == key)
-      s = &c->scratch[i];
-  if (!s && c->nscratch < MAX_STREAMS) {
-    s = &c->scratch[c->nscratch++];
-    s->stream = stream, s->key = key, s->owner = id, s->mem = 0, s->bytes = 0;
-  }
-  pthread_mutex_unlock(&c->lock);
-  if (!s) {
-    MT_WARN_ONCE("more than %d streams route GEMMs in one CUDA context: calls on further streams "
-                 "fall back to cuBLAS (reason \"out of memory\")",
-                 MAX_STREAMS);
-    *why = MT_R_NOMEM;
-    return NULL;
-  }
-  pthread_mutex_lock(&s->lock);
-  if (s->owner != id || s->key != key) { /* dropped meanwhile: the context is gone */
+/* A context keeps scratch for MAX_STREAMS streams. From RECLAIM_FROM streams on, each lease's end
+ * is recorded on its stream (an event: ~0.2 µs of host time a call, lab/NOTES.md "probe_order"),
+ * so that once every slot is taken a slot whose last use has ended goes to the next new stream
+ * (a program that makes streams as it goes, or short-lived threads each on its per-thread default
+ * stream); a program of a few streams records nothing. Slots leased only before that are kept by
+ * their streams. */
+#define RECLAIM_FROM (MAX_STREAMS / 2)
+
+/* A slot nobody holds whose last lease's recorded end has passed, or NULL. Under the context's
+ * lock. */
+static scratch *scratch_idle(const mt_driver *d, context *c) {
+  for (int i = 0; i < c->nscratch; i++) {
+    scratch *s = &c->scratch[i];
+    if (pthread_mutex_trylock(&s->lock))
+      continue;
+    int idle = 0;
+    if (s->recorded) {
+      int relaxed = mt_capture_relax(); /* a query, beside another thread's capture */
+      idle = d->event_query(s->done) == CUDA_SUCCESS;
+      mt_capture_restore(relaxed);
+    }
     pthread_mutex_unlock(&s->lock);
-    *why = MT_R_NO_ENGINE;
+    if (idle)
+      return s;
+  }
+  return NULL;
+}
+
+/* The stream's slot: its own, a new one, or an idle one given to it (its memory kept: nothing runs
+ * on it). Under the context's lock; NULL when there is none to be had. */
+static scratch *scratch_find(const mt_driver *d, context *c, unsigned long long id, CUstream stream,
+                             uintptr_t key) {
+  for (int i = 0; i < c->nscratch; i++)
+    if (c->scratch[i].key == key)
+      return &c->scratch[i];
+  scratch *s;
+  if (c->nscratch < MAX_STREAMS) {
+    s = &c->scratch[c->nscratch++];
+    s->owner = id, s->mem = 0, s->bytes = 0, s->done = NULL;
+  } else if (!(s = scratch_idle(d, c))) {
     return NULL;
   }
+  s->stream = stream, s->key = key, s->recorded = 0;
   return s;
+}
+
+/* This stream's scratch slot, leased (its lock held); NULL when there is none to be had. *tracked:
+ * the release records the lease's end (RECLAIM_FROM). Releases the context's lock. */
+static scratch *scratch_lease(const mt_driver *d, context *c, unsigned long long id,
+                              CUstream stream, int *tracked, enum mt_reason *why) {
+  const uintptr_t key = mt_stream_key(stream);
+  for (;;) {
+    scratch *s = scratch_find(d, c, id, stream, key);
+    *tracked = c->nscratch >= RECLAIM_FROM;
+    pthread_mutex_unlock(&c->lock);
+    if (!s) {
+      MT_WARN_ONCE("%d streams route GEMMs in one CUDA context and none of their calls has "
+                   "ended: calls on further streams fall back to cuBLAS (reason \"out of "
+                   "memory\") until one has",
+                   MAX_STREAMS);
+      *why = MT_R_NOMEM;
+      return NULL;
+    }
+    pthread_mutex_lock(&s->lock);
+    if (s->owner != id) { /* dropped meanwhile: the context is gone */
+      pthread_mutex_unlock(&s->lock);
+      *why = MT_R_NO_ENGINE;
+      return NULL;
+    }
+    if (s->key == key)
+      return s;
+    pthread_mutex_unlock(&s->lock); /* given to another stream meanwhile: look again */
+    pthread_mutex_lock(&c->lock);
+  }
+}
+
+/* The end of a tracked lease, recorded on its stream (its lock held). */
+static void scratch_record(const mt_driver *d, scratch *s) {
+  if (!s->done) {
+    int relaxed = mt_capture_relax();
+    if (d->event_create(&s->done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+      s->done = NULL;
+    mt_capture_restore(relaxed);
+  }
+  s->recorded = s->done && d->event_record(s->done, s->stream) == CUDA_SUCCESS;
 }
 
 /* The leased scratch, at least `bytes` long. Growing waits for the stream, so that the old buffer
@@ -505,7 +566,7 @@ static enum mt_reason call_memory(const mt_driver *d, context *c, const mt_ctx *
       *mem = (CUdeviceptr)out->graph_mem;
     return r;
   }
-  scratch *s = scratch_lease(c, x->id, stream, &r); /* releases the context's lock */
+  scratch *s = scratch_lease(d, c, x->id, stream, &out->tracked, &r); /* releases the lock */
   if (!s)
     return r;
   out->lease = s;
@@ -618,8 +679,11 @@ void mt_wcache_release(mt_wcache_hold *mem) {
       d->mem_free_async((CUdeviceptr)mem->graph_mem, (CUstream)mem->stream) != CUDA_SUCCESS)
     MT_WARN_ONCE("could not free a captured call's graph memory (cuMemFreeAsync): the graph keeps "
                  "it until it is destroyed");
-  if (mem->lease)
+  if (mem->lease) {
+    if (mem->tracked && d)
+      scratch_record(d, mem->lease);
     pthread_mutex_unlock(&((scratch *)mem->lease)->lock);
+  }
   if (mem->kept)
     pthread_mutex_unlock(mem->kept);
   mem->graph_mem = 0;
@@ -627,6 +691,7 @@ void mt_wcache_release(mt_wcache_hold *mem) {
   mem->kept = NULL;
   mem->order = NULL;
   mem->ordered = 0;
+  mem->tracked = 0;
 }
 
 /* --- grouped calls ------------------------------------------------------------------------- */

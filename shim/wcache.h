@@ -77,6 +77,7 @@ typedef struct {
   void *kept;  /* a kept weight's call: its context's lock, held; its order (shim/wcache.c) */
   void *order;
   int ordered; /* the stream waits for the weight's last call: the release records this one's end */
+  int tracked; /* the release records the lease's end (a context of many streams: shim/wcache.c) */
 } mt_wcache_hold;
 
 /* What one routed problem gets. */

@@ -1251,6 +1251,44 @@ static void scenario_streams_threads(void) {
     free(c[i].x), free(c[i].y);
 }
 
+/* Stream i of scenario_many_streams (0x10000 on: no other scenario's). */
+static CUstream nth_stream(int i) { return (CUstream)(uintptr_t)(0x10000 + 0x100 * i); }
+
+/* More streams than a context keeps scratch for (shim/wcache.c, MAX_STREAMS = 64, RECLAIM_FROM =
+ * 32): the first 31 take theirs and record nothing; from the 32nd each call's end is recorded on
+ * its stream; the 65th finds every slot's last use unfinished (the fake's events held: not ready)
+ * and falls back as "out of memory", then, the events done, takes an idle slot (the 32nd's, the
+ * first recorded: no new allocation) and routes; the 32nd stream, whose slot went, takes another.
+ * Each slot's memory is kept (the fake's allocations counted). */
+static void scenario_many_streams(void) {
+  problem p = make(OUT, 8, OUT);
+  typedef void (*hold_fn)(int);
+  hold_fn hold = (hold_fn)mt_t_sym(lib_cuda, "fake_cuda_hold_events");
+  for (int i = 0; i < 64; i++) {
+    const int t = now();
+    expect_routed(&p, nth_stream(i), &zero);
+    CHECKF(find_kind(t, FAKE_EV_ALLOC, 0) >= 0, "stream %d: no scratch of its own", i);
+    CHECKF((find_kind(t, FAKE_EV_RECORD, 0) >= 0) == (i >= 31), "stream %d: %s its end", i,
+           i >= 31 ? "did not record" : "recorded");
+  }
+  hold(1);
+  int t = now();
+  expect_fallback(&p, nth_stream(64), &zero);
+  hold(0);
+  t = now();
+  expect_routed(&p, nth_stream(64), &zero);
+  CHECKF(find_kind(t, FAKE_EV_ALLOC, 0) < 0, "stream 65 allocated instead of taking an idle slot");
+  CHECKF(find_kind(t, FAKE_EV_RECORD, 0) >= 0, "stream 65 did not record its end");
+  t = now();
+  expect_routed(&p, nth_stream(31), &zero);
+  CHECKF(find_kind(t, FAKE_EV_ALLOC, 0) < 0, "stream 32 allocated instead of taking an idle slot");
+  t = now();
+  expect_routed(&p, nth_stream(0), &zero); /* its own slot, untracked: nothing recorded */
+  CHECKF(find_kind(t, FAKE_EV_ALLOC, 0) < 0 && find_kind(t, FAKE_EV_RECORD, 0) >= 0,
+         "stream 1: its slot reallocated, or its end not recorded (the context is past 32)");
+  unmake(&p);
+}
+
 /* An Lt strided batch (BATCH_COUNT, STRIDED_BATCH_OFFSET) with a bias per problem
  * (BIAS_BATCH_STRIDE): one grouped GEMM, each problem on its own operands and bias. */
 static void scenario_lt_batch(void) {
@@ -1688,6 +1726,7 @@ static const mt_t_scenario scenarios[] = {
     {"fp16", scenario_fp16},
     {"frozen_capture", scenario_frozen_capture},
     {"streams", scenario_streams},
+    {"many_streams", scenario_many_streams},
     {"streams_threads", scenario_streams_threads},
     {"weight_quant_fail", scenario_weight_quant_fail},
     {"frozen_quant_fail", scenario_frozen_quant_fail},
@@ -2024,6 +2063,18 @@ static void kept_weights_ordered_across_streams(void) {
   mt_t_child_free(&r);
 }
 
+/* scenario_many_streams: one warning for the 65th stream's fallback, which names the cause. */
+static void streams_past_the_scratch_table(void) {
+  mt_t_child r;
+  run_child("many_streams", NULL, &r);
+  mt_t_check_child("many_streams", &r);
+  const char *reasons[] = {"out of memory=1", NULL};
+  check_counts(&r, 67, reasons);
+  CHECKF(mt_t_count_of(r.err, " minite WARN ") == 1 && strstr(r.err, "64 streams"), "stderr: %s",
+         r.err);
+  mt_t_child_free(&r);
+}
+
 static void weight_quantization_failure_warns(void) {
   const char *env[] = {"FAKE_CUDA_FAIL_LAUNCH=mt_quant_tensor_bf16:1", NULL};
   mt_t_child r;
@@ -2114,6 +2165,7 @@ static void tests(void) {
   RUN(fp16_through_gemm_ex_64);
   RUN(frozen_capture_needs_an_entry);
   RUN(kept_weights_ordered_across_streams);
+  RUN(streams_past_the_scratch_table);
   RUN(grouped_beta_failure_after_a_problem_ran);
   RUN(weight_quantization_failure_warns);
   RUN(frozen_quantization_failure_forgets_the_hash);
