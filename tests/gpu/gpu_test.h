@@ -79,14 +79,21 @@ static int have_gpu(void) {
       goto out;                                                                                    \
   } while (0)
 
-/* Device buffers of one test, freed together. */
-#define MAX_BUFS 32
+/* Device buffers of one test, freed together. A buffer that cannot be had is a failed check, so
+ * that a caller that gives up on NULL never skips its checks silently. */
+#define MAX_BUFS 64
 static void *bufs[MAX_BUFS];
 static int nbufs;
 
 static void *dev_alloc(size_t bytes) {
   void *p = NULL;
-  if (nbufs == MAX_BUFS || cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess)
+  CHECKF(nbufs < MAX_BUFS, "more than %d device buffers in one test (dev_free_all frees them)",
+         MAX_BUFS);
+  if (nbufs == MAX_BUFS)
+    return NULL;
+  const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+  CHECKF(e == cudaSuccess, "cudaMalloc(%zu): %s", bytes, cudaGetErrorString(e));
+  if (e != cudaSuccess)
     return NULL;
   bufs[nbufs++] = p;
   return p;
