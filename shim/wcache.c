@@ -265,8 +265,8 @@ static void device_free(const mt_driver *d, CUdeviceptr p) {
  * their streams. */
 #define RECLAIM_FROM (MAX_STREAMS / 2)
 
-/* A slot nobody holds whose last lease's recorded end has passed, or NULL. Under the context's
- * lock. */
+/* A slot nobody holds whose last lease's recorded end has passed, returned locked; or NULL. Under
+ * the context's lock. */
 static scratch *scratch_idle(const mt_driver *d, context *c) {
   for (int i = 0; i < c->nscratch; i++) {
     scratch *s = &c->scratch[i];
@@ -278,9 +278,9 @@ static scratch *scratch_idle(const mt_driver *d, context *c) {
       idle = d->event_query(s->done) == CUDA_SUCCESS;
       mt_capture_restore(relaxed);
     }
-    pthread_mutex_unlock(&s->lock);
     if (idle)
       return s;
+    pthread_mutex_unlock(&s->lock);
   }
   return NULL;
 }
@@ -292,14 +292,17 @@ static scratch *scratch_find(const mt_driver *d, context *c, unsigned long long 
   for (int i = 0; i < c->nscratch; i++)
     if (c->scratch[i].key == key)
       return &c->scratch[i];
-  scratch *s;
-  if (c->nscratch < MAX_STREAMS) {
-    s = &c->scratch[c->nscratch++];
+  if (c->nscratch < MAX_STREAMS) { /* no other thread knows this slot yet */
+    scratch *s = &c->scratch[c->nscratch++];
     s->owner = id, s->mem = 0, s->bytes = 0, s->done = NULL;
-  } else if (!(s = scratch_idle(d, c))) {
-    return NULL;
+    s->stream = stream, s->key = key, s->recorded = 0;
+    return s;
   }
-  s->stream = stream, s->key = key, s->recorded = 0;
+  scratch *s = scratch_idle(d, c);
+  if (s) { /* under both locks: its old stream's caller reads the key under the slot's */
+    s->stream = stream, s->key = key, s->recorded = 0;
+    pthread_mutex_unlock(&s->lock);
+  }
   return s;
 }
 
