@@ -255,6 +255,18 @@ static void device_free(const mt_driver *d, CUdeviceptr p) {
   mt_capture_restore(relaxed);
 }
 
+/* The end of a call's launches recorded on its stream in *ev, created at the first end it records
+ * (NULL while it cannot be); whether it was. */
+static int record_end(const mt_driver *d, CUevent *ev, CUstream s) {
+  if (!*ev) {
+    int relaxed = mt_capture_relax();
+    if (d->event_create(ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+      *ev = NULL;
+    mt_capture_restore(relaxed);
+  }
+  return *ev && d->event_record(*ev, s) == CUDA_SUCCESS;
+}
+
 /* --- scratch ------------------------------------------------------------------------------- */
 
 /* A context keeps scratch for MAX_STREAMS streams. From RECLAIM_FROM streams on, each lease's end
@@ -334,17 +346,6 @@ static scratch *scratch_lease(const mt_driver *d, context *c, unsigned long long
     pthread_mutex_unlock(&s->lock); /* given to another stream meanwhile: look again */
     pthread_mutex_lock(&c->lock);
   }
-}
-
-/* The end of a tracked lease, recorded on its stream (its lock held). */
-static void scratch_record(const mt_driver *d, scratch *s) {
-  if (!s->done) {
-    int relaxed = mt_capture_relax();
-    if (d->event_create(&s->done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
-      s->done = NULL;
-    mt_capture_restore(relaxed);
-  }
-  s->recorded = s->done && d->event_record(s->done, s->stream) == CUDA_SUCCESS;
 }
 
 /* The leased scratch, at least `bytes` long. Growing waits for the stream, so that the old buffer
@@ -486,14 +487,8 @@ static enum mt_reason order_wait(const mt_driver *d, mt_wcache_hold *hold) {
 static void order_done(const mt_driver *d, mt_wcache_hold *hold) {
   order *o = hold->order;
   CUstream s = (CUstream)hold->stream;
-  if (!o->done) {
-    int relaxed = mt_capture_relax();
-    if (d->event_create(&o->done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
-      o->done = NULL;
-    mt_capture_restore(relaxed);
-  }
   o->last = mt_stream_key(s);
-  o->pending = o->done && d->event_record(o->done, s) == CUDA_SUCCESS;
+  o->pending = record_end(d, &o->done, s);
   if (o->pending)
     return;
   MT_WARN_ONCE("could not record the end of a routed GEMM on a kept weight (cuEventRecord): its "
@@ -683,9 +678,10 @@ void mt_wcache_release(mt_wcache_hold *mem) {
     MT_WARN_ONCE("could not free a captured call's graph memory (cuMemFreeAsync): the graph keeps "
                  "it until it is destroyed");
   if (mem->lease) {
-    if (mem->tracked && d)
-      scratch_record(d, mem->lease);
-    pthread_mutex_unlock(&((scratch *)mem->lease)->lock);
+    scratch *s = mem->lease;
+    if (mem->tracked && d) /* a context of many streams: the slot can go once this has ended */
+      s->recorded = record_end(d, &s->done, s->stream);
+    pthread_mutex_unlock(&s->lock);
   }
   if (mem->kept)
     pthread_mutex_unlock(mem->kept);
