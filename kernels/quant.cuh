@@ -131,8 +131,8 @@ static __device__ __forceinline__ uint32_t block(const uint32_t (&w)[8], uint32_
   return sb_code;
 }
 
-/* ---- the weight store's encode (kernels/wstore.h): the store quantizer's (kernels/quant.cu) and
- * the grouped GEMM's own requantization of a band (kernels/grouped.cu), bit for bit alike ---- */
+/* ---- the weight store's encode (kernels/wstore.h), the store quantizer's (kernels/quant.cu): here
+ * beside the per-block steps, so that any kernel that writes a store writes it bit for bit alike ---- */
 
 /* The record's four code words of row r from its blocks b (codes cd0) and b + 1 (cd1): lane 4g + q's
  * word holds the pairs of code bytes q and q + 4 of each block, in the store's bit order
