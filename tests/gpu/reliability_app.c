@@ -288,8 +288,9 @@ static int mode_swap(void) {
     if (set_weight(shared.w, v[k]) || run_jobs(seq[k], nthreads, 0))
       return printf("#info failed_calls 1\n"), 1;
   }
-  /* one stream a thread index for every round: the shim keeps a scratch slot for each stream
-   * that routes (64 a context, never given back), and the rounds start 96 threads */
+  /* one stream a thread index for every round: the rounds start 96 threads, and a context keeps
+   * scratch for 64 streams (a slot goes to a new stream only once its last call has ended, which
+   * this case should not depend on) */
   CUstream streams[NTHREADS];
   for (int i = 0; i < nthreads; i++)
     if (CU(cuStreamCreate)(&streams[i], CU_STREAM_NON_BLOCKING))
