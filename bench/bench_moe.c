@@ -200,8 +200,13 @@ static mt_wstore_refresh_args refresh_of(const check_ctx *k, const layer_gemm *l
                                   .m = TOPK * k->c->t};
 }
 
+/* A weight's state zeroed first where the calls are timed after a weight sync (k->synced). */
+static int sync_state(const check_ctx *k, void *state) {
+  return k->synced && cudaMemsetAsync(state, 0, mt_refresh_state_bytes(k->c->g->experts), stream);
+}
+
 static int refresh(check_ctx *k, layer_gemm *l, void *state, const routing *r) {
-  if (k->synced && cudaMemsetAsync(state, 0, mt_refresh_state_bytes(k->c->g->experts), stream))
+  if (sync_state(k, state))
     return 1;
   const mt_wstore_refresh_args a = refresh_of(k, l, state, r);
   return mt_wstore_refresh(&a, (mt_stream)stream);
@@ -214,9 +219,7 @@ static int call_served(void *p, int i) {
   check_ctx *k = p;
   moe_ctx *c = k->c;
   const routing *r = &c->r[i % c->routings];
-  const size_t sbytes = mt_refresh_state_bytes(c->g->experts);
-  if (k->synced && (cudaMemsetAsync(k->state[0], 0, sbytes, stream) ||
-                    cudaMemsetAsync(k->state[1], 0, sbytes, stream)))
+  if (sync_state(k, k->state[0]) || sync_state(k, k->state[1]))
     return 1;
   const mt_wstore_refresh_args up = refresh_of(k, &c->up, k->state[0], r),
                                down = refresh_of(k, &c->down, k->state[1], r);
