@@ -62,30 +62,49 @@ static int weight_shape_ok(int n, int k, const mt_numerics *num) {
   return num->weight_block == MT_WBLOCK_1X16;
 }
 
-size_t mt_qweight_bytes(int n, int k, const mt_numerics *num) {
-  if (!weight_shape_ok(n, k, num)) return 0;
+/* The kept sections: codes, scales, outer; then, in the full form, the small-M kernels' copy
+ * (where AUTO may use it) and the dequantized copy last. */
+static size_t kept_bytes(int n, int k, const mt_numerics *num) {
   size_t elems = (size_t)n * (size_t)k;
-  return section(elems * 2) + section(elems / 2) + section(elems / 16) + outer_bytes(n, num->weight_scale) +
-         section(mt_gemm_frag_bytes(n, k));
+  return section(elems / 2) + section(elems / 16) + outer_bytes(n, num->weight_scale);
 }
 
-int mt_qweight_bind(mt_qweight *q, int n, int k, const mt_numerics *num, void *mem) {
+size_t mt_qweight_bytes(int n, int k, const mt_numerics *num) {
+  if (!weight_shape_ok(n, k, num)) return 0;
+  return kept_bytes(n, k, num) + section(mt_gemm_frag_bytes(n, k)) + mt_qweight_xhat_bytes(n, k);
+}
+
+size_t mt_qweight_kept_bytes(int n, int k, const mt_numerics *num) {
+  return weight_shape_ok(n, k, num) ? kept_bytes(n, k, num) : 0;
+}
+
+size_t mt_qweight_xhat_bytes(int n, int k) { return n > 0 && k > 0 ? section((size_t)n * (size_t)k * 2) : 0; }
+
+static int bind(mt_qweight *q, int n, int k, const mt_numerics *num, void *mem, int full) {
   if (!q || !mem || ((uintptr_t)mem % SECTION_ALIGN) || !weight_shape_ok(n, k, num)) return MT_ERR_UNSUPPORTED;
   size_t elems = (size_t)n * (size_t)k;
   char *at = mem;
   q->n = n;
   q->k = k;
   q->num = *num;
-  q->xhat = (uint16_t *)at;
-  at += section(elems * 2);
   q->codes = (uint8_t *)at;
   at += section(elems / 2);
   q->scales = (uint8_t *)at;
   at += section(elems / 16);
   q->outer = (float *)at;
   at += outer_bytes(n, num->weight_scale);
-  q->frag = mt_gemm_frag_bytes(n, k) ? (uint8_t *)at : NULL;
+  q->frag = full && mt_gemm_frag_bytes(n, k) ? (uint8_t *)at : NULL;
+  at += section(full ? mt_gemm_frag_bytes(n, k) : 0);
+  q->xhat = full ? (uint16_t *)at : NULL;
   return MT_OK;
+}
+
+int mt_qweight_bind(mt_qweight *q, int n, int k, const mt_numerics *num, void *mem) {
+  return bind(q, n, k, num, mem, 1);
+}
+
+int mt_qweight_bind_kept(mt_qweight *q, int n, int k, const mt_numerics *num, void *mem) {
+  return bind(q, n, k, num, mem, 0);
 }
 
 /* The amax word of a per-tensor outer section (see outer_bytes). */
@@ -95,7 +114,7 @@ static uint32_t *amax_word(float *outer) { return (uint32_t *)(outer + 1); }
  * mt_quantize's to find (a kernel name built a call), so a call that launches asks for it once. */
 static int weight_params(const void *w, enum mt_dtype type, size_t ldw, const mt_qweight *q, const uint32_t *only_if,
                          mt_quant_params *out) {
-  if (!w || !q || !q->xhat || !weight_shape_ok(q->n, q->k, &q->num) ||
+  if (!w || !q || !q->codes || !q->scales || !weight_shape_ok(q->n, q->k, &q->num) ||
       (type != MT_DTYPE_BF16 && type != MT_DTYPE_FP16) || !aligned16(w) || ldw < (size_t)q->k || ldw % 8)
     return MT_ERR_UNSUPPORTED;
   *out = (mt_quant_params){
@@ -147,7 +166,7 @@ static int is_half(enum mt_dtype t) { return t == MT_DTYPE_BF16 || t == MT_DTYPE
 static int gemm_args_ok(const mt_gemm_args *a) {
   const mt_qweight *w = a->w;
   if (a->m <= 0 || a->n <= 0 || a->k <= 0 || a->k % 16 || a->m > MT_GEMM_DIM_MAX || a->n > MT_GEMM_DIM_MAX || !w ||
-      w->n != a->n || w->k != a->k || !w->xhat || !weight_shape_ok(w->n, w->k, &w->num))
+      w->n != a->n || w->k != a->k || !w->codes || !w->scales || !weight_shape_ok(w->n, w->k, &w->num))
     return 0;
   if (!a->x || !is_half(a->xtype) || !aligned16(a->x) || a->ldx < (size_t)a->k || a->ldx % 8) return 0;
   if (!a->y || !is_half(a->ytype) || !aligned16(a->y) || a->ldy < (size_t)a->n || a->ldy % 8) return 0;
@@ -156,13 +175,19 @@ static int gemm_args_ok(const mt_gemm_args *a) {
   return 1;
 }
 
+/* The workspace a call takes: its activations' sections, and after them, for a weight kept without
+ * its dequantized copy, that copy (written by every call on the large path). */
+static size_t call_workspace_bytes(const mt_gemm_args *a) {
+  size_t acts = mt_gemm_workspace_bytes(a->m, a->k, &a->w->num);
+  return acts + (a->w->xhat ? 0 : mt_qweight_xhat_bytes(a->n, a->k));
+}
+
 int mt_gemm(const mt_gemm_args *a, mt_stream stream) {
   if (!a || !gemm_args_ok(a)) return MT_ERR_UNSUPPORTED;
   int path = mt_gemm_path_of(a);
   if (path < 0) return MT_ERR_UNSUPPORTED;
   const mt_numerics *num = &a->w->num;
-  if (!a->workspace || ((uintptr_t)a->workspace % SECTION_ALIGN) ||
-      a->workspace_bytes < mt_gemm_workspace_bytes(a->m, a->k, num))
+  if (!a->workspace || ((uintptr_t)a->workspace % SECTION_ALIGN) || a->workspace_bytes < call_workspace_bytes(a))
     return MT_ERR_NOMEM;
   if (!mt_driver_get()) return MT_ERR_NO_DRIVER;
   if (path == MT_PATH_FUSED) /* few tokens: the GEMM quantizes them itself, bit for bit the same */
@@ -188,5 +213,14 @@ int mt_gemm(const mt_gemm_args *a, mt_stream stream) {
   int status = mt_quantize(&p, 0, stream);
   if (status != MT_OK) return status;
   mt_qact q = {.xhat = p.xhat, .outer = outer};
-  return mt_gemm_launch(a, &q, stream);
+  if (a->w->xhat) return mt_gemm_launch(a, &q, 1, stream);
+  /* Kept as codes and scales: their dequantized copy into the workspace, beside the activations'
+   * quantizer (it lets the copy start at once, and the copy waits for it before it ends), then the
+   * GEMM in order, once both are written. */
+  mt_qweight dq = *a->w;
+  dq.xhat = (uint16_t *)(ws + mt_gemm_workspace_bytes(a->m, a->k, num));
+  status = mt_dequantize(a->w, dq.xhat, stream);
+  if (status != MT_OK) return status;
+  resolved.w = &dq;
+  return mt_gemm_launch(a, &q, 0, stream);
 }

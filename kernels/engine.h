@@ -44,26 +44,37 @@ typedef struct {
 
 void mt_numerics_from_spec(const mt_spec *s, mt_numerics *n);
 
-/* A weight quantized for the GEMM (device memory the caller owns, laid out by mt_qweight_bind):
- * the exact BF16 dequantized weight that the tensor cores read on the large path, and the packed
- * NVFP4 codes and scales (4.5 bits per weight; the small-M kernels' copy in fragment order only
- * where AUTO may use it). */
+/* A weight quantized for the GEMM (device memory the caller owns, laid out by mt_qweight_bind or
+ * mt_qweight_bind_kept): the packed NVFP4 codes and scales and the outer scale (4.5 bits an element:
+ * the kept form, what the frozen cache keeps); the full form adds the exact BF16 dequantized weight
+ * that the tensor cores read on the large path, and the small-M kernels' copy in fragment order
+ * where AUTO may use it (what a call that requantizes writes, in one pass). A GEMM on the kept form
+ * writes the dequantized copy from the codes into its workspace first (mt_gemm), the same bits. */
 typedef struct {
   int n, k;
   mt_numerics num;
-  uint16_t *xhat;  /* [n][k] BF16: e2m1(code) * scale, exact; the outer scale is not applied */
+  uint16_t *xhat;  /* [n][k] BF16: e2m1(code) * scale, exact; the outer scale is not applied. NULL
+                      in the kept form */
   uint8_t *codes;  /* [n][k/2] E2M1 codes, ref/nvfp4.h layout */
   uint8_t *scales; /* [n][k/16] E4M3 block scales, ref/nvfp4.h layout */
   float *outer;    /* S: n floats (row) or 1 (tensor) */
   uint8_t *frag;   /* codes and scales again, in the small-M kernels' fragment order, or NULL
-                       (mt_gemm_frag_bytes in kernels/gemm.h; written by mt_gemm_pack_weight) */
+                       (mt_gemm_frag_bytes in kernels/gemm.h; written by mt_gemm_pack_weight; the
+                       kept form has none) */
 } mt_qweight;
 
-/* Bytes of device memory a quantized n x k weight takes (data and outer together). */
+/* Bytes of device memory a quantized n x k weight takes (data and outer together): the full form,
+ * the kept form (~0.56 bytes an element), and the dequantized copy alone (2 bytes an element: what
+ * a GEMM on the kept form needs in its workspace beyond mt_gemm_workspace_bytes). 0: a shape the
+ * engine does not take. */
 size_t mt_qweight_bytes(int n, int k, const mt_numerics *num);
+size_t mt_qweight_kept_bytes(int n, int k, const mt_numerics *num);
+size_t mt_qweight_xhat_bytes(int n, int k);
 
-/* Point q at `mem` (mt_qweight_bytes of device memory) for an n x k weight. */
+/* Point q at `mem` (mt_qweight_bytes, or for the kept form mt_qweight_kept_bytes, of device memory,
+ * 256-byte aligned) for an n x k weight. */
 int mt_qweight_bind(mt_qweight *q, int n, int k, const mt_numerics *num, void *mem);
+int mt_qweight_bind_kept(mt_qweight *q, int n, int k, const mt_numerics *num, void *mem);
 
 /* Quantize W (n rows of k, row stride ldw, BF16 or FP16) into q on `stream`. */
 int mt_quantize_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, mt_stream stream);
@@ -120,7 +131,8 @@ typedef struct {
   const void *bias;       /* [n] or NULL, type biastype */
   enum mt_dtype biastype; /* BF16, FP16 or FP32 */
   float alpha, beta;
-  void *workspace; /* device scratch of at least mt_gemm_workspace_bytes(m, k, ...) */
+  void *workspace; /* device scratch of at least mt_gemm_workspace_bytes(m, k, ...), and
+                      mt_qweight_xhat_bytes(n, k) more for a weight in the kept form */
   size_t workspace_bytes;
   enum mt_gemm_path path; /* MT_PATH_AUTO (0) */
   mt_gemm_tile tile;      /* the large path's tile: {0, 0} (the launcher's choice) */

@@ -163,6 +163,15 @@ int mt_quantize_accepts(const mt_quant_params *p, int tile16) {
   return params_ok(p, tile16) && pick_shape(p, tile16, &s) == MT_OK ? MT_OK : MT_ERR_UNSUPPORTED;
 }
 
+int mt_dequantize(const mt_qweight *q, uint16_t *xhat, mt_stream stream) {
+  if (!q || !q->codes || !q->scales || !xhat) return MT_ERR_UNSUPPORTED;
+  CUfunction f;
+  int status = mt_kernel_get("quant", "mt_dequant_weight", stream, &f);
+  if (status != MT_OK) return status;
+  mt_dequant_args a = {q->codes, q->scales, xhat, (int64_t)q->n * q->k / 16};
+  return mt_launch(f, (unsigned)((a.blocks + 255) / 256), 1, 256, 1, 0, 1, stream, &a);
+}
+
 int mt_quantize_dependent(const mt_quant_params *p, mt_stream stream) {
   return p->store ? MT_ERR_UNSUPPORTED : quantize(p, 0, 1, stream);
 }

@@ -226,9 +226,11 @@ __device__ __forceinline__ void quantize_loaded(const mt_quant_params &p, const 
       else
         sb_code = block<FP16, false>(w[j], amax_b[j], s_over_6, inv_s, xh, cd);
     }
-    uint4 *dst = (uint4 *)(p.xhat + row_base + (size_t)b * 16);
-    dst[0] = make_uint4(xh[0], xh[1], xh[2], xh[3]);
-    dst[1] = make_uint4(xh[4], xh[5], xh[6], xh[7]);
+    if (p.xhat) { /* a kept weight has none (mt_dequant_weight writes it at every call) */
+      uint4 *dst = (uint4 *)(p.xhat + row_base + (size_t)b * 16);
+      dst[0] = make_uint4(xh[0], xh[1], xh[2], xh[3]);
+      dst[1] = make_uint4(xh[4], xh[5], xh[6], xh[7]);
+    }
     if (p.codes) *(uint2 *)(p.codes + row_base / 2 + (size_t)b * 8) = make_uint2(cd[0], cd[1]);
     if (p.scales) p.scales[row_base / 16 + b] = (uint8_t)sb_code;
   }
@@ -612,6 +614,49 @@ MT_QUANT_TENSOR(fp16, true)
 #define MT_QUANT_STORE(type, fp16) MT_QUANT_STORE_AS(type, fp16, , false) MT_QUANT_STORE_AS(type, fp16, _ptrs, true)
 MT_QUANT_STORE(bf16, false)
 MT_QUANT_STORE(fp16, true)
+
+/* ---- a kept weight's dequantized copy, from its codes and scales (kernels/engine.c: the large
+ * path of a weight kept without one) -------------------------------------------------------------
+ *
+ * xhat = +-e2m1(code) * s_b with the code's sign: the product the quantizer formed (encode: r * s_b,
+ * then v's sign, which the code carries), so the same bits, -0 and the zeros of a domain holding NaN
+ * or Inf included (codes and scales 0). One thread a block of 16: its 8 code bytes and its scale in,
+ * 32 bytes out (element 2i in the low nibble of code byte i, as the quantizer packs them). Launched
+ * dependent after the call's activations' quantizer, which lets it start at once: it reads codes
+ * that kernels ended before that quantizer started wrote, and waits for the quantizer only before it
+ * ends, so that the GEMM launched in order after it finds both written.
+ * Tested by tests/gpu/test_kernels.c (kept_weight_dequant: the quantizer's xhat bit for bit, every
+ * numerics; the GEMM on the kept form against the full form, bit for bit). */
+
+/* The FP32 bits of the E2M1 magnitude of a 3-bit code: 0, 0.5, then 1 .. 6 from its exponent and
+ * mantissa bits (2 -> 1.0: 127 << 23, 7 -> 6.0: 129 << 23 | 1 << 22). */
+__device__ __forceinline__ uint32_t e2m1_value_bits(uint32_t c) {
+  return c < 2u ? (c ? 0x3f000000u : 0u) : ((126u + (c >> 1)) << 23) | ((c & 1u) << 22);
+}
+
+__device__ __forceinline__ uint32_t dequant_one(uint32_t code, float sb) {
+  return __float_as_uint(__fmul_rn(__uint_as_float(e2m1_value_bits(code & 7u)), sb)) | ((code & 8u) << 28);
+}
+
+__device__ __forceinline__ void dequant_block(const mt_dequant_args &a, int64_t b) {
+  const uint2 cd = *(const uint2 *)(a.codes + b * 8);
+  const float sb = e4m3_to_float(a.scales[b]);
+  uint32_t xh[8];
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    const uint32_t byte = ((i < 4 ? cd.x : cd.y) >> (8 * (i & 3))) & 0xffu;
+    xh[i] = __byte_perm(dequant_one(byte & 15u, sb), dequant_one(byte >> 4, sb), 0x7632);
+  }
+  uint4 *dst = (uint4 *)(a.xhat + b * 16);
+  dst[0] = make_uint4(xh[0], xh[1], xh[2], xh[3]);
+  dst[1] = make_uint4(xh[4], xh[5], xh[6], xh[7]);
+}
+
+extern "C" __global__ void __launch_bounds__(256) mt_dequant_weight(const mt_dequant_args a) {
+  const int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (b < a.blocks) dequant_block(a, b);
+  grid_dependency_wait(); /* this grid ends after the kernel before it (the activations' quantizer) */
+}
 
 /* A store's refresh (refresh_store), one kernel a store quantizer: per-row S with 2, 4 or 8 blocks
  * a thread, per-tensor S, 16x16 tiles; launched in clusters (their size is the launch's). */

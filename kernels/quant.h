@@ -74,8 +74,23 @@ typedef struct {
 #define MT_REFRESH_CHAINED 1
 #define MT_REFRESH_BESIDE 2
 
+/* A kept weight's dequantized copy (mt_dequant_weight): blocks of 16, block b's 8 code bytes at
+ * codes + 8b, its scale at scales[b], its 16 BF16 values to xhat + 16b. */
+typedef struct {
+  const uint8_t *codes, *scales;
+  uint16_t *xhat;
+  int64_t blocks;
+} mt_dequant_args;
+
 #ifndef __CUDACC__
 #include "kernels/engine.h"
+
+/* Write q's dequantized copy (xhat: [n][k] BF16, e2m1(code) * scale, the bits its quantizer would
+ * have written) from its codes and scales. Launched dependent, it starts while the kernel before it
+ * runs and waits for that kernel only before it ends: q's codes must have been written by kernels
+ * that ended before that one started (kernels/engine.c launches it after the activations'
+ * quantizer, itself launched in order); it lets nothing after it start early. Launches only. */
+int mt_dequantize(const mt_qweight *q, uint16_t *xhat, mt_stream stream);
 
 /* Quantize as p says with 1x16 blocks (tile16 = 0) or 16x16 tiles (tile16 = 1: needs per-tensor S
  * and rows % 16 == 0; a batch's rows too). Per-tensor S zeroes the amax word (each slice's in the

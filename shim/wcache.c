@@ -90,7 +90,7 @@ static size_t cache_limit;
 static atomic_size_t held_total;
 static atomic_ullong cache_full, captured_calls;
 static atomic_ullong pointer_array_calls; /* grouped calls with weights behind pointer arrays */
-static atomic_ullong store_bytes, store_elems;   /* the frozen grouped stores' bytes and elements */
+static atomic_ullong store_bytes, store_elems;   /* the kept weights' bytes and elements */
 static atomic_int engine_used, forked_after_use; /* CUDA does not survive a fork */
 
 static void init_locks(void) {
@@ -438,7 +438,7 @@ static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, 
     if (same_ref(&c->entries[i].ref, w))
       return &c->entries[i];
   }
-  size_t qbytes = round_up(mt_qweight_bytes(w->n, w->k, &w->num));
+  size_t kbytes = round_up(mt_qweight_kept_bytes(w->n, w->k, &w->num));
   *why = MT_R_ROUTED;
   if (capturing)
     return NULL; /* no allocation in a capture: requantized in the graph's memory */
@@ -447,12 +447,14 @@ static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, 
     return NULL;
   }
   CUdeviceptr mem;
-  if (!entry_alloc(d, c, qbytes, 1, stream, &mem, why))
+  if (!entry_alloc(d, c, kbytes, 1, stream, &mem, why))
     return NULL;
+  atomic_fetch_add(&store_bytes, kbytes);
+  atomic_fetch_add(&store_elems, (unsigned long long)w->n * (unsigned)w->k);
   entry *e = &c->entries[i];
   e->ref = *w;
   e->mem = mem;
-  mt_qweight_bind(&e->q, w->n, w->k, &w->num, (void *)mem);
+  mt_qweight_bind_kept(&e->q, w->n, w->k, &w->num, (void *)mem);
   c->nentries++;
   return e;
 }
@@ -642,6 +644,8 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   enum mt_reason why = MT_R_ROUTED;
   if (ws && qbytes && frozen)
     e = entry_get(d, c, w, capturing, stream, &why);
+  if (e) /* a kept weight's dequantized copy lives in the call's workspace (mt_gemm) */
+    ws += round_up(mt_qweight_xhat_bytes(w->n, w->k));
   CUdeviceptr mem = 0;
   enum mt_reason r = take_memory(d, c, &x, stream, ws, qbytes, e ? &e->order : NULL, why, capturing,
                                  &out->hold, &mem);
@@ -653,9 +657,10 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
     out->q = &e->q;
     /* frozen-sampled's hash covers a sample of the lines: not the weight's content sum, which a
      * digest's key needs to join a process under another cache mode */
+    size_t kbytes = round_up(mt_qweight_kept_bytes(w->n, w->k, &w->num));
     if (check_step == 1)
-      out->wsum = &mt_wcheck_slices((void *)(uintptr_t)(e->mem + qbytes))->hash;
-    return weight_done(mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + qbytes),
+      out->wsum = &mt_wcheck_slices((void *)(uintptr_t)(e->mem + kbytes))->hash;
+    return weight_done(mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + kbytes),
                                          check_step, stream),
                        capturing);
   }

@@ -67,6 +67,25 @@ static void fragment_copy_only_where_used(void) {
   CHECK(mt_qweight_bytes(2048, 768, &num) > (size_t)2048 * 768 * 3); /* ~3.19 */
 }
 
+/* The kept form (what the frozen cache keeps of a single call's weight): codes, scales and S, at
+ * most 0.6 bytes an element on the benchmark shapes and every weight numerics; the dequantized
+ * copy a call on it writes into its workspace is 2 bytes an element. */
+static void kept_form_under_0_6_bytes(void) {
+  static const int dims[][2] = {{1536, 2048}, {2048, 768}, {4096, 7168}, {7168, 2048}};
+  static const mt_numerics nums[] = {{MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
+                                     {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
+                                     {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_16X16}};
+  for (size_t s = 0; s < sizeof dims / sizeof dims[0]; s++)
+    for (size_t v = 0; v < sizeof nums / sizeof nums[0]; v++) {
+      const size_t elems = (size_t)dims[s][0] * (size_t)dims[s][1];
+      const size_t kept = mt_qweight_kept_bytes(dims[s][0], dims[s][1], &nums[v]);
+      CHECKF(kept >= elems * 9 / 16 && kept <= elems * 6 / 10, "%dx%d: %zu bytes", dims[s][0],
+             dims[s][1], kept);
+      CHECK(mt_qweight_xhat_bytes(dims[s][0], dims[s][1]) == elems * 2);
+    }
+  CHECK(mt_qweight_xhat_bytes(0, 16) == 0);
+}
+
 /* The large path's tile on the benchmark shapes (132 SMs), bm x bn, at M = 1, 16, 64, 256, 300,
  * 1024, 4096, 16384. Measured (µs of the GEMM alone, seventh session, call 2): gate_up M = 16
  * 64 x 32 7.00, 64 x 48 7.25, 64 x 64 7.50, 128 x 64 8.04; M = 256 64 x 48 8.08, 64 x 64 8.35,
@@ -278,6 +297,7 @@ int main(void) {
   RUN(auto_path_on_the_benchmark_shapes);
   RUN(auto_path_edges);
   RUN(fragment_copy_only_where_used);
+  RUN(kept_form_under_0_6_bytes);
   RUN(large_tiles_on_the_benchmark_shapes);
   RUN(kpair_where_the_loop_outlasts_the_ring);
   RUN(large_tiles_exist);

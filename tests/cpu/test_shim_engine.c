@@ -43,8 +43,8 @@
 
 #define OUT 256 /* the routed weight: OUT x IN (cuBLAS m x k) */
 #define IN 512
-#define BIG_OUT 1024 /* a second routed shape, too large for the frozen cache of the test */
-#define ROUTES "MINITE_ROUTE=256x512,1024x512,256x2048" /* the last for scenario_kpair */
+#define BIG_OUT 4096 /* a second routed shape, too large for the frozen cache of the test (1 MB) */
+#define ROUTES "MINITE_ROUTE=256x512,1024x512,4096x512,256x2048" /* the last for scenario_kpair */
 #define S1 ((CUstream)(uintptr_t)0x1000)
 #define S2 ((CUstream)(uintptr_t)0x2000)
 
@@ -342,7 +342,34 @@ static const mt_epilogue_args *epilogue_of(int i) {
                                                  : &((const mt_large_args *)e->args)->e;
 }
 
-/* The weight quantization (per-tensor S: amax then quant), the packing, the activations' and the
+/* The packing of a weight requantized for its call (full form) between the weight's quantization
+ * wq and the activations' aq, or the dequantization of a kept one (only_if: frozen) between aq and
+ * the GEMM g; the dequantized weight (the full form's xhat, or the kept form's copy in the
+ * workspace). */
+static const uint16_t *check_weight_forms(int wq, int aq, int g, const mt_quant_params *w,
+                                          const problem *p, const uint32_t *only_if) {
+  const size_t elems = (size_t)p->out * IN;
+  if (only_if) {
+    int dq = find_launch(wq, "mt_dequant_weight", 0);
+    CHECKF(dq > aq && dq < g && find_launch(wq, "mt_gemm_pack", 0) < 0, "dequantized at %d", dq);
+    if (dq < 0)
+      return NULL;
+    const mt_dequant_args *da = (const mt_dequant_args *)event(dq)->args;
+    CHECK(!w->xhat && da->codes == w->codes && da->scales == w->scales &&
+          da->blocks == (int64_t)elems / 16 && is_device(da->xhat, elems * 2));
+    return da->xhat;
+  }
+  int pack = find_launch(wq, "mt_gemm_pack", 0);
+  CHECKF(pack > wq && pack < aq, "packed at %d", pack);
+  if (pack < 0)
+    return NULL;
+  const mt_pack_args *pk = (const mt_pack_args *)event(pack)->args;
+  CHECK(pk->codes == w->codes && pk->scales == w->scales && pk->n == p->out && pk->k == IN &&
+        !pk->only_if && is_device(w->xhat, elems * 2));
+  return w->xhat;
+}
+
+/* The weight quantization (per-tensor S: amax then quant), the packing or dequantization, the activations' and the
  * large path's GEMM of one call starting at `from`: operands, shapes and device memory. only_if:
  * the frozen entry's dirty word (its check's list, whose count is the word for one slice), or NULL
  * under requantize. */
@@ -350,35 +377,32 @@ static void check_call_args(int from, const problem *p, const void *c, const voi
                             const uint32_t *only_if) {
   int amax = find_launch(from, "mt_quant_amax_bf16", 0);
   int wq = find_launch(from, "mt_quant_tensor_bf16", 0);
-  int pack = find_launch(from, "mt_gemm_pack", 0);
   int aq = find_launch(from, "mt_quant_row_bf16", 0);
   int g = find_launch(from, "mt_gemm_large_", 0);
-  CHECKF(amax >= 0 && wq > amax && pack > wq && aq > pack && g > aq, "order %d %d %d %d %d", amax,
-         wq, pack, aq, g);
-  if (amax < 0 || wq < 0 || pack < 0 || aq < 0 || g < 0)
+  CHECKF(amax >= 0 && wq > amax && aq > wq && g > aq, "order %d %d %d %d", amax, wq, aq, g);
+  if (amax < 0 || wq < 0 || aq < 0 || g < 0)
     return;
   const mt_quant_params *w = quant_args(wq), *a = quant_args(aq), *am = quant_args(amax);
   CHECK(w->x == p->w && w->ldx == IN && w->rows == p->out && w->cols == IN && !w->row_outer);
   CHECK(am->x == p->w && am->amax == w->amax && am->only_if == only_if);
   CHECKF(w->only_if == only_if, "weight quantization reads %p, want %p", (void *)w->only_if,
          (void *)only_if);
-  CHECK(is_device(w->xhat, (size_t)p->out * IN * 2) &&
-        is_device(w->codes, (size_t)p->out * IN / 2) &&
+  CHECK(is_device(w->codes, (size_t)p->out * IN / 2) &&
         is_device(w->scales, (size_t)p->out * IN / 16) && is_device(w->outer, 8));
   /* the amax word zeroed before the amax pass is the one it builds */
   int ms = find_kind(from, FAKE_EV_MEMSET, 0);
   while (ms >= 0 && event(ms)->bytes != 4)
     ms = find_kind(ms + 1, FAKE_EV_MEMSET, 0);
   CHECK(ms >= 0 && ms < amax && event(ms)->ptr == (uint64_t)(uintptr_t)w->amax);
-  const mt_pack_args *pk = (const mt_pack_args *)event(pack)->args;
-  CHECK(pk->codes == w->codes && pk->scales == w->scales && pk->n == p->out && pk->k == IN &&
-        pk->only_if == only_if);
+  const uint16_t *wx = check_weight_forms(wq, aq, g, w, p, only_if);
+  /* the GEMM starts early after the activations' quantizer alone, in order after a dequantization */
+  CHECKF(!event(g)->pdl == !!only_if, "%s", event(g)->name);
   CHECK(a->x == p->x && a->ldx == IN && a->rows == p->tokens && a->cols == IN && a->row_outer &&
         !a->only_if && is_device(a->xhat, (size_t)p->tokens * IN * 2) &&
         is_device(a->outer, (size_t)p->tokens * 4));
-  /* the activations do not overlap the weight's quantized forms */
-  CHECK((const char *)a->xhat + (size_t)p->tokens * IN * 2 <= (const char *)w->xhat ||
-        (const char *)w->xhat + (size_t)p->out * IN * 2 <= (const char *)a->xhat);
+  /* the activations do not overlap the weight's dequantized form */
+  CHECK(wx && ((const char *)a->xhat + (size_t)p->tokens * IN * 2 <= (const char *)wx ||
+               (const char *)wx + (size_t)p->out * IN * 2 <= (const char *)a->xhat));
   const mt_epilogue_args *e = epilogue_of(g);
   CHECK(e->m == p->tokens && e->n == p->out && e->k == IN && e->y == p->y && e->ldy == p->ldc);
   CHECK(e->sa == a->outer && e->sw == w->outer && e->sa_row && !e->sw_row);
@@ -411,6 +435,12 @@ static void check_call_args(int from, const problem *p, const void *c, const voi
  * finds any kernel) and makes the context registry's liveness canary (kernels/driver.c). */
 #define LOAD_ALL "load load load load load load alloc"
 #define WEIGHT_QUANT "memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 mt_gemm_pack"
+/* A kept weight (frozen modes): codes and scales only, so no packing; each call dequantizes them
+ * into its workspace beside its activations' quantizer, and its GEMM starts in order after both. */
+#define KEPT_QUANT "memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16"
+#define KEPT_CALL "mt_quant_row_bf16_nb1 mt_dequant_weight+pdl tmap tmap mt_gemm_large_m64_n32"
+#define KEPT_CALL_FIRST                                                                            \
+  "mt_quant_row_bf16_nb1 mt_dequant_weight+pdl tmap tmap smem mt_gemm_large_m64_n32"
 
 /* requantize: the kernels of a call in order, on its stream; scratch per stream, grown once. */
 static void scenario_requantize(void) {
@@ -583,8 +613,8 @@ static void scenario_frozen(void) {
   problem p = make(OUT, 8, OUT), q = make(OUT, 8, OUT), big = make(BIG_OUT, 8, BIG_OUT);
   int t = now();
   expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, "alloc memset48 alloc " LOAD_ALL " mt_wcheck memset4 mt_quant_amax_bf16 "
-                 "mt_quant_tensor_bf16 mt_gemm_pack " FEW_CALL_FIRST " record");
+  CHECK_TRACE(t, "alloc memset48 alloc " LOAD_ALL " mt_wcheck " KEPT_QUANT " " KEPT_CALL_FIRST
+                 " record");
   CHECK(all_on(t, S1));
   int wc = find_launch(t, "mt_wcheck", 0), ms = find_kind(t, FAKE_EV_MEMSET, 0);
   const mt_wcheck_args *w = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
@@ -597,20 +627,20 @@ static void scenario_frozen(void) {
         is_device(w->state, MT_WCHECK_STATE_BYTES(1)));
   check_call_args(t, &p, p.y, NULL, 0.0f, dirty);
   const mt_quant_params *wq = quant_args(find_launch(t, "mt_quant_tensor_bf16", 0));
-  uint16_t *entry_xhat = wq ? wq->xhat : NULL;
+  uint8_t *entry_codes = wq ? wq->codes : NULL;
   long bytes1 = device_bytes();
   /* the same weight again: the check and the conditional quantization, nothing allocated */
   t = now();
   expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, "mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
+  CHECK_TRACE(t, "mt_wcheck " KEPT_QUANT " " KEPT_CALL " record");
   check_call_args(t, &p, p.y, NULL, 0.0f, dirty);
   wq = quant_args(find_launch(t, "mt_quant_tensor_bf16", 0));
-  CHECK(wq && wq->xhat == entry_xhat);
+  CHECK(wq && wq->codes == entry_codes);
   CHECK(device_bytes() == bytes1);
   /* another weight of the same shape: a second entry */
   t = now();
   expect_routed(&q, S1, &zero);
-  CHECK_TRACE(t, "alloc memset48 mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
+  CHECK_TRACE(t, "alloc memset48 mt_wcheck " KEPT_QUANT " " KEPT_CALL " record");
   wc = find_launch(t, "mt_wcheck", 0);
   w = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
   CHECK(w && w->w == q.w && mt_wcheck_list(w->state, 1) != dirty);
@@ -645,10 +675,10 @@ static void scenario_frozen_stride(void) {
   strided_weight_call(wide, IN, &p);
   int t = now();
   strided_weight_call(wide, IN + 16, &p);
-  CHECK_TRACE(t, "alloc memset48 mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
+  CHECK_TRACE(t, "alloc memset48 mt_wcheck " KEPT_QUANT " " KEPT_CALL " record");
   t = now();
   strided_weight_call(wide, IN, &p);
-  CHECK_TRACE(t, "mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
+  CHECK_TRACE(t, "mt_wcheck " KEPT_QUANT " " KEPT_CALL " record");
   check_driver_clean();
   free(wide), unmake(&p);
 }
@@ -775,14 +805,14 @@ static void scenario_frozen_capture(void) {
   set_capturing(S1, 1);
   int t = now();
   expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, "alloc_async mt_wcheck " WEIGHT_QUANT " " FEW_CALL " free_async");
+  CHECK_TRACE(t, "alloc_async mt_wcheck " KEPT_QUANT " " KEPT_CALL " free_async");
   t = now();
   expect_routed(&q, S1, &zero);
   CHECK_TRACE(t, "alloc_async " WEIGHT_QUANT " " FEW_CALL " free_async");
   set_capturing(S1, 0);
   t = now();
   expect_routed(&q, S1, &zero);
-  CHECK_TRACE(t, "alloc memset48 mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
+  CHECK_TRACE(t, "alloc memset48 mt_wcheck " KEPT_QUANT " " KEPT_CALL " record");
   check_driver_clean();
   unmake(&p), unmake(&q);
 }
@@ -797,7 +827,7 @@ static void scenario_weight_quant_fail(void) {
   unmake(&p);
 }
 
-/* Under frozen, the packing after the check fails (FAKE_CUDA_FAIL_LAUNCH=mt_gemm_pack:1): cuBLAS
+/* Under frozen, the quantization after the check fails (FAKE_CUDA_FAIL_LAUNCH=mt_quant_tensor_bf16:1): cuBLAS
  * computes the call, and the state's hash is taken back (its valid word cleared after the failed
  * launch), so that the next call's check finds a change and quantizes again. */
 static void scenario_frozen_quant_fail(void) {
@@ -805,14 +835,14 @@ static void scenario_frozen_quant_fail(void) {
   int t = now();
   expect_fallback(&p, S1, &zero);
   CHECK_TRACE(t, "alloc memset48 alloc " LOAD_ALL " mt_wcheck memset4 mt_quant_amax_bf16 "
-                 "mt_quant_tensor_bf16 mt_gemm_pack!fail memset4 record");
+                 "mt_quant_tensor_bf16!fail memset4 record");
   const int wc = find_launch(t, "mt_wcheck", 0), last = now() - 2;
   const mt_wcheck_args *w = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
   CHECK(w && event(last)->kind == FAKE_EV_MEMSET && event(last)->value == 0 &&
         event(last)->ptr == (uint64_t)(uintptr_t)&mt_wcheck_slices(w->state)[0].valid);
   t = now();
   expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, "mt_wcheck " WEIGHT_QUANT " " FEW_CALL_FIRST " record");
+  CHECK_TRACE(t, "mt_wcheck " KEPT_QUANT " " KEPT_CALL_FIRST " record");
   check_driver_clean();
   unmake(&p);
 }
@@ -1111,10 +1141,10 @@ static void scenario_streams(void) {
   CHECK(ev != 0);
   t = now();
   expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, "mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
+  CHECK_TRACE(t, "mt_wcheck " KEPT_QUANT " " KEPT_CALL " record");
   t = now();
   expect_routed(&p, S2, &zero);
-  CHECK_TRACE(t, "alloc wait mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
+  CHECK_TRACE(t, "alloc wait mt_wcheck " KEPT_QUANT " " KEPT_CALL " record");
   check_ordered(t, S2, 1, ev);
   t = now();
   expect_routed(&p, S2, &zero);
@@ -1128,28 +1158,28 @@ static void scenario_streams(void) {
   set_capturing(S3, 1);
   t = now();
   expect_routed(&p, S3, &zero);
-  CHECK_TRACE(t, "alloc_async mt_wcheck " WEIGHT_QUANT " " FEW_CALL " free_async");
+  CHECK_TRACE(t, "alloc_async mt_wcheck " KEPT_QUANT " " KEPT_CALL " free_async");
   set_capturing(S3, 0);
   /* each thread's per-thread default stream: its own scratch, and a wait */
   t = now();
   expect_routed(&p, CU_STREAM_PER_THREAD, &zero);
-  CHECK_TRACE(t, "alloc wait mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
+  CHECK_TRACE(t, "alloc wait mt_wcheck " KEPT_QUANT " " KEPT_CALL " record");
   check_ordered(t, CU_STREAM_PER_THREAD, 1, ev);
   pthread_t other;
   t = now();
   CHECK(!pthread_create(&other, NULL, call_on_per_thread_stream, &p) && !pthread_join(other, NULL));
-  CHECK_TRACE(t, "alloc wait mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
+  CHECK_TRACE(t, "alloc wait mt_wcheck " KEPT_QUANT " " KEPT_CALL " record");
   check_ordered(t, CU_STREAM_PER_THREAD, 1, ev);
   /* a thread started after that one ended (glibc may give it the same stack): another stream */
   t = now();
   CHECK(!pthread_create(&other, NULL, call_on_per_thread_stream, &p) && !pthread_join(other, NULL));
-  CHECK_TRACE(t, "alloc wait mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record");
+  CHECK_TRACE(t, "alloc wait mt_wcheck " KEPT_QUANT " " KEPT_CALL " record");
   /* the record fails: the stream is waited for, and the next call has nothing to wait for */
   expect_routed(&p, S1, &zero);
   fail_event_ops(1);
   t = now();
   expect_routed(&p, S1, &zero);
-  CHECK_TRACE(t, "mt_wcheck " WEIGHT_QUANT " " FEW_CALL " record sync");
+  CHECK_TRACE(t, "mt_wcheck " KEPT_QUANT " " KEPT_CALL " record sync");
   t = now();
   expect_routed(&p, S2, &zero);
   check_ordered(t, S2, 0, ev);
@@ -1173,8 +1203,8 @@ static void scenario_streams(void) {
   set_stream(S2);
   t = now();
   CHECK(strided_call(hook_strided, tokens, w, x, &zero, y, BATCH));
-  CHECK_TRACE(t, "sync free alloc wait " BATCH_REFRESH " " BATCH_GEMM
-                 " record"); /* S2's scratch grows */
+  /* S2's scratch already holds the call's needs: it took the kept weight's dequantized copy */
+  CHECK_TRACE(t, "wait " BATCH_REFRESH " " BATCH_GEMM " record");
   check_ordered(t, S2, 1, gev);
   check_driver_clean();
   free(w), free(x), free(y);
@@ -1824,7 +1854,7 @@ static void frozen_grouped_store(void) {
 /* frozen-sampled: the same entries, the check reading one 128-byte line in each run of
  * MT_SAMPLE_STEP (scenario_frozen checks the step), and the summary names the mode. */
 static void frozen_sampled_checks_a_sample(void) {
-  const char *env[] = {"MINITE_WEIGHT_CACHE=frozen-sampled", "MINITE_CACHE_MB=2", NULL};
+  const char *env[] = {"MINITE_WEIGHT_CACHE=frozen-sampled", "MINITE_CACHE_MB=1", NULL};
   mt_t_child r;
   run_child("frozen", env, &r);
   mt_t_check_child("frozen", &r);
@@ -1878,7 +1908,7 @@ static void frozen_entries_by_row_stride(void) {
 }
 
 static void frozen_entries_and_cache_full(void) {
-  const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", "MINITE_CACHE_MB=2", NULL};
+  const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", "MINITE_CACHE_MB=1", NULL};
   mt_t_child r;
   run_child("frozen", env, &r);
   mt_t_check_child("frozen", &r);
@@ -2103,7 +2133,8 @@ static void frozen_entries_by_numerics(void) {
 }
 
 static void frozen_quantization_failure_forgets_the_hash(void) {
-  const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", "FAKE_CUDA_FAIL_LAUNCH=mt_gemm_pack:1", NULL};
+  const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", "FAKE_CUDA_FAIL_LAUNCH=mt_quant_tensor_bf16:1",
+                       NULL};
   mt_t_child r;
   run_child("frozen_quant_fail", env, &r);
   mt_t_check_child("frozen_quant_fail", &r);

@@ -915,6 +915,154 @@ static void quant_weight_only_if(void) {
   }
 }
 
+/* ---- a weight kept as codes and scales (the frozen cache's form) ---------------------------- */
+
+/* Bytes of device memory at a and b that differ. */
+static long dev_diff(const void *a, const void *b, size_t bytes) {
+  unsigned char *ha = malloc(bytes), *hb = malloc(bytes);
+  long bad = -1;
+  if (ha && hb && cudaMemcpy(ha, a, bytes, cudaMemcpyDeviceToHost) == cudaSuccess &&
+      cudaMemcpy(hb, b, bytes, cudaMemcpyDeviceToHost) == cudaSuccess) {
+    bad = 0;
+    for (size_t i = 0; i < bytes; i++)
+      bad += ha[i] != hb[i];
+  }
+  free(ha);
+  free(hb);
+  return bad;
+}
+
+/* BF16 outputs equal bit for bit, NaN taken as one value (the paths need not agree on its payload). */
+static int same_bf16(const uint16_t *a, const uint16_t *b, size_t count) {
+  for (size_t i = 0; i < count; i++) {
+    int nan_a = (a[i] & 0x7fff) > 0x7f80, nan_b = (b[i] & 0x7fff) > 0x7f80;
+    if (nan_a != nan_b || (!nan_a && a[i] != b[i]))
+      return 0;
+  }
+  return 1;
+}
+
+/* One GEMM of m rows of x on q into y (poisoned first), AUTO's path; the call's status. */
+static int kept_gemm(const mt_qweight *q, const void *x, int m, void *y, void *ws,
+                     size_t ws_bytes) {
+  mt_gemm_args a = {.m = m,
+                    .n = q->n,
+                    .k = q->k,
+                    .x = x,
+                    .ldx = (size_t)q->k,
+                    .w = q,
+                    .y = y,
+                    .ldy = (size_t)q->n,
+                    .alpha = 1.0f,
+                    .workspace = ws,
+                    .workspace_bytes = ws_bytes};
+  if (!poison(y, (size_t)m * q->n * 2))
+    return MT_ERR_CUDA;
+  int st = mt_gemm(&a, NULL);
+  return st == MT_OK && sync_check() != cudaSuccess ? MT_ERR_CUDA : st;
+}
+
+/* The kept form of a weight (mt_qweight_bind_kept: codes, scales and S, no dequantized copy, no
+ * fragment copy) against the full form, from the same W: the same codes, scales and S, bit for bit;
+ * mt_dequantize writes the full form's xhat bit for bit (every row kind: the zeros of a NaN or Inf
+ * row's domain, -0 codes, subnormal scales); and a GEMM on it (which dequantizes into its
+ * workspace) gives the full form's outputs bit for bit at every M, where the full form may take
+ * the fused path. A workspace without room for the copy is refused (MT_ERR_NOMEM), as is a forced
+ * fused path (no fragment copy). Every weight numerics; BF16 and FP16 weights; K = 768 (Qwen3's
+ * down, which AUTO fuses at one token in the full form) and 944 (a partial K step). */
+static void kept_weight_dequant(void) {
+  NEED_GPU();
+  static const mt_numerics nums[] = {
+      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
+      {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
+      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_16X16},
+  };
+  static const struct { int n, k, fp16; } shapes[] = {{256, 768, 0}, {208, 944, 1}};
+  static const int ms[] = {1, 3, 16, 65, 300};
+  enum { MAX_M = 300 };
+  for (int v = 0; v < NKINDS(nums); v++)
+    for (int sh = 0; sh < NKINDS(shapes); sh++) {
+      const int n = shapes[sh].n, k = shapes[sh].k, fp16 = shapes[sh].fp16;
+      const int tile16 = nums[v].weight_block == MT_WBLOCK_16X16;
+      /* per-tensor S: one NaN anywhere makes every output NaN, which says little */
+      const int row_s = nums[v].weight_scale == MT_SCALE_ROW;
+      uint16_t *wh = make_matrix(n, k, (size_t)k, fp16, row_s ? all_kinds : finite_kinds,
+                                 row_s ? NKINDS(all_kinds) : NKINDS(finite_kinds), tile16);
+      static const enum row_kind akinds[] = {ROW_RANDOM, ROW_ZERO_BLKS};
+      uint16_t *xh = make_matrix(MAX_M, k, (size_t)k, 0, akinds, NKINDS(akinds), 0);
+      const size_t full = mt_qweight_bytes(n, k, &nums[v]),
+                   kept = mt_qweight_kept_bytes(n, k, &nums[v]);
+      const size_t xbytes = mt_qweight_xhat_bytes(n, k), elems = (size_t)n * k;
+      const size_t ws_bytes = mt_gemm_workspace_bytes(MAX_M, k, &nums[v]) + xbytes;
+      void *dw = dev_alloc(elems * 2), *dx = dev_alloc((size_t)MAX_M * k * 2);
+      void *mf = dev_alloc(full), *mk = dev_alloc(kept), *copy = dev_alloc(xbytes);
+      void *ws = dev_alloc(ws_bytes), *yf = dev_alloc((size_t)MAX_M * n * 2),
+           *yk = dev_alloc((size_t)MAX_M * n * 2);
+      uint16_t *hf = malloc((size_t)MAX_M * n * 2), *hk = malloc((size_t)MAX_M * n * 2);
+      mt_qweight qf, qk;
+      const enum mt_dtype type = fp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16;
+      if (!dw || !dx || !mf || !mk || !copy || !ws || !yf || !yk || !hf || !hk)
+        goto out;
+      CU(cudaMemcpy(dw, wh, elems * 2, cudaMemcpyHostToDevice));
+      CU(cudaMemcpy(dx, xh, (size_t)MAX_M * k * 2, cudaMemcpyHostToDevice));
+      CHECKF(kept < full && kept <= elems * 6 / 10, "%dx%d: kept %zu bytes, full %zu", n, k, kept,
+             full);
+      MT(mt_qweight_bind(&qf, n, k, &nums[v], mf));
+      MT(mt_qweight_bind_kept(&qk, n, k, &nums[v], mk));
+      CHECK(!qk.xhat && !qk.frag && qk.codes && qk.scales && qk.outer);
+      CHECK(poison(mf, full) && poison(mk, kept) && poison(copy, xbytes));
+      MT(mt_quantize_weight(dw, type, (size_t)k, &qf, NULL));
+      MT(mt_quantize_weight(dw, type, (size_t)k, &qk, NULL));
+      MT(mt_dequantize(&qk, copy, NULL));
+      CU(sync_check());
+      const size_t nouter = row_s ? (size_t)n : 1;
+      CHECKF(dev_diff(qf.codes, qk.codes, elems / 2) == 0 &&
+                 dev_diff(qf.scales, qk.scales, elems / 16) == 0 &&
+                 dev_diff(qf.outer, qk.outer, nouter * 4) == 0,
+             "%s %s %dx%d: the kept form's codes, scales or S differ from the full form's",
+             mt_scale_name(nums[v].weight_scale), mt_wblock_name(nums[v].weight_block), n, k);
+      long bad = dev_diff(qf.xhat, copy, elems * 2);
+      CHECKF(bad == 0, "%s %s %dx%d: mt_dequantize differs from the quantizer's xhat in %ld bytes",
+             mt_scale_name(nums[v].weight_scale), mt_wblock_name(nums[v].weight_block), n, k, bad);
+      for (int i = 0; i < NKINDS(ms); i++) {
+        const int m = ms[i];
+        if (kept_gemm(&qf, dx, m, yf, ws, ws_bytes) != MT_OK ||
+            kept_gemm(&qk, dx, m, yk, ws, ws_bytes) != MT_OK) {
+          CHECKF(0, "%dx%dx%d: a GEMM failed", m, n, k);
+          break;
+        }
+        CU(cudaMemcpy(hf, yf, (size_t)m * n * 2, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(hk, yk, (size_t)m * n * 2, cudaMemcpyDeviceToHost));
+        CHECKF(same_bf16(hf, hk, (size_t)m * n), "%s %s %dx%dx%d: kept and full forms differ",
+               mt_scale_name(nums[v].weight_scale), mt_wblock_name(nums[v].weight_block), m, n, k);
+      }
+      const size_t short_ws = mt_gemm_workspace_bytes(1, k, &nums[v]) + xbytes - 1;
+      CHECK(kept_gemm(&qk, dx, 1, yk, ws, short_ws) == MT_ERR_NOMEM);
+      mt_gemm_args fused = {.m = 1,
+                            .n = n,
+                            .k = k,
+                            .x = dx,
+                            .ldx = (size_t)k,
+                            .w = &qk,
+                            .y = yk,
+                            .ldy = (size_t)n,
+                            .alpha = 1.0f,
+                            .workspace = ws,
+                            .workspace_bytes = ws_bytes,
+                            .path = MT_PATH_FUSED};
+      CHECK(mt_gemm(&fused, NULL) == MT_ERR_UNSUPPORTED);
+      printf("    %s %s %dx%d %s: kept %.3f bytes an element, full %.3f\n",
+             mt_scale_name(nums[v].weight_scale), mt_wblock_name(nums[v].weight_block), n, k,
+             fp16 ? "fp16" : "bf16", (double)kept / (double)elems, (double)full / (double)elems);
+    out:
+      free(wh);
+      free(xh);
+      free(hf);
+      free(hk);
+      dev_free_all();
+    }
+}
+
 /* ---- several contexts, and stream capture ------------------------------------------------- */
 
 /* Driver entry points the engine's table does not carry, for this test only. */
@@ -1084,7 +1232,12 @@ out:
 
 static void gemm_rejects_bad_arguments(void) {
   static _Alignas(256) unsigned char fake[4096]; /* never touched: every call must refuse */
-  mt_qweight w = {.n = 64, .k = 64, .num = numerics_row, .xhat = (uint16_t *)fake};
+  mt_qweight w = {.n = 64,
+                  .k = 64,
+                  .num = numerics_row,
+                  .xhat = (uint16_t *)fake,
+                  .codes = fake,
+                  .scales = fake};
   mt_gemm_args good = {.m = 4,
                        .n = 64,
                        .k = 64,
@@ -1130,6 +1283,16 @@ static void gemm_rejects_bad_arguments(void) {
   CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED);
   a = good, a.path = MT_PATH_LARGE, a.workspace_bytes = 0;
   CHECK(mt_gemm(&a, NULL) == MT_ERR_NOMEM); /* the large path takes it: the next check refuses */
+  /* the kept form (no xhat): the workspace must hold its dequantized copy too */
+  mt_qweight kept = w;
+  kept.xhat = NULL;
+  a = good, a.w = &kept, a.workspace_bytes = mt_gemm_workspace_bytes(4, 64, &numerics_row);
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_NOMEM);
+  a.workspace_bytes += mt_qweight_xhat_bytes(64, 64) - 1;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_NOMEM);
+  kept.codes = NULL;
+  a.workspace_bytes = sizeof fake;
+  CHECK(mt_gemm(&a, NULL) == MT_ERR_UNSUPPORTED); /* no codes: nothing to multiply */
   CHECK(mt_gemm(NULL, NULL) == MT_ERR_UNSUPPORTED);
 
   mt_numerics tile_row = {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_16X16};
@@ -1142,9 +1305,18 @@ static void gemm_rejects_bad_arguments(void) {
   mt_qweight q;
   CHECK(mt_qweight_bind(&q, 64, 64, &numerics_row, fake + 16) == MT_ERR_UNSUPPORTED);
   CHECK(mt_qweight_bind(&q, 64, 64, &numerics_row, fake) == MT_OK);
-  CHECK((uintptr_t)q.codes % 256 == 0 && (uintptr_t)q.scales % 256 == 0 &&
-        (uintptr_t)q.outer % 256 == 0 && (void *)q.xhat == (void *)fake);
-  CHECK((size_t)((unsigned char *)q.outer - fake) + 4 <= bytes);
+  CHECK((void *)q.codes == (void *)fake && (uintptr_t)q.scales % 256 == 0 &&
+        (uintptr_t)q.outer % 256 == 0 && (uintptr_t)q.xhat % 256 == 0);
+  CHECK((size_t)((unsigned char *)q.xhat - fake) + 64 * 64 * 2 <= bytes);
+  /* the kept form: the same sections up to S, no dequantized or fragment copy */
+  size_t kept_bytes = mt_qweight_kept_bytes(64, 64, &numerics_row);
+  mt_qweight qk;
+  CHECK(kept_bytes >= 64 * 32 + 64 * 4 + 4 && kept_bytes < bytes &&
+        mt_qweight_kept_bytes(40, 64, &tile) == 0);
+  CHECK(mt_qweight_bind_kept(&qk, 64, 64, &numerics_row, fake + 16) == MT_ERR_UNSUPPORTED);
+  CHECK(mt_qweight_bind_kept(&qk, 64, 64, &numerics_row, fake) == MT_OK);
+  CHECK(qk.codes == q.codes && qk.scales == q.scales && qk.outer == q.outer && !qk.xhat &&
+        !qk.frag && (size_t)((unsigned char *)qk.outer - fake) + 4 <= kept_bytes);
   CHECK(mt_quantize_weight(fake + 2, MT_DTYPE_BF16, 64, &q, NULL) == MT_ERR_UNSUPPORTED);
   CHECK(mt_quantize_weight(fake, MT_DTYPE_FP32, 64, &q, NULL) == MT_ERR_UNSUPPORTED);
   CHECK(strcmp(mt_status_name(MT_ERR_CAPTURE), "stream capture") == 0);
@@ -1158,6 +1330,7 @@ int main(void) {
   RUN(quant_tensor_scale);
   RUN(quant_weight_blocks);
   RUN(quant_weight_only_if);
+  RUN(kept_weight_dequant);
   RUN(gemm_accuracy);
   RUN(gemm_epilogue_and_strides);
   RUN(gemm_nan_rows);

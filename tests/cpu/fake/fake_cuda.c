@@ -481,6 +481,7 @@ _Static_assert(sizeof(mt_large_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_quant_params) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_refresh_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_pack_args) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_dequant_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_wcheck_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_digest_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_shadow_args) <= FAKE_CUDA_ARGS_MAX &&
@@ -499,6 +500,8 @@ static size_t args_size(const char *name) {
     return sizeof(mt_wcheck_args);
   if (!strcmp(name, "mt_gemm_pack"))
     return sizeof(mt_pack_args);
+  if (!strcmp(name, "mt_dequant_weight"))
+    return sizeof(mt_dequant_args);
   if (!strcmp(name, "mt_instr_digest"))
     return sizeof(mt_instr_digest_args);
   if (!strcmp(name, "mt_instr_shadow"))
