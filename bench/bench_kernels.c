@@ -115,7 +115,7 @@ static int call_gemm_only(void *p, int i) {
   gemm_ctx *g = p;
   mt_gemm_args a = ours_args(g, i);
   mt_qact q = {.xhat = g->ws, .outer = act_outer(g)};
-  return mt_gemm_launch(&a, &q, 1, (mt_stream)stream);
+  return mt_gemm_launch(&a, &q, (mt_stream)stream);
 }
 
 static int call_cublas(void *p, int i) {

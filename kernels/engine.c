@@ -198,6 +198,14 @@ int mt_gemm(const mt_gemm_args *a, mt_stream stream) {
   resolved.path = (enum mt_gemm_path)path;
   a = &resolved;
   char *ws = a->workspace;
+  mt_qweight dq;
+  if (!a->w->xhat) { /* kept as codes and scales: their dequantized copy into the workspace first */
+    dq = *a->w;
+    dq.xhat = (uint16_t *)(ws + mt_gemm_workspace_bytes(a->m, a->k, num));
+    int status = mt_dequantize(a->w, dq.xhat, stream);
+    if (status != MT_OK) return status;
+    resolved.w = &dq;
+  }
   float *outer = (float *)(ws + section((size_t)a->m * (size_t)a->k * 2));
   mt_quant_params p = {
       .x = a->x,
@@ -213,14 +221,5 @@ int mt_gemm(const mt_gemm_args *a, mt_stream stream) {
   int status = mt_quantize(&p, 0, stream);
   if (status != MT_OK) return status;
   mt_qact q = {.xhat = p.xhat, .outer = outer};
-  if (a->w->xhat) return mt_gemm_launch(a, &q, 1, stream);
-  /* Kept as codes and scales: their dequantized copy into the workspace, beside the activations'
-   * quantizer (it lets the copy start at once, and the copy waits for it before it ends), then the
-   * GEMM in order, once both are written. */
-  mt_qweight dq = *a->w;
-  dq.xhat = (uint16_t *)(ws + mt_gemm_workspace_bytes(a->m, a->k, num));
-  status = mt_dequantize(a->w, dq.xhat, stream);
-  if (status != MT_OK) return status;
-  resolved.w = &dq;
-  return mt_gemm_launch(a, &q, 0, stream);
+  return mt_gemm_launch(a, &q, stream);
 }

@@ -220,7 +220,7 @@ static int operand_maps(const mt_gemm_args *a, const mt_qact *q, mt_gemm_tile t,
  * down, all six stages requested up front, was no faster with it). */
 int mt_gemm_kpair(int k, mt_gemm_tile t) { return t.bm == 64 && MT_LARGE_KPAIR_64(k, t.bn); }
 
-static int large_path(const mt_gemm_args *a, const mt_qact *q, int dependent, mt_stream stream) {
+static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   static mt_large_args proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
   mt_large_args l = proto;
   int sms = mt_sm_count();
@@ -238,17 +238,16 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, int dependent, mt
   unsigned grid = persistent_grid(a, t, sms);
   char fn[32];
   if (t.bm != MT_LARGE_BM)
-    return launch("gemm_large", kernel_name(fn, pair ? "m64p_" : "m64_", t.bn), grid, 1, 256, MT_LARGE_SMEM_64(t.bn),
-                  dependent, stream, &l);
+    return launch("gemm_large", kernel_name(fn, pair ? "m64p_" : "m64_", t.bn), grid, 1, 256, MT_LARGE_SMEM_64(t.bn), 1,
+                  stream, &l);
   /* TMA stores where they can, else per-thread stores */
   if (stores_by_tma(a, t, &l.ty))
-    return launch("gemm_large", kernel_name(fn, "ts_", t.bn), grid, 1, 384, MT_LARGE_SMEM_TS(t.bn), dependent, stream,
-                  &l);
-  return launch("gemm_large", kernel_name(fn, "", t.bn), grid, 1, 384, MT_LARGE_SMEM(t.bn), dependent, stream, &l);
+    return launch("gemm_large", kernel_name(fn, "ts_", t.bn), grid, 1, 384, MT_LARGE_SMEM_TS(t.bn), 1, stream, &l);
+  return launch("gemm_large", kernel_name(fn, "", t.bn), grid, 1, 384, MT_LARGE_SMEM(t.bn), 1, stream, &l);
 }
 
-int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, int dependent, mt_stream stream) {
+int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   int path = mt_gemm_path_of(a);
   if (path < 0) return MT_ERR_UNSUPPORTED;
-  return path == MT_PATH_LARGE ? large_path(a, q, dependent, stream) : MT_ERR_UNSUPPORTED;
+  return path == MT_PATH_LARGE ? large_path(a, q, stream) : MT_ERR_UNSUPPORTED;
 }

@@ -66,10 +66,7 @@ int mt_gemm_kpair(int k, mt_gemm_tile t);
 int mt_gemm_tensor_map(CUtensorMap *map, const void *base, int rows, int k, int box_rows, int pair);
 
 /* Run a->y = ... on the large path for the quantized activations q (MT_ERR_UNSUPPORTED for any
- * other path: the fused kernel runs through mt_gemm_launch_fused). dependent: launched to start
- * while the kernel before it runs, reading the weight before it waits for that kernel (after the
- * activations' quantizer, which lets it start at once); 0: in order, after a kernel that writes
- * the weight's dequantized copy (mt_gemm on the kept form). */
-int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, int dependent, mt_stream stream);
+ * other path: the fused kernel runs through mt_gemm_launch_fused). */
+int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream);
 
 #endif

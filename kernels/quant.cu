@@ -622,9 +622,9 @@ MT_QUANT_STORE(fp16, true)
  * then v's sign, which the code carries), so the same bits, -0 and the zeros of a domain holding NaN
  * or Inf included (codes and scales 0). One thread a block of 16: its 8 code bytes and its scale in,
  * 32 bytes out (element 2i in the low nibble of code byte i, as the quantizer packs them). Launched
- * dependent after the call's activations' quantizer, which lets it start at once: it reads codes
- * that kernels ended before that quantizer started wrote, and waits for the quantizer only before it
- * ends, so that the GEMM launched in order after it finds both written.
+ * dependent: its launch overlaps the kernel before it, for which it waits before it reads; the
+ * call's activations' quantizer, launched in order, starts once it has ended, and the GEMM after
+ * that reads the copy before it waits (kernels/engine.c).
  * Tested by tests/gpu/test_kernels.c (kept_weight_dequant: the quantizer's xhat bit for bit, every
  * numerics; the GEMM on the kept form against the full form, bit for bit). */
 
@@ -653,9 +653,9 @@ __device__ __forceinline__ void dequant_block(const mt_dequant_args &a, int64_t 
 }
 
 extern "C" __global__ void __launch_bounds__(256) mt_dequant_weight(const mt_dequant_args a) {
+  grid_dependency_wait(); /* the codes' quantizer or refresh may be the kernel before */
   const int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (b < a.blocks) dequant_block(a, b);
-  grid_dependency_wait(); /* this grid ends after the kernel before it (the activations' quantizer) */
 }
 
 /* A store's refresh (refresh_store), one kernel a store quantizer: per-row S with 2, 4 or 8 blocks

@@ -86,10 +86,9 @@ typedef struct {
 #include "kernels/engine.h"
 
 /* Write q's dequantized copy (xhat: [n][k] BF16, e2m1(code) * scale, the bits its quantizer would
- * have written) from its codes and scales. Launched dependent, it starts while the kernel before it
- * runs and waits for that kernel only before it ends: q's codes must have been written by kernels
- * that ended before that one started (kernels/engine.c launches it after the activations'
- * quantizer, itself launched in order); it lets nothing after it start early. Launches only. */
+ * have written) from its codes and scales: one kernel, launched dependent (it starts while the
+ * kernel before it runs and waits for it before it reads; it lets nothing after it start early).
+ * Launches only. */
 int mt_dequantize(const mt_qweight *q, uint16_t *xhat, mt_stream stream);
 
 /* Quantize as p says with 1x16 blocks (tile16 = 0) or 16x16 tiles (tile16 = 1: needs per-tensor S

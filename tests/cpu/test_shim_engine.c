@@ -342,16 +342,16 @@ static const mt_epilogue_args *epilogue_of(int i) {
                                                  : &((const mt_large_args *)e->args)->e;
 }
 
-/* The packing of a weight requantized for its call (full form) between the weight's quantization
- * wq and the activations' aq, or the dequantization of a kept one (only_if: frozen) between aq and
- * the GEMM g; the dequantized weight (the full form's xhat, or the kept form's copy in the
+/* The packing of a weight requantized for its call (full form), or the dequantization of a kept
+ * one (only_if: frozen), between the weight's quantization wq and the activations' aq; the
+ * dequantized weight the GEMM reads (the full form's xhat, or the kept form's copy in the
  * workspace). */
-static const uint16_t *check_weight_forms(int wq, int aq, int g, const mt_quant_params *w,
+static const uint16_t *check_weight_forms(int wq, int aq, const mt_quant_params *w,
                                           const problem *p, const uint32_t *only_if) {
   const size_t elems = (size_t)p->out * IN;
   if (only_if) {
     int dq = find_launch(wq, "mt_dequant_weight", 0);
-    CHECKF(dq > aq && dq < g && find_launch(wq, "mt_gemm_pack", 0) < 0, "dequantized at %d", dq);
+    CHECKF(dq > wq && dq < aq && find_launch(wq, "mt_gemm_pack", 0) < 0, "dequantized at %d", dq);
     if (dq < 0)
       return NULL;
     const mt_dequant_args *da = (const mt_dequant_args *)event(dq)->args;
@@ -394,9 +394,7 @@ static void check_call_args(int from, const problem *p, const void *c, const voi
   while (ms >= 0 && event(ms)->bytes != 4)
     ms = find_kind(ms + 1, FAKE_EV_MEMSET, 0);
   CHECK(ms >= 0 && ms < amax && event(ms)->ptr == (uint64_t)(uintptr_t)w->amax);
-  const uint16_t *wx = check_weight_forms(wq, aq, g, w, p, only_if);
-  /* the GEMM starts early after the activations' quantizer alone, in order after a dequantization */
-  CHECKF(!event(g)->pdl == !!only_if, "%s", event(g)->name);
+  const uint16_t *wx = check_weight_forms(wq, aq, w, p, only_if);
   CHECK(a->x == p->x && a->ldx == IN && a->rows == p->tokens && a->cols == IN && a->row_outer &&
         !a->only_if && is_device(a->xhat, (size_t)p->tokens * IN * 2) &&
         is_device(a->outer, (size_t)p->tokens * 4));
@@ -436,11 +434,10 @@ static void check_call_args(int from, const problem *p, const void *c, const voi
 #define LOAD_ALL "load load load load load load alloc"
 #define WEIGHT_QUANT "memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16 mt_gemm_pack"
 /* A kept weight (frozen modes): codes and scales only, so no packing; each call dequantizes them
- * into its workspace beside its activations' quantizer, and its GEMM starts in order after both. */
+ * into its workspace before its activations' quantizer. */
 #define KEPT_QUANT "memset4 mt_quant_amax_bf16 mt_quant_tensor_bf16"
-#define KEPT_CALL "mt_quant_row_bf16_nb1 mt_dequant_weight+pdl tmap tmap mt_gemm_large_m64_n32"
-#define KEPT_CALL_FIRST                                                                            \
-  "mt_quant_row_bf16_nb1 mt_dequant_weight+pdl tmap tmap smem mt_gemm_large_m64_n32"
+#define KEPT_CALL "mt_dequant_weight+pdl " FEW_CALL
+#define KEPT_CALL_FIRST "mt_dequant_weight+pdl " FEW_CALL_FIRST
 
 /* requantize: the kernels of a call in order, on its stream; scratch per stream, grown once. */
 static void scenario_requantize(void) {

@@ -493,7 +493,8 @@ static int mode_oom(void) {
     return 2;
   static CUdeviceptr hog[4096];
   int n = 0;
-  for (size_t chunk = (size_t)1 << 30; chunk >= ((size_t)1 << 20) && n < 4096;)
+  /* down to 4 KB pieces: a kept weight (codes and scales, 1.7 MB here) must not fit what is left */
+  for (size_t chunk = (size_t)1 << 30; chunk >= ((size_t)1 << 12) && n < 4096;)
     if (CU(cuMemAlloc)(&hog[n], chunk) == CUDA_SUCCESS)
       n++;
     else

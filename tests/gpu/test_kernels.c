@@ -942,9 +942,10 @@ static int same_bf16(const uint16_t *a, const uint16_t *b, size_t count) {
   return 1;
 }
 
-/* One GEMM of m rows of x on q into y (poisoned first), AUTO's path; the call's status. */
-static int kept_gemm(const mt_qweight *q, const void *x, int m, void *y, void *ws,
-                     size_t ws_bytes) {
+/* One GEMM of m rows of x on q into y (poisoned first), AUTO's path, with tile t ({0, 0}: AUTO's);
+ * the call's status. */
+static int kept_gemm(const mt_qweight *q, const void *x, int m, void *y, void *ws, size_t ws_bytes,
+                     mt_gemm_tile t) {
   mt_gemm_args a = {.m = m,
                     .n = q->n,
                     .k = q->k,
@@ -955,7 +956,8 @@ static int kept_gemm(const mt_qweight *q, const void *x, int m, void *y, void *w
                     .ldy = (size_t)q->n,
                     .alpha = 1.0f,
                     .workspace = ws,
-                    .workspace_bytes = ws_bytes};
+                    .workspace_bytes = ws_bytes,
+                    .tile = t};
   if (!poison(y, (size_t)m * q->n * 2))
     return MT_ERR_CUDA;
   int st = mt_gemm(&a, NULL);
@@ -965,11 +967,13 @@ static int kept_gemm(const mt_qweight *q, const void *x, int m, void *y, void *w
 /* The kept form of a weight (mt_qweight_bind_kept: codes, scales and S, no dequantized copy, no
  * fragment copy) against the full form, from the same W: the same codes, scales and S, bit for bit;
  * mt_dequantize writes the full form's xhat bit for bit (every row kind: the zeros of a NaN or Inf
- * row's domain, -0 codes, subnormal scales); and a GEMM on it (which dequantizes into its
- * workspace) gives the full form's outputs bit for bit at every M, where the full form may take
- * the fused path. A workspace without room for the copy is refused (MT_ERR_NOMEM), as is a forced
- * fused path (no fragment copy). Every weight numerics; BF16 and FP16 weights; K = 768 (Qwen3's
- * down, which AUTO fuses at one token in the full form) and 944 (a partial K step). */
+ * row's domain, -0 codes, subnormal scales); and a GEMM on it, which dequantizes into its workspace
+ * first, gives the full form's outputs (AUTO's tiles, where the full form may take the fused path)
+ * bit for bit at every M, on every tile kind (64 tokens x 32, 48, 64: partial tiles at N = 208;
+ * 128 x 64; two tiles a CTA at M = 1100 with 64 x 32). A workspace without room for the copy is
+ * refused (MT_ERR_NOMEM), as is a forced fused path (no fragment copy). Every weight numerics;
+ * BF16 and FP16 weights; K = 768 (Qwen3's down, which AUTO fuses at one token in the full form) and
+ * 944 (a partial K step). */
 static void kept_weight_dequant(void) {
   NEED_GPU();
   static const mt_numerics nums[] = {
@@ -978,8 +982,9 @@ static void kept_weight_dequant(void) {
       {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_16X16},
   };
   static const struct { int n, k, fp16; } shapes[] = {{256, 768, 0}, {208, 944, 1}};
-  static const int ms[] = {1, 3, 16, 65, 300};
-  enum { MAX_M = 300 };
+  static const int ms[] = {1, 3, 16, 65, 300, 1100};
+  static const mt_gemm_tile tiles[] = {{0, 0}, {64, 32}, {64, 48}, {64, 64}, {128, 64}};
+  enum { MAX_M = 1100 };
   for (int v = 0; v < NKINDS(nums); v++)
     for (int sh = 0; sh < NKINDS(shapes); sh++) {
       const int n = shapes[sh].n, k = shapes[sh].k, fp16 = shapes[sh].fp16;
@@ -1001,6 +1006,8 @@ static void kept_weight_dequant(void) {
       uint16_t *hf = malloc((size_t)MAX_M * n * 2), *hk = malloc((size_t)MAX_M * n * 2);
       mt_qweight qf, qk;
       const enum mt_dtype type = fp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16;
+      const char *scale = mt_scale_name(nums[v].weight_scale),
+                 *block = mt_wblock_name(nums[v].weight_block);
       if (!dw || !dx || !mf || !mk || !copy || !ws || !yf || !yk || !hf || !hk)
         goto out;
       CU(cudaMemcpy(dw, wh, elems * 2, cudaMemcpyHostToDevice));
@@ -1019,25 +1026,35 @@ static void kept_weight_dequant(void) {
       CHECKF(dev_diff(qf.codes, qk.codes, elems / 2) == 0 &&
                  dev_diff(qf.scales, qk.scales, elems / 16) == 0 &&
                  dev_diff(qf.outer, qk.outer, nouter * 4) == 0,
-             "%s %s %dx%d: the kept form's codes, scales or S differ from the full form's",
-             mt_scale_name(nums[v].weight_scale), mt_wblock_name(nums[v].weight_block), n, k);
+             "%s %s %dx%d: the kept form's codes, scales or S differ from the full form's", scale,
+             block, n, k);
       long bad = dev_diff(qf.xhat, copy, elems * 2);
       CHECKF(bad == 0, "%s %s %dx%d: mt_dequantize differs from the quantizer's xhat in %ld bytes",
-             mt_scale_name(nums[v].weight_scale), mt_wblock_name(nums[v].weight_block), n, k, bad);
+             scale, block, n, k, bad);
       for (int i = 0; i < NKINDS(ms); i++) {
         const int m = ms[i];
-        if (kept_gemm(&qf, dx, m, yf, ws, ws_bytes) != MT_OK ||
-            kept_gemm(&qk, dx, m, yk, ws, ws_bytes) != MT_OK) {
-          CHECKF(0, "%dx%dx%d: a GEMM failed", m, n, k);
+        if (kept_gemm(&qf, dx, m, yf, ws, ws_bytes, tiles[0]) != MT_OK) {
+          CHECKF(0, "%dx%dx%d: the full form's GEMM failed", m, n, k);
           break;
         }
         CU(cudaMemcpy(hf, yf, (size_t)m * n * 2, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(hk, yk, (size_t)m * n * 2, cudaMemcpyDeviceToHost));
-        CHECKF(same_bf16(hf, hk, (size_t)m * n), "%s %s %dx%dx%d: kept and full forms differ",
-               mt_scale_name(nums[v].weight_scale), mt_wblock_name(nums[v].weight_block), m, n, k);
+        for (int ti = 0; ti < NKINDS(tiles); ti++) {
+          if (m == MAX_M && ti != 1 && ti != 4)
+            continue; /* the two-tiles-a-CTA case and the 128-token tiles only */
+          int st = kept_gemm(&qk, dx, m, yk, ws, ws_bytes, tiles[ti]);
+          CHECKF(st == MT_OK, "%dx%dx%d tile %dx%d: %s", m, n, k, tiles[ti].bm, tiles[ti].bn,
+                 mt_status_name((enum mt_status)st));
+          if (st != MT_OK)
+            continue;
+          CU(cudaMemcpy(hk, yk, (size_t)m * n * 2, cudaMemcpyDeviceToHost));
+          CHECKF(same_bf16(hf, hk, (size_t)m * n),
+                 "%s %s %dx%dx%d tile %dx%d: kept and full forms differ", scale, block, m, n, k,
+                 tiles[ti].bm, tiles[ti].bn);
+        }
       }
-      const size_t short_ws = mt_gemm_workspace_bytes(1, k, &nums[v]) + xbytes - 1;
-      CHECK(kept_gemm(&qk, dx, 1, yk, ws, short_ws) == MT_ERR_NOMEM);
+      const size_t acts1 = mt_gemm_workspace_bytes(1, k, &nums[v]);
+      CHECK(kept_gemm(&qk, dx, 1, yk, ws, acts1 + xbytes - 1, tiles[1]) == MT_ERR_NOMEM);
+      CHECK(kept_gemm(&qk, dx, 1, yk, ws, acts1 + xbytes, tiles[1]) == MT_OK);
       mt_gemm_args fused = {.m = 1,
                             .n = n,
                             .k = k,
@@ -1051,8 +1068,7 @@ static void kept_weight_dequant(void) {
                             .workspace_bytes = ws_bytes,
                             .path = MT_PATH_FUSED};
       CHECK(mt_gemm(&fused, NULL) == MT_ERR_UNSUPPORTED);
-      printf("    %s %s %dx%d %s: kept %.3f bytes an element, full %.3f\n",
-             mt_scale_name(nums[v].weight_scale), mt_wblock_name(nums[v].weight_block), n, k,
+      printf("    %s %s %dx%d %s: kept %.3f bytes an element, full %.3f\n", scale, block, n, k,
              fp16 ? "fp16" : "bf16", (double)kept / (double)elems, (double)full / (double)elems);
     out:
       free(wh);
