@@ -10,9 +10,9 @@
 #include "kernels/driver.h"
 #include "kernels/gemm_args.h"
 
-/* None for a weight AUTO never fuses (mt_gemm_auto_path): Qwen3's gate_up expert keeps 2 MB less
- * (2.56 bytes an element instead of 3.19), DeepSeek's 4096 x 7168 one 18 MB, and their
- * quantization in requantize mode one pack launch less a call. The small kernels need whole groups
+/* None for a weight AUTO never fuses (mt_gemm_auto_path): a requantizing call on Qwen3's gate_up
+ * expert writes 2 MB less (2.56 bytes an element instead of 3.19), on DeepSeek's 4096 x 7168 18 MB,
+ * and one pack launch less. The kept form has none (engine.h). The small kernels need whole groups
  * of 16 rows. */
 size_t mt_gemm_frag_bytes(int n, int k) {
   if (n <= 0 || k <= 0 || n % 16 || mt_gemm_auto_path(1, n, k, 1, 132) != MT_PATH_FUSED) return 0;
