@@ -182,6 +182,11 @@ static size_t call_workspace_bytes(const mt_gemm_args *a) {
   return acts + (a->w->xhat ? 0 : mt_qweight_xhat_bytes(a->n, a->k));
 }
 
+uint16_t *mt_gemm_kept_copy(const mt_gemm_args *a) {
+  if (!a || !a->w || a->w->xhat || !a->workspace) return NULL;
+  return (uint16_t *)((char *)a->workspace + mt_gemm_workspace_bytes(a->m, a->k, &a->w->num));
+}
+
 int mt_gemm(const mt_gemm_args *a, mt_stream stream) {
   if (!a || !gemm_args_ok(a)) return MT_ERR_UNSUPPORTED;
   int path = mt_gemm_path_of(a);
@@ -201,7 +206,7 @@ int mt_gemm(const mt_gemm_args *a, mt_stream stream) {
   mt_qweight dq;
   if (!a->w->xhat) { /* kept as codes and scales: their dequantized copy into the workspace first */
     dq = *a->w;
-    dq.xhat = (uint16_t *)(ws + mt_gemm_workspace_bytes(a->m, a->k, num));
+    dq.xhat = mt_gemm_kept_copy(a);
     int status = mt_dequantize(a->w, dq.xhat, stream);
     if (status != MT_OK) return status;
     resolved.w = &dq;

@@ -142,6 +142,12 @@ size_t mt_gemm_workspace_bytes(int m, int k, const mt_numerics *num);
 
 int mt_gemm(const mt_gemm_args *a, mt_stream stream);
 
+/* Where mt_gemm(a) writes the dequantized copy of a weight in the kept form (after the
+ * activations' section of a->workspace), or NULL for a weight in the full form. A call on the same
+ * stream after it, before anything else writes that memory, may read the copy there as the xhat of
+ * the same weight (the instruments' probe reruns rows on it without dequantizing again). */
+uint16_t *mt_gemm_kept_copy(const mt_gemm_args *a);
+
 /* ---- the grouped engine: weights in 4.5 bits, a whole grouped problem in one launch ---------- */
 
 /* A weight quantized for the grouped GEMM (kernels/wstore.h): `count` slices (the experts of a 3-D

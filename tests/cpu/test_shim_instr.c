@@ -348,6 +348,11 @@ static void scenario_sampling(void) {
         g += event(e)->kind == FAKE_EV_LAUNCH && (!strncmp(event(e)->name, "mt_gemm_small", 13) ||
                                                   !strncmp(event(e)->name, "mt_gemm_large", 13));
       CHECKF(g == 5, "%d GEMM launches before the probe, want the call's and 4 alone", g);
+      /* a kept weight (frozen): the rows alone read the copy the call dequantized */
+      int dq = 0, kept = getenv("MINITE_WEIGHT_CACHE") != NULL;
+      for (int e = t; e < pr; e++)
+        dq += event(e)->kind == FAKE_EV_LAUNCH && !strcmp(event(e)->name, "mt_dequant_weight");
+      CHECKF(dq == kept, "%d dequantizations before the probe, want %d", dq, kept);
     }
     if (got_shadow) {
       int sh = find_launch(t, "mt_instr_shadow", 0);
@@ -718,6 +723,18 @@ static void digest_frozen_uses_the_cache_sum(void) {
   mt_t_child_free(&r);
 }
 
+/* The same sampling on kept weights (frozen): the probe's rows read the call's dequantized copy
+ * (scenario_sampling counts the dequantizations). */
+static void probe_on_a_kept_weight(void) {
+  const char *env[] = {"MINITE_SHADOW=1/3", "MINITE_PROBE=0.5", "MINITE_WEIGHT_CACHE=frozen", NULL};
+  mt_t_child r;
+  mt_t_run_child("sampling", "sampling_frozen", env, &r);
+  mt_t_check_child("sampling_frozen", &r);
+  CHECK(mt_t_info(&r, "shadows") == 3 && mt_t_info(&r, "probes") == 4);
+  CHECK(mt_t_json_int_in(r.summary, "\"256x512\": {\"shadow\"", "differing") == 0);
+  mt_t_child_free(&r);
+}
+
 static void sampling_is_per_route_and_deterministic(void) {
   const char *env[] = {"MINITE_SHADOW=1/3", "MINITE_PROBE=0.5", NULL};
   mt_t_child r;
@@ -856,6 +873,7 @@ static void tests(void) {
   RUN(digest_launches_and_records);
   RUN(digest_frozen_uses_the_cache_sum);
   RUN(sampling_is_per_route_and_deterministic);
+  RUN(probe_on_a_kept_weight);
   RUN(capture_skips_the_instruments);
   RUN(bounded_slots_drop_and_count);
   RUN(scratch_busy_on_another_stream);

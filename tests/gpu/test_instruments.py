@@ -6,7 +6,8 @@
 Each case runs tests/gpu/instr_child.py (or routed_child.py) under LD_PRELOAD=build/libminite.so
 with the child's weight routed (256x512) and reads the statistics file:
 - invariance probe: 0 of the probed rows differ under nvfp4-row (a row's bits never depend on its
-  batch), some differ under nvfp4-tensor (the per-tensor activation scale does);
+  batch), with the weight requantized and kept (whose rows alone read the call's dequantized copy),
+  some differ under nvfp4-tensor (the per-tensor activation scale does);
 - row digests: the same 64 rows through process A (one batch of 64, requantize) and process B
   (batches of 7 and 1, last rows first, frozen weights) join in tools/minite-compare with every
   row matched and 100% bitwise equal under nvfp4-row (the weight's identity is the same whether
@@ -59,10 +60,13 @@ def child(case, tag, spec="nvfp4-row", cache="requantize", shadow=0, probe=0, di
 
 def probe_row_is_batch_invariant_tensor_is_not():
     need_gpu()
-    for spec, want_zero in (("nvfp4-row", True), ("nvfp4-tensor", False)):
-        _, _, summary = child("probe", "probe_" + spec, spec=spec, probe=1)
+    # frozen: the rows alone read the dequantized copy of the kept weight that the call wrote
+    cases = (("nvfp4-row", True, "requantize"), ("nvfp4-tensor", False, "requantize"),
+             ("nvfp4-row", True, "frozen"))
+    for spec, want_zero, cache in cases:
+        _, _, summary = child("probe", f"probe_{spec}_{cache}", spec=spec, probe=1, cache=cache)
         p = route_stats(summary, ROUTE, "probe")
-        print(f"    {spec}: probe {p}")
+        print(f"    {spec} {cache}: probe {p}")
         harness.check(p.get("calls") == 9 and p.get("rows") == 36,
                       f"{spec}: probe calls {p.get('calls')} rows {p.get('rows')}, want 9 and 36 "
                       f"(skipped: {summary.get('instruments', {}).get('probe')})")
