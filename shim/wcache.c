@@ -426,11 +426,11 @@ static int entry_alloc(const mt_driver *d, context *c, size_t data, int slices, 
   return 1;
 }
 
-/* The frozen entry of w: found, or made (NULL when none can be made: full, capturing, no memory;
- * *why says whether the call can still go on, requantizing in its own memory). Under the
- * context's lock. */
-static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, int capturing,
-                        mt_stream stream, enum mt_reason *why) {
+/* The frozen entry of w, its kept form kbytes long (then its refresh state): found, or made (NULL
+ * when none can be made: full, capturing, no memory; *why says whether the call can still go on,
+ * requantizing in its own memory). Under the context's lock. */
+static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, size_t kbytes,
+                        int capturing, mt_stream stream, enum mt_reason *why) {
   size_t i = slot_of(w);
   for (int probes = 0; probes < MAX_ENTRIES; probes++, i = (i + 1) % MAX_ENTRIES) {
     if (!c->entries[i].mem)
@@ -438,7 +438,6 @@ static entry *entry_get(const mt_driver *d, context *c, const mt_weight_ref *w, 
     if (same_ref(&c->entries[i].ref, w))
       return &c->entries[i];
   }
-  size_t kbytes = round_up(mt_qweight_kept_bytes(w->n, w->k, &w->num));
   *why = MT_R_ROUTED;
   if (capturing)
     return NULL; /* no allocation in a capture: requantized in the graph's memory */
@@ -640,10 +639,11 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   out->hold.state = c;
   size_t ws = round_up(mt_gemm_workspace_bytes(m, w->k, &w->num));
   size_t qbytes = round_up(mt_qweight_bytes(w->n, w->k, &w->num));
+  size_t kbytes = round_up(mt_qweight_kept_bytes(w->n, w->k, &w->num));
   entry *e = NULL;
   enum mt_reason why = MT_R_ROUTED;
   if (ws && qbytes && frozen)
-    e = entry_get(d, c, w, capturing, stream, &why);
+    e = entry_get(d, c, w, kbytes, capturing, stream, &why);
   if (e) /* a kept weight's dequantized copy lives in the call's workspace (mt_gemm) */
     ws += round_up(mt_qweight_xhat_bytes(w->n, w->k));
   CUdeviceptr mem = 0;
@@ -657,7 +657,6 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
     out->q = &e->q;
     /* frozen-sampled's hash covers a sample of the lines: not the weight's content sum, which a
      * digest's key needs to join a process under another cache mode */
-    size_t kbytes = round_up(mt_qweight_kept_bytes(w->n, w->k, &w->num));
     if (check_step == 1)
       out->wsum = &mt_wcheck_slices((void *)(uintptr_t)(e->mem + kbytes))->hash;
     return weight_done(mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + kbytes),
