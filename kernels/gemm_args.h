@@ -89,6 +89,9 @@ typedef struct {
 #define MT_SMALL_WARPS 2 /* one CTA per 16 output channels, 8 per warp */
 #define MT_SMALL_KC 512  /* columns per stage: 4 chunk turns (barrier, requests) for k = 2048 */
 #define MT_SMALL_WBYTES (MT_SMALL_WARPS * (MT_SMALL_KC / 32) * MT_FRAG_REC)
+/* A stage of the ring and one record after it that nothing writes: the step loop's look-ahead past
+ * a stage's last record reads it, not the next stage, which cp.async may be filling meanwhile */
+#define MT_SMALL_WSTAGE (MT_SMALL_WBYTES + MT_FRAG_REC)
 #define MT_SMALL_PITCH (MT_SMALL_KC * 2 + 16) /* 16 extra bytes spread 8 tokens over all banks */
 /* the step loop loads a record (two steps) ahead without a bound check: slack past the end */
 #define MT_SMALL_SLACK 256
@@ -101,7 +104,7 @@ typedef struct {
 #define MT_SMALL_FUSE_META (MT_SMALL_PITCH + 64)
 #define MT_SMALL_FUSE_XHAT (4 * (2 * 4096 + 16))
 #define MT_SMALL_FUSE_SMEM                                                                                             \
-  (MT_SMALL_FUSE_STAGES * MT_SMALL_WBYTES + MT_SMALL_FUSE_META + MT_SMALL_FUSE_XHAT + MT_SMALL_SLACK)
+  (MT_SMALL_FUSE_STAGES * MT_SMALL_WSTAGE + MT_SMALL_FUSE_META + MT_SMALL_FUSE_XHAT + MT_SMALL_SLACK)
 
 /* Fragment order (mt_qweight.frag), for n % 16 == 0: records of 8 rows H (8H .. 8H+7) x 32
  * columns P (two k16 steps), record (H, P) at byte (H * ceil(k/32) + P) * 160, so a warp's rows

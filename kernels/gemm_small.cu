@@ -22,7 +22,8 @@
 
 namespace small {
 constexpr int WARPS = MT_SMALL_WARPS, THREADS = 32 * WARPS, KC = MT_SMALL_KC, PITCH = MT_SMALL_PITCH;
-constexpr int REC = MT_FRAG_REC, WBYTES = MT_SMALL_WBYTES, WCHUNK = (KC / 32) * REC; // per warp
+constexpr int REC = MT_FRAG_REC, WCHUNK = (KC / 32) * REC; // per warp
+constexpr int WSTAGE = MT_SMALL_WSTAGE;                    // a stage's place in the ring: its records, then slack
 
 __device__ static inline void cp16(void *dst, const void *src, bool valid) {
   // src-size 0 writes 16 zero bytes: records past k read as zero
@@ -119,7 +120,8 @@ __device__ static inline void chunk_steps(float (&d)[(ROWS + 15) / 16][4], const
 #pragma unroll 1
   for (int p = 0; p < n / 2; p++) {
     // the next record's words and A: past the chunk's last step these read up to 160 bytes past
-    // it (the other warp's records, the activations, the next row, or MT_SMALL_SLACK), unused
+    // it (the other warp's records, the stage's slack, the next row of activations, or
+    // MT_SMALL_SLACK), unused
     cp += REC, sp += REC;
     uint32_t wn = *(const uint32_t *)cp, scn = *(const uint32_t *)sp, c0, c1;
     afrag<ROWS> an0 = load_a<ROWS>(ar + 64, pitch), an1 = load_a<ROWS>(ar + 96, pitch);
@@ -254,7 +256,7 @@ __device__ static void fused_quantize(const mt_small_args &a, const float *S, ui
 __device__ static void run_fused(const mt_small_args &a) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int STAGES = MT_SMALL_FUSE_STAGES;
-  uint8_t *zero = smem + STAGES * WBYTES, *xs = zero + MT_SMALL_FUSE_META;
+  uint8_t *zero = smem + STAGES * WSTAGE, *xs = zero + MT_SMALL_FUSE_META;
   float *S = (float *)(zero + PITCH);
   uint32_t *amax = (uint32_t *)(S + 8);
   int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
@@ -264,7 +266,7 @@ __device__ static void run_fused(const mt_small_args &a) {
 
   // The weights first (they do not depend on the kernel before this one), one group per chunk.
   for (int c = 0; c < STAGES - 1; c++) {
-    if (c < chunks) load_weights(a, wl, smem + c * WBYTES, c);
+    if (c < chunks) load_weights(a, wl, smem + c * WSTAGE, c);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   }
   for (int i = t; i < PITCH / 16; i += THREADS) // the A rows of tokens past m
@@ -292,11 +294,11 @@ __device__ static void run_fused(const mt_small_args &a) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
     __syncthreads();
     int next = c + STAGES - 1;
-    if (next < chunks) load_weights(a, wl, smem + (next % STAGES) * WBYTES, next);
+    if (next < chunks) load_weights(a, wl, smem + (next % STAGES) * WSTAGE, next);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     const uint8_t *arow = (g < a.e.m ? xs + g * xp + c * (KC * 2) : zero) + q * 4;
     int steps = min(KC / 16, ksteps - c * (KC / 16));
-    chunk_steps<8>(d, smem + (c % STAGES) * WBYTES + w * WCHUNK, arow, xp, steps, lane);
+    chunk_steps<8>(d, smem + (c % STAGES) * WSTAGE + w * WCHUNK, arow, xp, steps, lane);
   }
   if (g >= a.e.m) return;
   float inv_a = __frcp_rn(in.sa[0][0]);
