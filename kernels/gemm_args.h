@@ -190,18 +190,6 @@ typedef struct {
    * MT_GROUPED_TAIL rows (tiles of split_bn rows from the segment's first); 2 only that last tile's
    * rows (MT_GROUPED_SPLITS) */
   int split, split_bn;
-  /* The sampled check of the store in the GEMM (kernels/grouped.cu, check_band), where the launcher
-   * chose it over a refresh kernel (kernels/grouped.c, inline_check): state NULL, or the store's
-   * refresh state (kernels/wcheck.h), slice g's weights at w + g * stride elements, row stride ldw,
-   * BF16 or FP16 (fp16), sampled as mt_wcheck_line's step says. Each of the launch's CTAs has at
-   * most one tile and each (slice, band) one CTA. */
-  struct {
-    const void *w;
-    long long ldw, stride;
-    void *state;
-    unsigned step;
-    int fp16;
-  } chk;
 } mt_grouped_kargs;
 
 /* Segment g's rows under offs (offs[g-1] .. offs[g], offs[-1] = 0) clamped into [0, m], so that a
