@@ -30,7 +30,9 @@ C program cases (tests/gpu/reliability_app.c, real cuBLAS, with and without the 
   shim); once memory is back they are routed.
 With MT_SANITIZE=1: compute-sanitizer memcheck and racecheck on the threads case (fewer calls) and
 on the graph cases grow and side: memcheck without error, racecheck without a hazard in an engine
-kernel (one in a cuBLAS kernel is printed), the threads' results still bitwise.
+kernel (one in a cuBLAS kernel is printed), the threads' results still bitwise; and racecheck on
+test_kernels' gemm_paths_agree (build/tests/gpu/test_kernels), whose fused few-token kernel reads
+past a stage of its cp.async ring: no hazard.
 Skips (not passes) without torch or a GPU.
 """
 import glob
@@ -253,9 +255,31 @@ def sanitizers_clean():
                           f"{proc.stderr[-1500:]}")
 
 
+def fused_kernel_racecheck_clean():
+    """The fused few-token kernel (mt_gemm_small_q4) loads a record ahead of its step loop, past a
+    stage's last record: into slack, not the next stage that cp.async may be filling."""
+    need_gpu()
+    if os.environ.get("MT_SANITIZE") != "1":
+        harness.skip("set MT_SANITIZE=1 to run compute-sanitizer (about a minute)")
+    sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    tests = os.path.join(ROOT, BUILD, "tests", "gpu", "test_kernels")
+    if not os.path.exists(sanitizer) or not os.path.exists(tests):
+        harness.skip(f"no compute-sanitizer or no {tests} (make {BUILD}/tests/gpu/test_kernels)")
+    log = os.path.join(TMP, "san_racecheck_kernels.log")
+    env = dict(os.environ, MT_TEST_ONLY="gemm_paths_agree")
+    proc = subprocess.run([sanitizer, "--tool", "racecheck", "--error-exitcode", "99", "--print-limit", "20",
+                           "--log-file", log, tests], env=env, capture_output=True, text=True, timeout=900)
+    ok, report = sanitizer_report("racecheck", log)
+    hazards = re.findall(r"RACECHECK SUMMARY: (\d+) hazard", report)
+    print(f"    racecheck on gemm_paths_agree: exit {proc.returncode}; " + " / ".join(report.splitlines()[:2]))
+    harness.check(proc.returncode == 0 and ok and hazards and all(h == "0" for h in hazards)
+                  and "ok   gemm_paths_agree" in proc.stdout,
+                  f"racecheck on gemm_paths_agree: exit {proc.returncode}:\n{report}\n{proc.stdout[-800:]}")
+
+
 for t in (graph_outlives_scratch_growth, graph_without_stream_argument, make_graphed_callables_routes,
           torch_compile_reduce_overhead_routes, threads_bitwise_equal_to_one_thread,
           kept_weight_changed_under_threads, forks_come_back, reset_and_recreated_contexts,
-          two_contexts_on_one_gpu, out_of_memory_falls_back, sanitizers_clean):
+          two_contexts_on_one_gpu, out_of_memory_falls_back, sanitizers_clean, fused_kernel_racecheck_clean):
     harness.run(t)
 sys.exit(harness.done())
