@@ -285,18 +285,19 @@ static int run_probe(const mt_instr_call *ic, CUdeviceptr scratch, mt_instr_prob
     return probe_grouped(ic, scratch, pa);
   /* a kept weight: the rows read the copy the call dequantized (their activations' sections,
    * of one row, end before it) */
+  const mt_qweight *w = ic->engine ? ic->engine->w : NULL;
   mt_qweight copy;
-  if (ic->engine && !ic->engine->w->xhat) {
-    copy = *ic->engine->w;
+  if (w && !w->xhat) {
+    copy = *w;
     copy.xhat = mt_gemm_kept_copy(ic->engine);
+    w = &copy;
   }
   for (int i = 0; i < pa->nrows; i++) {
     void *out = (void *)(scratch + (CUdeviceptr)(2 * (size_t)i * pa->ld_alone));
     pa->yoff[i] = (int64_t)pa->rows[i] * (int64_t)ic->ldy;
     if (ic->engine) {
       mt_gemm_args one = *ic->engine;
-      if (!one.w->xhat)
-        one.w = &copy;
+      one.w = w;
       one.m = 1;
       one.x = (const char *)ic->x + 2 * (size_t)pa->rows[i] * ic->ldx;
       one.y = out;
