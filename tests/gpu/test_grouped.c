@@ -1155,10 +1155,10 @@ static void grouped_layer(void) {
  * loop longer than the ring, so that some stages come before the wait and some after), token tiles
  * 8 (two CTAs an SM), 128 (one) and 256 (its launch has no tile: the rows go to the second, which
  * waits for it), every store numerics and per-tensor S of the activations (a quantizer of two
- * kernels, the GEMM waiting for the refresh at any rows), both frozen modes. The weights rotated in
- * place (slice s takes slice s + 1's): the call's output against the reference of the rotated
- * weights, bitwise equal to the same GEMM run alone afterwards; then nothing changed: the same bits
- * again. */
+ * kernels, the GEMM waiting for the refresh at any rows), both frozen modes; FP16 activations on
+ * one numerics (per-row weight S). The weights rotated in place (slice s takes slice s + 1's): the
+ * call's output against the reference of the rotated weights, bitwise equal to the same GEMM run
+ * alone afterwards; then nothing changed: the same bits again. */
 static void grouped_after_refresh(void) {
   NEED_GPU();
   enum { E = 8, N = 512, K = 2048 };
@@ -1177,16 +1177,17 @@ static void grouped_after_refresh(void) {
         mt_nvfp4 *rot = malloc(E * sizeof *rot);
         uint16_t *y0 = NULL, *y = NULL, *alone = NULL;
         if (!rf.state || !make_experts_of(&e, E, N, K, &num, 0, 0, 1) ||
-            !make_problem(&p, E, rows, K, num.act_scale, 0, NULL, 0)) {
+            !make_problem(&p, E, rows, K, num.act_scale, v == 1, NULL, 0)) {
           CHECK(0);
           goto out;
         }
         const size_t ybytes = (size_t)p.m * N * 2;
         y0 = malloc(ybytes), y = malloc(ybytes), alone = malloc(ybytes);
         char what[128];
-        snprintf(what, sizeof what, "%s, %d rows, activations %s S, weights %s S %s, bn %d",
-                 sampled ? "frozen-sampled" : "frozen", p.m, mt_scale_name(num.act_scale),
-                 mt_scale_name(num.weight_scale), mt_wblock_name(num.weight_block), bn);
+        snprintf(what, sizeof what, "%s, %d rows, activations %s %s S, weights %s S %s, bn %d",
+                 sampled ? "frozen-sampled" : "frozen", p.m, v == 1 ? "FP16" : "BF16",
+                 mt_scale_name(num.act_scale), mt_scale_name(num.weight_scale),
+                 mt_wblock_name(num.weight_block), bn);
         CU(cudaMemset(rf.state, 0, mt_refresh_state_bytes(E)));
         MT(refresh_store(&e, e.ld, rf.state, rf.step, NULL, 0));
         CU(rotate_slices(&e, rot));
