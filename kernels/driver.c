@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/loader.h"
 #include "kernels/engine.h"
 
 /* One fatbin per kernel file (kernels/NAME.cu), embedded by the Makefile through kernels/fatbin.S.
@@ -44,20 +45,21 @@ static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
 
 static void driver_load(void) {
   /* The program has loaded libcuda already (there is one per process); NOLOAD finds it without
-   * pulling in a second copy from another path. */
+   * pulling in a second copy from another path. The loader's own dlsym (base/loader.h): the shim
+   * answers lookups of hooked names with its own functions (shim/dl.h). */
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW);
   if (!lib) return;
   int missing = 0;
   void *sym_addr;
 #define MT_DRIVER_SYM(field, decl, sym)                                                                                \
-  sym_addr = dlsym(lib, sym);                                                                                          \
+  sym_addr = mt_loader_sym(lib, sym);                                                                                  \
   memcpy(&driver_table.field, &sym_addr, sizeof sym_addr);                                                             \
   missing |= sym_addr == NULL;
   MT_DRIVER_FUNCTIONS(MT_DRIVER_SYM)
 #undef MT_DRIVER_SYM
 #define MT_DRIVER_OPT(field, decl, sym)                                                                                \
-  sym_addr = dlsym(lib, sym);                                                                                          \
+  sym_addr = mt_loader_sym(lib, sym);                                                                                  \
   memcpy(&driver_table.field, &sym_addr, sizeof sym_addr);
   MT_DRIVER_OPTIONAL(MT_DRIVER_OPT)
 #undef MT_DRIVER_OPT

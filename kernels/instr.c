@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "base/loader.h"
 #include "kernels/driver.h"
 #include "kernels/engine.h"
 #include "kernels/instr.h"
@@ -20,7 +21,7 @@ static void load(void) {
   static const char *const names[] = {"cuMemHostAlloc", "cuMemHostGetDevicePointer_v2", "cuMemFreeHost"};
   void *syms[sizeof names / sizeof names[0]];
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-    if (!(syms[i] = dlsym(lib, names[i]))) return;
+    if (!(syms[i] = mt_loader_sym(lib, names[i]))) return;
   memcpy(&table.mem_host_alloc, &syms[0], sizeof syms[0]);
   memcpy(&table.mem_host_get_device_pointer, &syms[1], sizeof syms[1]);
   memcpy(&table.mem_free_host, &syms[2], sizeof syms[2]);

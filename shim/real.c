@@ -1,13 +1,12 @@
-/* real.c — the lookup of real functions: RTLD_NEXT, then the already-loaded library; the loader's
- * own dlsym and dlvsym from its symbol table. */
+/* real.c — the lookup of real functions: RTLD_NEXT, then the already-loaded library, through the
+ * loader's own dlsym (base/loader.h). */
 #include "shim/real.h"
 
 #include <dlfcn.h>
-#include <elf.h>
-#include <link.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/loader.h"
 #include "base/log.h"
 
 enum lib { CUBLAS, CUBLASLT, TORCH, LIBC };
@@ -38,144 +37,20 @@ static atomic_flag missing_warned[MT_FN_COUNT];
 
 const char *mt_fn_name(enum mt_fn id) { return fns[id].display; }
 
-/* --- the loader's own dlsym and dlvsym ------------------------------------------------------
- * Read from the dynamic symbol table of the object that defines dladdr1 (libc.so.6 since glibc
- * 2.34, libdl.so.2 before, which both hold dlsym and dlvsym too), which the shim does not export:
- * no lookup here can reach the shim's own dlsym. All of it is MT_BEFORE_INIT (real.h). */
-
-typedef struct {
-  const ElfW(Sym) * sym;
-  const char *str;
-  const ElfW(Half) * versym; /* NULL: the object has no symbol versions */
-  const uint32_t *gnu_hash;
-  const ElfW(Word) * sysv_hash;
-} dynsyms;
-
-/* glibc relocates these entries of the dynamic section in place on most architectures, not on
- * those whose dynamic section is read-only: an address below the load base is an offset. */
-MT_BEFORE_INIT static const void *dyn_addr(const struct link_map *lm, ElfW(Addr) v) {
-  return (const void *)(v < lm->l_addr ? lm->l_addr + v : v);
-}
-
-MT_BEFORE_INIT static int read_dynamic(const struct link_map *lm, dynsyms *d) {
-  *d = (dynsyms){0};
-  for (const ElfW(Dyn) *e = lm->l_ld; e && e->d_tag != DT_NULL; e++) {
-    if (e->d_tag == DT_SYMTAB)
-      d->sym = dyn_addr(lm, e->d_un.d_ptr);
-    else if (e->d_tag == DT_STRTAB)
-      d->str = dyn_addr(lm, e->d_un.d_ptr);
-    else if (e->d_tag == DT_VERSYM)
-      d->versym = dyn_addr(lm, e->d_un.d_ptr);
-    else if (e->d_tag == DT_GNU_HASH)
-      d->gnu_hash = dyn_addr(lm, e->d_un.d_ptr);
-    else if (e->d_tag == DT_HASH)
-      d->sysv_hash = dyn_addr(lm, e->d_un.d_ptr);
-  }
-  return d->sym && d->str && (d->gnu_hash || d->sysv_hash) ? 0 : -1;
-}
-
-MT_BEFORE_INIT static int same_name(const char *a, const char *b) {
-  while (*a && *a == *b)
-    a++, b++;
-  return *a == *b;
-}
-
-/* Symbol i when it is the function `name` defined here (ELF64_ST_TYPE is ELF32_ST_TYPE too).
- * *hidden_ok keeps a non-default version (name@VER rather than name@@VER) in case no default one
- * exists. */
-MT_BEFORE_INIT static const void *match(const struct link_map *lm, const dynsyms *d, uint32_t i,
-                                        const char *name, const void **hidden_ok) {
-  const ElfW(Sym) *s = &d->sym[i];
-  if (s->st_shndx == SHN_UNDEF || ELF64_ST_TYPE(s->st_info) != STT_FUNC ||
-      !same_name(d->str + s->st_name, name))
-    return NULL;
-  const void *p = (const void *)(lm->l_addr + s->st_value);
-  if (d->versym && (d->versym[i] & 0x8000)) {
-    *hidden_ok = p;
-    return NULL;
-  }
-  return p;
-}
-
-MT_BEFORE_INIT static uint32_t gnu_hash_of(const char *s) {
-  uint32_t h = 5381;
-  for (; *s; s++)
-    h = h * 33 + (unsigned char)*s;
-  return h;
-}
-
-MT_BEFORE_INIT static uint32_t sysv_hash_of(const char *s) {
-  uint32_t h = 0;
-  for (; *s; s++) {
-    h = (h << 4) + (unsigned char)*s;
-    uint32_t g = h & 0xf0000000u;
-    h ^= g >> 24;
-    h &= ~g;
-  }
-  return h;
-}
-
-MT_BEFORE_INIT static const void *elf_lookup(const struct link_map *lm, const char *name) {
-  dynsyms d;
-  if (!lm || read_dynamic(lm, &d) != 0)
-    return NULL;
-  const void *hidden = NULL, *p = NULL;
-  if (d.gnu_hash) {
-    uint32_t nbuckets = d.gnu_hash[0], first = d.gnu_hash[1], bloom = d.gnu_hash[2];
-    const uint32_t *buckets = (const uint32_t *)((const ElfW(Addr) *)(d.gnu_hash + 4) + bloom);
-    const uint32_t *chain = buckets + nbuckets, h = gnu_hash_of(name);
-    uint32_t i = nbuckets ? buckets[h % nbuckets] : 0;
-    for (; i >= first && i != 0 && !p; i++) {
-      uint32_t c = chain[i - first];
-      if ((c | 1) == (h | 1))
-        p = match(lm, &d, i, name, &hidden);
-      if (c & 1)
-        break;
-    }
-  } else {
-    ElfW(Word) nbuckets = d.sysv_hash[0];
-    const ElfW(Word) *buckets = d.sysv_hash + 2, *chain = buckets + nbuckets;
-    for (ElfW(Word) i = nbuckets ? buckets[sysv_hash_of(name) % nbuckets] : 0; i && !p;
-         i = chain[i])
-      p = match(lm, &d, i, name, &hidden);
-  }
-  return p ? p : hidden;
-}
-
-/* The loader's own function `name`: in the object that defines dladdr1. Neither dladdr1 nor the
- * symbol table is anything a sanitizer intercepts (dlopen would be). */
-MT_BEFORE_INIT static void *loader_function(const char *name) {
-  Dl_info info;
-  struct link_map *lm = NULL;
-  if (!dladdr1((void *)dladdr1, &info, (void **)&lm, RTLD_DL_LINKMAP))
-    return NULL;
-  return (void *)elf_lookup(lm, name);
-}
-
 /* dlsym and dlvsym for the hooks to forward to: the next definition after this library (another
  * interposer preloaded after it keeps seeing the calls), else the loader's own. */
 MT_BEFORE_INIT void *mt_real_loader(enum mt_fn id) {
   void *p = atomic_load_explicit(&mt_real_ptr[id], memory_order_acquire);
   if (p)
     return p;
-  mt_fn_dlsym sym = (mt_fn_dlsym)loader_function("dlsym");
+  mt_fn_dlsym sym = (mt_fn_dlsym)mt_loader_function("dlsym");
   const char *name = id == MT_FN_dlsym ? "dlsym" : "dlvsym";
-  void *own = id == MT_FN_dlsym ? (void *)sym : loader_function(name);
+  void *own = id == MT_FN_dlsym ? (void *)sym : mt_loader_function(name);
   void *next = sym ? sym(RTLD_NEXT, name) : NULL;
   p = next ? next : own;
   if (p)
     atomic_store_explicit(&mt_real_ptr[id], p, memory_order_release);
   return p;
-}
-
-/* The loader's own dlsym, for the shim's own lookups (never the next one: RTLD_NEXT from here must
- * mean "after this library"). */
-static mt_fn_dlsym own_dlsym(void) {
-  static void *_Atomic own;
-  void *p = atomic_load_explicit(&own, memory_order_acquire);
-  if (!p && (p = loader_function("dlsym")))
-    atomic_store_explicit(&own, p, memory_order_release);
-  return (mt_fn_dlsym)p;
 }
 
 /* --- everything else ------------------------------------------------------------------------ */
@@ -185,7 +60,7 @@ void *mt_real_find(enum mt_fn id) {
   if (fns[id].lib == LIBC) {
     p = mt_real_loader(id);
   } else {
-    mt_fn_dlsym sym = own_dlsym();
+    mt_dlsym_fn sym = mt_loader_dlsym();
     p = sym ? sym(RTLD_NEXT, fns[id].symbol) : NULL;
     for (int i = 0; sym && !p && sonames[fns[id].lib][i]; i++) {
       /* The handle is kept open on purpose: it pins the library, so the cached pointer cannot
@@ -217,9 +92,7 @@ static void *object_of(const void *addr) {
 }
 
 void *mt_real_beside(const void *fn, const char *name) {
-  mt_fn_dlsym sym = own_dlsym();
-  void *h = object_of(fn);
-  return sym && h ? sym(h, name) : NULL;
+  return mt_loader_sym(object_of(fn), name);
 }
 
 void *mt_real_near(enum mt_fn id, const void *addr) {

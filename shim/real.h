@@ -6,15 +6,15 @@
  * RTLD_NOLOAD: PyTorch loads cuBLAS with RTLD_LOCAL, where RTLD_NEXT finds nothing). It never
  * loads a library itself: a second cuBLAS would be a second cuBLAS state.
  *
- * The shim exports dlsym and dlvsym (shim/dl.c), so its own lookups must not go through them: the
- * loader's functions are read from the symbol table of the object that defines dlopen, and every
- * lookup here uses those.
+ * The shim exports dlsym and dlvsym (shim/dl.c), so its own lookups must not go through them: every
+ * lookup here uses the loader's own functions (base/loader.h).
  */
 #ifndef MT_REAL_H
 #define MT_REAL_H
 
 #include <stdatomic.h>
 
+#include "base/loader.h"
 #include "shim/cuda_api.h"
 
 enum mt_fn {
@@ -37,12 +37,6 @@ enum mt_fn {
 #undef MT_HAND
 
 extern void *_Atomic mt_real_ptr[MT_FN_COUNT];
-
-/* Code that may run before anything is set up: a sanitizer runtime preloaded before the shim
- * looks its interceptors' real functions up with dlsym while it starts, before its own
- * instrumentation works, and that dlsym is the shim's. Such code is not instrumented and calls
- * nothing that is. */
-#define MT_BEFORE_INIT __attribute__((no_sanitize("address", "undefined")))
 
 /* The dynamic loader's dlsym or dlvsym (id MT_FN_dlsym, MT_FN_dlvsym) for the shim's own to forward
  * to, found on first use and cached as every real function is; NULL when absent (MT_BEFORE_INIT). */
