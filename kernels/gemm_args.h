@@ -185,6 +185,12 @@ typedef struct {
   long long stride_bias;
   int ytype, biastype; /* enum mt_dtype */
   float alpha, beta;
+  /* NULL, or (vLLM's dispatch, mt_moe_dispatch_args) the output row of each row of xhat: row r's
+   * outputs go to y + y_rows[r] * ldy, not to row r (offs still says which segment r is in) */
+  const int32_t *y_rows;
+  /* NULL, or with y_rows each row's router weight: the row's outputs, rounded to y's type as any
+   * row's, times it in FP32, rounded again (the expert's row is the unweighted one's bits) */
+  const float *row_w;
   int kpair; /* ta is of rank 3 */
   /* Which tiles of each segment this launch runs: 0 all; 1 all but a last tile of fewer than
    * MT_GROUPED_TAIL rows (tiles of split_bn rows from the segment's first); 2 only that last tile's
@@ -214,6 +220,30 @@ MT_HD void mt_grouped_part(int rows, int split, int split_bn, int *first, int *e
   *first = split == 2 ? rows - cut : 0;
   *end = split == 1 ? rows - cut : rows;
 }
+
+/* mt_moe_dispatch (kernels/grouped.cu): vLLM's fused-MoE dispatch (vllm/model_executor/layers/
+ * fused_moe: moe_align_block_size's sorted token ids, block_m slots a block and one expert a
+ * block; or, naive, one (token, expert) pair a block) turned into the grouped GEMM's segments and
+ * row lists, by one CTA: the slots of the blocks the Triton kernel would run (block b with
+ * b < blocks and b * block_m < *post_padded) whose id is valid (0 <= id < valid) and whose
+ * expert e is in [0, nseg), by expert: offs[e] (cumulative ends), src[r] = id / top_k (the
+ * activation row), dst[r] = id (the output row), and with weights, w[r] = weights[id]. Rows past
+ * the last segment's end (to valid) get src = src[0], dst = -1. A valid slot of a block of
+ * expert -1 (not on this rank) has its output row zeroed, as the Triton kernel does. */
+#define MT_MOE_MAX_EXPERTS 1024
+#define MT_MOE_THREADS 1024
+typedef struct {
+  const int32_t *sorted;      /* [blocks * block_m] slots' token ids, or NULL: naive */
+  const int32_t *experts;     /* [blocks] each block's expert */
+  const int32_t *post_padded; /* device word: slots in use */
+  const float *weights;       /* [valid] router weights by id, or NULL */
+  int32_t blocks, block_m, top_k, valid, nseg;
+  int32_t *offs, *src, *dst; /* out: [nseg], [valid], [valid] */
+  float *w;                  /* out: [valid], or NULL (no weights) */
+  void *y;                   /* the output, for the rows of expert -1: n elements of 2 bytes */
+  long long ldy;
+  int32_t n, pad;
+} mt_moe_dispatch_args;
 
 /* mt_seg_ends (kernels/grouped.cu): the segments' cumulative row ends from counts the host knows,
  * carried in the kernel's parameters (so the table is written inside a graph capture without a

@@ -18,6 +18,8 @@
 _Static_assert(MT_LARGE_KS_64 == 2, "a paired activation box must be one grouped stage");
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+/* Sections of the workspace and of the dispatch's lists: 256-byte aligned. */
+static size_t section(size_t b) { return (b + 255) / 256 * 256; }
 static int is_half(enum mt_dtype t) { return t == MT_DTYPE_BF16 || t == MT_DTYPE_FP16; }
 
 static int wstore_shape_ok(int count, int n, int k, const mt_numerics *num) {
@@ -140,12 +142,36 @@ int mt_grouped_seg_ends(int32_t *offs, int seg0, int row0, int nruns, const int3
   return st;
 }
 
-/* The activations' section and S after it, in the workspace (as mt_gemm's). */
-static size_t section(size_t b) { return (b + 255) / 256 * 256; }
-
 size_t mt_grouped_workspace_bytes(int m, int k, const mt_numerics *num) {
   if (!num || m <= 0 || k <= 0) return 0;
   return section((size_t)m * (size_t)k * 2) + section((num->act_scale == MT_SCALE_ROW ? (size_t)m : 2) * 4);
+}
+
+size_t mt_moe_lists_bytes(int m, int nseg, int weighted) {
+  if (m <= 0 || nseg <= 0) return 0;
+  return section((size_t)nseg * 4) + 2 * section((size_t)m * 4) + (weighted ? section((size_t)m * 4) : 0);
+}
+
+mt_moe_lists mt_moe_lists_at(void *mem, int m, int nseg, int weighted) {
+  char *p = mem;
+  mt_moe_lists l = {.offs = (int32_t *)p};
+  p += section((size_t)nseg * 4);
+  l.src = (int32_t *)p;
+  p += section((size_t)m * 4);
+  l.dst = (int32_t *)p;
+  p += section((size_t)m * 4);
+  l.w = weighted ? (float *)p : NULL;
+  return l;
+}
+
+/* vLLM's dispatch: the lists' memory, what they cover, and a call the epilogue's scatter takes (no
+ * C, no bias, no pointer arrays). */
+static int dispatch_ok(const mt_grouped_args *a) {
+  const mt_moe_dispatch *d = a->dispatch;
+  return d->experts && d->post_padded && d->blocks >= 0 && d->block_m > 0 && d->top_k > 0 && d->lists.offs &&
+         d->lists.src && d->lists.dst && !d->weights == !d->lists.w && a->offs == d->lists.offs &&
+         a->nseg <= MT_MOE_MAX_EXPERTS && !a->x_ptrs && !a->y_ptrs && !a->c_ptrs && a->beta == 0.0f && !a->bias &&
+         a->y && aligned16(a->y) && (!d->sorted || (long long)d->blocks * d->block_m <= INT_MAX);
 }
 
 static int grouped_args_ok(const mt_grouped_args *a) {
@@ -162,7 +188,7 @@ static int grouped_args_ok(const mt_grouped_args *a) {
   if ((!a->y && !a->y_ptrs) || !is_half(a->ytype) || a->ldy < (size_t)a->n) return 0;
   if (a->beta != 0.0f && ((!a->c && !a->c_ptrs) || a->ldc < (size_t)a->n)) return 0;
   if (a->bias && !is_half(a->biastype) && a->biastype != MT_DTYPE_FP32) return 0;
-  return 1;
+  return !a->dispatch || dispatch_ok(a);
 }
 
 int mt_grouped_bn(int m, int nseg) {
@@ -209,6 +235,7 @@ static int quantize_acts(const mt_grouped_args *a, uint16_t *xhat, float *outer,
       .batch_ptrs = a->x_ptrs,
       .batch_offs = a->x_ptrs ? a->offs : NULL,
       .nbatch = a->nseg,
+      .gather = a->dispatch ? a->dispatch->lists.src : NULL,
       .dependents_after_wait = a->refresh != NULL,
       .running = acts_running(a),
   };
@@ -239,6 +266,8 @@ static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kar
   k->stride_c = a->offs ? 0 : a->stride_c;
   k->y_ptrs = a->y_ptrs;
   k->c_ptrs = a->beta != 0.0f ? a->c_ptrs : NULL;
+  k->y_rows = a->dispatch ? a->dispatch->lists.dst : NULL;
+  k->row_w = a->dispatch ? a->dispatch->lists.w : NULL;
   k->bias = a->bias;
   k->stride_bias = a->stride_bias;
   k->ytype = (int)a->ytype;
@@ -306,6 +335,31 @@ static int refresh_fits(const mt_grouped_args *a) {
          (!offs || (offs == a->offs && r->count == a->nseg));
 }
 
+/* vLLM's dispatch into the call's segment ends and row lists (mt_moe_dispatch_args): one CTA,
+ * launched in order (the kernel before it wrote the slots). */
+static int launch_dispatch(const mt_grouped_args *a, mt_stream stream) {
+  const mt_moe_dispatch *d = a->dispatch;
+  CUfunction f;
+  int st = mt_kernel_get("grouped", "mt_moe_dispatch", (CUstream)stream, &f);
+  mt_moe_dispatch_args k = {.sorted = d->sorted,
+                            .experts = d->experts,
+                            .post_padded = d->post_padded,
+                            .weights = d->weights,
+                            .blocks = d->blocks,
+                            .block_m = d->block_m,
+                            .top_k = d->top_k,
+                            .valid = a->m,
+                            .nseg = a->nseg,
+                            .offs = d->lists.offs,
+                            .src = d->lists.src,
+                            .dst = d->lists.dst,
+                            .w = d->lists.w,
+                            .y = a->y,
+                            .ldy = (long long)a->ldy,
+                            .n = a->n};
+  return st == MT_OK ? mt_launch(f, 1, 1, MT_MOE_THREADS, 1, 0, 0, (CUstream)stream, &k) : st;
+}
+
 int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   if (!a || !grouped_args_ok(a)) return MT_ERR_UNSUPPORTED;
   mt_refresh_args rk;
@@ -338,6 +392,7 @@ int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
     k.split_bn = tail.split_bn = bn;
     if (st == MT_OK) st = act_map(&tail, xhat, a, tail_bn);
   }
+  if (st == MT_OK && a->dispatch) st = launch_dispatch(a, stream);
   if (st == MT_OK) st = quantize_acts(a, xhat, outer, stream);
   if (st == MT_OK && a->refresh) st = launch_refresh(a->refresh, &rk, stream);
   if (st == MT_OK) st = launch_gemm(a, &k, bn, stream);

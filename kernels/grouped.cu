@@ -450,6 +450,11 @@ __device__ static __forceinline__ void k_loop_warp(float *d, uint8_t *smem, uint
 
 __device__ static inline void put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ static inline void put(__half *p, float v) { *p = __float2half_rn(v); }
+// v as an output of T would hold it, back in FP32 (exact)
+__device__ static inline float rounded(const __nv_bfloat16 *, float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+__device__ static inline float rounded(const __half *, float v) { return __half2float(__float2half_rn(v)); }
 
 // The outer scales a consumer thread's part of a tile needs: S_w of its two channels (rows g and
 // g + 8 of its warp's 16: i = 0, 1) and S_a of the tile's tokens 32k + lane (as the epilogue's
@@ -479,8 +484,10 @@ __device__ static inline void load_scales(const mt_grouped_kargs &a, const table
 // while the tensor cores wait, so its instructions count: 1/S_a is computed once a token in the
 // warp (lane l: tokens l, l + 32, ...) and shuffled to the lanes that use it, a token's y row is
 // one pointer step from the one before, and without C and bias an element is four multiplies, a
-// conversion and a store.
-template <int BN, int NW, typename T, bool EXTRA>
+// conversion and a store. SCATTER (vLLM's dispatch: a.y_rows, never with C or a bias): each
+// token's row is its own, shuffled from the lane that loaded it as its 1/S_a, and with a router
+// weight the element rounded to T is multiplied by it and rounded again.
+template <int BN, int NW, typename T, bool EXTRA, bool SCATTER = false>
 __device__ static __forceinline__ void store_tile_as(const mt_grouped_kargs &a, const table *t, const float *d,
                                                      const where &wh, int ch0, const tile_scales<BN> &ts) {
   const int lane = threadIdx.x % 32, w = (threadIdx.x % 128) / 32, g = lane / 4, q = lane % 4;
@@ -514,6 +521,17 @@ __device__ static __forceinline__ void store_tile_as(const mt_grouped_kargs &a, 
   float inv_own[NA];
 #pragma unroll
   for (int k = 0; k < NA; k++) inv_own[k] = __frcp_rn(ts.sa[k]);
+  // SCATTER: the tokens' output rows and router weights, loaded here rather than with the scales
+  // before the K loop (live across it they cost the n128 kernel spills)
+  int dst_own[SCATTER ? NA : 1];
+  float w_own[SCATTER ? NA : 1];
+  if constexpr (SCATTER)
+#pragma unroll
+    for (int k = 0; k < NA; k++) {
+      const int tok = wh.tok0 + 32 * k + lane;
+      dst_own[k] = tok < rows ? a.y_rows[row0 + tok] : 0;
+      w_own[k] = tok < rows && a.row_w ? a.row_w[row0 + tok] : 1.0f;
+    }
   T *yrow = y + (yrow0 + wh.tok0 + 2 * q) * a.ldy + ch_0; // token 8cc + 2q's row, channel ch_0
 #pragma unroll
   for (int cc = 0; cc < NW / 8; cc++, yrow += 8 * a.ldy)
@@ -521,8 +539,13 @@ __device__ static __forceinline__ void store_tile_as(const mt_grouped_kargs &a, 
     for (int j = 0; j < 2; j++) {
       const int local = 8 * cc + 2 * q + j, tok = wh.tok0 + local;
       const float inv_a = __shfl_sync(0xffffffffu, inv_own[cc / 4], local % 32);
-      if (tok >= rows) continue;
       T *yr = yrow + j * a.ldy;
+      float rw = 1.0f;
+      if constexpr (SCATTER) {
+        yr = y + (long long)__shfl_sync(0xffffffffu, dst_own[cc / 4], local % 32) * a.ldy + ch_0;
+        rw = __shfl_sync(0xffffffffu, w_own[cc / 4], local % 32);
+      }
+      if (tok >= rows) continue;
 #pragma unroll
       for (int i = 0; i < 2; i++) {
         if (!ok[i]) continue;
@@ -532,6 +555,8 @@ __device__ static __forceinline__ void store_tile_as(const mt_grouped_kargs &a, 
           if (c) v = __fadd_rn(v, __fmul_rn(a.beta, load_elem(c, (crow0 + tok) * a.ldc + ch_0 + 8 * i, a.ytype)));
           if (bias) v = __fadd_rn(v, bv[i]);
         }
+        if constexpr (SCATTER)
+          if (a.row_w) v = __fmul_rn(rounded(yr, v), rw);
         put(yr + 8 * i, v);
       }
     }
@@ -545,7 +570,17 @@ template <int BN, int NW>
 __device__ static __forceinline__ void store_tile(const mt_grouped_kargs &a, const table *t, const float *d,
                                                   const where &wh, int ch0, const tile_scales<BN> &ts) {
   if constexpr (NW < BN) { // narrow tiles only without C or bias, into BF16 (tile_rows)
-    store_tile_as<BN, NW, __nv_bfloat16, false>(a, t, d, wh, ch0, ts);
+    if (a.y_rows)
+      store_tile_as<BN, NW, __nv_bfloat16, false, true>(a, t, d, wh, ch0, ts);
+    else
+      store_tile_as<BN, NW, __nv_bfloat16, false>(a, t, d, wh, ch0, ts);
+    return;
+  }
+  if (a.y_rows) { // vLLM's dispatch: never with C or a bias (grouped.c)
+    if (a.ytype == DT_FP16)
+      store_tile_as<BN, NW, __half, false, true>(a, t, d, wh, ch0, ts);
+    else
+      store_tile_as<BN, NW, __nv_bfloat16, false, true>(a, t, d, wh, ch0, ts);
     return;
   }
   const bool extra = has_extra(a);
@@ -694,5 +729,92 @@ extern "C" __global__ void __launch_bounds__(128) mt_seg_ends(const __grid_const
     int seg = a.seg0, row = a.row0;
     for (int i = 0; i < j; i++) seg += a.size[i], row += a.size[i] * a.rows[i];
     for (int s = 0; s < a.size[j]; s++) a.offs[seg + s] = row + (s + 1) * a.rows[j];
+  }
+}
+
+// vLLM's fused-MoE dispatch into segments and row lists (gemm_args.h, mt_moe_dispatch_args): one
+// CTA, three passes over the slots the Triton kernel would run: count each expert's valid slots
+// (shared-memory atomics), an exclusive scan of the counts (the segment ends), then each slot's
+// place in its segment (atomics again: the order within a segment is any, and a row's bits do not
+// depend on its position). The slots' blocks are read as the Triton kernel reads them, so a row
+// is routed where that kernel would have computed it and nowhere else.
+namespace moe {
+__device__ static inline bool slot(const mt_moe_dispatch_args &a, int s, int &id, int &e) {
+  if (a.sorted) {
+    id = a.sorted[s];
+    e = a.experts[s / a.block_m];
+  } else {
+    id = s;
+    e = a.experts[s];
+  }
+  return id >= 0 && id < a.valid;
+}
+
+// The expert's exclusive prefix over the CTA (thread t: expert t), and the total to every thread.
+__device__ static inline int scan(int own, int *warp_sums, int &total) {
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
+  int incl = own;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int u = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += u;
+  }
+  if (lane == 31) warp_sums[w] = incl;
+  __syncthreads();
+  int before = 0;
+  total = 0;
+  for (int i = 0; i < nw; i++) {
+    before += i < w ? warp_sums[i] : 0;
+    total += warp_sums[i];
+  }
+  return before + incl - own;
+}
+
+// A valid slot of a block of expert -1: its output row zeroed (the Triton kernel's
+// write_zeros_to_output), 2-byte elements.
+__device__ static inline void zero_row(const mt_moe_dispatch_args &a, int id) {
+  uint16_t *row = (uint16_t *)a.y + (long long)id * a.ldy;
+  for (int j = 0; j < a.n; j++) row[j] = 0;
+}
+} // namespace moe
+
+extern "C" __global__ void __launch_bounds__(MT_MOE_THREADS)
+    mt_moe_dispatch(const __grid_constant__ mt_moe_dispatch_args a) {
+  __shared__ int next[MT_MOE_MAX_EXPERTS], warp_sums[MT_MOE_THREADS / 32];
+  const int t = threadIdx.x, T = blockDim.x;
+  for (int e = t; e < MT_MOE_MAX_EXPERTS; e += T) next[e] = 0;
+  const long long padded = *a.post_padded;
+  const long long run = min((long long)a.blocks, padded > 0 ? (padded + a.block_m - 1) / a.block_m : 0LL);
+  const int slots = (int)(a.sorted ? run * a.block_m : run);
+  __syncthreads();
+  for (int s = t; s < slots; s += T) {
+    int id, e;
+    if (moe::slot(a, s, id, e) && e >= 0 && e < a.nseg) atomicAdd(&next[e], 1);
+  }
+  __syncthreads();
+  const int own = t < a.nseg ? next[t] : 0;
+  int total;
+  const int start = moe::scan(own, warp_sums, total);
+  if (t < a.nseg) {
+    next[t] = start;
+    a.offs[t] = start + own;
+  }
+  __syncthreads();
+  for (int s = t; s < slots; s += T) {
+    int id, e;
+    if (!moe::slot(a, s, id, e)) continue;
+    if (e >= 0 && e < a.nseg) {
+      const int r = atomicAdd(&next[e], 1);
+      a.src[r] = id / a.top_k;
+      a.dst[r] = id;
+      if (a.w) a.w[r] = a.weights[id];
+    } else if (e == -1) {
+      moe::zero_row(a, id);
+    }
+  }
+  __syncthreads();
+  for (int r = total + t; r < a.valid; r += T) {
+    a.src[r] = total ? a.src[0] : 0;
+    a.dst[r] = -1;
   }
 }

@@ -61,14 +61,14 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr
   if (r >= a.m) return;
   const int32_t seg = mt_instr_segment(a.offs, a.nseg, a.seg_rows, r);
   if (seg < 0) return; // past the last segment's end: never written
-  const uint16_t *x = (const uint16_t *)a.x + mt_instr_row_offset(seg, a.seg_rows, a.stride_x, a.ldx, r);
+  const uint16_t *x = (const uint16_t *)a.x + mt_instr_digest_x(&a, seg, r);
   uint64_t row_hash = mt_instr_mix64(warp_sum(row_sum_lane(x, a.k, lane)) ^ mt_instr_tag((uint64_t)a.k, a.xtype));
   if (!a.all && row_hash >= a.threshold) return;
   unsigned slot = 0;
   if (lane == 0) slot = atomicAdd(&a.hdr->selected, 1u);
   slot = __shfl_sync(0xffffffffu, slot, 0);
   if ((int)slot >= a.cap) return; // counted by `selected`; the host reports the excess as dropped
-  const uint16_t *y = (const uint16_t *)a.y + mt_instr_row_offset(seg, a.seg_rows, a.stride_y, a.ldy, r);
+  const uint16_t *y = (const uint16_t *)a.y + mt_instr_digest_y(&a, seg, r);
   uint64_t out_hash = mt_instr_mix64(warp_sum(row_sum_lane(y, a.n, lane)) ^ mt_instr_tag((uint64_t)a.n, a.ytype));
   float s[MT_INSTR_SKETCH];
   for (int i = 0; i < MT_INSTR_SKETCH; i++) s[i] = 0.0f;

@@ -70,7 +70,8 @@ typedef struct {
 
 /* mt_instr_digest: one warp per row of x (m rows). A grouped call's rows: with offs (device, nseg
  * cumulative ends) row r is in the first segment s with offs[s] > r (rows in none are skipped);
- * with seg_rows > 0, segment r / seg_rows, at x + s * stride_x + (r % seg_rows) * ldx (y alike). */
+ * with seg_rows > 0, segment r / seg_rows, at x + s * stride_x + (r % seg_rows) * ldx (y alike);
+ * with x_rows and y_rows, at x + x_rows[r] * ldx and y + y_rows[r] * ldy. */
 typedef struct {
   const void *x; /* [m][k] 2-byte elements, row stride ldx (elements) */
   const void *y; /* [m][n] 2-byte elements, row stride ldy */
@@ -83,6 +84,9 @@ typedef struct {
   const int32_t *offs;
   int64_t stride_x, stride_y;
   int32_t seg_rows, pad;
+  /* NULL, or (a grouped call in vLLM's dispatch) device lists of each row's row of x and of y:
+   * row r reads x row x_rows[r] and y row y_rows[r] (offs still gives its segment) */
+  const int32_t *x_rows, *y_rows;
 } mt_instr_digest_args;
 
 /* mt_instr_finish, the last kernel of an instrumented call: the weight's and bias's content sums
@@ -178,6 +182,14 @@ MT_HD int32_t mt_instr_segment(const int32_t *offs, int32_t nseg, int32_t seg_ro
 /* Element offset of row r of a matrix with row stride ld in a grouped call (see above). */
 MT_HD int64_t mt_instr_row_offset(int32_t seg, int32_t seg_rows, int64_t stride, int64_t ld, int64_t r) {
   return seg_rows > 0 ? seg * stride + (r % seg_rows) * ld : r * ld;
+}
+
+/* Where mt_instr_digest reads row r (in segment seg) of x and of y, in elements. */
+MT_HD int64_t mt_instr_digest_x(const mt_instr_digest_args *a, int32_t seg, int64_t r) {
+  return a->x_rows ? (int64_t)a->x_rows[r] * a->ldx : mt_instr_row_offset(seg, a->seg_rows, a->stride_x, a->ldx, r);
+}
+MT_HD int64_t mt_instr_digest_y(const mt_instr_digest_args *a, int32_t seg, int64_t r) {
+  return a->y_rows ? (int64_t)a->y_rows[r] * a->ldy : mt_instr_row_offset(seg, a->seg_rows, a->stride_y, a->ldy, r);
 }
 
 MT_HD float mt_instr_half_to_float(uint16_t h, int type) {

@@ -127,6 +127,7 @@ static int params_ok(const mt_quant_params *p, int tile16) {
   if (p->rows <= 0 || p->cols <= 0 || p->cols % 16 || p->batch_rows < 0 || (p->batch_rows && p->rows % p->batch_rows) ||
       (p->store && (!p->batch_rows || p->only_if)) || (tile16 && (p->row_outer || p->rows % 16 || p->batch_rows % 16)))
     return 0;
+  if (p->gather && (p->batch_rows || p->batch_ptrs || p->store)) return 0;
   return p->batch_ptrs ? (p->batch_offs ? !p->batch_rows && !p->store && p->nbatch > 0 : !!p->batch_rows)
                        : !p->batch_offs;
 }

@@ -54,7 +54,8 @@ __device__ __forceinline__ size_t batch_row_at(const mt_quant_params &p, int e, 
 }
 
 /* Row r's first byte of x: row r % batch_rows of batch r / batch_rows; with batch_ptrs (PTRS: the
- * _ptrs kernels, so that the others compile as if it did not exist), each batch at its own base. */
+ * _ptrs kernels, so that the others compile as if it did not exist), each batch at its own base;
+ * with gather, row gather[r]. */
 template <bool PTRS> __device__ __forceinline__ const char *x_row(const mt_quant_params &p, int r) {
   if constexpr (PTRS) {
     int e, rl;
@@ -66,7 +67,7 @@ template <bool PTRS> __device__ __forceinline__ const char *x_row(const mt_quant
     }
     return (const char *)p.batch_ptrs[e] + (size_t)rl * (size_t)p.ldx * 2;
   }
-  size_t at = (size_t)r * (size_t)p.ldx;
+  size_t at = (size_t)(p.gather ? p.gather[r] : r) * (size_t)p.ldx;
   if (p.batch_rows) at = batch_row_at(p, r / p.batch_rows, r % p.batch_rows);
   return (const char *)p.x + at * 2;
 }

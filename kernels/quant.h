@@ -37,6 +37,9 @@ typedef struct {
   const void *const *batch_ptrs;
   const int32_t *batch_offs;
   int32_t nbatch;
+  /* NULL, or (activations in vLLM's dispatch, kernels/gemm_args.h mt_moe_dispatch_args) row r is
+   * row gather[r] of x, a device list of rows (no batches) */
+  const int32_t *gather;
   /* The per-row kernel launched dependent (mt_quantize_dependent): 0, it lets the kernels after it
    * start at once; 1, only once it has waited for the kernel before it (a store's refresh follows,
    * which reads the weights and its state before it waits: mt_gemm_grouped) */

@@ -1293,6 +1293,196 @@ static void grouped_back_to_back(void) {
     }
 }
 
+/* ---- vLLM's dispatch (kernels/engine.h, mt_moe_dispatch) -------------------------------------- */
+
+/* vLLM's moe_align_block_size on the host: the ids (token * top_k + j) of each expert in id order,
+ * padded to whole blocks of bm with the pad id `valid`; blocks of experts the map sends to -1 keep
+ * their slots with expert -1 (ignore_invalid_experts off). Naive: one block a (token, expert) pair,
+ * no slots. */
+typedef struct {
+  int32_t *sorted, *experts, padded;
+  int blocks;
+} aligned;
+
+static aligned align_blocks(const int32_t *ids, int valid, int E, int bm, const int *map,
+                            int naive) {
+  aligned a = {0};
+  if (naive) {
+    a.experts = malloc((size_t)valid * 4);
+    for (int i = 0; i < valid; i++)
+      a.experts[i] = map[ids[i]];
+    a.blocks = valid, a.padded = valid * bm;
+    return a;
+  }
+  a.sorted = malloc(((size_t)valid + (size_t)E * bm) * 4);
+  a.experts = malloc(((size_t)valid / bm + (size_t)E + 1) * 4);
+  for (int e = 0; e < E; e++) {
+    int n = 0;
+    for (int i = 0; i < valid; i++)
+      if (ids[i] == e)
+        a.sorted[a.padded + n++] = i;
+    for (; n % bm; n++)
+      a.sorted[a.padded + n] = valid;
+    for (int b = 0; b < n / bm; b++)
+      a.experts[a.blocks++] = map[e];
+    a.padded += n;
+  }
+  return a;
+}
+
+/* One dispatch case: `tokens` tokens routed top_k of E experts at random (distinct a token), block
+ * bm, sorted or naive, the blocks the Triton kernel runs cut to `cut` (0: all), experts >= local
+ * mapped to -1 (local < E: another rank's), with or without router weights. The dispatched call's
+ * output row id against the same rows gathered by hand through the grouped call with offsets:
+ * bitwise (weighted: the unweighted row, rounded, times the weight in FP32, rounded again); rows
+ * of blocks not run untouched, of expert -1 zeroed. */
+static void dispatch_case(int tokens, int top_k, int E, int local, int bm, int naive, int cut,
+                          int weighted) {
+  enum { N = 256, K = 512 };
+  const int valid = tokens * top_k;
+  char what[160];
+  snprintf(what, sizeof what, "%d tokens top-%d of %d experts (%d local), block %d%s%s%s", tokens,
+           top_k, E, local, bm, naive ? ", naive" : "", cut ? ", blocks cut" : "",
+           weighted ? ", weighted" : "");
+  int32_t *ids = malloc((size_t)valid * 4);
+  int *map = malloc((size_t)E * sizeof *map), *rows = calloc((size_t)E, sizeof *rows);
+  float *w = malloc((size_t)valid * 4);
+  for (int e = 0; e < E; e++)
+    map[e] = e < local ? e : -1;
+  for (int t = 0; t < tokens; t++)
+    for (int j = 0; j < top_k; j++) {
+      int e, dup;
+      do {
+        e = rnd_below(E), dup = 0;
+        for (int i = 0; i < j; i++)
+          dup |= ids[t * top_k + i] == e;
+      } while (dup);
+      ids[t * top_k + j] = e;
+      w[t * top_k + j] = rnd_unit() + 0x1p-4f;
+    }
+  aligned al = align_blocks(ids, valid, E, bm, map, naive);
+  const int blocks = cut ? (al.blocks + 1) / 2 : al.blocks;
+  /* the ids a run block holds, in the order gathered by expert for the reference call */
+  int *ran = calloc((size_t)valid, sizeof *ran);
+  for (int b = 0; b < blocks; b++)
+    for (int i = 0; i < (naive ? 1 : bm); i++) {
+      const int id = naive ? b : al.sorted[b * bm + i];
+      if (id < valid)
+        ran[id] = al.experts[b] >= 0 ? 1 : -1;
+    }
+  experts ex = {0};
+  problem p = {0}, g = {0};
+  for (int i = 0; i < valid; i++)
+    if (ran[i] == 1)
+      rows[map[ids[i]]]++;
+  uint16_t *y0 = NULL, *y = NULL, *yg = NULL, *yg0 = NULL;
+  int *row_of = malloc((size_t)valid * sizeof *row_of);
+  if (!make_experts_of(&ex, local, N, K, &num_row, 0, 0, 1) ||
+      !make_problem(&p, 1, &tokens, K, MT_SCALE_ROW, 0, NULL, 0) ||
+      !make_problem(&g, local, rows, K, MT_SCALE_ROW, 0, NULL, 0)) {
+    CHECK(0);
+    goto out;
+  }
+  /* g's rows: each run id's token row of p, by expert */
+  int *fill = calloc((size_t)local, sizeof *fill);
+  for (int i = 0; i < valid; i++)
+    if (ran[i] == 1) {
+      const int e = map[ids[i]], r = g.start[e] + fill[e]++;
+      memcpy(g.x + (size_t)r * g.ld, p.x + (size_t)(i / top_k) * p.ld, (size_t)K * 2);
+      row_of[i] = r;
+    }
+  free(fill);
+  CU(cudaMemcpy(g.dx, g.x, (size_t)(g.m > 0 ? g.m : 1) * g.ld * 2, cudaMemcpyHostToDevice));
+  const size_t ybytes = (size_t)valid * N * 2, gbytes = (size_t)(g.m > 0 ? g.m : 1) * N * 2;
+  y0 = malloc(ybytes), y = malloc(ybytes), yg = malloc(gbytes), yg0 = malloc(gbytes);
+  if (g.m > 0 && !run_offs(&g, &ex, 0, N, MT_DTYPE_BF16, yg0, yg))
+    goto out;
+  /* the dispatched call */
+  const size_t ws_bytes = mt_grouped_workspace_bytes(valid, K, &ex.num),
+               lbytes = mt_moe_lists_bytes(valid, local, weighted);
+  void *dy = dev_alloc(ybytes), *ws = dev_alloc(ws_bytes), *lists = dev_alloc(lbytes);
+  int32_t *dsorted = naive ? NULL : dev_alloc((size_t)al.padded * 4),
+          *dexp = dev_alloc((size_t)al.blocks * 4), *dpad = dev_alloc(4);
+  float *dw = dev_alloc((size_t)valid * 4);
+  if (!dy || !ws || !lists || (!naive && !dsorted) || !dexp || !dpad || !dw) {
+    CHECK(0);
+    goto out;
+  }
+  CU(cudaMemcpy(dexp, al.experts, (size_t)al.blocks * 4, cudaMemcpyHostToDevice));
+  if (!naive)
+    CU(cudaMemcpy(dsorted, al.sorted, (size_t)al.padded * 4, cudaMemcpyHostToDevice));
+  CU(cudaMemcpy(dpad, &al.padded, 4, cudaMemcpyHostToDevice));
+  CU(cudaMemcpy(dw, w, (size_t)valid * 4, cudaMemcpyHostToDevice));
+  CHECK(poison(dy, ybytes) && poison(ws, ws_bytes) && poison(lists, lbytes));
+  CU(cudaMemcpy(y0, dy, ybytes, cudaMemcpyDeviceToHost));
+  mt_moe_dispatch d = {.sorted = dsorted,
+                       .experts = dexp,
+                       .post_padded = dpad,
+                       .weights = weighted ? dw : NULL,
+                       .blocks = blocks,
+                       .block_m = bm,
+                       .top_k = top_k,
+                       .lists = mt_moe_lists_at(lists, valid, local, weighted)};
+  mt_grouped_args a = {.nseg = local,
+                       .n = N,
+                       .k = K,
+                       .w = &ex.ws,
+                       .offs = d.lists.offs,
+                       .m = valid,
+                       .x = p.dx,
+                       .ldx = p.ld,
+                       .xtype = MT_DTYPE_BF16,
+                       .y = dy,
+                       .ldy = N,
+                       .ytype = MT_DTYPE_BF16,
+                       .alpha = 1.0f,
+                       .workspace = ws,
+                       .workspace_bytes = ws_bytes,
+                       .dispatch = &d};
+  MT(mt_gemm_grouped(&a, NULL));
+  CU(sync_check());
+  CU(cudaMemcpy(y, dy, ybytes, cudaMemcpyDeviceToHost));
+  long differ = 0, touched = 0, not_zero = 0;
+  for (int i = 0; i < valid; i++)
+    for (int j = 0; j < N; j++) {
+      const uint16_t got = y[(size_t)i * N + j];
+      if (ran[i] == 1) {
+        uint16_t want = yg[(size_t)row_of[i] * N + j];
+        if (weighted)
+          want = to_half(from_half(want, 0) * w[i], 0);
+        differ += got != want;
+      } else if (ran[i] == -1) {
+        not_zero += got != 0;
+      } else {
+        touched += got != y0[(size_t)i * N + j];
+      }
+    }
+  CHECKF(!differ && !touched && !not_zero,
+         "%s: %ld outputs differ, %ld rows not run written, %ld of expert -1 not 0", what, differ,
+         touched, not_zero);
+  printf("    %s: %d rows routed\n", what, g.m);
+out:
+  free(y0), free(y), free(yg), free(yg0), free(row_of), free(ran), free(ids), free(map), free(rows),
+      free(w);
+  free(al.sorted), free(al.experts);
+  free_problem(&p), free_problem(&g);
+  free_experts(&ex);
+  dev_free_all();
+}
+
+static void grouped_moe_dispatch(void) {
+  NEED_GPU();
+  static const int tokens[] = {1, 5, 40, 300};
+  for (int t = 0; t < NKINDS(tokens); t++)
+    for (int c = 0; c < 4; c++)
+      dispatch_case(tokens[t], 4, 16, 16, c & 1 ? 64 : 16, 0, 0, c >> 1);
+  dispatch_case(1, 8, 64, 64, 16, 1, 0, 0); /* naive: decode of a few tokens */
+  dispatch_case(3, 8, 128, 128, 16, 1, 0, 1);
+  dispatch_case(40, 4, 16, 12, 16, 0, 0, 1); /* another rank's experts: their rows zeroed */
+  dispatch_case(40, 4, 16, 16, 16, 0, 1, 0); /* the blocks cut (vLLM's EM for few tokens) */
+  dispatch_case(2, 8, 64, 64, 16, 1, 1, 1);
+}
+
 int main(void) {
   seed_rng();
   RUN(store_slices);
@@ -1309,5 +1499,6 @@ int main(void) {
   RUN(grouped_nan_rows);
   RUN(grouped_many_segments);
   RUN(grouped_layer);
+  RUN(grouped_moe_dispatch);
   return mt_test_done();
 }

@@ -563,16 +563,14 @@ static void instr_digest(const mt_instr_digest_args *a) {
     int32_t seg = mt_instr_segment(a->offs, a->nseg, a->seg_rows, r);
     if (seg < 0)
       continue;
-    const uint16_t *x =
-        (const uint16_t *)a->x + mt_instr_row_offset(seg, a->seg_rows, a->stride_x, a->ldx, r);
+    const uint16_t *x = (const uint16_t *)a->x + mt_instr_digest_x(a, seg, r);
     uint64_t h = mt_instr_row_hash(x, a->k, a->xtype);
     if (!a->all && h >= a->threshold)
       continue;
     unsigned slot = a->hdr->selected++;
     if ((int)slot >= a->cap)
       continue;
-    const uint16_t *y =
-        (const uint16_t *)a->y + mt_instr_row_offset(seg, a->seg_rows, a->stride_y, a->ldy, r);
+    const uint16_t *y = (const uint16_t *)a->y + mt_instr_digest_y(a, seg, r);
     mt_instr_row *out = a->rows + slot;
     out->wsum = 0;
     out->seg = seg;
