@@ -41,8 +41,9 @@
 
 /* Entry points the engine works without (NULL when the driver lacks them): context IDs (CUDA 12.0),
  * stream-ordered allocation (11.2), pointer attributes, the thread's capture mode, host memory
- * registration (the instruments), a stream's context, a device's PCI address and the clusters of a
- * kernel that fit the device at once (12.0). */
+ * registration (the instruments), a stream's context, a device's PCI address, the clusters of a
+ * kernel that fit the device at once (12.0), a kernel's parameter layout (12.4) and the mapped
+ * range of an address (the launch door, shim/vllm.c). */
 #define MT_DRIVER_OPTIONAL(X)                                                                                          \
   X(ctx_get_id, cuCtxGetId, "cuCtxGetId")                                                                              \
   X(mem_alloc_async, cuMemAllocAsync, "cuMemAllocAsync")                                                               \
@@ -52,7 +53,9 @@
   X(mem_host_register, cuMemHostRegister, "cuMemHostRegister_v2")                                                      \
   X(stream_get_ctx, cuStreamGetCtx, "cuStreamGetCtx")                                                                  \
   X(device_get_pci_bus_id, cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId")                                                 \
-  X(occupancy_max_active_clusters, cuOccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters")
+  X(occupancy_max_active_clusters, cuOccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters")                       \
+  X(func_get_param_info, cuFuncGetParamInfo, "cuFuncGetParamInfo")                                                     \
+  X(mem_get_address_range, cuMemGetAddressRange_v2, "cuMemGetAddressRange_v2")
 
 typedef struct {
 #define MT_DRIVER_FIELD(field, decl, sym) __typeof__(&decl) field;

@@ -17,6 +17,7 @@
 
 #include <stdint.h>
 
+#include "kernels/engine.h"
 #include "shim/real.h"
 
 #define MT_OP_N 0 /* cublasOperation_t; T (1) and C (2) are the same for real types */
@@ -72,6 +73,11 @@ typedef struct {
   int64_t group_count;
   int wide;
   const void *g_transa, *g_transb, *g_m, *g_n, *g_k, *g_lda, *g_ldb, *g_ldc, *g_size;
+
+  /* A launch of vLLM's fused_moe_kernel (shim/vllm.h): its dispatch, NULL elsewhere. The call is
+   * then a grouped forward with its tokens (n: the kernel's num_valid_tokens) dispatched on the
+   * device, ragged MT_RAGGED_N, batch the experts the weight may hold. */
+  const mt_moe_dispatch *moe;
 
   int details;    /* mt_norm_details has filled its part */
   int details_ok; /* ... and could read everything (else: layout unknown) */
@@ -133,6 +139,9 @@ typedef struct {
 
   float alpha, beta; /* read from the host (the router routes host pointer mode only) */
   void *stream;      /* cudaStream_t */
+  /* vLLM's dispatch (mt_call.moe): rows total_rows, offs NULL; the engine writes the segment
+   * table and row lists (kernels/engine.h, mt_moe_dispatch) into the call's own memory */
+  const mt_moe_dispatch *moe;
 } mt_grouped_call;
 
 /* The details of a call that involves a routed weight (see above). */

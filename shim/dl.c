@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include "base/log.h"
+#include "shim/launch.h"
 #include "shim/shim.h"
 
 #define MT_EXPORT __attribute__((visibility("default")))
@@ -16,10 +17,14 @@ static const struct {
 #define MT_HOOK(name, lib, params, ...) {#name, MT_FN_##name, (void *)name},
 #define MT_REAL(name, lib, ret, params)
 #define MT_HAND(name, symbol, lib, display, ret, params)
+#define MT_DRIVER(name, ret, params)
+#define MT_KERNEL(name, display)
 #include "shim/hooks.def"
 #undef MT_HOOK
 #undef MT_REAL
 #undef MT_HAND
+#undef MT_DRIVER
+#undef MT_KERNEL
 };
 
 #define NHOOKED ((int)(sizeof hooked / sizeof hooked[0]))
@@ -36,7 +41,7 @@ MT_BEFORE_INIT enum mt_fn mt_dl_hooked(const char *name, void **hook) {
       *hook = hooked[i].hook;
       return hooked[i].id;
     }
-  return MT_FN_COUNT;
+  return mt_launch_hooked(name, hook);
 }
 
 /* The answer to a lookup of a hooked name on a handle: p is what the handle itself defines. */
@@ -49,11 +54,11 @@ static void *answer(enum mt_fn id, void *hook, void *p) {
   if (mt_shim_active()) { /* an inert shim sees no call of either copy: nothing to say */
     Dl_info mine = {0}, theirs = {0};
     dladdr(real, &mine), dladdr(p, &theirs);
-    MT_WARN_ONCE("this process holds two copies of cuBLAS (%s and %s): the hooks forward to the "
-                 "first, so lookups of %s and the other hooked names in the second get its own "
-                 "functions, and its calls are not seen; load one cuBLAS only",
-                 mine.dli_fname ? mine.dli_fname : "?", theirs.dli_fname ? theirs.dli_fname : "?",
-                 mt_fn_name(id));
+    MT_WARN_ONCE("this process holds two copies of the library that defines %s (%s and %s): "
+                 "the hooks forward to the first, so lookups of %s and the other hooked names in "
+                 "the second get its own functions, and its calls are not seen; load one copy only",
+                 mt_fn_name(id), mine.dli_fname ? mine.dli_fname : "?",
+                 theirs.dli_fname ? theirs.dli_fname : "?", mt_fn_name(id));
   }
   return p;
 }

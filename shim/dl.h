@@ -2,7 +2,8 @@
  * points up by name (JAX/XLA's CUDA plugin does that for every one of them): a symbol that a
  * preloaded library defines is never found that way, so the lookups themselves are answered.
  *
- * A lookup of a hooked cuBLAS name (an MT_HOOK line of hooks.def) on a handle returns the hook
+ * A lookup of a hooked cuBLAS or driver name (an MT_HOOK or MT_DRIVER line of hooks.def; Triton
+ * looks cuLaunchKernelEx up this way, shim/launch.h) on a handle returns the hook
  * when the handle's definition is the real function the hooks forward to (shim/real.c), adopting
  * it when none is known yet. A handle whose definition is another copy of cuBLAS gets that copy's
  * own function, unhooked, and one warning names both copies: the hooks have one real function
@@ -17,8 +18,8 @@
 
 #include "shim/real.h"
 
-/* The hooked cuBLAS entry point called `name`: its id and the hook's address; MT_FN_COUNT when the
- * name is not hooked. */
+/* The hooked cuBLAS or driver entry point called `name`: its id and the hook's address;
+ * MT_FN_COUNT when the name is not hooked. */
 enum mt_fn mt_dl_hooked(const char *name, void **hook);
 
 #endif

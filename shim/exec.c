@@ -150,9 +150,17 @@ static int write_seg_ends(const mt_grouped_call *g, int32_t *offs) {
   return st;
 }
 
+/* The call's own memory beyond its workspace: a segment table (rows differing by group), or vLLM's
+ * dispatch lists. */
+static size_t extra_bytes(const mt_grouped_call *g, int64_t rows) {
+  if (g->moe)
+    return mt_moe_lists_bytes((int)rows, (int)g->groups, g->moe->weights != NULL);
+  return g->group_rows ? (size_t)g->groups * 4 : 0;
+}
+
 /* Rows of all segments: 0 when they do not fit the engine's ints. */
 static int64_t grouped_rows(const mt_grouped_call *g) {
-  const int64_t rows = g->offs || g->group_rows ? g->total_rows : g->groups * g->rows;
+  const int64_t rows = g->offs || g->group_rows || g->moe ? g->total_rows : g->groups * g->rows;
   if (rows <= 0 || rows > INT_MAX || g->n > INT_MAX || g->k > INT_MAX || g->groups > INT_MAX ||
       g->rows > INT_MAX)
     return 0;
@@ -175,7 +183,7 @@ static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, in
                      .k = (int)g->k,
                      .ldw = (size_t)g->ldw,
                      .type = dtype_of(g->wtype),
-                     .extra_bytes = g->group_rows ? (size_t)g->groups * 4 : 0};
+                     .extra_bytes = extra_bytes(g, rows)};
   mt_numerics_from_spec(s, &w.num);
   mt_grouped_mem mem;
   enum mt_reason r = mt_wcache_prepare_grouped(&w, (int)rows, g->stream, capturing, &mem);
@@ -185,7 +193,12 @@ static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, in
     mt_wcache_release(&mem.hold);
     return r;
   }
-  const int32_t *offs = g->group_rows ? mem.extra : g->offs;
+  mt_moe_dispatch moe;
+  if (g->moe) {
+    moe = *g->moe;
+    moe.lists = mt_moe_lists_at(mem.extra, (int)rows, (int)g->groups, g->moe->weights != NULL);
+  }
+  const int32_t *offs = g->moe ? moe.lists.offs : g->group_rows ? mem.extra : g->offs;
   if (g->w_stride) /* slices one a group: a frozen store's refresh covers those with rows */
     mem.refresh.offs = offs;
   mt_grouped_args a = {.nseg = (int)g->groups,
@@ -216,7 +229,8 @@ static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, in
                        .x_ptrs = g->x_ptrs,
                        .y_ptrs = g->y_ptrs,
                        .c_ptrs = g->c_ptrs,
-                       .refresh = mem.refresh.ws ? &mem.refresh : NULL};
+                       .refresh = mem.refresh.ws ? &mem.refresh : NULL,
+                       .dispatch = g->moe ? &moe : NULL};
   int st = mt_gemm_grouped(&a, g->stream);
   if (st == MT_OK) {
     mt_wcache_ran(&mem.hold);

@@ -368,6 +368,10 @@ static int enqueue(const mt_instr_call *ic, mt_iw_context *c, mt_iw_slot *s, int
       da.seg_rows = ic->grouped->seg_rows;
       da.stride_x = ic->grouped->stride_x;
       da.stride_y = ic->grouped->stride_y;
+      if (ic->grouped->dispatch) {
+        da.x_rows = ic->grouped->dispatch->lists.src;
+        da.y_rows = ic->grouped->dispatch->lists.dst;
+      }
     }
     if (mt_instr_launch_digest(&da, (mt_stream)stream) != MT_OK) {
       mt_iw_count_skips(MT_IW_DIGEST, MT_IW_ERROR);
@@ -491,10 +495,17 @@ static int choose(const mt_instr_call *ic, const mt_driver *d, const mt_instr_dr
     mt_iw_count_skips(MT_IW_SHADOW, MT_IW_ENTRY);
     kinds &= ~MT_IW_SHADOW;
   }
-  /* a grouped call's bias differs by segment: its digests' keys would need one sum a row */
-  if ((kinds & MT_IW_DIGEST) && ic->grouped && ic->bias) {
+  /* a grouped call's bias differs by segment: its digests' keys would need one sum a row; rows
+   * times a router weight (vLLM's dispatch) are no expert's own rows to compare */
+  const mt_moe_dispatch *moe = ic->grouped ? ic->grouped->dispatch : NULL;
+  if ((kinds & MT_IW_DIGEST) && ic->grouped && (ic->bias || (moe && moe->weights))) {
     mt_iw_count_skips(MT_IW_DIGEST, MT_IW_ENTRY);
     kinds &= ~MT_IW_DIGEST;
+  }
+  /* vLLM's dispatch: a row alone would need a dispatch of its own */
+  if ((kinds & MT_IW_PROBE) && moe) {
+    mt_iw_count_skips(MT_IW_PROBE, MT_IW_ENTRY);
+    kinds &= ~MT_IW_PROBE;
   }
   if ((kinds & MT_IW_PROBE) && !ic->engine && !ic->grouped &&
       ic->call->entry == MT_FN_cublasLtMatmul) {

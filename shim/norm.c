@@ -415,6 +415,7 @@ static void grouped_record(const mt_call *c, const mt_call *dims, mt_grouped_cal
       .alpha = *(const float *)dims->alpha,
       .beta = beta,
       .stream = dims->stream,
+      .moe = dims->moe,
   };
   if (dims->pointer_arrays) {
     g->w_ptrs = (const void *const *)g->w, g->x_ptrs = (const void *const *)g->x;

@@ -9,7 +9,7 @@
 #include "base/loader.h"
 #include "base/log.h"
 
-enum lib { CUBLAS, CUBLASLT, TORCH, LIBC };
+enum lib { CUBLAS, CUBLASLT, TORCH, LIBC, CUDA, NONE };
 
 static const struct {
   const char *symbol, *display;
@@ -18,10 +18,14 @@ static const struct {
 #define MT_HOOK(name, lib, params, ...) {#name, #name, lib},
 #define MT_REAL(name, lib, ret, params) {#name, #name, lib},
 #define MT_HAND(name, symbol, lib, display, ret, params) {#symbol, display, lib},
+#define MT_DRIVER(name, ret, params) {#name, #name, CUDA},
+#define MT_KERNEL(name, display) {NULL, display, NONE},
 #include "shim/hooks.def"
 #undef MT_HOOK
 #undef MT_REAL
 #undef MT_HAND
+#undef MT_DRIVER
+#undef MT_KERNEL
 };
 
 /* CUDA 13 first: a process holds one cuBLAS, and when it is 13 the 12 name is never there. */
@@ -30,6 +34,8 @@ static const char *const sonames[][3] = {
     [CUBLASLT] = {"libcublasLt.so.13", "libcublasLt.so.12", NULL},
     [TORCH] = {"libtorch_cuda.so", NULL, NULL},
     [LIBC] = {NULL, NULL, NULL},
+    [CUDA] = {"libcuda.so.1", NULL, NULL},
+    [NONE] = {NULL, NULL, NULL},
 };
 
 void *_Atomic mt_real_ptr[MT_FN_COUNT];
@@ -57,6 +63,8 @@ MT_BEFORE_INIT void *mt_real_loader(enum mt_fn id) {
 
 void *mt_real_find(enum mt_fn id) {
   void *p = NULL;
+  if (fns[id].lib == NONE)
+    return NULL;
   if (fns[id].lib == LIBC) {
     p = mt_real_loader(id);
   } else {

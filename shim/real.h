@@ -15,26 +15,36 @@
 #include <stdatomic.h>
 
 #include "base/loader.h"
+#include <cuda.h>
+
 #include "shim/cuda_api.h"
 
 enum mt_fn {
 #define MT_HOOK(name, lib, params, ...) MT_FN_##name,
 #define MT_REAL(name, lib, ret, params) MT_FN_##name,
 #define MT_HAND(name, symbol, lib, display, ret, params) MT_FN_##name,
+#define MT_DRIVER(name, ret, params) MT_FN_##name,
+#define MT_KERNEL(name, display) MT_FN_##name,
 #include "shim/hooks.def"
 #undef MT_HOOK
 #undef MT_REAL
 #undef MT_HAND
+#undef MT_DRIVER
+#undef MT_KERNEL
   MT_FN_COUNT
 };
 
 #define MT_HOOK(name, lib, params, ...) typedef cublasStatus_t(*mt_fn_##name) params;
 #define MT_REAL(name, lib, ret, params) typedef ret(*mt_fn_##name) params;
 #define MT_HAND(name, symbol, lib, display, ret, params) typedef ret(*mt_fn_##name) params;
+#define MT_DRIVER(name, ret, params) typedef ret(*mt_fn_##name) params;
+#define MT_KERNEL(name, display)
 #include "shim/hooks.def"
 #undef MT_HOOK
 #undef MT_REAL
 #undef MT_HAND
+#undef MT_DRIVER
+#undef MT_KERNEL
 
 extern void *_Atomic mt_real_ptr[MT_FN_COUNT];
 

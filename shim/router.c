@@ -21,6 +21,9 @@ static const char *const reason_names[MT_R_COUNT] = {
     [MT_R_PTR_ARRAYS] = "pointer arrays",
     [MT_R_TORCH_ABI] = "torch abi",
     [MT_R_CONTEXT] = "other context",
+    [MT_R_TRITON_LAYOUT] = "triton layout",
+    [MT_R_SGLANG] = "sglang kernel",
+    [MT_R_EXPERTS] = "expert count",
 };
 
 const char *mt_reason_name(enum mt_reason r) {

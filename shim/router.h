@@ -21,22 +21,27 @@ enum mt_reason {
   MT_R_ROUTED,       /* a forward expert GEMM the spec routes */
   MT_R_DGRAD,        /* the spec's backward = bf16: cuBLAS computes it */
   MT_R_WGRAD,
-  MT_R_DTYPE,        /* A, B not both BF16 or both FP16; C not BF16/FP16 */
-  MT_R_COMPUTE,      /* compute type not FP32 (68 or legacy 0); Lt scale type not FP32 */
-  MT_R_LAYOUT,       /* order, leading dimension, alignment or batch layout */
-  MT_R_EPILOGUE,     /* Lt epilogue other than DEFAULT or BIAS, or an odd bias type */
-  MT_R_POINTER_MODE, /* alpha/beta on the device */
-  MT_R_K_ALIGN,      /* k not a multiple of the 16-element NVFP4 block */
-  MT_R_NO_ENGINE,    /* routed, but no engine can run it here (no CUDA driver, no sm_90 device) */
-  MT_R_CAPTURE,      /* would have to load kernels, allocate or read back while capturing */
-  MT_R_NOMEM,        /* the engine's device memory could not be had (or MINITE_CACHE_MB) */
-  MT_R_ENGINE,       /* the engine refused the problem or a launch failed */
-  MT_R_PTR_ARRAYS,   /* a pointer-array form the grouped engine does not take: GroupedBatchedEx
+  MT_R_DTYPE,         /* A, B not both BF16 or both FP16; C not BF16/FP16 */
+  MT_R_COMPUTE,       /* compute type not FP32 (68 or legacy 0); Lt scale type not FP32 */
+  MT_R_LAYOUT,        /* order, leading dimension, alignment or batch layout */
+  MT_R_EPILOGUE,      /* Lt epilogue other than DEFAULT or BIAS, or an odd bias type */
+  MT_R_POINTER_MODE,  /* alpha/beta on the device */
+  MT_R_K_ALIGN,       /* k not a multiple of the 16-element NVFP4 block */
+  MT_R_NO_ENGINE,     /* routed, but no engine can run it here (no CUDA driver, no sm_90 device) */
+  MT_R_CAPTURE,       /* would have to load kernels, allocate or read back while capturing */
+  MT_R_NOMEM,         /* the engine's device memory could not be had (or MINITE_CACHE_MB) */
+  MT_R_ENGINE,        /* the engine refused the problem or a launch failed */
+  MT_R_PTR_ARRAYS,    /* a pointer-array form the grouped engine does not take: GroupedBatchedEx
                         groups differing in more than their rows, an Lt call mixing strided and
                         POINTER_ARRAY layouts or with a bias (shim/norm.h, mt_norm_grouped) */
-  MT_R_TORCH_ABI,    /* torch._grouped_mm's arguments cannot be read: libtorch lacks an accessor
+  MT_R_TORCH_ABI,     /* torch._grouped_mm's arguments cannot be read: libtorch lacks an accessor
                         the shim needs (another PyTorch version), or its layout differs */
-  MT_R_CONTEXT,      /* the call's stream belongs to a CUDA context other than the current one */
+  MT_R_CONTEXT,       /* the call's stream belongs to a CUDA context other than the current one */
+  MT_R_TRITON_LAYOUT, /* a launch of a kernel the door recognises by name whose parameters it does
+                         not decode (shim/vllm.h: another vLLM or Triton version, a quantized or
+                         biased variant), or whose compile-time constants it could not establish */
+  MT_R_SGLANG,        /* SGLang's fused_moe_kernel: recognised, not routed (shim/vllm.h) */
+  MT_R_EXPERTS, /* the launch door cannot bound the expert count of the weight (shim/vllm.h) */
   MT_R_COUNT
 };
 

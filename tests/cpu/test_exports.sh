@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_exports.sh — libminite.so exports exactly the hooks listed in shim/hooks.def (the names of
-# the MT_HOOK lines, the symbols of the MT_HAND lines), nothing else: a stray export could
+# the MT_HOOK and MT_DRIVER lines, the symbols of the MT_HAND lines), nothing else: a stray export could
 # interpose on some other library's symbol in the user's process. Also: the library needs no
 # cuBLAS, no CUDA runtime and no libtorch (DT_NEEDED).
 set -u
@@ -10,7 +10,8 @@ ok() { echo "ok   $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL $1"; shift; printf '    %s\n' "$@"; fail=$((fail + 1)); }
 
 want=$( (grep -o '^MT_HOOK([A-Za-z0-9_]*' shim/hooks.def | sed 's/^MT_HOOK(//'
-         grep -o '^MT_HAND([A-Za-z0-9_]*, *[A-Za-z0-9_]*' shim/hooks.def | sed 's/^.*, *//') | sort)
+         grep -o '^MT_HAND([A-Za-z0-9_]*, *[A-Za-z0-9_]*' shim/hooks.def | sed 's/^.*, *//'
+         grep -o '^MT_DRIVER([A-Za-z0-9_]*' shim/hooks.def | sed 's/^MT_DRIVER(//') | sort)
 # A sanitizer build adds the runtime's own instrumentation symbols; they are not ours to judge.
 have=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -v -E '^(__asan|__ubsan|__odr_asan|__sanitizer|_init$|_fini$)' | sort)
 if [ -n "$want" ] && [ "$want" = "$have" ]; then

@@ -181,10 +181,10 @@ static void router_decision_table(void) {
 
 static void reason_names(void) {
   const char *want[MT_R_COUNT] = {
-      "unrouted",     "routed",       "backward dgrad", "backward wgrad", "dtype",
-      "compute type", "layout",       "epilogue",       "pointer mode",   "k alignment",
-      "no engine",    "capture",      "out of memory",  "engine error",   "pointer arrays",
-      "torch abi",    "other context"};
+      "unrouted",     "routed",        "backward dgrad", "backward wgrad", "dtype",
+      "compute type", "layout",        "epilogue",       "pointer mode",   "k alignment",
+      "no engine",    "capture",       "out of memory",  "engine error",   "pointer arrays",
+      "torch abi",    "other context", "triton layout",  "sglang kernel",  "expert count"};
   for (int r = 0; r < MT_R_COUNT; r++)
     CHECKF(!strcmp(mt_reason_name(r), want[r]), "%d: %s", r, mt_reason_name(r));
   CHECK(!strcmp(mt_reason_name(MT_R_COUNT), "?"));

@@ -1,0 +1,307 @@
+/* launch.c — the driver's kernel loads and launches (see launch.h). */
+#include "shim/launch.h"
+
+#include <elf.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "shim/shim.h"
+#include "shim/vllm.h"
+
+#define MT_EXPORT __attribute__((visibility("default")))
+
+/* cuda.h renames cuGetProcAddress to its _v2 by macro; the driver exports both names, and so does
+ * the shim (hooks.def). */
+#undef cuGetProcAddress
+MT_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+
+/* --- the functions the door decodes ------------------------------------------------------------
+ *
+ * Open addressing on the CUfunction, lock-free to read: a slot's state is published before its
+ * key (release), found by the key (acquire). Slots are written under table_lock and never reused
+ * for another key while a launch may read them: a removed slot keeps its state and takes the
+ * tombstone key. */
+#define SLOTS 1024
+#define TOMBSTONE ((uintptr_t)1)
+
+typedef struct {
+  _Atomic uintptr_t key;
+  CUmodule module;
+  mt_vllm_fn *v;
+} slot;
+
+static slot table[SLOTS];
+static atomic_int recorded; /* functions ever recorded: 0 keeps every launch on the fast path */
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Module origins (launch.h), for the functions taken from them. */
+#define MODULES 256
+static struct {
+  CUmodule module;
+  enum mt_origin origin;
+} origins[MODULES];
+
+static unsigned home(uintptr_t key) { return (unsigned)((key >> 4) * 0x9E3779B97F4A7C15ull >> 54) % SLOTS; }
+
+static mt_vllm_fn *lookup(CUfunction f) {
+  const uintptr_t key = (uintptr_t)f;
+  for (unsigned i = 0, h = home(key); i < SLOTS; i++) {
+    const slot *s = &table[(h + i) % SLOTS];
+    const uintptr_t k = atomic_load_explicit(&s->key, memory_order_acquire);
+    if (k == key)
+      return s->v;
+    if (!k)
+      return NULL;
+  }
+  return NULL;
+}
+
+/* Under table_lock. */
+static enum mt_origin origin_of(CUmodule m) {
+  for (int i = 0; i < MODULES; i++)
+    if (origins[i].module == m)
+      return origins[i].origin;
+  return MT_ORIGIN_UNKNOWN;
+}
+
+static void record(CUfunction f, CUmodule m) {
+  pthread_mutex_lock(&table_lock);
+  const uintptr_t key = (uintptr_t)f;
+  unsigned h = home(key), i = 0;
+  for (; i < SLOTS; i++) {
+    const uintptr_t k = atomic_load_explicit(&table[(h + i) % SLOTS].key, memory_order_relaxed);
+    if (k == key || !k)
+      break;
+  }
+  slot *s = i < SLOTS ? &table[(h + i) % SLOTS] : NULL;
+  if (s && atomic_load_explicit(&s->key, memory_order_relaxed) != key) {
+    mt_vllm_fn *v = mt_vllm_fn_new(f, origin_of(m));
+    if (v) {
+      s->module = m;
+      s->v = v;
+      atomic_store_explicit(&s->key, key, memory_order_release);
+      atomic_fetch_add(&recorded, 1);
+    }
+  } else if (!s) {
+    MT_WARN_ONCE("more than %d fused_moe_kernel functions loaded: the later ones run unchanged", SLOTS);
+  }
+  pthread_mutex_unlock(&table_lock);
+}
+
+/* A Triton image is a cubin: an ELF file, whose section headers end it. */
+static size_t elf_size(const void *image) {
+  const unsigned char *p = image;
+  if (memcmp(p, ELFMAG, SELFMAG) || p[EI_CLASS] != ELFCLASS64)
+    return 0;
+  Elf64_Ehdr h;
+  memcpy(&h, p, sizeof h);
+  const uint64_t sections = h.e_shoff + (uint64_t)h.e_shnum * h.e_shentsize;
+  const uint64_t segments = h.e_phoff + (uint64_t)h.e_phnum * h.e_phentsize;
+  const uint64_t size = sections > segments ? sections : segments;
+  return size <= ((uint64_t)1 << 30) ? (size_t)size : 0;
+}
+
+static void note_module(CUmodule m, const void *image) {
+  const size_t size = image ? elf_size(image) : 0;
+  const enum mt_origin o = size ? mt_vllm_origin(image, size) : MT_ORIGIN_UNKNOWN;
+  pthread_mutex_lock(&table_lock);
+  int at = -1;
+  for (int i = 0; i < MODULES && at < 0; i++)
+    if (origins[i].module == m || !origins[i].module)
+      at = i;
+  if (at >= 0 && o != MT_ORIGIN_UNKNOWN)
+    origins[at].module = m, origins[at].origin = o;
+  pthread_mutex_unlock(&table_lock);
+}
+
+static void forget_module(CUmodule m) {
+  pthread_mutex_lock(&table_lock);
+  for (int i = 0; i < SLOTS; i++)
+    if (table[i].module == m && atomic_load_explicit(&table[i].key, memory_order_relaxed) > TOMBSTONE)
+      atomic_store_explicit(&table[i].key, TOMBSTONE, memory_order_release);
+  for (int i = 0; i < MODULES; i++)
+    if (origins[i].module == m)
+      origins[i].module = NULL;
+  pthread_mutex_unlock(&table_lock);
+}
+
+/* --- the hooks ---------------------------------------------------------------------------------- */
+
+/* What a hook returns when its real function is nowhere (a program that calls the driver has it
+ * loaded: this cannot happen in one that runs). */
+static CUresult missing(enum mt_fn id) {
+  MT_WARN_ONCE("cannot find the real %s in the process's libcuda.so.1: returning "
+               "CUDA_ERROR_NOT_INITIALIZED",
+               mt_fn_name(id));
+  return CUDA_ERROR_NOT_INITIALIZED;
+}
+
+#define REAL(name) ((mt_fn_##name)mt_real(MT_FN_##name))
+
+MT_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+  mt_fn_cuModuleLoadData real = REAL(cuModuleLoadData);
+  if (!real)
+    return missing(MT_FN_cuModuleLoadData);
+  const CUresult r = real(module, image);
+  if (r == CUDA_SUCCESS && mt_shim_active())
+    note_module(*module, image);
+  return r;
+}
+
+MT_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+  mt_fn_cuModuleGetFunction real = REAL(cuModuleGetFunction);
+  if (!real)
+    return missing(MT_FN_cuModuleGetFunction);
+  const CUresult r = real(hfunc, hmod, name);
+  if (r == CUDA_SUCCESS && mt_shim_active() && name && mt_vllm_named(name))
+    record(*hfunc, hmod);
+  return r;
+}
+
+MT_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
+  mt_fn_cuModuleUnload real = REAL(cuModuleUnload);
+  if (!real)
+    return missing(MT_FN_cuModuleUnload);
+  if (atomic_load_explicit(&recorded, memory_order_relaxed))
+    forget_module(hmod);
+  return real(hmod);
+}
+
+/* A recorded function's launch: 1 when the engine ran it. ptsz: the per-thread default stream is
+ * the one a NULL stream means. */
+static int door(CUfunction f, const CUlaunchConfig *config, void **params, void **extra, int ptsz) {
+  mt_vllm_fn *v = lookup(f);
+  if (!v || !mt_shim_active())
+    return 0;
+  mt_launch_args l = {.f = f, .config = *config, .params = params, .extra = extra};
+  if (ptsz && !l.config.hStream)
+    l.config.hStream = CU_STREAM_PER_THREAD;
+  return mt_vllm_launch(v, &l);
+}
+
+static CUlaunchConfig config_of(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                                unsigned smem, CUstream stream) {
+  return (CUlaunchConfig){.gridDimX = gx,
+                          .gridDimY = gy,
+                          .gridDimZ = gz,
+                          .blockDimX = bx,
+                          .blockDimY = by,
+                          .blockDimZ = bz,
+                          .sharedMemBytes = smem,
+                          .hStream = stream};
+}
+
+/* The launch hooks: the fast path loads the real function and the count of recorded functions;
+ * the rest lives in functions of its own, so that the common case holds no call but the real one. */
+#define LAUNCH_EX(name, ptsz)                                                                      \
+  __attribute__((noinline)) static CUresult slow_##name(const CUlaunchConfig *config, CUfunction f,  \
+                                                        void **params, void **extra) {             \
+    mt_fn_##name real = REAL(name);                                                                \
+    if (!real)                                                                                     \
+      return missing(MT_FN_##name);                                                                \
+    if (config && door(f, config, params, extra, ptsz))                                            \
+      return CUDA_SUCCESS;                                                                         \
+    return real(config, f, params, extra);                                                         \
+  }                                                                                                \
+  MT_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) { \
+    mt_fn_##name real =                                                                            \
+        (mt_fn_##name)atomic_load_explicit(&mt_real_ptr[MT_FN_##name], memory_order_acquire);      \
+    if (__builtin_expect(real && !atomic_load_explicit(&recorded, memory_order_relaxed), 1))       \
+      return real(config, f, params, extra);                                                       \
+    return slow_##name(config, f, params, extra);                                                  \
+  }
+LAUNCH_EX(cuLaunchKernelEx, 0)
+LAUNCH_EX(cuLaunchKernelEx_ptsz, 1)
+
+#define LAUNCH(name, ptsz)                                                                         \
+  __attribute__((noinline)) static CUresult slow_##name(CUfunction f, unsigned gx, unsigned gy,     \
+                                                        unsigned gz, unsigned bx, unsigned by,     \
+                                                        unsigned bz, unsigned smem, CUstream s,    \
+                                                        void **params, void **extra) {             \
+    mt_fn_##name real = REAL(name);                                                                \
+    if (!real)                                                                                     \
+      return missing(MT_FN_##name);                                                                \
+    const CUlaunchConfig config = config_of(gx, gy, gz, bx, by, bz, smem, s);                      \
+    if (door(f, &config, params, extra, ptsz))                                                     \
+      return CUDA_SUCCESS;                                                                         \
+    return real(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);                                \
+  }                                                                                                \
+  MT_EXPORT CUresult name(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,         \
+                          unsigned by, unsigned bz, unsigned smem, CUstream s, void **params,      \
+                          void **extra) {                                                          \
+    mt_fn_##name real =                                                                            \
+        (mt_fn_##name)atomic_load_explicit(&mt_real_ptr[MT_FN_##name], memory_order_acquire);      \
+    if (__builtin_expect(real && !atomic_load_explicit(&recorded, memory_order_relaxed), 1))       \
+      return real(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);                              \
+    return slow_##name(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);                         \
+  }
+LAUNCH(cuLaunchKernel, 0)
+LAUNCH(cuLaunchKernel_ptsz, 1)
+
+MT_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                       CUdriverProcAddressQueryResult *symbolStatus) {
+  mt_fn_cuGetProcAddress_v2 real = REAL(cuGetProcAddress_v2);
+  if (!real)
+    return missing(MT_FN_cuGetProcAddress_v2);
+  const CUresult r = real(symbol, pfn, cudaVersion, flags, symbolStatus);
+  if (r == CUDA_SUCCESS && pfn && *pfn)
+    *pfn = mt_launch_answer(*pfn);
+  return r;
+}
+
+MT_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+  mt_fn_cuGetProcAddress real = REAL(cuGetProcAddress);
+  if (!real)
+    return missing(MT_FN_cuGetProcAddress);
+  const CUresult r = real(symbol, pfn, cudaVersion, flags);
+  if (r == CUDA_SUCCESS && pfn && *pfn)
+    *pfn = mt_launch_answer(*pfn);
+  return r;
+}
+
+/* --- answers to lookups ------------------------------------------------------------------------- */
+
+static const struct {
+  const char *name;
+  enum mt_fn id;
+  void *hook;
+} hooks[] = {
+#define MT_HOOK(name, lib, params, ...)
+#define MT_REAL(name, lib, ret, params)
+#define MT_HAND(name, symbol, lib, display, ret, params)
+#define MT_DRIVER(name, ret, params) {#name, MT_FN_##name, (void *)name},
+#define MT_KERNEL(name, display)
+#include "shim/hooks.def"
+#undef MT_HOOK
+#undef MT_REAL
+#undef MT_HAND
+#undef MT_DRIVER
+#undef MT_KERNEL
+};
+#define NHOOKS ((int)(sizeof hooks / sizeof hooks[0]))
+
+/* Runs inside the shim's dlsym (MT_BEFORE_INIT, base/loader.h): nothing instrumented. */
+MT_BEFORE_INIT static int same_name(const char *a, const char *b) {
+  while (*a && *a == *b)
+    a++, b++;
+  return *a == *b;
+}
+
+MT_BEFORE_INIT enum mt_fn mt_launch_hooked(const char *name, void **hook) {
+  for (int i = 0; i < NHOOKS; i++)
+    if (same_name(name, hooks[i].name)) {
+      *hook = hooks[i].hook;
+      return hooks[i].id;
+    }
+  return MT_FN_COUNT;
+}
+
+void *mt_launch_answer(void *p) {
+  for (int i = 0; i < NHOOKS; i++)
+    if (p == mt_real(hooks[i].id))
+      return hooks[i].hook;
+  return p;
+}
