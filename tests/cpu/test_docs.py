@@ -1,9 +1,9 @@
 """test_docs.py — the documentation stays true where that is cheap to check: README.md is a manual
-of at most 350 lines; every citation of a section of lab/NOTES.md, docs/design.md or
-docs/numerics.md (`lab/NOTES.md, "Grouped engine"`, also several titles joined by "and" or a comma,
-and a citation broken over comment lines) names a heading of that file; every repository file that
-README.md, docs/ or a code comment names exists; and no code comment cites a numbered work period
-("the seventh session"). No build and no GPU needed.
+of at most 350 lines; every citation of a section of README.md, lab/NOTES.md or docs/*.md
+(`lab/NOTES.md, "Grouped engine"`, also several titles joined by "and" or a comma, and a citation
+broken over comment lines) names a heading of that file; every repository file that README.md,
+docs/ or a code comment names exists; and no code comment cites a numbered work period ("the
+seventh session"). No build and no GPU needed.
 
 A heading matches a citation when its text, without markdown emphasis and backticks and without a
 leading item number ("12. "), is the cited title or starts with it followed by a parenthesis
@@ -27,8 +27,8 @@ CODE_EXT = (".c", ".h", ".cu", ".cuh", ".py", ".sh", ".S", ".def", ".mk")
 # top-level folders of the tree, and the extensions a cited file has
 TOP = ("base", "spec", "kernels", "shim", "ref", "tools", "demo", "bench", "lab", "tests", "docs",
        "scripts")
-PATH_RE = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]*\w\.(?:c|h|cu|cuh|py|sh|md|mk|def|S|txt))(?![\w/])"
-                     % "|".join(TOP))
+PATH_RE = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]*\w\.(?:c|h|cu|cuh|py|sh|md|mk|def|S|txt))"
+                     r"(?![\w/])" % "|".join(TOP))
 TOPFILE_RE = re.compile(r"(?<![\w./-])([A-Z][A-Z0-9_]+\.md)\b")
 PERIOD_RE = re.compile(r"\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|"
                        r"eleventh|twelfth|\d+(?:st|nd|rd|th))\s+(?:work\s+)?(?:session|period)s?\b",
@@ -124,16 +124,18 @@ def doc_text(text):
     return " ".join(text.split())
 
 
-CITE_RE = re.compile(r'(%s),?\s+"([^"]{1,160})"((?:\s*(?:,|and|, and)\s*"[^"]{1,160}")*)'
+CITE_RE = re.compile(r'(%s|README(?:\.md)?),?\s+"([^"]{1,160})"'
+                     r'((?:\s*(?:,|and|, and)\s*"[^"]{1,160}")*)'
                      % "|".join(re.escape(d) for d in CITED_DOCS))
 
 
 def citations(text):
-    """(doc, title) for every citation in the text."""
+    """(doc, title) for every citation in the text ("README" stands for README.md)."""
     for m in CITE_RE.finditer(text):
-        yield m.group(1), m.group(2)
+        doc = "README.md" if m.group(1).startswith("README") else m.group(1)
+        yield doc, m.group(2)
         for more in re.findall(r'"([^"]{1,160})"', m.group(3)):
-            yield m.group(1), more
+            yield doc, more
 
 
 def sources():
@@ -154,7 +156,8 @@ def test_readme_is_a_short_manual():
 
 
 def test_citations_name_headings():
-    heads = {d: headings(d) for d in CITED_DOCS if os.path.isfile(os.path.join(ROOT, d))}
+    heads = {d: headings(d) for d in CITED_DOCS + ("README.md",)
+             if os.path.isfile(os.path.join(ROOT, d))}
     seen = 0
     for rel, text, _ in sources():
         for doc, title in citations(text):
