@@ -1,9 +1,9 @@
 """test_docs.py — the documentation stays true where that is cheap to check: README.md is a manual
 of at most 350 lines; every citation of a section of README.md, lab/NOTES.md or docs/*.md
 (`lab/NOTES.md, "Grouped engine"`, also several titles joined by "and" or a comma, and a citation
-broken over comment lines) names a heading of that file; every repository file that README.md,
-docs/ or a code comment names exists; and no code comment cites a numbered work period ("the
-seventh session"). No build and no GPU needed.
+broken over comment lines) names a heading of that file, and no two headings of a document share
+a title; every repository file that README.md, docs/ or a code comment names exists; and no code
+comment cites a numbered work period ("the seventh session"). No build and no GPU needed.
 
 A heading matches a citation when its text, without markdown emphasis and backticks and without a
 leading item number ("12. "), is the cited title or starts with it followed by a parenthesis
@@ -170,6 +170,23 @@ def test_citations_name_headings():
     harness.check(seen >= 20, f"only {seen} citations found: the scan is broken")
 
 
+def test_headings_are_unique():
+    """A citation names a section by its title: no two headings of a document may share one."""
+    for rel in ("README.md",) + CITED_DOCS:
+        if not os.path.isfile(os.path.join(ROOT, rel)):
+            continue
+        seen = set()
+        fence = False
+        for line in read(rel).split("\n"):
+            if line.startswith("```"):
+                fence = not fence
+            m = None if fence else re.match(r"^#{1,6}\s+(.*?)\s*$", line)
+            if m:
+                h = re.sub(r"^\d+\.\s+", "", normalize(m.group(1)))
+                harness.check(h not in seen, f"{rel}: two headings \"{h}\"")
+                seen.add(h)
+
+
 def test_cited_files_exist():
     seen = 0
     for rel, text, _ in sources():
@@ -218,6 +235,7 @@ def test_the_checks_catch_what_they_should():
 if __name__ == "__main__":
     harness.run(test_readme_is_a_short_manual)
     harness.run(test_citations_name_headings)
+    harness.run(test_headings_are_unique)
     harness.run(test_cited_files_exist)
     harness.run(test_no_work_periods_in_code)
     harness.run(test_the_checks_catch_what_they_should)
