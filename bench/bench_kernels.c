@@ -153,7 +153,8 @@ static const char *path_us(char *buf, size_t size, double t, int json_form) {
 
 static void bench_paths(gemm_ctx *g) {
   static const char *names[] = {"auto", "fused", "large"};
-  g->m = 1; /* a graph run and dropped: the first after the weights' quantization ran ~2 µs slow */
+  g->m = 1; /* a graph run and dropped: the first after the weights' quantization runs slow
+              * (lab/NOTES.md, "Measurement method and noise") */
   g->path = MT_PATH_LARGE;
   time_calls(call_ours, g, 256);
   for (int i = 0; i < NPATH_MS; i++) {

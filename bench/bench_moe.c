@@ -341,7 +341,7 @@ static void bench_geometry(const geometry *g) {
     double t_fz = time_calls(call_check, &full, c.routings),
            t_fs = time_calls(call_check, &sampled, c.routings);
     /* ... and after a weight sync: the routing's experts requantized (a memset of each state
-     * first, ~1 µs of the column) */
+     * first, counted in the column) */
     sampled.synced = 1;
     double t_sync = time_calls(call_check, &sampled, c.routings),
            t_served_sync = time_calls(call_served, &sampled, c.routings);

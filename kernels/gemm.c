@@ -69,14 +69,13 @@ static int path_fits(int p, int m, int k, int packed) {
   }
 }
 
-/* AUTO's choice, from make bench's path table (H200; lab/NOTES.md, seventh session): the fused
- * kernel where each SM's CTAs redo at most MT_GEMM_FUSE_ELEMS elements of the quantization (m * k
- * * waves of n / 16 CTAs; each CTA quantizes all m x k itself, and past that the separate
- * quantization launch, ~2 µs overlapped by PDL, costs less): Qwen3's down at 1 token (4.56 µs
- * against 5.12 on the large path); else the large path. Since its tiles of 64 tokens (seventh
- * session) the large path is faster than the small kernel at every M the small kernel takes, on
- * every benchmark shape (gate_up 7.8 µs at 1-8 tokens against 8.5-8.8, down 5.1 against 5.4-5.8),
- * so AUTO no longer chooses the small kernel. */
+/* AUTO's choice, from make bench's path table (H200; lab/NOTES.md, "The fused kernel and the path
+ * choice"): the fused kernel where each SM's CTAs redo at most MT_GEMM_FUSE_ELEMS elements of the
+ * quantization (m * k * waves of n / 16 CTAs; each CTA quantizes all m x k itself, and past that
+ * the separate quantization launch, overlapped by PDL, costs less): Qwen3's down at 1 token; else
+ * the large path. With its tiles of 64 tokens the large path is faster than the small kernel at
+ * every M the small kernel takes, on every benchmark shape, so AUTO no longer chooses the small
+ * kernel. */
 int mt_gemm_auto_path(int m, int n, int k, int packed, int sms) {
   long long waves = ((long long)n / 16 + sms - 1) / sms;
   if ((long long)m * k * waves <= MT_GEMM_FUSE_ELEMS && path_fits(MT_PATH_FUSED, m, k, packed)) return MT_PATH_FUSED;
@@ -139,15 +138,14 @@ static long long tile_count(int m, int n, mt_gemm_tile t) {
 static long long max2(long long a, long long b) { return a > b ? a : b; }
 
 /* Clocks one SM spends on a 64-wide K block of a bm x bn tile while `active` SMs work: the largest
- * of what the block needs (H200, lab/probe_feed.cu, lab/NOTES.md seventh session):
+ * of what the block needs (H200, lab/probe_feed.cu; lab/NOTES.md, "What feeds a tile" and "The
+ * tile estimate"):
  *  - shared memory, 128 bytes a clock: TMA writes bm + bn rows of 128 bytes, and each of the bm / 64
  *    consumer warpgroups reads its 64 rows of A and all bn rows of B (128 x 64 tiles: 56 KB, 448
- *    clocks; measured 451 at M = 256);
+ *    clocks);
  *  - the tensor cores, 2048 multiply-adds a clock: bm * bn * 64 / 2048;
- *  - the feed from L2: ~76 bytes a clock into one SM (133 GB/s at 1.755 GHz, flat from 24 to 48
- *    SMs), ~8000 shared by all the working SMs (10.7-14 TB/s measured with 96-132 SMs feeding
- *    only; 8000 puts gate_up M = 256 on 64 x 48 tiles, measured best: 8.08 µs against 8.35 for
- *    64 x 64 and 9.32 for 128 x 64). */
+ *  - the feed from L2: ~76 bytes a clock into one SM, ~8000 shared by all the working SMs (8000
+ *    puts gate_up M = 256 on 64 x 48 tiles, measured best: lab/NOTES.md, "Tiles of 64 tokens"). */
 static long long kblock_clocks(mt_gemm_tile t, long long active) {
   long long smem = 2LL * t.bm + (long long)t.bn * (1 + t.bm / 64), mma = (long long)t.bm * t.bn / 32;
   long long bytes = (long long)(t.bm + t.bn) * 128, feed = max2(bytes / 76, bytes * active / 8000);
@@ -157,7 +155,7 @@ static long long kblock_clocks(mt_gemm_tile t, long long active) {
 /* The tiles the kernels have: 128 tokens (two consumer warpgroups) x 256 to 64 channels, 64 tokens
  * (one) x 64 to 32; in order of preference where two estimate the same. Wider tiles of 64 tokens
  * were slower than the estimate says (one warpgroup's wgmma groups leave the tensor cores idle
- * between them; gate_up M = 512: 64 x 128 11.26 µs against 128 x 64 9.93) and were removed. */
+ * between them: lab/NOTES.md, "Tiles of 64 tokens") and were removed. */
 static const mt_gemm_tile tiles[] = {{128, 256}, {128, 192}, {128, 128}, {128, 96},
                                      {128, 64},  {64, 64},   {64, 48},   {64, 32}};
 
@@ -216,8 +214,8 @@ static int operand_maps(const mt_gemm_args *a, const mt_qact *q, mt_gemm_tile t,
 
 /* The 64-token tiles take a stage's two K blocks of an operand in one box (mt_gemm_large_m64p_nBN)
  * where k allows and the K loop outlasts their ring, so that the producer refills a freed stage
- * with two requests instead of four (lab/NOTES.md: gate_up at 1-16 tokens 5.81 -> 4.98-5.07 µs;
- * down, all six stages requested up front, was no faster with it). */
+ * with two requests instead of four (faster at gate_up's few tokens; down, all six stages
+ * requested up front, was no faster with it: lab/NOTES.md, "One TMA box a stage and operand"). */
 int mt_gemm_kpair(int k, mt_gemm_tile t) { return t.bm == 64 && MT_LARGE_KPAIR_64(k, t.bn); }
 
 static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {

@@ -23,8 +23,8 @@
 // per element only the multiplies and adds of gemm_args.h, each rounded on its own
 // (__fmul_rn/__fadd_rn, never contracted), then stores pairs of outputs as 4 bytes. In the 64-token
 // tiles the producer warpgroup's three spare warps load those per-tile scales during the K loop
-// (scale_helpers), so a few-token launch does not wait for S_w then S_a after it (tenth session:
-// down at M = 16 3.98 -> 3.34 µs).
+// (scale_helpers), so a few-token launch does not wait for S_w then S_a after it (lab/NOTES.md,
+// "Epilogue scales during the K loop").
 //
 // Tested by tests/gpu/test_kernels.c: against mt_ref_gemm (ref/nvfp4.c) within the
 // FP32-accumulation bound, and bitwise across M, row positions and the two paths.
@@ -41,7 +41,7 @@ __device__ static inline void warpgroup_sync(int id) { asm volatile("bar.sync %0
 
 // TMA stores (the ts variant): a box from shared memory to global, grouped; the shared memory may be
 // written again once wait_read says the group has read it. Ordinary stores to shared memory that a
-// TMA store reads need fence_async_shared in each writing thread first (HOPPER.md).
+// TMA store reads need fence_async_shared in each writing thread first (the PTX ISA's async proxy).
 __device__ static inline void tma_store_2d(const CUtensorMap *map, const void *src, int c0, int c1) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map),
                "r"(smem_u32(src)), "r"(c0), "r"(c1)
@@ -267,9 +267,9 @@ template <int S> __device__ static __forceinline__ void init_ring(uint64_t *full
 // across the tiles: stage it % S, phase (it / S) & 1. A stage holds the TM-row activation tile
 // (TM * 128 bytes), then the BN-row weight tile; of the last band's activation tile only
 // a.last_rows rows are loaded (ta_last, gemm_args.h): the zero fill of the other rows cost
-// DeepSeek's shapes up to half their time at M = 16 (lab/NOTES.md, fifth session).
+// DeepSeek's shapes up to half their time at M = 16 (lab/NOTES.md, "The last band's box").
 // KS = 2 (the 64-token tiles): a stage holds two 64-wide K blocks, A blocks then W blocks, so that a
-// consumer's wait and release per stage (~190 cycles, scripts/probe_kloop.cu) come once per 128
+// consumer's wait and release per stage (lab/NOTES.md, "Two K blocks a stage") come once per 128
 // columns. Where k / 64 is odd the last stage's second block lies wholly past k: TMA fills it with
 // zeros and its k16 steps add +0 to each accumulator, which changes no bits (an accumulator that
 // starts at +0 is never -0 in round-to-nearest, and NaN and Inf stay), as the zero columns of a
@@ -333,9 +333,9 @@ __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *
 // wait for two dependent global loads (S_w, then S_a) after its K loop. full: the scales of the
 // CTA's j-th tile are there (phase j % 2, 96 arrivals); empty: the consumer has stored that tile
 // (4 arrivals, one a warp) and the next tile's may overwrite them. The loads below run one after
-// another (a shared store between each), which does not matter: the consumer's wait for `full`
-// measured <= 64 ns (probe_kloop, mark 5/3), and issuing all four first (next/m64ep-loads) was
-// no faster (lab/NOTES.md, tenth session).
+// another (a shared store between each), which does not matter: the consumer barely waits for
+// `full`, and issuing all four first was no faster (lab/NOTES.md, "Epilogue scales during the K
+// loop").
 struct scales64 {
   uint64_t full, empty;
   float inv_w0;
@@ -362,11 +362,11 @@ __device__ static void scale_helpers(const mt_large_args &a, columns<BN> *cols, 
 // TM = 64 (mt_gemm_large_m64_nBN): one consumer warpgroup, tiles of 64 x BN, for calls whose
 // 128-token tiles would leave SMs idle. Every k-block a consumer warpgroup reads its 64 rows of A
 // and all of B from shared memory while TMA writes both: at M = 256 the 128 x 64 tiles ran at the
-// 128 bytes a clock of shared memory (56 KB a k-block in 451 cycles, lab/probe_feed.cu), and
-// at M <= 64 the second warpgroup's reads were of rows no token has (lab/NOTES.md, seventh
-// session). Their stages hold two K blocks (KS = MT_LARGE_KS_64): with one, the consumer's
-// hand-over per stage (~190 cycles: wait, group wait, release) outlasted a 64 x 32 block's 100
-// cycles of wgmma (scripts/probe_kloop.cu, eighth session).
+// 128 bytes a clock of shared memory (lab/NOTES.md, "What feeds a tile"), and at M <= 64 the
+// second warpgroup's reads were of rows no token has (lab/NOTES.md, "Tiles of 64 tokens"). Their
+// stages hold two K blocks (KS = MT_LARGE_KS_64): with one, the consumer's hand-over per stage
+// (wait, group wait, release) outlasted a 64 x 32 block's wgmma (lab/NOTES.md, "Two K blocks a
+// stage").
 // KP (mt_gemm_large_m64p_nBN; TM = 64): the maps are of rank 3, a box holds a stage's two K blocks
 // of an operand (produce), where kernels/gemm.c's mt_gemm_kpair says so.
 template <int BN, int TM = BM, bool KP = false> __device__ static void run(const mt_large_args &a) {

@@ -140,11 +140,11 @@ __device__ static inline void chunk_steps(float (&d)[(ROWS + 15) / 16][4], const
 // What the epilogue reads besides the accumulators (C aside), loaded before the step loop (S_w and
 // the bias of the fused kernel before its quantization) so that the loads' latency hides under it
 // instead of following it (three dependent global loads, one after another, were most of the
-// epilogue's ~0.5 µs at gate_up M = 1, lab/NOTES.md): the raw S_w of the lane's channels ch and ch + 1, the raw
-// S_a of its tokens 16 tt + g and + 8 (1 for tokens past m: never read), and the bits of its
-// channels' bias (0 without bias: never read). Raw values, converted after the loop: the
-// reciprocals and the epilogue's arithmetic stay where and as they were, and a 16-bit bias's
-// conversion does not make the warp wait for its load before the loop.
+// epilogue's time at gate_up M = 1: lab/NOTES.md, "Small-M kernels"): the raw S_w of the lane's
+// channels ch and ch + 1, the raw S_a of its tokens 16 tt + g and + 8 (1 for tokens past m: never
+// read), and the bits of its channels' bias (0 without bias: never read). Raw values, converted
+// after the loop: the reciprocals and the epilogue's arithmetic stay where and as they were, and a
+// 16-bit bias's conversion does not make the warp wait for its load before the loop.
 template <int TT> struct epi_in {
   float sw[2], sa[TT][2];
   uint32_t bias[2];
@@ -217,11 +217,12 @@ __device__ static inline void store_acc(const mt_epilogue_args &e, const float (
 }
 
 // The fused variant for m <= MT_SMALL_FUSE_M: the CTA quantizes the raw activations itself (no
-// separate launch, whose ~1.7 µs at M = 1 was most of the budget) with the device steps of
-// kernels/quant.cuh, bit for bit as mt_quantize: the domain's amax as the maximum of FP32 bits
-// (exact, any order), S = outer_scale(amax), each block by mt_q::block, a NaN/Inf domain giving
-// zero xhat and a NaN S. The whole of xhat (m rows of k) stays in shared memory for the MMAs; only
-// the weights stream through the ring. Each CTA redoes the m x k quantization: cheap at m <= 4.
+// separate launch, which at M = 1 took most of the budget: lab/NOTES.md, "Small-M kernels") with
+// the device steps of kernels/quant.cuh, bit for bit as mt_quantize: the domain's amax as the
+// maximum of FP32 bits (exact, any order), S = outer_scale(amax), each block by mt_q::block, a
+// NaN/Inf domain giving zero xhat and a NaN S. The whole of xhat (m rows of k) stays in shared
+// memory for the MMAs; only the weights stream through the ring. Each CTA redoes the m x k
+// quantization: cheap at m <= 4.
 template <bool FP16> __device__ static inline uint32_t x_block(const mt_small_args &a, int r, int b, uint32_t (&v)[8]) {
   const uint4 *src = (const uint4 *)((const char *)a.x + ((size_t)r * (size_t)a.ldx + (size_t)b * 16) * 2);
   uint4 v0 = src[0], v1 = src[1];

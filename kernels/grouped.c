@@ -280,7 +280,7 @@ static void fill_kargs(const mt_grouped_args *a, const float *sa, mt_grouped_kar
  * below the SMs' CTAs: with offsets at most min(m, nseg) of them have rows, and a segment of r
  * rows takes ceil(r / bn) token tiles (a split's tails: at most one last tile a segment, of fewer
  * than MT_GROUPED_TAIL rows). CTAs without a tile are not free: at one token they cost
- * Qwen3's layer over a quarter of its time (lab/NOTES.md, "Grouped engine"). */
+ * Qwen3's layer over a quarter of its time (lab/NOTES.md, "The grid at one token"). */
 static long long tile_bound(const mt_grouped_args *a, int nseg, int bn, int split) {
   const long long blocks = (a->n + 127) / 128, used = a->m < nseg ? a->m : nseg;
   if (split == 2) { /* a last tile of fewer than MT_GROUPED_TAIL rows a segment */

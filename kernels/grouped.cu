@@ -413,9 +413,9 @@ __device__ static inline void mma_16816(float *d, const uint32_t (&a)[4], uint32
 // same stages and decode as k_loop, multiplied by the warp alone with mma.sync m16n8k16 (NW / 8
 // token groups, B by ldmatrix from the 128B-swizzled boxes: token r's 16-byte chunk c sits at
 // r * 128 + (c ^ r % 8) * 16). No warpgroup meets at a fence or a wait, so a warp's decode of one
-// block runs beside its own MMAs of the block before: Qwen3's layer at 16 tokens 4% faster, at one
-// token 0.3 µs, at 128 (BN 16) the same (lab/NOTES.md, "Grouped engine", item 10). A stage is
-// released once the warp's last reads of it have returned (the MMAs read registers).
+// block runs beside its own MMAs of the block before: Qwen3's layer faster at 1 and 16 tokens, the
+// same at 128 (BN 16) (lab/NOTES.md, "Warp MMAs at a few tokens a tile"). A stage is released once
+// the warp's last reads of it have returned (the MMAs read registers).
 template <int BN, int NW>
 __device__ static __forceinline__ void k_loop_warp(float *d, uint8_t *smem, uint64_t *full, uint64_t *empty,
                                                    ring_pos &at, int nst, int hw, int lane) {
@@ -667,7 +667,8 @@ template <int BN> __device__ static __forceinline__ void run(const mt_grouped_ka
   // take the SMs this grid leaves free now: its activations' quantizer waits for this grid before
   // it reads or writes, its GEMM builds its table and streams its first weights while this one runs
   // (neither is written by this kernel). With one (many tokens) they would gain no more than the
-  // tail, and there the early start cost T = 1024 2% (lab/NOTES.md, "Grouped engine").
+  // tail, and there the early start cost T = 1024 2% (lab/NOTES.md, "The next call's kernels
+  // started early").
   if constexpr (MT_GROUPED_CTAS(BN) == 2) allow_dependents();
   uint32_t gen = 0;                                  // the store's generation, in the producer's registers
   if (threadIdx.x < 32) gen = build_table<BN>(a, t); // offs was written before the kernel before this one

@@ -54,7 +54,7 @@ extern "C" __global__ void __launch_bounds__(256) mt_wcheck(const mt_wcheck_args
   // A sampled check is short: the quantizers after it (launched dependent: kernels/pdl.cuh) may
   // start now, and wait for all of it. A full one streams the weight: they start when it ends.
   // (The check itself is launched in order: launched dependent on the kernel before it, the full
-  // check ran 10-20% slower, for a reason not found: lab/NOTES.md.)
+  // check ran 10-20% slower, for a reason not found: lab/NOTES.md, "Launched dependent".)
   if (a.step > 1) allow_dependents();
   const mt_wlines g = mt_wlines_of(a.rows, a.cols, a.step);
   const int turns = a.step > 1 ? 1 : 4, lane = threadIdx.x % 32;

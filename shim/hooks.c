@@ -1,7 +1,7 @@
 /* hooks.c — the exported cuBLAS entry points, one per MT_HOOK line of hooks.def.
  *
  * Inert: one load for the real function, one for the state, a branch, the call (about 9 ns over
- * a direct call, `make bench-shim`). Active: the
+ * a direct call, `make bench-shim`: lab/NOTES.md, "Shim and instrument overhead"). Active: the
  * call is normalised into a record, and mt_shim_begin either runs it (the engine) or leaves it
  * to the real function, which always receives the caller's arguments untouched.
  */

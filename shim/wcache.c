@@ -270,11 +270,11 @@ static int record_end(const mt_driver *d, CUevent *ev, CUstream s) {
 /* --- scratch ------------------------------------------------------------------------------- */
 
 /* A context keeps scratch for MAX_STREAMS streams. From RECLAIM_FROM streams on, each lease's end
- * is recorded on its stream (an event: ~0.2 µs of host time a call, lab/NOTES.md "probe_order"),
- * so that once every slot is taken a slot whose last use has ended goes to the next new stream
- * (a program that makes streams as it goes, or short-lived threads each on its per-thread default
- * stream); a program of a few streams records nothing. Slots leased only before that are kept by
- * their streams. */
+ * is recorded on its stream (an event, whose cost lab/probe_order measures: lab/NOTES.md, "Open
+ * questions"), so that once every slot is taken a slot whose last use has ended goes to the next
+ * new stream (a program that makes streams as it goes, or short-lived threads each on its
+ * per-thread default stream); a program of a few streams records nothing. Slots leased only before
+ * that are kept by their streams. */
 #define RECLAIM_FROM (MAX_STREAMS / 2)
 
 /* A slot nobody holds whose last lease's recorded end has passed, returned locked; or NULL. Under

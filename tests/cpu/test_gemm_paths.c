@@ -14,9 +14,9 @@
 
 enum { F = MT_PATH_FUSED, L = MT_PATH_LARGE };
 
-/* The best path at M = 1..8 on 132 SMs (µs, quantization included, lab/NOTES.md's path table):
- * the large path's 64-token tiles everywhere (gate_up 7.8 against fused 8.0)
- * but Qwen3's down at one token (fused 4.56, large 5.12; at two 5.15 and 5.06). */
+/* The best path at M = 1..8 on 132 SMs, quantization included (lab/NOTES.md, "The fused kernel
+ * and the path choice"): the large path's 64-token tiles everywhere but Qwen3's down at one token,
+ * where the fused kernel wins. */
 static const struct {
   const char *name;
   int n, k;
@@ -87,11 +87,9 @@ static void kept_form_under_0_6_bytes(void) {
 }
 
 /* The large path's tile on the benchmark shapes (132 SMs), bm x bn, at M = 1, 16, 64, 256, 300,
- * 1024, 4096, 16384. Measured (µs of the GEMM alone, seventh session, call 2): gate_up M = 16
- * 64 x 32 7.00, 64 x 48 7.25, 64 x 64 7.50, 128 x 64 8.04; M = 256 64 x 48 8.08, 64 x 64 8.35,
- * 128 x 64 9.32; down M = 64 64 x 32 4.57, 64 x 48 4.80, 128 x 64 5.50; M = 256 64 x 64 5.96,
- * 128 x 64 6.45, 64 x 48 7.83 (two waves); DeepSeek 4096x7168 M = 16 64 x 48 19.9 against
- * 128 x 64 22.3. From M = 1024 on, the tiles of the sixth session (the TMA-store kernels). */
+ * 1024, 4096, 16384: the tiles measured best up to M = 300 (GEMM alone; lab/NOTES.md, "Tiles of 64
+ * tokens"), from M = 1024 on those of the TMA-store kernels (lab/NOTES.md, "Large-M kernels and
+ * tiles"). */
 static const int tile_ms[] = {1, 16, 64, 256, 300, 1024, 4096, 16384};
 static const struct {
   const char *name;

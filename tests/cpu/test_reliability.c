@@ -114,7 +114,7 @@ static int first_launch(int from, const char *prefix) {
   return -1;
 }
 
-/* Item 3: a call captured on S1, then a larger call on S1 that grows (frees and reallocates) its
+/* A call captured on S1, then a larger call on S1 that grows (frees and reallocates) its
  * scratch. What the captured kernels use must outlive that growth: no later free covers the
  * activations' quantized rows of the captured call, and they are still device memory. */
 static void scenario_graph_lifetime(void) {
@@ -145,7 +145,7 @@ static void scenario_graph_lifetime(void) {
   mt_t_unmake(&p), mt_t_unmake(&big);
 }
 
-/* Item 4: PyTorch's documented pattern: warm-up on a side stream, capture on another. */
+/* PyTorch's documented pattern: warm-up on a side stream, capture on another. */
 static void scenario_capture_elsewhere(void) {
   uint32_t seed = 3;
   mt_t_problem p = make(&seed, OUT, 8);
@@ -173,7 +173,7 @@ static void scenario_capture_fallback(void) {
   mt_t_unmake(&p);
 }
 
-/* Item 8: cudaDeviceReset (the primary context re-created at the same address) and a context
+/* cudaDeviceReset (the primary context re-created at the same address) and a context
  * destroyed and another created at its address: fresh modules and memory, nothing stale. */
 static void scenario_reset(void) {
   uint32_t seed = 5;
@@ -419,7 +419,7 @@ static int whole_lines(const char *text) {
   return 1;
 }
 
-/* Item 1. */
+/* MINITE_LOG_FILE: appended, one file per %p only if logged. */
 static void log_file_appended_and_lazy(void) {
   char log[PATH_MAX + 64], env_log[PATH_MAX + 80];
   snprintf(log, sizeof log, "%s/shared.log", mt_t_paths.tmp);
@@ -451,7 +451,7 @@ static void log_file_appended_and_lazy(void) {
   mt_t_child_free(&c);
 }
 
-/* Item 2: sequential and concurrent processes on one statistics path. */
+/* Sequential and concurrent processes on one statistics path. */
 static void stats_file_shared_by_processes(void) {
   char path[PATH_MAX + 64], env_stats[PATH_MAX + 80];
   snprintf(path, sizeof path, "%s/shared.jsonl", mt_t_paths.tmp);
@@ -505,7 +505,7 @@ static void stats_file_shared_by_processes(void) {
   CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "minite-compare on the shared file: status %d", st);
 }
 
-/* Item 3. */
+/* A captured call never uses memory a later call frees (scenario_graph_lifetime). */
 static void graph_memory_outlives_scratch(void) {
   mt_t_child r;
   run_child("graph_lifetime", "graph_lifetime", NULL, &r);
@@ -514,7 +514,7 @@ static void graph_memory_outlives_scratch(void) {
   mt_t_child_free(&r);
 }
 
-/* Item 4. */
+/* Warm-up on one stream, capture on another: routed (scenario_capture_elsewhere). */
 static void capture_after_warmup_elsewhere(void) {
   mt_t_child r;
   run_child("capture_elsewhere", "capture_elsewhere", NULL, &r);
@@ -539,7 +539,7 @@ static void capture_off_and_no_async(void) {
   }
 }
 
-/* Item 5: a FIFO with no writer, /dev/stdin on a pipe: refused at once, with the fix; the
+/* A FIFO with no writer, /dev/stdin on a pipe: refused at once, with the fix; the
  * program's input stays its own. `minite spec check` refuses the FIFO as well. */
 static void spec_from_fifo_or_stdin(void) {
   char fifo[PATH_MAX + 64], env_spec[PATH_MAX + 80];
@@ -570,7 +570,7 @@ static void spec_from_fifo_or_stdin(void) {
          "minite spec check FIFO: status %d: %s", status, out);
 }
 
-/* Item 6. */
+/* Route 15x17: one warning with the fix. */
 static void unusable_route_warned(void) {
   const char *env[] = {"MINITE_ROUTE=256x512,15x17,64x40", NULL};
   mt_t_child r;
@@ -593,7 +593,7 @@ static void unusable_route_warned(void) {
   CHECKF(p && pclose(p) == 0 && strstr(out, "warning: route 15x17 can never be routed"), "%s", out);
 }
 
-/* Item 7. */
+/* UTF-8 roles, invalid bytes, long values, unknown escapes. */
 static void json_strings_and_long_values(void) {
   const char *utf8[] = {"MINITE_ROLE=caf\xc3\xa9 \xe6\xa0\xb7", NULL};
   const char *bad[] = {"MINITE_ROLE=a\xff\x01z\xc3", NULL};
@@ -630,7 +630,8 @@ static void json_strings_and_long_values(void) {
   mt_t_child_free(&r);
 }
 
-/* Item 8; also with kept weights, whose entries a dropped context must forget. */
+/* cudaDeviceReset and a context re-created at one address (scenario_reset); also with kept
+ * weights, whose entries a dropped context must forget. */
 static void context_reset_and_recreate(void) {
   const char *frozen[] = {"MINITE_WEIGHT_CACHE=frozen", NULL};
   const char *const *envs[] = {NULL, frozen};
