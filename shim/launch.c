@@ -16,7 +16,8 @@
 /* cuda.h renames cuGetProcAddress to its _v2 by macro; the driver exports both names, and so does
  * the shim (hooks.def). */
 #undef cuGetProcAddress
-MT_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+MT_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                    cuuint64_t flags);
 
 /* --- the functions the door decodes ------------------------------------------------------------
  *
@@ -44,7 +45,9 @@ static struct {
   enum mt_origin origin;
 } origins[MODULES];
 
-static unsigned home(uintptr_t key) { return (unsigned)((key >> 4) * 0x9E3779B97F4A7C15ull >> 54) % SLOTS; }
+static unsigned home(uintptr_t key) {
+  return (unsigned)((key >> 4) * 0x9E3779B97F4A7C15ull >> 54) % SLOTS;
+}
 
 static mt_vllm_fn *lookup(CUfunction f) {
   const uintptr_t key = (uintptr_t)f;
@@ -86,7 +89,8 @@ static void record(CUfunction f, CUmodule m) {
       atomic_fetch_add(&recorded, 1);
     }
   } else if (!s) {
-    MT_WARN_ONCE("more than %d fused_moe_kernel functions loaded: the later ones run unchanged", SLOTS);
+    MT_WARN_ONCE("more than %d fused_moe_kernel functions loaded: the later ones run unchanged",
+                 SLOTS);
   }
   pthread_mutex_unlock(&table_lock);
 }
@@ -120,7 +124,8 @@ static void note_module(CUmodule m, const void *image) {
 static void forget_module(CUmodule m) {
   pthread_mutex_lock(&table_lock);
   for (int i = 0; i < SLOTS; i++)
-    if (table[i].module == m && atomic_load_explicit(&table[i].key, memory_order_relaxed) > TOMBSTONE)
+    if (table[i].module == m &&
+        atomic_load_explicit(&table[i].key, memory_order_relaxed) > TOMBSTONE)
       atomic_store_explicit(&table[i].key, TOMBSTONE, memory_order_release);
   for (int i = 0; i < MODULES; i++)
     if (origins[i].module == m)
@@ -182,8 +187,8 @@ static int door(CUfunction f, const CUlaunchConfig *config, void **params, void 
   return mt_vllm_launch(v, &l);
 }
 
-static CUlaunchConfig config_of(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                                unsigned smem, CUstream stream) {
+static CUlaunchConfig config_of(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                unsigned bz, unsigned smem, CUstream stream) {
   return (CUlaunchConfig){.gridDimX = gx,
                           .gridDimY = gy,
                           .gridDimZ = gz,
@@ -197,8 +202,8 @@ static CUlaunchConfig config_of(unsigned gx, unsigned gy, unsigned gz, unsigned 
 /* The launch hooks: the fast path loads the real function and the count of recorded functions;
  * the rest lives in functions of its own, so that the common case holds no call but the real one. */
 #define LAUNCH_EX(name, ptsz)                                                                      \
-  __attribute__((noinline)) static CUresult slow_##name(const CUlaunchConfig *config, CUfunction f,  \
-                                                        void **params, void **extra) {             \
+  __attribute__((noinline)) static CUresult slow_##name(                                           \
+      const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {                   \
     mt_fn_##name real = REAL(name);                                                                \
     if (!real)                                                                                     \
       return missing(MT_FN_##name);                                                                \
@@ -206,7 +211,8 @@ static CUlaunchConfig config_of(unsigned gx, unsigned gy, unsigned gz, unsigned 
       return CUDA_SUCCESS;                                                                         \
     return real(config, f, params, extra);                                                         \
   }                                                                                                \
-  MT_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) { \
+  MT_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **params,               \
+                          void **extra) {                                                          \
     mt_fn_##name real =                                                                            \
         (mt_fn_##name)atomic_load_explicit(&mt_real_ptr[MT_FN_##name], memory_order_acquire);      \
     if (__builtin_expect(real && !atomic_load_explicit(&recorded, memory_order_relaxed), 1))       \
@@ -217,10 +223,9 @@ LAUNCH_EX(cuLaunchKernelEx, 0)
 LAUNCH_EX(cuLaunchKernelEx_ptsz, 1)
 
 #define LAUNCH(name, ptsz)                                                                         \
-  __attribute__((noinline)) static CUresult slow_##name(CUfunction f, unsigned gx, unsigned gy,     \
-                                                        unsigned gz, unsigned bx, unsigned by,     \
-                                                        unsigned bz, unsigned smem, CUstream s,    \
-                                                        void **params, void **extra) {             \
+  __attribute__((noinline)) static CUresult slow_##name(                                           \
+      CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,  \
+      unsigned smem, CUstream s, void **params, void **extra) {                                    \
     mt_fn_##name real = REAL(name);                                                                \
     if (!real)                                                                                     \
       return missing(MT_FN_##name);                                                                \
@@ -229,7 +234,7 @@ LAUNCH_EX(cuLaunchKernelEx_ptsz, 1)
       return CUDA_SUCCESS;                                                                         \
     return real(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);                                \
   }                                                                                                \
-  MT_EXPORT CUresult name(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,         \
+  MT_EXPORT CUresult name(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,        \
                           unsigned by, unsigned bz, unsigned smem, CUstream s, void **params,      \
                           void **extra) {                                                          \
     mt_fn_##name real =                                                                            \
@@ -241,7 +246,8 @@ LAUNCH_EX(cuLaunchKernelEx_ptsz, 1)
 LAUNCH(cuLaunchKernel, 0)
 LAUNCH(cuLaunchKernel_ptsz, 1)
 
-MT_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+MT_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                       cuuint64_t flags,
                                        CUdriverProcAddressQueryResult *symbolStatus) {
   mt_fn_cuGetProcAddress_v2 real = REAL(cuGetProcAddress_v2);
   if (!real)
@@ -252,7 +258,8 @@ MT_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaV
   return r;
 }
 
-MT_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+MT_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                    cuuint64_t flags) {
   mt_fn_cuGetProcAddress real = REAL(cuGetProcAddress);
   if (!real)
     return missing(MT_FN_cuGetProcAddress);

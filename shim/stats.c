@@ -249,7 +249,7 @@ static void shape_add(const mt_call *c) {
     else if (r->m != c->m || r->k != c->k || r->atype != c->atype || r->ctype != c->ctype)
       continue;
     r->calls++;
-    r->grouped |= c->entry == MT_FN_torch_grouped_mm;
+    r->grouped |= c->entry == MT_FN_torch_grouped_mm || c->entry == MT_FN_vllm_fused_moe;
     int seen = 0;
     for (int j = 0; j < r->distinct_n && !seen; j++)
       seen = r->n_seen[j] == c->n;

@@ -18,8 +18,8 @@
  * Suggested routes: a TN shape with A and B both BF16 or both FP16 (the layout of F.linear) whose
  * weight m x k was seen with at least MT_SUGGEST_DISTINCT_N different token counts n (experts get
  * a different number of tokens at every step; a dense layer sees one n per batch shape), or in
- * at least MT_SUGGEST_CALLS calls, or as the weights of a torch._grouped_mm forward (a stack of
- * experts by construction). Printed as spec lines, "route MxK", most calls first.
+ * at least MT_SUGGEST_CALLS calls, or as the weights of a torch._grouped_mm forward or of vLLM's
+ * fused_moe_kernel (stacks of experts by construction). Printed as spec lines, "route MxK", most calls first.
  */
 #ifndef MT_STATS_H
 #define MT_STATS_H

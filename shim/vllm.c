@@ -140,6 +140,11 @@ static int decode(mt_vllm_fn *v) {
  */
 #define PROBE_ROWS 256
 #define NAIVE_CTAS 64
+/* Room past what a hypothesis reads and writes, so that a kernel of another layout indexes into
+ * the probe's own memory: twice the output rows (each poisoned, each checked), and lists of as
+ * many slots as 64 blocks of 256 (token ids past the first 256 invalid). */
+#define C_ROWS (2 * PROBE_ROWS)
+#define LIST 16384
 
 typedef struct {
   CUdeviceptr a, b, c, w, sorted, experts, padded;
@@ -196,18 +201,20 @@ static int probe_fill(const mt_driver *d, const probe_mem *m, int fp16, uint8_t 
     a[(size_t)r * m->am] = half_of((float)(r + 1), fp16);
     b[(size_t)r * m->bn] = half_of(1.0f, fp16);
     w[r] = router_weight(r);
-    sorted[r] = r;
   }
-  for (size_t i = 0; i < (size_t)PROBE_ROWS * m->cm; i++)
+  for (int i = 0; i < LIST; i++)
+    sorted[i] = i < PROBE_ROWS ? i : INT32_MAX;
+  for (size_t i = 0; i < (size_t)C_ROWS * m->cm; i++)
     c[i] = 0xffff; /* NaN in both types: never an expected value */
   return d->memcpy_htod(base, host, bytes) == CUDA_SUCCESS;
 }
 
 /* What a launch wrote: rows 0 .. *rows - 1 each columns 0 .. *cols - 1 with one value val[r], and
  * nothing else; -1 when the output is of no such shape. */
-static int written(const uint16_t *c, const probe_mem *m, int fp16, int *rows, int *cols, float *val) {
+static int written(const uint16_t *c, const probe_mem *m, int fp16, int *rows, int *cols,
+                   float *val) {
   *rows = 0, *cols = 0;
-  for (int r = 0; r < PROBE_ROWS; r++) {
+  for (int r = 0; r < C_ROWS; r++) {
     const uint16_t *row = c + (size_t)r * m->cm;
     int n = 0;
     while (n < m->cols && row[n] != 0xffff)
@@ -217,7 +224,7 @@ static int written(const uint16_t *c, const probe_mem *m, int fp16, int *rows, i
         return -1;
     if (n == 0)
       continue;
-    if (r != *rows || (*rows && n != *cols))
+    if (r != *rows || r >= PROBE_ROWS || (*rows && n != *cols))
       return -1;
     for (int j = 1; j < n; j++)
       if (row[j] != row[0])
@@ -263,19 +270,23 @@ typedef struct {
 
 /* One launch of the function on the probe's data, as layout `lay` reads its parameters, over
  * `ctas` CTAs with `padded` slots in use; its output back into pr->host. */
-static int probe_run(probe *pr, const layout *lay, int ctas, int32_t padded, int32_t n, int32_t em) {
+static int probe_run(probe *pr, const layout *lay, int ctas, int32_t padded, int32_t n,
+                     int32_t em) {
   const int32_t *li = pr->ints;
   int32_t ints[NINTS] = {0};
   ints[I_N] = n, ints[I_K] = li[I_K], ints[I_EM] = em;
   ints[I_VALID] = same_class(PROBE_ROWS, li[I_VALID]);
-  ints[I_AM] = pr->m.am, ints[I_BE] = same_class(0, li[I_BE]), ints[I_BN] = pr->m.bn, ints[I_CM] = pr->m.cm;
-  CUdeviceptr ptr[NROLES] = {pr->m.a, pr->m.b, pr->m.c, pr->m.w, pr->m.sorted, pr->m.experts, pr->m.padded};
+  ints[I_AM] = pr->m.am, ints[I_BE] = same_class(0, li[I_BE]), ints[I_BN] = pr->m.bn,
+  ints[I_CM] = pr->m.cm;
+  CUdeviceptr ptr[NROLES] = {pr->m.a,      pr->m.b,       pr->m.c,     pr->m.w,
+                             pr->m.sorted, pr->m.experts, pr->m.padded};
   void *params[MAX_PARAMS];
   for (int p = 0; p < lay->nptr; p++)
     params[p] = &ptr[(int)lay->ptr[p]];
   for (int i = 0; i < NINTS; i++)
     params[lay->nptr + i] = &ints[i];
-  for (int s = 0; s < SCRATCH; s++) /* the launch's own scratch: valid for its grid, ours is smaller */
+  for (int s = 0; s < SCRATCH;
+       s++) /* the launch's own scratch: valid for its grid, ours is smaller */
     params[lay->nptr + NINTS + s] = pr->l->params[lay->nptr + NINTS + s];
   CUlaunchConfig cfg = pr->l->config;
   cfg.gridDimX = (unsigned)ctas, cfg.gridDimY = cfg.gridDimZ = 1;
@@ -283,13 +294,21 @@ static int probe_run(probe *pr, const layout *lay, int ctas, int32_t padded, int
   return d->memcpy_htod(pr->m.padded, &padded, 4) == CUDA_SUCCESS &&
          d->launch_kernel_ex(&cfg, pr->l->f, params, NULL) == CUDA_SUCCESS &&
          d->stream_synchronize(cfg.hStream) == CUDA_SUCCESS &&
-         d->memcpy_dtoh(pr->host + (pr->m.c - pr->base), pr->m.c, (size_t)PROBE_ROWS * pr->m.cm * 2) == CUDA_SUCCESS;
+         d->memcpy_dtoh(pr->host + (pr->m.c - pr->base), pr->m.c, (size_t)C_ROWS * pr->m.cm * 2) ==
+             CUDA_SUCCESS;
 }
 
 /* The constants under one hypothesis (layout, element type): 1 when the output says them exactly,
  * 0 when it does not, -1 on a driver failure. */
+static int has_role(const layout *lay, enum role r) {
+  for (int p = 0; p < lay->nptr; p++)
+    if (lay->ptr[p] == (int)r)
+      return 1;
+  return 0;
+}
+
 static int probe_try(probe *pr, mt_vllm_fn *v, const layout *lay, int fp16) {
-  const int naive = lay->ptr[4] != R_SORTED;
+  const int naive = !has_role(lay, R_SORTED);
   const int32_t *li = pr->ints;
   const uint16_t *c = (const uint16_t *)(pr->host + (pr->m.c - pr->base));
   float val[PROBE_ROWS];
@@ -307,7 +326,8 @@ static int probe_try(probe *pr, mt_vllm_fn *v, const layout *lay, int fp16) {
   } else {
     /* a TD variant's scratch is sized by the launch's grid: no more CTAs than it */
     const void *scratch = *(void *const *)pr->l->params[lay->nptr + NINTS];
-    const int ctas = scratch && pr->l->config.gridDimX < NAIVE_CTAS ? (int)pr->l->config.gridDimX : NAIVE_CTAS;
+    const int ctas =
+        scratch && pr->l->config.gridDimX < NAIVE_CTAS ? (int)pr->l->config.gridDimX : NAIVE_CTAS;
     const int32_t em = same_class(16384, li[I_EM]);
     if (ctas < 16 || !probe_run(pr, lay, ctas, 1 << 20, n, em))
       return ctas < 16 ? 0 : -1;
@@ -335,8 +355,9 @@ static CUdeviceptr probe_alloc(probe *pr) {
   m->am = same_class(li[I_K], li[I_AM]);
   m->bn = same_class(li[I_K], li[I_BN]);
   m->cm = same_class(PROBE_ROWS, li[I_CM]);
-  const size_t a = SECTION((size_t)PROBE_ROWS * m->am * 2), b = SECTION((size_t)PROBE_ROWS * m->bn * 2),
-               c = SECTION((size_t)PROBE_ROWS * m->cm * 2), small = SECTION(PROBE_ROWS * 4);
+  const size_t a = SECTION((size_t)PROBE_ROWS * m->am * 2),
+               b = SECTION((size_t)PROBE_ROWS * m->bn * 2), c = SECTION((size_t)C_ROWS * m->cm * 2),
+               small = SECTION((size_t)LIST * 4);
   pr->bytes = a + b + c + 4 * small;
   CUdeviceptr base;
   if (!(pr->host = malloc(pr->bytes)) || pr->d->mem_alloc(&base, pr->bytes) != CUDA_SUCCESS)
@@ -348,7 +369,8 @@ static CUdeviceptr probe_alloc(probe *pr) {
 
 /* Every hypothesis until one holds. S_READY, S_REFUSED, or S_LAYOUT with *why (try again at a
  * later launch: a capture, no memory, a driver failure). */
-static int calibrate_locked(mt_vllm_fn *v, const mt_launch_args *l, const int32_t *ints, enum mt_reason *why) {
+static int calibrate_locked(mt_vllm_fn *v, const mt_launch_args *l, const int32_t *ints,
+                            enum mt_reason *why) {
   probe pr = {.d = mt_driver_get(), .l = l, .ints = ints};
   CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
   *why = MT_R_CAPTURE;
@@ -368,20 +390,22 @@ static int calibrate_locked(mt_vllm_fn *v, const mt_launch_args *l, const int32_
   free(pr.host);
   mt_capture_restore(relaxed);
   if (found > 0) {
-    MT_INFO("vLLM's fused_moe_kernel %p decoded: %s, block_m %d, top_k %d, %s, %s output", (void *)v->f,
-            v->lay->what, v->block_m, v->top_k, v->mul ? "router weights multiplied" : "no router weights",
-            v->fp16 ? "FP16" : "BF16");
+    MT_INFO("vLLM's fused_moe_kernel %p decoded: parameters %s; BLOCK_SIZE_M %d, top_k %d, "
+            "MUL_ROUTED_WEIGHT %d, %s",
+            (void *)v->f, v->lay->what, v->block_m, v->top_k, v->mul, v->fp16 ? "FP16" : "BF16");
     return S_READY;
   }
   if (found < 0 || !pr.base)
     return S_LAYOUT;
-  MT_WARN_ONCE("a fused_moe_kernel's compile-time constants could not be established by running it on "
-               "probe data (another kernel of that name, or a version other than " CHECKED "): its "
-               "launches run unchanged (reason \"triton layout\")");
+  MT_WARN_ONCE(
+      "a fused_moe_kernel's compile-time constants could not be established by running it on "
+      "probe data (another kernel of that name, or a version other than " CHECKED "): its "
+      "launches run unchanged (reason \"triton layout\")");
   return refuse(v, MT_R_TRITON_LAYOUT);
 }
 
-static int calibrate(mt_vllm_fn *v, const mt_launch_args *l, const int32_t *ints, enum mt_reason *why) {
+static int calibrate(mt_vllm_fn *v, const mt_launch_args *l, const int32_t *ints,
+                     enum mt_reason *why) {
   pthread_mutex_lock(&v->lock);
   int st = atomic_load_explicit(&v->state, memory_order_relaxed);
   if (st == S_LAYOUT) {
@@ -419,8 +443,9 @@ static int read_ints(const mt_vllm_fn *v, const mt_launch_args *l, int32_t *ints
   for (int i = I_ZERO; i < NINTS; i++)
     if (ints[i])
       return 0;
-  return ints[I_N] > 0 && ints[I_K] > 0 && ints[I_EM] > 0 && ints[I_VALID] > 0 && ints[I_AM] >= ints[I_K] &&
-         ints[I_BN] >= ints[I_K] && ints[I_CM] >= ints[I_N] && ints[I_BE] > 0;
+  return ints[I_N] > 0 && ints[I_K] > 0 && ints[I_EM] > 0 && ints[I_VALID] > 0 &&
+         ints[I_AM] >= ints[I_K] && ints[I_BN] >= ints[I_K] && ints[I_CM] >= ints[I_N] &&
+         ints[I_BE] > 0;
 }
 
 static const void *role_ptr(const mt_vllm_fn *v, const mt_launch_args *l, enum role r) {
@@ -487,7 +512,8 @@ static int experts_of(const void *b, int32_t stride_be) {
   MT_WARN_ONCE("a vLLM expert weight's expert count cannot be bounded (its memory is %s): such "
                "launches run unchanged (reason \"expert count\"); allocate the weights with "
                "cudaMalloc (PyTorch's default allocator, without expandable_segments)",
-               e ? "large enough for more than the engine's 1024 experts" : "part of a reservation mapped piece by piece");
+               e ? "large enough for more than the engine's 1024 experts"
+                 : "part of a reservation mapped piece by piece");
   return 0;
 }
 

@@ -27,6 +27,7 @@
 #include "kernels/instr.h"
 #include "kernels/quant.h"
 #include "kernels/wcheck.h"
+#include "tests/cpu/fake/fake.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_EVENTS 8192
@@ -50,10 +51,12 @@ typedef struct {
 } allocation;
 static allocation allocs[MAX_ALLOCS];
 
+typedef struct triton_desc triton_desc;
 typedef struct {
   const char *image;
   size_t size;
   unsigned long long ctx_id; /* the context it was loaded in */
+  triton_desc *tri;          /* a Triton module (the section "Triton modules" at the end) */
 } module;
 static module modules[MAX_MODULES];
 static int nmodules;
@@ -89,6 +92,10 @@ static int alloc_should_fail(void);
 static unsigned long long next_buffer_id(void);
 static _Thread_local int thread_relaxed; /* cuThreadExchangeStreamCaptureMode */
 static void launch_delay(void);
+static size_t reserved_tail;
+static size_t triton_image(const char *image, triton_desc **tri);
+static void triton_launch(const triton_desc *t, const CUlaunchConfig *c, void **params);
+static void moe_dispatch(const mt_moe_dispatch_args *a);
 
 /* The log, aligned as its argument copies must be (mt_large_args holds CUtensorMaps). */
 static void events_alloc(void) {
@@ -346,7 +353,10 @@ EXPORT CUresult cuModuleLoadData(CUmodule *out, const void *image) {
   note_capture_violation();
   CUresult r = CUDA_SUCCESS;
   int major, minor;
+  triton_desc *tri = NULL;
   size_t size = image ? fatbin_size(image) : 0;
+  if (image && !size)
+    size = triton_image(image, &tri);
   if (fail_loads > 0) {
     fail_loads--;
     r = CUDA_ERROR_INVALID_IMAGE;
@@ -357,7 +367,7 @@ EXPORT CUresult cuModuleLoadData(CUmodule *out, const void *image) {
              major != 9 || minor != 0) {
     r = CUDA_ERROR_NO_BINARY_FOR_GPU;
   } else {
-    modules[nmodules] = (module){image, size, current_id()};
+    modules[nmodules] = (module){image, size, current_id(), tri};
     *out = (CUmodule)(void *)&modules[nmodules++];
     counts.module_loads++;
   }
@@ -520,6 +530,8 @@ static size_t args_size(const char *name) {
     return sizeof(mt_grouped_kargs);
   if (!strcmp(name, "mt_seg_ends"))
     return sizeof(mt_seg_ends_args);
+  if (!strcmp(name, "mt_moe_dispatch"))
+    return sizeof(mt_moe_dispatch_args);
   return 0;
 }
 
@@ -542,9 +554,11 @@ static void mark_grouped(const mt_grouped_kargs *a) {
     uint16_t *y =
         a->y_ptrs ? (uint16_t *)a->y_ptrs[s] : (uint16_t *)a->y + (long long)s * a->stride_y;
     long long row0 = a->y_ptrs ? 0 : start;
-    for (long long i = first; i < end; i++)
+    for (long long i = first; i < end; i++) {
+      const long long row = a->y_rows ? a->y_rows[start + i] : row0 + i; /* vLLM's dispatch */
       for (long long j = 0; j < a->n; j++)
-        y[(row0 + i) * a->ldy + j] = FAKE_CUDA_MARK;
+        y[row * a->ldy + j] = FAKE_CUDA_MARK;
+    }
   }
 }
 
@@ -705,8 +719,9 @@ static int should_fail(const char *name) {
   return --fail_in == 0;
 }
 
-EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
-                                 void **extra) {
+/* The launch itself: the exported entry points call it directly, never through the PLT, which the
+ * preloaded shim's hook would answer. */
+static CUresult launch_ex(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
   launch_delay();
   pthread_mutex_lock(&lock);
   function *fn = function_of(f);
@@ -755,12 +770,25 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, voi
       guards_open(0);
     } else if (!strcmp(fn->name, "mt_seg_ends"))
       seg_ends((const mt_seg_ends_args *)params[0]);
+    else if (!strcmp(fn->name, "mt_moe_dispatch"))
+      moe_dispatch((const mt_moe_dispatch_args *)params[0]);
+    else if (fn->mod->tri)
+      triton_launch(fn->mod->tri, config, params);
     else if (!strncmp(fn->name, "mt_instr_", 9))
       run_instr(fn->name, params[0]);
   }
   pthread_mutex_unlock(&lock);
   return r;
 }
+
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
+                                 void **extra) {
+  return launch_ex(config, f, params, extra);
+}
+/* Its address as the library defines it (what dlsym on the library finds; `cuLaunchKernelEx`
+ * itself would be the preloaded shim's), for cuGetProcAddress to return as the driver does. */
+extern __typeof__(cuLaunchKernelEx) own_launch_kernel_ex
+    __attribute__((alias("cuLaunchKernelEx"), visibility("hidden")));
 
 EXPORT CUresult cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType type, cuuint32_t rank,
                                        void *base, const cuuint64_t *dims,
@@ -1106,8 +1134,12 @@ static _Thread_local int thread_context; /* the slot current in this thread; -1:
 static int fail_alloc_in, no_async, launch_us;
 static long allocs_made;
 
+/* FAKE_CUDA_RESERVED: bytes each allocation's reservation has past its mapping (reserved_tail). */
 static void fake_cuda_env_more(void) {
-  const char *v = getenv("FAKE_CUDA_FAIL_ALLOC");
+  const char *v = getenv("FAKE_CUDA_RESERVED");
+  if (v && *v)
+    reserved_tail = (size_t)atol(v);
+  v = getenv("FAKE_CUDA_FAIL_ALLOC");
   if (v && *v)
     fail_alloc_in = atoi(v);
   v = getenv("FAKE_CUDA_LAUNCH_US");
@@ -1292,14 +1324,34 @@ EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUde
   pthread_mutex_lock(&lock);
   allocation *a = allocation_of((const void *)(uintptr_t)ptr, 1);
   CUresult r = CUDA_SUCCESS;
-  if (attr != CU_POINTER_ATTRIBUTE_BUFFER_ID)
+  if (attr != CU_POINTER_ATTRIBUTE_BUFFER_ID && attr != CU_POINTER_ATTRIBUTE_RANGE_START_ADDR &&
+      attr != CU_POINTER_ATTRIBUTE_RANGE_SIZE)
     r = CUDA_ERROR_NOT_SUPPORTED;
   else if (!a)
     r = CUDA_ERROR_INVALID_VALUE;
+  else if (attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+    *(CUdeviceptr *)data = (CUdeviceptr)(uintptr_t)a->p;
+  else if (attr == CU_POINTER_ATTRIBUTE_RANGE_SIZE)
+    *(size_t *)data = a->bytes + reserved_tail;
   else
     *(unsigned long long *)data = a->buffer_id;
   pthread_mutex_unlock(&lock);
   return r;
+}
+
+/* An allocation's mapped range (the reservation's, unless FAKE_CUDA_RESERVED makes the reservation
+ * larger than what is mapped, as PyTorch's expandable segments do). */
+EXPORT CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr ptr) {
+  pthread_mutex_lock(&lock);
+  allocation *a = allocation_of((const void *)(uintptr_t)ptr, 1);
+  if (a) {
+    if (base)
+      *base = (CUdeviceptr)(uintptr_t)a->p;
+    if (size)
+      *size = a->bytes;
+  }
+  pthread_mutex_unlock(&lock);
+  return a ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
 EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
@@ -1380,3 +1432,200 @@ EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned int flags) 
 }
 
 EXPORT CUresult cuMemHostUnregister(void *p) { return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+
+/* ---- Triton modules ------------------------------------------------------------------------
+ *
+ * A Triton module's image is a cubin: an ELF file. The fake takes an ELF image whose bytes hold
+ * ".text.NAME" for each kernel and one descriptor, "fake-triton: roles=R ints=N scratch=N bm=N
+ * bn=N gm=N top_k=N mul=N fp16=N scramble=N", which stands for what Triton compiles into the
+ * code: the pointer parameters' roles in order (a, b, c, w router weights, s sorted token ids, e
+ * expert ids, p slots in use), the integer and scratch parameters, and the constants of vLLM's
+ * fused_moe_kernel (BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M, top_k, MUL_ROUTED_WEIGHT, FP16
+ * elements). A launch runs that kernel's arithmetic on the host (FP32 sums in K order, one
+ * rounding), as vLLM's source does: programs grouped by GROUP_SIZE_M, blocks past the slots in use
+ * skipped, ids past num_valid_tokens masked, blocks of expert -1 writing zeros. scramble=1 is a
+ * kernel of the same name and layout that writes each row one row further down. */
+struct triton_desc {
+  char roles[8];
+  int nints, scratch, bm, bn, gm, top_k, mul, fp16, scramble;
+};
+
+static int desc_int(const char *d, const char *key) {
+  const char *p = strstr(d, key);
+  return p ? atoi(p + strlen(key)) : 0;
+}
+
+static size_t triton_image(const char *image, triton_desc **tri) {
+  if (memcmp(image,
+             "\x7f"
+             "ELF",
+             4))
+    return 0;
+  uint64_t shoff;
+  uint16_t shentsize, shnum;
+  memcpy(&shoff, image + 0x28, 8);
+  memcpy(&shentsize, image + 0x3a, 2);
+  memcpy(&shnum, image + 0x3c, 2);
+  size_t size = (size_t)(shoff + (uint64_t)shentsize * shnum);
+  const char *d = memmem(image, size, "fake-triton:", 12);
+  if (d && (*tri = calloc(1, sizeof **tri))) {
+    const char *r = strstr(d, "roles=");
+    for (int i = 0; r && i < 7 && r[6 + i] >= 'a' && r[6 + i] <= 'z'; i++)
+      (*tri)->roles[i] = r[6 + i];
+    (*tri)->nints = desc_int(d, "ints="), (*tri)->scratch = desc_int(d, "scratch=");
+    (*tri)->bm = desc_int(d, "bm="), (*tri)->bn = desc_int(d, "bn="),
+    (*tri)->gm = desc_int(d, "gm=");
+    (*tri)->top_k = desc_int(d, "top_k="), (*tri)->mul = desc_int(d, "mul=");
+    (*tri)->fp16 = desc_int(d, "fp16="), (*tri)->scramble = desc_int(d, "scramble=");
+  }
+  return size;
+}
+
+static const void *role_arg(const triton_desc *t, void **params, char role) {
+  const char *at = strchr(t->roles, role);
+  return at ? *(void *const *)params[at - t->roles] : NULL;
+}
+
+static float elem_of(uint16_t h, int fp16) {
+  return fp16 ? fake_f16_to_float(h) : fake_bf16_to_float(h);
+}
+
+/* One output row's block of columns of vLLM's fused_moe_kernel. */
+static void triton_row(const triton_desc *t, const int32_t *in, void **params, long tok, int e,
+                       int pid_n) {
+  const uint16_t *a = role_arg(t, params, 'a'), *b = role_arg(t, params, 'b');
+  uint16_t *c = (uint16_t *)role_arg(t, params, 'c');
+  const float *w = role_arg(t, params, 'w');
+  const int n = in[0], k = in[1];
+  const long am = in[4], be = in[5], bn = in[6], cm = in[7];
+  for (int j = 0; j < t->bn; j++) {
+    const int col = pid_n * t->bn + j;
+    if (col >= n)
+      continue;
+    float acc = 0.0f;
+    for (int kk = 0; e != -1 && kk < k; kk++)
+      acc += elem_of(a[tok / t->top_k * am + kk], t->fp16) *
+             elem_of(b[e * be + (long)(col % n) * bn + kk], t->fp16);
+    if (t->mul && e != -1)
+      acc *= w[tok];
+    c[(tok + t->scramble) * cm + col] = t->fp16 ? fake_float_to_f16(acc) : fake_float_to_bf16(acc);
+  }
+}
+
+static void triton_launch(const triton_desc *t, const CUlaunchConfig *cfg, void **params) {
+  const int np = (int)strlen(t->roles);
+  int32_t in[16] = {0};
+  if (t->nints != 15)
+    return; /* a layout the fake computes nothing for */
+  for (int i = 0; i < t->nints; i++)
+    memcpy(&in[i], params[np + i], 4);
+  const int32_t *sorted = role_arg(t, params, 's'), *experts = role_arg(t, params, 'e');
+  const int32_t *padded = role_arg(t, params, 'p');
+  const long num_pid_m = (in[2] + t->bm - 1) / t->bm, num_pid_n = (in[0] + t->bn - 1) / t->bn,
+             valid = in[3];
+  for (long pid = 0; pid < (long)cfg->gridDimX; pid++) {
+    const long in_group = t->gm * num_pid_n, first = pid / in_group * t->gm;
+    const long size = num_pid_m - first < t->gm ? num_pid_m - first : t->gm;
+    if (size <= 0)
+      continue;
+    const long pid_m = first + pid % in_group % size, pid_n = pid % in_group / size;
+    if (pid_m * t->bm >= *padded)
+      continue;
+    for (int i = 0; i < t->bm; i++) {
+      const long tok = sorted ? sorted[pid_m * t->bm + i] : i == 0 ? pid_m : valid;
+      if (tok < valid)
+        triton_row(t, in, params, tok, experts[pid_m], (int)pid_n);
+    }
+  }
+}
+
+EXPORT CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t *offset, size_t *size) {
+  pthread_mutex_lock(&lock);
+  function *fn = function_of(f);
+  const triton_desc *t = fn ? fn->mod->tri : NULL;
+  const size_t np = t ? strlen(t->roles) : 0,
+               n = t ? np + (size_t)t->nints + (size_t)t->scratch : 0;
+  CUresult r = t && index < n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    size_t at = 0;
+    for (size_t i = 0; i <= index; i++) {
+      const size_t sz = i < np || i >= np + (size_t)t->nints ? 8 : 4;
+      at = (at + sz - 1) / sz * sz;
+      if (i == index)
+        *offset = at, *size = sz;
+      at += sz;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                               unsigned by, unsigned bz, unsigned smem, CUstream stream,
+                               void **params, void **extra) {
+  const CUlaunchConfig c = {.gridDimX = gx,
+                            .gridDimY = gy,
+                            .gridDimZ = gz,
+                            .blockDimX = bx,
+                            .blockDimY = by,
+                            .blockDimZ = bz,
+                            .sharedMemBytes = smem,
+                            .hStream = stream};
+  return launch_ex(&c, f, params, extra);
+}
+
+/* The fake's own launch, for a test to run a kernel past the shim's hook. */
+EXPORT CUresult fake_cuda_launch_ex(const CUlaunchConfig *config, CUfunction f, void **params,
+                                    void **extra) {
+  return launch_ex(config, f, params, extra);
+}
+
+EXPORT CUresult cuModuleUnload(CUmodule hmod) {
+  return hmod ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* cuGetProcAddress_v2 (cuda.h's macro names it), for the symbols the tests ask for. */
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                 CUdriverProcAddressQueryResult *status) {
+  (void)version, (void)flags;
+  void *p = !strcmp(symbol, "cuLaunchKernelEx") ? (void *)own_launch_kernel_ex : NULL;
+  if (status)
+    *status = p ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  *pfn = p;
+  return p ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+/* mt_moe_dispatch (kernels/grouped.cu) on the host: the same lists, each segment's rows in slot
+ * order (the GPU's order within a segment is any). */
+static void moe_dispatch(const mt_moe_dispatch_args *a) {
+  const long padded = *a->post_padded;
+  const long run = padded > 0 ? (padded + a->block_m - 1) / a->block_m : 0;
+  const long blocks = run < a->blocks ? run : a->blocks,
+             slots = a->sorted ? blocks * a->block_m : blocks;
+  int *next = calloc((size_t)a->nseg + 1, sizeof *next);
+  for (int pass = 0; pass < 2; pass++) {
+    for (long s = 0; s < slots; s++) {
+      const int id = a->sorted ? a->sorted[s] : (int)s,
+                e = a->experts[a->sorted ? s / a->block_m : s];
+      if (id < 0 || id >= a->valid)
+        continue;
+      if (e >= 0 && e < a->nseg && pass == 0) {
+        next[e + 1]++;
+      } else if (e >= 0 && e < a->nseg) {
+        const int r = next[e]++;
+        a->src[r] = id / a->top_k, a->dst[r] = id;
+        if (a->w)
+          a->w[r] = a->weights[id];
+      } else if (e == -1 && pass == 1) {
+        memset((uint16_t *)a->y + (long long)id * a->ldy, 0, (size_t)a->n * 2);
+      }
+    }
+    if (pass == 0)
+      for (int e = 0; e < a->nseg; e++)
+        next[e + 1] += next[e], a->offs[e] = next[e + 1];
+  }
+  const int total = a->nseg ? a->offs[a->nseg - 1] : 0;
+  for (int r = total; r < a->valid; r++)
+    a->src[r] = total ? a->src[0] : 0, a->dst[r] = -1;
+  free(next);
+}
