@@ -25,3 +25,9 @@ bench: $(B)/bench/bench_kernels $(B)/bench/bench_moe $(B)/bench/libmt_bench.so
 	$(PYTHON) bench/bench_moe_torch.py --lib $(B)/bench/libmt_bench.so $(B)/bench_moe_torch.json
 
 bench-build: $(B)/bench/bench_kernels $(B)/bench/bench_moe $(B)/bench/libmt_bench.so
+
+# vLLM's Triton MoE kernel (the real source: `make vllm-sources`) against the engine as the launch
+# door runs it, into $(B)/bench_moe_vllm.json (device machine; PYTHON's torch and triton).
+.PHONY: bench-vllm
+bench-vllm: $(B)/bench/libmt_bench.so
+	$(PYTHON) bench/bench_moe_vllm.py --lib $(B)/bench/libmt_bench.so $(B)/bench_moe_vllm.json

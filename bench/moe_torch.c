@@ -46,3 +46,37 @@ MTB_EXPORT int mtb_grouped(int count, int n, int k, void *mem, const int32_t *of
   mt_grouped_args a = mtb_layer_args(&ws, count, n, k, offs, m, x, y, workspace, workspace_bytes);
   return mt_gemm_grouped(&a, stream);
 }
+
+/* Bytes of device memory the dispatch lists of `m` rows over `count` experts take. */
+MTB_EXPORT size_t mtb_lists_bytes(int m, int count, int weighted) {
+  return mt_moe_lists_bytes(m, count, weighted);
+}
+
+/* vLLM's fused-MoE dispatch (kernels/engine.h, mt_moe_dispatch): y row id = x row id / top_k .
+ * W_e^T (times weights[id] where given) for each valid slot of sorted (NULL: one pair a block) in
+ * the blocks < `blocks` that *padded reaches, e the block's expert; m = the valid ids (vLLM's
+ * num_valid_tokens); x rows of k at stride ldx, y rows of n at stride ldy, BF16. One dispatch
+ * launch, the activations' quantization and one grouped GEMM launch, as the launch door runs a
+ * fused_moe_kernel launch (but the frozen store's refresh). */
+MTB_EXPORT int mtb_dispatched(int count, int n, int k, void *mem, const int32_t *sorted,
+                              const int32_t *experts, const int32_t *padded, const float *weights,
+                              int blocks, int block_m, int top_k, int m, const void *x, int ldx,
+                              void *y, int ldy, void *lists, void *workspace,
+                              size_t workspace_bytes, void *stream) {
+  mt_wstore ws;
+  int st = mt_wstore_bind(&ws, count, n, k, &num, mem);
+  if (st != MT_OK)
+    return st;
+  mt_moe_dispatch d = {.sorted = sorted,
+                       .experts = experts,
+                       .post_padded = padded,
+                       .weights = weights,
+                       .blocks = blocks,
+                       .block_m = block_m,
+                       .top_k = top_k,
+                       .lists = mt_moe_lists_at(lists, m, count, weights != NULL)};
+  mt_grouped_args a =
+      mtb_layer_args(&ws, count, n, k, d.lists.offs, m, x, y, workspace, workspace_bytes);
+  a.ldx = (size_t)ldx, a.ldy = (size_t)ldy, a.dispatch = &d;
+  return mt_gemm_grouped(&a, stream);
+}

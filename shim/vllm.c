@@ -506,7 +506,9 @@ static void call_of(const mt_vllm_fn *v, const mt_launch_args *l, const int32_t 
 
 /* The bound on the weight's experts, or 0 (said once). */
 static int experts_of(const void *b, int32_t stride_be) {
+  const int relaxed = mt_capture_relax(); /* vLLM captures its decode steps, in global mode */
   const int e = mt_vllm_experts(b, (size_t)stride_be * 2);
+  mt_capture_restore(relaxed);
   if (e > 0 && e <= MT_MOE_MAX_EXPERTS)
     return e;
   MT_WARN_ONCE("a vLLM expert weight's expert count cannot be bounded (its memory is %s): such "

@@ -71,8 +71,8 @@ def test_library():
     nm = subprocess.run(["nm", "-D", "--defined-only", LIB], capture_output=True, text=True)
     exported = sorted(line.split()[-1] for line in nm.stdout.splitlines()
                       if line.split()[-2:-1] and line.split()[-2] in "TDB")
-    harness.check(exported == ["mtb_grouped", "mtb_status", "mtb_store_bytes",
-                               "mtb_store_quantize", "mtb_workspace_bytes"],
+    harness.check(exported == ["mtb_dispatched", "mtb_grouped", "mtb_lists_bytes", "mtb_status",
+                               "mtb_store_bytes", "mtb_store_quantize", "mtb_workspace_bytes"],
                   f"exports {exported}")
     res = subprocess.run([sys.executable, "-c", LIB_CHECK, LIB, os.path.join(ROOT, "bench")],
                          capture_output=True, text=True, env=preload_env(), timeout=120)

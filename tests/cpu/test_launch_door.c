@@ -64,16 +64,21 @@ static CUfunction kernel(const char *path, const char *desc) {
   static int nimages;
   char *img = images[nimages++ % 16];
   memset(img, 0, 1024);
-  memcpy(img, "\x7f" "ELF\x02", 5);
+  memcpy(img,
+         "\x7f"
+         "ELF\x02",
+         5);
   const uint64_t shoff = 1024 - 64;
   const uint16_t shentsize = 64, shnum = 1;
   memcpy(img + 0x28, &shoff, 8);
   memcpy(img + 0x3a, &shentsize, 2);
   memcpy(img + 0x3c, &shnum, 2);
-  snprintf(img + 64, 1024 - 128, ".text.fused_moe_kernel%c%s%cfake-triton: %s", 0, path ? path : "", 0, desc);
+  snprintf(img + 64, 1024 - 128, ".text.fused_moe_kernel%c%s%cfake-triton: %s", 0, path ? path : "",
+           0, desc);
   CUmodule m;
   CUfunction f = NULL;
-  if (load_module(&m, img) != CUDA_SUCCESS || get_function(&f, m, "fused_moe_kernel") != CUDA_SUCCESS)
+  if (load_module(&m, img) != CUDA_SUCCESS ||
+      get_function(&f, m, "fused_moe_kernel") != CUDA_SUCCESS)
     printf("    child: the Triton module did not load\n");
   return f;
 }
@@ -99,7 +104,8 @@ static uint32_t seed = 77;
 
 static void make_layer(layer *l, int tokens, int top_k, int bm, int naive) {
   *l = (layer){.tokens = tokens, .top_k = top_k, .bm = bm, .naive = naive, .valid = tokens * top_k};
-  l->a = dev((size_t)tokens * K * 2), l->b = dev((size_t)E * N * K * 2), l->c = dev((size_t)l->valid * N * 2);
+  l->a = dev((size_t)tokens * K * 2), l->b = dev((size_t)E * N * K * 2),
+  l->c = dev((size_t)l->valid * N * 2);
   l->w = dev((size_t)l->valid * 4), l->padded = dev(4);
   uint16_t *x = mt_t_matrix(&seed, (size_t)tokens * K), *w = mt_t_matrix(&seed, (size_t)E * N * K);
   memcpy(l->a, x, (size_t)tokens * K * 2), memcpy(l->b, w, (size_t)E * N * K * 2);
@@ -165,13 +171,14 @@ static void args_of(const layer *l, const char *roles, int bn, args *a, CUstream
   for (int i = 0; i < 15; i++)
     a->params[np + i] = &a->ints[i];
   a->params[np + 15] = &a->scratch[0], a->params[np + 16] = &a->scratch[1];
-  a->cfg = (CUlaunchConfig){.gridDimX = (unsigned)(((l->em + l->bm - 1) / l->bm) * ((N + bn - 1) / bn)),
-                            .gridDimY = 1,
-                            .gridDimZ = 1,
-                            .blockDimX = 128,
-                            .blockDimY = 1,
-                            .blockDimZ = 1,
-                            .hStream = stream};
+  a->cfg =
+      (CUlaunchConfig){.gridDimX = (unsigned)(((l->em + l->bm - 1) / l->bm) * ((N + bn - 1) / bn)),
+                       .gridDimY = 1,
+                       .gridDimZ = 1,
+                       .blockDimX = 128,
+                       .blockDimY = 1,
+                       .blockDimZ = 1,
+                       .hStream = stream};
 }
 
 /* Launches of fused_moe_kernel so far (the function's own runs: the program's and the probe's). */
@@ -179,7 +186,8 @@ static int triton_runs(void) {
   const fake_cuda_event *ev;
   int n = cuda_events(&ev), runs = 0;
   for (int i = 0; i < n; i++)
-    runs += ev[i].kind == FAKE_EV_LAUNCH && !strcmp(ev[i].name, "fused_moe_kernel") && !ev[i].result;
+    runs +=
+        ev[i].kind == FAKE_EV_LAUNCH && !strcmp(ev[i].name, "fused_moe_kernel") && !ev[i].result;
   return runs;
 }
 
@@ -187,7 +195,8 @@ static int launched(const char *name) {
   const fake_cuda_event *ev;
   int n = cuda_events(&ev), runs = 0;
   for (int i = 0; i < n; i++)
-    runs += ev[i].kind == FAKE_EV_LAUNCH && !strncmp(ev[i].name, name, strlen(name)) && !ev[i].result;
+    runs +=
+        ev[i].kind == FAKE_EV_LAUNCH && !strncmp(ev[i].name, name, strlen(name)) && !ev[i].result;
   return runs;
 }
 
@@ -219,7 +228,8 @@ static int computed_by_triton(const layer *l, const char *roles, CUfunction f) {
 
 static void poison_c(const layer *l) { memset(l->c, 0xff, (size_t)l->valid * N * 2); }
 
-#define DESC(roles, bm, top_k, mul) "roles=" roles " ints=15 scratch=2 bm=" #bm " bn=32 gm=1 top_k=" #top_k " mul=" #mul
+#define DESC(roles, bm, top_k, mul)                                                                \
+  "roles=" roles " ints=15 scratch=2 bm=" #bm " bn=32 gm=1 top_k=" #top_k " mul=" #mul
 
 /* vLLM's GEMM1 as TritonExperts launches it (no router weights), sorted dispatch: decoded by one
  * probe run, then every launch routed (the engine's dispatch and GEMM, the rows of valid ids
@@ -233,7 +243,8 @@ static void scenario_sorted(void) {
     poison_c(&l);
     args_of(&l, "abcsep", 32, &a, NULL);
     CHECK(launch_ex(&a.cfg, f, a.params, NULL) == CUDA_SUCCESS);
-    CHECKF(marked_rows(&l) == l.valid, "call %d: %d rows marked of %d", call, marked_rows(&l), l.valid);
+    CHECKF(marked_rows(&l) == l.valid, "call %d: %d rows marked of %d", call, marked_rows(&l),
+           l.valid);
   }
   CHECKF(triton_runs() == 1, "the function ran %d times (its probe once)", triton_runs());
   CHECK(launched("mt_moe_dispatch") == 3 && launched("mt_grouped_") == 3);
@@ -261,7 +272,8 @@ static void scenario_naive_weights(void) {
 }
 
 /* A launch the door leaves alone runs the function's own arithmetic, bit for bit. */
-static void expect_passed_through(CUfunction f, const char *roles, int tokens, int top_k, int naive, int runs) {
+static void expect_passed_through(CUfunction f, const char *roles, int tokens, int top_k, int naive,
+                                  int runs) {
   layer l;
   make_layer(&l, tokens, top_k, 16, naive);
   args a;
@@ -269,7 +281,8 @@ static void expect_passed_through(CUfunction f, const char *roles, int tokens, i
   poison_c(&l);
   CHECK(launch_ex(&a.cfg, f, a.params, NULL) == CUDA_SUCCESS);
   CHECKF(triton_runs() == runs, "the function ran %d times, want %d", triton_runs(), runs);
-  CHECKF(marked_rows(&l) == 0 && computed_by_triton(&l, roles, f), "the output is not the function's own");
+  CHECKF(marked_rows(&l) == 0 && computed_by_triton(&l, roles, f),
+         "the output is not the function's own");
 }
 
 /* Under bf16 the launch is counted as routed and runs unchanged (after its probe). */
@@ -280,14 +293,16 @@ static void scenario_bf16(void) {
 
 /* SGLang's kernel (its image's line table names sglang/): never probed, passed through. */
 static void scenario_sglang(void) {
-  CUfunction f = kernel("/usr/lib/python3/site-packages/sglang/kernels/ops/moe/fused_moe_triton_kernels.py",
-                        DESC("abcwsep", 16, 2, 0));
+  CUfunction f =
+      kernel("/usr/lib/python3/site-packages/sglang/kernels/ops/moe/fused_moe_triton_kernels.py",
+             DESC("abcwsep", 16, 2, 0));
   expect_passed_through(f, "abcwsep", 5, 2, 0, 1);
 }
 
 /* A layout outside the table (vLLM before b_bias: 13 integers): never probed, passed through. */
 static void scenario_unknown_layout(void) {
-  CUfunction f = kernel(VLLM_PATH, "roles=abcwsep ints=13 scratch=2 bm=16 bn=32 gm=1 top_k=2 mul=0");
+  CUfunction f =
+      kernel(VLLM_PATH, "roles=abcwsep ints=13 scratch=2 bm=16 bn=32 gm=1 top_k=2 mul=0");
   layer l;
   make_layer(&l, 5, 2, 16, 0);
   args a;
@@ -308,7 +323,8 @@ static void scenario_scrambled(void) {
   for (int call = 0; call < 2; call++)
     CHECK(launch_ex(&a.cfg, f, a.params, NULL) == CUDA_SUCCESS);
   CHECK(marked_rows(&l) == 0);
-  CHECKF(triton_runs() == 4 + 2, "runs %d", triton_runs()); /* 4 hypotheses once (2 layouts x 2 types), 2 launches */
+  CHECKF(triton_runs() == 4 + 2, "runs %d",
+         triton_runs()); /* 4 hypotheses once (2 layouts x 2 types), 2 launches */
 }
 
 /* First seen while its stream captures: no probe then ("capture"), the launch runs unchanged;
@@ -322,7 +338,8 @@ static void scenario_capture_first(void) {
   args_of(&l, "abcsep", 32, &a, s);
   set_capturing(s, 1);
   poison_c(&l);
-  CHECK(launch_ex(&a.cfg, f, a.params, NULL) == CUDA_SUCCESS && marked_rows(&l) == 0 && triton_runs() == 1);
+  CHECK(launch_ex(&a.cfg, f, a.params, NULL) == CUDA_SUCCESS && marked_rows(&l) == 0 &&
+        triton_runs() == 1);
   set_capturing(s, 0);
   poison_c(&l);
   CHECK(launch_ex(&a.cfg, f, a.params, NULL) == CUDA_SUCCESS && marked_rows(&l) == l.valid);
@@ -353,16 +370,21 @@ static void scenario_other_kernel(void) {
   CUfunction f = kernel(VLLM_PATH, DESC("abcsep", 16, 2, 0));
   CUmodule m;
   static char img[1024];
-  memcpy(img, "\x7f" "ELF\x02", 5);
+  memcpy(img,
+         "\x7f"
+         "ELF\x02",
+         5);
   const uint64_t shoff = 1024 - 64;
   const uint16_t shentsize = 64, shnum = 1;
   memcpy(img + 0x28, &shoff, 8), memcpy(img + 0x3a, &shentsize, 2), memcpy(img + 0x3c, &shnum, 2);
   memcpy(img + 64, ".text.other_kernel", 19);
   CUfunction g = NULL;
-  CHECK(load_module(&m, img) == CUDA_SUCCESS && get_function(&g, m, "other_kernel") == CUDA_SUCCESS);
+  CHECK(load_module(&m, img) == CUDA_SUCCESS &&
+        get_function(&g, m, "other_kernel") == CUDA_SUCCESS);
   void *arg = &m;
   void *params[] = {arg};
-  const CUlaunchConfig cfg = {.gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32, .blockDimY = 1, .blockDimZ = 1};
+  const CUlaunchConfig cfg = {
+      .gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32, .blockDimY = 1, .blockDimZ = 1};
   CHECK(launch_ex(&cfg, g, params, NULL) == CUDA_SUCCESS && launched("other_kernel") == 1);
   (void)f;
 }
@@ -404,8 +426,11 @@ static void sorted_gemm1_is_routed(void) {
   run("sorted", env, &r);
   CHECKF(routed(&r) == 3, "routed %ld", routed(&r));
   CHECK(census_has(&r, "vllm fused_moe_kernel"));
-  CHECKF(r.err && strstr(r.err, "decoded: parameters sorted; BLOCK_SIZE_M 16, top_k 2, MUL_ROUTED_WEIGHT 0, BF16"), "%s",
-         r.err);
+  CHECKF(
+      r.err &&
+          strstr(r.err,
+                 "decoded: parameters sorted; BLOCK_SIZE_M 16, top_k 2, MUL_ROUTED_WEIGHT 0, BF16"),
+      "%s", r.err);
   mt_t_child_free(&r);
 }
 
@@ -414,7 +439,8 @@ static void naive_gemm2_with_weights_is_routed(void) {
   mt_t_child r;
   run("naive_weights", env, &r);
   CHECKF(routed(&r) == 2, "routed %ld", routed(&r));
-  CHECKF(r.err && strstr(r.err, "decoded: parameters naive, router weights; BLOCK_SIZE_M 16, top_k 1, MUL_ROUTED_WEIGHT 1, BF16"),
+  CHECKF(r.err && strstr(r.err, "decoded: parameters naive, router weights; BLOCK_SIZE_M 16, top_k "
+                                "1, MUL_ROUTED_WEIGHT 1, BF16"),
          "%s", r.err);
   mt_t_child_free(&r);
 }
@@ -438,8 +464,8 @@ static void refused_kernels_pass_through_counted(void) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     mt_t_child r;
     run(cases[i].scenario, NULL, &r);
-    CHECKF(mt_t_fallback(r.summary, cases[i].reason) == cases[i].count, "%s: %s %ld", cases[i].scenario,
-           cases[i].reason, mt_t_fallback(r.summary, cases[i].reason));
+    CHECKF(mt_t_fallback(r.summary, cases[i].reason) == cases[i].count, "%s: %s %ld",
+           cases[i].scenario, cases[i].reason, mt_t_fallback(r.summary, cases[i].reason));
     mt_t_child_free(&r);
   }
   const char *reserved[] = {"FAKE_CUDA_RESERVED=1048576", NULL};

@@ -17,6 +17,9 @@
 #              GPU_PY="tests/gpu/test_a.py ..." narrows them
 #   bench      make bench; its JSON files into the logs
 #   benchshim  make bench-shim
+#   door       the launch door: test_grouped's vLLM dispatch case, then tests/gpu/test_vllm_moe.py
+#              (DOOR_LIMIT, default 420) on the vLLM sources of `make vllm-sources`
+#   benchvllm  make bench-vllm: vLLM's Triton MoE kernel against the engine; its JSON into the logs
 #   ncu        two rows of the benchmark (NCU_ROWS) under Nsight Compute; NCU_BLAS=1 adds the
 #              cuBLAS kernels of those rows
 #   probe      make lab, then each probe (PROBES="feed floor ..." narrows them, default all of
@@ -79,6 +82,12 @@ store_refresh_modes store_refresh_rounds grouped_after_refresh grouped_many_segm
         compute-sanitizer --tool memcheck --error-exitcode 99 build/tests/gpu/test_grouped ;;
   bench) step bench 400 make bench && cp build/bench.json build/bench_moe.json build/bench_moe_torch.json "$out/" 2>/dev/null ;;
   benchshim) step benchshim 120 make bench-shim ;;
+  door) # the launch door on vLLM's real kernel (build/third_party: make vllm-sources, carried)
+    make -s -j16 build/tests/gpu/test_grouped build/tests/cpu/nvfp4_tool >"$out/door-build${TAG:-}.log" 2>&1 ||
+      { echo "== door: build failed (door-build${TAG:-}.log)"; continue; }
+    step door-dispatch 240 env MT_BUILD=build MT_TEST_ONLY="grouped_moe_dispatch" build/tests/gpu/test_grouped
+    step door-vllm "${DOOR_LIMIT:-420}" env PYTHONUNBUFFERED=1 python3 tests/gpu/test_vllm_moe.py ;;
+  benchvllm) step bench-vllm 400 make bench-vllm && cp build/bench_moe_vllm.json "$out/" 2>/dev/null ;;
   ncu) # the GEMM kernels of two rows of the benchmark under Nsight Compute (clocks left alone)
     for cfg in ${NCU_ROWS:-qwen3_gate_up:4096 qwen3_gate_up:1}; do
       step "ncu-${cfg/:/-}" 240 env MT_BENCH_ONLY="$cfg" ncu --clock-control none \
