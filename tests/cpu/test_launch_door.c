@@ -105,7 +105,7 @@ static uint32_t seed = 77;
 static void make_layer(layer *l, int tokens, int top_k, int bm, int naive) {
   *l = (layer){.tokens = tokens, .top_k = top_k, .bm = bm, .naive = naive, .valid = tokens * top_k};
   l->a = dev((size_t)tokens * K * 2), l->b = dev((size_t)E * N * K * 2),
-  l->c = dev((size_t)l->valid * N * 2);
+  l->c = dev((size_t)(l->valid + 1) * N * 2); /* a row more: the scrambled kernel writes it */
   l->w = dev((size_t)l->valid * 4), l->padded = dev(4);
   uint16_t *x = mt_t_matrix(&seed, (size_t)tokens * K), *w = mt_t_matrix(&seed, (size_t)E * N * K);
   memcpy(l->a, x, (size_t)tokens * K * 2), memcpy(l->b, w, (size_t)E * N * K * 2);
