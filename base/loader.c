@@ -118,7 +118,6 @@ MT_BEFORE_INIT void *mt_loader_function(const char *name) {
   return (void *)elf_lookup(lm, name);
 }
 
-
 /* Never the next dlsym after the library: RTLD_NEXT from here must mean "after this library". */
 mt_dlsym_fn mt_loader_dlsym(void) {
   static void *_Atomic own;
