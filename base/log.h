@@ -9,8 +9,9 @@
  * interleave. Nothing is ever written to stdout.
  *
  * The level check is one relaxed atomic load, so a disabled log line costs a load and a branch.
- * Before mt_param_log() (base/param.h) the level is WARN and the destination stderr: the few warnings that can
- * happen while the shim is inert (a real cuBLAS function not found) still reach the user.
+ * Before mt_params_start() (base/params.h) the level is WARN and the destination stderr: the few
+ * warnings that can happen while the shim is inert (a real cuBLAS function not found) still reach
+ * the user.
  */
 #ifndef MT_LOG_H
 #define MT_LOG_H

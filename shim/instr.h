@@ -28,13 +28,14 @@
 
 #include <stddef.h>
 
+#include "base/params.h"
 #include "kernels/engine.h"
 #include "shim/call.h"
 #include "spec/spec.h"
 
-/* Read MINITE_SHADOW, MINITE_PROBE, MINITE_DIGEST, MINITE_INSTR_MB. stats_on: MINITE_STATS is
- * set (otherwise every instrument is off). Returns the number of invalid values (each warned). */
-int mt_instr_init(const mt_spec *s, int stats_on);
+/* Take the settings of MINITE_SHADOW, MINITE_PROBE, MINITE_DIGEST, MINITE_INSTR_MB and
+ * MINITE_INSTR_SLOTS; every instrument is off unless MINITE_STATS is set. */
+void mt_instr_init(const mt_spec *s, const mt_params *p);
 
 /* 1 when any instrument is on (and the process is not a forked child). */
 int mt_instr_enabled(void);

@@ -11,13 +11,14 @@
 #include "shim/fork.h"
 #include "shim/instr.h"
 #include "base/log.h"
-#include "base/param.h"
+#include "base/params.h"
 #include "shim/router.h"
 #include "shim/stats.h"
 #include "shim/wcache.h"
 
 atomic_int mt_shim_on;
 static mt_spec spec;         /* written once before mt_shim_on is set, read-only afterwards */
+static mt_params params;     /* likewise */
 static char role_name[1024]; /* longer roles are cut (a character cut in two: U+FFFD) */
 static pthread_once_t first_call = PTHREAD_ONCE_INIT;
 
@@ -77,8 +78,7 @@ static int load_spec(const char *name) {
   return -1;
 }
 
-static int load_routes(void) {
-  const char *list = mt_param_str("MINITE_ROUTE");
+static int load_routes(const char *list) {
   if (!list)
     return 0;
   mt_spec_errors errs = {0};
@@ -127,29 +127,23 @@ static int refuse(int strict) {
 }
 
 int mt_shim_init(void) {
-  const char *name = getenv("MINITE_SPEC");
-  if (!name || !name[0])
-    return 0; /* inert: nothing read, opened, allocated or printed */
-  int soft_errors = mt_param_log();
-  int strict = mt_param_bool("MINITE_STRICT", 0, &soft_errors);
-  mt_param_str("MINITE_SPEC");
-  int hard_errors = load_spec(name) != 0;
+  mt_params_read(&params);
+  if (!params.spec)
+    return 0; /* inert: nothing opened, allocated or printed */
+  int soft_errors = mt_params_start(&params);
+  int hard_errors = load_spec(params.spec) != 0;
   if (!hard_errors)
-    hard_errors = load_routes() != 0;
-  if (!hard_errors)
-    soft_errors += mt_wcache_init(&spec);
-  const char *role = mt_param_str("MINITE_ROLE");
-  const char *stats = mt_param_str("MINITE_STATS");
-  if (!hard_errors)
-    soft_errors += mt_instr_init(&spec, stats != NULL);
-  if (hard_errors)
-    return refuse(strict);
-  if (strict && soft_errors)
-    return refuse(strict);
-  if (stats && mt_stats_check(stats, problem, sizeof problem) != 0)
-    return refuse(strict);
-  snprintf(role_name, sizeof role_name, "%s", role ? role : "");
-  info_started(role, stats);
+    hard_errors = load_routes(params.route) != 0;
+  if (!hard_errors) {
+    mt_wcache_init(&spec, &params);
+    mt_instr_init(&spec, &params);
+  }
+  if (hard_errors || (params.strict && soft_errors))
+    return refuse(params.strict);
+  if (params.stats && mt_stats_check(params.stats, problem, sizeof problem) != 0)
+    return refuse(params.strict);
+  snprintf(role_name, sizeof role_name, "%s", params.role ? params.role : "");
+  info_started(params.role, params.stats);
   atomic_store_explicit(&mt_shim_on, 1, memory_order_release);
   return 0;
 }

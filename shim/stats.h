@@ -1,6 +1,6 @@
 /* stats.h — counters, the census of GEMM shapes, and the JSON lines written to MINITE_STATS.
  *
- * The file (a path template, see param.h) is checked when the shim starts, and created at the
+ * The file (a path template, see base/proc.h) is checked when the shim starts, and created at the
  * first GEMM call, with a "start" record (pid, host, rank, local_rank, world_size: base/proc.h;
  * device and pci_bus: the device current at that call, kernels/driver.h mt_device_current; role,
  * spec, fingerprint, repeated in the summary); a "summary" record follows at exit: calls, routed,

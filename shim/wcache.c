@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "base/param.h"
+#include "base/params.h"
 #include "kernels/driver.h"
 #include "kernels/wcheck.h"
 
@@ -120,19 +120,16 @@ int mt_wcache_forked(void) {
   return 0;
 }
 
-int mt_wcache_init(const mt_spec *s) {
-  static const char *const modes[] = {"requantize", "frozen", "frozen-sampled", NULL};
-  static const char *const capture_modes[] = {"off", "graph", NULL};
-  int errors = 0;
-  int mode = mt_param_choice("MINITE_WEIGHT_CACHE", modes, (int)s->weight_cache, &errors);
+void mt_wcache_init(const mt_spec *s, const mt_params *p) {
+  int set = p->from[MT_P_MINITE_WEIGHT_CACHE] != MT_FROM_DEFAULT &&
+            p->from[MT_P_MINITE_WEIGHT_CACHE] != MT_FROM_INVALID;
+  int mode = set ? p->weight_cache : (int)s->weight_cache;
   frozen = mode != MT_WCACHE_REQUANTIZE;
   check_step = mode == MT_WCACHE_FROZEN_SAMPLED ? MT_SAMPLE_STEP : 1;
-  cache_limit = (size_t)mt_param_count("MINITE_CACHE_MB", 8192, 0, 1ull << 30, "MiB", &errors)
-                << 20;
-  capture_graph = mt_param_choice("MINITE_CAPTURE", capture_modes, 1, &errors) == 1;
+  cache_limit = (size_t)p->cache_mb << 20;
+  capture_graph = p->capture == MT_CAPTURE_GRAPH;
   pthread_once(&locks_once, init_locks);
   pthread_atfork(NULL, NULL, child_after_fork);
-  return errors;
 }
 
 const char *mt_wcache_mode(void) {

@@ -56,6 +56,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/params.h"
 #include "kernels/engine.h"
 #include "shim/router.h"
 
@@ -92,9 +93,9 @@ typedef struct {
   mt_qweight own; /* a weight quantized for this call alone (requantize, cache full, capture) */
 } mt_engine_mem;
 
-/* Read MINITE_WEIGHT_CACHE (overrides the spec's weight_cache), MINITE_CACHE_MB and
- * MINITE_CAPTURE. Returns the number of invalid values (each warned about). */
-int mt_wcache_init(const mt_spec *s);
+/* Take the settings of MINITE_WEIGHT_CACHE (which overrides the spec's weight_cache when set),
+ * MINITE_CACHE_MB and MINITE_CAPTURE. */
+void mt_wcache_init(const mt_spec *s, const mt_params *p);
 
 /* Device memory for a problem of m tokens on `stream`, with W quantized as the cache mode says.
  * A reason other than MT_R_ROUTED means the call goes to cuBLAS (nothing was written to its

@@ -1687,8 +1687,11 @@ static void append_text(void *ctx, const char *text) {
 static void scenario_frozen_numerics(void) {
   mt_spec spec;
   CHECK(mt_spec_builtin("nvfp4-row", &spec) == 0);
-  spec.weight_cache = MT_WCACHE_FROZEN;
-  CHECK(mt_wcache_init(&spec) == 0);
+  mt_params params;
+  mt_params_read(&params);
+  params.weight_cache = MT_WCACHE_FROZEN;
+  params.from[MT_P_MINITE_WEIGHT_CACHE] = MT_FROM_ENV;
+  mt_wcache_init(&spec, &params);
   static const mt_numerics nums[] = {{MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
                                      {MT_SCALE_TENSOR, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
                                      {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
