@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "shim/exec.h"
 #include "shim/fork.h"
@@ -49,32 +48,16 @@ static void spec_problem(const char *what, const char *value, const mt_spec_erro
     snprintf(problem + used, sizeof problem - used, " (%s)", hint);
 }
 
-static int is_file(const char *path) {
-  struct stat st;
-  return stat(path, &st) == 0;
-}
-
 static int load_spec(const char *name) {
   mt_spec_errors errs = {0};
-  if (mt_spec_load(name, &spec, &errs) == 0)
+  int rc = mt_spec_load(name, &spec, &errs);
+  if (rc == 0)
     return 0;
-  if (!strchr(name, '/') && !is_file(name)) {
-    char names[256];
-    size_t used = 0;
-    names[0] = '\0';
-    for (int i = 0; mt_spec_builtin_names[i] && used < sizeof names; i++)
-      used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
-                               mt_spec_builtin_names[i]);
-    char shown[MT_LOG_VALUE_MAX + 64];
-    snprintf(problem, sizeof problem,
-             "MINITE_SPEC=%s is neither a built-in spec (%s) nor a "
-             "readable file: set it to a built-in name or to the path of a spec file",
-             mt_log_value(name, shown, sizeof shown), names);
-    return -1;
-  }
+  /* A name that is no built-in and no file: its message says what to set. */
   spec_problem("MINITE_SPEC", name, &errs,
-               "fix the spec file; `minite spec check FILE` lists "
-               "every error");
+               rc == MT_SPEC_UNKNOWN_NAME ? NULL
+                                          : "fix the spec file; `minite spec check FILE` lists "
+                                            "every error");
   return -1;
 }
 

@@ -178,6 +178,22 @@ const char *mt_spec_builtin_text(const char *name) {
   return b ? b->text : NULL;
 }
 
+/* The one error of a bare word that names no built-in and no file: most likely a built-in's name
+ * misspelled, so the built-ins are listed. */
+static void unknown_name(mt_spec_errors *errs) {
+  char names[256];
+  size_t used = 0;
+  names[0] = '\0';
+  for (int i = 0; i < NBUILTINS && used < sizeof names; i++)
+    used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
+                             builtins[i].name);
+  mt_spec_reset_errors(errs);
+  mt_spec_add_error(errs, 0,
+                    "neither a built-in spec (%s) nor a file: give a built-in name or the path of "
+                    "a spec file",
+                    names);
+}
+
 int mt_spec_load(const char *name_or_path, mt_spec *out, mt_spec_errors *errs) {
   mt_spec_errors scratch;
   if (!errs)
@@ -187,12 +203,11 @@ int mt_spec_load(const char *name_or_path, mt_spec *out, mt_spec_errors *errs) {
     return mt_spec_builtin(name_or_path, out);
   }
   int rc = mt_spec_parse_file(name_or_path, out, errs);
-  /* A bare word that is no file was most likely meant as a built-in name. */
   if (rc && name_or_path && !strchr(name_or_path, '/') && errs->n == 1 && errs->e[0].line == 0 &&
-      strncmp(errs->e[0].msg, "file not found", 14) == 0)
-    snprintf(errs->e[0].msg, sizeof errs->e[0].msg,
-             "file not found: %s (and no built-in of that name: bf16, nvfp4-row, nvfp4-tensor)",
-             mt_spec_quote_path(name_or_path).s);
+      strncmp(errs->e[0].msg, "file not found", 14) == 0) {
+    unknown_name(errs);
+    return MT_SPEC_UNKNOWN_NAME;
+  }
   return rc;
 }
 

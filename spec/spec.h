@@ -100,7 +100,10 @@ const char *mt_spec_builtin_about(const char *name);
 const char *mt_spec_builtin_text(const char *name);
 
 /* MINITE_SPEC's value: a built-in name, else a file path (a file named like a built-in is read
- * as "./name"). */
+ * as "./name"). Returns 0, -1 with the errors, or MT_SPEC_UNKNOWN_NAME when a bare word (no '/')
+ * names neither a built-in nor a file: its one error says so and lists the built-ins (this is the
+ * one place that tells that case from a file's errors). */
+#define MT_SPEC_UNKNOWN_NAME (-2)
 int mt_spec_load(const char *name_or_path, mt_spec *out, mt_spec_errors *errs);
 
 /* Add routes from MINITE_ROUTE's syntax: "1536x2048,2048x768" (commas and/or spaces). Routes

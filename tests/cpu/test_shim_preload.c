@@ -325,7 +325,7 @@ static void bad_setting(const char *tag, const char *setting, const char *messag
 }
 
 static void bad_spec_name(void) {
-  bad_setting("bad_spec", "MINITE_SPEC=nvfp5", "MINITE_SPEC=nvfp5 is neither a built-in");
+  bad_setting("bad_spec", "MINITE_SPEC=nvfp5", "MINITE_SPEC=nvfp5: neither a built-in spec");
 }
 
 static void bad_spec_file(void) {

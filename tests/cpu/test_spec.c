@@ -435,8 +435,8 @@ static void files(void) {
   unlink(path);
   CHECK(mt_spec_parse_file(path, &s, &e) == -1 && HAS_ERROR(&e, 0, "file not found", path));
   CHECK(mt_spec_load(path, &s, &e) == -1 && e.n == 1 && HAS_ERROR(&e, 0, "file not found", path));
-  CHECK(mt_spec_load("nvfp4-rwo", &s, &e) == -1);
-  CHECK(HAS_ERROR(&e, 0, "file not found: nvfp4-rwo", "built-in", "nvfp4-row"));
+  CHECK(mt_spec_load("nvfp4-rwo", &s, &e) == MT_SPEC_UNKNOWN_NAME && e.n == 1);
+  CHECK(HAS_ERROR(&e, 0, "neither a built-in spec (bf16, nvfp4-row, nvfp4-tensor) nor a file"));
   CHECK(mt_spec_parse_file("/tmp", &s, &e) == -1 &&
         HAS_ERROR(&e, 0, "/tmp is a directory, not a spec file", "regular file"));
   CHECK(mt_spec_parse_file("", &s, &e) == -1 && e.n == 1);
