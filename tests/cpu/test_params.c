@@ -1,6 +1,7 @@
 /* test_params.c — the MINITE_* environment variables of base/params.def: each type's reading
  * (valid values, the default, invalid values and where each came from), the one-line problem of
- * an invalid value, and what mt_params_start logs.
+ * an invalid value, what mt_params_start logs, and the README's table of them (the same names in
+ * the same order, with the same defaults). Run from the repository's root, as `make test` does.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,6 +184,84 @@ static void start_echoes_and_warns(void) {
   clear_env();
 }
 
+/* ---- the README's table ---------------------------------------------------------------------- */
+
+#define README_ROWS 64
+
+typedef struct {
+  char name[64], def[128];
+} readme_row;
+
+/* The cell after *p's next '|' into out, trimmed and without backquotes; *p moves past it. */
+static int next_cell(const char **p, char *out, size_t size) {
+  const char *start = strchr(*p, '|'), *end = start ? strchr(start + 1, '|') : NULL;
+  if (!end)
+    return 0;
+  start += 1 + strspn(start + 1, " ");
+  size_t n = 0;
+  for (const char *c = start; c < end && n + 1 < size; c++)
+    if (*c != '`')
+      out[n++] = *c;
+  while (n && out[n - 1] == ' ')
+    n--;
+  out[n] = '\0';
+  *p = end;
+  return 1;
+}
+
+/* The rows of the table `| variable | default | meaning |` under "## Environment variables";
+ * -1 when the section or its table is missing. */
+static int readme_table(readme_row *rows, int max) {
+  FILE *f = fopen("README.md", "r");
+  if (!f)
+    return -1;
+  char line[4096];
+  int state = 0, n = 0; /* 0: before the section, 1: in it, 2: in its table */
+  while (fgets(line, sizeof line, f) && state < 3) {
+    if (state == 0 && !strcmp(line, "## Environment variables\n"))
+      state = 1;
+    else if (state == 1 && !strncmp(line, "## ", 3))
+      state = 3;
+    else if (state == 1 && !strcmp(line, "| variable | default | meaning |\n"))
+      state = 2;
+    else if (state == 2 && line[0] != '|')
+      state = 3;
+    else if (state == 2 && strncmp(line, "| ---", 5) && n < max) {
+      const char *p = line;
+      if (next_cell(&p, rows[n].name, sizeof rows[n].name) &&
+          next_cell(&p, rows[n].def, sizeof rows[n].def))
+        n++;
+    }
+  }
+  fclose(f);
+  return state >= 2 ? n : -1;
+}
+
+/* README.md's table of environment variables and base/params.def list the same variables in the
+ * same order, each with the same default; a row the README lacks, adds or words differently as a
+ * default fails here, naming it. */
+static void readme_table_is_the_list(void) {
+  readme_row rows[README_ROWS];
+  int n = readme_table(rows, README_ROWS);
+  CHECKF(n >= 0, "README.md: no table \"| variable | default | meaning |\" under \"## Environment "
+                 "variables\" (run from the repository's root)");
+  if (n < 0)
+    return;
+  char def[64];
+  for (int id = 0; id < MT_P_NUM || id < n; id++) {
+    const char *name = id < MT_P_NUM ? mt_param_defs[id].name : "(none)";
+    const char *want = id < MT_P_NUM ? mt_params_default(id, def, sizeof def) : "";
+    CHECKF(id < n, "README.md lacks %s (default %s)", name, want);
+    if (id >= n)
+      continue;
+    CHECKF(!strcmp(rows[id].name, name), "README row %d is %s, base/params.def has %s", id + 1,
+           rows[id].name, name);
+    CHECKF(id >= MT_P_NUM || !strcmp(rows[id].def, want),
+           "%s: the README's default is '%s', base/params.def's '%s'", rows[id].name, rows[id].def,
+           want);
+  }
+}
+
 int main(void) {
   RUN(defaults);
   RUN(choices_and_bools);
@@ -191,5 +270,6 @@ int main(void) {
   RUN(rates);
   RUN(problems);
   RUN(start_echoes_and_warns);
+  RUN(readme_table_is_the_list);
   return mt_test_done();
 }
