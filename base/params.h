@@ -15,7 +15,9 @@
 
 #include "base/log.h"
 
-/* The choices of MINITE_WEIGHT_CACHE and MINITE_CAPTURE, NULL-terminated, in enum order. */
+/* The choices of MINITE_WEIGHT_CACHE and MINITE_CAPTURE, NULL-terminated, in enum order: the
+ * weight cache's modes (shim/wcache.h) and what a routed call in a graph capture does. */
+enum mt_wcache { MT_WCACHE_REQUANTIZE, MT_WCACHE_FROZEN, MT_WCACHE_FROZEN_SAMPLED };
 extern const char *const mt_wcache_names[];
 enum mt_capture { MT_CAPTURE_OFF, MT_CAPTURE_GRAPH };
 extern const char *const mt_capture_names[];

@@ -40,7 +40,9 @@ static void params(const char *v) {
   mt_params_read(&p);
   if (!(p.shadow >= 0 && p.shadow <= 1) || p.cache_mb > (1ull << 30) || p.instr_slots < 1 || p.instr_slots > 65536)
     abort();
-  if (p.log_level > MT_LOG_TRACE || p.capture > MT_CAPTURE_GRAPH || p.weight_cache > 2 || p.strict > 1) abort();
+  if (p.log_level > MT_LOG_TRACE || p.capture > MT_CAPTURE_GRAPH || p.weight_cache > MT_WCACHE_FROZEN_SAMPLED ||
+      p.strict > 1)
+    abort();
   if (!p.spec != !v[0]) abort();
   for (int id = 0; id < MT_P_NUM; id++) {
     if (strlen(mt_params_value(&p, id, buf, sizeof buf)) >= sizeof buf) abort();

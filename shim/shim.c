@@ -48,11 +48,21 @@ static void spec_problem(const char *what, const char *value, const mt_spec_erro
     snprintf(problem + used, sizeof problem - used, " (%s)", hint);
 }
 
+/* A spec that loads may still hold a line it no longer means (a weight_cache line): said once. */
+static void warn_notice(const char *name) {
+  char note[256], shown[MT_LOG_VALUE_MAX + 64];
+  if (mt_spec_notice(&spec, note, sizeof note))
+    MT_WARN("MINITE_SPEC=%s: line %d: %s", mt_log_value(name, shown, sizeof shown),
+            spec.weight_cache_line, note);
+}
+
 static int load_spec(const char *name) {
   mt_spec_errors errs = {0};
   int rc = mt_spec_load(name, &spec, &errs);
-  if (rc == 0)
+  if (rc == 0) {
+    warn_notice(name);
     return 0;
+  }
   /* A name that is no built-in and no file: its message says what to set. */
   spec_problem("MINITE_SPEC", name, &errs,
                rc == MT_SPEC_UNKNOWN_NAME ? NULL
@@ -118,7 +128,7 @@ int mt_shim_init(void) {
   if (!hard_errors)
     hard_errors = load_routes(params.route) != 0;
   if (!hard_errors) {
-    mt_wcache_init(&spec, &params);
+    mt_wcache_init(&params);
     mt_instr_init(&spec, &params);
   }
   if (hard_errors || (params.strict && soft_errors))

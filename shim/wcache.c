@@ -54,7 +54,7 @@ typedef struct {
   order order;
 } entry;
 
-/* A grouped weight's store under weight_cache = frozen: a few per layer, searched in order. */
+/* A grouped weight's store under MINITE_WEIGHT_CACHE=frozen: a few per layer, searched in order. */
 #define MAX_GROUPED 1024
 typedef struct {
   mt_wgroup_ref ref;
@@ -83,7 +83,8 @@ typedef struct {
 
 static context contexts[MT_MAX_CONTEXTS];
 static pthread_once_t locks_once = PTHREAD_ONCE_INIT;
-static int frozen;          /* weight_cache frozen or frozen-sampled: weights kept and checked */
+static enum mt_wcache mode; /* MINITE_WEIGHT_CACHE */
+static int frozen;          /* frozen or frozen-sampled: weights kept and checked */
 static unsigned check_step; /* the check's sample: 1 (every byte) or MT_SAMPLE_STEP */
 static int capture_graph = 1;
 static size_t cache_limit;
@@ -120,10 +121,8 @@ int mt_wcache_forked(void) {
   return 0;
 }
 
-void mt_wcache_init(const mt_spec *s, const mt_params *p) {
-  int set = p->from[MT_P_MINITE_WEIGHT_CACHE] != MT_FROM_DEFAULT &&
-            p->from[MT_P_MINITE_WEIGHT_CACHE] != MT_FROM_INVALID;
-  int mode = set ? p->weight_cache : (int)s->weight_cache;
+void mt_wcache_init(const mt_params *p) {
+  mode = p->weight_cache;
   frozen = mode != MT_WCACHE_REQUANTIZE;
   check_step = mode == MT_WCACHE_FROZEN_SAMPLED ? MT_SAMPLE_STEP : 1;
   cache_limit = (size_t)p->cache_mb << 20;
@@ -132,9 +131,7 @@ void mt_wcache_init(const mt_spec *s, const mt_params *p) {
   pthread_atfork(NULL, NULL, child_after_fork);
 }
 
-const char *mt_wcache_mode(void) {
-  return !frozen ? "requantize" : check_step > 1 ? "frozen-sampled" : "frozen";
-}
+const char *mt_wcache_mode(void) { return mt_wcache_names[mode]; }
 
 /* Each context the engine ran in: its device, the calls it ran there and the memory it holds
  * there, so that a process driving several GPUs shows what each did. */
@@ -746,10 +743,11 @@ static void count_pointer_arrays(void) {
   static atomic_int said;
   atomic_fetch_add(&pointer_array_calls, 1);
   if (frozen && !atomic_exchange(&said, 1))
-    MT_INFO("routed calls whose weights are behind device pointer arrays (cublasGemmBatchedEx, "
-            "cublasGemmGroupedBatchedEx, cuBLASLt POINTER_ARRAY batches) are requantized at every "
-            "call: weight_cache=%s keeps weights by address, which only the device knows there",
-            mt_wcache_mode());
+    MT_INFO(
+        "routed calls whose weights are behind device pointer arrays (cublasGemmBatchedEx, "
+        "cublasGemmGroupedBatchedEx, cuBLASLt POINTER_ARRAY batches) are requantized at every "
+        "call: MINITE_WEIGHT_CACHE=%s keeps weights by address, which only the device knows there",
+        mt_wcache_mode());
 }
 
 /* The store's quantization into the call's own memory, from a stride or pointer arrays. */

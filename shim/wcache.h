@@ -1,5 +1,6 @@
 /* wcache.h — the engine's device memory in the shim, per CUDA context: a scratch buffer per
- * stream, the memory of captured calls, and the quantized weights kept under weight_cache = frozen.
+ * stream, the memory of captured calls, and the quantized weights kept under
+ * MINITE_WEIGHT_CACHE=frozen.
  *
  * Scratch holds a call's quantized activations (and, under requantize, its quantized weight). It
  * belongs to one stream and is leased to one call at a time (mt_wcache_prepare takes the lease,
@@ -93,9 +94,8 @@ typedef struct {
   mt_qweight own; /* a weight quantized for this call alone (requantize, cache full, capture) */
 } mt_engine_mem;
 
-/* Take the settings of MINITE_WEIGHT_CACHE (which overrides the spec's weight_cache when set),
- * MINITE_CACHE_MB and MINITE_CAPTURE. */
-void mt_wcache_init(const mt_spec *s, const mt_params *p);
+/* Take the settings of MINITE_WEIGHT_CACHE, MINITE_CACHE_MB and MINITE_CAPTURE. */
+void mt_wcache_init(const mt_params *p);
 
 /* Device memory for a problem of m tokens on `stream`, with W quantized as the cache mode says.
  * A reason other than MT_R_ROUTED means the call goes to cuBLAS (nothing was written to its

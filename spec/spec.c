@@ -30,9 +30,6 @@ const char *mt_scale_name(enum mt_scale s) { return value_name(MT_KNOB_ACT_SCALE
 const char *mt_wblock_name(enum mt_wblock b) {
   return value_name(MT_KNOB_WEIGHT_BLOCK, (unsigned)b);
 }
-const char *mt_wcache_name(enum mt_wcache c) {
-  return value_name(MT_KNOB_WEIGHT_CACHE, (unsigned)c);
-}
 
 /* ---- files and names ------------------------------------------------------------------------- */
 
@@ -134,8 +131,7 @@ int mt_spec_parse_file(const char *path, mt_spec *out, mt_spec_errors *errs) {
   "weight_block = 1x16\n"                                                                          \
   "rounding = rne\n"                                                                               \
   "accumulate = fp32\n"                                                                            \
-  "backward = bf16\n"                                                                              \
-  "weight_cache = requantize\n"
+  "backward = bf16\n"
 
 typedef struct {
   const char *name, *about, *text;
@@ -211,6 +207,15 @@ int mt_spec_load(const char *name_or_path, mt_spec *out, mt_spec_errors *errs) {
   return rc;
 }
 
+const char *mt_spec_notice(const mt_spec *s, char *text, size_t size) {
+  if (!s->weight_cache_line)
+    return NULL;
+  snprintf(text, size,
+           "weight_cache is no part of the spec any more (it changes no bit): it is "
+           "MINITE_WEIGHT_CACHE, a per-process setting; this line is ignored");
+  return text;
+}
+
 const char *mt_spec_route_unusable(const mt_spec *s, const mt_route *r, char *text, size_t size) {
   if (s->format != MT_FORMAT_NVFP4)
     return NULL;
@@ -260,8 +265,6 @@ static const char *knob_text(const mt_spec *s, enum mt_knob k) {
     return mt_scale_name(s->weight_scale);
   case MT_KNOB_WEIGHT_BLOCK:
     return mt_wblock_name(s->weight_block);
-  case MT_KNOB_WEIGHT_CACHE:
-    return mt_wcache_name(s->weight_cache);
   default:
     return mt_spec_knobs[k].values[0]; /* one legal value */
   }

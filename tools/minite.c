@@ -64,9 +64,12 @@ static void print_errors(const char *where, const mt_spec_errors *errs) {
             errs->dropped == 1 ? "" : "s");
 }
 
-/* Routes the engine can never take (their calls would all fall back): a warning, not an error. */
-static void warn_routes(const char *where, const mt_spec *s) {
-  char why[160];
+/* Routes the engine can never take (their calls would all fall back), and a line the spec no
+ * longer means (mt_spec_notice): warnings, not errors. */
+static void warn_spec(const char *where, const mt_spec *s) {
+  char why[256];
+  if (mt_spec_notice(s, why, sizeof why))
+    fprintf(stderr, "%s:%d: warning: %s\n", where, s->weight_cache_line, why);
   for (int i = 0; i < s->nroutes; i++)
     if (mt_spec_route_unusable(s, &s->routes[i], why, sizeof why))
       fprintf(stderr,
@@ -107,7 +110,7 @@ static int cmd_show(int argc, char **argv) {
     print_errors("--route", &errs);
     return EXIT_BAD;
   }
-  warn_routes(argv[0], &spec);
+  warn_spec(argv[0], &spec);
   print_spec(&spec);
   return 0;
 }
@@ -123,7 +126,7 @@ static int cmd_check(int argc, char **argv) {
       print_errors(argv[i], &errs);
       status = EXIT_BAD;
     } else {
-      warn_routes(argv[i], &spec);
+      warn_spec(argv[i], &spec);
       printf("%s: ok (fingerprint %016" PRIx64 ")\n", argv[i], mt_spec_fingerprint(&spec));
     }
   }

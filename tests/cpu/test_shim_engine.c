@@ -1690,8 +1690,7 @@ static void scenario_frozen_numerics(void) {
   mt_params params;
   mt_params_read(&params);
   params.weight_cache = MT_WCACHE_FROZEN;
-  params.from[MT_P_MINITE_WEIGHT_CACHE] = MT_FROM_ENV;
-  mt_wcache_init(&spec, &params);
+  mt_wcache_init(&params);
   static const mt_numerics nums[] = {{MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
                                      {MT_SCALE_TENSOR, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
                                      {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
