@@ -1,4 +1,4 @@
-/* params.h — the MINITE_* environment variables (base/params.def): each read once, with a default.
+/* params.h — the MINITE_* variables of base/params.def: each read once, with a default.
  *
  * mt_params_read reads every one into an mt_params, which the shim fills once at start and hands
  * down, read-only, like the spec. mt_params_start then says what was read, the way NCCL echoes its
