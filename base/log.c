@@ -110,12 +110,3 @@ int mt_log_open(const char *tmpl) {
   pthread_atfork(lock_open, unlock_open, unlock_open);
   return 0;
 }
-
-void mt_log_close(void) {
-  pthread_mutex_lock(&open_lock);
-  atomic_store(&log_pending, 0);
-  int fd = atomic_exchange(&log_fd, 2);
-  if (fd != 2)
-    close(fd);
-  pthread_mutex_unlock(&open_lock);
-}

@@ -34,9 +34,6 @@ void mt_log_set_level(enum mt_log_level level);
  * is warned about then, on stderr, where that line and the later ones go. */
 int mt_log_open(const char *tmpl);
 
-/* Close the log file (at exit); later lines go to stderr. */
-void mt_log_close(void);
-
 /* A user's value as it goes into a message: itself when it is short, else its head and tail
  * around "...", so that a long value never pushes a message's reason and fix out of its line.
  * Returns v or buf. */

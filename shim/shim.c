@@ -21,8 +21,6 @@ static mt_params params;     /* likewise */
 static char role_name[1024]; /* longer roles are cut (a character cut in two: U+FFFD) */
 static pthread_once_t first_call = PTHREAD_ONCE_INIT;
 
-const mt_spec *mt_shim_spec(void) { return &spec; }
-
 /* The configuration error that makes the shim inert, said once, with its fix: room for every
  * spec error (MT_SPEC_MAX_ERRORS of mt_spec_error.msg) and the shortened value, so that the fix
  * at its end is never cut. */

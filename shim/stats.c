@@ -87,8 +87,6 @@ void mt_stats_fork_unlock(void) {
   pthread_mutex_unlock(&census_lock);
 }
 
-int mt_stats_enabled(void) { return stats_on; }
-
 /* --- records: each built in memory and written with one write(2) to a file opened O_APPEND, so
  * that processes and threads sharing the file interleave whole records, never pieces of them;
  * write(2) is the only way out, so that no stdio buffer is ever shared with a forked child -- */

@@ -40,9 +40,6 @@
  * problem and its fix in `why`. */
 int mt_stats_check(const char *tmpl, char *why, size_t size);
 
-/* 1 when statistics are on (and the census is kept). */
-int mt_stats_enabled(void);
-
 /* Create the file and write the start record (at the first GEMM call; once). */
 void mt_stats_start(const mt_spec *s, const char *role, const char *version);
 
