@@ -34,6 +34,11 @@ void mt_log_set_level(enum mt_log_level level);
  * is warned about then, on stderr, where that line and the later ones go. */
 int mt_log_open(const char *tmpl);
 
+/* The lock of the file's opening, held across a fork (shim/fork.h), released in the parent and the
+ * child. */
+void mt_log_fork_lock(void);
+void mt_log_fork_unlock(void);
+
 /* A user's value as it goes into a message: itself when it is short, else its head and tail
  * around "...", so that a long value never pushes a message's reason and fix out of its line.
  * Returns v or buf. */

@@ -40,19 +40,17 @@ static uint64_t period_shadow, period_probe, digest_threshold;
 static int digest_all, enabled;
 static seen_count seen[MT_SPEC_MAX_ROUTES]; /* the sampling counters, under mt_iw_lock */
 
-/* The child of a fork has no writer thread and no usable CUDA: it instruments nothing (whether
- * forked before the first call, when only this handler is registered, or after it). */
-static void child_after_fork(void) { enabled = 0; }
+/* The child of a fork has no writer thread and no usable CUDA: it instruments nothing, whether
+ * it was forked before the first call or after it. */
+void mt_instr_fork_child(void) { enabled = 0; }
 
 void mt_instr_fork_lock(void) { mt_iw_before_fork(); }
 
 void mt_instr_fork_unlock(int child) {
-  if (!child) {
+  if (child)
+    mt_iw_after_fork_child();
+  else
     mt_iw_after_fork_parent();
-    return;
-  }
-  enabled = 0;
-  mt_iw_after_fork_child();
 }
 static uint64_t period_of(double rate) {
   if (rate <= 0)
@@ -88,12 +86,10 @@ void mt_instr_init(const mt_spec *s, const mt_params *p) {
        asked(p, MT_P_MINITE_DIGEST, rate_digest)))
     MT_WARN("MINITE_SHADOW, MINITE_PROBE and MINITE_DIGEST write to the statistics file: set "
             "MINITE_STATS=PATH to get them");
-  if (enabled) {
-    pthread_atfork(NULL, NULL, child_after_fork);
+  if (enabled)
     MT_INFO("instruments: shadow %g of calls, probe %g of calls with M > 1, digests %g of rows; "
             "scratch %zu MiB per GPU",
             rate_shadow, rate_probe, rate_digest, scratch_limit >> 20);
-  }
 }
 
 int mt_instr_enabled(void) { return enabled; }

@@ -81,9 +81,12 @@ void mt_instr_after(const mt_instr_call *ic);
 int mt_instr_bf16(const mt_spec *s, const mt_call *c, cublasStatus_t *status);
 
 /* The instruments' lock held across a fork (shim/fork.h); released in the parent (child 0) and
- * in the child (child 1), which has no writer thread and instruments nothing. */
+ * in the child (child 1), which has no writer thread. */
 void mt_instr_fork_lock(void);
 void mt_instr_fork_unlock(int child);
+
+/* In the child of any fork (shim/fork.h): no instruments there. */
+void mt_instr_fork_child(void);
 
 /* Stop the background writer after writing what completes within the time limit (at exit). */
 void mt_instr_drain(void);

@@ -122,6 +122,7 @@ int mt_shim_init(void) {
   if (!params.spec)
     return 0; /* inert: nothing opened, allocated or printed */
   int soft_errors = mt_params_start(&params);
+  mt_fork_start();
   int hard_errors = load_spec(params.spec) != 0;
   if (!hard_errors)
     hard_errors = load_routes(params.route) != 0;

@@ -106,7 +106,7 @@ static void init_locks(void) {
 /* A forked child of a process whose engine ran cannot use CUDA: such a child routes nothing, and
  * never touches a lock another thread of its parent may have held at the fork. A child forked
  * before the engine ran starts from nothing and routes as any process. */
-static void child_after_fork(void) {
+void mt_wcache_fork_child(void) {
   if (atomic_load(&engine_used))
     atomic_store(&forked_after_use, 1);
 }
@@ -128,7 +128,6 @@ void mt_wcache_init(const mt_params *p) {
   cache_limit = (size_t)p->cache_mb << 20;
   capture_graph = p->capture == MT_CAPTURE_GRAPH;
   pthread_once(&locks_once, init_locks);
-  pthread_atfork(NULL, NULL, child_after_fork);
 }
 
 const char *mt_wcache_mode(void) { return mt_wcache_names[mode]; }

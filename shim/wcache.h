@@ -142,6 +142,9 @@ typedef struct {
 enum mt_reason mt_wcache_prepare_grouped(const mt_wgroup_ref *w, int rows, mt_stream stream,
                                          int capturing, mt_grouped_mem *out);
 
+/* In the child of any fork (shim/fork.h): a child of a process whose engine ran routes nothing. */
+void mt_wcache_fork_child(void);
+
 /* 1 (said once) in a process forked from one whose engine ran: it must make no CUDA call at all
  * (a driver call there is undefined, and may wait forever on a lock of the parent's threads). */
 int mt_wcache_forked(void);
