@@ -11,7 +11,7 @@
 #include "shim/instr.h"
 #include "shim/stats.h"
 #include "shim/torch.h"
-#include "shim/wcache.h"
+#include "shim/devmem.h"
 
 #define GATE_POLL_NS 50000
 
@@ -94,7 +94,7 @@ static void start_parent(void) { mt_log_fork_unlock(); }
 
 static void start_child(void) {
   mt_log_fork_unlock();
-  mt_wcache_fork_child();
+  mt_devmem_fork_child();
   mt_instr_fork_child();
 }
 

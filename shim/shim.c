@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shim/devmem.h"
 #include "shim/exec.h"
 #include "shim/fork.h"
 #include "shim/instr.h"
@@ -127,6 +128,7 @@ int mt_shim_init(void) {
   if (!hard_errors)
     hard_errors = load_routes(params.route) != 0;
   if (!hard_errors) {
+    mt_devmem_init(&params);
     mt_wcache_init(&params);
     mt_instr_init(&spec, &params);
   }

@@ -1281,7 +1281,7 @@ static void scenario_streams_threads(void) {
 /* Stream i of scenario_many_streams (0x10000 on: no other scenario's). */
 static CUstream nth_stream(int i) { return (CUstream)(uintptr_t)(0x10000 + 0x100 * i); }
 
-/* More streams than a context keeps scratch for (shim/wcache.c, MAX_STREAMS = 64, RECLAIM_FROM =
+/* More streams than a context keeps scratch for (shim/devmem.c, MAX_STREAMS = 64, RECLAIM_FROM =
  * 32): the first 31 take theirs and record nothing; from the 32nd each call's end is recorded on
  * its stream; the 65th finds every slot's last use unfinished (the fake's events held: not ready)
  * and falls back as "out of memory", then, the events done, takes an idle slot (the 32nd's, the
