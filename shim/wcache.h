@@ -7,7 +7,7 @@
  * refreshed at every call on the device (mt_refresh_weight: a hash of the whole weight, compared
  * with the one of its last quantization). The guarantee: a frozen weight is never stale, whatever
  * wrote it; the cost per call: one read of the BF16 weight instead of a full requantization.
- * Under frozen-sampled the hash covers one 1 KB run of lines in MT_SAMPLE_STEP (kernels/wcheck.h):
+ * Under frozen-sampled the hash covers one 1 KB run of lines in MT_SAMPLE_STEP (kernels/whash.h):
  * a call costs 1/64 of that read, and a change that misses every sampled line goes unseen (the
  * guarantee holds for weights changed as a whole, as an optimizer step changes them). A grouped
  * call's weights (all its experts, one tensor) make one entry: a store of slices
