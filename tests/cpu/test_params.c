@@ -145,20 +145,22 @@ static void problems(void) {
          why);
 }
 
+typedef struct {
+  const mt_params *p;
+  int errors;
+} start_run;
+
+static void start(void *arg) {
+  start_run *r = arg;
+  r->errors = mt_params_start(r->p);
+}
+
 /* What mt_params_start writes to fd 2, and its count of errors. */
 static int start_captured(const mt_params *p, char *out, size_t size) {
-  char path[] = "/tmp/mt_params_test.XXXXXX";
-  int fd = mkstemp(path), saved = dup(2);
-  dup2(fd, 2);
-  int errors = mt_params_start(p);
-  dup2(saved, 2);
-  close(saved);
-  ssize_t n = pread(fd, out, size - 1, 0);
-  out[n > 0 ? n : 0] = '\0';
-  close(fd);
-  unlink(path);
+  start_run r = {p, 0};
+  mt_t_capture_stderr(start, &r, out, size);
   mt_log_set_level(MT_LOG_WARN);
-  return errors;
+  return r.errors;
 }
 
 static void start_echoes_and_warns(void) {

@@ -201,28 +201,15 @@ static void path_templates(void) {
   CHECK(mt_proc_path("0123456789", out, 10) == -1);
 }
 
-/* Capture what the log writes to fd 2 while fn runs. */
-static void capture_stderr(void (*fn)(void), char *out, size_t size) {
-  char path[] = "/tmp/mt_log_test.XXXXXX";
-  int fd = mkstemp(path), saved = dup(2);
-  fflush(stderr);
-  dup2(fd, 2);
-  fn();
-  dup2(saved, 2);
-  close(saved);
-  ssize_t n = pread(fd, out, size - 1, 0);
-  out[n > 0 ? n : 0] = '\0';
-  close(fd);
-  unlink(path);
-}
-
-static void warn_twice_once(void) {
+static void warn_twice_once(void *arg) {
+  (void)arg;
   for (int i = 0; i < 2; i++)
     MT_WARN_ONCE("once %d", 41 + i);
   MT_INFO("not at the WARN level");
 }
 
-static void log_none(void) {
+static void log_none(void *arg) {
+  (void)arg;
   atomic_store(&mt_log_level_now, MT_LOG_NONE);
   MT_WARN("silent");
   atomic_store(&mt_log_level_now, MT_LOG_WARN);
@@ -230,11 +217,11 @@ static void log_none(void) {
 
 static void log_lines(void) {
   char text[512], want[300];
-  capture_stderr(warn_twice_once, text, sizeof text);
+  mt_t_capture_stderr(warn_twice_once, NULL, text, sizeof text);
   snprintf(want, sizeof want, "%s:%ld:%ld minite WARN once 41\n", mt_proc_host(), (long)getpid(),
            (long)gettid());
   CHECKF(!strcmp(text, want), "got '%s', want '%s'", text, want);
-  capture_stderr(log_none, text, sizeof text);
+  mt_t_capture_stderr(log_none, NULL, text, sizeof text);
   CHECKF(text[0] == '\0', "%s", text);
 }
 
@@ -357,7 +344,8 @@ static void census_most_calls_first(void) {
 
 static cublasStatus_t statuses[2];
 
-static void call_twice(void) {
+static void call_twice(void *arg) {
+  (void)arg;
   for (int i = 0; i < 2; i++)
     statuses[i] = cublasGemmEx(NULL, CUBLAS_OP_T, CUBLAS_OP_N, 1, 1, 1, NULL, NULL, CUDA_R_16BF, 1,
                                NULL, CUDA_R_16BF, 1, NULL, NULL, CUDA_R_16BF, 1, CUBLAS_COMPUTE_32F,
@@ -374,7 +362,7 @@ static int count(const char *text, const char *what) {
 /* This program holds no cuBLAS: the hook answers NOT_INITIALIZED, never crashes, warns once. */
 static void no_real_cublas(void) {
   char text[2048];
-  capture_stderr(call_twice, text, sizeof text);
+  mt_t_capture_stderr(call_twice, NULL, text, sizeof text);
   CHECK(statuses[0] == CUBLAS_STATUS_NOT_INITIALIZED);
   CHECK(statuses[1] == CUBLAS_STATUS_NOT_INITIALIZED);
   CHECKF(count(text, "cannot find the real cublasGemmEx") == 1, "%s", text);
