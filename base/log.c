@@ -40,10 +40,9 @@ static void write_line(int fd, const char *line, size_t len) {
 
 /* A fork while another thread opens the file (the open may block: a FIFO, a slow file system)
  * must not leave the child's copy of the lock held: the child's first line would wait forever.
- * Registered when a file is named, before any other fork handler of the library, so that its
- * prepare handler runs last: the lock is the innermost one (shim/fork.h). */
-static void lock_open(void) { pthread_mutex_lock(&open_lock); }
-static void unlock_open(void) { pthread_mutex_unlock(&open_lock); }
+ * shim/fork.c holds it across a fork, innermost of the library's locks. */
+void mt_log_fork_lock(void) { pthread_mutex_lock(&open_lock); }
+void mt_log_fork_unlock(void) { pthread_mutex_unlock(&open_lock); }
 
 /* The first line for the file opens it; a failure is said once on stderr, which keeps the lines. */
 static int open_pending(void) {
@@ -107,15 +106,5 @@ int mt_log_open(const char *tmpl) {
     return 1;
   }
   atomic_store(&log_pending, 1);
-  pthread_atfork(lock_open, unlock_open, unlock_open);
   return 0;
-}
-
-void mt_log_close(void) {
-  pthread_mutex_lock(&open_lock);
-  atomic_store(&log_pending, 0);
-  int fd = atomic_exchange(&log_fd, 2);
-  if (fd != 2)
-    close(fd);
-  pthread_mutex_unlock(&open_lock);
 }

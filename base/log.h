@@ -9,8 +9,9 @@
  * interleave. Nothing is ever written to stdout.
  *
  * The level check is one relaxed atomic load, so a disabled log line costs a load and a branch.
- * Before mt_param_log() (base/param.h) the level is WARN and the destination stderr: the few warnings that can
- * happen while the shim is inert (a real cuBLAS function not found) still reach the user.
+ * Before mt_params_start() (base/params.h) the level is WARN and the destination stderr: the few
+ * warnings that can happen while the shim is inert (a real cuBLAS function not found) still reach
+ * the user.
  */
 #ifndef MT_LOG_H
 #define MT_LOG_H
@@ -33,8 +34,10 @@ void mt_log_set_level(enum mt_log_level level);
  * is warned about then, on stderr, where that line and the later ones go. */
 int mt_log_open(const char *tmpl);
 
-/* Close the log file (at exit); later lines go to stderr. */
-void mt_log_close(void);
+/* The lock of the file's opening, held across a fork (shim/fork.h), released in the parent and the
+ * child. */
+void mt_log_fork_lock(void);
+void mt_log_fork_unlock(void);
 
 /* A user's value as it goes into a message: itself when it is short, else its head and tail
  * around "...", so that a long value never pushes a message's reason and fix out of its line.

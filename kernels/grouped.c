@@ -12,6 +12,7 @@
 #include "kernels/gemm_args.h"
 #include "kernels/quant.h"
 #include "kernels/wcheck.h"
+#include "kernels/whash.h"
 #include "kernels/wstore.h"
 
 /* mt_gemm_tensor_map's paired box is two K blocks deep: a stage of the grouped kernel's kpair mode. */
@@ -82,7 +83,7 @@ int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t st
 static int refresh_kargs(const mt_wstore_refresh_args *r, int chained, mt_refresh_args *k) {
   const mt_wstore *ws = r ? r->ws : NULL;
   const size_t stride = ws ? (size_t)ws->n * r->ldw : 0;
-  if (!r || !store_source_ok(r->w, r->type, r->ldw, stride, ws) || !r->state || !mt_wcheck_lines_fit(ws->n, ws->k))
+  if (!r || !store_source_ok(r->w, r->type, r->ldw, stride, ws) || !r->state || !mt_whash_lines_fit(ws->n, ws->k))
     return MT_ERR_UNSUPPORTED;
   *k = (mt_refresh_args){.q = store_params(r->w, r->type, r->ldw, stride, ws),
                          .offs = r->offs,

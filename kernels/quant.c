@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "kernels/driver.h"
-#include "kernels/wcheck.h"
+#include "kernels/whash.h"
 #include "kernels/wstore.h"
 
 /* CTAs of about this many threads; a row (per-row S) may take up to 512. */
@@ -185,7 +185,7 @@ int mt_quantize_dependent(const mt_quant_params *p, mt_stream stream) {
  * refresh's clusters"); a changed slice is requantized by its cluster alone, so slower. */
 static unsigned sampled_cluster(const mt_quant_params *p, const launch_shape *s, unsigned step) {
   const uint64_t lines = (uint64_t)p->batch_rows * (uint64_t)((p->cols / 8 + 7) / 8);
-  const uint64_t runs = (mt_wcheck_items(lines, step) + 31) / 32, warps = s->block_x * s->block_y / 32;
+  const uint64_t runs = (mt_whash_items(lines, step) + 31) / 32, warps = s->block_x * s->block_y / 32;
   unsigned size = 1;
   while (size < 8 && size * warps < runs) size *= 2;
   return size;

@@ -62,7 +62,7 @@ typedef struct {
   /* NULL: every slice; else only the slices with rows under these cumulative ends (clamped to m) */
   const int32_t *offs;
   int32_t m;
-  uint32_t step;   /* the check's sample (kernels/wcheck.h) */
+  uint32_t step;   /* the check's sample (kernels/whash.h) */
   void *state;     /* MT_WCHECK_STATE_BYTES(slices): each slice's hash and valid word */
   int32_t grid_y;  /* the store quantizer's blocks of columns (quant.c) */
   int32_t chained; /* MT_REFRESH_ALONE, _CHAINED or _BESIDE */

@@ -7,6 +7,7 @@
 #include "kernels/driver.h"
 #include "kernels/engine.h"
 #include "kernels/wcheck.h"
+#include "kernels/whash.h"
 
 size_t mt_refresh_state_bytes(int slices) { return slices > 0 ? MT_WCHECK_STATE_BYTES(slices) : 0; }
 
@@ -19,7 +20,7 @@ size_t mt_refresh_state_bytes(int slices) { return slices > 0 ? MT_WCHECK_STATE_
  * dirty word on the device (mt_wcheck_list). */
 static int check(const void *w, size_t ldw, int rows, int cols, void *state, unsigned step, mt_stream stream) {
   if (!w || !state || rows <= 0 || cols % 16 || ldw % 8 || ((uintptr_t)w & 15)) return MT_ERR_UNSUPPORTED;
-  if (!mt_wcheck_lines_fit(rows, cols)) return MT_ERR_UNSUPPORTED;
+  if (!mt_whash_lines_fit(rows, cols)) return MT_ERR_UNSUPPORTED;
   CUfunction f;
   int st = mt_kernel_get("wcheck", "mt_wcheck", (CUstream)stream, &f);
   if (st != MT_OK) return st;

@@ -1,7 +1,7 @@
 // wcheck.cu — has a weight changed since it was last quantized? The frozen weight cache's check of
 // a per-call weight (a grouped store's refresh is its own kernel: kernels/quant.cu, refresh_store).
 //
-// The shim keeps quantized weights across calls (weight_cache = frozen) but must never use a stale
+// The shim keeps quantized weights across calls (MINITE_WEIGHT_CACHE=frozen) but must never use a stale
 // one when the program overwrites a weight in place (an RL sampler does at every weight sync). At
 // each call this kernel hashes the weight on the device (kernels/whash.cuh) and lists the slices
 // whose hash differs from the one of their last quantization; the quantization kernels that follow

@@ -1,6 +1,6 @@
 /* wcheck.h — the frozen weight cache's change check: device state kept with a cached quantized
- * weight, the sample's lines, and the per-call check's by-value arguments (kernels/wcheck.cu). Plain
- * C, included by both sides.
+ * weight, and the per-call check's by-value arguments (kernels/wcheck.cu); the lines it hashes are
+ * kernels/whash.h's. Plain C, included by both sides.
  *
  * The state of a weight of `slices` slices (a store's experts, or the one weight of a per-call
  * entry) is MT_WCHECK_STATE_BYTES(slices) (mt_refresh_state_bytes) of device memory, zeroed when the
@@ -55,38 +55,10 @@ typedef struct {
   const void *w;
   int64_t ldw;
   int32_t rows, cols, slices;
-  /* 1: every 128-byte line of every row; s > 1: one run of MT_WCHECK_RUN lines in each s runs (the
-   * same lines at every call: mt_wcheck_line) */
+  /* 1: every 128-byte line of every row; s > 1: one run of MT_WHASH_RUN lines in each s runs (the
+   * same lines at every call: kernels/whash.h, mt_whash_line) */
   uint32_t step;
   void *state; /* MT_WCHECK_STATE_BYTES(slices) */
 } mt_wcheck_args;
-
-/* Whether a slice of rows x cols (cols % 16 == 0) numbers its 128-byte lines (the last of a row
- * may be short) and a check's items in 32 bits, as the kernels do (kernels/whash.cuh). */
-MT_HD int mt_wcheck_lines_fit(int rows, int cols) {
-  return (uint64_t)rows * (uint64_t)((cols / 8 + 7) / 8) <= UINT32_MAX / 2;
-}
-
-/* Lines (128 bytes) of a sampled run: 1 KB together, so that a sample of 1/step of a weight's
- * lines costs 1/8 of the random DRAM reads that single lines would. */
-#define MT_WCHECK_RUN 8
-
-/* The items a check of `lines` lines walks: every line, or MT_WCHECK_RUN lines of each group of
- * step runs. */
-MT_HD uint64_t mt_wcheck_items(uint64_t lines, uint32_t step) {
-  if (step <= 1) return lines;
-  const uint64_t runs = (lines + MT_WCHECK_RUN - 1) / MT_WCHECK_RUN;
-  return (runs + step - 1) / step * MT_WCHECK_RUN;
-}
-
-/* The line item i hashes (past the slice's last line: none). Sampled, group g = i / MT_WCHECK_RUN
- * takes one run of its step runs, the group's number mixed so that the sample moves across the
- * columns from group to group. Shared with the CPU tests. */
-MT_HD uint64_t mt_wcheck_line(uint64_t item, uint32_t step) {
-  if (step <= 1) return item;
-  const uint64_t g = item / MT_WCHECK_RUN;
-  const uint64_t run = g * step + (uint32_t)((g * 0x9E3779B97F4A7C15ull) >> 40) % step;
-  return run * MT_WCHECK_RUN + item % MT_WCHECK_RUN;
-}
 
 #endif

@@ -6,13 +6,13 @@
 // The hash of a slice is a sum mod 2^64 of a 64-bit mix of each 16-byte piece and its position in
 // the slice: integer addition is exact and order-free, so the result is the same whatever the grid.
 // A changed slice goes unseen only if the two sums collide (about 2^-64). A sampled check hashes
-// the lines mt_wcheck_line names (kernels/wcheck.h), the same at every call.
+// the lines mt_whash_line names (kernels/whash.h), the same at every call.
 #pragma once
 
 #include <stdint.h>
 
 #include "kernels/gemm_args.h"
-#include "kernels/wcheck.h"
+#include "kernels/whash.h"
 
 __device__ static inline uint64_t mt_mix64(uint64_t z) { // splitmix64's finalizer
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -29,8 +29,8 @@ __device__ static inline uint64_t mt_piece_hash(uint4 v, uint64_t i) {
 struct mt_wlines {
   int per_row;       // 16-byte pieces of a row (cols % 16 == 0)
   int lines_per_row; // 128-byte lines of a row
-  uint32_t lines;    // of the slice (the launchers check that they fit 32 bits: mt_wcheck_lines_fit)
-  uint32_t items;    // the lines a check of `step` walks (mt_wcheck_items)
+  uint32_t lines;    // of the slice (the launchers check that they fit 32 bits: mt_whash_lines_fit)
+  uint32_t items;    // the lines a check of `step` walks (mt_whash_items)
 };
 
 __device__ static inline mt_wlines mt_wlines_of(int rows, int cols, uint32_t step) {
@@ -38,7 +38,7 @@ __device__ static inline mt_wlines mt_wlines_of(int rows, int cols, uint32_t ste
   g.per_row = cols / 8;
   g.lines_per_row = (g.per_row + 7) / 8;
   g.lines = (uint32_t)rows * g.lines_per_row;
-  g.items = (uint32_t)mt_wcheck_items(g.lines, step);
+  g.items = (uint32_t)mt_whash_items(g.lines, step);
   return g;
 }
 
@@ -62,7 +62,7 @@ __device__ static inline uint64_t mt_line_hash(const uint16_t *w, int64_t ldw, c
 // The hash of item `item` of a check of `step` (0 past the slice's last line).
 __device__ static inline uint64_t mt_item_hash(const uint16_t *w, int64_t ldw, const mt_wlines &g, uint32_t step,
                                                uint32_t item) {
-  const uint32_t line = item < g.items ? (uint32_t)mt_wcheck_line(item, step) : g.lines;
+  const uint32_t line = item < g.items ? (uint32_t)mt_whash_line(item, step) : g.lines;
   return line < g.lines ? mt_line_hash(w, ldw, g, line) : 0;
 }
 

@@ -4,7 +4,7 @@
 #   make fuzz FUZZ_TARGETS=spec FUZZ_RUNS=10000000    one target for a number of executions
 #
 #   spec  the spec parser (spec/parse.c, spec/spec.c): lab/fuzz_spec.c, seeds in lab/fuzz-seeds
-#   env   the environment's parsing (base/param.c, base/proc.c path templates, MINITE_ROUTE lists)
+#   env   the environment's parsing (base/params.c, base/proc.c path templates, MINITE_ROUTE lists)
 #         and the JSON strings of the statistics (base/json.c): lab/fuzz_env.c
 #   lt    the reading of cuBLASLt descriptors into a call record and the routing decision on it
 #         (shim/norm.c, shim/router.c), attribute answers chosen by the input: lab/fuzz_lt.c
@@ -18,7 +18,7 @@ FUZZ_FLAGS   := -std=c11 -g -O1 -D_GNU_SOURCE -I. -I$(CUDA_HOME)/include -fsanit
                 -fno-sanitize-recover=all
 
 FUZZ_SRC_spec := spec/parse.c spec/spec.c
-FUZZ_SRC_env  := base/param.c base/proc.c base/log.c base/json.c spec/parse.c spec/spec.c
+FUZZ_SRC_env  := base/params.c base/proc.c base/log.c base/json.c spec/parse.c spec/spec.c
 FUZZ_SRC_lt   := shim/norm.c shim/router.c shim/real.c base/log.c base/proc.c spec/parse.c spec/spec.c
 
 $(B)/fuzz/fuzz_%: lab/fuzz_%.c $(wildcard base/*.c base/*.h spec/*.c spec/*.h shim/norm.c shim/router.c shim/real.c shim/*.h)

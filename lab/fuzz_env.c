@@ -1,8 +1,8 @@
 /* fuzz_env.c — libFuzzer target of what the shim reads from the environment and writes as JSON
  * (lab/fuzz.mk): the first input byte picks a parser, the rest is the value.
  *
- *   MINITE_* values through base/param.c (rate, count, choice, bool): the result is the default or
- *   in range, and every message is formatted and written (to /dev/null);
+ *   MINITE_* values through base/params.c (every variable of base/params.def): each result is the
+ *   default or in range, and every message is formatted and written (to /dev/null);
  *   path templates through base/proc.c: the expansion fits its buffer and is NUL-terminated, an
  *   unknown escape is found exactly when the template holds one;
  *   MINITE_ROUTE lists through mt_spec_add_routes: a refusal leaves the spec as it was and says
@@ -17,7 +17,7 @@
 
 #include "base/json.h"
 #include "base/log.h"
-#include "base/param.h"
+#include "base/params.h"
 #include "base/proc.h"
 #include "spec/spec.h"
 
@@ -31,17 +31,27 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   return 0;
 }
 
+/* Every MINITE_* variable set to v: each value the default or in range, and every message
+ * formatted and written. */
 static void params(const char *v) {
-  static const char *const choices[] = {"requantize", "frozen", NULL};
-  int errors = 0;
-  setenv("MT_FUZZ", v, 1);
-  double r = mt_param_rate("MT_FUZZ", 0.25, &errors);
-  if (!(r >= 0 && r <= 1)) abort();
-  unsigned long long n = mt_param_count("MT_FUZZ", 7, 3, 1000, "things", &errors);
-  if (n != 7 && (n < 3 || n > 1000)) abort();
-  int c = mt_param_choice("MT_FUZZ", choices, 1, &errors);
-  int b = mt_param_bool("MT_FUZZ", 0, &errors);
-  if (c < 0 || c > 1 || b < 0 || b > 1 || errors < 0 || errors > 4 || !mt_param_str("MT_FUZZ") != !v[0]) abort();
+  mt_params p;
+  char buf[MT_LOG_VALUE_MAX + 512];
+  for (int id = 0; id < MT_P_NUM; id++) setenv(mt_param_defs[id].name, v, 1);
+  mt_params_read(&p);
+  if (!(p.shadow >= 0 && p.shadow <= 1) || p.cache_mb > (1ull << 30) || p.instr_slots < 1 || p.instr_slots > 65536)
+    abort();
+  if (p.log_level > MT_LOG_TRACE || p.capture > MT_CAPTURE_GRAPH || p.weight_cache > MT_WCACHE_FROZEN_SAMPLED ||
+      p.strict > 1)
+    abort();
+  if (!p.spec != !v[0]) abort();
+  for (int id = 0; id < MT_P_NUM; id++) {
+    if (strlen(mt_params_value(&p, id, buf, sizeof buf)) >= sizeof buf) abort();
+    if (!mt_params_problem(&p, id, buf, sizeof buf) != (p.from[id] != MT_FROM_INVALID)) abort();
+  }
+  unsetenv("MINITE_LOG_FILE"); /* the log stays on /dev/null */
+  mt_params_read(&p);
+  mt_params_start(&p);
+  mt_log_set_level(MT_LOG_TRACE);
 }
 
 static void templates(const char *v) {

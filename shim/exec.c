@@ -3,10 +3,10 @@
  * A forward expert GEMM in cuBLAS's terms is TN: C[m][n] (column-major) = W^T x with W the A
  * operand (lda = W's row stride), x the B operand; in the engine's row-major terms that is
  * y[tokens = n][out = m] = x[n][k] . W[m][k]^T with the same strides. Each problem gets its
- * quantized weight and scratch from shim/wcache.c and runs on the call's stream with the call's
- * alpha, beta, C, output and (Lt) bias.
+ * quantized weight from shim/wcache.c and its scratch from shim/devmem.c and runs on the call's
+ * stream with the call's alpha, beta, C, output and (Lt) bias.
  *
- * Every launch of one problem is enqueued under its stream's scratch lease (shim/wcache.h): the
+ * Every launch of one problem is enqueued under its stream's scratch lease (shim/devmem.h): the
  * scratch is reused by the next call on that stream, so two threads on one stream must not
  * interleave their launches; threads on different streams run at once. Any failure before the
  * GEMM kernel is launched leaves the output untouched, and the hook forwards the call to cuBLAS
@@ -26,6 +26,7 @@
 #include "shim/instr.h"
 #include "base/log.h"
 #include "shim/norm.h"
+#include "shim/devmem.h"
 #include "shim/wcache.h"
 
 static enum mt_dtype dtype_of(int cuda_type) {
@@ -81,7 +82,7 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const oper
   };
   int st = mt_gemm(&a, c->stream);
   if (st == MT_OK)
-    mt_wcache_ran(&mem.hold);
+    mt_devmem_ran(&mem.hold.mem);
   if (st == MT_OK && mt_instr_enabled()) {
     mt_instr_call ic;
     mt_instr_from_call(s, c, alpha, beta, &ic);
@@ -233,7 +234,7 @@ static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, in
                        .dispatch = g->moe ? &moe : NULL};
   int st = mt_gemm_grouped(&a, g->stream);
   if (st == MT_OK) {
-    mt_wcache_ran(&mem.hold);
+    mt_devmem_ran(&mem.hold.mem);
     if (mt_instr_enabled())
       instrument_grouped(s, g, &a, capturing);
   }
@@ -256,7 +257,7 @@ static int stream_capturing(const mt_call *c) {
 
 /* 1 (said once) when this process cannot run the engine: no driver, or forked after CUDA ran. */
 static int no_engine(void) {
-  if (mt_wcache_forked())
+  if (mt_devmem_forked())
     return 1;
   if (mt_driver_get())
     return 0;

@@ -1,14 +1,17 @@
-/* fork.c — the fork handlers and the engine gate (see fork.h). */
+/* fork.c — the library's fork handlers, the only ones it registers, and the engine gate (see
+ * fork.h). */
 #include "shim/fork.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
 
+#include "base/log.h"
 #include "kernels/driver.h"
 #include "shim/instr.h"
 #include "shim/stats.h"
 #include "shim/torch.h"
+#include "shim/devmem.h"
 
 #define GATE_POLL_NS 50000
 
@@ -17,7 +20,7 @@ static atomic_int forking; /* a fork waits for them, or is under way */
 /* This thread is inside (a fork from inside a driver call). Initial-exec: the library is
  * preloaded (see hooks.c). */
 static _Thread_local int mine __attribute__((tls_model("initial-exec")));
-static pthread_once_t registered = PTHREAD_ONCE_INIT;
+static pthread_once_t started = PTHREAD_ONCE_INIT, registered = PTHREAD_ONCE_INIT;
 
 static void pause_briefly(void) { nanosleep(&(struct timespec){0, GATE_POLL_NS}, NULL); }
 
@@ -82,3 +85,19 @@ static void child(void) {
 static void register_handlers(void) { pthread_atfork(prepare, parent, child); }
 
 void mt_fork_register(void) { pthread_once(&registered, register_handlers); }
+
+/* From the start: the log's lock, the innermost (registered first, its prepare step runs last),
+ * and what a child of any fork gives up. */
+static void start_prepare(void) { mt_log_fork_lock(); }
+
+static void start_parent(void) { mt_log_fork_unlock(); }
+
+static void start_child(void) {
+  mt_log_fork_unlock();
+  mt_devmem_fork_child();
+  mt_instr_fork_child();
+}
+
+static void register_start(void) { pthread_atfork(start_prepare, start_parent, start_child); }
+
+void mt_fork_start(void) { pthread_once(&started, register_start); }

@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "base/param.h"
+#include "base/params.h"
 #include "kernels/driver.h"
 #include "kernels/instr.h"
 #include "shim/instr_writer.h"
@@ -40,19 +40,17 @@ static uint64_t period_shadow, period_probe, digest_threshold;
 static int digest_all, enabled;
 static seen_count seen[MT_SPEC_MAX_ROUTES]; /* the sampling counters, under mt_iw_lock */
 
-/* The child of a fork has no writer thread and no usable CUDA: it instruments nothing (whether
- * forked before the first call, when only this handler is registered, or after it). */
-static void child_after_fork(void) { enabled = 0; }
+/* The child of a fork has no writer thread and no usable CUDA: it instruments nothing, whether
+ * it was forked before the first call or after it. */
+void mt_instr_fork_child(void) { enabled = 0; }
 
 void mt_instr_fork_lock(void) { mt_iw_before_fork(); }
 
 void mt_instr_fork_unlock(int child) {
-  if (!child) {
+  if (child)
+    mt_iw_after_fork_child();
+  else
     mt_iw_after_fork_parent();
-    return;
-  }
-  enabled = 0;
-  mt_iw_after_fork_child();
 }
 static uint64_t period_of(double rate) {
   if (rate <= 0)
@@ -61,38 +59,37 @@ static uint64_t period_of(double rate) {
   return p < 1 ? 1 : p > 1e18 ? (uint64_t)1e18 : (uint64_t)p;
 }
 
-int mt_instr_init(const mt_spec *s, int stats_on) {
-  int errors = 0;
-  rate_shadow = mt_param_rate("MINITE_SHADOW", 1.0 / 64, &errors);
-  rate_probe = mt_param_rate("MINITE_PROBE", 1.0 / 64, &errors);
-  rate_digest = mt_param_rate("MINITE_DIGEST", 1.0 / 64, &errors);
-  int nslots = (int)mt_param_count("MINITE_INSTR_SLOTS", 1024, 1, 65536, "slots", &errors);
-  size_t scratch_limit =
-      (size_t)mt_param_count("MINITE_INSTR_MB", 64, 0, 1ull << 20, "MiB", &errors) << 20;
+/* A rate set in the environment to more than 0. */
+static int asked(const mt_params *p, enum mt_param_id id, double rate) {
+  return p->from[id] != MT_FROM_DEFAULT && rate > 0;
+}
+
+void mt_instr_init(const mt_spec *s, const mt_params *p) {
+  int stats_on = p->stats != NULL;
+  rate_shadow = p->shadow;
+  rate_probe = p->probe;
+  rate_digest = p->digest;
+  size_t scratch_limit = (size_t)p->instr_mb << 20;
   period_shadow = period_of(rate_shadow);
   period_probe = period_of(rate_probe);
   if (!period_shadow && !period_probe)
     scratch_limit = 0; /* only the digests: no scratch */
   mt_iw_configure(&(mt_iw_config){.spec = s,
-                                  .nslots = nslots,
+                                  .nslots = (int)p->instr_slots,
                                   .scratch_bytes = scratch_limit,
                                   .rates = {rate_shadow, rate_probe, rate_digest}});
   digest_all = rate_digest >= 1.0;
   digest_threshold = rate_digest > 0 && !digest_all ? (uint64_t)ldexp(rate_digest, 64) : 0;
   enabled = stats_on && (period_shadow || period_probe || rate_digest > 0);
-  int asked = (getenv("MINITE_SHADOW") && rate_shadow > 0) ||
-              (getenv("MINITE_PROBE") && rate_probe > 0) ||
-              (getenv("MINITE_DIGEST") && rate_digest > 0);
-  if (!stats_on && asked)
+  if (!stats_on &&
+      (asked(p, MT_P_MINITE_SHADOW, rate_shadow) || asked(p, MT_P_MINITE_PROBE, rate_probe) ||
+       asked(p, MT_P_MINITE_DIGEST, rate_digest)))
     MT_WARN("MINITE_SHADOW, MINITE_PROBE and MINITE_DIGEST write to the statistics file: set "
             "MINITE_STATS=PATH to get them");
-  if (enabled) {
-    pthread_atfork(NULL, NULL, child_after_fork);
+  if (enabled)
     MT_INFO("instruments: shadow %g of calls, probe %g of calls with M > 1, digests %g of rows; "
             "scratch %zu MiB per GPU",
             rate_shadow, rate_probe, rate_digest, scratch_limit >> 20);
-  }
-  return errors;
 }
 
 int mt_instr_enabled(void) { return enabled; }

@@ -28,13 +28,14 @@
 
 #include <stddef.h>
 
+#include "base/params.h"
 #include "kernels/engine.h"
 #include "shim/call.h"
 #include "spec/spec.h"
 
-/* Read MINITE_SHADOW, MINITE_PROBE, MINITE_DIGEST, MINITE_INSTR_MB. stats_on: MINITE_STATS is
- * set (otherwise every instrument is off). Returns the number of invalid values (each warned). */
-int mt_instr_init(const mt_spec *s, int stats_on);
+/* Take the settings of MINITE_SHADOW, MINITE_PROBE, MINITE_DIGEST, MINITE_INSTR_MB and
+ * MINITE_INSTR_SLOTS; every instrument is off unless MINITE_STATS is set. */
+void mt_instr_init(const mt_spec *s, const mt_params *p);
 
 /* 1 when any instrument is on (and the process is not a forked child). */
 int mt_instr_enabled(void);
@@ -80,9 +81,12 @@ void mt_instr_after(const mt_instr_call *ic);
 int mt_instr_bf16(const mt_spec *s, const mt_call *c, cublasStatus_t *status);
 
 /* The instruments' lock held across a fork (shim/fork.h); released in the parent (child 0) and
- * in the child (child 1), which has no writer thread and instruments nothing. */
+ * in the child (child 1), which has no writer thread. */
 void mt_instr_fork_lock(void);
 void mt_instr_fork_unlock(int child);
+
+/* In the child of any fork (shim/fork.h): no instruments there. */
+void mt_instr_fork_child(void);
 
 /* Stop the background writer after writing what completes within the time limit (at exit). */
 void mt_instr_drain(void);

@@ -5,23 +5,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include "shim/devmem.h"
 #include "shim/exec.h"
 #include "shim/fork.h"
 #include "shim/instr.h"
 #include "base/log.h"
-#include "base/param.h"
+#include "base/params.h"
 #include "shim/router.h"
 #include "shim/stats.h"
 #include "shim/wcache.h"
 
 atomic_int mt_shim_on;
 static mt_spec spec;         /* written once before mt_shim_on is set, read-only afterwards */
+static mt_params params;     /* likewise */
 static char role_name[1024]; /* longer roles are cut (a character cut in two: U+FFFD) */
 static pthread_once_t first_call = PTHREAD_ONCE_INIT;
-
-const mt_spec *mt_shim_spec(void) { return &spec; }
 
 /* The configuration error that makes the shim inert, said once, with its fix: room for every
  * spec error (MT_SPEC_MAX_ERRORS of mt_spec_error.msg) and the shortened value, so that the fix
@@ -48,37 +47,30 @@ static void spec_problem(const char *what, const char *value, const mt_spec_erro
     snprintf(problem + used, sizeof problem - used, " (%s)", hint);
 }
 
-static int is_file(const char *path) {
-  struct stat st;
-  return stat(path, &st) == 0;
+/* A spec that loads may still hold a line it no longer means (a weight_cache line): said once. */
+static void warn_notice(const char *name) {
+  char note[256], shown[MT_LOG_VALUE_MAX + 64];
+  if (mt_spec_notice(&spec, note, sizeof note))
+    MT_WARN("MINITE_SPEC=%s: line %d: %s", mt_log_value(name, shown, sizeof shown),
+            spec.weight_cache_line, note);
 }
 
 static int load_spec(const char *name) {
   mt_spec_errors errs = {0};
-  if (mt_spec_load(name, &spec, &errs) == 0)
+  int rc = mt_spec_load(name, &spec, &errs);
+  if (rc == 0) {
+    warn_notice(name);
     return 0;
-  if (!strchr(name, '/') && !is_file(name)) {
-    char names[256];
-    size_t used = 0;
-    names[0] = '\0';
-    for (int i = 0; mt_spec_builtin_names[i] && used < sizeof names; i++)
-      used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
-                               mt_spec_builtin_names[i]);
-    char shown[MT_LOG_VALUE_MAX + 64];
-    snprintf(problem, sizeof problem,
-             "MINITE_SPEC=%s is neither a built-in spec (%s) nor a "
-             "readable file: set it to a built-in name or to the path of a spec file",
-             mt_log_value(name, shown, sizeof shown), names);
-    return -1;
   }
+  /* A name that is no built-in and no file: its message says what to set. */
   spec_problem("MINITE_SPEC", name, &errs,
-               "fix the spec file; `minite spec check FILE` lists "
-               "every error");
+               rc == MT_SPEC_UNKNOWN_NAME ? NULL
+                                          : "fix the spec file; `minite spec check FILE` lists "
+                                            "every error");
   return -1;
 }
 
-static int load_routes(void) {
-  const char *list = mt_param_str("MINITE_ROUTE");
+static int load_routes(const char *list) {
   if (!list)
     return 0;
   mt_spec_errors errs = {0};
@@ -127,29 +119,25 @@ static int refuse(int strict) {
 }
 
 int mt_shim_init(void) {
-  const char *name = getenv("MINITE_SPEC");
-  if (!name || !name[0])
-    return 0; /* inert: nothing read, opened, allocated or printed */
-  int soft_errors = mt_param_log();
-  int strict = mt_param_bool("MINITE_STRICT", 0, &soft_errors);
-  mt_param_str("MINITE_SPEC");
-  int hard_errors = load_spec(name) != 0;
+  mt_params_read(&params);
+  if (!params.spec)
+    return 0; /* inert: nothing opened, allocated or printed */
+  int soft_errors = mt_params_start(&params);
+  mt_fork_start();
+  int hard_errors = load_spec(params.spec) != 0;
   if (!hard_errors)
-    hard_errors = load_routes() != 0;
-  if (!hard_errors)
-    soft_errors += mt_wcache_init(&spec);
-  const char *role = mt_param_str("MINITE_ROLE");
-  const char *stats = mt_param_str("MINITE_STATS");
-  if (!hard_errors)
-    soft_errors += mt_instr_init(&spec, stats != NULL);
-  if (hard_errors)
-    return refuse(strict);
-  if (strict && soft_errors)
-    return refuse(strict);
-  if (stats && mt_stats_check(stats, problem, sizeof problem) != 0)
-    return refuse(strict);
-  snprintf(role_name, sizeof role_name, "%s", role ? role : "");
-  info_started(role, stats);
+    hard_errors = load_routes(params.route) != 0;
+  if (!hard_errors) {
+    mt_devmem_init(&params);
+    mt_wcache_init(&params);
+    mt_instr_init(&spec, &params);
+  }
+  if (hard_errors || (params.strict && soft_errors))
+    return refuse(params.strict);
+  if (params.stats && mt_stats_check(params.stats, problem, sizeof problem) != 0)
+    return refuse(params.strict);
+  snprintf(role_name, sizeof role_name, "%s", params.role ? params.role : "");
+  info_started(params.role, params.stats);
   atomic_store_explicit(&mt_shim_on, 1, memory_order_release);
   return 0;
 }

@@ -1,4 +1,4 @@
-/* shim.h — the shim's state: inert or active, the loaded spec, and the path of an active call.
+/* shim.h — the shim's state: inert or active, and the path of an active call.
  *
  * Inert (MINITE_SPEC unset, or a bad configuration) means every hook is a load, a branch and a
  * tail call into cuBLAS. Active means each call is normalised, routed, counted, and then run by
@@ -36,8 +36,5 @@ int mt_shim_begin(mt_call *c, cublasStatus_t *status);
 /* Count an active call whose arguments could not be read, with the reason it passes through
  * (the torch hook's "torch abi"); nothing else is done with it. */
 void mt_shim_unread(enum mt_reason r);
-
-/* The loaded spec (valid while active). */
-const mt_spec *mt_shim_spec(void);
 
 #endif

@@ -15,7 +15,6 @@
 
 #include "base/json.h"
 #include "base/log.h"
-#include "base/param.h"
 #include "base/proc.h"
 #include "kernels/driver.h"
 
@@ -71,7 +70,6 @@ int mt_stats_check(const char *tmpl, char *why, size_t size) {
              mt_log_value(stats_path, path_shown, sizeof path_shown), strerror(saved));
     return -1;
   }
-  mt_param_template_check("MINITE_STATS", tmpl);
   owner_pid = getpid();
   stats_on = 1;
   return 0;
@@ -88,8 +86,6 @@ void mt_stats_fork_unlock(void) {
   pthread_mutex_unlock(&file_lock);
   pthread_mutex_unlock(&census_lock);
 }
-
-int mt_stats_enabled(void) { return stats_on; }
 
 /* --- records: each built in memory and written with one write(2) to a file opened O_APPEND, so
  * that processes and threads sharing the file interleave whole records, never pieces of them;

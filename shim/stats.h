@@ -1,6 +1,6 @@
 /* stats.h — counters, the census of GEMM shapes, and the JSON lines written to MINITE_STATS.
  *
- * The file (a path template, see param.h) is checked when the shim starts, and created at the
+ * The file (a path template, see base/proc.h) is checked when the shim starts, and created at the
  * first GEMM call, with a "start" record (pid, host, rank, local_rank, world_size: base/proc.h;
  * device and pci_bus: the device current at that call, kernels/driver.h mt_device_current; role,
  * spec, fingerprint, repeated in the summary); a "summary" record follows at exit: calls, routed,
@@ -39,9 +39,6 @@
 /* Expand the file's template and check that it can be written (at start); 0, or -1 with the
  * problem and its fix in `why`. */
 int mt_stats_check(const char *tmpl, char *why, size_t size);
-
-/* 1 when statistics are on (and the census is kept). */
-int mt_stats_enabled(void);
 
 /* Create the file and write the start record (at the first GEMM call; once). */
 void mt_stats_start(const mt_spec *s, const char *role, const char *version);

@@ -26,14 +26,11 @@ const mt_knob_def mt_spec_knobs[MT_KNOB_COUNT] = {
     [MT_KNOB_ROUNDING] = {"rounding", {"rne"}},
     [MT_KNOB_ACCUMULATE] = {"accumulate", {"fp32"}},
     [MT_KNOB_BACKWARD] = {"backward", {"bf16"}},
-    [MT_KNOB_WEIGHT_CACHE] = {"weight_cache", {"requantize", "frozen", "frozen-sampled"}},
 };
 
 _Static_assert(MT_FORMAT_BF16 == 0 && MT_FORMAT_NVFP4 == 1, "format values follow the enum");
 _Static_assert(MT_SCALE_ROW == 0 && MT_SCALE_TENSOR == 1, "scale values follow the enum");
 _Static_assert(MT_WBLOCK_1X16 == 0 && MT_WBLOCK_16X16 == 1, "wblock values follow the enum");
-_Static_assert(MT_WCACHE_REQUANTIZE == 0 && MT_WCACHE_FROZEN == 1 && MT_WCACHE_FROZEN_SAMPLED == 2,
-               "wcache values follow the enum");
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 
@@ -175,13 +172,13 @@ typedef struct {
   int nroutes;
   mt_route routes[MT_SPEC_MAX_ROUTES]; /* in the order given */
   int route_line[MT_SPEC_MAX_ROUTES];
-  int too_many_routes; /* reported once */
-  int content_lines;   /* lines holding anything but spaces and comments */
+  int too_many_routes;   /* reported once */
+  int content_lines;     /* lines holding anything but spaces and comments */
+  int weight_cache_line; /* the first "weight_cache = ..." line: ignored (spec.h) */
 } parse_state;
 
 static const char known_knobs[] = "name, format, element, block, block_scale, act_scale, "
-                                  "weight_scale, weight_block, rounding, accumulate, backward, "
-                                  "weight_cache";
+                                  "weight_scale, weight_block, rounding, accumulate, backward";
 
 /* Levenshtein distance of short words (the caller bounds their lengths by 32). */
 static int edit_distance(const char *a, size_t na, const char *b, size_t nb) {
@@ -283,6 +280,15 @@ static void parse_knob_line(parse_state *st, int line, const char *p, size_t n) 
   trim(&val, &val_len);
   if (!key_len) {
     mt_spec_add_error(st->errs, line, "missing knob name before \"=\" (write \"knob = value\")");
+    return;
+  }
+  /* The weight cache mode changes no bit: it is MINITE_WEIGHT_CACHE, a per-process setting, and no
+   * knob. A spec file from when it was one keeps parsing; its line is ignored rather than taken as
+   * the process's default, so that one place sets the mode and `minite env` shows the mode in
+   * force. mt_spec_notice says so. */
+  if (text_is(key, key_len, "weight_cache")) {
+    if (!st->weight_cache_line)
+      st->weight_cache_line = line;
     return;
   }
   int k = find_knob(key, key_len);
@@ -458,8 +464,8 @@ static void fill_spec(const parse_state *st, mt_spec *out) {
     out->act_scale = (enum mt_scale)st->knob_value[MT_KNOB_ACT_SCALE];
     out->weight_scale = (enum mt_scale)st->knob_value[MT_KNOB_WEIGHT_SCALE];
     out->weight_block = (enum mt_wblock)st->knob_value[MT_KNOB_WEIGHT_BLOCK];
-    out->weight_cache = (enum mt_wcache)st->knob_value[MT_KNOB_WEIGHT_CACHE];
   }
+  out->weight_cache_line = st->weight_cache_line;
   for (int i = 0; i < st->nroutes; i++)
     mt_spec_route_insert(out->routes, &out->nroutes, st->routes[i]);
 }

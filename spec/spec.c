@@ -30,9 +30,6 @@ const char *mt_scale_name(enum mt_scale s) { return value_name(MT_KNOB_ACT_SCALE
 const char *mt_wblock_name(enum mt_wblock b) {
   return value_name(MT_KNOB_WEIGHT_BLOCK, (unsigned)b);
 }
-const char *mt_wcache_name(enum mt_wcache c) {
-  return value_name(MT_KNOB_WEIGHT_CACHE, (unsigned)c);
-}
 
 /* ---- files and names ------------------------------------------------------------------------- */
 
@@ -134,8 +131,7 @@ int mt_spec_parse_file(const char *path, mt_spec *out, mt_spec_errors *errs) {
   "weight_block = 1x16\n"                                                                          \
   "rounding = rne\n"                                                                               \
   "accumulate = fp32\n"                                                                            \
-  "backward = bf16\n"                                                                              \
-  "weight_cache = requantize\n"
+  "backward = bf16\n"
 
 typedef struct {
   const char *name, *about, *text;
@@ -178,6 +174,22 @@ const char *mt_spec_builtin_text(const char *name) {
   return b ? b->text : NULL;
 }
 
+/* The one error of a bare word that names no built-in and no file: most likely a built-in's name
+ * misspelled, so the built-ins are listed. */
+static void unknown_name(mt_spec_errors *errs) {
+  char names[256];
+  size_t used = 0;
+  names[0] = '\0';
+  for (int i = 0; i < NBUILTINS && used < sizeof names; i++)
+    used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
+                             builtins[i].name);
+  mt_spec_reset_errors(errs);
+  mt_spec_add_error(errs, 0,
+                    "neither a built-in spec (%s) nor a file: give a built-in name or the path of "
+                    "a spec file",
+                    names);
+}
+
 int mt_spec_load(const char *name_or_path, mt_spec *out, mt_spec_errors *errs) {
   mt_spec_errors scratch;
   if (!errs)
@@ -187,13 +199,21 @@ int mt_spec_load(const char *name_or_path, mt_spec *out, mt_spec_errors *errs) {
     return mt_spec_builtin(name_or_path, out);
   }
   int rc = mt_spec_parse_file(name_or_path, out, errs);
-  /* A bare word that is no file was most likely meant as a built-in name. */
   if (rc && name_or_path && !strchr(name_or_path, '/') && errs->n == 1 && errs->e[0].line == 0 &&
-      strncmp(errs->e[0].msg, "file not found", 14) == 0)
-    snprintf(errs->e[0].msg, sizeof errs->e[0].msg,
-             "file not found: %s (and no built-in of that name: bf16, nvfp4-row, nvfp4-tensor)",
-             mt_spec_quote_path(name_or_path).s);
+      strncmp(errs->e[0].msg, "file not found", 14) == 0) {
+    unknown_name(errs);
+    return MT_SPEC_UNKNOWN_NAME;
+  }
   return rc;
+}
+
+const char *mt_spec_notice(const mt_spec *s, char *text, size_t size) {
+  if (!s->weight_cache_line)
+    return NULL;
+  snprintf(text, size,
+           "weight_cache is no part of the spec any more (it changes no bit): it is "
+           "MINITE_WEIGHT_CACHE, a per-process setting; this line is ignored");
+  return text;
 }
 
 const char *mt_spec_route_unusable(const mt_spec *s, const mt_route *r, char *text, size_t size) {
@@ -245,8 +265,6 @@ static const char *knob_text(const mt_spec *s, enum mt_knob k) {
     return mt_scale_name(s->weight_scale);
   case MT_KNOB_WEIGHT_BLOCK:
     return mt_wblock_name(s->weight_block);
-  case MT_KNOB_WEIGHT_CACHE:
-    return mt_wcache_name(s->weight_cache);
   default:
     return mt_spec_knobs[k].values[0]; /* one legal value */
   }

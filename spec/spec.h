@@ -20,8 +20,11 @@
  *   rounding     = rne              rne                        (nvfp4: required)
  *   accumulate   = fp32             fp32                       (nvfp4: required)
  *   backward     = bf16             bf16                       (nvfp4: required)
- *   weight_cache = requantize       requantize | frozen | frozen-sampled   (nvfp4: required)
  *   route 1536x2048 2048x768        weight shapes OUTxIN; any number of route lines
+ *
+ * A "weight_cache = ..." line, a knob of older spec files, is accepted in any spec and ignored
+ * (mt_spec_notice says so): the weight cache mode changes no bit, so it is not part of the spec or
+ * its fingerprint but MINITE_WEIGHT_CACHE, a per-process setting (base/params.def).
  *
  * With format = bf16 nothing is quantized: routed GEMMs run in cuBLAS BF16 and only the statistics
  * differ from an unrouted run; the nvfp4 knobs must then be absent.
@@ -45,7 +48,6 @@
 enum mt_format { MT_FORMAT_BF16, MT_FORMAT_NVFP4 };
 enum mt_scale { MT_SCALE_ROW, MT_SCALE_TENSOR };
 enum mt_wblock { MT_WBLOCK_1X16, MT_WBLOCK_16X16 };
-enum mt_wcache { MT_WCACHE_REQUANTIZE, MT_WCACHE_FROZEN, MT_WCACHE_FROZEN_SAMPLED };
 
 typedef struct {
   uint32_t out, in; /* a weight of `out` rows (output channels) by `in` columns (K) */
@@ -59,9 +61,9 @@ typedef struct {
   enum mt_scale act_scale;
   enum mt_scale weight_scale;
   enum mt_wblock weight_block;
-  enum mt_wcache weight_cache;
   int nroutes;
   mt_route routes[MT_SPEC_MAX_ROUTES]; /* sorted by (out, in), no duplicates */
+  int weight_cache_line; /* the text's first weight_cache line, ignored (mt_spec_notice); 0: none */
 } mt_spec;
 
 /* One error found while reading a spec: where, and what is wrong in words a user can act on. */
@@ -100,7 +102,10 @@ const char *mt_spec_builtin_about(const char *name);
 const char *mt_spec_builtin_text(const char *name);
 
 /* MINITE_SPEC's value: a built-in name, else a file path (a file named like a built-in is read
- * as "./name"). */
+ * as "./name"). Returns 0, -1 with the errors, or MT_SPEC_UNKNOWN_NAME when a bare word (no '/')
+ * names neither a built-in nor a file: its one error says so and lists the built-ins (this is the
+ * one place that tells that case from a file's errors). */
+#define MT_SPEC_UNKNOWN_NAME (-2)
 int mt_spec_load(const char *name_or_path, mt_spec *out, mt_spec_errors *errs);
 
 /* Add routes from MINITE_ROUTE's syntax: "1536x2048,2048x768" (commas and/or spaces). Routes
@@ -114,6 +119,11 @@ int mt_spec_add_routes(mt_spec *s, const char *list, mt_spec_errors *errs);
  * reason, naming the dimension. The route stays in the spec (it is part of the fingerprint both
  * sides compare); the shim and `minite spec` warn about it. */
 const char *mt_spec_route_unusable(const mt_spec *s, const mt_route *r, char *text, size_t size);
+
+/* What the spec's text held that it no longer means, as a warning into `text` (at least 160
+ * bytes), or NULL: a weight_cache line (its number: s->weight_cache_line). The shim and `minite
+ * spec` say it; the spec is valid. */
+const char *mt_spec_notice(const mt_spec *s, char *text, size_t size);
 
 /* 1 when a weight of out x in is routed. */
 int mt_spec_routes(const mt_spec *s, uint32_t out, uint32_t in);
@@ -131,6 +141,5 @@ uint64_t mt_spec_fingerprint(const mt_spec *s);
 const char *mt_format_name(enum mt_format);
 const char *mt_scale_name(enum mt_scale);
 const char *mt_wblock_name(enum mt_wblock);
-const char *mt_wcache_name(enum mt_wcache);
 
 #endif

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MT_TEST_MAX_MESSAGES 8 /* per test; more failures are counted, not printed */
 
@@ -87,6 +88,23 @@ __attribute__((unused)) static void mt_t_run(const char *name, void (*fn)(void))
     printf("ok   %s\n", name);
   }
   fflush(stdout);
+}
+
+/* What fn(arg) writes to fd 2 (where the library logs without a log file), into out,
+ * NUL-terminated. */
+__attribute__((unused)) static void mt_t_capture_stderr(void (*fn)(void *), void *arg, char *out,
+                                                        size_t size) {
+  char path[] = "/tmp/mt_stderr_test.XXXXXX";
+  int fd = mkstemp(path), saved = dup(2);
+  fflush(stderr);
+  dup2(fd, 2);
+  fn(arg);
+  dup2(saved, 2);
+  close(saved);
+  ssize_t n = pread(fd, out, size - 1, 0);
+  out[n > 0 ? n : 0] = '\0';
+  close(fd);
+  unlink(path);
 }
 
 __attribute__((unused)) static int mt_test_done(void) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2016,SC2034 # conditions are single-quoted strings that check() evaluates
-# test_cli.sh — build/minite spec list|show|check: outputs, exit codes, and where each goes
-# (results on stdout, errors on stderr). Runs $MT_BUILD/minite (default build/minite) on fixtures
+# test_cli.sh — build/minite spec list|show|check and env: outputs, exit codes, and where each
+# goes (results on stdout, errors on stderr). Runs $MT_BUILD/minite (default build/minite) on fixtures
 # written into a temporary directory.
 set -u
 minite="${MT_BUILD:-build}/minite"
@@ -51,9 +51,10 @@ check "show starts with the name" '[ "$(head -n 1 "$dir/out")" = "# name: nvfp4-
 check "show ends with the fingerprint" \
   'tail -n 1 "$dir/out" | grep -Eqx "fingerprint: [0-9a-f]{16}"'
 order="format,element,block,block_scale,act_scale,weight_scale,weight_block,rounding,accumulate,"
-order+="backward,weight_cache,fingerprint:,"
+order+="backward,fingerprint:,"
 check "show holds the canonical knobs in order" \
-  '[ "$(sed -n "2,13p" "$dir/out" | cut -d" " -f1 | tr "\n" ,)" = "$order" ]'
+  '[ "$(sed -n "2,12p" "$dir/out" | cut -d" " -f1 | tr "\n" ,)" = "$order" ]'
+check "show of a built-in holds no weight_cache" '! grep -q weight_cache "$dir/out"'
 check "nvfp4-row has per-row activation scales" 'grep -qx "act_scale = row" "$dir/out"'
 fp_row=$(tail -n 1 "$dir/out")
 run spec show nvfp4-tensor
@@ -85,6 +86,11 @@ route   1536x2048
 EOF
 run spec show "$dir/mine.spec"
 check "show of a file exits 0" '[ $rc -eq 0 ]'
+check "show of a file with a weight_cache line warns that it is ignored, with its line" \
+  'grep -q "^$dir/mine.spec:3: warning: weight_cache .*MINITE_WEIGHT_CACHE.*ignored" "$dir/err" &&
+   [ "$(wc -l <"$dir/err")" -eq 1 ]'
+check "show of a file leaves weight_cache out of the canonical text" \
+  '! grep -q weight_cache "$dir/out"'
 check "show of a file names it" '[ "$(head -n 1 "$dir/out")" = "# name: mine" ]'
 check "show sorts routes" \
   '[ "$(grep "^route" "$dir/out" | tr "\n" ,)" = "route 1536x2048,route 2048x768," ]'
@@ -103,7 +109,9 @@ check "show --route with a bad item exits 2" '[ $rc -eq 2 ] && grep -q "\"1536x\
 
 # --- spec check
 run spec check "$dir/mine.spec"
-check "check of a good file exits 0" '[ $rc -eq 0 ] && [ ! -s "$dir/err" ]'
+check "check of a good file exits 0, warning only of its weight_cache line" \
+  '[ $rc -eq 0 ] && grep -q "^$dir/mine.spec:3: warning: weight_cache" "$dir/err" &&
+   [ "$(wc -l <"$dir/err")" -eq 1 ]'
 check "check prints ok and the fingerprint" \
   '[ "$(cat "$dir/out")" = "$dir/mine.spec: ok (fingerprint $fp_mine)" ]'
 
@@ -137,10 +145,43 @@ run spec show no-such-spec
 check "show of an unknown name exits 2 and lists the built-ins" \
   '[ $rc -eq 2 ] && grep -q "nvfp4-row" "$dir/err" && [ ! -s "$dir/out" ]'
 
+# --- env: every variable of base/params.def, in its order, with its value and where it came from
+# run_env VAR=VALUE...: minite env with only those MINITE_* variables set.
+run_env() {
+  (
+    for v in $(compgen -e | grep '^MINITE_'); do unset "$v"; done
+    env "$@" "$minite" env >"$dir/out" 2>"$dir/err"
+  )
+  rc=$?
+}
+declared=$(grep -o '^MT_PARAM_[A-Z]*(MINITE_[A-Z_]*' base/params.def | sed 's/.*(//' | tr '\n' ,)
+run_env
+check "env exits 0" '[ $rc -eq 0 ] && [ ! -s "$dir/err" ]'
+check "env lists every declared variable in order" \
+  '[ "$(tail -n +2 "$dir/out" | cut -d" " -f1 | tr "\n" ,)" = "$declared" ]'
+check "env: all from the default when none is set" \
+  '[ "$(tail -n +2 "$dir/out" | awk "{print \$NF}" | sort -u)" = default ]'
+check "env shows defaults" \
+  'grep -Eqx "MINITE_SHADOW +1/64 +default" "$dir/out" &&
+   grep -Eqx "MINITE_CAPTURE +graph +default" "$dir/out"'
+run_env MINITE_SHADOW=1/8 MINITE_LOG_LEVEL=info MINITE_CACHE_MB=8192 MINITE_ROLE=learner
+check "env: set values come from the environment" \
+  '[ $rc -eq 0 ] && grep -Eqx "MINITE_SHADOW +1/8 +environment" "$dir/out" &&
+   grep -Eqx "MINITE_LOG_LEVEL +INFO +environment" "$dir/out" &&
+   grep -Eqx "MINITE_ROLE +learner +environment" "$dir/out"'
+check "env: a value equal to the default still comes from the environment" \
+  'grep -Eqx "MINITE_CACHE_MB +8192 +environment" "$dir/out"'
+run_env MINITE_CAPTURE=sometimes
+check "env: an invalid value exits 2, shows the default and the accepted values" \
+  '[ $rc -eq 2 ] && grep -Eq "^MINITE_CAPTURE +graph +default: invalid value .sometimes. for MINITE_CAPTURE: use one of off, graph; using the default graph$" "$dir/out"'
+run env extra
+check "env takes no arguments" '[ $rc -eq 2 ] && grep -q "^usage: minite" "$dir/err"'
+
 # --- usage
 run --help
 check "--help exits 0 with the usage on stdout" \
-  '[ $rc -eq 0 ] && grep -q "usage: minite spec list" "$dir/out"'
+  '[ $rc -eq 0 ] && grep -q "usage: minite spec list" "$dir/out" &&
+   grep -q "minite env" "$dir/out"'
 for args in "" "spec" "spec frob" "frob" "spec list extra" "spec show" "spec check" \
   "spec show a b"; do
   # shellcheck disable=SC2086

@@ -35,6 +35,7 @@
 #include "kernels/gemm_args.h"
 #include "kernels/quant.h"
 #include "kernels/wcheck.h"
+#include "kernels/whash.h"
 #include "kernels/wstore.h"
 #include "shim/wcache.h"
 #include "tests/cpu/fake/fake.h"
@@ -1281,7 +1282,7 @@ static void scenario_streams_threads(void) {
 /* Stream i of scenario_many_streams (0x10000 on: no other scenario's). */
 static CUstream nth_stream(int i) { return (CUstream)(uintptr_t)(0x10000 + 0x100 * i); }
 
-/* More streams than a context keeps scratch for (shim/wcache.c, MAX_STREAMS = 64, RECLAIM_FROM =
+/* More streams than a context keeps scratch for (shim/devmem.c, MAX_STREAMS = 64, RECLAIM_FROM =
  * 32): the first 31 take theirs and record nothing; from the 32nd each call's end is recorded on
  * its stream; the 65th finds every slot's last use unfinished (the fake's events held: not ready)
  * and falls back as "out of memory", then, the events done, takes an idle slot (the 32nd's, the
@@ -1687,8 +1688,10 @@ static void append_text(void *ctx, const char *text) {
 static void scenario_frozen_numerics(void) {
   mt_spec spec;
   CHECK(mt_spec_builtin("nvfp4-row", &spec) == 0);
-  spec.weight_cache = MT_WCACHE_FROZEN;
-  CHECK(mt_wcache_init(&spec) == 0);
+  mt_params params;
+  mt_params_read(&params);
+  params.weight_cache = MT_WCACHE_FROZEN;
+  mt_wcache_init(&params);
   static const mt_numerics nums[] = {{MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
                                      {MT_SCALE_TENSOR, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
                                      {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
@@ -1860,25 +1863,25 @@ static void frozen_sampled_checks_a_sample(void) {
   mt_t_child_free(&r);
 }
 
-/* The sampled check's lines (kernels/wcheck.h): runs of MT_WCHECK_RUN consecutive lines, one run
+/* The sampled check's lines (kernels/whash.h): runs of MT_WHASH_RUN consecutive lines, one run
  * in each group of MT_SAMPLE_STEP runs, at an offset that moves from group to group (so that a
  * sample covers every column over the rows); the items cover every group of a slice and no line
  * twice; step 1 takes every line. */
 static void sampled_lines_cover_the_runs(void) {
   int offsets[MT_SAMPLE_STEP] = {0}, distinct = 0;
-  const uint64_t lines = 4096 * MT_WCHECK_RUN * MT_SAMPLE_STEP + 5; /* a short last group */
-  const uint64_t items = mt_wcheck_items(lines, MT_SAMPLE_STEP);
-  CHECK(items == 4097 * MT_WCHECK_RUN && mt_wcheck_items(lines, 1) == lines);
+  const uint64_t lines = 4096 * MT_WHASH_RUN * MT_SAMPLE_STEP + 5; /* a short last group */
+  const uint64_t items = mt_whash_items(lines, MT_SAMPLE_STEP);
+  CHECK(items == 4097 * MT_WHASH_RUN && mt_whash_items(lines, 1) == lines);
   uint64_t last = 0;
   for (uint64_t i = 0; i < items; i++) {
-    const uint64_t line = mt_wcheck_line(i, MT_SAMPLE_STEP), run = line / MT_WCHECK_RUN;
-    CHECKF(run / MT_SAMPLE_STEP == i / MT_WCHECK_RUN && line % MT_WCHECK_RUN == i % MT_WCHECK_RUN,
+    const uint64_t line = mt_whash_line(i, MT_SAMPLE_STEP), run = line / MT_WHASH_RUN;
+    CHECKF(run / MT_SAMPLE_STEP == i / MT_WHASH_RUN && line % MT_WHASH_RUN == i % MT_WHASH_RUN,
            "item %llu: line %llu", (unsigned long long)i, (unsigned long long)line);
     CHECK(i == 0 || line > last); /* increasing: no line twice */
     last = line;
-    if (i % MT_WCHECK_RUN == 0 && i / MT_WCHECK_RUN < 4096)
+    if (i % MT_WHASH_RUN == 0 && i / MT_WHASH_RUN < 4096)
       distinct += !offsets[run % MT_SAMPLE_STEP]++;
-    CHECK(mt_wcheck_line(i, 1) == i);
+    CHECK(mt_whash_line(i, 1) == i);
   }
   CHECKF(distinct == MT_SAMPLE_STEP, "%d of %d offsets taken", distinct, MT_SAMPLE_STEP);
 }

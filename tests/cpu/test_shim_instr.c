@@ -26,7 +26,6 @@
 
 #include "kernels/instr.h"
 #include "kernels/wcheck.h"
-#include "base/param.h"
 #include "tests/cpu/fake/fake.h"
 #include "tests/cpu/fake/fake_cuda.h"
 #include "tests/cpu/scenario.h"
@@ -590,26 +589,6 @@ static void check_keys_in_file(const mt_t_child *r, int want_keys) {
          want_keys);
 }
 
-static void env_rates(void) {
-  static const struct {
-    const char *value;
-    double want;
-    int error;
-  } cases[] = {{"1/64", 1.0 / 64, 0}, {"0.25", 0.25, 0}, {"1", 1, 0},        {"0", 0, 0},
-               {"0/5", 0, 0},         {"abc", 0.5, 1},   {"2", 0.5, 1},      {"-0.1", 0.5, 1},
-               {"1/0", 0.5, 1},       {"0.5x", 0.5, 1},  {"1/64/2", 0.5, 1}, {"nan", 0.5, 1}};
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    setenv("MT_TEST_RATE", cases[i].value, 1);
-    int errors = 0;
-    double r = mt_param_rate("MT_TEST_RATE", 0.5, &errors);
-    CHECKF(r == cases[i].want && errors == cases[i].error, "%s: %g (%d errors)", cases[i].value, r,
-           errors);
-  }
-  unsetenv("MT_TEST_RATE");
-  int errors = 0;
-  CHECK(mt_param_rate("MT_TEST_RATE", 0.125, &errors) == 0.125 && errors == 0);
-}
-
 /* The twin's mix64, signs and sketch against tools/minite-compare's Python reference. */
 static void twin_matches_python_reference(void) {
   const char *py = getenv("PYTHON") ? getenv("PYTHON") : "python3";
@@ -868,7 +847,6 @@ static void strided_batch_gets_every_instrument(void) {
 }
 
 static void tests(void) {
-  RUN(env_rates);
   RUN(twin_matches_python_reference);
   RUN(digest_launches_and_records);
   RUN(digest_frozen_uses_the_cache_sum);

@@ -1,5 +1,5 @@
 /* test_shim_units.c — the shim's modules one at a time: the router's decision table, parameter
- * parsing and path templates, the log line format, the census's order and suggested-route rule,
+ * path templates, the log line format, the census's order and suggested-route rule,
  * and the hook's answer when no real cuBLAS is in the process. */
 #include <fcntl.h>
 #include <stdio.h>
@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include "base/log.h"
-#include "base/param.h"
 #include "base/proc.h"
 #include "shim/router.h"
 #include "shim/stats.h"
@@ -190,7 +189,7 @@ static void reason_names(void) {
   CHECK(!strcmp(mt_reason_name(MT_R_COUNT), "?"));
 }
 
-static void params(void) {
+static void path_templates(void) {
   char out[64], want[64];
   setenv("RANK", "7", 1);
   CHECK(mt_proc_path("a.%r.%%.%p.%x", out, sizeof out) == 0);
@@ -200,62 +199,17 @@ static void params(void) {
   CHECK(mt_proc_path("%r", out, sizeof out) == 0 && !strcmp(out, "0"));
   CHECK(mt_proc_path("%h", out, sizeof out) == 0 && !strchr(out, '.'));
   CHECK(mt_proc_path("0123456789", out, 10) == -1);
-  static const char *const levels[] = {"NONE", "WARN", "INFO", NULL};
-  int errors = 0;
-  atomic_store(&mt_log_level_now, MT_LOG_NONE); /* the warning below is expected */
-  setenv("MT_TEST_LEVEL", "info", 1);
-  CHECK(mt_param_choice("MT_TEST_LEVEL", levels, 1, &errors) == 2 && errors == 0);
-  setenv("MT_TEST_LEVEL", "LOUD", 1);
-  CHECK(mt_param_choice("MT_TEST_LEVEL", levels, 1, &errors) == 1 && errors == 1);
-  unsetenv("MT_TEST_LEVEL");
-  CHECK(mt_param_choice("MT_TEST_LEVEL", levels, 1, &errors) == 1 && errors == 1);
-  setenv("MT_TEST_BOOL", "yes", 1);
-  CHECK(mt_param_bool("MT_TEST_BOOL", 0, &errors) == 1);
-  setenv("MT_TEST_BOOL", "2", 1);
-  CHECK(mt_param_bool("MT_TEST_BOOL", 0, &errors) == 0 && errors == 2);
-  setenv("MT_TEST_STR", "", 1);
-  CHECK(mt_param_str("MT_TEST_STR") == NULL);
-  static const struct {
-    const char *value;
-    unsigned long long want;
-    int error;
-  } counts[] = {{"64", 64, 0},    {"1", 1, 0},        {"65536", 65536, 0},
-                {"0", 1024, 1},   {"65537", 1024, 1}, {"-1", 1024, 1},
-                {"12x", 1024, 1}, {"x", 1024, 1},     {"18446744073709551617", 1024, 1}};
-  for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
-    setenv("MT_TEST_COUNT", counts[i].value, 1);
-    int e = 0;
-    unsigned long long v = mt_param_count("MT_TEST_COUNT", 1024, 1, 65536, "slots", &e);
-    CHECKF(v == counts[i].want && e == counts[i].error, "%s: %llu (%d errors)", counts[i].value, v,
-           e);
-  }
-  unsetenv("MT_TEST_COUNT");
-  CHECK(mt_param_count("MT_TEST_COUNT", 1024, 1, 65536, "slots", &errors) == 1024);
-  atomic_store(&mt_log_level_now, MT_LOG_WARN);
 }
 
-/* Capture what the log writes to fd 2 while fn runs. */
-static void capture_stderr(void (*fn)(void), char *out, size_t size) {
-  char path[] = "/tmp/mt_log_test.XXXXXX";
-  int fd = mkstemp(path), saved = dup(2);
-  fflush(stderr);
-  dup2(fd, 2);
-  fn();
-  dup2(saved, 2);
-  close(saved);
-  ssize_t n = pread(fd, out, size - 1, 0);
-  out[n > 0 ? n : 0] = '\0';
-  close(fd);
-  unlink(path);
-}
-
-static void warn_twice_once(void) {
+static void warn_twice_once(void *arg) {
+  (void)arg;
   for (int i = 0; i < 2; i++)
     MT_WARN_ONCE("once %d", 41 + i);
   MT_INFO("not at the WARN level");
 }
 
-static void log_none(void) {
+static void log_none(void *arg) {
+  (void)arg;
   atomic_store(&mt_log_level_now, MT_LOG_NONE);
   MT_WARN("silent");
   atomic_store(&mt_log_level_now, MT_LOG_WARN);
@@ -263,11 +217,11 @@ static void log_none(void) {
 
 static void log_lines(void) {
   char text[512], want[300];
-  capture_stderr(warn_twice_once, text, sizeof text);
+  mt_t_capture_stderr(warn_twice_once, NULL, text, sizeof text);
   snprintf(want, sizeof want, "%s:%ld:%ld minite WARN once 41\n", mt_proc_host(), (long)getpid(),
            (long)gettid());
   CHECKF(!strcmp(text, want), "got '%s', want '%s'", text, want);
-  capture_stderr(log_none, text, sizeof text);
+  mt_t_capture_stderr(log_none, NULL, text, sizeof text);
   CHECKF(text[0] == '\0', "%s", text);
 }
 
@@ -390,7 +344,8 @@ static void census_most_calls_first(void) {
 
 static cublasStatus_t statuses[2];
 
-static void call_twice(void) {
+static void call_twice(void *arg) {
+  (void)arg;
   for (int i = 0; i < 2; i++)
     statuses[i] = cublasGemmEx(NULL, CUBLAS_OP_T, CUBLAS_OP_N, 1, 1, 1, NULL, NULL, CUDA_R_16BF, 1,
                                NULL, CUDA_R_16BF, 1, NULL, NULL, CUDA_R_16BF, 1, CUBLAS_COMPUTE_32F,
@@ -407,7 +362,7 @@ static int count(const char *text, const char *what) {
 /* This program holds no cuBLAS: the hook answers NOT_INITIALIZED, never crashes, warns once. */
 static void no_real_cublas(void) {
   char text[2048];
-  capture_stderr(call_twice, text, sizeof text);
+  mt_t_capture_stderr(call_twice, NULL, text, sizeof text);
   CHECK(statuses[0] == CUBLAS_STATUS_NOT_INITIALIZED);
   CHECK(statuses[1] == CUBLAS_STATUS_NOT_INITIALIZED);
   CHECKF(count(text, "cannot find the real cublasGemmEx") == 1, "%s", text);
@@ -416,7 +371,7 @@ static void no_real_cublas(void) {
 int main(void) {
   RUN(router_decision_table);
   RUN(reason_names);
-  RUN(params);
+  RUN(path_templates);
   RUN(log_lines);
   RUN(suggested_routes_rule);
   RUN(census_most_calls_first);

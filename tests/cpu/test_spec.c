@@ -17,17 +17,10 @@
 
 /* The knobs of nvfp4-row, one per line, in the documented order. */
 static const char *const base_lines[][2] = {
-    {"format", "nvfp4"},
-    {"element", "e2m1"},
-    {"block", "16"},
-    {"block_scale", "e4m3"},
-    {"act_scale", "row"},
-    {"weight_scale", "tensor"},
-    {"weight_block", "1x16"},
-    {"rounding", "rne"},
-    {"accumulate", "fp32"},
+    {"format", "nvfp4"},      {"element", "e2m1"},  {"block", "16"},
+    {"block_scale", "e4m3"},  {"act_scale", "row"}, {"weight_scale", "tensor"},
+    {"weight_block", "1x16"}, {"rounding", "rne"},  {"accumulate", "fp32"},
     {"backward", "bf16"},
-    {"weight_cache", "requantize"},
 };
 #define NBASE ((int)(sizeof base_lines / sizeof base_lines[0]))
 
@@ -94,7 +87,7 @@ static int same_fields(const mt_spec *a, const mt_spec *b) {
   int same = a->format == b->format && a->nroutes == b->nroutes;
   if (a->format == MT_FORMAT_NVFP4)
     same = same && a->act_scale == b->act_scale && a->weight_scale == b->weight_scale &&
-           a->weight_block == b->weight_block && a->weight_cache == b->weight_cache;
+           a->weight_block == b->weight_block;
   for (int i = 0; same && i < a->nroutes; i++)
     same = a->routes[i].out == b->routes[i].out && a->routes[i].in == b->routes[i].in;
   return same;
@@ -134,10 +127,10 @@ static void builtin_values(void) {
   CHECK(mt_spec_builtin("bf16", &s) == 0 && s.format == MT_FORMAT_BF16);
   CHECK(mt_spec_builtin("nvfp4-row", &s) == 0 && s.format == MT_FORMAT_NVFP4);
   CHECK(s.act_scale == MT_SCALE_ROW && s.weight_scale == MT_SCALE_TENSOR);
-  CHECK(s.weight_block == MT_WBLOCK_1X16 && s.weight_cache == MT_WCACHE_REQUANTIZE);
+  CHECK(s.weight_block == MT_WBLOCK_1X16 && !s.weight_cache_line);
   CHECK(mt_spec_builtin("nvfp4-tensor", &s) == 0 && s.format == MT_FORMAT_NVFP4);
   CHECK(s.act_scale == MT_SCALE_TENSOR && s.weight_scale == MT_SCALE_TENSOR);
-  CHECK(s.weight_block == MT_WBLOCK_1X16 && s.weight_cache == MT_WCACHE_REQUANTIZE);
+  CHECK(s.weight_block == MT_WBLOCK_1X16 && !s.weight_cache_line);
 }
 
 /* Logs of different minite versions are compared by fingerprint: a change of the canonical form
@@ -150,11 +143,10 @@ static void builtin_fingerprints_pinned(void) {
       {"bf16", "format = bf16\n"},
       {"nvfp4-row", "format = nvfp4\nelement = e2m1\nblock = 16\nblock_scale = e4m3\n"
                     "act_scale = row\nweight_scale = tensor\nweight_block = 1x16\nrounding = rne\n"
-                    "accumulate = fp32\nbackward = bf16\nweight_cache = requantize\n"},
+                    "accumulate = fp32\nbackward = bf16\n"},
       {"nvfp4-tensor", "format = nvfp4\nelement = e2m1\nblock = 16\nblock_scale = e4m3\n"
                        "act_scale = tensor\nweight_scale = tensor\nweight_block = 1x16\n"
-                       "rounding = rne\naccumulate = fp32\nbackward = bf16\n"
-                       "weight_cache = requantize\n"},
+                       "rounding = rne\naccumulate = fp32\nbackward = bf16\n"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     mt_spec s;
@@ -168,7 +160,7 @@ static void builtin_fingerprints_pinned(void) {
   }
   mt_spec s;
   mt_spec_builtin("nvfp4-row", &s);
-  CHECK(mt_spec_fingerprint(&s) == 0x8f1590ca8f574577ull);
+  CHECK(mt_spec_fingerprint(&s) == 0xa83977ce303a44d9ull);
 }
 
 /* ---- every knob and value -------------------------------------------------------------------- */
@@ -185,9 +177,6 @@ static void every_knob_value(void) {
       {"weight_scale", "tensor", offsetof(mt_spec, weight_scale), MT_SCALE_TENSOR},
       {"weight_block", "1x16", offsetof(mt_spec, weight_block), MT_WBLOCK_1X16},
       {"weight_block", "16x16", offsetof(mt_spec, weight_block), MT_WBLOCK_16X16},
-      {"weight_cache", "requantize", offsetof(mt_spec, weight_cache), MT_WCACHE_REQUANTIZE},
-      {"weight_cache", "frozen", offsetof(mt_spec, weight_cache), MT_WCACHE_FROZEN},
-      {"weight_cache", "frozen-sampled", offsetof(mt_spec, weight_cache), MT_WCACHE_FROZEN_SAMPLED},
       {"format", "nvfp4", offsetof(mt_spec, format), MT_FORMAT_NVFP4},
       {"element", "e2m1", 0, -1},
       {"block", "16", 0, -1},
@@ -262,7 +251,7 @@ static void error_unknown_knob(void) {
   char text[1024];
   base_text(text, sizeof text, NULL, NULL);
   strcat(text, "act_scal = row\n");
-  EXPECT_ERROR(text, 12, "unknown knob", "\"act_scal\"", "act_scale", "weight_cache");
+  EXPECT_ERROR(text, 11, "unknown knob", "\"act_scal\"", "act_scale", "backward");
   EXPECT_ERROR("format = bf16\nfrobnicate = 1\n", 2, "unknown knob", "\"frobnicate\"", "known:");
   EXPECT_ERROR("format = bf16\nroute = 1x1\n", 2, "route is not a knob", "without");
   EXPECT_ERROR("format = bf16\n = bf16\n", 2, "missing knob name");
@@ -281,19 +270,42 @@ static void error_bad_value(void) {
   EXPECT_ERROR(text, 3, "block", "bad value", "expected 16");
   base_text(text, sizeof text, "weight_block", "16x1");
   EXPECT_ERROR(text, 7, "weight_block", "1x16 or 16x16");
-  base_text(text, sizeof text, "weight_cache", "FROZEN");
-  EXPECT_ERROR(text, 11, "weight_cache", "requantize, frozen or frozen-sampled");
   base_text(text, sizeof text, "format", "nvfp8");
   EXPECT_ERROR(text, 1, "format", "bad value", "bf16 or nvfp4");
   base_text(text, sizeof text, "act_scale", "row tensor");
   EXPECT_ERROR(text, 5, "act_scale", "bad value", "\"row tensor\"");
 }
 
+/* weight_cache is no knob any more (MINITE_WEIGHT_CACHE, a per-process setting): an older spec's
+ * line parses, under either format and whatever its value, changes neither the spec nor its
+ * canonical text, and is said by mt_spec_notice (its first line). */
+static void weight_cache_line_ignored(void) {
+  static const char *const values[] = {"requantize", "frozen", "frozen-sampled", "anything"};
+  mt_spec want, s;
+  mt_spec_errors e;
+  char text[1024], note[256], canon[MT_SPEC_CANONICAL_MAX];
+  mt_spec_builtin("nvfp4-row", &want);
+  CHECK(!mt_spec_notice(&want, note, sizeof note));
+  for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+    base_text(text, sizeof text, NULL, NULL);
+    snprintf(text + strlen(text), sizeof text - strlen(text),
+             "weight_cache = %s\nweight_cache = frozen\n", values[i]);
+    CHECKF(parse(text, &s, &e) == 0, "%s", values[i]);
+    CHECKF(same_fields(&s, &want) && mt_spec_fingerprint(&s) == mt_spec_fingerprint(&want), "%s",
+           values[i]);
+    CHECKF(s.weight_cache_line == 11, "%s: line %d", values[i], s.weight_cache_line);
+    CHECK(mt_spec_notice(&s, note, sizeof note) && strstr(note, "MINITE_WEIGHT_CACHE") &&
+          strstr(note, "ignored"));
+  }
+  CHECK(parse("format = bf16\nweight_cache = frozen\n", &s, &e) == 0 && s.weight_cache_line == 2);
+  CHECK(!strstr(canonical(&s, canon), "weight_cache"));
+}
+
 static void error_duplicate_knob(void) {
   char text[1024];
   base_text(text, sizeof text, NULL, NULL);
   strcat(text, "act_scale = row\n");
-  EXPECT_ERROR(text, 12, "\"act_scale\"", "given twice", "first on line 5");
+  EXPECT_ERROR(text, 11, "\"act_scale\"", "given twice", "first on line 5");
   EXPECT_ERROR("format = bf16\n# c\nformat = bf16\n", 3, "\"format\"", "given twice",
                "first on line 1");
 }
@@ -354,8 +366,8 @@ static void error_cross_knob(void) {
   CHECK(parse(text, &s, &e) == 0 && s.weight_scale == MT_SCALE_ROW);
   strcat(text, "weight_block = 16x16\n");
   char *line7 = strstr(text, "weight_block = 1x16\n");
-  memmove(line7, line7 + 20, strlen(line7 + 20) + 1); /* drop the 1x16 line: 16x16 is line 11 */
-  EXPECT_ERROR(text, 11, "weight_block = 16x16 needs weight_scale = tensor", "line 6");
+  memmove(line7, line7 + 20, strlen(line7 + 20) + 1); /* drop the 1x16 line: 16x16 is line 10 */
+  EXPECT_ERROR(text, 10, "weight_block = 16x16 needs weight_scale = tensor", "line 6");
   EXPECT_ERROR("format = bf16\nname = x\nact_scale = row\n", 3, "act_scale", "nvfp4 knob",
                "format = bf16", "remove it");
   CHECK(parse("format = bf16\nact_scale = row\nfoo\nbar = 1\n", &s, &e) == -1 && e.n == 3);
@@ -435,8 +447,8 @@ static void files(void) {
   unlink(path);
   CHECK(mt_spec_parse_file(path, &s, &e) == -1 && HAS_ERROR(&e, 0, "file not found", path));
   CHECK(mt_spec_load(path, &s, &e) == -1 && e.n == 1 && HAS_ERROR(&e, 0, "file not found", path));
-  CHECK(mt_spec_load("nvfp4-rwo", &s, &e) == -1);
-  CHECK(HAS_ERROR(&e, 0, "file not found: nvfp4-rwo", "built-in", "nvfp4-row"));
+  CHECK(mt_spec_load("nvfp4-rwo", &s, &e) == MT_SPEC_UNKNOWN_NAME && e.n == 1);
+  CHECK(HAS_ERROR(&e, 0, "neither a built-in spec (bf16, nvfp4-row, nvfp4-tensor) nor a file"));
   CHECK(mt_spec_parse_file("/tmp", &s, &e) == -1 &&
         HAS_ERROR(&e, 0, "/tmp is a directory, not a spec file", "regular file"));
   CHECK(mt_spec_parse_file("", &s, &e) == -1 && e.n == 1);
@@ -466,8 +478,6 @@ static void enum_names(void) {
   CHECK(strcmp(mt_scale_name(MT_SCALE_TENSOR), "tensor") == 0);
   CHECK(strcmp(mt_wblock_name(MT_WBLOCK_1X16), "1x16") == 0);
   CHECK(strcmp(mt_wblock_name(MT_WBLOCK_16X16), "16x16") == 0);
-  CHECK(strcmp(mt_wcache_name(MT_WCACHE_REQUANTIZE), "requantize") == 0);
-  CHECK(strcmp(mt_wcache_name(MT_WCACHE_FROZEN), "frozen") == 0);
   CHECK(strcmp(mt_scale_name((enum mt_scale)7), "invalid") == 0);
 }
 
@@ -509,8 +519,8 @@ static void add_routes_matches_route_lines(void) {
 
 /* ---- canonical form and fingerprint ---------------------------------------------------------- */
 
-/* Every valid knob combination (12 nvfp4 and bf16) times a few route sets. */
-#define NVARIANTS (13 * 4)
+/* Every valid knob combination (6 nvfp4 and bf16) times a few route sets. */
+#define NVARIANTS (7 * 4)
 static void variant(int i, mt_spec *s) {
   static const char *const route_sets[] = {"", "1536x2048", "2048x768", "2048x768,1536x2048"};
   static const struct {
@@ -520,14 +530,13 @@ static void variant(int i, mt_spec *s) {
                  {MT_SCALE_TENSOR, MT_WBLOCK_1X16},
                  {MT_SCALE_TENSOR, MT_WBLOCK_16X16}}; /* 16x16 blocks need a tensor scale */
   int combo = i / 4;
-  if (combo == 12) {
+  if (combo == 6) {
     mt_spec_builtin("bf16", s);
   } else {
     mt_spec_builtin("nvfp4-row", s);
     s->act_scale = (combo & 1) ? MT_SCALE_TENSOR : MT_SCALE_ROW;
-    s->weight_cache = (combo & 2) ? MT_WCACHE_FROZEN : MT_WCACHE_REQUANTIZE;
-    s->weight_scale = weight[combo >> 2].scale;
-    s->weight_block = weight[combo >> 2].block;
+    s->weight_scale = weight[combo >> 1].scale;
+    s->weight_block = weight[combo >> 1].block;
   }
   mt_spec_add_routes(s, route_sets[i % 4], NULL);
 }
@@ -560,8 +569,6 @@ static void fingerprint_sensitive_to_each_change(void) {
   s = base, s.weight_scale = MT_SCALE_ROW;
   CHECK(mt_spec_fingerprint(&s) != fp);
   s = base, s.weight_block = MT_WBLOCK_16X16;
-  CHECK(mt_spec_fingerprint(&s) != fp);
-  s = base, s.weight_cache = MT_WCACHE_FROZEN;
   CHECK(mt_spec_fingerprint(&s) != fp);
   s = base, s.format = MT_FORMAT_BF16;
   CHECK(mt_spec_fingerprint(&s) != fp);
@@ -640,8 +647,8 @@ static size_t random_valid_spec(char *buf, size_t max) {
   int n = 0, bf16 = rng() % 4 == 0;
   for (int i = 0; i < (bf16 ? 1 : NBASE); i++) {
     const char *v = i == 0 && bf16 ? "bf16" : base_lines[i][1];
-    if (strcmp(base_lines[i][0], "act_scale") == 0 || strcmp(base_lines[i][0], "weight_cache") == 0)
-      v = rng() % 2 ? v : strcmp(v, "row") == 0 ? "tensor" : "frozen";
+    if (strcmp(base_lines[i][0], "act_scale") == 0)
+      v = rng() % 2 ? v : "tensor";
     snprintf(lines[n++], sizeof lines[0], "%s%s%s=%s%s%s", spaces[rng() % 4], base_lines[i][0],
              spaces[rng() % 4], spaces[rng() % 4], v, ends[rng() % 4]);
   }
@@ -740,6 +747,7 @@ int main(void) {
   RUN(error_unknown_knob);
   RUN(error_bad_value);
   RUN(error_duplicate_knob);
+  RUN(weight_cache_line_ignored);
   RUN(error_missing_knob);
   RUN(error_route_syntax);
   RUN(error_route_duplicate_and_count);

@@ -481,8 +481,8 @@ static int mode_contexts(void) {
 
 /* --- out of memory ------------------------------------------------------------------------------ */
 
-/* Under weight_cache = frozen: a weight first seen while memory is exhausted gets no cache entry
- * (out of memory: cuBLAS computes); once memory is back it gets one and is routed. */
+/* Under MINITE_WEIGHT_CACHE=frozen: a weight first seen while memory is exhausted gets no cache
+ * entry (out of memory: cuBLAS computes); once memory is back it gets one and is routed. */
 static int mode_oom(void) {
   cublasHandle_t h;
   buffers b, fresh;

@@ -15,6 +15,7 @@
 
 #include "kernels/gemm_args.h"
 #include "kernels/wcheck.h"
+#include "kernels/whash.h"
 #include "tests/gpu/gpu_test.h"
 
 static const mt_numerics num_row = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
@@ -128,11 +129,11 @@ static int slice_changed(const experts *e, const uint8_t *before, const uint8_t 
          memcmp(before + amax + 4, after + amax + 4, end - amax - 4) != 0;
 }
 
-/* Whether line `line` of a slice of `lines` is in the check's sample (kernels/wcheck.h). */
+/* Whether line `line` of a slice of `lines` is in the check's sample (kernels/whash.h). */
 static int in_sample(uint64_t line, uint64_t lines, unsigned step) {
-  const uint64_t items = mt_wcheck_items(lines, step);
-  for (uint64_t i = line / (MT_WCHECK_RUN * step) * MT_WCHECK_RUN; i < items; i++) {
-    const uint64_t l = mt_wcheck_line(i, step);
+  const uint64_t items = mt_whash_items(lines, step);
+  for (uint64_t i = line / (MT_WHASH_RUN * step) * MT_WHASH_RUN; i < items; i++) {
+    const uint64_t l = mt_whash_line(i, step);
     if (l == line)
       return 1;
     if (l > line)
