@@ -434,6 +434,22 @@ static void sorted_gemm1_is_routed(void) {
   mt_t_child_free(&r);
 }
 
+/* Digests of a dispatched call read its rows through the row lists: every valid pair's row (all
+ * rows at rate 1) of each of the three calls; a call that multiplies by router weights is not
+ * digested (its rows are no expert's own). */
+static void dispatched_rows_are_digested(void) {
+  const char *env[] = {"MINITE_DIGEST=1", NULL};
+  mt_t_child r;
+  run("sorted", env, &r);
+  CHECKF(mt_t_json_int_in(r.summary, "\"digests\"", "written") == 3 * 10, "digests: %s",
+         r.summary ? strstr(r.summary, "\"digests\"") : "(no summary)");
+  mt_t_child_free(&r);
+  run("naive_weights", env, &r);
+  CHECKF(mt_t_json_int_in(r.summary, "\"digests\"", "written") <= 0, "digests: %s",
+         r.summary ? strstr(r.summary, "\"digests\"") : "(no summary)");
+  mt_t_child_free(&r);
+}
+
 static void naive_gemm2_with_weights_is_routed(void) {
   const char *env[] = {"MINITE_LOG_LEVEL=INFO", NULL};
   mt_t_child r;
@@ -502,6 +518,7 @@ static void other_kernels_go_to_the_driver(void) {
 static void tests(void) {
   RUN(sorted_gemm1_is_routed);
   RUN(naive_gemm2_with_weights_is_routed);
+  RUN(dispatched_rows_are_digested);
   RUN(bf16_counts_and_passes_through);
   RUN(refused_kernels_pass_through_counted);
   RUN(unrouted_shapes_are_in_the_census);
