@@ -71,6 +71,25 @@ static void *no_loader(enum mt_fn id) {
   return NULL;
 }
 
+/* A lookup on a handle of a hooked name: the answer; NOT_HOOKED for any other name. Kept out of
+ * the hooks' own frames: a local whose address is taken there would keep the compiler from the
+ * tail calls that let the loader see the caller (RTLD_NEXT, RTLD_DEFAULT). */
+#define NOT_HOOKED ((void *)-1)
+
+MT_BEFORE_INIT __attribute__((noinline)) static void *hooked_dlsym(mt_fn_dlsym next, void *handle,
+                                                                   const char *name) {
+  void *hook;
+  enum mt_fn id = mt_dl_hooked(name, &hook);
+  return id == MT_FN_COUNT ? NOT_HOOKED : answer(id, hook, next(handle, name));
+}
+
+MT_BEFORE_INIT __attribute__((noinline)) static void *
+hooked_dlvsym(mt_fn_dlvsym next, void *handle, const char *name, const char *version) {
+  void *hook;
+  enum mt_fn id = mt_dl_hooked(name, &hook);
+  return id == MT_FN_COUNT ? NOT_HOOKED : answer(id, hook, next(handle, name, version));
+}
+
 /* The two hooks run before anything is set up when a sanitizer runtime is preloaded first
  * (MT_BEFORE_INIT, real.h): their path to the loader's function touches nothing instrumented. */
 MT_BEFORE_INIT MT_EXPORT void *dlsym(void *handle, const char *name) {
@@ -78,10 +97,9 @@ MT_BEFORE_INIT MT_EXPORT void *dlsym(void *handle, const char *name) {
   if (!next)
     return no_loader(MT_FN_dlsym);
   if (handle != RTLD_NEXT && handle != RTLD_DEFAULT) {
-    void *hook;
-    enum mt_fn id = mt_dl_hooked(name, &hook);
-    if (id != MT_FN_COUNT)
-      return answer(id, hook, next(handle, name));
+    void *p = hooked_dlsym(next, handle, name);
+    if (p != NOT_HOOKED)
+      return p;
   }
   return next(handle, name); /* a tail call: the loader reads the caller's return address */
 }
@@ -91,10 +109,9 @@ MT_BEFORE_INIT MT_EXPORT void *dlvsym(void *handle, const char *name, const char
   if (!next)
     return no_loader(MT_FN_dlvsym);
   if (handle != RTLD_NEXT && handle != RTLD_DEFAULT) {
-    void *hook;
-    enum mt_fn id = mt_dl_hooked(name, &hook);
-    if (id != MT_FN_COUNT)
-      return answer(id, hook, next(handle, name, version));
+    void *p = hooked_dlvsym(next, handle, name, version);
+    if (p != NOT_HOOKED)
+      return p;
   }
   return next(handle, name, version);
 }
