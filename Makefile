@@ -141,7 +141,7 @@ gputest-run: all $(GPU_TESTS) $(TEST_FIXTURES)
 	@MT_BUILD=$(B) PYTHON=$(PYTHON) tests/run $(GPU_TESTS) \
 	    $(foreach t,$(GPUTEST_PY),'$(PYTHON) $(t)')
 
-# C and CUDA sources follow .clang-format (kernels/ and lab/ have their own, 120 columns wide);
+# C and CUDA sources follow .clang-format (one style, 100 columns, for every folder);
 # `make test` runs format-check. Outside a git checkout, every such file but the build folders'.
 FORMAT_SRC = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null || \
     find . -path ./build -prune -o -path ./build-san -prune -o \

@@ -34,8 +34,9 @@ static const struct {
   const char *name;
   const char *image;
 } kernel_files[] = {
-    {"quant", mt_fatbin_quant},   {"gemm_small", mt_fatbin_gemm_small}, {"gemm_large", mt_fatbin_gemm_large},
-    {"wcheck", mt_fatbin_wcheck}, {"instr", mt_fatbin_instr},           {"grouped", mt_fatbin_grouped},
+    {"quant", mt_fatbin_quant},           {"gemm_small", mt_fatbin_gemm_small},
+    {"gemm_large", mt_fatbin_gemm_large}, {"wcheck", mt_fatbin_wcheck},
+    {"instr", mt_fatbin_instr},           {"grouped", mt_fatbin_grouped},
 };
 #define NFILES ((int)(sizeof kernel_files / sizeof kernel_files[0]))
 
@@ -48,22 +49,25 @@ static void driver_load(void) {
    * pulling in a second copy from another path. The loader's own dlsym (base/loader.h): the shim
    * answers lookups of hooked names with its own functions (shim/dl.h). */
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW);
-  if (!lib) return;
+  if (!lib)
+    lib = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!lib)
+    return;
   int missing = 0;
   void *sym_addr;
-#define MT_DRIVER_SYM(field, decl, sym)                                                                                \
-  sym_addr = mt_loader_sym(lib, sym);                                                                                  \
-  memcpy(&driver_table.field, &sym_addr, sizeof sym_addr);                                                             \
+#define MT_DRIVER_SYM(field, decl, sym)                                                            \
+  sym_addr = mt_loader_sym(lib, sym);                                                              \
+  memcpy(&driver_table.field, &sym_addr, sizeof sym_addr);                                         \
   missing |= sym_addr == NULL;
   MT_DRIVER_FUNCTIONS(MT_DRIVER_SYM)
 #undef MT_DRIVER_SYM
-#define MT_DRIVER_OPT(field, decl, sym)                                                                                \
-  sym_addr = mt_loader_sym(lib, sym);                                                                                  \
+#define MT_DRIVER_OPT(field, decl, sym)                                                            \
+  sym_addr = mt_loader_sym(lib, sym);                                                              \
   memcpy(&driver_table.field, &sym_addr, sizeof sym_addr);
   MT_DRIVER_OPTIONAL(MT_DRIVER_OPT)
 #undef MT_DRIVER_OPT
-  if (!missing) driver_loaded = &driver_table;
+  if (!missing)
+    driver_loaded = &driver_table;
 }
 
 const mt_driver *mt_driver_get(void) {
@@ -74,14 +78,16 @@ const mt_driver *mt_driver_get(void) {
 int mt_capture_relax(void) {
   const mt_driver *d = mt_driver_get();
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  if (!d || !d->exchange_capture_mode || d->exchange_capture_mode(&mode) != CUDA_SUCCESS) return -1;
+  if (!d || !d->exchange_capture_mode || d->exchange_capture_mode(&mode) != CUDA_SUCCESS)
+    return -1;
   return (int)mode;
 }
 
 void mt_capture_restore(int previous) {
   const mt_driver *d = mt_driver_get();
   CUstreamCaptureMode mode = (CUstreamCaptureMode)previous;
-  if (previous >= 0 && d && d->exchange_capture_mode) d->exchange_capture_mode(&mode);
+  if (previous >= 0 && d && d->exchange_capture_mode)
+    d->exchange_capture_mode(&mode);
 }
 
 /* --- the context registry ------------------------------------------------------------------ */
@@ -132,7 +138,8 @@ static int context_id(const mt_driver *d, CUcontext h, unsigned long long *id) {
 
 static int find_slot(unsigned long long id) {
   for (int i = 0; i < MT_MAX_CONTEXTS; i++)
-    if (atomic_load_explicit(&slots[i].id, memory_order_acquire) == id) return i;
+    if (atomic_load_explicit(&slots[i].id, memory_order_acquire) == id)
+      return i;
   return -1;
 }
 
@@ -140,20 +147,24 @@ static int find_slot(unsigned long long id) {
  * be dangling (calling the driver with a destroyed context is undefined). No canary: assume so. */
 static int slot_alive(const mt_driver *d, const ctx_slot *s) {
   unsigned long long buf = 0;
-  if (!s->canary || !d->pointer_get_attribute) return 1;
-  return d->pointer_get_attribute(&buf, CU_POINTER_ATTRIBUTE_BUFFER_ID, s->canary) == CUDA_SUCCESS &&
+  if (!s->canary || !d->pointer_get_attribute)
+    return 1;
+  return d->pointer_get_attribute(&buf, CU_POINTER_ATTRIBUTE_BUFFER_ID, s->canary) ==
+             CUDA_SUCCESS &&
          buf == s->canary_buf;
 }
 
 static void slot_free(ctx_slot *s) {
-  if (s->canary) atomic_fetch_sub(&canary_bytes, CANARY_BYTES); /* freed with its context */
+  if (s->canary)
+    atomic_fetch_sub(&canary_bytes, CANARY_BYTES); /* freed with its context */
   atomic_store_explicit(&s->id, 0, memory_order_release);
   atomic_store_explicit(&s->nfunctions, 0, memory_order_relaxed);
   s->handle = NULL;
   s->canary = 0;
   s->loaded = 0;
   memset(s->modules, 0, sizeof s->modules); /* they went with their context */
-  for (int i = 0; i < MAX_CONFIGURED; i++) atomic_store_explicit(&s->configured[i], NULL, memory_order_relaxed);
+  for (int i = 0; i < MAX_CONFIGURED; i++)
+    atomic_store_explicit(&s->configured[i], NULL, memory_order_relaxed);
   atomic_store_explicit(&s->nfits, 0, memory_order_relaxed);
 }
 
@@ -165,12 +176,16 @@ static int slot_claim(const mt_driver *d, CUcontext h, unsigned long long id) {
     ctx_slot *s = &slots[i];
     unsigned long long sid = atomic_load_explicit(&s->id, memory_order_relaxed);
     /* two live contexts never share an address: the one held here is destroyed */
-    if (sid && s->handle == h) slot_free(s), sid = 0;
-    if (!sid && free_at < 0) free_at = i;
+    if (sid && s->handle == h)
+      slot_free(s), sid = 0;
+    if (!sid && free_at < 0)
+      free_at = i;
   }
   for (int i = 0; i < MT_MAX_CONTEXTS && free_at < 0; i++)
-    if (!slot_alive(d, &slots[i])) slot_free(&slots[i]), free_at = i;
-  if (free_at < 0) return -1;
+    if (!slot_alive(d, &slots[i]))
+      slot_free(&slots[i]), free_at = i;
+  if (free_at < 0)
+    return -1;
   slots[free_at].handle = h;
   atomic_store_explicit(&slots[free_at].id, id, memory_order_release);
   return free_at;
@@ -180,14 +195,17 @@ int mt_ctx_current(mt_ctx *out) {
   const mt_driver *d = mt_driver_get();
   CUcontext h = NULL;
   unsigned long long id;
-  if (!d || d->ctx_get_current(&h) != CUDA_SUCCESS || !h || context_id(d, h, &id) != 0) return MT_ERR_NO_DEVICE;
+  if (!d || d->ctx_get_current(&h) != CUDA_SUCCESS || !h || context_id(d, h, &id) != 0)
+    return MT_ERR_NO_DEVICE;
   int i = find_slot(id);
   if (i < 0) {
     pthread_mutex_lock(&registry_lock);
-    if ((i = find_slot(id)) < 0) i = slot_claim(d, h, id);
+    if ((i = find_slot(id)) < 0)
+      i = slot_claim(d, h, id);
     pthread_mutex_unlock(&registry_lock);
   }
-  if (i < 0) return MT_ERR_NOMEM;
+  if (i < 0)
+    return MT_ERR_NOMEM;
   *out = (mt_ctx){i, id, h};
   return MT_OK;
 }
@@ -197,7 +215,8 @@ void mt_ctx_fork_unlock(void) { pthread_mutex_unlock(&registry_lock); }
 
 /* --- modules and functions ------------------------------------------------------------------ */
 
-static int find_function(ctx_slot *s, unsigned long long id, int file, const char *fn, CUfunction *out) {
+static int find_function(ctx_slot *s, unsigned long long id, int file, const char *fn,
+                         CUfunction *out) {
   int n = atomic_load_explicit(&s->nfunctions, memory_order_acquire);
   for (int i = 0; i < n; i++) {
     const function_slot *f = &s->functions[i];
@@ -211,7 +230,8 @@ static int find_function(ctx_slot *s, unsigned long long id, int file, const cha
 
 static int file_index(const char *module) {
   for (int i = 0; i < NFILES; i++)
-    if (strcmp(kernel_files[i].name, module) == 0) return i;
+    if (strcmp(kernel_files[i].name, module) == 0)
+      return i;
   return -1;
 }
 
@@ -220,8 +240,10 @@ static int device_is_sm90(const mt_driver *d) {
   CUdevice dev;
   int major = 0, minor = 0;
   if (d->ctx_get_device(&dev) != CUDA_SUCCESS ||
-      d->device_get_attribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) != CUDA_SUCCESS ||
-      d->device_get_attribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev) != CUDA_SUCCESS)
+      d->device_get_attribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) !=
+          CUDA_SUCCESS ||
+      d->device_get_attribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev) !=
+          CUDA_SUCCESS)
     return 0;
   return major == 9 && minor == 0;
 }
@@ -230,7 +252,8 @@ static int device_is_sm90(const mt_driver *d) {
 static void make_canary(const mt_driver *d, ctx_slot *s) {
   CUdeviceptr p;
   unsigned long long buf = 0;
-  if (s->canary || !d->pointer_get_attribute || d->mem_alloc(&p, CANARY_BYTES) != CUDA_SUCCESS) return;
+  if (s->canary || !d->pointer_get_attribute || d->mem_alloc(&p, CANARY_BYTES) != CUDA_SUCCESS)
+    return;
   if (d->pointer_get_attribute(&buf, CU_POINTER_ATTRIBUTE_BUFFER_ID, p) != CUDA_SUCCESS) {
     d->mem_free(p);
     return;
@@ -244,28 +267,36 @@ size_t mt_ctx_device_bytes(void) { return atomic_load(&canary_bytes); }
 
 /* Under registry_lock: every kernel file of the context, loaded at once. */
 static int modules_load(const mt_driver *d, ctx_slot *s, CUstream stream) {
-  if (s->loaded) return MT_OK;
+  if (s->loaded)
+    return MT_OK;
   /* Loading a module inside a capture is not legal (it may invalidate the capture); an error
    * from the query (the legacy stream beside a global-mode capture) means the same. */
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (d->stream_is_capturing(stream, &capture) != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE)
+  if (d->stream_is_capturing(stream, &capture) != CUDA_SUCCESS ||
+      capture != CU_STREAM_CAPTURE_STATUS_NONE)
     return MT_ERR_CAPTURE;
-  if (!device_is_sm90(d)) return MT_ERR_NO_DEVICE;
+  if (!device_is_sm90(d))
+    return MT_ERR_NO_DEVICE;
   int relaxed = mt_capture_relax(), st = MT_OK;
   for (int f = 0; f < NFILES && st == MT_OK; f++) {
-    if (s->modules[f]) continue;
+    if (s->modules[f])
+      continue;
     CUresult r = d->module_load_data(&s->modules[f], kernel_files[f].image);
-    if (r != CUDA_SUCCESS) s->modules[f] = NULL;
-    st = r == CUDA_SUCCESS ? MT_OK : r == CUDA_ERROR_NO_BINARY_FOR_GPU ? MT_ERR_NO_DEVICE : MT_ERR_CUDA;
+    if (r != CUDA_SUCCESS)
+      s->modules[f] = NULL;
+    st = r == CUDA_SUCCESS                   ? MT_OK
+         : r == CUDA_ERROR_NO_BINARY_FOR_GPU ? MT_ERR_NO_DEVICE
+                                             : MT_ERR_CUDA;
   }
-  if (st == MT_OK) make_canary(d, s);
+  if (st == MT_OK)
+    make_canary(d, s);
   mt_capture_restore(relaxed);
   s->loaded = st == MT_OK;
   return st;
 }
 
-static int function_load(const mt_driver *d, const mt_ctx *c, int file, const char *fn, CUstream stream,
-                         CUfunction *out) {
+static int function_load(const mt_driver *d, const mt_ctx *c, int file, const char *fn,
+                         CUstream stream, CUfunction *out) {
   ctx_slot *s = &slots[c->index];
   pthread_mutex_lock(&registry_lock);
   int status = MT_OK;
@@ -274,8 +305,10 @@ static int function_load(const mt_driver *d, const mt_ctx *c, int file, const ch
   } else if (!find_function(s, c->id, file, fn, out)) {
     int n = atomic_load_explicit(&s->nfunctions, memory_order_relaxed);
     status = modules_load(d, s, stream);
-    if (status == MT_OK && n == MAX_FUNCTIONS) status = MT_ERR_CUDA;
-    if (status == MT_OK && d->module_get_function(out, s->modules[file], fn) != CUDA_SUCCESS) status = MT_ERR_CUDA;
+    if (status == MT_OK && n == MAX_FUNCTIONS)
+      status = MT_ERR_CUDA;
+    if (status == MT_OK && d->module_get_function(out, s->modules[file], fn) != CUDA_SUCCESS)
+      status = MT_ERR_CUDA;
     if (status == MT_OK) {
       s->functions[n] = (function_slot){.file = file, .function = *out};
       strcpy(s->functions[n].fn, fn);
@@ -290,13 +323,17 @@ static int function_load(const mt_driver *d, const mt_ctx *c, int file, const ch
  * their context. A module load that failed once is retried at the next call. */
 int mt_kernel_get(const char *module, const char *fn, CUstream stream, CUfunction *out) {
   const mt_driver *d = mt_driver_get();
-  if (!d) return MT_ERR_NO_DRIVER;
+  if (!d)
+    return MT_ERR_NO_DRIVER;
   mt_ctx c;
   int st = mt_ctx_current(&c);
-  if (st != MT_OK) return st;
+  if (st != MT_OK)
+    return st;
   int file = file_index(module);
-  if (file < 0 || strlen(fn) >= MAX_NAME) return MT_ERR_CUDA;
-  if (find_function(&slots[c.index], c.id, file, fn, out)) return MT_OK;
+  if (file < 0 || strlen(fn) >= MAX_NAME)
+    return MT_ERR_CUDA;
+  if (find_function(&slots[c.index], c.id, file, fn, out))
+    return MT_OK;
   return function_load(d, &c, file, fn, stream, out);
 }
 
@@ -304,19 +341,24 @@ int mt_kernel_get(const char *module, const char *fn, CUstream stream, CUfunctio
  * belongs to one context, so each GPU's copy gets its own). Lookups are lock-free. */
 static int allow_smem(const mt_driver *d, CUfunction f, unsigned smem) {
   mt_ctx c;
-  if (mt_ctx_current(&c) != MT_OK) return MT_ERR_CUDA;
+  if (mt_ctx_current(&c) != MT_OK)
+    return MT_ERR_CUDA;
   ctx_slot *s = &slots[c.index];
   for (int i = 0; i < MAX_CONFIGURED; i++) {
     CUfunction g = atomic_load_explicit(&s->configured[i], memory_order_acquire);
-    if (g == f) return MT_OK;
-    if (!g) break;
+    if (g == f)
+      return MT_OK;
+    if (!g)
+      break;
   }
-  if (d->func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem) != CUDA_SUCCESS)
+  if (d->func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem) !=
+      CUDA_SUCCESS)
     return MT_ERR_CUDA;
   pthread_mutex_lock(&registry_lock);
   for (int i = 0; i < MAX_CONFIGURED; i++) {
     CUfunction g = atomic_load_explicit(&s->configured[i], memory_order_relaxed);
-    if (g == f) break;
+    if (g == f)
+      break;
     if (!g) {
       atomic_store_explicit(&s->configured[i], f, memory_order_release);
       break;
@@ -328,8 +370,9 @@ static int allow_smem(const mt_driver *d, CUfunction f, unsigned smem) {
 
 /* A launch of gx x gy CTAs of bx x by threads and `smem` bytes on `stream`, with the attributes
  * attr[0 .. nattr-1]. */
-static CUlaunchConfig launch_config(unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem, CUstream stream,
-                                    CUlaunchAttribute *attr, unsigned nattr) {
+static CUlaunchConfig launch_config(unsigned gx, unsigned gy, unsigned bx, unsigned by,
+                                    unsigned smem, CUstream stream, CUlaunchAttribute *attr,
+                                    unsigned nattr) {
   CUlaunchConfig cfg = {0};
   cfg.gridDimX = gx;
   cfg.gridDimY = gy;
@@ -356,8 +399,10 @@ static CUlaunchAttribute cluster_attr(unsigned cluster) {
 /* f's one by-value argument struct `args`, launched as cfg says. */
 static int launch(CUfunction f, const CUlaunchConfig *cfg, void *args) {
   const mt_driver *d = mt_driver_get();
-  if (!d) return MT_ERR_NO_DRIVER;
-  if (cfg->sharedMemBytes > 48 * 1024 && allow_smem(d, f, cfg->sharedMemBytes) != MT_OK) return MT_ERR_CUDA;
+  if (!d)
+    return MT_ERR_NO_DRIVER;
+  if (cfg->sharedMemBytes > 48 * 1024 && allow_smem(d, f, cfg->sharedMemBytes) != MT_OK)
+    return MT_ERR_CUDA;
   void *params[] = {args};
   return d->launch_kernel_ex(cfg, f, params, NULL) == CUDA_SUCCESS ? MT_OK : MT_ERR_CUDA;
 }
@@ -370,8 +415,8 @@ static CUlaunchAttribute dependent_attr(void) {
   return attr;
 }
 
-int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem, int dependent,
-              CUstream stream, void *args) {
+int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem,
+              int dependent, CUstream stream, void *args) {
   CUlaunchAttribute attr = dependent_attr();
   const CUlaunchConfig cfg = launch_config(gx, gy, bx, by, smem, stream, &attr, dependent ? 1 : 0);
   return launch(f, &cfg, args);
@@ -380,7 +425,8 @@ int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, 
 int mt_stream_foreign(CUstream stream) {
   const mt_driver *d = mt_driver_get();
   CUcontext mine = NULL, its = NULL;
-  if (!d || !d->stream_get_ctx || d->ctx_get_current(&mine) != CUDA_SUCCESS || !mine) return 0;
+  if (!d || !d->stream_get_ctx || d->ctx_get_current(&mine) != CUDA_SUCCESS || !mine)
+    return 0;
   return d->stream_get_ctx(stream, &its) == CUDA_SUCCESS && its && its != mine;
 }
 
@@ -390,8 +436,10 @@ int mt_stream_foreign(CUstream stream) {
 uintptr_t mt_stream_key(CUstream stream) {
   static atomic_uintptr_t threads;
   static _Thread_local uintptr_t mine;
-  if (stream != CU_STREAM_PER_THREAD) return (uintptr_t)stream;
-  if (!mine) mine = (atomic_fetch_add(&threads, 1) + 1) << 4 | 0x7;
+  if (stream != CU_STREAM_PER_THREAD)
+    return (uintptr_t)stream;
+  if (!mine)
+    mine = (atomic_fetch_add(&threads, 1) + 1) << 4 | 0x7;
   return mine;
 }
 
@@ -404,9 +452,12 @@ int mt_device_current(char *pci, size_t size) {
   const mt_driver *d = mt_driver_get();
   CUcontext h = NULL;
   CUdevice dev;
-  if (size) pci[0] = '\0';
-  if (!d || d->ctx_get_current(&h) != CUDA_SUCCESS || !h || d->ctx_get_device(&dev) != CUDA_SUCCESS) return -1;
-  if (size > 1 && d->device_get_pci_bus_id && d->device_get_pci_bus_id(pci, (int)size, dev) != CUDA_SUCCESS)
+  if (size)
+    pci[0] = '\0';
+  if (!d || d->ctx_get_current(&h) != CUDA_SUCCESS || !h || d->ctx_get_device(&dev) != CUDA_SUCCESS)
+    return -1;
+  if (size > 1 && d->device_get_pci_bus_id &&
+      d->device_get_pci_bus_id(pci, (int)size, dev) != CUDA_SUCCESS)
     pci[0] = '\0';
   return (int)dev;
 }
@@ -416,7 +467,8 @@ int mt_sm_count(void) {
   CUdevice dev;
   int n = 0;
   if (!d || d->ctx_get_device(&dev) != CUDA_SUCCESS ||
-      d->device_get_attribute(&n, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS || n <= 0)
+      d->device_get_attribute(&n, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
+      n <= 0)
     return 132;
   return n;
 }
@@ -425,7 +477,8 @@ static int find_fit(ctx_slot *s, CUfunction f, unsigned cluster, unsigned thread
   const int n = atomic_load_explicit(&s->nfits, memory_order_acquire);
   for (int i = 0; i < n; i++) {
     const cluster_fit *t = &s->fits[i];
-    if (t->function == f && t->cluster == cluster && t->threads == threads && t->smem == smem) return t->clusters;
+    if (t->function == f && t->cluster == cluster && t->threads == threads && t->smem == smem)
+      return t->clusters;
   }
   return -1;
 }
@@ -436,14 +489,16 @@ static int find_fit(ctx_slot *s, CUfunction f, unsigned cluster, unsigned thread
 int mt_cluster_capacity(CUfunction f, unsigned cluster, unsigned bx, unsigned by, unsigned smem) {
   const mt_driver *d = mt_driver_get();
   mt_ctx c;
-  if (!d || !d->occupancy_max_active_clusters || mt_ctx_current(&c) != MT_OK) return 0;
+  if (!d || !d->occupancy_max_active_clusters || mt_ctx_current(&c) != MT_OK)
+    return 0;
   ctx_slot *s = &slots[c.index];
   int clusters = find_fit(s, f, cluster, bx * by, smem);
-  if (clusters >= 0) return clusters;
+  if (clusters >= 0)
+    return clusters;
   CUlaunchAttribute attr = cluster_attr(cluster);
   const CUlaunchConfig cfg = launch_config(cluster, 1, bx, by, smem, NULL, &attr, 1);
-  if ((cluster > 8 &&
-       d->func_set_attribute(f, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1) != CUDA_SUCCESS) ||
+  if ((cluster > 8 && d->func_set_attribute(f, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                                            1) != CUDA_SUCCESS) ||
       d->occupancy_max_active_clusters(&clusters, f, &cfg) != CUDA_SUCCESS || clusters < 0)
     clusters = 0;
   pthread_mutex_lock(&registry_lock);
@@ -456,9 +511,10 @@ int mt_cluster_capacity(CUfunction f, unsigned cluster, unsigned bx, unsigned by
   return clusters;
 }
 
-int mt_launch_clusters(CUfunction f, unsigned cluster, unsigned clusters, unsigned bx, unsigned by, unsigned smem,
-                       int dependent, CUstream stream, void *args) {
+int mt_launch_clusters(CUfunction f, unsigned cluster, unsigned clusters, unsigned bx, unsigned by,
+                       unsigned smem, int dependent, CUstream stream, void *args) {
   CUlaunchAttribute attr[2] = {cluster_attr(cluster), dependent_attr()};
-  const CUlaunchConfig cfg = launch_config(cluster * clusters, 1, bx, by, smem, stream, attr, dependent ? 2 : 1);
+  const CUlaunchConfig cfg =
+      launch_config(cluster * clusters, 1, bx, by, smem, stream, attr, dependent ? 2 : 1);
   return launch(f, &cfg, args);
 }

@@ -13,30 +13,30 @@
 #include <stdint.h>
 
 /* X(field, declared name (typed by cuda.h), exported symbol) */
-#define MT_DRIVER_FUNCTIONS(X)                                                                                         \
-  X(init, cuInit, "cuInit")                                                                                            \
-  X(get_error_name, cuGetErrorName, "cuGetErrorName")                                                                  \
-  X(ctx_get_current, cuCtxGetCurrent, "cuCtxGetCurrent")                                                               \
-  X(ctx_get_device, cuCtxGetDevice, "cuCtxGetDevice")                                                                  \
-  X(device_get_attribute, cuDeviceGetAttribute, "cuDeviceGetAttribute")                                                \
-  X(module_load_data, cuModuleLoadData, "cuModuleLoadData")                                                            \
-  X(module_get_function, cuModuleGetFunction, "cuModuleGetFunction")                                                   \
-  X(func_set_attribute, cuFuncSetAttribute, "cuFuncSetAttribute")                                                      \
-  X(launch_kernel_ex, cuLaunchKernelEx, "cuLaunchKernelEx")                                                            \
-  X(tensor_map_encode_tiled, cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled")                                         \
-  X(stream_is_capturing, cuStreamIsCapturing, "cuStreamIsCapturing")                                                   \
-  X(mem_alloc, cuMemAlloc, "cuMemAlloc_v2")                                                                            \
-  X(mem_free, cuMemFree, "cuMemFree_v2")                                                                               \
-  X(memcpy_htod, cuMemcpyHtoD, "cuMemcpyHtoD_v2")                                                                      \
-  X(memcpy_dtoh, cuMemcpyDtoH, "cuMemcpyDtoH_v2")                                                                      \
-  X(memset_d8_async, cuMemsetD8Async, "cuMemsetD8Async")                                                               \
-  X(memset_d2d32_async, cuMemsetD2D32Async, "cuMemsetD2D32Async")                                                      \
-  X(ctx_synchronize, cuCtxSynchronize, "cuCtxSynchronize")                                                             \
-  X(stream_synchronize, cuStreamSynchronize, "cuStreamSynchronize")                                                    \
-  X(memcpy_dtoh_async, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")                                                      \
-  X(event_create, cuEventCreate, "cuEventCreate")                                                                      \
-  X(event_record, cuEventRecord, "cuEventRecord")                                                                      \
-  X(event_query, cuEventQuery, "cuEventQuery")                                                                         \
+#define MT_DRIVER_FUNCTIONS(X)                                                                     \
+  X(init, cuInit, "cuInit")                                                                        \
+  X(get_error_name, cuGetErrorName, "cuGetErrorName")                                              \
+  X(ctx_get_current, cuCtxGetCurrent, "cuCtxGetCurrent")                                           \
+  X(ctx_get_device, cuCtxGetDevice, "cuCtxGetDevice")                                              \
+  X(device_get_attribute, cuDeviceGetAttribute, "cuDeviceGetAttribute")                            \
+  X(module_load_data, cuModuleLoadData, "cuModuleLoadData")                                        \
+  X(module_get_function, cuModuleGetFunction, "cuModuleGetFunction")                               \
+  X(func_set_attribute, cuFuncSetAttribute, "cuFuncSetAttribute")                                  \
+  X(launch_kernel_ex, cuLaunchKernelEx, "cuLaunchKernelEx")                                        \
+  X(tensor_map_encode_tiled, cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled")                     \
+  X(stream_is_capturing, cuStreamIsCapturing, "cuStreamIsCapturing")                               \
+  X(mem_alloc, cuMemAlloc, "cuMemAlloc_v2")                                                        \
+  X(mem_free, cuMemFree, "cuMemFree_v2")                                                           \
+  X(memcpy_htod, cuMemcpyHtoD, "cuMemcpyHtoD_v2")                                                  \
+  X(memcpy_dtoh, cuMemcpyDtoH, "cuMemcpyDtoH_v2")                                                  \
+  X(memset_d8_async, cuMemsetD8Async, "cuMemsetD8Async")                                           \
+  X(memset_d2d32_async, cuMemsetD2D32Async, "cuMemsetD2D32Async")                                  \
+  X(ctx_synchronize, cuCtxSynchronize, "cuCtxSynchronize")                                         \
+  X(stream_synchronize, cuStreamSynchronize, "cuStreamSynchronize")                                \
+  X(memcpy_dtoh_async, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")                                  \
+  X(event_create, cuEventCreate, "cuEventCreate")                                                  \
+  X(event_record, cuEventRecord, "cuEventRecord")                                                  \
+  X(event_query, cuEventQuery, "cuEventQuery")                                                     \
   X(stream_wait_event, cuStreamWaitEvent, "cuStreamWaitEvent")
 
 /* Entry points the engine works without (NULL when the driver lacks them): context IDs (CUDA 12.0),
@@ -44,17 +44,17 @@
  * registration (the instruments), a stream's context, a device's PCI address, the clusters of a
  * kernel that fit the device at once (12.0), a kernel's parameter layout (12.4) and the mapped
  * range of an address (the launch door, shim/vllm.c). */
-#define MT_DRIVER_OPTIONAL(X)                                                                                          \
-  X(ctx_get_id, cuCtxGetId, "cuCtxGetId")                                                                              \
-  X(mem_alloc_async, cuMemAllocAsync, "cuMemAllocAsync")                                                               \
-  X(mem_free_async, cuMemFreeAsync, "cuMemFreeAsync")                                                                  \
-  X(pointer_get_attribute, cuPointerGetAttribute, "cuPointerGetAttribute")                                             \
-  X(exchange_capture_mode, cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode")                     \
-  X(mem_host_register, cuMemHostRegister, "cuMemHostRegister_v2")                                                      \
-  X(stream_get_ctx, cuStreamGetCtx, "cuStreamGetCtx")                                                                  \
-  X(device_get_pci_bus_id, cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId")                                                 \
-  X(occupancy_max_active_clusters, cuOccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters")                       \
-  X(func_get_param_info, cuFuncGetParamInfo, "cuFuncGetParamInfo")                                                     \
+#define MT_DRIVER_OPTIONAL(X)                                                                      \
+  X(ctx_get_id, cuCtxGetId, "cuCtxGetId")                                                          \
+  X(mem_alloc_async, cuMemAllocAsync, "cuMemAllocAsync")                                           \
+  X(mem_free_async, cuMemFreeAsync, "cuMemFreeAsync")                                              \
+  X(pointer_get_attribute, cuPointerGetAttribute, "cuPointerGetAttribute")                         \
+  X(exchange_capture_mode, cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode") \
+  X(mem_host_register, cuMemHostRegister, "cuMemHostRegister_v2")                                  \
+  X(stream_get_ctx, cuStreamGetCtx, "cuStreamGetCtx")                                              \
+  X(device_get_pci_bus_id, cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId")                             \
+  X(occupancy_max_active_clusters, cuOccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters")   \
+  X(func_get_param_info, cuFuncGetParamInfo, "cuFuncGetParamInfo")                                 \
   X(mem_get_address_range, cuMemGetAddressRange_v2, "cuMemGetAddressRange_v2")
 
 typedef struct {
@@ -137,8 +137,8 @@ int mt_kernel_get(const char *module, const char *fn, CUstream stream, CUfunctio
  * once, when that is over 48 KB), with programmatic stream serialization when `dependent` is set
  * (the kernel may then start before the previous one ends, and waits with griddepcontrol.wait
  * before reading what that one wrote). MT_OK, or MT_ERR_CUDA. */
-int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem, int dependent,
-              CUstream stream, void *args);
+int mt_launch(CUfunction f, unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned smem,
+              int dependent, CUstream stream, void *args);
 
 /* The current device's SM count (132, an H200's, when it cannot be read): the kernels' grids. */
 int mt_sm_count(void);
@@ -151,7 +151,7 @@ int mt_cluster_capacity(CUfunction f, unsigned cluster, unsigned bx, unsigned by
 
 /* Launch f (as mt_launch) as `clusters` clusters of `cluster` CTAs of bx x by threads, one
  * dimension. A cluster over 8 needs mt_cluster_capacity to have answered for it first. */
-int mt_launch_clusters(CUfunction f, unsigned cluster, unsigned clusters, unsigned bx, unsigned by, unsigned smem,
-                       int dependent, CUstream stream, void *args);
+int mt_launch_clusters(CUfunction f, unsigned cluster, unsigned clusters, unsigned bx, unsigned by,
+                       unsigned smem, int dependent, CUstream stream, void *args);
 
 #endif

@@ -77,12 +77,13 @@ int mt_qweight_bind(mt_qweight *q, int n, int k, const mt_numerics *num, void *m
 int mt_qweight_bind_kept(mt_qweight *q, int n, int k, const mt_numerics *num, void *mem);
 
 /* Quantize W (n rows of k, row stride ldw, BF16 or FP16) into q on `stream`. */
-int mt_quantize_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, mt_stream stream);
+int mt_quantize_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q,
+                       mt_stream stream);
 
 /* The same, done only when the device word *only_if is non-zero when the kernels run (they read it
  * themselves: nothing is read back); NULL quantizes unconditionally. */
-int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, const uint32_t *only_if,
-                          mt_stream stream);
+int mt_quantize_weight_if(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q,
+                          const uint32_t *only_if, mt_stream stream);
 
 /* MT_OK when mt_quantize_weight takes these arguments, else MT_ERR_UNSUPPORTED; nothing is
  * launched. */
@@ -100,8 +101,8 @@ int mt_quantize_weight_accepts(const void *w, enum mt_dtype type, size_t ldw, co
  * to lines outside the sample goes unseen). */
 #define MT_SAMPLE_STEP 64
 size_t mt_refresh_state_bytes(int slices);
-int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state, unsigned step,
-                      mt_stream stream);
+int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state,
+                      unsigned step, mt_stream stream);
 
 /* The kernels that run a GEMM: the few-token kernel that quantizes the activations itself
  * (fused) and the tiled tensor-core kernels after the activations' quantization (large). Both
@@ -171,12 +172,14 @@ const float *mt_wstore_outer(const mt_wstore *w, int e);
 
 /* Quantize w->count weights of n rows of k (row stride ldw elements, `stride` elements from one to
  * the next; BF16 or FP16) into w on `stream`, each slice with its own S. */
-int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w, mt_stream stream);
+int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w,
+                       mt_stream stream);
 
 /* The same for weights behind a device array of w->count pointers (slice e from w_ptrs[e], row
  * stride ldw): the array and the weights are read on the device only. The same slices, bit for bit,
  * as mt_wstore_quantize of the same weights laid out with a stride. */
-int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_t ldw, mt_wstore *w, mt_stream stream);
+int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_t ldw, mt_wstore *w,
+                            mt_stream stream);
 
 /* The frozen cache's refresh of a store (kernels/quant.cu, refresh_store): the check and
  * quantization of mt_refresh_weight, slice by slice, of ws from its ws->count weights lying back to
@@ -292,8 +295,8 @@ typedef struct {
  * runs j = 0 .. nruns-1 of size[j] segments of rows[j] rows each (host arrays), the first segment
  * starting at row row0: the values travel in kernel parameters, so this is a launch only (legal
  * in graph capture; no host copy). The ends must fit an int32. */
-int mt_grouped_seg_ends(int32_t *offs, int seg0, int row0, int nruns, const int32_t *size, const int32_t *rows,
-                        mt_stream stream);
+int mt_grouped_seg_ends(int32_t *offs, int seg0, int row0, int nruns, const int32_t *size,
+                        const int32_t *rows, mt_stream stream);
 
 size_t mt_grouped_workspace_bytes(int m, int k, const mt_numerics *num);
 

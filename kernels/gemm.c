@@ -15,25 +15,29 @@
  * and one pack launch less. The kept form has none (engine.h). The small kernels need whole groups
  * of 16 rows. */
 size_t mt_gemm_frag_bytes(int n, int k) {
-  if (n <= 0 || k <= 0 || n % 16 || mt_gemm_auto_path(1, n, k, 1, 132) != MT_PATH_FUSED) return 0;
+  if (n <= 0 || k <= 0 || n % 16 || mt_gemm_auto_path(1, n, k, 1, 132) != MT_PATH_FUSED)
+    return 0;
   return MT_FRAG_BYTES(n, k);
 }
 
 /* dependent: launched with programmatic stream serialization (driver.h: mt_launch); the GEMM
  * kernels wait for the activation quantization before reading its output. */
-static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, unsigned threads, unsigned smem,
-                  int dependent, mt_stream stream, void *args) {
+static int launch(const char *file, const char *fn, unsigned gx, unsigned gy, unsigned threads,
+                  unsigned smem, int dependent, mt_stream stream, void *args) {
   CUfunction f;
   int st = mt_kernel_get(file, fn, (CUstream)stream, &f);
-  if (st != MT_OK) return st;
+  if (st != MT_OK)
+    return st;
   return mt_launch(f, gx, gy, threads, 1, smem, dependent, (CUstream)stream, args);
 }
 
 int mt_gemm_pack_weight(const mt_qweight *q, const uint32_t *only_if, mt_stream stream) {
   size_t chunks = mt_gemm_frag_bytes(q->n, q->k) / 16;
-  if (!chunks || !q->frag) return MT_OK; /* the kept form has no fragment copy */
+  if (!chunks || !q->frag)
+    return MT_OK; /* the kept form has no fragment copy */
   mt_pack_args a = {q->codes, q->scales, q->frag, only_if, q->n, q->k};
-  return launch("gemm_small", "mt_gemm_pack", (unsigned)((chunks + 255) / 256), 1, 256, 0, 0, stream, &a);
+  return launch("gemm_small", "mt_gemm_pack", (unsigned)((chunks + 255) / 256), 1, 256, 0, 0,
+                stream, &a);
 }
 
 static void epilogue_args(const mt_gemm_args *a, const mt_qact *q, mt_epilogue_args *e) {
@@ -78,13 +82,15 @@ static int path_fits(int p, int m, int k, int packed) {
  * kernel. */
 int mt_gemm_auto_path(int m, int n, int k, int packed, int sms) {
   long long waves = ((long long)n / 16 + sms - 1) / sms;
-  if ((long long)m * k * waves <= MT_GEMM_FUSE_ELEMS && path_fits(MT_PATH_FUSED, m, k, packed)) return MT_PATH_FUSED;
+  if ((long long)m * k * waves <= MT_GEMM_FUSE_ELEMS && path_fits(MT_PATH_FUSED, m, k, packed))
+    return MT_PATH_FUSED;
   return MT_PATH_LARGE;
 }
 
 int mt_gemm_path_of(const mt_gemm_args *a) {
   int packed = mt_gemm_frag_bytes(a->n, a->k) && a->w->frag;
-  if (a->path != MT_PATH_AUTO) return path_fits(a->path, a->m, a->k, packed) ? (int)a->path : -1;
+  if (a->path != MT_PATH_AUTO)
+    return path_fits(a->path, a->m, a->k, packed) ? (int)a->path : -1;
   /* only the fused kernel's rule reads the SM count: the driver is asked where that kernel fits */
   int sms = path_fits(MT_PATH_FUSED, a->m, a->k, packed) ? mt_sm_count() : 1;
   return mt_gemm_auto_path(a->m, a->n, a->k, packed, sms);
@@ -95,23 +101,25 @@ int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream) {
   mt_small_args s = {a->w->frag, {0}, a->x, (long long)a->ldx, a->xtype == MT_DTYPE_FP16};
   epilogue_args(a, &none, &s.e);
   unsigned grid = (unsigned)(a->n / (8 * MT_SMALL_WARPS));
-  return launch("gemm_small", "mt_gemm_small_q4", grid, 1, 32 * MT_SMALL_WARPS, MT_SMALL_FUSE_SMEM, 0, stream, &s);
+  return launch("gemm_small", "mt_gemm_small_q4", grid, 1, 32 * MT_SMALL_WARPS, MT_SMALL_FUSE_SMEM,
+                0, stream, &s);
 }
 
 /* A K-major BF16 matrix of rows x k as TMA sees it: boxes of 64 columns (128 bytes, the swizzle
  * span) by box_rows rows; reads past the matrix return zeros, which add nothing to a sum. pair
  * (k % 64 == 0): rank 3, the columns as k / 64 blocks of 64 (128 bytes apart), a box two blocks
  * deep (mt_gemm_large_m64p_nBN); a block past k is wholly past the third dimension, so zeros too. */
-int mt_gemm_tensor_map(CUtensorMap *map, const void *base, int rows, int k, int box_rows, int pair) {
+int mt_gemm_tensor_map(CUtensorMap *map, const void *base, int rows, int k, int box_rows,
+                       int pair) {
   const mt_driver *d = mt_driver_get();
   cuuint64_t dims[3] = {pair ? 64 : (cuuint64_t)k, (cuuint64_t)rows, (cuuint64_t)k / 64};
   cuuint64_t strides[2] = {(cuuint64_t)k * 2, 128};
   cuuint32_t box[3] = {64, (cuuint32_t)box_rows, MT_LARGE_KS_64};
   cuuint32_t elem_strides[3] = {1, 1, 1};
-  CUresult r =
-      d->tensor_map_encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, pair ? 3 : 2, (void *)base, dims, strides, box,
-                                 elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUresult r = d->tensor_map_encode_tiled(
+      map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, pair ? 3 : 2, (void *)base, dims, strides, box,
+      elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? MT_OK : MT_ERR_UNSUPPORTED;
 }
 
@@ -124,9 +132,11 @@ static int output_map(CUtensorMap *map, void *y, enum mt_dtype type, int m, int 
   cuuint32_t box[2] = {64, 64};
   cuuint32_t elem_strides[2] = {1, 1};
   CUresult r = d->tensor_map_encode_tiled(
-      map, type == MT_DTYPE_FP16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, y, dims,
-      strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      map,
+      type == MT_DTYPE_FP16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+      y, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? MT_OK : MT_ERR_UNSUPPORTED;
 }
 
@@ -147,7 +157,8 @@ static long long max2(long long a, long long b) { return a > b ? a : b; }
  *  - the feed from L2: ~76 bytes a clock into one SM, ~8000 shared by all the working SMs (8000
  *    puts gate_up M = 256 on 64 x 48 tiles, measured best: lab/NOTES.md, "Tiles of 64 tokens"). */
 static long long kblock_clocks(mt_gemm_tile t, long long active) {
-  long long smem = 2LL * t.bm + (long long)t.bn * (1 + t.bm / 64), mma = (long long)t.bm * t.bn / 32;
+  long long smem = 2LL * t.bm + (long long)t.bn * (1 + t.bm / 64),
+            mma = (long long)t.bm * t.bn / 32;
   long long bytes = (long long)(t.bm + t.bn) * 128, feed = max2(bytes / 76, bytes * active / 8000);
   return max2(max2(smem, mma), feed);
 }
@@ -164,7 +175,8 @@ mt_gemm_tile mt_gemm_large_tile(int m, int n, int sms, int bm, int bn) {
   long long best_cost = -1;
   for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++) {
     mt_gemm_tile t = tiles[i];
-    if ((bm && t.bm != bm) || (bn && t.bn != bn)) continue;
+    if ((bm && t.bm != bm) || (bn && t.bn != bn))
+      continue;
     long long count = tile_count(m, n, t), waves = (count + sms - 1) / sms;
     long long cost = waves * kblock_clocks(t, count < sms ? count : sms);
     if (best_cost < 0 || cost < best_cost) {
@@ -200,11 +212,13 @@ static const char *kernel_name(char buf[32], const char *kind, int bn) {
 /* The operands' maps for tiles t.bm tokens high: the last band's activations (its rows only,
  * rounded up to 8), the other bands' where they exist and differ, and the weight's; of rank 3
  * where pair. */
-static int operand_maps(const mt_gemm_args *a, const mt_qact *q, mt_gemm_tile t, int pair, mt_large_args *l) {
+static int operand_maps(const mt_gemm_args *a, const mt_qact *q, mt_gemm_tile t, int pair,
+                        mt_large_args *l) {
   int last = a->m - (a->m - 1) / t.bm * t.bm; /* 1 to t.bm */
   l->last_rows = (last + 7) / 8 * 8;
   int st = mt_gemm_tensor_map(&l->tw, a->w->xhat, a->n, a->k, t.bn, pair);
-  if (st == MT_OK) st = mt_gemm_tensor_map(&l->ta_last, q->xhat, a->m, a->k, l->last_rows, pair);
+  if (st == MT_OK)
+    st = mt_gemm_tensor_map(&l->ta_last, q->xhat, a->m, a->k, l->last_rows, pair);
   if (st != MT_OK || a->m <= t.bm || l->last_rows == t.bm) {
     l->ta = l->ta_last;
     return st;
@@ -223,7 +237,8 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
   mt_large_args l = proto;
   int sms = mt_sm_count();
   mt_gemm_tile t = mt_gemm_large_tile(a->m, a->n, sms, a->tile.bm, a->tile.bn);
-  if (!t.bm) return MT_ERR_UNSUPPORTED; /* a forced tile no kernel has */
+  if (!t.bm)
+    return MT_ERR_UNSUPPORTED; /* a forced tile no kernel has */
   /* a driver that refused the rank-3 maps gets the boxes of one block */
   int pair = mt_gemm_kpair(a->k, t);
   int st = operand_maps(a, q, t, pair, &l);
@@ -231,21 +246,25 @@ static int large_path(const mt_gemm_args *a, const mt_qact *q, mt_stream stream)
     pair = 0;
     st = operand_maps(a, q, t, pair, &l);
   }
-  if (st != MT_OK) return st;
+  if (st != MT_OK)
+    return st;
   epilogue_args(a, q, &l.e);
   unsigned grid = persistent_grid(a, t, sms);
   char fn[32];
   if (t.bm != MT_LARGE_BM)
-    return launch("gemm_large", kernel_name(fn, pair ? "m64p_" : "m64_", t.bn), grid, 1, 256, MT_LARGE_SMEM_64(t.bn), 1,
-                  stream, &l);
+    return launch("gemm_large", kernel_name(fn, pair ? "m64p_" : "m64_", t.bn), grid, 1, 256,
+                  MT_LARGE_SMEM_64(t.bn), 1, stream, &l);
   /* TMA stores where they can, else per-thread stores */
   if (stores_by_tma(a, t, &l.ty))
-    return launch("gemm_large", kernel_name(fn, "ts_", t.bn), grid, 1, 384, MT_LARGE_SMEM_TS(t.bn), 1, stream, &l);
-  return launch("gemm_large", kernel_name(fn, "", t.bn), grid, 1, 384, MT_LARGE_SMEM(t.bn), 1, stream, &l);
+    return launch("gemm_large", kernel_name(fn, "ts_", t.bn), grid, 1, 384, MT_LARGE_SMEM_TS(t.bn),
+                  1, stream, &l);
+  return launch("gemm_large", kernel_name(fn, "", t.bn), grid, 1, 384, MT_LARGE_SMEM(t.bn), 1,
+                stream, &l);
 }
 
 int mt_gemm_launch(const mt_gemm_args *a, const mt_qact *q, mt_stream stream) {
   int path = mt_gemm_path_of(a);
-  if (path < 0) return MT_ERR_UNSUPPORTED;
+  if (path < 0)
+    return MT_ERR_UNSUPPORTED;
   return path == MT_PATH_LARGE ? large_path(a, q, stream) : MT_ERR_UNSUPPORTED;
 }

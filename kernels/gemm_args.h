@@ -65,27 +65,32 @@ typedef struct {
  * of stages sized to fill ~200 KB. Small M: 2 warps x 8 channels, stages of 512 columns. */
 #define MT_LARGE_BM 128
 #define MT_LARGE_BK 64
-#define MT_LARGE_STAGES(bn) ((bn) == 256 ? 4 : (bn) == 192 ? 5 : (bn) == 128 ? 6 : (bn) == 96 ? 7 : 8)
+#define MT_LARGE_STAGES(bn)                                                                        \
+  ((bn) == 256 ? 4 : (bn) == 192 ? 5 : (bn) == 128 ? 6 : (bn) == 96 ? 7 : 8)
 #define MT_LARGE_STAGE_BYTES(bn) (MT_LARGE_BM * MT_LARGE_BK * 2 + (bn)*MT_LARGE_BK * 2)
 /* stages, their two barriers, and per consumer warpgroup 1/S_w and bias of BN columns (floats) */
-#define MT_LARGE_SMEM(bn) (1024 + MT_LARGE_STAGES(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4)
+#define MT_LARGE_SMEM(bn)                                                                          \
+  (1024 + MT_LARGE_STAGES(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4)
 /* Tiles of 64 tokens (mt_gemm_large_m64_nBN, BN 32 to 64: one consumer warpgroup), for calls
  * whose 128-token tiles leave SMs idle: stages of two 64-wide K blocks (MT_LARGE_KS_64: the two A
  * blocks, then the two weight blocks), as many as fill ~192 KB, at most 16. */
 #define MT_LARGE_KS_64 2
 #define MT_LARGE_STAGE_BYTES_64(bn) (MT_LARGE_KS_64 * (64 + (bn)) * MT_LARGE_BK * 2)
-#define MT_LARGE_STAGES_64(bn) (196608 / MT_LARGE_STAGE_BYTES_64(bn) < 16 ? 196608 / MT_LARGE_STAGE_BYTES_64(bn) : 16)
+#define MT_LARGE_STAGES_64(bn)                                                                     \
+  (196608 / MT_LARGE_STAGE_BYTES_64(bn) < 16 ? 196608 / MT_LARGE_STAGE_BYTES_64(bn) : 16)
 /* Whether they load a stage's blocks of an operand in one box (mt_gemm_large_m64p_nBN, rank-3
  * maps): k % 64 == 0 and more stages than the ring holds (kernels/gemm.c: mt_gemm_kpair). */
-#define MT_LARGE_KPAIR_64(k, bn)                                                                                       \
+#define MT_LARGE_KPAIR_64(k, bn)                                                                   \
   ((k) % 64 == 0 && ((k) / 64 + MT_LARGE_KS_64 - 1) / MT_LARGE_KS_64 > MT_LARGE_STAGES_64(bn))
 /* ... then the columns' 1/S_w and bias, and the epilogue's row scales and their two mbarriers
  * (scales64 in gemm_large.cu: 16 + 4 + 64 x 4 bytes, rounded up) */
-#define MT_LARGE_SMEM_64(bn) (1024 + MT_LARGE_STAGES_64(bn) * (MT_LARGE_STAGE_BYTES_64(bn) + 16) + 2 * (bn)*4 + 280)
+#define MT_LARGE_SMEM_64(bn)                                                                       \
+  (1024 + MT_LARGE_STAGES_64(bn) * (MT_LARGE_STAGE_BYTES_64(bn) + 16) + 2 * (bn)*4 + 280)
 /* The TMA-store kernels: one stage fewer, then a 1024-aligned staging tile of 128 x bn outputs. */
 #define MT_LARGE_STAGES_TS(bn) (MT_LARGE_STAGES(bn) - 1)
-#define MT_LARGE_SMEM_TS(bn)                                                                                           \
-  (1024 + MT_LARGE_STAGES_TS(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4 + 1024 + 128 * (bn)*2)
+#define MT_LARGE_SMEM_TS(bn)                                                                       \
+  (1024 + MT_LARGE_STAGES_TS(bn) * (MT_LARGE_STAGE_BYTES(bn) + 16) + 2 * 2 * (bn)*4 + 1024 +       \
+   128 * (bn)*2)
 #define MT_SMALL_WARPS 2 /* one CTA per 16 output channels, 8 per warp */
 #define MT_SMALL_KC 512  /* columns per stage: 4 chunk turns (barrier, requests) for k = 2048 */
 #define MT_SMALL_WBYTES (MT_SMALL_WARPS * (MT_SMALL_KC / 32) * MT_FRAG_REC)
@@ -103,8 +108,9 @@ typedef struct {
 #define MT_SMALL_FUSE_STAGES 4
 #define MT_SMALL_FUSE_META (MT_SMALL_PITCH + 64)
 #define MT_SMALL_FUSE_XHAT (4 * (2 * 4096 + 16))
-#define MT_SMALL_FUSE_SMEM                                                                                             \
-  (MT_SMALL_FUSE_STAGES * MT_SMALL_WSTAGE + MT_SMALL_FUSE_META + MT_SMALL_FUSE_XHAT + MT_SMALL_SLACK)
+#define MT_SMALL_FUSE_SMEM                                                                         \
+  (MT_SMALL_FUSE_STAGES * MT_SMALL_WSTAGE + MT_SMALL_FUSE_META + MT_SMALL_FUSE_XHAT +              \
+   MT_SMALL_SLACK)
 
 /* Fragment order (mt_qweight.frag), for n % 16 == 0: records of 8 rows H (8H .. 8H+7) x 32
  * columns P (two k16 steps), record (H, P) at byte (H * ceil(k/32) + P) * 160, so a warp's rows
@@ -125,8 +131,9 @@ typedef struct {
  * whole 64 columns and tokens to a whole band: those past k or m are zero records (written). */
 #define MT_ACT_PAIRS(k) (2 * (((size_t)(k) + 63) / 64))
 #define MT_ACT_BAND 128
-#define MT_ACT_REC_BYTES(m, k)                                                                                         \
-  (((size_t)(m) + MT_ACT_BAND - 1) / MT_ACT_BAND * (MT_ACT_BAND / 8) * MT_ACT_PAIRS(k) * MT_FRAG_REC)
+#define MT_ACT_REC_BYTES(m, k)                                                                     \
+  (((size_t)(m) + MT_ACT_BAND - 1) / MT_ACT_BAND * (MT_ACT_BAND / 8) * MT_ACT_PAIRS(k) *           \
+   MT_FRAG_REC)
 
 /* The grouped GEMM (kernels/grouped.cu, launched by kernels/grouped.c): segments seg0 .. seg0 +
  * nseg - 1 of a grouped problem, each y_s = x_s . W_s^T with the epilogue of mt_epilogue_args. At
@@ -149,25 +156,27 @@ typedef struct {
 #define MT_GROUPED_TAIL 64
 #define MT_GROUPED_TAIL_BN 32
 #define MT_GROUPED_REC_BLOCK 4608
-#define MT_GROUPED_SB(bn) ((MT_GROUPED_KS(bn) * ((bn)*128 + MT_GROUPED_REC_BLOCK) + 1023) / 1024 * 1024)
+#define MT_GROUPED_SB(bn)                                                                          \
+  ((MT_GROUPED_KS(bn) * ((bn)*128 + MT_GROUPED_REC_BLOCK) + 1023) / 1024 * 1024)
 #define MT_GROUPED_RING(bn) (MT_GROUPED_CTAS(bn) == 2 ? 98304 : 204800)
-#define MT_GROUPED_STAGES(bn)                                                                                          \
+#define MT_GROUPED_STAGES(bn)                                                                      \
   (MT_GROUPED_RING(bn) / MT_GROUPED_SB(bn) < 16 ? MT_GROUPED_RING(bn) / MT_GROUPED_SB(bn) : 16)
-#define MT_GROUPED_SMEM(bn)                                                                                            \
+#define MT_GROUPED_SMEM(bn)                                                                        \
   (1024 + MT_GROUPED_STAGES(bn) * (MT_GROUPED_SB(bn) + 16) + 16 + (4 * MT_GROUPED_MAX_SEG + 1) * 4)
 typedef struct {
-  CUtensorMap ta;      /* xhat [m][k] BF16, box 64 columns x BN rows (kpair: rank 3, 64 x m x k / 64,
+  CUtensorMap ta;     /* xhat [m][k] BF16, box 64 columns x BN rows (kpair: rank 3, 64 x m x k / 64,
                              a box two blocks deep) */
-  const uint8_t *ws;   /* the weight store (kernels/wstore.h): slice g at ws + g * ws_slice */
-  long long ws_slice;  /* bytes of a slice */
-  long long ws_band;   /* bytes of a band's records: MT_WS_BAND_BYTES(k) */
-  long long ws_outer;  /* a slice's S from its start */
+  const uint8_t *ws;  /* the weight store (kernels/wstore.h): slice g at ws + g * ws_slice */
+  long long ws_slice; /* bytes of a slice */
+  long long ws_band;  /* bytes of a band's records: MT_WS_BAND_BYTES(k) */
+  long long ws_outer; /* a slice's S from its start */
   const uint32_t *gen; /* NULL, or the generation word of the call's refresh (kernels/wcheck.h) */
   /* NULL, or the count of the call's activations' quantizer's running CTAs (mt_wcheck_head.acts),
    * for the first launch after the call's refresh: it reads the activations once the count is 0
    * and waits for the grid before it (the refresh) only before it ends */
   const uint32_t *acts;
-  const int32_t *offs; /* device: cumulative row ends of the segments (segment g: offs[g-1] .. offs[g],
+  const int32_t
+      *offs; /* device: cumulative row ends of the segments (segment g: offs[g-1] .. offs[g],
                              offs[-1] = 0), or NULL: seg_rows rows each, segment g at row g * seg_rows */
   int seg0, nseg, seg_rows;
   int m, n, k;        /* m: rows of xhat (bounds offs) */

@@ -15,8 +15,10 @@ enum { DT_BF16 = 0, DT_FP16 = 1, DT_FP32 = 2 }; // enum mt_dtype, kernels/engine
 // epilogue
 
 __device__ static inline float load_elem(const void *p, long long i, int type) {
-  if (type == DT_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-  if (type == DT_FP16) return __half2float(((const __half *)p)[i]);
+  if (type == DT_BF16)
+    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+  if (type == DT_FP16)
+    return __half2float(((const __half *)p)[i]);
   return ((const float *)p)[i];
 }
 
@@ -29,14 +31,19 @@ __device__ static inline void store_elem(void *p, long long i, int type, float v
 }
 
 // 1/S by the correctly rounded reciprocal: the same bits as the reference's 1.0f / S.
-__device__ static inline float inv_row(const float *s, int per_row, int i) { return __frcp_rn(s[per_row ? i : 0]); }
+__device__ static inline float inv_row(const float *s, int per_row, int i) {
+  return __frcp_rn(s[per_row ? i : 0]);
+}
 
 // acc of output (i, j) to its final value, in the order of gemm_args.h; _rn keeps the compiler
 // from contracting into FMAs, which would make the bits depend on how each path was compiled.
-__device__ static inline float epilogue(const mt_epilogue_args &e, float acc, float inv_a, float inv_w, int i, int j) {
+__device__ static inline float epilogue(const mt_epilogue_args &e, float acc, float inv_a,
+                                        float inv_w, int i, int j) {
   float t = __fmul_rn(__fmul_rn(acc, __fmul_rn(inv_a, inv_w)), e.alpha);
-  if (e.c) t = __fadd_rn(t, __fmul_rn(e.beta, load_elem(e.c, i * e.ldc + j, e.ytype)));
-  if (e.bias) t = __fadd_rn(t, load_elem(e.bias, j, e.biastype));
+  if (e.c)
+    t = __fadd_rn(t, __fmul_rn(e.beta, load_elem(e.c, i * e.ldc + j, e.ytype)));
+  if (e.bias)
+    t = __fadd_rn(t, load_elem(e.bias, j, e.biastype));
   return t;
 }
 
@@ -56,15 +63,19 @@ __device__ static inline void weight_frag(uint32_t x, uint32_t s2, uint32_t &b0,
   uint32_t hi = __byte_perm(hi0, 0x40404040u, sel); // high bytes of 0,.5,1,1.5,2,3,4,6
   uint32_t lo = __byte_perm(lo0, 0xC0804000u, sel); // low bytes
   uint32_t sg = x & 0x8888u;
-  uint32_t p0 = __byte_perm(lo, hi, 0x5140) | ((sg * 0x01001000u) & 0x80008000u); // bit 3 -> 15, 7 -> 31
-  uint32_t p1 = __byte_perm(lo, hi, 0x7362) | ((sg * 0x00010010u) & 0x80008000u); // bit 11 -> 15, 15 -> 31
+  uint32_t p0 =
+      __byte_perm(lo, hi, 0x5140) | ((sg * 0x01001000u) & 0x80008000u); // bit 3 -> 15, 7 -> 31
+  uint32_t p1 =
+      __byte_perm(lo, hi, 0x7362) | ((sg * 0x00010010u) & 0x80008000u); // bit 11 -> 15, 15 -> 31
   __nv_bfloat162 r0 = __hmul2(*(__nv_bfloat162 *)&p0, *(__nv_bfloat162 *)&s2);
   __nv_bfloat162 r1 = __hmul2(*(__nv_bfloat162 *)&p1, *(__nv_bfloat162 *)&s2);
   b0 = *(uint32_t *)&r0;
   b1 = *(uint32_t *)&r1;
 }
 
-__device__ static inline uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ static inline uint32_t smem_u32(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
 
 // mbarriers in shared memory (sm_90): the large path's stage ring.
 __device__ static inline void mbar_init(uint64_t *bar, int count) {
@@ -73,7 +84,9 @@ __device__ static inline void mbar_init(uint64_t *bar, int count) {
 
 // one arrival, and `bytes` more expected before the phase completes
 __device__ static inline void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
 }
 
 __device__ static inline void mbar_arrive(uint64_t *bar) {
@@ -89,28 +102,29 @@ __device__ static inline void mbar_wait(uint64_t *bar, int parity) {
 }
 
 // A TMA load of one box of `map` at (c0, c1) into this CTA's shared memory, completing on bar.
-__device__ static inline void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
-          smem_u32(dst)),
-      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
-      : "memory");
+__device__ static inline void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0,
+                                          int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], "
+               "[%1, {%3, %4}], [%2];\n" ::"r"(smem_u32(dst)),
+               "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+               : "memory");
 }
 
 // The same for a map of rank 3 (mt_gemm_large_m64p_nBN): one box of (c0, c1, c2).
-__device__ static inline void tma_load_3d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1, int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::
-          "r"(smem_u32(dst)),
-      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
+__device__ static inline void tma_load_3d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0,
+                                          int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], "
+               "[%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_u32(dst)),
+               "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
 }
 
 // A plain bulk copy (no tensor map) of `bytes` (a multiple of 16, both addresses 16-byte aligned)
 // from global into this CTA's shared memory, completing on bar (the ra variant's records).
 __device__ static inline void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_u32(dst)),
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(smem_u32(dst)),
       "l"(src), "r"(bytes), "r"(smem_u32(bar))
       : "memory");
 }
@@ -120,5 +134,6 @@ __device__ static inline void bulk_load(void *dst, const void *src, uint32_t byt
 // along K inside the 128-byte row moves the start address by 32 bytes (the swizzle is applied by
 // the hardware on the final address).
 __device__ static inline uint64_t desc_sw128(uint32_t addr) {
-  return (uint64_t)((addr >> 4) & 0x3FFF) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+  return (uint64_t)((addr >> 4) & 0x3FFF) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 |
+         (uint64_t)1 << 62;
 }

@@ -37,20 +37,32 @@
 // gemm_common.cuh)
 
 // A barrier among the 128 threads of one consumer warpgroup (id 0 is __syncthreads').
-__device__ static inline void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+__device__ static inline void warpgroup_sync(int id) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
 
 // TMA stores (the ts variant): a box from shared memory to global, grouped; the shared memory may be
 // written again once wait_read says the group has read it. Ordinary stores to shared memory that a
 // TMA store reads need fence_async_shared in each writing thread first (the PTX ISA's async proxy).
-__device__ static inline void tma_store_2d(const CUtensorMap *map, const void *src, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map),
-               "r"(smem_u32(src)), "r"(c0), "r"(c1)
-               : "memory");
+__device__ static inline void tma_store_2d(const CUtensorMap *map, const void *src, int c0,
+                                           int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map),
+      "r"(smem_u32(src)), "r"(c0), "r"(c1)
+      : "memory");
 }
-__device__ static inline void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-__device__ static inline void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-__device__ static inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-__device__ static inline void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ static inline void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ static inline void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ static inline void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+__device__ static inline void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 
 namespace large {
 constexpr int BM = MT_LARGE_BM, BK = MT_LARGE_BK;
@@ -81,7 +93,9 @@ template <typename OUT> __device__ static __forceinline__ OUT from_float(float v
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
 
 // What a consumer warpgroup keeps per tile in shared memory: 1/S_w of the tile's columns (when S_w
 // is per row) and the bias as floats (exact from any of its types).
@@ -92,17 +106,23 @@ template <int BN> struct columns {
 
 // Columns first, first + stride, ... of cols for the tile at n0 (only what the call has).
 template <int BN>
-__device__ static void fill_columns(const mt_epilogue_args &e, columns<BN> *cols, int n0, int first, int stride) {
+__device__ static void fill_columns(const mt_epilogue_args &e, columns<BN> *cols, int n0, int first,
+                                    int stride) {
   for (int c = first; c < BN && n0 + c < e.n; c += stride) {
-    if (e.sw_row) cols->inv_w[c] = inv_row(e.sw, 1, n0 + c);
-    if (e.bias) cols->bias[c] = load_elem(e.bias, n0 + c, e.biastype);
+    if (e.sw_row)
+      cols->inv_w[c] = inv_row(e.sw, 1, n0 + c);
+    if (e.bias)
+      cols->bias[c] = load_elem(e.bias, n0 + c, e.biastype);
   }
 }
 
 // Fill cols for the tile at n0 by the consumer warpgroup; its barrier before keeps the previous
 // tile's readers, the one after this tile's.
-template <int BN> __device__ static void prepare_columns(const mt_epilogue_args &e, columns<BN> *cols, int n0, int cw) {
-  if (!e.sw_row && !e.bias) return;
+template <int BN>
+__device__ static void prepare_columns(const mt_epilogue_args &e, columns<BN> *cols, int n0,
+                                       int cw) {
+  if (!e.sw_row && !e.bias)
+    return;
   warpgroup_sync(1 + cw);
   fill_columns<BN>(e, cols, n0, threadIdx.x % 128, 128);
   warpgroup_sync(1 + cw);
@@ -123,10 +143,11 @@ __device__ static __forceinline__ float inv_w_one(const mt_epilogue_args &e) {
 // STAGED (the ts variant): the outputs go as BF16/FP16 pairs into `stage` instead, BN / 64 boxes
 // of 64 rows x 128 bytes in the 128B-swizzled layout a TMA store reads (16-byte chunk c of row r
 // at chunk c ^ (r % 8)); columns past N keep stale values that the store clips.
-template <int BN, typename OUT, bool SW_ROW, bool EXTRA, bool FULL, bool STAGED = false, bool ROWS = false>
-__device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, const float *d, int row0, int n0,
-                                                  const columns<BN> *cols, float inv_w, uint8_t *stage = nullptr,
-                                                  const float *inv_a_rows = nullptr) {
+template <int BN, typename OUT, bool SW_ROW, bool EXTRA, bool FULL, bool STAGED = false,
+          bool ROWS = false>
+__device__ static __forceinline__ void
+store_tile(const mt_epilogue_args &e, const float *d, int row0, int n0, const columns<BN> *cols,
+           float inv_w, uint8_t *stage = nullptr, const float *inv_a_rows = nullptr) {
   const int t = threadIdx.x % 128, w = t / 32, g = (t % 32) / 4, q = t % 4;
   const int avail = e.n - n0 - 2 * q; // this thread's column 8c + j exists when 8c + j < avail
   const float alpha = e.alpha, beta = e.beta;
@@ -134,7 +155,8 @@ __device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, con
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     int row = row0 + 16 * w + g + 8 * i;
-    if (row >= e.m) continue;
+    if (row >= e.m)
+      continue;
     float inv_a = ROWS ? inv_a_rows[16 * w + g + 8 * i] : inv_row(e.sa, e.sa_row, row);
     float scale = __fmul_rn(inv_a, inv_w); // used when !SW_ROW
     OUT *y = (OUT *)e.y + (long long)row * e.ldy + n0 + 2 * q;
@@ -142,7 +164,8 @@ __device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, con
 #pragma unroll
     for (int cb = 0; cb < BN / 8; cb++) {
       const int at = 8 * cb, lc = 8 * cb + 2 * q; // offset from y, column within the tile
-      if (!FULL && at >= avail) continue;
+      if (!FULL && at >= avail)
+        continue;
       const bool pair = FULL || at + 1 < avail;
       float s0 = scale, s1 = scale;
       if constexpr (SW_ROW) {
@@ -169,8 +192,8 @@ __device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, con
         }
       }
       if constexpr (STAGED)
-        *(uint32_t *)(stage + cb / 8 * 8192 + (16 * w + g + 8 * i) * 128 + ((cb % 8 ^ g) << 4) + 4 * q) =
-            pack2<OUT>(v0, v1);
+        *(uint32_t *)(stage + cb / 8 * 8192 + (16 * w + g + 8 * i) * 128 + ((cb % 8 ^ g) << 4) +
+                      4 * q) = pack2<OUT>(v0, v1);
       else if (pair)
         *(uint32_t *)(y + at) = pack2<OUT>(v0, v1);
       else
@@ -180,9 +203,9 @@ __device__ static __forceinline__ void store_tile(const mt_epilogue_args &e, con
 }
 
 template <int BN, typename OUT, bool STAGED = false, bool ROWS = false>
-__device__ static __forceinline__ void store_tile_as(const mt_epilogue_args &e, const float *d, int row0, int n0,
-                                                     const columns<BN> *cols, float inv_w, uint8_t *stage = nullptr,
-                                                     const float *inv_a_rows = nullptr) {
+__device__ static __forceinline__ void
+store_tile_as(const mt_epilogue_args &e, const float *d, int row0, int n0, const columns<BN> *cols,
+              float inv_w, uint8_t *stage = nullptr, const float *inv_a_rows = nullptr) {
   const bool extra = e.c || e.bias, full = n0 + BN <= e.n;
   const float *ia = inv_a_rows;
   if (e.sw_row) {
@@ -198,7 +221,8 @@ __device__ static __forceinline__ void store_tile_as(const mt_epilogue_args &e, 
     else if (full)
       store_tile<BN, OUT, false, false, true, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
     else
-      store_tile<BN, OUT, false, false, false, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage, ia);
+      store_tile<BN, OUT, false, false, false, STAGED, ROWS>(e, d, row0, n0, cols, inv_w, stage,
+                                                             ia);
   }
 }
 
@@ -212,11 +236,13 @@ struct ring {
 // wgmmas (to skip a block past k) made ptxas commit an empty group after the merge, so that
 // wait_group 1 then waited for the real one. a_sub16: the distance of a stage's A blocks / 16.
 template <int WN, int NB, int B_SUB>
-__device__ static __forceinline__ void wgmma_blocks(float *d, uint64_t da, uint64_t db, uint32_t a_sub16) {
+__device__ static __forceinline__ void wgmma_blocks(float *d, uint64_t da, uint64_t db,
+                                                    uint32_t a_sub16) {
 #pragma unroll
   for (int j = 0; j < NB; j++)
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) wgmma_step<WN>(d, da + j * a_sub16 + 2 * kk, db + j * (B_SUB >> 4) + 2 * kk);
+    for (int kk = 0; kk < BK / 16; kk++)
+      wgmma_step<WN>(d, da + j * a_sub16 + 2 * kk, db + j * (B_SUB >> 4) + 2 * kk);
 }
 
 // The K loop of one consumer warpgroup over one tile: per stage, wait for it, issue its k16 wgmmas
@@ -228,8 +254,9 @@ __device__ static __forceinline__ void wgmma_blocks(float *d, uint64_t da, uint6
 // address, so the add never carries out of it), and a k16 step inside the 128-byte row adds 2.
 // The descriptors stay in uniform registers: nothing between two wgmmas but the adds.
 template <int WN, int S, int SB, int KS = 1, int B_SUB = 0>
-__device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t *empty, uint64_t da0, uint64_t db0,
-                                              int kt64, ring &r, uint32_t a_sub16 = 0) {
+__device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t *empty,
+                                              uint64_t da0, uint64_t db0, int kt64, ring &r,
+                                              uint32_t a_sub16 = 0) {
   int prev = 0;
   const int kt = (kt64 + KS - 1) / KS;
   for (int kb = 0; kb < kt; kb++) {
@@ -239,7 +266,8 @@ __device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t
     wgmma_blocks<WN, KS, B_SUB>(d, da0 + off, db0 + off, a_sub16);
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-    if (kb > 0 && threadIdx.x % 32 == 0) mbar_arrive(&empty[prev]);
+    if (kb > 0 && threadIdx.x % 32 == 0)
+      mbar_arrive(&empty[prev]);
     prev = r.s;
     if (++r.s == S) {
       r.s = 0;
@@ -247,13 +275,15 @@ __device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t
     }
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-  if (threadIdx.x % 32 == 0) mbar_arrive(&empty[prev]);
+  if (threadIdx.x % 32 == 0)
+    mbar_arrive(&empty[prev]);
 }
 
 // The stage ring's barriers, by one thread: "full" completes on the producer's arrival and the
 // stage's bytes, "empty" on `consumers` arrivals (one per consumer warp: 8); the fence makes them visible
 // to the async proxy (TMA).
-template <int S> __device__ static __forceinline__ void init_ring(uint64_t *full, uint64_t *empty, int consumers) {
+template <int S>
+__device__ static __forceinline__ void init_ring(uint64_t *full, uint64_t *empty, int consumers) {
   for (int s = 0; s < S; s++) {
     mbar_init(&full[s], 1);
     mbar_init(&empty[s], consumers);
@@ -278,30 +308,35 @@ template <int S> __device__ static __forceinline__ void init_ring(uint64_t *full
 // Stage kb's KS blocks of one operand from `row` into dst, blocks `step` bytes apart: a box a block,
 // or with KP (the maps of rank 3) one box for all, an activation box's blocks then its rows apart.
 template <int KS, bool KP>
-__device__ static __forceinline__ void load_stage(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, int kb, int row,
-                                                  int step) {
+__device__ static __forceinline__ void load_stage(uint8_t *dst, const CUtensorMap *map,
+                                                  uint64_t *bar, int kb, int row, int step) {
   if constexpr (KP)
     tma_load_3d(dst, map, bar, 0, row, kb * KS);
   else
-    for (int j = 0; j < KS; j++) tma_load_2d(dst + j * step, map, bar, (kb * KS + j) * BK, row);
+    for (int j = 0; j < KS; j++)
+      tma_load_2d(dst + j * step, map, bar, (kb * KS + j) * BK, row);
 }
 
 template <int S, int SB, int BN, int TM = BM, int KS = 1, bool KP = false>
-__device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *smem, uint64_t *full, uint64_t *empty,
-                                               int tiles, int tiles_n, int kt64) {
+__device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *smem,
+                                               uint64_t *full, uint64_t *empty, int tiles,
+                                               int tiles_n, int kt64) {
   constexpr int A_TILE = TM * BK * 2, W_TILE = BN * BK * 2;
   const int kt = (kt64 + KS - 1) / KS;
-  const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN, m_first = (int)blockIdx.x / tiles_n * TM;
+  const int pre = kt < S ? kt : S, n_first = (int)blockIdx.x % tiles_n * BN,
+            m_first = (int)blockIdx.x / tiles_n * TM;
   // the band at m0's activation map and what a block's two loads deliver for it
   const int m_last = (a.e.m - 1) / TM * TM;
-  const uint32_t tx = (uint32_t)(A_TILE + W_TILE), tx_last = (uint32_t)(a.last_rows * BK * 2 + W_TILE);
+  const uint32_t tx = (uint32_t)(A_TILE + W_TILE),
+                 tx_last = (uint32_t)(a.last_rows * BK * 2 + W_TILE);
   auto act = [&](int m0) { return m0 == m_last ? &a.ta_last : &a.ta; };
   for (int kb = 0; kb < pre; kb++) {
     mbar_arrive_expect_tx(&full[kb], KS * (m_first == m_last ? tx_last : tx));
     load_stage<KS, KP>(smem + kb * SB + KS * A_TILE, &a.tw, &full[kb], kb, n_first, W_TILE);
   }
   grid_dependency_wait();
-  for (int kb = 0; kb < pre; kb++) load_stage<KS, KP>(smem + kb * SB, act(m_first), &full[kb], kb, m_first, A_TILE);
+  for (int kb = 0; kb < pre; kb++)
+    load_stage<KS, KP>(smem + kb * SB, act(m_first), &full[kb], kb, m_first, A_TILE);
   int it = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int m0 = tile / tiles_n * TM, n0 = tile % tiles_n * BN;
@@ -344,16 +379,20 @@ struct scales64 {
 static_assert(sizeof(scales64) <= 280, "MT_LARGE_SMEM_64 holds 280 bytes of scales64");
 
 template <int BN>
-__device__ static void scale_helpers(const mt_large_args &a, columns<BN> *cols, scales64 *sc, int tiles, int tiles_n) {
+__device__ static void scale_helpers(const mt_large_args &a, columns<BN> *cols, scales64 *sc,
+                                     int tiles, int tiles_n) {
   const int t = threadIdx.x - 32; // 0 .. 95
   grid_dependency_wait();         // S_a (and in requantize mode S_w) come from the kernels before
   int j = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, j++) {
     const int m0 = tile / tiles_n * 64, n0 = tile % tiles_n * BN;
-    if (j > 0) mbar_wait(&sc->empty, (j - 1) & 1);
+    if (j > 0)
+      mbar_wait(&sc->empty, (j - 1) & 1);
     fill_columns<BN>(a.e, cols, n0, t, 96);
-    for (int r = t; r < 64 && m0 + r < a.e.m; r += 96) sc->inv_a[r] = inv_row(a.e.sa, a.e.sa_row, m0 + r);
-    if (t == 0) sc->inv_w0 = inv_w_one(a.e);
+    for (int r = t; r < 64 && m0 + r < a.e.m; r += 96)
+      sc->inv_a[r] = inv_row(a.e.sa, a.e.sa_row, m0 + r);
+    if (t == 0)
+      sc->inv_w0 = inv_w_one(a.e);
     mbar_arrive(&sc->full);
   }
 }
@@ -397,19 +436,23 @@ template <int BN, int TM = BM, bool KP = false> __device__ static void run(const
   // Registers: with TM = 64 the launch's 256 threads have enough without moving any (BN / 2
   // accumulators at most 64).
   if (wg == 0) { // producer: one thread keeps the ring of stages full
-    if constexpr (TM == BM) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if constexpr (TM == BM)
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if constexpr (TM == 64)
       if (threadIdx.x >= 32 && (int)blockIdx.x < tiles) {
         scale_helpers<BN>(a, cols_all, sc, tiles, tiles_n);
         return;
       }
-    if (threadIdx.x != 0 || (int)blockIdx.x >= tiles) return;
+    if (threadIdx.x != 0 || (int)blockIdx.x >= tiles)
+      return;
     produce<S, SB, BN, TM, KS, KP>(a, smem, full, empty, tiles, tiles_n, kt);
     return;
   }
 
-  if constexpr (TM == BM) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  const int cw = __shfl_sync(0xffffffffu, wg - 1, 0); // the same in every lane, known so to the compiler
+  if constexpr (TM == BM)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int cw =
+      __shfl_sync(0xffffffffu, wg - 1, 0); // the same in every lane, known so to the compiler
   columns<BN> *cols = cols_all + cw;
   const uint64_t da0 = desc_sw128(smem_u32(smem) + cw * 64 * 128);
   const uint64_t db0 = desc_sw128(smem_u32(smem) + KS * TM * BK * 2);
@@ -420,7 +463,8 @@ template <int BN, int TM = BM, bool KP = false> __device__ static void run(const
     const int m0 = tile / tiles_n * TM, n0 = tile % tiles_n * BN, row0 = m0 + 64 * cw;
     float d[BN / 2];
 #pragma unroll
-    for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+    for (int i = 0; i < BN / 2; i++)
+      d[i] = 0.0f;
     // a stage's second A block: 64 rows on, or with KP the last band's box's rows (produce)
     const int a_rows = KP && m0 == (a.e.m - 1) / TM * TM ? a.last_rows : TM;
     k_loop<BN, S, SB, KS, BN * BK * 2>(d, full, empty, da0, db0, kt, r, a_rows * BK * 2 / 16);
@@ -431,11 +475,14 @@ template <int BN, int TM = BM, bool KP = false> __device__ static void run(const
     if constexpr (TM == 64) {
       mbar_wait(&sc->full, j & 1);
       if (a.e.ytype == DT_BF16)
-        store_tile_as<BN, __nv_bfloat16, false, true>(a.e, d, row0, n0, cols, sc->inv_w0, nullptr, sc->inv_a);
+        store_tile_as<BN, __nv_bfloat16, false, true>(a.e, d, row0, n0, cols, sc->inv_w0, nullptr,
+                                                      sc->inv_a);
       else
-        store_tile_as<BN, __half, false, true>(a.e, d, row0, n0, cols, sc->inv_w0, nullptr, sc->inv_a);
+        store_tile_as<BN, __half, false, true>(a.e, d, row0, n0, cols, sc->inv_w0, nullptr,
+                                               sc->inv_a);
       __syncwarp();
-      if (threadIdx.x % 32 == 0) mbar_arrive(&sc->empty);
+      if (threadIdx.x % 32 == 0)
+        mbar_arrive(&sc->empty);
     } else {
       prepare_columns<BN>(a.e, cols, n0, cw);
       const float inv_w = inv_w_one(a.e);
@@ -473,7 +520,8 @@ template <int BN> __device__ static void run_ts(const mt_large_args &a) {
 
   if (wg == 0) { // producer: one thread keeps the ring of stages full
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (threadIdx.x != 0 || (int)blockIdx.x >= tiles) return;
+    if (threadIdx.x != 0 || (int)blockIdx.x >= tiles)
+      return;
     produce<S, SB, BN>(a, smem, full, empty, tiles, tiles_n, kt);
     return;
   }
@@ -490,7 +538,8 @@ template <int BN> __device__ static void run_ts(const mt_large_args &a) {
     const int m0 = tile / tiles_n * BM, n0 = tile % tiles_n * BN, row0 = m0 + 64 * cw;
     float d[BN / 2];
 #pragma unroll
-    for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+    for (int i = 0; i < BN / 2; i++)
+      d[i] = 0.0f;
     k_loop<BN, S, SB>(d, full, empty, da0, db0, kt, r);
     if (!waited) {
       grid_dependency_wait();
@@ -510,38 +559,41 @@ template <int BN> __device__ static void run_ts(const mt_large_args &a) {
     fence_async_shared();
     warpgroup_sync(1 + cw);
     if (lead) {
-      for (int b = 0; b < BN / 64 && n0 + 64 * b < a.e.n; b++) tma_store_2d(&a.ty, stage + b * 8192, n0 + 64 * b, row0);
+      for (int b = 0; b < BN / 64 && n0 + 64 * b < a.e.n; b++)
+        tma_store_2d(&a.ty, stage + b * 8192, n0 + 64 * b, row0);
       bulk_commit();
     }
   }
-  if (lead) bulk_wait_all();
+  if (lead)
+    bulk_wait_all();
 }
 
 } // namespace large
 
-#define MT_LARGE(BN)                                                                                                   \
-  extern "C" __global__ void __launch_bounds__(384, 1) mt_gemm_large_n##BN(const __grid_constant__ mt_large_args a) {  \
-    large::run<BN>(a);                                                                                                 \
+#define MT_LARGE(BN)                                                                               \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                             \
+      mt_gemm_large_n##BN(const __grid_constant__ mt_large_args a) {                               \
+    large::run<BN>(a);                                                                             \
   }
-#define MT_LARGE_TS(BN)                                                                                                \
-  extern "C" __global__ void __launch_bounds__(384, 1)                                                                 \
-      mt_gemm_large_ts_n##BN(const __grid_constant__ mt_large_args a) {                                                \
-    large::run_ts<BN>(a);                                                                                              \
+#define MT_LARGE_TS(BN)                                                                            \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                             \
+      mt_gemm_large_ts_n##BN(const __grid_constant__ mt_large_args a) {                            \
+    large::run_ts<BN>(a);                                                                          \
   }
 MT_LARGE(64)
 MT_LARGE(96)
-#define MT_LARGE_64(BN)                                                                                                \
-  extern "C" __global__ void __launch_bounds__(256, 1)                                                                 \
-      mt_gemm_large_m64_n##BN(const __grid_constant__ mt_large_args a) {                                               \
-    large::run<BN, 64>(a);                                                                                             \
+#define MT_LARGE_64(BN)                                                                            \
+  extern "C" __global__ void __launch_bounds__(256, 1)                                             \
+      mt_gemm_large_m64_n##BN(const __grid_constant__ mt_large_args a) {                           \
+    large::run<BN, 64>(a);                                                                         \
   }
 MT_LARGE_64(32)
 MT_LARGE_64(48)
 MT_LARGE_64(64)
-#define MT_LARGE_64P(BN)                                                                                               \
-  extern "C" __global__ void __launch_bounds__(256, 1)                                                                 \
-      mt_gemm_large_m64p_n##BN(const __grid_constant__ mt_large_args a) {                                              \
-    large::run<BN, 64, true>(a);                                                                                       \
+#define MT_LARGE_64P(BN)                                                                           \
+  extern "C" __global__ void __launch_bounds__(256, 1)                                             \
+      mt_gemm_large_m64p_n##BN(const __grid_constant__ mt_large_args a) {                          \
+    large::run<BN, 64, true>(a);                                                                   \
   }
 MT_LARGE_64P(32)
 MT_LARGE_64P(48)

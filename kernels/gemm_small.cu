@@ -21,13 +21,15 @@
 #include "kernels/quant.cuh"
 
 namespace small {
-constexpr int WARPS = MT_SMALL_WARPS, THREADS = 32 * WARPS, KC = MT_SMALL_KC, PITCH = MT_SMALL_PITCH;
+constexpr int WARPS = MT_SMALL_WARPS, THREADS = 32 * WARPS, KC = MT_SMALL_KC,
+              PITCH = MT_SMALL_PITCH;
 constexpr int REC = MT_FRAG_REC, WCHUNK = (KC / 32) * REC; // per warp
-constexpr int WSTAGE = MT_SMALL_WSTAGE;                    // a stage's place in the ring: its records, then slack
+constexpr int WSTAGE = MT_SMALL_WSTAGE; // a stage's place in the ring: its records, then slack
 
 __device__ static inline void cp16(void *dst, const void *src, bool valid) {
   // src-size 0 writes 16 zero bytes: records past k read as zero
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
                : "memory");
 }
 
@@ -47,7 +49,8 @@ __device__ static wloader make_wloader(const mt_small_args &a) {
   l.pairs = (a.e.k + 31) / 32;
 #pragma unroll
   for (int j = 0; j < WPER_THREAD; j++) {
-    int i = min((int)threadIdx.x + j * THREADS, WPIECES - 1), w = i / (WCHUNK / 16), off = i % (WCHUNK / 16);
+    int i = min((int)threadIdx.x + j * THREADS, WPIECES - 1), w = i / (WCHUNK / 16),
+        off = i % (WCHUNK / 16);
     l.src[j] = a.frag + (size_t)(blockIdx.x * WARPS + w) * l.pairs * REC + off * 16;
     l.rec[j] = off / (REC / 16);
   }
@@ -55,7 +58,8 @@ __device__ static wloader make_wloader(const mt_small_args &a) {
 }
 
 // Chunk c of this CTA's weight records into stage buffer st; records past k read as zero.
-__device__ static inline void load_weights(const mt_small_args &a, const wloader &l, uint8_t *st, int c) {
+__device__ static inline void load_weights(const mt_small_args &a, const wloader &l, uint8_t *st,
+                                           int c) {
 #pragma unroll
   for (int j = 0; j < WPER_THREAD; j++) {
     int i = threadIdx.x + j * THREADS;
@@ -67,7 +71,8 @@ __device__ static inline void load_weights(const mt_small_args &a, const wloader
 }
 
 // Step H (0 or 1) of a record's code word w and scale word sc.
-template <int H> __device__ static inline void step_frag(uint32_t w, uint32_t sc, uint32_t &b0, uint32_t &b1) {
+template <int H>
+__device__ static inline void step_frag(uint32_t w, uint32_t sc, uint32_t &b0, uint32_t &b1) {
   uint32_t s2 = __byte_perm(sc, 0, H ? 0x3232 : 0x1010);
   weight_frag(H ? w >> 16 : w, s2, b0, b1);
 }
@@ -96,7 +101,8 @@ __device__ static inline void mma_step(float (&d)[(ROWS + 15) / 16][4], uint32_t
                                        const afrag<ROWS> &a) {
 #pragma unroll
   for (int tt = 0; tt < (ROWS + 15) / 16; tt++)
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(d[tt][0]), "+f"(d[tt][1]), "+f"(d[tt][2]), "+f"(d[tt][3])
         : "r"(a.v[tt][0]), "r"(a.v[tt][1]), "r"(a.v[tt][2]), "r"(a.v[tt][3]), "r"(b0), "r"(b1));
@@ -111,8 +117,8 @@ __device__ static inline void mma_step(float (&d)[(ROWS + 15) / 16][4], uint32_t
 // sometimes hoisted all eight decodes of a group above its eight MMAs, which then ran back to back
 // on the chain: about twice the time per step.
 template <int ROWS>
-__device__ static inline void chunk_steps(float (&d)[(ROWS + 15) / 16][4], const uint8_t *rec, const uint8_t *arow,
-                                          int pitch, int n, int lane) {
+__device__ static inline void chunk_steps(float (&d)[(ROWS + 15) / 16][4], const uint8_t *rec,
+                                          const uint8_t *arow, int pitch, int n, int lane) {
   const uint8_t *cp = rec + lane * 4, *sp = rec + 128 + (lane / 4) * 4, *ar = arow;
   uint32_t w = *(const uint32_t *)cp, sc = *(const uint32_t *)sp, b0, b1;
   afrag<ROWS> a0 = load_a<ROWS>(ar, pitch), a1 = load_a<ROWS>(ar + 32, pitch);
@@ -153,12 +159,15 @@ template <int TT> struct epi_in {
 // S_w (the weight's) and the bias bits (the caller's) of channels ch and ch + 1. Neither is written
 // by the kernel before this one, but both are loaded after griddepcontrol.wait, for caution: what
 // follows leaves plenty of time for them.
-template <int TT> __device__ static inline void load_epi_w(const mt_epilogue_args &e, int ch, epi_in<TT> &in) {
+template <int TT>
+__device__ static inline void load_epi_w(const mt_epilogue_args &e, int ch, epi_in<TT> &in) {
   bool half = e.biastype == DT_BF16 || e.biastype == DT_FP16; // load_elem's types
 #pragma unroll
   for (int j = 0; j < 2; j++) {
     in.sw[j] = e.sw[e.sw_row ? ch + j : 0];
-    in.bias[j] = !e.bias ? 0u : half ? ((const uint16_t *)e.bias)[ch + j] : ((const uint32_t *)e.bias)[ch + j];
+    in.bias[j] = !e.bias ? 0u
+                 : half  ? ((const uint16_t *)e.bias)[ch + j]
+                         : ((const uint32_t *)e.bias)[ch + j];
   }
 }
 
@@ -166,8 +175,8 @@ template <int TT> __device__ static inline void load_epi_w(const mt_epilogue_arg
 // memory: only after griddepcontrol.wait) or the fused kernel's own (shared memory: after the
 // __syncthreads that follows its computation).
 template <int TT>
-__device__ static inline void load_epi_a(const mt_epilogue_args &e, int g, const float *sa, int per_row,
-                                         epi_in<TT> &in) {
+__device__ static inline void load_epi_a(const mt_epilogue_args &e, int g, const float *sa,
+                                         int per_row, epi_in<TT> &in) {
 #pragma unroll
   for (int tt = 0; tt < TT; tt++)
 #pragma unroll
@@ -179,8 +188,10 @@ __device__ static inline void load_epi_a(const mt_epilogue_args &e, int g, const
 
 // A bias element's bits as load_elem converts them.
 __device__ static inline float bias_value(uint32_t bits, int type) {
-  if (type == DT_BF16) return __bfloat162float(__ushort_as_bfloat16((unsigned short)bits));
-  if (type == DT_FP16) return __half2float(__ushort_as_half((unsigned short)bits));
+  if (type == DT_BF16)
+    return __bfloat162float(__ushort_as_bfloat16((unsigned short)bits));
+  if (type == DT_FP16)
+    return __half2float(__ushort_as_half((unsigned short)bits));
   return __uint_as_float(bits);
 }
 
@@ -188,8 +199,8 @@ __device__ static inline float bias_value(uint32_t bits, int type) {
 // preloaded bias, which is the add epilogue() does last: the same operations in the same order, so
 // the same bits as the large path. inv_a and inv_w are __frcp_rn of the raw S, as inv_row and
 // mt_q::inv_S compute them.
-__device__ static inline float epi_out(const mt_epilogue_args &e, float acc, float inv_a, float inv_w, uint32_t bias,
-                                       int tok, int j) {
+__device__ static inline float epi_out(const mt_epilogue_args &e, float acc, float inv_a,
+                                       float inv_w, uint32_t bias, int tok, int j) {
   mt_epilogue_args nb = e;
   nb.bias = nullptr;
   float t = epilogue(nb, acc, inv_a, inv_w, tok, j);
@@ -199,15 +210,16 @@ __device__ static inline float epi_out(const mt_epilogue_args &e, float acc, flo
 // The warp's accumulators to y: d[tt] holds, in lane (g, q), tokens 16 tt + g (d[tt][0..1]) and
 // 16 tt + g + 8 (d[tt][2..3]) of channels ch and ch + 1.
 template <int TT>
-__device__ static inline void store_acc(const mt_epilogue_args &e, const float (&d)[TT][4], const epi_in<TT> &in,
-                                        int ch, int g) {
+__device__ static inline void store_acc(const mt_epilogue_args &e, const float (&d)[TT][4],
+                                        const epi_in<TT> &in, int ch, int g) {
   float inv_w[2] = {__frcp_rn(in.sw[0]), __frcp_rn(in.sw[1])};
 #pragma unroll
   for (int tt = 0; tt < TT; tt++)
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       int tok = tt * 16 + g + 8 * h;
-      if (tok >= e.m) continue;
+      if (tok >= e.m)
+        continue;
       float inv_a = __frcp_rn(in.sa[tt][h]);
 #pragma unroll
       for (int j = 0; j < 2; j++)
@@ -223,10 +235,13 @@ __device__ static inline void store_acc(const mt_epilogue_args &e, const float (
 // NaN/Inf domain giving zero xhat and a NaN S. The whole of xhat (m rows of k) stays in shared
 // memory for the MMAs; only the weights stream through the ring. Each CTA redoes the m x k
 // quantization: cheap at m <= 4.
-template <bool FP16> __device__ static inline uint32_t x_block(const mt_small_args &a, int r, int b, uint32_t (&v)[8]) {
-  const uint4 *src = (const uint4 *)((const char *)a.x + ((size_t)r * (size_t)a.ldx + (size_t)b * 16) * 2);
+template <bool FP16>
+__device__ static inline uint32_t x_block(const mt_small_args &a, int r, int b, uint32_t (&v)[8]) {
+  const uint4 *src =
+      (const uint4 *)((const char *)a.x + ((size_t)r * (size_t)a.ldx + (size_t)b * 16) * 2);
   uint4 v0 = src[0], v1 = src[1];
-  v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
+  v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z,
+  v[7] = v1.w;
   return mt_q::block_amax_bits<FP16>(v);
 }
 
@@ -247,7 +262,8 @@ __device__ static void fused_quantize(const mt_small_args &a, const float *S, ui
     int r = i / nblk, b = i % nblk;
     uint32_t amax_b = x_block<FP16>(a, r, b, v);
     float Sr = S[r];
-    if (Sr == Sr) mt_q::block<FP16, false>(v, amax_b, mt_q::S_over_6(Sr), mt_q::inv_S(Sr), xh, cd);
+    if (Sr == Sr)
+      mt_q::block<FP16, false>(v, amax_b, mt_q::S_over_6(Sr), mt_q::inv_S(Sr), xh, cd);
     uint4 *dst = (uint4 *)(xs + r * xp + b * 32);
     dst[0] = make_uint4(xh[0], xh[1], xh[2], xh[3]);
     dst[1] = make_uint4(xh[4], xh[5], xh[6], xh[7]);
@@ -267,12 +283,14 @@ __device__ static void run_fused(const mt_small_args &a) {
 
   // The weights first (they do not depend on the kernel before this one), one group per chunk.
   for (int c = 0; c < STAGES - 1; c++) {
-    if (c < chunks) load_weights(a, wl, smem + c * WSTAGE, c);
+    if (c < chunks)
+      load_weights(a, wl, smem + c * WSTAGE, c);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   }
   for (int i = t; i < PITCH / 16; i += THREADS) // the A rows of tokens past m
     ((uint4 *)zero)[i] = make_uint4(0, 0, 0, 0);
-  if (t < 8) amax[t] = 0;
+  if (t < 8)
+    amax[t] = 0;
   grid_dependency_wait();
   int ch = (blockIdx.x * WARPS + w) * 8 + 2 * q;
   epi_in<1> in;
@@ -283,7 +301,8 @@ __device__ static void run_fused(const mt_small_args &a) {
   else
     fused_amax<false>(a, amax);
   __syncthreads();
-  if (t < a.e.m) S[t] = mt_q::outer_scale(__uint_as_float(amax[a.e.sa_row ? t : 0]));
+  if (t < a.e.m)
+    S[t] = mt_q::outer_scale(__uint_as_float(amax[a.e.sa_row ? t : 0]));
   __syncthreads();
   if (a.xfp16)
     fused_quantize<true>(a, S, xs, xp);
@@ -295,13 +314,15 @@ __device__ static void run_fused(const mt_small_args &a) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
     __syncthreads();
     int next = c + STAGES - 1;
-    if (next < chunks) load_weights(a, wl, smem + (next % STAGES) * WSTAGE, next);
+    if (next < chunks)
+      load_weights(a, wl, smem + (next % STAGES) * WSTAGE, next);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     const uint8_t *arow = (g < a.e.m ? xs + g * xp + c * (KC * 2) : zero) + q * 4;
     int steps = min(KC / 16, ksteps - c * (KC / 16));
     chunk_steps<8>(d, smem + (c % STAGES) * WSTAGE + w * WCHUNK, arow, xp, steps, lane);
   }
-  if (g >= a.e.m) return;
+  if (g >= a.e.m)
+    return;
   float inv_a = __frcp_rn(in.sa[0][0]);
 #pragma unroll
   for (int j = 0; j < 2; j++)
@@ -321,11 +342,13 @@ extern "C" __global__ void __launch_bounds__(32 * MT_SMALL_WARPS)
 
 namespace small {
 __device__ static void pack(const mt_pack_args &a) {
-  if (a.only_if && *a.only_if == 0) return;
+  if (a.only_if && *a.only_if == 0)
+    return;
   size_t pairs = ((size_t)a.k + 31) / 32, kb = (size_t)a.k / 16;
   size_t chunks = (size_t)a.n / 8 * pairs * (MT_FRAG_REC / 16);
   size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= chunks) return;
+  if (i >= chunks)
+    return;
   size_t r = i / (MT_FRAG_REC / 16), H = r / pairs, P = r % pairs;
   int j = (int)(i % (MT_FRAG_REC / 16));
   uint8_t out[16];
@@ -336,9 +359,11 @@ __device__ static void pack(const mt_pack_args &a) {
       uint32_t w = 0;
       for (int s = 0; s < 2; s++) {
         size_t b = 2 * P + s;
-        if (b < kb) w |= (uint32_t)row[b * 8 + q] << (16 * s) | (uint32_t)row[b * 8 + q + 4] << (16 * s + 8);
+        if (b < kb)
+          w |= (uint32_t)row[b * 8 + q] << (16 * s) | (uint32_t)row[b * 8 + q + 4] << (16 * s + 8);
       }
-      for (int u = 0; u < 4; u++) out[4 * o + u] = (uint8_t)(w >> (8 * u));
+      for (int u = 0; u < 4; u++)
+        out[4 * o + u] = (uint8_t)(w >> (8 * u));
     } else { // row 8H + g's scales of blocks 2P, 2P + 1 as BF16 (exact: 4 significant bits)
       int g = 4 * (j - 8) + o;
       const uint8_t *row = a.scales + (8 * H + g) * kb;

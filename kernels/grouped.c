@@ -24,21 +24,26 @@ static size_t section(size_t b) { return (b + 255) / 256 * 256; }
 static int is_half(enum mt_dtype t) { return t == MT_DTYPE_BF16 || t == MT_DTYPE_FP16; }
 
 static int wstore_shape_ok(int count, int n, int k, const mt_numerics *num) {
-  if (!num || count <= 0 || n <= 0 || k <= 0 || k % 16) return 0;
-  if ((long long)count * n > INT_MAX) return 0; /* the quantizer's rows are count * n, an int */
-  if (num->weight_scale != MT_SCALE_ROW && num->weight_scale != MT_SCALE_TENSOR) return 0;
+  if (!num || count <= 0 || n <= 0 || k <= 0 || k % 16)
+    return 0;
+  if ((long long)count * n > INT_MAX)
+    return 0; /* the quantizer's rows are count * n, an int */
+  if (num->weight_scale != MT_SCALE_ROW && num->weight_scale != MT_SCALE_TENSOR)
+    return 0;
   if (num->weight_block == MT_WBLOCK_16X16) /* a tile's 16 rows share one S */
     return num->weight_scale == MT_SCALE_TENSOR && n % 16 == 0;
   return num->weight_block == MT_WBLOCK_1X16;
 }
 
 size_t mt_wstore_bytes(int count, int n, int k, const mt_numerics *num) {
-  if (!wstore_shape_ok(count, n, k, num)) return 0;
+  if (!wstore_shape_ok(count, n, k, num))
+    return 0;
   return (size_t)count * MT_WS_SLICE_BYTES(n, k, num->weight_scale == MT_SCALE_ROW);
 }
 
 int mt_wstore_bind(mt_wstore *w, int count, int n, int k, const mt_numerics *num, void *mem) {
-  if (!w || !mem || ((uintptr_t)mem % 256) || !wstore_shape_ok(count, n, k, num)) return MT_ERR_UNSUPPORTED;
+  if (!w || !mem || ((uintptr_t)mem % 256) || !wstore_shape_ok(count, n, k, num))
+    return MT_ERR_UNSUPPORTED;
   w->count = count;
   w->n = n;
   w->k = k;
@@ -49,11 +54,13 @@ int mt_wstore_bind(mt_wstore *w, int count, int n, int k, const mt_numerics *num
 }
 
 const float *mt_wstore_outer(const mt_wstore *w, int e) {
-  return (const float *)(w->base + (size_t)e * w->slice_bytes + MT_WS_SECTION(MT_WS_RECORD_BYTES(w->n, w->k)));
+  return (const float *)(w->base + (size_t)e * w->slice_bytes +
+                         MT_WS_SECTION(MT_WS_RECORD_BYTES(w->n, w->k)));
 }
 
 /* The store mode's quantization of w's count weights (strided: slice e at wt + e * stride). */
-static mt_quant_params store_params(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, const mt_wstore *w) {
+static mt_quant_params store_params(const void *wt, enum mt_dtype type, size_t ldw, size_t stride,
+                                    const mt_wstore *w) {
   return (mt_quant_params){
       .x = wt,
       .ldx = (int64_t)ldw,
@@ -68,13 +75,17 @@ static mt_quant_params store_params(const void *wt, enum mt_dtype type, size_t l
   };
 }
 
-static int store_source_ok(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, const mt_wstore *w) {
-  return wt && w && w->base && wstore_shape_ok(w->count, w->n, w->k, &w->num) && is_half(type) && aligned16(wt) &&
-         ldw >= (size_t)w->k && ldw % 8 == 0 && (w->count == 1 || (stride >= (size_t)w->n * ldw && stride % 8 == 0));
+static int store_source_ok(const void *wt, enum mt_dtype type, size_t ldw, size_t stride,
+                           const mt_wstore *w) {
+  return wt && w && w->base && wstore_shape_ok(w->count, w->n, w->k, &w->num) && is_half(type) &&
+         aligned16(wt) && ldw >= (size_t)w->k && ldw % 8 == 0 &&
+         (w->count == 1 || (stride >= (size_t)w->n * ldw && stride % 8 == 0));
 }
 
-int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w, mt_stream stream) {
-  if (!store_source_ok(wt, type, ldw, stride, w)) return MT_ERR_UNSUPPORTED;
+int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w,
+                       mt_stream stream) {
+  if (!store_source_ok(wt, type, ldw, stride, w))
+    return MT_ERR_UNSUPPORTED;
   mt_quant_params p = store_params(wt, type, ldw, stride, w);
   return mt_quantize(&p, w->num.weight_block == MT_WBLOCK_16X16, stream);
 }
@@ -83,7 +94,8 @@ int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t st
 static int refresh_kargs(const mt_wstore_refresh_args *r, int chained, mt_refresh_args *k) {
   const mt_wstore *ws = r ? r->ws : NULL;
   const size_t stride = ws ? (size_t)ws->n * r->ldw : 0;
-  if (!r || !store_source_ok(r->w, r->type, r->ldw, stride, ws) || !r->state || !mt_whash_lines_fit(ws->n, ws->k))
+  if (!r || !store_source_ok(r->w, r->type, r->ldw, stride, ws) || !r->state ||
+      !mt_whash_lines_fit(ws->n, ws->k))
     return MT_ERR_UNSUPPORTED;
   *k = (mt_refresh_args){.q = store_params(r->w, r->type, r->ldw, stride, ws),
                          .offs = r->offs,
@@ -94,7 +106,8 @@ static int refresh_kargs(const mt_wstore_refresh_args *r, int chained, mt_refres
   return MT_OK;
 }
 
-static int launch_refresh(const mt_wstore_refresh_args *r, const mt_refresh_args *k, mt_stream stream) {
+static int launch_refresh(const mt_wstore_refresh_args *r, const mt_refresh_args *k,
+                          mt_stream stream) {
   return mt_quantize_refresh(k, r->ws->num.weight_block == MT_WBLOCK_16X16, stream);
 }
 
@@ -104,9 +117,10 @@ int mt_wstore_refresh(const mt_wstore_refresh_args *r, mt_stream stream) {
   return st == MT_OK ? launch_refresh(r, &k, stream) : st;
 }
 
-int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_t ldw, mt_wstore *w, mt_stream stream) {
-  if (!w_ptrs || !w || !w->base || !wstore_shape_ok(w->count, w->n, w->k, &w->num) || !is_half(type) ||
-      ldw < (size_t)w->k || ldw % 8)
+int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_t ldw, mt_wstore *w,
+                            mt_stream stream) {
+  if (!w_ptrs || !w || !w->base || !wstore_shape_ok(w->count, w->n, w->k, &w->num) ||
+      !is_half(type) || ldw < (size_t)w->k || ldw % 8)
     return MT_ERR_UNSUPPORTED;
   mt_quant_params p = {
       .ldx = (int64_t)ldw,
@@ -122,35 +136,44 @@ int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_
   return mt_quantize(&p, w->num.weight_block == MT_WBLOCK_16X16, stream);
 }
 
-int mt_grouped_seg_ends(int32_t *offs, int seg0, int row0, int nruns, const int32_t *size, const int32_t *rows,
-                        mt_stream stream) {
-  if (!offs || seg0 < 0 || row0 < 0 || nruns < 0 || (nruns && (!size || !rows))) return MT_ERR_UNSUPPORTED;
+int mt_grouped_seg_ends(int32_t *offs, int seg0, int row0, int nruns, const int32_t *size,
+                        const int32_t *rows, mt_stream stream) {
+  if (!offs || seg0 < 0 || row0 < 0 || nruns < 0 || (nruns && (!size || !rows)))
+    return MT_ERR_UNSUPPORTED;
   long long seg = seg0, row = row0;
   for (int j = 0; j < nruns; j++) {
-    if (size[j] < 0 || rows[j] < 0) return MT_ERR_UNSUPPORTED;
+    if (size[j] < 0 || rows[j] < 0)
+      return MT_ERR_UNSUPPORTED;
     seg += size[j], row += (long long)size[j] * rows[j];
-    if (seg > INT32_MAX || row > INT32_MAX) return MT_ERR_UNSUPPORTED;
+    if (seg > INT32_MAX || row > INT32_MAX)
+      return MT_ERR_UNSUPPORTED;
   }
   CUfunction f;
   int st = mt_kernel_get("grouped", "mt_seg_ends", (CUstream)stream, &f);
   mt_seg_ends_args a = {.offs = offs, .seg0 = seg0, .row0 = row0};
   for (int j0 = 0; j0 < nruns && st == MT_OK; j0 += MT_SEG_ENDS_RUNS) {
     a.nruns = nruns - j0 < MT_SEG_ENDS_RUNS ? nruns - j0 : MT_SEG_ENDS_RUNS;
-    for (int j = 0; j < a.nruns; j++) a.size[j] = size[j0 + j], a.rows[j] = rows[j0 + j];
+    for (int j = 0; j < a.nruns; j++)
+      a.size[j] = size[j0 + j], a.rows[j] = rows[j0 + j];
     st = mt_launch(f, 1, 1, 128, 1, 0, 0, (CUstream)stream, &a);
-    for (int j = 0; j < a.nruns; j++) a.seg0 += a.size[j], a.row0 += a.size[j] * a.rows[j];
+    for (int j = 0; j < a.nruns; j++)
+      a.seg0 += a.size[j], a.row0 += a.size[j] * a.rows[j];
   }
   return st;
 }
 
 size_t mt_grouped_workspace_bytes(int m, int k, const mt_numerics *num) {
-  if (!num || m <= 0 || k <= 0) return 0;
-  return section((size_t)m * (size_t)k * 2) + section((num->act_scale == MT_SCALE_ROW ? (size_t)m : 2) * 4);
+  if (!num || m <= 0 || k <= 0)
+    return 0;
+  return section((size_t)m * (size_t)k * 2) +
+         section((num->act_scale == MT_SCALE_ROW ? (size_t)m : 2) * 4);
 }
 
 size_t mt_moe_lists_bytes(int m, int nseg, int weighted) {
-  if (m <= 0 || nseg <= 0) return 0;
-  return section((size_t)nseg * 4) + 2 * section((size_t)m * 4) + (weighted ? section((size_t)m * 4) : 0);
+  if (m <= 0 || nseg <= 0)
+    return 0;
+  return section((size_t)nseg * 4) + 2 * section((size_t)m * 4) +
+         (weighted ? section((size_t)m * 4) : 0);
 }
 
 mt_moe_lists mt_moe_lists_at(void *mem, int m, int nseg, int weighted) {
@@ -169,26 +192,34 @@ mt_moe_lists mt_moe_lists_at(void *mem, int m, int nseg, int weighted) {
  * C, no bias, no pointer arrays). */
 static int dispatch_ok(const mt_grouped_args *a) {
   const mt_moe_dispatch *d = a->dispatch;
-  return d->experts && d->post_padded && d->blocks >= 0 && d->block_m > 0 && d->top_k > 0 && d->lists.offs &&
-         d->lists.src && d->lists.dst && !d->weights == !d->lists.w && a->offs == d->lists.offs &&
-         a->nseg <= MT_MOE_MAX_EXPERTS && !a->x_ptrs && !a->y_ptrs && !a->c_ptrs && a->beta == 0.0f && !a->bias &&
-         a->y && aligned16(a->y) && (!d->sorted || (long long)d->blocks * d->block_m <= INT_MAX);
+  return d->experts && d->post_padded && d->blocks >= 0 && d->block_m > 0 && d->top_k > 0 &&
+         d->lists.offs && d->lists.src && d->lists.dst && !d->weights == !d->lists.w &&
+         a->offs == d->lists.offs && a->nseg <= MT_MOE_MAX_EXPERTS && !a->x_ptrs && !a->y_ptrs &&
+         !a->c_ptrs && a->beta == 0.0f && !a->bias && a->y && aligned16(a->y) &&
+         (!d->sorted || (long long)d->blocks * d->block_m <= INT_MAX);
 }
 
 static int grouped_args_ok(const mt_grouped_args *a) {
   const mt_wstore *w = a->w;
-  if (a->nseg <= 0 || a->m <= 0 || a->n <= 0 || a->k <= 0 || a->m > MT_GEMM_DIM_MAX || a->n > MT_GEMM_DIM_MAX || !w ||
-      w->n != a->n || w->k != a->k || w->count < a->nseg || !w->base)
+  if (a->nseg <= 0 || a->m <= 0 || a->n <= 0 || a->k <= 0 || a->m > MT_GEMM_DIM_MAX ||
+      a->n > MT_GEMM_DIM_MAX || !w || w->n != a->n || w->k != a->k || w->count < a->nseg ||
+      !w->base)
     return 0;
-  if (a->offs ? a->seg_rows != 0 : (a->seg_rows <= 0 || (long long)a->seg_rows * a->nseg != a->m)) return 0;
-  if (!is_half(a->xtype) || a->ldx < (size_t)a->k || a->ldx % 8) return 0;
-  if (!a->x_ptrs && (!a->x || !aligned16(a->x))) return 0;
+  if (a->offs ? a->seg_rows != 0 : (a->seg_rows <= 0 || (long long)a->seg_rows * a->nseg != a->m))
+    return 0;
+  if (!is_half(a->xtype) || a->ldx < (size_t)a->k || a->ldx % 8)
+    return 0;
+  if (!a->x_ptrs && (!a->x || !aligned16(a->x)))
+    return 0;
   if (!a->x_ptrs && !a->offs && a->nseg > 1 &&
       (a->stride_x < (long long)a->seg_rows * (long long)a->ldx || a->stride_x % 8))
     return 0;
-  if ((!a->y && !a->y_ptrs) || !is_half(a->ytype) || a->ldy < (size_t)a->n) return 0;
-  if (a->beta != 0.0f && ((!a->c && !a->c_ptrs) || a->ldc < (size_t)a->n)) return 0;
-  if (a->bias && !is_half(a->biastype) && a->biastype != MT_DTYPE_FP32) return 0;
+  if ((!a->y && !a->y_ptrs) || !is_half(a->ytype) || a->ldy < (size_t)a->n)
+    return 0;
+  if (a->beta != 0.0f && ((!a->c && !a->c_ptrs) || a->ldc < (size_t)a->n))
+    return 0;
+  if (a->bias && !is_half(a->biastype) && a->biastype != MT_DTYPE_FP32)
+    return 0;
   return !a->dispatch || dispatch_ok(a);
 }
 
@@ -196,7 +227,8 @@ int mt_grouped_bn(int m, int nseg) {
   /* the rows a segment gets on average, with a quarter more for the ones above it */
   long long want = ((long long)m * 5 / 4 + nseg - 1) / nseg;
   int bn = 8;
-  while (bn < 256 && bn < want) bn *= 2;
+  while (bn < 256 && bn < want)
+    bn *= 2;
   return bn;
 }
 
@@ -288,7 +320,8 @@ static long long tile_bound(const mt_grouped_args *a, int nseg, int bn, int spli
     const long long tail_tiles = (MT_GROUPED_TAIL - 1 + bn - 1) / bn;
     return (a->offs ? used : nseg) * tail_tiles * blocks;
   }
-  if (!a->offs) return (long long)nseg * ((a->seg_rows + bn - 1) / bn) * blocks;
+  if (!a->offs)
+    return (long long)nseg * ((a->seg_rows + bn - 1) / bn) * blocks;
   return ((long long)a->m / bn + used) * blocks;
 }
 
@@ -299,7 +332,8 @@ static int launch_gemm(const mt_grouped_args *a, mt_grouped_kargs *k, int bn, mt
   snprintf(fn, sizeof fn, "mt_grouped_n%d", bn);
   CUfunction f;
   int st = mt_kernel_get("grouped", fn, (CUstream)stream, &f);
-  if (st != MT_OK) return st;
+  if (st != MT_OK)
+    return st;
   const long long sms = (long long)mt_sm_count() * MT_GROUPED_CTAS(bn);
   for (int s0 = 0; s0 < a->nseg && st == MT_OK; s0 += MT_GROUPED_MAX_SEG) {
     k->seg0 = s0;
@@ -330,8 +364,8 @@ static int act_map(mt_grouped_kargs *k, uint16_t *xhat, const mt_grouped_args *a
 static int refresh_fits(const mt_grouped_args *a) {
   const mt_wstore *r = a->refresh->ws, *w = a->w;
   const int32_t *offs = a->refresh->offs;
-  return r && r->base == w->base && r->n == w->n && r->k == w->k && r->num.weight_scale == w->num.weight_scale &&
-         r->num.weight_block == w->num.weight_block &&
+  return r && r->base == w->base && r->n == w->n && r->k == w->k &&
+         r->num.weight_scale == w->num.weight_scale && r->num.weight_block == w->num.weight_block &&
          (r->count == w->count || (r->count == 1 && w->slice_bytes == 0)) &&
          (!offs || (offs == a->offs && r->count == a->nseg));
 }
@@ -362,17 +396,21 @@ static int launch_dispatch(const mt_grouped_args *a, mt_stream stream) {
 }
 
 int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
-  if (!a || !grouped_args_ok(a)) return MT_ERR_UNSUPPORTED;
+  if (!a || !grouped_args_ok(a))
+    return MT_ERR_UNSUPPORTED;
   mt_refresh_args rk;
   const int chained = gemm_beside_refresh(a) ? MT_REFRESH_BESIDE : MT_REFRESH_CHAINED;
-  if (a->refresh && (!refresh_fits(a) || refresh_kargs(a->refresh, chained, &rk) != MT_OK)) return MT_ERR_UNSUPPORTED;
+  if (a->refresh && (!refresh_fits(a) || refresh_kargs(a->refresh, chained, &rk) != MT_OK))
+    return MT_ERR_UNSUPPORTED;
   int bn = a->bn ? a->bn : mt_grouped_bn(a->m, a->nseg);
-  if (bn != 8 && bn != 16 && bn != 32 && bn != 64 && bn != 128 && bn != 256) return MT_ERR_UNSUPPORTED;
+  if (bn != 8 && bn != 16 && bn != 32 && bn != 64 && bn != 128 && bn != 256)
+    return MT_ERR_UNSUPPORTED;
   const mt_numerics *num = &a->w->num;
   if (!a->workspace || ((uintptr_t)a->workspace % 256) ||
       a->workspace_bytes < mt_grouped_workspace_bytes(a->m, a->k, num))
     return MT_ERR_NOMEM;
-  if (!mt_driver_get()) return MT_ERR_NO_DRIVER;
+  if (!mt_driver_get())
+    return MT_ERR_NO_DRIVER;
   uint16_t *xhat = a->workspace;
   float *outer = (float *)((char *)a->workspace + section((size_t)a->m * (size_t)a->k * 2));
   static mt_grouped_kargs proto; /* only for its alignment: CUtensorMap must be 64-byte aligned */
@@ -391,12 +429,18 @@ int mt_gemm_grouped(const mt_grouped_args *a, mt_stream stream) {
   if (split) {
     k.split = 1, tail.split = 2;
     k.split_bn = tail.split_bn = bn;
-    if (st == MT_OK) st = act_map(&tail, xhat, a, tail_bn);
+    if (st == MT_OK)
+      st = act_map(&tail, xhat, a, tail_bn);
   }
-  if (st == MT_OK && a->dispatch) st = launch_dispatch(a, stream);
-  if (st == MT_OK) st = quantize_acts(a, xhat, outer, stream);
-  if (st == MT_OK && a->refresh) st = launch_refresh(a->refresh, &rk, stream);
-  if (st == MT_OK) st = launch_gemm(a, &k, bn, stream);
-  if (st == MT_OK && split) st = launch_gemm(a, &tail, tail_bn, stream);
+  if (st == MT_OK && a->dispatch)
+    st = launch_dispatch(a, stream);
+  if (st == MT_OK)
+    st = quantize_acts(a, xhat, outer, stream);
+  if (st == MT_OK && a->refresh)
+    st = launch_refresh(a->refresh, &rk, stream);
+  if (st == MT_OK)
+    st = launch_gemm(a, &k, bn, stream);
+  if (st == MT_OK && split)
+    st = launch_gemm(a, &tail, tail_bn, stream);
   return st;
 }

@@ -54,7 +54,8 @@ static_assert(REC_BLOCK == (CB / 8) * 2 * REC, "a band's records of one 64-wide 
 #define KS_OF(bn) MT_GROUPED_KS(bn)
 #define SB_OF(bn) MT_GROUPED_SB(bn)
 #define S_OF(bn) MT_GROUPED_STAGES(bn)
-constexpr int SYNC_MAX = 16; // token tiles up to this many multiply by warp (k_loop_warp), wider by warpgroup
+constexpr int SYNC_MAX =
+    16; // token tiles up to this many multiply by warp (k_loop_warp), wider by warpgroup
 constexpr float kUnshift = (float)(1u << MT_WS_WEIGHT_SHIFT); // the decoded weights' 2^-7, undone
 
 // Shared memory (gemm_args.h, MT_GROUPED_SMEM): the stages (each: KS activation boxes of BN rows x
@@ -69,7 +70,9 @@ struct table {    // 16 bytes, then 4 * MT_GROUPED_MAX_SEG + 1 ints
   int end[MT_GROUPED_MAX_SEG];
 };
 
-__device__ static inline void warpgroup_arrive_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ static inline void warpgroup_arrive_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 
 // The store's generation, read by thread 0 (the producer) before it requests any weight: with
 // acquire, so that a refresh's writes counted in the value read are seen, also by the bulk copies
@@ -99,10 +102,12 @@ template <int BN> __device__ static uint32_t build_table(const mt_grouped_kargs 
       lo[r] = s < a.nseg && g > 0 ? a.offs[g - 1] : 0;
     }
 #pragma unroll
-    for (int r = 0; r < R; r++) mt_offs_clamp(lo[r], hi[r], a.m, &start[r], &rows[r]);
+    for (int r = 0; r < R; r++)
+      mt_offs_clamp(lo[r], hi[r], a.m, &start[r], &rows[r]);
   } else
 #pragma unroll
-    for (int r = 0; r < R; r++) start[r] = (a.seg0 + 32 * r + lane) * a.seg_rows, rows[r] = a.seg_rows;
+    for (int r = 0; r < R; r++)
+      start[r] = (a.seg0 + 32 * r + lane) * a.seg_rows, rows[r] = a.seg_rows;
   int carry = 0;
 #pragma unroll
   for (int r = 0; r < R && 32 * r < a.nseg; r++) {
@@ -113,7 +118,8 @@ template <int BN> __device__ static uint32_t build_table(const mt_grouped_kargs 
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const int u = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += u;
+      if (lane >= o)
+        incl += u;
     }
     if (s < a.nseg) {
       t->tile_start[s] = carry + incl - v;
@@ -123,7 +129,8 @@ template <int BN> __device__ static uint32_t build_table(const mt_grouped_kargs 
     }
     carry += __shfl_sync(0xffffffffu, incl, 31);
   }
-  if (lane != 0) return 0;
+  if (lane != 0)
+    return 0;
   t->tile_start[a.nseg] = carry;
   return a.gen ? generation(a.gen) : 0;
 }
@@ -135,7 +142,8 @@ __device__ static inline void acts_written(const uint32_t *acts) {
   for (;;) {
     uint32_t v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(acts) : "memory");
-    if (v == 0) break;
+    if (v == 0)
+      break;
     __nanosleep(64);
   }
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
@@ -203,7 +211,8 @@ __device__ static inline uint32_t bf16_mul(uint32_t a, __nv_bfloat162 b) {
 // of S1. The scale bytes become the BF16 pair (scale0, scale1) * 2^119 by one multiply-add
 // (wstore.h); each code pair times its block's half of it is the dequantized pair * 2^-7, exact
 // (the code's subnormal 0.5 * 2^-126 included: BF16 arithmetic keeps subnormals).
-__device__ static inline void record_frags(uint32_t w, uint32_t sc, int c, uint32_t (&S0)[4], uint32_t (&S1)[4]) {
+__device__ static inline void record_frags(uint32_t w, uint32_t sc, int c, uint32_t (&S0)[4],
+                                           uint32_t (&S1)[4]) {
   const uint32_t x = __byte_perm(sc, 0, 0x4140) * 16u + (MT_WS_SCALE_BF16 | MT_WS_SCALE_BF16 << 16);
   const __nv_bfloat162 s2 = *(const __nv_bfloat162 *)&x;
   const __nv_bfloat162 s0 = __low2bfloat162(s2), s1 = __high2bfloat162(s2);
@@ -218,13 +227,15 @@ __device__ static inline void record_frags(uint32_t w, uint32_t sc, int c, uint3
 // group h at (P * 16 + h) * REC): per pair, the lane's code word and its row's two scale bytes in
 // each of the two records; step 2p + j takes block j of pair 2b + p. code and scale: this thread's
 // code word and scale bytes in the stage's first record of its row group.
-__device__ static inline void decode_block(const uint8_t *code, const uint8_t *scale, int b, uint32_t (&A)[4][4]) {
+__device__ static inline void decode_block(const uint8_t *code, const uint8_t *scale, int b,
+                                           uint32_t (&A)[4][4]) {
 #pragma unroll
   for (int p = 0; p < 2; p++)
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       const int rec = ((2 * b + p) * 16 + r) * REC;
-      record_frags(*(const uint32_t *)(code + rec), *(const uint16_t *)(scale + rec), r, A[2 * p], A[2 * p + 1]);
+      record_frags(*(const uint32_t *)(code + rec), *(const uint16_t *)(scale + rec), r, A[2 * p],
+                   A[2 * p + 1]);
     }
 }
 
@@ -234,12 +245,14 @@ __device__ static inline void fence_operands(uint32_t (&A)[4][4]) {
 #pragma unroll
   for (int i = 0; i < 4; i++)
 #pragma unroll
-    for (int j = 0; j < 4; j++) asm volatile("" : "+r"(A[i][j])::"memory");
+    for (int j = 0; j < 4; j++)
+      asm volatile("" : "+r"(A[i][j])::"memory");
 }
 
 // The ring of stages: "full" completes on the producer's arrival and the stage's bytes, "empty" on
 // one arrival per consumer warp (8).
-template <int S> __device__ static inline void init_ring(uint64_t *full, uint64_t *empty, table *t) {
+template <int S>
+__device__ static inline void init_ring(uint64_t *full, uint64_t *empty, table *t) {
   for (int s = 0; s < S; s++) {
     mbar_init(&full[s], 1);
     mbar_init(&empty[s], 8);
@@ -257,8 +270,8 @@ template <int S> __device__ static inline void init_ring(uint64_t *full, uint64_
 // says they are written, every tile's stages follow, and only then the wait for the refresh: where
 // it moved the store, every tile's stages come twice.
 template <int BN>
-__device__ static void produce(const mt_grouped_kargs &a, table *t, uint32_t gen, uint8_t *smem, uint64_t *full,
-                               uint64_t *empty, int tiles, int nst) {
+__device__ static void produce(const mt_grouped_kargs &a, table *t, uint32_t gen, uint8_t *smem,
+                               uint64_t *full, uint64_t *empty, int tiles, int nst) {
   constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128;
   constexpr uint32_t RECS = KS * REC_BLOCK;
   const long long band = a.ws_band;
@@ -270,7 +283,8 @@ __device__ static void produce(const mt_grouped_kargs &a, table *t, uint32_t gen
     if (a.kpair)
       tma_load_3d(dst, &a.ta, bar, 0, row, j * KS);
     else
-      for (int b = 0; b < KS; b++) tma_load_2d(dst + b * ACT, &a.ta, bar, (j * KS + b) * 64, row);
+      for (int b = 0; b < KS; b++)
+        tma_load_2d(dst + b * ACT, &a.ta, bar, (j * KS + b) * 64, row);
   };
   if ((int)blockIdx.x >= tiles) {
     grid_dependency_wait();
@@ -292,15 +306,18 @@ __device__ static void produce(const mt_grouped_kargs &a, table *t, uint32_t gen
     acts_written(a.acts);
   else
     verdict();
-  for (int j = 0; j < pre; j++) acts(w0, j, smem + j * SB, &full[j]);
+  for (int j = 0; j < pre; j++)
+    acts(w0, j, smem + j * SB, &full[j]);
   int it = 0;
   for (int round = 0;; round++) {
     // pass 0 (only where the store moved before the wait) is the first tile with the weights
     // requested early
-    for (int tile = blockIdx.x, pass = !a.acts && t->moved ? 0 : 1; tile < tiles; tile += pass++ ? gridDim.x : 0) {
+    for (int tile = blockIdx.x, pass = !a.acts && t->moved ? 0 : 1; tile < tiles;
+         tile += pass++ ? gridDim.x : 0) {
       const where w = locate<BN>(t, a.nseg, tile);
       for (int j = 0; j < nst; j++, it++) {
-        if (it < pre) continue; // issued above
+        if (it < pre)
+          continue; // issued above
         const int slot = it % S;
         mbar_wait(&empty[slot], ((it / S) & 1) ^ 1);
         uint8_t *st = smem + slot * SB;
@@ -309,22 +326,25 @@ __device__ static void produce(const mt_grouped_kargs &a, table *t, uint32_t gen
         acts(w, j, st, &full[slot]);
       }
     }
-    if (round || !a.acts) return;
+    if (round || !a.acts)
+      return;
     verdict(); // after the call's refresh: every tile again where it moved the store
-    if (!t->moved) return;
+    if (!t->moved)
+      return;
   }
 }
 
 // One 64-wide K block of a consumer warpgroup: decode its A, four k16 wgmmas as one group, then wait
 // until the group before is complete (its A registers may be written again, its stage released).
 template <int BN>
-__device__ static inline void block_step(float *d, uint32_t (&A)[4][4], const uint8_t *code, const uint8_t *scale,
-                                         int b, uint64_t db) {
+__device__ static inline void block_step(float *d, uint32_t (&A)[4][4], const uint8_t *code,
+                                         const uint8_t *scale, int b, uint64_t db) {
   decode_block(code, scale, b, A);
   fence_operands(A);
   warpgroup_arrive_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; kk++) wgmma_rs_step<BN>(d, A[kk], db + 2 * kk);
+  for (int kk = 0; kk < 4; kk++)
+    wgmma_rs_step<BN>(d, A[kk], db + 2 * kk);
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
   fence_operands(A);
@@ -335,7 +355,8 @@ __device__ static inline void block_step(float *d, uint32_t (&A)[4][4], const ui
 struct ring_pos {
   int slot = 0, phase = 0;
   template <int S> __device__ void next() {
-    if (++slot == S) slot = 0, phase ^= 1;
+    if (++slot == S)
+      slot = 0, phase ^= 1;
   }
 };
 
@@ -358,8 +379,9 @@ template <int BN> struct lane_records {
 // (NW <= BN: the tile's rows rounded up, accumulators d[0 .. NW/2 - 1]; the stage holds BN rows
 // either way).
 template <int BN, int NW>
-__device__ static __forceinline__ void k_loop(float *d, uint8_t *smem, uint64_t *full, uint64_t *empty, ring_pos &at,
-                                              int nst, int hw, int lane) {
+__device__ static __forceinline__ void k_loop(float *d, uint8_t *smem, uint64_t *full,
+                                              uint64_t *empty, ring_pos &at, int nst, int hw,
+                                              int lane) {
   constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128;
   static_assert(KS == 1 || KS == 2, "one or two blocks a stage");
   const lane_records<BN> lr(smem, hw, lane);
@@ -371,23 +393,28 @@ __device__ static __forceinline__ void k_loop(float *d, uint8_t *smem, uint64_t 
     mbar_wait(&full[at.slot], at.phase);
     const int off = at.slot * SB;
     block_step<NW>(d, A, lr.code + off, lr.scale + off, 0, desc + (uint32_t)off / 16);
-    if (done >= 0 && leader) mbar_arrive(&empty[done]); // the group before this block's is complete
-    if constexpr (KS == 2) block_step<NW>(d, B, lr.code + off, lr.scale + off, 1, desc + (uint32_t)(off + ACT) / 16);
+    if (done >= 0 && leader)
+      mbar_arrive(&empty[done]); // the group before this block's is complete
+    if constexpr (KS == 2)
+      block_step<NW>(d, B, lr.code + off, lr.scale + off, 1, desc + (uint32_t)(off + ACT) / 16);
     done = at.slot;
     at.next<S>();
   };
   int j = 0;
   if constexpr (KS == 2)
-    for (; j < nst; j++) stage(A0, A1);
+    for (; j < nst; j++)
+      stage(A0, A1);
   else {
     for (; j + 1 < nst; j += 2) {
       stage(A0, A1);
       stage(A1, A0);
     }
-    if (j < nst) stage(A0, A1);
+    if (j < nst)
+      stage(A0, A1);
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-  if (leader) mbar_arrive(&empty[done]);
+  if (leader)
+    mbar_arrive(&empty[done]);
 }
 
 // Four 8 x 8 BF16 matrices from shared memory (lanes 8i .. 8i + 7 give matrix i's row addresses):
@@ -402,7 +429,8 @@ __device__ static inline void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
 // One k16 step of one warp's 16 channels by 8 tokens, accumulated into d[0 .. 3] (the layout of
 // the wgmma's d[4c .. 4c + 3] for the warp: the same bits, lab/NOTES.md "Exactness of the MMA
 // instructions").
-__device__ static inline void mma_16816(float *d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+__device__ static inline void mma_16816(float *d, const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -417,8 +445,9 @@ __device__ static inline void mma_16816(float *d, const uint32_t (&a)[4], uint32
 // same at 128 (BN 16) (lab/NOTES.md, "Warp MMAs at a few tokens a tile"). A stage is released once
 // the warp's last reads of it have returned (the MMAs read registers).
 template <int BN, int NW>
-__device__ static __forceinline__ void k_loop_warp(float *d, uint8_t *smem, uint64_t *full, uint64_t *empty,
-                                                   ring_pos &at, int nst, int hw, int lane) {
+__device__ static __forceinline__ void k_loop_warp(float *d, uint8_t *smem, uint64_t *full,
+                                                   uint64_t *empty, ring_pos &at, int nst, int hw,
+                                                   int lane) {
   constexpr int KS = KS_OF(BN), SB = SB_OF(BN), S = S_OF(BN), ACT = BN * 128;
   const lane_records<BN> lr(smem, hw, lane);
   const int r = lane % 8, c = lane / 8;
@@ -435,15 +464,18 @@ __device__ static __forceinline__ void k_loop_warp(float *d, uint8_t *smem, uint
       for (int h = 0; h < 2; h++) { // k16 steps 2h and 2h + 1: chunks 4h .. 4h + 3
         uint32_t B[NW / 8][4];
 #pragma unroll
-        for (int g = 0; g < NW / 8; g++) ldsm_x4(B[g], rows + off + b * ACT + g * 1024 + (h ? chunk1 : chunk0));
+        for (int g = 0; g < NW / 8; g++)
+          ldsm_x4(B[g], rows + off + b * ACT + g * 1024 + (h ? chunk1 : chunk0));
 #pragma unroll
         for (int s = 0; s < 2; s++)
 #pragma unroll
-          for (int g = 0; g < NW / 8; g++) mma_16816(d + 4 * g, A[2 * h + s], B[g][2 * s], B[g][2 * s + 1]);
+          for (int g = 0; g < NW / 8; g++)
+            mma_16816(d + 4 * g, A[2 * h + s], B[g][2 * s], B[g][2 * s + 1]);
       }
     }
     __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[at.slot]);
+    if (lane == 0)
+      mbar_arrive(&empty[at.slot]);
     at.next<S>();
   }
 }
@@ -454,7 +486,9 @@ __device__ static inline void put(__half *p, float v) { *p = __float2half_rn(v);
 __device__ static inline float rounded(const __nv_bfloat16 *, float v) {
   return __bfloat162float(__float2bfloat16_rn(v));
 }
-__device__ static inline float rounded(const __half *, float v) { return __half2float(__float2half_rn(v)); }
+__device__ static inline float rounded(const __half *, float v) {
+  return __half2float(__float2half_rn(v));
+}
 
 // The outer scales a consumer thread's part of a tile needs: S_w of its two channels (rows g and
 // g + 8 of its warp's 16: i = 0, 1) and S_a of the tile's tokens 32k + lane (as the epilogue's
@@ -463,13 +497,14 @@ __device__ static inline float rounded(const __half *, float v) { return __half2
 template <int BN> struct tile_scales { float sw[2], sa[(BN + 31) / 32]; };
 
 template <int BN>
-__device__ static inline void load_scales(const mt_grouped_kargs &a, const table *t, const where &wh, int ch0,
-                                          tile_scales<BN> &ts) {
+__device__ static inline void load_scales(const mt_grouped_kargs &a, const table *t,
+                                          const where &wh, int ch0, tile_scales<BN> &ts) {
   const int lane = threadIdx.x % 32, w = (threadIdx.x % 128) / 32, g = lane / 4;
   const int s = wh.s, gs = a.seg0 + s, rows = t->end[s], row0 = t->row_start[s];
   const float *sw = (const float *)(a.ws + (long long)gs * a.ws_slice + a.ws_outer);
 #pragma unroll
-  for (int i = 0; i < 2; i++) ts.sw[i] = sw[a.sw_row ? min(ch0 + 16 * w + g + 8 * i, a.n - 1) : 0];
+  for (int i = 0; i < 2; i++)
+    ts.sw[i] = sw[a.sw_row ? min(ch0 + 16 * w + g + 8 * i, a.n - 1) : 0];
 #pragma unroll
   for (int k = 0; k < (BN + 31) / 32; k++) { // past the segment's rows: 1 (unused)
     const int tok = wh.tok0 + 32 * k + lane;
@@ -488,8 +523,9 @@ __device__ static inline void load_scales(const mt_grouped_kargs &a, const table
 // token's row is its own, shuffled from the lane that loaded it as its 1/S_a, and with a router
 // weight the element rounded to T is multiplied by it and rounded again.
 template <int BN, int NW, typename T, bool EXTRA, bool SCATTER = false>
-__device__ static __forceinline__ void store_tile_as(const mt_grouped_kargs &a, const table *t, const float *d,
-                                                     const where &wh, int ch0, const tile_scales<BN> &ts) {
+__device__ static __forceinline__ void store_tile_as(const mt_grouped_kargs &a, const table *t,
+                                                     const float *d, const where &wh, int ch0,
+                                                     const tile_scales<BN> &ts) {
   const int lane = threadIdx.x % 32, w = (threadIdx.x % 128) / 32, g = lane / 4, q = lane % 4;
   const int s = wh.s, gs = a.seg0 + s, rows = t->end[s], row0 = t->row_start[s];
   // y's (and c's) row of the segment's token r: the segment's rows of y (offs) or its own matrix
@@ -498,8 +534,12 @@ __device__ static __forceinline__ void store_tile_as(const mt_grouped_kargs &a, 
   T *y = a.y_ptrs ? (T *)a.y_ptrs[gs] : (T *)a.y + (long long)gs * a.stride_y;
   const char *c = nullptr, *bias = nullptr;
   if constexpr (EXTRA) {
-    c = a.c_ptrs ? (const char *)a.c_ptrs[gs] : a.c ? (const char *)a.c + (long long)gs * a.stride_c * 2 : nullptr;
-    bias = a.bias ? (const char *)a.bias + (long long)gs * a.stride_bias * (a.biastype == DT_FP32 ? 4 : 2) : nullptr;
+    c = a.c_ptrs ? (const char *)a.c_ptrs[gs]
+        : a.c    ? (const char *)a.c + (long long)gs * a.stride_c * 2
+                 : nullptr;
+    bias = a.bias ? (const char *)a.bias +
+                        (long long)gs * a.stride_bias * (a.biastype == DT_FP32 ? 4 : 2)
+                  : nullptr;
   }
   // A pointer read from an array is generic to the compiler: said global, y keeps the strided
   // path's st.global stores (not generic ones) in every kernel; C, read only when beta != 0, is
@@ -520,7 +560,8 @@ __device__ static __forceinline__ void store_tile_as(const mt_grouped_kargs &a, 
   constexpr int NA = (BN + 31) / 32;
   float inv_own[NA];
 #pragma unroll
-  for (int k = 0; k < NA; k++) inv_own[k] = __frcp_rn(ts.sa[k]);
+  for (int k = 0; k < NA; k++)
+    inv_own[k] = __frcp_rn(ts.sa[k]);
   // SCATTER: the tokens' output rows and router weights, loaded here rather than with the scales
   // before the K loop (live across it they cost the n128 kernel spills)
   int dst_own[SCATTER ? NA : 1];
@@ -545,30 +586,39 @@ __device__ static __forceinline__ void store_tile_as(const mt_grouped_kargs &a, 
         yr = y + (long long)__shfl_sync(0xffffffffu, dst_own[cc / 4], local % 32) * a.ldy + ch_0;
         rw = __shfl_sync(0xffffffffu, w_own[cc / 4], local % 32);
       }
-      if (tok >= rows) continue;
+      if (tok >= rows)
+        continue;
 #pragma unroll
       for (int i = 0; i < 2; i++) {
-        if (!ok[i]) continue;
+        if (!ok[i])
+          continue;
         const float acc = __fmul_rn(d[4 * cc + 2 * i + j], kUnshift);
         float v = __fmul_rn(__fmul_rn(acc, __fmul_rn(inv_a, inv_w[i])), a.alpha);
         if constexpr (EXTRA) {
-          if (c) v = __fadd_rn(v, __fmul_rn(a.beta, load_elem(c, (crow0 + tok) * a.ldc + ch_0 + 8 * i, a.ytype)));
-          if (bias) v = __fadd_rn(v, bv[i]);
+          if (c)
+            v = __fadd_rn(
+                v, __fmul_rn(a.beta, load_elem(c, (crow0 + tok) * a.ldc + ch_0 + 8 * i, a.ytype)));
+          if (bias)
+            v = __fadd_rn(v, bv[i]);
         }
         if constexpr (SCATTER)
-          if (a.row_w) v = __fmul_rn(rounded(yr, v), rw);
+          if (a.row_w)
+            v = __fmul_rn(rounded(yr, v), rw);
         put(yr + 8 * i, v);
       }
     }
 }
 
 // C or a bias: rare on the grouped path, so each has its own instantiation of the epilogue.
-__device__ static inline bool has_extra(const mt_grouped_kargs &a) { return a.c || a.c_ptrs || a.bias; }
+__device__ static inline bool has_extra(const mt_grouped_kargs &a) {
+  return a.c || a.c_ptrs || a.bias;
+}
 
 // y is BF16 or FP16 (gemm_common.cuh, store_elem).
 template <int BN, int NW>
-__device__ static __forceinline__ void store_tile(const mt_grouped_kargs &a, const table *t, const float *d,
-                                                  const where &wh, int ch0, const tile_scales<BN> &ts) {
+__device__ static __forceinline__ void store_tile(const mt_grouped_kargs &a, const table *t,
+                                                  const float *d, const where &wh, int ch0,
+                                                  const tile_scales<BN> &ts) {
   if constexpr (NW < BN) { // narrow tiles only without C or bias, into BF16 (tile_rows)
     if (a.y_rows)
       store_tile_as<BN, NW, __nv_bfloat16, false, true>(a, t, d, wh, ch0, ts);
@@ -607,15 +657,17 @@ enum scales_at { AFTER_WAIT, AFTER_ACTS, BEFORE };
 // One tile of a consumer warpgroup (64 channels from ch0): its K loop and its outputs, with wgmmas
 // and accumulators NW tokens wide (NW <= BN; the stage holds BN rows either way).
 template <int BN, int NW>
-__device__ static __forceinline__ void tile_as(const mt_grouped_kargs &a, const table *t, uint8_t *smem, uint64_t *full,
-                                               uint64_t *empty, ring_pos &at, int nst, int hw, int lane,
-                                               const where &wh, int ch0, scales_at &sc) {
+__device__ static __forceinline__ void
+tile_as(const mt_grouped_kargs &a, const table *t, uint8_t *smem, uint64_t *full, uint64_t *empty,
+        ring_pos &at, int nst, int hw, int lane, const where &wh, int ch0, scales_at &sc) {
   float d[NW / 2];
   tile_scales<BN> ts;
-  if (sc == BEFORE) load_scales<BN>(a, t, wh, ch0, ts);
+  if (sc == BEFORE)
+    load_scales<BN>(a, t, wh, ch0, ts);
   for (bool again = true; again;) {
 #pragma unroll
-    for (int i = 0; i < NW / 2; i++) d[i] = 0.0f;
+    for (int i = 0; i < NW / 2; i++)
+      d[i] = 0.0f;
     if constexpr (BN <= SYNC_MAX)
       k_loop_warp<BN, NW>(d, smem, full, empty, at, nst, hw, lane);
     else
@@ -641,11 +693,14 @@ __device__ static __forceinline__ void tile_as(const mt_grouped_kargs &a, const 
 // (BN / 4 in the n32 kernel, any narrower one in the n256 kernel, widths 3 * 2^j anywhere) it
 // serializes the wgmmas of the kernel ("insufficient register resources"). A token's bits do not
 // depend on the width, as they do not on BN (docs/numerics.md, "Batch invariance").
-constexpr int narrowest(int bn) { return bn == 256 ? 256 : bn == 32 ? 16 : bn / 4 > 8 ? bn / 4 : 8; }
+constexpr int narrowest(int bn) {
+  return bn == 256 ? 256 : bn == 32 ? 16 : bn / 4 > 8 ? bn / 4 : 8;
+}
 template <int BN, int NW = narrowest(BN)>
-__device__ static __forceinline__ void tile_rows(const mt_grouped_kargs &a, const table *t, uint8_t *smem,
-                                                 uint64_t *full, uint64_t *empty, ring_pos &at, int nst, int hw,
-                                                 int lane, const where &wh, int ch0, bool narrow, scales_at &sc) {
+__device__ static __forceinline__ void
+tile_rows(const mt_grouped_kargs &a, const table *t, uint8_t *smem, uint64_t *full, uint64_t *empty,
+          ring_pos &at, int nst, int hw, int lane, const where &wh, int ch0, bool narrow,
+          scales_at &sc) {
   if constexpr (NW < BN) {
     if (narrow && t->end[wh.s] - wh.tok0 <= NW)
       return tile_as<BN, NW>(a, t, smem, full, empty, at, nst, hw, lane, wh, ch0, sc);
@@ -669,10 +724,13 @@ template <int BN> __device__ static __forceinline__ void run(const mt_grouped_ka
   // (neither is written by this kernel). With one (many tokens) they would gain no more than the
   // tail, and there the early start cost T = 1024 2% (lab/NOTES.md, "The next call's kernels
   // started early").
-  if constexpr (MT_GROUPED_CTAS(BN) == 2) allow_dependents();
-  uint32_t gen = 0;                                  // the store's generation, in the producer's registers
-  if (threadIdx.x < 32) gen = build_table<BN>(a, t); // offs was written before the kernel before this one
-  if (threadIdx.x == 32) init_ring<S>(full, empty, t);
+  if constexpr (MT_GROUPED_CTAS(BN) == 2)
+    allow_dependents();
+  uint32_t gen = 0; // the store's generation, in the producer's registers
+  if (threadIdx.x < 32)
+    gen = build_table<BN>(a, t); // offs was written before the kernel before this one
+  if (threadIdx.x == 32)
+    init_ring<S>(full, empty, t);
   __syncthreads();
   const int tiles = t->tile_start[a.nseg];
 
@@ -684,7 +742,8 @@ template <int BN> __device__ static __forceinline__ void run(const mt_grouped_ka
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     else
       asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-    if (threadIdx.x == 0) produce<BN>(a, t, gen, smem, full, empty, tiles, nst);
+    if (threadIdx.x == 0)
+      produce<BN>(a, t, gen, smem, full, empty, tiles, nst);
     return;
   }
   if constexpr (MT_GROUPED_CTAS(BN) == 1)
@@ -700,21 +759,24 @@ template <int BN> __device__ static __forceinline__ void run(const mt_grouped_ka
   for (int round = 0;; round++) {
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       const where wh = locate<BN>(t, a.nseg, tile);
-      tile_rows<BN>(a, t, smem, full, empty, at, nst, hw, lane, wh, wh.cb * CB + 64 * cw, narrow, sc);
+      tile_rows<BN>(a, t, smem, full, empty, at, nst, hw, lane, wh, wh.cb * CB + 64 * cw, narrow,
+                    sc);
     }
     // after the call's refresh, its verdict: where it requantized a slice, every tile again (the
     // outputs written anew; nothing reads them before this grid ends)
-    if (round || !a.acts || (int)blockIdx.x >= tiles) return;
+    if (round || !a.acts || (int)blockIdx.x >= tiles)
+      return;
     grid_dependency_wait();
-    if (!producer_saw_moved(t)) return;
+    if (!producer_saw_moved(t))
+      return;
   }
 }
 } // namespace grp
 
-#define MT_GROUPED(BN)                                                                                                 \
-  extern "C" __global__ void __launch_bounds__(384, MT_GROUPED_CTAS(BN))                                               \
-      mt_grouped_n##BN(const __grid_constant__ mt_grouped_kargs a) {                                                   \
-    grp::run<BN>(a);                                                                                                   \
+#define MT_GROUPED(BN)                                                                             \
+  extern "C" __global__ void __launch_bounds__(384, MT_GROUPED_CTAS(BN))                           \
+      mt_grouped_n##BN(const __grid_constant__ mt_grouped_kargs a) {                               \
+    grp::run<BN>(a);                                                                               \
   }
 MT_GROUPED(8)
 MT_GROUPED(16)
@@ -725,11 +787,14 @@ MT_GROUPED(256)
 
 // The segments' row ends from the host's counts (gemm_args.h, mt_seg_ends_args): thread j writes
 // run j's segments, after summing the runs before it.
-extern "C" __global__ void __launch_bounds__(128) mt_seg_ends(const __grid_constant__ mt_seg_ends_args a) {
+extern "C" __global__ void __launch_bounds__(128)
+    mt_seg_ends(const __grid_constant__ mt_seg_ends_args a) {
   for (int j = threadIdx.x; j < a.nruns; j += blockDim.x) {
     int seg = a.seg0, row = a.row0;
-    for (int i = 0; i < j; i++) seg += a.size[i], row += a.size[i] * a.rows[i];
-    for (int s = 0; s < a.size[j]; s++) a.offs[seg + s] = row + (s + 1) * a.rows[j];
+    for (int i = 0; i < j; i++)
+      seg += a.size[i], row += a.size[i] * a.rows[i];
+    for (int s = 0; s < a.size[j]; s++)
+      a.offs[seg + s] = row + (s + 1) * a.rows[j];
   }
 }
 
@@ -758,9 +823,11 @@ __device__ static inline int scan(int own, int *warp_sums, int &total) {
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
     const int u = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += u;
+    if (lane >= o)
+      incl += u;
   }
-  if (lane == 31) warp_sums[w] = incl;
+  if (lane == 31)
+    warp_sums[w] = incl;
   __syncthreads();
   int before = 0;
   total = 0;
@@ -775,7 +842,8 @@ __device__ static inline int scan(int own, int *warp_sums, int &total) {
 // write_zeros_to_output), 2-byte elements.
 __device__ static inline void zero_row(const mt_moe_dispatch_args &a, int id) {
   uint16_t *row = (uint16_t *)a.y + (long long)id * a.ldy;
-  for (int j = 0; j < a.n; j++) row[j] = 0;
+  for (int j = 0; j < a.n; j++)
+    row[j] = 0;
 }
 } // namespace moe
 
@@ -783,14 +851,17 @@ extern "C" __global__ void __launch_bounds__(MT_MOE_THREADS)
     mt_moe_dispatch(const __grid_constant__ mt_moe_dispatch_args a) {
   __shared__ int next[MT_MOE_MAX_EXPERTS], warp_sums[MT_MOE_THREADS / 32];
   const int t = threadIdx.x, T = blockDim.x;
-  for (int e = t; e < MT_MOE_MAX_EXPERTS; e += T) next[e] = 0;
+  for (int e = t; e < MT_MOE_MAX_EXPERTS; e += T)
+    next[e] = 0;
   const long long padded = *a.post_padded;
-  const long long run = min((long long)a.blocks, padded > 0 ? (padded + a.block_m - 1) / a.block_m : 0LL);
+  const long long run =
+      min((long long)a.blocks, padded > 0 ? (padded + a.block_m - 1) / a.block_m : 0LL);
   const int slots = (int)(a.sorted ? run * a.block_m : run);
   __syncthreads();
   for (int s = t; s < slots; s += T) {
     int id, e;
-    if (moe::slot(a, s, id, e) && e >= 0 && e < a.nseg) atomicAdd(&next[e], 1);
+    if (moe::slot(a, s, id, e) && e >= 0 && e < a.nseg)
+      atomicAdd(&next[e], 1);
   }
   __syncthreads();
   const int own = t < a.nseg ? next[t] : 0;
@@ -803,12 +874,14 @@ extern "C" __global__ void __launch_bounds__(MT_MOE_THREADS)
   __syncthreads();
   for (int s = t; s < slots; s += T) {
     int id, e;
-    if (!moe::slot(a, s, id, e)) continue;
+    if (!moe::slot(a, s, id, e))
+      continue;
     if (e >= 0 && e < a.nseg) {
       const int r = atomicAdd(&next[e], 1);
       a.src[r] = id / a.top_k;
       a.dst[r] = id;
-      if (a.w) a.w[r] = a.weights[id];
+      if (a.w)
+        a.w[r] = a.weights[id];
     } else if (e == -1) {
       moe::zero_row(a, id);
     }

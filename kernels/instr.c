@@ -15,13 +15,17 @@ static const mt_instr_driver *loaded;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void load(void) {
-  if (!mt_driver_get()) return;
+  if (!mt_driver_get())
+    return;
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (!lib) return;
-  static const char *const names[] = {"cuMemHostAlloc", "cuMemHostGetDevicePointer_v2", "cuMemFreeHost"};
+  if (!lib)
+    return;
+  static const char *const names[] = {"cuMemHostAlloc", "cuMemHostGetDevicePointer_v2",
+                                      "cuMemFreeHost"};
   void *syms[sizeof names / sizeof names[0]];
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-    if (!(syms[i] = mt_loader_sym(lib, names[i]))) return;
+    if (!(syms[i] = mt_loader_sym(lib, names[i])))
+      return;
   memcpy(&table.mem_host_alloc, &syms[0], sizeof syms[0]);
   memcpy(&table.mem_host_get_device_pointer, &syms[1], sizeof syms[1]);
   memcpy(&table.mem_free_host, &syms[2], sizeof syms[2]);
@@ -36,7 +40,8 @@ const mt_instr_driver *mt_instr_driver_get(void) {
 static int launch(const char *fn, unsigned grid, void *args, mt_stream stream) {
   CUfunction f;
   int st = mt_kernel_get("instr", fn, (CUstream)stream, &f);
-  if (st != MT_OK) return st;
+  if (st != MT_OK)
+    return st;
   return mt_launch(f, grid ? grid : 1, 1, 256, 1, 0, 0, (CUstream)stream, args);
 }
 

@@ -20,12 +20,14 @@
 namespace {
 
 __device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
 __device__ __forceinline__ float warp_sumf(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
@@ -42,7 +44,8 @@ __device__ uint64_t row_sum_lane(const uint16_t *row, int elems, int lane) {
       hi = (uint64_t)v.w << 32 | v.z;
     } else {
       uint16_t e[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int j = 0; 8 * i + j < elems; j++) e[j] = row[8 * i + j];
+      for (int j = 0; 8 * i + j < elems; j++)
+        e[j] = row[8 * i + j];
       lo = (uint64_t)e[3] << 48 | (uint64_t)e[2] << 32 | (uint64_t)e[1] << 16 | e[0];
       hi = (uint64_t)e[7] << 48 | (uint64_t)e[6] << 32 | (uint64_t)e[5] << 16 | e[4];
     }
@@ -58,29 +61,39 @@ __device__ __forceinline__ float abs_diff(float a, float b) { return fabsf(a - b
 extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr_digest_args a) {
   const int lane = threadIdx.x % 32;
   const int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  if (r >= a.m) return;
+  if (r >= a.m)
+    return;
   const int32_t seg = mt_instr_segment(a.offs, a.nseg, a.seg_rows, r);
-  if (seg < 0) return; // past the last segment's end: never written
+  if (seg < 0)
+    return; // past the last segment's end: never written
   const uint16_t *x = (const uint16_t *)a.x + mt_instr_digest_x(&a, seg, r);
-  uint64_t row_hash = mt_instr_mix64(warp_sum(row_sum_lane(x, a.k, lane)) ^ mt_instr_tag((uint64_t)a.k, a.xtype));
-  if (!a.all && row_hash >= a.threshold) return;
+  uint64_t row_hash =
+      mt_instr_mix64(warp_sum(row_sum_lane(x, a.k, lane)) ^ mt_instr_tag((uint64_t)a.k, a.xtype));
+  if (!a.all && row_hash >= a.threshold)
+    return;
   unsigned slot = 0;
-  if (lane == 0) slot = atomicAdd(&a.hdr->selected, 1u);
+  if (lane == 0)
+    slot = atomicAdd(&a.hdr->selected, 1u);
   slot = __shfl_sync(0xffffffffu, slot, 0);
-  if ((int)slot >= a.cap) return; // counted by `selected`; the host reports the excess as dropped
+  if ((int)slot >= a.cap)
+    return; // counted by `selected`; the host reports the excess as dropped
   const uint16_t *y = (const uint16_t *)a.y + mt_instr_digest_y(&a, seg, r);
-  uint64_t out_hash = mt_instr_mix64(warp_sum(row_sum_lane(y, a.n, lane)) ^ mt_instr_tag((uint64_t)a.n, a.ytype));
+  uint64_t out_hash =
+      mt_instr_mix64(warp_sum(row_sum_lane(y, a.n, lane)) ^ mt_instr_tag((uint64_t)a.n, a.ytype));
   float s[MT_INSTR_SKETCH];
-  for (int i = 0; i < MT_INSTR_SKETCH; i++) s[i] = 0.0f;
+  for (int i = 0; i < MT_INSTR_SKETCH; i++)
+    s[i] = 0.0f;
   for (int j = lane; j < a.n; j += 32) {
     float v = mt_instr_half_to_float(y[j], a.ytype);
-    for (int i = 0; i < MT_INSTR_SKETCH; i++) s[i] += mt_instr_sign(i, j) * v;
+    for (int i = 0; i < MT_INSTR_SKETCH; i++)
+      s[i] += mt_instr_sign(i, j) * v;
   }
   const float scale = 1.0f / sqrtf((float)a.n);
   mt_instr_row *out = a.rows + slot;
   for (int i = 0; i < MT_INSTR_SKETCH; i++) {
     float t = warp_sumf(s[i]);
-    if (lane == 0) out->sketch[i] = t * scale;
+    if (lane == 0)
+      out->sketch[i] = t * scale;
   }
   if (lane == 0) {
     out->row_hash = row_hash;
@@ -114,13 +127,17 @@ __device__ void grouped_sums(const mt_instr_finish_args &a, uint64_t *warp_part)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   for (unsigned i = 0; i < kept; i++) {
     const int32_t seg = a.w_stride ? rows[i].seg : 0;
-    if (__syncthreads_or(threadIdx.x < i && (a.w_stride ? rows[threadIdx.x].seg : 0) == seg)) continue;
-    uint64_t h = warp_sum(weight_sum_part((const uint16_t *)a.w + seg * a.w_stride, a.ldw, a.n, a.k));
-    if (lane == 0) warp_part[warp] = h;
+    if (__syncthreads_or(threadIdx.x < i && (a.w_stride ? rows[threadIdx.x].seg : 0) == seg))
+      continue;
+    uint64_t h =
+        warp_sum(weight_sum_part((const uint16_t *)a.w + seg * a.w_stride, a.ldw, a.n, a.k));
+    if (lane == 0)
+      warp_part[warp] = h;
     __syncthreads();
     if (threadIdx.x == 0) {
       uint64_t s = 0;
-      for (int w = 0; w < warps; w++) s += warp_part[w];
+      for (int w = 0; w < warps; w++)
+        s += warp_part[w];
       atomicAdd((unsigned long long *)&rows[i].wsum, (unsigned long long)s);
     }
     __syncthreads();
@@ -154,11 +171,13 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
   h = warp_sum(h);
   b = warp_sum(b);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  if (lane == 0) warp_part[warp] = h;
+  if (lane == 0)
+    warp_part[warp] = h;
   __syncthreads();
   if (threadIdx.x == 0) {
     uint64_t s = 0;
-    for (int w = 0; w < warps; w++) s += warp_part[w];
+    for (int w = 0; w < warps; w++)
+      s += warp_part[w];
     if (digest && a.frozen_sum) {
       hdr->wsum = *a.frozen_sum;
     } else if (digest && !a.grouped) {
@@ -166,19 +185,22 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
     }
   }
   __syncthreads();
-  if (lane == 0) warp_part[warp] = b;
+  if (lane == 0)
+    warp_part[warp] = b;
   __syncthreads();
   if (threadIdx.x == 0) {
     if (digest && blockIdx.x == 0 && a.bias) {
       uint64_t s = 0;
-      for (int w = 0; w < warps; w++) s += warp_part[w];
+      for (int w = 0; w < warps; w++)
+        s += warp_part[w];
       hdr->bsum = s;
     }
     __threadfence();
     last = atomicAdd(&hdr->finished, 1u) == gridDim.x - 1;
   }
   __syncthreads();
-  if (!last) return;
+  if (!last)
+    return;
   // the publication: every CTA's sums are in the header (fenced before their count)
   __threadfence();
   const unsigned rows = min((unsigned)a.cap, *(volatile unsigned *)&hdr->selected);
@@ -203,10 +225,12 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_shadow(const mt_instr
   double d2 = 0.0, r2 = 0.0;
   float mx = 0.0f;
   unsigned bad = 0;
-  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (uint64_t)gridDim.x * blockDim.x) {
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (uint64_t)gridDim.x * blockDim.x) {
     uint64_t r = i / a.n, j = i % a.n;
-    int64_t at =
-        mt_instr_row_offset(a.seg_rows > 0 ? (int32_t)(r / a.seg_rows) : 0, a.seg_rows, a.stride, a.ld, (int64_t)r) + j;
+    int64_t at = mt_instr_row_offset(a.seg_rows > 0 ? (int32_t)(r / a.seg_rows) : 0, a.seg_rows,
+                                     a.stride, a.ld, (int64_t)r) +
+                 j;
     float y = mt_instr_half_to_float(((const uint16_t *)a.y)[at], a.type);
     float ref = mt_instr_half_to_float(((const uint16_t *)a.ref)[at], a.type);
     if (!isfinite(y) || !isfinite(ref)) {
@@ -224,19 +248,23 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_shadow(const mt_instr
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     bad += __shfl_xor_sync(0xffffffffu, bad, o);
   }
-  if (threadIdx.x % 32) return;
+  if (threadIdx.x % 32)
+    return;
   atomicAdd(&a.hdr->shadow_d2, d2);
   atomicAdd(&a.hdr->shadow_r2, r2);
   atomicMax(&a.hdr->shadow_max_bits, __float_as_uint(mx)); // non-negative: ordered as integers
-  if (bad) atomicAdd(&a.hdr->shadow_nonfinite, bad);
+  if (bad)
+    atomicAdd(&a.hdr->shadow_nonfinite, bad);
 }
 
 // One CTA per probed row.
 extern "C" __global__ void __launch_bounds__(256) mt_instr_probe(const mt_instr_probe_args a) {
   const int p = blockIdx.x;
-  if (p >= a.nrows) return;
+  if (p >= a.nrows)
+    return;
   if (a.offs && a.rows[p] >= a.offs[a.nseg - 1]) { // in no segment: the call never wrote it
-    if (threadIdx.x == 0) atomicAdd(&a.hdr->probe_outside, 1u);
+    if (threadIdx.x == 0)
+      atomicAdd(&a.hdr->probe_outside, 1u);
     return;
   }
   const uint16_t *in_batch = (const uint16_t *)a.y + a.yoff[p];
@@ -244,20 +272,27 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_probe(const mt_instr_
   int differ = 0;
   float mx = 0.0f;
   for (int j = threadIdx.x; j < a.n; j += blockDim.x) {
-    if (in_batch[j] == alone[j]) continue;
+    if (in_batch[j] == alone[j])
+      continue;
     differ = 1;
-    float d = abs_diff(mt_instr_half_to_float(in_batch[j], a.type), mt_instr_half_to_float(alone[j], a.type));
+    float d = abs_diff(mt_instr_half_to_float(in_batch[j], a.type),
+                       mt_instr_half_to_float(alone[j], a.type));
     mx = fmaxf(mx, d != d ? __int_as_float(0x7f800000) : d); // NaN against a number: Inf
   }
   differ = __syncthreads_or(differ);
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  if (threadIdx.x % 32 == 0 && mx > 0.0f) atomicMax(&a.hdr->probe_max_bits, __float_as_uint(mx));
-  if (threadIdx.x == 0 && differ) atomicAdd(&a.hdr->probe_differing, 1u);
+  for (int o = 16; o > 0; o >>= 1)
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (threadIdx.x % 32 == 0 && mx > 0.0f)
+    atomicMax(&a.hdr->probe_max_bits, __float_as_uint(mx));
+  if (threadIdx.x == 0 && differ)
+    atomicAdd(&a.hdr->probe_differing, 1u);
 }
 
 // One CTA per probed row of a grouped call with offsets (mt_instr_offs_args).
 extern "C" __global__ void __launch_bounds__(256) mt_instr_offs(const mt_instr_offs_args a) {
   const int p = blockIdx.x;
-  if (p >= a.nrows) return;
-  for (int s = threadIdx.x; s < a.nseg; s += blockDim.x) a.out[(int64_t)p * a.nseg + s] = a.offs[s] > a.rows[p] ? 1 : 0;
+  if (p >= a.nrows)
+    return;
+  for (int s = threadIdx.x; s < a.nseg; s += blockDim.x)
+    a.out[(int64_t)p * a.nseg + s] = a.offs[s] > a.rows[p] ? 1 : 0;
 }

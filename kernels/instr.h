@@ -60,11 +60,11 @@ typedef struct {
   uint32_t selected; /* rows whose row hash passed the rate (may exceed the rows kept) */
   uint32_t probe_differing;
   double shadow_d2, shadow_r2; /* sum (y - ref)^2 and sum ref^2 over finite elements */
-  uint32_t shadow_max_bits;    /* max |y - ref| (a non-negative float's bits: ordered as integers) */
-  uint32_t shadow_nonfinite;   /* elements where y or ref is NaN or Inf */
-  uint32_t probe_max_bits;     /* max |in-batch - alone| over the probed rows */
-  uint32_t finished;           /* CTAs of mt_instr_finish done (the last one publishes) */
-  uint32_t probe_outside;      /* probed rows of a grouped call in no segment (not compared) */
+  uint32_t shadow_max_bits;  /* max |y - ref| (a non-negative float's bits: ordered as integers) */
+  uint32_t shadow_nonfinite; /* elements where y or ref is NaN or Inf */
+  uint32_t probe_max_bits;   /* max |in-batch - alone| over the probed rows */
+  uint32_t finished;         /* CTAs of mt_instr_finish done (the last one publishes) */
+  uint32_t probe_outside;    /* probed rows of a grouped call in no segment (not compared) */
   uint32_t pad;
 } mt_instr_header;
 
@@ -152,14 +152,18 @@ MT_HD uint64_t mt_instr_mix64(uint64_t z) {
 }
 
 MT_HD uint64_t mt_instr_piece(uint64_t i, uint64_t lo, uint64_t hi) {
-  return mt_instr_mix64(lo + MT_INSTR_MUL_G * (2 * i + 1)) ^ mt_instr_mix64(hi ^ (MT_INSTR_MUL_H * (i + 1)));
+  return mt_instr_mix64(lo + MT_INSTR_MUL_G * (2 * i + 1)) ^
+         mt_instr_mix64(hi ^ (MT_INSTR_MUL_H * (i + 1)));
 }
 
-MT_HD uint64_t mt_instr_tag(uint64_t len, int type) { return mt_instr_mix64(len << 4 | (uint64_t)(type + 1)); }
+MT_HD uint64_t mt_instr_tag(uint64_t len, int type) {
+  return mt_instr_mix64(len << 4 | (uint64_t)(type + 1));
+}
 
 /* sign(i, j) of the scheme-1 sketch: -1 when the top bit of mix64(SEED ^ (i << 32 | j)) is set. */
 MT_HD float mt_instr_sign(int i, int j) {
-  return (mt_instr_mix64(MT_INSTR_SKETCH_SEED ^ ((uint64_t)i << 32 | (uint64_t)j)) >> 63) ? -1.0f : 1.0f;
+  return (mt_instr_mix64(MT_INSTR_SKETCH_SEED ^ ((uint64_t)i << 32 | (uint64_t)j)) >> 63) ? -1.0f
+                                                                                          : 1.0f;
 }
 
 MT_HD uint64_t mt_instr_fold(uint64_t h, uint64_t v) { return mt_instr_mix64(h ^ v); }
@@ -167,7 +171,8 @@ MT_HD uint64_t mt_instr_fold(uint64_t h, uint64_t v) { return mt_instr_mix64(h ^
 /* A grouped call's segment of row r (mt_instr_digest_args): the first s with offs[s] > r, -1 when
  * none; r / seg_rows without offs; 0 for a single problem (neither). */
 MT_HD int32_t mt_instr_segment(const int32_t *offs, int32_t nseg, int32_t seg_rows, int64_t r) {
-  if (!offs) return seg_rows > 0 ? (int32_t)(r / seg_rows) : 0;
+  if (!offs)
+    return seg_rows > 0 ? (int32_t)(r / seg_rows) : 0;
   int32_t lo = 0, hi = nseg; /* offs is non-decreasing: binary search */
   while (lo < hi) {
     int32_t mid = (lo + hi) / 2;
@@ -180,16 +185,19 @@ MT_HD int32_t mt_instr_segment(const int32_t *offs, int32_t nseg, int32_t seg_ro
 }
 
 /* Element offset of row r of a matrix with row stride ld in a grouped call (see above). */
-MT_HD int64_t mt_instr_row_offset(int32_t seg, int32_t seg_rows, int64_t stride, int64_t ld, int64_t r) {
+MT_HD int64_t mt_instr_row_offset(int32_t seg, int32_t seg_rows, int64_t stride, int64_t ld,
+                                  int64_t r) {
   return seg_rows > 0 ? seg * stride + (r % seg_rows) * ld : r * ld;
 }
 
 /* Where mt_instr_digest reads row r (in segment seg) of x and of y, in elements. */
 MT_HD int64_t mt_instr_digest_x(const mt_instr_digest_args *a, int32_t seg, int64_t r) {
-  return a->x_rows ? (int64_t)a->x_rows[r] * a->ldx : mt_instr_row_offset(seg, a->seg_rows, a->stride_x, a->ldx, r);
+  return a->x_rows ? (int64_t)a->x_rows[r] * a->ldx
+                   : mt_instr_row_offset(seg, a->seg_rows, a->stride_x, a->ldx, r);
 }
 MT_HD int64_t mt_instr_digest_y(const mt_instr_digest_args *a, int32_t seg, int64_t r) {
-  return a->y_rows ? (int64_t)a->y_rows[r] * a->ldy : mt_instr_row_offset(seg, a->seg_rows, a->stride_y, a->ldy, r);
+  return a->y_rows ? (int64_t)a->y_rows[r] * a->ldy
+                   : mt_instr_row_offset(seg, a->seg_rows, a->stride_y, a->ldy, r);
 }
 
 MT_HD float mt_instr_half_to_float(uint16_t h, int type) {
@@ -240,11 +248,13 @@ static inline uint64_t mt_instr_content_sum(const void *p, size_t bytes, uint64_
 }
 
 static inline uint64_t mt_instr_row_hash(const uint16_t *x, int k, int xtype) {
-  return mt_instr_mix64(mt_instr_content_sum(x, (size_t)k * 2, 0) ^ mt_instr_tag((uint64_t)k, xtype));
+  return mt_instr_mix64(mt_instr_content_sum(x, (size_t)k * 2, 0) ^
+                        mt_instr_tag((uint64_t)k, xtype));
 }
 
 static inline uint64_t mt_instr_out_hash(const uint16_t *y, int n, int ytype) {
-  return mt_instr_mix64(mt_instr_content_sum(y, (size_t)n * 2, 0) ^ mt_instr_tag((uint64_t)n, ytype));
+  return mt_instr_mix64(mt_instr_content_sum(y, (size_t)n * 2, 0) ^
+                        mt_instr_tag((uint64_t)n, ytype));
 }
 
 static inline uint64_t mt_instr_weight_id(uint64_t wsum, int n, int k, int wtype) {
@@ -255,7 +265,8 @@ static inline uint64_t mt_instr_bias_id(int has_bias, uint64_t bsum, int n, int 
   return has_bias ? mt_instr_mix64(bsum ^ mt_instr_tag((uint64_t)n, btype)) : 0;
 }
 
-static inline uint64_t mt_instr_key(uint64_t row_hash, uint64_t weight_id, int ytype, float alpha, uint64_t bias_id) {
+static inline uint64_t mt_instr_key(uint64_t row_hash, uint64_t weight_id, int ytype, float alpha,
+                                    uint64_t bias_id) {
   uint32_t abits;
   memcpy(&abits, &alpha, 4);
   uint64_t h = mt_instr_fold(MT_INSTR_KEY_SEED, row_hash);
@@ -266,11 +277,13 @@ static inline uint64_t mt_instr_key(uint64_t row_hash, uint64_t weight_id, int y
 }
 
 /* The scheme-1 sketch of an output row, FP32 sums in element order. */
-static inline void mt_instr_sketch(const uint16_t *y, int n, int ytype, float out[MT_INSTR_SKETCH]) {
+static inline void mt_instr_sketch(const uint16_t *y, int n, int ytype,
+                                   float out[MT_INSTR_SKETCH]) {
   float scale = 1.0f / sqrtf((float)n);
   for (int i = 0; i < MT_INSTR_SKETCH; i++) {
     float s = 0.0f;
-    for (int j = 0; j < n; j++) s += mt_instr_sign(i, j) * mt_instr_half_to_float(y[j], ytype);
+    for (int j = 0; j < n; j++)
+      s += mt_instr_sign(i, j) * mt_instr_half_to_float(y[j], ytype);
     out[i] = s * scale;
   }
 }

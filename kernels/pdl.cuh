@@ -5,8 +5,12 @@
 #pragma once
 
 // Waits until the grid before this one has completed and its writes are visible.
-__device__ static inline void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ static inline void grid_dependency_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
 
 // Lets the kernel launched after this one with the attribute start now (its own
 // grid_dependency_wait still waits for this grid to finish).
-__device__ static inline void allow_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ static inline void allow_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}

@@ -68,7 +68,8 @@ template <bool PTRS> __device__ __forceinline__ const char *x_row(const mt_quant
     return (const char *)p.batch_ptrs[e] + (size_t)rl * (size_t)p.ldx * 2;
   }
   size_t at = (size_t)(p.gather ? p.gather[r] : r) * (size_t)p.ldx;
-  if (p.batch_rows) at = batch_row_at(p, r / p.batch_rows, r % p.batch_rows);
+  if (p.batch_rows)
+    at = batch_row_at(p, r / p.batch_rows, r % p.batch_rows);
   return (const char *)p.x + at * 2;
 }
 
@@ -87,7 +88,8 @@ __device__ __forceinline__ float *slice_outer(const mt_quant_params &p, int e) {
 /* The record that row r of slice e's blocks b (even) and b + 1 belong to. */
 __device__ __forceinline__ uint8_t *record_of(const mt_quant_params &p, int e, int r, int b) {
   const size_t pairs = MT_WS_PAIRS(p.cols), groups = MT_WS_BAND / 8;
-  return slice_of(p, e) + (((size_t)(r / MT_WS_BAND) * pairs + b / 2) * groups + (r / 8) % groups) * MT_WS_REC;
+  return slice_of(p, e) +
+         (((size_t)(r / MT_WS_BAND) * pairs + b / 2) * groups + (r / 8) % groups) * MT_WS_REC;
 }
 
 /* Where a thread's part of one CTA-sized block of rows and columns lies: row r (in the store mode
@@ -102,10 +104,12 @@ struct block_at {
 /* The store mode's block at row rl of slice e: rows past the slice's p.batch_rows (its padding to
  * whole bands) are not rows of x. */
 template <bool PTRS>
-__device__ __forceinline__ block_at slice_block_at(const mt_quant_params &p, int e, int rl, int by) {
+__device__ __forceinline__ block_at slice_block_at(const mt_quant_params &p, int e, int rl,
+                                                   int by) {
   const int r = e * p.batch_rows + rl;
   const bool ok = rl < p.batch_rows && r < p.rows;
-  if constexpr (PTRS) return {e, rl, r, by, ok, x_row<true>(p, ok ? r : 0)};
+  if constexpr (PTRS)
+    return {e, rl, r, by, ok, x_row<true>(p, ok ? r : 0)};
   /* e and rl known: no division */
   return {e, rl, r, by, ok, (const char *)p.x + batch_row_at(p, e, ok ? rl : 0) * 2};
 }
@@ -114,7 +118,8 @@ __device__ __forceinline__ block_at slice_block_at(const mt_quant_params &p, int
 template <bool STORE, bool PTRS>
 __device__ __forceinline__ block_at block_at_of(const mt_quant_params &p, int bx, int by) {
   const int r_all = bx * blockDim.y + threadIdx.y;
-  if constexpr (STORE) return slice_block_at<PTRS>(p, r_all / slice_rows(p), r_all % slice_rows(p), by);
+  if constexpr (STORE)
+    return slice_block_at<PTRS>(p, r_all / slice_rows(p), r_all % slice_rows(p), by);
   return {0, r_all, r_all, by, r_all < p.rows, x_row<PTRS>(p, r_all < p.rows ? r_all : 0)};
 }
 
@@ -122,12 +127,14 @@ __device__ __forceinline__ block_at block_at_of(const mt_quant_params &p, int bx
  * mode (NB even) the pairs by * TX * NB / 2 + tx + i * TX (blocks j = 2i and 2i + 1). */
 template <int NB, bool STORE> __device__ __forceinline__ int block_index(int by, int j) {
   const int tx = threadIdx.x, TX = blockDim.x;
-  return STORE ? 2 * (by * (TX * NB / 2) + tx + (j >> 1) * TX) + (j & 1) : by * (TX * NB) + tx + j * TX;
+  return STORE ? 2 * (by * (TX * NB / 2) + tx + (j >> 1) * TX) + (j & 1)
+               : by * (TX * NB) + tx + j * TX;
 }
 
 /* The thread's NB blocks of 16 values (zero past the row or outside x). */
 template <int NB, bool STORE, bool PTRS>
-__device__ __forceinline__ void load_blocks(const mt_quant_params &p, const block_at &at, uint32_t (&w)[NB][8]) {
+__device__ __forceinline__ void load_blocks(const mt_quant_params &p, const block_at &at,
+                                            uint32_t (&w)[NB][8]) {
   const int nblk = p.cols >> 4;
 #pragma unroll
   for (int j = 0; j < NB; j++) {
@@ -151,37 +158,46 @@ __device__ __forceinline__ void load_blocks(const mt_quant_params &p, const bloc
  * written). Every thread of the CTA calls it (ROW and TILE meet at barriers). */
 template <bool FP16, int NB, bool ROW, bool TILE, bool STORE>
 __device__ __forceinline__ void quantize_loaded(const mt_quant_params &p, const block_at &at,
-                                                const uint32_t (&w)[NB][8], const uint32_t *amax_at) {
+                                                const uint32_t (&w)[NB][8],
+                                                const uint32_t *amax_at) {
   const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x;
   const int nblk = p.cols >> 4, by = at.by, e = at.e, rl = at.rl, r = at.r;
   const bool row_ok = at.row_ok;
   auto block_of = [&](int j) { return block_index<NB, STORE>(by, j); };
   uint32_t amax_b[NB];
 #pragma unroll
-  for (int j = 0; j < NB; j++) amax_b[j] = block_amax_bits<FP16>(w[j]);
+  for (int j = 0; j < NB; j++)
+    amax_b[j] = block_amax_bits<FP16>(w[j]);
 
   float *outer = STORE ? slice_outer(p, e) : p.outer;
   float S;
   if (ROW) {
     uint32_t m = 0;
 #pragma unroll
-    for (int j = 0; j < NB; j++) m = max(m, amax_b[j]);
-    for (int o = min(TX, 32) >> 1; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    for (int j = 0; j < NB; j++)
+      m = max(m, amax_b[j]);
+    for (int o = min(TX, 32) >> 1; o > 0; o >>= 1)
+      m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (TX > 32) { /* TX is then a multiple of 32: every warp lies within one row */
       __shared__ uint32_t warp_max[kMaxThreads / 32];
-      if ((tx & 31) == 0) warp_max[(ty * TX + tx) >> 5] = m;
+      if ((tx & 31) == 0)
+        warp_max[(ty * TX + tx) >> 5] = m;
       __syncthreads();
       const int lane = tx & 31, nwarps = TX >> 5; /* at most 16: one read per lane, then shuffles */
       m = lane < nwarps ? warp_max[((ty * TX) >> 5) + lane] : 0u;
-      for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+      for (int o = 16; o > 0; o >>= 1)
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
     }
     S = outer_scale(__uint_as_float(m));
-    if (tx == 0 && row_ok) outer[STORE ? rl : r] = S;
+    if (tx == 0 && row_ok)
+      outer[STORE ? rl : r] = S;
   } else {
     /* per tensor: the amax word after S (the store's slice, or p.amax) */
-    if (!amax_at) amax_at = STORE ? (const uint32_t *)(outer + 1) : p.amax;
+    if (!amax_at)
+      amax_at = STORE ? (const uint32_t *)(outer + 1) : p.amax;
     S = outer_scale(__uint_as_float(*amax_at));
-    if (by == 0 && tx == 0 && rl == 0) outer[0] = S;
+    if (by == 0 && tx == 0 && rl == 0)
+      outer[0] = S;
   }
 
   if (TILE) { /* TY == 16: the 16 rows of a CTA are one row of tiles (a slice's rows are whole tiles) */
@@ -189,13 +205,16 @@ __device__ __forceinline__ void quantize_loaded(const mt_quant_params &p, const 
     const int first = by * TX * NB;
 #pragma unroll
     for (int j = 0; j < NB; j++)
-      if (ty == 0) tile_max[block_of(j) - first] = 0;
+      if (ty == 0)
+        tile_max[block_of(j) - first] = 0;
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < NB; j++) atomicMax(&tile_max[block_of(j) - first], amax_b[j]);
+    for (int j = 0; j < NB; j++)
+      atomicMax(&tile_max[block_of(j) - first], amax_b[j]);
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < NB; j++) amax_b[j] = tile_max[block_of(j) - first];
+    for (int j = 0; j < NB; j++)
+      amax_b[j] = tile_max[block_of(j) - first];
   }
 
   /* A domain holding NaN or Inf: codes, scales and xhat all 0; its NaN S makes the GEMM's
@@ -207,19 +226,24 @@ __device__ __forceinline__ void quantize_loaded(const mt_quant_params &p, const 
 #pragma unroll
     for (int j = 0; j < NB; j += 2) {
       const int b = block_of(j);
-      if (b >= 2 * pairs) break;
+      if (b >= 2 * pairs)
+        break;
       uint32_t word[4] = {0, 0, 0, 0}, sc0 = 0, sc1 = 0;
-      if (!domain_bad) record_pair<FP16>(w[j], w[j + 1], amax_b[j], amax_b[j + 1], s_over_6, inv_s, word, sc0, sc1);
+      if (!domain_bad)
+        record_pair<FP16>(w[j], w[j + 1], amax_b[j], amax_b[j + 1], s_over_6, inv_s, word, sc0,
+                          sc1);
       store_record(record_of(p, e, rl, b), rl % 8, word, sc0, sc1);
     }
     return;
   }
-  if (!row_ok) return;
+  if (!row_ok)
+    return;
   const size_t row_base = (size_t)r * (size_t)p.cols;
 #pragma unroll
   for (int j = 0; j < NB; j++) {
     const int b = block_of(j);
-    if (b >= nblk) break;
+    if (b >= nblk)
+      break;
     uint32_t xh[8] = {0, 0, 0, 0, 0, 0, 0, 0}, cd[2] = {0, 0}, sb_code = 0;
     if (!domain_bad) {
       if (p.codes)
@@ -232,8 +256,10 @@ __device__ __forceinline__ void quantize_loaded(const mt_quant_params &p, const 
       dst[0] = make_uint4(xh[0], xh[1], xh[2], xh[3]);
       dst[1] = make_uint4(xh[4], xh[5], xh[6], xh[7]);
     }
-    if (p.codes) *(uint2 *)(p.codes + row_base / 2 + (size_t)b * 8) = make_uint2(cd[0], cd[1]);
-    if (p.scales) p.scales[row_base / 16 + b] = (uint8_t)sb_code;
+    if (p.codes)
+      *(uint2 *)(p.codes + row_base / 2 + (size_t)b * 8) = make_uint2(cd[0], cd[1]);
+    if (p.scales)
+      p.scales[row_base / 16 + b] = (uint8_t)sb_code;
   }
 }
 
@@ -241,7 +267,8 @@ __device__ __forceinline__ void quantize_loaded(const mt_quant_params &p, const 
 template <bool FP16, int NB, bool ROW, bool TILE, bool STORE = false, bool PTRS = false>
 __device__ __forceinline__ void quantize(const mt_quant_params &p, int bx, int by) {
   /* the same for the whole grid: no barrier is left waiting */
-  if (!STORE && p.only_if && *p.only_if == 0) return;
+  if (!STORE && p.only_if && *p.only_if == 0)
+    return;
   const block_at at = block_at_of<STORE, PTRS>(p, bx, by);
   uint32_t w[NB][8];
   load_blocks<NB, STORE, PTRS>(p, at, w);
@@ -276,13 +303,15 @@ __device__ __forceinline__ void amax_store(const mt_quant_params &p, int warp, i
     const int e = v / p.batch_rows;
     bits = max(bits, row_amax<FP16, PTRS>(p, v, lane));
     if (v + 1 == v1 || (v + 1) % p.batch_rows == 0) { /* the slice's last row of this run */
-      if (lane == 0 && bits != 0) atomicMax((uint32_t *)(slice_outer(p, e) + 1), bits);
+      if (lane == 0 && bits != 0)
+        atomicMax((uint32_t *)(slice_outer(p, e) + 1), bits);
       bits = 0;
     }
   }
 }
 
-template <bool FP16, bool PTRS> __device__ __forceinline__ void amax_pass(const mt_quant_params &p) {
+template <bool FP16, bool PTRS>
+__device__ __forceinline__ void amax_pass(const mt_quant_params &p) {
   const int lane = threadIdx.x & 31;
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int nwarps = (gridDim.x * blockDim.x) >> 5;
@@ -290,19 +319,23 @@ template <bool FP16, bool PTRS> __device__ __forceinline__ void amax_pass(const 
     amax_store<FP16, PTRS>(p, warp, nwarps);
     return;
   }
-  if (p.only_if && *p.only_if == 0) return;
+  if (p.only_if && *p.only_if == 0)
+    return;
   const int run = (p.rows + nwarps - 1) / nwarps, r0 = warp * run, r1 = min(p.rows, r0 + run);
   uint32_t bits = 0;
-  for (int r = r0; r < r1; r++) bits = max(bits, row_amax<FP16, PTRS>(p, r, lane));
+  for (int r = r0; r < r1; r++)
+    bits = max(bits, row_amax<FP16, PTRS>(p, r, lane));
   /* then across the CTA's warps, so that one atomic per CTA (not per warp: 8192 on one word at
    * 8192 rows) reaches L2, where atomics on one address are served one after another */
   __shared__ uint32_t warp_max[kAmaxThreads / 32];
-  if (lane == 0) warp_max[threadIdx.x >> 5] = bits;
+  if (lane == 0)
+    warp_max[threadIdx.x >> 5] = bits;
   __syncthreads();
   if (threadIdx.x < 32) {
     bits = lane < (int)(blockDim.x >> 5) ? warp_max[lane] : 0u;
     bits = __reduce_max_sync(0xffffffffu, bits);
-    if (lane == 0 && bits != 0) atomicMax(p.amax, bits);
+    if (lane == 0 && bits != 0)
+      atomicMax(p.amax, bits);
   }
 }
 
@@ -339,8 +372,8 @@ struct cluster_at {
 
 __device__ cluster_at cluster_here() {
   const cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-  return {cl, (int)cl.block_rank(), (int)cl.num_blocks(), (int)(threadIdx.y * blockDim.x + threadIdx.x),
-          (int)(blockDim.x * blockDim.y)};
+  return {cl, (int)cl.block_rank(), (int)cl.num_blocks(),
+          (int)(threadIdx.y * blockDim.x + threadIdx.x), (int)(blockDim.x * blockDim.y)};
 }
 
 /* One value of the CTA, combined over its warps: a sum (hash words) or a max (amax bits); thread 0
@@ -350,11 +383,14 @@ template <bool MAX> __device__ __forceinline__ uint64_t combine(uint64_t a, uint
 }
 template <bool MAX> __device__ uint64_t cta_combine(uint64_t v, const cluster_at &c) {
   __shared__ uint64_t warp_v[kMaxThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) v = combine<MAX>(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if (c.tid % 32 == 0) warp_v[c.tid / 32] = v;
+  for (int o = 16; o > 0; o >>= 1)
+    v = combine<MAX>(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (c.tid % 32 == 0)
+    warp_v[c.tid / 32] = v;
   __syncthreads();
   if (c.tid == 0)
-    for (int w = 1; w < c.nthreads / 32; w++) v = combine<MAX>(v, warp_v[w]);
+    for (int w = 1; w < c.nthreads / 32; w++)
+      v = combine<MAX>(v, warp_v[w]);
   return v;
 }
 
@@ -362,12 +398,15 @@ template <bool MAX> __device__ uint64_t cta_combine(uint64_t v, const cluster_at
  * `slot` (its shared memory; two slots used in turn, so that a round's writes never meet the reads
  * of the round before, which every CTA finishes before the next barrier), the cluster's barrier,
  * then each thread reads every CTA's slot. */
-template <bool MAX> __device__ uint64_t cluster_combine(const cluster_at &c, uint64_t *slot, uint64_t v) {
+template <bool MAX>
+__device__ uint64_t cluster_combine(const cluster_at &c, uint64_t *slot, uint64_t v) {
   v = cta_combine<MAX>(v, c);
-  if (c.tid == 0) *slot = v;
+  if (c.tid == 0)
+    *slot = v;
   c.cl.sync();
   v = 0;
-  for (int r = 0; r < c.size; r++) v = combine<MAX>(v, *c.cl.map_shared_rank(slot, r));
+  for (int r = 0; r < c.size; r++)
+    v = combine<MAX>(v, *c.cl.map_shared_rank(slot, r));
   return v;
 }
 
@@ -387,29 +426,36 @@ struct refresh_batch {
  * + warp, then a cluster's warps further on), so that a sample of a few runs a slice still keeps
  * every warp busy. A warp adds its sum of a slice to the slice's word once, when it moves past the
  * slice (a 64-bit add to shared memory is a compare-and-swap loop: one a warp, not one a thread). */
-__device__ void hash_shares(const mt_refresh_args &a, const refresh_batch &bt, uint64_t *part, const cluster_at &c) {
+__device__ void hash_shares(const mt_refresh_args &a, const refresh_batch &bt, uint64_t *part,
+                            const cluster_at &c) {
   const mt_quant_params &p = a.q;
   const mt_wlines g = mt_wlines_of(p.batch_rows, p.cols, a.step);
   const uint32_t runs = (g.items + 31) / 32, stride = c.size * c.nthreads / 32, lane = c.tid % 32;
   uint32_t run = c.rank * c.nthreads / 32 + c.tid / 32;
   int j = 0;
-  for (; j < bt.n && run >= runs; j++) run -= runs;
+  for (; j < bt.n && run >= runs; j++)
+    run -= runs;
   uint64_t h = 0;
   while (j < bt.n) {
-    h += mt_item_hash((const uint16_t *)p.x + (size_t)bt.slice(j) * (size_t)p.batch_stride, p.ldx, g, a.step,
-                      run * 32 + lane);
+    h += mt_item_hash((const uint16_t *)p.x + (size_t)bt.slice(j) * (size_t)p.batch_stride, p.ldx,
+                      g, a.step, run * 32 + lane);
     run += stride;
-    if (run < runs) continue;
-    for (int o = 16; o > 0; o >>= 1) h += __shfl_xor_sync(0xffffffffu, h, o);
-    if (lane == 0) atomicAdd((unsigned long long *)&part[j], (unsigned long long)h);
+    if (run < runs)
+      continue;
+    for (int o = 16; o > 0; o >>= 1)
+      h += __shfl_xor_sync(0xffffffffu, h, o);
+    if (lane == 0)
+      atomicAdd((unsigned long long *)&part[j], (unsigned long long)h);
     h = 0;
-    for (; j < bt.n && run >= runs; j++) run -= runs;
+    for (; j < bt.n && run >= runs; j++)
+      run -= runs;
   }
 }
 
 /* This CTA's share of slice e's amax (FP32 bits of max |x|): rows rank * warps + warp + i * (the
  * cluster's warps), as the amax pass reads a row. */
-template <bool FP16> __device__ uint32_t slice_amax_share(const mt_quant_params &p, int e, const cluster_at &c) {
+template <bool FP16>
+__device__ uint32_t slice_amax_share(const mt_quant_params &p, int e, const cluster_at &c) {
   const int warps = c.nthreads / 32;
   uint32_t m = 0;
   for (int r = c.rank * warps + c.tid / 32; r < p.batch_rows; r += c.size * warps)
@@ -423,23 +469,29 @@ template <bool FP16> __device__ uint32_t slice_amax_share(const mt_quant_params 
  * block's loads are issued before this one is quantized where both fit the registers (NB == 2:
  * 32 values a thread). */
 template <bool FP16, int NB, bool ROW, bool TILE>
-__device__ void requantize(const mt_refresh_args &a, int e, uint64_t *amax_slot, const cluster_at &c) {
+__device__ void requantize(const mt_refresh_args &a, int e, uint64_t *amax_slot,
+                           const cluster_at &c) {
   const mt_quant_params &p = a.q;
   const int per_slice = slice_rows(p) / blockDim.y, blocks = per_slice * a.grid_y;
   uint32_t amax = 0;
   if (!ROW) {
     amax = (uint32_t)cluster_combine<true>(c, amax_slot, slice_amax_share<FP16>(p, e, c));
-    if (c.rank == 0 && c.tid == 0) *(uint32_t *)(slice_outer(p, e) + 1) = amax; /* as the amax pass leaves it */
+    if (c.rank == 0 && c.tid == 0)
+      *(uint32_t *)(slice_outer(p, e) + 1) = amax; /* as the amax pass leaves it */
   }
   constexpr bool kAhead = NB == 2;
   /* block b: the rows (b % per_slice) * TY.. of the slice, the columns' block b / per_slice */
   int b = c.rank, rb = b % per_slice, by = b / per_slice;
-  auto at_of = [&]() { return slice_block_at<false>(p, e, rb * (int)blockDim.y + (int)threadIdx.y, by); };
+  auto at_of = [&]() {
+    return slice_block_at<false>(p, e, rb * (int)blockDim.y + (int)threadIdx.y, by);
+  };
   auto step = [&]() {
     b += c.size, rb += c.size;
-    for (; rb >= per_slice; rb -= per_slice) by++;
+    for (; rb >= per_slice; rb -= per_slice)
+      by++;
   };
-  if (b >= blocks) return;
+  if (b >= blocks)
+    return;
   block_at at = at_of();
   uint32_t w[NB][8], w_next[NB][8];
   load_blocks<NB, true, false>(p, at, w);
@@ -447,31 +499,39 @@ __device__ void requantize(const mt_refresh_args &a, int e, uint64_t *amax_slot,
     step();
     const bool more = b < blocks;
     const block_at at_next = more ? at_of() : at;
-    if (kAhead && more) load_blocks<NB, true, false>(p, at_next, w_next);
+    if (kAhead && more)
+      load_blocks<NB, true, false>(p, at_next, w_next);
     quantize_loaded<FP16, NB, ROW, TILE, true>(p, at, w, &amax);
     __syncthreads(); /* one block's shared memory before the next's */
-    if (!more) return;
-    if (!kAhead) load_blocks<NB, true, false>(p, at_next, w_next);
+    if (!more)
+      return;
+    if (!kAhead)
+      load_blocks<NB, true, false>(p, at_next, w_next);
     at = at_next;
 #pragma unroll
     for (int j = 0; j < NB; j++)
 #pragma unroll
-      for (int k = 0; k < 8; k++) w[j][k] = w_next[j][k];
+      for (int k = 0; k < 8; k++)
+        w[j][k] = w_next[j][k];
   }
 }
 
-template <bool FP16, int NB, bool ROW, bool TILE> __device__ void refresh_store(const mt_refresh_args &a) {
+template <bool FP16, int NB, bool ROW, bool TILE>
+__device__ void refresh_store(const mt_refresh_args &a) {
   /* Beside, the call's GEMM starts now: it streams the weights and runs its K loops while the
    * refresh runs (once the activations are written), and waits for this grid before it ends; if a
    * slice was requantized meanwhile, it runs them again (the store's generation moved). */
-  if (a.chained == MT_REFRESH_BESIDE) allow_dependents();
+  if (a.chained == MT_REFRESH_BESIDE)
+    allow_dependents();
   const cluster_at c = cluster_here();
   const mt_quant_params &p = a.q;
   const int clusters = gridDim.x / c.size;
   __shared__ uint64_t part[kRefreshBatch], sum[kRefreshBatch], amax_slot[2];
   __shared__ uint32_t changed[kRefreshBatch];
   extern __shared__ int covered[];
-  refresh_batch bt = {mt_covered_list(a.offs, p.rows / p.batch_rows, a.m, covered, c.tid, c.nthreads), 0, clusters, 0};
+  refresh_batch bt = {
+      mt_covered_list(a.offs, p.rows / p.batch_rows, a.m, covered, c.tid, c.nthreads), 0, clusters,
+      0};
   mt_wcheck_slice *words = mt_wcheck_slices(a.state);
   int round = 0;
   bool wrote = false; /* alike in every thread of the CTA: the cluster's verdicts */
@@ -490,17 +550,20 @@ template <bool FP16, int NB, bool ROW, bool TILE> __device__ void refresh_store(
     /* The CTA's reads of the sample are done: chained, the call's GEMM may start (it streams its
      * first weights before it waits for this grid, and again if the generation moves, below).
      * Earlier, that stream would queue before the sample's loads. */
-    if (a.chained) allow_dependents();
+    if (a.chained)
+      allow_dependents();
     c.cl.sync();
     if (c.tid < bt.n) {
       uint64_t total = 0;
-      for (int r = 0; r < c.size; r++) total += c.cl.map_shared_rank(part, r)[c.tid];
+      for (int r = 0; r < c.size; r++)
+        total += c.cl.map_shared_rank(part, r)[c.tid];
       sum[c.tid] = total;
       changed[c.tid] = !w.valid || total != w.hash;
     }
     c.cl.sync(); /* the parts read before any is zeroed again; the verdicts before they are used */
     for (int j = 0; j < bt.n; j++) {
-      if (!changed[j]) continue;
+      if (!changed[j])
+        continue;
       requantize<FP16, NB, ROW, TILE>(a, bt.slice(j), &amax_slot[round], c);
       round ^= 1;
       wrote = true;
@@ -510,11 +573,13 @@ template <bool FP16, int NB, bool ROW, bool TILE> __device__ void refresh_store(
       }
     }
   }
-  if (a.chained) allow_dependents(); /* a CTA whose cluster had no slice (the call used fewer) */
+  if (a.chained)
+    allow_dependents(); /* a CTA whose cluster had no slice (the call used fewer) */
   if (wrote) { /* the CTA's writes, then the generation: release (the GEMM reads it with acquire) */
     __threadfence();
     __syncthreads();
-    if (c.tid == 0) atomicAdd(&((mt_wcheck_head *)a.state)->gen, 1u);
+    if (c.tid == 0)
+      atomicAdd(&((mt_wcheck_head *)a.state)->gen, 1u);
   }
   c.cl.sync(); /* no CTA leaves while another may still read its shared memory */
   /* Chained, the activations' quantizer before this grid runs beside it: its end is this one's,
@@ -543,7 +608,8 @@ __device__ void start_dependents(const mt_quant_params &p) {
 __device__ void stop_running(uint32_t *running) {
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0 && threadIdx.y == 0) atomicSub(running, 1u);
+  if (threadIdx.x == 0 && threadIdx.y == 0)
+    atomicSub(running, 1u);
 }
 } // namespace
 
@@ -553,16 +619,19 @@ __device__ void stop_running(uint32_t *running) {
  * ones, launched dependent themselves (mt_quantize_dependent), wait for the kernel before them
  * first (a no-op when launched in order), and before a store's refresh let it start only then
  * (start_dependents). */
-#define MT_QUANT_ROW_AS(type, fp16, nb, sfx, ptrs)                                                                     \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
-      mt_quant_row_##type##_nb##nb##sfx(const mt_quant_params p) {                                                     \
-    if (!p.dependents_after_wait) allow_dependents();                                                                  \
-    grid_dependency_wait();                                                                                            \
-    if (p.dependents_after_wait) start_dependents(p);                                                                  \
-    quantize<fp16, nb, true, false, false, ptrs>(p, blockIdx.x, blockIdx.y);                                           \
-    if (p.dependents_after_wait && p.running) stop_running(p.running);                                                 \
+#define MT_QUANT_ROW_AS(type, fp16, nb, sfx, ptrs)                                                 \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
+      mt_quant_row_##type##_nb##nb##sfx(const mt_quant_params p) {                                 \
+    if (!p.dependents_after_wait)                                                                  \
+      allow_dependents();                                                                          \
+    grid_dependency_wait();                                                                        \
+    if (p.dependents_after_wait)                                                                   \
+      start_dependents(p);                                                                         \
+    quantize<fp16, nb, true, false, false, ptrs>(p, blockIdx.x, blockIdx.y);                       \
+    if (p.dependents_after_wait && p.running)                                                      \
+      stop_running(p.running);                                                                     \
   }
-#define MT_QUANT_ROW(type, fp16, nb)                                                                                   \
+#define MT_QUANT_ROW(type, fp16, nb)                                                               \
   MT_QUANT_ROW_AS(type, fp16, nb, , false) MT_QUANT_ROW_AS(type, fp16, nb, _ptrs, true)
 MT_QUANT_ROW(bf16, false, 1)
 MT_QUANT_ROW(bf16, false, 2)
@@ -573,46 +642,52 @@ MT_QUANT_ROW(fp16, true, 2)
 MT_QUANT_ROW(fp16, true, 4)
 MT_QUANT_ROW(fp16, true, 8)
 
-#define MT_QUANT_TENSOR_AS(type, fp16, sfx, ptrs)                                                                      \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tensor_##type##sfx(const mt_quant_params p) {     \
-    allow_dependents();                                                                                                \
-    quantize<fp16, 1, false, false, false, ptrs>(p, blockIdx.x, blockIdx.y);                                           \
-  }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tile_##type##sfx(const mt_quant_params p) {       \
-    allow_dependents();                                                                                                \
-    quantize<fp16, 1, false, true, false, ptrs>(p, blockIdx.x, blockIdx.y);                                            \
-  }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kAmaxThreads) mt_quant_amax_##type##sfx(const mt_quant_params p) {      \
-    allow_dependents();                                                                                                \
-    amax_pass<fp16, ptrs>(p);                                                                                          \
+#define MT_QUANT_TENSOR_AS(type, fp16, sfx, ptrs)                                                  \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
+      mt_quant_tensor_##type##sfx(const mt_quant_params p) {                                       \
+    allow_dependents();                                                                            \
+    quantize<fp16, 1, false, false, false, ptrs>(p, blockIdx.x, blockIdx.y);                       \
+  }                                                                                                \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
+      mt_quant_tile_##type##sfx(const mt_quant_params p) {                                         \
+    allow_dependents();                                                                            \
+    quantize<fp16, 1, false, true, false, ptrs>(p, blockIdx.x, blockIdx.y);                        \
+  }                                                                                                \
+  extern "C" __global__ void __launch_bounds__(kAmaxThreads)                                       \
+      mt_quant_amax_##type##sfx(const mt_quant_params p) {                                         \
+    allow_dependents();                                                                            \
+    amax_pass<fp16, ptrs>(p);                                                                      \
   }
-#define MT_QUANT_TENSOR(type, fp16) MT_QUANT_TENSOR_AS(type, fp16, , false) MT_QUANT_TENSOR_AS(type, fp16, _ptrs, true)
+#define MT_QUANT_TENSOR(type, fp16)                                                                \
+  MT_QUANT_TENSOR_AS(type, fp16, , false) MT_QUANT_TENSOR_AS(type, fp16, _ptrs, true)
 MT_QUANT_TENSOR(bf16, false)
 MT_QUANT_TENSOR(fp16, true)
 
 /* The store mode (mt_quant_params.store, weights): per-row S with 2, 4 or 8 blocks a thread (pairs
  * of adjacent blocks), per-tensor S with 2, and 16x16 tiles (per-tensor S) with 2. */
-#define MT_QUANT_STORE_AS(type, fp16, sfx, ptrs)                                                                       \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
-      mt_quant_row_store_##type##_nb2##sfx(const mt_quant_params p) {                                                  \
-    quantize_store<fp16, 2, true, false, ptrs>(p);                                                                     \
-  }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
-      mt_quant_row_store_##type##_nb4##sfx(const mt_quant_params p) {                                                  \
-    quantize_store<fp16, 4, true, false, ptrs>(p);                                                                     \
-  }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
-      mt_quant_row_store_##type##_nb8##sfx(const mt_quant_params p) {                                                  \
-    quantize_store<fp16, 8, true, false, ptrs>(p);                                                                     \
-  }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                                            \
-      mt_quant_tensor_store_##type##sfx(const mt_quant_params p) {                                                     \
-    quantize_store<fp16, 2, false, false, ptrs>(p);                                                                    \
-  }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads) mt_quant_tile_store_##type##sfx(const mt_quant_params p) { \
-    quantize_store<fp16, 2, false, true, ptrs>(p);                                                                     \
+#define MT_QUANT_STORE_AS(type, fp16, sfx, ptrs)                                                   \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
+      mt_quant_row_store_##type##_nb2##sfx(const mt_quant_params p) {                              \
+    quantize_store<fp16, 2, true, false, ptrs>(p);                                                 \
+  }                                                                                                \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
+      mt_quant_row_store_##type##_nb4##sfx(const mt_quant_params p) {                              \
+    quantize_store<fp16, 4, true, false, ptrs>(p);                                                 \
+  }                                                                                                \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
+      mt_quant_row_store_##type##_nb8##sfx(const mt_quant_params p) {                              \
+    quantize_store<fp16, 8, true, false, ptrs>(p);                                                 \
+  }                                                                                                \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
+      mt_quant_tensor_store_##type##sfx(const mt_quant_params p) {                                 \
+    quantize_store<fp16, 2, false, false, ptrs>(p);                                                \
+  }                                                                                                \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads)                                        \
+      mt_quant_tile_store_##type##sfx(const mt_quant_params p) {                                   \
+    quantize_store<fp16, 2, false, true, ptrs>(p);                                                 \
   }
-#define MT_QUANT_STORE(type, fp16) MT_QUANT_STORE_AS(type, fp16, , false) MT_QUANT_STORE_AS(type, fp16, _ptrs, true)
+#define MT_QUANT_STORE(type, fp16)                                                                 \
+  MT_QUANT_STORE_AS(type, fp16, , false) MT_QUANT_STORE_AS(type, fp16, _ptrs, true)
 MT_QUANT_STORE(bf16, false)
 MT_QUANT_STORE(fp16, true)
 
@@ -636,7 +711,8 @@ __device__ __forceinline__ uint32_t e2m1_value_bits(uint32_t c) {
 }
 
 __device__ __forceinline__ uint32_t dequant_one(uint32_t code, float sb) {
-  return __float_as_uint(__fmul_rn(__uint_as_float(e2m1_value_bits(code & 7u)), sb)) | ((code & 8u) << 28);
+  return __float_as_uint(__fmul_rn(__uint_as_float(e2m1_value_bits(code & 7u)), sb)) |
+         ((code & 8u) << 28);
 }
 
 __device__ __forceinline__ void dequant_block(const mt_dequant_args &a, int64_t b) {
@@ -656,20 +732,21 @@ __device__ __forceinline__ void dequant_block(const mt_dequant_args &a, int64_t 
 extern "C" __global__ void __launch_bounds__(256) mt_dequant_weight(const mt_dequant_args a) {
   grid_dependency_wait(); /* the codes' quantizer or refresh may be the kernel before */
   const int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (b < a.blocks) dequant_block(a, b);
+  if (b < a.blocks)
+    dequant_block(a, b);
 }
 
 /* A store's refresh (refresh_store), one kernel a store quantizer: per-row S with 2, 4 or 8 blocks
  * a thread, per-tensor S, 16x16 tiles; launched in clusters (their size is the launch's). */
-#define MT_REFRESH_AS(name, fp16, nb, row, tile)                                                                       \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads) name(const mt_refresh_args a) {                            \
-    refresh_store<fp16, nb, row, tile>(a);                                                                             \
+#define MT_REFRESH_AS(name, fp16, nb, row, tile)                                                   \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads) name(const mt_refresh_args a) {        \
+    refresh_store<fp16, nb, row, tile>(a);                                                         \
   }
-#define MT_REFRESH(type, fp16)                                                                                         \
-  MT_REFRESH_AS(mt_refresh_row_store_##type##_nb2, fp16, 2, true, false)                                               \
-  MT_REFRESH_AS(mt_refresh_row_store_##type##_nb4, fp16, 4, true, false)                                               \
-  MT_REFRESH_AS(mt_refresh_row_store_##type##_nb8, fp16, 8, true, false)                                               \
-  MT_REFRESH_AS(mt_refresh_tensor_store_##type, fp16, 2, false, false)                                                 \
+#define MT_REFRESH(type, fp16)                                                                     \
+  MT_REFRESH_AS(mt_refresh_row_store_##type##_nb2, fp16, 2, true, false)                           \
+  MT_REFRESH_AS(mt_refresh_row_store_##type##_nb4, fp16, 4, true, false)                           \
+  MT_REFRESH_AS(mt_refresh_row_store_##type##_nb8, fp16, 8, true, false)                           \
+  MT_REFRESH_AS(mt_refresh_tensor_store_##type, fp16, 2, false, false)                             \
   MT_REFRESH_AS(mt_refresh_tile_store_##type, fp16, 2, false, true)
 MT_REFRESH(bf16, false)
 MT_REFRESH(fp16, true)

@@ -27,11 +27,13 @@ constexpr float kFltMax = 3.402823466e38f;
 
 /* FP32 of a non-negative |x| given as BF16/FP16 bits (abs bits order like the values; NaN last). */
 template <bool FP16> static __device__ __forceinline__ float abs_bits_to_float(uint32_t h) {
-  if (FP16) return __half2float(__ushort_as_half((unsigned short)h));
+  if (FP16)
+    return __half2float(__ushort_as_half((unsigned short)h));
   return __uint_as_float(h << 16);
 }
 
-template <bool FP16> static __device__ __forceinline__ void unpack(uint32_t w, float &lo, float &hi) {
+template <bool FP16>
+static __device__ __forceinline__ void unpack(uint32_t w, float &lo, float &hi) {
   if (FP16) {
     lo = __half2float(__ushort_as_half((unsigned short)(w & 0xffffu)));
     hi = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
@@ -42,17 +44,21 @@ template <bool FP16> static __device__ __forceinline__ void unpack(uint32_t w, f
 }
 
 /* max |x| of 16 packed elements, as FP32 bits. */
-template <bool FP16> static __device__ __forceinline__ uint32_t block_amax_bits(const uint32_t (&w)[8]) {
+template <bool FP16>
+static __device__ __forceinline__ uint32_t block_amax_bits(const uint32_t (&w)[8]) {
   uint32_t m = 0;
 #pragma unroll
-  for (int i = 0; i < 8; i++) m = __vmaxu2(m, w[i] & 0x7fff7fffu);
+  for (int i = 0; i < 8; i++)
+    m = __vmaxu2(m, w[i] & 0x7fff7fffu);
   return __float_as_uint(abs_bits_to_float<FP16>(max(m & 0xffffu, m >> 16)));
 }
 
 /* mt_nvfp4_outer_scale: NaN for a NaN or Inf amax, 1 for 0, else 2688 / amax clamped. */
 static __device__ __forceinline__ float outer_scale(float amax) {
-  if (!(amax <= kFltMax)) return __uint_as_float(0x7fffffffu);
-  if (amax == 0.0f) return 1.0f;
+  if (!(amax <= kFltMax))
+    return __uint_as_float(0x7fffffffu);
+  if (amax == 0.0f)
+    return 1.0f;
   return fminf(__fdiv_rn(2688.0f, amax), kFltMax);
 }
 
@@ -66,7 +72,8 @@ static __device__ __forceinline__ uint32_t e4m3_rne_satfinite(float v) {
 /* The value of a non-negative, non-NaN E4M3 code (exact in FP32). */
 static __device__ __forceinline__ float e4m3_to_float(uint32_t code) {
   uint32_t exp = code >> 3, man = code & 7u;
-  if (exp == 0) return (float)man * 0x1p-9f;
+  if (exp == 0)
+    return (float)man * 0x1p-9f;
   return __uint_as_float(((exp + 120u) << 23) | (man << 20));
 }
 
@@ -90,17 +97,19 @@ static __device__ __forceinline__ uint32_t e2m1_code(float r) {
 /* One element: v = x * c_b (one rounding), its E2M1 magnitude r, xhat = +-r * s_b (exact). The
  * sign is v's: a NaN v (0 * Inf, when c_b overflowed) is the GPU's canonical positive NaN, so its
  * code is +6 as the reference wants. Returns xhat's FP32 bits (the low 16 are zero). */
-template <bool CODES> static __device__ __forceinline__ uint32_t encode(float x, float c, float sb, uint32_t &code) {
+template <bool CODES>
+static __device__ __forceinline__ uint32_t encode(float x, float c, float sb, uint32_t &code) {
   float v = __fmul_rn(x, c);
   float r = e2m1_round(fabsf(v));
   uint32_t sign = __float_as_uint(v) & 0x80000000u;
-  if (CODES) code = e2m1_code(r) | (sign >> 28);
+  if (CODES)
+    code = e2m1_code(r) | (sign >> 28);
   return __float_as_uint(__fmul_rn(r, sb)) | sign;
 }
 
 template <bool FP16, bool CODES>
-static __device__ __forceinline__ void encode_block(const uint32_t (&w)[8], float c, float sb, uint32_t (&xh)[8],
-                                                    uint32_t (&cd)[2]) {
+static __device__ __forceinline__ void encode_block(const uint32_t (&w)[8], float c, float sb,
+                                                    uint32_t (&xh)[8], uint32_t (&cd)[2]) {
   cd[0] = cd[1] = 0;
 #pragma unroll
   for (int i = 0; i < 8; i++) {
@@ -110,7 +119,8 @@ static __device__ __forceinline__ void encode_block(const uint32_t (&w)[8], floa
     uint32_t bits_lo = encode<CODES>(lo, c, sb, code_lo);
     uint32_t bits_hi = encode<CODES>(hi, c, sb, code_hi);
     xh[i] = __byte_perm(bits_lo, bits_hi, 0x7632); /* the two BF16 halves, low element first */
-    if (CODES) cd[i >> 2] |= (code_lo | (code_hi << 4)) << (8 * (i & 3));
+    if (CODES)
+      cd[i >> 2] |= (code_lo | (code_hi << 4)) << (8 * (i & 3));
   }
 }
 
@@ -122,8 +132,9 @@ static __device__ __forceinline__ float inv_S(float S) { return __frcp_rn(S); }
  * coefficient c_b = 1 / (s_b * (1/S)) (0 for a zero scale), and for each element its xhat (BF16
  * pairs in xh) and, with CODES, its packed codes (element 2i in the low nibble of byte i). */
 template <bool FP16, bool CODES>
-static __device__ __forceinline__ uint32_t block(const uint32_t (&w)[8], uint32_t amax_bits, float s_over_6,
-                                                 float inv_s, uint32_t (&xh)[8], uint32_t (&cd)[2]) {
+static __device__ __forceinline__ uint32_t block(const uint32_t (&w)[8], uint32_t amax_bits,
+                                                 float s_over_6, float inv_s, uint32_t (&xh)[8],
+                                                 uint32_t (&cd)[2]) {
   const uint32_t sb_code = e4m3_rne_satfinite(__fmul_rn(__uint_as_float(amax_bits), s_over_6));
   const float sb = e4m3_to_float(sb_code);
   const float c = sb_code == 0 ? 0.0f : __frcp_rn(__fmul_rn(sb, inv_s));
@@ -137,18 +148,22 @@ static __device__ __forceinline__ uint32_t block(const uint32_t (&w)[8], uint32_
 /* The record's four code words of row r from its blocks b (codes cd0) and b + 1 (cd1): lane 4g + q's
  * word holds the pairs of code bytes q and q + 4 of each block, in the store's bit order
  * (kernels/wstore.h, mt_ws_word). */
-static __device__ __forceinline__ void record_words_of_codes(const uint32_t (&cd0)[2], const uint32_t (&cd1)[2],
-                                                             uint32_t (&word)[4]) {
-  const uint32_t a01 = __byte_perm(cd0[0], cd0[1], 0x5140), a23 = __byte_perm(cd0[0], cd0[1], 0x7362);
-  const uint32_t b01 = __byte_perm(cd1[0], cd1[1], 0x5140), b23 = __byte_perm(cd1[0], cd1[1], 0x7362);
-  word[0] = mt_ws_word(__byte_perm(a01, b01, 0x5410)), word[1] = mt_ws_word(__byte_perm(a01, b01, 0x7632));
-  word[2] = mt_ws_word(__byte_perm(a23, b23, 0x5410)), word[3] = mt_ws_word(__byte_perm(a23, b23, 0x7632));
+static __device__ __forceinline__ void
+record_words_of_codes(const uint32_t (&cd0)[2], const uint32_t (&cd1)[2], uint32_t (&word)[4]) {
+  const uint32_t a01 = __byte_perm(cd0[0], cd0[1], 0x5140),
+                 a23 = __byte_perm(cd0[0], cd0[1], 0x7362);
+  const uint32_t b01 = __byte_perm(cd1[0], cd1[1], 0x5140),
+                 b23 = __byte_perm(cd1[0], cd1[1], 0x7362);
+  word[0] = mt_ws_word(__byte_perm(a01, b01, 0x5410)),
+  word[1] = mt_ws_word(__byte_perm(a01, b01, 0x7632));
+  word[2] = mt_ws_word(__byte_perm(a23, b23, 0x5410)),
+  word[3] = mt_ws_word(__byte_perm(a23, b23, 0x7632));
 }
 
 /* Row r's part of one record (row g of it): its four code words (16 bytes) and its two blocks'
  * scale bytes (mt_ws_scale_byte). */
-static __device__ __forceinline__ void store_record(uint8_t *rec, int g, const uint32_t (&word)[4], uint32_t sc0,
-                                                    uint32_t sc1) {
+static __device__ __forceinline__ void store_record(uint8_t *rec, int g, const uint32_t (&word)[4],
+                                                    uint32_t sc0, uint32_t sc1) {
   *(uint4 *)(rec + 16 * g) = make_uint4(word[0], word[1], word[2], word[3]);
   *(uint16_t *)(rec + 128 + 2 * g) = (uint16_t)(sc0 | sc1 << 8);
 }
@@ -188,7 +203,8 @@ static __device__ __forceinline__ uint32_t e2m1_mag_biased(float a) {
 static __host__ __device__ constexpr uint32_t word_bias_start() {
   uint32_t sum = 0;
   for (uint32_t p = 0; p < 4; p++)
-    sum += (0x4B000000u << ((6u - MT_WS_EM_ROT(p)) & 31u)) + (0x4B000000u << ((22u - MT_WS_EM_ROT(p)) & 31u));
+    sum += (0x4B000000u << ((6u - MT_WS_EM_ROT(p)) & 31u)) +
+           (0x4B000000u << ((22u - MT_WS_EM_ROT(p)) & 31u));
   return 0u - sum;
 }
 
@@ -198,8 +214,9 @@ static __host__ __device__ constexpr uint32_t word_bias_start() {
  * word_bias_start. Sign: x * c_b has x's sign (c_b >= +0, and the product is not NaN), the
  * BF16/FP16 sign bits 15 and 31 of each source word, shifted to the pair's sign positions. */
 template <bool FP16>
-static __device__ __forceinline__ void record_words(const uint32_t (&w0)[8], const uint32_t (&w1)[8], float c0,
-                                                    float c1, uint32_t (&word)[4]) {
+static __device__ __forceinline__ void record_words(const uint32_t (&w0)[8],
+                                                    const uint32_t (&w1)[8], float c0, float c1,
+                                                    uint32_t (&word)[4]) {
 #pragma unroll
   for (int q = 0; q < 4; q++) {
     const uint32_t src[4] = {w0[q], w0[q + 4], w1[q], w1[q + 4]};
@@ -225,8 +242,8 @@ static __device__ __forceinline__ float e4m3_value(uint32_t code) {
 }
 
 /* mt_q::block's scale code and encode coefficient, alone. */
-static __device__ __forceinline__ float block_coef(uint32_t amax_bits, float s_over_6, float inv_s, uint32_t &sb_code,
-                                                   float &sb) {
+static __device__ __forceinline__ float block_coef(uint32_t amax_bits, float s_over_6, float inv_s,
+                                                   uint32_t &sb_code, float &sb) {
   sb_code = e4m3_rne_satfinite(__fmul_rn(__uint_as_float(amax_bits), s_over_6));
   sb = e4m3_value(sb_code);
   return sb_code == 0 ? 0.0f : __frcp_rn(__fmul_rn(sb, inv_s));
@@ -235,9 +252,9 @@ static __device__ __forceinline__ float block_coef(uint32_t amax_bits, float s_o
 /* The record words and scale bytes of a pair of blocks w0, w1 (amax_b amax0, amax1) of a finite
  * domain (S_over_6 and inv_S of its S): the store's bytes for them (kernels/wstore.h). */
 template <bool FP16>
-static __device__ __forceinline__ void record_pair(const uint32_t (&w0)[8], const uint32_t (&w1)[8], uint32_t amax0,
-                                                   uint32_t amax1, float s_over_6, float inv_s, uint32_t (&word)[4],
-                                                   uint32_t &sc0, uint32_t &sc1) {
+static __device__ __forceinline__ void
+record_pair(const uint32_t (&w0)[8], const uint32_t (&w1)[8], uint32_t amax0, uint32_t amax1,
+            float s_over_6, float inv_s, uint32_t (&word)[4], uint32_t &sc0, uint32_t &sc1) {
   uint32_t sb0, sb1;
   float f0, f1; /* the scales' values */
   const float c0 = block_coef(amax0, s_over_6, inv_s, sb0, f0);
@@ -256,10 +273,11 @@ static __device__ __forceinline__ void record_pair(const uint32_t (&w0)[8], cons
 /* 16 bytes of a row: one vector load, or (a pointer array's base, which the host cannot check)
  * eight 2-byte loads where the address is not 16-byte aligned. The same bytes either way. */
 static __device__ __forceinline__ uint4 load16(const char *at, bool loose) {
-  if (!loose || ((uintptr_t)at & 15u) == 0) return *(const uint4 *)at;
+  if (!loose || ((uintptr_t)at & 15u) == 0)
+    return *(const uint4 *)at;
   const uint16_t *h = (const uint16_t *)at;
-  return make_uint4(h[0] | (uint32_t)h[1] << 16, h[2] | (uint32_t)h[3] << 16, h[4] | (uint32_t)h[5] << 16,
-                    h[6] | (uint32_t)h[7] << 16);
+  return make_uint4(h[0] | (uint32_t)h[1] << 16, h[2] | (uint32_t)h[3] << 16,
+                    h[4] | (uint32_t)h[5] << 16, h[6] | (uint32_t)h[7] << 16);
 }
 
 /* max |x| of the row of `cols` elements at src, as FP32 bits, by a warp (lane `lane`), in every lane: four
@@ -272,7 +290,8 @@ static __device__ __forceinline__ uint32_t row_amax_bits(const char *src, int co
     uint4 v[4];
 #pragma unroll
     for (int u = 0; u < 4; u++)
-      v[u] = (c + u * 32 < chunks) ? load16(src + (size_t)(c + u * 32) * 16, LOOSE) : make_uint4(0, 0, 0, 0);
+      v[u] = (c + u * 32 < chunks) ? load16(src + (size_t)(c + u * 32) * 16, LOOSE)
+                                   : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < 4; u++) {
       m = __vmaxu2(m, v[u].x & 0x7fff7fffu);
@@ -281,7 +300,8 @@ static __device__ __forceinline__ uint32_t row_amax_bits(const char *src, int co
       m = __vmaxu2(m, v[u].w & 0x7fff7fffu);
     }
   }
-  return __reduce_max_sync(0xffffffffu, __float_as_uint(abs_bits_to_float<FP16>(max(m & 0xffffu, m >> 16))));
+  return __reduce_max_sync(0xffffffffu,
+                           __float_as_uint(abs_bits_to_float<FP16>(max(m & 0xffffu, m >> 16))));
 }
 
 } // namespace mt_q

@@ -14,14 +14,14 @@
 typedef struct {
   const void *x; /* [rows][cols] BF16 or FP16, row stride ldx elements; 16-byte aligned rows */
   int64_t ldx;
-  int32_t rows, cols;      /* cols % 16 == 0 */
-  int32_t fp16;            /* input is FP16 (else BF16) */
-  int32_t row_outer;       /* one S per row (else one for the matrix, from *amax) */
-  uint16_t *xhat;          /* [rows][cols] BF16 e2m1(code) * scale, row stride cols */
-  uint8_t *codes;          /* [rows][cols/2] or NULL */
-  uint8_t *scales;         /* [rows][cols/16] or NULL */
-  float *outer;            /* S: rows floats or 1 */
-  uint32_t *amax;          /* per-tensor: max |x| as FP32 bits, zeroed then built by the amax kernel */
+  int32_t rows, cols; /* cols % 16 == 0 */
+  int32_t fp16;       /* input is FP16 (else BF16) */
+  int32_t row_outer;  /* one S per row (else one for the matrix, from *amax) */
+  uint16_t *xhat;     /* [rows][cols] BF16 e2m1(code) * scale, row stride cols */
+  uint8_t *codes;     /* [rows][cols/2] or NULL */
+  uint8_t *scales;    /* [rows][cols/16] or NULL */
+  float *outer;       /* S: rows floats or 1 */
+  uint32_t *amax;     /* per-tensor: max |x| as FP32 bits, zeroed then built by the amax kernel */
   const uint32_t *only_if; /* NULL, or a device word read when the kernels run: nothing done when
                               it reads 0 (a per-call refresh's check wrote it); not in the store
                               mode, whose refresh is its own kernel (mt_quantize_refresh) */

@@ -18,15 +18,25 @@ size_t mt_refresh_state_bytes(int slices) { return slices > 0 ? MT_WCHECK_STATE_
 
 /* The check of a weight of rows x cols (row stride ldw) against `state`, sampled by `step`: its
  * dirty word on the device (mt_wcheck_list). */
-static int check(const void *w, size_t ldw, int rows, int cols, void *state, unsigned step, mt_stream stream) {
-  if (!w || !state || rows <= 0 || cols % 16 || ldw % 8 || ((uintptr_t)w & 15)) return MT_ERR_UNSUPPORTED;
-  if (!mt_whash_lines_fit(rows, cols)) return MT_ERR_UNSUPPORTED;
+static int check(const void *w, size_t ldw, int rows, int cols, void *state, unsigned step,
+                 mt_stream stream) {
+  if (!w || !state || rows <= 0 || cols % 16 || ldw % 8 || ((uintptr_t)w & 15))
+    return MT_ERR_UNSUPPORTED;
+  if (!mt_whash_lines_fit(rows, cols))
+    return MT_ERR_UNSUPPORTED;
   CUfunction f;
   int st = mt_kernel_get("wcheck", "mt_wcheck", (CUstream)stream, &f);
-  if (st != MT_OK) return st;
-  mt_wcheck_args a = {
-      .w = w, .ldw = (int64_t)ldw, .rows = rows, .cols = cols, .slices = 1, .step = step ? step : 1, .state = state};
-  return mt_launch(f, CHECK_CTAS, 1, 256, 1, 0, 0, (CUstream)stream, &a) == MT_OK ? MT_OK : MT_ERR_CUDA;
+  if (st != MT_OK)
+    return st;
+  mt_wcheck_args a = {.w = w,
+                      .ldw = (int64_t)ldw,
+                      .rows = rows,
+                      .cols = cols,
+                      .slices = 1,
+                      .step = step ? step : 1,
+                      .state = state};
+  return mt_launch(f, CHECK_CTAS, 1, 256, 1, 0, 0, (CUstream)stream, &a) == MT_OK ? MT_OK
+                                                                                  : MT_ERR_CUDA;
 }
 
 /* The check has stored the new hash as the quantization's: after a failed launch it must not
@@ -34,15 +44,19 @@ static int check(const void *w, size_t ldw, int rows, int cols, void *state, uns
 static void forget(void *state, mt_stream stream) {
   const mt_driver *d = mt_driver_get();
   uint32_t *valid = &mt_wcheck_slices(state)[0].valid;
-  if (d) d->memset_d8_async((CUdeviceptr)valid, 0, sizeof *valid, (CUstream)stream);
+  if (d)
+    d->memset_d8_async((CUdeviceptr)valid, 0, sizeof *valid, (CUstream)stream);
 }
 
-int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state, unsigned step,
-                      mt_stream stream) {
+int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state,
+                      unsigned step, mt_stream stream) {
   int st = mt_quantize_weight_accepts(w, type, ldw, q);
-  if (st == MT_OK) st = check(w, ldw, q->n, q->k, state, step, stream);
-  if (st != MT_OK) return st;
+  if (st == MT_OK)
+    st = check(w, ldw, q->n, q->k, state, step, stream);
+  if (st != MT_OK)
+    return st;
   st = mt_quantize_weight_if(w, type, ldw, q, mt_wcheck_list(state, 1), stream);
-  if (st != MT_OK) forget(state, stream);
+  if (st != MT_OK)
+    forget(state, stream);
   return st;
 }

@@ -30,13 +30,15 @@ __device__ static void finish(const mt_wcheck_args &a) {
     changed = 0;
   }
   __syncthreads();
-  if (!last) return;
+  if (!last)
+    return;
   __threadfence();
   mt_wcheck_slice *sl = mt_wcheck_slices(a.state);
   uint32_t *list = mt_wcheck_list(a.state, a.slices);
   for (int e = threadIdx.x; e < a.slices; e += blockDim.x) {
     const uint64_t sum = *(volatile uint64_t *)&sl[e].sum;
-    if (!sl[e].valid || sum != sl[e].hash) list[1 + atomicAdd(&changed, 1u)] = e;
+    if (!sl[e].valid || sum != sl[e].hash)
+      list[1 + atomicAdd(&changed, 1u)] = e;
     sl[e].hash = sum;
     sl[e].valid = 1;
     sl[e].sum = 0;
@@ -55,7 +57,8 @@ extern "C" __global__ void __launch_bounds__(256) mt_wcheck(const mt_wcheck_args
   // start now, and wait for all of it. A full one streams the weight: they start when it ends.
   // (The check itself is launched in order: launched dependent on the kernel before it, the full
   // check ran 10-20% slower, for a reason not found: lab/NOTES.md, "Launched dependent".)
-  if (a.step > 1) allow_dependents();
+  if (a.step > 1)
+    allow_dependents();
   const mt_wlines g = mt_wlines_of(a.rows, a.cols, a.step);
   const int turns = a.step > 1 ? 1 : 4, lane = threadIdx.x % 32;
   const uint32_t chunk = 32 * turns, chunks = (g.items + chunk - 1) / chunk;
@@ -67,9 +70,12 @@ extern "C" __global__ void __launch_bounds__(256) mt_wcheck(const mt_wcheck_args
     const uint32_t first = (uint32_t)(c - (uint64_t)e * chunks) * chunk + lane;
     uint64_t h = 0;
 #pragma unroll 1
-    for (int u = 0; u < turns; u++) h += mt_item_hash(w, a.ldw, g, a.step, first + u * 32);
-    for (int o = 16; o > 0; o >>= 1) h += __shfl_xor_sync(0xffffffffu, h, o);
-    if (lane == 0 && h) atomicAdd((unsigned long long *)&sl[e].sum, (unsigned long long)h);
+    for (int u = 0; u < turns; u++)
+      h += mt_item_hash(w, a.ldw, g, a.step, first + u * 32);
+    for (int o = 16; o > 0; o >>= 1)
+      h += __shfl_xor_sync(0xffffffffu, h, o);
+    if (lane == 0 && h)
+      atomicAdd((unsigned long long *)&sl[e].sum, (unsigned long long)h);
   }
   finish(a);
 }

@@ -37,8 +37,10 @@ typedef struct {
   uint32_t pad;
 } mt_wcheck_slice;
 
-#define MT_WCHECK_STATE_BYTES(slices)                                                                                  \
-  ((sizeof(mt_wcheck_head) + (size_t)(slices) * sizeof(mt_wcheck_slice) + 4 * (1 + (size_t)(slices)) + 7) / 8 * 8)
+#define MT_WCHECK_STATE_BYTES(slices)                                                              \
+  ((sizeof(mt_wcheck_head) + (size_t)(slices) * sizeof(mt_wcheck_slice) +                          \
+    4 * (1 + (size_t)(slices)) + 7) /                                                              \
+   8 * 8)
 
 MT_HD mt_wcheck_slice *mt_wcheck_slices(void *state) {
   return (mt_wcheck_slice *)((char *)state + sizeof(mt_wcheck_head));
@@ -47,7 +49,9 @@ MT_HD mt_wcheck_slice *mt_wcheck_slices(void *state) {
 /* The slices to requantize, as the last per-call check left them: their number n, then n slice
  * numbers (in no particular order): the slices it found changed (or never quantized). For a weight
  * of one slice, [0] is its dirty word. */
-MT_HD uint32_t *mt_wcheck_list(void *state, int slices) { return (uint32_t *)(mt_wcheck_slices(state) + slices); }
+MT_HD uint32_t *mt_wcheck_list(void *state, int slices) {
+  return (uint32_t *)(mt_wcheck_slices(state) + slices);
+}
 
 typedef struct {
   /* slices back to back: slice e's [rows][cols] BF16 or FP16 (the hash reads bits only) at

@@ -22,7 +22,8 @@ MT_HD int mt_whash_lines_fit(int rows, int cols) {
 /* The items a check of `lines` lines walks: every line, or MT_WHASH_RUN lines of each group of
  * step runs. */
 MT_HD uint64_t mt_whash_items(uint64_t lines, uint32_t step) {
-  if (step <= 1) return lines;
+  if (step <= 1)
+    return lines;
   const uint64_t runs = (lines + MT_WHASH_RUN - 1) / MT_WHASH_RUN;
   return (runs + step - 1) / step * MT_WHASH_RUN;
 }
@@ -31,7 +32,8 @@ MT_HD uint64_t mt_whash_items(uint64_t lines, uint32_t step) {
  * takes one run of its step runs, the group's number mixed so that the sample moves across the
  * columns from group to group. Shared with the CPU tests. */
 MT_HD uint64_t mt_whash_line(uint64_t item, uint32_t step) {
-  if (step <= 1) return item;
+  if (step <= 1)
+    return item;
   const uint64_t g = item / MT_WHASH_RUN;
   const uint64_t run = g * step + (uint32_t)((g * 0x9E3779B97F4A7C15ull) >> 40) % step;
   return run * MT_WHASH_RUN + item % MT_WHASH_RUN;

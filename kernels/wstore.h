@@ -41,7 +41,8 @@
 #define MT_WS_SECTION(b) ((((size_t)(b)) + 255) / 256 * 256)
 /* outer scales: n floats (per row) or one; the per-tensor amax word of the quantizer after it */
 #define MT_WS_OUTER_BYTES(n, row) MT_WS_SECTION(((row) ? (size_t)(n) : 2) * 4)
-#define MT_WS_SLICE_BYTES(n, k, row) (MT_WS_SECTION(MT_WS_RECORD_BYTES(n, k)) + MT_WS_OUTER_BYTES(n, row))
+#define MT_WS_SLICE_BYTES(n, k, row)                                                               \
+  (MT_WS_SECTION(MT_WS_RECORD_BYTES(n, k)) + MT_WS_OUTER_BYTES(n, row))
 
 /* The code word. Code (s e1 e0 m) of E2M1 value v decodes, put in BF16 bits at sign 15 and
  * e1 e0 m at 8 7 6 (the exponent field's low bits and the mantissa's top), as v * 2^-126: for
@@ -61,14 +62,15 @@
 /* The store's word of pair p's codes lo (element 2i) and hi (2i + 1), each sign in bit 3. */
 MT_HD uint32_t mt_ws_pair_bits(int p, uint32_t lo, uint32_t hi) {
   const uint32_t em = MT_WS_EM_ROT(p), sg = MT_WS_SIGN_ROT(p);
-  return (lo & 7u) << ((6u - em) & 31u) | (hi & 7u) << ((22u - em) & 31u) | (lo >> 3 & 1u) << (15u - sg) |
-         (hi >> 3 & 1u) << (31u - sg);
+  return (lo & 7u) << ((6u - em) & 31u) | (hi & 7u) << ((22u - em) & 31u) |
+         (lo >> 3 & 1u) << (15u - sg) | (hi >> 3 & 1u) << (31u - sg);
 }
 
 /* The store's word of four pairs given as bytes (byte p: pair p's low code in the low nibble). */
 MT_HD uint32_t mt_ws_word(uint32_t pairs) {
   uint32_t w = 0;
-  for (int p = 0; p < 4; p++) w |= mt_ws_pair_bits(p, pairs >> (8 * p) & 15u, pairs >> (8 * p + 4) & 15u);
+  for (int p = 0; p < 4; p++)
+    w |= mt_ws_pair_bits(p, pairs >> (8 * p) & 15u, pairs >> (8 * p + 4) & 15u);
   return w;
 }
 
@@ -82,8 +84,10 @@ MT_HD uint32_t mt_ws_word(uint32_t pairs) {
 #define MT_WS_SCALE_BF16 (237u << 7) /* 2^110: the BF16 of 2^-9 * 2^119 */
 #define MT_WS_WEIGHT_SHIFT 7         /* the decoded weights are the dequantized ones * 2^-7 */
 MT_HD uint32_t mt_ws_scale_byte(uint32_t bits) {
-  if ((bits & 0x7fffffffu) == 0) return 0;
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return 148;
+  if ((bits & 0x7fffffffu) == 0)
+    return 0;
+  if ((bits & 0x7fffffffu) > 0x7f800000u)
+    return 148;
   return (bits >> 20) - (118u << 3);
 }
 

@@ -7,13 +7,13 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                                                          \
-  do {                                                                                                                 \
-    cudaError_t e_ = (x);                                                                                              \
-    if (e_ != cudaSuccess) {                                                                                           \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);                                  \
-      exit(1);                                                                                                         \
-    }                                                                                                                  \
+#define CK(x)                                                                                      \
+  do {                                                                                             \
+    cudaError_t e_ = (x);                                                                          \
+    if (e_ != cudaSuccess) {                                                                       \
+      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);              \
+      exit(1);                                                                                     \
+    }                                                                                              \
   } while (0)
 
 static double median(std::vector<double> v) {
@@ -32,7 +32,8 @@ template <class F> static double graph_us_per_launch(int launches, F enqueue) {
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < launches; i++) enqueue(st, i);
+  for (int i = 0; i < launches; i++)
+    enqueue(st, i);
   CK(cudaStreamEndCapture(st, &graph));
   CK(cudaGraphInstantiate(&exec, graph, 0));
   CK(cudaGraphLaunch(exec, st));
@@ -59,7 +60,8 @@ template <class F> static double graph_us_per_launch(int launches, F enqueue) {
 static inline uint16_t *random_bf16(size_t count) {
   static std::vector<uint16_t> h;
   if (h.empty())
-    for (int i = 0; i < 1 << 20; i++) h.push_back((uint16_t)(0x3f00 + rand() % 0x100));
+    for (int i = 0; i < 1 << 20; i++)
+      h.push_back((uint16_t)(0x3f00 + rand() % 0x100));
   uint16_t *d;
   CK(cudaMalloc(&d, count * 2));
   for (size_t at = 0; at < count; at += h.size())

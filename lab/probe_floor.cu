@@ -46,14 +46,16 @@
 #include "lab/probe_tma.cuh"
 
 constexpr int EXPERTS = 128, BN = 32;
-constexpr int A_SMEM = 64 * 128, B_SMEM = BN * 128; // one 64-wide K block: 64 token rows, BN channels
-constexpr int A_BYTES = 8 * 128, W_BYTES = B_SMEM;  // what is loaded: 8 token rows, the BN channels
+constexpr int A_SMEM = 64 * 128,
+              B_SMEM = BN * 128; // one 64-wide K block: 64 token rows, BN channels
+constexpr int A_BYTES = 8 * 128, W_BYTES = B_SMEM; // what is loaded: 8 token rows, the BN channels
 constexpr int SMEM = 1024 + A_SMEM + B_SMEM;
 enum { LAUNCH, LOADS, CHAIN, FLOOR };
 static const char *const mode_names[] = {"launch", "loads", "chain", "floor"};
 
 template <int MODE>
-__global__ void __launch_bounds__(128) ideal(const uint8_t *w, size_t w_cta, const uint8_t *x, int steps, float *y) {
+__global__ void __launch_bounds__(128)
+    ideal(const uint8_t *w, size_t w_cta, const uint8_t *x, int steps, float *y) {
   constexpr bool LOAD = MODE == LOADS || MODE == FLOOR, MMA = MODE == CHAIN || MODE == FLOOR;
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -78,15 +80,18 @@ __global__ void __launch_bounds__(128) ideal(const uint8_t *w, size_t w_cta, con
   }
   float d[BN / 2];
 #pragma unroll
-  for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+  for (int i = 0; i < BN / 2; i++)
+    d[i] = 0.0f;
   if (MMA) {
     const uint64_t da = desc_sw128(smem_u32(smem)), db = desc_sw128(smem_u32(smem) + A_SMEM);
 #pragma unroll 1 // unrolled, ptxas serializes the groups (C7515)
     for (int s = 0; s < steps; s += 8) {
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-      for (int kk = 0; kk < 8; kk++) mt_wgmma_m64n32k16(d, da + 2 * (kk % 4), db + 2 * (kk % 4));
-      asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+      for (int kk = 0; kk < 8; kk++)
+        mt_wgmma_m64n32k16(d, da + 2 * (kk % 4), db + 2 * (kk % 4));
+      asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 1;\n" ::
+                       : "memory");
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
   }
@@ -94,7 +99,8 @@ __global__ void __launch_bounds__(128) ideal(const uint8_t *w, size_t w_cta, con
 }
 
 enum { BULK, TMAP_PARAM, TMAP_GLOBAL, TMAP_SECOND, KINDS };
-static const char *const kind_names[] = {"bulk copy", "TMA, map a parameter", "TMA, map in global memory",
+static const char *const kind_names[] = {"bulk copy", "TMA, map a parameter",
+                                         "TMA, map in global memory",
                                          "TMA, map a parameter, its second load"};
 
 // ns from a CTA's first weight request to its data in shared memory (KIND above), into lat;
@@ -103,12 +109,13 @@ static const char *const kind_names[] = {"bulk copy", "TMA, map a parameter", "T
 // descriptor's fetch (not yet run)
 template <int KIND>
 __global__ void __launch_bounds__(128)
-    first_load(const uint8_t *w, size_t w_cta, const __grid_constant__ CUtensorMap tw, const CUtensorMap *tw_global,
-               unsigned long long *lat) {
+    first_load(const uint8_t *w, size_t w_cta, const __grid_constant__ CUtensorMap tw,
+               const CUtensorMap *tw_global, unsigned long long *lat) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   __shared__ uint64_t bar;
-  if (threadIdx.x != 0) return;
+  if (threadIdx.x != 0)
+    return;
   mbar_init(&bar, 1);
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   int phase = 0;
@@ -123,7 +130,8 @@ __global__ void __launch_bounds__(128)
   if (KIND == BULK)
     bulk_load(smem, w + blockIdx.x * w_cta, W_BYTES, &bar);
   else
-    tma_load_2d(smem, KIND == TMAP_GLOBAL ? tw_global : &tw, &bar, KIND == TMAP_SECOND ? 64 : 0, blockIdx.x * BN);
+    tma_load_2d(smem, KIND == TMAP_GLOBAL ? tw_global : &tw, &bar, KIND == TMAP_SECOND ? 64 : 0,
+                blockIdx.x * BN);
   mbar_wait(&bar, phase);
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1)::"memory");
   lat[blockIdx.x] = t1 - t0;
@@ -136,7 +144,8 @@ struct shape {
 
 // µs a launch of ideal<MODE> on sh, weights of expert l % EXPERTS, with or without PDL
 template <int MODE>
-static double time_ideal(const shape &sh, uint16_t *const *w, const uint16_t *x, float *y, bool pdl) {
+static double time_ideal(const shape &sh, uint16_t *const *w, const uint16_t *x, float *y,
+                         bool pdl) {
   const int grid = sh.n / BN;
   CK(cudaFuncSetAttribute(ideal<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
   cudaLaunchAttribute attr;
@@ -151,19 +160,19 @@ static double time_ideal(const shape &sh, uint16_t *const *w, const uint16_t *x,
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     // each CTA's first bytes are its own channels' (rows of K BF16)
-    CK(cudaLaunchKernelEx(&cfg, ideal<MODE>, (const uint8_t *)w[l % EXPERTS], (size_t)BN * sh.k * 2, (const uint8_t *)x,
-                          sh.k / 16, y));
+    CK(cudaLaunchKernelEx(&cfg, ideal<MODE>, (const uint8_t *)w[l % EXPERTS], (size_t)BN * sh.k * 2,
+                          (const uint8_t *)x, sh.k / 16, y));
   });
 }
 
-static double time_cublas(cublasHandle_t blas, const shape &sh, int m, uint16_t *const *w, const uint16_t *x,
-                          uint16_t *yb) {
+static double time_cublas(cublasHandle_t blas, const shape &sh, int m, uint16_t *const *w,
+                          const uint16_t *x, uint16_t *yb) {
   const float alpha = 1.0f, beta = 0.0f;
   auto call = [&](cudaStream_t st, int l) {
     cublasSetStream(blas, st);
-    cublasStatus_t s =
-        cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.n, m, sh.k, &alpha, w[l % EXPERTS], CUDA_R_16BF, sh.k, x,
-                     CUDA_R_16BF, sh.k, &beta, yb, CUDA_R_16BF, sh.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t s = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.n, m, sh.k, &alpha,
+                                    w[l % EXPERTS], CUDA_R_16BF, sh.k, x, CUDA_R_16BF, sh.k, &beta,
+                                    yb, CUDA_R_16BF, sh.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS) {
       printf("cublasGemmEx %s m=%d: status %d\n", sh.name, m, (int)s);
       exit(1);
@@ -181,18 +190,20 @@ static double time_cublas(cublasHandle_t blas, const shape &sh, int m, uint16_t 
 static void first_loads(const shape &sh, uint16_t *const *w, unsigned long long *lat) {
   static CUtensorMap maps[EXPERTS];
   CUtensorMap *dev_maps;
-  for (int e = 0; e < EXPERTS; e++) maps[e] = tensor_map(w[e], sh.n, sh.k, BN);
+  for (int e = 0; e < EXPERTS; e++)
+    maps[e] = tensor_map(w[e], sh.n, sh.k, BN);
   CK(cudaMalloc(&dev_maps, sizeof maps));
   CK(cudaMemcpy(dev_maps, maps, sizeof maps, cudaMemcpyHostToDevice));
   const int grid = sh.n / BN;
-  void (*kernels[KINDS])(const uint8_t *, size_t, const CUtensorMap, const CUtensorMap *, unsigned long long *) = {
-      first_load<BULK>, first_load<TMAP_PARAM>, first_load<TMAP_GLOBAL>, first_load<TMAP_SECOND>};
+  void (*kernels[KINDS])(const uint8_t *, size_t, const CUtensorMap, const CUtensorMap *,
+                         unsigned long long *) = {first_load<BULK>, first_load<TMAP_PARAM>,
+                                                  first_load<TMAP_GLOBAL>, first_load<TMAP_SECOND>};
   printf("%-14s first weights (%d B a CTA, no PDL):", sh.name, W_BYTES);
   for (int kind = 0; kind < KINDS; kind++) {
     CK(cudaFuncSetAttribute(kernels[kind], cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
     double us = graph_us_per_launch(EXPERTS, [&](cudaStream_t st, int l) {
-      kernels[kind]<<<grid, 128, SMEM, st>>>((const uint8_t *)w[l % EXPERTS], (size_t)BN * sh.k * 2, maps[l % EXPERTS],
-                                             dev_maps + l % EXPERTS, lat);
+      kernels[kind]<<<grid, 128, SMEM, st>>>((const uint8_t *)w[l % EXPERTS], (size_t)BN * sh.k * 2,
+                                             maps[l % EXPERTS], dev_maps + l % EXPERTS, lat);
     });
     CK(cudaGetLastError());
     std::vector<unsigned long long> h(grid);
@@ -225,7 +236,8 @@ int main() {
   CK(cudaMalloc(&y, 7168 / BN * 128 * sizeof(float)));
   int clock_khz;
   CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
-  printf("ideal kernel: %d threads a CTA, one per %d channels; us a launch, graphs of %d launches over %d experts, "
+  printf("ideal kernel: %d threads a CTA, one per %d channels; us a launch, graphs of %d launches "
+         "over %d experts, "
          "median of 5 replays\n",
          128, BN, EXPERTS, EXPERTS);
   for (const shape &sh : shapes) {
@@ -236,7 +248,8 @@ int main() {
       CK(cudaMalloc(&w[e], elems * 2));
       CK(cudaMemcpy(w[e], w[0], elems * 2, cudaMemcpyDeviceToDevice));
     }
-    const double blas1 = time_cublas(blas, sh, 1, w, x, yb), blas16 = time_cublas(blas, sh, 16, w, x, yb);
+    const double blas1 = time_cublas(blas, sh, 1, w, x, yb),
+                 blas16 = time_cublas(blas, sh, 16, w, x, yb);
     double t[2][4];
     for (int pdl = 0; pdl < 2; pdl++) {
       t[pdl][LAUNCH] = time_ideal<LAUNCH>(sh, w, x, y, pdl);
@@ -245,18 +258,24 @@ int main() {
       t[pdl][FLOOR] = time_ideal<FLOOR>(sh, w, x, y, pdl);
     }
     const double nvfp4_bytes = (double)sh.n * sh.k * 9 / 16; // e2m1 codes + one e4m3 scale per 16
-    printf("%-14s %4dx%-4d %3d CTAs, %3d steps | cuBLAS M=1 %6.2f, M=16 %6.2f; target (cuBLAS / 3) %5.2f, %5.2f | "
+    printf("%-14s %4dx%-4d %3d CTAs, %3d steps | cuBLAS M=1 %6.2f, M=16 %6.2f; target (cuBLAS / 3) "
+           "%5.2f, %5.2f | "
            "NVFP4 weights at 3.85 TB/s %5.2f\n",
-           sh.name, sh.n, sh.k, sh.n / BN, sh.k / 16, blas1, blas16, blas1 / 3, blas16 / 3, nvfp4_bytes / 3.85e6);
+           sh.name, sh.n, sh.k, sh.n / BN, sh.k / 16, blas1, blas16, blas1 / 3, blas16 / 3,
+           nvfp4_bytes / 3.85e6);
     for (int pdl = 0; pdl < 2; pdl++) {
       printf("%-14s %-6s", sh.name, pdl ? "PDL" : "no PDL");
-      for (int md = 0; md < 4; md++) printf(" %s %6.2f", mode_names[md], t[pdl][md]);
-      printf(" | floor / target: M=1 %.2f, M=16 %.2f\n", t[pdl][FLOOR] / (blas1 / 3), t[pdl][FLOOR] / (blas16 / 3));
+      for (int md = 0; md < 4; md++)
+        printf(" %s %6.2f", mode_names[md], t[pdl][md]);
+      printf(" | floor / target: M=1 %.2f, M=16 %.2f\n", t[pdl][FLOOR] / (blas1 / 3),
+             t[pdl][FLOOR] / (blas16 / 3));
     }
     first_loads(sh, w, lat);
-    for (int e = 0; e < EXPERTS; e++) CK(cudaFree(w[e]));
+    for (int e = 0; e < EXPERTS; e++)
+      CK(cudaFree(w[e]));
   }
-  printf("(device clock attribute %.2f GHz; the chain's steps run at the SM clock of the moment)\n", clock_khz / 1e6);
+  printf("(device clock attribute %.2f GHz; the chain's steps run at the SM clock of the moment)\n",
+         clock_khz / 1e6);
   cublasDestroy(blas);
   return 0;
 }

@@ -37,8 +37,9 @@ static float e2m1v(int c) {
   return (c & 8 ? -1 : 1) * v[c & 7];
 }
 static float rand_e4m3(void) {
-  int e = rand() % 15 - 6, m = rand() % 8;                      // normal e4m3: 2^e * (1 + m/8), e in [-6, 8]
-  if (rand() % 16 == 0) return ldexpf((float)(rand() % 8), -9); // subnormal (or 0)
+  int e = rand() % 15 - 6, m = rand() % 8; // normal e4m3: 2^e * (1 + m/8), e in [-6, 8]
+  if (rand() % 16 == 0)
+    return ldexpf((float)(rand() % 8), -9); // subnormal (or 0)
   return ldexpf(1.0f + m / 8.0f, e);
 }
 
@@ -46,7 +47,8 @@ static void fill_nvfp4(std::vector<uint16_t> &x, int rows) {
   for (int r = 0; r < rows; r++)
     for (int b = 0; b < K / 16; b++) {
       float s = rand_e4m3();
-      for (int i = 0; i < 16; i++) x[(size_t)r * K + b * 16 + i] = f2bf(e2m1v(rand() % 16) * s);
+      for (int i = 0; i < 16; i++)
+        x[(size_t)r * K + b * 16 + i] = f2bf(e2m1v(rand() % 16) * s);
     }
 }
 
@@ -54,7 +56,9 @@ __device__ static uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_gen
 
 // 128B-swizzled K-major tile of `rows` x 64 BF16 (1024-byte aligned): the layout TMA writes with
 // CU_TENSOR_MAP_SWIZZLE_128B and wgmma reads with layout type 1.
-__device__ static uint32_t swz(int r, int k) { return r * 128 + ((((k * 2) >> 4) ^ (r & 7)) << 4) + ((k * 2) & 15); }
+__device__ static uint32_t swz(int r, int k) {
+  return r * 128 + ((((k * 2) >> 4) ^ (r & 7)) << 4) + ((k * 2) & 15);
+}
 
 __device__ static uint64_t desc128(uint32_t addr) {
   uint64_t d = 0;
@@ -73,7 +77,8 @@ __global__ void __launch_bounds__(128) k_wgmma_ss(const uint16_t *A, const uint1
   uint8_t *sa = (uint8_t *)(((uintptr_t)smem + 1023) & ~(uintptr_t)1023);
   uint8_t *sb = sa + 64 * 128;
   float d[128];
-  for (int i = 0; i < 128; i++) d[i] = 0.f;
+  for (int i = 0; i < 128; i++)
+    d[i] = 0.f;
   int t = threadIdx.x;
   for (int k0 = 0; k0 < K; k0 += 64) {
     for (int i = t; i < 64 * 64; i += 128) {
@@ -91,7 +96,8 @@ __global__ void __launch_bounds__(128) k_wgmma_ss(const uint16_t *A, const uint1
       uint64_t da = desc128(smem_u32(sa) + kk * 32), db = desc128(smem_u32(sb) + kk * 32);
       mt_wgmma_m64n256k16(d, da, db);
     }
-    asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::
+                     : "memory");
     __syncthreads();
   }
   int w = t / 32, l = t % 32, g = l / 4, q = l % 4;
@@ -117,10 +123,10 @@ __global__ void __launch_bounds__(128) k_mma_sync(const uint16_t *A, const uint1
     ra[3] = *(const uint32_t *)(a1 + k0 + 2 * q + 8);
     rb[0] = *(const uint32_t *)(b0 + k0 + 2 * q);
     rb[1] = *(const uint32_t *)(b0 + k0 + 2 * q + 8);
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]));
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]));
   }
   int r = 16 * w + g, col = 8 * nt + 2 * q;
   D[r * N + col] = d[0];
@@ -131,7 +137,8 @@ __global__ void __launch_bounds__(128) k_mma_sync(const uint16_t *A, const uint1
 
 // (1c) wgmma m64n8k16 RS: A from registers (the mma.sync fragment per warp), B (8 columns) from
 // shared memory, swizzled like (1a); grid of 32 CTAs, one per 8 columns.
-__global__ void __launch_bounds__(128) k_wgmma_rs(const uint16_t *A, const uint16_t *B, float *D, long long *cycles) {
+__global__ void __launch_bounds__(128)
+    k_wgmma_rs(const uint16_t *A, const uint16_t *B, float *D, long long *cycles) {
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t *sb = (uint8_t *)(((uintptr_t)smem + 1023) & ~(uintptr_t)1023);
   int t = threadIdx.x, w = t / 32, l = t % 32, g = l / 4, q = l % 4, nt = blockIdx.x;
@@ -153,15 +160,16 @@ __global__ void __launch_bounds__(128) k_wgmma_rs(const uint16_t *A, const uint1
     ra[2] = *(const uint32_t *)(a0 + k0 + 2 * q + 8);
     ra[3] = *(const uint32_t *)(a1 + k0 + 2 * q + 8);
     uint64_t db = desc128(smem_u32(sb) + (k0 / 64) * 1024 + (k0 % 64) * 2);
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "l"(db));
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "l"(db));
   }
   asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
   long long t1 = clock64();
-  if (t == 0) cycles[nt] = t1 - t0;
+  if (t == 0)
+    cycles[nt] = t1 - t0;
   int r = 16 * w + g, col = 8 * nt + 2 * q;
   D[r * N + col] = d[0];
   D[r * N + col + 1] = d[1];
@@ -175,13 +183,14 @@ __global__ void k_mma_chain(float *out, long long *cycles) {
   float d[4] = {0, 0, 0, 0};
   long long t0 = clock64();
   for (int i = 0; i < K / 16; i++)
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%4,%4,%4}, {%5,%5}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a), "r"(b));
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%4,%4,%4}, {%5,%5}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a), "r"(b));
   long long t1 = clock64();
   out[threadIdx.x] = d[0] + d[1] + d[2] + d[3];
-  if (threadIdx.x == 0) *cycles = t1 - t0;
+  if (threadIdx.x == 0)
+    *cycles = t1 - t0;
 }
 
 static int compare(const char *name, const float *x, const float *ref, int n) {
@@ -191,7 +200,8 @@ static int compare(const char *name, const float *x, const float *ref, int n) {
     memcpy(&a, &x[i], 4);
     memcpy(&b, &ref[i], 4);
     if (a != b) {
-      if (diff < 3) printf("  %s differs at %d: %.9g vs %.9g\n", name, i, x[i], ref[i]);
+      if (diff < 3)
+        printf("  %s differs at %d: %.9g vs %.9g\n", name, i, x[i], ref[i]);
       diff++;
     }
   }
@@ -227,10 +237,12 @@ int main() {
   CK(cudaMemcpy(dA, hA.data(), hA.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dB, hB.data(), hB.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemset(dD, 0xff, M * N * 4 * 3));
-  CK(cudaFuncSetAttribute(k_wgmma_ss, cudaFuncAttributeMaxDynamicSharedMemorySize, 1024 + 320 * 128));
+  CK(cudaFuncSetAttribute(k_wgmma_ss, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          1024 + 320 * 128));
   k_mma_sync<<<32, 128>>>(dA, dB, dD);
   k_wgmma_ss<<<1, 128, 1024 + 320 * 128>>>(dA, dB, dD + M * N);
-  CK(cudaFuncSetAttribute(k_wgmma_rs, cudaFuncAttributeMaxDynamicSharedMemorySize, 1024 + 8 * K * 2));
+  CK(cudaFuncSetAttribute(k_wgmma_rs, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          1024 + 8 * K * 2));
   k_wgmma_rs<<<32, 128, 1024 + 8 * K * 2>>>(dA, dB, dD + 2 * M * N, dcy);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
@@ -245,13 +257,15 @@ int main() {
       printf("  mma.sync out of bound at %d: %.9g vs %.9g\n", i, hD[i], ref[i]);
       break;
     }
-    if (bound > 0 && e / bound > worst) worst = e / bound;
+    if (bound > 0 && e / bound > worst)
+      worst = e / bound;
   }
   printf("mma.sync vs double reference: worst error / bound = %.3f\n", worst);
   compare("wgmma m64n256k16 SS", &hD[M * N], &hD[0], M * N);
   compare("wgmma m64n8k16 RS", &hD[2 * M * N], &hD[0], M * N);
-  printf("wgmma m64n8k16 RS chain: %lld cycles for %d steps (%.1f per step, incl. global A loads)\n", cy[0], K / 16,
-         (double)cy[0] / (K / 16));
+  printf(
+      "wgmma m64n8k16 RS chain: %lld cycles for %d steps (%.1f per step, incl. global A loads)\n",
+      cy[0], K / 16, (double)cy[0] / (K / 16));
   float *dout;
   CK(cudaMalloc(&dout, 128 * 4));
   k_mma_chain<<<1, 32>>>(dout, dcy);

@@ -20,12 +20,12 @@
 #include <ctime>
 #include <vector>
 
-#define CK(x)                                                                                                          \
-  do {                                                                                                                 \
-    if ((x) != 0) {                                                                                                    \
-      std::printf("%s failed at line %d\n", #x, __LINE__);                                                             \
-      return 1;                                                                                                        \
-    }                                                                                                                  \
+#define CK(x)                                                                                      \
+  do {                                                                                             \
+    if ((x) != 0) {                                                                                \
+      std::printf("%s failed at line %d\n", #x, __LINE__);                                         \
+      return 1;                                                                                    \
+    }                                                                                              \
   } while (0)
 
 __global__ void empty() {}
@@ -37,7 +37,8 @@ __global__ void spin(unsigned ns) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   unsigned long long t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  do
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   while (t - t0 < ns);
 }
 
@@ -61,9 +62,12 @@ static double host_ns(int what, CUevent ev, cudaStream_t s1, cudaStream_t s2) {
     cuEventRecord(ev, (CUstream)s1);
     double t0 = now_ns();
     for (int i = 0; i < CALLS; i++) {
-      if (what == 0) cuEventRecord(ev, (CUstream)s1);
-      if (what == 1) cuStreamWaitEvent((CUstream)s2, ev, 0);
-      if (what == 2) empty<<<1, 32, 0, s1>>>();
+      if (what == 0)
+        cuEventRecord(ev, (CUstream)s1);
+      if (what == 1)
+        cuStreamWaitEvent((CUstream)s2, ev, 0);
+      if (what == 2)
+        empty<<<1, 32, 0, s1>>>();
     }
     rounds.push_back((now_ns() - t0) / CALLS);
     cudaDeviceSynchronize();
@@ -77,7 +81,8 @@ static double chain_us(bool records, CUevent ev, cudaStream_t s) {
   pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(1), cfg.blockDim = dim3(32), cfg.stream = s, cfg.attrs = &pdl, cfg.numAttrs = 1;
+  cfg.gridDim = dim3(1), cfg.blockDim = dim3(32), cfg.stream = s, cfg.attrs = &pdl,
+  cfg.numAttrs = 1;
   cudaEvent_t a, b;
   cudaEventCreate(&a), cudaEventCreate(&b);
   std::vector<double> runs;
@@ -85,7 +90,8 @@ static double chain_us(bool records, CUevent ev, cudaStream_t s) {
     cudaEventRecord(a, s);
     for (int i = 0; i < CHAIN; i++) {
       cudaLaunchKernelEx(&cfg, spin, 2000u);
-      if (records) cuEventRecord(ev, (CUstream)s);
+      if (records)
+        cuEventRecord(ev, (CUstream)s);
     }
     cudaEventRecord(b, s);
     cudaEventSynchronize(b);
@@ -106,8 +112,8 @@ int main() {
   CK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
   empty<<<1, 32, 0, s1>>>();
   CK(cudaDeviceSynchronize());
-  std::printf("host ns a call: cuEventRecord %.0f, cuStreamWaitEvent %.0f, empty launch %.0f\n", host_ns(0, ev, s1, s2),
-              host_ns(1, ev, s1, s2), host_ns(2, ev, s1, s2));
+  std::printf("host ns a call: cuEventRecord %.0f, cuStreamWaitEvent %.0f, empty launch %.0f\n",
+              host_ns(0, ev, s1, s2), host_ns(1, ev, s1, s2), host_ns(2, ev, s1, s2));
   chain_us(false, ev, s1); // warm-up
   const double plain = chain_us(false, ev, s1), recorded = chain_us(true, ev, s1);
   std::printf("chain of %d PDL kernels of ~2 us: %.0f us, with a record between each two: %.0f us "

@@ -39,8 +39,11 @@ constexpr int STEPS = 128, SMEM = 1024 + 64 * 128 + 256 * 128, RING = 4;
 enum { KBLOCK, ONE_GROUP, RING_ZERO, RING_RAND, RING_MBAR, RING_WRITES };
 
 // a ring stage: G A blocks (64 rows) then G B blocks (N rows), 128 bytes a row
-template <int N, int G> __host__ __device__ constexpr int stage_bytes() { return G * (64 + N) * 128; }
-constexpr int PIECE = 24576, PIECES = 32, SLOTS = 4; // the "writes" rows' copies and their source buffer
+template <int N, int G> __host__ __device__ constexpr int stage_bytes() {
+  return G * (64 + N) * 128;
+}
+constexpr int PIECE = 24576, PIECES = 32,
+              SLOTS = 4; // the "writes" rows' copies and their source buffer
 template <int N, int G> __host__ __device__ constexpr int ring_smem() {
   return 1024 + RING * stage_bytes<N, G>() + 64 + SLOTS * PIECE;
 }
@@ -49,11 +52,13 @@ template <int N, int G> __host__ __device__ constexpr int ring_smem() {
 __device__ static bool mbar_wait_bounded(uint64_t *bar, int parity) {
   for (int n = 0; n < 1 << 24; n++) {
     uint32_t done;
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], "
+                 "%2;\nselp.u32 %0, 1, 0, p;\n}\n"
                  : "=r"(done)
                  : "r"(smem_u32(bar)), "r"(parity)
                  : "memory");
-    if (done) return true;
+    if (done)
+      return true;
   }
   return false;
 }
@@ -61,25 +66,31 @@ __device__ static bool mbar_wait_bounded(uint64_t *bar, int parity) {
 // the "writes" rows' copier: pieces into SLOTS slots after the ring until the consumer says stop;
 // returns the pieces copied (-1, -2: a wait gave up)
 template <int PACE>
-__device__ static int copy_pieces(uint8_t *slots, uint64_t *bars, volatile int *stop, const uint8_t *src) {
+__device__ static int copy_pieces(uint8_t *slots, uint64_t *bars, volatile int *stop,
+                                  const uint8_t *src) {
   int i = 0;
   long long next = clock64();
   for (; !*stop && i < 1 << 20; i++) {
-    if (i >= SLOTS && !mbar_wait_bounded(&bars[i % SLOTS], ((i - SLOTS) / SLOTS) & 1)) return -1;
+    if (i >= SLOTS && !mbar_wait_bounded(&bars[i % SLOTS], ((i - SLOTS) / SLOTS) & 1))
+      return -1;
     while (PACE && clock64() < next) {
     }
     next += PACE;
     mbar_arrive_expect_tx(&bars[i % SLOTS], PIECE);
-    bulk_load(slots + (i % SLOTS) * PIECE, src + (size_t)(i % PIECES) * PIECE, PIECE, &bars[i % SLOTS]);
+    bulk_load(slots + (i % SLOTS) * PIECE, src + (size_t)(i % PIECES) * PIECE, PIECE,
+              &bars[i % SLOTS]);
   }
-  for (int j = i - SLOTS < 0 ? 0 : i - SLOTS; j < i; j++) // the copies still in flight land before exit
-    if (!mbar_wait_bounded(&bars[j % SLOTS], (j / SLOTS) & 1)) return -2;
+  for (int j = i - SLOTS < 0 ? 0 : i - SLOTS; j < i;
+       j++) // the copies still in flight land before exit
+    if (!mbar_wait_bounded(&bars[j % SLOTS], (j / SLOTS) & 1))
+      return -2;
   return i;
 }
 
 // groups of G 64-wide blocks, the stage rotating over RING at distinct addresses, as k_loop
 template <int N, int G, int MODE, int PACE = 0>
-__global__ void __launch_bounds__(256) ring(long long *cycles, float *sink, const uint8_t *src, int *copied) {
+__global__ void __launch_bounds__(256)
+    ring(long long *cycles, float *sink, const uint8_t *src, int *copied) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint64_t *bars = (uint64_t *)(smem + RING * stage_bytes<N, G>());
@@ -92,7 +103,8 @@ __global__ void __launch_bounds__(256) ring(long long *cycles, float *sink, cons
   if (threadIdx.x == 0) {
     mbar_init(&bars[0], 1);       // "full": its phase 0 completes now, so its wait returns at once
     mbar_init(&bars[1], 1 << 19); // "empty": never completes
-    for (int i = 0; i < SLOTS; i++) mbar_init(&bars[2 + i], 1); // the copier's slots
+    for (int i = 0; i < SLOTS; i++)
+      mbar_init(&bars[2 + i], 1); // the copier's slots
     *stop = 0;
     mbar_arrive(&bars[0]);
   }
@@ -100,26 +112,31 @@ __global__ void __launch_bounds__(256) ring(long long *cycles, float *sink, cons
   __syncthreads();
   if (threadIdx.x >= 128) {
     if (MODE == RING_WRITES && threadIdx.x == 128)
-      copied[blockIdx.x] = copy_pieces<PACE>(smem + RING * stage_bytes<N, G>() + 64, &bars[2], stop, src);
+      copied[blockIdx.x] =
+          copy_pieces<PACE>(smem + RING * stage_bytes<N, G>() + 64, &bars[2], stop, src);
     return;
   }
   constexpr int SB = stage_bytes<N, G>(), A_SUB = 64 * 128, B_SUB = N * 128;
   const uint64_t da = desc_sw128(smem_u32(smem)), db = desc_sw128(smem_u32(smem) + G * 64 * 128);
   float d[N / 2];
-  for (int i = 0; i < N / 2; i++) d[i] = 0.0f;
+  for (int i = 0; i < N / 2; i++)
+    d[i] = 0.0f;
   long long t0 = clock64();
   for (int kb = 0; kb < STEPS / (4 * G); kb++) {
-    if (MODE >= RING_MBAR) mbar_wait(&bars[0], 0);
+    if (MODE >= RING_MBAR)
+      mbar_wait(&bars[0], 0);
     const uint64_t off = (uint64_t)(kb % RING * (SB >> 4));
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
     for (int j = 0; j < G; j++)
 #pragma unroll
       for (int kk = 0; kk < 4; kk++)
-        wgmma_step<N>(d, da + off + j * (A_SUB >> 4) + 2 * kk, db + off + j * (B_SUB >> 4) + 2 * kk);
+        wgmma_step<N>(d, da + off + j * (A_SUB >> 4) + 2 * kk,
+                      db + off + j * (B_SUB >> 4) + 2 * kk);
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-    if (MODE >= RING_MBAR && threadIdx.x % 32 == 0) mbar_arrive(&bars[1]);
+    if (MODE >= RING_MBAR && threadIdx.x % 32 == 0)
+      mbar_arrive(&bars[1]);
   }
   asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
   long long t1 = clock64();
@@ -131,20 +148,24 @@ __global__ void __launch_bounds__(256) ring(long long *cycles, float *sink, cons
     sink[threadIdx.x] = d[N / 2 - 1];
 }
 
-template <int N, int MODE> __global__ void __launch_bounds__(128) chain(long long *cycles, float *sink) {
+template <int N, int MODE>
+__global__ void __launch_bounds__(128) chain(long long *cycles, float *sink) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  for (int i = threadIdx.x; i < (64 + 256) * 128 / 4; i += 128) ((uint32_t *)smem)[i] = 0;
+  for (int i = threadIdx.x; i < (64 + 256) * 128 / 4; i += 128)
+    ((uint32_t *)smem)[i] = 0;
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
   const uint64_t da = desc_sw128(smem_u32(smem)), db = desc_sw128(smem_u32(smem) + 64 * 128);
   float d[N / 2];
-  for (int i = 0; i < N / 2; i++) d[i] = 0.0f;
+  for (int i = 0; i < N / 2; i++)
+    d[i] = 0.0f;
   long long t0 = clock64();
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
   for (int kb = 0; kb < STEPS / 4; kb++) {
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) wgmma_step<N>(d, da + 2 * kk, db + 2 * kk);
+    for (int kk = 0; kk < 4; kk++)
+      wgmma_step<N>(d, da + 2 * kk, db + 2 * kk);
     if (MODE != ONE_GROUP) {
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
@@ -152,13 +173,15 @@ template <int N, int MODE> __global__ void __launch_bounds__(128) chain(long lon
   }
   asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
   long long t1 = clock64();
-  if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+  if (threadIdx.x == 0)
+    cycles[blockIdx.x] = t1 - t0;
   if (d[0] == 12345.0f) // never: keeps the accumulators live
     sink[threadIdx.x] = d[N / 2 - 1];
 }
 
 // launch(grid) runs one launch; "writes" rows also report the copier's bytes a cycle
-template <class L> static void measure(L launch, const char *name, long long *cycles, int *copied, bool writes) {
+template <class L>
+static void measure(L launch, const char *name, long long *cycles, int *copied, bool writes) {
   for (int grid : {1, 132}) {
     std::vector<long long> h(grid);
     std::vector<int> n(grid);
@@ -192,18 +215,20 @@ template <int N, int MODE> static void row(const bufs &b) {
   char name[64];
   snprintf(name, sizeof name, "wgmma m64n%dk16  %s", N, MODE == KBLOCK ? "kblock" : "one group");
   CK(cudaFuncSetAttribute(chain<N, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
-  measure([&](int grid) { chain<N, MODE><<<grid, 128, SMEM>>>(b.cycles, b.sink); }, name, b.cycles, b.copied, false);
+  measure([&](int grid) { chain<N, MODE><<<grid, 128, SMEM>>>(b.cycles, b.sink); }, name, b.cycles,
+          b.copied, false);
 }
 
 template <int N, int G, int MODE, int PACE = 0> static void ring_row(const bufs &b) {
-  static const char *const mode[] = {"", "", "ring", "ring rand", "ring rand mbar", "ring rand mbar writes"};
+  static const char *const mode[] = {
+      "", "", "ring", "ring rand", "ring rand mbar", "ring rand mbar writes"};
   char name[64];
   snprintf(name, sizeof name, "wgmma m64n%dk16  %s G %d%s", N, mode[MODE], G, PACE ? " paced" : "");
   constexpr int smem = ring_smem<N, G>();
   auto k = ring<N, G, MODE, PACE>;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  measure([&](int grid) { k<<<grid, 256, smem>>>(b.cycles, b.sink, b.src, b.copied); }, name, b.cycles, b.copied,
-          MODE == RING_WRITES);
+  measure([&](int grid) { k<<<grid, 256, smem>>>(b.cycles, b.sink, b.src, b.copied); }, name,
+          b.cycles, b.copied, MODE == RING_WRITES);
 }
 
 int main() {

@@ -21,15 +21,17 @@ static void CUPTIAPI buffer_requested(uint8_t **buf, size_t *size, size_t *max_r
   *max_records = 0;
 }
 
-static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buf, size_t size, size_t valid) {
+static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buf, size_t size,
+                                      size_t valid) {
   (void)ctx, (void)stream, (void)size;
   CUpti_Activity *r = NULL;
   while (out && cuptiActivityGetNextRecord(buf, valid, &r) == CUPTI_SUCCESS) {
-    if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
+    if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+      continue;
     const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)r;
-    fprintf(out, "%llu,%llu,%u,%u,%llu,%dx%d,%dx%d,%u,%s\n", (unsigned long long)k->start, (unsigned long long)k->end,
-            k->streamId, k->graphId, (unsigned long long)k->graphNodeId, k->gridX, k->gridY, k->blockX, k->blockY,
-            k->clusterX, k->name ? k->name : "?");
+    fprintf(out, "%llu,%llu,%u,%u,%llu,%dx%d,%dx%d,%u,%s\n", (unsigned long long)k->start,
+            (unsigned long long)k->end, k->streamId, k->graphId, (unsigned long long)k->graphNodeId,
+            k->gridX, k->gridY, k->blockX, k->blockY, k->clusterX, k->name ? k->name : "?");
   }
   free(buf);
 }
@@ -53,7 +55,8 @@ __attribute__((constructor)) static void trace_start(void) {
 }
 
 __attribute__((destructor)) static void trace_end(void) {
-  if (!out) return;
+  if (!out)
+    return;
   cuptiActivityFlushAll(1);
   fclose(out);
   out = NULL;
