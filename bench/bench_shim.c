@@ -23,6 +23,7 @@
 #include <cuda.h>
 
 #include "shim/cuda_api.h"
+#include "tests/cpu/fake/fake_cuda.h"
 
 #define CALLS 200000 /* cublasGemmEx; cublasLtMatmul (16x1x16 in the fake) takes a tenth */
 #define REPS 21
@@ -44,15 +45,9 @@ static int cmp_double(const void *a, const void *b) {
 static CUfunction fake_kernel(void *lib, const char *name) {
   static char img[4][1024];
   static int n;
-  char *p = img[n++ % 4];
-  memcpy(p,
-         "\x7f"
-         "ELF\x02",
-         5);
-  const uint64_t shoff = 1024 - 64;
-  const uint16_t shentsize = 64, shnum = 1;
-  memcpy(p + 0x28, &shoff, 8), memcpy(p + 0x3a, &shentsize, 2), memcpy(p + 0x3c, &shnum, 2);
-  snprintf(p + 64, 256, ".text.%s", name);
+  char *p = img[n++ % 4], text[64];
+  const int len = snprintf(text, sizeof text, ".text.%s", name);
+  fake_cuda_elf(p, sizeof img[0], text, (size_t)len + 1);
   /* through the global scope, as Triton's helper's PLT binds them: the shim's hooks when preloaded */
   __typeof__(&cuModuleLoadData) load = (__typeof__(load))dlsym(RTLD_DEFAULT, "cuModuleLoadData");
   __typeof__(&cuModuleGetFunction) get =

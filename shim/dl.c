@@ -1,4 +1,4 @@
-/* dl.c — the exported dlsym and dlvsym (see dl.h). */
+/* dl.c — the exported dlsym, dlvsym and cuGetProcAddress (see dl.h). */
 #include "shim/dl.h"
 
 #include <dlfcn.h>
@@ -17,7 +17,7 @@ static const struct {
 #define MT_HOOK(name, lib, params, ...) {#name, MT_FN_##name, (void *)name},
 #define MT_REAL(name, lib, ret, params)
 #define MT_HAND(name, symbol, lib, display, ret, params)
-#define MT_DRIVER(name, ret, params)
+#define MT_DRIVER(name, ret, params) {#name, MT_FN_##name, (void *)name},
 #define MT_KERNEL(name, display)
 #include "shim/hooks.def"
 #undef MT_HOOK
@@ -41,7 +41,7 @@ MT_BEFORE_INIT enum mt_fn mt_dl_hooked(const char *name, void **hook) {
       *hook = hooked[i].hook;
       return hooked[i].id;
     }
-  return mt_launch_hooked(name, hook);
+  return MT_FN_COUNT;
 }
 
 /* The answer to a lookup of a hooked name on a handle: p is what the handle itself defines. */
@@ -114,4 +114,38 @@ MT_BEFORE_INIT MT_EXPORT void *dlvsym(void *handle, const char *name, const char
       return p;
   }
   return next(handle, name, version);
+}
+
+/* --- cuGetProcAddress ------------------------------------------------------------------------ */
+
+/* The hook that stands for p, a real function a lookup of the driver returned: the shim's own
+ * where p is the real function of a hooked name, else p. */
+static void *hook_for(void *p) {
+  for (int i = 0; i < NHOOKED; i++)
+    if (p == mt_real(hooked[i].id))
+      return hooked[i].hook;
+  return p;
+}
+
+MT_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                       cuuint64_t flags,
+                                       CUdriverProcAddressQueryResult *symbolStatus) {
+  mt_fn_cuGetProcAddress_v2 real = (mt_fn_cuGetProcAddress_v2)mt_real(MT_FN_cuGetProcAddress_v2);
+  if (!real)
+    return mt_real_driver_missing(MT_FN_cuGetProcAddress_v2);
+  const CUresult r = real(symbol, pfn, cudaVersion, flags, symbolStatus);
+  if (r == CUDA_SUCCESS && pfn && *pfn)
+    *pfn = hook_for(*pfn);
+  return r;
+}
+
+MT_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                    cuuint64_t flags) {
+  mt_fn_cuGetProcAddress real = (mt_fn_cuGetProcAddress)mt_real(MT_FN_cuGetProcAddress);
+  if (!real)
+    return mt_real_driver_missing(MT_FN_cuGetProcAddress);
+  const CUresult r = real(symbol, pfn, cudaVersion, flags);
+  if (r == CUDA_SUCCESS && pfn && *pfn)
+    *pfn = hook_for(*pfn);
+  return r;
 }

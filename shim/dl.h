@@ -1,6 +1,8 @@
 /* dl.h — the shim's dlsym and dlvsym, for programs that load cuBLAS with dlopen and look its entry
  * points up by name (JAX/XLA's CUDA plugin does that for every one of them): a symbol that a
- * preloaded library defines is never found that way, so the lookups themselves are answered.
+ * preloaded library defines is never found that way, so the lookups themselves are answered. Also
+ * the driver's own lookup, cuGetProcAddress (the CUDA runtime's way to its entry points): a
+ * function it returns that is the real one of a hooked name becomes the shim's hook.
  *
  * A lookup of a hooked cuBLAS or driver name (an MT_HOOK or MT_DRIVER line of hooks.def; Triton
  * looks cuLaunchKernelEx up this way, shim/launch.h) on a handle returns the hook

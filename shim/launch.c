@@ -13,12 +13,6 @@
 
 #define MT_EXPORT __attribute__((visibility("default")))
 
-/* cuda.h renames cuGetProcAddress to its _v2 by macro; the driver exports both names, and so does
- * the shim (hooks.def). */
-#undef cuGetProcAddress
-MT_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
-                                    cuuint64_t flags);
-
 /* --- the functions the door decodes ------------------------------------------------------------
  *
  * Open addressing on the CUfunction, lock-free to read: a slot's state is published before its
@@ -135,21 +129,12 @@ static void forget_module(CUmodule m) {
 
 /* --- the hooks ---------------------------------------------------------------------------------- */
 
-/* What a hook returns when its real function is nowhere (a program that calls the driver has it
- * loaded: this cannot happen in one that runs). */
-static CUresult missing(enum mt_fn id) {
-  MT_WARN_ONCE("cannot find the real %s in the process's libcuda.so.1: returning "
-               "CUDA_ERROR_NOT_INITIALIZED",
-               mt_fn_name(id));
-  return CUDA_ERROR_NOT_INITIALIZED;
-}
-
 #define REAL(name) ((mt_fn_##name)mt_real(MT_FN_##name))
 
 MT_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
   mt_fn_cuModuleLoadData real = REAL(cuModuleLoadData);
   if (!real)
-    return missing(MT_FN_cuModuleLoadData);
+    return mt_real_driver_missing(MT_FN_cuModuleLoadData);
   const CUresult r = real(module, image);
   if (r == CUDA_SUCCESS && mt_shim_active())
     note_module(*module, image);
@@ -159,7 +144,7 @@ MT_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
 MT_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
   mt_fn_cuModuleGetFunction real = REAL(cuModuleGetFunction);
   if (!real)
-    return missing(MT_FN_cuModuleGetFunction);
+    return mt_real_driver_missing(MT_FN_cuModuleGetFunction);
   const CUresult r = real(hfunc, hmod, name);
   if (r == CUDA_SUCCESS && mt_shim_active() && name && mt_vllm_named(name))
     record(*hfunc, hmod);
@@ -169,7 +154,7 @@ MT_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const c
 MT_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
   mt_fn_cuModuleUnload real = REAL(cuModuleUnload);
   if (!real)
-    return missing(MT_FN_cuModuleUnload);
+    return mt_real_driver_missing(MT_FN_cuModuleUnload);
   if (atomic_load_explicit(&recorded, memory_order_relaxed))
     forget_module(hmod);
   return real(hmod);
@@ -206,7 +191,7 @@ static CUlaunchConfig config_of(unsigned gx, unsigned gy, unsigned gz, unsigned 
       const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {                   \
     mt_fn_##name real = REAL(name);                                                                \
     if (!real)                                                                                     \
-      return missing(MT_FN_##name);                                                                \
+      return mt_real_driver_missing(MT_FN_##name);                                                 \
     if (config && door(f, config, params, extra, ptsz))                                            \
       return CUDA_SUCCESS;                                                                         \
     return real(config, f, params, extra);                                                         \
@@ -228,7 +213,7 @@ LAUNCH_EX(cuLaunchKernelEx_ptsz, 1)
       unsigned smem, CUstream s, void **params, void **extra) {                                    \
     mt_fn_##name real = REAL(name);                                                                \
     if (!real)                                                                                     \
-      return missing(MT_FN_##name);                                                                \
+      return mt_real_driver_missing(MT_FN_##name);                                                 \
     const CUlaunchConfig config = config_of(gx, gy, gz, bx, by, bz, smem, s);                      \
     if (door(f, &config, params, extra, ptsz))                                                     \
       return CUDA_SUCCESS;                                                                         \
@@ -245,70 +230,3 @@ LAUNCH_EX(cuLaunchKernelEx_ptsz, 1)
   }
 LAUNCH(cuLaunchKernel, 0)
 LAUNCH(cuLaunchKernel_ptsz, 1)
-
-MT_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
-                                       cuuint64_t flags,
-                                       CUdriverProcAddressQueryResult *symbolStatus) {
-  mt_fn_cuGetProcAddress_v2 real = REAL(cuGetProcAddress_v2);
-  if (!real)
-    return missing(MT_FN_cuGetProcAddress_v2);
-  const CUresult r = real(symbol, pfn, cudaVersion, flags, symbolStatus);
-  if (r == CUDA_SUCCESS && pfn && *pfn)
-    *pfn = mt_launch_answer(*pfn);
-  return r;
-}
-
-MT_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
-                                    cuuint64_t flags) {
-  mt_fn_cuGetProcAddress real = REAL(cuGetProcAddress);
-  if (!real)
-    return missing(MT_FN_cuGetProcAddress);
-  const CUresult r = real(symbol, pfn, cudaVersion, flags);
-  if (r == CUDA_SUCCESS && pfn && *pfn)
-    *pfn = mt_launch_answer(*pfn);
-  return r;
-}
-
-/* --- answers to lookups ------------------------------------------------------------------------- */
-
-static const struct {
-  const char *name;
-  enum mt_fn id;
-  void *hook;
-} hooks[] = {
-#define MT_HOOK(name, lib, params, ...)
-#define MT_REAL(name, lib, ret, params)
-#define MT_HAND(name, symbol, lib, display, ret, params)
-#define MT_DRIVER(name, ret, params) {#name, MT_FN_##name, (void *)name},
-#define MT_KERNEL(name, display)
-#include "shim/hooks.def"
-#undef MT_HOOK
-#undef MT_REAL
-#undef MT_HAND
-#undef MT_DRIVER
-#undef MT_KERNEL
-};
-#define NHOOKS ((int)(sizeof hooks / sizeof hooks[0]))
-
-/* Runs inside the shim's dlsym (MT_BEFORE_INIT, base/loader.h): nothing instrumented. */
-MT_BEFORE_INIT static int same_name(const char *a, const char *b) {
-  while (*a && *a == *b)
-    a++, b++;
-  return *a == *b;
-}
-
-MT_BEFORE_INIT enum mt_fn mt_launch_hooked(const char *name, void **hook) {
-  for (int i = 0; i < NHOOKS; i++)
-    if (same_name(name, hooks[i].name)) {
-      *hook = hooks[i].hook;
-      return hooks[i].id;
-    }
-  return MT_FN_COUNT;
-}
-
-void *mt_launch_answer(void *p) {
-  for (int i = 0; i < NHOOKS; i++)
-    if (p == mt_real(hooks[i].id))
-      return hooks[i].hook;
-  return p;
-}

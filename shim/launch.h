@@ -6,7 +6,7 @@
  * kernel with cuModuleLoadData and cuModuleGetFunction, called through its PLT, and launches every
  * kernel with a cuLaunchKernelEx it looks up with dlopen + dlsym (Triton 3.4 and later;
  * cuLaunchKernel through its PLT before). The shim exports those (hooks.def, MT_DRIVER), answers
- * lookups of them by dlsym (shim/dl.c) and cuGetProcAddress with its own, and:
+ * lookups of them by dlsym and cuGetProcAddress with its own (shim/dl.h), and:
  *   - at a module load, while active, reads the image's line table for its Python sources
  *     (shim/vllm.h, mt_vllm_origin), to tell vLLM's kernels from SGLang's of the same name;
  *   - at cuModuleGetFunction, records each function the door decodes (fused_moe_kernel) in a
@@ -20,14 +20,24 @@
 #ifndef MT_LAUNCH_H
 #define MT_LAUNCH_H
 
+#include <cuda.h>
+
 #include "shim/real.h"
 
-/* The driver hook (an MT_DRIVER line of hooks.def) called `name`: its id and its address; MT_FN_COUNT
- * when the name is none of them. For shim/dl.c's answers to dlsym. */
-enum mt_fn mt_launch_hooked(const char *name, void **hook);
-
-/* The hook that stands for `p`, a real driver function that cuGetProcAddress or dlsym returned:
- * the shim's own where p is the real function of a driver hook, else p. */
-void *mt_launch_answer(void *p);
+/* The driver hooks (the MT_DRIVER lines of hooks.def: shim/launch.c, and shim/dl.c for
+ * cuGetProcAddress), for shim/dl.c's answers to lookups. cuda.h renames cuGetProcAddress to its
+ * _v2 by macro; the driver exports both names, and so does the shim. */
+#undef cuGetProcAddress
+#define MT_HOOK(name, lib, params, ...)
+#define MT_REAL(name, lib, ret, params)
+#define MT_HAND(name, symbol, lib, display, ret, params)
+#define MT_DRIVER(name, ret, params) ret name params;
+#define MT_KERNEL(name, display)
+#include "shim/hooks.def"
+#undef MT_HOOK
+#undef MT_REAL
+#undef MT_HAND
+#undef MT_DRIVER
+#undef MT_KERNEL
 
 #endif

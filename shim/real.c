@@ -116,3 +116,11 @@ cublasStatus_t mt_real_missing(enum mt_fn id) {
             fns[id].symbol, sonames[fns[id].lib][0], sonames[fns[id].lib][1]);
   return CUBLAS_STATUS_NOT_INITIALIZED;
 }
+
+CUresult mt_real_driver_missing(enum mt_fn id) {
+  if (!atomic_flag_test_and_set(&missing_warned[id]))
+    MT_WARN("cannot find the real %s in the process's libcuda.so.1: returning "
+            "CUDA_ERROR_NOT_INITIALIZED",
+            fns[id].symbol);
+  return CUDA_ERROR_NOT_INITIALIZED;
+}

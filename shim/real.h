@@ -79,6 +79,10 @@ void *mt_real_beside(const void *fn, const char *name);
 /* What a cuBLAS hook returns when its real function cannot be found: warns once per function. */
 cublasStatus_t mt_real_missing(enum mt_fn id);
 
+/* The same for a driver hook (a program that calls the driver has it loaded: this cannot happen in
+ * one that runs). */
+CUresult mt_real_driver_missing(enum mt_fn id);
+
 /* The name in logs and statistics ("cublasGemmEx", "torch grouped_mm"). */
 const char *mt_fn_name(enum mt_fn id);
 

@@ -62,19 +62,10 @@ static int load(const char *build) {
 static CUfunction kernel(const char *path, const char *desc) {
   static char images[16][1024];
   static int nimages;
-  char *img = images[nimages++ % 16];
-  memset(img, 0, 1024);
-  memcpy(img,
-         "\x7f"
-         "ELF\x02",
-         5);
-  const uint64_t shoff = 1024 - 64;
-  const uint16_t shentsize = 64, shnum = 1;
-  memcpy(img + 0x28, &shoff, 8);
-  memcpy(img + 0x3a, &shentsize, 2);
-  memcpy(img + 0x3c, &shnum, 2);
-  snprintf(img + 64, 1024 - 128, ".text.fused_moe_kernel%c%s%cfake-triton: %s", 0, path ? path : "",
-           0, desc);
+  char *img = images[nimages++ % 16], text[768];
+  const int len = snprintf(text, sizeof text, ".text.fused_moe_kernel%c%s%cfake-triton: %s", 0,
+                           path ? path : "", 0, desc);
+  fake_cuda_elf(img, sizeof images[0], text, (size_t)len + 1);
   CUmodule m;
   CUfunction f = NULL;
   if (load_module(&m, img) != CUDA_SUCCESS ||
@@ -370,14 +361,7 @@ static void scenario_other_kernel(void) {
   CUfunction f = kernel(VLLM_PATH, DESC("abcsep", 16, 2, 0));
   CUmodule m;
   static char img[1024];
-  memcpy(img,
-         "\x7f"
-         "ELF\x02",
-         5);
-  const uint64_t shoff = 1024 - 64;
-  const uint16_t shentsize = 64, shnum = 1;
-  memcpy(img + 0x28, &shoff, 8), memcpy(img + 0x3a, &shentsize, 2), memcpy(img + 0x3c, &shnum, 2);
-  memcpy(img + 64, ".text.other_kernel", 19);
+  fake_cuda_elf(img, sizeof img, ".text.other_kernel", 19);
   CUfunction g = NULL;
   CHECK(load_module(&m, img) == CUDA_SUCCESS &&
         get_function(&g, m, "other_kernel") == CUDA_SUCCESS);

@@ -129,6 +129,17 @@ def route_stats(summary, route, what):
     """The instrument `what` (probe, shadow, ...) of `route` in a summary record; {} when absent."""
     return summary.get("instruments", {}).get("routes", {}).get(route, {}).get(what, {})
 
+def run_tests(tests, tmp):
+    """Run each test through the harness; remove tmp when all passed (kept for inspection when
+    one failed). Returns the harness's exit status."""
+    for t in tests:
+        harness.run(t)
+    if not harness._failed:
+        subprocess.run(["rm", "-rf", tmp])
+    else:
+        print(f"    kept {tmp} for inspection")
+    return harness.done()
+
 # ---- the child's half (torch is imported here only, inside the child process) -----------------
 
 

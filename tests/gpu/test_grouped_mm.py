@@ -39,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from shim_child import (ROOT, compare, harness, need_gpu, reference_bound, reference_gemm,  # noqa: E402
-                        route_stats, run_child)
+                        route_stats, run_child, run_tests)
 
 CHILD = os.path.join(ROOT, "tests", "gpu", "grouped_child.py")
 TMP = tempfile.mkdtemp(prefix="mt_grouped_")
@@ -259,16 +259,10 @@ def grouped_digests_join_across_batchings_and_paths():
 
 
 def main():
-    for t in (hf_train_bf16_bitwise, hf_generate_bf16_bitwise,
+    return run_tests((hf_train_bf16_bitwise, hf_generate_bf16_bitwise,
               hf_train_nvfp4_routes_forward_experts, direct_bf16_bitwise,
               direct_nvfp4_is_the_per_call_engine, bmm_strided_batched_routed_and_captured,
-              lt_batched_routed_and_captured, grouped_digests_join_across_batchings_and_paths):
-        harness.run(t)
-    if not harness._failed:
-        os.system(f"rm -rf '{TMP}'")
-    else:
-        print(f"    kept {TMP} for inspection")
-    return harness.done()
+              lt_batched_routed_and_captured, grouped_digests_join_across_batchings_and_paths), TMP)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from shim_child import (HERE, LIB, TOOL, harness, last_summary, reference_bound,  # noqa: E402
-                        reference_gemm, shim_env)
+                        reference_gemm, run_tests, shim_env)
 
 CHILD = os.path.join(HERE, "jax_child.py")
 TMP = tempfile.mkdtemp(prefix="mt_jax_")
@@ -126,13 +126,7 @@ def cublaslt_off():
 
 
 def main():
-    harness.run(cublaslt_on)
-    harness.run(cublaslt_off)
-    if not harness._failed:
-        subprocess.run(["rm", "-rf", TMP])
-    else:
-        print(f"    kept {TMP} for inspection")
-    return harness.done()
+    return run_tests((cublaslt_on, cublaslt_off), TMP)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import harness  # noqa: E402
+from shim_child import run_tests  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("MT_BUILD", "build")
@@ -164,14 +165,8 @@ def make_test(case, lt):
 
 
 def main():
-    for case in ("linear", "linear_bias", "bmm", "moe"):
-        for lt in (False, True):
-            harness.run(make_test(case, lt))
-    if not harness._failed:
-        subprocess.run(["rm", "-rf", TMP])
-    else:
-        print(f"    kept {TMP} for inspection")
-    return harness.done()
+    return run_tests([make_test(case, lt) for case in ("linear", "linear_bias", "bmm", "moe")
+                      for lt in (False, True)], TMP)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from shim_child import (ROOT, compare, harness, need_gpu, reference_bound, reference_gemm,  # noqa: E402
-                        run_child)
+                        run_child, run_tests)
 
 CHILD = os.path.join(ROOT, "tests", "gpu", "vllm_child.py")
 SOURCES = os.path.join(ROOT, os.environ.get("MT_BUILD", "build"), "third_party", ".stamp")
@@ -209,16 +209,10 @@ def sglang_passes_through_unchanged():
 
 
 def main():
-    for t in (vllm_bf16_bitwise_and_counted, vllm_nvfp4_routed_within_the_reference,
+    return run_tests((vllm_bf16_bitwise_and_counted, vllm_nvfp4_routed_within_the_reference,
               decoded_constants_are_the_launchers, sampler_rows_bitwise_the_learners,
               captured_replays_equal_eager, version_outside_the_table_unchanged,
-              sglang_passes_through_unchanged):
-        harness.run(t)
-    if not harness._failed:
-        os.system(f"rm -rf '{TMP}'")
-    else:
-        print(f"    kept {TMP} for inspection")
-    return harness.done()
+              sglang_passes_through_unchanged), TMP)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
 #include <cuda.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define FAKE_CUDA_MARK 0xBEEF   /* 16-bit pattern a GEMM launch writes into its output */
 #define FAKE_CUDA_ARGS_MAX 1024 /* bytes of a kernel's by-value argument kept per launch */
@@ -136,5 +137,22 @@ typedef int (*fake_cuda_launching_fn)(void);
  * FAKE_CUDA_NO_ASYNC=1 (cuMemAllocAsync answers CUDA_ERROR_NOT_SUPPORTED,
  * as on a device without memory pools), FAKE_CUDA_MAX_CLUSTER=n (the largest cluster the device
  * runs; default 16). */
+
+/* A Triton module's image for the fake (fake_cuda.c, "Triton modules"): an ELF file of `size`
+ * bytes whose section headers end it, `len` bytes of `text` after its header (the kernels' section
+ * names, a source path for the line table, the descriptor of the fake's constants). */
+static inline void fake_cuda_elf(char *img, size_t size, const char *text, size_t len) {
+  const uint64_t shoff = size - 64;
+  const uint16_t shentsize = 64, shnum = 1;
+  memset(img, 0, size);
+  memcpy(img,
+         "\x7f"
+         "ELF\x02",
+         5);
+  memcpy(img + 0x28, &shoff, 8);
+  memcpy(img + 0x3a, &shentsize, 2);
+  memcpy(img + 0x3c, &shnum, 2);
+  memcpy(img + 64, text, len < size - 128 ? len : size - 128);
+}
 
 #endif
