@@ -247,7 +247,7 @@ static int constants_of(const float *val, int rows, int *mul, int *top_k) {
   *top_k = 0;
   for (int i = 0; i < rows; i++) {
     const float u = val[i] / (*mul ? router_weight(i) : 1.0f);
-    if (!(u >= 1.0f) || u != (float)(int)u)
+    if (!(u >= 1.0f && u <= (float)PROBE_ROWS) || u != (float)(int)u)
       return -1;
     const int src = (int)u - 1;
     if (!*top_k && src == 1)
