@@ -5,15 +5,20 @@
  * RTLD_LOCAL, as PyTorch does — without the shim, inert, and active under the bf16 and nvfp4-row
  * specs, and checks: arguments arrive unchanged (the app checks, exit 0), results are bitwise the
  * same in every run, the statistics file holds the counts and reasons the router must give, and
- * bad settings give their message and change nothing. Needs the fixtures of tests/cpu/shim.mk.
+ * bad settings give their message and change nothing, and hostile log paths (a FIFO, a directory,
+ * a device, links, long names) are refused at start. Each program runs in the temporary folder,
+ * under a 60 s alarm (a hang is status 128 + SIGALRM). Needs the fixtures of tests/cpu/shim.mk.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,6 +69,9 @@ static void run(const char *const argv[], const char *const env[], int shim, run
     dup2(fd, 2);
     fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
+    if (chdir(tmp) != 0)
+      _exit(126);
+    alarm(60); /* kept across execv: a program that hangs ends with SIGALRM */
     execv(argv[0], (char *const *)argv);
     _exit(127);
   }
@@ -391,6 +399,86 @@ static void bad_stats_path(void) {
   bad_setting("bad_stats", setting, "cannot write MINITE_STATS");
 }
 
+/* --- hostile output paths ------------------------------------------------------------------- */
+
+typedef struct {
+  const char *what;   /* made in the temporary folder by make_hostile */
+  const char *reason; /* what the refusal says */
+} hostile;
+
+static const hostile hostiles[] = {
+    {"fifo", "is a FIFO or pipe, not a regular file"},
+    {"dir", "is a directory, not a regular file"},
+    {"loop", "is a symbolic link"},
+    {"dangling", "is a symbolic link"},
+    {"link", "is a symbolic link"},
+    {"device", "is a character device, not a regular file"},
+    {"socket", "is a socket, not a regular file"},
+    {"long", "has a file name longer than 255 bytes"},
+    {NULL, NULL},
+};
+
+/* The thing named `what` at a fresh path of the temporary folder (tag: for whom), into path. */
+static void make_hostile(const char *what, const char *tag, char *path, size_t size) {
+  char target[PATH_MAX + 420];
+  snprintf(path, size, "%s/%s.%s", tmp, tag, what);
+  snprintf(target, sizeof target, "%s.target", path);
+  unlink(path), unlink(target);
+  if (!strcmp(what, "fifo"))
+    CHECK(mkfifo(path, 0644) == 0);
+  else if (!strcmp(what, "dir"))
+    CHECK(mkdir(path, 0755) == 0 || errno == EEXIST);
+  else if (!strcmp(what, "loop"))
+    CHECK(symlink(path, path) == 0);
+  else if (!strcmp(what, "dangling"))
+    CHECK(symlink(target, path) == 0);
+  else if (!strcmp(what, "link"))
+    CHECK(close(open(target, O_WRONLY | O_CREAT, 0644)) == 0 && symlink(target, path) == 0);
+  else if (!strcmp(what, "device"))
+    snprintf(path, size, "/dev/null");
+  else if (!strcmp(what, "socket")) {
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%.100s", path);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    CHECKF(bind(fd, (struct sockaddr *)&a, sizeof a) == 0, "bind %s", path);
+  } else {
+    char name[301];
+    memset(name, 'n', 300);
+    name[300] = '\0';
+    snprintf(path, size, "%s/%s", tmp, name);
+  }
+}
+
+/* Each hostile MINITE_LOG_FILE: one warning at start, with its reason, and the log on stderr
+ * (never a hang, even at INFO, which logs from the start); under MINITE_STRICT=1, exit 2. */
+static void hostile_log_paths(void) {
+  for (const hostile *h = hostiles; h->what; h++) {
+    char path[PATH_MAX + 400], log_env[PATH_MAX + 420], stats[PATH_MAX + 80],
+        stats_env[PATH_MAX + 100], tag[64];
+    make_hostile(h->what, "log", path, sizeof path);
+    snprintf(log_env, sizeof log_env, "MINITE_LOG_FILE=%s", path);
+    snprintf(tag, sizeof tag, "hostile_log_%s", h->what);
+    snprintf(stats, sizeof stats, "%s/%s.jsonl", tmp, tag);
+    snprintf(stats_env, sizeof stats_env, "MINITE_STATS=%s", stats);
+    const char *env[] = {log_env,    stats_env, "MINITE_LOG_LEVEL=INFO", "MINITE_SPEC=bf16",
+                         routes_env, NULL};
+    run_result r;
+    app(DIRECT, tag, env, 1, &r);
+    const char *w = strstr(r.err, " minite WARN ");
+    CHECKF(r.status == 0 && w && strstr(w, h->reason) && strstr(w, "; logging to stderr\n") &&
+               !strstr(w + 1, " minite WARN ") && strstr(r.err, " minite INFO summary: "),
+           "%s: exit %d: %s", h->what, r.status, r.err);
+    CHECK(same_results(tag));
+    char *first, *last;
+    CHECKF(stats_lines(stats, &first, &last) == 2, "%s: the statistics", h->what);
+    free(first), free(last);
+    const char *strict[] = {log_env, "MINITE_STRICT=1", "MINITE_SPEC=bf16", NULL};
+    app(DIRECT, tag, strict, 1, &r);
+    CHECKF(r.status == 2 && strstr(r.err, h->reason) && strstr(r.err, "MINITE_STRICT=1: ending"),
+           "%s under MINITE_STRICT=1: exit %d: %s", h->what, r.status, r.err);
+  }
+}
+
 /* A bad log level is warned about and the default used; the shim stays active. */
 static void bad_log_level(void) {
   char stats[PATH_MAX + 64], env1[PATH_MAX + 80];
@@ -568,6 +656,7 @@ int main(void) {
   RUN(spec_file_weight_cache_line);
   RUN(bad_route);
   RUN(bad_stats_path);
+  RUN(hostile_log_paths);
   RUN(bad_log_level);
   RUN(strict_exits_2);
   RUN(forked_child_writes_nothing);

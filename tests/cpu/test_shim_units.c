@@ -1,6 +1,6 @@
 /* test_shim_units.c — the shim's modules one at a time: the router's decision table, parameter
- * path templates, the log line format, the census's order and suggested-route rule,
- * and the hook's answer when no real cuBLAS is in the process. */
+ * path templates, the log line format (control characters escaped), the census's order and
+ * suggested-route rule, and the hook's answer when no real cuBLAS is in the process. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -215,11 +215,22 @@ static void log_none(void *arg) {
   atomic_store(&mt_log_level_now, MT_LOG_WARN);
 }
 
+/* A value with a newline, a carriage return, a tab, ESC and DEL, as a user may set one. */
+static void warn_controls(void *arg) {
+  (void)arg;
+  MT_WARN("role '%s'", "a\nhost:1:1 minite WARN forged\r\t\x1b[31m\x7f");
+}
+
 static void log_lines(void) {
   char text[512], want[300];
   mt_t_capture_stderr(warn_twice_once, NULL, text, sizeof text);
   snprintf(want, sizeof want, "%s:%ld:%ld minite WARN once 41\n", mt_proc_host(), (long)getpid(),
            (long)gettid());
+  CHECKF(!strcmp(text, want), "got '%s', want '%s'", text, want);
+  mt_t_capture_stderr(warn_controls, NULL, text, sizeof text);
+  snprintf(want, sizeof want,
+           "%s:%ld:%ld minite WARN role 'a\\nhost:1:1 minite WARN forged\\r\\t\\x1b[31m\\x7f'\n",
+           mt_proc_host(), (long)getpid(), (long)gettid());
   CHECKF(!strcmp(text, want), "got '%s', want '%s'", text, want);
   mt_t_capture_stderr(log_none, NULL, text, sizeof text);
   CHECKF(text[0] == '\0', "%s", text);
