@@ -108,20 +108,3 @@ int mt_proc_path_unknown(const char *tmpl, char esc[3]) {
   }
   return 0;
 }
-
-static int dir_writable(const char *path) {
-  char dir[4096];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (!slash)
-    return access(".", W_OK | X_OK) == 0;
-  if (slash == dir)
-    slash[1] = '\0'; /* a file in / */
-  else
-    *slash = '\0';
-  return access(dir, W_OK | X_OK) == 0;
-}
-
-int mt_proc_path_writable(const char *path) {
-  return dir_writable(path) && (access(path, F_OK) != 0 || access(path, W_OK) == 0);
-}

@@ -26,10 +26,6 @@ int mt_proc_path(const char *tmpl, char *out, size_t size);
  * into `esc` (3 bytes); returns 1 when there is one (the caller warns: it is kept as written). */
 int mt_proc_path_unknown(const char *tmpl, char esc[3]);
 
-/* 1 when a file at `path` can be opened for appending: it exists and is writable, or it does not
- * and its folder takes new files. 0 otherwise, errno set by the check that failed. */
-int mt_proc_path_writable(const char *path);
-
 /* The text of the known escapes, for messages. */
 #define MT_PROC_ESCAPES "%h host, %p pid, %r rank, %% a percent sign"
 

@@ -127,15 +127,13 @@ int mt_shim_init(void) {
   int hard_errors = load_spec(params.spec) != 0;
   if (!hard_errors)
     hard_errors = load_routes(params.route) != 0;
-  if (!hard_errors) {
-    mt_devmem_init(&params);
-    mt_wcache_init(&params);
-    mt_instr_init(&spec, &params);
-  }
+  if (!hard_errors && params.stats)
+    hard_errors = mt_stats_open(params.stats, problem, sizeof problem) != 0;
   if (hard_errors || (params.strict && soft_errors))
     return refuse(params.strict);
-  if (params.stats && mt_stats_check(params.stats, problem, sizeof problem) != 0)
-    return refuse(params.strict);
+  mt_devmem_init(&params);
+  mt_wcache_init(&params);
+  mt_instr_init(&spec, &params);
   snprintf(role_name, sizeof role_name, "%s", params.role ? params.role : "");
   info_started(params.role, params.stats);
   atomic_store_explicit(&mt_shim_on, 1, memory_order_release);
@@ -206,7 +204,8 @@ static void start_on_first_call(void) {
             "and read suggested_routes in the summary record",
             spec.name);
   warn_unusable_routes();
-  mt_stats_start(&spec, role_name, MT_VERSION);
+  if (mt_stats_start(&spec, role_name, MT_VERSION) != 0)
+    mt_instr_off(); /* their records would have nowhere to go */
 }
 
 void mt_shim_unread(enum mt_reason r) {

@@ -5,9 +5,10 @@
  * RTLD_LOCAL, as PyTorch does — without the shim, inert, and active under the bf16 and nvfp4-row
  * specs, and checks: arguments arrive unchanged (the app checks, exit 0), results are bitwise the
  * same in every run, the statistics file holds the counts and reasons the router must give, and
- * bad settings give their message and change nothing, and hostile log paths (a FIFO, a directory,
- * a device, links, long names) are refused at start. Each program runs in the temporary folder,
- * under a 60 s alarm (a hang is status 128 + SIGALRM). Needs the fixtures of tests/cpu/shim.mk.
+ * bad settings give their message and change nothing, and hostile output paths (a FIFO, a
+ * directory, a device, links, long names, a relative path after a chdir) are refused at start or
+ * resolved there. Each program runs in the temporary folder, under a 60 s alarm (a hang is
+ * status 128 + SIGALRM). Needs the fixtures of tests/cpu/shim.mk.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -396,7 +397,7 @@ static void bad_route(void) { bad_setting("bad_route", "MINITE_ROUTE=64by32", "M
 static void bad_stats_path(void) {
   static char setting[2 * PATH_MAX];
   snprintf(setting, sizeof setting, "MINITE_STATS=%s/no/such/dir/s.jsonl", tmp);
-  bad_setting("bad_stats", setting, "cannot write MINITE_STATS");
+  bad_setting("bad_stats", setting, "is in a directory that does not exist");
 }
 
 /* --- hostile output paths ------------------------------------------------------------------- */
@@ -449,6 +450,28 @@ static void make_hostile(const char *what, const char *tag, char *path, size_t s
   }
 }
 
+/* Each hostile MINITE_STATS: refused at start with its reason, the shim inert (no hang, no file
+ * made through a link); under MINITE_STRICT=1, exit status 2 with the same words. */
+static void hostile_stats_paths(void) {
+  for (const hostile *h = hostiles; h->what; h++) {
+    static char setting[2 * PATH_MAX];
+    char path[PATH_MAX + 400], target[PATH_MAX + 420], tag[64];
+    make_hostile(h->what, "stats", path, sizeof path);
+    snprintf(setting, sizeof setting, "MINITE_STATS=%s", path);
+    snprintf(tag, sizeof tag, "hostile_stats_%s", h->what);
+    bad_setting(tag, setting, h->reason);
+    snprintf(target, sizeof target, "%s.target", path);
+    if (!strcmp(h->what, "dangling"))
+      CHECKF(!exists(target), "a file was made through the dangling link %s", path);
+    const char *env[] = {"MINITE_STRICT=1", "MINITE_SPEC=bf16", routes_env, setting, NULL};
+    run_result r;
+    app(DIRECT, tag, env, 1, &r);
+    CHECKF(r.status == 2 && strstr(r.err, h->reason) &&
+               strstr(r.err, "MINITE_STRICT=1: ending the program with exit status 2"),
+           "%s under MINITE_STRICT=1: exit %d: %s", h->what, r.status, r.err);
+  }
+}
+
 /* Each hostile MINITE_LOG_FILE: one warning at start, with its reason, and the log on stderr
  * (never a hang, even at INFO, which logs from the start); under MINITE_STRICT=1, exit 2. */
 static void hostile_log_paths(void) {
@@ -477,6 +500,43 @@ static void hostile_log_paths(void) {
     CHECKF(r.status == 2 && strstr(r.err, h->reason) && strstr(r.err, "MINITE_STRICT=1: ending"),
            "%s under MINITE_STRICT=1: exit %d: %s", h->what, r.status, r.err);
   }
+}
+
+/* A relative MINITE_STATS is made absolute at start: a program that changes its directory before
+ * its first GEMM call still writes where it was started. */
+static void relative_stats_path_after_chdir(void) {
+  char sub[PATH_MAX + 64], there[PATH_MAX + 80], here[PATH_MAX + 80], cd[PATH_MAX + 80];
+  snprintf(sub, sizeof sub, "%s/elsewhere", tmp);
+  mkdir(sub, 0755);
+  snprintf(cd, sizeof cd, "FAKE_APP_CHDIR=%s", sub);
+  snprintf(here, sizeof here, "%s/relative.jsonl", tmp);
+  snprintf(there, sizeof there, "%s/relative.jsonl", sub);
+  const char *env[] = {"MINITE_STATS=relative.jsonl", cd, "MINITE_SPEC=bf16", routes_env, NULL};
+  run_result r;
+  app(DIRECT, "relative", env, 1, &r);
+  CHECKF(r.status == 0 && r.err[0] == '\0', "exit %d: %s", r.status, r.err);
+  char *first, *last;
+  CHECKF(stats_lines(here, &first, &last) == 2 && !exists(there),
+         "the statistics went to %s, not to the directory of the start", there);
+  free(first), free(last);
+}
+
+/* One path for the log and the statistics: log lines would break the JSON lines. Refused as a bad
+ * MINITE_STATS, with the fix. */
+static void log_and_stats_one_path(void) {
+  static char setting[2 * PATH_MAX];
+  char log_env[PATH_MAX + 80];
+  snprintf(setting, sizeof setting, "MINITE_STATS=%s/one.file", tmp);
+  snprintf(log_env, sizeof log_env, "MINITE_LOG_FILE=%s/one.file", tmp);
+  const char *env[] = {log_env, setting, "MINITE_SPEC=bf16", routes_env, NULL};
+  run_result r;
+  app(DIRECT, "one_file", env, 1, &r);
+  char *text = mt_t_read_file(setting + strlen("MINITE_STATS="), NULL);
+  CHECKF(r.status == 0 && r.err[0] == '\0' && text && strstr(text, "is the file the log goes to") &&
+             strstr(text, "inert") && !strstr(text, "{\"event\""),
+         "exit %d: %s; the file: %s", r.status, r.err, text ? text : "none");
+  free(text);
+  CHECK(same_results("one_file"));
 }
 
 /* A bad log level is warned about and the default used; the shim stays active. */
@@ -656,7 +716,10 @@ int main(void) {
   RUN(spec_file_weight_cache_line);
   RUN(bad_route);
   RUN(bad_stats_path);
+  RUN(hostile_stats_paths);
   RUN(hostile_log_paths);
+  RUN(relative_stats_path_after_chdir);
+  RUN(log_and_stats_one_path);
   RUN(bad_log_level);
   RUN(strict_exits_2);
   RUN(forked_child_writes_nothing);

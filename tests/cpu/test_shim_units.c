@@ -247,7 +247,7 @@ static mt_call shape(int ta, int64_t m, int64_t n, int64_t k, int type) {
 static void stats_fresh(char *path) {
   close(mkstemp(path));
   char why[256] = "";
-  CHECKF(mt_stats_check(path, why, sizeof why) == 0, "%s", why);
+  CHECKF(mt_stats_open(path, why, sizeof why) == 0, "%s", why);
   mt_stats_reset();
 }
 
