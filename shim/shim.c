@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 
 #include "shim/devmem.h"
 #include "shim/exec.h"
@@ -118,10 +119,24 @@ static int refuse(int strict) {
   return -1;
 }
 
-int mt_shim_init(void) {
+/* A set-user-ID, set-group-ID or file-capability program (AT_SECURE): its environment comes from
+ * a less privileged user, so no path of it is opened, no file written, and the program not ended. */
+static int refuse_secure(void) {
+  if (params.log_level != MT_LOG_NONE)
+    MT_WARN("this program runs with secure execution (set-user-ID, set-group-ID or file "
+            "capabilities): the shim opens no MINITE_* path and writes no file; it is inert: "
+            "every GEMM goes to cuBLAS unchanged");
+  return 0;
+}
+
+int mt_shim_init(void) { return mt_shim_start(getauxval(AT_SECURE) != 0); }
+
+int mt_shim_start(int secure) {
   mt_params_read(&params);
   if (!params.spec)
     return 0; /* inert: nothing opened, allocated or printed */
+  if (secure)
+    return refuse_secure();
   int soft_errors = mt_params_start(&params);
   mt_fork_start();
   int hard_errors = load_spec(params.spec) != 0;

@@ -1,4 +1,4 @@
-/* test_files.c — the shim's output files (base/files.h).
+/* test_files.c — the shim's output files (base/files.h) and secure execution (shim/shim.h).
  *
  *   hostile_paths_refused         a FIFO with no reader, a directory, a device, a socket, links
  *                                 (to a file, dangling, looping), a long name, a missing folder,
@@ -12,6 +12,12 @@
  *   foreign_file_in_shared_dir    in a folder every user may write, another user's file is
  *                                 refused; in the user's own folder it is used (needs root to
  *                                 give a file away: skipped otherwise)
+ *   secure_start_reads_no_path    mt_shim_start(1): one line, no file, no spec read, inert, no
+ *                                 exit under MINITE_STRICT=1; mt_shim_start(0) with the same
+ *                                 environment ends the program (the environment is acted on)
+ *   setuid_program_is_inert       a set-user-ID copy of this program (owned by nobody, run by
+ *                                 root: AT_SECURE) starts the shim inert and writes no file
+ *                                 (needs root: skipped otherwise)
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -20,12 +26,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/files.h"
+#include "shim/shim.h"
 #include "tests/cpu/preload.h"
 #include "tests/harness.h"
 
@@ -165,7 +174,121 @@ static void foreign_file_in_shared_dir(void) {
   }
 }
 
-int main(void) {
+/* ---- secure execution ----------------------------------------------------------------------- */
+
+/* The environment of a run that, acted on, would read a bad spec file, open two files and end
+ * the program (MINITE_STRICT=1). */
+static void hostile_environment(const char *out) {
+  char spec[PATH_MAX + 32], stats[PATH_MAX + 32], log[PATH_MAX + 32];
+  snprintf(spec, sizeof spec, "%s/bad.spec", tmp);
+  snprintf(stats, sizeof stats, "%s/s.jsonl", out);
+  snprintf(log, sizeof log, "%s/log", out);
+  FILE *f = fopen(spec, "w");
+  if (f)
+    fputs("format = nvfp5 # secret line\n", f), fclose(f);
+  setenv("MINITE_SPEC", spec, 1);
+  setenv("MINITE_STATS", stats, 1);
+  setenv("MINITE_LOG_FILE", log, 1);
+  setenv("MINITE_LOG_LEVEL", "INFO", 1);
+  setenv("MINITE_STRICT", "1", 1);
+}
+
+/* mt_shim_start(secure) in a child, its stderr into `err`; returns its exit status (3: still
+ * active after the start). */
+static int start_in_child(int secure, const char *out, char *err, size_t size) {
+  char errpath[PATH_MAX + 16];
+  snprintf(errpath, sizeof errpath, "%s/start.err", tmp);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    hostile_environment(out);
+    int fd = open(errpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    int rc = mt_shim_start(secure);
+    _exit(rc == 0 && !mt_shim_active() ? 0 : 3);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  char *text = mt_t_read_file(errpath, NULL);
+  snprintf(err, size, "%s", text ? text : "");
+  free(text);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static int count(const char *text, const char *what) {
+  int n = 0;
+  for (const char *p = strstr(text, what); p; p = strstr(p + 1, what))
+    n++;
+  return n;
+}
+
+static void secure_start_reads_no_path(void) {
+  char out[PATH_MAX + 16], stats[PATH_MAX + 32], log[PATH_MAX + 32], err[8192];
+  tmp_path(out, sizeof out, "secure");
+  CHECK(mkdir(out, 0777) == 0);
+  snprintf(stats, sizeof stats, "%s/s.jsonl", out);
+  snprintf(log, sizeof log, "%s/log", out);
+  int status = start_in_child(1, out, err, sizeof err);
+  CHECKF(status == 0 && count(err, "\n") == 1 && strstr(err, " minite WARN ") &&
+             strstr(err, "secure execution") && strstr(err, "inert"),
+         "exit %d: %s", status, err);
+  CHECKF(!strstr(err, "secret") && !strstr(err, "nvfp5"), "the spec file was read: %s", err);
+  CHECK(!exists(stats) && !exists(log));
+  status = start_in_child(0, out, err, sizeof err);
+  CHECKF(status == 2 && exists(log), "without secure execution: exit %d: %s", status, err);
+}
+
+/* The child of setuid_program_is_inert: the shim started (constructor) in a set-user-ID process. */
+static int secure_child(void) {
+  printf("#info at_secure %lu\n#info active %d\n", getauxval(AT_SECURE), mt_shim_active());
+  return 0;
+}
+
+static void setuid_program_is_inert(void) {
+  if (geteuid() != 0)
+    SKIP("needs root, to make a set-user-ID copy owned by another user");
+  char copy[PATH_MAX + 16], out[PATH_MAX + 16], cmd[4 * PATH_MAX], err[PATH_MAX + 16];
+  tmp_path(copy, sizeof copy, "setuid_copy");
+  tmp_path(out, sizeof out, "setuid_out");
+  tmp_path(err, sizeof err, "setuid.err");
+  CHECK(mkdir(out, 0777) == 0 && chmod(out, 0777) == 0 && chmod(tmp, 0755) == 0);
+  snprintf(cmd, sizeof cmd, "cp /proc/%ld/exe '%s'", (long)getpid(), copy);
+  CHECK(system(cmd) == 0);
+  CHECK(chown(copy, NOBODY, NOBODY) == 0 && chmod(copy, 04755) == 0);
+  hostile_environment(out);
+  /* a good spec: only secure execution keeps the shim inert; LeakSanitizer (SAN=1) cannot trace a
+   * set-user-ID process */
+  setenv("MINITE_SPEC", "bf16", 1);
+  setenv("MINITE_STRICT", "0", 1);
+  setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+  snprintf(cmd, sizeof cmd, "'%s' secure-child 2>'%s'", copy, err);
+  FILE *p = popen(cmd, "r");
+  char text[1024] = "";
+  size_t n = p ? fread(text, 1, sizeof text - 1, p) : 0;
+  text[n] = '\0';
+  int status = p ? pclose(p) : -1;
+  static const char *const set[] = {"MINITE_SPEC",      "MINITE_STATS",  "MINITE_LOG_FILE",
+                                    "MINITE_LOG_LEVEL", "MINITE_STRICT", "ASAN_OPTIONS"};
+  for (size_t i = 0; i < sizeof set / sizeof set[0]; i++)
+    unsetenv(set[i]);
+  char *errs = mt_t_read_file(err, NULL);
+  if (!strstr(text, "#info at_secure 1")) {
+    free(errs);
+    SKIP("the copy did not run with AT_SECURE (a nosuid mount?): %s", text);
+  }
+  CHECKF(status == 0 && strstr(text, "#info active 0"), "status %d: %s", status, text);
+  CHECKF(errs && count(errs, " minite WARN ") == 1 && strstr(errs, "secure execution"), "%s",
+         errs ? errs : "");
+  char stats[PATH_MAX + 32], log[PATH_MAX + 32];
+  snprintf(stats, sizeof stats, "%s/s.jsonl", out);
+  snprintf(log, sizeof log, "%s/log", out);
+  CHECK(!exists(stats) && !exists(log));
+  free(errs);
+}
+
+int main(int argc, char **argv) {
+  if (argc == 2 && !strcmp(argv[1], "secure-child"))
+    return secure_child();
   alarm(60); /* an open that waits on a FIFO's reader is a failure, not a stuck `make test` */
   snprintf(tmp, sizeof tmp, "/tmp/mt_files.XXXXXX");
   if (!mkdtemp(tmp)) {
@@ -177,6 +300,8 @@ int main(void) {
   RUN(existing_file_appended);
   RUN(missing_file_made_later);
   RUN(foreign_file_in_shared_dir);
+  RUN(secure_start_reads_no_path);
+  RUN(setuid_program_is_inert);
   char cmd[PATH_MAX + 16];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
   if (!mt_t_failed && system(cmd) != 0)
