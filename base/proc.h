@@ -18,6 +18,11 @@ const char *mt_proc_rank(void);
 int mt_proc_local_rank(void);
 int mt_proc_world_size(void);
 
+/* The first of those launcher variables that decides (the first set of its list) but holds no
+ * such number, as its name; NULL when there is none. The value is then taken as unknown: rank 0,
+ * local rank and world size -1. */
+const char *mt_proc_ids_invalid(void);
+
 /* Expand a path template: %h host name, %p pid, %r rank (mt_proc_rank), %% percent; any other
  * %x is kept as written. Returns 0, or -1 when the result does not fit in `size`. */
 int mt_proc_path(const char *tmpl, char *out, size_t size);

@@ -88,13 +88,15 @@ static void info_torch_settings(void) {
                                       "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE", NULL};
   for (int i = 0; names[i]; i++) {
     const char *v = getenv(names[i]);
+    char shown[MT_LOG_VALUE_MAX + 64];
     if (v)
-      MT_INFO("%s=%s", names[i], v);
+      MT_INFO("%s=%s", names[i], mt_log_value(v, shown, sizeof shown));
   }
 }
 
 static void info_started(const char *role, const char *stats) {
-  char routes[MT_SPEC_MAX_ROUTES * 24];
+  char routes[MT_SPEC_MAX_ROUTES * 24], role_shown[MT_LOG_VALUE_MAX + 64],
+      stats_shown[MT_LOG_VALUE_MAX + 64];
   size_t used = 0;
   routes[0] = '\0';
   for (int i = 0; i < spec.nroutes && used < sizeof routes; i++)
@@ -103,16 +105,28 @@ static void info_started(const char *role, const char *stats) {
   MT_INFO("minite %s active: spec %s (%s, fingerprint %016llx), role '%s', routes:%s, "
           "statistics %s",
           MT_VERSION, spec.name, mt_format_name(spec.format),
-          (unsigned long long)mt_spec_fingerprint(&spec), role ? role : "",
-          spec.nroutes ? routes : " none", stats ? stats : "off");
+          (unsigned long long)mt_spec_fingerprint(&spec),
+          mt_log_value(role ? role : "", role_shown, sizeof role_shown),
+          spec.nroutes ? routes : " none",
+          stats ? mt_log_value(stats, stats_shown, sizeof stats_shown) : "off");
   info_torch_settings();
 }
 
-/* A configuration error: one message, then inert, or exit status 2 under MINITE_STRICT=1. */
+/* Under MINITE_LOG_LEVEL=NONE an invalid value was not said: the line that ends the program
+ * names it. */
+static void first_invalid_value(void) {
+  for (int id = 0; id < MT_P_NUM && !problem[0]; id++)
+    mt_params_problem(&params, (enum mt_param_id)id, problem, sizeof problem);
+}
+
+/* A configuration error: one message, then inert, or exit status 2 under MINITE_STRICT=1, said
+ * whatever the log level (at NONE the log is stderr: no file was opened). */
 static int refuse(int strict) {
   if (strict) {
-    MT_WARN("%s%sMINITE_STRICT=1: ending the program with exit status 2", problem,
-            problem[0] ? "; " : "a configuration error above; ");
+    if (params.log_level == MT_LOG_NONE)
+      first_invalid_value();
+    mt_log_write(MT_LOG_WARN, "%s%sMINITE_STRICT=1: ending the program with exit status 2", problem,
+                 problem[0] ? "; " : "a configuration error above; ");
     exit(2);
   }
   MT_WARN("%s; the shim is inert for this run: every GEMM goes to cuBLAS unchanged", problem);

@@ -5,10 +5,10 @@
  * RTLD_LOCAL, as PyTorch does — without the shim, inert, and active under the bf16 and nvfp4-row
  * specs, and checks: arguments arrive unchanged (the app checks, exit 0), results are bitwise the
  * same in every run, the statistics file holds the counts and reasons the router must give, and
- * bad settings give their message and change nothing, and hostile output paths (a FIFO, a
- * directory, a device, links, long names, a relative path after a chdir) are refused at start or
- * resolved there. Each program runs in the temporary folder, under a 60 s alarm (a hang is
- * status 128 + SIGALRM). Needs the fixtures of tests/cpu/shim.mk.
+ * bad settings give their message and change nothing, hostile output paths (a FIFO, a directory, a
+ * device, links, long names, a relative path after a chdir) are refused at start or resolved
+ * there, and values are echoed escaped and shortened. Each program runs in the temporary folder,
+ * under a 60 s alarm (a hang is status 128 + SIGALRM). Needs the fixtures of tests/cpu/shim.mk.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -566,8 +566,15 @@ static void strict_exits_2(void) {
     CHECKF(r.status == 2, "%s: exit %d", bad[i], r.status);
     CHECKF(strstr(r.err, "MINITE_STRICT=1: ending the program with exit status 2"), "%s", r.err);
   }
-  const char *good[] = {"MINITE_STRICT=1", "MINITE_SPEC=bf16", NULL};
+  /* at MINITE_LOG_LEVEL=NONE too, the program ends with a word on stderr naming the problem */
+  const char *none[] = {"MINITE_STRICT=1", "MINITE_LOG_LEVEL=NONE", "MINITE_SPEC=bf16",
+                        "MINITE_SHADOW=2", NULL};
   run_result r;
+  app(DIRECT, "strict_none", none, 1, &r);
+  CHECKF(r.status == 2 && strstr(r.err, "invalid value '2' for MINITE_SHADOW") &&
+             strstr(r.err, "MINITE_STRICT=1: ending the program with exit status 2"),
+         "exit %d: %s", r.status, r.err);
+  const char *good[] = {"MINITE_STRICT=1", "MINITE_SPEC=bf16", NULL};
   app(DIRECT, "strict_ok", good, 1, &r);
   CHECKF(r.status == 0 && r.err[0] == '\0', "exit %d: %s", r.status, r.err);
 }
@@ -662,6 +669,76 @@ static void no_gemm_no_file(void) {
   CHECK(!exists(stats));
 }
 
+/* An empty variable is an unset one: no warning, the default. */
+static void empty_values_are_unset(void) {
+  char stats[PATH_MAX + 64], env1[PATH_MAX + 80];
+  tmp_path(stats, sizeof stats, "empty.jsonl");
+  snprintf(env1, sizeof env1, "MINITE_STATS=%s", stats);
+  const char *env[] = {env1,
+                       "MINITE_SPEC=bf16",
+                       routes_env,
+                       "MINITE_SHADOW=",
+                       "MINITE_PROBE=",
+                       "MINITE_DIGEST=",
+                       "MINITE_LOG_FILE=",
+                       "MINITE_LOG_LEVEL=",
+                       "MINITE_STRICT=1",
+                       NULL};
+  run_result r;
+  app(DIRECT, "empty", env, 1, &r);
+  CHECKF(r.status == 0 && r.err[0] == '\0', "exit %d: %s", r.status, r.err);
+  char *first, *last;
+  CHECK(stats_lines(stats, &first, &last) == 2);
+  free(first), free(last);
+}
+
+/* A launcher variable that is no number is warned about, naming it, and read as rank 0. */
+static void invalid_rank_warned(void) {
+  char stats[PATH_MAX + 64], env1[PATH_MAX + 80];
+  tmp_path(stats, sizeof stats, "rank.jsonl");
+  snprintf(env1, sizeof env1, "MINITE_STATS=%s", stats);
+  const char *env[] = {env1, "MINITE_SPEC=bf16", routes_env, "RANK=three", NULL};
+  run_result r;
+  app(DIRECT, "rank", env, 1, &r);
+  const char *w = strstr(r.err, " minite WARN RANK=three is not a whole number");
+  CHECKF(r.status == 0 && w && strstr(w, "fix or unset RANK") && !strstr(w + 1, " minite WARN"),
+         "exit %d: %s", r.status, r.err);
+  char *first, *last;
+  CHECK(stats_lines(stats, &first, &last) == 2 && strstr(first, "\"rank\": 0,"));
+  free(first), free(last);
+}
+
+/* A value with control characters cannot forge a log line or reach a terminal raw, and a long one
+ * is shortened in the start line: every line of stderr is the shim's, whole. */
+static void values_escaped_and_shortened_in_log(void) {
+  static char role[120 * 1024]; /* a variable may hold at most 128 KiB */
+  const char *forged = "MINITE_ROLE=x\nhost:1:1 minite WARN forged\x1b[31m";
+  memset(role, 'r', sizeof role - 1);
+  memcpy(role, "MINITE_ROLE=", 12);
+  const char *const roles[] = {forged, role};
+  for (int i = 0; i < 2; i++) {
+    const char *env[] = {roles[i], "MINITE_LOG_LEVEL=INFO", "MINITE_SPEC=bf16", NULL};
+    run_result r;
+    app(DIRECT, "roles", env, 1, &r);
+    CHECKF(r.status == 0, "exit %d", r.status);
+    int lines = 0, foreign = 0;
+    for (const char *line = r.err; *line; line = strchr(line, '\n') + 1, lines++) {
+      foreign +=
+          !strstr(line, " minite ") || strstr(line, " minite ") - line > 200 || !strchr(line, '\n');
+      if (!strchr(line, '\n'))
+        break;
+    }
+    CHECKF(lines >= 3 && !foreign && !strchr(r.err, '\x1b'), "%d lines, %d not the shim's: %.600s",
+           lines, foreign, r.err);
+    const char *start = strstr(r.err, " active: spec bf16");
+    const char *end = start ? strchr(start, '\n') : NULL;
+    CHECKF(end && end - start < 1000, "the start line: %.600s", start ? start : r.err);
+    CHECKF(i ? strstr(r.err, " bytes)") != NULL
+             : strstr(r.err, "role 'x\\nhost:1:1 minite WARN forged\\x1b[31m'") != NULL,
+           "%.600s", r.err);
+  }
+}
+
 static void nvfp4_without_routes_warns(void) {
   const char *env[] = {"MINITE_SPEC=nvfp4-row", NULL};
   run_result r;
@@ -726,6 +803,9 @@ int main(void) {
   RUN(threads_count_every_call);
   RUN(log_file_and_templates);
   RUN(no_gemm_no_file);
+  RUN(empty_values_are_unset);
+  RUN(invalid_rank_warned);
+  RUN(values_escaped_and_shortened_in_log);
   RUN(nvfp4_without_routes_warns);
   RUN(start_record_of_64_long_routes);
   free(baseline);
