@@ -137,7 +137,9 @@ static int open_checked(mt_outfile *f, const struct stat *dir, int create, char 
     close(fd);
     return -1;
   }
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0)
+    fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
   f->fd = fd;
   return 0;
 }
