@@ -215,13 +215,6 @@ static int start_in_child(int secure, const char *out, char *err, size_t size) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-static int count(const char *text, const char *what) {
-  int n = 0;
-  for (const char *p = strstr(text, what); p; p = strstr(p + 1, what))
-    n++;
-  return n;
-}
-
 static void secure_start_reads_no_path(void) {
   char out[PATH_MAX + 16], stats[PATH_MAX + 32], log[PATH_MAX + 32], err[8192];
   tmp_path(out, sizeof out, "secure");
@@ -229,7 +222,7 @@ static void secure_start_reads_no_path(void) {
   snprintf(stats, sizeof stats, "%s/s.jsonl", out);
   snprintf(log, sizeof log, "%s/log", out);
   int status = start_in_child(1, out, err, sizeof err);
-  CHECKF(status == 0 && count(err, "\n") == 1 && strstr(err, " minite WARN ") &&
+  CHECKF(status == 0 && mt_t_count_of(err, "\n") == 1 && strstr(err, " minite WARN ") &&
              strstr(err, "secure execution") && strstr(err, "inert"),
          "exit %d: %s", status, err);
   CHECKF(!strstr(err, "secret") && !strstr(err, "nvfp5"), "the spec file was read: %s", err);
@@ -277,8 +270,8 @@ static void setuid_program_is_inert(void) {
     SKIP("the copy did not run with AT_SECURE (a nosuid mount?): %s", text);
   }
   CHECKF(status == 0 && strstr(text, "#info active 0"), "status %d: %s", status, text);
-  CHECKF(errs && count(errs, " minite WARN ") == 1 && strstr(errs, "secure execution"), "%s",
-         errs ? errs : "");
+  CHECKF(errs && mt_t_count_of(errs, " minite WARN ") == 1 && strstr(errs, "secure execution"),
+         "%s", errs ? errs : "");
   char stats[PATH_MAX + 32], log[PATH_MAX + 32];
   snprintf(stats, sizeof stats, "%s/s.jsonl", out);
   snprintf(log, sizeof log, "%s/log", out);

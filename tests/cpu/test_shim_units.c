@@ -363,20 +363,13 @@ static void call_twice(void *arg) {
                                CUBLAS_GEMM_DEFAULT);
 }
 
-static int count(const char *text, const char *what) {
-  int n = 0;
-  for (const char *p = strstr(text, what); p; p = strstr(p + 1, what))
-    n++;
-  return n;
-}
-
 /* This program holds no cuBLAS: the hook answers NOT_INITIALIZED, never crashes, warns once. */
 static void no_real_cublas(void) {
   char text[2048];
   mt_t_capture_stderr(call_twice, NULL, text, sizeof text);
   CHECK(statuses[0] == CUBLAS_STATUS_NOT_INITIALIZED);
   CHECK(statuses[1] == CUBLAS_STATUS_NOT_INITIALIZED);
-  CHECKF(count(text, "cannot find the real cublasGemmEx") == 1, "%s", text);
+  CHECKF(mt_t_count_of(text, "cannot find the real cublasGemmEx") == 1, "%s", text);
 }
 
 int main(void) {
