@@ -1,12 +1,14 @@
 /* log.h — the shim's log: NCCL-style lines "host:pid:tid minite LEVEL message".
  *
  * MINITE_LOG_LEVEL = WARN (default) | INFO | TRACE | NONE picks what is written; MINITE_LOG_FILE
- * (a path template: %h host, %p pid, %r rank from RANK, %% a percent sign) where, stderr by
- * default. The file is opened for appending when the first line is written to it, never
- * truncated: processes that share one path (a shell and the program it runs, workers without
- * %p) keep each other's lines, and a process that logs nothing creates no file. Each line is
- * written with one write(2), so lines of several threads or processes sharing a file never
- * interleave. Nothing is ever written to stdout.
+ * (a path template: %h host, %p pid, %r rank, %% a percent sign) where, stderr by default. The
+ * file is opened at start, by the rules of base/files.h (a regular file, never through a
+ * symbolic link at its end, created when it does not exist), for appending, never truncated:
+ * processes that share one path (a shell and the program it runs, workers without %p) keep each
+ * other's lines. A line is written with one write(2) and no lock, so lines of several threads or
+ * processes sharing a file never interleave, and a fork never leaves a child waiting on the log.
+ * A control character of a message is written as an escape (\n, \x1b): one message is one line.
+ * Nothing is ever written to stdout.
  *
  * The level check is one relaxed atomic load, so a disabled log line costs a load and a branch.
  * Before mt_params_start() (base/params.h) the level is WARN and the destination stderr: the few
@@ -28,16 +30,15 @@ extern const char *const mt_log_level_names[];
 
 void mt_log_set_level(enum mt_log_level level);
 
-/* Send later lines to the file that the path template names (base/proc.h), opened for appending
- * at the first line. Returns 0, or 1 after warning that its directory cannot be written or the
- * path is too long (lines then stay on stderr). A file that cannot be opened at the first line
- * is warned about then, on stderr, where that line and the later ones go. */
+/* Open the file that the path template names (base/files.h) and send later lines there. Returns
+ * 0, or 1 after warning why it cannot be used and how to fix it (lines then stay on stderr). */
 int mt_log_open(const char *tmpl);
 
-/* The lock of the file's opening, held across a fork (shim/fork.h), released in the parent and the
- * child. */
-void mt_log_fork_lock(void);
-void mt_log_fork_unlock(void);
+/* The descriptor lines go to (2 for stderr): the statistics file must not be the same file. */
+int mt_log_fd(void);
+
+/* For tests and fuzzers: send later lines to fd, which stays the caller's. */
+void mt_log_to(int fd);
 
 /* A user's value as it goes into a message: itself when it is short, else its head and tail
  * around "...", so that a long value never pushes a message's reason and fix out of its line.
@@ -45,6 +46,7 @@ void mt_log_fork_unlock(void);
 #define MT_LOG_VALUE_MAX 240
 const char *mt_log_value(const char *v, char *buf, size_t size);
 
+/* One line at `level`, whatever the level in force (MT_LOG and its kin check it first). */
 __attribute__((format(printf, 2, 3))) void mt_log_write(enum mt_log_level level, const char *fmt,
                                                         ...);
 

@@ -221,6 +221,18 @@ static void check_template(const char *name, const char *tmpl) {
             name, mt_log_value(tmpl, shown, sizeof shown), esc, MT_PROC_ESCAPES);
 }
 
+/* A launcher variable that is no number would silently be rank 0 in every file name and record:
+ * ranks sharing it would write one file. */
+static void check_launcher(void) {
+  const char *name = mt_proc_ids_invalid();
+  char shown[MT_LOG_VALUE_MAX + 64];
+  if (name)
+    MT_WARN("%s=%s is not a whole number of at most 9 digits: the shim takes it as unknown (rank "
+            "0 for %%r and the statistics' \"rank\", -1 for local_rank and world_size); fix or "
+            "unset %s",
+            name, mt_log_value(getenv(name), shown, sizeof shown), name);
+}
+
 int mt_params_start(const mt_params *p) {
   int errors = start_log(p);
   char text[MT_LOG_VALUE_MAX + 512];
@@ -235,5 +247,6 @@ int mt_params_start(const mt_params *p) {
     if (d->kind == MT_PARAM_KIND_PATH && p->given[id])
       check_template(d->name, p->given[id]);
   }
+  check_launcher();
   return errors;
 }

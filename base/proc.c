@@ -24,13 +24,21 @@ const char *mt_proc_host(void) {
   return host_name;
 }
 
-/* The first of `names` that is set decides: its value when a non-negative integer, else NULL. */
-static const char *first_number(const char *const names[]) {
+/* A launcher's number: at most 9 decimal digits, nothing else. */
+static int is_number(const char *v) {
+  return strlen(v) <= 9 && strspn(v, "0123456789") == strlen(v);
+}
+
+/* The first of `names` that is set (not empty) decides: its name into *name (when given), and its
+ * value when a number, else NULL. */
+static const char *first_number_of(const char *const names[], const char **name) {
   for (int i = 0; names[i]; i++) {
     const char *v = getenv(names[i]);
     if (!v || !v[0])
       continue;
-    if (strlen(v) > 9 || strspn(v, "0123456789") != strlen(v))
+    if (name)
+      *name = names[i];
+    if (!is_number(v))
       return NULL;
     while (v[0] == '0' && v[1]) /* "007" is 7: a JSON number has no leading zero */
       v++;
@@ -38,6 +46,8 @@ static const char *first_number(const char *const names[]) {
   }
   return NULL;
 }
+
+static const char *first_number(const char *const names[]) { return first_number_of(names, NULL); }
 
 /* torchrun (and torch.distributed's other launchers), Open MPI, MPICH/PMI, Slurm's srun. */
 static const char *const rank_names[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID",
@@ -60,6 +70,16 @@ int mt_proc_local_rank(void) {
 int mt_proc_world_size(void) {
   const char *r = first_number(size_names);
   return r ? atoi(r) : -1;
+}
+
+const char *mt_proc_ids_invalid(void) {
+  const char *const *const lists[] = {rank_names, local_names, size_names};
+  for (int i = 0; i < 3; i++) {
+    const char *name = NULL;
+    if (!first_number_of(lists[i], &name) && name)
+      return name;
+  }
+  return NULL;
 }
 
 int mt_proc_path(const char *tmpl, char *out, size_t size) {
@@ -107,21 +127,4 @@ int mt_proc_path_unknown(const char *tmpl, char esc[3]) {
     return 1;
   }
   return 0;
-}
-
-static int dir_writable(const char *path) {
-  char dir[4096];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (!slash)
-    return access(".", W_OK | X_OK) == 0;
-  if (slash == dir)
-    slash[1] = '\0'; /* a file in / */
-  else
-    *slash = '\0';
-  return access(dir, W_OK | X_OK) == 0;
-}
-
-int mt_proc_path_writable(const char *path) {
-  return dir_writable(path) && (access(path, F_OK) != 0 || access(path, W_OK) == 0);
 }

@@ -18,6 +18,11 @@ const char *mt_proc_rank(void);
 int mt_proc_local_rank(void);
 int mt_proc_world_size(void);
 
+/* The first of those launcher variables that decides (the first set of its list) but holds no
+ * such number, as its name; NULL when there is none. The value is then taken as unknown: rank 0,
+ * local rank and world size -1. */
+const char *mt_proc_ids_invalid(void);
+
 /* Expand a path template: %h host name, %p pid, %r rank (mt_proc_rank), %% percent; any other
  * %x is kept as written. Returns 0, or -1 when the result does not fit in `size`. */
 int mt_proc_path(const char *tmpl, char *out, size_t size);
@@ -25,10 +30,6 @@ int mt_proc_path(const char *tmpl, char *out, size_t size);
 /* The first escape of tmpl that mt_proc_path does not know ("%x", or "%" at the end), written
  * into `esc` (3 bytes); returns 1 when there is one (the caller warns: it is kept as written). */
 int mt_proc_path_unknown(const char *tmpl, char esc[3]);
-
-/* 1 when a file at `path` can be opened for appending: it exists and is writable, or it does not
- * and its folder takes new files. 0 otherwise, errno set by the check that failed. */
-int mt_proc_path_writable(const char *path);
 
 /* The text of the known escapes, for messages. */
 #define MT_PROC_ESCAPES "%h host, %p pid, %r rank, %% a percent sign"

@@ -18,8 +18,8 @@ FUZZ_FLAGS   := -std=c11 -g -O1 -D_GNU_SOURCE -I. -I$(CUDA_HOME)/include -fsanit
                 -fno-sanitize-recover=all
 
 FUZZ_SRC_spec := spec/parse.c spec/spec.c
-FUZZ_SRC_env  := base/params.c base/proc.c base/log.c base/json.c spec/parse.c spec/spec.c
-FUZZ_SRC_lt   := shim/norm.c shim/router.c shim/real.c base/log.c base/proc.c spec/parse.c spec/spec.c
+FUZZ_SRC_env  := base/params.c base/proc.c base/log.c base/files.c base/json.c spec/parse.c spec/spec.c
+FUZZ_SRC_lt   := shim/norm.c shim/router.c shim/real.c base/log.c base/files.c base/proc.c spec/parse.c spec/spec.c
 
 $(B)/fuzz/fuzz_%: lab/fuzz_%.c $(wildcard base/*.c base/*.h spec/*.c spec/*.h shim/norm.c shim/router.c shim/real.c shim/*.h)
 	@mkdir -p $(dir $@)

@@ -86,18 +86,12 @@ static void register_handlers(void) { pthread_atfork(prepare, parent, child); }
 
 void mt_fork_register(void) { pthread_once(&registered, register_handlers); }
 
-/* From the start: the log's lock, the innermost (registered first, its prepare step runs last),
- * and what a child of any fork gives up. */
-static void start_prepare(void) { mt_log_fork_lock(); }
-
-static void start_parent(void) { mt_log_fork_unlock(); }
-
+/* From the start: what a child of any fork gives up. */
 static void start_child(void) {
-  mt_log_fork_unlock();
   mt_devmem_fork_child();
   mt_instr_fork_child();
 }
 
-static void register_start(void) { pthread_atfork(start_prepare, start_parent, start_child); }
+static void register_start(void) { pthread_atfork(NULL, NULL, start_child); }
 
 void mt_fork_start(void) { pthread_once(&started, register_start); }

@@ -13,18 +13,17 @@
  * - Every library lock a thread may hold at a fork and a child may take is held by the forking
  *   thread across the fork, taken in one global order (the order the code nests them, outermost
  *   first): the statistics' census and file locks, the instruments' lock, the driver's context
- *   registry, the torch API lookup, and innermost the log's file lock. The child releases them and
- *   resets what has no thread or no CUDA behind it any more (the instruments' writer, the
+ *   registry, the torch API lookup. The log takes no lock (base/log.h). The child releases them
+ *   and resets what has no thread or no CUDA behind it any more (the instruments' writer, the
  *   instruments, the engine of a process whose engine ran).
  *
  * This file registers every fork handler of the library; the modules give it their steps
  * (mt_*_fork_lock, _unlock, _child). There are two registrations. mt_fork_start, at the shim's
- * start (before the program initializes CUDA), holds the log's lock and resets a child's
- * instruments and engine, so that a fork before the first call is covered too. mt_fork_register,
- * at the first call the shim sees (after the program has initialized CUDA), holds the gate and the
- * other locks: prepare handlers run in reverse order of registration, so the shim's wait for its
- * own threads comes before anything the driver's own handlers may take, and the log's lock,
- * registered first, is taken last.
+ * start (before the program initializes CUDA), resets a child's instruments and engine, so that a
+ * fork before the first call is covered too. mt_fork_register, at the first call the shim sees
+ * (after the program has initialized CUDA), holds the gate and the locks: prepare handlers run in
+ * reverse order of registration, so the shim's wait for its own threads comes before anything the
+ * driver's own handlers may take.
  */
 #ifndef MT_FORK_H
 #define MT_FORK_H

@@ -94,6 +94,8 @@ void mt_instr_init(const mt_spec *s, const mt_params *p) {
 
 int mt_instr_enabled(void) { return enabled; }
 
+void mt_instr_off(void) { enabled = 0; }
+
 /* --- the calling side ---------------------------------------------------------------------- */
 
 static int route_index(const mt_spec *s, int out, int in) {

@@ -40,6 +40,10 @@ void mt_instr_init(const mt_spec *s, const mt_params *p);
 /* 1 when any instrument is on (and the process is not a forked child). */
 int mt_instr_enabled(void);
 
+/* Turn every instrument off: the statistics file, where their records go, could not be made
+ * (called before any call is instrumented, from the first call's start). */
+void mt_instr_off(void);
+
 /* One routed problem, in the engine's terms (y[m][n] = x[m][k] . W[n][k]^T). */
 typedef struct {
   const mt_spec *spec;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 
 #include "shim/devmem.h"
 #include "shim/exec.h"
@@ -87,13 +88,15 @@ static void info_torch_settings(void) {
                                       "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE", NULL};
   for (int i = 0; names[i]; i++) {
     const char *v = getenv(names[i]);
+    char shown[MT_LOG_VALUE_MAX + 64];
     if (v)
-      MT_INFO("%s=%s", names[i], v);
+      MT_INFO("%s=%s", names[i], mt_log_value(v, shown, sizeof shown));
   }
 }
 
 static void info_started(const char *role, const char *stats) {
-  char routes[MT_SPEC_MAX_ROUTES * 24];
+  char routes[MT_SPEC_MAX_ROUTES * 24], role_shown[MT_LOG_VALUE_MAX + 64],
+      stats_shown[MT_LOG_VALUE_MAX + 64];
   size_t used = 0;
   routes[0] = '\0';
   for (int i = 0; i < spec.nroutes && used < sizeof routes; i++)
@@ -102,40 +105,64 @@ static void info_started(const char *role, const char *stats) {
   MT_INFO("minite %s active: spec %s (%s, fingerprint %016llx), role '%s', routes:%s, "
           "statistics %s",
           MT_VERSION, spec.name, mt_format_name(spec.format),
-          (unsigned long long)mt_spec_fingerprint(&spec), role ? role : "",
-          spec.nroutes ? routes : " none", stats ? stats : "off");
+          (unsigned long long)mt_spec_fingerprint(&spec),
+          mt_log_value(role ? role : "", role_shown, sizeof role_shown),
+          spec.nroutes ? routes : " none",
+          stats ? mt_log_value(stats, stats_shown, sizeof stats_shown) : "off");
   info_torch_settings();
 }
 
-/* A configuration error: one message, then inert, or exit status 2 under MINITE_STRICT=1. */
+/* Under MINITE_LOG_LEVEL=NONE an invalid value was not said: the line that ends the program
+ * names it. */
+static void first_invalid_value(void) {
+  for (int id = 0; id < MT_P_NUM && !problem[0]; id++)
+    mt_params_problem(&params, (enum mt_param_id)id, problem, sizeof problem);
+}
+
+/* A configuration error: one message, then inert, or exit status 2 under MINITE_STRICT=1, said
+ * whatever the log level (at NONE the log is stderr: no file was opened). */
 static int refuse(int strict) {
   if (strict) {
-    MT_WARN("%s%sMINITE_STRICT=1: ending the program with exit status 2", problem,
-            problem[0] ? "; " : "a configuration error above; ");
+    if (params.log_level == MT_LOG_NONE)
+      first_invalid_value();
+    mt_log_write(MT_LOG_WARN, "%s%sMINITE_STRICT=1: ending the program with exit status 2", problem,
+                 problem[0] ? "; " : "a configuration error above; ");
     exit(2);
   }
   MT_WARN("%s; the shim is inert for this run: every GEMM goes to cuBLAS unchanged", problem);
   return -1;
 }
 
-int mt_shim_init(void) {
+/* A set-user-ID, set-group-ID or file-capability program (AT_SECURE): its environment comes from
+ * a less privileged user, so no path of it is opened, no file written, and the program not ended. */
+static int refuse_secure(void) {
+  if (params.log_level != MT_LOG_NONE)
+    MT_WARN("this program runs with secure execution (set-user-ID, set-group-ID or file "
+            "capabilities): the shim opens no MINITE_* path and writes no file; it is inert: "
+            "every GEMM goes to cuBLAS unchanged");
+  return 0;
+}
+
+int mt_shim_init(void) { return mt_shim_start(getauxval(AT_SECURE) != 0); }
+
+int mt_shim_start(int secure) {
   mt_params_read(&params);
   if (!params.spec)
     return 0; /* inert: nothing opened, allocated or printed */
+  if (secure)
+    return refuse_secure();
   int soft_errors = mt_params_start(&params);
   mt_fork_start();
   int hard_errors = load_spec(params.spec) != 0;
   if (!hard_errors)
     hard_errors = load_routes(params.route) != 0;
-  if (!hard_errors) {
-    mt_devmem_init(&params);
-    mt_wcache_init(&params);
-    mt_instr_init(&spec, &params);
-  }
+  if (!hard_errors && params.stats)
+    hard_errors = mt_stats_open(params.stats, problem, sizeof problem) != 0;
   if (hard_errors || (params.strict && soft_errors))
     return refuse(params.strict);
-  if (params.stats && mt_stats_check(params.stats, problem, sizeof problem) != 0)
-    return refuse(params.strict);
+  mt_devmem_init(&params);
+  mt_wcache_init(&params);
+  mt_instr_init(&spec, &params);
   snprintf(role_name, sizeof role_name, "%s", params.role ? params.role : "");
   info_started(params.role, params.stats);
   atomic_store_explicit(&mt_shim_on, 1, memory_order_release);
@@ -206,7 +233,8 @@ static void start_on_first_call(void) {
             "and read suggested_routes in the summary record",
             spec.name);
   warn_unusable_routes();
-  mt_stats_start(&spec, role_name, MT_VERSION);
+  if (mt_stats_start(&spec, role_name, MT_VERSION) != 0)
+    mt_instr_off(); /* their records would have nowhere to go */
 }
 
 void mt_shim_unread(enum mt_reason r) {

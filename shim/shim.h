@@ -26,6 +26,11 @@ static inline int mt_shim_active(void) {
  * a configuration error ends the program with exit status 2 instead of returning. */
 int mt_shim_init(void);
 
+/* mt_shim_init's work with the secure-execution decision passed in (mt_shim_init passes
+ * getauxval(AT_SECURE)), so that a test can make it: when `secure`, the shim reads no path and
+ * writes no file, says so once (unless MINITE_LOG_LEVEL=NONE) and stays inert. */
+int mt_shim_start(int secure);
+
 /* Write the summary (the library destructor calls it). */
 void mt_shim_fini(void);
 

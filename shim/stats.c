@@ -2,7 +2,6 @@
 #include "shim/stats.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -10,9 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "base/files.h"
 #include "base/json.h"
 #include "base/log.h"
 #include "base/proc.h"
@@ -44,30 +45,33 @@ static census_row census[MT_CENSUS_SIZE];
 static shape_row shapes[MT_SHAPES_SIZE];
 static unsigned long long census_overflow, shapes_overflow;
 static pthread_mutex_t census_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_mutex_t file_lock = PTHREAD_MUTEX_INITIALIZER; /* stats_fd between threads */
+static pthread_mutex_t file_lock = PTHREAD_MUTEX_INITIALIZER; /* stats_file.fd between threads */
 
-static int stats_on;      /* MINITE_STATS given and checked: the census is kept */
-static int stats_fd = -1; /* opened at the first GEMM call (mt_stats_start) */
+static int stats_on; /* MINITE_STATS opened or to be created: the census is kept */
+static mt_outfile stats_file = {.fd = -1}; /* opened at start, or at the first GEMM call */
 static pid_t owner_pid;
-static char stats_path[4096];
 static char start_fields[4096]; /* pid .. fingerprint, shared by both records */
 
-int mt_stats_check(const char *tmpl, char *why, size_t size) {
-  char shown[MT_LOG_VALUE_MAX + 64], path_shown[MT_LOG_VALUE_MAX + 64];
-  if (mt_proc_path(tmpl, stats_path, sizeof stats_path) != 0) {
-    snprintf(why, size,
-             "MINITE_STATS=%s expands to a path longer than %zu bytes: use a shorter "
-             "path",
-             mt_log_value(tmpl, shown, sizeof shown), sizeof stats_path);
+/* The statistics and the log in one file would mix log lines into the JSON lines: refused, also
+ * when the log goes to stderr and stderr is the file. */
+static int is_the_log(int fd, char *why, size_t size) {
+  struct stat a, b;
+  if (fstat(fd, &a) != 0 || fstat(mt_log_fd(), &b) != 0 || a.st_dev != b.st_dev ||
+      a.st_ino != b.st_ino)
+    return 0;
+  snprintf(why, size,
+           "%s is the file the log goes to (MINITE_LOG_FILE, or stderr): log lines would break "
+           "its JSON lines; give the statistics a path of their own",
+           stats_file.shown);
+  return 1;
+}
+
+int mt_stats_open(const char *tmpl, char *why, size_t size) {
+  if (mt_out_open(&stats_file, "MINITE_STATS", tmpl, 0, why, size) != 0)
     return -1;
-  }
-  if (!mt_proc_path_writable(stats_path)) {
-    int saved = errno;
-    snprintf(why, size,
-             "cannot write MINITE_STATS=%s (%s): %s; make sure the directory exists "
-             "and is writable, or unset MINITE_STATS",
-             mt_log_value(tmpl, shown, sizeof shown),
-             mt_log_value(stats_path, path_shown, sizeof path_shown), strerror(saved));
+  if (stats_file.fd >= 0 && is_the_log(stats_file.fd, why, size)) {
+    close(stats_file.fd);
+    stats_file.fd = -1;
     return -1;
   }
   owner_pid = getpid();
@@ -143,17 +147,24 @@ static double now_seconds(void) {
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-void mt_stats_start(const mt_spec *s, const char *role, const char *version) {
+/* The file, created now when it did not exist at start; 0, or -1 after one warning (the census
+ * stops: nothing would ever read it). */
+static int have_file(void) {
+  char why[2048];
+  if (stats_file.fd >= 0)
+    return 0;
+  if (mt_out_create(&stats_file, why, sizeof why) == 0)
+    return 0;
+  MT_WARN("%s; no statistics and no instruments for this process", why);
+  stats_on = 0;
+  return -1;
+}
+
+int mt_stats_start(const mt_spec *s, const char *role, const char *version) {
   if (!stats_on || getpid() != owner_pid)
-    return;
-  /* Appended to, never truncated: processes sharing the path each add their records. */
-  stats_fd = open(stats_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (stats_fd < 0) {
-    char shown[MT_LOG_VALUE_MAX + 64];
-    MT_WARN("cannot open MINITE_STATS file %s: %s; no statistics for this process",
-            mt_log_value(stats_path, shown, sizeof shown), strerror(errno));
-    return;
-  }
+    return 0;
+  if (have_file() != 0)
+    return -1;
   char host[1600], role_json[1600], name_json[400], version_json[100],
       routes[MT_SPEC_MAX_ROUTES * 26]; /* each at most ', "4294967295x4294967295"' */
   mt_json_string(host, sizeof host, mt_proc_host());
@@ -177,16 +188,19 @@ void mt_stats_start(const mt_spec *s, const char *role, const char *version) {
   writer w = {0};
   w_printf(&w, "{\"event\": \"start\", \"time\": %.6f, %s, \"routes\": [%s], \"version\": %s}\n",
            now_seconds(), start_fields, routes, version_json);
+  char shown[MT_LOG_VALUE_MAX + 64];
   pthread_mutex_lock(&file_lock);
-  if (w_finish(&w, stats_fd) != 0)
-    MT_WARN("could not write the start record to %s: %s", stats_path, strerror(errno));
+  if (w_finish(&w, stats_file.fd) != 0)
+    MT_WARN("could not write the start record to %s: %s",
+            mt_log_value(stats_file.path, shown, sizeof shown), strerror(errno));
   pthread_mutex_unlock(&file_lock);
+  return 0;
 }
 
 void mt_stats_append(const char *lines, size_t len) {
   pthread_mutex_lock(&file_lock);
-  if (stats_fd >= 0 && getpid() == owner_pid)
-    write_all(stats_fd, lines, len); /* whole lines, one write */
+  if (stats_file.fd >= 0 && getpid() == owner_pid)
+    write_all(stats_file.fd, lines, len); /* whole lines, one write */
   pthread_mutex_unlock(&file_lock);
 }
 
@@ -404,7 +418,7 @@ void mt_stats_finish(mt_stats_part parts) {
   mt_stats_counts c;
   mt_stats_get(&c);
   log_summary(&c);
-  if (stats_fd < 0 || getpid() != owner_pid)
+  if (stats_file.fd < 0 || getpid() != owner_pid)
     return;
   pthread_mutex_lock(&census_lock);
   writer w = {0};
@@ -431,12 +445,14 @@ void mt_stats_finish(mt_stats_part parts) {
     parts(emit_to_writer, &w);
   w_printf(&w, "}\n");
   pthread_mutex_lock(&file_lock);
-  int rc = w_finish(&w, stats_fd);
+  int rc = w_finish(&w, stats_file.fd);
   int saved = errno;
-  close(stats_fd);
-  stats_fd = -1;
+  close(stats_file.fd);
+  stats_file.fd = -1;
   pthread_mutex_unlock(&file_lock);
   pthread_mutex_unlock(&census_lock);
+  char shown[MT_LOG_VALUE_MAX + 64];
   if (rc != 0)
-    MT_WARN("could not write the summary to %s: %s", stats_path, strerror(saved));
+    MT_WARN("could not write the summary to %s: %s",
+            mt_log_value(stats_file.path, shown, sizeof shown), strerror(saved));
 }

@@ -1,11 +1,12 @@
 /* stats.h — counters, the census of GEMM shapes, and the JSON lines written to MINITE_STATS.
  *
- * The file (a path template, see base/proc.h) is checked when the shim starts, and created at the
- * first GEMM call, with a "start" record (pid, host, rank, local_rank, world_size: base/proc.h;
- * device and pci_bus: the device current at that call, kernels/driver.h mt_device_current; role,
+ * The file (a path template, see base/proc.h) is resolved and checked when the shim starts, by the
+ * rules of base/files.h, and opened then when it exists; one that does not is created at the first
+ * GEMM call, by the same rules. The first GEMM call writes a "start" record (pid, host, rank,
+ * local_rank, world_size: base/proc.h; device and pci_bus: the device current at that call, kernels/driver.h mt_device_current; role,
  * spec, fingerprint, repeated in the summary); a "summary" record follows at exit: calls, routed,
  * passed through, fallbacks by reason, the census and the suggested routes. A process that never
- * calls cuBLAS writes no file: in a job preloaded as a whole, shells, compilers and launcher
+ * calls cuBLAS creates no file: in a job preloaded as a whole, shells, compilers and launcher
  * processes leave nothing behind. Counters are atomics; the census is a fixed-size table under
  * one mutex (bounded: shapes past its size are counted as census_overflow). A forked child
  * writes nothing: the file is its parent's.
@@ -36,12 +37,15 @@
 #define MT_SUGGEST_CALLS 1000
 #define MT_SUGGEST_MAX 64
 
-/* Expand the file's template and check that it can be written (at start); 0, or -1 with the
- * problem and its fix in `why`. */
-int mt_stats_check(const char *tmpl, char *why, size_t size);
+/* Resolve and check the file's template, and open the file when it exists (at start); 0, or -1
+ * with the problem and its fix in `why` (the statistics file is also refused when it is the
+ * log's). */
+int mt_stats_open(const char *tmpl, char *why, size_t size);
 
-/* Create the file and write the start record (at the first GEMM call; once). */
-void mt_stats_start(const mt_spec *s, const char *role, const char *version);
+/* Write the start record (at the first GEMM call; once), creating the file first when it did not
+ * exist at start. 0, or -1 when it could not be created (warned once): no statistics then, and
+ * the caller turns the instruments, whose records would have nowhere to go, off. */
+int mt_stats_start(const mt_spec *s, const char *role, const char *version);
 
 /* Count one call with the decision taken for it. */
 void mt_stats_count(enum mt_reason reason);

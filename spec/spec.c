@@ -2,7 +2,8 @@
  * routes, the canonical form and the fingerprint.
  *
  * The built-ins are spec text run through the same parser, so a built-in can never mean something
- * the format cannot say. Like the parser, this file depends on libc only.
+ * the format cannot say. Like the parser, this file depends on libc only (base/files.h's
+ * mt_file_kind is inline).
  */
 #include "spec/spec.h"
 
@@ -15,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/files.h"
 #include "spec/parse.h"
 
 /* ---- names ----------------------------------------------------------------------------------- */
@@ -32,16 +34,6 @@ const char *mt_wblock_name(enum mt_wblock b) {
 }
 
 /* ---- files and names ------------------------------------------------------------------------- */
-
-/* The file's kind, for a refusal: a spec is read from a regular file only. */
-static const char *kind_of(mode_t mode) {
-  return S_ISFIFO(mode)   ? "a FIFO or pipe"
-         : S_ISDIR(mode)  ? "a directory"
-         : S_ISCHR(mode)  ? "a character device"
-         : S_ISBLK(mode)  ? "a block device"
-         : S_ISSOCK(mode) ? "a socket"
-                          : "something other than a regular file";
-}
 
 /* Opened without blocking (a FIFO with no writer would block the open) and refused unless it is
  * a regular file: a FIFO would hang the program, /dev/stdin would eat its input, and /dev/zero
@@ -61,7 +53,7 @@ static int open_regular(const char *path, mt_spec_errors *errs) {
     mt_spec_add_error(errs, 0,
                       "%s is %s, not a spec file: give the path of a regular file (save a spec "
                       "that comes from a pipe to a file first)",
-                      mt_spec_quote_path(path).s, kind_of(st.st_mode));
+                      mt_spec_quote_path(path).s, mt_file_kind(st.st_mode));
     close(fd);
     return -1;
   }

@@ -107,6 +107,14 @@ __attribute__((unused)) static void mt_t_capture_stderr(void (*fn)(void *), void
   unlink(path);
 }
 
+/* How many times `needle` occurs in s (0 when s is NULL). */
+__attribute__((unused)) static int mt_t_count_of(const char *s, const char *needle) {
+  int n = 0;
+  for (const char *p = s; p && (p = strstr(p, needle)); p++)
+    n++;
+  return n;
+}
+
 __attribute__((unused)) static int mt_test_done(void) {
   printf("#mt-counts %d %d %d\n", mt_t_passed, mt_t_failed, mt_t_skipped);
   fflush(stdout);

@@ -402,13 +402,6 @@ MT_T_UNUSED static void mt_t_check_child(const char *name, const mt_t_child *r) 
   CHECKF(r->status == 0 && only_info, "scenario %s failed", name);
 }
 
-MT_T_UNUSED static int mt_t_count_of(const char *s, const char *needle) {
-  int n = 0;
-  for (const char *p = s; p && (p = strstr(p, needle)); p++)
-    n++;
-  return n;
-}
-
 /* The integer after "key": " in s, after the first occurrence of `within` when it is not NULL;
  * -1 when absent. */
 MT_T_UNUSED static long mt_t_json_int_in(const char *s, const char *within, const char *key) {

@@ -6,9 +6,12 @@
  *   fork_waits_for_the_engine    a thread routes without pause, each launch taking 500 us in the
  *                                fake driver; in every child, no thread of the parent was inside
  *                                the driver at the fork (the engine gate)
- *   fork_while_the_log_opens     a thread blocked opening MINITE_LOG_FILE (a FIFO with no reader
- *                                yet) holds the log's lock: the fork waits for it, and the child,
- *                                which logs, comes back
+ *   fork_while_threads_log       a thread routes and logs a TRACE line per call while the main
+ *                                thread forks 40 times; each child routes (a warning and a TRACE
+ *                                line of its own) and comes back; every line of the log is whole.
+ *                                Twice: MINITE_LOG_FILE a regular file, and a FIFO with no reader,
+ *                                which the start refuses at once (lines on stderr) instead of
+ *                                blocking the process at its first line
  *   forks_under_load_come_back   four threads route with every instrument on (the instruments'
  *                                writer thread busy) while the main thread forks 200 times; each
  *                                child makes a call (cuBLAS's bits) and exits; the parent routes on
@@ -110,8 +113,7 @@ static int child_call(void) { return mt_t_cublas_on(handle, &child_problem, S1) 
 
 /* The same against cuBLAS's bits computed before the fork: no malloc in the child. A sanitizer's
  * allocator may have no fork handlers of its own, so a child that allocates can find its lock
- * held by a parent thread (the log scenario's warner, released the moment the fork proceeds, is
- * then likely to be freeing). */
+ * held by a parent thread that was routing at the fork. */
 static uint16_t *child_want;
 
 static int child_call_no_alloc(void) {
@@ -139,43 +141,21 @@ static void scenario_gate(void) {
   mt_t_unmake(&child_problem);
 }
 
-/* A first routed call on a new stream whose scratch cannot be allocated warns: the thread that
- * makes it opens the log file, a FIFO, and blocks there until a reader comes. */
-static void *warner(void *arg) {
-  (void)arg;
-  cublasHandle_t h;
-  mt_t_fakes.create_handle(&h);
-  mt_t_problem p = make(2, 8);
-  fail_alloc(1);
-  mt_t_gemm_on(h, &p, (CUstream)(uintptr_t)0x3000);
-  mt_t_unmake(&p);
-  mt_t_fakes.destroy_handle(h);
-  return NULL;
-}
-
-/* Reads the FIFO from after a delay, until the process ends (a writer never meets a FIFO
- * without a reader: that would be SIGPIPE). */
-static void *late_reader(void *arg) {
-  sleep_ms(500);
-  int fd = open((const char *)arg, O_RDONLY);
-  char buf[4096];
-  while (fd >= 0 && read(fd, buf, sizeof buf) >= 0)
-    ;
-  return NULL;
-}
-
+/* A thread that routes without pause at MINITE_LOG_LEVEL=TRACE writes a log line per call while
+ * the main thread forks; each child routes once more (its own warning and TRACE line; it cannot
+ * use the parent's CUDA) and exits. The log takes no lock, so no child can inherit one held. */
 static void scenario_log(void) {
   child_problem = make(3, 8);
-  CHECK(mt_t_routed_on(handle, &child_problem, S1)); /* logs nothing: the file is not opened yet */
+  CHECK(mt_t_routed_on(handle, &child_problem, S1));
   child_want = mt_t_cublas_reference(handle, &child_problem);
-  pthread_t w, r;
-  pthread_create(&w, NULL, warner, NULL);
-  sleep_ms(300); /* the warner is blocked in open(2) now, holding the log's lock */
-  pthread_create(&r, NULL, late_reader, (void *)getenv("MINITE_LOG_FILE"));
-  pthread_detach(r);
-  int bad = fork_rounds(1, 0, child_call_no_alloc, "bad_children");
-  CHECKF(bad == 0, "the child forked while the log file opened did not come back");
-  pthread_join(w, NULL);
+  pthread_t th;
+  pthread_create(&th, NULL, looper, (void *)(uintptr_t)1);
+  sleep_ms(20);
+  int bad = fork_rounds(40, 1, child_call_no_alloc, "bad_children");
+  CHECKF(bad == 0, "%d of 40 children forked while a thread logged did not come back", bad);
+  atomic_store(&stop_looping, 1);
+  pthread_join(th, NULL);
+  printf("#info pid %ld\n", (long)getpid());
   free(child_want);
   mt_t_unmake(&child_problem);
 }
@@ -215,17 +195,44 @@ static void fork_waits_for_the_engine(void) {
   mt_t_child_free(&r);
 }
 
-static void fork_while_the_log_opens(void) {
-  char fifo[PATH_MAX + 32], var[PATH_MAX + 64];
+/* Lines of `text` that are not whole lines of the shim ("host:pid:tid minite LEVEL ..."), and
+ * into *others those of another process than `pid`. */
+static int broken_lines(const char *text, long pid, int *others) {
+  int broken = 0;
+  *others = 0;
+  for (const char *line = text; line && *line;) {
+    const char *nl = strchr(line, '\n'), *colon = strchr(line, ':');
+    const char *word = strstr(line, " minite ");
+    broken += !nl || !colon || !word || word > nl;
+    *others += colon && strtol(colon + 1, NULL, 10) != pid;
+    line = nl ? nl + 1 : NULL;
+  }
+  return broken;
+}
+
+static void fork_while_threads_log(void) {
+  char fifo[PATH_MAX + 32], file[PATH_MAX + 32], var[2][PATH_MAX + 64];
+  snprintf(file, sizeof file, "%s/log.file", mt_t_paths.tmp);
   snprintf(fifo, sizeof fifo, "%s/log.fifo", mt_t_paths.tmp);
   CHECKF(mkfifo(fifo, 0600) == 0, "mkfifo %s", fifo);
-  snprintf(var, sizeof var, "MINITE_LOG_FILE=%s", fifo);
-  const char *env[] = {var, NULL};
-  mt_t_child r;
-  mt_t_run_child("log", "log", env, &r);
-  mt_t_check_child("log", &r);
-  CHECKF(mt_t_info(&r, "bad_children") == 0, "bad children: %ld", mt_t_info(&r, "bad_children"));
-  mt_t_child_free(&r);
+  snprintf(var[0], sizeof var[0], "MINITE_LOG_FILE=%s", file);
+  snprintf(var[1], sizeof var[1], "MINITE_LOG_FILE=%s", fifo);
+  for (int i = 0; i < 2; i++) {
+    const char *env[] = {var[i], "MINITE_LOG_LEVEL=TRACE", NULL};
+    mt_t_child r;
+    mt_t_run_child_with("log", i ? "log_fifo" : "log_file", env, NULL, 60, &r);
+    mt_t_check_child("log", &r);
+    CHECKF(mt_t_info(&r, "bad_children") == 0, "bad children: %ld", mt_t_info(&r, "bad_children"));
+    char *text = i ? NULL : mt_t_read_file(file, NULL);
+    const char *lines = i ? r.err : text;
+    int others = 0, broken = broken_lines(lines, mt_t_info(&r, "pid"), &others);
+    CHECKF(lines && broken == 0 && others >= 40, "%s: %d broken lines, %d of the children: %.300s",
+           var[i], broken, others, lines ? lines : "");
+    CHECKF(!i || strstr(r.err, "is a FIFO or pipe, not a regular file"), "%.300s",
+           r.err ? r.err : "");
+    free(text);
+    mt_t_child_free(&r);
+  }
 }
 
 static void forks_under_load_come_back(void) {
@@ -242,7 +249,7 @@ static void forks_under_load_come_back(void) {
 
 static void tests(void) {
   RUN(fork_waits_for_the_engine);
-  RUN(fork_while_the_log_opens);
+  RUN(fork_while_threads_log);
   RUN(forks_under_load_come_back);
 }
 

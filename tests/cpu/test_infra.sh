@@ -2,8 +2,8 @@
 # shellcheck disable=SC2016,SC2034 # conditions are single-quoted strings that check() evaluates
 # test_infra.sh — the test machinery itself. tests/run: sums the programs' "#mt-counts" lines,
 # counts a program without counts and one that fails without saying so as failed, kills a program
-# that outlives MT_TEST_TIMEOUT together with what it started and counts it failed, and refuses a
-# limit that is not a number. make gputest: without a GPU it says so and fails before building
+# that outlives MT_TEST_TIMEOUT together with what it started and counts it failed, refuses a
+# limit that is not a number, and fails a run in which no test ran. make gputest: without a GPU it says so and fails before building
 # anything; with one it runs the tests. The GPU's presence is faked through GPU_CHECK, so the
 # result is the same on a machine that has one.
 set -u
@@ -72,6 +72,14 @@ check "a program past MT_TEST_TIMEOUT is killed and counted failed" \
    [ "$(last)" = "tests: 1 passed, 1 failed, 0 skipped" ] && [ $rc -ne 0 ] && [ $took -lt 20 ]'
 check "what the timed-out program started is killed too" 'gone "$(cat "$dir/child")"'
 
+runner 'echo "#mt-counts 0 0 0"' 'echo "#mt-counts 0 0 0"'
+check "a run in which no test ran fails" \
+  'grep -q "FAIL tests/run: no test ran (2 programs)" "$dir/out" &&
+   [ "$(last)" = "tests: 0 passed, 1 failed, 0 skipped" ] && [ $rc -ne 0 ]'
+
+runner
+check "a run of no program fails" '[ "$(last)" = "tests: 0 passed, 1 failed, 0 skipped" ] && [ $rc -ne 0 ]'
+
 MT_TEST_TIMEOUT=soon runner 'echo "#mt-counts 1 0 0"'
 check "a limit that is not a number is refused" \
   'grep -q "MT_TEST_TIMEOUT=soon is not a whole number" "$dir/out" && [ $rc -eq 2 ]'
@@ -82,9 +90,9 @@ check "make gputest without a GPU says so and fails, building nothing" \
    ! grep -q "^tests:" "$dir/out" && ! grep -qE "(^| )(cc|nvcc) " "$dir/out"'
 
 gputest GPU_CHECK=true GPU_TESTS= GPUTEST_PY=
-check "make gputest with a GPU runs tests/run" \
-  '! grep -q "no GPU found" "$dir/out" && [ "$(last)" = "tests: 0 passed, 0 failed, 0 skipped" ] &&
-   [ $rc -eq 0 ]'
+check "make gputest with a GPU runs tests/run (which fails: no test given)" \
+  '! grep -q "no GPU found" "$dir/out" && grep -q "no test ran" "$dir/out" &&
+   grep -qx "tests: 0 passed, 1 failed, 0 skipped" "$dir/out" && [ $rc -ne 0 ]'
 
 echo "#mt-counts $passed $failed 0"
 [ "$failed" -eq 0 ]

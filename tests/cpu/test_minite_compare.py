@@ -5,7 +5,9 @@ refusals with exit status 3 (fingerprints that differ, no start record, not a st
 disagreeing start records), unreadable files and usage errors with 2, truncated and corrupt lines
 skipped and counted, keys inconsistent within one file, unknown fields ignored, an empty join,
 --json with its documented fields, sketch values beyond FP32 and routes beyond uint32 counted as
-corrupt, and the message for an unknown digest scheme.
+corrupt, the message for an unknown digest scheme, a FIFO or a device refused at once (never
+waited on), and values of the files shown with control characters escaped and long ones
+shortened.
 """
 import importlib.machinery
 import importlib.util
@@ -66,8 +68,12 @@ def write(name, lines, starts=None, summary=True, tail=""):
 
 
 def compare(*args):
-    res = subprocess.run([sys.executable, COMPARE] + [str(a) for a in args],
-                         capture_output=True, text=True)
+    """Exit status, stdout and stderr; status 124 when the tool runs past 60 s (a hang)."""
+    try:
+        res = subprocess.run([sys.executable, COMPARE] + [str(a) for a in args],
+                             capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return 124, "", "timed out"
     return res.returncode, res.stdout, res.stderr
 
 
@@ -226,6 +232,38 @@ def test_unreadable_files_and_usage_errors_exit_2():
     harness.check(rc == 2 and "cannot read" in err, f"a directory: {rc}: {err}")
     rc, out, err = compare("--help")
     harness.check(rc == 0 and "Exit status" in out and "3 refused" in out, f"--help: {out}")
+
+
+def test_fifo_and_devices_are_refused_at_once():
+    good = write("ok3.jsonl", [])
+    fifo = path("stats.fifo")
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
+    for other, kind in ((fifo, "a FIFO or pipe"), ("/dev/zero", "a character device")):
+        rc, out, err = compare(good, other)
+        harness.check(rc == 2 and "cannot read" in err and kind in err and
+                      "not a statistics file" in err, f"{other}: exit {rc}: {err}")
+
+
+def test_values_are_escaped_and_shortened():
+    ys = rows(2, 12)
+    forged = "x\nminite-compare: forged line\x1b[31m\x9b"
+    a = write("roles_a.jsonl", [digest(i, i, y) for i, y in enumerate(ys)],
+              starts=[start(role=forged, spec="s" * 5000)])
+    b = write("roles_b.jsonl", [digest(i, i, y) for i, y in enumerate(ys)],
+              starts=[start(role="r" * 100000, spec="s" * 5000)])
+    rc, out, err = compare(a, b)
+    harness.check(rc == 0 and err == "", f"exit {rc}: {err}")
+    harness.check("role x\\nminite-compare: forged line\\x1b[31m\\x9b pid" in out and
+                  "\x1b" not in out and "\x9b" not in out and
+                  not any(line.startswith("minite-compare: forged") for line in out.split("\n")),
+                  out[:600])
+    harness.check(len(out) < 3000 and "(100000 characters)" in out and
+                  "(5000 characters)" in out, f"{len(out)} characters: {out[:600]}")
+    other = write("roles_c.jsonl", [], starts=[start(spec="t" * 5000, fingerprint=FP_OTHER)])
+    rc, out, err = compare(a, other)
+    harness.check(rc == 3 and len(err) < 2000 and "(5002 characters)" in err,
+                  f"exit {rc}: {len(err)} characters: {err[:600]}")
 
 
 def test_truncated_and_corrupt_lines_are_skipped_and_counted():
@@ -438,6 +476,7 @@ for t in (test_identical_rows_are_all_equal, test_scaled_rows_are_estimated_exac
           test_mismatched_fingerprints_are_refused,
           test_no_start_record_and_foreign_files_are_refused,
           test_several_start_records_must_agree, test_unreadable_files_and_usage_errors_exit_2,
+          test_fifo_and_devices_are_refused_at_once, test_values_are_escaped_and_shortened,
           test_truncated_and_corrupt_lines_are_skipped_and_counted,
           test_keys_inconsistent_within_one_file, test_unknown_fields_and_records_are_ignored,
           test_digests_dropped_by_the_shim_are_reported,

@@ -4,7 +4,9 @@ ranks with a per-rank breakdown; a shared file holding two processes; missing an
 and a process without a summary reported; refusals with exit status 3 (fingerprints that differ,
 no start record), unreadable files and usage errors with 2; the table; shadow figures that are
 not finite kept so; records of wrong types and lines nested too deep skipped and counted, with
---json still JSON; a file given twice read once.
+--json still JSON; a file given twice read once; a FIFO or a device refused at once (never waited
+on); values of the files shown in the table with control characters escaped and long ones
+shortened.
 """
 import json
 import os
@@ -75,8 +77,12 @@ def write(name, lines):
 
 
 def merge(*args):
-    res = subprocess.run([sys.executable, MERGE] + [str(a) for a in args], capture_output=True,
-                         text=True)
+    """Exit status, stdout and stderr; status 124 when the tool runs past 60 s (a hang)."""
+    try:
+        res = subprocess.run([sys.executable, MERGE] + [str(a) for a in args],
+                             capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return 124, "", "timed out"
     return res.returncode, res.stdout, res.stderr
 
 
@@ -201,6 +207,35 @@ def test_refusals_and_usage():
     harness.check(rc == 2, f"no file: exit {rc}")
 
 
+def test_fifo_and_devices_are_refused_at_once():
+    r0, _ = two_ranks()
+    fifo = os.path.join(TMP, "stats.fifo")
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
+    for other, kind in ((fifo, "a FIFO or pipe"), ("/dev/zero", "a character device"),
+                        (TMP, "a directory")):
+        rc, out, err = merge(r0, other)
+        harness.check(rc == 2 and "cannot read" in err and kind in err, f"{other}: exit {rc}: {err}")
+
+
+def test_values_are_escaped_and_shortened_in_the_table():
+    forged = "x\nrank  forged\x1b[31m\x9b"
+    hostile = {"role": forged, "spec": "s" * 5000, "host": "h" * 3000}
+    summ = dict(json.loads(summary(0, 500, 1, 0, {"r\neason\x1b" + "e" * 3000: 1},
+                                   [census_row(256, 8, 1, entry="e\x1b[2J" + "n" * 3000)])),
+                **hostile)
+    lines = [start(0, 500, **hostile), json.dumps(summ)]
+    path = write("hostile.jsonl", lines)
+    rc, out, err = merge(path)
+    harness.check(rc == 0 and err == "", f"exit {rc}: {err}")
+    harness.check("\x1b" not in out and "\x9b" not in out and "x\\nrank" in out and
+                  "fallback r\\neason\\x1b" in out and "e\\x1b[2J" in out, out[:800])
+    harness.check(len(out) < 4000 and "(5000 characters)" in out and
+                  "(3008 characters)" in out and "(3005 characters)" in out,
+                  f"{len(out)} characters: {out[:800]}")
+    harness.check(not any(line.startswith("rank  forged") for line in out.split("\n")), out[:800])
+
+
 def test_table():
     rc, out, err = merge(*two_ranks())
     harness.check(rc == 0 and err == "", f"exit {rc}: {err}")
@@ -323,7 +358,8 @@ def test_the_same_file_twice_is_read_once():
 
 for t in (test_ranks_are_summed_with_a_breakdown, test_one_census_over_ranks,
           test_instruments_over_ranks, test_shared_file_missing_and_repeated_ranks,
-          test_refusals_and_usage, test_table,
+          test_refusals_and_usage, test_fifo_and_devices_are_refused_at_once,
+          test_values_are_escaped_and_shortened_in_the_table, test_table,
           test_not_finite_shadow_figures_stay_not_finite,
           test_mistyped_records_are_skipped_and_counted, test_deeply_nested_line_is_skipped,
           test_the_same_file_twice_is_read_once, test_a_world_of_a_billion_ranks):

@@ -173,6 +173,8 @@ static void start_echoes_and_warns(void) {
   setenv("MINITE_PROBE", "1/2x", 1);
   setenv("MINITE_ROLE", "sampler", 1);
   setenv("MINITE_STATS", "s.%q.jsonl", 1);
+  setenv("MINITE_SHADOW", "", 1); /* empty: unset, the default, said nowhere */
+  setenv("RANK", "3x", 1);
   mt_params_read(&p);
   int errors = start_captured(&p, text, sizeof text);
   CHECKF(errors == 1, "%d errors", errors);
@@ -183,6 +185,10 @@ static void start_echoes_and_warns(void) {
   CHECK(strstr(text, " minite WARN invalid value '1/2x' for MINITE_PROBE: "));
   CHECK(strstr(text, " minite WARN MINITE_STATS=s.%q.jsonl: '%q' is not a known escape"));
   CHECKF(!strstr(text, "MINITE_SHADOW"), "%s", text);
+  CHECKF(strstr(text, " minite WARN RANK=3x is not a whole number of at most 9 digits: ") &&
+             strstr(text, "fix or unset RANK\n"),
+         "%s", text);
+  unsetenv("RANK");
   clear_env();
 }
 

@@ -4,8 +4,11 @@
  * with the fake cuBLAS and the fake libcuda.so.1 of tests/cpu/fake (as test_shim_engine.c does),
  * some with a time limit (a hang is a failure, not a stuck `make test`).
  *
- *   log_file_appended_and_lazy          MINITE_LOG_FILE: appended, one file per %p only if logged
+ *   log_file_appended_and_made_at_start MINITE_LOG_FILE: appended, made at start (also if empty)
  *   stats_file_shared_by_processes      MINITE_STATS: appended, whole records, every start kept
+ *   stats_file_lost_before_first_call   its folder removed, or a link planted at its path, after the
+ *                                       start: one warning, no file through the link, and no
+ *                                       instrument reruns calls whose records have nowhere to go
  *   graph_memory_outlives_scratch       a captured call never uses memory a later call frees
  *   capture_after_warmup_elsewhere      warm-up on one stream, capture on another: routed
  *   capture_off_and_no_async            MINITE_CAPTURE=off; a driver without stream-ordered memory
@@ -353,6 +356,32 @@ static void scenario_fork_before(void) {
   mt_t_unmake(&p);
 }
 
+/* What a test may do to the statistics file's path between the start and the first call
+ * (MT_T_LATE): "rmdir" removes its folder, "link" plants a link to PATH.target there, "none"
+ * nothing. Then 100 routed calls; prints the calls the fake cuBLAS saw (the shadow's reruns). */
+static void scenario_stats_lost(void) {
+  const char *path = getenv("MINITE_STATS"), *late = getenv("MT_T_LATE");
+  char dir[PATH_MAX], target[PATH_MAX + 16];
+  snprintf(dir, sizeof dir, "%s", path);
+  *strrchr(dir, '/') = '\0';
+  snprintf(target, sizeof target, "%s.target", path);
+  if (!strcmp(late, "rmdir"))
+    CHECK(rmdir(dir) == 0);
+  else if (!strcmp(late, "link"))
+    CHECK(symlink(target, path) == 0);
+  uint32_t seed = 15;
+  mt_t_problem p = make(&seed, OUT, 8);
+  for (int i = 0; i < 100; i++)
+    CHECK(mt_t_routed_on(handle, &p, S1));
+  fake_record rec = {0};
+  void (*last)(fake_record *) =
+      (void (*)(fake_record *))mt_t_sym(mt_t_fakes.cublas, "fake_cublas_last");
+  if (last)
+    last(&rec);
+  printf("#info cublas_calls %ld\n", rec.calls);
+  mt_t_unmake(&p);
+}
+
 /* Every kind of call that allocates: a first call (scratch, modules' canary, the instruments),
  * growth, a second stream, a capture, frozen entries (MINITE_WEIGHT_CACHE=frozen). Each result is
  * right whether routed or not; prints the calls made and the allocations the run took. */
@@ -391,6 +420,7 @@ static const mt_t_scenario scenarios[] = {
     {"fork_after", scenario_fork_after},
     {"fork_before", scenario_fork_before},
     {"allocs", scenario_allocs},
+    {"stats_lost", scenario_stats_lost},
 };
 
 /* ======================================================================================== */
@@ -419,8 +449,8 @@ static int whole_lines(const char *text) {
   return 1;
 }
 
-/* MINITE_LOG_FILE: appended, one file per %p only if logged. */
-static void log_file_appended_and_lazy(void) {
+/* MINITE_LOG_FILE: appended, and made at start, so that no line ever opens it late. */
+static void log_file_appended_and_made_at_start(void) {
   char log[PATH_MAX + 64], env_log[PATH_MAX + 80];
   snprintf(log, sizeof log, "%s/shared.log", mt_t_paths.tmp);
   snprintf(env_log, sizeof env_log, "MINITE_LOG_FILE=%s", log);
@@ -437,7 +467,7 @@ static void log_file_appended_and_lazy(void) {
          "the log holds the lines of both processes (%s, %s): %.300s", pa, pb, text ? text : "");
   free(text);
   mt_t_child_free(&a), mt_t_child_free(&b);
-  /* a process that logs nothing (WARN, nothing to warn about) creates no file */
+  /* a process that logs nothing (WARN, nothing to warn about) has its file all the same, empty */
   char dir[PATH_MAX + 64], env_quiet[PATH_MAX + 128], quiet[PATH_MAX + 128];
   snprintf(dir, sizeof dir, "%s/quiet", mt_t_paths.tmp);
   mkdir(dir, 0755);
@@ -447,8 +477,44 @@ static void log_file_appended_and_lazy(void) {
   run_child("one_call", "log_quiet", env2, &c);
   mt_t_check_child("one_call", &c);
   snprintf(quiet, sizeof quiet, "%s/log.%ld", dir, json_int(c.stats, "pid"));
-  CHECKF(!exists(quiet), "%s was created by a process that logged nothing", quiet);
+  long len = -1;
+  free(mt_t_read_file(quiet, &len));
+  CHECKF(len == 0, "%s: %ld bytes from a process that logged nothing", quiet, len);
   mt_t_child_free(&c);
+}
+
+/* The statistics file's folder removed, or a link planted at its path, between the start and the
+ * first call: one warning at that call, no file made through the link, no statistics, and the
+ * instruments off (no shadow reruns through cuBLAS whose results would be thrown away). Without
+ * either, the shadow reruns each call. */
+static void stats_file_lost_before_first_call(void) {
+  static const char *const lates[] = {"MT_T_LATE=none", "MT_T_LATE=rmdir", "MT_T_LATE=link"};
+  for (int i = 0; i < 3; i++) {
+    char dir[PATH_MAX + 64], stats_env[PATH_MAX + 96], target[PATH_MAX + 96], tag[32];
+    snprintf(dir, sizeof dir, "%s/late%d", mt_t_paths.tmp, i);
+    CHECK(mkdir(dir, 0755) == 0);
+    snprintf(stats_env, sizeof stats_env, "MINITE_STATS=%s/s.jsonl", dir);
+    snprintf(target, sizeof target, "%s/s.jsonl.target", dir);
+    snprintf(tag, sizeof tag, "stats_lost%d", i);
+    const char *env[] = {stats_env, "MINITE_SHADOW=1", lates[i], NULL};
+    mt_t_child r;
+    run_child("stats_lost", tag, env, &r);
+    mt_t_check_child("stats_lost", &r);
+    CHECKF(mt_t_info(&r, "cublas_calls") == (i ? 0 : 100), "%s: %ld calls reran through cuBLAS",
+           lates[i], mt_t_info(&r, "cublas_calls"));
+    if (i == 0) {
+      CHECKF(r.err && !r.err[0], "%s", r.err ? r.err : "");
+      mt_t_child_free(&r);
+      continue;
+    }
+    const char *w = r.err ? strstr(r.err, " minite WARN MINITE_STATS=") : NULL;
+    CHECKF(w && strstr(w, i == 2 ? "is a symbolic link" : "does not exist") &&
+               strstr(w, "no statistics and no instruments for this process") &&
+               !strstr(w + 1, " minite WARN "),
+           "%s: %s", lates[i], r.err ? r.err : "");
+    CHECKF(!exists(target), "a file was made through the link: %s", target);
+    mt_t_child_free(&r);
+  }
 }
 
 /* Sequential and concurrent processes on one statistics path. */
@@ -741,8 +807,9 @@ static void allocation_failure_everywhere(void) {
 }
 
 static void tests(void) {
-  RUN(log_file_appended_and_lazy);
+  RUN(log_file_appended_and_made_at_start);
   RUN(stats_file_shared_by_processes);
+  RUN(stats_file_lost_before_first_call);
   RUN(graph_memory_outlives_scratch);
   RUN(capture_after_warmup_elsewhere);
   RUN(capture_off_and_no_async);

@@ -5,15 +5,21 @@
  * RTLD_LOCAL, as PyTorch does — without the shim, inert, and active under the bf16 and nvfp4-row
  * specs, and checks: arguments arrive unchanged (the app checks, exit 0), results are bitwise the
  * same in every run, the statistics file holds the counts and reasons the router must give, and
- * bad settings give their message and change nothing. Needs the fixtures of tests/cpu/shim.mk.
+ * bad settings give their message and change nothing, hostile output paths (a FIFO, a directory, a
+ * device, links, long names, a relative path after a chdir) are refused at start or resolved
+ * there, and values are echoed escaped and shortened. Each program runs in the temporary folder,
+ * under a 60 s alarm (a hang is status 128 + SIGALRM). Needs the fixtures of tests/cpu/shim.mk.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,6 +70,9 @@ static void run(const char *const argv[], const char *const env[], int shim, run
     dup2(fd, 2);
     fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
+    if (chdir(tmp) != 0)
+      _exit(126);
+    alarm(60); /* kept across execv: a program that hangs ends with SIGALRM */
     execv(argv[0], (char *const *)argv);
     _exit(127);
   }
@@ -388,7 +397,146 @@ static void bad_route(void) { bad_setting("bad_route", "MINITE_ROUTE=64by32", "M
 static void bad_stats_path(void) {
   static char setting[2 * PATH_MAX];
   snprintf(setting, sizeof setting, "MINITE_STATS=%s/no/such/dir/s.jsonl", tmp);
-  bad_setting("bad_stats", setting, "cannot write MINITE_STATS");
+  bad_setting("bad_stats", setting, "is in a directory that does not exist");
+}
+
+/* --- hostile output paths ------------------------------------------------------------------- */
+
+typedef struct {
+  const char *what;   /* made in the temporary folder by make_hostile */
+  const char *reason; /* what the refusal says */
+} hostile;
+
+static const hostile hostiles[] = {
+    {"fifo", "is a FIFO or pipe, not a regular file"},
+    {"dir", "is a directory, not a regular file"},
+    {"loop", "is a symbolic link"},
+    {"dangling", "is a symbolic link"},
+    {"link", "is a symbolic link"},
+    {"device", "is a character device, not a regular file"},
+    {"socket", "is a socket, not a regular file"},
+    {"long", "has a file name longer than 255 bytes"},
+    {NULL, NULL},
+};
+
+/* The thing named `what` at a fresh path of the temporary folder (tag: for whom), into path. */
+static void make_hostile(const char *what, const char *tag, char *path, size_t size) {
+  char target[PATH_MAX + 420];
+  snprintf(path, size, "%s/%s.%s", tmp, tag, what);
+  snprintf(target, sizeof target, "%s.target", path);
+  unlink(path), unlink(target);
+  if (!strcmp(what, "fifo"))
+    CHECK(mkfifo(path, 0644) == 0);
+  else if (!strcmp(what, "dir"))
+    CHECK(mkdir(path, 0755) == 0 || errno == EEXIST);
+  else if (!strcmp(what, "loop"))
+    CHECK(symlink(path, path) == 0);
+  else if (!strcmp(what, "dangling"))
+    CHECK(symlink(target, path) == 0);
+  else if (!strcmp(what, "link"))
+    CHECK(close(open(target, O_WRONLY | O_CREAT, 0644)) == 0 && symlink(target, path) == 0);
+  else if (!strcmp(what, "device"))
+    snprintf(path, size, "/dev/null");
+  else if (!strcmp(what, "socket")) {
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%.100s", path);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    CHECKF(bind(fd, (struct sockaddr *)&a, sizeof a) == 0, "bind %s", path);
+  } else {
+    char name[301];
+    memset(name, 'n', 300);
+    name[300] = '\0';
+    snprintf(path, size, "%s/%s", tmp, name);
+  }
+}
+
+/* Each hostile MINITE_STATS: refused at start with its reason, the shim inert (no hang, no file
+ * made through a link); under MINITE_STRICT=1, exit status 2 with the same words. */
+static void hostile_stats_paths(void) {
+  for (const hostile *h = hostiles; h->what; h++) {
+    static char setting[2 * PATH_MAX];
+    char path[PATH_MAX + 400], target[PATH_MAX + 420], tag[64];
+    make_hostile(h->what, "stats", path, sizeof path);
+    snprintf(setting, sizeof setting, "MINITE_STATS=%s", path);
+    snprintf(tag, sizeof tag, "hostile_stats_%s", h->what);
+    bad_setting(tag, setting, h->reason);
+    snprintf(target, sizeof target, "%s.target", path);
+    if (!strcmp(h->what, "dangling"))
+      CHECKF(!exists(target), "a file was made through the dangling link %s", path);
+    const char *env[] = {"MINITE_STRICT=1", "MINITE_SPEC=bf16", routes_env, setting, NULL};
+    run_result r;
+    app(DIRECT, tag, env, 1, &r);
+    CHECKF(r.status == 2 && strstr(r.err, h->reason) &&
+               strstr(r.err, "MINITE_STRICT=1: ending the program with exit status 2"),
+           "%s under MINITE_STRICT=1: exit %d: %s", h->what, r.status, r.err);
+  }
+}
+
+/* Each hostile MINITE_LOG_FILE: one warning at start, with its reason, and the log on stderr
+ * (never a hang, even at INFO, which logs from the start); under MINITE_STRICT=1, exit 2. */
+static void hostile_log_paths(void) {
+  for (const hostile *h = hostiles; h->what; h++) {
+    char path[PATH_MAX + 400], log_env[PATH_MAX + 420], stats[PATH_MAX + 80],
+        stats_env[PATH_MAX + 100], tag[64];
+    make_hostile(h->what, "log", path, sizeof path);
+    snprintf(log_env, sizeof log_env, "MINITE_LOG_FILE=%s", path);
+    snprintf(tag, sizeof tag, "hostile_log_%s", h->what);
+    snprintf(stats, sizeof stats, "%s/%s.jsonl", tmp, tag);
+    snprintf(stats_env, sizeof stats_env, "MINITE_STATS=%s", stats);
+    const char *env[] = {log_env,    stats_env, "MINITE_LOG_LEVEL=INFO", "MINITE_SPEC=bf16",
+                         routes_env, NULL};
+    run_result r;
+    app(DIRECT, tag, env, 1, &r);
+    const char *w = strstr(r.err, " minite WARN ");
+    CHECKF(r.status == 0 && w && strstr(w, h->reason) && strstr(w, "; logging to stderr\n") &&
+               !strstr(w + 1, " minite WARN ") && strstr(r.err, " minite INFO summary: "),
+           "%s: exit %d: %s", h->what, r.status, r.err);
+    CHECK(same_results(tag));
+    char *first, *last;
+    CHECKF(stats_lines(stats, &first, &last) == 2, "%s: the statistics", h->what);
+    free(first), free(last);
+    const char *strict[] = {log_env, "MINITE_STRICT=1", "MINITE_SPEC=bf16", NULL};
+    app(DIRECT, tag, strict, 1, &r);
+    CHECKF(r.status == 2 && strstr(r.err, h->reason) && strstr(r.err, "MINITE_STRICT=1: ending"),
+           "%s under MINITE_STRICT=1: exit %d: %s", h->what, r.status, r.err);
+  }
+}
+
+/* A relative MINITE_STATS is made absolute at start: a program that changes its directory before
+ * its first GEMM call still writes where it was started. */
+static void relative_stats_path_after_chdir(void) {
+  char sub[PATH_MAX + 64], there[PATH_MAX + 80], here[PATH_MAX + 80], cd[PATH_MAX + 80];
+  snprintf(sub, sizeof sub, "%s/elsewhere", tmp);
+  mkdir(sub, 0755);
+  snprintf(cd, sizeof cd, "FAKE_APP_CHDIR=%s", sub);
+  snprintf(here, sizeof here, "%s/relative.jsonl", tmp);
+  snprintf(there, sizeof there, "%s/relative.jsonl", sub);
+  const char *env[] = {"MINITE_STATS=relative.jsonl", cd, "MINITE_SPEC=bf16", routes_env, NULL};
+  run_result r;
+  app(DIRECT, "relative", env, 1, &r);
+  CHECKF(r.status == 0 && r.err[0] == '\0', "exit %d: %s", r.status, r.err);
+  char *first, *last;
+  CHECKF(stats_lines(here, &first, &last) == 2 && !exists(there),
+         "the statistics went to %s, not to the directory of the start", there);
+  free(first), free(last);
+}
+
+/* One path for the log and the statistics: log lines would break the JSON lines. Refused as a bad
+ * MINITE_STATS, with the fix. */
+static void log_and_stats_one_path(void) {
+  static char setting[2 * PATH_MAX];
+  char log_env[PATH_MAX + 80];
+  snprintf(setting, sizeof setting, "MINITE_STATS=%s/one.file", tmp);
+  snprintf(log_env, sizeof log_env, "MINITE_LOG_FILE=%s/one.file", tmp);
+  const char *env[] = {log_env, setting, "MINITE_SPEC=bf16", routes_env, NULL};
+  run_result r;
+  app(DIRECT, "one_file", env, 1, &r);
+  char *text = mt_t_read_file(setting + strlen("MINITE_STATS="), NULL);
+  CHECKF(r.status == 0 && r.err[0] == '\0' && text && strstr(text, "is the file the log goes to") &&
+             strstr(text, "inert") && !strstr(text, "{\"event\""),
+         "exit %d: %s; the file: %s", r.status, r.err, text ? text : "none");
+  free(text);
+  CHECK(same_results("one_file"));
 }
 
 /* A bad log level is warned about and the default used; the shim stays active. */
@@ -418,8 +566,15 @@ static void strict_exits_2(void) {
     CHECKF(r.status == 2, "%s: exit %d", bad[i], r.status);
     CHECKF(strstr(r.err, "MINITE_STRICT=1: ending the program with exit status 2"), "%s", r.err);
   }
-  const char *good[] = {"MINITE_STRICT=1", "MINITE_SPEC=bf16", NULL};
+  /* at MINITE_LOG_LEVEL=NONE too, the program ends with a word on stderr naming the problem */
+  const char *none[] = {"MINITE_STRICT=1", "MINITE_LOG_LEVEL=NONE", "MINITE_SPEC=bf16",
+                        "MINITE_SHADOW=2", NULL};
   run_result r;
+  app(DIRECT, "strict_none", none, 1, &r);
+  CHECKF(r.status == 2 && strstr(r.err, "invalid value '2' for MINITE_SHADOW") &&
+             strstr(r.err, "MINITE_STRICT=1: ending the program with exit status 2"),
+         "exit %d: %s", r.status, r.err);
+  const char *good[] = {"MINITE_STRICT=1", "MINITE_SPEC=bf16", NULL};
   app(DIRECT, "strict_ok", good, 1, &r);
   CHECKF(r.status == 0 && r.err[0] == '\0', "exit %d: %s", r.status, r.err);
 }
@@ -514,6 +669,76 @@ static void no_gemm_no_file(void) {
   CHECK(!exists(stats));
 }
 
+/* An empty variable is an unset one: no warning, the default. */
+static void empty_values_are_unset(void) {
+  char stats[PATH_MAX + 64], env1[PATH_MAX + 80];
+  tmp_path(stats, sizeof stats, "empty.jsonl");
+  snprintf(env1, sizeof env1, "MINITE_STATS=%s", stats);
+  const char *env[] = {env1,
+                       "MINITE_SPEC=bf16",
+                       routes_env,
+                       "MINITE_SHADOW=",
+                       "MINITE_PROBE=",
+                       "MINITE_DIGEST=",
+                       "MINITE_LOG_FILE=",
+                       "MINITE_LOG_LEVEL=",
+                       "MINITE_STRICT=1",
+                       NULL};
+  run_result r;
+  app(DIRECT, "empty", env, 1, &r);
+  CHECKF(r.status == 0 && r.err[0] == '\0', "exit %d: %s", r.status, r.err);
+  char *first, *last;
+  CHECK(stats_lines(stats, &first, &last) == 2);
+  free(first), free(last);
+}
+
+/* A launcher variable that is no number is warned about, naming it, and read as rank 0. */
+static void invalid_rank_warned(void) {
+  char stats[PATH_MAX + 64], env1[PATH_MAX + 80];
+  tmp_path(stats, sizeof stats, "rank.jsonl");
+  snprintf(env1, sizeof env1, "MINITE_STATS=%s", stats);
+  const char *env[] = {env1, "MINITE_SPEC=bf16", routes_env, "RANK=three", NULL};
+  run_result r;
+  app(DIRECT, "rank", env, 1, &r);
+  const char *w = strstr(r.err, " minite WARN RANK=three is not a whole number");
+  CHECKF(r.status == 0 && w && strstr(w, "fix or unset RANK") && !strstr(w + 1, " minite WARN"),
+         "exit %d: %s", r.status, r.err);
+  char *first, *last;
+  CHECK(stats_lines(stats, &first, &last) == 2 && strstr(first, "\"rank\": 0,"));
+  free(first), free(last);
+}
+
+/* A value with control characters cannot forge a log line or reach a terminal raw, and a long one
+ * is shortened in the start line: every line of stderr is the shim's, whole. */
+static void values_escaped_and_shortened_in_log(void) {
+  static char role[120 * 1024]; /* a variable may hold at most 128 KiB */
+  const char *forged = "MINITE_ROLE=x\nhost:1:1 minite WARN forged\x1b[31m";
+  memset(role, 'r', sizeof role - 1);
+  memcpy(role, "MINITE_ROLE=", 12);
+  const char *const roles[] = {forged, role};
+  for (int i = 0; i < 2; i++) {
+    const char *env[] = {roles[i], "MINITE_LOG_LEVEL=INFO", "MINITE_SPEC=bf16", NULL};
+    run_result r;
+    app(DIRECT, "roles", env, 1, &r);
+    CHECKF(r.status == 0, "exit %d", r.status);
+    int lines = 0, foreign = 0;
+    for (const char *line = r.err; *line; line = strchr(line, '\n') + 1, lines++) {
+      foreign +=
+          !strstr(line, " minite ") || strstr(line, " minite ") - line > 200 || !strchr(line, '\n');
+      if (!strchr(line, '\n'))
+        break;
+    }
+    CHECKF(lines >= 3 && !foreign && !strchr(r.err, '\x1b'), "%d lines, %d not the shim's: %.600s",
+           lines, foreign, r.err);
+    const char *start = strstr(r.err, " active: spec bf16");
+    const char *end = start ? strchr(start, '\n') : NULL;
+    CHECKF(end && end - start < 1000, "the start line: %.600s", start ? start : r.err);
+    CHECKF(i ? strstr(r.err, " bytes)") != NULL
+             : strstr(r.err, "role 'x\\nhost:1:1 minite WARN forged\\x1b[31m'") != NULL,
+           "%.600s", r.err);
+  }
+}
+
 static void nvfp4_without_routes_warns(void) {
   const char *env[] = {"MINITE_SPEC=nvfp4-row", NULL};
   run_result r;
@@ -568,12 +793,19 @@ int main(void) {
   RUN(spec_file_weight_cache_line);
   RUN(bad_route);
   RUN(bad_stats_path);
+  RUN(hostile_stats_paths);
+  RUN(hostile_log_paths);
+  RUN(relative_stats_path_after_chdir);
+  RUN(log_and_stats_one_path);
   RUN(bad_log_level);
   RUN(strict_exits_2);
   RUN(forked_child_writes_nothing);
   RUN(threads_count_every_call);
   RUN(log_file_and_templates);
   RUN(no_gemm_no_file);
+  RUN(empty_values_are_unset);
+  RUN(invalid_rank_warned);
+  RUN(values_escaped_and_shortened_in_log);
   RUN(nvfp4_without_routes_warns);
   RUN(start_record_of_64_long_routes);
   free(baseline);

@@ -1,6 +1,6 @@
 /* test_shim_units.c — the shim's modules one at a time: the router's decision table, parameter
- * path templates, the log line format, the census's order and suggested-route rule,
- * and the hook's answer when no real cuBLAS is in the process. */
+ * path templates, the log line format (control characters escaped), the census's order and
+ * suggested-route rule, and the hook's answer when no real cuBLAS is in the process. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -215,11 +215,22 @@ static void log_none(void *arg) {
   atomic_store(&mt_log_level_now, MT_LOG_WARN);
 }
 
+/* A value with a newline, a carriage return, a tab, ESC and DEL, as a user may set one. */
+static void warn_controls(void *arg) {
+  (void)arg;
+  MT_WARN("role '%s'", "a\nhost:1:1 minite WARN forged\r\t\x1b[31m\x7f");
+}
+
 static void log_lines(void) {
   char text[512], want[300];
   mt_t_capture_stderr(warn_twice_once, NULL, text, sizeof text);
   snprintf(want, sizeof want, "%s:%ld:%ld minite WARN once 41\n", mt_proc_host(), (long)getpid(),
            (long)gettid());
+  CHECKF(!strcmp(text, want), "got '%s', want '%s'", text, want);
+  mt_t_capture_stderr(warn_controls, NULL, text, sizeof text);
+  snprintf(want, sizeof want,
+           "%s:%ld:%ld minite WARN role 'a\\nhost:1:1 minite WARN forged\\r\\t\\x1b[31m\\x7f'\n",
+           mt_proc_host(), (long)getpid(), (long)gettid());
   CHECKF(!strcmp(text, want), "got '%s', want '%s'", text, want);
   mt_t_capture_stderr(log_none, NULL, text, sizeof text);
   CHECKF(text[0] == '\0', "%s", text);
@@ -236,7 +247,7 @@ static mt_call shape(int ta, int64_t m, int64_t n, int64_t k, int type) {
 static void stats_fresh(char *path) {
   close(mkstemp(path));
   char why[256] = "";
-  CHECKF(mt_stats_check(path, why, sizeof why) == 0, "%s", why);
+  CHECKF(mt_stats_open(path, why, sizeof why) == 0, "%s", why);
   mt_stats_reset();
 }
 
@@ -352,20 +363,13 @@ static void call_twice(void *arg) {
                                CUBLAS_GEMM_DEFAULT);
 }
 
-static int count(const char *text, const char *what) {
-  int n = 0;
-  for (const char *p = strstr(text, what); p; p = strstr(p + 1, what))
-    n++;
-  return n;
-}
-
 /* This program holds no cuBLAS: the hook answers NOT_INITIALIZED, never crashes, warns once. */
 static void no_real_cublas(void) {
   char text[2048];
   mt_t_capture_stderr(call_twice, NULL, text, sizeof text);
   CHECK(statuses[0] == CUBLAS_STATUS_NOT_INITIALIZED);
   CHECK(statuses[1] == CUBLAS_STATUS_NOT_INITIALIZED);
-  CHECKF(count(text, "cannot find the real cublasGemmEx") == 1, "%s", text);
+  CHECKF(mt_t_count_of(text, "cannot find the real cublasGemmEx") == 1, "%s", text);
 }
 
 int main(void) {

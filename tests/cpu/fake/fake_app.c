@@ -7,8 +7,10 @@
  * "<entry> <reason>" per call to `expect`: the reason the router must give under a spec routing
  * the weights 64x32 and 48x24 (ROUTED stands for "routed" under bf16 and "no engine" under nvfp4).
  * FAKE_APP_FORK=1 adds a fork()ed child that makes one call; FAKE_APP_THREADS=N adds N threads
- * making THREAD_CALLS routed-shape calls each, at the same time. Built twice: into the direct-link test program, and into libfakeapp.so, which a program
- * dlopen()s with RTLD_LOCAL as PyTorch loads cuBLAS.
+ * making THREAD_CALLS routed-shape calls each, at the same time; FAKE_APP_CHDIR=DIR changes the
+ * directory before the first call, as programs do after the shim has started. Built twice: into
+ * the direct-link test program, and into libfakeapp.so, which a program dlopen()s with
+ * RTLD_LOCAL as PyTorch loads cuBLAS.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -467,6 +469,11 @@ EXPORT int fake_app_run(const char *out_path, const char *expect_path) {
   expect_file = fopen(expect_path, "w");
   if (!out_file || !expect_file) {
     fprintf(stderr, "fake_app: cannot write %s or %s\n", out_path, expect_path);
+    return 1;
+  }
+  const char *dir = getenv("FAKE_APP_CHDIR");
+  if (dir && chdir(dir) != 0) {
+    fprintf(stderr, "fake_app: cannot change to %s\n", dir);
     return 1;
   }
   cublasCreate_v2(&handle);
