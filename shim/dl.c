@@ -15,16 +15,8 @@ static const struct {
   void *hook;
 } hooked[] = {
 #define MT_HOOK(name, lib, params, ...) {#name, MT_FN_##name, (void *)name},
-#define MT_REAL(name, lib, ret, params)
-#define MT_HAND(name, symbol, lib, display, ret, params)
 #define MT_DRIVER(name, ret, params) {#name, MT_FN_##name, (void *)name},
-#define MT_KERNEL(name, display)
 #include "shim/hooks.def"
-#undef MT_HOOK
-#undef MT_REAL
-#undef MT_HAND
-#undef MT_DRIVER
-#undef MT_KERNEL
 };
 
 #define NHOOKED ((int)(sizeof hooked / sizeof hooked[0]))

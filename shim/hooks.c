@@ -42,13 +42,4 @@ static _Thread_local int in_real __attribute__((tls_model("initial-exec")));
       return real(__VA_ARGS__);                                                                    \
     return slow_##name(__VA_ARGS__);                                                               \
   }
-#define MT_REAL(name, lib, ret, params)
-#define MT_HAND(name, symbol, lib, display, ret, params)
-#define MT_DRIVER(name, ret, params)
-#define MT_KERNEL(name, display)
 #include "shim/hooks.def"
-#undef MT_HOOK
-#undef MT_REAL
-#undef MT_HAND
-#undef MT_DRIVER
-#undef MT_KERNEL

@@ -28,16 +28,7 @@
  * cuGetProcAddress), for shim/dl.c's answers to lookups. cuda.h renames cuGetProcAddress to its
  * _v2 by macro; the driver exports both names, and so does the shim. */
 #undef cuGetProcAddress
-#define MT_HOOK(name, lib, params, ...)
-#define MT_REAL(name, lib, ret, params)
-#define MT_HAND(name, symbol, lib, display, ret, params)
 #define MT_DRIVER(name, ret, params) ret name params;
-#define MT_KERNEL(name, display)
 #include "shim/hooks.def"
-#undef MT_HOOK
-#undef MT_REAL
-#undef MT_HAND
-#undef MT_DRIVER
-#undef MT_KERNEL
 
 #endif

@@ -11,16 +11,7 @@
 
 #define MT_NORM_PARAMS(...) (mt_call * call, __VA_ARGS__)
 #define MT_HOOK(name, lib, params, ...) void mt_norm_##name MT_NORM_PARAMS params;
-#define MT_REAL(name, lib, ret, params)
-#define MT_HAND(name, symbol, lib, display, ret, params)
-#define MT_DRIVER(name, ret, params)
-#define MT_KERNEL(name, display)
 #include "shim/hooks.def"
-#undef MT_HOOK
-#undef MT_REAL
-#undef MT_HAND
-#undef MT_DRIVER
-#undef MT_KERNEL
 
 /* The grouped record of a routed forward call of several problems (a strided or pointer-array
  * batch, a cublasGemmGroupedBatchedEx, an Lt batch, a torch._grouped_mm call): MT_R_ROUTED, or the

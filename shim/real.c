@@ -21,11 +21,6 @@ static const struct {
 #define MT_DRIVER(name, ret, params) {#name, #name, CUDA},
 #define MT_KERNEL(name, display) {NULL, display, NONE},
 #include "shim/hooks.def"
-#undef MT_HOOK
-#undef MT_REAL
-#undef MT_HAND
-#undef MT_DRIVER
-#undef MT_KERNEL
 };
 
 /* CUDA 13 first: a process holds one cuBLAS, and when it is 13 the 12 name is never there. */

@@ -26,11 +26,6 @@ enum mt_fn {
 #define MT_DRIVER(name, ret, params) MT_FN_##name,
 #define MT_KERNEL(name, display) MT_FN_##name,
 #include "shim/hooks.def"
-#undef MT_HOOK
-#undef MT_REAL
-#undef MT_HAND
-#undef MT_DRIVER
-#undef MT_KERNEL
   MT_FN_COUNT
 };
 
@@ -38,13 +33,7 @@ enum mt_fn {
 #define MT_REAL(name, lib, ret, params) typedef ret(*mt_fn_##name) params;
 #define MT_HAND(name, symbol, lib, display, ret, params) typedef ret(*mt_fn_##name) params;
 #define MT_DRIVER(name, ret, params) typedef ret(*mt_fn_##name) params;
-#define MT_KERNEL(name, display)
 #include "shim/hooks.def"
-#undef MT_HOOK
-#undef MT_REAL
-#undef MT_HAND
-#undef MT_DRIVER
-#undef MT_KERNEL
 
 extern void *_Atomic mt_real_ptr[MT_FN_COUNT];
 
