@@ -10,7 +10,6 @@
 #include "kernels/driver.h"
 #include "shim/instr.h"
 #include "shim/stats.h"
-#include "shim/torch.h"
 #include "shim/devmem.h"
 
 #define GATE_POLL_NS 50000
@@ -61,11 +60,9 @@ static void prepare(void) {
   mt_stats_fork_lock();
   mt_instr_fork_lock();
   mt_ctx_fork_lock();
-  mt_torch_fork_lock();
 }
 
 static void parent(void) {
-  mt_torch_fork_unlock();
   mt_ctx_fork_unlock();
   mt_instr_fork_unlock(0);
   mt_stats_fork_unlock();
@@ -74,7 +71,6 @@ static void parent(void) {
 
 /* The child has this thread alone: nothing is inside the gate but this thread, if it was. */
 static void child(void) {
-  mt_torch_fork_unlock();
   mt_ctx_fork_unlock();
   mt_instr_fork_unlock(1);
   mt_stats_fork_unlock();

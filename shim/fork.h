@@ -13,9 +13,9 @@
  * - Every library lock a thread may hold at a fork and a child may take is held by the forking
  *   thread across the fork, taken in one global order (the order the code nests them, outermost
  *   first): the statistics' census and file locks, the instruments' lock, the driver's context
- *   registry, the torch API lookup. The log takes no lock (base/log.h). The child releases them
- *   and resets what has no thread or no CUDA behind it any more (the instruments' writer, the
- *   instruments, the engine of a process whose engine ran).
+ *   registry. The log (base/log.h) and the torch API lookup (shim/torch.c) take none. The child
+ *   releases them and resets what has no thread or no CUDA behind it any more (the instruments'
+ *   writer, the instruments, the engine of a process whose engine ran).
  *
  * This file registers every fork handler of the library; the modules give it their steps
  * (mt_*_fork_lock, _unlock, _child). There are two registrations. mt_fork_start, at the shim's

@@ -1,12 +1,11 @@
 /* torch.c — the torch._grouped_mm hook (see torch.h). */
 #include "shim/torch.h"
 
-#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <string.h>
 
 #include "base/log.h"
-#include "shim/fork.h"
 #include "shim/real.h"
 #include "shim/shim.h"
 
@@ -206,30 +205,29 @@ static const char *resolve(const void *real, mt_torch_api *api) {
   return NULL;
 }
 
+/* The accessors, looked up at the first call. No lock, so that a fork can never copy one held:
+ * each thread that finds them not yet published looks them up itself (the lookups are pure and
+ * give every thread the same answer) and uses its own copy for its call; the first to claim the
+ * slot publishes its copy and warns. A fork in the middle of publishing leaves a child that looks
+ * them up at each call, no more. */
 static mt_torch_api api;
-static atomic_int api_state; /* 0 not looked for yet, 1 complete, -1 incomplete (warned) */
-static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int api_claimed;
+static atomic_int api_state; /* 0 not published yet, 1 complete, -1 incomplete (warned) */
 
-void mt_torch_fork_lock(void) { pthread_mutex_lock(&api_lock); }
-void mt_torch_fork_unlock(void) { pthread_mutex_unlock(&api_lock); }
-
-static const mt_torch_api *api_get(const void *real) {
+static const mt_torch_api *api_get(const void *real, mt_torch_api *mine) {
   int state = atomic_load_explicit(&api_state, memory_order_acquire);
-  if (!state) {
-    mt_fork_register(); /* before the lock: a fork must find it covered */
-    pthread_mutex_lock(&api_lock);
-    if (!(state = atomic_load_explicit(&api_state, memory_order_acquire))) {
-      const char *missing = resolve(real, &api);
-      if (missing)
-        MT_WARN("libtorch has no %s (a PyTorch other than 2.9-2.13?): torch._grouped_mm calls "
-                "pass through unread, counted as \"torch abi\"; cuBLAS calls are still seen",
-                missing);
-      state = missing ? -1 : 1;
-      atomic_store_explicit(&api_state, state, memory_order_release);
-    }
-    pthread_mutex_unlock(&api_lock);
+  if (state)
+    return state > 0 ? &api : NULL;
+  const char *missing = resolve(real, mine);
+  if (!atomic_exchange(&api_claimed, 1)) {
+    if (missing)
+      MT_WARN("libtorch has no %s (a PyTorch other than 2.9-2.13?): torch._grouped_mm calls "
+              "pass through unread, counted as \"torch abi\"; cuBLAS calls are still seen",
+              missing);
+    api = *mine;
+    atomic_store_explicit(&api_state, missing ? -1 : 1, memory_order_release);
   }
-  return state > 0 ? &api : NULL;
+  return missing ? NULL : mine;
 }
 
 /* --- the hook -------------------------------------------------------------------------------- */
@@ -244,7 +242,8 @@ static mt_fn_torch_grouped_mm real_of(const void *caller) {
 /* 1 when the engine ran the call; 0 when the real function must. */
 static int active_call(mt_fn_torch_grouped_mm real, void *mat_a, void *mat_b, void *offs,
                        void *bias, void *out) {
-  const mt_torch_api *a = api_get((const void *)real);
+  mt_torch_api mine;
+  const mt_torch_api *a = api_get((const void *)real, &mine);
   mt_call c;
   if (!a || mt_torch_view(a, mat_a, mat_b, offs, bias, out, &c) == MT_R_TORCH_ABI) {
     if (a)

@@ -59,8 +59,4 @@ typedef struct {
 enum mt_reason mt_torch_view(const mt_torch_api *api, void *mat_a, void *mat_b, void *offs,
                              void *bias, void *out, mt_call *c);
 
-/* The lock of the first call's API lookup, held across a fork (shim/fork.h). */
-void mt_torch_fork_lock(void);
-void mt_torch_fork_unlock(void);
-
 #endif
