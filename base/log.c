@@ -9,7 +9,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "base/files.h"
 #include "base/proc.h"
 
 atomic_int mt_log_level_now = MT_LOG_WARN;
@@ -73,17 +72,6 @@ void mt_log_write(enum mt_log_level level, const char *fmt, ...) {
 const char *mt_log_level_name(enum mt_log_level level) { return mt_log_level_names[level]; }
 
 void mt_log_set_level(enum mt_log_level level) { atomic_store(&mt_log_level_now, level); }
-
-int mt_log_open(const char *tmpl) {
-  static mt_outfile file;
-  char why[2048];
-  if (mt_out_open(&file, "MINITE_LOG_FILE", tmpl, 1, why, sizeof why) != 0) {
-    MT_WARN("%s; logging to stderr", why);
-    return 1;
-  }
-  atomic_store(&log_fd, file.fd);
-  return 0;
-}
 
 int mt_log_fd(void) { return atomic_load(&log_fd); }
 

@@ -30,14 +30,11 @@ extern const char *const mt_log_level_names[];
 
 void mt_log_set_level(enum mt_log_level level);
 
-/* Open the file that the path template names (base/files.h) and send later lines there. Returns
- * 0, or 1 after warning why it cannot be used and how to fix it (lines then stay on stderr). */
-int mt_log_open(const char *tmpl);
-
 /* The descriptor lines go to (2 for stderr): the statistics file must not be the same file. */
 int mt_log_fd(void);
 
-/* For tests and fuzzers: send later lines to fd, which stays the caller's. */
+/* Send later lines to fd, which stays the caller's: the start's MINITE_LOG_FILE (base/params.c),
+ * or a test's. */
 void mt_log_to(int fd);
 
 /* A user's value as it goes into a message: itself when it is short, else its head and tail

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "base/files.h"
+#include "base/log.h"
 #include "base/proc.h"
 
 const char *const mt_wcache_names[] = {"requantize", "frozen", "frozen-sampled", NULL};
@@ -203,10 +205,18 @@ const char *mt_params_problem(const mt_params *p, enum mt_param_id id, char *buf
  * asked for (none at NONE, which opens no file); the file is named before anything is echoed, so
  * that the echo lands in it. */
 static int start_log(const mt_params *p) {
+  static mt_outfile file;
+  char why[2048];
   int errors = 0;
   mt_log_set_level(MT_LOG_WARN);
-  if (p->log_file && p->log_level != MT_LOG_NONE)
-    errors += mt_log_open(p->log_file);
+  if (p->log_file && p->log_level != MT_LOG_NONE) {
+    if (mt_out_open(&file, "MINITE_LOG_FILE", p->log_file, 1, why, sizeof why) == 0)
+      mt_log_to(file.fd);
+    else {
+      MT_WARN("%s; logging to stderr", why);
+      errors++;
+    }
+  }
   mt_log_set_level(p->log_level);
   return errors;
 }
