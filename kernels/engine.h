@@ -204,6 +204,31 @@ typedef struct {
  * grouped call given it (mt_grouped_args.refresh) runs it beside its activations' quantization. */
 int mt_wstore_refresh(const mt_wstore_refresh_args *r, mt_stream stream);
 
+/* vLLM's fused-MoE dispatch (its Triton kernel fused_moe_kernel's sorted_token_ids, expert_ids and
+ * num_tokens_post_padded: kernels/gemm_args.h, mt_moe_dispatch_args), which a grouped call may take
+ * instead of rows by segment: the call first turns it into its segment ends and row lists on the
+ * device, in memory the caller lays out with mt_moe_lists_at (the ends are then the call's offs,
+ * its m the Triton kernel's num_valid_tokens), then gathers each row's activations from x row
+ * id / top_k and writes its outputs to y row id (times its router weight where given: the row
+ * rounded to y's type, times the weight in FP32, rounded again). The rows the Triton kernel
+ * would compute, and only those, are written; the rows of blocks of expert -1 are zeroed. */
+typedef struct {
+  int32_t *offs, *src, *dst; /* nseg ends; m activation rows; m output rows */
+  float *w;                  /* m router weights, or NULL */
+} mt_moe_lists;
+size_t mt_moe_lists_bytes(int m, int nseg, int weighted);
+mt_moe_lists mt_moe_lists_at(void *mem, int m, int nseg, int weighted);
+
+typedef struct {
+  const int32_t *sorted;      /* [blocks * block_m] token ids (token * top_k + j), or NULL: one
+                                 (token, expert) pair a block (vLLM's naive_block_assignment) */
+  const int32_t *experts;     /* [blocks] */
+  const int32_t *post_padded; /* device word */
+  const float *weights;       /* router weights by id (MUL_ROUTED_WEIGHT), or NULL */
+  int blocks, block_m, top_k;
+  mt_moe_lists lists; /* lists.offs is the call's offs; lists.w set iff weights */
+} mt_moe_dispatch;
+
 /* A grouped GEMM: segments s = 0 .. nseg-1, y_s[m_s][n] = x_s[m_s][k] . W_s[n][k]^T with W_s slice s
  * of w, each output y = acc * ((1/S_a[i]) * (1/S_w[j])) * alpha + beta * c + bias, one RNE cast.
  * Rows: with offs (device memory, nseg int32 cumulative ends, as torch._grouped_mm takes them),
@@ -234,31 +259,6 @@ int mt_wstore_refresh(const mt_wstore_refresh_args *r, mt_stream stream);
  * GEMM is two launches (the segments' last tiles of a few rows on the second, which waits for the
  * first before it reads the activations), so a kernel that waits for the call's last waits for the
  * whole call. */
-/* vLLM's fused-MoE dispatch (its Triton kernel fused_moe_kernel's sorted_token_ids, expert_ids and
- * num_tokens_post_padded: kernels/gemm_args.h, mt_moe_dispatch_args), which a grouped call may take
- * instead of rows by segment: the call first turns it into its segment ends and row lists on the
- * device, in memory the caller lays out with mt_moe_lists_at (the ends are then the call's offs,
- * its m the Triton kernel's num_valid_tokens), then gathers each row's activations from x row
- * id / top_k and writes its outputs to y row id (times its router weight where given: the row
- * rounded to y's type, times the weight in FP32, rounded again). The rows the Triton kernel
- * would compute, and only those, are written; the rows of blocks of expert -1 are zeroed. */
-typedef struct {
-  int32_t *offs, *src, *dst; /* nseg ends; m activation rows; m output rows */
-  float *w;                  /* m router weights, or NULL */
-} mt_moe_lists;
-size_t mt_moe_lists_bytes(int m, int nseg, int weighted);
-mt_moe_lists mt_moe_lists_at(void *mem, int m, int nseg, int weighted);
-
-typedef struct {
-  const int32_t *sorted;      /* [blocks * block_m] token ids (token * top_k + j), or NULL: one
-                                 (token, expert) pair a block (vLLM's naive_block_assignment) */
-  const int32_t *experts;     /* [blocks] */
-  const int32_t *post_padded; /* device word */
-  const float *weights;       /* router weights by id (MUL_ROUTED_WEIGHT), or NULL */
-  int blocks, block_m, top_k;
-  mt_moe_lists lists; /* lists.offs is the call's offs; lists.w set iff weights */
-} mt_moe_dispatch;
-
 typedef struct {
   int nseg, n, k;
   const mt_wstore *w; /* at least nseg slices */

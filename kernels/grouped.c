@@ -169,23 +169,20 @@ size_t mt_grouped_workspace_bytes(int m, int k, const mt_numerics *num) {
          section((num->act_scale == MT_SCALE_ROW ? (size_t)m : 2) * 4);
 }
 
+/* The lists: the segment ends, then src, dst and (weighted) w, each a section. */
 size_t mt_moe_lists_bytes(int m, int nseg, int weighted) {
   if (m <= 0 || nseg <= 0)
     return 0;
-  return section((size_t)nseg * 4) + 2 * section((size_t)m * 4) +
-         (weighted ? section((size_t)m * 4) : 0);
+  return section((size_t)nseg * 4) + (weighted ? 3 : 2) * section((size_t)m * 4);
 }
 
 mt_moe_lists mt_moe_lists_at(void *mem, int m, int nseg, int weighted) {
   char *p = mem;
-  mt_moe_lists l = {.offs = (int32_t *)p};
-  p += section((size_t)nseg * 4);
-  l.src = (int32_t *)p;
-  p += section((size_t)m * 4);
-  l.dst = (int32_t *)p;
-  p += section((size_t)m * 4);
-  l.w = weighted ? (float *)p : NULL;
-  return l;
+  const size_t ends = section((size_t)nseg * 4), rows = section((size_t)m * 4);
+  return (mt_moe_lists){.offs = (int32_t *)p,
+                        .src = (int32_t *)(p + ends),
+                        .dst = (int32_t *)(p + ends + rows),
+                        .w = weighted ? (float *)(p + ends + 2 * rows) : NULL};
 }
 
 /* vLLM's dispatch: the lists' memory, what they cover, and a call the epilogue's scatter takes (no
