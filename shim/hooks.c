@@ -36,8 +36,7 @@ static _Thread_local int in_real __attribute__((tls_model("initial-exec")));
     return status;                                                                                 \
   }                                                                                                \
   MT_EXPORT cublasStatus_t name params {                                                           \
-    mt_fn_##name real =                                                                            \
-        (mt_fn_##name)atomic_load_explicit(&mt_real_ptr[MT_FN_##name], memory_order_acquire);      \
+    mt_fn_##name real = MT_REAL_KNOWN(name);                                                       \
     if (__builtin_expect(real && !mt_shim_active(), 1))                                            \
       return real(__VA_ARGS__);                                                                    \
     return slow_##name(__VA_ARGS__);                                                               \

@@ -105,12 +105,14 @@ static size_t elf_size(const void *image) {
 static void note_module(CUmodule m, const void *image) {
   const size_t size = image ? elf_size(image) : 0;
   const enum mt_origin o = size ? mt_vllm_origin(image, size) : MT_ORIGIN_UNKNOWN;
+  if (o == MT_ORIGIN_UNKNOWN)
+    return;
   pthread_mutex_lock(&table_lock);
   int at = -1;
   for (int i = 0; i < MODULES && at < 0; i++)
     if (origins[i].module == m || !origins[i].module)
       at = i;
-  if (at >= 0 && o != MT_ORIGIN_UNKNOWN)
+  if (at >= 0)
     origins[at].module = m, origins[at].origin = o;
   pthread_mutex_unlock(&table_lock);
 }
@@ -129,10 +131,8 @@ static void forget_module(CUmodule m) {
 
 /* --- the hooks ---------------------------------------------------------------------------------- */
 
-#define REAL(name) ((mt_fn_##name)mt_real(MT_FN_##name))
-
 MT_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
-  mt_fn_cuModuleLoadData real = REAL(cuModuleLoadData);
+  mt_fn_cuModuleLoadData real = MT_REAL_FN(cuModuleLoadData);
   if (!real)
     return mt_real_driver_missing(MT_FN_cuModuleLoadData);
   const CUresult r = real(module, image);
@@ -142,7 +142,7 @@ MT_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
 }
 
 MT_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
-  mt_fn_cuModuleGetFunction real = REAL(cuModuleGetFunction);
+  mt_fn_cuModuleGetFunction real = MT_REAL_FN(cuModuleGetFunction);
   if (!real)
     return mt_real_driver_missing(MT_FN_cuModuleGetFunction);
   const CUresult r = real(hfunc, hmod, name);
@@ -152,7 +152,7 @@ MT_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const c
 }
 
 MT_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
-  mt_fn_cuModuleUnload real = REAL(cuModuleUnload);
+  mt_fn_cuModuleUnload real = MT_REAL_FN(cuModuleUnload);
   if (!real)
     return mt_real_driver_missing(MT_FN_cuModuleUnload);
   if (atomic_load_explicit(&recorded, memory_order_relaxed))
@@ -189,7 +189,7 @@ static CUlaunchConfig config_of(unsigned gx, unsigned gy, unsigned gz, unsigned 
 #define LAUNCH_EX(name, ptsz)                                                                      \
   __attribute__((noinline)) static CUresult slow_##name(                                           \
       const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {                   \
-    mt_fn_##name real = REAL(name);                                                                \
+    mt_fn_##name real = MT_REAL_FN(name);                                                          \
     if (!real)                                                                                     \
       return mt_real_driver_missing(MT_FN_##name);                                                 \
     if (config && door(f, config, params, extra, ptsz))                                            \
@@ -198,8 +198,7 @@ static CUlaunchConfig config_of(unsigned gx, unsigned gy, unsigned gz, unsigned 
   }                                                                                                \
   MT_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **params,               \
                           void **extra) {                                                          \
-    mt_fn_##name real =                                                                            \
-        (mt_fn_##name)atomic_load_explicit(&mt_real_ptr[MT_FN_##name], memory_order_acquire);      \
+    mt_fn_##name real = MT_REAL_KNOWN(name);                                                       \
     if (__builtin_expect(real && !atomic_load_explicit(&recorded, memory_order_relaxed), 1))       \
       return real(config, f, params, extra);                                                       \
     return slow_##name(config, f, params, extra);                                                  \
@@ -211,7 +210,7 @@ LAUNCH_EX(cuLaunchKernelEx_ptsz, 1)
   __attribute__((noinline)) static CUresult slow_##name(                                           \
       CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,  \
       unsigned smem, CUstream s, void **params, void **extra) {                                    \
-    mt_fn_##name real = REAL(name);                                                                \
+    mt_fn_##name real = MT_REAL_FN(name);                                                          \
     if (!real)                                                                                     \
       return mt_real_driver_missing(MT_FN_##name);                                                 \
     const CUlaunchConfig config = config_of(gx, gy, gz, bx, by, bz, smem, s);                      \
@@ -222,8 +221,7 @@ LAUNCH_EX(cuLaunchKernelEx_ptsz, 1)
   MT_EXPORT CUresult name(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,        \
                           unsigned by, unsigned bz, unsigned smem, CUstream s, void **params,      \
                           void **extra) {                                                          \
-    mt_fn_##name real =                                                                            \
-        (mt_fn_##name)atomic_load_explicit(&mt_real_ptr[MT_FN_##name], memory_order_acquire);      \
+    mt_fn_##name real = MT_REAL_KNOWN(name);                                                       \
     if (__builtin_expect(real && !atomic_load_explicit(&recorded, memory_order_relaxed), 1))       \
       return real(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);                              \
     return slow_##name(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);                         \

@@ -52,6 +52,11 @@ static inline void *mt_real(enum mt_fn id) {
 /* The typed real function, e.g. MT_REAL_FN(cublasGemmEx)(handle, ...). */
 #define MT_REAL_FN(name) ((mt_fn_##name)mt_real(MT_FN_##name))
 
+/* The typed real function when it is known already, else NULL: a hook's fast path, one acquire
+ * load and no call. */
+#define MT_REAL_KNOWN(name)                                                                        \
+  ((mt_fn_##name)atomic_load_explicit(&mt_real_ptr[MT_FN_##name], memory_order_acquire))
+
 /* The real function `id` as the object holding `addr` sees it (its own definition or one of its
  * dependencies'), adopted as the real function when none is known yet: for a hook reached from a
  * library that is neither global nor loaded under a known soname. NULL when not found. */

@@ -270,8 +270,7 @@ __attribute__((noinline)) static void slow(void *mat_a, void *mat_b, void *offs,
 }
 
 void mt_torch_grouped_mm(void *mat_a, void *mat_b, void *offs, void *bias, void *out) {
-  mt_fn_torch_grouped_mm real = (mt_fn_torch_grouped_mm)atomic_load_explicit(
-      &mt_real_ptr[MT_FN_torch_grouped_mm], memory_order_acquire);
+  mt_fn_torch_grouped_mm real = MT_REAL_KNOWN(torch_grouped_mm);
   if (__builtin_expect(real && !mt_shim_active(), 1)) {
     real(mat_a, mat_b, offs, bias, out);
     return;
