@@ -45,6 +45,14 @@ static const layout layouts[] = {
 #define NLAYOUTS ((int)(sizeof layouts / sizeof layouts[0]))
 #define CHECKED "vLLM 0.33.0 with Triton 3.6.0"
 
+/* The parameter that holds role r in layout lay, or -1 (an optional pointer Triton dropped). */
+static int param_of(const layout *lay, enum role r) {
+  for (int p = 0; p < lay->nptr; p++)
+    if (lay->ptr[p] == (int)r)
+      return p;
+  return -1;
+}
+
 enum { S_NEW, S_LAYOUT, S_READY, S_REFUSED };
 
 struct mt_vllm_fn {
@@ -285,8 +293,8 @@ static int probe_run(probe *pr, const layout *lay, int ctas, int32_t padded, int
     params[p] = &ptr[(int)lay->ptr[p]];
   for (int i = 0; i < NINTS; i++)
     params[lay->nptr + i] = &ints[i];
-  for (int s = 0; s < SCRATCH;
-       s++) /* the launch's own scratch: valid for its grid, ours is smaller */
+  /* the launch's own scratch: valid for its grid, ours is smaller */
+  for (int s = 0; s < SCRATCH; s++)
     params[lay->nptr + NINTS + s] = pr->l->params[lay->nptr + NINTS + s];
   CUlaunchConfig cfg = pr->l->config;
   cfg.gridDimX = (unsigned)ctas, cfg.gridDimY = cfg.gridDimZ = 1;
@@ -300,15 +308,8 @@ static int probe_run(probe *pr, const layout *lay, int ctas, int32_t padded, int
 
 /* The constants under one hypothesis (layout, element type): 1 when the output says them exactly,
  * 0 when it does not, -1 on a driver failure. */
-static int has_role(const layout *lay, enum role r) {
-  for (int p = 0; p < lay->nptr; p++)
-    if (lay->ptr[p] == (int)r)
-      return 1;
-  return 0;
-}
-
 static int probe_try(probe *pr, mt_vllm_fn *v, const layout *lay, int fp16) {
-  const int naive = !has_role(lay, R_SORTED);
+  const int naive = param_of(lay, R_SORTED) < 0;
   const int32_t *li = pr->ints;
   const uint16_t *c = (const uint16_t *)(pr->host + (pr->m.c - pr->base));
   float val[PROBE_ROWS];
@@ -449,10 +450,8 @@ static int read_ints(const mt_vllm_fn *v, const mt_launch_args *l, int32_t *ints
 }
 
 static const void *role_ptr(const mt_vllm_fn *v, const mt_launch_args *l, enum role r) {
-  for (int p = 0; p < v->lay->nptr; p++)
-    if (v->lay->ptr[p] == (int)r)
-      return *(void *const *)l->params[p];
-  return NULL;
+  const int p = param_of(v->lay, r);
+  return p < 0 ? NULL : *(void *const *)l->params[p];
 }
 
 static const float one = 1.0f, zero = 0.0f;
