@@ -64,7 +64,6 @@ def routing(torch, experts, tokens, rng):
 
 def bench_geometry(b, fm, vs, name, experts, hidden, width, only_tokens, rows_out):
     torch = b.torch
-    import triton.language as tl
     gen = torch.Generator(device="cuda").manual_seed(1)
     rng = random.Random(1)
     w13 = torch.randn(experts, 2 * width, hidden, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
@@ -82,7 +81,6 @@ def bench_geometry(b, fm, vs, name, experts, hidden, width, only_tokens, rows_ou
         if tuned != default:
             configs["tuned"] = tuned
         bm = (tuned or default)["BLOCK_SIZE_M"]
-        naive = t * TOPK * 4 <= experts
         x = torch.randn(t, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
         a2 = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16, generator=gen)
         routes = [routing(torch, experts, t, rng) for _ in range(calls)]
@@ -90,11 +88,8 @@ def bench_geometry(b, fm, vs, name, experts, hidden, width, only_tokens, rows_ou
         for cname, cfg in dict(configs, ours=dict(default, BLOCK_SIZE_M=bm)).items():
             disp[cname] = []
             for ids, _ in routes:
-                if naive:
-                    disp[cname].append((None, ids.view(-1), torch.tensor([ids.numel() * cfg["BLOCK_SIZE_M"]],
-                                                                         dtype=torch.int32, device="cuda")))
-                else:
-                    disp[cname].append(vs.moe_align(ids, cfg["BLOCK_SIZE_M"], experts))
+                disp[cname].append(vs.dispatch(ids, cfg["BLOCK_SIZE_M"], experts))
+        naive = disp["ours"][0][0] is None  # vLLM's naive dispatch: no sorted token ids
         out = {k: (torch.empty(t, TOPK, 2 * width, device="cuda", dtype=torch.bfloat16),
                    torch.empty(t, TOPK, hidden, device="cuda", dtype=torch.bfloat16)) for k in list(configs) + ["ours"]}
         ws_bytes = max(b.lib.mtb_workspace_bytes(rows, hidden), b.lib.mtb_workspace_bytes(rows, width))
@@ -108,10 +103,7 @@ def bench_geometry(b, fm, vs, name, experts, hidden, width, only_tokens, rows_ou
                 sorted_ids, expert_ids, padded = disp[cname][i]
                 c1, c2 = out[cname]
                 for a, w, c, mul, top_k in ((x, w13, c1, False, TOPK), (a2, w2, c2, True, 1)):
-                    fm.invoke_fused_moe_triton_kernel(
-                        a, w, c, None, None, routes[i][1], sorted_ids, expert_ids, padded, mul, top_k, cfg,
-                        compute_type=tl.bfloat16, use_fp8_w8a8=False, use_int8_w8a8=False, use_int8_w8a16=False,
-                        use_int4_w4a16=False, per_channel_quant=False, block_shape=None, B_bias=None)
+                    vs.invoke(fm, a, w, c, routes[i][1], sorted_ids, expert_ids, padded, mul, top_k, cfg)
             return run
 
         def ours(i):

@@ -49,28 +49,16 @@ def weights():
 def dispatch(fm, ids, tokens, w13, w2):
     """vLLM's config for these shapes and its dispatch, naive where vLLM takes it."""
     config = fm.try_get_optimal_moe_config(w13.size(), w2.size(), TOPK, None, tokens)
-    naive = tokens * TOPK * 4 <= E
-    if naive:
-        return config, None, ids.view(-1), torch.tensor([ids.numel() * config["BLOCK_SIZE_M"]],
-                                                        dtype=torch.int32, device="cuda")
-    return (config,) + vllm_sources.moe_align(ids, config["BLOCK_SIZE_M"], E)
-
-
-def vllm_gemm(fm, a, b, c, topk_w, sorted_ids, expert_ids, padded, mul, top_k, config):
-    import triton.language as tl
-    fm.invoke_fused_moe_triton_kernel(a, b, c, None, None, topk_w, sorted_ids, expert_ids, padded, mul,
-                                      top_k, config, compute_type=tl.bfloat16, use_fp8_w8a8=False,
-                                      use_int8_w8a8=False, use_int8_w8a16=False, use_int4_w4a16=False,
-                                      per_channel_quant=False, block_shape=None, B_bias=None)
+    return (config,) + vllm_sources.dispatch(ids, config["BLOCK_SIZE_M"], E)
 
 
 def layer(fm, x, w13, w2, ids, topk_w, config, sorted_ids, expert_ids, padded, out):
     """GEMM1 (TritonExperts: no router weights), its activation, GEMM2 (router weights
     multiplied); the outputs into out's tensors."""
-    vllm_gemm(fm, x, w13, out["c1"], None, sorted_ids, expert_ids, padded, False, TOPK, config)
+    vllm_sources.invoke(fm, x, w13, out["c1"], None, sorted_ids, expert_ids, padded, False, TOPK, config)
     gate, up = out["c1"].view(-1, 2 * I).chunk(2, dim=-1)
     out["a2"].copy_(F.silu(gate) * up)
-    vllm_gemm(fm, out["a2"], w2, out["c2"], topk_w, sorted_ids, expert_ids, padded, True, 1, config)
+    vllm_sources.invoke(fm, out["a2"], w2, out["c2"], topk_w, sorted_ids, expert_ids, padded, True, 1, config)
 
 
 def case_vllm():
@@ -85,7 +73,7 @@ def case_vllm():
                "c2": torch.full((t, TOPK, H), float("nan"), dtype=torch.bfloat16, device="cuda")}
         layer(fm, x, w13, w2, ids, topk_w, config, sorted_ids, expert_ids, padded, out)
         c1w = torch.full_like(out["c1"], float("nan"))
-        vllm_gemm(fm, x, w13, c1w, topk_w, sorted_ids, expert_ids, padded, False, TOPK, config)
+        vllm_sources.invoke(fm, x, w13, c1w, topk_w, sorted_ids, expert_ids, padded, False, TOPK, config)
         # the layer captured (warmed up eagerly just above), replayed on new activations
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())

@@ -156,3 +156,24 @@ def moe_align(topk_ids, block_m, experts):
     expert_ids[:block_expert.numel()] = block_expert.to(torch.int32)
     total = torch.tensor([int(padded.sum())], dtype=torch.int32, device=dev)
     return sorted_ids, expert_ids, total
+
+
+def dispatch(topk_ids, block_m, experts):
+    """vLLM's dispatch of topk_ids (tokens x top_k) as fused_experts() picks it: its naive one (one
+    (token, expert) pair a block: sorted ids None, each pair's expert, numel * block_m slots) where
+    num_tokens * top_k * 4 <= experts, else moe_align_block_size's (moe_align above)."""
+    import torch
+    if topk_ids.numel() * 4 <= experts:
+        return None, topk_ids.view(-1), torch.tensor([topk_ids.numel() * block_m], dtype=torch.int32,
+                                                     device=topk_ids.device)
+    return moe_align(topk_ids, block_m, experts)
+
+
+def invoke(fm, a, b, c, topk_w, sorted_ids, expert_ids, padded, mul, top_k, config):
+    """One launch of fused_moe_kernel through vLLM's own launcher (fm: vllm()), BF16, unquantized,
+    no bias."""
+    import triton.language as tl
+    fm.invoke_fused_moe_triton_kernel(a, b, c, None, None, topk_w, sorted_ids, expert_ids, padded, mul,
+                                      top_k, config, compute_type=tl.bfloat16, use_fp8_w8a8=False,
+                                      use_int8_w8a8=False, use_int8_w8a16=False, use_int4_w4a16=False,
+                                      per_channel_quant=False, block_shape=None, B_bias=None)
