@@ -96,6 +96,25 @@ EXPECTED_VERL = {
     "training/rollout_actor_probs_pearson_corr": statistics.correlation(P_LEARNER, P_SAMPLER),
 }
 
+# NeMo-RL's, from its definitions (its GRPO guide, "Metrics"); the Jensen-Shannon term the
+# plain way, against the mixture of the two probabilities
+RS = [x for k in TOKENS for x in R[k]]
+
+
+def js_plain(p, q):
+    m = math.log((p + q) / 2)
+    return (math.exp(math.log(p) - m) - (math.log(p) - m) - 1 +
+            math.exp(math.log(q) - m) - (math.log(q) - m) - 1) / 2
+
+
+EXPECTED_NEMO_RL = {
+    "train/token_mult_prob_error": (1 + 1.5 + 4 + 3) / 4,             # mean(exp(|r|))
+    "train/gen_kl_error": EXPECTED["k3_kl"],
+    "train/policy_kl_error": sum(math.exp(-x) - 1 + x for x in RS) / 4,
+    "train/js_divergence_error": sum(js_plain(p, q) for p, q in zip(P_LEARNER, P_SAMPLER)) / 4,
+}
+EXPECTED_SLIME = {"train/train_rollout_logprob_abs_diff": (LN15 / 2 + (LN4 + LN3) / 2) / 2}
+
 
 def path(name):
     return os.path.join(TMP, name)
@@ -168,6 +187,12 @@ def test_verl_metrics_match_hand_computed_values():
     harness.check(close(ratio_max, 3.0), f"ratio max {ratio_max}")
 
 
+def test_nemo_rl_and_slime_metrics_match_hand_computed_values():
+    run = report_json(*pair())["runs"][0]
+    check_framework(run, "nemo_rl", EXPECTED_NEMO_RL)
+    check_framework(run, "slime", EXPECTED_SLIME)
+
+
 def test_per_sequence_metrics_keep_sequence_boundaries():
     # one sequence of 1 token and one of 3: a mean over sequences is not the mean over tokens
     tokens = {0: [21], 1: [22, 23, 24]}
@@ -175,7 +200,8 @@ def test_per_sequence_metrics_keep_sequence_boundaries():
     lp_l = {0: [-0.2], 1: [-1.0, -1.0, -1.6]}                # r = 0.3; 0, 0, -0.6
     files = (write("learner-lens.jsonl", "learner", lp_l, tokens=tokens),
              write("sampler-lens.jsonl", "sampler", lp_s, tokens=tokens))
-    verl = report_json(*files)["runs"][0]["verl"]
+    run = report_json(*files)["runs"][0]
+    verl = run["verl"]
     d = [-0.3, 0.2]                                          # mean lp_s - mean lp_l per sequence
     want = {
         "rollout_corr/rollout_log_ppl": (0.5 + 1.0) / 2,     # tokens: 3.5 / 4
@@ -190,6 +216,8 @@ def test_per_sequence_metrics_keep_sequence_boundaries():
     for name, value in want.items():
         harness.check(math.isclose(verl.get(name, math.nan), value, rel_tol=1e-9),
                       f"{name}: got {verl.get(name)!r}, expected {value!r}")
+    slime = run["slime"]["train/train_rollout_logprob_abs_diff"]      # tokens: 0.9 / 4
+    harness.check(math.isclose(slime, (0.3 + 0.6 / 3) / 2, rel_tol=1e-9), f"slime {slime!r}")
 
 
 def test_table_names_every_metric():
@@ -199,9 +227,11 @@ def test_table_names_every_metric():
                   "ratio std", "ratio min", "ratio max", "ESS", "ratio > 2 share", "mine"):
         harness.check(title in out, f"table lacks {title!r}:\n{out}")
     harness.check("0.25" in out, f"ratio > 2 share 0.25 not shown:\n{out}")
-    for name in EXPECTED_VERL:
+    for name in (*EXPECTED_VERL, *EXPECTED_NEMO_RL, *EXPECTED_SLIME):
         harness.check(any(line.split()[:1] == [name] for line in out.splitlines()),
-                      f"table lacks verl's {name}:\n{out}")
+                      f"table lacks {name}:\n{out}")
+    for title in ("verl:", "NeMo-RL:", "slime:"):
+        harness.check(title in out.splitlines(), f"table lacks the section {title}\n{out}")
 
 
 def test_truncated_and_corrupt_lines_are_skipped_and_counted():
@@ -469,18 +499,27 @@ def table_rows(out):
 
 def test_framework_metrics_beyond_a_double_are_null():
     # the learner gives its tokens the lowest log-prob a double holds, the sampler 0: the
-    # learner's perplexity and ppl_ratio leave a double (inf in the table, null in --json);
-    # probabilities that do not vary have no correlation (nan, null); the rest stay finite
+    # learner's perplexity, ppl_ratio, exp(|r|) and exp(-r) leave a double (inf in the table,
+    # null in --json); probabilities that do not vary have no correlation (nan, null); the rest
+    # stay finite
     top = sys.float_info.max
     tokens = {0: [11, 12, 13]}
     files = (write("learner-top.jsonl", "learner", {0: [-top] * 3}, tokens=tokens),
              write("sampler-top.jsonl", "sampler", {0: [0.0] * 3}, tokens=tokens))
     rc, out, err = gap_report("--json", *files)
     harness.check(rc == 0 and "Traceback" not in err, f"exit {rc}: {err[-300:]}")
-    verl = strict_json(out)["runs"][0]["verl"] if rc == 0 else {}
+    run = strict_json(out)["runs"][0] if rc == 0 else {}
+    verl, nemo = run.get("verl", {}), run.get("nemo_rl", {})
     for name in ("rollout_corr/training_ppl", "rollout_corr/ppl_ratio",
                  "training/rollout_actor_probs_pearson_corr"):
         harness.check(name in verl and verl[name] is None, f"{name}: {verl.get(name)!r}")
+    for name in ("train/token_mult_prob_error", "train/policy_kl_error"):
+        harness.check(name in nemo and nemo[name] is None, f"{name}: {nemo.get(name)!r}")
+    # exp(-top) - 1 + top; the mixture is 1/2, the learner's term top - ln 2 - 1 about top
+    harness.check(close(nemo.get("train/gen_kl_error") or 0.0, top) and
+                  close(nemo.get("train/js_divergence_error") or 0.0, top / 2), f"{nemo}")
+    harness.check(run.get("slime", {}).get("train/train_rollout_logprob_abs_diff") == top,
+                  f"slime {run.get('slime')}")
     harness.check(verl.get("rollout_corr/rollout_ppl") == 1.0 and
                   verl.get("training/rollout_probs_diff_std") == 0.0, f"finite ones: {verl}")
     # the sequence's sum of r, 3 x -top, leaves a double too and clamps to -20
@@ -489,6 +528,7 @@ def test_framework_metrics_beyond_a_double_are_null():
     rc, out, err = gap_report(*files)
     rows = table_rows(out)
     harness.check(rc == 0 and rows.get("rollout_corr/training_ppl") == "inf" and
+                  rows.get("train/token_mult_prob_error") == "inf" and
                   rows.get("training/rollout_actor_probs_pearson_corr") == "nan",
                   f"table:\n{out}{err}")
     one = (write("learner-one.jsonl", "learner", {0: [-1.0]}, tokens={0: [11]}),
@@ -543,6 +583,7 @@ def test_huge_model_checksum_is_compared():
 
 
 for t in (test_metrics_match_hand_computed_values, test_verl_metrics_match_hand_computed_values,
+          test_nemo_rl_and_slime_metrics_match_hand_computed_values,
           test_per_sequence_metrics_keep_sequence_boundaries, test_table_names_every_metric,
           test_truncated_and_corrupt_lines_are_skipped_and_counted,
           test_reader_never_raises_on_bad_lines, test_nonfinite_logprobs_are_counted_not_used,
