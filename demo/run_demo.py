@@ -29,10 +29,11 @@ Table 1: learner training tokens/s and sampler decode tokens/s, each the median 
 with the minimum and maximum, and the median's ratio to the no-shim grouped_mm row (the no-shim
 spread and the bf16 row, which runs the no-shim computation, bound the noise); routed GEMM calls
 (the shim's summary record, the last line of each stats file); the log-prob gap (|dlogp| mean /
-p99 / max, KL, share of importance ratios above 2); the instruments (shim/instr.c, at their
-default rates): the learner's shadow error, the invariance probe, the learner-sampler digest
-join of tools/minite-compare. Grouped calls get the probe and the digests but not the shadow, so
-grouped_mm rows show "n/a (grouped)" for the shadow (no cuBLAS call to rerun).
+p99 / max, KL, share of importance ratios above 2, and NeMo-RL's token_mult_prob_error and verl's
+k3_kl under those names); the instruments (shim/instr.c, at their default rates): the learner's
+shadow error, the invariance probe, the learner-sampler digest join of tools/minite-compare.
+Grouped calls get the probe and the digests but not the shadow, so grouped_mm rows show
+"n/a (grouped)" for the shadow (no cuBLAS call to rerun).
 Table 2: GPU µs of one MoE layer (layer 0's sparse block forward, the profiler's summed kernel
 time, demo/demo_profile.py) at each T for each spec and path, and its speed against grouped_mm
 without the shim.
@@ -482,13 +483,25 @@ def num(x):
     return "0" if x == 0 else f"{x:.3g}"
 
 
+def framework_cell(g):
+    """NeMo-RL's token_mult_prob_error (4 decimals: it sits near 1) / verl's k3_kl; null in the
+    report is a value beyond a double, "-" a report without them."""
+    cells = []
+    for key, name, show in (("nemo_rl", "train/token_mult_prob_error", "{:.4f}".format),
+                            ("verl", "rollout_corr/k3_kl", num)):
+        metrics = g.get(key) or {}
+        v = metrics.get(name)
+        cells.append("-" if name not in metrics else "inf" if v is None else show(v))
+    return " / ".join(cells)
+
+
 def gap_cells(run):
     g = run.get("gap")
     if not g:
-        return ["-", "-", "-"]
+        return ["-", "-", "-", "-"]
     m = g["metrics"]
     return [" / ".join(num(m[k]) for k in ("abs_dlogp_mean", "abs_dlogp_p99", "abs_dlogp_max")),
-            num(m["kl"]), num(m["ratio_above_2"])]
+            num(m["kl"]), num(m["ratio_above_2"]), framework_cell(g)]
 
 
 def instrument_cells(run):
@@ -516,7 +529,8 @@ def table(runs):
     base_s = throughput(base, "sampler") if base else None
     head = ["spec", "experts", "learner tok/s median (min-max) vs none",
             "sampler decode tok/s median (min-max) vs none", "routed calls learner / sampler",
-            "abs(dlogp) mean / p99 / max", "KL", "ratio>2 share", "shadow rel-L2 mean / max",
+            "abs(dlogp) mean / p99 / max", "KL", "ratio>2 share",
+            "token_mult_prob_error (NeMo-RL) / k3_kl (verl)", "shadow rel-L2 mean / max",
             "probe rows differing / probed", "digest join: rows / equal %"]
     rows = []
     for r in runs:
@@ -596,7 +610,11 @@ def notes_for(args, runs, overhead, png, passthrough, argv):
         "fb: passed to cuBLAS/torch with a reason (the learner's are its backward calls); ? = no "
         "summary written.",
         "abs(dlogp), KL = mean(lp_sampler - lp_learner), ratio>2 share: gap-report over the "
-        "sampled tokens (the learner scores the sampler's tokens with the same weights).",
+        "sampled tokens (the learner scores the sampler's tokens with the same weights). "
+        "token_mult_prob_error = mean(exp(abs(lp_learner - lp_sampler))), NeMo-RL's (its tests "
+        "want it below 1.05); k3_kl = mean(exp(r) - r - 1), r = lp_learner - lp_sampler, "
+        "verl's; both from the same gap-report, whose docstring defines and cites them and the "
+        "other metrics of verl, NeMo-RL and slime it reports (OUT/gap-ROW.json).",
     ]
     if passthrough is not None:
         if passthrough.get("identical"):

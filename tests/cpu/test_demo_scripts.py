@@ -132,14 +132,17 @@ def test_tables_from_made_up_results():
     prof = {"tokens": [1, 128], "us": {"grouped_mm": [100.0, 400.0], "eager": [300.0, 5000.0]}}
     prof_row = {"tokens": [1, 128], "us": {"grouped_mm": [50.0, 200.0], "eager": [500.0, 8000.0]}}
     gap = {"metrics": {"abs_dlogp_mean": 0.02, "abs_dlogp_p99": 0.1, "abs_dlogp_max": 0.2,
-                       "kl": -0.001, "ratio_above_2": 0}}
+                       "kl": -0.001, "ratio_above_2": 0},
+           "nemo_rl": {"train/token_mult_prob_error": 1.01234},
+           "verl": {"rollout_corr/k3_kl": None}}
+    older = {"metrics": gap["metrics"]}          # a report from before the frameworks' metrics
     runs = [fake_run("none", "none", "grouped_mm", (1000, 900, 1100), (20000, 19000, 21000),
                      gap, profile=prof),
             fake_run("nvfp4-row", "nvfp4-row", "grouped_mm", (900, 850, 950),
                      (30000, 29000, 31000), gap, {"probe_rows": 12, "probe_differing": 0},
                      profile=prof_row),
             fake_run("nvfp4-row-eager", "nvfp4-row", "eager", (300, 290, 310), (2000, 1900, 2100),
-                     gap, {"shadow_calls": 4, "shadow_mean": 0.13, "shadow_max": 0.14,
+                     older, {"shadow_calls": 4, "shadow_mean": 0.13, "shadow_max": 0.14,
                            "probe_rows": 8, "probe_differing": 0})]
     text = run_demo.table(runs)
     lines = text.splitlines()
@@ -148,10 +151,12 @@ def test_tables_from_made_up_results():
     harness.check(row[1:3] == ["nvfp4-row", "grouped_mm"], f"row {row}")
     harness.check(row[3] == "900 (850-950) **0.90x**" and row[4] == "30,000 (29,000-31,000) "
                   "**1.50x**", f"median (min-max) and ratio to none: {row}")
-    harness.check(row[9:12] == ["n/a (grouped)", "0 / 12", "-"],
+    harness.check(row[9] == "1.0123 / inf", f"NeMo-RL's and verl's (null: inf) {row}")
+    harness.check(row[10:13] == ["n/a (grouped)", "0 / 12", "-"],
                   f"instruments on grouped_mm: probe, no shadow: {row}")
     eager = [c.strip() for c in lines[4].split("|")]
-    harness.check(eager[9] == "0.13 / 0.14 (4 calls)" and eager[10] == "0 / 8",
+    harness.check(eager[9] == "- / -", f"a report without the frameworks' metrics: {eager}")
+    harness.check(eager[10] == "0.13 / 0.14 (4 calls)" and eager[11] == "0 / 8",
                   f"instruments on eager: {eager}")
     moe = run_demo.profile_table(runs).splitlines()
     harness.check(len(moe) == 2 + 4, f"2 specs x 2 paths:\n{moe}")

@@ -1,13 +1,16 @@
 """test_gap_report.py — tools/gap-report and the minite-logprobs format (tools/logprobs.py) on
-small log-prob files that each test writes: metrics against values computed by hand, truncated
-and corrupt lines skipped and counted, refusals (tokens that differ, a wrong header, a newer
-version, swapped files, different models) with exit status 3, usage errors with 2, --json that
-parses, a PNG (magic bytes) for one run and for several; lines nested too deep, headers without a
-spec, log-probs far apart (exp and sums beyond a double) and above 0, a checksum beyond a double.
+small log-prob files that each test writes: metrics against values computed by hand, the RL
+frameworks' ones too, under their names (the per-sequence ones on sequences of unequal lengths,
+where a mean over tokens differs; inf and nan null in --json), truncated and corrupt lines
+skipped and counted, refusals (tokens that differ, a wrong header, a newer version, swapped
+files, different models) with exit status 3, usage errors with 2, --json that parses, a PNG
+(magic bytes) for one run and for several; lines nested too deep, headers without a spec,
+log-probs far apart (exp and sums beyond a double) and above 0, a checksum beyond a double.
 """
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 
@@ -53,6 +56,64 @@ EXPECTED = {
     "ratio_above_2": 0.25,                                    # 3
     "ratio_below_half": 0.25,                                 # 1/4
 }
+
+
+# verl's metrics of the same files, worked out here from verl's definitions. Per sequence: mean
+# log-probs (learner's, sampler's) (-3 + ln1.5)/2, -1.5 and (-7 - ln4 + ln3)/2, -3.5, so
+# d = mean lp_sampler - mean lp_learner = -ln1.5/2, (ln4 - ln3)/2; sums of r ln1.5, ln(3/4).
+# The TIS weights truncated at 2 are 1, 1.5, 1/4, 2.
+MEAN_L = [(-3 + LN15) / 2, (-7 - LN4 + LN3) / 2]
+D = [-LN15 / 2, (LN4 - LN3) / 2]
+W_TIS = [1.0, 1.5, 0.25, 2.0]
+P_LEARNER = [math.exp(x) for k in TOKENS for x in LP_LEARNER[k]]
+P_SAMPLER = [math.exp(x) for k in TOKENS for x in LP_SAMPLER[k]]
+PROB_DIFFS = [abs(a - b) for a, b in zip(P_LEARNER, P_SAMPLER)]
+EXPECTED_VERL = {
+    "rollout_corr/kl": EXPECTED["kl"],
+    "rollout_corr/k3_kl": EXPECTED["k3_kl"],
+    "rollout_corr/training_log_ppl": -(MEAN_L[0] + MEAN_L[1]) / 2,
+    "rollout_corr/training_ppl": (math.exp(-MEAN_L[0]) + math.exp(-MEAN_L[1])) / 2,
+    "rollout_corr/rollout_log_ppl": 2.5,
+    "rollout_corr/rollout_ppl": (math.exp(1.5) + math.exp(3.5)) / 2,
+    "rollout_corr/log_ppl_diff": (D[0] + D[1]) / 2,
+    "rollout_corr/log_ppl_abs_diff": (-D[0] + D[1]) / 2,
+    "rollout_corr/log_ppl_diff_max": D[1],
+    "rollout_corr/log_ppl_diff_min": D[0],
+    "rollout_corr/ppl_ratio": (1.5 ** -0.5 + (4 / 3) ** 0.5) / 2,     # mean of exp(d)
+    "rollout_corr/chi2_token": (1 + 2.25 + 1 / 16 + 9) / 4 - 1,        # mean(w^2) - 1
+    "rollout_corr/chi2_seq": (1.5 ** 2 + 0.75 ** 2) / 2 - 1,           # mean(exp(2 sum r)) - 1
+    "rollout_corr/rollout_is_mean": 4.75 / 4,
+    "rollout_corr/rollout_is_max": 2.0,
+    "rollout_corr/rollout_is_min": 0.25,
+    "rollout_corr/rollout_is_std": statistics.pstdev(W_TIS),
+    "rollout_corr/rollout_is_eff_sample_size":
+        1 / (sum((w / (4.75 / 4 + 1e-8)) ** 2 for w in W_TIS) / 4),
+    "rollout_corr/rollout_is_ratio_fraction_high": 0.25,              # 3 before truncation
+    "rollout_corr/rollout_is_ratio_fraction_low": 0.25,               # 1/4
+    "training/rollout_probs_diff_max": max(PROB_DIFFS),
+    "training/rollout_probs_diff_mean": sum(PROB_DIFFS) / 4,
+    "training/rollout_probs_diff_std": statistics.stdev(PROB_DIFFS),  # n - 1, as torch.std
+    "training/rollout_actor_probs_pearson_corr": statistics.correlation(P_LEARNER, P_SAMPLER),
+}
+
+# NeMo-RL's, from its definitions (its GRPO guide, "Metrics"); the Jensen-Shannon term the
+# plain way, against the mixture of the two probabilities
+RS = [x for k in TOKENS for x in R[k]]
+
+
+def js_plain(p, q):
+    m = math.log((p + q) / 2)
+    return (math.exp(math.log(p) - m) - (math.log(p) - m) - 1 +
+            math.exp(math.log(q) - m) - (math.log(q) - m) - 1) / 2
+
+
+EXPECTED_NEMO_RL = {
+    "train/token_mult_prob_error": (1 + 1.5 + 4 + 3) / 4,             # mean(exp(|r|))
+    "train/gen_kl_error": EXPECTED["k3_kl"],
+    "train/policy_kl_error": sum(math.exp(-x) - 1 + x for x in RS) / 4,
+    "train/js_divergence_error": sum(js_plain(p, q) for p, q in zip(P_LEARNER, P_SAMPLER)) / 4,
+}
+EXPECTED_SLIME = {"train/train_rollout_logprob_abs_diff": (LN15 / 2 + (LN4 + LN3) / 2) / 2}
 
 
 def path(name):
@@ -106,6 +167,59 @@ def test_metrics_match_hand_computed_values():
                   f"nothing should be skipped: {run['counts']}")
 
 
+def check_framework(run, key, expected, rel_tol=1e-12):
+    got = (run or {}).get(key) or {}
+    harness.check(set(got) == set(expected),
+                  f"{key} keys: missing {sorted(set(expected) - set(got))}, "
+                  f"unexpected {sorted(set(got) - set(expected))}")
+    for name, want in expected.items():
+        value = got.get(name)
+        harness.check(isinstance(value, float) and
+                      math.isclose(value, want, rel_tol=rel_tol, abs_tol=1e-15),
+                      f"{key} {name}: got {value!r}, expected {want!r}")
+
+
+def test_verl_metrics_match_hand_computed_values():
+    run = report_json(*pair())["runs"][0]
+    check_framework(run, "verl", EXPECTED_VERL)
+    # the untruncated ratio rows are not verl's rollout_is_* (truncated at 2)
+    ratio_max = run["metrics"]["ratio_max"]
+    harness.check(close(ratio_max, 3.0), f"ratio max {ratio_max}")
+
+
+def test_nemo_rl_and_slime_metrics_match_hand_computed_values():
+    run = report_json(*pair())["runs"][0]
+    check_framework(run, "nemo_rl", EXPECTED_NEMO_RL)
+    check_framework(run, "slime", EXPECTED_SLIME)
+
+
+def test_per_sequence_metrics_keep_sequence_boundaries():
+    # one sequence of 1 token and one of 3: a mean over sequences is not the mean over tokens
+    tokens = {0: [21], 1: [22, 23, 24]}
+    lp_s = {0: [-0.5], 1: [-1.0, -1.0, -1.0]}
+    lp_l = {0: [-0.2], 1: [-1.0, -1.0, -1.6]}                # r = 0.3; 0, 0, -0.6
+    files = (write("learner-lens.jsonl", "learner", lp_l, tokens=tokens),
+             write("sampler-lens.jsonl", "sampler", lp_s, tokens=tokens))
+    run = report_json(*files)["runs"][0]
+    verl = run["verl"]
+    d = [-0.3, 0.2]                                          # mean lp_s - mean lp_l per sequence
+    want = {
+        "rollout_corr/rollout_log_ppl": (0.5 + 1.0) / 2,     # tokens: 3.5 / 4
+        "rollout_corr/training_log_ppl": (0.2 + 3.6 / 3) / 2,
+        "rollout_corr/training_ppl": (math.exp(0.2) + math.exp(1.2)) / 2,
+        "rollout_corr/log_ppl_diff": sum(d) / 2,
+        "rollout_corr/log_ppl_diff_max": 0.2,
+        "rollout_corr/ppl_ratio": (math.exp(-0.3) + math.exp(0.2)) / 2,
+        "rollout_corr/chi2_seq": (math.exp(0.6) + math.exp(-1.2)) / 2 - 1,
+        "rollout_corr/kl": 0.3 / 4,                          # a mean over tokens
+    }
+    for name, value in want.items():
+        harness.check(math.isclose(verl.get(name, math.nan), value, rel_tol=1e-9),
+                      f"{name}: got {verl.get(name)!r}, expected {value!r}")
+    slime = run["slime"]["train/train_rollout_logprob_abs_diff"]      # tokens: 0.9 / 4
+    harness.check(math.isclose(slime, (0.3 + 0.6 / 3) / 2, rel_tol=1e-9), f"slime {slime!r}")
+
+
 def test_table_names_every_metric():
     rc, out, err = gap_report(*pair(), "--label", "mine")
     harness.check(rc == 0, f"exit {rc}: {err}")
@@ -113,6 +227,11 @@ def test_table_names_every_metric():
                   "ratio std", "ratio min", "ratio max", "ESS", "ratio > 2 share", "mine"):
         harness.check(title in out, f"table lacks {title!r}:\n{out}")
     harness.check("0.25" in out, f"ratio > 2 share 0.25 not shown:\n{out}")
+    for name in (*EXPECTED_VERL, *EXPECTED_NEMO_RL, *EXPECTED_SLIME):
+        harness.check(any(line.split()[:1] == [name] for line in out.splitlines()),
+                      f"table lacks {name}:\n{out}")
+    for title in ("verl:", "NeMo-RL:", "slime:"):
+        harness.check(title in out.splitlines(), f"table lacks the section {title}\n{out}")
 
 
 def test_truncated_and_corrupt_lines_are_skipped_and_counted():
@@ -372,6 +491,55 @@ def test_extreme_logprobs_do_not_overflow():
             harness.check(close(m["k3_kl"], -r[0]), f"{name}: k3 KL {m['k3_kl']}")
 
 
+def table_rows(out):
+    """The framework rows of a one-run table: {metric name: the value as printed}."""
+    return {line.split()[0]: line.split()[-1] for line in out.splitlines()
+            if line.startswith("  ") and len(line.split()) == 2}
+
+
+def test_framework_metrics_beyond_a_double_are_null():
+    # the learner gives its tokens the lowest log-prob a double holds, the sampler 0: the
+    # learner's perplexity, ppl_ratio, exp(|r|) and exp(-r) leave a double (inf in the table,
+    # null in --json); probabilities that do not vary have no correlation (nan, null); the rest
+    # stay finite
+    top = sys.float_info.max
+    tokens = {0: [11, 12, 13]}
+    files = (write("learner-top.jsonl", "learner", {0: [-top] * 3}, tokens=tokens),
+             write("sampler-top.jsonl", "sampler", {0: [0.0] * 3}, tokens=tokens))
+    rc, out, err = gap_report("--json", *files)
+    harness.check(rc == 0 and "Traceback" not in err, f"exit {rc}: {err[-300:]}")
+    run = strict_json(out)["runs"][0] if rc == 0 else {}
+    verl, nemo = run.get("verl", {}), run.get("nemo_rl", {})
+    for name in ("rollout_corr/training_ppl", "rollout_corr/ppl_ratio",
+                 "training/rollout_actor_probs_pearson_corr"):
+        harness.check(name in verl and verl[name] is None, f"{name}: {verl.get(name)!r}")
+    for name in ("train/token_mult_prob_error", "train/policy_kl_error"):
+        harness.check(name in nemo and nemo[name] is None, f"{name}: {nemo.get(name)!r}")
+    # exp(-top) - 1 + top; the mixture is 1/2, the learner's term top - ln 2 - 1 about top
+    harness.check(close(nemo.get("train/gen_kl_error") or 0.0, top) and
+                  close(nemo.get("train/js_divergence_error") or 0.0, top / 2), f"{nemo}")
+    harness.check(run.get("slime", {}).get("train/train_rollout_logprob_abs_diff") == top,
+                  f"slime {run.get('slime')}")
+    harness.check(verl.get("rollout_corr/rollout_ppl") == 1.0 and
+                  verl.get("training/rollout_probs_diff_std") == 0.0, f"finite ones: {verl}")
+    # the sequence's sum of r, 3 x -top, leaves a double too and clamps to -20
+    harness.check(close(verl.get("rollout_corr/chi2_seq", 0.0), math.exp(-40.0) - 1.0),
+                  f"chi2_seq {verl.get('rollout_corr/chi2_seq')!r}")
+    rc, out, err = gap_report(*files)
+    rows = table_rows(out)
+    harness.check(rc == 0 and rows.get("rollout_corr/training_ppl") == "inf" and
+                  rows.get("train/token_mult_prob_error") == "inf" and
+                  rows.get("training/rollout_actor_probs_pearson_corr") == "nan",
+                  f"table:\n{out}{err}")
+    one = (write("learner-one.jsonl", "learner", {0: [-1.0]}, tokens={0: [11]}),
+           write("sampler-one.jsonl", "sampler", {0: [-2.0]}, tokens={0: [11]}))
+    rc, out, err = gap_report("--json", *one)
+    verl = strict_json(out)["runs"][0]["verl"] if rc == 0 else {}
+    harness.check("training/rollout_probs_diff_std" in verl and
+                  verl["training/rollout_probs_diff_std"] is None,
+                  f"the std of one token (n - 1 = 0) is not defined: {verl}")
+
+
 def test_logprobs_above_zero_are_corrupt():
     # a log-prob above 0 beyond rounding is a probability above 1: its line is skipped and
     # counted; a negative integer beyond a double is a log-prob of -inf (not finite, counted)
@@ -414,7 +582,9 @@ def test_huge_model_checksum_is_compared():
                   f"exit {rc}: {err[-300:]}")
 
 
-for t in (test_metrics_match_hand_computed_values, test_table_names_every_metric,
+for t in (test_metrics_match_hand_computed_values, test_verl_metrics_match_hand_computed_values,
+          test_nemo_rl_and_slime_metrics_match_hand_computed_values,
+          test_per_sequence_metrics_keep_sequence_boundaries, test_table_names_every_metric,
           test_truncated_and_corrupt_lines_are_skipped_and_counted,
           test_reader_never_raises_on_bad_lines, test_nonfinite_logprobs_are_counted_not_used,
           test_mismatched_tokens_are_refused, test_wrong_headers_are_refused,
@@ -422,6 +592,7 @@ for t in (test_metrics_match_hand_computed_values, test_table_names_every_metric
           test_usage_errors_exit_2, test_several_runs_in_one_report, test_png_is_written,
           test_writer_and_reader_round_trip, test_deeply_nested_lines_are_not_json,
           test_headers_without_spec_get_a_label, test_extreme_logprobs_do_not_overflow,
+          test_framework_metrics_beyond_a_double_are_null,
           test_logprobs_above_zero_are_corrupt, test_newer_version_names_the_reader_to_update,
           test_huge_model_checksum_is_compared):
     harness.run(t)
