@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/whash.h"
 #include "spec/spec.h"
 
 typedef struct CUstream_st *mt_stream; /* a CUstream (== cudaStream_t) */
@@ -97,9 +98,8 @@ int mt_quantize_weight_accepts(const void *w, enum mt_dtype type, size_t ldw, co
  * compared on the device (kernels/wcheck.cu): nothing is read back, so it is legal inside graph
  * capture and a replay checks again. step 1: the whole weight
  * (cost when nothing changed: one read of it); step s > 1: one 1 KB run of lines in each s runs,
- * the same lines at every call (MINITE_WEIGHT_CACHE=frozen-sampled, MT_SAMPLE_STEP: a change confined
- * to lines outside the sample goes unseen). */
-#define MT_SAMPLE_STEP 64
+ * the same lines at every call (MINITE_WEIGHT_CACHE=frozen-sampled, MT_SAMPLE_STEP of
+ * kernels/whash.h: a change confined to lines outside the sample goes unseen). */
 size_t mt_refresh_state_bytes(int slices);
 int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q, void *state,
                       unsigned step, mt_stream stream);

@@ -52,12 +52,19 @@ int mt_instr_launch_digest(const mt_instr_digest_args *a, mt_stream stream) {
   return launch("mt_instr_digest", (unsigned)((a->m + 7) / 8), &copy, stream);
 }
 
-/* Enough CTAs to stream the weight at full bandwidth (as kernels/wcheck.c) when it is hashed here;
- * one otherwise (a frozen weight's sum is stored; no digest: only the publication). */
+/* A CTA for each block of 256 sampled lines (a line a thread; a grouped call's for each of the
+ * weights its digested rows may name), at most 264 (as kernels/wcheck.c); one where nothing is
+ * read (a frozen-sampled weight's sums are stored; no digest: only the publication). */
 int mt_instr_launch_finish(const mt_instr_finish_args *a, mt_stream stream) {
   mt_instr_finish_args copy = *a;
-  unsigned pieces = a->w ? (unsigned)((int64_t)a->n * (a->k / 8) / 256 + 1) : 1;
-  return launch("mt_instr_finish", a->frozen_sum ? 1 : min_u(264, pieces), &copy, stream);
+  unsigned grid = 1;
+  if (a->w && !a->frozen_sum) {
+    const uint64_t lines = (uint64_t)a->n * (uint64_t)((a->k / 8 + 7) / 8);
+    const uint64_t blocks = mt_whash_items(lines, MT_SAMPLE_STEP) / 256 + 1;
+    const uint64_t units = a->grouped ? blocks * (uint64_t)a->cap : blocks;
+    grid = units < 264 ? (unsigned)units : 264;
+  }
+  return launch("mt_instr_finish", grid, &copy, stream);
 }
 
 int mt_instr_launch_shadow(const mt_instr_shadow_args *a, mt_stream stream) {

@@ -1,11 +1,12 @@
 // instr.cu — the instruments' kernels (shim/instr.c enqueues them after a routed GEMM, on the
 // call's stream, into a result block the host reads later without synchronizing the stream):
 //   mt_instr_digest  row hashes of the activations, and for the rows the rate picks by content,
-//                    the output row's hash and its 8-value sketch (scheme 1, kernels/instr.h)
+//                    the output row's hash and its 8-value sketch (scheme 2, kernels/instr.h)
 //   mt_instr_shadow  sum (y - ref)^2, sum ref^2 and max |y - ref| of the routed output against
 //                    the BF16 GEMM's
 //   mt_instr_probe   rows recomputed alone against their in-batch rows, bit for bit
-//   mt_instr_finish  the content sums of the weight and bias (only when a row was digested), then
+//   mt_instr_finish  the weight's weight_sum (1/64 of its lines, or the frozen-sampled cache's
+//                    stored hash) and the bias's content sum, only when a row was digested; then
 //                    the publication: the result block into mapped pinned host memory, the slot's
 //                    flag last (the host polls it; it never waits on the stream)
 // Integer sums (hashes) are exact and order-free, so any grid gives the same bits; the sketch is
@@ -16,6 +17,7 @@
 #include <stdint.h>
 
 #include "kernels/instr.h"
+#include "kernels/whash.cuh"
 
 namespace {
 
@@ -103,48 +105,85 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr
   }
 }
 
-// This thread's share of the content sum of one weight [n][k] (row stride ldw), grid-stride over
-// its 16-byte pieces numbered as kernels/wcheck.cu numbers them (its stored sum of a frozen weight
-// is then this very sum).
-__device__ uint64_t weight_sum_part(const uint16_t *w, int64_t ldw, int32_t n, int32_t k) {
-  const int per_row = k / 8;
-  const uint64_t pieces = (uint64_t)n * per_row;
+// This thread's share of weight_sum(W) (kernels/instr.h): the sample's items `first`, first +
+// stride, ... (a 128-byte line each, its pieces loaded before any is hashed: kernels/whash.cuh).
+__device__ uint64_t weight_sum_part(const uint16_t *w, int64_t ldw, const mt_wlines &g,
+                                    uint32_t first, uint32_t stride) {
   uint64_t h = 0;
-  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < pieces;
-       i += (uint64_t)gridDim.x * blockDim.x) {
-    uint64_t r = i / per_row, j = i % per_row;
-    uint4 v = *(const uint4 *)(w + r * ldw + j * 8);
-    h += mt_instr_piece(i, (uint64_t)v.y << 32 | v.x, (uint64_t)v.w << 32 | v.z);
-  }
+  for (uint32_t i = first; i < g.items; i += stride)
+    h += mt_item_hash(w, ldw, g, MT_SAMPLE_STEP, i);
   return h;
 }
 
-// A grouped call's digested rows: each segment's weight hashed once, into the first row of it
-// (w_stride 0: one weight for all, hashed once). cap <= blockDim.x: a thread a row.
+// The CTA's sum of one value a thread, in thread 0; every thread calls it (two barriers, the
+// second leaving warp_part free for the next use).
+__device__ uint64_t cta_sum(uint64_t v, uint64_t *warp_part) {
+  v = warp_sum(v);
+  if (threadIdx.x % 32 == 0)
+    warp_part[threadIdx.x / 32] = v;
+  __syncthreads();
+  uint64_t s = 0;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < (int)blockDim.x / 32; w++)
+      s += warp_part[w];
+  __syncthreads();
+  return s;
+}
+
+// The kept rows that are the first of their segment (one_weight: row 0 alone), in row order, into
+// list (shared memory); their count. Every CTA finds the same list. A thread a row (cap <=
+// blockDim.x); a row compares its segment with those of the rows before it (cap is 128: cheap).
+__device__ int first_rows(const mt_instr_row *rows, unsigned kept, bool one_weight, int *list,
+                          int *warp_n) {
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  bool first = (unsigned)t < kept && (!one_weight || t == 0);
+  if (first && !one_weight)
+    for (int j = 0; j < t && first; j++)
+      first = rows[j].seg != rows[t].seg;
+  const unsigned ballot = __ballot_sync(0xffffffffu, first);
+  if (lane == 0)
+    warp_n[warp] = __popc(ballot);
+  __syncthreads();
+  int before = 0, total = 0;
+  for (int w = 0; w < (int)blockDim.x / 32; w++) {
+    before += w < warp ? warp_n[w] : 0;
+    total += warp_n[w];
+  }
+  if (first)
+    list[before + __popc(ballot & ((1u << lane) - 1))] = t;
+  __syncthreads();
+  return total;
+}
+
+// A grouped call's digested rows: each distinct segment's weight_sum into the first row of it,
+// from the frozen-sampled cache's stored hashes (CTA 0), or summed by the grid: units of one
+// segment's block of blockDim.x items (a line a thread), dealt to the CTAs in turn, so that all
+// the segments' samples stream at once.
 __device__ void grouped_sums(const mt_instr_finish_args &a, uint64_t *warp_part) {
+  __shared__ int list[256], warp_n[8];
   mt_instr_row *rows = (mt_instr_row *)(a.hdr + 1);
   const unsigned kept = min((unsigned)a.cap, *(volatile unsigned *)&a.hdr->selected);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  for (unsigned i = 0; i < kept; i++) {
-    const int32_t seg = a.w_stride ? rows[i].seg : 0;
-    if (__syncthreads_or(threadIdx.x < i && (a.w_stride ? rows[threadIdx.x].seg : 0) == seg))
-      continue;
-    uint64_t h =
-        warp_sum(weight_sum_part((const uint16_t *)a.w + seg * a.w_stride, a.ldw, a.n, a.k));
-    if (lane == 0)
-      warp_part[warp] = h;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      uint64_t s = 0;
-      for (int w = 0; w < warps; w++)
-        s += warp_part[w];
-      atomicAdd((unsigned long long *)&rows[i].wsum, (unsigned long long)s);
+  const int firsts = first_rows(rows, kept, a.w_stride == 0, list, warp_n);
+  if (a.frozen_sum) {
+    if (blockIdx.x == 0 && (int)threadIdx.x < firsts) {
+      mt_instr_row *row = rows + list[threadIdx.x];
+      row->wsum = a.frozen_sum[(a.w_stride ? row->seg : 0) * a.frozen_stride];
     }
-    __syncthreads();
+    return;
+  }
+  const mt_wlines g = mt_wlines_of(a.n, a.k, MT_SAMPLE_STEP);
+  const uint32_t blocks = (g.items + blockDim.x - 1) / blockDim.x;
+  for (uint32_t u = blockIdx.x; u < (uint32_t)firsts * blocks; u += gridDim.x) {
+    mt_instr_row *row = rows + list[u / blocks];
+    const uint16_t *w = (const uint16_t *)a.w + (a.w_stride ? row->seg : 0) * a.w_stride;
+    const uint32_t item = u % blocks * blockDim.x + threadIdx.x;
+    const uint64_t s = cta_sum(mt_item_hash(w, a.ldw, g, MT_SAMPLE_STEP, item), warp_part);
+    if (threadIdx.x == 0)
+      atomicAdd((unsigned long long *)&row->wsum, (unsigned long long)s);
   }
 }
 
-// The weight's content sum (or each grouped row's own weight's); the bias in CTA 0; then the last
+// The weight's weight_sum (or each grouped row's own weight's); the bias in CTA 0; then the last
 // CTA to finish publishes the block.
 extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr_finish_args a) {
   __shared__ uint64_t warp_part[8];
@@ -155,7 +194,8 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
   if (digest && a.grouped) {
     grouped_sums(a, warp_part);
   } else if (digest && !a.frozen_sum) {
-    h = weight_sum_part((const uint16_t *)a.w, a.ldw, a.n, a.k);
+    h = weight_sum_part((const uint16_t *)a.w, a.ldw, mt_wlines_of(a.n, a.k, MT_SAMPLE_STEP),
+                        blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
   }
   if (digest && blockIdx.x == 0 && a.bias) {
     const unsigned char *p = (const unsigned char *)a.bias;

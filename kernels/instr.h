@@ -1,6 +1,6 @@
 /* instr.h — the instruments' device side (kernels/instr.cu) and its host twin: the result block
  * one instrumented call fills, the kernels' by-value arguments, and the hash and sketch math of
- * the row digests (scheme 1 of tools/minite-compare), written once for both sides.
+ * the row digests (scheme 2 of tools/minite-compare), written once for both sides.
  *
  * Plain C, included by the .cu (the MT_HD functions are then __host__ __device__), by
  * kernels/instr.c and shim/instr.c, and by the fake libcuda of the CPU tests, which runs the same
@@ -10,13 +10,20 @@
  *   mix64(z)               splitmix64's finalizer (as kernels/wcheck.cu)
  *   piece(i, lo, hi)       mix64(lo + G (2i + 1)) ^ mix64(hi ^ H (i + 1)): the i-th 16-byte piece
  *                          of a byte string, lo/hi its two little-endian 8-byte halves
- *   content_sum(bytes)     sum of piece(i, ...) over the pieces, the last one zero-padded: the
- *                          same sum kernels/wcheck.cu keeps for a frozen weight, so a frozen
- *                          weight's stored hash is its content sum and costs nothing here
+ *   content_sum(bytes)     sum of piece(i, ...) over the pieces, the last one zero-padded
+ *   weight_sum(W)          the sum of piece(i, ...) over the pieces of W's sampled lines only,
+ *                          pieces numbered row-major (i = row * K / 8 + piece of the row): W's rows
+ *                          cut in 128-byte lines (the last of a row may be short), numbered
+ *                          row-major, and of those the lines kernels/whash.h samples at
+ *                          MT_SAMPLE_STEP, 1/64 of them in 1 KB runs. It is the hash the frozen
+ *                          cache keeps under frozen-sampled (kernels/whash.cuh), so there a
+ *                          weight's identity costs nothing, and elsewhere it reads 1/64 of W.
+ *                          Two weights that differ only outside the sample share an id: their
+ *                          rows then join and show as differing, never as silently equal.
  *   tag(len, type)         mix64(len << 4 | (type + 1)), type an mt_dtype
  *   row hash               mix64(content_sum(x row, K elements) ^ tag(K, xtype))
  *   output hash            mix64(content_sum(y row, N elements) ^ tag(N, ytype))
- *   weight id              mix64(content_sum(W, N rows of K) ^ tag(N << 28 | K, wtype))
+ *   weight id              mix64(weight_sum(W, N rows of K) ^ tag(N << 28 | K, wtype))
  *   bias id                0 without bias; else mix64(content_sum(bias) ^ tag(N, biastype))
  *   key                    fold(KEY_SEED, row hash, weight id, ytype + 1, bits of alpha, bias id)
  *                          with fold(h, v) = mix64(h ^ v), left to right
@@ -29,11 +36,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifdef __CUDACC__
-#define MT_HD __host__ __device__ static inline
-#else
-#define MT_HD static inline
-#endif
+#include "kernels/hostdev.h"
+#include "kernels/whash.h"
 
 #define MT_INSTR_SKETCH 8
 #define MT_INSTR_SKETCH_SEED 0x6D696E6974652D31ull /* "minite-1" */
@@ -43,8 +47,8 @@
 #define MT_INSTR_PROBE_ROWS 4 /* rows a probe recomputes alone: first, last, two between */
 
 /* One digested row, as the kernel writes it; the key is finished on the host. In a grouped call
- * the row's segment (which expert) and that expert's weight content sum (mt_instr_finish hashes
- * each distinct segment once, into the first row of it; wsum 0 in the others). */
+ * the row's segment (which expert) and that expert's weight_sum (mt_instr_finish sums each
+ * distinct segment once, into the first row of it; wsum 0 in the others). */
 typedef struct {
   uint64_t row_hash, out_hash;
   float sketch[MT_INSTR_SKETCH];
@@ -55,7 +59,7 @@ typedef struct {
 /* What one instrumented call's kernels fill, then published to the host by mt_instr_finish, which
  * also zeroes it for the slot's next use (a slot is zeroed with a memset before its first use). */
 typedef struct {
-  uint64_t wsum;     /* content_sum of the weight (0 when no row was digested) */
+  uint64_t wsum;     /* weight_sum of the weight (0 when no row was digested) */
   uint64_t bsum;     /* content_sum of the bias */
   uint32_t selected; /* rows whose row hash passed the rate (may exceed the rows kept) */
   uint32_t probe_differing;
@@ -89,18 +93,23 @@ typedef struct {
   const int32_t *x_rows, *y_rows;
 } mt_instr_digest_args;
 
-/* mt_instr_finish, the last kernel of an instrumented call: the weight's and bias's content sums
- * (only when a row was digested), then, in the last CTA to finish, the publication: the header and
- * the digested rows copied into mapped pinned host memory, the header zeroed, the slot's flag set
- * to seq (the host polls it: no CUDA call is needed to learn that the results are there). */
+/* mt_instr_finish, the last kernel of an instrumented call: the weight's weight_sum and the bias's
+ * content sum (only when a row was digested), then, in the last CTA to finish, the publication: the
+ * header and the digested rows copied into mapped pinned host memory, the header zeroed, the
+ * slot's flag set to seq (the host polls it: no CUDA call is needed to learn that the results are
+ * there). */
 typedef struct {
   const void *w; /* [n][k] 2-byte elements, row stride ldw; NULL: no digest in this call */
   int64_t ldw;
   int64_t w_stride; /* grouped (> 0 or shared): segment s's weight at w + s * w_stride, each
-                       digested row's own weight hashed into its row (once a segment) */
+                       digested row's own weight summed into its row (once a segment) */
   int32_t grouped, pad;
-  const uint64_t *frozen_sum; /* the frozen cache's stored sum of this weight, or NULL */
-  const void *bias;           /* NULL or bias_bytes of bias */
+  /* NULL, or the frozen-sampled cache's stored hashes, which are the weight_sums (nothing is read
+   * from w then): the weight's at frozen_sum[0]; a grouped call's segment s's at
+   * frozen_sum[s * frozen_stride] (kernels/wcheck.h, mt_wcheck_slice.hash; stride 0: one weight) */
+  const uint64_t *frozen_sum;
+  int64_t frozen_stride;
+  const void *bias; /* NULL or bias_bytes of bias */
   int64_t bias_bytes;
   int32_t n, k;
   mt_instr_header *hdr; /* followed by the rows */
@@ -160,7 +169,7 @@ MT_HD uint64_t mt_instr_tag(uint64_t len, int type) {
   return mt_instr_mix64(len << 4 | (uint64_t)(type + 1));
 }
 
-/* sign(i, j) of the scheme-1 sketch: -1 when the top bit of mix64(SEED ^ (i << 32 | j)) is set. */
+/* sign(i, j) of the sketch: -1 when the top bit of mix64(SEED ^ (i << 32 | j)) is set. */
 MT_HD float mt_instr_sign(int i, int j) {
   return (mt_instr_mix64(MT_INSTR_SKETCH_SEED ^ ((uint64_t)i << 32 | (uint64_t)j)) >> 63) ? -1.0f
                                                                                           : 1.0f;
@@ -257,6 +266,24 @@ static inline uint64_t mt_instr_out_hash(const uint16_t *y, int n, int ytype) {
                         mt_instr_tag((uint64_t)n, ytype));
 }
 
+/* weight_sum of W, n rows of k 2-byte elements (k % 8 == 0) at row stride ldw: the pieces of the
+ * sampled lines, walked as the kernels walk them (kernels/whash.cuh, mt_item_hash). */
+static inline uint64_t mt_instr_weight_sum(const uint16_t *w, int64_t ldw, int n, int k) {
+  const uint64_t per_row = (uint64_t)k / 8, lines_per_row = (per_row + 7) / 8;
+  const uint64_t lines = (uint64_t)n * lines_per_row;
+  const uint64_t items = mt_whash_items(lines, MT_SAMPLE_STEP);
+  uint64_t sum = 0;
+  for (uint64_t item = 0; item < items; item++) {
+    const uint64_t line = mt_whash_line(item, MT_SAMPLE_STEP);
+    if (line >= lines)
+      continue;
+    const uint64_t r = line / lines_per_row, j0 = line % lines_per_row * 8;
+    const uint64_t pieces = per_row - j0 < 8 ? per_row - j0 : 8;
+    sum += mt_instr_content_sum(w + r * (uint64_t)ldw + j0 * 8, pieces * 16, r * per_row + j0);
+  }
+  return sum;
+}
+
 static inline uint64_t mt_instr_weight_id(uint64_t wsum, int n, int k, int wtype) {
   return mt_instr_mix64(wsum ^ mt_instr_tag((uint64_t)n << 28 | (uint64_t)k, wtype));
 }
@@ -276,7 +303,7 @@ static inline uint64_t mt_instr_key(uint64_t row_hash, uint64_t weight_id, int y
   return mt_instr_fold(h, bias_id);
 }
 
-/* The scheme-1 sketch of an output row, FP32 sums in element order. */
+/* The sketch of an output row, FP32 sums in element order. */
 static inline void mt_instr_sketch(const uint16_t *y, int n, int ytype,
                                    float out[MT_INSTR_SKETCH]) {
   float scale = 1.0f / sqrtf((float)n);

@@ -15,6 +15,11 @@ MT_HD int mt_whash_lines_fit(int rows, int cols) {
   return (uint64_t)rows * (uint64_t)((cols / 8 + 7) / 8) <= UINT32_MAX / 2;
 }
 
+/* The sampled check's step (MINITE_WEIGHT_CACHE=frozen-sampled): one run in 64, 1/64 of a
+ * weight's lines. The digests' weight identity is the sum over the same sample (kernels/instr.h),
+ * so that under frozen-sampled it is the cache's stored hash. */
+#define MT_SAMPLE_STEP 64
+
 /* Lines (128 bytes) of a sampled run: 1 KB together, so that a sample of 1/step of a weight's
  * lines costs 1/8 of the random DRAM reads that single lines would. */
 #define MT_WHASH_RUN 8

@@ -28,6 +28,7 @@
 #include "base/params.h"
 #include "kernels/driver.h"
 #include "kernels/instr.h"
+#include "kernels/wcheck.h"
 #include "shim/instr_writer.h"
 #include "shim/real.h"
 
@@ -408,17 +409,34 @@ static int enqueue(const mt_instr_call *ic, mt_iw_context *c, mt_iw_slot *s, int
   return kinds;
 }
 
+/* The frozen-sampled cache's stored hashes, which are the digests' weight sums (kernels/instr.h):
+ * a single problem's (shim/wcache.c gives it), a grouped call's slices' (its store's refresh
+ * state: a slice a segment, or one for all); NULL where the finish sums the weight itself. */
+static const uint64_t *stored_sums(const mt_instr_call *ic, int64_t *stride) {
+  const mt_wstore_refresh_args *r = ic->grouped ? ic->grouped->refresh : NULL;
+  *stride = 0;
+  if (!ic->grouped)
+    return ic->frozen_sum;
+  if (!r || r->step != MT_SAMPLE_STEP)
+    return NULL;
+  *stride = ic->w_stride ? (int64_t)(sizeof(mt_wcheck_slice) / sizeof(uint64_t)) : 0;
+  return &mt_wcheck_slices(r->state)->hash;
+}
+
 /* The last launch of an instrumented call: the weight's identity when rows were digested, then
  * the publication of the block (kernels/instr.h). MT_OK or an mt_status. */
 static int finish(const mt_instr_call *ic, mt_iw_slot *s, int kinds) {
   size_t bias_elem = ic->biastype == MT_DTYPE_FP32 ? 4 : 2;
   int digest_on = kinds & MT_IW_DIGEST;
+  int64_t frozen_stride;
+  const uint64_t *frozen = stored_sums(ic, &frozen_stride);
   s->seq++;
   mt_instr_finish_args fa = {.w = digest_on ? ic->w : NULL,
                              .ldw = (int64_t)ic->ldw,
                              .w_stride = ic->w_stride,
                              .grouped = ic->grouped != NULL,
-                             .frozen_sum = digest_on ? ic->frozen_sum : NULL,
+                             .frozen_sum = digest_on ? frozen : NULL,
+                             .frozen_stride = frozen_stride,
                              .bias = digest_on ? ic->bias : NULL,
                              .bias_bytes = digest_on && ic->bias ? (int64_t)(bias_elem * ic->n) : 0,
                              .n = ic->n,
@@ -498,6 +516,11 @@ static int choose(const mt_instr_call *ic, const mt_driver *d, const mt_instr_dr
    * times a router weight (vLLM's dispatch) are no expert's own rows to compare */
   const mt_moe_dispatch *moe = ic->grouped ? ic->grouped->dispatch : NULL;
   if ((kinds & MT_IW_DIGEST) && ic->grouped && (ic->bias || (moe && moe->weights))) {
+    mt_iw_count_skips(MT_IW_DIGEST, MT_IW_ENTRY);
+    kinds &= ~MT_IW_DIGEST;
+  }
+  /* a weight whose lines the sample cannot number in 32 bits (kernels/whash.h) has no id */
+  if ((kinds & MT_IW_DIGEST) && !mt_whash_lines_fit(ic->n, ic->k)) {
     mt_iw_count_skips(MT_IW_DIGEST, MT_IW_ENTRY);
     kinds &= ~MT_IW_DIGEST;
   }

@@ -9,7 +9,7 @@
  *                       4 rows (first, last, two between) alone (M = 1) and compares bit for bit;
  *                       in a grouped call, over its total rows, each with its own segment's weight
  *   MINITE_DIGEST=rate  output rows whose input-row hash is below rate * 2^64: a "digest" record
- *                       (scheme 1 of tools/minite-compare; hashes in kernels/instr.h)
+ *                       (scheme 2 of tools/minite-compare; hashes in kernels/instr.h)
  *   MINITE_INSTR_MB     device scratch for the shadow's output and the probe's rows, per GPU
  * Rates are a number in [0, 1] ("0.015625") or a fraction ("1/64"); 0 turns an instrument off.
  * They need MINITE_STATS (the records go there).
@@ -49,7 +49,7 @@ typedef struct {
   const mt_spec *spec;
   const mt_call *call;        /* the problem as cuBLAS saw it (shadow and bf16 probe rerun it) */
   const mt_gemm_args *engine; /* the engine's arguments, or NULL when cuBLAS computed y (bf16) */
-  const uint64_t *frozen_sum; /* the frozen cache's stored content sum of W, or NULL */
+  const uint64_t *frozen_sum; /* frozen-sampled: the cache's stored hash of W (its weight sum) */
   const void *w;
   size_t ldw;
   enum mt_dtype wtype;

@@ -263,7 +263,7 @@ static void slot_records(const mt_iw_slot *s, text *t) {
         wid = mt_instr_weight_id(grouped_wsum(s, rows, i), s->n, s->k, s->wtype);
       uint64_t key = mt_instr_key(rows[i].row_hash, wid, s->ytype, s->alpha, bid);
       put(t,
-          "{\"event\": \"digest\", \"scheme\": 1, \"route\": \"%s\", \"key\": \"%016" PRIx64
+          "{\"event\": \"digest\", \"scheme\": 2, \"route\": \"%s\", \"key\": \"%016" PRIx64
           "\", \"hash\": \"%016" PRIx64 "\", \"n\": %d, \"sketch\": [",
           route, key, rows[i].out_hash, s->n);
       for (int j = 0; j < MT_INSTR_SKETCH; j++) {

@@ -337,9 +337,9 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
   out->workspace_bytes = ws;
   if (e) {
     out->q = &e->q;
-    /* frozen-sampled's hash covers a sample of the lines: not the weight's content sum, which a
-     * digest's key needs to join a process under another cache mode */
-    if (check_step == 1)
+    /* frozen-sampled's hash covers the digests' sample of the lines: it is their weight sum
+     * (kernels/instr.h); frozen's covers every line, which no digest key uses */
+    if (check_step == MT_SAMPLE_STEP)
       out->wsum = &mt_wcheck_slices((void *)(uintptr_t)(e->mem + kbytes))->hash;
     return weight_done(mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + kbytes),
                                          check_step, stream),

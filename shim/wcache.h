@@ -65,9 +65,10 @@ typedef struct {
   void *workspace;
   size_t workspace_bytes;
   mt_qweight *q;        /* quantized (or refreshed) on the stream, ready for mt_gemm */
-  const uint64_t *wsum; /* frozen: the device word holding the weight's content hash as of this
-                           call (kernels/wcheck.h, mt_wcheck_slice.hash); NULL under requantize
-                           and frozen-sampled (whose hash covers a sample of the weight) */
+  const uint64_t *wsum; /* frozen-sampled: the device word holding the weight's sampled hash as
+                           of this call (kernels/wcheck.h, mt_wcheck_slice.hash), which is the
+                           digests' weight sum (kernels/instr.h); NULL under requantize and
+                           frozen (whose hash covers every line) */
   mt_wcache_hold hold;
   mt_qweight own; /* a weight quantized for this call alone (requantize, cache full, capture) */
 } mt_engine_mem;

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/instr.h"
 #include "tests/cpu/fake/fake.h"
 #include "tests/cpu/fake/fake_cuda.h"
 #include "tests/cpu/preload.h"
@@ -386,6 +387,40 @@ MT_T_UNUSED static void mt_t_run_child(const char *name, const char *tag, const 
 
 MT_T_UNUSED static void mt_t_child_free(mt_t_child *r) {
   free(r->out), free(r->err), free(r->stats);
+}
+
+/* Of the child's "#info key K" lines (*keys of them), those whose K is the key of a digest record
+ * in its statistics file. */
+MT_T_UNUSED static int mt_t_keys_in_file(const mt_t_child *r, int *keys) {
+  int found = 0;
+  *keys = 0;
+  for (const char *p = r->out; p && (p = strstr(p, "#info key ")); p++) {
+    char key[17] = {0}, pat[40];
+    memcpy(key, p + 10, 16);
+    snprintf(pat, sizeof pat, "\"key\": \"%s\"", key);
+    ++*keys;
+    found += r->stats && strstr(r->stats, pat) != NULL;
+  }
+  return found;
+}
+
+/* weight_sum (kernels/instr.h) of n rows of k (k % 16 == 0) at row stride ldw, written from its
+ * definition rather than as the twin walks it: each 128-byte line L (row-major, the last of a row
+ * short) whose run R = L / MT_WHASH_RUN is the one its group g = R / MT_SAMPLE_STEP samples,
+ * R % MT_SAMPLE_STEP = (g * 0x9E3779B97F4A7C15 >> 40) % MT_SAMPLE_STEP (kernels/whash.h), adds its
+ * pieces, numbered row-major. */
+MT_T_UNUSED static uint64_t mt_t_weight_sum(const uint16_t *w, size_t ldw, int n, int k) {
+  const uint64_t line_elems = 64, lines_per_row = ((uint64_t)k + line_elems - 1) / line_elems;
+  uint64_t sum = 0;
+  for (uint64_t line = 0; line < (uint64_t)n * lines_per_row; line++) {
+    const uint64_t run = line / MT_WHASH_RUN, g = run / MT_SAMPLE_STEP;
+    if (run % MT_SAMPLE_STEP != (uint32_t)((g * 0x9E3779B97F4A7C15ull) >> 40) % MT_SAMPLE_STEP)
+      continue;
+    const uint64_t r = line / lines_per_row, col = line % lines_per_row * line_elems;
+    const uint64_t elems = (uint64_t)k - col < line_elems ? (uint64_t)k - col : line_elems;
+    sum += mt_instr_content_sum(w + r * ldw + col, elems * 2, (r * (uint64_t)k + col) / 8);
+  }
+  return sum;
 }
 
 /* The child passed: exit 0 and nothing on stdout but "#info" lines (its failed checks otherwise,

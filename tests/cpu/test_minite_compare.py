@@ -49,7 +49,7 @@ def start(role="learner", fingerprint=FP, spec="nvfp4-row", pid=100, **extra):
 
 
 def digest(key, hash_, row, route=ROUTE, **extra):
-    rec = {"event": "digest", "scheme": 1, "route": route, "key": f"{key:016x}",
+    rec = {"event": "digest", "scheme": mc.SCHEME, "route": route, "key": f"{key:016x}",
            "hash": f"{hash_:016x}", "n": len(row), "sketch": mc.sketch(row)}
     rec.update(extra)
     return json.dumps(rec)
@@ -278,7 +278,7 @@ def test_truncated_and_corrupt_lines_are_skipped_and_counted():
 
     corrupt = [
         "\xff\xfe not json at all",
-        '{"event": "digest", "scheme": 1, "route": "256x128", "key": "00',   # cut short
+        '{"event": "digest", "scheme": 2, "route": "256x128", "key": "00',   # cut short
         "[1, 2, 3]",
         '{"no_event": 1}',
         bad(key=DROP), bad(hash=DROP), bad(sketch=DROP), bad(route=DROP), bad(n=DROP),
@@ -297,9 +297,9 @@ def test_truncated_and_corrupt_lines_are_skipped_and_counted():
     ]
     nonfinite += [bad(sketch=[1.0] * 7 + [10 ** 400]),                     # beyond a double
                   bad(sketch=[1.0] * 7 + ["1e999"]).replace('"1e999"', "1e999")]
-    unknown = [bad(scheme=2)]
+    unknown = [bad(scheme=mc.SCHEME + 1)]
     a = write("corrupt-a.jsonl", clean[:2] + corrupt + clean[2:] + nonfinite + unknown,
-              tail='{"event": "digest", "scheme": 1, "route": "256x1')      # truncated last line
+              tail='{"event": "digest", "scheme": 2, "route": "256x1')      # truncated last line
     b = write("clean-b.jsonl", clean)
     doc = compare_json(a, b)
     sk = doc["a"]["skipped"]
@@ -465,10 +465,19 @@ def test_routes_are_uint32():
 
 def test_unknown_scheme_names_the_tool_to_update():
     ys = rows(1, 18)
-    a = write("scheme-a.jsonl", [digest(1, 1, ys[0]), digest(2, 2, ys[0], scheme=2)])
+    a = write("scheme-a.jsonl", [digest(1, 1, ys[0]), digest(2, 2, ys[0], scheme=mc.SCHEME + 1)])
     rc, out, err = compare(a, a)
-    harness.check(rc == 0 and "scheme 2" in err and "tools/minite-compare" in err and
+    harness.check(rc == 0 and f"scheme {mc.SCHEME + 1}" in err and "tools/minite-compare" in err and
                   "scripts/" not in err, f"exit {rc}: {err}")
+
+
+def test_older_scheme_says_the_files_do_not_join():
+    # scheme 1 keyed weights by all their bits: its keys never equal scheme 2's
+    ys = rows(1, 19)
+    a = write("old-a.jsonl", [digest(1, 1, ys[0]), digest(2, 2, ys[0], scheme=1)])
+    rc, out, err = compare(a, a)
+    harness.check(rc == 0 and "scheme 1, an older shim's" in err and "one minite version" in err,
+                  f"exit {rc}: {err}")
 
 
 for t in (test_identical_rows_are_all_equal, test_scaled_rows_are_estimated_exactly,
@@ -482,6 +491,7 @@ for t in (test_identical_rows_are_all_equal, test_scaled_rows_are_estimated_exac
           test_digests_dropped_by_the_shim_are_reported,
           test_empty_join_is_reported_not_an_error, test_json_has_the_documented_fields,
           test_sketch_reference, test_sketch_values_beyond_fp32_are_corrupt,
-          test_routes_are_uint32, test_unknown_scheme_names_the_tool_to_update):
+          test_routes_are_uint32, test_unknown_scheme_names_the_tool_to_update,
+          test_older_scheme_says_the_files_do_not_join):
     harness.run(t)
 sys.exit(harness.done())

@@ -64,7 +64,7 @@ def summary(rank, pid, routed, passed, fallbacks, census, world=2, shadow=None, 
 
 
 def digest_line(i):
-    return json.dumps({"event": "digest", "scheme": 1, "route": "256x512", "key": f"{i:016x}",
+    return json.dumps({"event": "digest", "scheme": 2, "route": "256x512", "key": f"{i:016x}",
                        "hash": f"{i:016x}", "n": 256, "sketch": [0.0] * 8})
 
 

@@ -199,10 +199,7 @@ static cublasStatus_t gemm(const problem *p, const float *beta) {
 /* The keys the twin gives p's rows (weight content, bf16 output, alpha 1, no bias), as #info
  * lines the parent looks for in the statistics file. */
 static void print_keys(const problem *p) {
-  uint64_t wsum = 0;
-  for (int r = 0; r < p->out; r++)
-    wsum += mt_instr_content_sum(p->w + (size_t)r * IN, IN * 2, (uint64_t)r * (IN / 8));
-  uint64_t wid = mt_instr_weight_id(wsum, p->out, IN, 0);
+  uint64_t wid = mt_instr_weight_id(mt_t_weight_sum(p->w, IN, p->out, IN), p->out, IN, 0);
   for (int i = 0; i < p->tokens; i++)
     printf("#info key %016" PRIx64 "\n",
            mt_instr_key(mt_instr_row_hash(p->x + (size_t)i * IN, IN, 0), wid, 0, 1.0f, 0));
@@ -240,10 +237,7 @@ static cublasStatus_t lt_bias(const problem *p, const float *bias) {
 
 /* The keys of p's rows with an FP32 bias, as print_keys. */
 static void print_keys_bias(const problem *p, const float *bias) {
-  uint64_t wsum = 0;
-  for (int r = 0; r < p->out; r++)
-    wsum += mt_instr_content_sum(p->w + (size_t)r * IN, IN * 2, (uint64_t)r * (IN / 8));
-  uint64_t wid = mt_instr_weight_id(wsum, p->out, IN, 0);
+  uint64_t wid = mt_instr_weight_id(mt_t_weight_sum(p->w, IN, p->out, IN), p->out, IN, 0);
   uint64_t bid = mt_instr_bias_id(1, mt_instr_content_sum(bias, (size_t)p->out * 4, 0), p->out,
                                   2 /* MT_DTYPE_FP32 */);
   for (int i = 0; i < p->tokens; i++)
@@ -270,7 +264,8 @@ static void scenario_digest(void) {
   CHECK(da && event(d)->grid[0] == 1 && event(d)->block[0] == 256 && event(d)->stream == S1);
   CHECK(wa && wa->w == p.w && wa->ldw == IN && wa->n == OUT && wa->k == IN && !wa->frozen_sum &&
         !wa->bias && wa->hdr == da->hdr && wa->seq == 1 && wa->cap == da->cap);
-  CHECK(w >= 0 && event(w)->grid[0] > 1); /* the weight is hashed by a grid */
+  /* the weight's sample, 32 lines of its 2048, summed by one CTA (a line a thread) */
+  CHECK(w >= 0 && event(w)->grid[0] == 1);
   print_keys(&p);
   /* again, and 3 more rows of another problem: no allocation, no load */
   t = now();
@@ -303,8 +298,9 @@ static void scenario_digest(void) {
   unmake(&p), unmake(&q);
 }
 
-/* Frozen weights: the digest reads the cache's stored sum instead of hashing the weight; under
- * frozen-sampled (MT_SAMPLED=1), whose stored hash covers a sample only, it hashes the weight. */
+/* Kept weights: under frozen-sampled (MT_SAMPLED=1), whose stored hash is the digests' weight sum
+ * (the same sample), the digest reads it instead of summing the weight; under frozen, whose hash
+ * covers every line, it sums the weight's sample. */
 static void scenario_digest_frozen(void) {
   int sampled = getenv("MT_SAMPLED") && getenv("MT_SAMPLED")[0] == '1';
   problem p = make(OUT, 4);
@@ -314,9 +310,9 @@ static void scenario_digest_frozen(void) {
   CHECK(wc >= 0 && w > wc);
   const mt_instr_finish_args *wa = w >= 0 ? (const mt_instr_finish_args *)event(w)->args : NULL;
   const mt_wcheck_args *ca = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
-  CHECK(wa && (wa->frozen_sum == NULL) == sampled && (event(w)->grid[0] == 1) == !sampled);
+  CHECK(wa && (wa->frozen_sum != NULL) == sampled && ca && ca->step == (sampled ? 64u : 1u));
   /* the stored hash of the weight's last quantization, not the running check's sum */
-  CHECKF(sampled || (ca && wa && wa->frozen_sum == &mt_wcheck_slices(ca->state)->hash),
+  CHECKF(!sampled || (ca && wa && wa->frozen_sum == &mt_wcheck_slices(ca->state)->hash),
          "the digest reads %p", wa ? (const void *)wa->frozen_sum : NULL);
   print_keys(&p);
   unmake(&p);
@@ -539,10 +535,7 @@ static void scenario_strided(void) {
     alone += event(e)->kind == FAKE_EV_LAUNCH && !strncmp(event(e)->name, "mt_grouped_", 11);
   CHECKF(alone == 4, "%d grouped launches of one row", alone);
   for (int b = 0; b < B; b++) {
-    uint64_t wsum = 0;
-    for (int r = 0; r < OUT; r++)
-      wsum += mt_instr_content_sum(w + b * sw + (size_t)r * IN, IN * 2, (uint64_t)r * (IN / 8));
-    uint64_t wid = mt_instr_weight_id(wsum, OUT, IN, 0);
+    uint64_t wid = mt_instr_weight_id(mt_t_weight_sum(w + b * sw, IN, OUT, IN), OUT, IN, 0);
     for (int i = 0; i < T; i++)
       printf("#info key %016" PRIx64 "\n",
              mt_instr_key(mt_instr_row_hash(x + b * sx + (size_t)i * IN, IN, 0), wid, 0, 1.0f, 0));
@@ -577,14 +570,7 @@ static double json_num_in(const char *s, const char *within, const char *key) {
 
 /* Every "#info key K" of the child is the key of a digest record in its statistics file. */
 static void check_keys_in_file(const mt_t_child *r, int want_keys) {
-  int keys = 0, found = 0;
-  for (const char *p = r->out; p && (p = strstr(p, "#info key ")); p++) {
-    char key[17] = {0}, pat[40];
-    memcpy(key, p + 10, 16);
-    snprintf(pat, sizeof pat, "\"key\": \"%s\"", key);
-    keys++;
-    found += r->stats && strstr(r->stats, pat) != NULL;
-  }
+  int keys, found = mt_t_keys_in_file(r, &keys);
   CHECKF(keys == want_keys && found == keys, "%d of %d keys found (want %d)", found, keys,
          want_keys);
 }
@@ -685,19 +671,21 @@ static void digest_launches_and_records(void) {
 }
 
 static void digest_frozen_uses_the_cache_sum(void) {
-  const char *env[] = {"MINITE_DIGEST=1", "MINITE_WEIGHT_CACHE=frozen", NULL};
-  mt_t_child r;
-  mt_t_run_child("digest_frozen", "digest_frozen", env, &r);
-  mt_t_check_child("digest_frozen", &r);
-  /* the fake's wcheck computes nothing: the stored sum is 0, so the key differs from the twin's:
-   * what is checked is that the frozen sum (not a hash of the weight) reached the records */
-  CHECK(mt_t_count_of(r.stats, "\"event\": \"digest\"") == 4);
-  mt_t_child_free(&r);
-  /* frozen-sampled: the weight hashed, so the keys are the content keys of every other mode */
   const char *sampled[] = {"MINITE_DIGEST=1", "MINITE_WEIGHT_CACHE=frozen-sampled", "MT_SAMPLED=1",
                            NULL};
+  mt_t_child r;
   mt_t_run_child("digest_frozen", "digest_sampled", sampled, &r);
   mt_t_check_child("digest_frozen sampled", &r);
+  /* the fake's wcheck computes nothing: the stored sum is 0, so the key differs from the twin's:
+   * what is checked is that the stored sum (not the weight's) reached the records */
+  CHECK(mt_t_count_of(r.stats, "\"event\": \"digest\"") == 4);
+  int keys;
+  CHECK(mt_t_keys_in_file(&r, &keys) == 0 && keys == 4);
+  mt_t_child_free(&r);
+  /* frozen: the weight's sample summed, so the keys are the content keys of every other mode */
+  const char *env[] = {"MINITE_DIGEST=1", "MINITE_WEIGHT_CACHE=frozen", NULL};
+  mt_t_run_child("digest_frozen", "digest_frozen", env, &r);
+  mt_t_check_child("digest_frozen", &r);
   check_keys_in_file(&r, 4);
   mt_t_child_free(&r);
 }

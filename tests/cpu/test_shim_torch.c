@@ -224,10 +224,7 @@ static void print_keys(const uint16_t *x, int rows, const int32_t *offs, const u
     int32_t seg = mt_instr_segment(offs, E, offs ? 0 : 5, r);
     if (seg < 0)
       continue;
-    const uint16_t *ws = w + (size_t)seg * OUT * IN;
-    uint64_t wsum = 0;
-    for (int i = 0; i < OUT; i++)
-      wsum += mt_instr_content_sum(ws + (size_t)i * IN, IN * 2, (uint64_t)i * (IN / 8));
+    const uint64_t wsum = mt_t_weight_sum(w + (size_t)seg * OUT * IN, IN, OUT, IN);
     uint64_t key = mt_instr_key(mt_instr_row_hash(x + (size_t)r * IN, IN, 0),
                                 mt_instr_weight_id(wsum, OUT, IN, 0), 0, 1.0f, 0);
     printf("#info key %016" PRIx64 "\n", key);
@@ -419,20 +416,6 @@ static void an_optional_of_another_layout_is_torch_abi(void) {
   mt_t_child_free(&r);
 }
 
-/* Every "#info key K" of the child is the key of a digest record in its statistics file. */
-static int keys_in_file(const mt_t_child *r, int *keys) {
-  int found = 0;
-  *keys = 0;
-  for (const char *p = r->out; p && (p = strstr(p, "#info key ")); p++) {
-    char key[17] = {0}, pat[40];
-    memcpy(key, p + 10, 16);
-    snprintf(pat, sizeof pat, "\"key\": \"%s\"", key);
-    (*keys)++;
-    found += r->stats && strstr(r->stats, pat) != NULL;
-  }
-  return found;
-}
-
 /* Grouped calls' instruments, on: the probe of both forms (3 rows of the forward in a segment,
  * 4 of the batch; none differing), the digests of the rows in a segment with the keys of their
  * own experts, the shadow not available ("entry"); off: nothing launched (the child checks). */
@@ -456,7 +439,7 @@ static void grouped_calls_get_probe_and_digests(void) {
         mt_t_count_of(r.stats, "\"rows\": 3, \"differing\": 0") == 1);
   CHECK(mt_t_json_int_in(r.summary, "\"digests\": {", "written") == 36 + 20 &&
         mt_t_count_of(r.stats, "\"event\": \"digest\"") == 56);
-  int keys, found = keys_in_file(&r, &keys);
+  int keys, found = mt_t_keys_in_file(&r, &keys);
   CHECKF(keys == 56 && found == 56, "%d of %d keys found", found, keys);
   CHECKF(r.err && !strstr(r.err, "minite WARN"), "stderr: %s", r.err);
   mt_t_child_free(&r);

@@ -9,9 +9,10 @@ with the child's weight routed (256x512) and reads the statistics file:
   batch), with the weight requantized and kept (whose rows alone read the call's dequantized copy),
   some differ under nvfp4-tensor (the per-tensor activation scale does);
 - row digests: the same 64 rows through process A (one batch of 64, requantize) and process B
-  (batches of 7 and 1, last rows first, frozen weights) join in tools/minite-compare with every
-  row matched and 100% bitwise equal under nvfp4-row (the weight's identity is the same whether
-  hashed per call or read from the frozen cache); at rate 1/4 both pick the same rows;
+  (batches of 7 and 1, last rows first, kept weights: frozen-sampled under nvfp4-row, frozen under
+  nvfp4-tensor) join in tools/minite-compare with every row matched and 100% bitwise equal under
+  nvfp4-row (the weight's identity is the same whether summed per call or read from the
+  frozen-sampled cache's stored hash); at rate 1/4 both pick the same rows;
 - shadow error: under nvfp4-row the relative L2 of the routed output against cuBLAS's BF16 GEMM
   is what the CPU reference (ref/nvfp4.c via nvfp4_tool) gives for the same operands, within
   0.01, and in the range NVFP4 W4A4 implies for Gaussian operands: 0.10 .. 0.17 (each operand's
@@ -19,7 +20,7 @@ with the child's weight routed (256x512) and reads the statistics file:
   about sqrt(2) x 0.095 = 0.134; the CPU reference gives 0.130 .. 0.139 at M = 7 .. 300); under
   bf16 (routed calls are cuBLAS's, and the shadow reruns cuBLAS) exactly 0;
 - the digest records the GPU wrote are the definitions of kernels/instr.h and tools/minite-compare
-  (scheme 1), recomputed here in Python from the child's operands: every key, every output hash,
+  (scheme 2), recomputed here in Python from the child's operands: every key, every output hash,
   and every sketch (against minite-compare's sketch(), within FP32 summation error), without and
   with a bias;
 - a CUDA graph capturing a routed call with every instrument on replays correctly, and the
@@ -83,7 +84,8 @@ def digests_of_two_batchings_join_equal():
     for spec in ("nvfp4-row", "nvfp4-tensor"):
         ya, fa, sa = child("batch", f"join_a_{spec}", spec=spec, digest=1,
                            extra={"MT_BATCHES": "64"})
-        yb, fb, sb = child("batch", f"join_b_{spec}", spec=spec, digest=1, cache="frozen",
+        cache = "frozen-sampled" if spec == "nvfp4-row" else "frozen"
+        yb, fb, sb = child("batch", f"join_b_{spec}", spec=spec, digest=1, cache=cache,
                            extra={"MT_BATCHES": "7,1", "MT_REVERSE": "1"})
         doc = compare(fa, fb)
         total = doc["total"]
@@ -112,7 +114,7 @@ def digests_of_two_batchings_join_equal():
 def shadow_error_in_nvfp4_range_and_zero_under_bf16():
     need_gpu()
     got, path, summary = child("shadow", "shadow_row", shadow=1, digest=1)
-    check_scheme_1("no bias", got, path)  # the same run's digests, against scheme 1
+    check_scheme("no bias", got, path)  # the same run's digests, against scheme 2
     s = route_stats(summary, ROUTE, "shadow")
     x, w = got["x"].astype(np.float64), got["w"].astype(np.float64)
     exact = x @ w.T
@@ -133,7 +135,7 @@ def shadow_error_in_nvfp4_range_and_zero_under_bf16():
                   f"bf16: shadow {s}: cuBLAS against cuBLAS must be exactly 0")
 
 
-# ---- scheme 1 in Python (kernels/instr.h), to check what the GPU wrote -------------------------
+# ---- scheme 2 in Python (kernels/instr.h), to check what the GPU wrote -------------------------
 
 MASK = (1 << 64) - 1
 _loader = importlib.machinery.SourceFileLoader("minite_compare", COMPARE)
@@ -156,6 +158,27 @@ def content_sum(data):
     return total
 
 
+def weight_sum(w_bytes, n, k):
+    """weight_sum of an [n][k] 2-byte weight: the 16-byte pieces (numbered row-major) of the
+    128-byte lines whose run of 8 is the one its group of 64 runs samples (kernels/whash.h)."""
+    step, run_lines, per_row = 64, 8, k // 8
+    lines_per_row = (per_row + 7) // 8
+    total = 0
+    for line in range(n * lines_per_row):
+        run = line // run_lines
+        g = run // step
+        if run % step != ((g * 0x9E3779B97F4A7C15 & MASK) >> 40) % step:
+            continue
+        r, j0 = divmod(line, lines_per_row)
+        j0 *= 8
+        for j in range(j0, min(j0 + 8, per_row)):
+            at = 2 * (r * k + 8 * j)
+            lo = int.from_bytes(w_bytes[at:at + 8], "little")
+            hi = int.from_bytes(w_bytes[at + 8:at + 16], "little")
+            total = (total + piece(r * per_row + j, lo, hi)) & MASK
+    return total
+
+
 def tag(length, dtype):
     return MC.mix64((length << 4 | (dtype + 1)) & MASK)
 
@@ -166,9 +189,9 @@ def bf16_bytes(a):
 
 
 def expected_rows(x, w, y, b=None):
-    """{key: (hash, sketch)} of every row, as scheme 1 defines them (BF16 everywhere, alpha 1)."""
+    """{key: (hash, sketch)} of every row, as scheme 2 defines them (BF16 everywhere, alpha 1)."""
     n, k = w.shape
-    wid = MC.mix64(content_sum(bf16_bytes(w)) ^ tag(n << 28 | k, 0))
+    wid = MC.mix64(weight_sum(bf16_bytes(w), n, k) ^ tag(n << 28 | k, 0))
     bid = 0 if b is None else MC.mix64(content_sum(bf16_bytes(b)) ^ tag(n, 0))
     rows = {}
     for i in range(x.shape[0]):
@@ -181,7 +204,7 @@ def expected_rows(x, w, y, b=None):
     return rows
 
 
-def check_scheme_1(case, got, path):
+def check_scheme(case, got, path):
     """The digest records of a child run with MINITE_DIGEST=1 against the Python definitions."""
     if path is None:
         return
@@ -203,10 +226,10 @@ def check_scheme_1(case, got, path):
                   f"{case}: keys {keys}, hashes {hashes}, sketches {sketches} of 64 as defined")
 
 
-def digest_records_with_a_bias_are_scheme_1():
+def digest_records_with_a_bias_are_scheme_2():
     need_gpu()
     got, path, _ = child("bias", "scheme_bias", digest=1)
-    check_scheme_1("bias", got, path)
+    check_scheme("bias", got, path)
 
 
 def graph_with_instruments_replays():
@@ -225,7 +248,7 @@ def graph_with_instruments_replays():
 
 
 for t in (probe_row_is_batch_invariant_tensor_is_not, digests_of_two_batchings_join_equal,
-          shadow_error_in_nvfp4_range_and_zero_under_bf16, digest_records_with_a_bias_are_scheme_1,
+          shadow_error_in_nvfp4_range_and_zero_under_bf16, digest_records_with_a_bias_are_scheme_2,
           graph_with_instruments_replays):
     harness.run(t)
 sys.exit(harness.done())

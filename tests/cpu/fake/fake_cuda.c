@@ -645,13 +645,6 @@ static void instr_probe(const mt_instr_probe_args *a) {
 static struct { uint32_t *flag, seq; } held[MAX_HELD];
 static int nheld, hold_events;
 
-static uint64_t weight_sum(const uint16_t *w, int64_t ldw, int n, int k) {
-  uint64_t sum = 0, per_row = (uint64_t)k / 8;
-  for (int r = 0; r < n; r++)
-    sum += mt_instr_content_sum(w + (int64_t)r * ldw, (size_t)k * 2, r * per_row);
-  return sum;
-}
-
 static void instr_offs(const mt_instr_offs_args *a) {
   for (int p = 0; p < a->nrows; p++)
     for (int s = 0; s < a->nseg; s++)
@@ -668,15 +661,18 @@ static void instr_finish(const mt_instr_finish_args *a) {
       int first = 1;
       for (unsigned j = 0; j < i; j++)
         first &= a->w_stride && rows[j].seg != rows[i].seg;
-      if (first)
+      const int64_t seg = a->w_stride ? rows[i].seg : 0;
+      if (first && a->frozen_sum)
+        rows[i].wsum = a->frozen_sum[seg * a->frozen_stride];
+      else if (first)
         rows[i].wsum +=
-            weight_sum((const uint16_t *)a->w + rows[i].seg * a->w_stride, a->ldw, a->n, a->k);
+            mt_instr_weight_sum((const uint16_t *)a->w + seg * a->w_stride, a->ldw, a->n, a->k);
     }
   } else if (a->w && h->selected) {
     if (a->frozen_sum) {
       h->wsum = *a->frozen_sum;
     } else {
-      h->wsum += weight_sum(a->w, a->ldw, a->n, a->k);
+      h->wsum += mt_instr_weight_sum(a->w, a->ldw, a->n, a->k);
     }
     if (a->bias)
       h->bsum = mt_instr_content_sum(a->bias, (size_t)a->bias_bytes, 0);
