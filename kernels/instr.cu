@@ -33,24 +33,36 @@ __device__ __forceinline__ float warp_sumf(float v) {
   return v;
 }
 
+__device__ __forceinline__ uint64_t piece_of(int i, uint4 v) {
+  return mt_instr_piece((uint64_t)i, (uint64_t)v.y << 32 | v.x, (uint64_t)v.w << 32 | v.z);
+}
+
 // content_sum of a row of `elems` 2-byte elements (16-byte aligned: the router's rule), this
-// lane's share; the last piece zero-padded.
+// lane's share; the last piece zero-padded. Whole pieces four at a time, loaded before any is
+// hashed: a warp a row with one load in flight a lane leaves DRAM's latency exposed.
 __device__ uint64_t row_sum_lane(const uint16_t *row, int elems, int lane) {
   uint64_t h = 0;
   const int pieces = (elems + 7) / 8;
-  for (int i = lane; i < pieces; i += 32) {
-    uint64_t lo, hi;
+  int i = lane;
+  for (; i + 96 < elems / 8; i += 128) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      v[u] = *(const uint4 *)(row + 8 * (i + 32 * u));
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      h += piece_of(i + 32 * u, v[u]);
+  }
+  for (; i < pieces; i += 32) {
     if (8 * i + 8 <= elems) {
-      uint4 v = *(const uint4 *)(row + 8 * i);
-      lo = (uint64_t)v.y << 32 | v.x;
-      hi = (uint64_t)v.w << 32 | v.z;
-    } else {
-      uint16_t e[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int j = 0; 8 * i + j < elems; j++)
-        e[j] = row[8 * i + j];
-      lo = (uint64_t)e[3] << 48 | (uint64_t)e[2] << 32 | (uint64_t)e[1] << 16 | e[0];
-      hi = (uint64_t)e[7] << 48 | (uint64_t)e[6] << 32 | (uint64_t)e[5] << 16 | e[4];
+      h += piece_of(i, *(const uint4 *)(row + 8 * i));
+      continue;
     }
+    uint16_t e[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int j = 0; 8 * i + j < elems; j++)
+      e[j] = row[8 * i + j];
+    const uint64_t lo = (uint64_t)e[3] << 48 | (uint64_t)e[2] << 32 | (uint64_t)e[1] << 16 | e[0];
+    const uint64_t hi = (uint64_t)e[7] << 48 | (uint64_t)e[6] << 32 | (uint64_t)e[5] << 16 | e[4];
     h += mt_instr_piece((uint64_t)i, lo, hi);
   }
   return h;
