@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""instr_cost.py — what the shim and its instruments cost in an eager MoE block: layer 0's sparse
+MoE block of the demo model (Qwen3-30B-A3B geometry, demo/demo_model.py) run forward on T random
+hidden states, T = 1 .. 8192, on both experts paths (grouped_mm, eager), GPU time per forward
+summed by the PyTorch profiler (demo/demo_profile.py says why the profiler: the eager path
+synchronises and cannot be captured), the shim's mt_instr_* kernels also summed apart.
+
+    python3 lab/instr_cost.py OUT.json [--lib build/libminite.so] [--old OLD_LIB] [--tokens 1,16]
+
+Each setting runs in its own process: no shim; the shim under bf16 and under nvfp4-row, each
+without a statistics file and with one at the default rates (MINITE_STATS), frozen-sampled
+weights; with --old, nvfp4-row and bf16 with statistics again under OLD_LIB (an earlier build, the
+same run and card). Prints, per path and T, µs per forward of each setting and the instruments'
+share of the block, (with statistics - without) / without.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "demo"))
+TOKENS = (1, 16, 128, 1024, 8192)
+WARMUP, ITERS = 2, 5
+CHILD_LIMIT = 240
+
+
+def settings(lib, old):
+    """(name, environment) of each process; lib None: no shim."""
+    base = {"MINITE_ROUTE": "1536x2048,2048x768", "MINITE_WEIGHT_CACHE": "frozen-sampled"}
+    rows = [("none", None, None, False)]
+    for spec in ("bf16", "nvfp4-row"):
+        rows += [(spec, lib, spec, False), (f"{spec}+stats", lib, spec, True)]
+    if old:
+        rows += [(f"{spec}+stats old", old, spec, True) for spec in ("bf16", "nvfp4-row")]
+    out = []
+    for name, path, spec, stats in rows:
+        env = {}
+        if path:
+            env = dict(base, LD_PRELOAD=os.path.abspath(path), MINITE_SPEC=spec)
+            if stats:
+                env["MINITE_STATS"] = os.path.join(tempfile.mkdtemp(prefix="mt_cost_"), "s.jsonl")
+        out.append((name, env))
+    return out
+
+
+# ---- the child: one setting, every path and T -------------------------------------------------
+
+def forward_us(torch, block, hidden):
+    """(µs of every kernel, µs of the mt_instr_* kernels) per forward, profiler sums."""
+    from torch.profiler import ProfilerActivity, profile
+    with torch.no_grad():
+        for _ in range(WARMUP):
+            block(hidden)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(ITERS):
+                block(hidden)
+            torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    events = [e for e in prof.events() if e.device_type == cuda]
+    total = sum(e.time_range.elapsed_us() for e in events)
+    instr = sum(e.time_range.elapsed_us() for e in events if e.name.startswith("mt_instr_"))
+    return total / ITERS, instr / ITERS
+
+
+def child(out, tokens):
+    import torch
+    import demo_model
+    model = demo_model.build(layers=1)
+    block = model.model.layers[0].mlp
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn((1, max(tokens), model.config.hidden_size), generator=gen, device="cuda",
+                    dtype=torch.bfloat16)
+    result = {"device": torch.cuda.get_device_name(), "us": {}, "instr_us": {}}
+    for path in demo_model.EXPERTS:
+        model.set_experts_implementation(path)
+        rows = [forward_us(torch, block, x[:, :t].contiguous()) for t in tokens]
+        result["us"][path] = [r[0] for r in rows]
+        result["instr_us"][path] = [r[1] for r in rows]
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+# ---- the parent -------------------------------------------------------------------------------
+
+def run_setting(name, env, tokens):
+    fd, out = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    full = dict(os.environ, **env)
+    if not env:
+        full.pop("LD_PRELOAD", None)
+    argv = [sys.executable, os.path.abspath(__file__), "--child", out,
+            "--tokens", ",".join(map(str, tokens))]
+    try:
+        res = subprocess.run(argv, env=full, capture_output=True, text=True, timeout=CHILD_LIMIT)
+    except subprocess.TimeoutExpired:
+        print(f"[cost] {name}: over {CHILD_LIMIT} s", file=sys.stderr)
+        return None
+    if res.returncode != 0:
+        print(f"[cost] {name}: exit {res.returncode}: {res.stderr.strip()[-800:]}", file=sys.stderr)
+        return None
+    with open(out) as f:
+        return json.load(f)
+
+
+def share(a, b):
+    return f"{100.0 * (a - b) / b:+.1f}%" if a is not None and b else "-"
+
+
+def table(results, tokens):
+    names = [n for n in results if results[n]]
+    for path in ("grouped_mm", "eager"):
+        print(f"\n{path}: µs per forward (profiler sums); instruments' share = +stats vs the same "
+              "spec without")
+        print("T".rjust(6) + "".join(n.rjust(20) for n in names) + "  bf16 share  nvfp4 share")
+        for i, t in enumerate(tokens):
+            us = {n: results[n]["us"][path][i] for n in names}
+            cells = "".join(f"{us[n]:.1f} ({results[n]['instr_us'][path][i]:.0f})".rjust(20)
+                            for n in names)
+            print(f"{t:6d}{cells}  {share(us.get('bf16+stats'), us.get('bf16')):>10}"
+                  f"  {share(us.get('nvfp4-row+stats'), us.get('nvfp4-row')):>11}")
+    print("\n(in parentheses: µs of the mt_instr_* kernels)")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", nargs="?")
+    p.add_argument("--lib", default=os.path.join(ROOT, "build", "libminite.so"))
+    p.add_argument("--old", help="an earlier libminite.so, measured beside")
+    p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    tokens = [int(t) for t in args.tokens.split(",")]
+    if args.child:
+        child(args.child, tokens)
+        return 0
+    if not args.out:
+        p.error("OUT.json is required")
+    results = {name: run_setting(name, env, tokens) for name, env in settings(args.lib, args.old)}
+    with open(args.out, "w") as f:
+        json.dump({"tokens": tokens, "results": results}, f, indent=1)
+    device = next((r["device"] for r in results.values() if r), "?")
+    print(f"device: {device}; {WARMUP} warm-up and {ITERS} profiled forwards a T")
+    table(results, tokens)
+    return 0 if all(results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
