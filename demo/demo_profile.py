@@ -1,13 +1,16 @@
 """demo_profile.py — GPU time of one MoE layer of the demo model: layer 0's Qwen3MoeSparseMoeBlock
 (router, expert dispatch, gate_up and down of every expert hit, combine) run forward on T random
-hidden states, for each experts implementation, with the kernels it launched summed by the
-PyTorch profiler (CUDA activity only: kernels, copies and sets, whoever launched them, so the
-shim's own kernels count).
+hidden states, for each experts implementation, under whatever the process runs (the shim's own
+kernels count: the profiler sums CUDA activity whoever launched it, kernels, copies and sets).
 
-Why the profiler and not CUDA events over graph replays: HF's eager experts loop asks the host
-which experts were hit (a synchronisation), so it cannot be captured in a graph, and event timing
-of an uncaptured eager loop measures its launch gaps, not the GPU. Summed kernel time treats both
-paths alike and is what a GPU-bound run pays.
+Two measures. The grouped_mm path is captured in a CUDA graph (as a GPU-bound sampler runs its
+decode step) and timed with CUDA events over REPLAYS replays, the median of REPEATS such runs with
+their minimum and maximum: wall time of the block on the GPU, kernels that overlap counted once.
+Both paths also get the profiler's sum of their kernels' durations: HF's eager experts loop asks
+the host which experts were hit (a synchronisation), so it cannot be captured, and event timing of
+an uncaptured eager loop measures its launch gaps, not the GPU. Summed kernel time treats both paths
+alike, but counts twice the kernels that run side by side (the engine's weight refresh beside its
+GEMM) and counts the instruments, which a captured call skips.
 
 The demo sampler calls profile() after sampling (demo_sampler.py --moe-profile FILE), so each
 spec's numbers come from a process with the shim under that spec and its sampler's weight cache.
@@ -15,10 +18,13 @@ The hidden states are drawn from a fixed seed on the GPU and the router is never
 shim, so every process profiles the same routing. torch is imported by the caller.
 """
 import json
+import statistics
 
 TOKENS = (1, 16, 128, 1024, 8192)
 WARMUP = 2
 ITERS = 3
+REPLAYS = 20
+REPEATS = 5
 SEED = 5
 
 
@@ -43,20 +49,56 @@ def block_us(torch, block, hidden, iters=ITERS, warmup=WARMUP):
     return total / iters if total > 0 else None
 
 
+def replay_us(torch, block, hidden):
+    """[median, min, max] µs of one block forward captured in a CUDA graph (events over REPLAYS
+    replays, REPEATS times), or the capture's error as a string."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.no_grad(), torch.cuda.stream(side):
+            for _ in range(WARMUP):
+                block(hidden)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            block(hidden)
+    except RuntimeError as e:
+        torch.cuda.synchronize()
+        return f"not captured: {str(e).splitlines()[0][:200]}"
+    graph.replay()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(REPEATS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(REPLAYS):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        runs.append(start.elapsed_time(end) * 1000.0 / REPLAYS)
+    del graph
+    return [statistics.median(runs), min(runs), max(runs)]
+
+
 def profile(torch, model, paths, tokens=TOKENS, iters=ITERS):
-    """{"tokens": [...], "us": {path: [µs per T]}, ...} for layer 0's MoE block under each experts
+    """{"tokens": [...], "us": {path: [µs per T]}, "replay_us": {"grouped_mm": [[median, min,
+    max] or the capture's error, per T]}, ...} for layer 0's MoE block under each experts
     implementation in `paths`; the model's implementation is restored afterwards."""
     block = model.model.layers[0].mlp
     hidden = model.config.hidden_size
     before = model.config._experts_implementation
     gen = torch.Generator(device="cuda").manual_seed(SEED)
     x = torch.randn((1, max(tokens), hidden), generator=gen, device="cuda", dtype=torch.bfloat16)
-    result = {"tokens": list(tokens), "iters": iters, "warmup": WARMUP, "us": {}}
+    result = {"tokens": list(tokens), "iters": iters, "warmup": WARMUP, "us": {},
+              "replays": REPLAYS, "repeats": REPEATS, "replay_us": {}}
     try:
         for path in paths:
             model.set_experts_implementation(path)
             result["us"][path] = [block_us(torch, block, x[:, :t].contiguous(), iters)
                                   for t in tokens]
+            if path == "grouped_mm":  # the eager loop synchronises: not capturable
+                result["replay_us"][path] = [replay_us(torch, block, x[:, :t].contiguous())
+                                             for t in tokens]
     finally:
         model.set_experts_implementation(before)
     return result

@@ -129,8 +129,10 @@ def fake_run(name, spec, experts, learner, sampler, gap=None, instruments=None, 
 
 def test_tables_from_made_up_results():
     import run_demo
-    prof = {"tokens": [1, 128], "us": {"grouped_mm": [100.0, 400.0], "eager": [300.0, 5000.0]}}
-    prof_row = {"tokens": [1, 128], "us": {"grouped_mm": [50.0, 200.0], "eager": [500.0, 8000.0]}}
+    prof = {"tokens": [1, 128], "us": {"grouped_mm": [100.0, 400.0], "eager": [300.0, 5000.0]},
+            "replay_us": {"grouped_mm": [[80.0, 79.0, 82.0], [300.0, 290.0, 310.0]]}}
+    prof_row = {"tokens": [1, 128], "us": {"grouped_mm": [50.0, 200.0], "eager": [500.0, 8000.0]},
+                "replay_us": {"grouped_mm": [[40.0, 39.0, 41.0], "not captured: boom"]}}
     gap = {"metrics": {"abs_dlogp_mean": 0.02, "abs_dlogp_p99": 0.1, "abs_dlogp_max": 0.2,
                        "kl": -0.001, "ratio_above_2": 0},
            "nemo_rl": {"train/token_mult_prob_error": 1.01234},
@@ -159,10 +161,15 @@ def test_tables_from_made_up_results():
     harness.check(eager[10] == "0.13 / 0.14 (4 calls)" and eager[11] == "0 / 8",
                   f"instruments on eager: {eager}")
     moe = run_demo.profile_table(runs).splitlines()
-    harness.check(len(moe) == 2 + 4, f"2 specs x 2 paths:\n{moe}")
-    harness.check("| grouped_mm | none (no shim) | 100 | 400 |" in moe[2], f"baseline: {moe[2]}")
-    harness.check("50 (2.00x)" in moe[3] and "200 (2.00x)" in moe[3], f"row: {moe[3]}")
-    harness.check(moe[4].startswith("| eager | none") and "5,000 (0.08x)" in moe[4], moe[4])
+    harness.check(len(moe) == 2 + 2 + 4, f"2 specs replayed, then 2 specs x 2 paths:\n{moe}")
+    harness.check(moe[2] == "| graph replay, wall µs | grouped_mm | none (no shim) | 80 (79-82) "
+                  "1.00x | 300 (290-310) 1.00x |", f"replayed baseline: {moe[2]}")
+    harness.check("| 40 (39-41) 2.00x | not captured: boom |" in moe[3], f"replayed: {moe[3]}")
+    harness.check("| kernel sum, µs | grouped_mm | none (no shim) | 100 | 400 |" in moe[4],
+                  f"baseline: {moe[4]}")
+    harness.check("50 (2.00x)" in moe[5] and "200 (2.00x)" in moe[5], f"row: {moe[5]}")
+    harness.check(moe[6].startswith("| kernel sum, µs | eager | none") and
+                  "5,000 (0.08x)" in moe[6], moe[6])
 
 
 def test_profile_sums_device_events_only():
