@@ -28,14 +28,16 @@ REPEATS = 5
 SEED = 5
 
 
-def kernel_us(torch, prof):
-    """Summed duration (µs) of the device events of a profile: kernels, copies, sets."""
+def kernel_us(torch, prof, prefix=""):
+    """Summed duration (µs) of the device events of a profile (kernels, copies, sets), of those
+    whose name starts with `prefix`."""
     cuda = torch.autograd.DeviceType.CUDA
-    return sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == cuda)
+    return sum(e.time_range.elapsed_us() for e in prof.events()
+               if e.device_type == cuda and e.name.startswith(prefix))
 
 
-def block_us(torch, block, hidden, iters=ITERS, warmup=WARMUP):
-    """Mean GPU time (µs) of one block forward on `hidden` [1, T, H]."""
+def block_profile(torch, block, hidden, iters=ITERS, warmup=WARMUP):
+    """The profile of `iters` block forwards on `hidden` [1, T, H], after `warmup` more."""
     from torch.profiler import ProfilerActivity, profile
     with torch.no_grad():
         for _ in range(warmup):
@@ -45,7 +47,12 @@ def block_us(torch, block, hidden, iters=ITERS, warmup=WARMUP):
             for _ in range(iters):
                 block(hidden)
             torch.cuda.synchronize()
-    total = kernel_us(torch, prof)
+    return prof
+
+
+def block_us(torch, block, hidden, iters=ITERS, warmup=WARMUP):
+    """Mean GPU time (µs) of one block forward on `hidden` [1, T, H]."""
+    total = kernel_us(torch, block_profile(torch, block, hidden, iters, warmup))
     return total / iters if total > 0 else None
 
 

@@ -50,20 +50,10 @@ def settings(lib, old):
 
 def forward_us(torch, block, hidden):
     """(µs of every kernel, µs of the mt_instr_* kernels) per forward, profiler sums."""
-    from torch.profiler import ProfilerActivity, profile
-    with torch.no_grad():
-        for _ in range(WARMUP):
-            block(hidden)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(ITERS):
-                block(hidden)
-            torch.cuda.synchronize()
-    cuda = torch.autograd.DeviceType.CUDA
-    events = [e for e in prof.events() if e.device_type == cuda]
-    total = sum(e.time_range.elapsed_us() for e in events)
-    instr = sum(e.time_range.elapsed_us() for e in events if e.name.startswith("mt_instr_"))
-    return total / ITERS, instr / ITERS
+    import demo_profile
+    prof = demo_profile.block_profile(torch, block, hidden, ITERS, WARMUP)
+    return (demo_profile.kernel_us(torch, prof) / ITERS,
+            demo_profile.kernel_us(torch, prof, "mt_instr_") / ITERS)
 
 
 def child(out, tokens):

@@ -186,17 +186,20 @@ def test_profile_sums_device_events_only():
             return self.us
 
     class Event:
-        def __init__(self, kind, us):
-            self.device_type, self.time_range = kind, Span(us)
+        def __init__(self, kind, us, name):
+            self.device_type, self.time_range, self.name = kind, Span(us), name
 
     class Prof:
         def events(self):
-            return [Event(Kind.CUDA, 5.0), Event(Kind.CPU, 100.0), Event(Kind.CUDA, 7.5)]
+            return [Event(Kind.CUDA, 5.0, "mt_instr_digest"), Event(Kind.CPU, 100.0, "mt_instr_x"),
+                    Event(Kind.CUDA, 7.5, "gemm")]
 
     class Torch:
         class autograd:
             DeviceType = Kind
     harness.check(demo_profile.kernel_us(Torch, Prof()) == 12.5, "kernels 5 + 7.5, CPU ops not")
+    harness.check(demo_profile.kernel_us(Torch, Prof(), "mt_instr_") == 5.0,
+                  "the kernels named mt_instr_*, CPU ops not")
 
 
 def write_sampler_file(name, role="sampler", layers=2):
