@@ -11,7 +11,8 @@ Each setting runs in its own process: no shim; the shim under bf16 and under nvf
 without a statistics file and with one at the default rates (MINITE_STATS), frozen-sampled
 weights; with --old, nvfp4-row and bf16 with statistics again under OLD_LIB (an earlier build, the
 same run and card). Prints, per path and T, µs per forward of each setting and the instruments'
-share of the block, (with statistics - without) / without.
+share of the block, (with statistics - without) / without, and writes OUT.json with each
+instrument kernel's µs per forward (by_kernel), so that a rate can be picked by its cost.
 """
 import argparse
 import json
@@ -48,12 +49,17 @@ def settings(lib, old):
 
 # ---- the child: one setting, every path and T -------------------------------------------------
 
+INSTRUMENTS = ("mt_instr_digest", "mt_instr_finish", "mt_instr_probe", "mt_instr_shadow",
+               "mt_instr_offs")
+
+
 def forward_us(torch, block, hidden):
-    """(µs of every kernel, µs of the mt_instr_* kernels) per forward, profiler sums."""
+    """(µs of every kernel, {instrument kernel: µs}) per forward, profiler sums (the shadow's BF16
+    rerun is cuBLAS's and counts in the first only)."""
     import demo_profile
     prof = demo_profile.block_profile(torch, block, hidden, ITERS, WARMUP)
     return (demo_profile.kernel_us(torch, prof) / ITERS,
-            demo_profile.kernel_us(torch, prof, "mt_instr_") / ITERS)
+            {k: demo_profile.kernel_us(torch, prof, k) / ITERS for k in INSTRUMENTS})
 
 
 def child(out, tokens):
@@ -64,12 +70,13 @@ def child(out, tokens):
     gen = torch.Generator(device="cuda").manual_seed(5)
     x = torch.randn((1, max(tokens), model.config.hidden_size), generator=gen, device="cuda",
                     dtype=torch.bfloat16)
-    result = {"device": torch.cuda.get_device_name(), "us": {}, "instr_us": {}}
+    result = {"device": torch.cuda.get_device_name(), "us": {}, "instr_us": {}, "by_kernel": {}}
     for path in demo_model.EXPERTS:
         model.set_experts_implementation(path)
         rows = [forward_us(torch, block, x[:, :t].contiguous()) for t in tokens]
         result["us"][path] = [r[0] for r in rows]
-        result["instr_us"][path] = [r[1] for r in rows]
+        result["instr_us"][path] = [sum(r[1].values()) for r in rows]
+        result["by_kernel"][path] = [r[1] for r in rows]
     with open(out, "w") as f:
         json.dump(result, f)
 
