@@ -253,8 +253,17 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
   __syncthreads();
   if (!last)
     return;
-  // the publication: every CTA's sums are in the header (fenced before their count)
+  // the publication: every CTA's sums are in the header (fenced before their count). A captured
+  // call's (seq 0) is the flag's seqlock: odd while the block is written, the next even value once
+  // it is whole (kernels/instr.h)
+  __shared__ uint32_t flag_was;
   __threadfence();
+  if (a.seq == 0 && threadIdx.x == 0) {
+    flag_was = *(volatile uint32_t *)a.flag;
+    *(volatile uint32_t *)a.flag = flag_was + 1;
+    __threadfence_system();
+  }
+  __syncthreads();
   const unsigned rows = min((unsigned)a.cap, *(volatile unsigned *)&hdr->selected);
   const int64_t words = (int64_t)(sizeof(mt_instr_header) + rows * sizeof(mt_instr_row)) / 16;
   const uint4 *src = (const uint4 *)hdr;
@@ -268,7 +277,7 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
-    *(volatile uint32_t *)a.flag = a.seq;
+    *(volatile uint32_t *)a.flag = a.seq ? a.seq : flag_was + 2;
   }
 }
 

@@ -116,6 +116,10 @@ typedef struct {
   void *dst;            /* mapped pinned host block (device address) */
   uint32_t *flag;       /* mapped pinned host word (device address) */
   int32_t cap;          /* rows the block holds */
+  /* The flag's value once the block is published; 0 in a call captured in a CUDA graph, whose
+   * every replay publishes into the same block: the flag is then a seqlock, raised to odd before
+   * the block is written and to the next even value after (the host reads a block whole when the
+   * flag is even and the same before and after its copy) */
   uint32_t seq;
 } mt_instr_finish_args;
 

@@ -430,7 +430,8 @@ static int finish(const mt_instr_call *ic, mt_iw_slot *s, int kinds) {
   int digest_on = kinds & MT_IW_DIGEST;
   int64_t frozen_stride;
   const uint64_t *frozen = stored_sums(ic, &frozen_stride);
-  s->seq++;
+  /* 0 is a captured call's (kernels/instr.h): an uncaptured slot's sequence skips it */
+  s->seq = s->captured ? 0 : s->seq + 1 ? s->seq + 1 : 1;
   mt_instr_finish_args fa = {.w = digest_on ? ic->w : NULL,
                              .ldw = (int64_t)ic->ldw,
                              .w_stride = ic->w_stride,
@@ -487,7 +488,7 @@ static int writer_running(void) {
 /* Which instruments this call gets, and its slot's context; 0 when none. Takes the writer's
  * lock briefly. */
 static int choose(const mt_instr_call *ic, const mt_driver *d, const mt_instr_driver *e, sampled *p,
-                  mt_iw_context **c) {
+                  mt_iw_context **c, int *capturing) {
   mt_iw_lock();
   *p = sample(ic);
   int kinds = (p->shadow ? MT_IW_SHADOW : 0) | (p->probe ? MT_IW_PROBE : 0) |
@@ -534,10 +535,21 @@ static int choose(const mt_instr_call *ic, const mt_driver *d, const mt_instr_dr
     mt_iw_count_skips(MT_IW_PROBE, MT_IW_ENTRY);
     kinds &= ~MT_IW_PROBE;
   }
-  if (kinds && (ic->capturing || stream_capturing(d, (mt_stream)ic->call->stream))) {
+  *capturing = kinds && (ic->capturing || stream_capturing(d, (mt_stream)ic->call->stream));
+  /* captured: the digests run in the graph at each replay; the probe and the shadow rerun the call
+   * from the host's side, and the pool is set up (allocated) by an uncaptured call only */
+  if (*capturing && (kinds & ~MT_IW_DIGEST)) {
+    mt_iw_count_skips(kinds & ~MT_IW_DIGEST, MT_IW_CAPTURE);
+    kinds &= MT_IW_DIGEST;
+  }
+  if (kinds && *capturing && !(*c = mt_iw_context_ready())) {
     mt_iw_count_skips(kinds, MT_IW_CAPTURE);
     kinds = 0;
-  } else if (kinds && (!(*c = mt_iw_context_get(d, e)) || !writer_running())) {
+  } else if (kinds && !*capturing && !(*c = mt_iw_context_get(d, e))) {
+    mt_iw_count_skips(kinds, MT_IW_ERROR);
+    kinds = 0;
+  }
+  if (kinds && !writer_running()) {
     mt_iw_count_skips(kinds, MT_IW_ERROR);
     kinds = 0;
   }
@@ -565,11 +577,16 @@ void mt_instr_after(const mt_instr_call *ic) {
   const mt_instr_driver *e = mt_instr_driver_get();
   sampled p;
   mt_iw_context *c = NULL;
-  int kinds = choose(ic, d, e, &p, &c);
+  int capturing;
+  int kinds = choose(ic, d, e, &p, &c, &capturing);
   mt_iw_slot *s = NULL;
   if (kinds && !(s = mt_iw_slot_take(c))) {
     mt_iw_count_skips(kinds, MT_IW_NO_SLOT);
     mt_iw_count_dropped_call();
+    kinds = 0;
+  }
+  if (kinds && capturing && !mt_iw_capture(s)) {
+    mt_iw_count_skips(kinds, MT_IW_NO_SLOT);
     kinds = 0;
   }
   int held = 0;
@@ -577,7 +594,7 @@ void mt_instr_after(const mt_instr_call *ic) {
     kinds = scratch_gate(ic, c, kinds, &held);
   if (!kinds) {
     if (s)
-      atomic_store(&s->state, MT_IW_FREE);
+      mt_iw_give_back(s, MT_IW_FREE);
     return;
   }
   slot_fill(s, ic, p.route, kinds);
@@ -586,10 +603,10 @@ void mt_instr_after(const mt_instr_call *ic) {
   if (got && finish(ic, s, got) != MT_OK) {
     /* enqueued work whose end cannot be known: the slot is never reused */
     mt_iw_count_skips(got, MT_IW_ERROR);
-    atomic_store(&s->state, MT_IW_LOST);
+    mt_iw_give_back(s, MT_IW_LOST);
     got = 0;
   } else if (!got) {
-    atomic_store(&s->state, MT_IW_FREE);
+    mt_iw_give_back(s, MT_IW_FREE);
   }
   if (got && (got & (MT_IW_PROBE | MT_IW_SHADOW))) {
     c->scratch_used = 1;

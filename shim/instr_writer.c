@@ -19,8 +19,9 @@
 #include "base/log.h"
 #include "shim/stats.h"
 
-#define DRAIN_SECONDS 2.0 /* at exit: how long completed work is waited for */
-#define POLL_NS 200000    /* the writer's sleep between scans while work is in flight */
+#define DRAIN_SECONDS 2.0        /* at exit: how long completed work is waited for */
+#define POLL_NS 200000           /* the writer's sleep between scans while work is in flight */
+#define CAPTURED_POLL_NS 1000000 /* ... while only captured calls' replays may publish */
 
 static const char *const skip_names[MT_IW_SKIP_COUNT] = {
     "capture", "no slot", "beta", "entry", "scratch size", "busy", "error", "exit"};
@@ -46,6 +47,9 @@ static unsigned long long digest_written, digest_dropped;
 static atomic_ullong dropped_slots;
 static size_t device_bytes, host_bytes;
 static int in_flight, writer_started, stopping, stopped;
+/* captured calls' slots held; replays read; replays overwritten by the next before they were read */
+static int captured_slots;
+static unsigned long long replays_read, replays_missed;
 static pthread_t writer;
 
 void mt_iw_configure(const mt_iw_config *c) { cfg = *c; }
@@ -95,6 +99,7 @@ static void context_forget(mt_iw_context *c) {
     int st = atomic_load(&s->state);
     if (st == MT_IW_FLIGHT)
       mt_iw_count_skips(s->kinds, MT_IW_EXIT), in_flight--;
+    captured_slots -= st == MT_IW_CAPTURED; /* its graphs went with the context */
     atomic_store(&s->state, st == MT_IW_FREE ? MT_IW_FREE : MT_IW_LOST);
   }
   if (c->host && c->mem)
@@ -166,6 +171,7 @@ static void context_setup(const mt_driver *d, const mt_instr_driver *e, mt_iw_co
     s->ctx = c;
     s->used = 0;
     s->seq = 0;
+    s->captured = 0;
     s->dev = c->mem + (CUdeviceptr)(i * MT_IW_SLOT_BYTES);
     s->host = c->host + i * MT_IW_SLOT_BYTES;
     s->host_dev = c->host_dev + (CUdeviceptr)(i * MT_IW_SLOT_BYTES);
@@ -184,6 +190,14 @@ mt_iw_context *mt_iw_context_get(const mt_driver *d, const mt_instr_driver *e) {
   if (c->id != x.id)
     context_setup(d, e, c, &x); /* a failure is not retried in this context */
   return c->mem ? c : NULL;
+}
+
+mt_iw_context *mt_iw_context_ready(void) {
+  mt_ctx x;
+  if (mt_ctx_current(&x) != MT_OK)
+    return NULL;
+  mt_iw_context *c = &contexts[x.index];
+  return c->id == x.id && c->mem ? c : NULL;
 }
 
 CUdeviceptr mt_iw_scratch(const mt_iw_context *c) {
@@ -247,10 +261,11 @@ static uint64_t grouped_wsum(const mt_iw_slot *s, const mt_instr_row *rows, unsi
   return rows[j].wsum;
 }
 
-/* The records of one completed slot (its host block), and its share of the aggregates. */
-static void slot_records(const mt_iw_slot *s, text *t) {
-  const mt_instr_header *h = (const mt_instr_header *)s->host;
-  const mt_instr_row *rows = (const mt_instr_row *)(s->host + sizeof *h);
+/* The records of one completed slot's block (its host block, or a captured replay's copy of it),
+ * and its share of the aggregates. */
+static void slot_records(const mt_iw_slot *s, const unsigned char *block, text *t) {
+  const mt_instr_header *h = (const mt_instr_header *)block;
+  const mt_instr_row *rows = (const mt_instr_row *)(block + sizeof *h);
   char route[48];
   route_name(s->route, route, sizeof route);
   route_stats *r = &routes[s->route];
@@ -314,21 +329,43 @@ int mt_iw_published(const mt_iw_slot *s) {
   return __atomic_load_n(s->flag, __ATOMIC_ACQUIRE) == s->seq;
 }
 
-/* One scan over the slots in flight: published ones become records. Returns how many. Called
- * with lock held; drops it around the write. */
+/* A captured slot's latest replay, copied whole into `copy`: 1 when there is one not read yet
+ * (the flag even, past the last one read, and unchanged across the copy; the replays it skipped
+ * are counted missed). Under lock. */
+static int replay_copy(mt_iw_slot *s, unsigned char *copy) {
+  const uint32_t flag = __atomic_load_n(s->flag, __ATOMIC_ACQUIRE);
+  if ((flag & 1) || flag == s->seen)
+    return 0;
+  memcpy(copy, s->host, MT_IW_SLOT_BYTES);
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  if (__atomic_load_n(s->flag, __ATOMIC_ACQUIRE) != flag)
+    return 0; /* a replay is writing it: read at a later scan */
+  replays_missed += (uint32_t)(flag - s->seen) / 2 - 1;
+  replays_read++;
+  s->seen = flag;
+  return 1;
+}
+
+/* One scan over the slots in flight and the captured ones: published blocks become records.
+ * Returns how many. Called with lock held; drops it around the write. */
 static int scan(text *t) {
+  static unsigned char copy[MT_IW_SLOT_BYTES];
   int done = 0;
   for (int ci = 0; ci < MT_MAX_CONTEXTS; ci++) {
     mt_iw_context *c = &contexts[ci];
     for (int i = 0; i < cfg.nslots && c->mem; i++) {
       mt_iw_slot *s = &c->slots[i];
-      if (atomic_load_explicit(&s->state, memory_order_acquire) != MT_IW_FLIGHT ||
-          !mt_iw_published(s))
-        continue;
+      const int state = atomic_load_explicit(&s->state, memory_order_acquire);
       t->used = 0;
-      slot_records(s, t);
-      atomic_store_explicit(&s->state, MT_IW_FREE, memory_order_release);
-      in_flight--;
+      if (state == MT_IW_CAPTURED && replay_copy(s, copy)) {
+        slot_records(s, copy, t);
+      } else if (state == MT_IW_FLIGHT && mt_iw_published(s)) {
+        slot_records(s, s->host, t);
+        atomic_store_explicit(&s->state, MT_IW_FREE, memory_order_release);
+        in_flight--;
+      } else {
+        continue;
+      }
       done++;
       if (t->used) {
         pthread_mutex_unlock(&lock);
@@ -353,15 +390,16 @@ static void *writer_main(void *arg) {
   double deadline = 0;
   pthread_mutex_lock(&lock);
   for (;;) {
-    while (!in_flight && !stopping)
+    while (!in_flight && !captured_slots && !stopping)
       pthread_cond_wait(&wake, &lock);
     if (stopping && !deadline)
       deadline = now_s() + DRAIN_SECONDS;
+    int found = scan(&t);
     if (stopping && (!in_flight || now_s() > deadline))
-      break;
-    if (!scan(&t)) {
+      break; /* the captured calls' replays done by now were read by this scan */
+    if (!found) {
       pthread_mutex_unlock(&lock);
-      nanosleep(&(struct timespec){0, POLL_NS}, NULL);
+      nanosleep(&(struct timespec){0, in_flight ? POLL_NS : CAPTURED_POLL_NS}, NULL);
       pthread_mutex_lock(&lock);
     }
   }
@@ -412,12 +450,36 @@ int mt_iw_writer_start(void) {
   return 1;
 }
 
+int mt_iw_capture(mt_iw_slot *s) {
+  pthread_mutex_lock(&lock);
+  const int room = captured_slots < cfg.nslots / 2;
+  if (room) {
+    captured_slots++;
+    s->captured = 1;
+    s->seen = 0;
+    __atomic_store_n(s->flag, 0, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&lock);
+  return room;
+}
+
+void mt_iw_give_back(mt_iw_slot *s, enum mt_iw_state state) {
+  if (s->captured) {
+    pthread_mutex_lock(&lock);
+    captured_slots--;
+    s->captured = 0;
+    pthread_mutex_unlock(&lock);
+  }
+  atomic_store(&s->state, state);
+}
+
 void mt_iw_publish(mt_iw_slot *s) {
   int taken = MT_IW_TAKEN;
   pthread_mutex_lock(&lock);
   /* a slot whose context was found destroyed meanwhile is no longer this call's */
-  if (atomic_compare_exchange_strong(&s->state, &taken, MT_IW_FLIGHT)) {
-    in_flight++;
+  if (atomic_compare_exchange_strong(&s->state, &taken,
+                                     s->captured ? MT_IW_CAPTURED : MT_IW_FLIGHT)) {
+    in_flight += !s->captured;
     pthread_cond_signal(&wake);
   }
   pthread_mutex_unlock(&lock);
@@ -488,8 +550,10 @@ void mt_iw_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
   }
   snprintf(b, sizeof b,
            "\"slots\": %d, \"dropped_calls\": %llu, \"device_bytes\": %zu, "
-           "\"host_bytes\": %zu, \"routes\": {",
-           cfg.nslots, dropped_slots, device_bytes, host_bytes);
+           "\"host_bytes\": %zu, \"captured\": {\"calls\": %d, \"replays\": %llu, "
+           "\"missed\": %llu}, \"routes\": {",
+           cfg.nslots, dropped_slots, device_bytes, host_bytes, captured_slots, replays_read,
+           replays_missed);
   emit(ctx, b);
   int first = 1;
   for (int i = 0; i < cfg.spec->nroutes; i++) {

@@ -44,7 +44,10 @@ enum mt_iw_skip {
   MT_IW_SKIP_COUNT
 };
 
-enum mt_iw_state { MT_IW_FREE, MT_IW_TAKEN, MT_IW_FLIGHT, MT_IW_LOST };
+/* CAPTURED: taken by a call captured in a CUDA graph, whose every replay publishes into it (its
+ * flag a seqlock: kernels/instr.h, mt_instr_finish_args.seq); the writer reads each replay's block
+ * it finds whole and keeps the slot for the graph's life, which the shim cannot see end. */
+enum mt_iw_state { MT_IW_FREE, MT_IW_TAKEN, MT_IW_FLIGHT, MT_IW_LOST, MT_IW_CAPTURED };
 
 typedef struct mt_iw_context mt_iw_context;
 
@@ -60,6 +63,8 @@ typedef struct {
   int kinds, route, m, n, k, xtype, ytype, wtype, biastype, has_bias, probe_rows;
   int grouped, shared_w; /* a grouped call: each row's weight sum is its own (shared_w: one W) */
   float alpha;
+  int captured;  /* taken by a captured call (mt_iw_capture) */
+  uint32_t seen; /* captured: the flag's value at the last replay read */
 } mt_iw_slot;
 
 /* One CUDA context's slots and scratch (the scratch's use belongs to the calling side). */
@@ -102,6 +107,10 @@ void mt_iw_after_fork_child(void);
  * the caller checked), or NULL when instruments are off there. */
 mt_iw_context *mt_iw_context_get(const mt_driver *d, const mt_instr_driver *e);
 
+/* Under the lock. The current context's pool when it is set up already (nothing is allocated: for
+ * a call being captured), else NULL. */
+mt_iw_context *mt_iw_context_ready(void);
+
 /* Under the lock. Start the writer thread if it is not running: 1 when it runs, 0 when it was
  * stopped (at exit), -1 when it could not be started (warned: the caller turns instruments off). */
 int mt_iw_writer_start(void);
@@ -112,7 +121,16 @@ int mt_iw_stopped(void);
 /* A free slot of c, claimed for this call (any thread, no lock); NULL when none is free. */
 mt_iw_slot *mt_iw_slot_take(mt_iw_context *c);
 
-/* Hand an enqueued slot to the writer. */
+/* A taken slot, claimed for a call being captured in a CUDA graph: 1, or 0 when captured calls
+ * already hold half the pool (the rest stays for uncaptured calls; the caller counts the skip and
+ * frees the slot). Its flag is zeroed: no kernel writes it while it is taken. */
+int mt_iw_capture(mt_iw_slot *s);
+
+/* A taken slot the call does not publish: free again (FREE), or never to be reused (LOST:
+ * enqueued work whose end cannot be known); a captured claim is given up. */
+void mt_iw_give_back(mt_iw_slot *s, enum mt_iw_state state);
+
+/* Hand an enqueued slot to the writer (a captured one for good). */
 void mt_iw_publish(mt_iw_slot *s);
 
 /* 1 when the slot's current use has been published (its flag, read from host memory). */

@@ -6,7 +6,7 @@
  * In-process: the rate parser; the host twin of the digest math (mix64, signs, sketch) against
  * the Python reference in tools/minite-compare.
  * Children (`test_shim_instr child SCENARIO BUILD`, each under LD_PRELOAD): the launch sequence
- * after a routed GEMM, the per-route sampling, capture (skipped, nothing allocated or read back),
+ * after a routed GEMM, the per-route sampling, capture (digests at each replay, the rest skipped, nothing allocated or read back),
  * the bounded slots (drops counted, never a wait), event queries only on the writer thread and no
  * synchronisation, spec bf16 (shadow exactly 0, probe 0 differing), and records that
  * tools/minite-compare reads and joins across two processes with different batchings.
@@ -51,6 +51,7 @@ static fake_cuda_counts_fn cuda_counts;
 static fake_cuda_set_capturing_fn set_capturing;
 static fake_cuda_hold_events_fn hold_events;
 static fake_cuda_event_queries_fn event_queries;
+static fake_cuda_replay_instr_fn replay_instr;
 static uint32_t seed = 777;
 
 static uint16_t *matrix(size_t elems) { return mt_t_matrix(&seed, elems); }
@@ -63,6 +64,7 @@ static int load_fakes(const char *build) {
   set_capturing = (fake_cuda_set_capturing_fn)mt_t_sym(lib_cuda, "fake_cuda_set_capturing");
   hold_events = (fake_cuda_hold_events_fn)mt_t_sym(lib_cuda, "fake_cuda_hold_events");
   event_queries = (fake_cuda_event_queries_fn)mt_t_sym(lib_cuda, "fake_cuda_event_queries");
+  replay_instr = (fake_cuda_replay_instr_fn)mt_t_sym(lib_cuda, "fake_cuda_replay_instr");
   if (!(lib_cublas = mt_t_open(build, "tests/cpu/fake/libcublas.so.13")))
     return -1;
   if (!(lib_lt = mt_t_open(build, "tests/cpu/fake/libcublasLt.so.13")))
@@ -371,19 +373,32 @@ static void scenario_sampling(void) {
   unmake(&a), unmake(&b), unmake(&single);
 }
 
-/* Capture: the routed call runs (warm) in the graph's memory, its instruments are skipped;
- * nothing is allocated outside the graph, read back or recorded while the stream captures. */
+/* Capture: the routed call runs (warm) in the graph's memory, and its digests are captured with
+ * it (the probe is skipped: it reruns the call from the host); nothing is allocated outside the
+ * graph, read back or recorded while the stream captures. The capture's finish publishes with the
+ * flag's seqlock (seq 0; the fake runs kernels as they are captured: that is a first replay), and
+ * each replay (fake_cuda_replay_instr) publishes into the same slot again: the writer reads each
+ * one it finds whole (the parent counts the records). */
 static void scenario_capture(void) {
   problem p = make(OUT, 8);
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
   set_capturing(S1, 1);
   int t = now();
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
-  CHECK_TRACE(t, "alloc_async gemm free_async");
+  CHECK_TRACE(t, "alloc_async gemm memset64 digest finish free_async"); /* a slot new to use */
   set_capturing(S1, 0);
+  int w = find_launch(t, "mt_instr_finish", 0);
+  CHECK(w >= 0 && ((const mt_instr_finish_args *)event(w)->args)->seq == 0);
+  for (int i = 0; i < 3; i++) {
+    struct timespec gap = {0, 30 * 1000 * 1000}; /* the writer scans every ms meanwhile */
+    nanosleep(&gap, NULL);
+    replay_instr(t);
+  }
   t = now();
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
   CHECK(find_launch(t, "mt_instr_digest", 0) >= 0);
+  w = find_launch(t, "mt_instr_finish", 0);
+  CHECK(w >= 0 && ((const mt_instr_finish_args *)event(w)->args)->seq != 0);
   check_clean();
   unmake(&p);
 }
@@ -722,13 +737,22 @@ static void sampling_is_per_route_and_deterministic(void) {
   mt_t_child_free(&r);
 }
 
-static void capture_skips_the_instruments(void) {
-  const char *env[] = {"MINITE_DIGEST=1", NULL};
+/* A captured call's digests come from every replay the writer finds whole; the ones a later replay
+ * overwrote first are counted missed: read + missed = the replays (the capture's own run and 3). */
+static void captured_calls_digest_at_each_replay(void) {
+  const char *env[] = {"MINITE_DIGEST=1", "MINITE_PROBE=1", NULL};
   mt_t_child r;
   mt_t_run_child("capture", "capture", env, &r);
   mt_t_check_child("capture", &r);
-  CHECK(mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "capture") == 1);
-  CHECK(mt_t_count_of(r.stats, "\"event\": \"digest\"") == 16);
+  CHECKF(mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "capture") < 1 && /* none */
+             mt_t_json_int_in(r.summary, "\"probe\": {\"rate\"", "capture") == 1,
+         "%s", r.summary ? r.summary : "");
+  long read = mt_t_json_int_in(r.summary, "\"captured\": {", "replays");
+  long missed = mt_t_json_int_in(r.summary, "\"captured\": {", "missed");
+  CHECKF(mt_t_json_int_in(r.summary, "\"captured\": {", "calls") == 1 && read >= 1 &&
+             read + missed == 4,
+         "captured %ld read, %ld missed: %s", read, missed, r.summary ? r.summary : "");
+  CHECK(mt_t_count_of(r.stats, "\"event\": \"digest\"") == 8 * (2 + read));
   mt_t_child_free(&r);
 }
 
@@ -840,7 +864,7 @@ static void tests(void) {
   RUN(digest_frozen_uses_the_cache_sum);
   RUN(sampling_is_per_route_and_deterministic);
   RUN(probe_on_a_kept_weight);
-  RUN(capture_skips_the_instruments);
+  RUN(captured_calls_digest_at_each_replay);
   RUN(bounded_slots_drop_and_count);
   RUN(scratch_busy_on_another_stream);
   RUN(fork_child_instruments_nothing);

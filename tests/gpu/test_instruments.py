@@ -23,8 +23,9 @@ with the child's weight routed (256x512) and reads the statistics file:
   (scheme 2), recomputed here in Python from the child's operands: every key, every output hash,
   and every sketch (against minite-compare's sketch(), within FP32 summation error), without and
   with a bias;
-- a CUDA graph capturing a routed call with every instrument on replays correctly, and the
-  captured call's instruments are skipped with the reason "capture".
+- a CUDA graph capturing a routed call with every instrument on replays correctly; its digests are
+  captured with it and published at each replay (read or counted missed), joining the eager call's
+  on the same inputs; its probe and shadow are skipped with the reason "capture".
 Skips (not passes) without torch or a GPU.
 """
 import importlib.machinery
@@ -233,18 +234,36 @@ def digest_records_with_a_bias_are_scheme_2():
 
 
 def graph_with_instruments_replays():
+    """A captured call digests its rows at each replay (the probe and shadow are skipped in the
+    capture): each replay the writer read gives 5 records whose keys the eager call on the same
+    inputs also gives, with the same output hash."""
     need_gpu()
-    for cache in ("frozen",):  # test_routed.py replays both caches; here: the instruments' skip
-        got, _, summary = child("graph", "graph_" + cache, cache=cache, shadow=1, probe=1, digest=1,
-                                script=ROUTED_CHILD)
+    for cache in ("frozen",):  # test_routed.py replays both caches; here: the instruments
+        got, path, summary = child("graph", "graph_" + cache, cache=cache, shadow=1, probe=1,
+                                   digest=1, script=ROUTED_CHILD)
         for i in range(3):
             harness.check(np.array_equal(got[f"replay{i}"], got[f"eager{i}"]),
                           f"{cache}: replay {i} differs from the eager call")
         ins = summary.get("instruments", {})
-        harness.check(ins.get("digest", {}).get("skipped", {}).get("capture", 0) >= 1,
-                      f"{cache}: no capture skip counted: {ins.get('digest')}")
+        cap = ins.get("captured", {})
+        print(f"    {cache}: captured {cap}")
+        harness.check(cap.get("calls", 0) >= 1 and cap.get("replays", 0) >= 1 and
+                      cap.get("replays", 0) + cap.get("missed", 0) == 3,
+                      f"{cache}: captured {cap}: want 3 replays read or missed")
+        for name in ("probe", "shadow"):
+            harness.check(ins.get(name, {}).get("skipped", {}).get("capture", 0) >= 1,
+                          f"{cache}: no capture skip of the {name}: {ins.get(name)}")
         harness.check("capture" not in summary.get("fallbacks", {}),
                       f"{cache}: fallbacks {summary.get('fallbacks')}")
+        hashes = {}
+        for line in open(path) if path else ():
+            if '"event": "digest"' in line:
+                r = json.loads(line)
+                hashes.setdefault(r["key"], []).append(r["hash"])
+        joined = sum(1 for h in hashes.values() if len(h) >= 2)
+        harness.check(all(len(set(h)) == 1 for h in hashes.values()) and joined >= 5,
+                      f"{cache}: {len(hashes)} keys, {joined} digested more than once (a replay "
+                      "and the eager call), or one key with two output hashes")
 
 
 for t in (probe_row_is_batch_invariant_tensor_is_not, digests_of_two_batchings_join_equal,

@@ -678,6 +678,14 @@ static void instr_finish(const mt_instr_finish_args *a) {
       h->bsum = mt_instr_content_sum(a->bias, (size_t)a->bias_bytes, 0);
   }
   unsigned rows = h->selected < (unsigned)a->cap ? h->selected : (unsigned)a->cap;
+  if (!a->seq) { /* a captured call's replay: the flag is a seqlock (kernels/instr.h) */
+    const uint32_t was = __atomic_load_n(a->flag, __ATOMIC_ACQUIRE);
+    __atomic_store_n(a->flag, was + 1, __ATOMIC_RELEASE);
+    memcpy(a->dst, h, sizeof *h + rows * sizeof(mt_instr_row));
+    memset(h, 0, sizeof *h);
+    __atomic_store_n(a->flag, was + 2, __ATOMIC_RELEASE);
+    return;
+  }
   memcpy(a->dst, h, sizeof *h + rows * sizeof(mt_instr_row));
   memset(h, 0, sizeof *h);
   if (hold_events && nheld < MAX_HELD) {
@@ -979,6 +987,17 @@ EXPORT void fake_cuda_hold_events(int on) {
     __atomic_store_n(held[i].flag, held[i].seq, __ATOMIC_RELEASE);
   if (!on)
     nheld = 0;
+  pthread_mutex_unlock(&lock);
+}
+
+/* A CUDA graph's replay, as far as the instruments go: their launches recorded from event `from`
+ * on (those a capture made) run again, in order, from their recorded arguments. */
+EXPORT void fake_cuda_replay_instr(int from) {
+  pthread_mutex_lock(&lock);
+  for (int i = from; i < nevents; i++)
+    if (events[i].kind == FAKE_EV_LAUNCH && events[i].result == CUDA_SUCCESS &&
+        !strncmp(events[i].name, "mt_instr_", 9))
+      run_instr(events[i].name, events[i].args);
   pthread_mutex_unlock(&lock);
 }
 

@@ -88,6 +88,8 @@ typedef int (*fake_cuda_is_device_fn)(const void *p, size_t bytes);
  * kernel copies its block but holds back its flag write (work "in flight" forever); 0: release
  * the held flags, and events are complete once recorded (the default). */
 typedef void (*fake_cuda_hold_events_fn)(int on);
+/* Replay a capture's instruments: their launches recorded from event `from` on run again. */
+typedef void (*fake_cuda_replay_instr_fn)(int from);
 /* Fail the next n cuEventRecord and cuStreamWaitEvent calls (CUDA_ERROR_LAUNCH_FAILED). */
 typedef void (*fake_cuda_fail_event_ops_fn)(int n);
 /* Event queries answered so far, and how many of them came from the thread that recorded the
