@@ -24,6 +24,7 @@ static const char *const reason_names[MT_R_COUNT] = {
     [MT_R_TRITON_LAYOUT] = "triton layout",
     [MT_R_SGLANG] = "sglang kernel",
     [MT_R_EXPERTS] = "expert count",
+    [MT_R_WEIGHT_LAYOUT] = "weight layout",
 };
 
 const char *mt_reason_name(enum mt_reason r) {
@@ -56,6 +57,8 @@ enum mt_role mt_route_role(const mt_spec *s, const mt_call *c) {
     return MT_ROLE_FORWARD;
   if (!ta && !tb && mk_known && routed(s, c->k, c->m))
     return MT_ROLE_DGRAD;
+  if (!ta && !tb && mk_known && routed(s, c->m, c->k))
+    return MT_ROLE_FORWARD_IN_OUT;
   if (!ta && tb && mn_known && routed(s, c->n, c->m))
     return MT_ROLE_WGRAD;
   return MT_ROLE_NONE;
@@ -134,6 +137,8 @@ enum mt_reason mt_route_decide(const mt_spec *s, const mt_call *c) {
     return MT_R_DGRAD;
   case MT_ROLE_WGRAD:
     return MT_R_WGRAD;
+  case MT_ROLE_FORWARD_IN_OUT:
+    return MT_R_WEIGHT_LAYOUT;
   case MT_ROLE_FORWARD:
     break;
   }

@@ -5,6 +5,12 @@
  *   forward  TN  m = out, k = in      y = x W^T     (A = W transposed, B = activations)
  *   dgrad    NN  m = in,  k = out     dx = dy W
  *   wgrad    NT  m = in,  n = out     dW = dy^T x   (C has the weight's shape)
+ * and one more with the weight stored the other way, [in][out] (JAX's and Flax's Dense kernels,
+ * y = x @ W), which the engine does not take:
+ *   forward  NN  m = out, k = in      y = x W       (A = W as stored, B = activations)
+ * It is told from PyTorch's dgrad by the shapes: a dgrad's (m, k) is a route's (in, out), this
+ * forward's its (out, in). Where both readings fit (a square route, or a route whose transpose is
+ * a route too), the call is read as PyTorch's dgrad.
  * A forward call is routed when the engine can take it; every other call that involves a routed
  * weight passes through to cuBLAS with a named reason, which the statistics count. A grouped call
  * whose group sizes are on the device (mt_call.ragged) claims only the roles whose dims are all
@@ -42,13 +48,20 @@ enum mt_reason {
                          biased variant), or whose compile-time constants it could not establish */
   MT_R_SGLANG,        /* SGLang's fused_moe_kernel: recognised, not routed (shim/vllm.h) */
   MT_R_EXPERTS, /* the launch door cannot bound the expert count of the weight (shim/vllm.h) */
+  MT_R_WEIGHT_LAYOUT, /* a forward of a weight stored [in][out] (NN, m = out, k = in) */
   MT_R_COUNT
 };
 
 /* "backward dgrad", "k alignment", ...: the names in logs and statistics. */
 const char *mt_reason_name(enum mt_reason r);
 
-enum mt_role { MT_ROLE_NONE, MT_ROLE_FORWARD, MT_ROLE_DGRAD, MT_ROLE_WGRAD };
+enum mt_role {
+  MT_ROLE_NONE,
+  MT_ROLE_FORWARD,
+  MT_ROLE_DGRAD,
+  MT_ROLE_WGRAD,
+  MT_ROLE_FORWARD_IN_OUT /* y = x W, W stored [in][out]: counted, not routed */
+};
 
 /* Which GEMM of a routed weight this is, from ops and dims only (cheap: no details needed). */
 enum mt_role mt_route_role(const mt_spec *s, const mt_call *c);

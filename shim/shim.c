@@ -237,6 +237,19 @@ static void start_on_first_call(void) {
     mt_instr_off(); /* their records would have nowhere to go */
 }
 
+/* The first forward of a weight stored [in][out], said once (at INFO, as the reasons of other
+ * calls the engine does not take are only counted): what it is and how to route it. */
+static void warn_weight_layout(const mt_call *c) {
+  static atomic_int said;
+  if (atomic_exchange(&said, 1))
+    return;
+  MT_INFO("a GEMM of route %lldx%lld arrives as y = x @ W with W stored [in, out] (cuBLAS NN, m = "
+          "out, k = in: JAX's and Flax's Dense kernels); the engine takes weights stored [out, in] "
+          "only, so such calls run in cuBLAS BF16 (reason \"weight layout\"). To route them, keep "
+          "the expert kernels as [out, in] ([E, out, in]) and multiply by their transpose",
+          (long long)c->m, (long long)c->k);
+}
+
 void mt_shim_unread(enum mt_reason r) {
   pthread_once(&first_call, start_on_first_call);
   mt_stats_count(r);
@@ -251,6 +264,8 @@ int mt_shim_begin(mt_call *c, cublasStatus_t *status) {
     r = decide(c);
     mt_stats_census(c);
   }
+  if (r == MT_R_WEIGHT_LAYOUT)
+    warn_weight_layout(c);
   int ran = 0;
   if (r == MT_R_ROUTED && spec.format != MT_FORMAT_BF16) {
     mt_fork_enter();

@@ -141,12 +141,12 @@ typedef struct {
   long reasons[16];
 } expectation;
 
-static const char *const reason_keys[] = {"backward_dgrad", "backward_wgrad", "dtype",
-                                          "compute_type",   "layout",         "epilogue",
-                                          "pointer_mode",   "k_alignment",    NULL};
-static const char *const reason_names[] = {"backward dgrad", "backward wgrad", "dtype",
-                                           "compute type",   "layout",         "epilogue",
-                                           "pointer mode",   "k alignment",    NULL};
+static const char *const reason_keys[] = {
+    "backward_dgrad", "backward_wgrad", "dtype",       "compute_type",  "layout",
+    "epilogue",       "pointer_mode",   "k_alignment", "weight_layout", NULL};
+static const char *const reason_names[] = {
+    "backward dgrad", "backward wgrad", "dtype",       "compute type",  "layout",
+    "epilogue",       "pointer mode",   "k alignment", "weight layout", NULL};
 
 static void read_expectation(const char *tag, expectation *e) {
   char path[PATH_MAX + 64], entry[128], reason[64];

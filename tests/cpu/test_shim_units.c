@@ -88,6 +88,12 @@ static void router_decision_table(void) {
   ROW("NULL alpha (cuBLAS refuses it)", c.alpha = NULL, MT_R_LAYOUT);
   ROW("NULL beta", c.beta = NULL, MT_R_LAYOUT);
   ROW("dgrad NN", (c.transa = CUBLAS_OP_N, c.m = 32, c.k = 64), MT_R_DGRAD);
+  ROW("forward of a weight stored [in][out], x @ W (NN, m = out, k = in)",
+      (c.transa = CUBLAS_OP_N, c.lda = 64), MT_R_WEIGHT_LAYOUT);
+  ROW("a strided batch of them (a capacity einsum)",
+      (c.transa = CUBLAS_OP_N, c.lda = 64, c.entry = MT_FN_cublasGemmStridedBatchedEx, c.batch = 4,
+       c.stride_a = 64 * 32, c.stride_b = 32 * 5, c.stride_c = c.stride_d = 64 * 5),
+      MT_R_WEIGHT_LAYOUT);
   ROW("wgrad NT", (c.transa = CUBLAS_OP_N, c.transb = CUBLAS_OP_T, c.m = 32, c.n = 64, c.k = 5),
       MT_R_WGRAD);
   ROW("FP32 operands", (c.atype = c.btype = CUDA_R_32F), MT_R_DTYPE);
@@ -157,6 +163,14 @@ static void router_decision_table(void) {
     CHECKF(got == rows[i].want, "%s: %s, expected %s", rows[i].what, mt_reason_name(got),
            mt_reason_name(rows[i].want));
   }
+  /* a route whose transpose is a route too: an NN call of either shape is read as PyTorch's dgrad */
+  mt_spec both = spec;
+  mt_spec_errors berrs = {0};
+  CHECK(mt_spec_add_routes(&both, "32x64", &berrs) == 0);
+  c = forward();
+  c.transa = CUBLAS_OP_N;
+  CHECK(mt_route_role(&both, &c) == MT_ROLE_DGRAD && mt_route_decide(&both, &c) == MT_R_DGRAD);
+  CHECK(mt_route_role(&spec, &c) == MT_ROLE_FORWARD_IN_OUT);
   /* weight_block = 16x16 tiles the out-dimension too (spec/spec.h: mt_spec_route_unusable) */
   mt_spec tiles;
   mt_spec_errors errs = {0};
@@ -183,7 +197,8 @@ static void reason_names(void) {
       "unrouted",     "routed",        "backward dgrad", "backward wgrad", "dtype",
       "compute type", "layout",        "epilogue",       "pointer mode",   "k alignment",
       "no engine",    "capture",       "out of memory",  "engine error",   "pointer arrays",
-      "torch abi",    "other context", "triton layout",  "sglang kernel",  "expert count"};
+      "torch abi",    "other context", "triton layout",  "sglang kernel",  "expert count",
+      "weight layout"};
   for (int r = 0; r < MT_R_COUNT; r++)
     CHECKF(!strcmp(mt_reason_name(r), want[r]), "%d: %s", r, mt_reason_name(r));
   CHECK(!strcmp(mt_reason_name(MT_R_COUNT), "?"));
