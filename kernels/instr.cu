@@ -97,10 +97,12 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr
   float s[MT_INSTR_SKETCH];
   for (int i = 0; i < MT_INSTR_SKETCH; i++)
     s[i] = 0.0f;
-  for (int j = lane; j < a.n; j += 32) {
-    float v = mt_instr_half_to_float(y[j], a.ytype);
+  for (int j = lane; j < a.n; j += 32) { // one hash an element gives its eight signs
+    const float v = mt_instr_half_to_float(y[j], a.ytype);
+    const uint64_t signs = mt_instr_sign_bits(j);
+#pragma unroll
     for (int i = 0; i < MT_INSTR_SKETCH; i++)
-      s[i] += mt_instr_sign(i, j) * v;
+      s[i] += (signs >> (63 - i) & 1) ? -v : v;
   }
   const float scale = 1.0f / sqrtf((float)a.n);
   mt_instr_row *out = a.rows + slot;

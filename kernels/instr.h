@@ -173,10 +173,14 @@ MT_HD uint64_t mt_instr_tag(uint64_t len, int type) {
   return mt_instr_mix64(len << 4 | (uint64_t)(type + 1));
 }
 
-/* sign(i, j) of the sketch: -1 when the top bit of mix64(SEED ^ (i << 32 | j)) is set. */
+/* The signs of element j of the sketch: sign(i, j) is -1 when bit 63 - i of mix64(SEED ^ j) is
+ * set, so that one hash gives an element's eight signs. */
+MT_HD uint64_t mt_instr_sign_bits(int j) {
+  return mt_instr_mix64(MT_INSTR_SKETCH_SEED ^ (uint64_t)j);
+}
+
 MT_HD float mt_instr_sign(int i, int j) {
-  return (mt_instr_mix64(MT_INSTR_SKETCH_SEED ^ ((uint64_t)i << 32 | (uint64_t)j)) >> 63) ? -1.0f
-                                                                                          : 1.0f;
+  return (mt_instr_sign_bits(j) >> (63 - i) & 1) ? -1.0f : 1.0f;
 }
 
 MT_HD uint64_t mt_instr_fold(uint64_t h, uint64_t v) { return mt_instr_mix64(h ^ v); }

@@ -417,8 +417,11 @@ def test_sketch_reference():
     plus = sum(v == 1 for s in signs for v in s)
     harness.check(abs(plus - 4096) < 4 * 45, f"balanced signs: {plus} of 8192 (sd 45)")
     harness.check(signs[0][0] == (-1 if mc.mix64(mc.SKETCH_SEED) >> 63 else 1), "sign(0, 0)")
-    harness.check(signs[3][5] == (-1 if mc.mix64(mc.SKETCH_SEED ^ (3 << 32 | 5)) >> 63 else 1),
-                  "sign(3, 5)")
+    harness.check(signs[3][5] == (-1 if mc.mix64(mc.SKETCH_SEED ^ 5) >> 60 & 1 else 1),
+                  "sign(3, 5): bit 60 of element 5's hash")
+    # the eight signs of an element come from one hash, yet differ from row to row
+    harness.check(len({tuple(s[j] for s in signs) for j in range(1024)}) > 200,
+                  "an element's eight signs vary with the element")
     e = [1.0 if j == 5 else 0.0 for j in range(1024)]
     harness.check(mc.sketch(e) == [s[5] / 32.0 for s in signs], "sketch of a unit vector")
     # E||s||^2 = (8 / n) ||y||^2: the sketch has the scale of the row's RMS
