@@ -64,6 +64,29 @@ enum mt_role mt_route_role(const mt_spec *s, const mt_call *c) {
   return MT_ROLE_NONE;
 }
 
+const char *mt_route_role_name(enum mt_role r) {
+  static const char *const names[] = {
+      [MT_ROLE_FORWARD] = "forward",
+      [MT_ROLE_DGRAD] = "dgrad",
+      [MT_ROLE_WGRAD] = "wgrad",
+      [MT_ROLE_FORWARD_IN_OUT] = "forward [in, out]",
+  };
+  return r > MT_ROLE_NONE && r <= MT_ROLE_FORWARD_IN_OUT ? names[r] : NULL;
+}
+
+int mt_route_ragged_dot(const mt_spec *s, const mt_call *c, int64_t *experts) {
+  if (c->transa != MT_OP_N || c->transb != MT_OP_N || c->ragged != MT_RAGGED_NONE)
+    return -1;
+  for (int i = 0; i < s->nroutes; i++) {
+    const mt_route *r = &s->routes[i];
+    if (c->m == (int64_t)r->out && c->k > (int64_t)r->in && c->k % (int64_t)r->in == 0) {
+      *experts = c->k / (int64_t)r->in;
+      return i;
+    }
+  }
+  return -1;
+}
+
 static int half_type(int t) { return t == CUDA_R_16BF || t == CUDA_R_16F; }
 
 static int dtype_ok(const mt_call *c) {

@@ -66,6 +66,14 @@ enum mt_role {
 /* Which GEMM of a routed weight this is, from ops and dims only (cheap: no details needed). */
 enum mt_role mt_route_role(const mt_spec *s, const mt_call *c);
 
+/* "forward", "dgrad", "wgrad", "forward [in, out]"; NULL for MT_ROLE_NONE (the census's names). */
+const char *mt_route_role_name(enum mt_role r);
+
+/* JAX's ragged_dot as XLA hands it to cuBLAS: one dense NN whose m is a route's out and whose k
+ * is E > 1 times its in (the [in, out] kernels of E experts stacked). The route's index, with E in
+ * *experts; -1 when the call is no such GEMM. Not routed: named in the census only. */
+int mt_route_ragged_dot(const mt_spec *s, const mt_call *c, int64_t *experts);
+
 /* The decision for one problem (not a grouped call: split it with mt_call_group). A forward call
  * must have its details read (mt_norm_details) first. */
 enum mt_reason mt_route_decide(const mt_spec *s, const mt_call *c);

@@ -47,7 +47,8 @@ static unsigned long long census_overflow, shapes_overflow;
 static pthread_mutex_t census_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t file_lock = PTHREAD_MUTEX_INITIALIZER; /* stats_file.fd between threads */
 
-static int stats_on; /* MINITE_STATS opened or to be created: the census is kept */
+static int stats_on;               /* MINITE_STATS opened or to be created: the census is kept */
+static const mt_spec *census_spec; /* the spec the census rows' roles are read against */
 static mt_outfile stats_file = {.fd = -1}; /* opened at start, or at the first GEMM call */
 static pid_t owner_pid;
 static char start_fields[4096]; /* pid .. fingerprint, shared by both records */
@@ -161,6 +162,7 @@ static int have_file(void) {
 }
 
 int mt_stats_start(const mt_spec *s, const char *role, const char *version) {
+  census_spec = s;
   if (!stats_on || getpid() != owner_pid)
     return 0;
   if (have_file() != 0)
@@ -378,6 +380,22 @@ static int by_count_desc(const void *x, const void *y) {
   return c ? c : cmp_i64(a->k, b->k);
 }
 
+/* What a census row is to the spec's routes, as its "role" field (empty: nothing routed). */
+static void census_role(const census_row *r, char *out, size_t size) {
+  const mt_call c = {.transa = r->transa, .transb = r->transb, .m = r->m, .n = r->n, .k = r->k};
+  const char *name = census_spec ? mt_route_role_name(mt_route_role(census_spec, &c)) : NULL;
+  int64_t experts;
+  int route = census_spec && !name ? mt_route_ragged_dot(census_spec, &c, &experts) : -1;
+  if (name)
+    snprintf(out, size, ", \"role\": \"%s\"", name);
+  else if (route >= 0)
+    snprintf(out, size,
+             ", \"role\": \"ragged_dot: %" PRId64 " experts of %" PRIu32 "x%" PRIu32 " [in, out]\"",
+             experts, census_spec->routes[route].out, census_spec->routes[route].in);
+  else
+    out[0] = '\0';
+}
+
 /* Most frequent shapes first: the ones a reader looks for. Caller holds census_lock. */
 static void write_census(writer *w) {
   static const census_row *rows[MT_CENSUS_SIZE];
@@ -389,15 +407,16 @@ static void write_census(writer *w) {
   for (int i = 0; i < nrows; i++) {
     const census_row *r = rows[i];
     int first = i == 0;
-    char b1[16], b2[16], b3[16], batch[40] = "";
+    char b1[16], b2[16], b3[16], batch[40] = "", role[96];
     if (r->batch != 1)
       snprintf(batch, sizeof batch, ", \"batch\": %" PRId64, r->batch);
+    census_role(r, role, sizeof role);
     w_printf(w,
              "%s{\"entry\": \"%s\", \"ops\": \"%c%c\", \"m\": %" PRId64 ", \"n\": %" PRId64
-             ", \"k\": %" PRId64 ", \"types\": \"%s*%s->%s\"%s, \"count\": %llu}",
+             ", \"k\": %" PRId64 ", \"types\": \"%s*%s->%s\"%s%s, \"count\": %llu}",
              first ? "" : ", ", mt_fn_name((enum mt_fn)r->entry), op_char(r->transa),
              op_char(r->transb), r->m, r->n, r->k, type_name(r->atype, b1, sizeof b1),
-             type_name(r->btype, b2, sizeof b2), type_name(r->ctype, b3, sizeof b3), batch,
+             type_name(r->btype, b2, sizeof b2), type_name(r->ctype, b3, sizeof b3), batch, role,
              r->count);
   }
 }

@@ -145,6 +145,19 @@ def test_one_census_over_ranks():
                   str(doc["suggested_routes"]))
 
 
+def test_census_role_is_carried():
+    a = write("role.0.jsonl", [start(0, 300), summary(0, 300, 5, 1, {}, [
+        census_row(256, 8, 5, role="forward"), census_row(512, 8, 2, ops="NN", role="dgrad")])])
+    b = write("role.1.jsonl", [start(1, 301), summary(1, 301, 5, 1, {}, [
+        census_row(256, 8, 3), census_row(64, 4, 1)])])
+    doc = merge_json(a, b)
+    roles = {(r["m"], r["ops"]): r.get("role") for r in doc["census"]}
+    harness.check(roles == {(256, "TN"): "forward", (512, "NN"): "dgrad", (64, "TN"): None},
+                  f"a row's role from the file that names one, none where none does: {roles}")
+    rc, out, err = merge(a, b)
+    harness.check(rc == 0 and "m=256 n=8 k=512 bf16*bf16->bf16  (forward)" in out, out + err)
+
+
 def test_instruments_over_ranks():
     doc = merge_json(*two_ranks())
     r = doc["routes"]["256x512"]
@@ -357,7 +370,7 @@ def test_the_same_file_twice_is_read_once():
 
 
 for t in (test_ranks_are_summed_with_a_breakdown, test_one_census_over_ranks,
-          test_instruments_over_ranks, test_shared_file_missing_and_repeated_ranks,
+          test_census_role_is_carried, test_instruments_over_ranks, test_shared_file_missing_and_repeated_ranks,
           test_refusals_and_usage, test_fifo_and_devices_are_refused_at_once,
           test_values_are_escaped_and_shortened_in_the_table, test_table,
           test_not_finite_shadow_figures_stay_not_finite,

@@ -228,9 +228,11 @@ static void check_counts(const char *path, const char *tag, int bf16, int census
   }
   /* GemmEx calls 1, 2 and those failing on compute type, pointer mode and lda share one shape */
   CHECK(strstr(summary, "{\"entry\": \"cublasGemmEx\", \"ops\": \"TN\", \"m\": 64, \"n\": 5, "
-                        "\"k\": 32, \"types\": \"bf16*bf16->bf16\", \"count\": 5}"));
+                        "\"k\": 32, \"types\": \"bf16*bf16->bf16\", \"role\": \"forward\", "
+                        "\"count\": 5}"));
   CHECK(strstr(summary, "{\"entry\": \"cublasLtMatmul\", \"ops\": \"NN\", \"m\": 32, \"n\": 5, "
-                        "\"k\": 64, \"types\": \"bf16*bf16->bf16\", \"count\": 1}"));
+                        "\"k\": 64, \"types\": \"bf16*bf16->bf16\", \"role\": \"dgrad\", "
+                        "\"count\": 1}"));
   /* 64x32 is seen with n = 3, 4, 5, 6, 9; 16x16 and 48x24 with one n each */
   CHECKF(strstr(summary, "\"suggested_routes\": [\"route 64x32\"]"), "%s",
          strstr(summary, "suggested_routes"));
@@ -614,8 +616,15 @@ static void threads_count_every_call(void) {
   char *first, *last;
   stats_lines(stats, &first, &last);
   CHECKF(last && strstr(last, "\"ops\": \"TN\", \"m\": 64, \"n\": 5, \"k\": 32, \"types\": "
-                              "\"bf16*bf16->bf16\", \"count\": 4005}"),
+                              "\"bf16*bf16->bf16\", \"role\": \"forward\", \"count\": 4005}"),
          "census: %.300s", last ? strstr(last, "census") : "");
+  /* each row says what it is to the routes: the dgrad, the [in, out] forward */
+  CHECKF(last &&
+             strstr(last, "\"ops\": \"NN\", \"m\": 32, \"n\": 5, \"k\": 64, \"types\": "
+                          "\"bf16*bf16->bf16\", \"role\": \"dgrad\"") &&
+             strstr(last, "\"ops\": \"NN\", \"m\": 64, \"n\": 5, \"k\": 32, \"types\": "
+                          "\"bf16*bf16->bf16\", \"role\": \"forward [in, out]\""),
+         "census: %.600s", last ? strstr(last, "census") : "");
   free(first), free(last);
 }
 

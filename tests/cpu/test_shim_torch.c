@@ -301,15 +301,15 @@ static const mt_t_scenario scenarios[] = {
 static const char *const rows[] = {
     "{\"entry\": \"torch grouped_mm\", \"ops\": \"TN\", \"m\": 64, \"n\": 40, \"k\": 32, "
     "\"types\": "
-    "\"bf16*bf16->bf16\", \"batch\": 4, \"count\": 1}",
+    "\"bf16*bf16->bf16\", \"batch\": 4, \"role\": \"forward\", \"count\": 1}",
     "{\"entry\": \"torch grouped_mm\", \"ops\": \"NN\", \"m\": 32, \"n\": 40, \"k\": 64, "
     "\"types\": "
-    "\"bf16*bf16->bf16\", \"batch\": 4, \"count\": 1}",
+    "\"bf16*bf16->bf16\", \"batch\": 4, \"role\": \"dgrad\", \"count\": 1}",
     "{\"entry\": \"torch grouped_mm\", \"ops\": \"NT\", \"m\": 32, \"n\": 64, \"k\": 40, "
     "\"types\": "
-    "\"bf16*bf16->bf16\", \"batch\": 4, \"count\": 1}",
+    "\"bf16*bf16->bf16\", \"batch\": 4, \"role\": \"wgrad\", \"count\": 1}",
     "{\"entry\": \"torch grouped_mm\", \"ops\": \"TN\", \"m\": 64, \"n\": 5, \"k\": 32, \"types\": "
-    "\"bf16*bf16->bf16\", \"batch\": 4, \"count\": 1}",
+    "\"bf16*bf16->bf16\", \"batch\": 4, \"role\": \"forward\", \"count\": 1}",
     "{\"entry\": \"torch grouped_mm\", \"ops\": \"NN\", \"m\": 40, \"n\": 5, \"k\": 32, \"types\": "
     "\"bf16*bf16->bf16\", \"batch\": 4, \"count\": 1}",
     NULL};

@@ -171,6 +171,19 @@ static void router_decision_table(void) {
   c.transa = CUBLAS_OP_N;
   CHECK(mt_route_role(&both, &c) == MT_ROLE_DGRAD && mt_route_decide(&both, &c) == MT_R_DGRAD);
   CHECK(mt_route_role(&spec, &c) == MT_ROLE_FORWARD_IN_OUT);
+  CHECK(!strcmp(mt_route_role_name(MT_ROLE_FORWARD_IN_OUT), "forward [in, out]") &&
+        !strcmp(mt_route_role_name(MT_ROLE_DGRAD), "dgrad") && !mt_route_role_name(MT_ROLE_NONE));
+  /* JAX's ragged_dot: one dense NN, m a route's out, k experts x its in */
+  int64_t experts = 0;
+  c.k = 8 * 32;
+  int route = mt_route_ragged_dot(&spec, &c, &experts);
+  CHECKF(mt_route_role(&spec, &c) == MT_ROLE_NONE && route >= 0 && spec.routes[route].out == 64 &&
+             spec.routes[route].in == 32 && experts == 8,
+         "route %d, %lld experts", route, (long long)experts);
+  c.k = 32;
+  CHECK(mt_route_ragged_dot(&spec, &c, &experts) == -1); /* one expert: the [in, out] forward */
+  c.k = 8 * 32 + 16;
+  CHECK(mt_route_ragged_dot(&spec, &c, &experts) == -1);
   /* weight_block = 16x16 tiles the out-dimension too (spec/spec.h: mt_spec_route_unusable) */
   mt_spec tiles;
   mt_spec_errors errs = {0};
