@@ -59,8 +59,7 @@ int mt_instr_launch_finish(const mt_instr_finish_args *a, mt_stream stream) {
   mt_instr_finish_args copy = *a;
   unsigned grid = 1;
   if (a->w && !a->frozen_sum) {
-    const uint64_t lines = (uint64_t)a->n * (uint64_t)((a->k / 8 + 7) / 8);
-    const uint64_t blocks = mt_whash_items(lines, MT_SAMPLE_STEP) / 256 + 1;
+    const uint64_t blocks = mt_whash_items(mt_whash_lines(a->n, a->k), MT_SAMPLE_STEP) / 256 + 1;
     const uint64_t units = a->grouped ? blocks * (uint64_t)a->cap : blocks;
     grid = units < 264 ? (unsigned)units : 264;
   }

@@ -278,7 +278,7 @@ static inline uint64_t mt_instr_out_hash(const uint16_t *y, int n, int ytype) {
  * sampled lines, walked as the kernels walk them (kernels/whash.cuh, mt_item_hash). */
 static inline uint64_t mt_instr_weight_sum(const uint16_t *w, int64_t ldw, int n, int k) {
   const uint64_t per_row = (uint64_t)k / 8, lines_per_row = (per_row + 7) / 8;
-  const uint64_t lines = (uint64_t)n * lines_per_row;
+  const uint64_t lines = mt_whash_lines(n, k);
   const uint64_t items = mt_whash_items(lines, MT_SAMPLE_STEP);
   uint64_t sum = 0;
   for (uint64_t item = 0; item < items; item++) {

@@ -213,7 +213,7 @@ int mt_quantize_dependent(const mt_quant_params *p, mt_stream stream) {
  * 1 to 128 tokens 4-14% faster with clusters of 2 or 4 than of 8 (lab/NOTES.md, "The sampled
  * refresh's clusters"); a changed slice is requantized by its cluster alone, so slower. */
 static unsigned sampled_cluster(const mt_quant_params *p, const launch_shape *s, unsigned step) {
-  const uint64_t lines = (uint64_t)p->batch_rows * (uint64_t)((p->cols / 8 + 7) / 8);
+  const uint64_t lines = mt_whash_lines(p->batch_rows, p->cols);
   const uint64_t runs = (mt_whash_items(lines, step) + 31) / 32,
                  warps = s->block_x * s->block_y / 32;
   unsigned size = 1;

@@ -9,10 +9,16 @@
 
 #include "kernels/hostdev.h"
 
-/* Whether a slice of rows x cols (cols % 16 == 0) numbers its 128-byte lines (the last of a row
- * may be short) and a check's items in 32 bits, as the kernels do (kernels/whash.cuh). */
+/* The 128-byte lines of a slice of rows x cols 2-byte elements (cols % 8 == 0), numbered row-major,
+ * the last of a row short where cols is no multiple of 64. */
+MT_HD uint64_t mt_whash_lines(int rows, int cols) {
+  return (uint64_t)rows * (uint64_t)((cols / 8 + 7) / 8);
+}
+
+/* Whether a slice of rows x cols (cols % 16 == 0) numbers its 128-byte lines and a check's items in
+ * 32 bits, as the kernels do (kernels/whash.cuh). */
 MT_HD int mt_whash_lines_fit(int rows, int cols) {
-  return (uint64_t)rows * (uint64_t)((cols / 8 + 7) / 8) <= UINT32_MAX / 2;
+  return mt_whash_lines(rows, cols) <= UINT32_MAX / 2;
 }
 
 /* The sampled check's step (MINITE_WEIGHT_CACHE=frozen-sampled): one run in 64, 1/64 of a
