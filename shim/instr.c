@@ -431,7 +431,10 @@ static int finish(const mt_instr_call *ic, mt_iw_slot *s, int kinds) {
   int64_t frozen_stride;
   const uint64_t *frozen = stored_sums(ic, &frozen_stride);
   /* 0 is a captured call's (kernels/instr.h): an uncaptured slot's sequence skips it */
-  s->seq = s->captured ? 0 : s->seq + 1 ? s->seq + 1 : 1;
+  if (s->captured)
+    s->seq = 0;
+  else if (++s->seq == 0)
+    s->seq = 1;
   mt_instr_finish_args fa = {.w = digest_on ? ic->w : NULL,
                              .ldw = (int64_t)ic->ldw,
                              .w_stride = ic->w_stride,
