@@ -7,18 +7,20 @@
 
 --logprobs reads a sampler's minite-logprobs file, builds the model the sampler had (layers, seed,
 init scale and experts implementation from the file's header, unless given here, and then they
-must agree), teacher-forces every sequence (prompt + sampled tokens) through it, --score-batch
-sequences a forward (the learner's choice of batch, as in RL; under nvfp4-row a token's result
-does not depend on it), and writes the
-log-prob of each sampled token (log_softmax in FP32 over the full vocabulary) in the same format
-with role "learner". tools/gap-report LEARNER SAMPLER then says how far the two are apart.
+must agree; --layers auto takes the file's), teacher-forces every sequence (prompt + sampled
+tokens) through it, --score-batch sequences a forward (the learner's choice of batch, as in RL;
+under nvfp4-row a token's result does not depend on it), and writes the log-prob of each sampled
+token (log_softmax in FP32 over the full vocabulary) in the same format with role "learner".
+tools/gap-report LEARNER SAMPLER then says how far the two are apart.
 
 --train runs a plain PyTorch training loop: AdamW on all weights, cross-entropy of next-token
-prediction on random token batches of BATCH x SEQ, forward + backward + step. After WARMUP untimed
-steps come REPEATS timed windows of STEPS steps each, the GPU synchronised at both ends of each;
-training tokens/s is the median over the windows of STEPS*BATCH*SEQ over the window's wall time,
-reported with the minimum and maximum. Step 0 always sees the same batch and the same weights, so
-its loss compares runs with and without the shim.
+prediction on random token batches of BATCH x SEQ, forward + backward + step. Without --logprobs,
+--layers auto trains as many layers as fit the GPU with AdamW at BATCH x SEQ tokens a step
+(demo_model.fit_layers). After WARMUP untimed steps come REPEATS timed windows of STEPS steps
+each, the GPU synchronised at both ends of each; training tokens/s is the median over the windows
+of STEPS*BATCH*SEQ over the window's wall time, reported with the minimum and maximum. Step 0
+always sees the same batch and the same weights, so its loss compares runs with and without the
+shim.
 
 Prints one line of JSON to stdout ({"demo": "learner", ...}: tokens/s, losses, gradient norms).
 Runs unchanged with or without the shim. Exit status 0; 1 with a message on stderr when it cannot
@@ -53,8 +55,8 @@ def parse_args(argv=None):
                    help="timed windows; the median counts (default 3)")
     p.add_argument("--warmup", type=demo_model.nonnegative_int, default=2,
                    help="untimed training steps before them (default 2)")
-    p.add_argument("--score-batch", type=demo_model.positive_int, default=32,
-                   help="sequences per scoring forward of --logprobs (default 32)")
+    p.add_argument("--score-batch", type=demo_model.positive_int, default=16,
+                   help="sequences per scoring forward of --logprobs (default 16)")
     p.add_argument("--lr", type=demo_model.positive_float, default=1e-4,
                    help="AdamW learning rate (default 1e-4)")
     p.add_argument("--data-seed", type=int, default=3, help="seed of the random batches")
@@ -75,6 +77,8 @@ def model_settings(args, sampler):
                 "init_std": demo_model.DEFAULT_INIT_STD,
                 "experts_implementation": demo_model.DEFAULT_EXPERTS}
     flags = {"experts_implementation": "--experts"}
+    if given["layers"] == "auto":  # the file's depth when there is one, else fit_layers's
+        given["layers"] = None
     chosen = {}
     for key, value in given.items():
         in_file = model.get(key) if isinstance(model, dict) else None
@@ -180,6 +184,7 @@ def run(args):
     sampler, seqs = read_sampler(args.logprobs[0]) if args.logprobs else (None, None)
     layers, seed, init_std, experts = model_settings(args, sampler)
     torch, _ = demo_model.require_torch()
+    layers = demo_model.resolve_layers(torch, layers, "learner", args.batch * args.seq)
     model = demo_model.build(layers, seed, init_std, experts)
     env = demo_model.environment()
     summary = {"demo": "learner", "spec": env["spec"], "shim": env["shim"], "layers": layers,
@@ -193,6 +198,8 @@ def run(args):
                         "logprobs_finite": bool(torch.isfinite(lp).all())})
     if args.train:
         summary.update(train(torch, model, args))
+    used, peak = demo_model.memory_used(torch)
+    summary.update({"gpu_memory_used": used, "torch_peak_reserved": peak})
     return summary
 
 

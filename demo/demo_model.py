@@ -1,6 +1,7 @@
 """demo_model.py — the model of the demos: HF transformers Qwen3-MoE with random weights and
 Qwen3-30B-A3B's geometry (hidden 2048, 128 experts, top-8, expert width 768, vocabulary 151936,
-32 query heads, 4 KV heads, head_dim 128), a few layers, BF16 on the GPU.
+32 query heads, 4 KV heads, head_dim 128), BF16 on the GPU, up to its 48 layers: --layers N, or
+"auto" (the default), as many as fit the GPU for the process's role (fit_layers below).
 
 Experts run with HF's default experts implementation, "grouped_mm" (--experts grouped_mm): per
 layer one torch._grouped_mm for gate_up_proj (1536x2048 per expert) and one for down_proj
@@ -16,8 +17,15 @@ log-probs of two different models. Normal(0, 0.02) (HF's initializer_range) keep
 unit scale through the layers: every projection reads an RMS-normalised input, 0.02 * sqrt(2048)
 is about 0.9.
 
+Depth. --layers auto picks the layer count from the GPU's total memory (not its free memory, so
+that a run with the shim and one without pick the same count), by a byte budget per layer that
+fit_layers spells out: the sampler holds BF16 weights, their NVFP4 copy in the shim's weight store
+(counted with or without the shim) and its KV cache; the learner adds gradients, AdamW's two
+states (BF16, as the weights) and the activations kept for the backward of its tokens.
+Each process reports its peak memory, which checks the budget.
+
 Run it alone to check a model builds and gives finite logits:
-    python3 demo/demo_model.py [--layers 2] [--seed 0]
+    python3 demo/demo_model.py [--layers auto] [--seed 0]
 torch and transformers are imported only when a model is built, so the argument parsing and the
 file formats of the demos can be tested on a machine without them.
 """
@@ -38,7 +46,8 @@ GEOMETRY = {
     "num_experts_per_tok": 8,
     "moe_intermediate_size": 768,
 }
-DEFAULT_LAYERS = 2
+MODEL_LAYERS = 48        # Qwen3-30B-A3B's depth
+DEFAULT_LAYERS = "auto"
 DEFAULT_SEED = 0
 DEFAULT_INIT_STD = 0.02
 EXPERTS = ("grouped_mm", "eager")   # the first is HF's default
@@ -55,8 +64,9 @@ class DemoError(Exception):
 def add_model_args(parser, defaults=True):
     """--layers/--seed/--init-std/--experts; with defaults=False they stay None (taken from a
     file)."""
-    parser.add_argument("--layers", type=positive_int, default=DEFAULT_LAYERS if defaults else None,
-                        help=f"decoder layers (default {DEFAULT_LAYERS})")
+    parser.add_argument("--layers", type=layers_arg, default=DEFAULT_LAYERS if defaults else None,
+                        help=f"decoder layers, or auto: as many as fit the GPU, at most "
+                             f"{MODEL_LAYERS} (default {DEFAULT_LAYERS})")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED if defaults else None,
                         help=f"seed of the random weights (default {DEFAULT_SEED})")
     parser.add_argument("--init-std", type=positive_float,
@@ -85,6 +95,11 @@ def nonnegative_int(text):
     return _int_at_least(text, 0, "must not be negative")
 
 
+def layers_arg(text):
+    """A layer count, or "auto"."""
+    return text if text == "auto" else positive_int(text)
+
+
 def positive_float(text):
     try:
         value = float(text)
@@ -93,6 +108,76 @@ def positive_float(text):
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{value} must be positive")
     return value
+
+
+GB = 1e9
+# Bytes an element of a routed weight takes in the shim's weight store: a 4-bit code and an E4M3
+# scale per 16 elements (kernels/wstore.h: 144-byte records of 8 x 32 elements).
+STORE_BYTES = 144 / 256
+# Sampler: bytes of memory left over besides the budget below: the CUDA context, cuBLAS and the
+# shim's workspaces, the prefill's activations, the MoE profile's blocks, allocator slack.
+SAMPLER_SPARE = 8 * GB
+# Learner: the same, plus the largest transient of a step, the loss over the vocabulary: BF16
+# logits, their FP32 copy, the saved log-softmax and its gradient, 14 bytes a token and word.
+LEARNER_SPARE = 6 * GB
+LOSS_BYTES = 14
+# Activations a learner layer keeps for the backward, bytes a token: the routed copies of the
+# token (top-8 of them: the gathered input, gate_up's output and its masked copy, the activation,
+# down's output, its masked and weighted copies, 2H + 4I + 3H elements) and attention's
+# inputs and outputs (about 6 x 4096). BF16.
+def _layer_activation_bytes():
+    g = GEOMETRY
+    h, i, k = g["hidden_size"], g["moe_intermediate_size"], g["num_experts_per_tok"]
+    return 2 * (k * (5 * h + 5 * i) + 6 * g["num_attention_heads"] * g["head_dim"])
+
+
+def layer_params():
+    """(attention and norms, router and experts) parameters of one decoder layer."""
+    g = GEOMETRY
+    h, d = g["hidden_size"], g["head_dim"]
+    q, kv = g["num_attention_heads"] * d, g["num_key_value_heads"] * d
+    attn = 2 * h * q + 2 * h * kv + 2 * d + 2 * h
+    experts = 3 * g["num_experts"] * h * g["moe_intermediate_size"]
+    return attn, g["num_experts"] * h + experts
+
+
+def fit_layers(total_bytes, role, tokens):
+    """How many layers (1 .. MODEL_LAYERS) fit a GPU of total_bytes for `role`: "sampler" with
+    `tokens` KV-cache slots (sequences x their length), "learner" training on `tokens` tokens a
+    step with AdamW."""
+    g = GEOMETRY
+    attn, moe = layer_params()
+    experts = 3 * g["num_experts"] * g["hidden_size"] * g["moe_intermediate_size"]
+    store = STORE_BYTES * experts
+    embed = 2 * g["vocab_size"] * g["hidden_size"]          # embedding and LM head
+    if role == "sampler":
+        kv = 2 * g["num_key_value_heads"] * g["head_dim"] * 2 * tokens
+        per_layer = 2 * (attn + moe) + store + kv
+        fixed = 2 * embed + SAMPLER_SPARE
+    elif role == "learner":
+        per_layer = 8 * (attn + moe) + store + tokens * _layer_activation_bytes()
+        fixed = 8 * embed + LOSS_BYTES * tokens * g["vocab_size"] + LEARNER_SPARE
+    else:
+        raise ValueError(role)
+    return max(1, min(MODEL_LAYERS, int((total_bytes - fixed) // per_layer)))
+
+
+def resolve_layers(torch, layers, role, tokens):
+    """`layers`, or for "auto" fit_layers on this GPU."""
+    if layers != "auto":
+        return layers
+    if DEVICE != "cuda":
+        return 1  # the CPU smoke tests' tiny geometry
+    return fit_layers(torch.cuda.get_device_properties(0).total_memory, role, tokens)
+
+
+def memory_used(torch):
+    """Bytes in use on the GPU by every allocator of this process (torch's and the shim's) and
+    the peak of torch's own: (used now, torch's peak)."""
+    if DEVICE != "cuda":
+        return None, None
+    free, total = torch.cuda.mem_get_info()
+    return total - free, torch.cuda.max_memory_reserved()
 
 
 def require_torch():

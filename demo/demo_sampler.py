@@ -5,7 +5,7 @@ measuring decode tokens per second.
 
     python3 demo/demo_sampler.py --out sampler.jsonl [--batch 128] [--prompt-len 128]
         [--new-tokens 128] [--repeats 3] [--cuda-graph auto|on|off] [--moe-profile FILE]
-        [--experts grouped_mm|eager] [--layers 2] [--seed 0] [--sample-seed 1]
+        [--experts grouped_mm|eager] [--layers auto] [--seed 0] [--sample-seed 1]
 
 The decode loop is the one a GPU-bound server runs: one prefill forward writes the prompts into a
 transformers StaticCache, and each later token is one forward of BATCH x 1 tokens whose inputs,
@@ -26,8 +26,9 @@ at the token. No end-of-sequence token: every sequence has NEW tokens. Each repe
 wall time of the NEW-1 decode steps (the GPU synchronised at both ends), the median of --repeats,
 with the minimum and maximum; the prefill is timed apart.
 
---moe-profile FILE then writes the GPU time of one MoE layer at T = 1 .. 8192 tokens for both
-experts implementations (demo/demo_profile.py) from this process, under its spec.
+--step-breakdown 1,16,128 then times the captured decode step by component at those batch sizes
+(demo/demo_step.py), and --moe-profile FILE writes the GPU time of one MoE layer at T = 1 .. 8192
+tokens for both experts implementations (demo/demo_profile.py), from this process, under its spec.
 
 Writes OUT in the minite-logprobs format (tools/logprobs.py, role "sampler") and prints one
 line of JSON to stdout: {"demo": "sampler", "tokens_per_s": ..., "tokens": ..., ...}. It runs
@@ -84,6 +85,9 @@ def parse_args(argv=None):
                    help="also write the GPU time of one MoE layer per T and experts path")
     p.add_argument("--profile-tokens", type=token_list, default=None,
                    help="T values of --moe-profile (default 1,16,128,1024,8192)")
+    p.add_argument("--step-breakdown", type=token_list, default=None, metavar="B,B,...",
+                   help="also time the captured decode step by component at these batch sizes "
+                        "(demo/demo_step.py), e.g. 1,16,128")
     demo_model.add_model_args(p)
     return p.parse_args(argv)
 
@@ -236,6 +240,8 @@ def moe_profile(torch, args, model, env):
 
 def run(args):
     torch, _ = demo_model.require_torch()
+    args.layers = demo_model.resolve_layers(torch, args.layers, "sampler",
+                                            args.batch * (args.prompt_len + args.new_tokens))
     model = demo_model.build(args.layers, args.seed, args.init_std, args.experts)
     vocab = demo_model.GEOMETRY["vocab_size"]
     gen = torch.Generator().manual_seed(args.prompt_seed)
@@ -264,8 +270,13 @@ def run(args):
         "logprob_mean": float(lp.mean()), "logprobs_finite": bool(torch.isfinite(lp).all()),
         "device": env["device"], "torch": env["torch"], "transformers": env["transformers"],
     }
+    if args.step_breakdown:
+        import demo_step
+        summary["step_breakdown"] = demo_step.breakdown(torch, model, args.step_breakdown)
     if args.moe_profile:
         summary["moe_profile"] = moe_profile(torch, args, model, env)
+    used, peak = demo_model.memory_used(torch)
+    summary.update({"layers": args.layers, "gpu_memory_used": used, "torch_peak_reserved": peak})
     return summary
 
 

@@ -66,6 +66,7 @@ import demo_profile  # noqa: E402  (likewise)
 
 SPECS = ["bf16", "nvfp4-tensor", "nvfp4-row"]
 BASELINE = "none"
+BREAKDOWN_SPECS = (BASELINE, "nvfp4-row")   # the samplers whose decode step is broken down
 GROUPED, EAGER = demo_model.EXPERTS
 STDERR_TAIL = 25
 CACHE_MODES = ("requantize", "frozen", "frozen-sampled")
@@ -107,7 +108,18 @@ def parse_args(argv=None):
     p.add_argument("--python", default=sys.executable, help="interpreter of the demos")
     p.add_argument("--timeout", type=demo_model.positive_int, default=600,
                    help="seconds one child may run (default 600)")
-    p.add_argument("--layers", type=demo_model.positive_int, default=2)
+    p.add_argument("--layers", type=demo_model.layers_arg, default="auto",
+                   help="layers of the grouped_mm samplers and their scoring learners (default "
+                        "auto: as many as fit the GPU, at most 48)")
+    p.add_argument("--train-layers", type=demo_model.layers_arg, default="auto",
+                   help="layers of the grouped_mm training runs (default auto: as many as fit "
+                        "with AdamW)")
+    p.add_argument("--eager-layers", type=demo_model.positive_int, default=4,
+                   help="layers of the eager rows, sampler and learner (default 4: HF's eager "
+                        "experts run a Python loop of three GEMMs per expert hit)")
+    p.add_argument("--breakdown", type=str, default="1,16,128",
+                   help="batch sizes of the decode-step breakdown of the none and nvfp4-row "
+                        "samplers ('' for none; default 1,16,128)")
     p.add_argument("--seed", type=int, default=0)
     opt("batch", demo_model.positive_int, "sampler sequences")
     opt("prompt-len", demo_model.positive_int, "sampler prompt tokens")
@@ -147,9 +159,17 @@ def parse_args(argv=None):
     if args.overhead_spec != BASELINE and args.overhead_spec not in args.eager_list:
         p.error(f"--overhead-spec {args.overhead_spec}: the instruments run on eager rows only; "
                 f"give a spec of --eager-specs ({args.eager_specs or 'empty'}) or none")
-    args.rows = [{"name": BASELINE, "spec": BASELINE, "experts": GROUPED}]
-    args.rows += [{"name": s, "spec": s, "experts": GROUPED} for s in args.spec_list]
-    args.rows += [{"name": f"{s}-eager", "spec": s, "experts": EAGER} for s in args.eager_list]
+    try:
+        args.breakdown_list = [int(x) for x in args.breakdown.split(",") if x]
+    except ValueError:
+        p.error(f"--breakdown {args.breakdown!r}: give batch sizes like 1,16,128")
+    if args.breakdown_list and min(args.breakdown_list) < 1:
+        p.error(f"--breakdown {args.breakdown!r}: give positive batch sizes")
+    grouped = {"experts": GROUPED, "layers": args.layers, "train_layers": args.train_layers}
+    eager = {"experts": EAGER, "layers": args.eager_layers, "train_layers": args.eager_layers}
+    args.rows = [dict(grouped, name=BASELINE, spec=BASELINE)]
+    args.rows += [dict(grouped, name=s, spec=s) for s in args.spec_list]
+    args.rows += [dict(eager, name=f"{s}-eager", spec=s) for s in args.eager_list]
     return args
 
 
@@ -289,8 +309,8 @@ def shim_summary(args, row, role, pid):
     return rec if rec and rec.get("event") == "summary" else None
 
 
-def model_args(args, row):
-    return ["--layers", str(args.layers), "--seed", str(args.seed), "--experts", row["experts"]]
+def model_args(args, row, layers):
+    return ["--layers", str(layers), "--seed", str(args.seed), "--experts", row["experts"]]
 
 
 def train_args(args):
@@ -299,8 +319,22 @@ def train_args(args):
             "--warmup", str(args.train_warmup)]
 
 
+def sampler_argv(args, row, files):
+    argv = [args.python, os.path.join(HERE, "demo_sampler.py"), "--out", files["sampler"],
+            "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
+            "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
+    if row["experts"] == GROUPED and not args.no_profile:
+        argv += ["--moe-profile", files["profile"],
+                 "--profile-tokens", ",".join(map(str, args.profile_list))]
+    if row["experts"] == GROUPED and row["spec"] in BREAKDOWN_SPECS and args.breakdown_list:
+        argv += ["--step-breakdown", ",".join(map(str, args.breakdown_list))]
+    return argv + model_args(args, row, row["layers"])
+
+
 def run_row(args, row):
-    """Sampler then learner for one row (a spec, or the no-shim baseline, on one experts path)."""
+    """For one row (a spec, or the no-shim baseline, on one experts path): the sampler, the
+    learner scoring its tokens (the sampler's depth, from its file), and the learner training
+    (its own depth: AdamW needs several times the sampler's memory a layer)."""
     name, spec = row["name"], row["spec"]
     files = {"sampler": os.path.join(args.out, f"sampler-{name}.jsonl"),
              "learner": os.path.join(args.out, f"learner-{name}.jsonl"),
@@ -308,26 +342,23 @@ def run_row(args, row):
     for path in files.values():
         if os.path.exists(path):
             os.remove(path)  # a stale file from an earlier run must not be reported as this one
-    sampler_argv = [
-        args.python, os.path.join(HERE, "demo_sampler.py"), "--out", files["sampler"],
-        "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
-        "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
-    if row["experts"] == GROUPED and not args.no_profile:
-        sampler_argv += ["--moe-profile", files["profile"],
-                         "--profile-tokens", ",".join(map(str, args.profile_list))]
-    sampler = run_child(args, f"sampler-{name}", sampler_argv + model_args(args, row),
-                        child_env(args, spec, "sampler", f"{name}-sampler"))
-    learner_argv = [args.python, os.path.join(HERE, "demo_learner.py")]
-    if sampler["ok"]:
-        learner_argv += ["--logprobs", files["sampler"], files["learner"]]
-    learner_argv += train_args(args) + model_args(args, row)
-    learner = run_child(args, f"learner-{name}", learner_argv,
-                        child_env(args, spec, "learner", f"{name}-learner"))
-    return dict(row, files=files, sampler=sampler, learner=learner,
-                stats={"sampler": shim_summary(args, row, "sampler", sampler["pid"]),
-                       "learner": shim_summary(args, row, "learner", learner["pid"])},
-                stats_files={"sampler": stats_file(args, row, "sampler", sampler["pid"]),
-                             "learner": stats_file(args, row, "learner", learner["pid"])})
+    children = {"sampler": run_child(args, f"sampler-{name}", sampler_argv(args, row, files),
+                                     child_env(args, spec, "sampler", f"{name}-sampler"))}
+    learner = [args.python, os.path.join(HERE, "demo_learner.py")]
+    if children["sampler"]["ok"]:
+        children["scorer"] = run_child(
+            args, f"scorer-{name}",
+            learner + ["--logprobs", files["sampler"], files["learner"]],
+            child_env(args, spec, "learner", f"{name}-scorer"))
+    children["learner"] = run_child(
+        args, f"learner-{name}", learner + train_args(args) +
+        model_args(args, row, row["train_layers"]),
+        child_env(args, spec, "learner", f"{name}-learner"))
+    children.setdefault("scorer", {"ok": False, "summary": None, "pid": None,
+                                   "name": f"scorer-{name}", "skipped": True})
+    return dict(row, files=files, **children,
+                stats={k: shim_summary(args, row, k, c["pid"]) for k, c in children.items()},
+                stats_files={k: stats_file(args, row, k, c["pid"]) for k, c in children.items()})
 
 
 def run_overhead(args, runs):
@@ -339,7 +370,7 @@ def run_overhead(args, runs):
         return None
     child = run_child(args, f"learner-{run['name']}-instruments-off", [
         args.python, os.path.join(HERE, "demo_learner.py")] + train_args(args) +
-        model_args(args, run), child_env(args, spec, "overhead", f"{run['name']}-overhead",
+        model_args(args, run, run["train_layers"]), child_env(args, spec, "overhead", f"{run['name']}-overhead",
                                          instruments=False))
     on = (run["learner"]["summary"] or {}).get("train_tokens_per_s")
     off = (child["summary"] or {}).get("train_tokens_per_s")
@@ -351,17 +382,18 @@ def run_overhead(args, runs):
 
 def instrument_figures(run):
     """From the summary records: the learner's shadow error (mean over sampled calls, weighted
-    by calls, and max), the probe's rows differing / probed (both roles)."""
+    by calls, and max; its scoring and training processes), the probe's rows differing / probed
+    (every process of the row)."""
     fig = {"shadow_calls": 0, "shadow_mean": None, "shadow_max": None, "probe_rows": 0,
            "probe_differing": 0}
     weighted = 0.0
-    for role in ("learner", "sampler"):
+    for role in ("scorer", "learner", "sampler"):
         rec = run["stats"].get(role) or {}
         for r in (rec.get("instruments") or {}).get("routes", {}).values():
             sh, pr = r.get("shadow", {}), r.get("probe", {})
             fig["probe_rows"] += pr.get("rows") or 0
             fig["probe_differing"] += pr.get("differing") or 0
-            if role == "learner" and sh.get("calls") and sh.get("rel_l2_mean") is not None:
+            if role != "sampler" and sh.get("calls") and sh.get("rel_l2_mean") is not None:
                 fig["shadow_calls"] += sh["calls"]
                 weighted += sh["rel_l2_mean"] * sh["calls"]
                 fig["shadow_max"] = max(fig["shadow_max"] or 0.0, sh.get("rel_l2_max") or 0.0)
@@ -371,8 +403,9 @@ def instrument_figures(run):
 
 
 def digest_join(run):
-    """tools/minite-compare of the learner's and the sampler's statistics files (--json)."""
-    a, b = run["stats_files"].get("learner"), run["stats_files"].get("sampler")
+    """tools/minite-compare of the scoring learner's and the sampler's statistics files
+    (--json): the rows both computed from the same tokens."""
+    a, b = run["stats_files"].get("scorer"), run["stats_files"].get("sampler")
     if run["spec"] == BASELINE or not a or not b:
         return None
     res = subprocess.run([sys.executable, os.path.join(TOOLS, "minite-compare"), a, b, "--json"],
@@ -524,20 +557,30 @@ def label(run):
     return "none (no shim)" if run["spec"] == BASELINE else run["spec"]
 
 
+def depth_cell(run):
+    """The layers the sampler and the training learner ran with (each resolves "auto")."""
+    cells = [str((run[role]["summary"] or {}).get("layers", "?")) for role in ("sampler",
+                                                                              "learner")]
+    return " / ".join(cells)
+
+
 def table(runs):
-    base = next((r for r in runs if r["spec"] == BASELINE and r["experts"] == GROUPED), None)
-    base_l = throughput(base, "learner") if base else None
-    base_s = throughput(base, "sampler") if base else None
-    head = ["spec", "experts", "learner tok/s median (min-max) vs none",
+    """Table 1; each row's speed against the no-shim row of its experts path (same depth)."""
+    head = ["spec", "experts", "layers sampler / learner",
+            "learner tok/s median (min-max) vs none",
             "sampler decode tok/s median (min-max) vs none", "routed calls learner / sampler",
             "abs(dlogp) mean / p99 / max", "KL", "ratio>2 share",
             "token_mult_prob_error (NeMo-RL) / k3_kl (verl)", "shadow rel-L2 mean / max",
             "probe rows differing / probed", "digest join: rows / equal %"]
     rows = []
     for r in runs:
-        rows.append([label(r), r["experts"],
-                     rate_cell(throughput(r, "learner"), None if r is base else base_l),
-                     rate_cell(throughput(r, "sampler"), None if r is base else base_s),
+        base = next((b for b in runs if b["spec"] == BASELINE and b["experts"] == r["experts"]),
+                    None)
+        base_l = throughput(base, "learner") if base and base is not r else None
+        base_s = throughput(base, "sampler") if base and base is not r else None
+        rows.append([label(r), r["experts"], depth_cell(r),
+                     rate_cell(throughput(r, "learner"), base_l),
+                     rate_cell(throughput(r, "sampler"), base_s),
                      routed_cell(r)] + gap_cells(r) + instrument_cells(r))
     return markdown(head, rows)
 
@@ -601,6 +644,56 @@ def profile_table(runs):
     return markdown(head, rows)
 
 
+BREAKDOWN_ROWS = ("step", "dense GEMMs", "router", "experts", "experts GEMMs",
+                  "experts dispatch, combine", "LM head", "sampling", "attention, rest",
+                  "step kernel sum", "ceiling")
+
+
+def breakdown_cell(value):
+    if isinstance(value, list):
+        return f"{value[0]:,.0f} ({value[1]:,.0f}-{value[2]:,.0f})"
+    if isinstance(value, float):
+        return f"{value:,.0f}"
+    return "-" if value is None else str(value)
+
+
+def breakdown_table(runs):
+    """Table 3: the captured decode step by component (demo/demo_step.py), µs, per batch size,
+    each spec of BREAKDOWN_SPECS side by side."""
+    found = [(label(r), (r["sampler"]["summary"] or {}).get("step_breakdown")) for r in runs
+             if r["experts"] == GROUPED and r["spec"] in BREAKDOWN_SPECS]
+    found = [(name, b) for name, b in found if b]
+    if not found:
+        return None
+    batches = [b["batch"] for b in found[0][1]]
+    head = ["component, µs"] + [f"B={b} {name}" for b in batches for name, _ in found]
+    rows = []
+    for key in BREAKDOWN_ROWS:
+        cells = []
+        for i in range(len(batches)):
+            for _, parts in found:
+                part = parts[i] if i < len(parts) else {}
+                value = part.get(key, part.get("error"))
+                if key == "ceiling" and isinstance(value, float):
+                    value = f"{value:.2f}x"
+                cells.append(breakdown_cell(value))
+        rows.append([key] + cells)
+    return markdown(head, rows)
+
+
+def breakdown_notes():
+    return ["Decode step by component (demo/demo_step.py): the sampler's captured step at B "
+            "sequences and each component captured alone over all layers on inputs of the "
+            "step's shapes, CUDA events over graph replays, µs per step, median (min-max) of "
+            "3 timings of 20 replays. experts = dispatch, both expert GEMMs, activation and "
+            "combine; its GEMM share (the engine's quantizers included) is split off by the "
+            "profiler's kernel names. attention, rest = the step minus the components (attention "
+            "over the static cache, RoPE, norms, residuals, KV writes, embedding): an estimate, "
+            "since a component alone runs with other caches. step kernel sum: the profiler's sum "
+            "of one step replay's kernels (the cross-check). ceiling: step / (step - experts "
+            "GEMMs), the speed-up if the expert GEMMs took no time."]
+
+
 def command_line(argv):
     shown = [os.path.relpath(a, ROOT) if a.startswith(ROOT + os.sep) else a
              for a in (sys.argv[1:] if argv is None else argv)]
@@ -613,8 +706,12 @@ def notes_for(args, runs, overhead, png, passthrough, argv):
     notes = [
         f"{datetime.date.today().isoformat()}, {device}, torch {sampler.get('torch', '?')}, "
         f"transformers {sampler.get('transformers', '?')}: `{command_line(argv)}`",
-        f"Model: HF Qwen3-MoE, {args.layers} layers, Qwen3-30B-A3B expert geometry (128 experts, "
-        f"top-8, gate_up 1536x2048, down 2048x768), random weights (seed {args.seed}), BF16. "
+        "Model: HF Qwen3-MoE with Qwen3-30B-A3B's geometry (48 layers at full depth; 128 "
+        "experts, top-8, gate_up 1536x2048, down 2048x768; vocabulary 151936), random weights "
+        f"(seed {args.seed}), BF16; the layers column gives each row's depth (--layers "
+        f"{args.layers}, --train-layers {args.train_layers}: auto = as many as fit this GPU, "
+        f"demo/demo_model.py fit_layers; eager rows {args.eager_layers}). The learner scores "
+        "the sampler's tokens at the sampler's depth, in its own process. "
         f"Sampler: {args.batch} sequences, {args.prompt_len}-token prompts, {args.new_tokens} "
         "sampled tokens, static KV cache, decode step in a CUDA graph on grouped_mm (eager "
         "experts cannot be captured: uncaptured there), weights "
@@ -622,7 +719,7 @@ def notes_for(args, runs, overhead, png, passthrough, argv):
         f"{args.train_seq} tokens a step, AdamW, {args.repeats} windows of {args.train_steps} "
         f"steps after {args.train_warmup} warm-up, weights {args.learner_cache}.",
         f"tok/s: median of {args.repeats} repeats (min-max); the ratio is the median against "
-        "the no-shim grouped_mm row. The no-shim spread and the bf16 row (the no-shim "
+        "the no-shim row of the same experts path. The no-shim spread and the bf16 row (the no-shim "
         "computation under the shim) show the noise.",
         "routed calls: GEMM calls (a torch._grouped_mm call is one) the shim ran on its engine, "
         "fb: passed to cuBLAS/torch with a reason (the learner's are its backward calls); ? = no "
@@ -689,7 +786,8 @@ def profile_notes(args):
 
 
 def failures(args, runs, overhead, png):
-    failed = [c["name"] for r in runs for c in (r["sampler"], r["learner"]) if not c["ok"]]
+    failed = [c["name"] for r in runs for c in (r["sampler"], r["scorer"], r["learner"])
+              if not c["ok"] and not c.get("skipped")]
     if overhead and not overhead["child"]["ok"]:
         failed.append(overhead["child"]["name"])
     failed += [f"gap-report {r['name']}" for r in runs if scored(r) and not r.get("gap")]
@@ -736,6 +834,9 @@ def main(argv=None):
     moe = profile_table(runs)
     if moe:
         report += "\n" + moe + "\n\n" + "\n".join("- " + n for n in profile_notes(args)) + "\n"
+    steps = breakdown_table(runs)
+    if steps:
+        report += "\n" + steps + "\n\n" + "\n".join("- " + n for n in breakdown_notes()) + "\n"
     print("\n" + report, end="")
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(report)

@@ -108,11 +108,13 @@ def test_run_demo_rows_and_quick():
                   "libminite" not in env.get("LD_PRELOAD", ""), "no shim for none")
 
 
-def fake_run(name, spec, experts, learner, sampler, gap=None, instruments=None, profile=None):
+def fake_run(name, spec, experts, learner, sampler, gap=None, instruments=None, profile=None,
+             breakdown=None):
     summary_s = {"decode_tokens_per_s": {"median": sampler[0], "min": sampler[1],
-                                         "max": sampler[2]}, "cuda_graph": True}
+                                         "max": sampler[2]}, "cuda_graph": True, "layers": 45,
+                 "step_breakdown": breakdown}
     summary_l = {"train_tokens_per_s": learner[0], "train_tokens_per_s_min": learner[1],
-                 "train_tokens_per_s_max": learner[2]}
+                 "train_tokens_per_s_max": learner[2], "layers": 7}
     path = None
     if profile is not None:
         path = os.path.join(TMP, f"moe-{name}.json")
@@ -121,6 +123,7 @@ def fake_run(name, spec, experts, learner, sampler, gap=None, instruments=None, 
     return {"name": name, "spec": spec, "experts": experts,
             "sampler": {"summary": summary_s, "ok": True, "name": "s"},
             "learner": {"summary": summary_l, "ok": True, "name": "l"},
+            "scorer": {"summary": {"demo": "learner"}, "ok": True, "name": "c"},
             "stats": {"sampler": {"routed": 10, "fallbacks": {}},
                       "learner": {"routed": 5, "fallbacks": {"backward dgrad": 3}}},
             "files": {"profile": path or os.path.join(TMP, "absent.json")},
@@ -150,15 +153,17 @@ def test_tables_from_made_up_results():
     lines = text.splitlines()
     harness.check(len(lines) == 5, f"header, rule, 3 rows:\n{text}")
     row = [c.strip() for c in lines[3].split("|")]
-    harness.check(row[1:3] == ["nvfp4-row", "grouped_mm"], f"row {row}")
-    harness.check(row[3] == "900 (850-950) **0.90x**" and row[4] == "30,000 (29,000-31,000) "
+    harness.check(row[1:4] == ["nvfp4-row", "grouped_mm", "45 / 7"], f"row {row}")
+    harness.check(row[4] == "900 (850-950) **0.90x**" and row[5] == "30,000 (29,000-31,000) "
                   "**1.50x**", f"median (min-max) and ratio to none: {row}")
-    harness.check(row[9] == "1.0123 / inf", f"NeMo-RL's and verl's (null: inf) {row}")
-    harness.check(row[10:13] == ["n/a (grouped)", "0 / 12", "-"],
+    harness.check(row[10] == "1.0123 / inf", f"NeMo-RL's and verl's (null: inf) {row}")
+    harness.check(row[11:14] == ["n/a (grouped)", "0 / 12", "-"],
                   f"instruments on grouped_mm: probe, no shadow: {row}")
     eager = [c.strip() for c in lines[4].split("|")]
-    harness.check(eager[9] == "- / -", f"a report without the frameworks' metrics: {eager}")
-    harness.check(eager[10] == "0.13 / 0.14 (4 calls)" and eager[11] == "0 / 8",
+    harness.check(eager[4:6] == ["300 (290-310)", "2,000 (1,900-2,100)"],
+                  f"no ratio without a no-shim eager row (another depth): {eager}")
+    harness.check(eager[10] == "- / -", f"a report without the frameworks' metrics: {eager}")
+    harness.check(eager[11] == "0.13 / 0.14 (4 calls)" and eager[12] == "0 / 8",
                   f"instruments on eager: {eager}")
     moe = run_demo.profile_table(runs).splitlines()
     harness.check(len(moe) == 2 + 2 + 4, f"2 specs replayed, then 2 specs x 2 paths:\n{moe}")
@@ -170,6 +175,49 @@ def test_tables_from_made_up_results():
     harness.check("50 (2.00x)" in moe[5] and "200 (2.00x)" in moe[5], f"row: {moe[5]}")
     harness.check(moe[6].startswith("| kernel sum, µs | eager | none") and
                   "5,000 (0.08x)" in moe[6], moe[6])
+
+
+def test_fit_layers():
+    import demo_model
+    fit = demo_model.fit_layers
+    harness.check(fit(150e9, "sampler", 128 * 256) == demo_model.MODEL_LAYERS,
+                  "the whole model samples on an H200-sized GPU")
+    harness.check(fit(10e9, "learner", 8192) == 1, "at least one layer, whatever the memory")
+    for total in (40e9, 85e9, 150e9):
+        s, a, b = fit(total, "sampler", 128 * 256), fit(total, "learner", 8192), \
+            fit(total, "learner", 2048)
+        harness.check(a < s and a <= b, f"{total:.0f} B: sampler {s}, learner {a} (8192 tokens) "
+                      f"{b} (2048): AdamW and activations cost more than inference")
+    harness.check(fit(85e9, "sampler", 128 * 256) < fit(150e9, "sampler", 128 * 256),
+                  "more memory, more layers")
+
+
+def test_breakdown_table():
+    import demo_step
+    import run_demo
+
+    def part(step, experts, gemm_share):
+        out = {"batch": 16, "step": [step, step - 1, step + 1], "dense GEMMs": [100.0] * 3,
+               "router": [20.0] * 3, "experts": [experts] * 3, "LM head": [50.0] * 3,
+               "sampling": [30.0] * 3, "experts_split": (gemm_share, 1.0 - gemm_share),
+               "step_kernel_sum": (step * 0.5, step * 0.4)}
+        return demo_step.summarise(out)
+    none = part(1000.0, 600.0, 0.75)
+    harness.check(none["attention, rest"] == 1000 - 800 and none["experts GEMMs"] == 450 and
+                  none["experts dispatch, combine"] == 150 and none["step kernel sum"] == 900,
+                  f"the rest is the step minus the parts; experts split by the GEMM share: {none}")
+    harness.check(abs(none["ceiling"] - 1000 / 550) < 1e-12, f"ceiling {none['ceiling']}")
+    runs = [fake_run("none", "none", "grouped_mm", (1, 1, 1), (1, 1, 1), breakdown=[none]),
+            fake_run("nvfp4-row", "nvfp4-row", "grouped_mm", (1, 1, 1), (1, 1, 1),
+                     breakdown=[part(700.0, 300.0, 0.5)]),
+            fake_run("bf16", "bf16", "grouped_mm", (1, 1, 1), (1, 1, 1),
+                     breakdown=[part(900.0, 500.0, 0.5)])]
+    lines = run_demo.breakdown_table(runs).splitlines()
+    harness.check(lines[0] == "| component, µs | B=16 none (no shim) | B=16 nvfp4-row |",
+                  f"the none and nvfp4-row samplers only: {lines[0]}")
+    harness.check(lines[2] == "| step | 1,000 (999-1,001) | 700 (699-701) |", lines[2])
+    harness.check(lines[-1] == "| ceiling | 1.82x | 1.27x |", lines[-1])
+    harness.check(run_demo.breakdown_table(runs[2:]) is None, "no table without breakdowns")
 
 
 def test_profile_sums_device_events_only():
@@ -287,7 +335,8 @@ def test_tiny_model_through_the_real_hf_calls_on_cpu():
     harness.check(len(learner["train_tokens_per_s_all"]) == 2 and
                   learner["train_tokens_per_s_min"] <= learner["train_tokens_per_s"] <=
                   learner["train_tokens_per_s_max"], f"2 windows, median between: {learner}")
-    harness.check(learner["layers"] == 2 and learner["scored_tokens"] == 18 and
+    harness.check(learner["layers"] == sampled.header["model"]["layers"] == 1 and
+                  learner["scored_tokens"] == 18 and
                   learner["experts"] == "grouped_mm", str(learner))
     gap_within("l.jsonl", "s.jsonl")
     # the other front door: eager experts, the learner taking the path from the sampler's file
@@ -341,7 +390,7 @@ def test_make_run_driver_on_cpu_with_a_pretend_gpu():
                              "--prompt-len", 4, "--new-tokens", 3, "--train-batch", 2,
                              "--train-seq", 8, "--train-steps", 1, "--train-warmup", 0,
                              "--repeats", 1, "--specs", "bf16,nvfp4-row", "--eager-specs",
-                             "nvfp4-row", "--no-profile", env=env)
+                             "nvfp4-row", "--no-profile", "--breakdown", "", env=env)
     harness.check(rc == 0, f"exit {rc}: {stdout[-2000:]} {err[-2000:]}")
     for name, spec, experts in (("none", "none (no shim)", "grouped_mm"),
                                 ("bf16", "bf16", "grouped_mm"),
@@ -358,7 +407,8 @@ def test_make_run_driver_on_cpu_with_a_pretend_gpu():
 for t in (test_run_demo_without_gpu_says_so_and_succeeds, test_bad_arguments_exit_2,
           test_learner_refuses_bad_input_before_loading_a_model,
           test_demos_without_torch_say_what_to_install,
-          test_run_demo_rows_and_quick, test_tables_from_made_up_results,
+          test_run_demo_rows_and_quick, test_tables_from_made_up_results, test_fit_layers,
+          test_breakdown_table,
           test_profile_sums_device_events_only,
           test_tiny_model_through_the_real_hf_calls_on_cpu,
           test_make_run_driver_on_cpu_with_a_pretend_gpu):
