@@ -154,6 +154,15 @@ static size_t slot_of(const mt_weight_ref *w) {
   return (size_t)(h >> 40) % MAX_ENTRIES;
 }
 
+/* A weight that finds the cache full is requantized at every call: same bits, several times the
+ * call's time (a whole weight read and written), which a user must hear of once, with the fix. */
+static void count_full(unsigned long long n, const char *what) {
+  atomic_fetch_add(&cache_full, 1);
+  MT_WARN_ONCE("the weight cache is full (%llu %s): frozen weights past it are quantized again "
+               "at every call (same bits, slower; the summary counts cache_full)",
+               n, what);
+}
+
 /* Whether `bytes` more fit in the context's MINITE_CACHE_MB: the bound is per context, as each
  * GPU has its own memory (a process driving several GPUs may keep that much on each). Under the
  * context's lock, as are its entries. */
@@ -168,7 +177,8 @@ static int entry_alloc(const mt_driver *d, tables *c, size_t data, int slices, m
   const size_t state = mt_refresh_state_bytes(slices), bytes = data + state;
   *why = MT_R_ROUTED;
   if (!cache_fits(c, bytes)) {
-    atomic_fetch_add(&cache_full, 1);
+    count_full((unsigned long long)(cache_limit >> 20),
+               "MiB of MINITE_CACHE_MB on this GPU: raise it");
     return 0; /* requantized in scratch instead: slower, never wrong */
   }
   if ((*why = mt_devmem_alloc(d, bytes, mem)) != MT_R_ROUTED)
@@ -200,7 +210,7 @@ static entry *entry_get(const mt_driver *d, tables *c, const mt_weight_ref *w, s
   if (capturing)
     return NULL; /* no allocation in a capture: requantized in the graph's memory */
   if (c->nentries >= MAX_ENTRIES / 2) {
-    atomic_fetch_add(&cache_full, 1);
+    count_full(MAX_ENTRIES / 2, "single weights on this GPU, its most");
     return NULL;
   }
   CUdeviceptr mem;
@@ -384,7 +394,7 @@ static gentry *gentry_get(const mt_driver *d, tables *c, const mt_wgroup_ref *w,
   if (!c->gentries && !(c->gentries = calloc(MAX_GROUPED, sizeof *c->gentries)))
     return NULL;
   if (c->ngentries == MAX_GROUPED) {
-    atomic_fetch_add(&cache_full, 1);
+    count_full(MAX_GROUPED, "grouped weights on this GPU, its most");
     return NULL;
   }
   CUdeviceptr mem;

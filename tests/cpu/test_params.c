@@ -39,10 +39,10 @@ static void defaults(void) {
   }
   CHECK(!p.spec && !p.route && !p.role && !p.stats && !p.log_file);
   CHECK(p.log_level == MT_LOG_WARN && p.strict == 0 && p.capture == MT_CAPTURE_GRAPH);
-  CHECK(p.weight_cache == 0 && p.cache_mb == 8192 && p.instr_mb == 64 && p.instr_slots == 1024);
+  CHECK(p.weight_cache == 0 && p.cache_mb == 20480 && p.instr_mb == 64 && p.instr_slots == 1024);
   CHECK(p.shadow == 1.0 / 64 && p.probe == 1.0 / 64 && p.digest == 1.0 / 64);
   CHECK(!strcmp(mt_params_default(MT_P_MINITE_SHADOW, buf, sizeof buf), "1/64"));
-  CHECK(!strcmp(mt_params_default(MT_P_MINITE_CACHE_MB, buf, sizeof buf), "8192"));
+  CHECK(!strcmp(mt_params_default(MT_P_MINITE_CACHE_MB, buf, sizeof buf), "20480"));
   CHECK(!strcmp(mt_params_default(MT_P_MINITE_LOG_LEVEL, buf, sizeof buf), "WARN"));
   CHECK(!strcmp(mt_params_default(MT_P_MINITE_STRICT, buf, sizeof buf), "0"));
 }
@@ -137,7 +137,7 @@ static void problems(void) {
   p = read_with("MINITE_CACHE_MB", "lots");
   why = mt_params_problem(&p, MT_P_MINITE_CACHE_MB, buf, sizeof buf);
   CHECKF(why && strstr(why, "'lots' for MINITE_CACHE_MB: use a whole number of MiB in 0 .. ") &&
-             strstr(why, "using the default 8192"),
+             strstr(why, "using the default 20480"),
          "%s", why);
   p = read_with("MINITE_DIGEST", "often");
   why = mt_params_problem(&p, MT_P_MINITE_DIGEST, buf, sizeof buf);
@@ -169,7 +169,7 @@ static void start_echoes_and_warns(void) {
   clear_env();
   setenv("MINITE_LOG_LEVEL", "INFO", 1);
   setenv("MINITE_CAPTURE", "off", 1);
-  setenv("MINITE_CACHE_MB", "8192", 1); /* the default: not echoed */
+  setenv("MINITE_CACHE_MB", "20480", 1); /* the default: not echoed */
   setenv("MINITE_PROBE", "1/2x", 1);
   setenv("MINITE_ROLE", "sampler", 1);
   setenv("MINITE_STATS", "s.%q.jsonl", 1);

@@ -1916,6 +1916,10 @@ static void frozen_entries_and_cache_full(void) {
   CHECK(r.summary && strstr(r.summary, "\"engine\": {\"weight_cache\": \"frozen\""));
   CHECKF(json_int(r.summary, "frozen_weights") == 2, "%ld", json_int(r.summary, "frozen_weights"));
   CHECKF(json_int(r.summary, "cache_full") == 2, "%ld", json_int(r.summary, "cache_full"));
+  /* two calls past the bound, one warning, which names the bound and its variable */
+  CHECKF(mt_t_count_of(r.err, "the weight cache is full") == 1 &&
+             strstr(r.err, "(1 MiB of MINITE_CACHE_MB on this GPU: raise it)"),
+         "stderr: %s", r.err);
   CHECKF(json_int(r.summary, "device_bytes") == mt_t_info(&r, "device_bytes"),
          "%ld, the fake holds %ld", json_int(r.summary, "device_bytes"),
          mt_t_info(&r, "device_bytes"));
