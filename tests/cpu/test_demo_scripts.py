@@ -13,15 +13,9 @@ import shutil
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-SCRIPTS = os.path.join(ROOT, "demo")
-TOOLS = os.path.join(ROOT, "tools")
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-sys.path.insert(0, SCRIPTS)
-sys.path.insert(0, TOOLS)
-import harness  # noqa: E402
-import logprobs  # noqa: E402
+from demo_cpu import ROOT, SCRIPTS, TINY, gap_within, have_torch, tiny_driver
+import harness  # tests/, demo/ and tools/ are on the path: demo_cpu put them there
+import logprobs
 
 TMP = harness.temp_dir("mt-demo-")
 
@@ -30,15 +24,6 @@ def script(name, *args, env=None):
     res = subprocess.run([sys.executable, os.path.join(SCRIPTS, name)] + [str(a) for a in args],
                          capture_output=True, text=True, env=env, cwd=TMP, timeout=600)
     return res.returncode, res.stdout, res.stderr
-
-
-def have_torch():
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def test_run_demo_without_gpu_says_so_and_succeeds():
@@ -286,25 +271,10 @@ def test_demos_without_torch_say_what_to_install():
     harness.check(rc == 1 and "torch is not installed" in err, f"learner: exit {rc}: {err}")
 
 
-TINY = """
-import sys
-sys.path.insert(0, {scripts!r})
-import demo_model, demo_sampler, demo_learner
-demo_model.DEVICE = "cpu"
-demo_model.GEOMETRY.update(vocab_size=512, hidden_size=64, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=32, num_experts=8,
-                           num_experts_per_tok=2, moe_intermediate_size=32)
-main = {{"sampler": demo_sampler.main, "learner": demo_learner.main}}[sys.argv[1]]
-sys.exit(main(sys.argv[2:]))
-"""
-
-
 def test_tiny_model_through_the_real_hf_calls_on_cpu():
     if not have_torch():
         harness.skip("torch/transformers not installed (the demos' HF calls run on the GPU box)")
-    driver = os.path.join(TMP, "tiny.py")
-    with open(driver, "w") as f:
-        f.write(TINY.format(scripts=SCRIPTS))
+    driver = tiny_driver(TMP)
 
     def tiny(*args):
         res = subprocess.run([sys.executable, driver] + [str(a) for a in args],
@@ -338,7 +308,7 @@ def test_tiny_model_through_the_real_hf_calls_on_cpu():
     harness.check(learner["layers"] == sampled.header["model"]["layers"] == 1 and
                   learner["scored_tokens"] == 18 and
                   learner["experts"] == "grouped_mm", str(learner))
-    gap_within("l.jsonl", "s.jsonl")
+    gap_within("l.jsonl", "s.jsonl", TMP)
     # the other front door: eager experts, the learner taking the path from the sampler's file
     s = tiny("sampler", "--out", "se.jsonl", "--batch", 2, "--prompt-len", 4, "--new-tokens", 3,
              "--repeats", 1, "--experts", "eager")
@@ -347,19 +317,7 @@ def test_tiny_model_through_the_real_hf_calls_on_cpu():
         return
     harness.check(s["experts"] == "eager" and learner["experts"] == "eager",
                   f"eager sampler {s['experts']}, learner {learner['experts']}")
-    gap_within("le.jsonl", "se.jsonl")
-
-
-def gap_within(learner, sampler):
-    """The static-cache decode computes what the learner's full forward computes: on the CPU
-    their log-probs agree (a wrong position, mask or cache slot moves them by O(1))."""
-    res = subprocess.run([sys.executable, os.path.join(TOOLS, "gap-report"), "--json", learner,
-                          sampler], capture_output=True, text=True, cwd=TMP, timeout=600)
-    rc, out, err = res.returncode, res.stdout, res.stderr
-    harness.check(rc == 0, f"gap-report: exit {rc}: {err}")
-    if rc == 0:
-        m = json.loads(out)["runs"][0]["metrics"]
-        harness.check(m["abs_dlogp_max"] < 0.02, f"gap on CPU {learner}: {m}")
+    gap_within("le.jsonl", "se.jsonl", TMP)
 
 
 SITECUSTOMIZE = TINY.split("main = ")[0] + """
