@@ -184,11 +184,14 @@ def run(args):
     sampler, seqs = read_sampler(args.logprobs[0]) if args.logprobs else (None, None)
     layers, seed, init_std, experts = model_settings(args, sampler)
     torch, _ = demo_model.require_torch()
+    if args.deterministic:
+        demo_model.deterministic(torch)
     layers = demo_model.resolve_layers(torch, layers, "learner", args.batch * args.seq)
     model = demo_model.build(layers, seed, init_std, experts)
     env = demo_model.environment()
     summary = {"demo": "learner", "spec": env["spec"], "shim": env["shim"], "layers": layers,
-               "seed": seed, "experts": experts, "device": env["device"], "torch": env["torch"],
+               "seed": seed, "experts": experts, "deterministic": args.deterministic,
+               "device": env["device"], "torch": env["torch"],
                "transformers": env["transformers"]}
     if args.logprobs:
         info = demo_model.describe(model, layers, seed, init_std)

@@ -75,6 +75,9 @@ def add_model_args(parser, defaults=True):
     parser.add_argument("--experts", choices=EXPERTS,
                         default=DEFAULT_EXPERTS if defaults else None,
                         help=f"HF experts implementation (default {DEFAULT_EXPERTS}, HF's own)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="PyTorch's deterministic algorithms and a fixed cuBLAS workspace, "
+                             "so that a run without the shim repeats bit for bit")
 
 
 def _int_at_least(text, low, what):
@@ -195,6 +198,17 @@ def require_torch():
         raise DemoError("torch sees no CUDA GPU: the demos run on a GPU machine "
                         "(check nvidia-smi and CUDA_VISIBLE_DEVICES)")
     return torch, transformers
+
+
+def deterministic(torch):
+    """PyTorch's deterministic algorithms (warning, not failing, on an op without one) and
+    cuBLAS's fixed workspace configuration (read when a handle is made: before the first GEMM),
+    so that two runs of one program on one GPU give the same bits. Memory is not filled on
+    allocation (its default under deterministic algorithms): the demos read no memory they did
+    not write, and filling would add a kernel to every allocation of a step."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 def shim_path():

@@ -240,6 +240,8 @@ def moe_profile(torch, args, model, env):
 
 def run(args):
     torch, _ = demo_model.require_torch()
+    if args.deterministic:
+        demo_model.deterministic(torch)
     args.layers = demo_model.resolve_layers(torch, args.layers, "sampler",
                                             args.batch * (args.prompt_len + args.new_tokens))
     model = demo_model.build(args.layers, args.seed, args.init_std, args.experts)
@@ -264,6 +266,7 @@ def run(args):
     summary = {
         "demo": "sampler", "spec": env["spec"], "shim": env["shim"], "out": args.out,
         "experts": demo_model.experts_implementation(model), "batch": args.batch,
+        "deterministic": args.deterministic,
         "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
         "tokens": args.batch * args.new_tokens,
         "tokens_per_s": timing["decode_tokens_per_s"]["median"], **timing,

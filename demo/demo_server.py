@@ -7,7 +7,7 @@ each one's tokens and per-token log-probs as it finishes; measures generated tok
         [--new-tokens 16:256] [--concurrency all] [--repeats 3] [--warmup-rounds 1]
         [--sampling sample|greedy] [--cuda-graph auto|on|off] [--attn sdpa]
         [--max-batch-tokens 4096] [--num-blocks N] [--block-size 256]
-        [--experts grouped_mm|eager] [--layers 2] [--seed 0] [--sample-seed 1]
+        [--experts grouped_mm|eager] [--layers auto] [--seed 0] [--sample-seed 1]
 
 How it differs from demo/demo_sampler.py: that one decodes one fixed batch in lockstep over a
 StaticCache, every sequence with the same prompt and output length, the decode step one captured
@@ -350,10 +350,15 @@ def write_file(path, model, args, env, engine, seqs):
 
 def run(args):
     torch, _ = demo_model.require_torch()
-    model = demo_model.build(args.layers, args.seed, args.init_std, args.experts)
+    if args.deterministic:
+        demo_model.deterministic(torch)
     requests = draw_requests(args.requests, args.prompt_len, args.new_tokens,
                              demo_model.GEOMETRY["vocab_size"], args.prompt_seed)
     flight = in_flight(args)
+    slots = args.block_size * (args.num_blocks or default_num_blocks(requests, args.block_size,
+                                                                      flight))
+    args.layers = demo_model.resolve_layers(torch, args.layers, "sampler", slots)
+    model = demo_model.build(args.layers, args.seed, args.init_std, args.experts)
     manager, engine = start_engine(torch, args, model, requests, flight)
     try:
         t = time.perf_counter()
@@ -379,6 +384,7 @@ def run(args):
     timing = timing_summary(rounds)
     return {
         "demo": "server", "spec": env["spec"], "shim": env["shim"], "out": args.out,
+        "layers": args.layers,
         "experts": demo_model.experts_implementation(model), **engine,
         "sampling": args.sampling, "requests": args.requests,
         "concurrency": args.concurrency or "all", "prompt_len": list(args.prompt_len),

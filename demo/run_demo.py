@@ -1,50 +1,61 @@
 """run_demo.py — what `make run` runs (demo/run.mk): the demo sampler and learner without the shim
 and under it for each spec, on HF's default experts implementation (grouped_mm) and on the eager
-one, and two tables of what came out.
+one, the continuous-batching server without and under nvfp4-row, and four tables of what came out.
 
-    python3 demo/run_demo.py [--quick] [--specs bf16,nvfp4-tensor,nvfp4-row]
-        [--eager-specs none,nvfp4-row] [--out build/run] [--layers 2]
-        [--batch 128] [--prompt-len 128] [--new-tokens 128] [--repeats 3]
+    python3 demo/run_demo.py [--quick] [--specs bf16,nvfp4-row]
+        [--eager-specs none,nvfp4-row] [--out build/run] [--layers auto] [--train-layers auto]
+        [--eager-layers 4] [--batch 128] [--prompt-len 128] [--new-tokens 128] [--repeats 3]
         [--train-batch 8] [--train-seq 1024] [--train-steps 4] [--train-warmup 2]
         [--sampler-cache frozen-sampled] [--learner-cache requantize]
-        [--profile-tokens 1,16,128,1024,8192 | --no-profile] [--overhead-spec SPEC]
+        [--profile-tokens 1,16,128,1024,8192 | --no-profile] [--breakdown 1,16,128]
+        [--server-requests 64] [--nondeterministic] [--overhead-spec SPEC]
 
 Without a GPU (no nvidia-smi, or torch sees no CUDA device) it prints one line saying so and
 exits 0. Otherwise a row is a spec and an experts path: "none" (no LD_PRELOAD: the baseline) and
-each of --specs on grouped_mm, then each of --eager-specs ("none" allowed) on eager. For each row:
+each of --specs on grouped_mm, then each of --eager-specs ("none" allowed) on eager. The model is
+Qwen3-30B-A3B's geometry at the depth that fits (demo/demo_model.py: --layers auto, 48 on an
+H200), the eager rows at --eager-layers (HF's eager experts loop over the experts hit). For each
+row, children:
   1. demo/demo_sampler.py   prefill + static-cache decode of BATCH sequences (the decode step a
                             CUDA graph on grouped_mm), per-token log-probs -> OUT/sampler-ROW.jsonl;
                             on grouped_mm rows also --moe-profile OUT/moe-ROW.json (one MoE layer's
-                            GPU time at each T, both experts paths, in that process)
-  2. demo/demo_learner.py   --logprobs (score the sampler's tokens) -> OUT/learner-ROW.jsonl,
-                            then --train (AdamW, REPEATS windows of STEPS steps)
+                            GPU time at each T, both experts paths, in that process), and on the
+                            none and nvfp4-row rows --step-breakdown (the decode step by component)
+  2. demo/demo_learner.py   --logprobs: score the sampler's tokens at the sampler's depth
+                            -> OUT/learner-ROW.jsonl
+  3. demo/demo_learner.py   --train (AdamW, REPEATS windows of STEPS steps) at --train-layers,
+                            as many layers as fit with AdamW's states and the activations
 each as a child process with PYTHONUNBUFFERED=1 and, for a spec, LD_PRELOAD=<abs>/libminite.so
 MINITE_SPEC=<spec> MINITE_ROUTE=1536x2048,2048x768 MINITE_ROLE=sampler|learner
 MINITE_WEIGHT_CACHE=<--sampler-cache|--learner-cache> MINITE_STATS=OUT/stats/ROW-<role>-%p.jsonl:
 weights handled as a user would, the sampler's frozen between weight syncs and sampled-checked,
-the learner's requantized at every call since every step changes them. Then tools/gap-report per
-row (OUT/gap-ROW.json) and over all rows (OUT/gap.png).
+the learner's requantized at every call since every step changes them. The samplers and scoring
+learners run PyTorch's deterministic algorithms (--deterministic; --nondeterministic turns it
+off), so that the no-shim run repeats bit for bit and bf16 can show its identity with it. Then
+demo/demo_server.py (transformers' continuous batching) for none and nvfp4-row, tools/gap-report
+per row (OUT/gap-ROW.json) and over all rows (OUT/gap.png).
 
 Table 1: learner training tokens/s and sampler decode tokens/s, each the median of its repeats
-with the minimum and maximum, and the median's ratio to the no-shim grouped_mm row (the no-shim
-spread and the bf16 row, which runs the no-shim computation, bound the noise); routed GEMM calls
-(the shim's summary record, the last line of each stats file); the log-prob gap (|dlogp| mean /
-p99 / max, KL, share of importance ratios above 2, and NeMo-RL's token_mult_prob_error and verl's
-k3_kl under those names); the instruments (shim/instr.c, at their default rates): the learner's
-shadow error, the invariance probe, the learner-sampler digest join of tools/minite-compare.
-Grouped calls get the probe and the digests but not the shadow, so grouped_mm rows show
-"n/a (grouped)" for the shadow (no cuBLAS call to rerun).
+with the minimum and maximum, and the median's ratio to the no-shim row of the same experts path
+(the no-shim spread and the bf16 row, which runs the no-shim computation, bound the noise); routed
+GEMM calls (the shim's summary record, the last line of each stats file); the log-prob gap
+(|dlogp| mean / p99 / max, KL, share of importance ratios above 2, and NeMo-RL's
+token_mult_prob_error and verl's k3_kl under those names); the instruments (shim/instr.c, at their
+default rates): the learner's shadow error, the invariance probe, the learner-sampler digest join
+of tools/minite-compare. Grouped calls get the probe and the digests but not the shadow, so
+grouped_mm rows show "n/a (grouped)" for the shadow (no cuBLAS call to rerun).
 Table 2: one MoE layer (layer 0's sparse block forward, demo/demo_profile.py) at each T for each
 spec: the grouped_mm block's wall time as a CUDA-graph replay (CUDA events, median and spread), then
 the profiler's summed kernel time of both paths (labelled: it double-counts overlapping kernels and
 counts the instruments), each with its speed against grouped_mm without the shim.
+Table 3: the server rows. Table 4: the decode step by component (demo/demo_step.py).
 With --overhead-spec SPEC, the eager learner of SPEC runs once more with
 MINITE_SHADOW=MINITE_PROBE=MINITE_DIGEST=0: the instruments' cost in training tokens/s.
 --quick: smaller sizes, rows none / bf16 / nvfp4-row on grouped_mm and nvfp4-row on eager,
 T = 1, 128, 8192: a smoke run. The tables are printed and written to OUT/table.md, every number
-to OUT/summary.json, each child's stdout and stderr to OUT/logs/. A child that fails is reported
-with the tail of its stderr; the tables still show what finished. Exit status 0 when everything
-ran, 1 when something failed.
+to OUT/summary.json, each child's stdout and stderr to OUT/logs/, one progress line per child.
+A child that fails is reported with the tail of its stderr; the tables still show what finished.
+Exit status 0 when everything ran, 1 when something failed.
 """
 import argparse
 import datetime
@@ -63,6 +74,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, TOOLS)
 import demo_model  # noqa: E402  (standard library only at import time)
 import demo_profile  # noqa: E402  (likewise)
+import demo_server  # noqa: E402  (likewise)
 
 SPECS = ["bf16", "nvfp4-tensor", "nvfp4-row"]
 BASELINE = "none"
@@ -72,7 +84,7 @@ STDERR_TAIL = 25
 CACHE_MODES = ("requantize", "frozen", "frozen-sampled")
 # (full run, --quick); an option given on the command line wins over both
 SIZES = {
-    "specs": (",".join(SPECS), "bf16,nvfp4-row"),
+    "specs": ("bf16,nvfp4-row", "bf16,nvfp4-row"),
     "eager_specs": ("none,nvfp4-row", "nvfp4-row"),
     "batch": (128, 64),
     "prompt_len": (128, 64),
@@ -117,6 +129,14 @@ def parse_args(argv=None):
     p.add_argument("--eager-layers", type=demo_model.positive_int, default=4,
                    help="layers of the eager rows, sampler and learner (default 4: HF's eager "
                         "experts run a Python loop of three GEMMs per expert hit)")
+    p.add_argument("--server-requests", type=demo_model.nonnegative_int, default=64,
+                   help="requests of the continuous-batching server rows (demo/demo_server.py: "
+                        "prompts of 32-256 tokens, 16-128 new), none and nvfp4-row; 0 for none "
+                        "(default 64)")
+    p.add_argument("--nondeterministic", action="store_true",
+                   help="run the samplers and the scoring learners without PyTorch's "
+                        "deterministic algorithms (by default on, so that bf16 can show its "
+                        "bitwise identity with no shim)")
     p.add_argument("--breakdown", type=str, default="1,16,128",
                    help="batch sizes of the decode-step breakdown of the none and nvfp4-row "
                         "samplers ('' for none; default 1,16,128)")
@@ -328,7 +348,11 @@ def sampler_argv(args, row, files):
                  "--profile-tokens", ",".join(map(str, args.profile_list))]
     if row["experts"] == GROUPED and row["spec"] in BREAKDOWN_SPECS and args.breakdown_list:
         argv += ["--step-breakdown", ",".join(map(str, args.breakdown_list))]
-    return argv + model_args(args, row, row["layers"])
+    return argv + model_args(args, row, row["layers"]) + determinism(args)
+
+
+def determinism(args):
+    return [] if args.nondeterministic else ["--deterministic"]
 
 
 def run_row(args, row):
@@ -348,7 +372,7 @@ def run_row(args, row):
     if children["sampler"]["ok"]:
         children["scorer"] = run_child(
             args, f"scorer-{name}",
-            learner + ["--logprobs", files["sampler"], files["learner"]],
+            learner + ["--logprobs", files["sampler"], files["learner"]] + determinism(args),
             child_env(args, spec, "learner", f"{name}-scorer"))
     children["learner"] = run_child(
         args, f"learner-{name}", learner + train_args(args) +
@@ -359,6 +383,43 @@ def run_row(args, row):
     return dict(row, files=files, **children,
                 stats={k: shim_summary(args, row, k, c["pid"]) for k, c in children.items()},
                 stats_files={k: stats_file(args, row, k, c["pid"]) for k, c in children.items()})
+
+
+def run_server(args, row):
+    """The continuous-batching server (demo/demo_server.py) at the sampler's depth under the
+    row's spec: {"name", "spec", "child", "stats"}."""
+    name = f"server-{row['name']}"
+    out = os.path.join(args.out, f"{name}.jsonl")
+    argv = demo_server.child_argv(args.python, out, args.server_requests, "32:256", "16:128",
+                                  args.repeats) + model_args(args, row, row["layers"])
+    child = run_child(args, name, argv,
+                      child_env(args, row["spec"], "sampler", f"{row['name']}-server"))
+    stats = shim_summary(args, row, "server", child["pid"])
+    return {"name": name, "spec": row["spec"], "child": child, "stats": stats}
+
+
+def server_table(servers):
+    """Table 4: the server rows, tokens/s against the no-shim server."""
+    if not servers:
+        return None
+    def rate(srv):
+        d = (srv["child"]["summary"] or {}).get("generated_tokens_per_s")
+        return (d["median"], d["min"], d["max"]) if isinstance(d, dict) else None
+    base = next((s for s in servers if s["spec"] == BASELINE), None)
+    head = ["spec", "layers", "generated tok/s median (min-max) vs none",
+            "time to first token, ms (median of rounds)", "forward steps a round",
+            "experts path", "routed calls (fallbacks)"]
+    rows = []
+    for srv in servers:
+        s = srv["child"]["summary"] or {}
+        ttft = s.get("ttft_mean_ms")
+        rows.append([label(srv), str(s.get("layers", "?")),
+                     rate_cell(rate(srv), rate(base) if base and srv is not base else None),
+                     f"{ttft['median']:,.0f}" if isinstance(ttft, dict) else "-",
+                     " / ".join(map(str, s.get("steps") or [])) or "-",
+                     str(s.get("experts", "-")),
+                     routed_of(srv["stats"]) if srv["spec"] != BASELINE else "-"])
+    return markdown(head, rows)
 
 
 def run_overhead(args, runs):
@@ -499,18 +560,18 @@ def rate_cell(value, base):
     return cell if not base else cell + f" **{med / base[0]:.2f}x**"
 
 
+def routed_of(rec):
+    """A summary record's routed calls, with its fallbacks when there are any; ? without one."""
+    if rec is None:
+        return "?"
+    fallbacks = sum(v for v in (rec.get("fallbacks") or {}).values() if isinstance(v, int))
+    return f"{rec.get('routed', '?')}" + (f" ({fallbacks} fb)" if fallbacks else "")
+
+
 def routed_cell(run):
     if run["spec"] == BASELINE:
         return "-"
-    parts = []
-    for role in ("learner", "sampler"):
-        rec = run["stats"][role]
-        if rec is None:
-            parts.append("?")
-            continue
-        fallbacks = sum(v for v in (rec.get("fallbacks") or {}).values() if isinstance(v, int))
-        parts.append(f"{rec.get('routed', '?')}" + (f" ({fallbacks} fb)" if fallbacks else ""))
-    return " / ".join(parts)
+    return " / ".join(routed_of(run["stats"][role]) for role in ("learner", "sampler"))
 
 
 def num(x):
@@ -681,6 +742,15 @@ def breakdown_table(runs):
     return markdown(head, rows)
 
 
+def server_notes(args):
+    return [f"Server (demo/demo_server.py): transformers' continuous-batching engine (paged|sdpa "
+            f"attention, its default of no CUDA graphs with sdpa) at the sampler's depth, "
+            f"{args.server_requests} requests of 32-256 prompt and 16-128 new tokens submitted at "
+            "once by a client thread, per-token log-probs back; generated tokens over the "
+            f"round's wall time, median (min-max) of {args.repeats} rounds after one untimed; "
+            "the experts path and the routed calls say how its experts reached the shim."]
+
+
 def breakdown_notes():
     return ["Decode step by component (demo/demo_step.py): the sampler's captured step at B "
             "sequences and each component captured alone over all layers on inputs of the "
@@ -785,9 +855,10 @@ def profile_notes(args):
             "(its time / this time), by the same measure."]
 
 
-def failures(args, runs, overhead, png):
+def failures(args, runs, servers, overhead, png):
     failed = [c["name"] for r in runs for c in (r["sampler"], r["scorer"], r["learner"])
               if not c["ok"] and not c.get("skipped")]
+    failed += [s["child"]["name"] for s in servers if not s["child"]["ok"]]
     if overhead and not overhead["child"]["ok"]:
         failed.append(overhead["child"]["name"])
     failed += [f"gap-report {r['name']}" for r in runs if scored(r) and not r.get("gap")]
@@ -814,6 +885,9 @@ def main(argv=None):
         os.remove(old)
     start = time.time()
     runs = [run_row(args, row) for row in args.rows]
+    servers = [run_server(args, row) for row in args.rows
+               if args.server_requests and row["experts"] == GROUPED and
+               row["spec"] in BREAKDOWN_SPECS]
     overhead = run_overhead(args, runs) if args.overhead_spec != BASELINE else None
     for r in runs:
         r["gap"] = gap_report(args, r)
@@ -825,7 +899,7 @@ def main(argv=None):
     if bf16 and runs[0]["sampler"]["ok"] and bf16["sampler"]["ok"]:
         passthrough = same_sampler_output(runs[0]["files"]["sampler"], bf16["files"]["sampler"])
     notes = notes_for(args, runs, overhead, png, passthrough, argv)
-    failed = failures(args, runs, overhead, png)
+    failed = failures(args, runs, servers, overhead, png)
     if failed:
         logs = show(os.path.join(args.out, "logs"))
         notes.append("FAILED: " + ", ".join(failed) + f" (logs in {logs})")
@@ -834,6 +908,9 @@ def main(argv=None):
     moe = profile_table(runs)
     if moe:
         report += "\n" + moe + "\n\n" + "\n".join("- " + n for n in profile_notes(args)) + "\n"
+    served = server_table(servers)
+    if served:
+        report += "\n" + served + "\n\n" + "\n".join("- " + n for n in server_notes(args)) + "\n"
     steps = breakdown_table(runs)
     if steps:
         report += "\n" + steps + "\n\n" + "\n".join("- " + n for n in breakdown_notes()) + "\n"
@@ -842,6 +919,7 @@ def main(argv=None):
         f.write(report)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({"args": {k: v for k, v in vars(args).items()}, "runs": runs, "png": png,
+                   "servers": servers,
                    "bf16_passthrough": passthrough, "overhead": overhead, "failed": failed,
                    "profiles": {r["name"]: read_profile(r) for r in runs
                                 if r["experts"] == GROUPED}}, f, indent=1, default=str)

@@ -69,7 +69,6 @@ def test_run_demo_rows_and_quick():
     args = run_demo.parse_args([])
     rows = [(r["name"], r["spec"], r["experts"]) for r in args.rows]
     harness.check(rows == [("none", "none", "grouped_mm"), ("bf16", "bf16", "grouped_mm"),
-                           ("nvfp4-tensor", "nvfp4-tensor", "grouped_mm"),
                            ("nvfp4-row", "nvfp4-row", "grouped_mm"),
                            ("none-eager", "none", "eager"),
                            ("nvfp4-row-eager", "nvfp4-row", "eager")], f"default rows {rows}")
@@ -348,7 +347,8 @@ def test_make_run_driver_on_cpu_with_a_pretend_gpu():
                              "--prompt-len", 4, "--new-tokens", 3, "--train-batch", 2,
                              "--train-seq", 8, "--train-steps", 1, "--train-warmup", 0,
                              "--repeats", 1, "--specs", "bf16,nvfp4-row", "--eager-specs",
-                             "nvfp4-row", "--no-profile", "--breakdown", "", env=env)
+                             "nvfp4-row", "--no-profile", "--breakdown", "",
+                             "--server-requests", 2, env=env)
     harness.check(rc == 0, f"exit {rc}: {stdout[-2000:]} {err[-2000:]}")
     for name, spec, experts in (("none", "none (no shim)", "grouped_mm"),
                                 ("bf16", "bf16", "grouped_mm"),
@@ -360,6 +360,8 @@ def test_make_run_driver_on_cpu_with_a_pretend_gpu():
     for name in ("table.md", "summary.json"):
         harness.check(os.path.exists(os.path.join(out, name)), f"{name} written")
     harness.check("bit-identical" in stdout, f"bf16 pass-through noted:\n{stdout}")
+    harness.check("| none (no shim) | 1 | " in stdout and "| nvfp4-row | 1 | " in stdout and
+                  "generated tok/s" in stdout, f"the server rows, none and nvfp4-row:\n{stdout}")
 
 
 for t in (test_run_demo_without_gpu_says_so_and_succeeds, test_bad_arguments_exit_2,
