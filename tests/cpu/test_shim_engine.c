@@ -1958,25 +1958,21 @@ static void refused_calls_reach_cublas(void) {
   mt_t_child_free(&r);
 }
 
-static void frozen_entries_by_row_stride(void) {
+/* Scenario `name` under frozen: its checks pass, `calls` calls, `weights` kept weights. */
+static void frozen_child(const char *name, int calls, long weights) {
   const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", NULL};
   mt_t_child r;
-  run_child("frozen_stride", env, &r);
-  mt_t_check_child("frozen_stride", &r);
-  check_counts(&r, 3, NULL);
-  CHECKF(json_int(r.summary, "frozen_weights") == 2, "%ld", json_int(r.summary, "frozen_weights"));
+  run_child(name, env, &r);
+  mt_t_check_child(name, &r);
+  check_counts(&r, calls, NULL);
+  CHECKF(json_int(r.summary, "frozen_weights") == weights, "%s: %ld", name,
+         json_int(r.summary, "frozen_weights"));
   mt_t_child_free(&r);
 }
 
-static void frozen_weights_stored_in_out(void) {
-  const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", NULL};
-  mt_t_child r;
-  run_child("in_out", env, &r);
-  mt_t_check_child("in_out", &r);
-  check_counts(&r, 4, NULL);
-  CHECKF(json_int(r.summary, "frozen_weights") == 3, "%ld", json_int(r.summary, "frozen_weights"));
-  mt_t_child_free(&r);
-}
+static void frozen_entries_by_row_stride(void) { frozen_child("frozen_stride", 3, 2); }
+
+static void frozen_weights_stored_in_out(void) { frozen_child("in_out", 4, 3); }
 
 static void frozen_entries_and_cache_full(void) {
   const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", "MINITE_CACHE_MB=1", NULL};

@@ -974,19 +974,24 @@ static int kept_gemm(const mt_qweight *q, const void *x, int m, void *y, void *w
  * refused (MT_ERR_NOMEM), as is a forced fused path (no fragment copy). Every weight numerics;
  * BF16 and FP16 weights; K = 768 (Qwen3's down, which AUTO fuses at one token in the full form) and
  * 944 (a partial K step). */
+/* Every weight numerics, and two weights: Qwen3's down (768, which AUTO fuses at one token in the
+ * full form), and 944 (a partial K step) in FP16 with rows that fill no band. */
+static const mt_numerics weight_nums[] = {
+    {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
+    {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
+    {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_16X16},
+};
+static const struct { int n, k, fp16; } weight_shapes[] = {{256, 768, 0}, {208, 944, 1}};
+
 static void kept_weight_dequant(void) {
   NEED_GPU();
-  static const mt_numerics nums[] = {
-      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
-      {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
-      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_16X16},
-  };
-  static const struct { int n, k, fp16; } shapes[] = {{256, 768, 0}, {208, 944, 1}};
+  const mt_numerics *nums = weight_nums;
+  __typeof__(weight_shapes[0]) *shapes = weight_shapes;
   static const int ms[] = {1, 3, 16, 65, 300, 1100};
   static const mt_gemm_tile tiles[] = {{0, 0}, {64, 32}, {64, 48}, {64, 64}, {128, 64}};
   enum { MAX_M = 1100 };
-  for (int v = 0; v < NKINDS(nums); v++)
-    for (int sh = 0; sh < NKINDS(shapes); sh++) {
+  for (int v = 0; v < NKINDS(weight_nums); v++)
+    for (int sh = 0; sh < NKINDS(weight_shapes); sh++) {
       const int n = shapes[sh].n, k = shapes[sh].k, fp16 = shapes[sh].fp16;
       const int tile16 = nums[v].weight_block == MT_WBLOCK_16X16;
       /* per-tensor S: one NaN anywhere makes every output NaN, which says little */
@@ -1086,16 +1091,12 @@ static void kept_weight_dequant(void) {
  * rows). Every weight numerics, BF16 and FP16, stored rows padded (ldw = n + 8). */
 static void quant_weight_in_out(void) {
   NEED_GPU();
-  static const mt_numerics nums[] = {
-      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
-      {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
-      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_16X16},
-  };
-  static const struct { int n, k, fp16; } shapes[] = {{256, 768, 0}, {208, 944, 1}};
+  const mt_numerics *nums = weight_nums;
+  __typeof__(weight_shapes[0]) *shapes = weight_shapes;
   static const int ms[] = {1, 16, 300};
   enum { MAX_M = 300 };
-  for (int v = 0; v < NKINDS(nums); v++)
-    for (int sh = 0; sh < NKINDS(shapes); sh++) {
+  for (int v = 0; v < NKINDS(weight_nums); v++)
+    for (int sh = 0; sh < NKINDS(weight_shapes); sh++) {
       const int n = shapes[sh].n, k = shapes[sh].k, fp16 = shapes[sh].fp16;
       const int tile16 = nums[v].weight_block == MT_WBLOCK_16X16;
       const int row_s = nums[v].weight_scale == MT_SCALE_ROW;
