@@ -21,6 +21,10 @@ enum mt_wcache { MT_WCACHE_REQUANTIZE, MT_WCACHE_FROZEN, MT_WCACHE_FROZEN_SAMPLE
 extern const char *const mt_wcache_names[];
 enum mt_capture { MT_CAPTURE_OFF, MT_CAPTURE_GRAPH };
 extern const char *const mt_capture_names[];
+/* The choices of MINITE_WEIGHT_LAYOUT: which layout of its routed weights a program uses where a
+ * call's shapes alone cannot tell (shim/router.h). */
+enum mt_wlayout { MT_WLAYOUT_AUTO, MT_WLAYOUT_OUT_IN, MT_WLAYOUT_IN_OUT };
+extern const char *const mt_wlayout_names[];
 
 enum mt_param_kind {
   MT_PARAM_KIND_STR,

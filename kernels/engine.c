@@ -94,6 +94,7 @@ static int bind(mt_qweight *q, int n, int k, const mt_numerics *num, void *mem, 
   char *at = mem;
   q->n = n;
   q->k = k;
+  q->in_out = 0;
   q->num = *num;
   q->codes = (uint8_t *)at;
   at += section(elems / 2);
@@ -123,10 +124,11 @@ static uint32_t *amax_word(float *outer) { return (uint32_t *)(outer + 1); }
 static int weight_params(const void *w, enum mt_dtype type, size_t ldw, const mt_qweight *q,
                          const uint32_t *only_if, mt_quant_params *out) {
   if (!w || !q || !q->codes || !q->scales || !weight_shape_ok(q->n, q->k, &q->num) ||
-      (type != MT_DTYPE_BF16 && type != MT_DTYPE_FP16) || !aligned16(w) || ldw < (size_t)q->k ||
-      ldw % 8)
+      (type != MT_DTYPE_BF16 && type != MT_DTYPE_FP16) || !aligned16(w) ||
+      ldw < (size_t)(q->in_out ? q->n : q->k) || ldw % 8)
     return MT_ERR_UNSUPPORTED;
   *out = (mt_quant_params){
+      .in_out = q->in_out,
       .x = w,
       .ldx = (int64_t)ldw,
       .rows = q->n,

@@ -62,6 +62,10 @@ typedef struct {
   uint8_t *frag;   /* codes and scales again, in the small-M kernels' fragment order, or NULL
                        (mt_gemm_frag_bytes in kernels/gemm.h; written by mt_gemm_pack_weight; the
                        kept form has none) */
+  /* The BF16/FP16 weight it is quantized from is stored [in][out] (k rows of n at row stride ldw:
+   * element (r, c) at w[c * ldw + r]), as JAX keeps a Dense kernel; 0 (what binding sets): [n][k].
+   * The quantized form is the same bits either way. */
+  int in_out;
 } mt_qweight;
 
 /* Bytes of device memory a quantized n x k weight takes (data and outer together): the full form,
@@ -77,7 +81,8 @@ size_t mt_qweight_xhat_bytes(int n, int k);
 int mt_qweight_bind(mt_qweight *q, int n, int k, const mt_numerics *num, void *mem);
 int mt_qweight_bind_kept(mt_qweight *q, int n, int k, const mt_numerics *num, void *mem);
 
-/* Quantize W (n rows of k, row stride ldw, BF16 or FP16) into q on `stream`. */
+/* Quantize W (n rows of k, or k of n where q->in_out; row stride ldw, BF16 or FP16) into q on
+ * `stream`. */
 int mt_quantize_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight *q,
                        mt_stream stream);
 
@@ -159,6 +164,7 @@ typedef struct {
   mt_numerics num;
   uint8_t *base; /* slice e at base + e * slice_bytes */
   size_t slice_bytes;
+  int in_out; /* the weights quantized into it are stored [in][out], as mt_qweight.in_out says */
 } mt_wstore;
 
 /* Bytes of device memory a store of count slices of n x k takes (0: a shape it cannot hold). */
@@ -171,7 +177,8 @@ int mt_wstore_bind(mt_wstore *w, int count, int n, int k, const mt_numerics *num
 const float *mt_wstore_outer(const mt_wstore *w, int e);
 
 /* Quantize w->count weights of n rows of k (row stride ldw elements, `stride` elements from one to
- * the next; BF16 or FP16) into w on `stream`, each slice with its own S. */
+ * the next; BF16 or FP16; k rows of n where w->in_out) into w on `stream`, each slice with its own
+ * S. */
 int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w,
                        mt_stream stream);
 
@@ -183,7 +190,8 @@ int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_
 
 /* The frozen cache's refresh of a store (kernels/quant.cu, refresh_store): the check and
  * quantization of mt_refresh_weight, slice by slice, of ws from its ws->count weights lying back to
- * back (row stride ldw, each n * ldw elements after the one before; BF16 or FP16), with state
+ * back (row stride ldw, each n * ldw elements after the one before, k * ldw stored [in][out];
+ * BF16 or FP16), with state
  * mt_refresh_state_bytes(ws->count) and step as there. With offs (a call's segment table as
  * mt_gemm_grouped reads it, a segment a slice: ws->count ends; m its rows), only the slices whose
  * segment has rows are checked and, when changed, requantized: the others keep their quantization

@@ -50,6 +50,7 @@ int mt_wstore_bind(mt_wstore *w, int count, int n, int k, const mt_numerics *num
   w->num = *num;
   w->base = mem;
   w->slice_bytes = MT_WS_SLICE_BYTES(n, k, num->weight_scale == MT_SCALE_ROW);
+  w->in_out = 0;
   return MT_OK;
 }
 
@@ -57,6 +58,10 @@ const float *mt_wstore_outer(const mt_wstore *w, int e) {
   return (const float *)(w->base + (size_t)e * w->slice_bytes +
                          MT_WS_SECTION(MT_WS_RECORD_BYTES(w->n, w->k)));
 }
+
+/* A source weight's stored rows and their length: n of k, or k of n stored [in][out]. */
+static size_t stored_rows(const mt_wstore *w) { return (size_t)(w->in_out ? w->k : w->n); }
+static size_t stored_cols(const mt_wstore *w) { return (size_t)(w->in_out ? w->n : w->k); }
 
 /* The store mode's quantization of w's count weights (strided: slice e at wt + e * stride). */
 static mt_quant_params store_params(const void *wt, enum mt_dtype type, size_t ldw, size_t stride,
@@ -69,17 +74,18 @@ static mt_quant_params store_params(const void *wt, enum mt_dtype type, size_t l
       .fp16 = type == MT_DTYPE_FP16,
       .row_outer = w->num.weight_scale == MT_SCALE_ROW,
       .batch_rows = w->n,
-      .batch_stride = (int64_t)(w->count > 1 ? stride : (size_t)w->n * ldw),
+      .batch_stride = (int64_t)(w->count > 1 ? stride : stored_rows(w) * ldw),
       .store = w->base,
       .slice_bytes = (int64_t)w->slice_bytes,
+      .in_out = w->in_out,
   };
 }
 
 static int store_source_ok(const void *wt, enum mt_dtype type, size_t ldw, size_t stride,
                            const mt_wstore *w) {
   return wt && w && w->base && wstore_shape_ok(w->count, w->n, w->k, &w->num) && is_half(type) &&
-         aligned16(wt) && ldw >= (size_t)w->k && ldw % 8 == 0 &&
-         (w->count == 1 || (stride >= (size_t)w->n * ldw && stride % 8 == 0));
+         aligned16(wt) && ldw >= stored_cols(w) && ldw % 8 == 0 &&
+         (w->count == 1 || (stride >= stored_rows(w) * ldw && stride % 8 == 0));
 }
 
 int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t stride, mt_wstore *w,
@@ -93,9 +99,9 @@ int mt_wstore_quantize(const void *wt, enum mt_dtype type, size_t ldw, size_t st
 /* The refresh kernel's arguments for r: on its own, or chained into a grouped call. */
 static int refresh_kargs(const mt_wstore_refresh_args *r, int chained, mt_refresh_args *k) {
   const mt_wstore *ws = r ? r->ws : NULL;
-  const size_t stride = ws ? (size_t)ws->n * r->ldw : 0;
+  const size_t stride = ws ? stored_rows(ws) * r->ldw : 0;
   if (!r || !store_source_ok(r->w, r->type, r->ldw, stride, ws) || !r->state ||
-      !mt_whash_lines_fit(ws->n, ws->k))
+      !mt_whash_lines_fit((int)stored_rows(ws), (int)stored_cols(ws)))
     return MT_ERR_UNSUPPORTED;
   *k = (mt_refresh_args){.q = store_params(r->w, r->type, r->ldw, stride, ws),
                          .offs = r->offs,
@@ -120,9 +126,10 @@ int mt_wstore_refresh(const mt_wstore_refresh_args *r, mt_stream stream) {
 int mt_wstore_quantize_ptrs(const void *const *w_ptrs, enum mt_dtype type, size_t ldw, mt_wstore *w,
                             mt_stream stream) {
   if (!w_ptrs || !w || !w->base || !wstore_shape_ok(w->count, w->n, w->k, &w->num) ||
-      !is_half(type) || ldw < (size_t)w->k || ldw % 8)
+      !is_half(type) || ldw < stored_cols(w) || ldw % 8)
     return MT_ERR_UNSUPPORTED;
   mt_quant_params p = {
+      .in_out = w->in_out,
       .ldx = (int64_t)ldw,
       .rows = w->count * w->n,
       .cols = w->k,

@@ -119,13 +119,42 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr
   }
 }
 
+// Line `line` of the [n][k] matrix that w holds stored [in][out] (element (r, c) at c * ldw + r):
+// its pieces gathered element by element, hashed as mt_line_hash hashes the same line stored
+// [out][in], so that the weight's id does not depend on its layout.
+__device__ uint64_t line_hash_in_out(const uint16_t *w, int64_t ldw, const mt_wlines &g,
+                                     uint32_t line) {
+  const uint32_t r = line / g.lines_per_row;
+  const int j0 = (int)(line - r * g.lines_per_row) * 8, n = min(8, g.per_row - j0);
+  uint64_t h = 0;
+  for (int j = 0; j < n; j++) {
+    uint32_t e[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+      e[i] = w[(int64_t)((j0 + j) * 8 + i) * ldw + r];
+    const uint4 v =
+        make_uint4(e[0] | e[1] << 16, e[2] | e[3] << 16, e[4] | e[5] << 16, e[6] | e[7] << 16);
+    h += mt_piece_hash(v, (uint64_t)r * g.per_row + j0 + j);
+  }
+  return h;
+}
+
+// Item `item` of weight_sum's sample of w (mt_item_hash, or gathered where in_out).
+__device__ uint64_t weight_item(const uint16_t *w, int64_t ldw, const mt_wlines &g, bool in_out,
+                                uint32_t item) {
+  if (!in_out)
+    return mt_item_hash(w, ldw, g, MT_SAMPLE_STEP, item);
+  const uint32_t line = item < g.items ? (uint32_t)mt_whash_line(item, MT_SAMPLE_STEP) : g.lines;
+  return line < g.lines ? line_hash_in_out(w, ldw, g, line) : 0;
+}
+
 // This thread's share of weight_sum(W) (kernels/instr.h): the sample's items `first`, first +
 // stride, ... (a 128-byte line each, its pieces loaded before any is hashed: kernels/whash.cuh).
-__device__ uint64_t weight_sum_part(const uint16_t *w, int64_t ldw, const mt_wlines &g,
+__device__ uint64_t weight_sum_part(const uint16_t *w, int64_t ldw, const mt_wlines &g, bool in_out,
                                     uint32_t first, uint32_t stride) {
   uint64_t h = 0;
   for (uint32_t i = first; i < g.items; i += stride)
-    h += mt_item_hash(w, ldw, g, MT_SAMPLE_STEP, i);
+    h += weight_item(w, ldw, g, in_out, i);
   return h;
 }
 
@@ -191,7 +220,7 @@ __device__ void grouped_sums(const mt_instr_finish_args &a, uint64_t *warp_part)
     mt_instr_row *row = rows + list[u / blocks];
     const uint16_t *w = (const uint16_t *)a.w + (a.w_stride ? row->seg : 0) * a.w_stride;
     const uint32_t item = u % blocks * blockDim.x + threadIdx.x;
-    const uint64_t s = cta_sum(mt_item_hash(w, a.ldw, g, MT_SAMPLE_STEP, item), warp_part);
+    const uint64_t s = cta_sum(weight_item(w, a.ldw, g, a.in_out, item), warp_part);
     if (threadIdx.x == 0)
       atomicAdd((unsigned long long *)&row->wsum, (unsigned long long)s);
   }
@@ -209,7 +238,7 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
     grouped_sums(a, warp_part);
   } else if (digest && !a.frozen_sum) {
     h = weight_sum_part((const uint16_t *)a.w, a.ldw, mt_wlines_of(a.n, a.k, MT_SAMPLE_STEP),
-                        blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
+                        a.in_out, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
   }
   if (digest && blockIdx.x == 0 && a.bias) {
     const unsigned char *p = (const unsigned char *)a.bias;

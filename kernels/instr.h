@@ -17,7 +17,10 @@
  *                          row-major, and of those the lines kernels/whash.h samples at
  *                          MT_SAMPLE_STEP, 1/64 of them in 1 KB runs. It is the hash the frozen
  *                          cache keeps under frozen-sampled (kernels/whash.cuh), so there a
- *                          weight's identity costs nothing, and elsewhere it reads 1/64 of W.
+ *                          weight's identity costs nothing, and elsewhere it reads 1/64 of W. A
+ *                          weight stored [in][out] has the id of the same [out][in] matrix: its
+ *                          sampled lines are gathered element by element (2-byte loads, each in
+ *                          another stored row), whatever the cache keeps.
  *                          Two weights that differ only outside the sample share an id: their
  *                          rows then join and show as differing, never as silently equal.
  *   tag(len, type)         mix64(len << 4 | (type + 1)), type an mt_dtype
@@ -103,7 +106,9 @@ typedef struct {
   int64_t ldw;
   int64_t w_stride; /* grouped (> 0 or shared): segment s's weight at w + s * w_stride, each
                        digested row's own weight summed into its row (once a segment) */
-  int32_t grouped, pad;
+  int32_t grouped;
+  int32_t in_out; /* w (each segment's) is stored [in][out]: element (r, c) at c * ldw + r; the
+                     sum is the [n][k] matrix's (mt_instr_weight_sum_of) */
   /* NULL, or the frozen-sampled cache's stored hashes, which are the weight_sums (nothing is read
    * from w then): the weight's at frozen_sum[0]; a grouped call's segment s's at
    * frozen_sum[s * frozen_stride] (kernels/wcheck.h, mt_wcheck_slice.hash; stride 0: one weight) */
@@ -274,9 +279,12 @@ static inline uint64_t mt_instr_out_hash(const uint16_t *y, int n, int ytype) {
                         mt_instr_tag((uint64_t)n, ytype));
 }
 
-/* weight_sum of W, n rows of k 2-byte elements (k % 8 == 0) at row stride ldw: the pieces of the
- * sampled lines, walked as the kernels walk them (kernels/whash.cuh, mt_item_hash). */
-static inline uint64_t mt_instr_weight_sum(const uint16_t *w, int64_t ldw, int n, int k) {
+/* weight_sum of W, n rows of k 2-byte elements (k % 8 == 0) at row stride ldw, or (in_out: W
+ * stored [in][out], k rows of n) element (r, c) at w[c * ldw + r], whose sampled lines are
+ * gathered element by element so that the sum is the [n][k] matrix's: the pieces of the sampled
+ * lines, walked as the kernels walk them (kernels/whash.cuh, mt_item_hash; kernels/instr.cu). */
+static inline uint64_t mt_instr_weight_sum_of(const uint16_t *w, int64_t ldw, int n, int k,
+                                              int in_out) {
   const uint64_t per_row = (uint64_t)k / 8, lines_per_row = (per_row + 7) / 8;
   const uint64_t lines = mt_whash_lines(n, k);
   const uint64_t items = mt_whash_items(lines, MT_SAMPLE_STEP);
@@ -287,9 +295,20 @@ static inline uint64_t mt_instr_weight_sum(const uint16_t *w, int64_t ldw, int n
       continue;
     const uint64_t r = line / lines_per_row, j0 = line % lines_per_row * 8;
     const uint64_t pieces = per_row - j0 < 8 ? per_row - j0 : 8;
-    sum += mt_instr_content_sum(w + r * (uint64_t)ldw + j0 * 8, pieces * 16, r * per_row + j0);
+    uint16_t gathered[64];
+    const uint16_t *at = w + r * (uint64_t)ldw + j0 * 8;
+    if (in_out) {
+      for (uint64_t e = 0; e < pieces * 8; e++)
+        gathered[e] = w[(j0 * 8 + e) * (uint64_t)ldw + r];
+      at = gathered;
+    }
+    sum += mt_instr_content_sum(at, pieces * 16, r * per_row + j0);
   }
   return sum;
+}
+
+static inline uint64_t mt_instr_weight_sum(const uint16_t *w, int64_t ldw, int n, int k) {
+  return mt_instr_weight_sum_of(w, ldw, n, k, 0);
 }
 
 static inline uint64_t mt_instr_weight_id(uint64_t wsum, int n, int k, int wtype) {

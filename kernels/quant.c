@@ -142,7 +142,7 @@ static int params_ok(const mt_quant_params *p, int tile16) {
       (p->batch_rows && p->rows % p->batch_rows) || (p->store && (!p->batch_rows || p->only_if)) ||
       (tile16 && (p->row_outer || p->rows % 16 || p->batch_rows % 16)))
     return 0;
-  if (p->gather && (p->batch_rows || p->batch_ptrs || p->store))
+  if (p->gather && (p->batch_rows || p->batch_ptrs || p->store || p->in_out))
     return 0;
   return p->batch_ptrs
              ? (p->batch_offs ? !p->batch_rows && !p->store && p->nbatch > 0 : !!p->batch_rows)
@@ -213,7 +213,7 @@ int mt_quantize_dependent(const mt_quant_params *p, mt_stream stream) {
  * 1 to 128 tokens 4-14% faster with clusters of 2 or 4 than of 8 (lab/NOTES.md, "The sampled
  * refresh's clusters"); a changed slice is requantized by its cluster alone, so slower. */
 static unsigned sampled_cluster(const mt_quant_params *p, const launch_shape *s, unsigned step) {
-  const uint64_t lines = mt_whash_lines(p->batch_rows, p->cols);
+  const uint64_t lines = mt_whash_lines(mt_quant_stored_rows(p), mt_quant_stored_cols(p));
   const uint64_t runs = (mt_whash_items(lines, step) + 31) / 32,
                  warps = s->block_x * s->block_y / 32;
   unsigned size = 1;
@@ -255,7 +255,8 @@ static void refresh_clusters(CUfunction f, const mt_quant_params *p, const launc
 
 int mt_quantize_refresh(const mt_refresh_args *a, int tile16, mt_stream stream) {
   const mt_quant_params *p = &a->q;
-  if (!p->store || p->batch_ptrs || !params_ok(p, tile16) || !a->state || (a->offs && a->m < 0))
+  if (!p->store || p->batch_ptrs || !params_ok(p, tile16) || !a->state || (a->offs && a->m < 0) ||
+      mt_quant_stored_cols(p) % 16)
     return MT_ERR_UNSUPPORTED;
   const unsigned slices = (unsigned)(p->rows / p->batch_rows);
   const unsigned covered = a->offs && (unsigned)a->m < slices ? (unsigned)a->m : slices;

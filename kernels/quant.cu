@@ -47,10 +47,19 @@ __device__ __forceinline__ int batch_of_row(const mt_quant_params &p, int r, int
   return lo;
 }
 
+/* Elements from one row of x to the next, and from one column to the next: a weight stored
+ * [in][out] (p.in_out) is read transposed. */
+__device__ __forceinline__ size_t row_step(const mt_quant_params &p) {
+  return p.in_out ? 1 : (size_t)p.ldx;
+}
+__device__ __forceinline__ size_t col_step(const mt_quant_params &p) {
+  return p.in_out ? (size_t)p.ldx : 1;
+}
+
 /* Row rl of batch e's first element of x, in elements: each batch batch_stride elements after the
  * one before. */
 __device__ __forceinline__ size_t batch_row_at(const mt_quant_params &p, int e, int rl) {
-  return (size_t)e * (size_t)p.batch_stride + (size_t)rl * (size_t)p.ldx;
+  return (size_t)e * (size_t)p.batch_stride + (size_t)rl * row_step(p);
 }
 
 /* Row r's first byte of x: row r % batch_rows of batch r / batch_rows; with batch_ptrs (PTRS: the
@@ -65,9 +74,9 @@ template <bool PTRS> __device__ __forceinline__ const char *x_row(const mt_quant
       e = r / p.batch_rows;
       rl = r % p.batch_rows;
     }
-    return (const char *)p.batch_ptrs[e] + (size_t)rl * (size_t)p.ldx * 2;
+    return (const char *)p.batch_ptrs[e] + (size_t)rl * row_step(p) * 2;
   }
-  size_t at = (size_t)(p.gather ? p.gather[r] : r) * (size_t)p.ldx;
+  size_t at = (size_t)(p.gather ? p.gather[r] : r) * row_step(p);
   if (p.batch_rows)
     at = batch_row_at(p, r / p.batch_rows, r % p.batch_rows);
   return (const char *)p.x + at * 2;
@@ -131,6 +140,21 @@ template <int NB, bool STORE> __device__ __forceinline__ int block_index(int by,
                : by * (TX * NB) + tx + j * TX;
 }
 
+/* A block of 16 values of a weight stored [in][out]: one 2-byte load each, a column apart (a
+ * warp's loads are not coalesced; the CTA's other rows, which read the neighbouring bytes, mostly
+ * find them in L1). */
+__device__ __forceinline__ void load_block_in_out(const mt_quant_params &p, const char *src,
+                                                  uint32_t (&w)[8]) {
+  const size_t step = (size_t)p.ldx * 2;
+  uint32_t h[16];
+#pragma unroll
+  for (int i = 0; i < 16; i++)
+    h[i] = *(const uint16_t *)(src + i * step);
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+    w[i] = h[2 * i] | h[2 * i + 1] << 16;
+}
+
 /* The thread's NB blocks of 16 values (zero past the row or outside x). */
 template <int NB, bool STORE, bool PTRS>
 __device__ __forceinline__ void load_blocks(const mt_quant_params &p, const block_at &at,
@@ -140,6 +164,14 @@ __device__ __forceinline__ void load_blocks(const mt_quant_params &p, const bloc
   for (int j = 0; j < NB; j++) {
     const int b = block_index<NB, STORE>(at.by, j);
     uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
+    if (p.in_out) {
+      if (at.row_ok && b < nblk)
+        load_block_in_out(p, at.xrow + (size_t)b * 16 * (size_t)p.ldx * 2, w[j]);
+      else
+        for (int i = 0; i < 8; i++)
+          w[j][i] = 0;
+      continue;
+    }
     if (at.row_ok && b < nblk) {
       const char *src = at.xrow + (size_t)b * 32;
       v0 = load16(src, PTRS);
@@ -290,6 +322,8 @@ __device__ __forceinline__ void quantize_store(const mt_quant_params &p) {
  * mode, where a warp's run may cross into the next slice). */
 template <bool FP16, bool PTRS>
 __device__ __forceinline__ uint32_t row_amax(const mt_quant_params &p, int r, int lane) {
+  if (p.in_out)
+    return row_amax_strided<FP16>(x_row<PTRS>(p, r), p.cols, col_step(p) * 2, lane);
   return row_amax_bits<FP16, PTRS>(x_row<PTRS>(p, r), p.cols, lane);
 }
 
@@ -429,7 +463,7 @@ struct refresh_batch {
 __device__ void hash_shares(const mt_refresh_args &a, const refresh_batch &bt, uint64_t *part,
                             const cluster_at &c) {
   const mt_quant_params &p = a.q;
-  const mt_wlines g = mt_wlines_of(p.batch_rows, p.cols, a.step);
+  const mt_wlines g = mt_wlines_of(mt_quant_stored_rows(&p), mt_quant_stored_cols(&p), a.step);
   const uint32_t runs = (g.items + 31) / 32, stride = c.size * c.nthreads / 32, lane = c.tid % 32;
   uint32_t run = c.rank * c.nthreads / 32 + c.tid / 32;
   int j = 0;

@@ -304,6 +304,17 @@ static __device__ __forceinline__ uint32_t row_amax_bits(const char *src, int co
                            __float_as_uint(abs_bits_to_float<FP16>(max(m & 0xffffu, m >> 16))));
 }
 
+/* The same of `cols` elements `step` bytes apart (a row of a weight stored [in][out]): a 2-byte
+ * load a lane at a time, the warp's loads each in another stored row. */
+template <bool FP16>
+static __device__ __forceinline__ uint32_t row_amax_strided(const char *src, int cols, size_t step,
+                                                            int lane) {
+  uint32_t m = 0;
+  for (int c = lane; c < cols; c += 32)
+    m = max(m, *(const uint16_t *)(src + (size_t)c * step) & 0x7fffu);
+  return __reduce_max_sync(0xffffffffu, __float_as_uint(abs_bits_to_float<FP16>(m)));
+}
+
 } // namespace mt_q
 
 #endif

@@ -11,6 +11,8 @@
 
 #include <stdint.h>
 
+#include "kernels/hostdev.h"
+
 typedef struct {
   const void *x; /* [rows][cols] BF16 or FP16, row stride ldx elements; 16-byte aligned rows */
   int64_t ldx;
@@ -52,7 +54,20 @@ typedef struct {
    * amax (not used then): batch e is slice e at store + e * slice_bytes, with its own S. */
   uint8_t *store;
   int64_t slice_bytes;
+  /* 1: x is a weight stored [in][out] (JAX's Dense kernels): element (r, c) of a batch at
+   * c * ldx + r from the batch's base, each batch cols stored rows of batch_rows (of rows without
+   * batches). The quantized output is that of the [rows][cols] matrix it holds, bit for bit. */
+  int32_t in_out, pad_in_out;
 } mt_quant_params;
+
+/* The stored shape of one batch (a slice) of x, what a change check hashes: batch_rows rows of
+ * cols, or (in_out) cols rows of batch_rows. */
+MT_HD int32_t mt_quant_stored_rows(const mt_quant_params *p) {
+  return p->in_out ? p->cols : p->batch_rows;
+}
+MT_HD int32_t mt_quant_stored_cols(const mt_quant_params *p) {
+  return p->in_out ? p->batch_rows : p->cols;
+}
 
 /* A grouped store's refresh under the frozen cache (kernels/quant.cu, refresh_store): the change
  * check of each slice the call covers, then the quantization of those it finds changed into the

@@ -103,6 +103,7 @@ typedef struct {
   int64_t w_stride, ldw;
   const void *const *w_ptrs;
   int wtype;
+  int w_in_out; /* each W_g stored [in][out], k rows of n at row stride ldw (mt_call_in_out) */
 
   /* Rows of segment g: `rows` each when offs is NULL; otherwise offs (device int32[groups], as
    * torch._grouped_mm gives them: the end of each segment, non-decreasing) puts segment g at rows
@@ -149,5 +150,9 @@ void mt_norm_details(mt_call *c);
 
 /* Problem g of a grouped call, as a call of its own (dims, ops and lds of group g). */
 void mt_call_group(const mt_call *grouped, int64_t g, mt_call *one);
+
+/* A routed forward's weight is stored [in][out] (shim/router.h): A is not transposed (column-major
+ * m x k, element (r, c) of the [out][in] weight at a[c * lda + r]). */
+int mt_call_in_out(const mt_call *c);
 
 #endif

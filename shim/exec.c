@@ -51,8 +51,12 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const oper
                                   const float *alpha, const float *beta, int capturing) {
   if (!fits_int(c))
     return MT_R_LAYOUT;
-  mt_weight_ref w = {
-      .w = o->w, .n = (int)c->m, .k = (int)c->k, .ldw = (size_t)c->lda, .type = dtype_of(c->atype)};
+  mt_weight_ref w = {.w = o->w,
+                     .n = (int)c->m,
+                     .k = (int)c->k,
+                     .in_out = mt_call_in_out(c),
+                     .ldw = (size_t)c->lda,
+                     .type = dtype_of(c->atype)};
   mt_numerics_from_spec(s, &w.num);
   mt_engine_mem mem;
   enum mt_reason r = mt_wcache_prepare(&w, (int)c->n, c->stream, capturing, &mem);
@@ -110,6 +114,7 @@ static void instrument_grouped(const mt_spec *s, const mt_grouped_call *g, const
                       .w = g->w,
                       .ldw = (size_t)g->ldw,
                       .wtype = dtype_of(g->wtype),
+                      .in_out = g->w_in_out,
                       .m = a->m,
                       .n = a->n,
                       .k = a->k,
@@ -182,6 +187,7 @@ static enum mt_reason run_grouped(const mt_spec *s, const mt_grouped_call *g, in
                      .groups = (int)g->groups,
                      .n = (int)g->n,
                      .k = (int)g->k,
+                     .in_out = g->w_in_out,
                      .ldw = (size_t)g->ldw,
                      .type = dtype_of(g->wtype),
                      .extra_bytes = extra_bytes(g, rows)};

@@ -415,6 +415,8 @@ static int enqueue(const mt_instr_call *ic, mt_iw_context *c, mt_iw_slot *s, int
 static const uint64_t *stored_sums(const mt_instr_call *ic, int64_t *stride) {
   const mt_wstore_refresh_args *r = ic->grouped ? ic->grouped->refresh : NULL;
   *stride = 0;
+  if (ic->in_out) /* the cache hashes an [in][out] weight's stored lines, not the sum's */
+    return NULL;
   if (!ic->grouped)
     return ic->frozen_sum;
   if (!r || r->step != MT_SAMPLE_STEP)
@@ -439,6 +441,7 @@ static int finish(const mt_instr_call *ic, mt_iw_slot *s, int kinds) {
                              .ldw = (int64_t)ic->ldw,
                              .w_stride = ic->w_stride,
                              .grouped = ic->grouped != NULL,
+                             .in_out = ic->in_out,
                              .frozen_sum = digest_on ? frozen : NULL,
                              .frozen_stride = frozen_stride,
                              .bias = digest_on ? ic->bias : NULL,
@@ -641,6 +644,7 @@ void mt_instr_from_call(const mt_spec *s, const mt_call *c, const float *alpha, 
                          .w = c->a,
                          .ldw = (size_t)c->lda,
                          .wtype = dtype_of(c->atype),
+                         .in_out = mt_call_in_out(c),
                          .m = (int)c->n,
                          .n = (int)c->m,
                          .k = (int)c->k,

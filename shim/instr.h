@@ -53,6 +53,7 @@ typedef struct {
   const void *w;
   size_t ldw;
   enum mt_dtype wtype;
+  int in_out; /* W stored [in][out] (shim/router.h, mt_call_in_out): k rows of n */
   int m, n, k;
   const void *x;
   size_t ldx;

@@ -362,6 +362,8 @@ static int handle_details(mt_call *c) {
   return 0;
 }
 
+int mt_call_in_out(const mt_call *c) { return c->transa == MT_OP_N; }
+
 void mt_norm_details(mt_call *c) {
   if (c->details)
     return;
@@ -395,6 +397,7 @@ static void grouped_record(const mt_call *c, const mt_call *dims, mt_grouped_cal
       .w_stride = dims->stride_a,
       .ldw = dims->lda,
       .wtype = dims->atype,
+      .w_in_out = mt_call_in_out(dims),
       .rows = ragged ? 0 : dims->n,
       .offs = ragged ? dims->offs : NULL,
       .total_rows = ragged ? dims->n : 0,

@@ -24,7 +24,6 @@ static const char *const reason_names[MT_R_COUNT] = {
     [MT_R_TRITON_LAYOUT] = "triton layout",
     [MT_R_SGLANG] = "sglang kernel",
     [MT_R_EXPERTS] = "expert count",
-    [MT_R_WEIGHT_LAYOUT] = "weight layout",
 };
 
 const char *mt_reason_name(enum mt_reason r) {
@@ -47,6 +46,26 @@ static int routed(const mt_spec *s, int64_t out, int64_t in) {
 /* N, T or C (the same as T for real types); any other value is cuBLAS's to refuse. */
 static int op_ok(int op) { return op >= MT_OP_N && op <= 2; }
 
+static enum mt_wlayout layout = MT_WLAYOUT_AUTO;
+
+void mt_router_init(const mt_params *p) { layout = p->weight_layout; }
+
+/* An NN call whose m and k are known, as (out, in) and as (in, out) of a route. */
+static void nn_fits(const mt_spec *s, const mt_call *c, int *forward, int *dgrad) {
+  *forward = *dgrad = 0;
+  if (c->transa != MT_OP_N || c->transb != MT_OP_N || c->ragged == MT_RAGGED_M ||
+      c->ragged == MT_RAGGED_K)
+    return;
+  *forward = routed(s, c->m, c->k);
+  *dgrad = routed(s, c->k, c->m);
+}
+
+int mt_route_ambiguous(const mt_spec *s, const mt_call *c) {
+  int forward, dgrad;
+  nn_fits(s, c, &forward, &dgrad);
+  return forward && dgrad;
+}
+
 enum mt_role mt_route_role(const mt_spec *s, const mt_call *c) {
   if (!op_ok(c->transa) || !op_ok(c->transb))
     return MT_ROLE_NONE;
@@ -55,13 +74,19 @@ enum mt_role mt_route_role(const mt_spec *s, const mt_call *c) {
   int mn_known = c->ragged != MT_RAGGED_M && c->ragged != MT_RAGGED_N;
   if (ta && !tb && mk_known && routed(s, c->m, c->k))
     return MT_ROLE_FORWARD;
-  if (!ta && !tb && mk_known && routed(s, c->k, c->m))
-    return MT_ROLE_DGRAD;
-  if (!ta && !tb && mk_known && routed(s, c->m, c->k))
-    return MT_ROLE_FORWARD_IN_OUT;
+  int forward, dgrad;
+  nn_fits(s, c, &forward, &dgrad);
+  if (forward && dgrad)
+    return layout == MT_WLAYOUT_IN_OUT ? MT_ROLE_FORWARD_IN_OUT : MT_ROLE_DGRAD;
+  if (forward || dgrad)
+    return forward ? MT_ROLE_FORWARD_IN_OUT : MT_ROLE_DGRAD;
   if (!ta && tb && mn_known && routed(s, c->n, c->m))
     return MT_ROLE_WGRAD;
   return MT_ROLE_NONE;
+}
+
+int mt_route_is_forward(enum mt_role r) {
+  return r == MT_ROLE_FORWARD || r == MT_ROLE_FORWARD_IN_OUT;
 }
 
 const char *mt_route_role_name(enum mt_role r) {
@@ -133,8 +158,8 @@ static int layout_ok(const mt_call *c) {
   /* No tokens, or a negative count (cuBLAS refuses it; an Lt layout can say so): cuBLAS's. */
   if (c->n <= 0)
     return 0;
-  /* TN: A is k x m, B is k x n, C is m x n, all column-major. */
-  if (c->lda < c->k || c->ldb < c->k || c->ldc < c->m || c->ldd < c->m)
+  /* TN: A is k x m (NN, an [in][out] weight: m x k), B is k x n, C is m x n, all column-major. */
+  if (c->lda < (mt_call_in_out(c) ? c->m : c->k) || c->ldb < c->k || c->ldc < c->m || c->ldd < c->m)
     return 0;
   if (c->lda % MT_ALIGN_ELEMS || c->ldb % MT_ALIGN_ELEMS || c->ldc % MT_ALIGN_ELEMS ||
       c->ldd % MT_ALIGN_ELEMS)
@@ -161,7 +186,6 @@ enum mt_reason mt_route_decide(const mt_spec *s, const mt_call *c) {
   case MT_ROLE_WGRAD:
     return MT_R_WGRAD;
   case MT_ROLE_FORWARD_IN_OUT:
-    return MT_R_WEIGHT_LAYOUT;
   case MT_ROLE_FORWARD:
     break;
   }
@@ -178,5 +202,9 @@ enum mt_reason mt_route_decide(const mt_spec *s, const mt_call *c) {
   /* the block does not tile the weight (spec/spec.h: mt_spec_route_unusable) */
   if (c->k % MT_K_BLOCK || (s->weight_block == MT_WBLOCK_16X16 && c->m % MT_K_BLOCK))
     return MT_R_K_ALIGN;
+  /* an [in][out] weight's stored rows (of m) are what the change check hashes in 16-byte pieces
+   * (kernels/whash.h) */
+  if (mt_call_in_out(c) && c->m % MT_K_BLOCK)
+    return MT_R_LAYOUT;
   return MT_R_ROUTED;
 }

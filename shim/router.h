@@ -6,11 +6,14 @@
  *   dgrad    NN  m = in,  k = out     dx = dy W
  *   wgrad    NT  m = in,  n = out     dW = dy^T x   (C has the weight's shape)
  * and one more with the weight stored the other way, [in][out] (JAX's and Flax's Dense kernels,
- * y = x @ W), which the engine does not take:
+ * y = x @ W, and torch._grouped_mm's x @ W on [E, in, out]):
  *   forward  NN  m = out, k = in      y = x W       (A = W as stored, B = activations)
- * It is told from PyTorch's dgrad by the shapes: a dgrad's (m, k) is a route's (in, out), this
- * forward's its (out, in). Where both readings fit (a square route, or a route whose transpose is
- * a route too), the call is read as PyTorch's dgrad.
+ * The shapes tell it from PyTorch's dgrad: a dgrad's (m, k) is a route's (in, out), this
+ * forward's its (out, in). Where both fit (a square route, or a route whose transpose is a route
+ * too) the call is ambiguous, and MINITE_WEIGHT_LAYOUT (base/params.h) says which layout the
+ * program uses: out-in or auto read it as the dgrad, in-out as the forward; the census marks such
+ * calls (mt_route_ambiguous) and auto says so once. Both forwards are routed alike: the engine
+ * reads an [in][out] weight transposed (shim/call.h, mt_call_in_out) and computes the same bits.
  * A forward call is routed when the engine can take it; every other call that involves a routed
  * weight passes through to cuBLAS with a named reason, which the statistics count. A grouped call
  * whose group sizes are on the device (mt_call.ragged) claims only the roles whose dims are all
@@ -19,6 +22,7 @@
 #ifndef MT_ROUTER_H
 #define MT_ROUTER_H
 
+#include "base/params.h"
 #include "shim/call.h"
 #include "spec/spec.h"
 
@@ -48,7 +52,6 @@ enum mt_reason {
                          biased variant), or whose compile-time constants it could not establish */
   MT_R_SGLANG,        /* SGLang's fused_moe_kernel: recognised, not routed (shim/vllm.h) */
   MT_R_EXPERTS, /* the launch door cannot bound the expert count of the weight (shim/vllm.h) */
-  MT_R_WEIGHT_LAYOUT, /* a forward of a weight stored [in][out] (NN, m = out, k = in) */
   MT_R_COUNT
 };
 
@@ -60,11 +63,21 @@ enum mt_role {
   MT_ROLE_FORWARD,
   MT_ROLE_DGRAD,
   MT_ROLE_WGRAD,
-  MT_ROLE_FORWARD_IN_OUT /* y = x W, W stored [in][out]: counted, not routed */
+  MT_ROLE_FORWARD_IN_OUT /* y = x W, W stored [in][out] */
 };
+
+/* Take MINITE_WEIGHT_LAYOUT; until called, the reading is auto's. */
+void mt_router_init(const mt_params *p);
 
 /* Which GEMM of a routed weight this is, from ops and dims only (cheap: no details needed). */
 enum mt_role mt_route_role(const mt_spec *s, const mt_call *c);
+
+/* A forward of either layout (the roles the engine takes). */
+int mt_route_is_forward(enum mt_role r);
+
+/* The call is an NN call that both readings fit (see above); mt_route_role decided it by
+ * MINITE_WEIGHT_LAYOUT. */
+int mt_route_ambiguous(const mt_spec *s, const mt_call *c);
 
 /* "forward", "dgrad", "wgrad", "forward [in, out]"; NULL for MT_ROLE_NONE (the census's names). */
 const char *mt_route_role_name(enum mt_role r);

@@ -162,6 +162,7 @@ int mt_shim_start(int secure) {
     return refuse(params.strict);
   mt_devmem_init(&params);
   mt_wcache_init(&params);
+  mt_router_init(&params);
   mt_instr_init(&spec, &params);
   snprintf(role_name, sizeof role_name, "%s", params.role ? params.role : "");
   info_started(params.role, params.stats);
@@ -184,7 +185,7 @@ void mt_shim_fini(void) {
 
 /* One problem's decision; forward calls need the details (pointer mode, Lt layouts) first. */
 static enum mt_reason decide(mt_call *c) {
-  if (mt_route_role(&spec, c) == MT_ROLE_FORWARD)
+  if (mt_route_is_forward(mt_route_role(&spec, c)))
     mt_norm_details(c);
   return mt_route_decide(&spec, c);
 }
@@ -197,7 +198,7 @@ static enum mt_reason decide_grouped(mt_call *c) {
   for (int64_t g = 0; g < c->group_count; g++) {
     mt_call one;
     mt_call_group(c, g, &one);
-    if (mt_route_role(&spec, &one) == MT_ROLE_FORWARD && !c->details)
+    if (mt_route_is_forward(mt_route_role(&spec, &one)) && !c->details)
       mt_norm_details(c), mt_call_group(c, g, &one);
     enum mt_reason r = mt_route_decide(&spec, &one);
     mt_stats_census(&one);
@@ -237,17 +238,22 @@ static void start_on_first_call(void) {
     mt_instr_off(); /* their records would have nowhere to go */
 }
 
-/* The first forward of a weight stored [in][out], said once (at INFO, as the reasons of other
- * calls the engine does not take are only counted): what it is and how to route it. */
-static void warn_weight_layout(const mt_call *c) {
+/* The first call that fits both a forward of an [in][out] weight and PyTorch's dgrad, said once
+ * under MINITE_WEIGHT_LAYOUT=auto (at INFO: a PyTorch learner with a square route sees it at every
+ * backward, and the census marks every such call): how it was read and how to read it otherwise. */
+static void say_ambiguous(const mt_call *c) {
   static atomic_int said;
-  if (atomic_exchange(&said, 1))
+  if (params.weight_layout != MT_WLAYOUT_AUTO || !mt_route_ambiguous(&spec, c) ||
+      atomic_exchange(&said, 1))
     return;
-  MT_INFO("a GEMM of route %lldx%lld arrives as y = x @ W with W stored [in, out] (cuBLAS NN, m = "
-          "out, k = in: JAX's and Flax's Dense kernels); the engine takes weights stored [out, in] "
-          "only, so such calls run in cuBLAS BF16 (reason \"weight layout\"). To route them, keep "
-          "the expert kernels as [out, in] ([E, out, in]) and multiply by their transpose",
-          (long long)c->m, (long long)c->k);
+  MT_INFO(
+      "a cuBLAS NN GEMM with m=%lld k=%lld fits both PyTorch's dgrad of route %lldx%lld and a "
+      "forward y = x @ W of route %lldx%lld stored [in, out] (JAX's and Flax's Dense kernels): "
+      "it is read as the dgrad and runs in cuBLAS. If the program stores its weights [in, out], "
+      "set MINITE_WEIGHT_LAYOUT=in-out to route such calls (out-in says the dgrad reading is "
+      "meant); the census marks them \"ambiguous\"",
+      (long long)c->m, (long long)c->k, (long long)c->k, (long long)c->m, (long long)c->m,
+      (long long)c->k);
 }
 
 void mt_shim_unread(enum mt_reason r) {
@@ -264,8 +270,8 @@ int mt_shim_begin(mt_call *c, cublasStatus_t *status) {
     r = decide(c);
     mt_stats_census(c);
   }
-  if (r == MT_R_WEIGHT_LAYOUT)
-    warn_weight_layout(c);
+  if (c->group_count == 0)
+    say_ambiguous(c);
   int ran = 0;
   if (r == MT_R_ROUTED && spec.format != MT_FORMAT_BF16) {
     mt_fork_enter();

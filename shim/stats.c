@@ -35,6 +35,7 @@ typedef struct {
   int64_t m, k;
   unsigned long long calls;
   int grouped;    /* seen as the weights of a torch._grouped_mm: experts by construction */
+  int nn;         /* seen as NN: a forward of an [in][out] weight, or PyTorch's dgrad of (k x m) */
   int distinct_n; /* saturates at DISTINCT_N_KEPT */
   int64_t n_seen[DISTINCT_N_KEPT];
 } shape_row;
@@ -247,18 +248,24 @@ static void census_add(const mt_call *c) {
   census_overflow++;
 }
 
+/* Forwards of either weight layout: TN, and NN (which may be a dgrad: suggest_locked tells). */
 static int suggestible(const mt_call *c) {
-  return c->transa != MT_OP_N && c->transb == MT_OP_N && c->atype == c->btype &&
-         (c->atype == CUDA_R_16BF || c->atype == CUDA_R_16F) && c->m > 0 && c->k > 0;
+  return (c->transa == MT_OP_N || c->transa == 1 || c->transa == 2) && c->transb == MT_OP_N &&
+         c->atype == c->btype && (c->atype == CUDA_R_16BF || c->atype == CUDA_R_16F) && c->m > 0 &&
+         c->k > 0;
 }
 
 static void shape_add(const mt_call *c) {
+  const int nn = c->transa == MT_OP_N;
   uint64_t h = mix(mix(mix(0xcbf29ce484222325ULL, c->m), c->k), c->atype * 64 + c->ctype);
+  h = mix(h, nn);
   for (unsigned i = 0; i < MT_SHAPES_SIZE; i++) {
     shape_row *r = &shapes[(h + i) % MT_SHAPES_SIZE];
     if (!r->used)
-      *r = (shape_row){.used = 1, .atype = c->atype, .ctype = c->ctype, .m = c->m, .k = c->k};
-    else if (r->m != c->m || r->k != c->k || r->atype != c->atype || r->ctype != c->ctype)
+      *r = (shape_row){
+          .used = 1, .atype = c->atype, .ctype = c->ctype, .m = c->m, .k = c->k, .nn = nn};
+    else if (r->m != c->m || r->k != c->k || r->atype != c->atype || r->ctype != c->ctype ||
+             r->nn != nn)
       continue;
     r->calls++;
     r->grouped |= c->entry == MT_FN_torch_grouped_mm || c->entry == MT_FN_vllm_fused_moe;
@@ -297,14 +304,25 @@ static int by_calls_desc(const void *x, const void *y) {
   return a->m != b->m ? (a->m < b->m ? -1 : 1) : (a->k < b->k ? -1 : a->k > b->k);
 }
 
-/* Caller holds census_lock. The same weight shape seen as BF16 and as FP16 is suggested once. */
+/* An NN shape (m x k) that is PyTorch's dgrad of a weight seen in a TN forward as k x m; else it is
+ * taken as the forward of an [in][out] weight. Caller holds census_lock. */
+static int dgrad_of_seen(const shape_row *nn) {
+  for (int i = 0; i < MT_SHAPES_SIZE; i++)
+    if (shapes[i].used && !shapes[i].nn && shapes[i].m == nn->k && shapes[i].k == nn->m)
+      return 1;
+  return 0;
+}
+
+/* Caller holds census_lock. The same weight shape seen as BF16 and as FP16, or in both layouts, is
+ * suggested once. */
 static int suggest_locked(mt_route *routes, int max) {
   static const shape_row *picked[MT_SHAPES_SIZE];
   int npicked = 0, n = 0;
   for (int i = 0; i < MT_SHAPES_SIZE; i++) {
     const shape_row *r = &shapes[i];
     if (r->used &&
-        (r->grouped || r->distinct_n >= MT_SUGGEST_DISTINCT_N || r->calls >= MT_SUGGEST_CALLS))
+        (r->grouped || r->distinct_n >= MT_SUGGEST_DISTINCT_N || r->calls >= MT_SUGGEST_CALLS) &&
+        !(r->nn && dgrad_of_seen(r)))
       picked[npicked++] = r;
   }
   qsort(picked, (size_t)npicked, sizeof picked[0], by_calls_desc);
@@ -387,7 +405,8 @@ static void census_role(const census_row *r, char *out, size_t size) {
   int64_t experts;
   int route = census_spec && !name ? mt_route_ragged_dot(census_spec, &c, &experts) : -1;
   if (name)
-    snprintf(out, size, ", \"role\": \"%s\"", name);
+    snprintf(out, size, ", \"role\": \"%s%s\"", name,
+             mt_route_ambiguous(census_spec, &c) ? " (ambiguous)" : "");
   else if (route >= 0)
     snprintf(out, size,
              ", \"role\": \"ragged_dot: %" PRId64 " experts of %" PRIu32 "x%" PRIu32 " [in, out]\"",

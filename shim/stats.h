@@ -32,7 +32,7 @@
 #include "spec/spec.h"
 
 #define MT_CENSUS_SIZE 4096 /* distinct (entry, ops, m, n, k, types) kept */
-#define MT_SHAPES_SIZE 1024 /* distinct TN weight shapes tracked for suggestions */
+#define MT_SHAPES_SIZE 1024 /* distinct TN and NN weight shapes tracked for suggestions */
 #define MT_SUGGEST_DISTINCT_N 3
 #define MT_SUGGEST_CALLS 1000
 #define MT_SUGGEST_MAX 64

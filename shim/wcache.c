@@ -144,8 +144,8 @@ static int same_num(const mt_numerics *a, const mt_numerics *b) {
 }
 
 static int same_ref(const mt_weight_ref *a, const mt_weight_ref *b) {
-  return a->w == b->w && a->n == b->n && a->k == b->k && a->ldw == b->ldw && a->type == b->type &&
-         same_num(&a->num, &b->num);
+  return a->w == b->w && a->n == b->n && a->k == b->k && a->in_out == b->in_out &&
+         a->ldw == b->ldw && a->type == b->type && same_num(&a->num, &b->num);
 }
 
 static size_t slot_of(const mt_weight_ref *w) {
@@ -222,6 +222,7 @@ static entry *entry_get(const mt_driver *d, tables *c, const mt_weight_ref *w, s
   e->ref = *w;
   e->mem = mem;
   mt_qweight_bind_kept(&e->q, w->n, w->k, &w->num, (void *)mem);
+  e->q.in_out = w->in_out;
   c->nentries++;
   atomic_fetch_add(&kept_count, 1);
   return e;
@@ -349,13 +350,14 @@ enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream
     out->q = &e->q;
     /* frozen-sampled's hash covers the digests' sample of the lines: it is their weight sum
      * (kernels/instr.h); frozen's covers every line, which no digest key uses */
-    if (check_step == MT_SAMPLE_STEP)
+    if (check_step == MT_SAMPLE_STEP && !w->in_out) /* [in][out]: the hash of stored lines */
       out->wsum = &mt_wcheck_slices((void *)(uintptr_t)(e->mem + kbytes))->hash;
     return weight_done(mt_refresh_weight(w->w, w->type, w->ldw, &e->q, (void *)(e->mem + kbytes),
                                          check_step, stream),
                        capturing);
   }
   mt_qweight_bind(&out->own, w->n, w->k, &w->num, (void *)(mem + ws));
+  out->own.in_out = w->in_out;
   out->q = &out->own;
   return weight_done(mt_quantize_weight(w->w, w->type, w->ldw, &out->own, stream), capturing);
 }
@@ -375,7 +377,8 @@ void mt_wcache_release(mt_wcache_hold *hold) {
 
 static int same_gref(const mt_wgroup_ref *a, const mt_wgroup_ref *b) {
   return a->w == b->w && a->w_stride == b->w_stride && a->groups == b->groups && a->n == b->n &&
-         a->k == b->k && a->ldw == b->ldw && a->type == b->type && same_num(&a->num, &b->num);
+         a->k == b->k && a->in_out == b->in_out && a->ldw == b->ldw && a->type == b->type &&
+         same_num(&a->num, &b->num);
 }
 
 /* The frozen store of w: found, or made (NULL when none can be made: the slices not back to back,
@@ -387,8 +390,8 @@ static gentry *gentry_get(const mt_driver *d, tables *c, const mt_wgroup_ref *w,
   for (int i = 0; i < c->ngentries; i++)
     if (same_gref(&c->gentries[i].ref, w))
       return &c->gentries[i];
-  if (w->w_stride && w->w_stride != (int64_t)w->n * (int64_t)w->ldw)
-    return NULL; /* gaps between the slices: the check reads slice e at e * n * ldw */
+  if (w->w_stride && w->w_stride != (int64_t)(w->in_out ? w->k : w->n) * (int64_t)w->ldw)
+    return NULL; /* gaps between the slices: the check reads slice e at e * n * ldw (k * ldw) */
   if (capturing)
     return NULL; /* no allocation in a capture: requantized in the graph's memory */
   if (!c->gentries && !(c->gentries = calloc(MAX_GROUPED, sizeof *c->gentries)))
@@ -407,6 +410,7 @@ static gentry *gentry_get(const mt_driver *d, tables *c, const mt_wgroup_ref *w,
   e->ref = *w;
   e->mem = mem;
   mt_wstore_bind(&e->store, slices, w->n, w->k, &w->num, (void *)mem);
+  e->store.in_out = w->in_out;
   atomic_fetch_add(&kept_count, 1);
   return e;
 }
@@ -478,6 +482,7 @@ enum mt_reason mt_wcache_prepare_grouped(const mt_wgroup_ref *w, int rows, mt_st
                                             .m = rows};
   } else {
     mt_wstore_bind(&out->store, slices, w->n, w->k, &w->num, (void *)(mem + ws + extra));
+    out->store.in_out = w->in_out;
     st = quantize_store(w, &out->store, stream);
   }
   share_slices(&out->store, w);

@@ -3,7 +3,8 @@
  * or quantized into the call's own memory (requantize, and whatever cannot be kept), which
  * shim/devmem.h provides.
  *
- * Frozen entries are keyed by the weight's address, shape, row stride, type and numerics, and are
+ * Frozen entries are keyed by the weight's address, shape, layout ([out][in] or [in][out]), row
+ * stride, type and numerics, and are
  * refreshed at every call on the device (mt_refresh_weight: a hash of the whole weight, compared
  * with the one of its last quantization). The guarantee: a frozen weight is never stale, whatever
  * wrote it; the cost per call: one read of the BF16 weight instead of a full requantization.
@@ -44,8 +45,9 @@
 #include "shim/router.h"
 
 typedef struct {
-  const void *w; /* the weight, [n][k] with row stride ldw */
+  const void *w; /* the weight, [n][k] with row stride ldw; [k][n] where in_out */
   int n, k;
+  int in_out; /* stored [in][out] (kernels/engine.h, mt_qweight.in_out): part of an entry's key */
   size_t ldw;
   enum mt_dtype type;
   mt_numerics num;
@@ -89,6 +91,7 @@ typedef struct {
   int64_t w_stride;
   const void *const *w_ptrs;
   int groups, n, k;
+  int in_out; /* each weight stored [in][out], k rows of n (w_stride then k * ldw back to back) */
   size_t ldw;
   enum mt_dtype type;
   mt_numerics num;

@@ -1092,6 +1092,66 @@ static void scenario_frozen_batch(void) {
   free(w), free(x), free(y), free(x32), free(y32);
 }
 
+/* --- weights stored [in][out] ------------------------------------------------------------------ */
+
+/* The quantizer launch `name` since `from` reads W stored [in][out] at w: transposed (in_out), OUT
+ * rows of IN of the logical matrix, stored rows of OUT (ldx). */
+static const mt_quant_params *check_in_out_quant(int from, const char *name, const void *w) {
+  const mt_quant_params *q = quant_args(find_launch(from, name, 0));
+  CHECKF(q && q->in_out == 1 && q->x == w && q->ldx == OUT && q->cols == IN, "%s: in_out %d", name,
+         q ? q->in_out : -1);
+  return q;
+}
+
+/* Under frozen: x @ W with W stored [in][out] (NN, m = OUT, k = IN, lda = OUT) is routed, its
+ * check hashes the stored rows (IN of OUT) and its quantizer reads W transposed; the same memory
+ * read as an [out][in] weight (TN, lda = IN) is another entry; a strided batch of such weights (XLA's
+ * capacity einsum) refreshes its store with the transposed read. */
+static void scenario_in_out(void) {
+  const int tokens = 8;
+  size_t sw = (size_t)OUT * IN, sx = (size_t)tokens * IN, sy = (size_t)OUT * tokens;
+  uint16_t *w = matrix(sw * BATCH), *x = matrix(sx * BATCH), *y = matrix(sy * BATCH);
+  set_stream(S1);
+  uint16_t *before = copy_of(y, sy);
+  long calls = cublas_calls();
+  int t = now();
+  CHECK(hook_gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, OUT, x,
+                  CUDA_R_16BF, IN, &zero, y, CUDA_R_16BF, OUT, CUBLAS_COMPUTE_32F,
+                  CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+  CHECKF(cublas_calls() == calls, "the fake cuBLAS was called for a routed [in][out] forward");
+  CHECK(marked(y, before, OUT, tokens, OUT));
+  int wc = find_launch(t, "mt_wcheck", 0);
+  const mt_wcheck_args *a = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
+  CHECKF(a && a->w == w && a->rows == IN && a->cols == OUT && a->ldw == OUT, "check %d x %d",
+         a ? a->rows : -1, a ? a->cols : -1);
+  const mt_quant_params *q = check_in_out_quant(t, "mt_quant_tensor_bf16", w);
+  CHECK(q && q->rows == OUT && !q->batch_rows);
+  /* the same address as an [out][in] weight: a second entry, read untransposed */
+  t = now();
+  CHECK(hook_gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, IN, x,
+                  CUDA_R_16BF, IN, &zero, y, CUDA_R_16BF, OUT, CUBLAS_COMPUTE_32F,
+                  CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+  CHECK(find_kind(t, FAKE_EV_ALLOC, 0) >= 0);
+  q = quant_args(find_launch(t, "mt_quant_tensor_bf16", 0));
+  CHECK(q && q->in_out == 0 && q->ldx == IN);
+  /* a strided batch: one store, refreshed with the transposed read, slices IN x OUT apart */
+  long long lsw = (long long)sw, lsx = (long long)sx, lsy = (long long)sy;
+  for (int round = 0; round < 2; round++) {
+    t = now();
+    CHECK(hook_strided(handle, CUBLAS_OP_N, CUBLAS_OP_N, OUT, tokens, IN, &one, w, CUDA_R_16BF, OUT,
+                       lsw, x, CUDA_R_16BF, IN, lsx, &zero, y, CUDA_R_16BF, OUT, lsy, BATCH,
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+    CHECK(cublas_calls() == calls);
+    int r = find_launch(t, "mt_refresh_tensor_store_bf16", 0);
+    const mt_refresh_args *ra = r >= 0 ? (const mt_refresh_args *)event(r)->args : NULL;
+    CHECKF(ra && ra->q.in_out == 1 && ra->q.x == w && ra->q.ldx == OUT && ra->q.batch_rows == OUT &&
+               ra->q.cols == IN && ra->q.batch_stride == lsw,
+           "round %d: refresh in_out %d", round, ra ? ra->q.in_out : -1);
+  }
+  check_driver_clean();
+  free(w), free(x), free(y), free(before);
+}
+
 /* --- a kept weight on several streams ------------------------------------------------------- */
 
 #define S3 ((CUstream)(uintptr_t)0x3000)
@@ -1742,6 +1802,7 @@ static const mt_t_scenario scenarios[] = {
     {"frozen", scenario_frozen},
     {"frozen_stride", scenario_frozen_stride},
     {"frozen_batch", scenario_frozen_batch},
+    {"in_out", scenario_in_out},
     {"capture", scenario_capture},
     {"capture_module", scenario_capture_module},
     {"kpair", scenario_kpair},
@@ -1897,15 +1958,21 @@ static void refused_calls_reach_cublas(void) {
   mt_t_child_free(&r);
 }
 
-static void frozen_entries_by_row_stride(void) {
+/* Scenario `name` under frozen: its checks pass, `calls` calls, `weights` kept weights. */
+static void frozen_child(const char *name, int calls, long weights) {
   const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", NULL};
   mt_t_child r;
-  run_child("frozen_stride", env, &r);
-  mt_t_check_child("frozen_stride", &r);
-  check_counts(&r, 3, NULL);
-  CHECKF(json_int(r.summary, "frozen_weights") == 2, "%ld", json_int(r.summary, "frozen_weights"));
+  run_child(name, env, &r);
+  mt_t_check_child(name, &r);
+  check_counts(&r, calls, NULL);
+  CHECKF(json_int(r.summary, "frozen_weights") == weights, "%s: %ld", name,
+         json_int(r.summary, "frozen_weights"));
   mt_t_child_free(&r);
 }
+
+static void frozen_entries_by_row_stride(void) { frozen_child("frozen_stride", 3, 2); }
+
+static void frozen_weights_stored_in_out(void) { frozen_child("in_out", 4, 3); }
 
 static void frozen_entries_and_cache_full(void) {
   const char *env[] = {"MINITE_WEIGHT_CACHE=frozen", "MINITE_CACHE_MB=1", NULL};
@@ -2184,6 +2251,7 @@ static void tests(void) {
   RUN(frozen_entries_by_row_stride);
   RUN(frozen_sampled_checks_a_sample);
   RUN(frozen_grouped_store);
+  RUN(frozen_weights_stored_in_out);
   RUN(sampled_lines_cover_the_runs);
   RUN(capture_falls_back_until_warm);
   RUN(capture_before_module_load);

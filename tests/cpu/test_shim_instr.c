@@ -320,6 +320,30 @@ static void scenario_digest_frozen(void) {
   unmake(&p);
 }
 
+/* A weight stored [in][out] (x @ W, NN, lda = OUT) under frozen-sampled: the cache's stored hash is
+ * of its stored lines, so the finish sums the sample itself, gathering the [out][in] matrix's lines
+ * (in_out): the keys are those of the same weight stored [out][in] (print_keys on p's W). */
+static void scenario_digest_in_out(void) {
+  problem p = make(OUT, 4);
+  uint16_t *wt = aligned_alloc(64, (size_t)OUT * IN * 2);
+  for (int r = 0; r < OUT; r++)
+    for (int c = 0; c < IN; c++)
+      wt[(size_t)c * OUT + r] = p.w[(size_t)r * IN + c];
+  int t = now();
+  CHECK(hook_gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, OUT, p.tokens, IN, &one, wt, CUDA_R_16BF, OUT,
+                  p.x, CUDA_R_16BF, IN, &zero, p.y, CUDA_R_16BF, OUT, CUBLAS_COMPUTE_32F,
+                  CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+  int w = find_launch(t, "mt_instr_finish", 0);
+  const mt_instr_finish_args *wa = w >= 0 ? (const mt_instr_finish_args *)event(w)->args : NULL;
+  CHECK(wa && wa->w == wt && wa->ldw == OUT && wa->n == OUT && wa->k == IN && wa->in_out == 1 &&
+        !wa->frozen_sum);
+  CHECK(mt_instr_weight_sum_of(wt, OUT, OUT, IN, 1) == mt_t_weight_sum(p.w, IN, OUT, IN));
+  CHECK(mt_instr_weight_sum_of(wt, OUT, OUT, IN, 1) != mt_instr_weight_sum(wt, OUT, IN, OUT));
+  print_keys(&p);
+  free(wt);
+  unmake(&p);
+}
+
 /* Sampling: shadow every 3rd call of a route, probe every 2nd call with M > 1, per route. */
 static void scenario_sampling(void) {
   problem a = make(OUT, 8), b = make(OUT2, 5), single = make(OUT, 1);
@@ -565,6 +589,7 @@ static const mt_t_scenario scenarios[] = {
     {"fork", scenario_fork},
     {"digest", scenario_digest},
     {"digest_frozen", scenario_digest_frozen},
+    {"digest_in_out", scenario_digest_in_out},
     {"sampling", scenario_sampling},
     {"capture", scenario_capture},
     {"bounded", scenario_bounded},
@@ -701,6 +726,16 @@ static void digest_frozen_uses_the_cache_sum(void) {
   const char *env[] = {"MINITE_DIGEST=1", "MINITE_WEIGHT_CACHE=frozen", NULL};
   mt_t_run_child("digest_frozen", "digest_frozen", env, &r);
   mt_t_check_child("digest_frozen", &r);
+  check_keys_in_file(&r, 4);
+  mt_t_child_free(&r);
+}
+
+static void digest_in_out_keys_as_out_in(void) {
+  const char *env[] = {"MINITE_DIGEST=1", "MINITE_WEIGHT_CACHE=frozen-sampled", NULL};
+  mt_t_child r;
+  mt_t_run_child("digest_in_out", "digest_in_out", env, &r);
+  mt_t_check_child("digest_in_out", &r);
+  CHECK(mt_t_count_of(r.stats, "\"event\": \"digest\"") == 4);
   check_keys_in_file(&r, 4);
   mt_t_child_free(&r);
 }
@@ -862,6 +897,7 @@ static void tests(void) {
   RUN(twin_matches_python_reference);
   RUN(digest_launches_and_records);
   RUN(digest_frozen_uses_the_cache_sum);
+  RUN(digest_in_out_keys_as_out_in);
   RUN(sampling_is_per_route_and_deterministic);
   RUN(probe_on_a_kept_weight);
   RUN(captured_calls_digest_at_each_replay);

@@ -89,11 +89,15 @@ static void router_decision_table(void) {
   ROW("NULL beta", c.beta = NULL, MT_R_LAYOUT);
   ROW("dgrad NN", (c.transa = CUBLAS_OP_N, c.m = 32, c.k = 64), MT_R_DGRAD);
   ROW("forward of a weight stored [in][out], x @ W (NN, m = out, k = in)",
-      (c.transa = CUBLAS_OP_N, c.lda = 64), MT_R_WEIGHT_LAYOUT);
+      (c.transa = CUBLAS_OP_N, c.lda = 64), MT_R_ROUTED);
   ROW("a strided batch of them (a capacity einsum)",
       (c.transa = CUBLAS_OP_N, c.lda = 64, c.entry = MT_FN_cublasGemmStridedBatchedEx, c.batch = 4,
        c.stride_a = 64 * 32, c.stride_b = 32 * 5, c.stride_c = c.stride_d = 64 * 5),
-      MT_R_WEIGHT_LAYOUT);
+      MT_R_ROUTED);
+  ROW("an [in][out] weight's stored rows shorter than out (lda < m)",
+      (c.transa = CUBLAS_OP_N, c.lda = 32), MT_R_LAYOUT);
+  ROW("an [in][out] forward with a row-order A",
+      (c.transa = CUBLAS_OP_N, c.lda = 64, c.order_a = 1), MT_R_LAYOUT);
   ROW("wgrad NT", (c.transa = CUBLAS_OP_N, c.transb = CUBLAS_OP_T, c.m = 32, c.n = 64, c.k = 5),
       MT_R_WGRAD);
   ROW("FP32 operands", (c.atype = c.btype = CUDA_R_32F), MT_R_DTYPE);
@@ -163,14 +167,33 @@ static void router_decision_table(void) {
     CHECKF(got == rows[i].want, "%s: %s, expected %s", rows[i].what, mt_reason_name(got),
            mt_reason_name(rows[i].want));
   }
-  /* a route whose transpose is a route too: an NN call of either shape is read as PyTorch's dgrad */
+  /* a route whose transpose is a route too: an NN call of either shape is ambiguous, read as
+   * MINITE_WEIGHT_LAYOUT says (auto and out-in: PyTorch's dgrad; in-out: the forward) */
   mt_spec both = spec;
   mt_spec_errors berrs = {0};
   CHECK(mt_spec_add_routes(&both, "32x64", &berrs) == 0);
   c = forward();
-  c.transa = CUBLAS_OP_N;
+  c.transa = CUBLAS_OP_N, c.lda = 64;
   CHECK(mt_route_role(&both, &c) == MT_ROLE_DGRAD && mt_route_decide(&both, &c) == MT_R_DGRAD);
+  CHECK(mt_route_ambiguous(&both, &c) && !mt_route_ambiguous(&spec, &c));
   CHECK(mt_route_role(&spec, &c) == MT_ROLE_FORWARD_IN_OUT);
+  mt_params lp = {.weight_layout = MT_WLAYOUT_IN_OUT};
+  mt_router_init(&lp);
+  CHECK(mt_route_role(&both, &c) == MT_ROLE_FORWARD_IN_OUT &&
+        mt_route_decide(&both, &c) == MT_R_ROUTED);
+  CHECK(mt_route_role(&spec, &c) == MT_ROLE_FORWARD_IN_OUT);
+  c.m = 32, c.k = 64; /* the other NN shape: the forward of the 32x64 route, stored [in][out] */
+  CHECK(mt_route_role(&both, &c) == MT_ROLE_FORWARD_IN_OUT);
+  CHECK(mt_route_role(&spec, &c) == MT_ROLE_DGRAD); /* not ambiguous: the shapes decide */
+  lp.weight_layout = MT_WLAYOUT_OUT_IN;
+  mt_router_init(&lp);
+  CHECK(mt_route_role(&both, &c) == MT_ROLE_DGRAD);
+  c.transa = CUBLAS_OP_T; /* TN is a forward whatever the parameter */
+  CHECK(mt_route_role(&both, &c) == MT_ROLE_FORWARD && !mt_route_ambiguous(&both, &c));
+  lp.weight_layout = MT_WLAYOUT_AUTO;
+  mt_router_init(&lp);
+  c = forward();
+  c.transa = CUBLAS_OP_N;
   CHECK(!strcmp(mt_route_role_name(MT_ROLE_FORWARD_IN_OUT), "forward [in, out]") &&
         !strcmp(mt_route_role_name(MT_ROLE_DGRAD), "dgrad") && !mt_route_role_name(MT_ROLE_NONE));
   /* JAX's ragged_dot: one dense NN, m a route's out, k experts x its in */
@@ -210,8 +233,7 @@ static void reason_names(void) {
       "unrouted",     "routed",        "backward dgrad", "backward wgrad", "dtype",
       "compute type", "layout",        "epilogue",       "pointer mode",   "k alignment",
       "no engine",    "capture",       "out of memory",  "engine error",   "pointer arrays",
-      "torch abi",    "other context", "triton layout",  "sglang kernel",  "expert count",
-      "weight layout"};
+      "torch abi",    "other context", "triton layout",  "sglang kernel",  "expert count"};
   for (int r = 0; r < MT_R_COUNT; r++)
     CHECKF(!strcmp(mt_reason_name(r), want[r]), "%d: %s", r, mt_reason_name(r));
   CHECK(!strcmp(mt_reason_name(MT_R_COUNT), "?"));
@@ -294,11 +316,20 @@ static void suggested_routes_rule(void) {
     mt_call c = shape(CUBLAS_OP_T, 2048, 8, 768, CUDA_R_16F);
     mt_stats_census(&c);
   }
-  for (int n = 1; n <= 5; n++) { /* never: backward layout, FP32, and the same shape in FP16 */
+  /* never: PyTorch's dgrad (NN of a weight seen as a TN forward, however few), FP32, the same
+   * shape in FP16, nor stored [in][out] (NN with the forward's m and k) */
+  mt_call seen = shape(CUBLAS_OP_T, 256, 1, 512, CUDA_R_16BF);
+  mt_stats_census(&seen);
+  for (int n = 1; n <= 5; n++) {
     mt_call nn = shape(CUBLAS_OP_N, 512, n, 256, CUDA_R_16BF);
     mt_call f32 = shape(CUBLAS_OP_T, 256, n, 512, CUDA_R_32F);
     mt_call f16 = shape(CUBLAS_OP_T, 1536, n, 2048, CUDA_R_16F);
-    mt_stats_census(&nn), mt_stats_census(&f32), mt_stats_census(&f16);
+    mt_call in_out = shape(CUBLAS_OP_N, 1536, n, 2048, CUDA_R_16BF);
+    mt_stats_census(&nn), mt_stats_census(&f32), mt_stats_census(&f16), mt_stats_census(&in_out);
+  }
+  for (int n = 1; n <= 4; n++) { /* NN of a shape never seen TN: a forward of an [in][out] weight */
+    mt_call jax = shape(CUBLAS_OP_N, 384, n, 192, CUDA_R_16BF);
+    mt_stats_census(&jax);
   }
   /* never: B transposed (TT, TC), a layout the router does not take as a forward call, nor counted
    * with the TN calls of the same weight, which have two token counts (not yet) */
@@ -314,9 +345,10 @@ static void suggested_routes_rule(void) {
   }
   mt_route r[8];
   int n = mt_stats_suggest(r, 8);
-  CHECKF(n == 2, "%d suggestions", n);
+  CHECKF(n == 3, "%d suggestions", n);
   CHECK(n >= 1 && r[0].out == 2048 && r[0].in == 768); /* most calls first */
   CHECK(n >= 2 && r[1].out == 1536 && r[1].in == 2048);
+  CHECK(n >= 3 && r[2].out == 384 && r[2].in == 192);
   mt_stats_reset();
   unlink(path);
 }

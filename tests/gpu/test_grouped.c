@@ -117,6 +117,82 @@ static void store_slices(void) {
     }
 }
 
+/* A store of weights stored [in][out] (mt_wstore.in_out: JAX's [E, in, out] kernels, each slice
+ * k rows of n back to back) is the store of the same weights stored [out][in], byte for byte (one
+ * poison for every store, so the padding compares too): quantized from a stride, from pointer
+ * arrays, and by the frozen refresh, full and sampled (its check hashes the stored rows). */
+static void store_in_out(void) {
+  NEED_GPU();
+  static const int shapes[][3] = {{3, 208, 400}, {2, 128, 2048}, {4, 256, 768}};
+  for (int v = 0; v < NKINDS(store_nums); v++)
+    for (int sh = 0; sh < NKINDS(shapes); sh++) {
+      experts e = {0};
+      const int count = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2], fp16 = (sh + v) % 2;
+      const enum mt_dtype type = fp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16;
+      if (!make_experts_of(&e, count, n, k, &store_nums[v], fp16, 1, 1))
+        goto out;
+      const size_t bytes = mt_wstore_bytes(count, n, k, &store_nums[v]), slice = (size_t)n * k;
+      uint16_t *wt = malloc((size_t)count * slice * 2);
+      uint8_t *want = malloc(bytes), *got = malloc(bytes);
+      void *dt = dev_alloc((size_t)count * slice * 2), *mem = dev_alloc(bytes),
+           *state = dev_alloc(mt_refresh_state_bytes(count));
+      void **ptrs = dev_alloc((size_t)count * sizeof(void *));
+      void *hptrs[8];
+      if (!wt || !want || !got || !dt || !mem || !state || !ptrs) {
+        free(wt), free(want), free(got);
+        goto out;
+      }
+      for (int x = 0; x < count; x++) {
+        hptrs[x] = (uint16_t *)dt + (size_t)x * slice;
+        for (int r = 0; r < n; r++)
+          for (int c = 0; c < k; c++)
+            wt[(size_t)x * slice + (size_t)c * n + r] = e.host[(size_t)x * e.stride + r * e.ld + c];
+      }
+      const int byte = 1 + rnd_below(255);
+      mt_wstore ws;
+      CU(cudaMemcpy(dt, wt, (size_t)count * slice * 2, cudaMemcpyHostToDevice));
+      CU(cudaMemcpy(ptrs, hptrs, (size_t)count * sizeof(void *), cudaMemcpyHostToDevice));
+      CU(cudaMemset(e.mem, byte, bytes));
+      MT(mt_wstore_quantize(e.dev, type, e.ld, e.stride, &e.ws, NULL));
+      CU(sync_check());
+      CU(cudaMemcpy(want, e.mem, bytes, cudaMemcpyDeviceToHost));
+      MT(mt_wstore_bind(&ws, count, n, k, &store_nums[v], mem));
+      ws.in_out = 1;
+      for (int way = 0; way < 4; way++) { /* stride, pointers, refresh full, refresh sampled */
+        static const char *const ways[] = {"stride", "pointer arrays", "refresh", "sampled"};
+        CU(cudaMemset(mem, byte, bytes));
+        CU(cudaMemset(state, 0, mt_refresh_state_bytes(count)));
+        const mt_wstore_refresh_args r = {.w = dt,
+                                          .type = type,
+                                          .ldw = (size_t)n,
+                                          .ws = &ws,
+                                          .state = state,
+                                          .step = way == 3 ? MT_SAMPLE_STEP : 1,
+                                          .m = 0};
+        int st = way == 0   ? mt_wstore_quantize(dt, type, (size_t)n, slice, &ws, NULL)
+                 : way == 1 ? mt_wstore_quantize_ptrs((const void *const *)ptrs, type, (size_t)n,
+                                                      &ws, NULL)
+                            : mt_wstore_refresh(&r, NULL);
+        CHECKF(st == MT_OK, "%s: %s", ways[way], mt_status_name((enum mt_status)st));
+        CU(sync_check());
+        CU(cudaMemcpy(got, mem, bytes, cudaMemcpyDeviceToHost));
+        long bad = 0;
+        for (size_t i = 0; i < bytes; i++)
+          bad += got[i] != want[i];
+        CHECKF(bad == 0,
+               "%s: store of %d x %dx%d (%s weight S, %s) stored [in][out]: %ld bytes "
+               "differ from [out][in]",
+               ways[way], count, n, k, mt_scale_name(store_nums[v].weight_scale),
+               mt_wblock_name(store_nums[v].weight_block), bad);
+      }
+      CHECK(mt_wstore_quantize(dt, type, (size_t)n - 8, slice, &ws, NULL) == MT_ERR_UNSUPPORTED);
+      free(wt), free(want), free(got);
+    out:
+      free_experts(&e);
+      dev_free_all();
+    }
+}
+
 /* Whether slice sl of two images of e's store differ; a per-tensor S's amax word after it is left
  * out (the quantizer's scratch: nothing but the quantizer reads it). */
 static int slice_changed(const experts *e, const uint8_t *before, const uint8_t *after, int sl) {
@@ -1487,6 +1563,7 @@ static void grouped_moe_dispatch(void) {
 int main(void) {
   seed_rng();
   RUN(store_slices);
+  RUN(store_in_out);
   RUN(store_refresh_modes);
   RUN(store_refresh_rounds);
   RUN(grouped_after_refresh);

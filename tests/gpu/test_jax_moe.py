@@ -16,7 +16,11 @@ child()). For each setting:
 - under nvfp4-row with the route: the expert calls routed (routed > 0; the fallbacks printed); the
   capacity and per-expert results within the reference bound of ref/nvfp4.c (nvfp4_tool) for
   every expert, and bitwise equal to each other (a row's bits do not depend on the call form);
-  ragged_dot (not an expert call the route names) bitwise equal to BF16.
+  ragged_dot (not an expert call the route names) bitwise equal to BF16;
+- the same expert layers written as a Flax user writes them (kernels stored [in, out]: a capacity
+  einsum and per-expert dots on W_io [E, 512, 256]): under bf16 bitwise BF16's, in the census as
+  "forward [in, out]"; under nvfp4-row routed, within the reference bound per expert and bitwise
+  equal to the [out, in] forms' rows (the engine reads the weight transposed into the same bits).
 Skips (not passes) without JAX or a GPU.
 """
 import os
@@ -33,7 +37,7 @@ from shim_child import (HERE, LIB, TOOL, harness, last_summary, reference_bound,
 CHILD = os.path.join(HERE, "jax_child.py")
 TMP = tempfile.mkdtemp(prefix="mt_jax_")
 ROUTE = "256x512"
-KEYS = ("capacity", "ragged", "per_expert")
+KEYS = ("capacity", "ragged", "per_expert", "capacity_io", "per_expert_io")
 
 
 def need_jax_gpu():
@@ -93,6 +97,9 @@ def run_setting(lt):
     if lt:  # XLA 0.11 calls cuBLASLt for these dots whatever the flag says; false is not checked
         harness.check("cublasLtMatmul" in entries, f"{name}: no cublasLtMatmul in {entries}")
     harness.check(summary.get("routed", 0) > 0, f"{name}: no expert call counted routed under bf16")
+    roles = [c.get("role", "") for c in summary.get("census", [])]
+    harness.check(any(r.startswith("forward [in, out]") for r in roles),
+                  f"{name}: no [in, out] forward in the census (roles {sorted(set(roles))})")
     fp4, s4 = child(name + "_nvfp4", lt, dict(MINITE_SPEC="nvfp4-row", MINITE_ROUTE=ROUTE))
     print(f"    {name} nvfp4-row: routed {s4.get('routed')}, fallbacks {s4.get('fallbacks')}")
     harness.check(s4.get("routed", 0) > 0, f"{name}: no expert call routed under nvfp4-row")
@@ -102,7 +109,7 @@ def run_setting(lt):
 
 def check_nvfp4(name, base, fp4):
     x, w = fp4["x"].astype(np.float64), fp4["w"].astype(np.float64)
-    for k in ("capacity", "per_expert"):
+    for k in ("capacity", "per_expert", "capacity_io", "per_expert_io"):
         worst = 0.0
         for e in range(x.shape[0]):
             ref = reference_gemm(x[e], w[e])
@@ -113,6 +120,11 @@ def check_nvfp4(name, base, fp4):
         harness.check(worst <= 1.0, f"{name} {k}: error {worst:.3f} times the reference bound")
     harness.check(np.array_equal(fp4["capacity"].view(np.uint8), fp4["per_expert"].view(np.uint8)),
                   f"{name}: the capacity batch's rows differ from the per-expert dots'")
+    for k in ("capacity_io", "per_expert_io"):
+        harness.check(not np.array_equal(fp4[k].view(np.uint8), base[k].view(np.uint8)),
+                      f"{name}: {k} ([in, out] kernels) gave BF16's bits: not routed")
+        harness.check(np.array_equal(fp4["capacity"].view(np.uint8), fp4[k].view(np.uint8)),
+                      f"{name}: {k} ([in, out] kernels) differs from the [out, in] rows")
     harness.check(np.array_equal(fp4["ragged"].view(np.uint8), base["ragged"].view(np.uint8)),
                   f"{name}: ragged_dot (not routed) differs from BF16")
 

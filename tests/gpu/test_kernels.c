@@ -974,19 +974,24 @@ static int kept_gemm(const mt_qweight *q, const void *x, int m, void *y, void *w
  * refused (MT_ERR_NOMEM), as is a forced fused path (no fragment copy). Every weight numerics;
  * BF16 and FP16 weights; K = 768 (Qwen3's down, which AUTO fuses at one token in the full form) and
  * 944 (a partial K step). */
+/* Every weight numerics, and two weights: Qwen3's down (768, which AUTO fuses at one token in the
+ * full form), and 944 (a partial K step) in FP16 with rows that fill no band. */
+static const mt_numerics weight_nums[] = {
+    {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
+    {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
+    {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_16X16},
+};
+static const struct { int n, k, fp16; } weight_shapes[] = {{256, 768, 0}, {208, 944, 1}};
+
 static void kept_weight_dequant(void) {
   NEED_GPU();
-  static const mt_numerics nums[] = {
-      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16},
-      {MT_SCALE_ROW, MT_SCALE_ROW, MT_WBLOCK_1X16},
-      {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_16X16},
-  };
-  static const struct { int n, k, fp16; } shapes[] = {{256, 768, 0}, {208, 944, 1}};
+  const mt_numerics *nums = weight_nums;
+  __typeof__(weight_shapes[0]) *shapes = weight_shapes;
   static const int ms[] = {1, 3, 16, 65, 300, 1100};
   static const mt_gemm_tile tiles[] = {{0, 0}, {64, 32}, {64, 48}, {64, 64}, {128, 64}};
   enum { MAX_M = 1100 };
-  for (int v = 0; v < NKINDS(nums); v++)
-    for (int sh = 0; sh < NKINDS(shapes); sh++) {
+  for (int v = 0; v < NKINDS(weight_nums); v++)
+    for (int sh = 0; sh < NKINDS(weight_shapes); sh++) {
       const int n = shapes[sh].n, k = shapes[sh].k, fp16 = shapes[sh].fp16;
       const int tile16 = nums[v].weight_block == MT_WBLOCK_16X16;
       /* per-tensor S: one NaN anywhere makes every output NaN, which says little */
@@ -1075,6 +1080,100 @@ static void kept_weight_dequant(void) {
       free(xh);
       free(hf);
       free(hk);
+      dev_free_all();
+    }
+}
+
+/* A weight stored [in][out] (mt_qweight.in_out: element (r, c) at w[c * ldw + r], JAX's Dense
+ * kernel) against the same weight stored [out][in]: the full form's codes, scales, S, dequantized
+ * copy and fragment copy bit for bit, both the reference's (qweight_diff), and the GEMM's outputs
+ * bit for bit at every M; through mt_refresh_weight too (a kept form: its check hashes the stored
+ * rows). Every weight numerics, BF16 and FP16, stored rows padded (ldw = n + 8). */
+static void quant_weight_in_out(void) {
+  NEED_GPU();
+  const mt_numerics *nums = weight_nums;
+  __typeof__(weight_shapes[0]) *shapes = weight_shapes;
+  static const int ms[] = {1, 16, 300};
+  enum { MAX_M = 300 };
+  for (int v = 0; v < NKINDS(weight_nums); v++)
+    for (int sh = 0; sh < NKINDS(weight_shapes); sh++) {
+      const int n = shapes[sh].n, k = shapes[sh].k, fp16 = shapes[sh].fp16;
+      const int tile16 = nums[v].weight_block == MT_WBLOCK_16X16;
+      const int row_s = nums[v].weight_scale == MT_SCALE_ROW;
+      const size_t ldt = (size_t)n + 8, elems = (size_t)n * k;
+      uint16_t *wh = make_matrix(n, k, (size_t)k, fp16, row_s ? all_kinds : finite_kinds,
+                                 row_s ? NKINDS(all_kinds) : NKINDS(finite_kinds), tile16);
+      uint16_t *wt = calloc((size_t)k * ldt, 2);
+      static const enum row_kind akinds[] = {ROW_RANDOM, ROW_ZERO_BLKS};
+      uint16_t *xh = make_matrix(MAX_M, k, (size_t)k, 0, akinds, NKINDS(akinds), 0);
+      float *wf = malloc(elems * sizeof *wf);
+      const size_t full = mt_qweight_bytes(n, k, &nums[v]),
+                   kept = mt_qweight_kept_bytes(n, k, &nums[v]);
+      const size_t ws_bytes =
+          mt_gemm_workspace_bytes(MAX_M, k, &nums[v]) + mt_qweight_xhat_bytes(n, k);
+      void *dw = dev_alloc(elems * 2), *dt = dev_alloc((size_t)k * ldt * 2);
+      void *dx = dev_alloc((size_t)MAX_M * k * 2), *m1 = dev_alloc(full), *m2 = dev_alloc(full);
+      void *mk = dev_alloc(kept), *state = dev_alloc(mt_refresh_state_bytes(1));
+      void *ws = dev_alloc(ws_bytes), *y1 = dev_alloc((size_t)MAX_M * n * 2),
+           *y2 = dev_alloc((size_t)MAX_M * n * 2);
+      uint16_t *h1 = malloc((size_t)MAX_M * n * 2), *h2 = malloc((size_t)MAX_M * n * 2);
+      mt_qweight q1, q2, qk;
+      mt_nvfp4 ref = {0};
+      const enum mt_dtype type = fp16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16;
+      const char *scale = mt_scale_name(nums[v].weight_scale),
+                 *block = mt_wblock_name(nums[v].weight_block);
+      if (!wt || !wf || !dw || !dt || !dx || !m1 || !m2 || !mk || !state || !ws || !y1 || !y2 ||
+          !h1 || !h2 || mt_nvfp4_alloc(&ref, n, k, nums[v].weight_scale, nums[v].weight_block))
+        goto out;
+      for (int r = 0; r < n; r++)
+        for (int c = 0; c < k; c++)
+          wt[(size_t)c * ldt + r] = wh[(size_t)r * k + c];
+      for (size_t i = 0; i < elems; i++)
+        wf[i] = from_half(wh[i], fp16);
+      mt_ref_quantize(wf, (size_t)k, &ref);
+      CU(cudaMemcpy(dw, wh, elems * 2, cudaMemcpyHostToDevice));
+      CU(cudaMemcpy(dt, wt, (size_t)k * ldt * 2, cudaMemcpyHostToDevice));
+      CU(cudaMemcpy(dx, xh, (size_t)MAX_M * k * 2, cudaMemcpyHostToDevice));
+      MT(mt_qweight_bind(&q1, n, k, &nums[v], m1));
+      MT(mt_qweight_bind(&q2, n, k, &nums[v], m2));
+      MT(mt_qweight_bind_kept(&qk, n, k, &nums[v], mk));
+      q2.in_out = qk.in_out = 1;
+      const int byte = 1 + rnd_below(255); /* one poison for both: their padding compares too */
+      CU(cudaMemset(m1, byte, full));
+      CU(cudaMemset(m2, byte, full));
+      CHECK(poison(mk, kept));
+      CU(cudaMemset(state, 0, mt_refresh_state_bytes(1)));
+      MT(mt_quantize_weight(dw, type, (size_t)k, &q1, NULL));
+      MT(mt_quantize_weight(dt, type, ldt, &q2, NULL));
+      MT(mt_refresh_weight(dt, type, ldt, &qk, state, 1, NULL));
+      CU(sync_check());
+      long bad = dev_diff(m1, m2, full);
+      CHECKF(bad == 0, "%s %s %dx%d %s: [in][out] quantized differs from [out][in] in %ld bytes",
+             scale, block, n, k, fp16 ? "fp16" : "bf16", bad);
+      bad = qweight_diff(&q2, &ref);
+      CHECKF(bad == 0, "%s %s %dx%d: [in][out] differs from the reference (%ld)", scale, block, n,
+             k, bad);
+      CHECKF(dev_diff(q1.codes, qk.codes, elems / 2) == 0 &&
+                 dev_diff(q1.scales, qk.scales, elems / 16) == 0 &&
+                 dev_diff(q1.outer, qk.outer, (row_s ? (size_t)n : 1) * 4) == 0,
+             "%s %s %dx%d: the refreshed [in][out] kept form differs", scale, block, n, k);
+      CHECK(mt_quantize_weight(dt, type, (size_t)n - 8, &q2, NULL) == MT_ERR_UNSUPPORTED);
+      for (int i = 0; i < NKINDS(ms); i++) {
+        const int m = ms[i];
+        int st1 = kept_gemm(&q1, dx, m, y1, ws, ws_bytes, (mt_gemm_tile){0, 0});
+        int st2 = kept_gemm(&q2, dx, m, y2, ws, ws_bytes, (mt_gemm_tile){0, 0});
+        CHECKF(st1 == MT_OK && st2 == MT_OK, "%dx%dx%d: GEMM %s / %s", m, n, k,
+               mt_status_name((enum mt_status)st1), mt_status_name((enum mt_status)st2));
+        if (st1 != MT_OK || st2 != MT_OK)
+          continue;
+        CU(cudaMemcpy(h1, y1, (size_t)m * n * 2, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(h2, y2, (size_t)m * n * 2, cudaMemcpyDeviceToHost));
+        CHECKF(same_bf16(h1, h2, (size_t)m * n), "%s %s %dx%dx%d: outputs differ by layout", scale,
+               block, m, n, k);
+      }
+    out:
+      mt_nvfp4_free(&ref);
+      free(wh), free(wt), free(xh), free(wf), free(h1), free(h2);
       dev_free_all();
     }
 }
@@ -1347,6 +1446,7 @@ int main(void) {
   RUN(quant_weight_blocks);
   RUN(quant_weight_only_if);
   RUN(kept_weight_dequant);
+  RUN(quant_weight_in_out);
   RUN(gemm_accuracy);
   RUN(gemm_epilogue_and_strides);
   RUN(gemm_nan_rows);

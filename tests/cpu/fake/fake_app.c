@@ -135,9 +135,8 @@ static void gemm_ex_calls(void) {
   gemm_ex(0, "layout", OPT, OPN, 64, 5, 32, BF, BF, BF, 36, 32, 64, CUBLAS_COMPUTE_32F, &zero);
   gemm_ex(0, "k_alignment", OPT, OPN, 48, 5, 24, BF, BF, BF, 24, 24, 48, CUBLAS_COMPUTE_32F, &zero);
   gemm_ex(0, "unrouted", OPT, OPN, 16, 4, 16, BF, BF, BF, 16, 16, 16, CUBLAS_COMPUTE_32F, &zero);
-  /* x @ W with W stored [in][out]: the route's forward the engine does not take */
-  gemm_ex(0, "weight_layout", OPN, OPN, 64, 5, 32, BF, BF, BF, 64, 32, 64, CUBLAS_COMPUTE_32F,
-          &zero);
+  /* x @ W with W stored [in][out]: the route's forward, read transposed */
+  gemm_ex(0, "ROUTED", OPN, OPN, 64, 5, 32, BF, BF, BF, 64, 32, 64, CUBLAS_COMPUTE_32F, &zero);
   gemm_ex(1, "ROUTED", OPT, OPN, 64, 3, 32, BF, BF, BF, 32, 32, 64, CUBLAS_COMPUTE_32F, &zero);
   gemm_ex(1, "backward_dgrad", OPN, OPN, 32, 3, 64, BF, BF, BF, 32, 64, 32, CUBLAS_COMPUTE_32F,
           &zero);
@@ -375,7 +374,9 @@ static void lt_calls(void) {
   t = fwd, t.ta = OPN, t.a_row = 1, t.batch = 2;
   lt("ROUTED", t);
   t = fwd, t.a_row = 1; /* row order and op T: the weight [in][out], XLA's x @ W */
-  lt("weight_layout", t);
+  lt("ROUTED", t);
+  t = fwd, t.a_row = 1, t.batch = 2; /* XLA's capacity einsum: a strided batch of them */
+  lt("ROUTED", t);
   t = fwd, t.batch = 2; /* a strided batch: routed as one grouped call */
   lt("ROUTED", t);
   t = fwd, t.ptr_mode = CUBLASLT_POINTER_MODE_DEVICE;

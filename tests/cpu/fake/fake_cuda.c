@@ -665,14 +665,14 @@ static void instr_finish(const mt_instr_finish_args *a) {
       if (first && a->frozen_sum)
         rows[i].wsum = a->frozen_sum[seg * a->frozen_stride];
       else if (first)
-        rows[i].wsum +=
-            mt_instr_weight_sum((const uint16_t *)a->w + seg * a->w_stride, a->ldw, a->n, a->k);
+        rows[i].wsum += mt_instr_weight_sum_of((const uint16_t *)a->w + seg * a->w_stride, a->ldw,
+                                               a->n, a->k, a->in_out);
     }
   } else if (a->w && h->selected) {
     if (a->frozen_sum) {
       h->wsum = *a->frozen_sum;
     } else {
-      h->wsum += mt_instr_weight_sum(a->w, a->ldw, a->n, a->k);
+      h->wsum += mt_instr_weight_sum_of(a->w, a->ldw, a->n, a->k, a->in_out);
     }
     if (a->bias)
       h->bsum = mt_instr_content_sum(a->bias, (size_t)a->bias_bytes, 0);
