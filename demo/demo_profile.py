@@ -56,35 +56,52 @@ def block_us(torch, block, hidden, iters=ITERS, warmup=WARMUP):
     return total / iters if total > 0 else None
 
 
+def capture(torch, fn, warmup=WARMUP):
+    """`fn` run `warmup` times on a side stream (allocator, cuBLAS, the shim's first calls), then
+    captured in a CUDA graph; the graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def timed(torch, graph, repeats=REPEATS, replays=REPLAYS, before=None):
+    """[median, min, max] µs of one replay of `graph`: CUDA events around `replays` replays,
+    `repeats` times, `before()` run untimed ahead of each."""
+    runs = []
+    for _ in range(repeats):
+        if before:
+            before()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        runs.append(start.elapsed_time(end) * 1000.0 / replays)
+    return [statistics.median(runs), min(runs), max(runs)]
+
+
 def replay_us(torch, block, hidden):
     """[median, min, max] µs of one block forward captured in a CUDA graph (events over REPLAYS
     replays, REPEATS times), or the capture's error as a string."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
     try:
-        with torch.no_grad(), torch.cuda.stream(side):
-            for _ in range(WARMUP):
-                block(hidden)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph):
-            block(hidden)
+        with torch.no_grad():
+            graph = capture(torch, lambda: block(hidden))
     except RuntimeError as e:
         torch.cuda.synchronize()
         return f"not captured: {str(e).splitlines()[0][:200]}"
     graph.replay()
     torch.cuda.synchronize()
-    runs = []
-    for _ in range(REPEATS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(REPLAYS):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        runs.append(start.elapsed_time(end) * 1000.0 / REPLAYS)
+    result = timed(torch, graph)
     del graph
-    return [statistics.median(runs), min(runs), max(runs)]
+    return result
 
 
 def profile(torch, model, paths, tokens=TOKENS, iters=ITERS):

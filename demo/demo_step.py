@@ -22,45 +22,13 @@ step / (step - experts GEMMs).
 breakdown() is called by the demo sampler (demo_sampler.py --step-breakdown B,B,...) after its own
 run, under whatever spec the process has; torch is imported by the caller.
 """
-import statistics
-
 import demo_model
+import demo_profile
 
 REPLAYS = 20   # replays timed together, µs per replay
 REPEATS = 3    # such timings; the median is reported with the minimum and maximum
 PROMPT_LEN = 128
 GEMM_KERNELS = ("mt_", "nvjet", "cutlass", "gemm", "Gemm", "sm90_xmma", "grouped")
-
-
-def _timed(torch, graph, before=None):
-    """[median, min, max] µs of one replay of `graph` (REPEATS timings of REPLAYS replays each),
-    `before()` run untimed ahead of each timing."""
-    runs = []
-    for _ in range(REPEATS):
-        if before:
-            before()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(REPLAYS):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        runs.append(start.elapsed_time(end) * 1000.0 / REPLAYS)
-    return [statistics.median(runs), min(runs), max(runs)]
-
-
-def _capture(torch, fn):
-    """`fn` warmed up on a side stream, then captured; the graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
 
 
 def _profiled(torch, graph):
@@ -133,7 +101,8 @@ def breakdown_one(torch, model, batch, new_tokens):
         dec.prefill(prompts)
         dec.capture()
         # each timing starts from a fresh prefill so that the replays stay inside the cache
-        out["step"] = _timed(torch, dec.graph, before=lambda: dec.prefill(prompts))
+        out["step"] = demo_profile.timed(torch, dec.graph, REPEATS, REPLAYS,
+                                         before=lambda: dec.prefill(prompts))
         dec.prefill(prompts)
         out["step_kernel_sum"] = _gemm_us(torch, _profiled(torch, dec.graph))
         logits = torch.randn((batch, vocab), generator=gen, device=demo_model.DEVICE,
@@ -141,8 +110,8 @@ def breakdown_one(torch, model, batch, new_tokens):
         parts = _parts(torch, model, batch, gen)
         parts["sampling"] = lambda: dec.pick(logits)
         for name, fn in parts.items():
-            graph = _capture(torch, fn)
-            out[name] = _timed(torch, graph)
+            graph = demo_profile.capture(torch, fn)
+            out[name] = demo_profile.timed(torch, graph, REPEATS, REPLAYS)
             if name == "experts":
                 out["experts_split"] = _gemm_us(torch, _profiled(torch, graph))
             del graph
