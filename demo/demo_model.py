@@ -232,9 +232,9 @@ def spec_name():
 
 
 def build(layers=DEFAULT_LAYERS, seed=DEFAULT_SEED, init_std=DEFAULT_INIT_STD,
-          experts=DEFAULT_EXPERTS):
+          experts=DEFAULT_EXPERTS, attention="sdpa"):
     """The model, on cuda in BF16, in eval mode, weights drawn from `seed`, experts run by
-    `experts` (grouped_mm or eager)."""
+    `experts` (grouped_mm or eager), attention by `attention` ("sdpa" or DECODE_ATTENTION)."""
     if experts not in EXPERTS:
         raise DemoError(f"experts implementation {experts!r}: use one of {', '.join(EXPERTS)}")
     torch, transformers = require_torch()
@@ -256,7 +256,7 @@ def build(layers=DEFAULT_LAYERS, seed=DEFAULT_SEED, init_std=DEFAULT_INIT_STD,
         bos_token_id=None,
         eos_token_id=None,               # no end token: every sequence runs to its length
         pad_token_id=None,
-        attn_implementation="sdpa",
+        attn_implementation="sdpa",     # the decode attention, if asked, is set on the model
         experts_implementation=experts,
         **GEOMETRY,
     )
@@ -265,6 +265,9 @@ def build(layers=DEFAULT_LAYERS, seed=DEFAULT_SEED, init_std=DEFAULT_INIT_STD,
     model.to(DEVICE)  # a no-op unless this transformers version built something elsewhere
     if hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation(experts)
+    if attention != "sdpa":
+        register_decode_attention()
+        model.set_attn_implementation(attention)
     check_structure(model, layers, transformers.__version__, experts)
     wrong = [n for n, p in model.named_parameters()
              if p.dtype != torch.bfloat16 or p.device.type != DEVICE]
@@ -275,6 +278,47 @@ def build(layers=DEFAULT_LAYERS, seed=DEFAULT_SEED, init_std=DEFAULT_INIT_STD,
     init_weights(torch, model, seed, init_std)
     model.eval()
     return model
+
+
+DECODE_ATTENTION = "minite_gqa_decode"
+
+
+def gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                         is_causal=None, **kwargs):
+    """HF's sdpa attention, except for one query token against a boolean 4-D mask (a decode step
+    over a static cache): there sdpa cannot take the KV heads as they are and HF copies each one
+    to the 8 query heads that share it (repeat_kv), so a step reads and writes 8 copies of the
+    whole cache per layer. Here the 8 queries of a KV head are the rows of one batched GEMM
+    against that head's keys and values, read once: scores in FP32 (bf16 operands, FP32
+    accumulate and output, as sdpa's kernels keep them), the mask, an FP32 softmax, the
+    probabilities in BF16 against the values (as sdpa's kernels do). CUDA only (bmm's FP32
+    output). Registered with transformers' AttentionInterface by
+    build(attention=DECODE_ATTENTION); tests/gpu/test_demo_sampler.py compares it with sdpa."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    b, h, q_len, d = query.shape
+    g, length = key.shape[1], key.shape[2]
+    if (q_len != 1 or attention_mask is None or attention_mask.dtype.is_floating_point or
+            attention_mask.dim() != 4 or dropout or h % g or query.device.type != "cuda"):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    import torch
+    rep = h // g
+    q = query.reshape(b * g, rep, d)              # query head j reads KV head j // rep
+    k = key.reshape(b * g, length, d)
+    scores = torch.bmm(q, k.transpose(1, 2), out_dtype=torch.float32)
+    scores.mul_(scaling if scaling is not None else d ** -0.5)
+    keep = attention_mask[:, :, -1:, :].expand(b, g, 1, length).reshape(b * g, 1, length)
+    scores.masked_fill_(~keep, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
+    out = torch.bmm(probs, value.reshape(b * g, length, d))
+    return out.view(b, h, 1, d).transpose(1, 2).contiguous(), None
+
+
+def register_decode_attention():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register(DECODE_ATTENTION, gqa_decode_attention)
+    AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)
 
 
 def experts_implementation(model):

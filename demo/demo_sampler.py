@@ -15,7 +15,10 @@ replayed NEW-1 times. --cuda-graph auto captures on the GPU with the grouped_mm 
 eager experts loop asks the host which experts were hit (a synchronisation), so with --experts
 eager the same step runs uncaptured. Under the shim the captured routed calls run with memory the
 graph owns (MINITE_CAPTURE=graph, its default); the prefill before the capture loads the engine
-and fills the weight cache, so replays find the quantized weights.
+and fills the weight cache, so replays find the quantized weights. The step's attention is one
+batched GEMM per KV head (--attention, demo_model.gqa_decode_attention), as a serving engine's
+decode kernel reads the cache: HF's sdpa with a mask copies every KV head to its 8 query heads at
+every step, which made attention half of a 128-sequence step. The prefill keeps sdpa.
 
 Sampling is plain ancestral sampling at temperature 1 over the full vocabulary: the Gumbel-max
 draw argmax(log_softmax(logits) + G), G = -log(-log U), U uniform from torch's generator, which
@@ -81,6 +84,11 @@ def parse_args(argv=None):
     p.add_argument("--cuda-graph", choices=("auto", "on", "off"), default="auto",
                    help="capture the decode step in a CUDA graph (auto: on the GPU with "
                         "grouped_mm experts)")
+    p.add_argument("--attention", choices=("sdpa", demo_model.DECODE_ATTENTION),
+                   default=demo_model.DECODE_ATTENTION,
+                   help="attention of the decode step: HF's sdpa, which copies each KV head to "
+                        "its 8 query heads at every step, or one batched GEMM per KV head "
+                        f"(default {demo_model.DECODE_ATTENTION}: demo_model.gqa_decode_attention)")
     p.add_argument("--moe-profile", metavar="FILE",
                    help="also write the GPU time of one MoE layer per T and experts path")
     p.add_argument("--profile-tokens", type=token_list, default=None,
@@ -244,7 +252,7 @@ def run(args):
         demo_model.deterministic(torch)
     args.layers = demo_model.resolve_layers(torch, args.layers, "sampler",
                                             args.batch * (args.prompt_len + args.new_tokens))
-    model = demo_model.build(args.layers, args.seed, args.init_std, args.experts)
+    model = demo_model.build(args.layers, args.seed, args.init_std, args.experts, args.attention)
     vocab = demo_model.GEOMETRY["vocab_size"]
     gen = torch.Generator().manual_seed(args.prompt_seed)
     prompts = torch.randint(0, vocab, (args.batch, args.prompt_len), generator=gen)
@@ -266,7 +274,7 @@ def run(args):
     summary = {
         "demo": "sampler", "spec": env["spec"], "shim": env["shim"], "out": args.out,
         "experts": demo_model.experts_implementation(model), "batch": args.batch,
-        "deterministic": args.deterministic,
+        "deterministic": args.deterministic, "attention": args.attention,
         "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
         "tokens": args.batch * args.new_tokens,
         "tokens_per_s": timing["decode_tokens_per_s"]["median"], **timing,

@@ -7,7 +7,8 @@ the decode step a CUDA graph on HF's default grouped_mm experts) under the shim:
   GPU time per T for both experts paths;
 - with MINITE_SPEC=bf16 the sampled tokens and log-probs are bit-identical to those without the
   shim (graph replays included);
-- with eager experts (the cuBLAS front door) under nvfp4-row the step runs uncaptured and routes.
+- with eager experts (the cuBLAS front door) under nvfp4-row the step runs uncaptured and routes;
+- the decode step's attention (demo_model.gqa_decode_attention) agrees with HF's sdpa.
 Skipped without torch or a GPU.
 """
 import json
@@ -124,6 +125,40 @@ def test_eager_experts_decode_uncaptured_and_routed():
                   f"eager sampler routed nothing: {stats and stats.get('fallbacks')}")
 
 
+def test_decode_attention_matches_sdpa():
+    """demo_model.gqa_decode_attention (the decode step's) against HF's sdpa on the same one-token
+    queries over a masked cache: equal within a BF16 rounding of the output; sdpa's own
+    answer for what it does not take (two query tokens)."""
+    dc.require_gpu()
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    import demo_model  # demo/ is on the path (demo_common)
+
+    class Attn(torch.nn.Module):
+        num_key_value_groups, is_causal = 8, True
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+
+    def rand(*shape):
+        return torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+    b, g, length, d = 5, 4, 40, 128
+    key, value = rand(b, g, length, d), rand(b, g, length, d)
+    mask = torch.arange(length, device="cuda") < torch.tensor([[40], [1], [17], [30], [8]],
+                                                               device="cuda")
+    mask = mask[:, None, None, :]
+    for q_len in (1, 2):
+        query = rand(b, 8 * g, q_len, d)
+        m = mask.expand(b, 1, q_len, length)
+        ref = sdpa_attention_forward(Attn(), query, key, value, m, scaling=d ** -0.5)[0]
+        ours = demo_model.gqa_decode_attention(Attn(), query, key, value, m, scaling=d ** -0.5)[0]
+        worst = float((ours.float() - ref.float()).abs().max())
+        bound = float(ref.float().abs().max()) * 2 ** -7
+        harness.check(ours.shape == ref.shape and worst <= (bound if q_len == 1 else 0.0),
+                      f"{q_len} query tokens: shapes {tuple(ours.shape)} {tuple(ref.shape)}, "
+                      f"max |diff| {worst:.3g} (bound {bound:.3g})")
+
+
+harness.run(test_decode_attention_matches_sdpa)
 harness.run(test_decode_under_nvfp4_row_and_gap_report)
 harness.run(test_eager_experts_decode_uncaptured_and_routed)
 harness.run(test_bf16_under_the_shim_samples_what_plain_pytorch_samples)
