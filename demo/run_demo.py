@@ -63,6 +63,7 @@ import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -295,6 +296,10 @@ def run_child(args, name, argv, env):
             proc.kill()
             proc.wait()
             rc = "timeout"
+        except BaseException:  # stopped: the child goes with us
+            proc.kill()
+            proc.wait()
+            raise
     result = {"name": name, "rc": rc, "seconds": time.time() - start, "pid": proc.pid,
               "summary": last_json(out_path, "demo"), "stderr_tail": ""}
     result["ok"] = rc == 0 and result["summary"] is not None
@@ -875,6 +880,38 @@ def failures(args, runs, servers, overhead, png):
     return failed
 
 
+class Stopped(Exception):
+    """A signal to stop (SIGTERM from `timeout`, a job scheduler, Ctrl-C): the children that
+    finished still make their tables."""
+
+
+def stop_on_signal(signum, frame):
+    raise Stopped(f"stopped by {signal.Signals(signum).name}")
+
+
+def run_children(args):
+    """(runs, servers, overhead, why stopped or None): every child, until a signal stops them."""
+    runs, servers, overhead = [], [], None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop_on_signal)
+    try:
+        for row in args.rows:
+            runs.append(run_row(args, row))
+        for row in args.rows:
+            if args.server_requests and row["experts"] == GROUPED and \
+                    row["spec"] in BREAKDOWN_SPECS:
+                servers.append(run_server(args, row))
+        if args.overhead_spec != BASELINE:
+            overhead = run_overhead(args, runs)
+    except Stopped as e:
+        print(f"[run] {e}: the tables show the rows that finished", flush=True)
+        return runs, servers, overhead, str(e)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+    return runs, servers, overhead, None
+
+
 def main(argv=None):
     args = parse_args(argv)
     state, message = gpu_check(args.python)
@@ -889,11 +926,7 @@ def main(argv=None):
     for old in glob.glob(os.path.join(args.out, "stats", "*.jsonl")):
         os.remove(old)
     start = time.time()
-    runs = [run_row(args, row) for row in args.rows]
-    servers = [run_server(args, row) for row in args.rows
-               if args.server_requests and row["experts"] == GROUPED and
-               row["spec"] in BREAKDOWN_SPECS]
-    overhead = run_overhead(args, runs) if args.overhead_spec != BASELINE else None
+    runs, servers, overhead, stopped = run_children(args)
     for r in runs:
         r["gap"] = gap_report(args, r)
         r["instruments"] = instrument_figures(r)
@@ -905,6 +938,8 @@ def main(argv=None):
         passthrough = same_sampler_output(runs[0]["files"]["sampler"], bf16["files"]["sampler"])
     notes = notes_for(args, runs, overhead, png, passthrough, argv)
     failed = failures(args, runs, servers, overhead, png)
+    if stopped:
+        failed.append(f"{stopped}: the rows after the last one shown did not run")
     if failed:
         logs = show(os.path.join(args.out, "logs"))
         notes.append("FAILED: " + ", ".join(failed) + f" (logs in {logs})")

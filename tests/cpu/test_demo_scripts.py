@@ -161,6 +161,44 @@ def test_tables_from_made_up_results():
                   "5,000 (0.08x)" in moe[6], moe[6])
 
 
+def test_a_signal_stops_the_children_and_keeps_what_finished():
+    import signal
+    import threading
+    import time
+    import run_demo
+    args = run_demo.parse_args(["--out", os.path.join(TMP, "stopped")])
+    os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
+    started = []
+
+    def fake_row(args, row):
+        if row["name"] != "none":   # the second row hangs until the signal
+            argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+            started.append(run_demo.run_child(args, "hangs", argv, dict(os.environ)))
+        return {"name": row["name"]}
+    real, run_demo.run_row = run_demo.run_row, fake_row
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    t0 = time.time()
+    timer.start()
+    try:
+        runs, servers, overhead, stopped = run_demo.run_children(args)
+    finally:
+        run_demo.run_row = real
+        timer.cancel()
+    harness.check(stopped == "stopped by SIGTERM" and [r["name"] for r in runs] == ["none"] and
+                  not servers and not started and time.time() - t0 < 20,
+                  f"stopped {stopped!r}, rows {runs}, in {time.time() - t0:.1f} s")
+    harness.check(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, "the handler is put back")
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"time.sleep(60)" in f.read():
+                    left.append(pid)
+        except OSError:
+            pass
+    harness.check(not left, f"the running child is killed with the run: {left}")
+
+
 def test_fit_layers():
     import demo_model
     fit = demo_model.fit_layers
@@ -367,7 +405,8 @@ def test_make_run_driver_on_cpu_with_a_pretend_gpu():
 for t in (test_run_demo_without_gpu_says_so_and_succeeds, test_bad_arguments_exit_2,
           test_learner_refuses_bad_input_before_loading_a_model,
           test_demos_without_torch_say_what_to_install,
-          test_run_demo_rows_and_quick, test_tables_from_made_up_results, test_fit_layers,
+          test_run_demo_rows_and_quick, test_tables_from_made_up_results,
+          test_a_signal_stops_the_children_and_keeps_what_finished, test_fit_layers,
           test_breakdown_table,
           test_profile_sums_device_events_only,
           test_tiny_model_through_the_real_hf_calls_on_cpu,
