@@ -54,8 +54,10 @@ MINITE_SHADOW=MINITE_PROBE=MINITE_DIGEST=0: the instruments' cost in training to
 --quick: smaller sizes, rows none / bf16 / nvfp4-row on grouped_mm and nvfp4-row on eager,
 T = 1, 128, 8192: a smoke run. The tables are printed and written to OUT/table.md, every number
 to OUT/summary.json, each child's stdout and stderr to OUT/logs/, one progress line per child.
-A child that fails is reported with the tail of its stderr; the tables still show what finished.
-Exit status 0 when everything ran, 1 when something failed.
+A child that fails is reported with the tail of its stderr; the tables still show what finished,
+also when a signal (SIGTERM from `timeout` or a scheduler, Ctrl-C) stops the run: the child running
+is killed and the rows after it are listed as not run. Exit status 0 when everything ran, 1 when
+something failed or was stopped.
 """
 import argparse
 import datetime
