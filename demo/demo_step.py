@@ -8,8 +8,9 @@ Components, each over all layers on fixed inputs of the step's shapes ([B, 1, hi
   router           each MoE block's gate: the router GEMM, softmax, top-8
   experts          each block's experts module: dispatch (sort, gather), gate_up and down
                    (torch._grouped_mm, or the shim's engine), the activation, combine; split by
-                   the profiler into its GEMM kernels (the engine's quantizers included) and the
-                   rest (dispatch and combine)
+                   the profiler into its GEMM kernels (the engine's quantizers included), the
+                   shim's instruments (mt_instr_*: a captured call's digests run at every
+                   replay) and the rest (dispatch and combine)
   LM head          the final norm and the vocabulary projection
   sampling         log-softmax, the Gumbel draw, the argmax and the bookkeeping (Decoder.pick)
   attention, rest  the step minus the above: attention itself over the static cache, RoPE,
@@ -41,19 +42,22 @@ def _profiled(torch, graph):
     return prof
 
 
-def _gemm_us(torch, prof):
-    """(GEMM kernels' µs, everything else's µs) of a profile; the shim's instruments (mt_instr_*)
-    are not GEMMs."""
+def _split_us(torch, prof):
+    """(GEMM kernels' µs, the shim's instruments' (mt_instr_*), everything else's) of a
+    profile."""
     cuda = torch.autograd.DeviceType.CUDA
-    gemm = other = 0.0
+    gemm = instr = other = 0.0
     for e in prof.events():
         if e.device_type != cuda:
             continue
-        if any(k in e.name for k in GEMM_KERNELS) and not e.name.startswith("mt_instr"):
-            gemm += e.time_range.elapsed_us()
+        us = e.time_range.elapsed_us()
+        if e.name.startswith("mt_instr"):
+            instr += us
+        elif any(k in e.name for k in GEMM_KERNELS):
+            gemm += us
         else:
-            other += e.time_range.elapsed_us()
-    return gemm, other
+            other += us
+    return gemm, instr, other
 
 
 def _parts(torch, model, batch, gen):
@@ -104,7 +108,7 @@ def breakdown_one(torch, model, batch, new_tokens):
         out["step"] = demo_profile.timed(torch, dec.graph, REPEATS, REPLAYS,
                                          before=lambda: dec.prefill(prompts))
         dec.prefill(prompts)
-        out["step_kernel_sum"] = _gemm_us(torch, _profiled(torch, dec.graph))
+        out["step_kernel_sum"] = sum(_split_us(torch, _profiled(torch, dec.graph)))
         logits = torch.randn((batch, vocab), generator=gen, device=demo_model.DEVICE,
                              dtype=torch.bfloat16)
         parts = _parts(torch, model, batch, gen)
@@ -113,23 +117,25 @@ def breakdown_one(torch, model, batch, new_tokens):
             graph = demo_profile.capture(torch, fn)
             out[name] = demo_profile.timed(torch, graph, REPEATS, REPLAYS)
             if name == "experts":
-                out["experts_split"] = _gemm_us(torch, _profiled(torch, graph))
+                out["experts_split"] = _split_us(torch, _profiled(torch, graph))
             del graph
     return summarise(out)
 
 
 def summarise(out):
-    """Adds "attention, rest" (the step minus the parts, medians), the experts' GEMM µs (their
-    replay median times the profiler's GEMM share), the kernel-sum cross-check and the ceiling."""
+    """Adds "attention, rest" (the step minus the parts, medians), the experts' GEMM and
+    instruments' µs (their replay median times the profiler's shares), the kernel-sum cross-check
+    and the ceiling."""
     parts = ("dense GEMMs", "router", "experts", "LM head", "sampling")
     step = out["step"][0]
     out["attention, rest"] = step - sum(out[p][0] for p in parts)
-    gemm, other = out.pop("experts_split")
-    share = gemm / (gemm + other) if gemm + other > 0 else 0.0
-    out["experts GEMMs"] = out["experts"][0] * share
-    out["experts dispatch, combine"] = out["experts"][0] - out["experts GEMMs"]
-    k_gemm, k_other = out.pop("step_kernel_sum")
-    out["step kernel sum"] = k_gemm + k_other
+    gemm, instr, other = out.pop("experts_split")
+    total = gemm + instr + other
+    experts = out["experts"][0]
+    out["experts GEMMs"] = experts * gemm / total if total > 0 else 0.0
+    out["experts instruments"] = experts * instr / total if total > 0 else 0.0
+    out["experts dispatch, combine"] = experts - out["experts GEMMs"] - out["experts instruments"]
+    out["step kernel sum"] = out.pop("step_kernel_sum")
     out["ceiling"] = step / (step - out["experts GEMMs"]) if step > out["experts GEMMs"] else None
     return out
 

@@ -441,10 +441,11 @@ def run_overhead(args, runs):
     run = next((r for r in runs if r["spec"] == spec and r["experts"] == EAGER), None)
     if run is None or spec == BASELINE:
         return None
-    child = run_child(args, f"learner-{run['name']}-instruments-off", [
-        args.python, os.path.join(HERE, "demo_learner.py")] + train_args(args) +
-        model_args(args, run, run["train_layers"]), child_env(args, spec, "overhead", f"{run['name']}-overhead",
-                                         instruments=False))
+    argv = [args.python, os.path.join(HERE, "demo_learner.py")] + train_args(args) + \
+        model_args(args, run, run["train_layers"])
+    child = run_child(args, f"learner-{run['name']}-instruments-off", argv,
+                      child_env(args, spec, "overhead", f"{run['name']}-overhead",
+                                instruments=False))
     on = (run["learner"]["summary"] or {}).get("train_tokens_per_s")
     off = (child["summary"] or {}).get("train_tokens_per_s")
     return {"spec": spec, "child": child, "on": on, "off": off,
@@ -718,7 +719,8 @@ def profile_table(runs):
 
 
 BREAKDOWN_ROWS = ("step", "dense GEMMs", "router", "experts", "experts GEMMs",
-                  "experts dispatch, combine", "LM head", "sampling", "attention, rest",
+                  "experts instruments", "experts dispatch, combine", "LM head", "sampling",
+                  "attention, rest",
                   "step kernel sum", "ceiling")
 
 
@@ -768,9 +770,11 @@ def breakdown_notes():
             "sequences and each component captured alone over all layers on inputs of the "
             "step's shapes, CUDA events over graph replays, µs per step, median (min-max) of "
             "3 timings of 20 replays. experts = dispatch, both expert GEMMs, activation and "
-            "combine; its GEMM share (the engine's quantizers included) is split off by the "
-            "profiler's kernel names. attention, rest = the step minus the components (attention "
-            "over the static cache, RoPE, norms, residuals, KV writes, embedding): an estimate, "
+            "combine; its GEMM share (the engine's quantizers included) and the shim's "
+            "instruments (mt_instr_*: captured calls digest at every replay) are split off by "
+            "the profiler's kernel names. attention, rest = the step minus the components "
+            "(attention over the static cache, RoPE, norms, residuals, KV writes, embedding): an "
+            "estimate, "
             "since a component alone runs with other caches. step kernel sum: the profiler's sum "
             "of one step replay's kernels (the cross-check). ceiling: step / (step - experts "
             "GEMMs), the speed-up if the expert GEMMs took no time."]
@@ -801,8 +805,8 @@ def notes_for(args, runs, overhead, png, passthrough, argv):
         f"{args.train_seq} tokens a step, AdamW, {args.repeats} windows of {args.train_steps} "
         f"steps after {args.train_warmup} warm-up, weights {args.learner_cache}.",
         f"tok/s: median of {args.repeats} repeats (min-max); the ratio is the median against "
-        "the no-shim row of the same experts path. The no-shim spread and the bf16 row (the no-shim "
-        "computation under the shim) show the noise.",
+        "the no-shim row of the same experts path. The no-shim spread and the bf16 row (the "
+        "no-shim computation under the shim) show the noise.",
         "routed calls: GEMM calls (a torch._grouped_mm call is one) the shim ran on its engine, "
         "fb: passed to cuBLAS/torch with a reason (the learner's are its backward calls); ? = no "
         "summary written.",
