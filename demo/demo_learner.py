@@ -106,19 +106,18 @@ def read_sampler(path):
         print(f"demo_learner: {path}: skipped {f.corrupt + f.duplicates} bad lines "
               f"({'; '.join(f.problems)})", file=sys.stderr)
     seqs = [f.seqs[k] for k in sorted(f.seqs)]
-    shapes = {(len(s.prompt), len(s.tokens)) for s in seqs}
-    if len(shapes) != 1:
-        raise demo_model.DemoError(f"{path}: sequences differ in prompt or token count "
-                                   f"({sorted(shapes)}); this learner batches equal lengths only")
-    prompt_len, new_tokens = shapes.pop()
-    if prompt_len == 0 or new_tokens == 0:
+    empty = next((s for s in seqs if not s.prompt or not s.tokens), None)
+    if empty is not None:
         raise demo_model.DemoError(f"{path}: sequences need a prompt and sampled tokens "
-                                   f"(found {prompt_len} and {new_tokens})")
+                                   f"(sequence {empty.seq} has {len(empty.prompt)} and "
+                                   f"{len(empty.tokens)})")
     return f, seqs
 
 
-def score(torch, model, seqs, chunk):
-    """Log-probs [B, T] of the sampled tokens of seqs, `chunk` full sequences a forward."""
+def score_equal(torch, model, seqs, chunk):
+    """Log-probs [B, T] of the sampled tokens of seqs, all of one prompt and token count,
+    `chunk` full sequences a forward (no padding: a padded row would change no bit of the others
+    under nvfp4-row, but would under the BF16 specs' batch-dependent GEMMs)."""
     prompt_len = len(seqs[0].prompt)
     new_tokens = len(seqs[0].tokens)
     ids = torch.tensor([s.prompt + s.tokens for s in seqs], dtype=torch.long,
@@ -136,12 +135,25 @@ def score(torch, model, seqs, chunk):
     return torch.cat(parts)
 
 
+def score(torch, model, seqs, chunk):
+    """[log-probs of each sequence's sampled tokens] in the order of seqs: sequences of equal
+    prompt and token counts batched together (a server's requests differ in both)."""
+    shapes = {}
+    for i, s in enumerate(seqs):
+        shapes.setdefault((len(s.prompt), len(s.tokens)), []).append(i)
+    out = [None] * len(seqs)
+    for rows in shapes.values():
+        for i, lp in zip(rows, score_equal(torch, model, [seqs[i] for i in rows], chunk)):
+            out[i] = lp
+    return out
+
+
 def write_learner_file(path, sampler, seqs, lp, model_info, seed, env):
     with open(path, "w") as f:
         logprobs.write_header(f, "learner", env["spec"], model_info, seed,
                               source=sampler.path, env=env)
-        for s, row in zip(seqs, lp.tolist()):
-            logprobs.write_seq(f, s.seq, s.tokens, row, prompt=s.prompt)
+        for s, row in zip(seqs, lp):
+            logprobs.write_seq(f, s.seq, s.tokens, row.tolist(), prompt=s.prompt)
 
 
 def train(torch, model, args):
@@ -197,8 +209,8 @@ def run(args):
         info = demo_model.describe(model, layers, seed, init_std)
         lp = score(torch, model, seqs, args.score_batch)
         write_learner_file(args.logprobs[1], sampler, seqs, lp, info, seed, env)
-        summary.update({"out": args.logprobs[1], "scored_tokens": lp.numel(),
-                        "logprobs_finite": bool(torch.isfinite(lp).all())})
+        summary.update({"out": args.logprobs[1], "scored_tokens": sum(x.numel() for x in lp),
+                        "logprobs_finite": all(bool(torch.isfinite(x).all()) for x in lp)})
     if args.train:
         summary.update(train(torch, model, args))
     used, peak = demo_model.memory_used(torch)

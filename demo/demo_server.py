@@ -62,10 +62,9 @@ steps per round. Block sharing (prefix caching) is off so that a repeated round 
 the first computed.
 
 Writes OUT in the minite-logprobs format (tools/logprobs.py, role "sampler"): one sequence per
-request of the first timed round, seq = the request's index, with its prompt. Until
-demo/demo_learner.py scores mixed lengths, a file that tools/gap-report can compare against the
-learner comes from equal lengths (--prompt-len 128 --new-tokens 128). Prints one line of JSON to
-stdout: {"demo": "server", "tokens_per_s": ..., ...}. Runs unchanged with or without the shim
+request of the first timed round, seq = the request's index, with its prompt:
+demo/demo_learner.py --logprobs scores it (requests of one shape batched together) and
+tools/gap-report compares the two. Prints one line of JSON to stdout: {"demo": "server", "tokens_per_s": ..., ...}. Runs unchanged with or without the shim
 (LD_PRELOAD=build/libminite.so MINITE_SPEC=... MINITE_ROUTE=1536x2048,2048x768). Exit status 0;
 1 with a message on stderr when it cannot run, a request failed, or a log-prob is missing or
 not finite (the JSON is printed first).

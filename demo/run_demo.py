@@ -399,15 +399,27 @@ def run_row(args, row):
 
 def run_server(args, row):
     """The continuous-batching server (demo/demo_server.py) at the sampler's depth under the
-    row's spec: {"name", "spec", "child", "stats"}."""
+    row's spec, then the learner scoring what it served: {"name", "spec", "child", "stats",
+    "files", "sampler", "scorer"} (the last three as a row's, for gap_report)."""
     name = f"server-{row['name']}"
-    out = os.path.join(args.out, f"{name}.jsonl")
-    argv = demo_server.child_argv(args.python, out, args.server_requests, "32:256", "16:128",
-                                  args.repeats) + model_args(args, row, row["layers"])
+    files = {"sampler": os.path.join(args.out, f"{name}.jsonl"),
+             "learner": os.path.join(args.out, f"learner-{name}.jsonl")}
+    for path in files.values():
+        if os.path.exists(path):
+            os.remove(path)
+    argv = demo_server.child_argv(args.python, files["sampler"], args.server_requests, "32:256",
+                                  "16:128", args.repeats) + model_args(args, row, row["layers"])
     child = run_child(args, name, argv,
                       child_env(args, row["spec"], "sampler", f"{row['name']}-server"))
-    stats = shim_summary(args, row, "server", child["pid"])
-    return {"name": name, "spec": row["spec"], "child": child, "stats": stats}
+    scorer = {"ok": False, "summary": None, "name": f"scorer-{name}", "skipped": True}
+    if child["ok"]:
+        scorer = run_child(args, f"scorer-{name}",
+                           [args.python, os.path.join(HERE, "demo_learner.py"), "--logprobs",
+                            files["sampler"], files["learner"]] + determinism(args),
+                           child_env(args, row["spec"], "learner", f"{row['name']}-server-scorer"))
+    return {"name": name, "spec": row["spec"], "child": child, "sampler": child,
+            "scorer": scorer, "files": files,
+            "stats": shim_summary(args, row, "server", child["pid"])}
 
 
 def server_table(servers):
@@ -420,7 +432,8 @@ def server_table(servers):
     base = next((s for s in servers if s["spec"] == BASELINE), None)
     head = ["spec", "layers", "generated tok/s median (min-max) vs none",
             "time to first token, ms (median of rounds)", "forward steps a round",
-            "experts path", "routed calls (fallbacks)"]
+            "experts path", "routed calls (fallbacks)", "abs(dlogp) mean / p99 / max",
+            "token_mult_prob_error (NeMo-RL) / k3_kl (verl)"]
     rows = []
     for srv in servers:
         s = srv["child"]["summary"] or {}
@@ -430,7 +443,8 @@ def server_table(servers):
                      f"{ttft['median']:,.0f}" if isinstance(ttft, dict) else "-",
                      " / ".join(map(str, s.get("steps") or [])) or "-",
                      str(s.get("experts", "-")),
-                     routed_of(srv["stats"]) if srv["spec"] != BASELINE else "-"])
+                     routed_of(srv["stats"]) if srv["spec"] != BASELINE else "-"] +
+                    [gap_cells(srv)[i] for i in (0, 3)])
     return markdown(head, rows)
 
 
@@ -762,7 +776,9 @@ def server_notes(args):
             f"{args.server_requests} requests of 32-256 prompt and 16-128 new tokens submitted at "
             "once by a client thread, per-token log-probs back; generated tokens over the "
             f"round's wall time, median (min-max) of {args.repeats} rounds after one untimed; "
-            "the experts path and the routed calls say how its experts reached the shim."]
+            "the experts path and the routed calls say how its experts reached the shim; the "
+            "learner scores the served tokens (requests of one shape batched together) and "
+            "gap-report compares them, as for the sampler rows."]
 
 
 def breakdown_notes():
@@ -874,7 +890,8 @@ def profile_notes(args):
 def failures(args, runs, servers, overhead, png):
     failed = [c["name"] for r in runs for c in (r["sampler"], r["scorer"], r["learner"])
               if not c["ok"] and not c.get("skipped")]
-    failed += [s["child"]["name"] for s in servers if not s["child"]["ok"]]
+    failed += [c["name"] for s in servers for c in (s["child"], s["scorer"])
+               if not c["ok"] and not c.get("skipped")]
     if overhead and not overhead["child"]["ok"]:
         failed.append(overhead["child"]["name"])
     failed += [f"gap-report {r['name']}" for r in runs if scored(r) and not r.get("gap")]
@@ -937,6 +954,8 @@ def main(argv=None):
         r["gap"] = gap_report(args, r)
         r["instruments"] = instrument_figures(r)
         r["join"] = digest_join(r)
+    for srv in servers:
+        srv["gap"] = gap_report(args, srv)
     png = gap_png(args, runs)
     bf16 = next((r for r in runs if r["spec"] == "bf16" and r["experts"] == GROUPED), None)
     passthrough = None

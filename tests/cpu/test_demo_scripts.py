@@ -403,6 +403,10 @@ def test_make_run_driver_on_cpu_with_a_pretend_gpu():
     harness.check("bit-identical" in stdout, f"bf16 pass-through noted:\n{stdout}")
     harness.check("| none (no shim) | 1 | " in stdout and "| nvfp4-row | 1 | " in stdout and
                   "generated tok/s" in stdout, f"the server rows, none and nvfp4-row:\n{stdout}")
+    served = [line for line in stdout.splitlines() if line.startswith("| nvfp4-row | 1 | ")]
+    harness.check(served and served[0].count(" / ") >= 3 and
+                  os.path.exists(os.path.join(out, "gap-server-nvfp4-row.json")),
+                  f"the served tokens scored and compared: {served}")
 
 
 for t in (test_run_demo_without_gpu_says_so_and_succeeds, test_bad_arguments_exit_2,

@@ -4,8 +4,8 @@ round figures, the spread over rounds and the failure verdict, on made-up engine
 command line run_demo.py would give it parses. Where torch and transformers are installed (not in
 CI: build/venv has neither), transformers' continuous-batching engine runs for real on the CPU
 with a tiny geometry: requests of mixed lengths come back whole with a log-prob per token, and
-with equal lengths demo/demo_learner.py scores the file and tools/gap-report finds the engine's
-log-probs equal to a full forward's (a wrong position, cache block or mask moves them by O(1)).
+demo/demo_learner.py scores the file (mixed lengths and equal) and tools/gap-report finds the
+engine's log-probs equal to a full forward's (a wrong position, cache block or mask moves them by O(1)).
 """
 import json
 import os
@@ -166,6 +166,12 @@ def test_tiny_model_through_the_engine_on_cpu():
                   "the summary counts the tokens of the file")
     harness.check(all(-20 < v < 0 for x in served.seqs.values() for v in x.logprobs),
                   "log-probs of a 512-token vocabulary are negative and finite")
+    learned = tiny("learner", "--logprobs", "mixed.jsonl", "lmixed.jsonl", "--score-batch", 3)
+    m = gap_within("lmixed.jsonl", "mixed.jsonl", TMP) if learned else None
+    harness.check(learned is None or learned["scored_tokens"] == s["generated_tokens"],
+                  f"the learner scores requests of mixed lengths, each token once: {learned}")
+    harness.check(m is None or m["tokens"] == s["generated_tokens"],
+                  f"gap-report compares every token: {m}")
     for sampling in ("sample", "greedy"):
         name = f"fixed-{sampling}.jsonl"
         s = tiny("server", "--out", name, "--requests", 6, "--prompt-len", 7, "--new-tokens", 5,
