@@ -29,7 +29,11 @@
 #   trace      bench_moe's Qwen3 layer at TRACE_TOKENS (default "1 16") under lab/trace.c: every
 #              kernel's start and end on the GPU, one replay of each graph printed by
 #              lab/timeline.py (the layer alone, served, the checks, cuBLAS), ~15 s a T
-#   run        make run (RUN_LIMIT, default 540; RUN_ARGS passed on)
+#   server     demo/demo_server.py (transformers' continuous batching) without the shim and under
+#              nvfp4-row, SERVER_ARGS passed on (default 32 requests, 2 layers), the census of
+#              the shim's run into the logs (SERVER_LIMIT each, default 240)
+#   run        make run (RUN_LIMIT, default 540; RUN_ARGS passed on); the table, and each child's
+#              summary line (build/run/logs/*.out) even when the limit stops it
 # TAG=-x appends -x to the log names: the same steps again under another setting, side by side.
 # A device call has at most 600 s, so pick the steps of each call: on the H200 build takes ~40 s,
 # kernels ~150 (test_kernels ~90, test_grouped ~60), sanitize ~100, bench ~10, probe ~20 to build,
@@ -122,7 +126,21 @@ store_refresh_modes store_refresh_rounds grouped_after_refresh grouped_many_segm
         python3 lab/timeline.py "$out/trace-$t${TAG:-}.csv" >"$out/timeline-$t${TAG:-}.txt" &&
         grep -A30 "(served)" "$out/timeline-$t${TAG:-}.txt" | head -n 40
     done ;;
-  run) step run "${RUN_LIMIT:-540}" make run ${RUN_ARGS:+RUN_ARGS="$RUN_ARGS"} && cp build/run/table.md build/run/gap.png "$out/" 2>/dev/null ;;
+  server)
+    make -s -j16 all >"$out/server-build${TAG:-}.log" 2>&1 ||
+      { echo "== server: build failed (server-build${TAG:-}.log)"; continue; }
+    sargs=${SERVER_ARGS:---requests 32 --layers 2}
+    # shellcheck disable=SC2086 # SERVER_ARGS: several words
+    step server-none "${SERVER_LIMIT:-240}" python3 demo/demo_server.py --out "$out/server-none.jsonl" $sargs
+    # shellcheck disable=SC2086
+    step server-nvfp4-row "${SERVER_LIMIT:-240}" env LD_PRELOAD="$PWD/build/libminite.so" \
+        MINITE_SPEC=nvfp4-row MINITE_ROUTE=1536x2048,2048x768 MINITE_ROLE=sampler \
+        MINITE_WEIGHT_CACHE=frozen-sampled MINITE_STATS="$out/server-stats.jsonl" \
+        python3 demo/demo_server.py --out "$out/server-row.jsonl" $sargs ;;
+  run)
+    step run "${RUN_LIMIT:-540}" make run ${RUN_ARGS:+RUN_ARGS="$RUN_ARGS"}
+    cp build/run/table.md build/run/gap.png "$out/" 2>/dev/null
+    tail -qn 1 build/run/logs/*.out >"$out/run-summaries${TAG:-}.jsonl" 2>/dev/null ;;
   *) echo "unknown step $s" ;;
   esac
 done
