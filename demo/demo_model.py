@@ -291,21 +291,25 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0,
     whole cache per layer. Here the 8 queries of a KV head are the rows of one batched GEMM
     against that head's keys and values, read once: scores in FP32 (bf16 operands, FP32
     accumulate and output, as sdpa's kernels keep them), the mask, an FP32 softmax, the
-    probabilities in BF16 against the values (as sdpa's kernels do). CUDA only (bmm's FP32
-    output). Registered with transformers' AttentionInterface by
-    build(attention=DECODE_ATTENTION); tests/gpu/test_demo_sampler.py compares it with sdpa."""
+    probabilities in BF16 against the values (as sdpa's kernels do). Registered with
+    transformers' AttentionInterface by build(attention=DECODE_ATTENTION);
+    tests/gpu/test_demo_sampler.py compares it with sdpa, and the CPU smoke test's sampler runs
+    it (scores from FP32 copies there) against the learner's full forward."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     b, h, q_len, d = query.shape
     g, length = key.shape[1], key.shape[2]
     if (q_len != 1 or attention_mask is None or attention_mask.dtype.is_floating_point or
-            attention_mask.dim() != 4 or dropout or h % g or query.device.type != "cuda"):
+            attention_mask.dim() != 4 or dropout or h % g):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     import torch
     rep = h // g
     q = query.reshape(b * g, rep, d)              # query head j reads KV head j // rep
     k = key.reshape(b * g, length, d)
-    scores = torch.bmm(q, k.transpose(1, 2), out_dtype=torch.float32)
+    if query.device.type == "cuda":
+        scores = torch.bmm(q, k.transpose(1, 2), out_dtype=torch.float32)
+    else:  # the CPU smoke tests: no BF16-in, FP32-out bmm there
+        scores = torch.bmm(q.float(), k.float().transpose(1, 2))
     scores.mul_(scaling if scaling is not None else d ** -0.5)
     keep = attention_mask[:, :, -1:, :].expand(b, g, 1, length).reshape(b * g, 1, length)
     scores.masked_fill_(~keep, float("-inf"))
