@@ -310,17 +310,18 @@ static void bench_quant(void) {
   }
   struct {
     const char *name;
-    int row_outer, codes, tile16, store;
+    int row_outer, codes, tile16, store, in_out;
     call_fn fn;
   } variants[] = {
-      {"act_row_scale (xhat + S)", 1, 0, 0, 0, call_quant},
-      {"act_tensor_scale (amax pass + xhat)", 0, 0, 0, 0, call_quant},
-      {"weight store, row S (4.5 bits + S)", 1, 0, 0, 1, call_quant},
-      {"weight store, tensor S (amax + 4.5 bits)", 0, 0, 0, 1, call_quant},
-      {"weight store, 16x16 tiles", 0, 0, 1, 1, call_quant},
-      {"weight_row_1x16 (xhat+codes+scales)", 1, 1, 0, 0, call_quant},
-      {"weight_tensor_16x16 (all outputs)", 0, 1, 1, 0, call_quant},
-      {"cudaMemcpy D2D (ceiling)", 1, 0, 0, 0, call_copy},
+      {"act_row_scale (xhat + S)", 1, 0, 0, 0, 0, call_quant},
+      {"act_tensor_scale (amax pass + xhat)", 0, 0, 0, 0, 0, call_quant},
+      {"weight store, row S (4.5 bits + S)", 1, 0, 0, 1, 0, call_quant},
+      {"weight store, row S, [in, out] weights", 1, 0, 0, 1, 1, call_quant},
+      {"weight store, tensor S (amax + 4.5 bits)", 0, 0, 0, 1, 0, call_quant},
+      {"weight store, 16x16 tiles", 0, 0, 1, 1, 0, call_quant},
+      {"weight_row_1x16 (xhat+codes+scales)", 1, 1, 0, 0, 0, call_quant},
+      {"weight_tensor_16x16 (all outputs)", 0, 1, 1, 0, 0, call_quant},
+      {"cudaMemcpy D2D (ceiling)", 1, 0, 0, 0, 0, call_copy},
   };
   printf("quantization %dx%d BF16 (GB/s of bytes read + written, each input read once)\n", ROWS,
          COLS);
@@ -334,6 +335,11 @@ static void bench_quant(void) {
         q.p[i].codes = NULL, q.p[i].scales = NULL;
       q.p[i].store = variants[v].store ? stores[i] : NULL;
       q.p[i].batch_rows = variants[v].store ? ROWS / 8 : 0;
+      /* each slice its own 1024 rows (with no stride all eight would read the first, from L2) */
+      q.p[i].batch_stride = variants[v].store ? (int64_t)(ROWS / 8) * COLS : 0;
+      /* [in, out]: a slice's element (r, c) at c * 1024 + r */
+      q.p[i].in_out = variants[v].in_out;
+      q.p[i].ldx = variants[v].in_out ? ROWS / 8 : COLS;
       q.p[i].slice_bytes = (int64_t)(store_bytes / 8);
     }
     q.tile16 = variants[v].tile16;
