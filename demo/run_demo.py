@@ -51,8 +51,8 @@ counts the instruments), each with its speed against grouped_mm without the shim
 Table 3: the server rows. Table 4: the decode step by component (demo/demo_step.py).
 With --overhead-spec SPEC, the eager learner of SPEC runs once more with
 MINITE_SHADOW=MINITE_PROBE=MINITE_DIGEST=0: the instruments' cost in training tokens/s.
---quick: smaller sizes, rows none / bf16 / nvfp4-row on grouped_mm and nvfp4-row on eager,
-T = 1, 128, 8192: a smoke run. The tables are printed and written to OUT/table.md, every number
+--quick: smaller sizes (4 sampler and 2 training layers among them), rows none / bf16 /
+nvfp4-row on grouped_mm and nvfp4-row on eager, T = 1, 128, 8192: a smoke run. The tables are printed and written to OUT/table.md, every number
 to OUT/summary.json, each child's stdout and stderr to OUT/logs/, one progress line per child.
 A child that fails is reported with the tail of its stderr; the tables still show what finished,
 also when a signal (SIGTERM from `timeout` or a scheduler, Ctrl-C) stops the run: the child running
@@ -99,6 +99,8 @@ SIZES = {
     "train_steps": (4, 2),
     "train_warmup": (2, 1),
     "profile_tokens": ("1,16,128,1024,8192", "1,128,8192"),
+    "layers": ("auto", "4"),
+    "train_layers": ("auto", "2"),
 }
 
 
@@ -124,12 +126,10 @@ def parse_args(argv=None):
     p.add_argument("--python", default=sys.executable, help="interpreter of the demos")
     p.add_argument("--timeout", type=demo_model.positive_int, default=600,
                    help="seconds one child may run (default 600)")
-    p.add_argument("--layers", type=demo_model.layers_arg, default="auto",
-                   help="layers of the grouped_mm samplers and their scoring learners (default "
-                        "auto: as many as fit the GPU, at most 48)")
-    p.add_argument("--train-layers", type=demo_model.layers_arg, default="auto",
-                   help="layers of the grouped_mm training runs (default auto: as many as fit "
-                        "with AdamW)")
+    opt("layers", demo_model.layers_arg, "layers of the grouped_mm samplers and their scoring "
+        "learners; auto: as many as fit the GPU, at most 48")
+    opt("train-layers", demo_model.layers_arg, "layers of the grouped_mm training runs; auto: as "
+        "many as fit with AdamW")
     p.add_argument("--eager-layers", type=demo_model.positive_int, default=4,
                    help="layers of the eager rows, sampler and learner (default 4: HF's eager "
                         "experts run a Python loop of three GEMMs per expert hit)")

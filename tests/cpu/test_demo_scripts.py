@@ -77,6 +77,9 @@ def test_run_demo_rows_and_quick():
     harness.check((args.sampler_cache, args.learner_cache) == ("frozen-sampled", "requantize"),
                   "weights as a user runs them: sampler frozen-sampled, learner requantize")
     quick = run_demo.parse_args(["--quick", "--batch", "16"])
+    harness.check((args.layers, args.train_layers, quick.layers, quick.train_layers) ==
+                  ("auto", "auto", "4", "2") and quick.rows[0]["layers"] == "4",
+                  f"full depth by default, a few layers for --quick: {vars(quick)}")
     harness.check(quick.batch == 16 and quick.new_tokens < args.new_tokens and
                   quick.repeats >= 3 and len(quick.rows) < len(args.rows),
                   f"--quick: smaller, an explicit option wins: {vars(quick)}")
