@@ -51,13 +51,13 @@ counts the instruments), each with its speed against grouped_mm without the shim
 Table 3: the server rows. Table 4: the decode step by component (demo/demo_step.py).
 With --overhead-spec SPEC, the eager learner of SPEC runs once more with
 MINITE_SHADOW=MINITE_PROBE=MINITE_DIGEST=0: the instruments' cost in training tokens/s.
---quick: smaller sizes (4 sampler and 2 training layers among them), rows none / bf16 /
-nvfp4-row on grouped_mm and nvfp4-row on eager, T = 1, 128, 8192: a smoke run. The tables are printed and written to OUT/table.md, every number
-to OUT/summary.json, each child's stdout and stderr to OUT/logs/, one progress line per child.
-A child that fails is reported with the tail of its stderr; the tables still show what finished,
-also when a signal (SIGTERM from `timeout` or a scheduler, Ctrl-C) stops the run: the child running
-is killed and the rows after it are listed as not run. Exit status 0 when everything ran, 1 when
-something failed or was stopped.
+--quick: smaller sizes (4 sampler and 2 training layers among them), rows none / bf16 / nvfp4-row on
+grouped_mm and nvfp4-row on eager, T = 1, 128, 8192: a smoke run. The tables are printed and written
+to OUT/table.md, every number to OUT/summary.json, each child's stdout and stderr to OUT/logs/, one
+progress line per child. A child that fails is reported with the tail of its stderr; the tables
+still show what finished, also when a signal (SIGTERM from `timeout` or a scheduler, Ctrl-C) stops
+the run: the child running is killed and the rows after it are listed as not run. Exit status 0 when
+everything ran, 1 when something failed or was stopped.
 """
 import argparse
 import datetime
@@ -367,31 +367,41 @@ def determinism(args):
     return [] if args.nondeterministic else ["--deterministic"]
 
 
+def fresh(files):
+    """`files`, none of them left from an earlier run (a stale file must not be reported as this
+    run's)."""
+    for path in files.values():
+        if os.path.exists(path):
+            os.remove(path)
+    return files
+
+
+def run_scorer(args, name, spec, files, tag, sampler):
+    """The learner scoring the tokens of files["sampler"] at the sampler's depth (from its file)
+    into files["learner"], when the sampler ran; else a record of the child skipped."""
+    if not sampler["ok"]:
+        return {"ok": False, "summary": None, "pid": None, "name": name, "skipped": True}
+    argv = [args.python, os.path.join(HERE, "demo_learner.py"), "--logprobs", files["sampler"],
+            files["learner"]] + determinism(args)
+    return run_child(args, name, argv, child_env(args, spec, "learner", tag))
+
+
 def run_row(args, row):
     """For one row (a spec, or the no-shim baseline, on one experts path): the sampler, the
     learner scoring its tokens (the sampler's depth, from its file), and the learner training
     (its own depth: AdamW needs several times the sampler's memory a layer)."""
     name, spec = row["name"], row["spec"]
-    files = {"sampler": os.path.join(args.out, f"sampler-{name}.jsonl"),
-             "learner": os.path.join(args.out, f"learner-{name}.jsonl"),
-             "profile": os.path.join(args.out, f"moe-{name}.json")}
-    for path in files.values():
-        if os.path.exists(path):
-            os.remove(path)  # a stale file from an earlier run must not be reported as this one
+    files = fresh({"sampler": os.path.join(args.out, f"sampler-{name}.jsonl"),
+                   "learner": os.path.join(args.out, f"learner-{name}.jsonl"),
+                   "profile": os.path.join(args.out, f"moe-{name}.json")})
     children = {"sampler": run_child(args, f"sampler-{name}", sampler_argv(args, row, files),
                                      child_env(args, spec, "sampler", f"{name}-sampler"))}
-    learner = [args.python, os.path.join(HERE, "demo_learner.py")]
-    if children["sampler"]["ok"]:
-        children["scorer"] = run_child(
-            args, f"scorer-{name}",
-            learner + ["--logprobs", files["sampler"], files["learner"]] + determinism(args),
-            child_env(args, spec, "learner", f"{name}-scorer"))
+    children["scorer"] = run_scorer(args, f"scorer-{name}", spec, files, f"{name}-scorer",
+                                    children["sampler"])
     children["learner"] = run_child(
-        args, f"learner-{name}", learner + train_args(args) +
-        model_args(args, row, row["train_layers"]),
+        args, f"learner-{name}", [args.python, os.path.join(HERE, "demo_learner.py")] +
+        train_args(args) + model_args(args, row, row["train_layers"]),
         child_env(args, spec, "learner", f"{name}-learner"))
-    children.setdefault("scorer", {"ok": False, "summary": None, "pid": None,
-                                   "name": f"scorer-{name}", "skipped": True})
     return dict(row, files=files, **children,
                 stats={k: shim_summary(args, row, k, c["pid"]) for k, c in children.items()},
                 stats_files={k: stats_file(args, row, k, c["pid"]) for k, c in children.items()})
@@ -402,21 +412,14 @@ def run_server(args, row):
     row's spec, then the learner scoring what it served: {"name", "spec", "child", "stats",
     "files", "sampler", "scorer"} (the last three as a row's, for gap_report)."""
     name = f"server-{row['name']}"
-    files = {"sampler": os.path.join(args.out, f"{name}.jsonl"),
-             "learner": os.path.join(args.out, f"learner-{name}.jsonl")}
-    for path in files.values():
-        if os.path.exists(path):
-            os.remove(path)
+    files = fresh({"sampler": os.path.join(args.out, f"{name}.jsonl"),
+                   "learner": os.path.join(args.out, f"learner-{name}.jsonl")})
     argv = demo_server.child_argv(args.python, files["sampler"], args.server_requests, "32:256",
                                   "16:128", args.repeats) + model_args(args, row, row["layers"])
     child = run_child(args, name, argv,
                       child_env(args, row["spec"], "sampler", f"{row['name']}-server"))
-    scorer = {"ok": False, "summary": None, "name": f"scorer-{name}", "skipped": True}
-    if child["ok"]:
-        scorer = run_child(args, f"scorer-{name}",
-                           [args.python, os.path.join(HERE, "demo_learner.py"), "--logprobs",
-                            files["sampler"], files["learner"]] + determinism(args),
-                           child_env(args, row["spec"], "learner", f"{row['name']}-server-scorer"))
+    scorer = run_scorer(args, f"scorer-{name}", row["spec"], files, f"{row['name']}-server-scorer",
+                        child)
     return {"name": name, "spec": row["spec"], "child": child, "sampler": child,
             "scorer": scorer, "files": files,
             "stats": shim_summary(args, row, "server", child["pid"])}
