@@ -62,12 +62,12 @@ steps per round. Block sharing (prefix caching) is off so that a repeated round 
 the first computed.
 
 Writes OUT in the minite-logprobs format (tools/logprobs.py, role "sampler"): one sequence per
-request of the first timed round, seq = the request's index, with its prompt:
-demo/demo_learner.py --logprobs scores it (requests of one shape batched together) and
-tools/gap-report compares the two. Prints one line of JSON to stdout: {"demo": "server", "tokens_per_s": ..., ...}. Runs unchanged with or without the shim
-(LD_PRELOAD=build/libminite.so MINITE_SPEC=... MINITE_ROUTE=1536x2048,2048x768). Exit status 0;
-1 with a message on stderr when it cannot run, a request failed, or a log-prob is missing or
-not finite (the JSON is printed first).
+request of the first timed round, seq = the request's index, with its prompt: demo/demo_learner.py
+--logprobs scores it (requests of one shape batched together) and tools/gap-report compares the two.
+Prints one line of JSON to stdout: {"demo": "server", "tokens_per_s": ..., ...}. Runs unchanged with
+or without the shim (LD_PRELOAD=build/libminite.so MINITE_SPEC=... MINITE_ROUTE=1536x2048,2048x768).
+Exit status 0; 1 with a message on stderr when it cannot run, a request failed, or a log-prob is
+missing or not finite (the JSON is printed first).
 """
 import argparse
 import json
@@ -277,8 +277,8 @@ def sequences(requests, outputs):
     return seqs, missing
 
 
-def engine_configs(args, requests, flight):
-    """(GenerationConfig, ContinuousBatchingConfig) of the run."""
+def engine_configs(args, requests, flight, blocks):
+    """(GenerationConfig, ContinuousBatchingConfig) of the run, its cache `blocks` blocks."""
     from transformers import ContinuousBatchingConfig, GenerationConfig
     if args.sampling == "sample":
         gen = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
@@ -288,7 +288,6 @@ def engine_configs(args, requests, flight):
     gen.eos_token_id = -1  # the engine's "no end token": every request runs to its length
     # Both sizes given: left out, either is solved for so that the cache and the attention mask
     # fill 90% of the free GPU memory, which would leave the shim none for its weight cache.
-    blocks = args.num_blocks or default_num_blocks(requests, args.block_size, flight)
     cb = ContinuousBatchingConfig(
         block_size=args.block_size, num_blocks=blocks, max_batch_tokens=args.max_batch_tokens,
         max_requests_per_batch=min(flight, MAX_REQUESTS_PER_BATCH),
@@ -297,14 +296,14 @@ def engine_configs(args, requests, flight):
     return gen, cb
 
 
-def start_engine(torch, args, model, requests, flight):
+def start_engine(torch, args, model, requests, flight, blocks):
     """The started manager and what the engine resolved."""
     try:
         model.set_attn_implementation(f"paged|{args.attn}")
     except (ImportError, ValueError) as e:
         raise demo_model.DemoError(f"attention paged|{args.attn} is not available ({e}); use "
                                    "--attn sdpa or install it") from None
-    gen, cb = engine_configs(args, requests, flight)
+    gen, cb = engine_configs(args, requests, flight, blocks)
     manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
     if manager.logit_processor.do_processing:
         raise demo_model.DemoError("the engine set up a logits processor: its log-probs would not "
@@ -354,11 +353,11 @@ def run(args):
     requests = draw_requests(args.requests, args.prompt_len, args.new_tokens,
                              demo_model.GEOMETRY["vocab_size"], args.prompt_seed)
     flight = in_flight(args)
-    slots = args.block_size * (args.num_blocks or default_num_blocks(requests, args.block_size,
-                                                                      flight))
-    args.layers = demo_model.resolve_layers(torch, args.layers, "sampler", slots)
+    blocks = args.num_blocks or default_num_blocks(requests, args.block_size, flight)
+    args.layers = demo_model.resolve_layers(torch, args.layers, "sampler",
+                                            blocks * args.block_size)
     model = demo_model.build(args.layers, args.seed, args.init_std, args.experts)
-    manager, engine = start_engine(torch, args, model, requests, flight)
+    manager, engine = start_engine(torch, args, model, requests, flight, blocks)
     try:
         t = time.perf_counter()
         for w in range(args.warmup_rounds):
