@@ -21,6 +21,8 @@
 #include "shim/real.h"
 
 #define MT_OP_N 0 /* cublasOperation_t; T (1) and C (2) are the same for real types */
+/* N, T or C (C the same as T for real types); any other value is cuBLAS's to refuse. */
+static inline int mt_op_known(int op) { return op >= MT_OP_N && op <= 2; }
 
 /* Which dimension of a grouped call differs between groups, its sizes on the device (the record
  * holds the total over the groups): torch._grouped_mm with offsets. */

@@ -43,9 +43,6 @@ static int routed(const mt_spec *s, int64_t out, int64_t in) {
   return mt_spec_routes(s, (uint32_t)out, (uint32_t)in);
 }
 
-/* N, T or C (the same as T for real types); any other value is cuBLAS's to refuse. */
-static int op_ok(int op) { return op >= MT_OP_N && op <= 2; }
-
 static enum mt_wlayout layout = MT_WLAYOUT_AUTO;
 
 void mt_router_init(const mt_params *p) { layout = p->weight_layout; }
@@ -67,7 +64,7 @@ int mt_route_ambiguous(const mt_spec *s, const mt_call *c) {
 }
 
 enum mt_role mt_route_role(const mt_spec *s, const mt_call *c) {
-  if (!op_ok(c->transa) || !op_ok(c->transb))
+  if (!mt_op_known(c->transa) || !mt_op_known(c->transb))
     return MT_ROLE_NONE;
   int ta = c->transa != MT_OP_N, tb = c->transb != MT_OP_N;
   int mk_known = c->ragged != MT_RAGGED_M && c->ragged != MT_RAGGED_K;

@@ -243,7 +243,9 @@ static void start_on_first_call(void) {
  * backward, and the census marks every such call): how it was read and how to read it otherwise. */
 static void say_ambiguous(const mt_call *c) {
   static atomic_int said;
-  if (params.weight_layout != MT_WLAYOUT_AUTO || !mt_route_ambiguous(&spec, c) ||
+  /* said first: every later call of the program returns here, before the routes are searched */
+  if (params.weight_layout != MT_WLAYOUT_AUTO ||
+      atomic_load_explicit(&said, memory_order_relaxed) || !mt_route_ambiguous(&spec, c) ||
       atomic_exchange(&said, 1))
     return;
   MT_INFO(

@@ -250,9 +250,8 @@ static void census_add(const mt_call *c) {
 
 /* Forwards of either weight layout: TN, and NN (which may be a dgrad: suggest_locked tells). */
 static int suggestible(const mt_call *c) {
-  return (c->transa == MT_OP_N || c->transa == 1 || c->transa == 2) && c->transb == MT_OP_N &&
-         c->atype == c->btype && (c->atype == CUDA_R_16BF || c->atype == CUDA_R_16F) && c->m > 0 &&
-         c->k > 0;
+  return mt_op_known(c->transa) && c->transb == MT_OP_N && c->atype == c->btype &&
+         (c->atype == CUDA_R_16BF || c->atype == CUDA_R_16F) && c->m > 0 && c->k > 0;
 }
 
 static void shape_add(const mt_call *c) {
