@@ -52,8 +52,7 @@ int mt_refresh_weight(const void *w, enum mt_dtype type, size_t ldw, mt_qweight 
                       unsigned step, mt_stream stream) {
   int st = mt_quantize_weight_accepts(w, type, ldw, q);
   if (st == MT_OK)
-    st = q->in_out ? check(w, ldw, q->k, q->n, state, step, stream)
-                   : check(w, ldw, q->n, q->k, state, step, stream);
+    st = check(w, ldw, q->in_out ? q->k : q->n, q->in_out ? q->n : q->k, state, step, stream);
   if (st != MT_OK)
     return st;
   st = mt_quantize_weight_if(w, type, ldw, q, mt_wcheck_list(state, 1), stream);
