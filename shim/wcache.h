@@ -4,9 +4,10 @@
  * shim/devmem.h provides.
  *
  * Frozen entries are keyed by the weight's address, shape, layout ([out][in] or [in][out]), row
- * stride, type and numerics, and are refreshed at every call on the device (mt_refresh_weight: a hash of the whole weight, compared
- * with the one of its last quantization). The guarantee: a frozen weight is never stale, whatever
- * wrote it; the cost per call: one read of the BF16 weight instead of a full requantization.
+ * stride, type and numerics, and are refreshed at every call on the device (mt_refresh_weight: a
+ * hash of the whole weight, compared with the one of its last quantization). The guarantee: a
+ * frozen weight is never stale, whatever wrote it; the cost per call: one read of the BF16 weight
+ * instead of a full requantization.
  * Under frozen-sampled the hash covers one 1 KB run of lines in MT_SAMPLE_STEP (kernels/whash.h):
  * a call costs 1/64 of that read, and a change that misses every sampled line goes unseen (the
  * guarantee holds for weights changed as a whole, as an optimizer step changes them). A grouped
