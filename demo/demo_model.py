@@ -135,13 +135,12 @@ def _layer_activation_bytes():
 
 
 def layer_params():
-    """(attention and norms, router and experts) parameters of one decoder layer."""
+    """(attention and norms, router, experts) parameters of one decoder layer."""
     g = GEOMETRY
     h, d = g["hidden_size"], g["head_dim"]
     q, kv = g["num_attention_heads"] * d, g["num_key_value_heads"] * d
     attn = 2 * h * q + 2 * h * kv + 2 * d + 2 * h
-    experts = 3 * g["num_experts"] * h * g["moe_intermediate_size"]
-    return attn, g["num_experts"] * h + experts
+    return attn, g["num_experts"] * h, 3 * g["num_experts"] * h * g["moe_intermediate_size"]
 
 
 def fit_layers(total_bytes, role, tokens):
@@ -149,16 +148,16 @@ def fit_layers(total_bytes, role, tokens):
     `tokens` KV-cache slots (sequences x their length), "learner" training on `tokens` tokens a
     step with AdamW."""
     g = GEOMETRY
-    attn, moe = layer_params()
-    experts = 3 * g["num_experts"] * g["hidden_size"] * g["moe_intermediate_size"]
+    attn, router, experts = layer_params()
+    params = attn + router + experts
     store = STORE_BYTES * experts
     embed = 2 * g["vocab_size"] * g["hidden_size"]          # embedding and LM head
     if role == "sampler":
         kv = 2 * g["num_key_value_heads"] * g["head_dim"] * 2 * tokens
-        per_layer = 2 * (attn + moe) + store + kv
+        per_layer = 2 * params + store + kv
         fixed = 2 * embed + SAMPLER_SPARE
     elif role == "learner":
-        per_layer = 8 * (attn + moe) + store + tokens * _layer_activation_bytes()
+        per_layer = 8 * params + store + tokens * _layer_activation_bytes()
         fixed = 8 * embed + LOSS_BYTES * tokens * g["vocab_size"] + LEARNER_SPARE
     else:
         raise ValueError(role)
