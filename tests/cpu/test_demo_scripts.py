@@ -226,7 +226,7 @@ def test_breakdown_table():
                "router": [20.0] * 3, "experts": [experts] * 3, "LM head": [50.0] * 3,
                "sampling": [30.0] * 3,
                "experts_split": (gemm_share, 0.1, 0.9 - gemm_share),
-               "step_kernel_sum": step * 0.9}
+               "step kernel sum": step * 0.9}
         return demo_step.summarise(out)
     none = part(1000.0, 600.0, 0.75)
     harness.check(none["attention, rest"] == 1000 - 800 and none["experts GEMMs"] == 450 and
