@@ -1,11 +1,13 @@
 // instr.cu — the instruments' kernels (shim/instr.c enqueues them after a routed GEMM, on the
 // call's stream, into a result block the host reads later without synchronizing the stream):
-//   mt_instr_digest  row hashes of the activations, and for the rows the rate picks by content,
-//                    the output row's hash and its 8-value sketch (scheme 2, kernels/instr.h)
+//   mt_instr_digest  the lead hashes of the activations' rows, and for the rows the rate picks by
+//                    them, the row hash, the output row's hash and its 8-value sketch (scheme 2,
+//                    kernels/instr.h); as a call's last launch, its last CTA then runs the finish
 //   mt_instr_shadow  sum (y - ref)^2, sum ref^2 and max |y - ref| of the routed output against
 //                    the BF16 GEMM's
 //   mt_instr_probe   rows recomputed alone against their in-batch rows, bit for bit
-//   mt_instr_finish  the weight's weight_sum (1/64 of its lines, or the frozen-sampled cache's
+//   mt_instr_finish  (its own launch where a grouped call's weights are read, or no row digested)
+//                    the weight's weight_sum (1/64 of its lines, or the frozen-sampled cache's
 //                    stored hash) and the bias's content sum, only when a row was digested; then
 //                    the publication: the result block into mapped pinned host memory, the slot's
 //                    flag last (the host polls it; it never waits on the stream)
@@ -72,19 +74,20 @@ __device__ __forceinline__ float abs_diff(float a, float b) { return fabsf(a - b
 
 } // namespace
 
-extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr_digest_args a) {
-  const int lane = threadIdx.x % 32;
-  const int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  if (r >= a.m)
-    return;
+// One row of a digest: chosen by its lead hash (kernels/instr.h), then its row hash, its output's
+// hash and sketch into the next kept row of the block.
+__device__ void digest_row(const mt_instr_digest_args &a, int r, int lane) {
   const int32_t seg = mt_instr_segment(a.offs, a.nseg, a.seg_rows, r);
   if (seg < 0)
     return; // past the last segment's end: never written
   const uint16_t *x = (const uint16_t *)a.x + mt_instr_digest_x(&a, seg, r);
+  const uint64_t tag = mt_instr_tag((uint64_t)a.k, a.xtype);
   uint64_t row_hash =
-      mt_instr_mix64(warp_sum(row_sum_lane(x, a.k, lane)) ^ mt_instr_tag((uint64_t)a.k, a.xtype));
+      mt_instr_mix64(warp_sum(row_sum_lane(x, min(a.k, MT_INSTR_LEAD), lane)) ^ tag);
   if (!a.all && row_hash >= a.threshold)
     return;
+  if (a.k > MT_INSTR_LEAD)
+    row_hash = mt_instr_mix64(warp_sum(row_sum_lane(x, a.k, lane)) ^ tag);
   unsigned slot = 0;
   if (lane == 0)
     slot = atomicAdd(&a.hdr->selected, 1u);
@@ -180,9 +183,10 @@ __device__ int first_rows(const mt_instr_row *rows, unsigned kept, bool one_weig
                           int *warp_n) {
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
   bool first = (unsigned)t < kept && (!one_weight || t == 0);
+  const int seg = first ? __ldcg(&rows[t].seg) : 0;
   if (first && !one_weight)
     for (int j = 0; j < t && first; j++)
-      first = rows[j].seg != rows[t].seg;
+      first = __ldcg(&rows[j].seg) != seg;
   const unsigned ballot = __ballot_sync(0xffffffffu, first);
   if (lane == 0)
     warp_n[warp] = __popc(ballot);
@@ -202,23 +206,24 @@ __device__ int first_rows(const mt_instr_row *rows, unsigned kept, bool one_weig
 // from the frozen-sampled cache's stored hashes (CTA 0), or summed by the grid: units of one
 // segment's block of blockDim.x items (a line a thread), dealt to the CTAs in turn, so that all
 // the segments' samples stream at once.
-__device__ void grouped_sums(const mt_instr_finish_args &a, uint64_t *warp_part) {
+__device__ void grouped_sums(const mt_instr_finish_args &a, uint64_t *warp_part, unsigned cta,
+                             unsigned ctas) {
   __shared__ int list[256], warp_n[8];
   mt_instr_row *rows = (mt_instr_row *)(a.hdr + 1);
   const unsigned kept = min((unsigned)a.cap, *(volatile unsigned *)&a.hdr->selected);
   const int firsts = first_rows(rows, kept, a.w_stride == 0, list, warp_n);
   if (a.frozen_sum) {
-    if (blockIdx.x == 0 && (int)threadIdx.x < firsts) {
+    if (cta == 0 && (int)threadIdx.x < firsts) {
       mt_instr_row *row = rows + list[threadIdx.x];
-      row->wsum = a.frozen_sum[(a.w_stride ? row->seg : 0) * a.frozen_stride];
+      row->wsum = a.frozen_sum[(a.w_stride ? __ldcg(&row->seg) : 0) * a.frozen_stride];
     }
     return;
   }
   const mt_wlines g = mt_wlines_of(a.n, a.k, MT_SAMPLE_STEP);
   const uint32_t blocks = (g.items + blockDim.x - 1) / blockDim.x;
-  for (uint32_t u = blockIdx.x; u < (uint32_t)firsts * blocks; u += gridDim.x) {
+  for (uint32_t u = cta; u < (uint32_t)firsts * blocks; u += ctas) {
     mt_instr_row *row = rows + list[u / blocks];
-    const uint16_t *w = (const uint16_t *)a.w + (a.w_stride ? row->seg : 0) * a.w_stride;
+    const uint16_t *w = (const uint16_t *)a.w + (a.w_stride ? __ldcg(&row->seg) : 0) * a.w_stride;
     const uint32_t item = u % blocks * blockDim.x + threadIdx.x;
     const uint64_t s = cta_sum(weight_item(w, a.ldw, g, a.in_out, item), warp_part);
     if (threadIdx.x == 0)
@@ -227,20 +232,21 @@ __device__ void grouped_sums(const mt_instr_finish_args &a, uint64_t *warp_part)
 }
 
 // The weight's weight_sum (or each grouped row's own weight's); the bias in CTA 0; then the last
-// CTA to finish publishes the block.
-extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr_finish_args a) {
+// CTA to finish publishes the block. CTA `cta` of `ctas`: mt_instr_finish's grid, or the digest's
+// last CTA alone (its rows written by the other CTAs of its grid: read from L2, never from L1).
+__device__ void finish_body(const mt_instr_finish_args &a, unsigned cta, unsigned ctas) {
   __shared__ uint64_t warp_part[8];
   __shared__ bool last;
   mt_instr_header *hdr = a.hdr;
-  const bool digest = a.w && hdr->selected > 0; // the same for the whole grid
+  const bool digest = a.w && *(volatile unsigned *)&hdr->selected > 0; // the same for all CTAs
   uint64_t h = 0, b = 0;
   if (digest && a.grouped) {
-    grouped_sums(a, warp_part);
+    grouped_sums(a, warp_part, cta, ctas);
   } else if (digest && !a.frozen_sum) {
     h = weight_sum_part((const uint16_t *)a.w, a.ldw, mt_wlines_of(a.n, a.k, MT_SAMPLE_STEP),
-                        a.in_out, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
+                        a.in_out, cta * blockDim.x + threadIdx.x, ctas * blockDim.x);
   }
-  if (digest && blockIdx.x == 0 && a.bias) {
+  if (digest && cta == 0 && a.bias) {
     const unsigned char *p = (const unsigned char *)a.bias;
     for (int64_t off = 16 * (int64_t)threadIdx.x; off < a.bias_bytes; off += 16 * blockDim.x) {
       uint64_t lo = 0, hi = 0;
@@ -272,14 +278,14 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
     warp_part[warp] = b;
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (digest && blockIdx.x == 0 && a.bias) {
+    if (digest && cta == 0 && a.bias) {
       uint64_t s = 0;
       for (int w = 0; w < warps; w++)
         s += warp_part[w];
       hdr->bsum = s;
     }
     __threadfence();
-    last = atomicAdd(&hdr->finished, 1u) == gridDim.x - 1;
+    last = atomicAdd(&hdr->finished, 1u) == ctas - 1;
   }
   __syncthreads();
   if (!last)
@@ -310,6 +316,30 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
     __threadfence_system();
     *(volatile uint32_t *)a.flag = a.seq ? a.seq : flag_was + 2;
   }
+}
+
+extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr_finish_args a) {
+  finish_body(a, blockIdx.x, gridDim.x);
+}
+
+// A warp a row; with `publish`, the grid's last CTA to finish its rows then runs the finish
+// (every thread's rows fenced before its CTA is counted).
+extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr_digest_args a) {
+  __shared__ bool last;
+  const int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r < a.m)
+    digest_row(a, r, threadIdx.x % 32);
+  if (!a.publish)
+    return;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0)
+    last = atomicAdd(&a.hdr->digested, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last)
+    return;
+  __threadfence();
+  finish_body(a.fin, 0, 1);
 }
 
 extern "C" __global__ void __launch_bounds__(256) mt_instr_shadow(const mt_instr_shadow_args a) {

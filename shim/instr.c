@@ -338,17 +338,9 @@ static sampled sample(const mt_instr_call *ic) {
   return p;
 }
 
-/* Enqueue the chosen instruments into slot s on the call's stream; returns the kinds enqueued
- * (0 when the memset failed: nothing was enqueued). The probe and shadow under scratch_lock. */
-static int enqueue(const mt_instr_call *ic, mt_iw_context *c, mt_iw_slot *s, int kinds,
-                   const mt_driver *d) {
-  CUstream stream = (CUstream)ic->call->stream;
-  mt_instr_header *hdr = (mt_instr_header *)s->dev;
-  if (!s->used && d->memset_d8_async(s->dev, 0, sizeof *hdr, stream) != CUDA_SUCCESS)
-    return 0;
-  s->used = 1;
-  if (kinds & MT_IW_DIGEST) {
-    mt_instr_digest_args da = {.x = ic->x,
+/* The digest's arguments for slot s (its rows after the slot's header). */
+static void digest_args(const mt_instr_call *ic, mt_iw_slot *s, mt_instr_digest_args *da) {
+  *da = (mt_instr_digest_args){.x = ic->x,
                                .y = ic->y,
                                .ldx = (int64_t)ic->ldx,
                                .ldy = (int64_t)ic->ldy,
@@ -359,25 +351,33 @@ static int enqueue(const mt_instr_call *ic, mt_iw_context *c, mt_iw_slot *s, int
                                .ytype = ic->ytype,
                                .all = digest_all,
                                .threshold = digest_threshold,
-                               .hdr = hdr,
-                               .rows = (mt_instr_row *)(s->dev + sizeof *hdr),
+                               .hdr = (mt_instr_header *)s->dev,
+                               .rows = (mt_instr_row *)(s->dev + sizeof(mt_instr_header)),
                                .cap = MT_IW_ROWS};
-    if (ic->grouped) {
-      da.offs = ic->grouped->offs;
-      da.nseg = ic->grouped->nseg;
-      da.seg_rows = ic->grouped->seg_rows;
-      da.stride_x = ic->grouped->stride_x;
-      da.stride_y = ic->grouped->stride_y;
-      if (ic->grouped->dispatch) {
-        da.x_rows = ic->grouped->dispatch->lists.src;
-        da.y_rows = ic->grouped->dispatch->lists.dst;
-      }
-    }
-    if (mt_instr_launch_digest(&da, (mt_stream)stream) != MT_OK) {
-      mt_iw_count_skips(MT_IW_DIGEST, MT_IW_ERROR);
-      kinds &= ~MT_IW_DIGEST;
-    }
+  const mt_grouped_args *g = ic->grouped;
+  if (!g)
+    return;
+  da->offs = g->offs;
+  da->nseg = g->nseg;
+  da->seg_rows = g->seg_rows;
+  da->stride_x = g->stride_x;
+  da->stride_y = g->stride_y;
+  if (g->dispatch) {
+    da->x_rows = g->dispatch->lists.src;
+    da->y_rows = g->dispatch->lists.dst;
   }
+}
+
+/* Enqueue the chosen probe and shadow into slot s on the call's stream (the digest goes last, with
+ * the publication: publish()); returns the kinds still on (0 when the memset failed: nothing was
+ * enqueued). The probe and shadow under scratch_lock. */
+static int enqueue(const mt_instr_call *ic, mt_iw_context *c, mt_iw_slot *s, int kinds,
+                   const mt_driver *d) {
+  CUstream stream = (CUstream)ic->call->stream;
+  mt_instr_header *hdr = (mt_instr_header *)s->dev;
+  if (!s->used && d->memset_d8_async(s->dev, 0, sizeof *hdr, stream) != CUDA_SUCCESS)
+    return 0;
+  s->used = 1;
   CUdeviceptr scratch = mt_iw_scratch(c) /* the probe's rows, then the shadow's */;
   if (kinds & MT_IW_PROBE) {
     mt_instr_probe_args pa = {.hdr = hdr};
@@ -425,9 +425,10 @@ static const uint64_t *stored_sums(const mt_instr_call *ic, int64_t *stride) {
   return &mt_wcheck_slices(r->state)->hash;
 }
 
-/* The last launch of an instrumented call: the weight's identity when rows were digested, then
- * the publication of the block (kernels/instr.h). MT_OK or an mt_status. */
-static int finish(const mt_instr_call *ic, mt_iw_slot *s, int kinds) {
+/* The finish's arguments: the weight's identity when rows are digested, then the publication of
+ * the block under the slot's next sequence (kernels/instr.h). */
+static void finish_args(const mt_instr_call *ic, mt_iw_slot *s, int kinds,
+                        mt_instr_finish_args *fa) {
   size_t bias_elem = ic->biastype == MT_DTYPE_FP32 ? 4 : 2;
   int digest_on = kinds & MT_IW_DIGEST;
   int64_t frozen_stride;
@@ -437,7 +438,8 @@ static int finish(const mt_instr_call *ic, mt_iw_slot *s, int kinds) {
     s->seq = 0;
   else if (++s->seq == 0)
     s->seq = 1;
-  mt_instr_finish_args fa = {.w = digest_on ? ic->w : NULL,
+  *fa =
+      (mt_instr_finish_args){.w = digest_on ? ic->w : NULL,
                              .ldw = (int64_t)ic->ldw,
                              .w_stride = ic->w_stride,
                              .grouped = ic->grouped != NULL,
@@ -453,7 +455,33 @@ static int finish(const mt_instr_call *ic, mt_iw_slot *s, int kinds) {
                              .flag = (uint32_t *)s->flag_dev,
                              .cap = MT_IW_ROWS,
                              .seq = s->seq};
-  return mt_instr_launch_finish(&fa, (mt_stream)ic->call->stream);
+}
+
+/* The call's last launches: the digest, when on, and the publication, which the digest's last CTA
+ * runs (a launch a call) unless the weights' samples to read are larger than one CTA reads well
+ * (a grouped call's outside frozen-sampled): the finish then keeps its own grid. A digest that cannot be launched is dropped (counted); MT_OK with *kinds
+ * those published (0: nothing was), or an mt_status when the publication could not be launched. */
+static int publish(const mt_instr_call *ic, mt_iw_slot *s, int *kinds) {
+  const mt_stream stream = (mt_stream)ic->call->stream;
+  mt_instr_finish_args fa;
+  finish_args(ic, s, *kinds, &fa);
+  if (*kinds & MT_IW_DIGEST) {
+    mt_instr_digest_args da;
+    digest_args(ic, s, &da);
+    da.publish = mt_instr_finish_grid(&fa) <= MT_INSTR_FOLD_CTAS;
+    da.fin = fa;
+    const int st = mt_instr_launch_digest(&da, stream);
+    if (st == MT_OK && da.publish)
+      return MT_OK;
+    if (st != MT_OK) { /* not launched: the rest publishes without it */
+      mt_iw_count_skips(MT_IW_DIGEST, MT_IW_ERROR);
+      *kinds &= ~MT_IW_DIGEST;
+      fa.w = NULL, fa.frozen_sum = NULL, fa.bias = NULL, fa.bias_bytes = 0;
+    }
+  }
+  if (!*kinds)
+    return MT_OK;
+  return mt_instr_launch_finish(&fa, stream);
 }
 
 /* The scratch's room and availability for the probe and shadow. When they stay on, the
@@ -606,7 +634,7 @@ void mt_instr_after(const mt_instr_call *ic) {
   slot_fill(s, ic, p.route, kinds);
   int got = enqueue(ic, c, s, kinds, d);
   mt_iw_count_skips(kinds & ~got, MT_IW_ERROR);
-  if (got && finish(ic, s, got) != MT_OK) {
+  if (got && publish(ic, s, &got) != MT_OK) {
     /* enqueued work whose end cannot be known: the slot is never reused */
     mt_iw_count_skips(got, MT_IW_ERROR);
     mt_iw_give_back(s, MT_IW_LOST);

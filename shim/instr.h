@@ -8,7 +8,8 @@
  *   MINITE_PROBE=rate   every ceil(1/rate)-th routed call with M > 1 of a route recomputes up to
  *                       4 rows (first, last, two between) alone (M = 1) and compares bit for bit;
  *                       in a grouped call, over its total rows, each with its own segment's weight
- *   MINITE_DIGEST=rate  output rows whose input-row hash is below rate * 2^64: a "digest" record
+ *   MINITE_DIGEST=rate  output rows whose input row's lead hash (its first 128 elements) is below
+ *                       rate * 2^64: a "digest" record
  *                       (scheme 2 of tools/minite-compare; hashes in kernels/instr.h)
  *   MINITE_INSTR_MB     device scratch for the shadow's output and the probe's rows, per GPU
  * Rates are a number in [0, 1] ("0.015625") or a fraction ("1/64"); 0 turns an instrument off.
@@ -16,12 +17,12 @@
  *
  * After a routed GEMM (shim/exec.c for the engine, shim.c for spec bf16, whose routed calls are
  * cuBLAS's), mt_instr_after enqueues the instruments' kernels on the call's stream into a result
- * slot; the last of them copies the slot into its mapped pinned host twin and then writes a
- * sequence number into the slot's flag; one background thread per process polls the flags (plain
- * host reads, no CUDA call: shim/instr_writer.h) and writes the records. Slots are a fixed pool:
- * a call that finds none free is not instrumented and counted as dropped. Nothing runs while the
- * stream captures a graph (counted as skipped). At exit, what completes within 2 s is written;
- * the rest is counted as dropped.
+ * slot; the last of them (the digest, whose last CTA runs the finish) copies the slot into its
+ * mapped pinned host twin and then writes a sequence number into the slot's flag; one background
+ * thread per process polls the flags (plain host reads, no CUDA call: shim/instr_writer.h) and
+ * writes the records. Slots are a fixed pool: a call that finds none free is not instrumented
+ * and counted as dropped. Nothing runs while the stream captures a graph (counted as skipped). At
+ * exit, what completes within 2 s is written; the rest is counted as dropped.
  */
 #ifndef MT_INSTR_SHIM_H
 #define MT_INSTR_SHIM_H

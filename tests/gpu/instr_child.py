@@ -4,7 +4,8 @@ own (the parent sets LD_PRELOAD and the MINITE_* variables). Writes OUT.npz. Not
 Cases (weight 256 x 512, BF16, Gaussian):
   probe   F.linear for M in 7, 64, 300, three times each (every call with M > 1: probed)
   batch   the same 64 rows (seed 11) through F.linear in the batches MT_BATCHES ("64" or "7,1"),
-          from the last row backwards when MT_REVERSE=1; the outputs gathered in row order
+          from the last row backwards when MT_REVERSE=1; the outputs gathered in row order; x, w
+          and y saved
   shadow  one F.linear of 64 rows; x, w and y saved for the parent's reference
   bias    one F.linear of 64 rows with a bias (cublasLtMatmul, BIAS epilogue); x, w, b, y saved
 """
@@ -37,7 +38,7 @@ def case_batch():
         lo = 64 - done - n if reverse else done
         y[lo:lo + n] = F.linear(x[lo:lo + n].contiguous(), w)
         done, i = done + n, i + 1
-    return {"y": f32(y)}
+    return {"x": f32(x), "w": f32(w), "y": f32(y)}
 
 
 def case_shadow():

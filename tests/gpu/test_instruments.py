@@ -12,7 +12,8 @@ with the child's weight routed (256x512) and reads the statistics file:
   (batches of 7 and 1, last rows first, kept weights: frozen-sampled under nvfp4-row, frozen under
   nvfp4-tensor) join in tools/minite-compare with every row matched and 100% bitwise equal under
   nvfp4-row (the weight's identity is the same whether summed per call or read from the
-  frozen-sampled cache's stored hash); at rate 1/4 both pick the same rows;
+  frozen-sampled cache's stored hash); at rate 1/4 both pick the same rows, those whose lead hash
+  (of the first 128 elements, kernels/instr.h) is below 2^62;
 - shadow error: under nvfp4-row the relative L2 of the routed output against cuBLAS's BF16 GEMM
   is what the CPU reference (ref/nvfp4.c via nvfp4_tool) gives for the same operands, within
   0.01, and in the range NVFP4 W4A4 implies for Gaussian operands: 0.10 .. 0.17 (each operand's
@@ -104,12 +105,19 @@ def digests_of_two_batchings_join_equal():
             harness.check(np.array_equal(ya["y"], yb["y"]),
                           "nvfp4-row: the two batchings' outputs differ (the digests said equal?)")
     # at rate 1/4, both processes digest the same rows: chosen by content, not by count
-    _, fa, sa = child("batch", "rate_a", digest="1/4", extra={"MT_BATCHES": "64"})
+    got, fa, sa = child("batch", "rate_a", digest="1/4", extra={"MT_BATCHES": "64"})
     _, fb, sb = child("batch", "rate_b", digest="1/4", extra={"MT_BATCHES": "7,1", "MT_REVERSE": "1"})
     total = compare(fa, fb)["total"]
     print(f"    rate 1/4: rows A {total['rows_a']}, B {total['rows_b']}, matched {total['matched']}")
     harness.check(0 < total["matched"] < 64 and total["rows_a"] == total["rows_b"] == total["matched"],
                   f"rate 1/4: rows A {total['rows_a']}, B {total['rows_b']}, matched {total['matched']}")
+    if fa is not None and "x" in got:
+        want = lead_chosen_keys(got, 1 / 4)
+        keys = {json.loads(line)["key"] for line in open(fa) if '"event": "digest"' in line}
+        print(f"    rate 1/4: {len(want)} rows' lead hashes below 2^62, {len(keys & want)} of "
+              f"{len(keys)} digested among them")
+        harness.check(keys == want, f"rate 1/4: digested {len(keys)} rows, {len(keys & want)} of "
+                                    f"the {len(want)} whose lead hash is below the rate")
 
 
 def shadow_error_in_nvfp4_range_and_zero_under_bf16():
@@ -203,6 +211,16 @@ def expected_rows(x, w, y, b=None):
         out_hash = MC.mix64(content_sum(bf16_bytes(y[i])) ^ tag(n, 0))
         rows[f"{h:016x}"] = (f"{out_hash:016x}", MC.sketch([float(v) for v in y[i]]))
     return rows
+
+
+def lead_chosen_keys(got, rate):
+    """The keys of the rows a digest at `rate` picks: their lead hash, of the first 128 elements
+    and the row's length, below rate * 2^64 (the whole row's hash keys them)."""
+    x, w = got["x"], got["w"]
+    keys = list(expected_rows(x, w, got["y"]))  # row order
+    k = w.shape[1]
+    return {key for i, key in enumerate(keys)
+            if MC.mix64(content_sum(bf16_bytes(x[i][:128])) ^ tag(k, 0)) < rate * 2**64}
 
 
 def check_scheme(case, got, path):
