@@ -55,17 +55,15 @@ int mt_instr_launch_digest(const mt_instr_digest_args *a, mt_stream stream) {
 /* A CTA for each block of 256 sampled lines (a line a thread; a grouped call's for each of the
  * weights its digested rows may name), at most 264 (as kernels/wcheck.c); one where nothing is
  * read (a frozen-sampled weight's sums are stored; no digest: only the publication). */
-unsigned mt_instr_finish_grid(const mt_instr_finish_args *a) {
-  if (!a->w || a->frozen_sum)
-    return 1;
-  const uint64_t blocks = mt_whash_items(mt_whash_lines(a->n, a->k), MT_SAMPLE_STEP) / 256 + 1;
-  const uint64_t units = a->grouped ? blocks * (uint64_t)a->cap : blocks;
-  return units < 264 ? (unsigned)units : 264;
-}
-
 int mt_instr_launch_finish(const mt_instr_finish_args *a, mt_stream stream) {
   mt_instr_finish_args copy = *a;
-  return launch("mt_instr_finish", mt_instr_finish_grid(a), &copy, stream);
+  unsigned grid = 1;
+  if (a->w && !a->frozen_sum) {
+    const uint64_t blocks = mt_whash_items(mt_whash_lines(a->n, a->k), MT_SAMPLE_STEP) / 256 + 1;
+    const uint64_t units = a->grouped ? blocks * (uint64_t)a->cap : blocks;
+    grid = units < 264 ? (unsigned)units : 264;
+  }
+  return launch("mt_instr_finish", grid, &copy, stream);
 }
 
 int mt_instr_launch_shadow(const mt_instr_shadow_args *a, mt_stream stream) {

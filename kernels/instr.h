@@ -25,17 +25,13 @@
  *                          rows then join and show as differing, never as silently equal.
  *   tag(len, type)         mix64(len << 4 | (type + 1)), type an mt_dtype
  *   row hash               mix64(content_sum(x row, K elements) ^ tag(K, xtype))
- *   lead hash              mix64(content_sum(the x row's first min(K, MT_INSTR_LEAD) elements)
- *                          ^ tag(K, xtype)): the row hash when K <= MT_INSTR_LEAD
  *   output hash            mix64(content_sum(y row, N elements) ^ tag(N, ytype))
  *   weight id              mix64(weight_sum(W, N rows of K) ^ tag(N << 28 | K, wtype))
  *   bias id                0 without bias; else mix64(content_sum(bias) ^ tag(N, biastype))
  *   key                    fold(KEY_SEED, row hash, weight id, ytype + 1, bits of alpha, bias id)
  *                          with fold(h, v) = mix64(h ^ v), left to right
- * A row is digested when its lead hash is below the rate as a fraction of 2^64 (every row when the
- * rate is 1), so two processes pick the same rows whatever their batches; choosing by the lead
- * reads 256 bytes of a row that is not digested, where the whole row's hash read all of every row
- * (46 MB a Qwen3 layer at 1,024 tokens, for 1/64 of its rows).
+ * A row is digested when its row hash is below the rate as a fraction of 2^64 (every row when the
+ * rate is 1), so two processes pick the same rows whatever their batches.
  */
 #ifndef MT_INSTR_H
 #define MT_INSTR_H
@@ -52,7 +48,6 @@
 #define MT_INSTR_MUL_G 0x9E3779B97F4A7C15ull
 #define MT_INSTR_MUL_H 0xD6E8FEB86659FD93ull
 #define MT_INSTR_PROBE_ROWS 4 /* rows a probe recomputes alone: first, last, two between */
-#define MT_INSTR_LEAD 128     /* elements of a row the digests' choice reads (16 pieces) */
 
 /* One digested row, as the kernel writes it; the key is finished on the host. In a grouped call
  * the row's segment (which expert) and that expert's weight_sum (mt_instr_finish sums each
@@ -77,14 +72,35 @@ typedef struct {
   uint32_t probe_max_bits;   /* max |in-batch - alone| over the probed rows */
   uint32_t finished;         /* CTAs of mt_instr_finish done (the last one publishes) */
   uint32_t probe_outside;    /* probed rows of a grouped call in no segment (not compared) */
-  uint32_t digested;         /* CTAs of mt_instr_digest done (the last one may publish) */
+  uint32_t pad;
 } mt_instr_header;
 
-/* mt_instr_finish, the last kernel of an instrumented call (or the digest's last CTA): the
- * weight's weight_sum and the bias's content sum (only when a row was digested), then, in the last
- * CTA to finish, the publication: the header and the digested rows copied into mapped pinned host
- * memory, the header zeroed, the slot's flag set to seq (the host polls it: no CUDA call is needed
- * to learn that the results are there). */
+/* mt_instr_digest: one warp per row of x (m rows). A grouped call's rows: with offs (device, nseg
+ * cumulative ends) row r is in the first segment s with offs[s] > r (rows in none are skipped);
+ * with seg_rows > 0, segment r / seg_rows, at x + s * stride_x + (r % seg_rows) * ldx (y alike);
+ * with x_rows and y_rows, at x + x_rows[r] * ldx and y + y_rows[r] * ldy. */
+typedef struct {
+  const void *x; /* [m][k] 2-byte elements, row stride ldx (elements) */
+  const void *y; /* [m][n] 2-byte elements, row stride ldy */
+  int64_t ldx, ldy;
+  int32_t m, n, k, xtype, ytype, all; /* all: every row is digested */
+  uint64_t threshold;                 /* a row is digested when its row hash < threshold */
+  mt_instr_header *hdr;
+  mt_instr_row *rows; /* room for cap rows */
+  int32_t cap, nseg;
+  const int32_t *offs;
+  int64_t stride_x, stride_y;
+  int32_t seg_rows, pad;
+  /* NULL, or (a grouped call in vLLM's dispatch) device lists of each row's row of x and of y:
+   * row r reads x row x_rows[r] and y row y_rows[r] (offs still gives its segment) */
+  const int32_t *x_rows, *y_rows;
+} mt_instr_digest_args;
+
+/* mt_instr_finish, the last kernel of an instrumented call: the weight's weight_sum and the bias's
+ * content sum (only when a row was digested), then, in the last CTA to finish, the publication: the
+ * header and the digested rows copied into mapped pinned host memory, the header zeroed, the
+ * slot's flag set to seq (the host polls it: no CUDA call is needed to learn that the results are
+ * there). */
 typedef struct {
   const void *w; /* [n][k] 2-byte elements, row stride ldw; NULL: no digest in this call */
   int64_t ldw;
@@ -111,32 +127,6 @@ typedef struct {
    * flag is even and the same before and after its copy) */
   uint32_t seq;
 } mt_instr_finish_args;
-
-/* mt_instr_digest: one warp per row of x (m rows). A grouped call's rows: with offs (device, nseg
- * cumulative ends) row r is in the first segment s with offs[s] > r (rows in none are skipped);
- * with seg_rows > 0, segment r / seg_rows, at x + s * stride_x + (r % seg_rows) * ldx (y alike);
- * with x_rows and y_rows, at x + x_rows[r] * ldx and y + y_rows[r] * ldy. */
-typedef struct {
-  const void *x; /* [m][k] 2-byte elements, row stride ldx (elements) */
-  const void *y; /* [m][n] 2-byte elements, row stride ldy */
-  int64_t ldx, ldy;
-  int32_t m, n, k, xtype, ytype, all; /* all: every row is digested */
-  uint64_t threshold;                 /* a row is digested when its row hash < threshold */
-  mt_instr_header *hdr;
-  mt_instr_row *rows; /* room for cap rows */
-  int32_t cap, nseg;
-  const int32_t *offs;
-  int64_t stride_x, stride_y;
-  int32_t seg_rows, pad;
-  /* NULL, or (a grouped call in vLLM's dispatch) device lists of each row's row of x and of y:
-   * row r reads x row x_rows[r] and y row y_rows[r] (offs still gives its segment) */
-  const int32_t *x_rows, *y_rows;
-  /* 1: the call's last launch, which publishes: once every CTA has digested its rows, the last
-   * one to finish runs `fin` as a one-CTA mt_instr_finish would (a launch a call fewer; a grouped
-   * call whose weights must be read keeps the finish's own grid) */
-  int32_t publish, pad2;
-  mt_instr_finish_args fin;
-} mt_instr_digest_args;
 
 /* mt_instr_shadow: the shadow error of y against ref (same layout: row r at r * ld, or in a
  * strided batch of seg_rows rows a problem, stride elements apart, as mt_instr_row_offset says). */
@@ -284,12 +274,6 @@ static inline uint64_t mt_instr_row_hash(const uint16_t *x, int k, int xtype) {
                         mt_instr_tag((uint64_t)k, xtype));
 }
 
-static inline uint64_t mt_instr_lead_hash(const uint16_t *x, int k, int xtype) {
-  const int lead = k < MT_INSTR_LEAD ? k : MT_INSTR_LEAD;
-  return mt_instr_mix64(mt_instr_content_sum(x, (size_t)lead * 2, 0) ^
-                        mt_instr_tag((uint64_t)k, xtype));
-}
-
 static inline uint64_t mt_instr_out_hash(const uint16_t *y, int n, int ytype) {
   return mt_instr_mix64(mt_instr_content_sum(y, (size_t)n * 2, 0) ^
                         mt_instr_tag((uint64_t)n, ytype));
@@ -376,12 +360,6 @@ const mt_instr_driver *mt_instr_driver_get(void);
 /* Each enqueues its kernel on `stream` (no other driver call): MT_OK or an mt_status. */
 int mt_instr_launch_digest(const mt_instr_digest_args *a, mt_stream stream);
 int mt_instr_launch_finish(const mt_instr_finish_args *a, mt_stream stream);
-
-/* mt_instr_launch_finish's grid. Where it is at most MT_INSTR_FOLD_CTAS, the digest's last CTA
- * runs the finish alone instead (shim/instr.c): it then reads at most 16 sampled lines a thread,
- * and only in a call where a row was digested. */
-#define MT_INSTR_FOLD_CTAS 16
-unsigned mt_instr_finish_grid(const mt_instr_finish_args *a);
 int mt_instr_launch_shadow(const mt_instr_shadow_args *a, mt_stream stream);
 int mt_instr_launch_probe(const mt_instr_probe_args *a, mt_stream stream);
 int mt_instr_launch_offs(const mt_instr_offs_args *a, mt_stream stream);

@@ -5,12 +5,14 @@ hidden states, T = 1 .. 8192, on both experts paths (grouped_mm, eager), GPU tim
 summed by the PyTorch profiler (demo/demo_profile.py says why the profiler: the eager path
 synchronises and cannot be captured), the shim's mt_instr_* kernels also summed apart.
 
-    python3 lab/instr_cost.py OUT.json [--lib build/libminite.so] [--old OLD_LIB] [--tokens 1,16]
+    python3 lab/instr_cost.py OUT.json [--lib build/libminite.so] [--old OLD_LIB]
+        [--also NAME=LIB ...] [--tokens 1,16]
 
 Each setting runs in its own process: no shim; the shim under bf16 and under nvfp4-row, each
 without a statistics file and with one at the default rates (MINITE_STATS), frozen-sampled
 weights; with --old, nvfp4-row and bf16 with statistics again under OLD_LIB (an earlier build, the
-same run and card). Prints, per path and T, µs per forward of each setting and the instruments'
+same run and card); each --also NAME=LIB (a variant for an A/B), the same two again under
+LIB, labelled NAME. Prints, per path and T, µs per forward of each setting and the instruments'
 share of the block, (with statistics - without) / without, and writes OUT.json with each
 instrument kernel's µs per forward (by_kernel), so that a rate can be picked by its cost.
 """
@@ -28,14 +30,14 @@ WARMUP, ITERS = 2, 5
 CHILD_LIMIT = 240
 
 
-def settings(lib, old):
+def settings(lib, old, also=()):
     """(name, environment) of each process; lib None: no shim."""
     base = {"MINITE_ROUTE": "1536x2048,2048x768", "MINITE_WEIGHT_CACHE": "frozen-sampled"}
     rows = [("none", None, None, False)]
     for spec in ("bf16", "nvfp4-row"):
         rows += [(spec, lib, spec, False), (f"{spec}+stats", lib, spec, True)]
-    if old:
-        rows += [(f"{spec}+stats old", old, spec, True) for spec in ("bf16", "nvfp4-row")]
+    for label, path in ([("old", old)] if old else []) + list(also):
+        rows += [(f"{spec}+stats {label}", path, spec, True) for spec in ("bf16", "nvfp4-row")]
     out = []
     for name, path, spec, stats in rows:
         env = {}
@@ -127,6 +129,8 @@ def main():
     p.add_argument("out", nargs="?")
     p.add_argument("--lib", default=os.path.join(ROOT, "build", "libminite.so"))
     p.add_argument("--old", help="an earlier libminite.so, measured beside")
+    p.add_argument("--also", action="append", default=[], metavar="NAME=LIB",
+                   help="a variant library, measured with statistics under both specs")
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -136,7 +140,11 @@ def main():
         return 0
     if not args.out:
         p.error("OUT.json is required")
-    results = {name: run_setting(name, env, tokens) for name, env in settings(args.lib, args.old)}
+    also = [tuple(a.split("=", 1)) for a in args.also]
+    if any(len(a) != 2 for a in also):
+        p.error("--also takes NAME=LIB")
+    results = {name: run_setting(name, env, tokens)
+               for name, env in settings(args.lib, args.old, also)}
     with open(args.out, "w") as f:
         json.dump({"tokens": tokens, "results": results}, f, indent=1)
     device = next((r["device"] for r in results.values() if r), "?")

@@ -167,16 +167,6 @@ static int find_launch(int from, const char *name, int nth) {
   return mt_t_find_launch(from, name, 0, nth);
 }
 
-/* The finish's arguments of the call traced from `from`: its own launch's, or those the digest's
- * last CTA runs (mt_instr_digest_args.publish); NULL when neither launched. */
-static const mt_instr_finish_args *finish_of(int from) {
-  int f = find_launch(from, "mt_instr_finish", 0), d = find_launch(from, "mt_instr_digest", 0);
-  if (f >= 0)
-    return (const mt_instr_finish_args *)event(f)->args;
-  const mt_instr_digest_args *da = d >= 0 ? (const mt_instr_digest_args *)event(d)->args : NULL;
-  return da && da->publish ? &da->fin : NULL;
-}
-
 static void check_clean(void) {
   fake_cuda_counts c;
   cuda_counts(&c);
@@ -257,32 +247,32 @@ static void print_keys_bias(const problem *p, const float *bias) {
            mt_instr_key(mt_instr_row_hash(p->x + (size_t)i * IN, IN, 0), wid, 0, 1.0f, bid));
 }
 
-/* MINITE_DIGEST=1 (others 0): after the GEMM, the digest kernel with the call's operands, whose
- * last CTA runs the finish (the slot's block zeroed once before its first use); nothing
- * synchronized, nothing read back. */
+/* MINITE_DIGEST=1 (others 0): after the GEMM, the digest kernel and mt_instr_finish with the
+ * call's operands (the slot's block zeroed once before its first use); nothing synchronized,
+ * nothing read back. */
 static void scenario_digest(void) {
   problem p = make(OUT, 8);
   int t = now();
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
   /* the first lookup loads every kernel file and makes the context registry's canary; the
    * instruments' memory: device, then host (registered) */
-  CHECK_TRACE(t, "alloc load load load load load load alloc gemm alloc hostreg memset64 digest");
-  int d = find_launch(t, "mt_instr_digest", 0);
+  CHECK_TRACE(
+      t, "alloc load load load load load load alloc gemm alloc hostreg memset64 digest finish");
+  int d = find_launch(t, "mt_instr_digest", 0), w = find_launch(t, "mt_instr_finish", 0);
   const mt_instr_digest_args *da = d >= 0 ? (const mt_instr_digest_args *)event(d)->args : NULL;
-  const mt_instr_finish_args *wa = finish_of(t);
+  const mt_instr_finish_args *wa = w >= 0 ? (const mt_instr_finish_args *)event(w)->args : NULL;
   CHECK(da && da->x == p.x && da->y == p.y && da->ldx == IN && da->ldy == OUT && da->m == 8 &&
         da->n == OUT && da->k == IN && da->all == 1 && da->cap > 0);
   CHECK(da && event(d)->grid[0] == 1 && event(d)->block[0] == 256 && event(d)->stream == S1);
   CHECK(wa && wa->w == p.w && wa->ldw == IN && wa->n == OUT && wa->k == IN && !wa->frozen_sum &&
         !wa->bias && wa->hdr == da->hdr && wa->seq == 1 && wa->cap == da->cap);
-  /* the weight's sample, 32 lines of its 2048: the finish's grid would be one CTA, so the digest's
-   * last CTA runs it */
-  CHECK(da && da->publish == 1 && wa && mt_instr_finish_grid(wa) == 1);
+  /* the weight's sample, 32 lines of its 2048, summed by one CTA (a line a thread) */
+  CHECK(w >= 0 && event(w)->grid[0] == 1);
   print_keys(&p);
   /* again, and 3 more rows of another problem: no allocation, no load */
   t = now();
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
-  CHECK_TRACE(t, "gemm memset64 digest");
+  CHECK_TRACE(t, "gemm memset64 digest finish");
   problem q = make(OUT, 3);
   CHECK(gemm(&q, &zero) == CUBLAS_STATUS_SUCCESS);
   print_keys(&q);
@@ -293,7 +283,8 @@ static void scenario_digest(void) {
     bias[i] = 0.125f * (float)(i % 9) - 0.5f;
   t = now();
   CHECK(lt_bias(&l, bias) == CUBLAS_STATUS_SUCCESS);
-  const mt_instr_finish_args *fa = finish_of(t);
+  int f = find_launch(t, "mt_instr_finish", 0);
+  const mt_instr_finish_args *fa = f >= 0 ? (const mt_instr_finish_args *)event(f)->args : NULL;
   CHECK(fa && fa->bias == bias && fa->bias_bytes == OUT * 4);
   print_keys_bias(&l, bias);
   free(bias);
@@ -317,9 +308,9 @@ static void scenario_digest_frozen(void) {
   problem p = make(OUT, 4);
   int t = now();
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
-  int wc = find_launch(t, "mt_wcheck", 0), d = find_launch(t, "mt_instr_digest", 0);
-  CHECK(wc >= 0 && d > wc);
-  const mt_instr_finish_args *wa = finish_of(t);
+  int wc = find_launch(t, "mt_wcheck", 0), w = find_launch(t, "mt_instr_finish", 0);
+  CHECK(wc >= 0 && w > wc);
+  const mt_instr_finish_args *wa = w >= 0 ? (const mt_instr_finish_args *)event(w)->args : NULL;
   const mt_wcheck_args *ca = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
   CHECK(wa && (wa->frozen_sum != NULL) == sampled && ca && ca->step == (sampled ? 64u : 1u));
   /* the stored hash of the weight's last quantization, not the running check's sum */
@@ -342,7 +333,8 @@ static void scenario_digest_in_out(void) {
   CHECK(hook_gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, OUT, p.tokens, IN, &one, wt, CUDA_R_16BF, OUT,
                   p.x, CUDA_R_16BF, IN, &zero, p.y, CUDA_R_16BF, OUT, CUBLAS_COMPUTE_32F,
                   CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
-  const mt_instr_finish_args *wa = finish_of(t);
+  int w = find_launch(t, "mt_instr_finish", 0);
+  const mt_instr_finish_args *wa = w >= 0 ? (const mt_instr_finish_args *)event(w)->args : NULL;
   CHECK(wa && wa->w == wt && wa->ldw == OUT && wa->n == OUT && wa->k == IN && wa->in_out == 1 &&
         !wa->frozen_sum);
   CHECK(mt_instr_weight_sum_of(wt, OUT, OUT, IN, 1) == mt_t_weight_sum(p.w, IN, OUT, IN));
@@ -417,9 +409,10 @@ static void scenario_capture(void) {
   set_capturing(S1, 1);
   int t = now();
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
-  CHECK_TRACE(t, "alloc_async gemm memset64 digest free_async"); /* a slot new to use */
+  CHECK_TRACE(t, "alloc_async gemm memset64 digest finish free_async"); /* a slot new to use */
   set_capturing(S1, 0);
-  CHECK(finish_of(t) && finish_of(t)->seq == 0);
+  int w = find_launch(t, "mt_instr_finish", 0);
+  CHECK(w >= 0 && ((const mt_instr_finish_args *)event(w)->args)->seq == 0);
   for (int i = 0; i < 3; i++) {
     struct timespec gap = {0, 30 * 1000 * 1000}; /* the writer scans every ms meanwhile */
     nanosleep(&gap, NULL);
@@ -428,7 +421,8 @@ static void scenario_capture(void) {
   t = now();
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
   CHECK(find_launch(t, "mt_instr_digest", 0) >= 0);
-  CHECK(finish_of(t) && finish_of(t)->seq != 0);
+  w = find_launch(t, "mt_instr_finish", 0);
+  CHECK(w >= 0 && ((const mt_instr_finish_args *)event(w)->args)->seq != 0);
   check_clean();
   unmake(&p);
 }
@@ -503,8 +497,8 @@ static void scenario_busy(void) {
   int t = now();
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
   CHECK(find_launch(t, "mt_instr_shadow", 0) < 0 && find_launch(t, "mt_instr_probe", 0) < 0);
-  CHECK(finish_of(t) != NULL); /* the digest still runs */
-  set_stream(S1);              /* the scratch's own stream: ordered by the stream itself */
+  CHECK(find_launch(t, "mt_instr_finish", 0) >= 0); /* the digest still runs */
+  set_stream(S1); /* the scratch's own stream: ordered by the stream itself */
   t = now();
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
   CHECK(find_launch(t, "mt_instr_shadow", 0) >= 0);
@@ -589,30 +583,6 @@ static void scenario_strided(void) {
   free(w), free(x), free(y);
 }
 
-/* MINITE_DIGEST=1/4: the rows whose lead hash (their first MT_INSTR_LEAD elements) is below 2^62
- * are digested, keyed by the whole row's hash. Rows come in pairs equal in their lead and unequal
- * after it: a pair is chosen together, and some rows' whole-row hashes would choose otherwise. */
-static void scenario_lead(void) {
-  problem p = make(OUT, 64);
-  for (int i = 1; i < p.tokens; i += 2)
-    memcpy(p.x + (size_t)i * IN, p.x + (size_t)(i - 1) * IN, MT_INSTR_LEAD * 2);
-  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
-  const uint64_t below = 1ull << 62;
-  uint64_t wid = mt_instr_weight_id(mt_t_weight_sum(p.w, IN, p.out, IN), p.out, IN, 0);
-  int chosen = 0, otherwise = 0;
-  for (int i = 0; i < p.tokens; i++) {
-    const uint16_t *x = p.x + (size_t)i * IN;
-    uint64_t row = mt_instr_row_hash(x, IN, 0);
-    int lead = mt_instr_lead_hash(x, IN, 0) < below;
-    otherwise += lead != (row < below);
-    if (lead)
-      printf("#info key %016" PRIx64 "\n", mt_instr_key(row, wid, 0, 1.0f, 0)), chosen++;
-  }
-  printf("#info chosen %d\n#info otherwise %d\n", chosen, otherwise);
-  check_clean();
-  unmake(&p);
-}
-
 static const mt_t_scenario scenarios[] = {
     {"strided", scenario_strided},
     {"busy", scenario_busy},
@@ -621,7 +591,6 @@ static const mt_t_scenario scenarios[] = {
     {"digest_frozen", scenario_digest_frozen},
     {"digest_in_out", scenario_digest_in_out},
     {"sampling", scenario_sampling},
-    {"lead", scenario_lead},
     {"capture", scenario_capture},
     {"bounded", scenario_bounded},
     {"join", scenario_join},
@@ -738,21 +707,6 @@ static void digest_launches_and_records(void) {
   snprintf(pat, sizeof pat, "\"hash\": \"%016" PRIx64 "\"", mt_instr_out_hash(mark, OUT, 0));
   CHECK(mt_t_count_of(r.stats, pat) == 24);
   CHECKF(r.err && !r.err[0], "stderr: %s", r.err);
-  mt_t_child_free(&r);
-}
-
-static void digest_chooses_rows_by_their_lead(void) {
-  const char *env[] = {"MINITE_DIGEST=1/4", NULL};
-  mt_t_child r;
-  mt_t_run_child("lead", "lead", env, &r);
-  mt_t_check_child("lead", &r);
-  long chosen = mt_t_info(&r, "chosen"), otherwise = mt_t_info(&r, "otherwise");
-  CHECKF(chosen > 0 && chosen < 64 && chosen % 2 == 0 && otherwise > 0,
-         "%ld rows chosen by their lead (pairs), %ld the whole row's hash would choose otherwise",
-         chosen, otherwise);
-  CHECKF(mt_t_count_of(r.stats, "\"event\": \"digest\"") == chosen, "%d digest records",
-         mt_t_count_of(r.stats, "\"event\": \"digest\""));
-  check_keys_in_file(&r, chosen);
   mt_t_child_free(&r);
 }
 
@@ -942,7 +896,6 @@ static void strided_batch_gets_every_instrument(void) {
 static void tests(void) {
   RUN(twin_matches_python_reference);
   RUN(digest_launches_and_records);
-  RUN(digest_chooses_rows_by_their_lead);
   RUN(digest_frozen_uses_the_cache_sum);
   RUN(digest_in_out_keys_as_out_in);
   RUN(sampling_is_per_route_and_deterministic);

@@ -572,18 +572,15 @@ static void seg_ends(const mt_seg_ends_args *a) {
 
 /* --- the instruments' kernels, on the host (kernels/instr.h's twin) ------------------------- */
 
-static void instr_finish(const mt_instr_finish_args *a);
-
-/* The rows, then (publish) the last CTA's finish. */
 static void instr_digest(const mt_instr_digest_args *a) {
   for (int r = 0; r < a->m; r++) {
     int32_t seg = mt_instr_segment(a->offs, a->nseg, a->seg_rows, r);
     if (seg < 0)
       continue;
     const uint16_t *x = (const uint16_t *)a->x + mt_instr_digest_x(a, seg, r);
-    if (!a->all && mt_instr_lead_hash(x, a->k, a->xtype) >= a->threshold)
-      continue;
     uint64_t h = mt_instr_row_hash(x, a->k, a->xtype);
+    if (!a->all && h >= a->threshold)
+      continue;
     unsigned slot = a->hdr->selected++;
     if ((int)slot >= a->cap)
       continue;
@@ -595,8 +592,6 @@ static void instr_digest(const mt_instr_digest_args *a) {
     out->out_hash = mt_instr_out_hash(y, a->n, a->ytype);
     mt_instr_sketch(y, a->n, a->ytype, out->sketch);
   }
-  if (a->publish)
-    instr_finish(&a->fin);
 }
 
 static float max_f(float a, float b) { return a > b ? a : b; }
