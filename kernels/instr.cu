@@ -2,15 +2,15 @@
 // call's stream, into a result block the host reads later without synchronizing the stream):
 //   mt_instr_digest  the lead hashes of the activations' rows, and for the rows the rate picks by
 //                    them, the row hash, the output row's hash and its 8-value sketch (scheme 2,
-//                    kernels/instr.h); as a call's last launch, its last CTA then runs the finish
+//                    kernels/instr.h)
 //   mt_instr_shadow  sum (y - ref)^2, sum ref^2 and max |y - ref| of the routed output against
 //                    the BF16 GEMM's
 //   mt_instr_probe   rows recomputed alone against their in-batch rows, bit for bit
-//   mt_instr_finish  (its own launch where a grouped call's weights are read, or no row digested)
-//                    the weight's weight_sum (1/64 of its lines, or the frozen-sampled cache's
+//   mt_instr_finish  the weight's weight_sum (1/64 of its lines, or the frozen-sampled cache's
 //                    stored hash) and the bias's content sum, only when a row was digested; then
 //                    the publication: the result block into mapped pinned host memory, the slot's
-//                    flag last (the host polls it; it never waits on the stream)
+//                    flag last (the host polls it; it never waits on the stream), or, for a call
+//                    with nothing to report, the flag alone, marked empty
 // Integer sums (hashes) are exact and order-free, so any grid gives the same bits; the sketch is
 // an FP32 sum whose order the format leaves free. Tested on the CPU through the host twin in
 // kernels/instr.h (tests/cpu/test_shim_instr.c: twin against tools/minite-compare's Python
@@ -74,10 +74,54 @@ __device__ __forceinline__ float abs_diff(float a, float b) { return fabsf(a - b
 
 } // namespace
 
+// This lane's share of an output row's content sum and of its sketch's eight sums, from one pass
+// over the row (its pieces four at a time, as row_sum_lane): one hash an element gives its eight
+// signs. The sketch's FP32 order is the lane's pieces in turn, then the warp's tree.
+__device__ uint64_t out_pass_lane(const uint16_t *y, int n, int type, int lane,
+                                  float s[MT_INSTR_SKETCH]) {
+  for (int i = 0; i < MT_INSTR_SKETCH; i++)
+    s[i] = 0.0f;
+  uint64_t h = 0;
+  const int pieces = (n + 7) / 8;
+  for (int i0 = lane; i0 < pieces; i0 += 128) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const int i = i0 + 32 * u;
+      v[u] = make_uint4(0, 0, 0, 0);
+      if (8 * i + 8 <= n) {
+        v[u] = *(const uint4 *)(y + 8 * i);
+      } else if (i < pieces) { // the last piece, zero-padded
+        uint16_t e[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int j = 0; 8 * i + j < n; j++)
+          e[j] = y[8 * i + j];
+        v[u] =
+            make_uint4(e[0] | e[1] << 16, e[2] | e[3] << 16, e[4] | e[5] << 16, e[6] | e[7] << 16);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const int i = i0 + 32 * u;
+      if (i >= pieces)
+        continue;
+      h += piece_of(i, v[u]);
+      const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+      for (int e = 0; e < 8 && 8 * i + e < n; e++) {
+        const float f = mt_instr_half_to_float((uint16_t)(w[e / 2] >> (16 * (e % 2))), type);
+        const uint64_t signs = mt_instr_sign_bits(8 * i + e);
+#pragma unroll
+        for (int k = 0; k < MT_INSTR_SKETCH; k++)
+          s[k] += (signs >> (63 - k) & 1) ? -f : f;
+      }
+    }
+  }
+  return h;
+}
+
 // One row of a digest: chosen by its lead hash (kernels/instr.h), then its row hash, its output's
 // hash and sketch into the next kept row of the block.
-__device__ void digest_row(const mt_instr_digest_args &a, int r, int lane) {
-  const int32_t seg = mt_instr_segment(a.offs, a.nseg, a.seg_rows, r);
+__device__ void digest_row(const mt_instr_digest_args &a, const int32_t *offs, int r, int lane) {
+  const int32_t seg = mt_instr_segment(offs, a.nseg, a.seg_rows, r);
   if (seg < 0)
     return; // past the last segment's end: never written
   const uint16_t *x = (const uint16_t *)a.x + mt_instr_digest_x(&a, seg, r);
@@ -95,18 +139,9 @@ __device__ void digest_row(const mt_instr_digest_args &a, int r, int lane) {
   if ((int)slot >= a.cap)
     return; // counted by `selected`; the host reports the excess as dropped
   const uint16_t *y = (const uint16_t *)a.y + mt_instr_digest_y(&a, seg, r);
-  uint64_t out_hash =
-      mt_instr_mix64(warp_sum(row_sum_lane(y, a.n, lane)) ^ mt_instr_tag((uint64_t)a.n, a.ytype));
   float s[MT_INSTR_SKETCH];
-  for (int i = 0; i < MT_INSTR_SKETCH; i++)
-    s[i] = 0.0f;
-  for (int j = lane; j < a.n; j += 32) { // one hash an element gives its eight signs
-    const float v = mt_instr_half_to_float(y[j], a.ytype);
-    const uint64_t signs = mt_instr_sign_bits(j);
-#pragma unroll
-    for (int i = 0; i < MT_INSTR_SKETCH; i++)
-      s[i] += (signs >> (63 - i) & 1) ? -v : v;
-  }
+  const uint64_t out_hash = mt_instr_mix64(warp_sum(out_pass_lane(y, a.n, a.ytype, lane, s)) ^
+                                           mt_instr_tag((uint64_t)a.n, a.ytype));
   const float scale = 1.0f / sqrtf((float)a.n);
   mt_instr_row *out = a.rows + slot;
   for (int i = 0; i < MT_INSTR_SKETCH; i++) {
@@ -180,13 +215,15 @@ __device__ uint64_t cta_sum(uint64_t v, uint64_t *warp_part) {
 // list (shared memory); their count. Every CTA finds the same list. A thread a row (cap <=
 // blockDim.x); a row compares its segment with those of the rows before it (cap is 128: cheap).
 __device__ int first_rows(const mt_instr_row *rows, unsigned kept, bool one_weight, int *list,
-                          int *warp_n) {
+                          int *warp_n, int *segs) {
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  if ((unsigned)t < kept) // from L2 once (the digest's CTAs wrote them), compared in shared memory
+    segs[t] = __ldcg(&rows[t].seg);
+  __syncthreads();
   bool first = (unsigned)t < kept && (!one_weight || t == 0);
-  const int seg = first ? __ldcg(&rows[t].seg) : 0;
   if (first && !one_weight)
     for (int j = 0; j < t && first; j++)
-      first = __ldcg(&rows[j].seg) != seg;
+      first = segs[j] != segs[t];
   const unsigned ballot = __ballot_sync(0xffffffffu, first);
   if (lane == 0)
     warp_n[warp] = __popc(ballot);
@@ -206,24 +243,24 @@ __device__ int first_rows(const mt_instr_row *rows, unsigned kept, bool one_weig
 // from the frozen-sampled cache's stored hashes (CTA 0), or summed by the grid: units of one
 // segment's block of blockDim.x items (a line a thread), dealt to the CTAs in turn, so that all
 // the segments' samples stream at once.
-__device__ void grouped_sums(const mt_instr_finish_args &a, uint64_t *warp_part, unsigned cta,
-                             unsigned ctas) {
-  __shared__ int list[256], warp_n[8];
+__device__ void grouped_sums(const mt_instr_finish_args &a, uint64_t *warp_part) {
+  __shared__ int list[256], warp_n[8], segs[256];
   mt_instr_row *rows = (mt_instr_row *)(a.hdr + 1);
   const unsigned kept = min((unsigned)a.cap, *(volatile unsigned *)&a.hdr->selected);
-  const int firsts = first_rows(rows, kept, a.w_stride == 0, list, warp_n);
+  const int firsts = first_rows(rows, kept, a.w_stride == 0, list, warp_n, segs);
   if (a.frozen_sum) {
-    if (cta == 0 && (int)threadIdx.x < firsts) {
+    if (blockIdx.x == 0 && (int)threadIdx.x < firsts) {
       mt_instr_row *row = rows + list[threadIdx.x];
-      row->wsum = a.frozen_sum[(a.w_stride ? __ldcg(&row->seg) : 0) * a.frozen_stride];
+      row->wsum = a.frozen_sum[(a.w_stride ? segs[list[threadIdx.x]] : 0) * a.frozen_stride];
     }
     return;
   }
   const mt_wlines g = mt_wlines_of(a.n, a.k, MT_SAMPLE_STEP);
   const uint32_t blocks = (g.items + blockDim.x - 1) / blockDim.x;
-  for (uint32_t u = cta; u < (uint32_t)firsts * blocks; u += ctas) {
+  for (uint32_t u = blockIdx.x; u < (uint32_t)firsts * blocks; u += gridDim.x) {
     mt_instr_row *row = rows + list[u / blocks];
-    const uint16_t *w = (const uint16_t *)a.w + (a.w_stride ? __ldcg(&row->seg) : 0) * a.w_stride;
+    const uint16_t *w =
+        (const uint16_t *)a.w + (a.w_stride ? segs[list[u / blocks]] : 0) * a.w_stride;
     const uint32_t item = u % blocks * blockDim.x + threadIdx.x;
     const uint64_t s = cta_sum(weight_item(w, a.ldw, g, a.in_out, item), warp_part);
     if (threadIdx.x == 0)
@@ -232,21 +269,20 @@ __device__ void grouped_sums(const mt_instr_finish_args &a, uint64_t *warp_part,
 }
 
 // The weight's weight_sum (or each grouped row's own weight's); the bias in CTA 0; then the last
-// CTA to finish publishes the block. CTA `cta` of `ctas`: mt_instr_finish's grid, or the digest's
-// last CTA alone (its rows written by the other CTAs of its grid: read from L2, never from L1).
-__device__ void finish_body(const mt_instr_finish_args &a, unsigned cta, unsigned ctas) {
+// CTA to finish publishes the block.
+extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr_finish_args a) {
   __shared__ uint64_t warp_part[8];
   __shared__ bool last;
   mt_instr_header *hdr = a.hdr;
-  const bool digest = a.w && *(volatile unsigned *)&hdr->selected > 0; // the same for all CTAs
+  const bool digest = a.w && hdr->selected > 0; // the same for the whole grid
   uint64_t h = 0, b = 0;
   if (digest && a.grouped) {
-    grouped_sums(a, warp_part, cta, ctas);
+    grouped_sums(a, warp_part);
   } else if (digest && !a.frozen_sum) {
     h = weight_sum_part((const uint16_t *)a.w, a.ldw, mt_wlines_of(a.n, a.k, MT_SAMPLE_STEP),
-                        a.in_out, cta * blockDim.x + threadIdx.x, ctas * blockDim.x);
+                        a.in_out, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
   }
-  if (digest && cta == 0 && a.bias) {
+  if (digest && blockIdx.x == 0 && a.bias) {
     const unsigned char *p = (const unsigned char *)a.bias;
     for (int64_t off = 16 * (int64_t)threadIdx.x; off < a.bias_bytes; off += 16 * blockDim.x) {
       uint64_t lo = 0, hi = 0;
@@ -278,18 +314,28 @@ __device__ void finish_body(const mt_instr_finish_args &a, unsigned cta, unsigne
     warp_part[warp] = b;
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (digest && cta == 0 && a.bias) {
+    if (digest && blockIdx.x == 0 && a.bias) {
       uint64_t s = 0;
       for (int w = 0; w < warps; w++)
         s += warp_part[w];
       hdr->bsum = s;
     }
     __threadfence();
-    last = atomicAdd(&hdr->finished, 1u) == ctas - 1;
+    last = gridDim.x == 1 || atomicAdd(&hdr->finished, 1u) == gridDim.x - 1;
   }
   __syncthreads();
   if (!last)
     return;
+  if (a.seq != 0 && a.empty_ok && hdr->selected == 0) { // nothing to report: the flag alone
+    for (int i = threadIdx.x; i < (int)(sizeof(mt_instr_header) / 16); i += blockDim.x)
+      ((uint4 *)hdr)[i] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence_system();
+      *(volatile uint32_t *)a.flag = a.seq | MT_INSTR_EMPTY;
+    }
+    return;
+  }
   // the publication: every CTA's sums are in the header (fenced before their count). A captured
   // call's (seq 0) is the flag's seqlock: odd while the block is written, the next even value once
   // it is whole (kernels/instr.h)
@@ -310,7 +356,8 @@ __device__ void finish_body(const mt_instr_finish_args &a, unsigned cta, unsigne
   __syncthreads();
   for (int i = threadIdx.x; i < (int)(sizeof(mt_instr_header) / 16); i += blockDim.x)
     ((uint4 *)hdr)[i] = make_uint4(0, 0, 0, 0); // ready for the slot's next use
-  __threadfence_system();
+  // one system fence, thread 0's after the barrier: cumulative, it orders every thread's copy
+  // before the flag (a fence in each thread cost each its own round trip)
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
@@ -318,28 +365,20 @@ __device__ void finish_body(const mt_instr_finish_args &a, unsigned cta, unsigne
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr_finish_args a) {
-  finish_body(a, blockIdx.x, gridDim.x);
-}
-
-// A warp a row; with `publish`, the grid's last CTA to finish its rows then runs the finish
-// (every thread's rows fenced before its CTA is counted).
+// A warp a row. A grouped call's offsets (up to MT_INSTR_SMEM_SEGS) are read into shared memory
+// once: each row's binary search over them in global memory was a chain of dependent loads.
 extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr_digest_args a) {
-  __shared__ bool last;
+  __shared__ int32_t offs[MT_INSTR_SMEM_SEGS];
+  const int32_t *o = a.offs;
+  if (o && a.nseg <= MT_INSTR_SMEM_SEGS) {
+    for (int i = threadIdx.x; i < a.nseg; i += blockDim.x)
+      offs[i] = a.offs[i];
+    __syncthreads();
+    o = offs;
+  }
   const int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (r < a.m)
-    digest_row(a, r, threadIdx.x % 32);
-  if (!a.publish)
-    return;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0)
-    last = atomicAdd(&a.hdr->digested, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last)
-    return;
-  __threadfence();
-  finish_body(a.fin, 0, 1);
+    digest_row(a, o, r, threadIdx.x % 32);
 }
 
 extern "C" __global__ void __launch_bounds__(256) mt_instr_shadow(const mt_instr_shadow_args a) {

@@ -25,13 +25,17 @@
  *                          rows then join and show as differing, never as silently equal.
  *   tag(len, type)         mix64(len << 4 | (type + 1)), type an mt_dtype
  *   row hash               mix64(content_sum(x row, K elements) ^ tag(K, xtype))
+ *   lead hash              mix64(content_sum(the x row's first min(K, MT_INSTR_LEAD) elements)
+ *                          ^ tag(K, xtype)): the row hash when K <= MT_INSTR_LEAD
  *   output hash            mix64(content_sum(y row, N elements) ^ tag(N, ytype))
  *   weight id              mix64(weight_sum(W, N rows of K) ^ tag(N << 28 | K, wtype))
  *   bias id                0 without bias; else mix64(content_sum(bias) ^ tag(N, biastype))
  *   key                    fold(KEY_SEED, row hash, weight id, ytype + 1, bits of alpha, bias id)
  *                          with fold(h, v) = mix64(h ^ v), left to right
- * A row is digested when its row hash is below the rate as a fraction of 2^64 (every row when the
- * rate is 1), so two processes pick the same rows whatever their batches.
+ * A row is digested when its lead hash is below the rate as a fraction of 2^64 (every row when the
+ * rate is 1), so two processes pick the same rows whatever their batches; choosing by the lead
+ * reads 256 bytes of a row that is not digested, where the whole row's hash read all of every row
+ * (46 MB a Qwen3 layer at 1,024 tokens, for 1/64 of its rows).
  */
 #ifndef MT_INSTR_H
 #define MT_INSTR_H
@@ -47,7 +51,13 @@
 #define MT_INSTR_KEY_SEED 0x6D696E6974656B31ull    /* "minitek1" */
 #define MT_INSTR_MUL_G 0x9E3779B97F4A7C15ull
 #define MT_INSTR_MUL_H 0xD6E8FEB86659FD93ull
-#define MT_INSTR_PROBE_ROWS 4 /* rows a probe recomputes alone: first, last, two between */
+#define MT_INSTR_PROBE_ROWS 4   /* rows a probe recomputes alone: first, last, two between */
+#define MT_INSTR_LEAD 128       /* elements of a row the digests' choice reads (16 pieces) */
+#define MT_INSTR_SMEM_SEGS 1024 /* a grouped call's offsets the digest reads into shared memory */
+/* The flag's bit of an empty publication: a call with only digests and no row chosen, for which
+ * mt_instr_finish writes the flag alone (seq | MT_INSTR_EMPTY), not the block; sequences stay
+ * below it. */
+#define MT_INSTR_EMPTY 0x80000000u
 
 /* One digested row, as the kernel writes it; the key is finished on the host. In a grouped call
  * the row's segment (which expert) and that expert's weight_sum (mt_instr_finish sums each
@@ -126,6 +136,10 @@ typedef struct {
    * the block is written and to the next even value after (the host reads a block whole when the
    * flag is even and the same before and after its copy) */
   uint32_t seq;
+  /* 1: the call has no probe or shadow, so that with no row chosen (and seq not 0) it reports
+   * nothing: the finish then writes the flag alone, seq | MT_INSTR_EMPTY, and the block keeps
+   * what an earlier use left (the host reads it as empty) */
+  int32_t empty_ok;
 } mt_instr_finish_args;
 
 /* mt_instr_shadow: the shadow error of y against ref (same layout: row r at r * ld, or in a
@@ -271,6 +285,12 @@ static inline uint64_t mt_instr_content_sum(const void *p, size_t bytes, uint64_
 
 static inline uint64_t mt_instr_row_hash(const uint16_t *x, int k, int xtype) {
   return mt_instr_mix64(mt_instr_content_sum(x, (size_t)k * 2, 0) ^
+                        mt_instr_tag((uint64_t)k, xtype));
+}
+
+static inline uint64_t mt_instr_lead_hash(const uint16_t *x, int k, int xtype) {
+  const int lead = k < MT_INSTR_LEAD ? k : MT_INSTR_LEAD;
+  return mt_instr_mix64(mt_instr_content_sum(x, (size_t)lead * 2, 0) ^
                         mt_instr_tag((uint64_t)k, xtype));
 }
 

@@ -317,8 +317,10 @@ static int run_probe(const mt_instr_call *ic, CUdeviceptr scratch, mt_instr_prob
 static int scratch_free(mt_iw_context *c, CUstream stream) {
   if (!c->scratch_used || c->scratch_stream == mt_stream_key(stream))
     return 1;
-  /* the slot may have been published again since: its sequence only grows */
-  return (int32_t)(__atomic_load_n(c->scratch_slot->flag, __ATOMIC_ACQUIRE) - c->scratch_seq) >= 0;
+  /* the slot may have been published again since: its sequence only grows (31 bits, the flag's
+   * top one marking an empty publication) */
+  const uint32_t flag = __atomic_load_n(c->scratch_slot->flag, __ATOMIC_ACQUIRE) & ~MT_INSTR_EMPTY;
+  return (int32_t)((flag - c->scratch_seq) << 1) >= 0;
 }
 
 typedef struct {
@@ -433,10 +435,11 @@ static void finish_args(const mt_instr_call *ic, mt_iw_slot *s, int kinds,
   int digest_on = kinds & MT_IW_DIGEST;
   int64_t frozen_stride;
   const uint64_t *frozen = stored_sums(ic, &frozen_stride);
-  /* 0 is a captured call's (kernels/instr.h): an uncaptured slot's sequence skips it */
+  /* 0 is a captured call's (kernels/instr.h): an uncaptured slot's sequence skips it, and stays
+   * below MT_INSTR_EMPTY */
   if (s->captured)
     s->seq = 0;
-  else if (++s->seq == 0)
+  else if ((s->seq = (s->seq + 1) & ~MT_INSTR_EMPTY) == 0)
     s->seq = 1;
   *fa =
       (mt_instr_finish_args){.w = digest_on ? ic->w : NULL,
@@ -454,33 +457,27 @@ static void finish_args(const mt_instr_call *ic, mt_iw_slot *s, int kinds,
                              .dst = (void *)s->host_dev,
                              .flag = (uint32_t *)s->flag_dev,
                              .cap = MT_IW_ROWS,
-                             .seq = s->seq};
+                             .seq = s->seq,
+                             .empty_ok = kinds == MT_IW_DIGEST};
 }
 
-/* The call's last launches: the digest, when on, and the publication, which the digest's last CTA
- * runs (a launch a call) unless the weights' samples to read are larger than one CTA reads well
- * (a grouped call's outside frozen-sampled): the finish then keeps its own grid. A digest that cannot be launched is dropped (counted); MT_OK with *kinds
- * those published (0: nothing was), or an mt_status when the publication could not be launched. */
+/* The call's last launches: the digest, when on, then the finish (the publication). A digest that
+ * cannot be launched is dropped (counted); MT_OK with *kinds those published (0: nothing was), or
+ * an mt_status when the finish could not be launched. */
 static int publish(const mt_instr_call *ic, mt_iw_slot *s, int *kinds) {
   const mt_stream stream = (mt_stream)ic->call->stream;
-  mt_instr_finish_args fa;
-  finish_args(ic, s, *kinds, &fa);
   if (*kinds & MT_IW_DIGEST) {
     mt_instr_digest_args da;
     digest_args(ic, s, &da);
-    da.publish = mt_instr_finish_grid(&fa) <= MT_INSTR_FOLD_CTAS;
-    da.fin = fa;
-    const int st = mt_instr_launch_digest(&da, stream);
-    if (st == MT_OK && da.publish)
-      return MT_OK;
-    if (st != MT_OK) { /* not launched: the rest publishes without it */
+    if (mt_instr_launch_digest(&da, stream) != MT_OK) {
       mt_iw_count_skips(MT_IW_DIGEST, MT_IW_ERROR);
       *kinds &= ~MT_IW_DIGEST;
-      fa.w = NULL, fa.frozen_sum = NULL, fa.bias = NULL, fa.bias_bytes = 0;
     }
   }
   if (!*kinds)
     return MT_OK;
+  mt_instr_finish_args fa;
+  finish_args(ic, s, *kinds, &fa);
   return mt_instr_launch_finish(&fa, stream);
 }
 

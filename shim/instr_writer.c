@@ -326,7 +326,14 @@ static void slot_records(const mt_iw_slot *s, const unsigned char *block, text *
 }
 
 int mt_iw_published(const mt_iw_slot *s) {
-  return __atomic_load_n(s->flag, __ATOMIC_ACQUIRE) == s->seq;
+  return (__atomic_load_n(s->flag, __ATOMIC_ACQUIRE) & ~MT_INSTR_EMPTY) == s->seq;
+}
+
+/* An uncaptured slot's block as published: its host block, or an empty one (the finish wrote the
+ * flag alone: kernels/instr.h, MT_INSTR_EMPTY). */
+static const unsigned char *published_block(const mt_iw_slot *s) {
+  static const unsigned char empty[sizeof(mt_instr_header)];
+  return __atomic_load_n(s->flag, __ATOMIC_ACQUIRE) & MT_INSTR_EMPTY ? empty : s->host;
 }
 
 /* A captured slot's latest replay, copied whole into `copy`: 1 when there is one not read yet
@@ -360,7 +367,7 @@ static int scan(text *t) {
       if (state == MT_IW_CAPTURED && replay_copy(s, copy)) {
         slot_records(s, copy, t);
       } else if (state == MT_IW_FLIGHT && mt_iw_published(s)) {
-        slot_records(s, s->host, t);
+        slot_records(s, published_block(s), t);
         atomic_store_explicit(&s->state, MT_IW_FREE, memory_order_release);
         in_flight--;
       } else {

@@ -583,6 +583,37 @@ static void scenario_strided(void) {
   free(w), free(x), free(y);
 }
 
+/* MINITE_DIGEST=1/4, one slot: the rows whose lead hash (their first MT_INSTR_LEAD elements) is
+ * below 2^62 are digested, keyed by the whole row's hash. Rows come in pairs equal in their lead
+ * and unequal after it: a pair is chosen together, and some rows' whole-row hashes would choose
+ * otherwise. The 64 rows in one call, then each alone in turn: a call with no row chosen publishes
+ * its flag alone, and the writer must not read the rows its slot's block kept from an earlier use
+ * (each chosen row is written twice, no more). */
+static void scenario_lead(void) {
+  problem p = make(OUT, 64);
+  for (int i = 1; i < p.tokens; i += 2)
+    memcpy(p.x + (size_t)i * IN, p.x + (size_t)(i - 1) * IN, MT_INSTR_LEAD * 2);
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  for (int i = 0; i < p.tokens; i++) {
+    usleep(5000); /* the writer frees the one slot meanwhile */
+    CHECK(gemm_rows(&p, i, 1, &zero) == CUBLAS_STATUS_SUCCESS);
+  }
+  const uint64_t below = 1ull << 62;
+  uint64_t wid = mt_instr_weight_id(mt_t_weight_sum(p.w, IN, p.out, IN), p.out, IN, 0);
+  int chosen = 0, otherwise = 0;
+  for (int i = 0; i < p.tokens; i++) {
+    const uint16_t *x = p.x + (size_t)i * IN;
+    uint64_t row = mt_instr_row_hash(x, IN, 0);
+    int lead = mt_instr_lead_hash(x, IN, 0) < below;
+    otherwise += lead != (row < below);
+    if (lead)
+      printf("#info key %016" PRIx64 "\n", mt_instr_key(row, wid, 0, 1.0f, 0)), chosen++;
+  }
+  printf("#info chosen %d\n#info otherwise %d\n", chosen, otherwise);
+  check_clean();
+  unmake(&p);
+}
+
 static const mt_t_scenario scenarios[] = {
     {"strided", scenario_strided},
     {"busy", scenario_busy},
@@ -591,6 +622,7 @@ static const mt_t_scenario scenarios[] = {
     {"digest_frozen", scenario_digest_frozen},
     {"digest_in_out", scenario_digest_in_out},
     {"sampling", scenario_sampling},
+    {"lead", scenario_lead},
     {"capture", scenario_capture},
     {"bounded", scenario_bounded},
     {"join", scenario_join},
@@ -707,6 +739,24 @@ static void digest_launches_and_records(void) {
   snprintf(pat, sizeof pat, "\"hash\": \"%016" PRIx64 "\"", mt_instr_out_hash(mark, OUT, 0));
   CHECK(mt_t_count_of(r.stats, pat) == 24);
   CHECKF(r.err && !r.err[0], "stderr: %s", r.err);
+  mt_t_child_free(&r);
+}
+
+static void digest_chooses_rows_by_their_lead(void) {
+  const char *env[] = {"MINITE_DIGEST=1/4", "MINITE_INSTR_SLOTS=1", NULL};
+  mt_t_child r;
+  mt_t_run_child("lead", "lead", env, &r);
+  mt_t_check_child("lead", &r);
+  long chosen = mt_t_info(&r, "chosen"), otherwise = mt_t_info(&r, "otherwise");
+  CHECKF(chosen > 0 && chosen < 64 && chosen % 2 == 0 && otherwise > 0,
+         "%ld rows chosen by their lead (pairs), %ld the whole row's hash would choose otherwise",
+         chosen, otherwise);
+  CHECKF(mt_t_count_of(r.stats, "\"event\": \"digest\"") == 2 * chosen,
+         "%d digest records, want %ld", mt_t_count_of(r.stats, "\"event\": \"digest\""),
+         2 * chosen);
+  CHECK(mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "calls") == 65 &&
+        mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "no slot") < 1);
+  check_keys_in_file(&r, chosen);
   mt_t_child_free(&r);
 }
 
@@ -896,6 +946,7 @@ static void strided_batch_gets_every_instrument(void) {
 static void tests(void) {
   RUN(twin_matches_python_reference);
   RUN(digest_launches_and_records);
+  RUN(digest_chooses_rows_by_their_lead);
   RUN(digest_frozen_uses_the_cache_sum);
   RUN(digest_in_out_keys_as_out_in);
   RUN(sampling_is_per_route_and_deterministic);

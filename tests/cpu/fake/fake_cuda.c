@@ -578,9 +578,9 @@ static void instr_digest(const mt_instr_digest_args *a) {
     if (seg < 0)
       continue;
     const uint16_t *x = (const uint16_t *)a->x + mt_instr_digest_x(a, seg, r);
-    uint64_t h = mt_instr_row_hash(x, a->k, a->xtype);
-    if (!a->all && h >= a->threshold)
+    if (!a->all && mt_instr_lead_hash(x, a->k, a->xtype) >= a->threshold)
       continue;
+    uint64_t h = mt_instr_row_hash(x, a->k, a->xtype);
     unsigned slot = a->hdr->selected++;
     if ((int)slot >= a->cap)
       continue;
@@ -678,21 +678,26 @@ static void instr_finish(const mt_instr_finish_args *a) {
       h->bsum = mt_instr_content_sum(a->bias, (size_t)a->bias_bytes, 0);
   }
   unsigned rows = h->selected < (unsigned)a->cap ? h->selected : (unsigned)a->cap;
-  if (!a->seq) { /* a captured call's replay: the flag is a seqlock (kernels/instr.h) */
+  uint32_t seq = a->seq;
+  if (seq && a->empty_ok && !h->selected) { /* nothing to report: the flag alone, marked */
+    memset(h, 0, sizeof *h);
+    seq |= MT_INSTR_EMPTY;
+  } else if (!seq) { /* a captured call's replay: the flag is a seqlock (kernels/instr.h) */
     const uint32_t was = __atomic_load_n(a->flag, __ATOMIC_ACQUIRE);
     __atomic_store_n(a->flag, was + 1, __ATOMIC_RELEASE);
     memcpy(a->dst, h, sizeof *h + rows * sizeof(mt_instr_row));
     memset(h, 0, sizeof *h);
     __atomic_store_n(a->flag, was + 2, __ATOMIC_RELEASE);
     return;
+  } else {
+    memcpy(a->dst, h, sizeof *h + rows * sizeof(mt_instr_row));
+    memset(h, 0, sizeof *h);
   }
-  memcpy(a->dst, h, sizeof *h + rows * sizeof(mt_instr_row));
-  memset(h, 0, sizeof *h);
   if (hold_events && nheld < MAX_HELD) {
     held[nheld].flag = a->flag;
-    held[nheld++].seq = a->seq;
+    held[nheld++].seq = seq;
   } else {
-    __atomic_store_n(a->flag, a->seq, __ATOMIC_RELEASE);
+    __atomic_store_n(a->flag, seq, __ATOMIC_RELEASE);
   }
 }
 
