@@ -106,7 +106,10 @@ __device__ uint64_t out_pass_lane(const uint16_t *y, int n, int type, int lane,
         continue;
       h += piece_of(i, v[u]);
       const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-      for (int e = 0; e < 8 && 8 * i + e < n; e++) {
+#pragma unroll // unrolled, w's index is a constant: a loop's would put w in local memory
+      for (int e = 0; e < 8; e++) {
+        if (8 * i + e >= n)
+          break;
         const float f = mt_instr_half_to_float((uint16_t)(w[e / 2] >> (16 * (e % 2))), type);
         const uint64_t signs = mt_instr_sign_bits(8 * i + e);
 #pragma unroll
