@@ -4,9 +4,9 @@
 # the shim and under nvfp4-row, then tables of throughput (median of 3 with its spread), routed
 # calls, the learner-sampler log-prob gap and the instruments, one MoE layer's time per token count,
 # the server and the decode step by component. The driver is demo/run_demo.py; pass its options
-# through RUN_ARGS (make run RUN_ARGS="--quick"). Its grouped_mm rows took 230 s on an H100; the
-# eager and server rows come on top. Everything lands in build/run/. On a machine without a GPU it
-# says so and succeeds.
+# through RUN_ARGS (make run RUN_ARGS="--quick"). Its grouped_mm and server rows took 464 s on an
+# H100; the eager rows come on top (not timed). Everything lands in build/run/. On a machine without
+# a GPU it says so and succeeds.
 .PHONY: run
 run: all
 	@if [ "$(SAN)" = 1 ]; then \
