@@ -17,6 +17,8 @@ Cases:
                inputs, and one call under the profiler
   digest       the same rows through the same experts in one grouped call, or split over the
                per-call path and two grouped calls (MT_BATCHING=one or split), then a 3-D call
+  jax_rows     the expert rows of tests/gpu/jax_child.py's file MT_NPZ (x [E, C, K], w [E, N, K])
+               through one torch._grouped_mm call with offsets, as HF's experts make it
 """
 import json
 import os
@@ -179,8 +181,18 @@ def case_digest():
     return {"y": f32(y), "y3": f32(y3), "counts": counts.numpy()}
 
 
+def case_jax_rows():
+    src = np.load(os.environ["MT_NPZ"])
+    x = torch.from_numpy(src["x"]).cuda().to(torch.bfloat16)  # BF16 values kept as float32
+    w = torch.from_numpy(src["w"]).cuda().to(torch.bfloat16)
+    e, c, k = x.shape
+    ends = torch.arange(1, e + 1, dtype=torch.int32, device="cuda") * c
+    y = torch._grouped_mm(x.reshape(e * c, k), w.transpose(-2, -1), offs=ends)
+    return {"y": f32(y)}
+
+
 CASES = {"hf_train": case_hf_train, "hf_generate": case_hf_generate, "direct": case_direct,
-         "bmm": case_bmm, "digest": case_digest}
+         "bmm": case_bmm, "digest": case_digest, "jax_rows": case_jax_rows}
 
 if __name__ == "__main__":
     case, path = sys.argv[1], sys.argv[2]

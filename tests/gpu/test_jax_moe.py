@@ -21,8 +21,13 @@ child()). For each setting:
   einsum and per-expert dots on W_io [E, 512, 256]): under bf16 bitwise BF16's, in the census as
   "forward [in, out]"; under nvfp4-row routed, within the reference bound per expert and bitwise
   equal to the [out, in] forms' rows (the engine reads the weight transposed into the same bits).
+And across frameworks: the JAX program's row digests under nvfp4-row (MINITE_DIGEST=1/4) join those
+of the same rows through torch._grouped_mm in a PyTorch process (tests/gpu/grouped_child.py
+jax_rows), as a JAX learner's and a PyTorch sampler's would: every row PyTorch digested is in the
+JAX file, bitwise equal.
 Skips (not passes) without JAX or a GPU.
 """
+import glob
 import os
 import subprocess
 import sys
@@ -31,10 +36,11 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from shim_child import (HERE, LIB, TOOL, harness, last_summary, reference_bound,  # noqa: E402
-                        reference_gemm, run_tests, shim_env)
+from shim_child import (HERE, LIB, TOOL, compare, harness, last_summary,  # noqa: E402
+                        reference_bound, reference_gemm, run_child, run_tests, shim_env)
 
 CHILD = os.path.join(HERE, "jax_child.py")
+GROUPED_CHILD = os.path.join(HERE, "grouped_child.py")
 TMP = tempfile.mkdtemp(prefix="mt_jax_")
 ROUTE = "256x512"
 KEYS = ("capacity", "ragged", "per_expert", "capacity_io", "per_expert_io")
@@ -54,6 +60,7 @@ def need_jax_gpu():
 
 
 def child(tag, lt, minite=None):
+    """Run jax_child.py; returns (its arrays, the last statistics file's summary or {})."""
     out = os.path.join(TMP, tag + ".npz")
     # no autotuning: one algorithm per GEMM, the same in every run (and no timing of candidates)
     # no command buffers: XLA adds a captured cuBLAS call to its graph as a child graph, which may
@@ -137,8 +144,33 @@ def cublaslt_off():
     run_setting(False)
 
 
+def joins_torch_grouped_mm():
+    need_jax_gpu()
+    minite = dict(MINITE_SPEC="nvfp4-row", MINITE_ROUTE=ROUTE, MINITE_DIGEST="1/4")
+    got, _ = child("join_jax", True, minite)
+    jax_files = sorted(glob.glob(os.path.join(TMP, "join_jax.*.jsonl")))
+    _, torch_files, summary = run_child(GROUPED_CHILD, "jax_rows", "join_torch", TMP, minite,
+                                        {"MT_NPZ": os.path.join(TMP, "join_jax.npz")})
+    harness.check(len(jax_files) == 1 and len(torch_files) == 1,
+                  f"statistics files: JAX {jax_files}, PyTorch {torch_files}")
+    if len(jax_files) != 1 or len(torch_files) != 1:
+        return
+    total = compare(torch_files[0], jax_files[0])["total"]
+    print(f"    PyTorch rows {total['rows_a']}, JAX rows {total['rows_b']}, matched "
+          f"{total['matched']}, equal {total['equal_pct']}%; "
+          f"PyTorch routed {(summary or {}).get('routed')}")
+    harness.check(0 < total["matched"] == total["rows_a"],
+                  f"{total['matched']} of PyTorch's {total['rows_a']} rows in the JAX file")
+    harness.check(total["equal_pct"] == 100.0,
+                  f"{total['equal_pct']}% of the joined rows bitwise equal, want 100")
+    harness.check(total["inconsistent_b"] == 0,  # JAX's four routed forms of each row agree
+                  f"{total['inconsistent_b']} JAX rows with two different hashes")
+    harness.check(got["x"].shape[0] * got["x"].shape[1] > total["rows_a"],
+                  "the rate 1/4 chose every row: the rows were not chosen by content")
+
+
 def main():
-    return run_tests((cublaslt_on, cublaslt_off), TMP)
+    return run_tests((cublaslt_on, cublaslt_off, joins_torch_grouped_mm), TMP)
 
 
 if __name__ == "__main__":
