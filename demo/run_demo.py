@@ -27,7 +27,9 @@ row, children:
                             as many layers as fit with AdamW's states and the activations
 each as a child process with PYTHONUNBUFFERED=1 and, for a spec, LD_PRELOAD=<abs>/libminite.so
 MINITE_SPEC=<spec> MINITE_ROUTE=1536x2048,2048x768 MINITE_ROLE=sampler|learner
-MINITE_WEIGHT_CACHE=<--sampler-cache|--learner-cache> MINITE_STATS=OUT/stats/ROW-<role>-%p.jsonl:
+MINITE_WEIGHT_CACHE=<--sampler-cache|--learner-cache> MINITE_STATS=OUT/stats/ROW-<role>-%p.jsonl
+(and for a sampler MINITE_INSTR_SLOTS=2048: the graphs of its decode step, layer table and step
+breakdown keep a slot for each of ~14 x layers captured calls, past the default pool's half):
 weights handled as a user would, the sampler's frozen between weight syncs and sampled-checked,
 the learner's requantized at every call since every step changes them. The samplers and scoring
 learners run PyTorch's deterministic algorithms (--deterministic; --nondeterministic turns it
@@ -81,6 +83,7 @@ import demo_server  # noqa: E402  (likewise)
 
 SPECS = ["bf16", "nvfp4-tensor", "nvfp4-row"]
 BASELINE = "none"
+SAMPLER_SLOTS = 2048  # MINITE_INSTR_SLOTS of the samplers (child_env)
 BREAKDOWN_SPECS = (BASELINE, "nvfp4-row")   # the samplers whose decode step is broken down
 EAGER_NEW_TOKENS = 32
 GROUPED, EAGER = demo_model.EXPERTS
@@ -240,6 +243,8 @@ def child_env(args, spec, role, tag, instruments=True):
     env["MINITE_ROLE"] = role
     env["MINITE_WEIGHT_CACHE"] = args.sampler_cache if role == "sampler" else args.learner_cache
     env["MINITE_STATS"] = os.path.join(args.out, "stats", f"{tag}-%p.jsonl")
+    if role == "sampler":  # its graphs keep a slot a captured call (README, MINITE_INSTR_SLOTS)
+        env["MINITE_INSTR_SLOTS"] = str(SAMPLER_SLOTS)
     if not instruments:  # the overhead run: every instrument off (their defaults are on)
         env.update(MINITE_SHADOW="0", MINITE_PROBE="0", MINITE_DIGEST="0")
     else:  # the defaults, whatever the caller's environment says

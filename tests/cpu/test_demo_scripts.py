@@ -88,8 +88,12 @@ def test_run_demo_rows_and_quick():
     env = run_demo.child_env(args, "nvfp4-row", "sampler", "nvfp4-row-sampler")
     harness.check(env["MINITE_WEIGHT_CACHE"] == "frozen-sampled" and
                   env["MINITE_ROLE"] == "sampler", "sampler env")
+    layers = 48  # a sampler's captured calls: decode step, layer table, 3 breakdown steps
+    harness.check(int(env["MINITE_INSTR_SLOTS"]) // 2 >= 2 * layers + 10 + 3 * 4 * layers,
+                  f"sampler env: {env.get('MINITE_INSTR_SLOTS')} slots, half for captured calls")
     env = run_demo.child_env(args, "nvfp4-row", "learner", "nvfp4-row-learner")
-    harness.check(env["MINITE_WEIGHT_CACHE"] == "requantize", "learner env")
+    harness.check(env["MINITE_WEIGHT_CACHE"] == "requantize" and "MINITE_INSTR_SLOTS" not in env,
+                  "learner env")
     env = run_demo.child_env(args, "none", "learner", "none-learner")
     harness.check(not any(k.startswith("MINITE_") for k in env) and
                   "libminite" not in env.get("LD_PRELOAD", ""), "no shim for none")
