@@ -40,7 +40,7 @@
 # torch ~1000 in all: three calls with GPU_PY. Per program, s: test_grouped_mm.py ~265,
 # test_multi_gpu.py ~160, test_torch_passthrough.py ~145, test_demo_sampler.py ~95,
 # test_demo_learner.py ~90, test_reliability.py ~75 (its sanitizers alone, MT_SANITIZE=1 and
-# MT_TEST_ONLY=sanitizers, ~40), test_instruments.py ~70, test_routed.py ~45, test_jax_moe.py ~40,
+# MT_TEST_ONLY=sanitizers, ~40), test_instruments.py ~70, test_routed.py ~45, test_jax_moe.py ~60,
 # test_ptr_arrays.py ~2.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
