@@ -29,6 +29,8 @@
 #   trace      bench_moe's Qwen3 layer at TRACE_TOKENS (default "1 16") under lab/trace.c: every
 #              kernel's start and end on the GPU, one replay of each graph printed by
 #              lab/timeline.py (the layer alone, served, the checks, cuBLAS), ~15 s a T
+#   instr      lab/instr_cost.py: the instruments' cost on an eager MoE block, each setting in its
+#              own process (INSTR_ARGS passed on, e.g. "--old build/old/libminite.so"; ~190 s)
 #   server     demo/demo_server.py (transformers' continuous batching) without the shim and under
 #              nvfp4-row, SERVER_ARGS passed on (default 32 requests, 2 layers), the census of
 #              the shim's run into the logs (SERVER_LIMIT each, default 240)
@@ -117,6 +119,10 @@ store_refresh_modes store_refresh_rounds grouped_after_refresh grouped_many_segm
       MT_BENCH_ONLY=$r timeout 60 build/bench/bench_kernels "$out/ab.json" 2>&1 | grep -E "^${r%%:*} |rror"
     done >"$out/ab${TAG:-}.log" 2>&1
     cat "$out/ab${TAG:-}.log" ;;
+  instr)
+    # shellcheck disable=SC2086 # INSTR_ARGS: several words
+    step instr "${INSTR_LIMIT:-300}" python3 lab/instr_cost.py "$out/instr_cost${TAG:-}.json" \
+        ${INSTR_ARGS:-} ;;
   trace)
     make -s build/lab/libtrace.so build/bench/bench_moe >"$out/trace-build${TAG:-}.log" 2>&1 ||
       { echo "== trace: build failed (trace-build${TAG:-}.log)"; continue; }
