@@ -129,12 +129,12 @@ __device__ void digest_row(const mt_instr_digest_args &a, const int32_t *offs, i
     return; // past the last segment's end: never written
   const uint16_t *x = (const uint16_t *)a.x + mt_instr_digest_x(&a, seg, r);
   const uint64_t tag = mt_instr_tag((uint64_t)a.k, a.xtype);
-  uint64_t row_hash =
+  const uint64_t lead =
       mt_instr_mix64(warp_sum(row_sum_lane(x, min(a.k, MT_INSTR_LEAD), lane)) ^ tag);
-  if (!a.all && row_hash >= a.threshold)
+  if (!a.all && lead >= a.threshold)
     return;
-  if (a.k > MT_INSTR_LEAD)
-    row_hash = mt_instr_mix64(warp_sum(row_sum_lane(x, a.k, lane)) ^ tag);
+  const uint64_t row_hash =
+      a.k > MT_INSTR_LEAD ? mt_instr_mix64(warp_sum(row_sum_lane(x, a.k, lane)) ^ tag) : lead;
   unsigned slot = 0;
   if (lane == 0)
     slot = atomicAdd(&a.hdr->selected, 1u);
@@ -220,8 +220,8 @@ __device__ uint64_t cta_sum(uint64_t v, uint64_t *warp_part) {
 __device__ int first_rows(const mt_instr_row *rows, unsigned kept, bool one_weight, int *list,
                           int *warp_n, int *segs) {
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
-  if ((unsigned)t < kept) // from L2 once (the digest's CTAs wrote them), compared in shared memory
-    segs[t] = __ldcg(&rows[t].seg);
+  if ((unsigned)t < kept) // read once, then compared in shared memory (a row with those before it)
+    segs[t] = rows[t].seg;
   __syncthreads();
   bool first = (unsigned)t < kept && (!one_weight || t == 0);
   if (first && !one_weight)
