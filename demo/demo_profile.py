@@ -10,7 +10,9 @@ Both paths also get the profiler's sum of their kernels' durations: HF's eager e
 the host which experts were hit (a synchronisation), so it cannot be captured, and event timing of
 an uncaptured eager loop measures its launch gaps, not the GPU. Summed kernel time treats both paths
 alike, but counts twice the kernels that run side by side (the engine's weight refresh beside its
-GEMM) and counts the instruments, which a captured call skips.
+GEMM). Both measures count the shim's instruments (a captured call digests at every replay); the
+sums give each instrument kernel's share apart (INSTRUMENTS), so that a rate can be picked by its
+cost.
 
 The demo sampler calls profile() after sampling (demo_sampler.py --moe-profile FILE), so each
 spec's numbers come from a process with the shim under that spec and its sampler's weight cache.
@@ -26,6 +28,8 @@ ITERS = 3
 REPLAYS = 20
 REPEATS = 5
 SEED = 5
+INSTRUMENTS = ("mt_instr_digest", "mt_instr_finish", "mt_instr_probe", "mt_instr_shadow",
+               "mt_instr_offs")  # the shim's instrument kernels (kernels/instr.cu)
 
 
 def kernel_us(torch, prof, prefix=""):
@@ -51,9 +55,12 @@ def block_profile(torch, block, hidden, iters=ITERS, warmup=WARMUP):
 
 
 def block_us(torch, block, hidden, iters=ITERS, warmup=WARMUP):
-    """Mean GPU time (µs) of one block forward on `hidden` [1, T, H]."""
-    total = kernel_us(torch, block_profile(torch, block, hidden, iters, warmup))
-    return total / iters if total > 0 else None
+    """(mean GPU time (µs) of one block forward on `hidden` [1, T, H] or None, {instrument kernel:
+    its µs of that}) from one profile."""
+    prof = block_profile(torch, block, hidden, iters, warmup)
+    total = kernel_us(torch, prof)
+    return (total / iters if total > 0 else None,
+            {k: kernel_us(torch, prof, k) / iters for k in INSTRUMENTS})
 
 
 def capture(torch, fn, warmup=WARMUP):
@@ -105,21 +112,23 @@ def replay_us(torch, block, hidden):
 
 
 def profile(torch, model, paths, tokens=TOKENS, iters=ITERS):
-    """{"tokens": [...], "us": {path: [µs per T]}, "replay_us": {"grouped_mm": [[median, min,
-    max] or the capture's error, per T]}, ...} for layer 0's MoE block under each experts
-    implementation in `paths`; the model's implementation is restored afterwards."""
+    """{"tokens": [...], "us": {path: [µs per T]}, "instr_us": {path: [{instrument kernel: µs}
+    per T]}, "replay_us": {"grouped_mm": [[median, min, max] or the capture's error, per T]}, ...}
+    for layer 0's MoE block under each experts implementation in `paths`; the model's
+    implementation is restored afterwards."""
     block = model.model.layers[0].mlp
     hidden = model.config.hidden_size
     before = model.config._experts_implementation
     gen = torch.Generator(device="cuda").manual_seed(SEED)
     x = torch.randn((1, max(tokens), hidden), generator=gen, device="cuda", dtype=torch.bfloat16)
     result = {"tokens": list(tokens), "iters": iters, "warmup": WARMUP, "us": {},
-              "replays": REPLAYS, "repeats": REPEATS, "replay_us": {}}
+              "instr_us": {}, "replays": REPLAYS, "repeats": REPEATS, "replay_us": {}}
     try:
         for path in paths:
             model.set_experts_implementation(path)
-            result["us"][path] = [block_us(torch, block, x[:, :t].contiguous(), iters)
-                                  for t in tokens]
+            sums = [block_us(torch, block, x[:, :t].contiguous(), iters) for t in tokens]
+            result["us"][path] = [total for total, _ in sums]
+            result["instr_us"][path] = [by_kernel for _, by_kernel in sums]
             if path == "grouped_mm":  # the eager loop synchronises: not capturable
                 result["replay_us"][path] = [replay_us(torch, block, x[:, :t].contiguous())
                                              for t in tokens]

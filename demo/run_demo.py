@@ -48,8 +48,8 @@ of tools/minite-compare. Grouped calls get the probe and the digests but not the
 grouped_mm rows show "n/a (grouped)" for the shadow (no cuBLAS call to rerun).
 Table 2: one MoE layer (layer 0's sparse block forward, demo/demo_profile.py) at each T for each
 spec: the grouped_mm block's wall time as a CUDA-graph replay (CUDA events, median and spread), then
-the profiler's summed kernel time of both paths (labelled: it double-counts overlapping kernels and
-counts the instruments), each with its speed against grouped_mm without the shim.
+the profiler's summed kernel time of both paths (labelled: it double-counts overlapping kernels),
+each with its speed against grouped_mm without the shim, and the instruments' share of it.
 Table 3: the server rows. Table 4: the decode step by component (demo/demo_step.py).
 With --overhead-spec SPEC, the eager learner of SPEC runs once more with
 MINITE_SHADOW=MINITE_PROBE=MINITE_DIGEST=0: the instruments' cost in training tokens/s.
@@ -737,7 +737,18 @@ def profile_table(runs):
                 else:
                     cells.append(f"{v:,.0f}")
             rows.append(["kernel sum, µs", path, label(r)] + cells)
+            instr = instrument_sums(p, path)
+            if any(instr):
+                rows.append(["of which instruments, µs", path, label(r)] +
+                            [f"{v:,.0f} ({100 * v / t:.1f}%)" if t else "-"
+                             for v, t in zip(instr, us)])
     return markdown(head, rows)
+
+
+def instrument_sums(profile, path):
+    """The shim's instrument kernels' µs in each T's kernel sum (0 where the profile has none)."""
+    by_t = profile.get("instr_us", {}).get(path) or []
+    return [sum((d or {}).values()) for d in by_t]
 
 
 BREAKDOWN_ROWS = ("step", "dense GEMMs", "router", "experts", "experts GEMMs",
@@ -893,7 +904,9 @@ def profile_notes(args):
             "torch.profiler, per forward, for both experts paths (HF's eager loop cannot be "
             "captured); it counts twice kernels that overlap (the engine's weight refresh beside "
             "its GEMM) and counts the instruments. x: speed against grouped_mm without the shim "
-            "(its time / this time), by the same measure."]
+            "(its time / this time), by the same measure. Of which instruments: the shim's "
+            "mt_instr_* kernels in that kernel sum, and their share of it (each kernel's µs: "
+            "OUT/moe-ROW.json, instr_us)."]
 
 
 def failures(args, runs, servers, overhead, png):

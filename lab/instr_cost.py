@@ -51,17 +51,11 @@ def settings(lib, old, also=()):
 
 # ---- the child: one setting, every path and T -------------------------------------------------
 
-INSTRUMENTS = ("mt_instr_digest", "mt_instr_finish", "mt_instr_probe", "mt_instr_shadow",
-               "mt_instr_offs")
-
-
 def forward_us(torch, block, hidden):
-    """(µs of every kernel, {instrument kernel: µs}) per forward, profiler sums (the shadow's BF16
-    rerun is cuBLAS's and counts in the first only)."""
+    """(µs of every kernel, {instrument kernel: µs}) per forward: demo_profile's profiler sums
+    (the shadow's BF16 rerun is cuBLAS's and counts in the first only)."""
     import demo_profile
-    prof = demo_profile.block_profile(torch, block, hidden, ITERS, WARMUP)
-    return (demo_profile.kernel_us(torch, prof) / ITERS,
-            {k: demo_profile.kernel_us(torch, prof, k) / ITERS for k in INSTRUMENTS})
+    return demo_profile.block_us(torch, block, hidden, ITERS, WARMUP)
 
 
 def child(out, tokens):

@@ -126,7 +126,9 @@ def test_tables_from_made_up_results():
     prof = {"tokens": [1, 128], "us": {"grouped_mm": [100.0, 400.0], "eager": [300.0, 5000.0]},
             "replay_us": {"grouped_mm": [[80.0, 79.0, 82.0], [300.0, 290.0, 310.0]]}}
     prof_row = {"tokens": [1, 128], "us": {"grouped_mm": [50.0, 200.0], "eager": [500.0, 8000.0]},
-                "replay_us": {"grouped_mm": [[40.0, 39.0, 41.0], "not captured: boom"]}}
+                "replay_us": {"grouped_mm": [[40.0, 39.0, 41.0], "not captured: boom"]},
+                "instr_us": {"eager": [{"mt_instr_digest": 20.0, "mt_instr_finish": 30.0},
+                                       {"mt_instr_digest": 0.0}]}}
     gap = {"metrics": {"abs_dlogp_mean": 0.02, "abs_dlogp_p99": 0.1, "abs_dlogp_max": 0.2,
                        "kl": -0.001, "ratio_above_2": 0},
            "nemo_rl": {"train/token_mult_prob_error": 1.01234},
@@ -157,7 +159,10 @@ def test_tables_from_made_up_results():
     harness.check(eager[11] == "0.13 / 0.14 (4 calls)" and eager[12] == "0 / 8",
                   f"instruments on eager: {eager}")
     moe = run_demo.profile_table(runs).splitlines()
-    harness.check(len(moe) == 2 + 2 + 4, f"2 specs replayed, then 2 specs x 2 paths:\n{moe}")
+    harness.check(len(moe) == 2 + 2 + 4 + 1,
+                  f"2 specs replayed, then 2 specs x 2 paths, one with instruments:\n{moe}")
+    harness.check(moe[-1] == "| of which instruments, µs | eager | nvfp4-row | 50 (10.0%) | "
+                  "0 (0.0%) |", f"the instruments' sum and share after their kernel sum: {moe[-1]}")
     harness.check(moe[2] == "| graph replay, wall µs | grouped_mm | none (no shim) | 80 (79-82) "
                   "1.00x | 300 (290-310) 1.00x |", f"replayed baseline: {moe[2]}")
     harness.check("| 40 (39-41) 2.00x | not captured: boom |" in moe[3], f"replayed: {moe[3]}")
