@@ -614,9 +614,35 @@ static void scenario_lead(void) {
   unmake(&p);
 }
 
+/* MINITE_SHADOW=MINITE_PROBE=1/2, MINITE_DIGEST=1/4, one slot, rows none of which the digest
+ * chooses: the first call (shadow and probe) takes the scratch on S1; the second, digests only,
+ * reuses the slot and publishes its flag alone, marked empty; the third, on S2, finds the scratch
+ * free (the slot's sequence has moved past its user's, the marked bit aside). */
+static void scenario_busy_empty(void) {
+  problem p = make(OUT, 4);
+  for (int i = 0; i < p.tokens; i++) /* no row chosen at 1/4: lead hashes from 2^62 up */
+    while (mt_instr_lead_hash(p.x + (size_t)i * IN, IN, 0) < 1ull << 62)
+      p.x[(size_t)i * IN] += 1;
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  usleep(20000); /* the writer frees the one slot */
+  int t = now();
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  int f = find_launch(t, "mt_instr_finish", 0);
+  CHECK(f >= 0 && ((const mt_instr_finish_args *)event(f)->args)->empty_ok == 1 &&
+        find_launch(t, "mt_instr_shadow", 0) < 0);
+  usleep(20000);
+  set_stream(S2);
+  t = now();
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  CHECK(find_launch(t, "mt_instr_shadow", 0) >= 0 && find_launch(t, "mt_instr_probe", 0) >= 0);
+  check_clean();
+  unmake(&p);
+}
+
 static const mt_t_scenario scenarios[] = {
     {"strided", scenario_strided},
     {"busy", scenario_busy},
+    {"busy_empty", scenario_busy_empty},
     {"fork", scenario_fork},
     {"digest", scenario_digest},
     {"digest_frozen", scenario_digest_frozen},
@@ -872,6 +898,17 @@ static void scratch_busy_on_another_stream(void) {
   mt_t_child_free(&r);
 }
 
+static void scratch_free_after_an_empty_publication(void) {
+  const char *env[] = {"MINITE_SHADOW=1/2", "MINITE_PROBE=1/2", "MINITE_DIGEST=1/4",
+                       "MINITE_INSTR_SLOTS=1", NULL};
+  mt_t_child r;
+  mt_t_run_child("busy_empty", "busy_empty", env, &r);
+  mt_t_check_child("busy_empty", &r);
+  CHECK(mt_t_json_int_in(r.summary, "\"shadow\": {\"rate\"", "busy") < 1 &&
+        mt_t_json_int_in(r.summary, "\"digests\": {", "written") == 0);
+  mt_t_child_free(&r);
+}
+
 static void fork_child_instruments_nothing(void) {
   /* No leak check under ASan: the forked child inherits the allocator's locks as the parent's
    * writer thread held them, and LeakSanitizer, locking them all at the child's exit, could wait
@@ -954,6 +991,7 @@ static void tests(void) {
   RUN(captured_calls_digest_at_each_replay);
   RUN(bounded_slots_drop_and_count);
   RUN(scratch_busy_on_another_stream);
+  RUN(scratch_free_after_an_empty_publication);
   RUN(fork_child_instruments_nothing);
   RUN(join_two_batchings_through_minite_compare);
   RUN(strided_batch_gets_every_instrument);
