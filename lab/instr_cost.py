@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""instr_cost.py — what the shim and its instruments cost in an eager MoE block: layer 0's sparse
-MoE block of the demo model (Qwen3-30B-A3B geometry, demo/demo_model.py) run forward on T random
-hidden states, T = 1 .. 8192, on both experts paths (grouped_mm, eager), GPU time per forward
+"""instr_cost.py — what the shim and its instruments cost in a MoE block, eager and captured: layer
+0's sparse MoE block of the demo model (Qwen3-30B-A3B geometry, demo/demo_model.py) run forward on T
+random hidden states, T = 1 .. 8192, on both experts paths (grouped_mm, eager), GPU time per forward
 summed by the PyTorch profiler (demo/demo_profile.py says why the profiler: the eager path
 synchronises and cannot be captured), the shim's mt_instr_* kernels also summed apart.
 
     python3 lab/instr_cost.py OUT.json [--lib build/libminite.so] [--old OLD_LIB]
         [--also NAME=LIB ...] [--tokens 1,16]
 
-Each setting runs in its own process: no shim; the shim under bf16 and under nvfp4-row, each
+Each setting runs in its own process (the grouped_mm block also as a CUDA-graph replay, whose
+captured calls digest at every replay): no shim; the shim under bf16 and under nvfp4-row, each
 without a statistics file and with one at the default rates (MINITE_STATS), frozen-sampled
 weights; with --old, nvfp4-row and bf16 with statistics again under OLD_LIB (an earlier build, the
 same run and card); each --also NAME=LIB (a variant for an A/B), the same two again under
@@ -61,6 +62,7 @@ def forward_us(torch, block, hidden):
 def child(out, tokens):
     import torch
     import demo_model
+    import demo_profile
     model = demo_model.build(layers=1)
     block = model.model.layers[0].mlp
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -73,6 +75,10 @@ def child(out, tokens):
         result["us"][path] = [r[0] for r in rows]
         result["instr_us"][path] = [sum(r[1].values()) for r in rows]
         result["by_kernel"][path] = [r[1] for r in rows]
+    # captured: the grouped_mm block as a graph replay, which runs its digests at every replay
+    model.set_experts_implementation("grouped_mm")
+    result["replay_us"] = [demo_profile.replay_us(torch, block, x[:, :t].contiguous())
+                           for t in tokens]
     with open(out, "w") as f:
         json.dump(result, f)
 
@@ -116,6 +122,20 @@ def table(results, tokens):
             print(f"{t:6d}{cells}  {share(us.get('bf16+stats'), us.get('bf16')):>10}"
                   f"  {share(us.get('nvfp4-row+stats'), us.get('nvfp4-row')):>11}")
     print("\n(in parentheses: µs of the mt_instr_* kernels)")
+    print("\ngrouped_mm captured: graph-replay wall µs per forward (median of "
+          "demo_profile's runs); share = +stats vs the same spec without")
+    print("T".rjust(6) + "".join(n.rjust(20) for n in names) + "  bf16 share  nvfp4 share")
+    for i, t in enumerate(tokens):
+        us = {n: replay_median(results[n], i) for n in names}
+        cells = "".join((f"{us[n]:.1f}" if us[n] else "-").rjust(20) for n in names)
+        print(f"{t:6d}{cells}  {share(us.get('bf16+stats'), us.get('bf16')):>10}"
+              f"  {share(us.get('nvfp4-row+stats'), us.get('nvfp4-row')):>11}")
+
+
+def replay_median(result, i):
+    """The median of a graph replay's [median, min, max], None where it was not captured."""
+    v = (result.get("replay_us") or [None] * (i + 1))[i]
+    return v[0] if isinstance(v, list) else None
 
 
 def main():

@@ -29,8 +29,9 @@
 #   trace      bench_moe's Qwen3 layer at TRACE_TOKENS (default "1 16") under lab/trace.c: every
 #              kernel's start and end on the GPU, one replay of each graph printed by
 #              lab/timeline.py (the layer alone, served, the checks, cuBLAS), ~15 s a T
-#   instr      lab/instr_cost.py: the instruments' cost on an eager MoE block, each setting in its
-#              own process (INSTR_ARGS passed on, e.g. "--old build/old/libminite.so"; ~190 s)
+#   instr      lab/instr_cost.py: the instruments' cost on a MoE block, eager and captured, each
+#              setting in its own process (INSTR_ARGS passed on, e.g. "--old build/old/libminite.so";
+#              ~190 s eager alone, the replays add an estimated ~100)
 #   server     demo/demo_server.py (transformers' continuous batching) without the shim and under
 #              nvfp4-row, SERVER_ARGS passed on (default 32 requests, 2 layers), the census of
 #              the shim's run into the logs (SERVER_LIMIT each, default 240)
@@ -121,7 +122,7 @@ store_refresh_modes store_refresh_rounds grouped_after_refresh grouped_many_segm
     cat "$out/ab${TAG:-}.log" ;;
   instr)
     # shellcheck disable=SC2086 # INSTR_ARGS: several words
-    step instr "${INSTR_LIMIT:-300}" python3 lab/instr_cost.py "$out/instr_cost${TAG:-}.json" \
+    step instr "${INSTR_LIMIT:-420}" python3 lab/instr_cost.py "$out/instr_cost${TAG:-}.json" \
         ${INSTR_ARGS:-} ;;
   trace)
     make -s build/lab/libtrace.so build/bench/bench_moe >"$out/trace-build${TAG:-}.log" 2>&1 ||
