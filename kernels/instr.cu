@@ -39,6 +39,20 @@ __device__ __forceinline__ uint64_t piece_of(int i, uint4 v) {
   return mt_instr_piece((uint64_t)i, (uint64_t)v.y << 32 | v.x, (uint64_t)v.w << 32 | v.z);
 }
 
+// Piece i of a row of `elems` 2-byte elements (16-byte aligned), the last one zero-padded.
+__device__ __forceinline__ uint4 piece_at(const uint16_t *row, int elems, int i) {
+  if (8 * i + 8 <= elems)
+    return *(const uint4 *)(row + 8 * i);
+  uint16_t e[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int j = 0; 8 * i + j < elems; j++)
+    e[j] = row[8 * i + j];
+  uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; k++)
+    w[k] = e[2 * k] | (uint32_t)e[2 * k + 1] << 16;
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // content_sum of a row of `elems` 2-byte elements (16-byte aligned: the router's rule), this
 // lane's share; the last piece zero-padded. Whole pieces four at a time, loaded before any is
 // hashed: a warp a row with one load in flight a lane leaves DRAM's latency exposed.
@@ -55,18 +69,8 @@ __device__ uint64_t row_sum_lane(const uint16_t *row, int elems, int lane) {
     for (int u = 0; u < 4; u++)
       h += piece_of(i + 32 * u, v[u]);
   }
-  for (; i < pieces; i += 32) {
-    if (8 * i + 8 <= elems) {
-      h += piece_of(i, *(const uint4 *)(row + 8 * i));
-      continue;
-    }
-    uint16_t e[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int j = 0; 8 * i + j < elems; j++)
-      e[j] = row[8 * i + j];
-    const uint64_t lo = (uint64_t)e[3] << 48 | (uint64_t)e[2] << 32 | (uint64_t)e[1] << 16 | e[0];
-    const uint64_t hi = (uint64_t)e[7] << 48 | (uint64_t)e[6] << 32 | (uint64_t)e[5] << 16 | e[4];
-    h += mt_instr_piece((uint64_t)i, lo, hi);
-  }
+  for (; i < pieces; i += 32)
+    h += piece_of(i, piece_at(row, elems, i));
   return h;
 }
 
@@ -86,19 +90,8 @@ __device__ uint64_t out_pass_lane(const uint16_t *y, int n, int type, int lane,
   for (int i0 = lane; i0 < pieces; i0 += 128) {
     uint4 v[4];
 #pragma unroll
-    for (int u = 0; u < 4; u++) {
-      const int i = i0 + 32 * u;
-      v[u] = make_uint4(0, 0, 0, 0);
-      if (8 * i + 8 <= n) {
-        v[u] = *(const uint4 *)(y + 8 * i);
-      } else if (i < pieces) { // the last piece, zero-padded
-        uint16_t e[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int j = 0; 8 * i + j < n; j++)
-          e[j] = y[8 * i + j];
-        v[u] =
-            make_uint4(e[0] | e[1] << 16, e[2] | e[3] << 16, e[4] | e[5] << 16, e[6] | e[7] << 16);
-      }
-    }
+    for (int u = 0; u < 4; u++)
+      v[u] = i0 + 32 * u < pieces ? piece_at(y, n, i0 + 32 * u) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < 4; u++) {
       const int i = i0 + 32 * u;
