@@ -52,13 +52,6 @@ def settings(lib, old, also=()):
 
 # ---- the child: one setting, every path and T -------------------------------------------------
 
-def forward_us(torch, block, hidden):
-    """(µs of every kernel, {instrument kernel: µs}) per forward: demo_profile's profiler sums
-    (the shadow's BF16 rerun is cuBLAS's and counts in the first only)."""
-    import demo_profile
-    return demo_profile.block_us(torch, block, hidden, ITERS, WARMUP)
-
-
 def child(out, tokens):
     import torch
     import demo_model
@@ -71,7 +64,8 @@ def child(out, tokens):
     result = {"device": torch.cuda.get_device_name(), "us": {}, "instr_us": {}, "by_kernel": {}}
     for path in demo_model.EXPERTS:
         model.set_experts_implementation(path)
-        rows = [forward_us(torch, block, x[:, :t].contiguous()) for t in tokens]
+        rows = [demo_profile.block_us(torch, block, x[:, :t].contiguous(), ITERS, WARMUP)
+                for t in tokens]  # (µs of every kernel, {instrument kernel: µs}) a forward
         result["us"][path] = [r[0] for r in rows]
         result["instr_us"][path] = [sum(r[1].values()) for r in rows]
         result["by_kernel"][path] = [r[1] for r in rows]
