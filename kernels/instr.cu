@@ -10,12 +10,14 @@
 //                    stored hash) and the bias's content sum, only when a row was digested; then
 //                    the publication: the result block into mapped pinned host memory, the slot's
 //                    flag last (the host polls it; it never waits on the stream), or, for a call
-//                    with nothing to report, the flag alone, marked empty
+//                    with nothing to report, the flag alone, marked empty (a captured call's
+//                    replay: nothing)
 // Integer sums (hashes) are exact and order-free, so any grid gives the same bits; the sketch is
 // an FP32 sum whose order the format leaves free. Tested on the CPU through the host twin in
 // kernels/instr.h (tests/cpu/test_shim_instr.c: twin against tools/minite-compare's Python
 // reference) and on the H200 by tests/gpu/test_instruments.py (digests of two processes with
 // different batchings join bitwise; probe and shadow figures).
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kernels/instr.h"
@@ -264,6 +266,16 @@ __device__ void grouped_sums(const mt_instr_finish_args &a, uint64_t *warp_part)
   }
 }
 
+static_assert(sizeof(mt_instr_header) == 64 && offsetof(mt_instr_header, replays) == 60,
+              "reset_header writes the header as four 16-byte words, the count last");
+
+// The header zeroed for the slot's next use, all but its replay count (the last word's last
+// field), in four 16-byte stores.
+__device__ void reset_header(mt_instr_header *hdr, uint32_t replays) {
+  if (threadIdx.x < 4)
+    ((uint4 *)hdr)[threadIdx.x] = make_uint4(0, 0, 0, threadIdx.x == 3 ? replays : 0);
+}
+
 // The weight's weight_sum (or each grouped row's own weight's); the bias in CTA 0; then the last
 // CTA to finish publishes the block.
 extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr_finish_args a) {
@@ -322,11 +334,14 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
   __syncthreads();
   if (!last)
     return;
-  if (a.seq != 0 && a.empty_ok && hdr->selected == 0) { // nothing to report: the flag alone
-    for (int i = threadIdx.x; i < (int)(sizeof(mt_instr_header) / 16); i += blockDim.x)
-      ((uint4 *)hdr)[i] = make_uint4(0, 0, 0, 0);
+  __shared__ uint32_t count; // a captured slot's replays so far (kernels/instr.h)
+  if (threadIdx.x == 0)
+    count = *(volatile uint32_t *)&hdr->replays;
+  __syncthreads();
+  if (a.empty_ok && hdr->selected == 0) { // nothing to report: the flag alone, or (captured) none
+    reset_header(hdr, count);
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (a.seq != 0 && threadIdx.x == 0) {
       __threadfence_system();
       *(volatile uint32_t *)a.flag = a.seq | MT_INSTR_EMPTY;
     }
@@ -334,12 +349,10 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
   }
   // the publication: every CTA's sums are in the header (fenced before their count). A captured
   // call's (seq 0) is the flag's seqlock: odd while the block is written, the next even value once
-  // it is whole (kernels/instr.h)
-  __shared__ uint32_t flag_was;
+  // it is whole
   __threadfence();
   if (a.seq == 0 && threadIdx.x == 0) {
-    flag_was = *(volatile uint32_t *)a.flag;
-    *(volatile uint32_t *)a.flag = flag_was + 1;
+    *(volatile uint32_t *)a.flag = 2 * count + 1;
     __threadfence_system();
   }
   __syncthreads();
@@ -350,14 +363,13 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
   for (int64_t i = threadIdx.x; i < words; i += blockDim.x)
     dst[i] = __ldcg(src + i); // from L2, where the other CTAs' sums and atomics are
   __syncthreads();
-  for (int i = threadIdx.x; i < (int)(sizeof(mt_instr_header) / 16); i += blockDim.x)
-    ((uint4 *)hdr)[i] = make_uint4(0, 0, 0, 0); // ready for the slot's next use
+  reset_header(hdr, a.seq ? count : count + 1);
   // one system fence, thread 0's after the barrier: cumulative, it orders every thread's copy
   // before the flag (a fence in each thread cost each its own round trip)
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
-    *(volatile uint32_t *)a.flag = a.seq ? a.seq : flag_was + 2;
+    *(volatile uint32_t *)a.flag = a.seq ? a.seq : 2 * count + 2;
   }
 }
 

@@ -70,7 +70,8 @@ typedef struct {
 } mt_instr_row;
 
 /* What one instrumented call's kernels fill, then published to the host by mt_instr_finish, which
- * also zeroes it for the slot's next use (a slot is zeroed with a memset before its first use). */
+ * also zeroes it for the slot's next use, all but `replays` (a slot's header up to `replays` is
+ * zeroed with a memset before its first use). */
 typedef struct {
   uint64_t wsum;     /* weight_sum of the weight (0 when no row was digested) */
   uint64_t bsum;     /* content_sum of the bias */
@@ -82,7 +83,11 @@ typedef struct {
   uint32_t probe_max_bits;   /* max |in-batch - alone| over the probed rows */
   uint32_t finished;         /* CTAs of mt_instr_finish done (the last one publishes) */
   uint32_t probe_outside;    /* probed rows of a grouped call in no segment (not compared) */
-  uint32_t pad;
+  /* A captured slot's publications so far, its seqlock's count kept on the device: replay c
+   * writes the flag 2c + 1, then the block, then 2c + 2 (no read of the host's flag, a round trip
+   * over the bus). Never zeroed: it starts at what the device memory held, so the host counts the
+   * replays it missed from the first it reads (shim/instr_writer.c). */
+  uint32_t replays;
 } mt_instr_header;
 
 /* mt_instr_digest: one warp per row of x (m rows). A grouped call's rows: with offs (device, nseg
@@ -132,13 +137,14 @@ typedef struct {
   uint32_t *flag;       /* mapped pinned host word (device address) */
   int32_t cap;          /* rows the block holds */
   /* The flag's value once the block is published; 0 in a call captured in a CUDA graph, whose
-   * every replay publishes into the same block: the flag is then a seqlock, raised to odd before
-   * the block is written and to the next even value after (the host reads a block whole when the
-   * flag is even and the same before and after its copy) */
+   * every replay publishes into the same block: the flag is then a seqlock over the header's
+   * `replays` count, odd while the block is written and the next even value once it is whole (the
+   * host reads a block whole when the flag is even and the same before and after its copy) */
   uint32_t seq;
-  /* 1: the call has no probe or shadow, so that with no row chosen (and seq not 0) it reports
-   * nothing: the finish then writes the flag alone, seq | MT_INSTR_EMPTY, and the block keeps
-   * what an earlier use left (the host reads it as empty) */
+  /* 1: the call has no probe or shadow, so that with no row chosen it reports nothing: the finish
+   * then writes the flag alone, seq | MT_INSTR_EMPTY, and the block keeps what an earlier use left
+   * (the host reads it as empty); a captured call's replay writes nothing (the host reads the
+   * replays that chose a row) */
   int32_t empty_ok;
 } mt_instr_finish_args;
 

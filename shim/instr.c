@@ -20,6 +20,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -377,7 +378,9 @@ static int enqueue(const mt_instr_call *ic, mt_iw_context *c, mt_iw_slot *s, int
                    const mt_driver *d) {
   CUstream stream = (CUstream)ic->call->stream;
   mt_instr_header *hdr = (mt_instr_header *)s->dev;
-  if (!s->used && d->memset_d8_async(s->dev, 0, sizeof *hdr, stream) != CUDA_SUCCESS)
+  /* not the replay count, which a captured slot keeps across replays (kernels/instr.h) */
+  if (!s->used &&
+      d->memset_d8_async(s->dev, 0, offsetof(mt_instr_header, replays), stream) != CUDA_SUCCESS)
     return 0;
   s->used = 1;
   CUdeviceptr scratch = mt_iw_scratch(c) /* the probe's rows, then the shadow's */;

@@ -338,7 +338,8 @@ static const unsigned char *published_block(const mt_iw_slot *s) {
 
 /* A captured slot's latest replay, copied whole into `copy`: 1 when there is one not read yet
  * (the flag even, past the last one read, and unchanged across the copy; the replays it skipped
- * are counted missed). Under lock. */
+ * since the first one read are counted missed; replays that chose no row publish nothing and are
+ * neither). Under lock. */
 static int replay_copy(mt_iw_slot *s, unsigned char *copy) {
   const uint32_t flag = __atomic_load_n(s->flag, __ATOMIC_ACQUIRE);
   if ((flag & 1) || flag == s->seen)
@@ -347,9 +348,11 @@ static int replay_copy(mt_iw_slot *s, unsigned char *copy) {
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
   if (__atomic_load_n(s->flag, __ATOMIC_ACQUIRE) != flag)
     return 0; /* a replay is writing it: read at a later scan */
-  replays_missed += (uint32_t)(flag - s->seen) / 2 - 1;
+  if (s->read_any)
+    replays_missed += (uint32_t)(flag - s->seen) / 2 - 1;
   replays_read++;
   s->seen = flag;
+  s->read_any = 1;
   return 1;
 }
 
@@ -464,6 +467,7 @@ int mt_iw_capture(mt_iw_slot *s) {
     captured_slots++;
     s->captured = 1;
     s->seen = 0;
+    s->read_any = 0;
     __atomic_store_n(s->flag, 0, __ATOMIC_RELEASE);
   }
   pthread_mutex_unlock(&lock);

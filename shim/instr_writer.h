@@ -64,7 +64,8 @@ typedef struct {
   int grouped, shared_w; /* a grouped call: each row's weight sum is its own (shared_w: one W) */
   float alpha;
   int captured;  /* taken by a captured call (mt_iw_capture) */
-  uint32_t seen; /* captured: the flag's value at the last replay read */
+  uint32_t seen; /* captured: the flag's value at the last replay read ... */
+  int read_any;  /* ... if any: the count starts where the device's left it (kernels/instr.h) */
 } mt_iw_slot;
 
 /* One CUDA context's slots and scratch (the scratch's use belongs to the calling side). */

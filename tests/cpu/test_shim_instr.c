@@ -257,7 +257,7 @@ static void scenario_digest(void) {
   /* the first lookup loads every kernel file and makes the context registry's canary; the
    * instruments' memory: device, then host (registered) */
   CHECK_TRACE(
-      t, "alloc load load load load load load alloc gemm alloc hostreg memset64 digest finish");
+      t, "alloc load load load load load load alloc gemm alloc hostreg memset60 digest finish");
   int d = find_launch(t, "mt_instr_digest", 0), w = find_launch(t, "mt_instr_finish", 0);
   const mt_instr_digest_args *da = d >= 0 ? (const mt_instr_digest_args *)event(d)->args : NULL;
   const mt_instr_finish_args *wa = w >= 0 ? (const mt_instr_finish_args *)event(w)->args : NULL;
@@ -272,7 +272,7 @@ static void scenario_digest(void) {
   /* again, and 3 more rows of another problem: no allocation, no load */
   t = now();
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
-  CHECK_TRACE(t, "gemm memset64 digest finish");
+  CHECK_TRACE(t, "gemm memset60 digest finish");
   problem q = make(OUT, 3);
   CHECK(gemm(&q, &zero) == CUBLAS_STATUS_SUCCESS);
   print_keys(&q);
@@ -409,7 +409,7 @@ static void scenario_capture(void) {
   set_capturing(S1, 1);
   int t = now();
   CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
-  CHECK_TRACE(t, "alloc_async gemm memset64 digest finish free_async"); /* a slot new to use */
+  CHECK_TRACE(t, "alloc_async gemm memset60 digest finish free_async"); /* a slot new to use */
   set_capturing(S1, 0);
   int w = find_launch(t, "mt_instr_finish", 0);
   CHECK(w >= 0 && ((const mt_instr_finish_args *)event(w)->args)->seq == 0);
@@ -867,6 +867,21 @@ static void captured_calls_digest_at_each_replay(void) {
   mt_t_child_free(&r);
 }
 
+/* A captured call's replay that chose no row publishes nothing (the flag is not touched: no round
+ * trip over the bus), so the writer reads none and misses none. */
+static void captured_replays_without_rows_publish_nothing(void) {
+  const char *env[] = {"MINITE_DIGEST=1e-18", "MINITE_PROBE=1", NULL}; /* no row passes */
+  mt_t_child r;
+  mt_t_run_child("capture", "capture-none", env, &r);
+  mt_t_check_child("capture", &r);
+  long read = mt_t_json_int_in(r.summary, "\"captured\": {", "replays");
+  long missed = mt_t_json_int_in(r.summary, "\"captured\": {", "missed");
+  CHECKF(mt_t_json_int_in(r.summary, "\"captured\": {", "calls") == 1 && read == 0 && missed == 0,
+         "captured %ld read, %ld missed: %s", read, missed, r.summary ? r.summary : "");
+  CHECK(mt_t_count_of(r.stats, "\"event\": \"digest\"") == 0);
+  mt_t_child_free(&r);
+}
+
 static void bounded_slots_drop_and_count(void) {
   const char *env[] = {"MINITE_DIGEST=1", "MINITE_INSTR_SLOTS=256", NULL};
   mt_t_child r;
@@ -989,6 +1004,7 @@ static void tests(void) {
   RUN(sampling_is_per_route_and_deterministic);
   RUN(probe_on_a_kept_weight);
   RUN(captured_calls_digest_at_each_replay);
+  RUN(captured_replays_without_rows_publish_nothing);
   RUN(bounded_slots_drop_and_count);
   RUN(scratch_busy_on_another_stream);
   RUN(scratch_free_after_an_empty_publication);

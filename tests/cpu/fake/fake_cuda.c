@@ -679,19 +679,24 @@ static void instr_finish(const mt_instr_finish_args *a) {
   }
   unsigned rows = h->selected < (unsigned)a->cap ? h->selected : (unsigned)a->cap;
   uint32_t seq = a->seq;
-  if (seq && a->empty_ok && !h->selected) { /* nothing to report: the flag alone, marked */
+  const uint32_t count = h->replays; /* kept across uses (kernels/instr.h) */
+  if (a->empty_ok && !h->selected) { /* nothing to report: the flag alone, marked, or nothing */
     memset(h, 0, sizeof *h);
+    h->replays = count;
+    if (!seq)
+      return;
     seq |= MT_INSTR_EMPTY;
   } else if (!seq) { /* a captured call's replay: the flag is a seqlock (kernels/instr.h) */
-    const uint32_t was = __atomic_load_n(a->flag, __ATOMIC_ACQUIRE);
-    __atomic_store_n(a->flag, was + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(a->flag, 2 * count + 1, __ATOMIC_RELEASE);
     memcpy(a->dst, h, sizeof *h + rows * sizeof(mt_instr_row));
     memset(h, 0, sizeof *h);
-    __atomic_store_n(a->flag, was + 2, __ATOMIC_RELEASE);
+    h->replays = count + 1;
+    __atomic_store_n(a->flag, 2 * count + 2, __ATOMIC_RELEASE);
     return;
   } else {
     memcpy(a->dst, h, sizeof *h + rows * sizeof(mt_instr_row));
     memset(h, 0, sizeof *h);
+    h->replays = count;
   }
   if (hold_events && nheld < MAX_HELD) {
     held[nheld].flag = a->flag;
@@ -850,6 +855,7 @@ EXPORT CUresult cuMemAlloc(CUdeviceptr *out, size_t bytes) {
              alloc_should_fail() || !(p = aligned_alloc(256, (bytes + 255) / 256 * 256))) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
+    memset(p, 0xA5, bytes); /* cuMemAlloc leaves memory undefined: a pattern, not zeros */
     *slot = (allocation){p, bytes, current_index(), next_buffer_id()};
     *out = (CUdeviceptr)(uintptr_t)p;
     counts.allocs++;
