@@ -9,7 +9,8 @@ synchronises and cannot be captured), the shim's mt_instr_* kernels also summed 
         [--also NAME=LIB ...] [--tokens 1,16]
 
 Each setting runs in its own process (the grouped_mm block also as a CUDA-graph replay, whose
-captured calls digest at every replay): no shim; the shim under bf16 and under nvfp4-row, each
+captured calls digest at every replay: CUDA events for its wall time, the profiler for its
+instrument kernels): no shim; the shim under bf16 and under nvfp4-row, each
 without a statistics file and with one at the default rates (MINITE_STATS), frozen-sampled
 weights; with --old, nvfp4-row and bf16 with statistics again under OLD_LIB (an earlier build, the
 same run and card); each --also NAME=LIB (a variant for an A/B), the same two again under
@@ -71,10 +72,34 @@ def child(out, tokens):
         result["by_kernel"][path] = [r[1] for r in rows]
     # captured: the grouped_mm block as a graph replay, which runs its digests at every replay
     model.set_experts_implementation("grouped_mm")
-    result["replay_us"] = [demo_profile.replay_us(torch, block, x[:, :t].contiguous())
-                           for t in tokens]
+    replays = [replay_profile(torch, demo_profile, block, x[:, :t].contiguous()) for t in tokens]
+    result["replay_us"] = [r[0] for r in replays]
+    result["replay_instr_us"] = [r[1] for r in replays]
     with open(out, "w") as f:
         json.dump(result, f)
+
+
+def replay_profile(torch, demo_profile, block, hidden):
+    """([median, min, max] µs of a graph replay of the block, {instrument kernel: its µs a replay,
+    summed by the profiler over REPLAYS more}), or (the capture's error, {})."""
+    from torch.profiler import ProfilerActivity, profile
+    try:
+        with torch.no_grad():
+            graph = demo_profile.capture(torch, lambda: block(hidden))
+    except RuntimeError as e:
+        torch.cuda.synchronize()
+        return f"not captured: {str(e).splitlines()[0][:200]}", {}
+    graph.replay()
+    torch.cuda.synchronize()
+    wall = demo_profile.timed(torch, graph)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(demo_profile.REPLAYS):
+            graph.replay()
+        torch.cuda.synchronize()
+    by_kernel = {k: demo_profile.kernel_us(torch, prof, k) / demo_profile.REPLAYS
+                 for k in demo_profile.INSTRUMENTS}
+    del graph
+    return wall, by_kernel
 
 
 # ---- the parent -------------------------------------------------------------------------------
@@ -115,15 +140,21 @@ def table(results, tokens):
                             for n in names)
             print(f"{t:6d}{cells}  {share(us.get('bf16+stats'), us.get('bf16')):>10}"
                   f"  {share(us.get('nvfp4-row+stats'), us.get('nvfp4-row')):>11}")
-    print("\n(in parentheses: µs of the mt_instr_* kernels)")
+    print("\n(in parentheses: µs of the mt_instr_* kernels, profiler sums)")
     print("\ngrouped_mm captured: graph-replay wall µs per forward (median of "
           "demo_profile's runs); share = +stats vs the same spec without")
     print("T".rjust(6) + "".join(n.rjust(20) for n in names) + "  bf16 share  nvfp4 share")
     for i, t in enumerate(tokens):
         us = {n: replay_median(results[n], i) for n in names}
-        cells = "".join((f"{us[n]:.1f}" if us[n] else "-").rjust(20) for n in names)
+        cells = "".join((f"{us[n]:.1f} ({replay_instr(results[n], i):.0f})" if us[n] else "-")
+                        .rjust(20) for n in names)
         print(f"{t:6d}{cells}  {share(us.get('bf16+stats'), us.get('bf16')):>10}"
               f"  {share(us.get('nvfp4-row+stats'), us.get('nvfp4-row')):>11}")
+
+
+def replay_instr(result, i):
+    """µs of the instrument kernels in one replay (profiler sums), 0 where none were profiled."""
+    return sum((result.get("replay_instr_us") or [{}] * (i + 1))[i].values())
 
 
 def replay_median(result, i):
