@@ -393,10 +393,15 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
     count = *(volatile uint32_t *)&hdr->replays;
   __syncthreads();
   if (a.empty_ok && hdr->selected == 0) { // nothing to report: the flag alone, or (captured) none
-    reset_header(hdr, count);
+    // one CTA left the header as the last use did, zeroed; more counted themselves in `finished`,
+    // and that count must be gone, at system scope, before the host may hand the slot on
+    const bool counted = gridDim.x > 1;
+    if (counted)
+      reset_header(hdr, count);
     __syncthreads();
     if (a.seq != 0 && threadIdx.x == 0) {
-      __threadfence_system();
+      if (counted)
+        __threadfence_system();
       *(volatile uint32_t *)a.flag = a.seq | MT_INSTR_EMPTY;
     }
     return;
