@@ -330,6 +330,22 @@ __device__ void reset_header(mt_instr_header *hdr, uint32_t replays) {
     ((uint4 *)hdr)[threadIdx.x] = make_uint4(0, 0, 0, threadIdx.x == 3 ? replays : 0);
 }
 
+// The publication of a call that chose no row and has nothing else to report: the flag alone,
+// marked empty, or for a captured call's replay nothing. A finish of one CTA left the header as
+// the last use did, zeroed: nothing to order before the flag. More CTAs counted themselves in
+// `finished`, a count that must be gone, at system scope, before the host may hand the slot on.
+__device__ void publish_empty(const mt_instr_finish_args &a, mt_instr_header *hdr) {
+  const bool counted = gridDim.x > 1;
+  if (counted)
+    reset_header(hdr, *(volatile uint32_t *)&hdr->replays);
+  __syncthreads();
+  if (a.seq != 0 && threadIdx.x == 0) {
+    if (counted)
+      __threadfence_system();
+    *(volatile uint32_t *)a.flag = a.seq | MT_INSTR_EMPTY;
+  }
+}
+
 // The weight's weight_sum (or each grouped row's own weight's); the bias in CTA 0; then the last
 // CTA to finish publishes the block.
 extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr_finish_args a) {
@@ -382,30 +398,23 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
         s += warp_part[w];
       hdr->bsum = s;
     }
-    __threadfence();
-    last = gridDim.x == 1 || atomicAdd(&hdr->finished, 1u) == gridDim.x - 1;
+    last = gridDim.x == 1; // alone, no CTA waits on its sums: no count, no fence
+    if (!last) {
+      __threadfence();
+      last = atomicAdd(&hdr->finished, 1u) == gridDim.x - 1;
+    }
   }
   __syncthreads();
   if (!last)
     return;
+  if (a.empty_ok && hdr->selected == 0) {
+    publish_empty(a, hdr);
+    return;
+  }
   __shared__ uint32_t count; // a captured slot's replays so far (kernels/instr.h)
   if (threadIdx.x == 0)
     count = *(volatile uint32_t *)&hdr->replays;
   __syncthreads();
-  if (a.empty_ok && hdr->selected == 0) { // nothing to report: the flag alone, or (captured) none
-    // one CTA left the header as the last use did, zeroed; more counted themselves in `finished`,
-    // and that count must be gone, at system scope, before the host may hand the slot on
-    const bool counted = gridDim.x > 1;
-    if (counted)
-      reset_header(hdr, count);
-    __syncthreads();
-    if (a.seq != 0 && threadIdx.x == 0) {
-      if (counted)
-        __threadfence_system();
-      *(volatile uint32_t *)a.flag = a.seq | MT_INSTR_EMPTY;
-    }
-    return;
-  }
   // the publication: every CTA's sums are in the header (fenced before their count). A captured
   // call's (seq 0) is the flag's seqlock: odd while the block is written, the next even value once
   // it is whole
