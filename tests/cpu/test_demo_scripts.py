@@ -69,9 +69,11 @@ def test_run_demo_rows_and_quick():
     args = run_demo.parse_args([])
     rows = [(r["name"], r["spec"], r["experts"]) for r in args.rows]
     harness.check(rows == [("none", "none", "grouped_mm"), ("bf16", "bf16", "grouped_mm"),
-                           ("nvfp4-row", "nvfp4-row", "grouped_mm"),
-                           ("none-eager", "none", "eager"),
-                           ("nvfp4-row-eager", "nvfp4-row", "eager")], f"default rows {rows}")
+                           ("nvfp4-row", "nvfp4-row", "grouped_mm")], f"default rows {rows}")
+    eager = run_demo.parse_args(["--eager-specs", "none,nvfp4-row"])
+    rows = [(r["name"], r["spec"], r["experts"], r["layers"]) for r in eager.rows[3:]]
+    harness.check(rows == [("none-eager", "none", "eager", 4),
+                           ("nvfp4-row-eager", "nvfp4-row", "eager", 4)], f"eager rows {rows}")
     harness.check(args.batch == 128 and args.repeats >= 3 and args.profile_list ==
                   [1, 16, 128, 1024, 8192], f"full sizes {vars(args)}")
     harness.check((args.sampler_cache, args.learner_cache) == ("frozen-sampled", "requantize"),
@@ -81,7 +83,8 @@ def test_run_demo_rows_and_quick():
                   ("auto", "auto", "4", "2") and quick.rows[0]["layers"] == "4",
                   f"full depth by default, a few layers for --quick: {vars(quick)}")
     harness.check(quick.batch == 16 and quick.new_tokens < args.new_tokens and
-                  quick.repeats >= 3 and len(quick.rows) < len(args.rows),
+                  quick.repeats >= 3 and [r["name"] for r in quick.rows] ==
+                  ["none", "bf16", "nvfp4-row", "nvfp4-row-eager"],
                   f"--quick: smaller, an explicit option wins: {vars(quick)}")
     none = run_demo.parse_args(["--eager-specs", ""])
     harness.check(all(r["experts"] == "grouped_mm" for r in none.rows), "--eager-specs ''")
