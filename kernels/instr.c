@@ -49,9 +49,7 @@ static unsigned min_u(unsigned a, unsigned b) { return a < b ? a : b; }
 
 int mt_instr_launch_digest(const mt_instr_digest_args *a, mt_stream stream) {
   mt_instr_digest_args copy = *a;
-  return launch("mt_instr_digest",
-                (unsigned)((a->m + MT_INSTR_DIGEST_ROWS - 1) / MT_INSTR_DIGEST_ROWS), &copy,
-                stream);
+  return launch("mt_instr_digest", (unsigned)((a->m + 7) / 8), &copy, stream);
 }
 
 /* A CTA for each block of 256 sampled lines (a line a thread; a grouped call's for each of the

@@ -56,22 +56,22 @@ __device__ __forceinline__ uint4 piece_at(const uint16_t *row, int elems, int i)
 }
 
 // content_sum of a row of `elems` 2-byte elements (16-byte aligned: the router's rule), this
-// thread's share: pieces first, first + stride, ..., the last one zero-padded. Whole pieces four at
-// a time, loaded before any is hashed: one load in flight a thread leaves DRAM's latency exposed.
-__device__ uint64_t row_sum_part(const uint16_t *row, int elems, int first, int stride) {
+// lane's share; the last piece zero-padded. Whole pieces four at a time, loaded before any is
+// hashed: a warp a row with one load in flight a lane leaves DRAM's latency exposed.
+__device__ uint64_t row_sum_lane(const uint16_t *row, int elems, int lane) {
   uint64_t h = 0;
   const int pieces = (elems + 7) / 8;
-  int i = first;
-  for (; i + 3 * stride < elems / 8; i += 4 * stride) {
+  int i = lane;
+  for (; i + 96 < elems / 8; i += 128) {
     uint4 v[4];
 #pragma unroll
     for (int u = 0; u < 4; u++)
-      v[u] = *(const uint4 *)(row + 8 * (i + stride * u));
+      v[u] = *(const uint4 *)(row + 8 * (i + 32 * u));
 #pragma unroll
     for (int u = 0; u < 4; u++)
-      h += piece_of(i + stride * u, v[u]);
+      h += piece_of(i + 32 * u, v[u]);
   }
-  for (; i < pieces; i += stride)
+  for (; i < pieces; i += 32)
     h += piece_of(i, piece_at(row, elems, i));
   return h;
 }
@@ -80,24 +80,23 @@ __device__ __forceinline__ float abs_diff(float a, float b) { return fabsf(a - b
 
 } // namespace
 
-// This thread's share of an output row's content sum and of its sketch's eight sums, from one
-// pass over the row (pieces first, first + stride, ..., four at a time as row_sum_part): one hash
-// an element gives its eight signs. The sketch's FP32 order is the thread's pieces in turn, then
-// the CTA's (cta_sketch).
-__device__ uint64_t out_pass_part(const uint16_t *y, int n, int type, int first, int stride,
+// This lane's share of an output row's content sum and of its sketch's eight sums, from one pass
+// over the row (its pieces four at a time, as row_sum_lane): one hash an element gives its eight
+// signs. The sketch's FP32 order is the lane's pieces in turn, then the warp's tree.
+__device__ uint64_t out_pass_lane(const uint16_t *y, int n, int type, int lane,
                                   float s[MT_INSTR_SKETCH]) {
   for (int i = 0; i < MT_INSTR_SKETCH; i++)
     s[i] = 0.0f;
   uint64_t h = 0;
   const int pieces = (n + 7) / 8;
-  for (int i0 = first; i0 < pieces; i0 += 4 * stride) {
+  for (int i0 = lane; i0 < pieces; i0 += 128) {
     uint4 v[4];
 #pragma unroll
     for (int u = 0; u < 4; u++)
-      v[u] = i0 + stride * u < pieces ? piece_at(y, n, i0 + stride * u) : make_uint4(0, 0, 0, 0);
+      v[u] = i0 + 32 * u < pieces ? piece_at(y, n, i0 + 32 * u) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < 4; u++) {
-      const int i = i0 + stride * u;
+      const int i = i0 + 32 * u;
       if (i >= pieces)
         continue;
       h += piece_of(i, v[u]);
@@ -117,111 +116,43 @@ __device__ uint64_t out_pass_part(const uint16_t *y, int n, int type, int first,
   return h;
 }
 
-// The CTA's sum of one value a thread, in thread 0; every thread calls it (two barriers, the
-// second leaving warp_part free for the next use).
-__device__ uint64_t cta_sum(uint64_t v, uint64_t *warp_part) {
-  v = warp_sum(v);
-  if (threadIdx.x % 32 == 0)
-    warp_part[threadIdx.x / 32] = v;
-  __syncthreads();
-  uint64_t s = 0;
-  if (threadIdx.x == 0)
-    for (int w = 0; w < (int)blockDim.x / 32; w++)
-      s += warp_part[w];
-  __syncthreads();
-  return s;
-}
-
-// The CTA's eight sketch sums into out (thread 0's), warps in order; part holds a warp's eight.
-__device__ void cta_sketch(const float s[MT_INSTR_SKETCH], float (*part)[MT_INSTR_SKETCH],
-                           float out[MT_INSTR_SKETCH]) {
-  for (int i = 0; i < MT_INSTR_SKETCH; i++) {
-    const float t = warp_sumf(s[i]);
-    if (threadIdx.x % 32 == 0)
-      part[threadIdx.x / 32][i] = t;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0)
-    for (int i = 0; i < MT_INSTR_SKETCH; i++) {
-      out[i] = 0.0f;
-      for (int w = 0; w < (int)blockDim.x / 32; w++)
-        out[i] += part[w][i];
-    }
-  __syncthreads();
-}
-
-// The rows of a digest's CTA that their leads chose (kernels/instr.h), in shared memory.
-struct chosen_rows {
-  int32_t row[MT_INSTR_DIGEST_ROWS], seg[MT_INSTR_DIGEST_ROWS];
-  uint64_t lead[MT_INSTR_DIGEST_ROWS];
-  int count;
-};
-
-// The CTA's rows, a half-warp a row (a lead is 16 pieces, a piece a lane), each warp's rows all
-// loaded before any is hashed; those the rate chooses into c.
-__device__ void choose_rows(const mt_instr_digest_args &a, const int32_t *offs, chosen_rows *c) {
-  static_assert(MT_INSTR_LEAD == 128, "a lead is 16 pieces: a half-warp's");
-  constexpr int rounds = MT_INSTR_DIGEST_ROWS / 8 / 2; // a warp's rows, two at a time
-  const int lane = threadIdx.x % 32, piece = lane % 16, elems = min(a.k, MT_INSTR_LEAD);
-  const int first = blockIdx.x * MT_INSTR_DIGEST_ROWS + threadIdx.x / 32 * 2 * rounds + lane / 16;
-  int32_t seg[rounds];
-  uint4 v[rounds];
-#pragma unroll
-  for (int u = 0; u < rounds; u++) {
-    const int r = first + 2 * u;
-    seg[u] = r < a.m ? mt_instr_segment(offs, a.nseg, a.seg_rows, r) : -1;
-    v[u] = make_uint4(0, 0, 0, 0);
-    if (seg[u] >= 0 && 8 * piece < elems)
-      v[u] = piece_at((const uint16_t *)a.x + mt_instr_digest_x(&a, seg[u], r), elems, piece);
-  }
-  const uint64_t tag = mt_instr_tag((uint64_t)a.k, a.xtype);
-#pragma unroll
-  for (int u = 0; u < rounds; u++) {
-    uint64_t h = 8 * piece < elems ? piece_of(piece, v[u]) : 0;
-    for (int o = 8; o > 0; o >>= 1) // within the half-warp: its row's 16 pieces
-      h += __shfl_xor_sync(0xffffffffu, h, o);
-    const uint64_t lead = mt_instr_mix64(h ^ tag);
-    if (piece == 0 && seg[u] >= 0 && (a.all || lead < a.threshold)) {
-      const int i = atomicAdd(&c->count, 1);
-      c->row[i] = first + 2 * u, c->seg[i] = seg[u], c->lead[i] = lead;
-    }
-  }
-}
-
-// Chosen row i of c, by the whole CTA: its row hash, its output's hash and sketch into the next
-// kept row of the block. The whole CTA, not a warp: an output row costs a hash an element (its
-// sketch's signs), thousands in series for one warp.
-__device__ void digest_chosen(const mt_instr_digest_args &a, const chosen_rows *c, int i) {
-  __shared__ uint64_t warp_part[8];
-  __shared__ float sketch_part[8][MT_INSTR_SKETCH];
-  __shared__ unsigned slot;
-  const int r = c->row[i], seg = c->seg[i], t = threadIdx.x, threads = blockDim.x;
+// One row of a digest: chosen by its lead hash (kernels/instr.h), then its row hash, its output's
+// hash and sketch into the next kept row of the block.
+__device__ void digest_row(const mt_instr_digest_args &a, const int32_t *offs, int r, int lane) {
+  const int32_t seg = mt_instr_segment(offs, a.nseg, a.seg_rows, r);
+  if (seg < 0)
+    return; // past the last segment's end: never written
   const uint16_t *x = (const uint16_t *)a.x + mt_instr_digest_x(&a, seg, r);
-  uint64_t row_hash = c->lead[i];
-  if (a.k > MT_INSTR_LEAD)
-    row_hash = mt_instr_mix64(cta_sum(row_sum_part(x, a.k, t, threads), warp_part) ^
-                              mt_instr_tag((uint64_t)a.k, a.xtype));
-  if (t == 0)
+  const uint64_t tag = mt_instr_tag((uint64_t)a.k, a.xtype);
+  const uint64_t lead =
+      mt_instr_mix64(warp_sum(row_sum_lane(x, min(a.k, MT_INSTR_LEAD), lane)) ^ tag);
+  if (!a.all && lead >= a.threshold)
+    return;
+  const uint64_t row_hash =
+      a.k > MT_INSTR_LEAD ? mt_instr_mix64(warp_sum(row_sum_lane(x, a.k, lane)) ^ tag) : lead;
+  unsigned slot = 0;
+  if (lane == 0)
     slot = atomicAdd(&a.hdr->selected, 1u);
-  __syncthreads();
-  const unsigned kept = slot;
-  __syncthreads(); // every thread has read slot: the next row may set it
-  if ((int)kept >= a.cap)
+  slot = __shfl_sync(0xffffffffu, slot, 0);
+  if ((int)slot >= a.cap)
     return; // counted by `selected`; the host reports the excess as dropped
   const uint16_t *y = (const uint16_t *)a.y + mt_instr_digest_y(&a, seg, r);
-  float s[MT_INSTR_SKETCH], sketch[MT_INSTR_SKETCH];
-  const uint64_t out_sum = cta_sum(out_pass_part(y, a.n, a.ytype, t, threads, s), warp_part);
-  cta_sketch(s, sketch_part, sketch);
-  if (t != 0)
-    return;
-  mt_instr_row *out = a.rows + kept;
+  float s[MT_INSTR_SKETCH];
+  const uint64_t out_hash = mt_instr_mix64(warp_sum(out_pass_lane(y, a.n, a.ytype, lane, s)) ^
+                                           mt_instr_tag((uint64_t)a.n, a.ytype));
   const float scale = 1.0f / sqrtf((float)a.n);
-  for (int k = 0; k < MT_INSTR_SKETCH; k++)
-    out->sketch[k] = sketch[k] * scale;
-  out->row_hash = row_hash;
-  out->out_hash = mt_instr_mix64(out_sum ^ mt_instr_tag((uint64_t)a.n, a.ytype));
-  out->wsum = 0;
-  out->seg = seg;
+  mt_instr_row *out = a.rows + slot;
+  for (int i = 0; i < MT_INSTR_SKETCH; i++) {
+    float t = warp_sumf(s[i]);
+    if (lane == 0)
+      out->sketch[i] = t * scale;
+  }
+  if (lane == 0) {
+    out->row_hash = row_hash;
+    out->out_hash = out_hash;
+    out->wsum = 0;
+    out->seg = seg;
+  }
 }
 
 // Line `line` of the [n][k] matrix that w holds stored [in][out] (element (r, c) at c * ldw + r):
@@ -261,6 +192,21 @@ __device__ uint64_t weight_sum_part(const uint16_t *w, int64_t ldw, const mt_wli
   for (uint32_t i = first; i < g.items; i += stride)
     h += weight_item(w, ldw, g, in_out, i);
   return h;
+}
+
+// The CTA's sum of one value a thread, in thread 0; every thread calls it (two barriers, the
+// second leaving warp_part free for the next use).
+__device__ uint64_t cta_sum(uint64_t v, uint64_t *warp_part) {
+  v = warp_sum(v);
+  if (threadIdx.x % 32 == 0)
+    warp_part[threadIdx.x / 32] = v;
+  __syncthreads();
+  uint64_t s = 0;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < (int)blockDim.x / 32; w++)
+      s += warp_part[w];
+  __syncthreads();
+  return s;
 }
 
 // The kept rows that are the first of their segment (one_weight: row 0 alone), in row order, into
@@ -441,25 +387,20 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
   }
 }
 
-// MT_INSTR_DIGEST_ROWS rows a CTA: chosen by their leads, then each chosen row by the whole CTA.
-// A grouped call's offsets (up to MT_INSTR_SMEM_SEGS) are read into shared memory once: each
-// row's binary search over them in global memory was a chain of dependent loads.
+// A warp a row. A grouped call's offsets (up to MT_INSTR_SMEM_SEGS) are read into shared memory
+// once: each row's binary search over them in global memory was a chain of dependent loads.
 extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr_digest_args a) {
   __shared__ int32_t offs[MT_INSTR_SMEM_SEGS];
-  __shared__ chosen_rows c;
   const int32_t *o = a.offs;
   if (o && a.nseg <= MT_INSTR_SMEM_SEGS) {
     for (int i = threadIdx.x; i < a.nseg; i += blockDim.x)
       offs[i] = a.offs[i];
+    __syncthreads();
     o = offs;
   }
-  if (threadIdx.x == 0)
-    c.count = 0;
-  __syncthreads();
-  choose_rows(a, o, &c);
-  __syncthreads();
-  for (int i = 0; i < c.count; i++)
-    digest_chosen(a, &c, i);
+  const int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r < a.m)
+    digest_row(a, o, r, threadIdx.x % 32);
 }
 
 extern "C" __global__ void __launch_bounds__(256) mt_instr_shadow(const mt_instr_shadow_args a) {
