@@ -6,7 +6,7 @@ summed by the PyTorch profiler (demo/demo_profile.py says why the profiler: the 
 synchronises and cannot be captured), the shim's mt_instr_* kernels also summed apart.
 
     python3 lab/instr_cost.py OUT.json [--lib build/libminite.so] [--old OLD_LIB]
-        [--also NAME=LIB ...] [--tokens 1,16]
+        [--also NAME=LIB ...] [--tokens 1,16] [--only "nvfp4-row,nvfp4-row+stats old"]
 
 Each setting runs in its own process (the grouped_mm block also as a CUDA-graph replay, whose
 captured calls digest at every replay: CUDA events for its wall time, the profiler for its
@@ -14,7 +14,8 @@ instrument kernels): no shim; the shim under bf16 and under nvfp4-row, each
 without a statistics file and with one at the default rates (MINITE_STATS), frozen-sampled
 weights; with --old, nvfp4-row and bf16 with statistics again under OLD_LIB (an earlier build, the
 same run and card); each --also NAME=LIB (a variant for an A/B), the same two again under
-LIB, labelled NAME. Prints, per path and T, µs per forward of each setting and the instruments'
+LIB, labelled NAME; --only runs just the settings it names (a process each costs ~30 s of
+device time). Prints, per path and T, µs per forward of each setting and the instruments'
 share of the block, (with statistics - without) / without, and writes OUT.json with each
 instrument kernel's µs per forward (by_kernel), so that a rate can be picked by its cost.
 """
@@ -171,6 +172,7 @@ def main():
     p.add_argument("--also", action="append", default=[], metavar="NAME=LIB",
                    help="a variant library, measured with statistics under both specs")
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    p.add_argument("--only", help="comma-separated setting names to run (default: all)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -182,8 +184,16 @@ def main():
     also = [tuple(a.split("=", 1)) for a in args.also]
     if any(len(a) != 2 for a in also):
         p.error("--also takes NAME=LIB")
-    results = {name: run_setting(name, env, tokens)
-               for name, env in settings(args.lib, args.old, also)}
+    chosen = settings(args.lib, args.old, also)
+    if args.only:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+        known = [name for name, _ in chosen]
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            p.error(f"--only: no setting {', '.join(map(repr, unknown))}; the settings are "
+                    f"{', '.join(map(repr, known))}")
+        chosen = [(name, env) for name, env in chosen if name in names]
+    results = {name: run_setting(name, env, tokens) for name, env in chosen}
     with open(args.out, "w") as f:
         json.dump({"tokens": tokens, "results": results}, f, indent=1)
     device = next((r["device"] for r in results.values() if r), "?")
