@@ -30,8 +30,8 @@
 #              kernel's start and end on the GPU, one replay of each graph printed by
 #              lab/timeline.py (the layer alone, served, the checks, cuBLAS), ~15 s a T
 #   instr      lab/instr_cost.py: the instruments' cost on a MoE block, eager and captured, each
-#              setting in its own process (INSTR_ARGS passed on, e.g. "--old build/old/libminite.so";
-#              ~190 s eager alone, the replays add an estimated ~100)
+#              setting in its own process (INSTR_ARGS passed on, e.g. "--old build/old/libminite.so",
+#              "--only nvfp4-row+stats,..."); its 7 settings with --old took 155-220 s on an H100
 #   server     demo/demo_server.py (transformers' continuous batching) without the shim and under
 #              nvfp4-row, SERVER_ARGS passed on (default 32 requests, 2 layers), the census of
 #              the shim's run into the logs (SERVER_LIMIT each, default 240)
