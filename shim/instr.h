@@ -17,12 +17,13 @@
  *
  * After a routed GEMM (shim/exec.c for the engine, shim.c for spec bf16, whose routed calls are
  * cuBLAS's), mt_instr_after enqueues the instruments' kernels on the call's stream into a result
- * slot; the last of them (the digest, whose last CTA runs the finish) copies the slot into its
- * mapped pinned host twin and then writes a sequence number into the slot's flag; one background
- * thread per process polls the flags (plain host reads, no CUDA call: shim/instr_writer.h) and
- * writes the records. Slots are a fixed pool: a call that finds none free is not instrumented
- * and counted as dropped. Nothing runs while the stream captures a graph (counted as skipped). At
- * exit, what completes within 2 s is written; the rest is counted as dropped.
+ * slot; the last of them (mt_instr_finish) copies the slot into its mapped pinned host twin and
+ * then writes a sequence number into the slot's flag (a call with nothing to report writes the
+ * flag alone); one background thread per process polls the flags (plain host reads, no CUDA call:
+ * shim/instr_writer.h) and writes the records. Slots are a fixed pool: a call that finds none free
+ * is not instrumented and counted as dropped. A call captured in a CUDA graph keeps its slot and
+ * digests at every replay; its probe and shadow, which rerun it from the host, are skipped
+ * (`capture`), and so is everything before an uncaptured call has set up the pool. At exit, what completes within 2 s is written; the rest is counted as dropped.
  */
 #ifndef MT_INSTR_SHIM_H
 #define MT_INSTR_SHIM_H
