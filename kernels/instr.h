@@ -289,20 +289,23 @@ static inline uint64_t mt_instr_content_sum(const void *p, size_t bytes, uint64_
   return sum;
 }
 
-static inline uint64_t mt_instr_row_hash(const uint16_t *x, int k, int xtype) {
-  return mt_instr_mix64(mt_instr_content_sum(x, (size_t)k * 2, 0) ^
+/* The hash of a row of k elements over its first `elems`, tagged with the row's length: the row
+ * hash and the output hash (elems = k) and the lead hash are the same function. */
+static inline uint64_t mt_instr_prefix_hash(const uint16_t *x, int elems, int k, int xtype) {
+  return mt_instr_mix64(mt_instr_content_sum(x, (size_t)elems * 2, 0) ^
                         mt_instr_tag((uint64_t)k, xtype));
+}
+
+static inline uint64_t mt_instr_row_hash(const uint16_t *x, int k, int xtype) {
+  return mt_instr_prefix_hash(x, k, k, xtype);
 }
 
 static inline uint64_t mt_instr_lead_hash(const uint16_t *x, int k, int xtype) {
-  const int lead = k < MT_INSTR_LEAD ? k : MT_INSTR_LEAD;
-  return mt_instr_mix64(mt_instr_content_sum(x, (size_t)lead * 2, 0) ^
-                        mt_instr_tag((uint64_t)k, xtype));
+  return mt_instr_prefix_hash(x, k < MT_INSTR_LEAD ? k : MT_INSTR_LEAD, k, xtype);
 }
 
 static inline uint64_t mt_instr_out_hash(const uint16_t *y, int n, int ytype) {
-  return mt_instr_mix64(mt_instr_content_sum(y, (size_t)n * 2, 0) ^
-                        mt_instr_tag((uint64_t)n, ytype));
+  return mt_instr_prefix_hash(y, n, n, ytype);
 }
 
 /* weight_sum of W, n rows of k 2-byte elements (k % 8 == 0) at row stride ldw, or (in_out: W
