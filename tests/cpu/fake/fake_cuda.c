@@ -678,26 +678,22 @@ static void instr_finish(const mt_instr_finish_args *a) {
       h->bsum = mt_instr_content_sum(a->bias, (size_t)a->bias_bytes, 0);
   }
   unsigned rows = h->selected < (unsigned)a->cap ? h->selected : (unsigned)a->cap;
-  uint32_t seq = a->seq;
-  const uint32_t count = h->replays; /* kept across uses (kernels/instr.h) */
-  if (a->empty_ok && !h->selected) { /* nothing to report: the flag alone, marked, or nothing */
-    memset(h, 0, sizeof *h);
-    h->replays = count;
-    if (!seq)
-      return;
-    seq |= MT_INSTR_EMPTY;
-  } else if (!seq) { /* a captured call's replay: the flag is a seqlock (kernels/instr.h) */
+  /* nothing to report: the flag alone, marked, or for a captured call's replay nothing; a
+   * captured call's flag is a seqlock over the header's replay count (kernels/instr.h) */
+  const int empty = a->empty_ok && !h->selected, captured = !a->seq;
+  const uint32_t count = h->replays; /* kept across uses */
+  if (captured && !empty)
     __atomic_store_n(a->flag, 2 * count + 1, __ATOMIC_RELEASE);
+  if (!empty)
     memcpy(a->dst, h, sizeof *h + rows * sizeof(mt_instr_row));
-    memset(h, 0, sizeof *h);
-    h->replays = count + 1;
-    __atomic_store_n(a->flag, 2 * count + 2, __ATOMIC_RELEASE);
+  memset(h, 0, sizeof *h);
+  h->replays = count + (captured && !empty);
+  if (captured) {
+    if (!empty)
+      __atomic_store_n(a->flag, 2 * count + 2, __ATOMIC_RELEASE);
     return;
-  } else {
-    memcpy(a->dst, h, sizeof *h + rows * sizeof(mt_instr_row));
-    memset(h, 0, sizeof *h);
-    h->replays = count;
   }
+  const uint32_t seq = empty ? a->seq | MT_INSTR_EMPTY : a->seq;
   if (hold_events && nheld < MAX_HELD) {
     held[nheld].flag = a->flag;
     held[nheld++].seq = seq;
