@@ -95,20 +95,35 @@ def timed(torch, graph, repeats=REPEATS, replays=REPLAYS, before=None):
     return [statistics.median(runs), min(runs), max(runs)]
 
 
-def replay_us(torch, block, hidden):
-    """[median, min, max] µs of one block forward captured in a CUDA graph (events over REPLAYS
-    replays, REPEATS times), or the capture's error as a string."""
+def replay_profile(torch, block, hidden, instruments=True):
+    """([median, min, max] µs of one block forward captured in a CUDA graph (events over REPLAYS
+    replays, REPEATS times), or the capture's error as a string; {instrument kernel: its µs a
+    replay}, the profiler's sums over REPLAYS more replays, or {} without `instruments` or a
+    graph)."""
     try:
         with torch.no_grad():
             graph = capture(torch, lambda: block(hidden))
     except RuntimeError as e:
         torch.cuda.synchronize()
-        return f"not captured: {str(e).splitlines()[0][:200]}"
+        return f"not captured: {str(e).splitlines()[0][:200]}", {}
     graph.replay()
     torch.cuda.synchronize()
-    result = timed(torch, graph)
+    wall, by_kernel = timed(torch, graph), {}
+    if instruments:
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(REPLAYS):
+                graph.replay()
+            torch.cuda.synchronize()
+        by_kernel = {k: kernel_us(torch, prof, k) / REPLAYS for k in INSTRUMENTS}
     del graph
-    return result
+    return wall, by_kernel
+
+
+def replay_us(torch, block, hidden):
+    """[median, min, max] µs of one block forward captured in a CUDA graph, or the capture's
+    error as a string (replay_profile)."""
+    return replay_profile(torch, block, hidden, instruments=False)[0]
 
 
 def profile(torch, model, paths, tokens=TOKENS, iters=ITERS):

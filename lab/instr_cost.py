@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""instr_cost.py — what the shim and its instruments cost in a MoE block, eager and captured: layer
-0's sparse MoE block of the demo model (Qwen3-30B-A3B geometry, demo/demo_model.py) run forward on T
-random hidden states, T = 1 .. 8192, on both experts paths (grouped_mm, eager), GPU time per forward
-summed by the PyTorch profiler (demo/demo_profile.py says why the profiler: the eager path
-synchronises and cannot be captured), the shim's mt_instr_* kernels also summed apart.
+"""instr_cost.py — what the shim and its instruments cost in a MoE block, eager and captured:
+layer 0's sparse MoE block of the demo model (Qwen3-30B-A3B geometry, demo/demo_model.py) run
+forward on T random hidden states, T = 1 .. 8192, on both experts paths (grouped_mm, eager), GPU
+time per forward summed by the PyTorch profiler (demo/demo_profile.py says why the profiler: the
+eager path synchronises and cannot be captured), the shim's mt_instr_* kernels also summed apart.
 
     python3 lab/instr_cost.py OUT.json [--lib build/libminite.so] [--old OLD_LIB]
         [--also NAME=LIB ...] [--tokens 1,16] [--only "nvfp4-row,nvfp4-row+stats old"]
@@ -73,34 +73,11 @@ def child(out, tokens):
         result["by_kernel"][path] = [r[1] for r in rows]
     # captured: the grouped_mm block as a graph replay, which runs its digests at every replay
     model.set_experts_implementation("grouped_mm")
-    replays = [replay_profile(torch, demo_profile, block, x[:, :t].contiguous()) for t in tokens]
+    replays = [demo_profile.replay_profile(torch, block, x[:, :t].contiguous()) for t in tokens]
     result["replay_us"] = [r[0] for r in replays]
     result["replay_instr_us"] = [r[1] for r in replays]
     with open(out, "w") as f:
         json.dump(result, f)
-
-
-def replay_profile(torch, demo_profile, block, hidden):
-    """([median, min, max] µs of a graph replay of the block, {instrument kernel: its µs a replay,
-    summed by the profiler over REPLAYS more}), or (the capture's error, {})."""
-    from torch.profiler import ProfilerActivity, profile
-    try:
-        with torch.no_grad():
-            graph = demo_profile.capture(torch, lambda: block(hidden))
-    except RuntimeError as e:
-        torch.cuda.synchronize()
-        return f"not captured: {str(e).splitlines()[0][:200]}", {}
-    graph.replay()
-    torch.cuda.synchronize()
-    wall = demo_profile.timed(torch, graph)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(demo_profile.REPLAYS):
-            graph.replay()
-        torch.cuda.synchronize()
-    by_kernel = {k: demo_profile.kernel_us(torch, prof, k) / demo_profile.REPLAYS
-                 for k in demo_profile.INSTRUMENTS}
-    del graph
-    return wall, by_kernel
 
 
 # ---- the parent -------------------------------------------------------------------------------
