@@ -106,28 +106,29 @@ def share(a, b):
     return f"{100.0 * (a - b) / b:+.1f}%" if a is not None and b else "-"
 
 
+def print_table(title, names, tokens, cell):
+    """A row per T, a column per setting: cell(name, i) gives (µs or None, the instrument kernels'
+    µs), printed as "µs (instruments)"; then each spec's instruments' share."""
+    print(f"\n{title}; instruments' share = +stats vs the same spec without")
+    print("T".rjust(6) + "".join(n.rjust(20) for n in names) + "  bf16 share  nvfp4 share")
+    for i, t in enumerate(tokens):
+        cells = {n: cell(n, i) for n in names}
+        us = {n: c[0] for n, c in cells.items()}
+        text = "".join((f"{u:.1f} ({instr:.0f})" if u else "-").rjust(20)
+                       for u, instr in cells.values())
+        print(f"{t:6d}{text}  {share(us.get('bf16+stats'), us.get('bf16')):>10}"
+              f"  {share(us.get('nvfp4-row+stats'), us.get('nvfp4-row')):>11}")
+
+
 def table(results, tokens):
     names = [n for n in results if results[n]]
     for path in ("grouped_mm", "eager"):
-        print(f"\n{path}: µs per forward (profiler sums); instruments' share = +stats vs the same "
-              "spec without")
-        print("T".rjust(6) + "".join(n.rjust(20) for n in names) + "  bf16 share  nvfp4 share")
-        for i, t in enumerate(tokens):
-            us = {n: results[n]["us"][path][i] for n in names}
-            cells = "".join(f"{us[n]:.1f} ({results[n]['instr_us'][path][i]:.0f})".rjust(20)
-                            for n in names)
-            print(f"{t:6d}{cells}  {share(us.get('bf16+stats'), us.get('bf16')):>10}"
-                  f"  {share(us.get('nvfp4-row+stats'), us.get('nvfp4-row')):>11}")
+        print_table(f"{path}: µs per forward (profiler sums)", names, tokens,
+                    lambda n, i: (results[n]["us"][path][i], results[n]["instr_us"][path][i]))
+    print_table("grouped_mm captured: graph-replay wall µs per forward (median of demo_profile's "
+                "runs)", names, tokens,
+                lambda n, i: (replay_median(results[n], i), replay_instr(results[n], i)))
     print("\n(in parentheses: µs of the mt_instr_* kernels, profiler sums)")
-    print("\ngrouped_mm captured: graph-replay wall µs per forward (median of "
-          "demo_profile's runs); share = +stats vs the same spec without")
-    print("T".rjust(6) + "".join(n.rjust(20) for n in names) + "  bf16 share  nvfp4 share")
-    for i, t in enumerate(tokens):
-        us = {n: replay_median(results[n], i) for n in names}
-        cells = "".join((f"{us[n]:.1f} ({replay_instr(results[n], i):.0f})" if us[n] else "-")
-                        .rjust(20) for n in names)
-        print(f"{t:6d}{cells}  {share(us.get('bf16+stats'), us.get('bf16')):>10}"
-              f"  {share(us.get('nvfp4-row+stats'), us.get('nvfp4-row')):>11}")
 
 
 def replay_instr(result, i):
