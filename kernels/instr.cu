@@ -277,11 +277,11 @@ __device__ void reset_header(mt_instr_header *hdr, uint32_t replays) {
 }
 
 // The publication of a call that chose no row and has nothing else to report: the flag alone,
-// marked empty, or for a captured call's replay nothing. A finish of one CTA left the header as
-// the last use did, zeroed: nothing to order before the flag. More CTAs counted themselves in
-// `finished`, a count that must be gone, at system scope, before the host may hand the slot on.
-__device__ void publish_empty(const mt_instr_finish_args &a, mt_instr_header *hdr) {
-  const bool counted = gridDim.x > 1;
+// marked empty, or for a captured call's replay nothing. A CTA alone (`counted` false) left the
+// header as the last use did, zeroed: nothing to order before the flag. CTAs that counted
+// themselves in `finished` left a count that must be gone, at system scope, before the host may
+// hand the slot on.
+__device__ void publish_empty(const mt_instr_finish_args &a, mt_instr_header *hdr, bool counted) {
   if (counted)
     reset_header(hdr, *(volatile uint32_t *)&hdr->replays);
   __syncthreads();
@@ -299,6 +299,10 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
   __shared__ bool last;
   mt_instr_header *hdr = a.hdr;
   const bool digest = a.w && hdr->selected > 0; // the same for the whole grid
+  // no row digested: nothing to sum, so CTA 0 publishes alone and the others have nothing to do
+  const bool alone = gridDim.x == 1 || !digest;
+  if (alone && blockIdx.x > 0)
+    return;
   uint64_t h = 0, b = 0;
   if (digest && a.grouped) {
     grouped_sums(a, warp_part);
@@ -344,7 +348,7 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
         s += warp_part[w];
       hdr->bsum = s;
     }
-    last = gridDim.x == 1; // alone, no CTA waits on its sums: no count, no fence
+    last = alone; // no CTA waits on its sums: no count, no fence
     if (!last) {
       __threadfence();
       last = atomicAdd(&hdr->finished, 1u) == gridDim.x - 1;
@@ -354,7 +358,7 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
   if (!last)
     return;
   if (a.empty_ok && hdr->selected == 0) {
-    publish_empty(a, hdr);
+    publish_empty(a, hdr, !alone);
     return;
   }
   __shared__ uint32_t count; // a captured slot's replays so far (kernels/instr.h)
