@@ -341,6 +341,19 @@ static sampled sample(const mt_instr_call *ic) {
   return p;
 }
 
+/* The digest's threshold for a call of m rows: rate x 2^64, lowered for a call of more than
+ * 96 / rate rows to 96 / m x 2^64. Such a call chooses 96 rows on average, past its block's
+ * MT_IW_ROWS (128) about once in 2,000 calls (3.3 standard deviations), where a cut at 128 kept
+ * the chosen rows that won the slot's atomic, an arbitrary subset. The thresholds nest: the rows
+ * a large call keeps are among those a smaller call of the same rows keeps, so a learner's digests
+ * meet a sampler's whatever the batch sizes of both. Rate 1 ("every row") is left as it is. */
+static uint64_t digest_threshold_of(int m) {
+  if (digest_all || !digest_threshold || m <= 0)
+    return digest_threshold;
+  const double cut = ldexp(MT_IW_ROWS * 0.75 / m, 64);
+  return cut < (double)digest_threshold ? (uint64_t)cut : digest_threshold;
+}
+
 /* The digest's arguments for slot s (its rows after the slot's header). */
 static void digest_args(const mt_instr_call *ic, mt_iw_slot *s, mt_instr_digest_args *da) {
   *da = (mt_instr_digest_args){.x = ic->x,
@@ -353,7 +366,7 @@ static void digest_args(const mt_instr_call *ic, mt_iw_slot *s, mt_instr_digest_
                                .xtype = ic->xtype,
                                .ytype = ic->ytype,
                                .all = digest_all,
-                               .threshold = digest_threshold,
+                               .threshold = digest_threshold_of(ic->m),
                                .hdr = (mt_instr_header *)s->dev,
                                .rows = (mt_instr_row *)(s->dev + sizeof(mt_instr_header)),
                                .cap = MT_IW_ROWS};

@@ -9,7 +9,8 @@
  *                       4 rows (first, last, two between) alone (M = 1) and compares bit for bit;
  *                       in a grouped call, over its total rows, each with its own segment's weight
  *   MINITE_DIGEST=rate  output rows whose input row's lead hash (its first 128 elements) is below
- *                       rate * 2^64: a "digest" record
+ *                       rate * 2^64: a "digest" record; a call of m rows past 96 / rate below
+ *                       96 / m * 2^64 (its block keeps 128 rows: the lowest lead hashes, nested)
  *                       (scheme 2 of tools/minite-compare; hashes in kernels/instr.h)
  *   MINITE_INSTR_MB     device scratch for the shadow's output and the probe's rows, per GPU
  * Rates are a number in [0, 1] ("0.015625") or a fraction ("1/64"); 0 turns an instrument off.
@@ -23,7 +24,8 @@
  * shim/instr_writer.h) and writes the records. Slots are a fixed pool: a call that finds none free
  * is not instrumented and counted as dropped. A call captured in a CUDA graph keeps its slot and
  * digests at every replay; its probe and shadow, which rerun it from the host, are skipped
- * (`capture`), and so is everything before an uncaptured call has set up the pool. At exit, what completes within 2 s is written; the rest is counted as dropped.
+ * (`capture`), and so is everything before an uncaptured call has set up the pool. At exit, what
+ * completes within 2 s is written; the rest is counted as dropped.
  */
 #ifndef MT_INSTR_SHIM_H
 #define MT_INSTR_SHIM_H

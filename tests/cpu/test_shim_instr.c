@@ -614,6 +614,37 @@ static void scenario_lead(void) {
   unmake(&p);
 }
 
+/* MINITE_DIGEST=1/4: a call of 1,024 rows would choose ~256, past the 128 its block keeps; its
+ * threshold is lowered to 96 / 1,024 of 2^64 (3 x 2^59), so it keeps the rows whose lead hash is
+ * below that, in full. Its first 64 rows then as a call of their own, at the rate (2^62): among them,
+ * every row the large call kept is kept again (the thresholds nest). */
+static void scenario_nested(void) {
+  problem p = make(OUT, 1024);
+  int t = now();
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  int d = find_launch(t, "mt_instr_digest", 0);
+  CHECK(d >= 0 && ((const mt_instr_digest_args *)event(d)->args)->threshold == 3ull << 59);
+  t = now();
+  CHECK(gemm_rows(&p, 0, 64, &zero) == CUBLAS_STATUS_SUCCESS);
+  d = find_launch(t, "mt_instr_digest", 0);
+  CHECK(d >= 0 && ((const mt_instr_digest_args *)event(d)->args)->threshold == 1ull << 62);
+  uint64_t wid = mt_instr_weight_id(mt_t_weight_sum(p.w, IN, p.out, IN), p.out, IN, 0);
+  int large = 0, small = 0, both = 0;
+  for (int i = 0; i < p.tokens; i++) {
+    const uint16_t *x = p.x + (size_t)i * IN;
+    const uint64_t lead = mt_instr_lead_hash(x, IN, 0);
+    large += lead < 3ull << 59;
+    small += i < 64 && lead < 1ull << 62;
+    both += i < 64 && lead < 3ull << 59;
+    if (lead < 3ull << 59 || (i < 64 && lead < 1ull << 62))
+      printf("#info key %016" PRIx64 "\n",
+             mt_instr_key(mt_instr_row_hash(x, IN, 0), wid, 0, 1.0f, 0));
+  }
+  printf("#info large %d\n#info small %d\n#info both %d\n", large, small, both);
+  check_clean();
+  unmake(&p);
+}
+
 /* MINITE_SHADOW=MINITE_PROBE=1/2, MINITE_DIGEST=1/4, one slot, rows none of which the digest
  * chooses: the first call (shadow and probe) takes the scratch on S1; the second, digests only,
  * reuses the slot and publishes its flag alone, marked empty; the third, on S2, finds the scratch
@@ -649,6 +680,7 @@ static const mt_t_scenario scenarios[] = {
     {"digest_in_out", scenario_digest_in_out},
     {"sampling", scenario_sampling},
     {"lead", scenario_lead},
+    {"nested", scenario_nested},
     {"capture", scenario_capture},
     {"bounded", scenario_bounded},
     {"join", scenario_join},
@@ -783,6 +815,25 @@ static void digest_chooses_rows_by_their_lead(void) {
   CHECK(mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "calls") == 65 &&
         mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "no slot") < 1);
   check_keys_in_file(&r, chosen);
+  mt_t_child_free(&r);
+}
+
+/* A large call keeps the rows of the lowest lead hashes, none dropped, and a call of some of its
+ * rows keeps them again (scenario_nested). */
+static void large_calls_keep_nested_rows(void) {
+  const char *env[] = {"MINITE_DIGEST=1/4", NULL};
+  mt_t_child r;
+  mt_t_run_child("nested", "nested", env, &r);
+  mt_t_check_child("nested", &r);
+  long large = mt_t_info(&r, "large"), small = mt_t_info(&r, "small"), both = mt_t_info(&r, "both");
+  /* ~96 of 1,024 at 3/32 and ~16 of 64 at 1/4; a row below 3 x 2^59 is below 2^62 */
+  CHECKF(large > 48 && large <= 128 && small > 4 && both > 0 && both <= small,
+         "large call %ld rows, small %ld, both %ld", large, small, both);
+  CHECKF(mt_t_count_of(r.stats, "\"event\": \"digest\"") == large + small,
+         "%d digest records, want %ld", mt_t_count_of(r.stats, "\"event\": \"digest\""),
+         large + small);
+  CHECK(mt_t_json_int_in(r.summary, "\"digests\": {", "dropped") == 0);
+  check_keys_in_file(&r, (int)(large + small - both));
   mt_t_child_free(&r);
 }
 
@@ -999,6 +1050,7 @@ static void tests(void) {
   RUN(twin_matches_python_reference);
   RUN(digest_launches_and_records);
   RUN(digest_chooses_rows_by_their_lead);
+  RUN(large_calls_keep_nested_rows);
   RUN(digest_frozen_uses_the_cache_sum);
   RUN(digest_in_out_keys_as_out_in);
   RUN(sampling_is_per_route_and_deterministic);
