@@ -616,8 +616,8 @@ static void scenario_lead(void) {
 
 /* MINITE_DIGEST=1/4: a call of 1,024 rows would choose ~256, past the 128 its block keeps; its
  * threshold is lowered to 96 / 1,024 of 2^64 (3 x 2^59), so it keeps the rows whose lead hash is
- * below that, in full. Its first 64 rows then as a call of their own, at the rate (2^62): among them,
- * every row the large call kept is kept again (the thresholds nest). */
+ * below that, in full. Its first 64 rows then as a call of their own, at the rate (2^62): among
+ * them, every row the large call kept is kept again (the thresholds nest). */
 static void scenario_nested(void) {
   problem p = make(OUT, 1024);
   int t = now();
