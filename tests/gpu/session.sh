@@ -30,8 +30,9 @@
 #              kernel's start and end on the GPU, one replay of each graph printed by
 #              lab/timeline.py (the layer alone, served, the checks, cuBLAS), ~15 s a T
 #   instr      lab/instr_cost.py: the instruments' cost on a MoE block, eager and captured, each
-#              setting in its own process (INSTR_ARGS passed on, e.g. "--old build/old/libminite.so",
-#              "--only nvfp4-row+stats,..."); its 7 settings with --old took 155-220 s on an H100
+#              setting in its own process (INSTR_ARGS passed on, split at spaces, e.g. "--old
+#              build/old/libminite.so"; INSTR_ONLY its --only, whose names may hold a space:
+#              "nvfp4-row,nvfp4-row+stats old"); its 7 settings with --old took 155-220 s on an H100
 #   server     demo/demo_server.py (transformers' continuous batching) without the shim and under
 #              nvfp4-row, SERVER_ARGS passed on (default 32 requests, 2 layers), the census of
 #              the shim's run into the logs (SERVER_LIMIT each, default 240)
@@ -123,7 +124,7 @@ store_refresh_modes store_refresh_rounds grouped_after_refresh grouped_many_segm
   instr)
     # shellcheck disable=SC2086 # INSTR_ARGS: several words
     step instr "${INSTR_LIMIT:-420}" python3 lab/instr_cost.py "$out/instr_cost${TAG:-}.json" \
-        ${INSTR_ARGS:-} ;;
+        ${INSTR_ONLY:+--only "$INSTR_ONLY"} ${INSTR_ARGS:-} ;;
   trace)
     make -s build/lab/libtrace.so build/bench/bench_moe >"$out/trace-build${TAG:-}.log" 2>&1 ||
       { echo "== trace: build failed (trace-build${TAG:-}.log)"; continue; }
