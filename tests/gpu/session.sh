@@ -26,6 +26,9 @@
 #              lab/probe_*.cu; PROBE_ARGS is passed to each, e.g. mc for probe_feed)
 #   ab         the benchmark rows AB_ROWS ("qwen3_gate_up:4096 ...") one at a time, their table
 #              lines into ab.log
+#   instrncu   lab/instr_replay.py (one MoE block captured and replayed under nvfp4-row with
+#              statistics, INSTR_T tokens, default 128) under lab/ncu_pick.sh: the first launch of
+#              INSTR_NCU_KERNEL (default mt_instr_digest) of at least 5 µs, full sections and SASS
 #   trace      bench_moe's Qwen3 layer at TRACE_TOKENS (default "1 16") under lab/trace.c: every
 #              kernel's start and end on the GPU, one replay of each graph printed by
 #              lab/timeline.py (the layer alone, served, the checks, cuBLAS), ~15 s a T
@@ -125,6 +128,15 @@ store_refresh_modes store_refresh_rounds grouped_after_refresh grouped_many_segm
     # shellcheck disable=SC2086 # INSTR_ARGS: several words
     step instr "${INSTR_LIMIT:-420}" python3 lab/instr_cost.py "$out/instr_cost${TAG:-}.json" \
         ${INSTR_ONLY:+--only "$INSTR_ONLY"} ${INSTR_ARGS:-} ;;
+  instrncu) # one replayed MoE block's instrument kernel under Nsight Compute: lab/ncu_pick.sh's
+    # first launch of >= 5 µs (a warm-up's or a replay's: the same grid and arguments)
+    # shellcheck disable=SC2016 # expanded by the sh that ncu starts, after its LD_PRELOAD is set
+    run='LD_PRELOAD="${LD_PRELOAD:+$LD_PRELOAD:}$0" exec python3 lab/instr_replay.py --tokens "$1"'
+    step "instrncu${TAG:-}" 300 env OUT="$out/ncu-instr${TAG:-}" MINITE_SPEC=nvfp4-row \
+        MINITE_ROUTE=1536x2048,2048x768 MINITE_WEIGHT_CACHE=frozen-sampled \
+        MINITE_STATS="$out/instrncu-stats.jsonl" \
+        lab/ncu_pick.sh "${INSTR_NCU_KERNEL:-mt_instr_digest}" 5 any -- \
+        sh -c "$run" "$PWD/build/libminite.so" "${INSTR_T:-128}" ;;
   trace)
     make -s build/lab/libtrace.so build/bench/bench_moe >"$out/trace-build${TAG:-}.log" 2>&1 ||
       { echo "== trace: build failed (trace-build${TAG:-}.log)"; continue; }
