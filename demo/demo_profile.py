@@ -126,16 +126,22 @@ def replay_us(torch, block, hidden):
     return replay_profile(torch, block, hidden, instruments=False)[0]
 
 
+def hidden_states(torch, model, tokens):
+    """[1, tokens, hidden] BF16 random hidden states on the GPU, drawn from SEED: every process
+    profiles the same rows (and the same routing)."""
+    gen = torch.Generator(device="cuda").manual_seed(SEED)
+    return torch.randn((1, tokens, model.config.hidden_size), generator=gen, device="cuda",
+                       dtype=torch.bfloat16)
+
+
 def profile(torch, model, paths, tokens=TOKENS, iters=ITERS):
     """{"tokens": [...], "us": {path: [µs per T]}, "instr_us": {path: [{instrument kernel: µs}
     per T]}, "replay_us": {"grouped_mm": [[median, min, max] or the capture's error, per T]}, ...}
     for layer 0's MoE block under each experts implementation in `paths`; the model's
     implementation is restored afterwards."""
     block = model.model.layers[0].mlp
-    hidden = model.config.hidden_size
     before = model.config._experts_implementation
-    gen = torch.Generator(device="cuda").manual_seed(SEED)
-    x = torch.randn((1, max(tokens), hidden), generator=gen, device="cuda", dtype=torch.bfloat16)
+    x = hidden_states(torch, model, max(tokens))
     result = {"tokens": list(tokens), "iters": iters, "warmup": WARMUP, "us": {},
               "instr_us": {}, "replays": REPLAYS, "repeats": REPEATS, "replay_us": {}}
     try:

@@ -60,9 +60,7 @@ def child(out, tokens):
     import demo_profile
     model = demo_model.build(layers=1)
     block = model.model.layers[0].mlp
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    x = torch.randn((1, max(tokens), model.config.hidden_size), generator=gen, device="cuda",
-                    dtype=torch.bfloat16)
+    x = demo_profile.hidden_states(torch, model, max(tokens))
     result = {"device": torch.cuda.get_device_name(), "us": {}, "instr_us": {}, "by_kernel": {}}
     for path in demo_model.EXPERTS:
         model.set_experts_implementation(path)

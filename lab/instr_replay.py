@@ -29,9 +29,7 @@ def main():
     model = demo_model.build(layers=1)
     model.set_experts_implementation("grouped_mm")
     block = model.model.layers[0].mlp
-    gen = torch.Generator(device="cuda").manual_seed(demo_profile.SEED)
-    x = torch.randn((1, args.tokens, model.config.hidden_size), generator=gen, device="cuda",
-                    dtype=torch.bfloat16)
+    x = demo_profile.hidden_states(torch, model, args.tokens)
     with torch.no_grad():
         graph = demo_profile.capture(torch, lambda: block(x))
     for _ in range(args.replays):
