@@ -277,19 +277,12 @@ __device__ void reset_header(mt_instr_header *hdr, uint32_t replays) {
 }
 
 // The publication of a call that chose no row and has nothing else to report: the flag alone,
-// marked empty, or for a captured call's replay nothing. A CTA alone (`counted` false) left the
-// header as the last use did, zeroed: nothing to order before the flag. CTAs that counted
-// themselves in `finished` left a count that must be gone, at system scope, before the host may
-// hand the slot on.
-__device__ void publish_empty(const mt_instr_finish_args &a, mt_instr_header *hdr, bool counted) {
-  if (counted)
-    reset_header(hdr, *(volatile uint32_t *)&hdr->replays);
-  __syncthreads();
-  if (a.seq != 0 && threadIdx.x == 0) {
-    if (counted)
-      __threadfence_system();
+// marked empty, or for a captured call's replay nothing. Only CTA 0 of a finish runs it (a call
+// that digested no row never counts its CTAs in `finished`), and it left the header as the last
+// use did, zeroed: nothing to order before the flag.
+__device__ void publish_empty(const mt_instr_finish_args &a) {
+  if (a.seq != 0 && threadIdx.x == 0)
     *(volatile uint32_t *)a.flag = a.seq | MT_INSTR_EMPTY;
-  }
 }
 
 // The weight's weight_sum (or each grouped row's own weight's); the bias in CTA 0; then the last
@@ -358,7 +351,7 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
   if (!last)
     return;
   if (a.empty_ok && hdr->selected == 0) {
-    publish_empty(a, hdr, !alone);
+    publish_empty(a);
     return;
   }
   __shared__ uint32_t count; // a captured slot's replays so far (kernels/instr.h)
