@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # tests/gpu/session.sh [STEP...] — everything the device machine is for, step by step: build, GPU
 # tests, benchmarks, lab probes and the demo run, each step under its own time limit so that one
-# hang does not cost the others. Logs go to $OUT (the device tool's output folder) or
-# build/gpu-session; each step prints its exit status, its time and the tail of its log.
+# hang does not cost the others. Each step prints its exit status, its time and the tail of its
+# log. The logs go to build/gpu-session/PID, a folder an invocation; where $OUT is set (the device
+# tool's output folder, which brings back at most 8 files), they are packed into one file at the
+# end, $OUT/session-STEPS$TAG.tgz (STEPS: the steps' names joined by '-').
 #
 # Steps (default: build kernels bench benchshim torch run):
 #   build      make all
@@ -39,8 +41,11 @@
 #   server     demo/demo_server.py (transformers' continuous batching) without the shim and under
 #              nvfp4-row, SERVER_ARGS passed on (default 32 requests, 2 layers), the census of
 #              the shim's run into the logs (SERVER_LIMIT each, default 240)
-#   run        make run (RUN_LIMIT, default 540; RUN_ARGS passed on); the table, and each child's
-#              summary line (build/run/logs/*.out) even when the limit stops it
+#   serverab   lab/server_ab.sh: the server under the settings SERVERAB (default "none nvfp4-row"),
+#              each in PROCS processes (default 3) taken in turn, SERVER_ARGS passed on (default
+#              8 layers, 64 requests); SERVERAB_LIMIT, default 540 (~45 s a process on an H100)
+#   run        make run (RUN_LIMIT, default 540; RUN_ARGS passed on); the table, its JSON files, and
+#              each child's summary line (build/run/logs/*.out) even when the limit stops it
 # TAG=-x appends -x to the log names: the same steps again under another setting, side by side.
 # A device call has at most 600 s, so pick the steps of each call: on the H200 build takes ~40 s,
 # kernels ~150 (test_kernels ~90, test_grouped ~60), sanitize ~100, bench ~10, probe ~20 to build,
@@ -51,9 +56,15 @@
 # test_ptr_arrays.py ~2.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
-out=${OUT:-build/gpu-session}
+out=build/gpu-session/$$
 mkdir -p "$out"
 steps=${*:-build kernels bench benchshim torch run}
+if [ -n "${OUT:-}" ]; then
+  pack="$OUT/session-${steps// /-}${TAG:-}.tgz"
+  trap 'tar -czf "$pack" -C "$out" . && echo "== logs: $pack"' EXIT
+else
+  echo "== logs: $out"
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.used --format=csv \
     >"$out/gpu.txt" 2>&1
 
@@ -157,9 +168,16 @@ store_refresh_modes store_refresh_rounds grouped_after_refresh grouped_many_segm
         MINITE_SPEC=nvfp4-row MINITE_ROUTE=1536x2048,2048x768 MINITE_ROLE=sampler \
         MINITE_WEIGHT_CACHE=frozen-sampled MINITE_STATS="$out/server-stats.jsonl" \
         python3 demo/demo_server.py --out "$out/server-row.jsonl" $sargs ;;
+  serverab) # lab/server_ab.sh: SERVERAB settings, each in PROCS processes taken in turn
+    make -s -j16 all >"$out/serverab-build${TAG:-}.log" 2>&1 ||
+      { echo "== serverab: build failed (serverab-build${TAG:-}.log)"; continue; }
+    # shellcheck disable=SC2086 # SERVERAB: several settings
+    step "serverab" "${SERVERAB_LIMIT:-540}" env OUT="$out/server-ab${TAG:-}" \
+        lab/server_ab.sh ${SERVERAB:-none nvfp4-row} ;;
   run)
     step run "${RUN_LIMIT:-540}" make run ${RUN_ARGS:+RUN_ARGS="$RUN_ARGS"}
-    cp build/run/table.md build/run/gap.png "$out/" 2>/dev/null
+    mkdir -p "$out/run${TAG:-}"
+    cp build/run/*.json build/run/*.md build/run/gap.png "$out/run${TAG:-}/" 2>/dev/null
     tail -qn 1 build/run/logs/*.out >"$out/run-summaries${TAG:-}.jsonl" 2>/dev/null ;;
   *) echo "unknown step $s" ;;
   esac
