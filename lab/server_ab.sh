@@ -7,9 +7,9 @@
 #   lab/server_ab.sh NAME[:VAR=VALUE,...] ...      (device machine; after make)
 #
 # NAME "none" runs without the shim; any other name runs under build/libminite.so with nvfp4-row,
-# both Qwen3 routes, frozen-sampled weights, role sampler, statistics into
-# $OUT/NAME-P-stats.jsonl and the default pool of slots (make run's samplers have 2048), then its
-# VAR=VALUE pairs; a pair "-VAR" unsets VAR ("-MINITE_STATS": no statistics, instruments off).
+# both Qwen3 routes, frozen-sampled weights, role sampler, statistics into $OUT/NAME-P-stats.jsonl
+# (kept: its start and summary records) and the default pool of slots (make run's samplers have
+# 2048), then its VAR=VALUE pairs; a pair "-VAR" unsets VAR ("-MINITE_STATS": no statistics).
 # SERVER_ARGS is passed to every run (default "--requests 64 --layers 8 --new-tokens 16:128");
 # PROCS processes a setting (default 3). Prints a line a process (generated tok/s median of its
 # rounds, min-max, time to first token) and, at the end, a line a setting: the median of its
@@ -42,6 +42,11 @@ run_one() { # setting, process number
   # shellcheck disable=SC2086 # SERVER_ARGS: several words
   env "${unset[@]}" "${envs[@]}" python3 demo/demo_server.py --out "$out/$name-$p.jsonl" $args \
       >"$out/$name-$p.log" 2>"$out/$name-$p.err"
+  local rc=$? stats=$out/$name-$p-stats.jsonl
+  # its start and summary records only: the digests of a served run are tens of MB
+  [ -f "$stats" ] && grep -E '"event": "(start|summary)"' "$stats" >"$stats.head" &&
+    mv "$stats.head" "$stats"
+  return $rc
 }
 
 for p in $(seq "${PROCS:-3}"); do
