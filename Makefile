@@ -59,6 +59,8 @@ LIB_OBJ  += $(FATBIN_OBJ)
 REF_OBJ  := $(patsubst %.c,$(B)/%.o,$(wildcard ref/*.c))
 
 CPU_TESTS := $(patsubst tests/cpu/%.c,$(B)/tests/cpu/%,$(wildcard tests/cpu/test_*.c))
+# C++20 tests that run a kernel file's CUDA C++ on the CPU (tests/cpu/cuda_emu.h)
+EMU_TESTS := $(patsubst tests/cpu/%.cc,$(B)/tests/cpu/%,$(wildcard tests/cpu/test_*.cc))
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(B)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
 PY_CPU_TESTS := $(wildcard tests/cpu/test_*.py)
 SH_CPU_TESTS := $(wildcard tests/cpu/test_*.sh)
@@ -103,6 +105,13 @@ $(B)/tests/cpu/%: $(B)/tests/cpu/%.o $(B)/libmt.a $(B)/libref.a
 $(B)/tests/gpu/%: $(B)/tests/gpu/%.o $(B)/libmt.a $(B)/libref.a
 	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
 
+# An emulator test includes the kernel file it runs; the kernels' headers may leave helpers unused.
+$(EMU_TESTS): $(B)/tests/cpu/%: tests/cpu/%.cc tests/cpu/cuda_emu.h tests/harness.h \
+              $(wildcard kernels/*.cu kernels/*.h kernels/*.cuh)
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++20 -O1 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -Wno-unused-function \
+	    -D_GNU_SOURCE -I. -I$(CUDA_HOME)/include $(SANFLAGS) -pthread -o $@ $<
+
 # Rules of test fixtures and tools that need more than one object (fake cuBLAS libraries, ...):
 # each area keeps its own fragment (tests/cpu/<area>.mk, tests/gpu/<area>.mk, bench/, demo/, lab/),
 # adding what `make test` needs to TEST_FIXTURES.
@@ -121,12 +130,12 @@ $(VENV)/requirements.txt: tests/requirements.txt
 	@cp $< $@
 
 # The lab probes are CUDA alone, the same in both builds: only the plain one compiles them.
-TEST_BUILD := all $(CPU_TESTS) $(TEST_FIXTURES) bench-build $(FUZZ_CHECKS) \
+TEST_BUILD := all $(CPU_TESTS) $(EMU_TESTS) $(TEST_FIXTURES) bench-build $(FUZZ_CHECKS) \
               $(if $(filter 1,$(SAN)),,lab)
 
 # MT_TEST_TIMEOUT: seconds each test program may run (tests/run; default 600).
 test: format-check $(TEST_BUILD) $(TEST_VENV)
-	@MT_BUILD=$(B) MT_SAN=$(SAN) PYTHON=$(TEST_PYTHON) tests/run $(CPU_TESTS) \
+	@MT_BUILD=$(B) MT_SAN=$(SAN) PYTHON=$(TEST_PYTHON) tests/run $(CPU_TESTS) $(EMU_TESTS) \
 	    $(foreach t,$(PY_CPU_TESTS),'$(TEST_PYTHON) $(t)') $(foreach t,$(SH_CPU_TESTS),'bash $(t)')
 
 # GPUTEST_PY picks the Python GPU tests (default: all), e.g. GPUTEST_PY=tests/gpu/test_routed.py.
@@ -141,11 +150,11 @@ gputest-run: all $(GPU_TESTS) $(TEST_FIXTURES)
 	@MT_BUILD=$(B) PYTHON=$(PYTHON) tests/run $(GPU_TESTS) \
 	    $(foreach t,$(GPUTEST_PY),'$(PYTHON) $(t)')
 
-# C and CUDA sources follow .clang-format (one style, 100 columns, for every folder);
+# C, C++ and CUDA sources follow .clang-format (one style, 100 columns, for every folder);
 # `make test` runs format-check. Outside a git checkout, every such file but the build folders'.
-FORMAT_SRC = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null || \
+FORMAT_SRC = $(shell git ls-files '*.c' '*.cc' '*.h' '*.cu' '*.cuh' 2>/dev/null || \
     find . -path ./build -prune -o -path ./build-san -prune -o \
-        \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) -print)
+        \( -name '*.c' -o -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) -print)
 CLANG_FORMAT ?= clang-format
 format:
 	$(CLANG_FORMAT) -i $(FORMAT_SRC)

@@ -15,8 +15,10 @@
 // Integer sums (hashes) are exact and order-free, so any grid gives the same bits; the sketch is
 // an FP32 sum whose order the format leaves free. Tested on the CPU through the host twin in
 // kernels/instr.h (tests/cpu/test_shim_instr.c: twin against tools/minite-compare's Python
-// reference) and on the H200 by tests/gpu/test_instruments.py (digests of two processes with
-// different batchings join bitwise; probe and shadow figures).
+// reference); this file's digest and finish themselves on the CPU against that twin by
+// tests/cpu/test_instr_emu.cc (tests/cpu/cuda_emu.h); and on the GPU by
+// tests/gpu/test_instruments.py (digests of two processes with different batchings join bitwise;
+// probe and shadow figures).
 #include <stddef.h>
 #include <stdint.h>
 

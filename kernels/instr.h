@@ -371,6 +371,31 @@ static inline void mt_instr_sketch(const uint16_t *y, int n, int ytype,
   }
 }
 
+/* mt_instr_digest on the host: the rows chosen, in row order, into a->rows (a->hdr->selected
+ * counts them all; the rows past a->cap are not written). The fake driver's kernel
+ * (tests/cpu/fake/fake_cuda.c) and the reference of the kernel's CPU emulation
+ * (tests/cpu/test_instr_emu.cc). */
+static inline void mt_instr_digest_host(const mt_instr_digest_args *a) {
+  for (int r = 0; r < a->m; r++) {
+    int32_t seg = mt_instr_segment(a->offs, a->nseg, a->seg_rows, r);
+    if (seg < 0)
+      continue;
+    const uint16_t *x = (const uint16_t *)a->x + mt_instr_digest_x(a, seg, r);
+    if (!a->all && mt_instr_lead_hash(x, a->k, a->xtype) >= a->threshold)
+      continue;
+    unsigned slot = a->hdr->selected++;
+    if ((int)slot >= a->cap)
+      continue;
+    const uint16_t *y = (const uint16_t *)a->y + mt_instr_digest_y(a, seg, r);
+    mt_instr_row *out = a->rows + slot;
+    out->wsum = 0;
+    out->seg = seg;
+    out->row_hash = mt_instr_row_hash(x, a->k, a->xtype);
+    out->out_hash = mt_instr_out_hash(y, a->n, a->ytype);
+    mt_instr_sketch(y, a->n, a->ytype, out->sketch);
+  }
+}
+
 /* --- the launchers (kernels/instr.c) and the driver calls only the instruments make ------- */
 
 #include <cuda.h>

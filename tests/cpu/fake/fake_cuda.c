@@ -572,28 +572,6 @@ static void seg_ends(const mt_seg_ends_args *a) {
 
 /* --- the instruments' kernels, on the host (kernels/instr.h's twin) ------------------------- */
 
-static void instr_digest(const mt_instr_digest_args *a) {
-  for (int r = 0; r < a->m; r++) {
-    int32_t seg = mt_instr_segment(a->offs, a->nseg, a->seg_rows, r);
-    if (seg < 0)
-      continue;
-    const uint16_t *x = (const uint16_t *)a->x + mt_instr_digest_x(a, seg, r);
-    if (!a->all && mt_instr_lead_hash(x, a->k, a->xtype) >= a->threshold)
-      continue;
-    uint64_t h = mt_instr_row_hash(x, a->k, a->xtype);
-    unsigned slot = a->hdr->selected++;
-    if ((int)slot >= a->cap)
-      continue;
-    const uint16_t *y = (const uint16_t *)a->y + mt_instr_digest_y(a, seg, r);
-    mt_instr_row *out = a->rows + slot;
-    out->wsum = 0;
-    out->seg = seg;
-    out->row_hash = h;
-    out->out_hash = mt_instr_out_hash(y, a->n, a->ytype);
-    mt_instr_sketch(y, a->n, a->ytype, out->sketch);
-  }
-}
-
 static float max_f(float a, float b) { return a > b ? a : b; }
 
 static void instr_shadow(const mt_instr_shadow_args *a) {
@@ -704,7 +682,7 @@ static void instr_finish(const mt_instr_finish_args *a) {
 
 static void run_instr(const char *name, const void *args) {
   if (!strcmp(name, "mt_instr_digest"))
-    instr_digest(args);
+    mt_instr_digest_host(args);
   else if (!strcmp(name, "mt_instr_shadow"))
     instr_shadow(args);
   else if (!strcmp(name, "mt_instr_probe"))

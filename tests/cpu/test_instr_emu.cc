@@ -1,0 +1,204 @@
+// test_instr_emu.cc — kernels/instr.cu's digest and finish run on the CPU (tests/cpu/cuda_emu.h:
+// a CTA as threads, barriers and warp shuffles emulated) against the host twin of kernels/instr.h,
+// which tests/cpu/test_shim_instr.c checks against tools/minite-compare's reference: each kept
+// row's row hash, output hash and segment bit for bit, its sketch within FP32 summation error, the
+// count of rows chosen, the rows past the block's room dropped; the finish's weight sums and its
+// publication (the block copied, the flag last; an empty call's flag alone). What the GPU adds
+// (timing, its memory model) only tests/gpu/test_instruments.py sees.
+#include "tests/cpu/cuda_emu.h"
+
+#include "kernels/instr.cu"
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <tuple>
+
+extern "C" {
+#include "tests/harness.h"
+}
+
+namespace {
+
+constexpr int kThreads = 256; // kernels/instr.c launches every instrument kernel with 256
+constexpr int kCap = 128;     // the rows a slot's block holds (shim/instr_writer.h, MT_IW_ROWS)
+
+struct block {
+  std::vector<unsigned char> mem;
+  mt_instr_header *hdr() { return (mt_instr_header *)mem.data(); }
+  mt_instr_row *rows() { return (mt_instr_row *)(hdr() + 1); }
+  explicit block(int cap) : mem(sizeof(mt_instr_header) + (size_t)cap * sizeof(mt_instr_row)) {}
+};
+
+// Random BF16 values of moderate size (no NaN or Inf), row by row at stride ld.
+std::vector<uint16_t> matrix(std::mt19937 &rng, int rows, int cols, int ld) {
+  std::vector<uint16_t> m((size_t)rows * ld, 0);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < cols; c++) {
+      const float f = u(rng);
+      uint32_t b;
+      std::memcpy(&b, &f, 4);
+      m[(size_t)r * ld + c] = (uint16_t)(b >> 16);
+    }
+  return m;
+}
+
+// Every row the host twin (kernels/instr.h, mt_instr_digest_host) chooses, into a block with
+// room for all of them.
+block twin(mt_instr_digest_args a) {
+  block b(a.m);
+  a.hdr = b.hdr(), a.rows = b.rows(), a.cap = a.m;
+  mt_instr_digest_host(&a);
+  return b;
+}
+
+unsigned digest_grid(int m) { return (unsigned)((m + 7) / 8); }
+
+// One call's digest on the emulator against the twin; `what` names the case in failures.
+void check_digest(const char *what, mt_instr_digest_args a) {
+  block b(a.cap);
+  a.hdr = b.hdr();
+  a.rows = b.rows();
+  emu::launch(digest_grid(a.m), kThreads, [&a] { mt_instr_digest(a); });
+  block want = twin(a);
+  const unsigned chosen = want.hdr()->selected;
+  CHECKF(b.hdr()->selected == chosen, "%s: %u rows chosen, the twin %u", what, b.hdr()->selected,
+         chosen);
+  std::map<std::tuple<uint64_t, uint64_t, int32_t>, const mt_instr_row *> by_key;
+  for (unsigned i = 0; i < chosen; i++) {
+    const mt_instr_row &w = want.rows()[i];
+    by_key[{w.row_hash, w.out_hash, w.seg}] = &w;
+  }
+  const unsigned kept = std::min<unsigned>(b.hdr()->selected, (unsigned)a.cap);
+  unsigned found = 0, sketches = 0;
+  for (unsigned i = 0; i < kept; i++) {
+    const mt_instr_row &g = b.rows()[i];
+    auto it = by_key.find({g.row_hash, g.out_hash, g.seg});
+    if (it == by_key.end())
+      continue;
+    found++;
+    float norm = 0.0f;
+    for (float v : it->second->sketch)
+      norm += v * v;
+    bool ok = g.wsum == 0;
+    for (int k = 0; k < MT_INSTR_SKETCH; k++)
+      ok &= std::fabs(g.sketch[k] - it->second->sketch[k]) <= 1e-5f * std::sqrt(norm) + 1e-30f;
+    sketches += ok;
+  }
+  CHECKF(found == kept && sketches == kept,
+         "%s: of %u kept rows %u are the twin's rows, %u with its sketch", what, kept, found,
+         sketches);
+}
+
+// A call's arguments over x [m][k] and y [m][n] (row strides ldx, ldy), rate 1/`inverse_rate`.
+mt_instr_digest_args digest_args(const std::vector<uint16_t> &x, const std::vector<uint16_t> &y,
+                                 int m, int n, int k, int ldx, int ldy, int inverse_rate) {
+  mt_instr_digest_args a{};
+  a.x = x.data(), a.y = y.data(), a.ldx = ldx, a.ldy = ldy;
+  a.m = m, a.n = n, a.k = k;
+  a.all = inverse_rate == 1;
+  a.threshold = inverse_rate > 1 ? UINT64_MAX / (uint64_t)inverse_rate : 0;
+  a.cap = kCap;
+  return a;
+}
+
+void digest_single_problem() {
+  std::mt19937 rng(1);
+  const int m = 37, n = 1536, k = 2048;
+  auto x = matrix(rng, m, k, k), y = matrix(rng, m, n, n);
+  check_digest("single problem, 1/4", digest_args(x, y, m, n, k, k, n, 4));
+  check_digest("single problem, every row", digest_args(x, y, m, n, k, k, n, 1));
+}
+
+// Rows of a grouped call with offsets, each token's row repeated in several segments (a
+// gate_up call's copies of one token), so that one CTA holds several chosen rows.
+void digest_grouped_offsets() {
+  std::mt19937 rng(2);
+  const int m = 100, n = 2048, k = 768, nseg = 9;
+  auto y = matrix(rng, m, n, n), tokens = matrix(rng, 20, k, k);
+  std::vector<uint16_t> x((size_t)m * k);
+  for (int r = 0; r < m; r++)
+    std::memcpy(&x[(size_t)r * k], &tokens[(size_t)(r % 20) * k], 2 * (size_t)k);
+  std::vector<int32_t> offs = {3, 3, 20, 41, 42, 60, 77, 90, 96}; // rows 96..99 in none
+  mt_instr_digest_args a = digest_args(x, y, m, n, k, k, n, 3);
+  a.offs = offs.data(), a.nseg = nseg;
+  check_digest("grouped, offsets, 1/3", a);
+  a.all = 1;
+  check_digest("grouped, offsets, every row", a);
+}
+
+// Segments of seg_rows rows at strides (a strided batch), rows of k <= MT_INSTR_LEAD elements
+// (the row hash is the lead) and an output row whose last piece is short.
+void digest_strided_short_rows() {
+  std::mt19937 rng(3);
+  const int seg_rows = 13, nseg = 5, m = seg_rows * nseg, n = 1003, k = 64, ldy = 1008;
+  const int64_t stride_x = 16 * k, stride_y = (int64_t)16 * ldy;
+  auto x = matrix(rng, 16 * nseg, k, k), y = matrix(rng, 16 * nseg, n, ldy);
+  mt_instr_digest_args a = digest_args(x, y, m, n, k, k, ldy, 2);
+  a.seg_rows = seg_rows, a.stride_x = stride_x, a.stride_y = stride_y;
+  check_digest("strided segments, short rows, 1/2", a);
+}
+
+// More rows chosen than the block holds: selected counts them all, the kept ones are the twin's.
+void digest_past_the_block() {
+  std::mt19937 rng(4);
+  const int m = 300, n = 256, k = 512;
+  auto x = matrix(rng, m, k, k), y = matrix(rng, m, n, n);
+  check_digest("300 rows, every row", digest_args(x, y, m, n, k, k, n, 1));
+}
+
+// The finish of an uncaptured call: a grouped call's frozen sums into the first row of each
+// segment, the block copied to its host twin, then the flag; a call that chose nothing: the flag
+// alone, marked empty, and nothing copied.
+void finish_publishes() {
+  std::mt19937 rng(5);
+  const int m = 64, n = 256, k = 512;
+  auto x = matrix(rng, m, k, k), y = matrix(rng, m, n, n);
+  std::vector<int32_t> offs = {10, 30, 64};
+  mt_instr_digest_args a = digest_args(x, y, m, n, k, k, n, 1);
+  a.offs = offs.data(), a.nseg = 3;
+  block dev(a.cap), host(a.cap);
+  a.hdr = dev.hdr(), a.rows = dev.rows();
+  emu::launch(digest_grid(m), kThreads, [&a] { mt_instr_digest(a); });
+  const uint64_t frozen[3] = {0x1111, 0x2222, 0x3333};
+  uint32_t flag = 0;
+  mt_instr_finish_args f{};
+  f.w = x.data(), f.ldw = k, f.w_stride = 1, f.grouped = 1, f.frozen_sum = frozen;
+  f.frozen_stride = 1, f.n = n, f.k = k, f.hdr = dev.hdr(), f.dst = host.mem.data();
+  f.flag = &flag, f.cap = a.cap, f.seq = 7;
+  emu::launch(1, kThreads, [&f] { mt_instr_finish(f); });
+  CHECKF(flag == 7, "flag %#x, want 7", flag);
+  const mt_instr_header *h = host.hdr();
+  CHECKF(h->selected == 64, "published %u rows chosen, want 64", h->selected);
+  uint64_t sums = 0;
+  int firsts = 0;
+  for (unsigned i = 0; i < 64; i++) {
+    sums += host.rows()[i].wsum;
+    firsts += host.rows()[i].wsum != 0;
+  }
+  CHECKF(firsts == 3 && sums == 0x6666, "%d rows carry a weight sum, summing to %#llx", firsts,
+         (unsigned long long)sums);
+  CHECKF(dev.hdr()->selected == 0, "the device header is reset for the next use");
+
+  std::vector<uint16_t> none_x = matrix(rng, 4, k, k);
+  a = digest_args(none_x, y, 4, n, k, k, n, 1 << 30); // 4 rows at 2^-30: none chosen
+  a.hdr = dev.hdr(), a.rows = dev.rows();
+  emu::launch(1, kThreads, [&a] { mt_instr_digest(a); });
+  std::fill(host.mem.begin(), host.mem.end(), 0xAB);
+  f.seq = 8, f.empty_ok = 1;
+  emu::launch(2, kThreads, [&f] { mt_instr_finish(f); });
+  CHECKF(flag == (8u | MT_INSTR_EMPTY), "flag %#x, want 8 marked empty", flag);
+  CHECKF(host.mem[0] == 0xAB, "an empty publication copies nothing");
+}
+
+} // namespace
+
+int main() {
+  RUN(digest_single_problem);
+  RUN(digest_grouped_offsets);
+  RUN(digest_strided_short_rows);
+  RUN(digest_past_the_block);
+  RUN(finish_publishes);
+  return mt_test_done();
+}
