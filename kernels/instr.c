@@ -45,31 +45,19 @@ static int launch(const char *fn, unsigned grid, void *args, mt_stream stream) {
   return mt_launch(f, grid ? grid : 1, 1, 256, 1, 0, 0, (CUstream)stream, args);
 }
 
-static unsigned min_u(unsigned a, unsigned b) { return a < b ? a : b; }
-
 int mt_instr_launch_digest(const mt_instr_digest_args *a, mt_stream stream) {
   mt_instr_digest_args copy = *a;
-  return launch("mt_instr_digest", (unsigned)((a->m + 7) / 8), &copy, stream);
+  return launch("mt_instr_digest", mt_instr_digest_grid(a), &copy, stream);
 }
 
-/* A CTA for each block of 256 sampled lines (a line a thread; a grouped call's for each of the
- * weights its digested rows may name), at most 264 (as kernels/wcheck.c); one where nothing is
- * read (a frozen-sampled weight's sums are stored; no digest: only the publication). */
 int mt_instr_launch_finish(const mt_instr_finish_args *a, mt_stream stream) {
   mt_instr_finish_args copy = *a;
-  unsigned grid = 1;
-  if (a->w && !a->frozen_sum) {
-    const uint64_t blocks = mt_whash_items(mt_whash_lines(a->n, a->k), MT_SAMPLE_STEP) / 256 + 1;
-    const uint64_t units = a->grouped ? blocks * (uint64_t)a->cap : blocks;
-    grid = units < 264 ? (unsigned)units : 264;
-  }
-  return launch("mt_instr_finish", grid, &copy, stream);
+  return launch("mt_instr_finish", mt_instr_finish_grid(a), &copy, stream);
 }
 
 int mt_instr_launch_shadow(const mt_instr_shadow_args *a, mt_stream stream) {
   mt_instr_shadow_args copy = *a;
-  unsigned blocks = (unsigned)((int64_t)a->m * a->n / 1024 + 1);
-  return launch("mt_instr_shadow", min_u(264, blocks), &copy, stream);
+  return launch("mt_instr_shadow", mt_instr_shadow_grid(a), &copy, stream);
 }
 
 int mt_instr_launch_probe(const mt_instr_probe_args *a, mt_stream stream) {

@@ -386,6 +386,8 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
   }
 }
 
+static_assert(32 * MT_INSTR_DIGEST_WARPS == 256, "kernels/instr.c launches 256 threads a CTA");
+
 // A warp a row. A grouped call's offsets (up to MT_INSTR_SMEM_SEGS) are read into shared memory
 // once: each row's binary search over them in global memory was a chain of dependent loads.
 extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr_digest_args a) {
@@ -397,7 +399,7 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr
     __syncthreads();
     o = offs;
   }
-  const int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int r = blockIdx.x * MT_INSTR_DIGEST_WARPS + threadIdx.x / 32;
   if (r < a.m)
     digest_row(a, o, r, threadIdx.x % 32);
 }

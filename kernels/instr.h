@@ -54,6 +54,7 @@
 #define MT_INSTR_PROBE_ROWS 4   /* rows a probe recomputes alone: first, last, two between */
 #define MT_INSTR_LEAD 128       /* elements of a row the digests' choice reads (16 pieces) */
 #define MT_INSTR_SMEM_SEGS 1024 /* a grouped call's offsets the digest reads into shared memory */
+#define MT_INSTR_DIGEST_WARPS 8 /* rows a digest's CTA takes, a warp a row */
 /* The flag's bit of an empty publication: a call with only digests and no row chosen, for which
  * mt_instr_finish writes the flag alone (seq | MT_INSTR_EMPTY), not the block; sequences stay
  * below it. */
@@ -394,6 +395,75 @@ static inline void mt_instr_digest_host(const mt_instr_digest_args *a) {
     out->out_hash = mt_instr_out_hash(y, a->n, a->ytype);
     mt_instr_sketch(y, a->n, a->ytype, out->sketch);
   }
+}
+
+static inline float mt_instr_max_host(float a, float b) { return a > b ? a : b; }
+
+/* mt_instr_shadow on the host, row by row (the kernel's double sums add in another order). */
+static inline void mt_instr_shadow_host(const mt_instr_shadow_args *a) {
+  float mx;
+  memcpy(&mx, &a->hdr->shadow_max_bits, 4);
+  for (int r = 0; r < a->m; r++)
+    for (int j = 0; j < a->n; j++) {
+      int64_t at = mt_instr_row_offset(a->seg_rows > 0 ? r / a->seg_rows : 0, a->seg_rows,
+                                       a->stride, a->ld, r) +
+                   j;
+      float y = mt_instr_half_to_float(((const uint16_t *)a->y)[at], a->type);
+      float ref = mt_instr_half_to_float(((const uint16_t *)a->ref)[at], a->type);
+      if (!isfinite(y) || !isfinite(ref)) {
+        a->hdr->shadow_nonfinite++;
+        continue;
+      }
+      double d = (double)y - ref;
+      a->hdr->shadow_d2 += d * d;
+      a->hdr->shadow_r2 += (double)ref * ref;
+      mx = mt_instr_max_host(mx, fabsf(y - ref));
+    }
+  memcpy(&a->hdr->shadow_max_bits, &mx, 4);
+}
+
+/* mt_instr_probe on the host. */
+static inline void mt_instr_probe_host(const mt_instr_probe_args *a) {
+  float mx;
+  memcpy(&mx, &a->hdr->probe_max_bits, 4);
+  for (int p = 0; p < a->nrows; p++) {
+    if (a->offs && a->rows[p] >= a->offs[a->nseg - 1]) {
+      a->hdr->probe_outside++;
+      continue;
+    }
+    const uint16_t *in = (const uint16_t *)a->y + a->yoff[p];
+    const uint16_t *alone = (const uint16_t *)a->alone + (int64_t)p * a->ld_alone;
+    int differ = 0;
+    for (int j = 0; j < a->n; j++)
+      if (in[j] != alone[j]) {
+        differ = 1;
+        mx = mt_instr_max_host(mx, fabsf(mt_instr_half_to_float(in[j], a->type) -
+                                         mt_instr_half_to_float(alone[j], a->type)));
+      }
+    a->hdr->probe_differing += (unsigned)differ;
+  }
+  memcpy(&a->hdr->probe_max_bits, &mx, 4);
+}
+
+/* The grids kernels/instr.c launches (256 threads a CTA), here for the kernels' CPU emulation
+ * (tests/cpu/test_instr_emu.cc) too. The digest: MT_INSTR_DIGEST_WARPS rows a CTA. The finish: a
+ * CTA for each block of 256 sampled lines (a line a thread; a grouped call's for each of the
+ * weights its digested rows may name), at most 264 (as kernels/wcheck.c); one where nothing is
+ * read (a frozen-sampled weight's sums are stored; no digest: only the publication). The shadow:
+ * a CTA for each 1,024 elements, at most 264. The probe and the offsets: a CTA a probed row. */
+static inline unsigned mt_instr_digest_grid(const mt_instr_digest_args *a) {
+  return a->m > 0 ? (unsigned)((a->m + MT_INSTR_DIGEST_WARPS - 1) / MT_INSTR_DIGEST_WARPS) : 1;
+}
+static inline unsigned mt_instr_finish_grid(const mt_instr_finish_args *a) {
+  if (!a->w || a->frozen_sum)
+    return 1;
+  const uint64_t blocks = mt_whash_items(mt_whash_lines(a->n, a->k), MT_SAMPLE_STEP) / 256 + 1;
+  const uint64_t units = a->grouped ? blocks * (uint64_t)a->cap : blocks;
+  return units < 264 ? (unsigned)units : 264;
+}
+static inline unsigned mt_instr_shadow_grid(const mt_instr_shadow_args *a) {
+  const int64_t blocks = (int64_t)a->m * a->n / 1024 + 1;
+  return blocks < 264 ? (unsigned)blocks : 264;
 }
 
 /* --- the launchers (kernels/instr.c) and the driver calls only the instruments make ------- */

@@ -1,9 +1,10 @@
-// test_instr_emu.cc — kernels/instr.cu's digest and finish run on the CPU (tests/cpu/cuda_emu.h:
+// test_instr_emu.cc — kernels/instr.cu's kernels run on the CPU (tests/cpu/cuda_emu.h:
 // a CTA as threads, barriers and warp shuffles emulated) against the host twin of kernels/instr.h,
 // which tests/cpu/test_shim_instr.c checks against tools/minite-compare's reference: each kept
 // row's row hash, output hash and segment bit for bit, its sketch within FP32 summation error, the
 // count of rows chosen, the rows past the block's room dropped; the finish's weight sums and its
-// publication (the block copied, the flag last; an empty call's flag alone). What the GPU adds
+// publication (the block copied, the flag last; an empty call's flag alone); the shadow's sums
+// and the probe's counts. What the GPU adds
 // (timing, its memory model) only tests/gpu/test_instruments.py sees.
 #include "tests/cpu/cuda_emu.h"
 
@@ -53,14 +54,12 @@ block twin(mt_instr_digest_args a) {
   return b;
 }
 
-unsigned digest_grid(int m) { return (unsigned)((m + 7) / 8); }
-
 // One call's digest on the emulator against the twin; `what` names the case in failures.
 void check_digest(const char *what, mt_instr_digest_args a) {
   block b(a.cap);
   a.hdr = b.hdr();
   a.rows = b.rows();
-  emu::launch(digest_grid(a.m), kThreads, [&a] { mt_instr_digest(a); });
+  emu::launch(mt_instr_digest_grid(&a), kThreads, [&a] { mt_instr_digest(a); });
   block want = twin(a);
   const unsigned chosen = want.hdr()->selected;
   CHECKF(b.hdr()->selected == chosen, "%s: %u rows chosen, the twin %u", what, b.hdr()->selected,
@@ -160,14 +159,14 @@ void finish_publishes() {
   a.offs = offs.data(), a.nseg = 3;
   block dev(a.cap), host(a.cap);
   a.hdr = dev.hdr(), a.rows = dev.rows();
-  emu::launch(digest_grid(m), kThreads, [&a] { mt_instr_digest(a); });
+  emu::launch(mt_instr_digest_grid(&a), kThreads, [&a] { mt_instr_digest(a); });
   const uint64_t frozen[3] = {0x1111, 0x2222, 0x3333};
   uint32_t flag = 0;
   mt_instr_finish_args f{};
   f.w = x.data(), f.ldw = k, f.w_stride = 1, f.grouped = 1, f.frozen_sum = frozen;
   f.frozen_stride = 1, f.n = n, f.k = k, f.hdr = dev.hdr(), f.dst = host.mem.data();
   f.flag = &flag, f.cap = a.cap, f.seq = 7;
-  emu::launch(1, kThreads, [&f] { mt_instr_finish(f); });
+  emu::launch(mt_instr_finish_grid(&f), kThreads, [&f] { mt_instr_finish(f); });
   CHECKF(flag == 7, "flag %#x, want 7", flag);
   const mt_instr_header *h = host.hdr();
   CHECKF(h->selected == 64, "published %u rows chosen, want 64", h->selected);
@@ -184,12 +183,121 @@ void finish_publishes() {
   std::vector<uint16_t> none_x = matrix(rng, 4, k, k);
   a = digest_args(none_x, y, 4, n, k, k, n, 1 << 30); // 4 rows at 2^-30: none chosen
   a.hdr = dev.hdr(), a.rows = dev.rows();
-  emu::launch(1, kThreads, [&a] { mt_instr_digest(a); });
+  emu::launch(mt_instr_digest_grid(&a), kThreads, [&a] { mt_instr_digest(a); });
   std::fill(host.mem.begin(), host.mem.end(), 0xAB);
   f.seq = 8, f.empty_ok = 1;
-  emu::launch(2, kThreads, [&f] { mt_instr_finish(f); });
+  emu::launch(2, kThreads, [&f] { mt_instr_finish(f); }); // a grid of several: CTA 0 alone
   CHECKF(flag == (8u | MT_INSTR_EMPTY), "flag %#x, want 8 marked empty", flag);
   CHECKF(host.mem[0] == 0xAB, "an empty publication copies nothing");
+}
+
+// The finish's weight sums where nothing is stored (a grid of CTAs over the sampled lines): a
+// single problem's, [out, in] and [in, out], with its bias; a grouped call's, each segment's into
+// its first digested row.
+void finish_weight_sums() {
+  std::mt19937 rng(6);
+  const int k = 512, m = 16;
+  int n = 2304; // 18,432 lines of 128 bytes, 288 sampled: two CTAs of 256
+  auto w = matrix(rng, n, k, k), w_t = matrix(rng, k, n, n), bias = matrix(rng, 1, n, n);
+  auto x = matrix(rng, m, k, k), y = matrix(rng, m, n, n);
+  for (int in_out = 0; in_out < 2; in_out++) {
+    mt_instr_digest_args a = digest_args(x, y, m, n, k, k, n, 1);
+    block dev(a.cap), host(a.cap);
+    a.hdr = dev.hdr(), a.rows = dev.rows();
+    emu::launch(mt_instr_digest_grid(&a), kThreads, [&a] { mt_instr_digest(a); });
+    uint32_t flag = 0;
+    mt_instr_finish_args f{};
+    f.w = in_out ? w_t.data() : w.data(), f.ldw = in_out ? n : k, f.in_out = in_out;
+    f.bias = bias.data(), f.bias_bytes = 2 * n, f.n = n, f.k = k, f.hdr = dev.hdr();
+    f.dst = host.mem.data(), f.flag = &flag, f.cap = a.cap, f.seq = 3;
+    emu::launch(mt_instr_finish_grid(&f), kThreads, [&f] { mt_instr_finish(f); });
+    const uint64_t want = mt_instr_weight_sum_of((const uint16_t *)f.w, f.ldw, n, k, in_out);
+    CHECKF(mt_instr_finish_grid(&f) > 1 && host.hdr()->wsum == want && flag == 3,
+           "%s: %u CTAs, weight sum %#llx, want %#llx", in_out ? "[in, out]" : "[out, in]",
+           mt_instr_finish_grid(&f), (unsigned long long)host.hdr()->wsum,
+           (unsigned long long)want);
+    CHECK(host.hdr()->bsum == mt_instr_content_sum(bias.data(), 2 * (size_t)n, 0));
+  }
+  n = 384; // a CTA for each of the block's rows that may name a weight
+  y = matrix(rng, m, n, n);
+  std::vector<uint16_t> ws = matrix(rng, 3 * n, k, k); // three experts' weights, one after another
+  std::vector<int32_t> offs = {5, 11, 16};
+  mt_instr_digest_args a = digest_args(x, y, m, n, k, k, n, 1);
+  a.offs = offs.data(), a.nseg = 3;
+  block dev(a.cap), host(a.cap);
+  a.hdr = dev.hdr(), a.rows = dev.rows();
+  emu::launch(mt_instr_digest_grid(&a), kThreads, [&a] { mt_instr_digest(a); });
+  uint32_t flag = 0;
+  mt_instr_finish_args f{};
+  f.w = ws.data(), f.ldw = k, f.w_stride = (int64_t)n * k, f.grouped = 1, f.n = n, f.k = k;
+  f.hdr = dev.hdr(), f.dst = host.mem.data(), f.flag = &flag, f.cap = a.cap, f.seq = 4;
+  emu::launch(mt_instr_finish_grid(&f), kThreads, [&f] { mt_instr_finish(f); });
+  uint64_t want[3], got[3] = {0, 0, 0};
+  for (int s = 0; s < 3; s++)
+    want[s] = mt_instr_weight_sum_of(ws.data() + (size_t)s * n * k, k, n, k, 0);
+  int carrying = 0;
+  for (int i = 0; i < m; i++)
+    if (host.rows()[i].wsum) {
+      carrying++;
+      got[host.rows()[i].seg] = host.rows()[i].wsum;
+    }
+  CHECKF(carrying == 3 && got[0] == want[0] && got[1] == want[1] && got[2] == want[2] && flag == 4,
+         "grouped: %d rows carry a sum; segment 1's %#llx, want %#llx", carrying,
+         (unsigned long long)got[1], (unsigned long long)want[1]);
+}
+
+// The shadow's sums against the twin's (the kernel adds its doubles in another order), with
+// non-finite elements skipped and counted; strided segments.
+void shadow_sums() {
+  std::mt19937 rng(7);
+  const int seg_rows = 7, nseg = 3, m = seg_rows * nseg, n = 600, ld = 608;
+  auto y = matrix(rng, 8 * nseg, n, ld), ref = matrix(rng, 8 * nseg, n, ld);
+  y[5] = 0x7fc0, ref[ld + 9] = 0x7f80; // a NaN and an Inf
+  mt_instr_shadow_args a{};
+  a.y = y.data(), a.ref = ref.data(), a.ld = ld, a.stride = 8 * ld, a.m = m, a.n = n;
+  a.seg_rows = seg_rows;
+  block got(1), want(1);
+  a.hdr = got.hdr();
+  emu::launch(mt_instr_shadow_grid(&a), kThreads, [&a] { mt_instr_shadow(a); });
+  a.hdr = want.hdr();
+  mt_instr_shadow_host(&a);
+  const mt_instr_header &g = *got.hdr(), &w = *want.hdr();
+  CHECKF(g.shadow_nonfinite == 2 && w.shadow_nonfinite == 2, "non-finite %u, twin %u",
+         g.shadow_nonfinite, w.shadow_nonfinite);
+  CHECKF(g.shadow_max_bits == w.shadow_max_bits, "max %#x, twin %#x", g.shadow_max_bits,
+         w.shadow_max_bits);
+  CHECKF(std::fabs(g.shadow_d2 - w.shadow_d2) <= 1e-12 * w.shadow_d2 &&
+             std::fabs(g.shadow_r2 - w.shadow_r2) <= 1e-12 * w.shadow_r2,
+         "sums %.17g %.17g, twin %.17g %.17g", g.shadow_d2, g.shadow_r2, w.shadow_d2, w.shadow_r2);
+}
+
+// The probe: rows recomputed alone against their in-batch rows, one differing in one element and
+// one beyond the last segment's end (not compared, counted outside).
+void probe_rows() {
+  std::mt19937 rng(8);
+  const int n = 700, ld_alone = 704;
+  auto y = matrix(rng, 40, n, n);
+  std::vector<uint16_t> alone((size_t)MT_INSTR_PROBE_ROWS * ld_alone, 0);
+  const int32_t rows[MT_INSTR_PROBE_ROWS] = {0, 13, 26, 39};
+  for (int p = 0; p < MT_INSTR_PROBE_ROWS; p++)
+    std::memcpy(&alone[(size_t)p * ld_alone], &y[(size_t)rows[p] * n], 2 * (size_t)n);
+  alone[ld_alone + 321] ^= 0x0040;      // row 13 differs in one element
+  std::vector<int32_t> offs = {20, 30}; // row 39 lies past the last segment
+  mt_instr_probe_args a{};
+  a.y = y.data(), a.alone = alone.data(), a.nrows = MT_INSTR_PROBE_ROWS, a.n = n;
+  a.ld_alone = ld_alone, a.offs = offs.data(), a.nseg = 2;
+  for (int p = 0; p < MT_INSTR_PROBE_ROWS; p++)
+    a.rows[p] = rows[p], a.yoff[p] = (int64_t)rows[p] * n;
+  block got(1), want(1);
+  a.hdr = got.hdr();
+  emu::launch((unsigned)a.nrows, kThreads, [&a] { mt_instr_probe(a); });
+  a.hdr = want.hdr();
+  mt_instr_probe_host(&a);
+  const mt_instr_header &g = *got.hdr(), &w = *want.hdr();
+  CHECKF(g.probe_differing == 1 && w.probe_differing == 1 && g.probe_outside == 1 &&
+             w.probe_outside == 1 && g.probe_max_bits == w.probe_max_bits && g.probe_max_bits,
+         "differing %u (twin %u), outside %u (twin %u), max %#x (twin %#x)", g.probe_differing,
+         w.probe_differing, g.probe_outside, w.probe_outside, g.probe_max_bits, w.probe_max_bits);
 }
 
 } // namespace
@@ -200,5 +308,8 @@ int main() {
   RUN(digest_strided_short_rows);
   RUN(digest_past_the_block);
   RUN(finish_publishes);
+  RUN(finish_weight_sums);
+  RUN(shadow_sums);
+  RUN(probe_rows);
   return mt_test_done();
 }

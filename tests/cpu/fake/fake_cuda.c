@@ -572,52 +572,6 @@ static void seg_ends(const mt_seg_ends_args *a) {
 
 /* --- the instruments' kernels, on the host (kernels/instr.h's twin) ------------------------- */
 
-static float max_f(float a, float b) { return a > b ? a : b; }
-
-static void instr_shadow(const mt_instr_shadow_args *a) {
-  float mx;
-  memcpy(&mx, &a->hdr->shadow_max_bits, 4);
-  for (int r = 0; r < a->m; r++)
-    for (int j = 0; j < a->n; j++) {
-      int64_t at = mt_instr_row_offset(a->seg_rows > 0 ? r / a->seg_rows : 0, a->seg_rows,
-                                       a->stride, a->ld, r) +
-                   j;
-      float y = mt_instr_half_to_float(((const uint16_t *)a->y)[at], a->type);
-      float ref = mt_instr_half_to_float(((const uint16_t *)a->ref)[at], a->type);
-      if (!isfinite(y) || !isfinite(ref)) {
-        a->hdr->shadow_nonfinite++;
-        continue;
-      }
-      double d = (double)y - ref;
-      a->hdr->shadow_d2 += d * d;
-      a->hdr->shadow_r2 += (double)ref * ref;
-      mx = max_f(mx, fabsf(y - ref));
-    }
-  memcpy(&a->hdr->shadow_max_bits, &mx, 4);
-}
-
-static void instr_probe(const mt_instr_probe_args *a) {
-  float mx;
-  memcpy(&mx, &a->hdr->probe_max_bits, 4);
-  for (int p = 0; p < a->nrows; p++) {
-    if (a->offs && a->rows[p] >= a->offs[a->nseg - 1]) {
-      a->hdr->probe_outside++;
-      continue;
-    }
-    const uint16_t *in = (const uint16_t *)a->y + a->yoff[p];
-    const uint16_t *alone = (const uint16_t *)a->alone + (int64_t)p * a->ld_alone;
-    int differ = 0;
-    for (int j = 0; j < a->n; j++)
-      if (in[j] != alone[j]) {
-        differ = 1;
-        mx = max_f(mx, fabsf(mt_instr_half_to_float(in[j], a->type) -
-                             mt_instr_half_to_float(alone[j], a->type)));
-      }
-    a->hdr->probe_differing += (unsigned)differ;
-  }
-  memcpy(&a->hdr->probe_max_bits, &mx, 4);
-}
-
 /* Publications whose flag write is held back (fake_cuda_hold_events). */
 #define MAX_HELD 4096
 static struct { uint32_t *flag, seq; } held[MAX_HELD];
@@ -684,9 +638,9 @@ static void run_instr(const char *name, const void *args) {
   if (!strcmp(name, "mt_instr_digest"))
     mt_instr_digest_host(args);
   else if (!strcmp(name, "mt_instr_shadow"))
-    instr_shadow(args);
+    mt_instr_shadow_host(args);
   else if (!strcmp(name, "mt_instr_probe"))
-    instr_probe(args);
+    mt_instr_probe_host(args);
   else if (!strcmp(name, "mt_instr_finish"))
     instr_finish(args);
   else if (!strcmp(name, "mt_instr_offs"))
