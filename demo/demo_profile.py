@@ -10,9 +10,9 @@ Both paths also get the profiler's sum of their kernels' durations: HF's eager e
 the host which experts were hit (a synchronisation), so it cannot be captured, and event timing of
 an uncaptured eager loop measures its launch gaps, not the GPU. Summed kernel time treats both paths
 alike, but counts twice the kernels that run side by side (the engine's weight refresh beside its
-GEMM). Both measures count the shim's instruments (a captured call digests at every replay); the
-sums give each instrument kernel's share apart (INSTRUMENTS), so that a rate can be picked by its
-cost.
+GEMM). Both measures count the shim's instruments (a captured call digests at one replay in
+1/MINITE_DIGEST_REPLAYS); the sums give each instrument kernel's share apart (INSTRUMENTS), so
+that a rate can be picked by its cost.
 
 The demo sampler calls profile() after sampling (demo_sampler.py --moe-profile FILE), so each
 spec's numbers come from a process with the shim under that spec and its sampler's weight cache.

@@ -279,12 +279,14 @@ __device__ void reset_header(mt_instr_header *hdr, uint32_t replays) {
 }
 
 // The publication of a call that chose no row and has nothing else to report: the flag alone,
-// marked empty, or for a captured call's replay nothing. Only CTA 0 of a finish runs it (a call
+// marked empty, or for a captured call's replay nothing but its replay count. Only CTA 0 of a finish runs it (a call
 // that digested no row never counts its CTAs in `finished`), and it left the header as the last
 // use did, zeroed: nothing to order before the flag.
 __device__ void publish_empty(const mt_instr_finish_args &a) {
   if (a.seq != 0 && threadIdx.x == 0)
     *(volatile uint32_t *)a.flag = a.seq | MT_INSTR_EMPTY;
+  if (a.tick && threadIdx.x == 0) // the replay is over; the next one's digest reads the count
+    ++*a.tick;
 }
 
 // The weight's weight_sum (or each grouped row's own weight's); the bias in CTA 0; then the last
@@ -383,6 +385,8 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
   if (threadIdx.x == 0) {
     __threadfence_system();
     *(volatile uint32_t *)a.flag = a.seq ? a.seq : 2 * count + 2;
+    if (a.tick)
+      ++*a.tick;
   }
 }
 
@@ -392,6 +396,10 @@ static_assert(32 * MT_INSTR_DIGEST_WARPS == 256, "kernels/instr.c launches 256 t
 // once: each row's binary search over them in global memory was a chain of dependent loads.
 extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr_digest_args a) {
   __shared__ int32_t offs[MT_INSTR_SMEM_SEGS];
+  // a captured call's replays digest one in `every`: the others choose nothing, and their finish
+  // publishes nothing
+  if (a.tick && *(volatile const uint32_t *)a.tick % a.every)
+    return;
   const int32_t *o = a.offs;
   if (o && a.nseg <= MT_INSTR_SMEM_SEGS) {
     for (int i = threadIdx.x; i < a.nseg; i += blockDim.x)

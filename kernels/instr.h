@@ -106,10 +106,14 @@ typedef struct {
   int32_t cap, nseg;
   const int32_t *offs;
   int64_t stride_x, stride_y;
-  int32_t seg_rows, pad;
+  int32_t seg_rows;
+  uint32_t every; /* with tick: a captured call digests the replays whose *tick % every is 0 */
   /* NULL, or (a grouped call in vLLM's dispatch) device lists of each row's row of x and of y:
    * row r reads x row x_rows[r] and y row y_rows[r] (offs still gives its segment) */
   const int32_t *x_rows, *y_rows;
+  /* NULL (every call digests), or a captured call's count of its replays, which its finish
+   * raises at the end of each (mt_instr_finish_args.tick) */
+  const uint32_t *tick;
 } mt_instr_digest_args;
 
 /* mt_instr_finish, the last kernel of an instrumented call: the weight's weight_sum and the bias's
@@ -138,7 +142,7 @@ typedef struct {
   uint32_t *flag;       /* mapped pinned host word (device address) */
   int32_t cap;          /* rows the block holds */
   /* The flag's value once the block is published; 0 in a call captured in a CUDA graph, whose
-   * every replay publishes into the same block: the flag is then a seqlock over the header's
+   * digesting replays publish into the same block: the flag is then a seqlock over the header's
    * `replays` count, odd while the block is written and the next even value once it is whole (the
    * host reads a block whole when the flag is even and the same before and after its copy) */
   uint32_t seq;
@@ -147,6 +151,7 @@ typedef struct {
    * (the host reads it as empty); a captured call's replay writes nothing (the host reads the
    * replays that chose a row) */
   int32_t empty_ok;
+  uint32_t *tick; /* NULL, or the captured call's replay count, raised once a replay */
 } mt_instr_finish_args;
 
 /* mt_instr_shadow: the shadow error of y against ref (same layout: row r at r * ld, or in a
@@ -377,6 +382,8 @@ static inline void mt_instr_sketch(const uint16_t *y, int n, int ytype,
  * (tests/cpu/fake/fake_cuda.c) and the reference of the kernel's CPU emulation
  * (tests/cpu/test_instr_emu.cc). */
 static inline void mt_instr_digest_host(const mt_instr_digest_args *a) {
+  if (a->tick && *a->tick % a->every)
+    return;
   for (int r = 0; r < a->m; r++) {
     int32_t seg = mt_instr_segment(a->offs, a->nseg, a->seg_rows, r);
     if (seg < 0)

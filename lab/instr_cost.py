@@ -9,7 +9,8 @@ eager path synchronises and cannot be captured), the shim's mt_instr_* kernels a
         [--also NAME=LIB ...] [--tokens 1,16] [--only "nvfp4-row,nvfp4-row+stats old"]
 
 Each setting runs in its own process (the grouped_mm block also as a CUDA-graph replay, whose
-captured calls digest at every replay: CUDA events for its wall time, the profiler for its
+captured calls digest at one replay in ceil(1 / MINITE_DIGEST_REPLAYS), which the environment
+may set, 1 for every replay: CUDA events for its wall time, the profiler for its
 instrument kernels): no shim; the shim under bf16 and under nvfp4-row, each
 without a statistics file and with one at the default rates (MINITE_STATS), frozen-sampled
 weights; with --old, nvfp4-row and bf16 with statistics again under OLD_LIB (an earlier build, the
@@ -69,7 +70,7 @@ def child(out, tokens):
         result["us"][path] = [r[0] for r in rows]
         result["instr_us"][path] = [sum(r[1].values()) for r in rows]
         result["by_kernel"][path] = [r[1] for r in rows]
-    # captured: the grouped_mm block as a graph replay, which runs its digests at every replay
+    # captured: the grouped_mm block as a graph replay, which runs its digests at its digesting replays
     model.set_experts_implementation("grouped_mm")
     replays = [demo_profile.replay_profile(torch, block, x[:, :t].contiguous()) for t in tokens]
     result["replay_us"] = [r[0] for r in replays]

@@ -37,8 +37,8 @@ typedef struct {
   unsigned long long shadow, probe;
 } seen_count;
 
-static double rate_shadow, rate_probe, rate_digest;
-static uint64_t period_shadow, period_probe, digest_threshold;
+static double rate_shadow, rate_probe, rate_digest, rate_replays;
+static uint64_t period_shadow, period_probe, period_replays, digest_threshold;
 static int digest_all, enabled;
 static seen_count seen[MT_SPEC_MAX_ROUTES]; /* the sampling counters, under mt_iw_lock */
 
@@ -71,6 +71,8 @@ void mt_instr_init(const mt_spec *s, const mt_params *p) {
   rate_shadow = p->shadow;
   rate_probe = p->probe;
   rate_digest = p->digest;
+  rate_replays = p->digest_replays;
+  period_replays = period_of(rate_replays);
   size_t scratch_limit = (size_t)p->instr_mb << 20;
   period_shadow = period_of(rate_shadow);
   period_probe = period_of(rate_probe);
@@ -79,7 +81,8 @@ void mt_instr_init(const mt_spec *s, const mt_params *p) {
   mt_iw_configure(&(mt_iw_config){.spec = s,
                                   .nslots = (int)p->instr_slots,
                                   .scratch_bytes = scratch_limit,
-                                  .rates = {rate_shadow, rate_probe, rate_digest}});
+                                  .rates = {rate_shadow, rate_probe, rate_digest},
+                                  .replay_rate = rate_replays});
   digest_all = rate_digest >= 1.0;
   digest_threshold = rate_digest > 0 && !digest_all ? (uint64_t)ldexp(rate_digest, 64) : 0;
   enabled = stats_on && (period_shadow || period_probe || rate_digest > 0);
@@ -89,9 +92,9 @@ void mt_instr_init(const mt_spec *s, const mt_params *p) {
     MT_WARN("MINITE_SHADOW, MINITE_PROBE and MINITE_DIGEST write to the statistics file: set "
             "MINITE_STATS=PATH to get them");
   if (enabled)
-    MT_INFO("instruments: shadow %g of calls, probe %g of calls with M > 1, digests %g of rows; "
-            "scratch %zu MiB per GPU",
-            rate_shadow, rate_probe, rate_digest, scratch_limit >> 20);
+    MT_INFO("instruments: shadow %g of calls, probe %g of calls with M > 1, digests %g of rows "
+            "(%g of a captured call's replays); scratch %zu MiB per GPU",
+            rate_shadow, rate_probe, rate_digest, rate_replays, scratch_limit >> 20);
 }
 
 int mt_instr_enabled(void) { return enabled; }
@@ -354,22 +357,31 @@ static uint64_t digest_threshold_of(int m) {
   return cut < (double)digest_threshold ? (uint64_t)cut : digest_threshold;
 }
 
+/* A captured call's replay count on the device, which gates its digests to one replay in
+ * period_replays (kernels/instr.h); NULL where every use digests. */
+static uint32_t *replay_tick(const mt_iw_slot *s) {
+  return s->captured && period_replays > 1 ? (uint32_t *)(s->dev + MT_IW_TICK_OFFSET) : NULL;
+}
+
 /* The digest's arguments for slot s (its rows after the slot's header). */
 static void digest_args(const mt_instr_call *ic, mt_iw_slot *s, mt_instr_digest_args *da) {
-  *da = (mt_instr_digest_args){.x = ic->x,
-                               .y = ic->y,
-                               .ldx = (int64_t)ic->ldx,
-                               .ldy = (int64_t)ic->ldy,
-                               .m = ic->m,
-                               .n = ic->n,
-                               .k = ic->k,
-                               .xtype = ic->xtype,
-                               .ytype = ic->ytype,
-                               .all = digest_all,
-                               .threshold = digest_threshold_of(ic->m),
-                               .hdr = (mt_instr_header *)s->dev,
-                               .rows = (mt_instr_row *)(s->dev + sizeof(mt_instr_header)),
-                               .cap = MT_IW_ROWS};
+  *da = (mt_instr_digest_args){
+      .x = ic->x,
+      .y = ic->y,
+      .ldx = (int64_t)ic->ldx,
+      .ldy = (int64_t)ic->ldy,
+      .m = ic->m,
+      .n = ic->n,
+      .k = ic->k,
+      .xtype = ic->xtype,
+      .ytype = ic->ytype,
+      .all = digest_all,
+      .threshold = digest_threshold_of(ic->m),
+      .hdr = (mt_instr_header *)s->dev,
+      .rows = (mt_instr_row *)(s->dev + sizeof(mt_instr_header)),
+      .cap = MT_IW_ROWS,
+      .every = (uint32_t)(period_replays < UINT32_MAX ? period_replays : UINT32_MAX),
+      .tick = replay_tick(s)};
   const mt_grouped_args *g = ic->grouped;
   if (!g)
     return;
@@ -474,7 +486,8 @@ static void finish_args(const mt_instr_call *ic, mt_iw_slot *s, int kinds,
                              .flag = (uint32_t *)s->flag_dev,
                              .cap = MT_IW_ROWS,
                              .seq = s->seq,
-                             .empty_ok = kinds == MT_IW_DIGEST};
+                             .empty_ok = kinds == MT_IW_DIGEST,
+                             .tick = digest_on ? replay_tick(s) : NULL};
 }
 
 /* The call's last launches: the digest, when on, then the finish (the publication). A digest that
@@ -583,11 +596,17 @@ static int choose(const mt_instr_call *ic, const mt_driver *d, const mt_instr_dr
     kinds &= ~MT_IW_PROBE;
   }
   *capturing = kinds && (ic->capturing || stream_capturing(d, (mt_stream)ic->call->stream));
-  /* captured: the digests run in the graph at each replay; the probe and the shadow rerun the call
-   * from the host's side, and the pool is set up (allocated) by an uncaptured call only */
+  /* captured: the digests run in the graph (at one replay in period_replays); the probe and the
+   * shadow rerun the call from the host's side, and the pool is set up (allocated) by an uncaptured
+   * call only */
   if (*capturing && (kinds & ~MT_IW_DIGEST)) {
     mt_iw_count_skips(kinds & ~MT_IW_DIGEST, MT_IW_CAPTURE);
     kinds &= MT_IW_DIGEST;
+  }
+  /* MINITE_DIGEST_REPLAYS=0: no replay digests */
+  if (*capturing && (kinds & MT_IW_DIGEST) && !period_replays) {
+    mt_iw_count_skips(MT_IW_DIGEST, MT_IW_CAPTURE);
+    kinds = 0;
   }
   if (kinds && *capturing && !(*c = mt_iw_context_ready())) {
     mt_iw_count_skips(kinds, MT_IW_CAPTURE);

@@ -23,9 +23,10 @@
  * flag alone); one background thread per process polls the flags (plain host reads, no CUDA call:
  * shim/instr_writer.h) and writes the records. Slots are a fixed pool: a call that finds none free
  * is not instrumented and counted as dropped. A call captured in a CUDA graph keeps its slot and
- * digests at every replay; its probe and shadow, which rerun it from the host, are skipped
- * (`capture`), and so is everything before an uncaptured call has set up the pool. At exit, what
- * completes within 2 s is written; the rest is counted as dropped.
+ * digests at one replay in ceil(1 / MINITE_DIGEST_REPLAYS) (none at 0); its probe and shadow,
+ * which rerun it from the host, are skipped (`capture`), and so is everything before an
+ * uncaptured call has set up the pool. At exit, what completes within 2 s is written; the rest is
+ * counted as dropped.
  */
 #ifndef MT_INSTR_SHIM_H
 #define MT_INSTR_SHIM_H

@@ -561,10 +561,10 @@ void mt_iw_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
   }
   snprintf(b, sizeof b,
            "\"slots\": %d, \"dropped_calls\": %llu, \"device_bytes\": %zu, "
-           "\"host_bytes\": %zu, \"captured\": {\"calls\": %d, \"replays\": %llu, "
-           "\"missed\": %llu}, \"routes\": {",
-           cfg.nslots, dropped_slots, device_bytes, host_bytes, captured_slots, replays_read,
-           replays_missed);
+           "\"host_bytes\": %zu, \"captured\": {\"calls\": %d, \"replay_rate\": %.9g, "
+           "\"replays\": %llu, \"missed\": %llu}, \"routes\": {",
+           cfg.nslots, dropped_slots, device_bytes, host_bytes, captured_slots, cfg.replay_rate,
+           replays_read, replays_missed);
   emit(ctx, b);
   int first = 1;
   for (int i = 0; i < cfg.spec->nroutes; i++) {

@@ -26,7 +26,10 @@
 #include "spec/spec.h"
 
 #define MT_IW_ROWS 128 /* digested rows kept per call; more are counted as dropped */
-#define MT_IW_SLOT_BYTES (sizeof(mt_instr_header) + MT_IW_ROWS * sizeof(mt_instr_row))
+/* A slot's block: the header, the rows, then (16 bytes) a captured call's replay count
+ * (mt_instr_digest_args.tick), which the host never copies */
+#define MT_IW_TICK_OFFSET (sizeof(mt_instr_header) + MT_IW_ROWS * sizeof(mt_instr_row))
+#define MT_IW_SLOT_BYTES (MT_IW_TICK_OFFSET + 16)
 
 /* The instruments, as bits of a call's `kinds`. */
 enum { MT_IW_SHADOW = 1, MT_IW_PROBE = 2, MT_IW_DIGEST = 4 };
@@ -44,7 +47,7 @@ enum mt_iw_skip {
   MT_IW_SKIP_COUNT
 };
 
-/* CAPTURED: taken by a call captured in a CUDA graph, whose every replay publishes into it (its
+/* CAPTURED: taken by a call captured in a CUDA graph, whose digesting replays publish into it (its
  * flag a seqlock: kernels/instr.h, mt_instr_finish_args.seq); the writer reads each replay's block
  * it finds whole and keeps the slot for the graph's life, which the shim cannot see end. */
 enum mt_iw_state { MT_IW_FREE, MT_IW_TAKEN, MT_IW_FLIGHT, MT_IW_LOST, MT_IW_CAPTURED };
@@ -91,6 +94,7 @@ typedef struct {
   int nslots;           /* per context: calls whose results may be in flight at once */
   size_t scratch_bytes; /* per context, after the slots' blocks */
   double rates[3];      /* shadow, probe, digest: for the summary */
+  double replay_rate;   /* of a captured call's replays, the share that digest */
 } mt_iw_config;
 
 void mt_iw_configure(const mt_iw_config *cfg);

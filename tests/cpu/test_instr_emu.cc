@@ -4,7 +4,7 @@
 // row's row hash, output hash and segment bit for bit, its sketch within FP32 summation error, the
 // count of rows chosen, the rows past the block's room dropped; the finish's weight sums and its
 // publication (the block copied, the flag last; an empty call's flag alone); the shadow's sums
-// and the probe's counts. What the GPU adds
+// and the probe's counts; a captured call's replays, one in `every` digesting. What the GPU adds
 // (timing, its memory model) only tests/gpu/test_instruments.py sees.
 #include "tests/cpu/cuda_emu.h"
 
@@ -300,6 +300,43 @@ void probe_rows() {
          w.probe_differing, g.probe_outside, w.probe_outside, g.probe_max_bits, w.probe_max_bits);
 }
 
+// A captured call's replays (seq 0): one in `every` digests, by the count its finish raises at the
+// end of each replay; a replay that digests publishes under the flag's seqlock, one that does not
+// publishes nothing.
+void captured_replays_gated() {
+  std::mt19937 rng(9);
+  const int m = 24, n = 256, k = 512;
+  auto x = matrix(rng, m, k, k), y = matrix(rng, m, n, n);
+  block dev(kCap), host(kCap);
+  uint32_t tick = 7, flag = 0, published = 0;
+  for (int replay = 0; replay < 8; replay++) {
+    mt_instr_digest_args a = digest_args(x, y, m, n, k, k, n, 1);
+    a.hdr = dev.hdr(), a.rows = dev.rows(), a.tick = &tick, a.every = 4;
+    const bool due = tick % 4 == 0;
+    emu::launch(mt_instr_digest_grid(&a), kThreads, [&a] { mt_instr_digest(a); });
+    CHECKF(dev.hdr()->selected == (due ? (unsigned)m : 0u), "tick %u: %u rows chosen", tick,
+           dev.hdr()->selected);
+    mt_instr_finish_args f{};
+    f.n = n, f.k = k, f.hdr = dev.hdr(), f.dst = host.mem.data(), f.flag = &flag, f.cap = kCap;
+    f.seq = 0, f.empty_ok = 1, f.tick = &tick;
+    f.w = x.data(), f.ldw = k; // any weight: a frozen sum below, nothing read
+    const uint64_t frozen = 0x77;
+    f.frozen_sum = &frozen;
+    const uint32_t before = tick, flag_before = flag;
+    emu::launch(mt_instr_finish_grid(&f), kThreads, [&f] { mt_instr_finish(f); });
+    CHECKF(tick == before + 1, "the finish raised the count %u to %u", before, tick);
+    if (due) {
+      published++;
+      CHECKF(flag % 2 == 0 && flag > flag_before && host.hdr()->selected == (unsigned)m &&
+                 host.hdr()->wsum == 0x77,
+             "a digesting replay's publication: flag %u after %u", flag, flag_before);
+    } else {
+      CHECKF(flag == flag_before, "a replay with nothing chosen wrote the flag %u", flag);
+    }
+  }
+  CHECKF(published == 2, "%u of 8 replays digested, want 2", published);
+}
+
 } // namespace
 
 int main() {
@@ -311,5 +348,6 @@ int main() {
   RUN(finish_weight_sums);
   RUN(shadow_sums);
   RUN(probe_rows);
+  RUN(captured_replays_gated);
   return mt_test_done();
 }

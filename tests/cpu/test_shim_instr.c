@@ -6,10 +6,11 @@
  * In-process: the rate parser; the host twin of the digest math (mix64, signs, sketch) against
  * the Python reference in tools/minite-compare.
  * Children (`test_shim_instr child SCENARIO BUILD`, each under LD_PRELOAD): the launch sequence
- * after a routed GEMM, the per-route sampling, capture (digests at each replay, the rest skipped, nothing allocated or read back),
- * the bounded slots (drops counted, never a wait), event queries only on the writer thread and no
- * synchronisation, spec bf16 (shadow exactly 0, probe 0 differing), and records that
- * tools/minite-compare reads and joins across two processes with different batchings.
+ * after a routed GEMM, the per-route sampling, capture (digests at each replay or one in R, or
+ * none; the rest skipped, nothing allocated or read back), the bounded slots (drops counted, never
+ * a wait), event queries only on the writer thread and no synchronisation, spec bf16 (shadow
+ * exactly 0, probe 0 differing), and records that tools/minite-compare reads and joins across two
+ * processes with different batchings.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -427,6 +428,23 @@ static void scenario_capture(void) {
   unmake(&p);
 }
 
+/* MINITE_DIGEST_REPLAYS=0: a call being captured gets no digest (nor anything else): no slot, no
+ * launch of the instruments in the graph; the uncaptured call after it digests as before. */
+static void scenario_capture_off(void) {
+  problem p = make(OUT, 8);
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  set_capturing(S1, 1);
+  int t = now();
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  CHECK_TRACE(t, "alloc_async gemm free_async");
+  set_capturing(S1, 0);
+  t = now();
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  CHECK(find_launch(t, "mt_instr_digest", 0) >= 0);
+  check_clean();
+  unmake(&p);
+}
+
 /* Bounded: with every publication held "in flight", calls past the pool's slots are not instrumented
  * (dropped and counted) and never wait; a call of more rows than a slot keeps drops the rest;
  * released events drain; held ones at exit are counted after the drain's time limit. */
@@ -682,6 +700,7 @@ static const mt_t_scenario scenarios[] = {
     {"lead", scenario_lead},
     {"nested", scenario_nested},
     {"capture", scenario_capture},
+    {"capture_off", scenario_capture_off},
     {"bounded", scenario_bounded},
     {"join", scenario_join},
 };
@@ -899,10 +918,11 @@ static void sampling_is_per_route_and_deterministic(void) {
   mt_t_child_free(&r);
 }
 
-/* A captured call's digests come from every replay the writer finds whole; the ones a later replay
- * overwrote first are counted missed: read + missed = the replays (the capture's own run and 3). */
+/* MINITE_DIGEST_REPLAYS=1: a captured call's digests come from every replay the writer finds
+ * whole; the ones a later replay overwrote first are counted missed: read + missed = the replays
+ * (the capture's own run and 3). */
 static void captured_calls_digest_at_each_replay(void) {
-  const char *env[] = {"MINITE_DIGEST=1", "MINITE_PROBE=1", NULL};
+  const char *env[] = {"MINITE_DIGEST=1", "MINITE_PROBE=1", "MINITE_DIGEST_REPLAYS=1", NULL};
   mt_t_child r;
   mt_t_run_child("capture", "capture", env, &r);
   mt_t_check_child("capture", &r);
@@ -915,6 +935,39 @@ static void captured_calls_digest_at_each_replay(void) {
              read + missed == 4,
          "captured %ld read, %ld missed: %s", read, missed, r.summary ? r.summary : "");
   CHECK(mt_t_count_of(r.stats, "\"event\": \"digest\"") == 8 * (2 + read));
+  mt_t_child_free(&r);
+}
+
+/* MINITE_DIGEST_REPLAYS=1/2 and 1/4: one replay in 2 or 4 digests, whatever count the replays
+ * start from (the device memory's), so of the capture's run and 3 replays exactly 2 or 1; the
+ * others choose no row and publish nothing (read + missed counts the digesting ones). */
+static void captured_calls_digest_one_replay_in_r(void) {
+  for (int every = 2; every <= 4; every += 2) {
+    char rate[40];
+    snprintf(rate, sizeof rate, "MINITE_DIGEST_REPLAYS=1/%d", every);
+    const char *env[] = {"MINITE_DIGEST=1", "MINITE_PROBE=1", rate, NULL};
+    mt_t_child r;
+    mt_t_run_child("capture", every == 2 ? "capture-half" : "capture-quarter", env, &r);
+    mt_t_check_child("capture", &r);
+    long read = mt_t_json_int_in(r.summary, "\"captured\": {", "replays");
+    long missed = mt_t_json_int_in(r.summary, "\"captured\": {", "missed");
+    CHECKF(read >= 1 && read + missed == 4 / every, "1/%d: %ld read, %ld missed: %s", every, read,
+           missed, r.summary ? r.summary : "");
+    CHECK(mt_t_count_of(r.stats, "\"event\": \"digest\"") == 8 * (2 + read));
+    mt_t_child_free(&r);
+  }
+}
+
+/* MINITE_DIGEST_REPLAYS=0: captured calls are not digested (skipped as `capture`). */
+static void captured_calls_without_replay_digests(void) {
+  const char *env[] = {"MINITE_DIGEST=1", "MINITE_DIGEST_REPLAYS=0", NULL};
+  mt_t_child r;
+  mt_t_run_child("capture_off", "capture-off", env, &r);
+  mt_t_check_child("capture_off", &r);
+  CHECKF(mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "capture") == 1 &&
+             mt_t_json_int_in(r.summary, "\"captured\": {", "calls") == 0,
+         "%s", r.summary ? r.summary : "");
+  CHECK(mt_t_count_of(r.stats, "\"event\": \"digest\"") == 8 * 2);
   mt_t_child_free(&r);
 }
 
@@ -1056,6 +1109,8 @@ static void tests(void) {
   RUN(sampling_is_per_route_and_deterministic);
   RUN(probe_on_a_kept_weight);
   RUN(captured_calls_digest_at_each_replay);
+  RUN(captured_calls_digest_one_replay_in_r);
+  RUN(captured_calls_without_replay_digests);
   RUN(captured_replays_without_rows_publish_nothing);
   RUN(bounded_slots_drop_and_count);
   RUN(scratch_busy_on_another_stream);

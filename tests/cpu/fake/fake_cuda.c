@@ -623,6 +623,8 @@ static void instr_finish(const mt_instr_finish_args *a) {
   if (captured) {
     if (!empty)
       __atomic_store_n(a->flag, 2 * count + 2, __ATOMIC_RELEASE);
+    if (a->tick)
+      ++*a->tick;
     return;
   }
   const uint32_t seq = empty ? a->seq | MT_INSTR_EMPTY : a->seq;
