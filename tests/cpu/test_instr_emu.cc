@@ -54,12 +54,19 @@ block twin(mt_instr_digest_args a) {
   return b;
 }
 
+// The digest of `a` into dev's block, and a finish, on the emulator with kernels/instr.c's grids.
+void run_digest(mt_instr_digest_args a, block &dev) {
+  a.hdr = dev.hdr(), a.rows = dev.rows();
+  emu::launch(mt_instr_digest_grid(&a), kThreads, [&a] { mt_instr_digest(a); });
+}
+void run_finish(const mt_instr_finish_args &f) {
+  emu::launch(mt_instr_finish_grid(&f), kThreads, [&f] { mt_instr_finish(f); });
+}
+
 // One call's digest on the emulator against the twin; `what` names the case in failures.
 void check_digest(const char *what, mt_instr_digest_args a) {
   block b(a.cap);
-  a.hdr = b.hdr();
-  a.rows = b.rows();
-  emu::launch(mt_instr_digest_grid(&a), kThreads, [&a] { mt_instr_digest(a); });
+  run_digest(a, b);
   block want = twin(a);
   const unsigned chosen = want.hdr()->selected;
   CHECKF(b.hdr()->selected == chosen, "%s: %u rows chosen, the twin %u", what, b.hdr()->selected,
@@ -158,15 +165,14 @@ void finish_publishes() {
   mt_instr_digest_args a = digest_args(x, y, m, n, k, k, n, 1);
   a.offs = offs.data(), a.nseg = 3;
   block dev(a.cap), host(a.cap);
-  a.hdr = dev.hdr(), a.rows = dev.rows();
-  emu::launch(mt_instr_digest_grid(&a), kThreads, [&a] { mt_instr_digest(a); });
+  run_digest(a, dev);
   const uint64_t frozen[3] = {0x1111, 0x2222, 0x3333};
   uint32_t flag = 0;
   mt_instr_finish_args f{};
   f.w = x.data(), f.ldw = k, f.w_stride = 1, f.grouped = 1, f.frozen_sum = frozen;
   f.frozen_stride = 1, f.n = n, f.k = k, f.hdr = dev.hdr(), f.dst = host.mem.data();
   f.flag = &flag, f.cap = a.cap, f.seq = 7;
-  emu::launch(mt_instr_finish_grid(&f), kThreads, [&f] { mt_instr_finish(f); });
+  run_finish(f);
   CHECKF(flag == 7, "flag %#x, want 7", flag);
   const mt_instr_header *h = host.hdr();
   CHECKF(h->selected == 64, "published %u rows chosen, want 64", h->selected);
@@ -182,8 +188,7 @@ void finish_publishes() {
 
   std::vector<uint16_t> none_x = matrix(rng, 4, k, k);
   a = digest_args(none_x, y, 4, n, k, k, n, 1 << 30); // 4 rows at 2^-30: none chosen
-  a.hdr = dev.hdr(), a.rows = dev.rows();
-  emu::launch(mt_instr_digest_grid(&a), kThreads, [&a] { mt_instr_digest(a); });
+  run_digest(a, dev);
   std::fill(host.mem.begin(), host.mem.end(), 0xAB);
   f.seq = 8, f.empty_ok = 1;
   emu::launch(2, kThreads, [&f] { mt_instr_finish(f); }); // a grid of several: CTA 0 alone
@@ -203,14 +208,13 @@ void finish_weight_sums() {
   for (int in_out = 0; in_out < 2; in_out++) {
     mt_instr_digest_args a = digest_args(x, y, m, n, k, k, n, 1);
     block dev(a.cap), host(a.cap);
-    a.hdr = dev.hdr(), a.rows = dev.rows();
-    emu::launch(mt_instr_digest_grid(&a), kThreads, [&a] { mt_instr_digest(a); });
+    run_digest(a, dev);
     uint32_t flag = 0;
     mt_instr_finish_args f{};
     f.w = in_out ? w_t.data() : w.data(), f.ldw = in_out ? n : k, f.in_out = in_out;
     f.bias = bias.data(), f.bias_bytes = 2 * n, f.n = n, f.k = k, f.hdr = dev.hdr();
     f.dst = host.mem.data(), f.flag = &flag, f.cap = a.cap, f.seq = 3;
-    emu::launch(mt_instr_finish_grid(&f), kThreads, [&f] { mt_instr_finish(f); });
+    run_finish(f);
     const uint64_t want = mt_instr_weight_sum_of((const uint16_t *)f.w, f.ldw, n, k, in_out);
     CHECKF(mt_instr_finish_grid(&f) > 1 && host.hdr()->wsum == want && flag == 3,
            "%s: %u CTAs, weight sum %#llx, want %#llx", in_out ? "[in, out]" : "[out, in]",
@@ -225,13 +229,12 @@ void finish_weight_sums() {
   mt_instr_digest_args a = digest_args(x, y, m, n, k, k, n, 1);
   a.offs = offs.data(), a.nseg = 3;
   block dev(a.cap), host(a.cap);
-  a.hdr = dev.hdr(), a.rows = dev.rows();
-  emu::launch(mt_instr_digest_grid(&a), kThreads, [&a] { mt_instr_digest(a); });
+  run_digest(a, dev);
   uint32_t flag = 0;
   mt_instr_finish_args f{};
   f.w = ws.data(), f.ldw = k, f.w_stride = (int64_t)n * k, f.grouped = 1, f.n = n, f.k = k;
   f.hdr = dev.hdr(), f.dst = host.mem.data(), f.flag = &flag, f.cap = a.cap, f.seq = 4;
-  emu::launch(mt_instr_finish_grid(&f), kThreads, [&f] { mt_instr_finish(f); });
+  run_finish(f);
   uint64_t want[3], got[3] = {0, 0, 0};
   for (int s = 0; s < 3; s++)
     want[s] = mt_instr_weight_sum_of(ws.data() + (size_t)s * n * k, k, n, k, 0);
@@ -311,9 +314,9 @@ void captured_replays_gated() {
   uint32_t tick = 7, flag = 0, published = 0;
   for (int replay = 0; replay < 8; replay++) {
     mt_instr_digest_args a = digest_args(x, y, m, n, k, k, n, 1);
-    a.hdr = dev.hdr(), a.rows = dev.rows(), a.tick = &tick, a.every = 4;
+    a.tick = &tick, a.every = 4;
     const bool due = tick % 4 == 0;
-    emu::launch(mt_instr_digest_grid(&a), kThreads, [&a] { mt_instr_digest(a); });
+    run_digest(a, dev);
     CHECKF(dev.hdr()->selected == (due ? (unsigned)m : 0u), "tick %u: %u rows chosen", tick,
            dev.hdr()->selected);
     mt_instr_finish_args f{};
@@ -323,7 +326,7 @@ void captured_replays_gated() {
     const uint64_t frozen = 0x77;
     f.frozen_sum = &frozen;
     const uint32_t before = tick, flag_before = flag;
-    emu::launch(mt_instr_finish_grid(&f), kThreads, [&f] { mt_instr_finish(f); });
+    run_finish(f);
     CHECKF(tick == before + 1, "the finish raised the count %u to %u", before, tick);
     if (due) {
       published++;
