@@ -279,9 +279,9 @@ __device__ void reset_header(mt_instr_header *hdr, uint32_t replays) {
 }
 
 // The publication of a call that chose no row and has nothing else to report: the flag alone,
-// marked empty, or for a captured call's replay nothing but its replay count. Only CTA 0 of a finish runs it (a call
-// that digested no row never counts its CTAs in `finished`), and it left the header as the last
-// use did, zeroed: nothing to order before the flag.
+// marked empty, or for a captured call's replay nothing but its replay count. Only CTA 0 of a
+// finish runs it (a call that digested no row never counts its CTAs in `finished`), and it left
+// the header as the last use did, zeroed: nothing to order before the flag.
 __device__ void publish_empty(const mt_instr_finish_args &a) {
   if (a.seq != 0 && threadIdx.x == 0)
     *(volatile uint32_t *)a.flag = a.seq | MT_INSTR_EMPTY;

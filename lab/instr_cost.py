@@ -70,7 +70,7 @@ def child(out, tokens):
         result["us"][path] = [r[0] for r in rows]
         result["instr_us"][path] = [sum(r[1].values()) for r in rows]
         result["by_kernel"][path] = [r[1] for r in rows]
-    # captured: the grouped_mm block as a graph replay, which runs its digests at its digesting replays
+    # captured: the grouped_mm block as a graph replay (its digests at its digesting replays)
     model.set_experts_implementation("grouped_mm")
     replays = [demo_profile.replay_profile(torch, block, x[:, :t].contiguous()) for t in tokens]
     result["replay_us"] = [r[0] for r in replays]
