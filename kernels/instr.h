@@ -444,8 +444,9 @@ static inline void mt_instr_probe_host(const mt_instr_probe_args *a) {
     for (int j = 0; j < a->n; j++)
       if (in[j] != alone[j]) {
         differ = 1;
-        mx = mt_instr_max_host(mx, fabsf(mt_instr_half_to_float(in[j], a->type) -
-                                         mt_instr_half_to_float(alone[j], a->type)));
+        const float d = fabsf(mt_instr_half_to_float(in[j], a->type) -
+                              mt_instr_half_to_float(alone[j], a->type));
+        mx = mt_instr_max_host(mx, d != d ? INFINITY : d); /* NaN against a number: Inf */
       }
     a->hdr->probe_differing += (unsigned)differ;
   }

@@ -274,8 +274,9 @@ void shadow_sums() {
          "sums %.17g %.17g, twin %.17g %.17g", g.shadow_d2, g.shadow_r2, w.shadow_d2, w.shadow_r2);
 }
 
-// The probe: rows recomputed alone against their in-batch rows, one differing in one element and
-// one beyond the last segment's end (not compared, counted outside).
+// The probe: rows recomputed alone against their in-batch rows, one differing in one element, one
+// in a NaN (its difference Inf), one beyond the last segment's end (not compared, counted
+// outside).
 void probe_rows() {
   std::mt19937 rng(8);
   const int n = 700, ld_alone = 704;
@@ -284,8 +285,9 @@ void probe_rows() {
   const int32_t rows[MT_INSTR_PROBE_ROWS] = {0, 13, 26, 39};
   for (int p = 0; p < MT_INSTR_PROBE_ROWS; p++)
     std::memcpy(&alone[(size_t)p * ld_alone], &y[(size_t)rows[p] * n], 2 * (size_t)n);
-  alone[ld_alone + 321] ^= 0x0040;      // row 13 differs in one element
-  std::vector<int32_t> offs = {20, 30}; // row 39 lies past the last segment
+  alone[ld_alone + 321] ^= 0x0040;          // row 13 differs in one element
+  alone[2 * (size_t)ld_alone + 5] = 0x7fc0; // row 26 in a NaN against a number
+  std::vector<int32_t> offs = {20, 30};     // row 39 lies past the last segment
   mt_instr_probe_args a{};
   a.y = y.data(), a.alone = alone.data(), a.nrows = MT_INSTR_PROBE_ROWS, a.n = n;
   a.ld_alone = ld_alone, a.offs = offs.data(), a.nseg = 2;
@@ -297,8 +299,9 @@ void probe_rows() {
   a.hdr = want.hdr();
   mt_instr_probe_host(&a);
   const mt_instr_header &g = *got.hdr(), &w = *want.hdr();
-  CHECKF(g.probe_differing == 1 && w.probe_differing == 1 && g.probe_outside == 1 &&
-             w.probe_outside == 1 && g.probe_max_bits == w.probe_max_bits && g.probe_max_bits,
+  CHECKF(g.probe_differing == 2 && w.probe_differing == 2 && g.probe_outside == 1 &&
+             w.probe_outside == 1 && g.probe_max_bits == w.probe_max_bits &&
+             g.probe_max_bits == 0x7f800000u, // Inf: NaN against a number
          "differing %u (twin %u), outside %u (twin %u), max %#x (twin %#x)", g.probe_differing,
          w.probe_differing, g.probe_outside, w.probe_outside, g.probe_max_bits, w.probe_max_bits);
 }
