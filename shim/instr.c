@@ -38,7 +38,8 @@ typedef struct {
 } seen_count;
 
 static double rate_shadow, rate_probe, rate_digest, rate_replays;
-static uint64_t period_shadow, period_probe, period_replays, digest_threshold;
+static uint64_t period_shadow, period_probe, digest_threshold;
+static uint32_t replay_every; /* a captured call digests one replay in this many; 0: none */
 static int digest_all, enabled;
 static seen_count seen[MT_SPEC_MAX_ROUTES]; /* the sampling counters, under mt_iw_lock */
 
@@ -72,7 +73,8 @@ void mt_instr_init(const mt_spec *s, const mt_params *p) {
   rate_probe = p->probe;
   rate_digest = p->digest;
   rate_replays = p->digest_replays;
-  period_replays = period_of(rate_replays);
+  const uint64_t replay_period = period_of(rate_replays);
+  replay_every = replay_period < UINT32_MAX ? (uint32_t)replay_period : UINT32_MAX;
   size_t scratch_limit = (size_t)p->instr_mb << 20;
   period_shadow = period_of(rate_shadow);
   period_probe = period_of(rate_probe);
@@ -358,30 +360,29 @@ static uint64_t digest_threshold_of(int m) {
 }
 
 /* A captured call's replay count on the device, which gates its digests to one replay in
- * period_replays (kernels/instr.h); NULL where every use digests. */
+ * replay_every (kernels/instr.h); NULL where every use digests. */
 static uint32_t *replay_tick(const mt_iw_slot *s) {
-  return s->captured && period_replays > 1 ? (uint32_t *)(s->dev + MT_IW_TICK_OFFSET) : NULL;
+  return s->captured && replay_every > 1 ? (uint32_t *)(s->dev + MT_IW_TICK_OFFSET) : NULL;
 }
 
 /* The digest's arguments for slot s (its rows after the slot's header). */
 static void digest_args(const mt_instr_call *ic, mt_iw_slot *s, mt_instr_digest_args *da) {
-  *da = (mt_instr_digest_args){
-      .x = ic->x,
-      .y = ic->y,
-      .ldx = (int64_t)ic->ldx,
-      .ldy = (int64_t)ic->ldy,
-      .m = ic->m,
-      .n = ic->n,
-      .k = ic->k,
-      .xtype = ic->xtype,
-      .ytype = ic->ytype,
-      .all = digest_all,
-      .threshold = digest_threshold_of(ic->m),
-      .hdr = (mt_instr_header *)s->dev,
-      .rows = (mt_instr_row *)(s->dev + sizeof(mt_instr_header)),
-      .cap = MT_IW_ROWS,
-      .every = (uint32_t)(period_replays < UINT32_MAX ? period_replays : UINT32_MAX),
-      .tick = replay_tick(s)};
+  *da = (mt_instr_digest_args){.x = ic->x,
+                               .y = ic->y,
+                               .ldx = (int64_t)ic->ldx,
+                               .ldy = (int64_t)ic->ldy,
+                               .m = ic->m,
+                               .n = ic->n,
+                               .k = ic->k,
+                               .xtype = ic->xtype,
+                               .ytype = ic->ytype,
+                               .all = digest_all,
+                               .threshold = digest_threshold_of(ic->m),
+                               .hdr = (mt_instr_header *)s->dev,
+                               .rows = (mt_instr_row *)(s->dev + sizeof(mt_instr_header)),
+                               .cap = MT_IW_ROWS,
+                               .every = replay_every,
+                               .tick = replay_tick(s)};
   const mt_grouped_args *g = ic->grouped;
   if (!g)
     return;
@@ -596,17 +597,13 @@ static int choose(const mt_instr_call *ic, const mt_driver *d, const mt_instr_dr
     kinds &= ~MT_IW_PROBE;
   }
   *capturing = kinds && (ic->capturing || stream_capturing(d, (mt_stream)ic->call->stream));
-  /* captured: the digests run in the graph (at one replay in period_replays); the probe and the
-   * shadow rerun the call from the host's side, and the pool is set up (allocated) by an uncaptured
-   * call only */
-  if (*capturing && (kinds & ~MT_IW_DIGEST)) {
-    mt_iw_count_skips(kinds & ~MT_IW_DIGEST, MT_IW_CAPTURE);
-    kinds &= MT_IW_DIGEST;
-  }
-  /* MINITE_DIGEST_REPLAYS=0: no replay digests */
-  if (*capturing && (kinds & MT_IW_DIGEST) && !period_replays) {
-    mt_iw_count_skips(MT_IW_DIGEST, MT_IW_CAPTURE);
-    kinds = 0;
+  /* captured: the digests run in the graph (at one replay in replay_every; none when it is 0);
+   * the probe and the shadow rerun the call from the host's side, and the pool is set up
+   * (allocated) by an uncaptured call only */
+  const int uncapturable = *capturing ? kinds & ~(replay_every ? MT_IW_DIGEST : 0) : 0;
+  if (uncapturable) {
+    mt_iw_count_skips(uncapturable, MT_IW_CAPTURE);
+    kinds &= ~uncapturable;
   }
   if (kinds && *capturing && !(*c = mt_iw_context_ready())) {
     mt_iw_count_skips(kinds, MT_IW_CAPTURE);
