@@ -57,23 +57,23 @@ __device__ __forceinline__ uint4 piece_at(const uint16_t *row, int elems, int i)
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// content_sum of a row of `elems` 2-byte elements (16-byte aligned: the router's rule), this
-// lane's share; the last piece zero-padded. Whole pieces four at a time, loaded before any is
-// hashed: a warp a row with one load in flight a lane leaves DRAM's latency exposed.
-__device__ uint64_t row_sum_lane(const uint16_t *row, int elems, int lane) {
+// content_sum of a row of `elems` 2-byte elements (16-byte aligned: the router's rule), the share
+// of pieces first, first + stride, ...; the last piece zero-padded. Whole pieces four at a time,
+// loaded before any is hashed: one load in flight a thread leaves DRAM's latency exposed.
+__device__ uint64_t row_sum_part(const uint16_t *row, int elems, int first, int stride) {
   uint64_t h = 0;
   const int pieces = (elems + 7) / 8;
-  int i = lane;
-  for (; i + 96 < elems / 8; i += 128) {
+  int i = first;
+  for (; i + 3 * stride < elems / 8; i += 4 * stride) {
     uint4 v[4];
 #pragma unroll
     for (int u = 0; u < 4; u++)
-      v[u] = *(const uint4 *)(row + 8 * (i + 32 * u));
+      v[u] = *(const uint4 *)(row + 8 * (i + stride * u));
 #pragma unroll
     for (int u = 0; u < 4; u++)
-      h += piece_of(i + 32 * u, v[u]);
+      h += piece_of(i + stride * u, v[u]);
   }
-  for (; i < pieces; i += 32)
+  for (; i < pieces; i += stride)
     h += piece_of(i, piece_at(row, elems, i));
   return h;
 }
@@ -82,23 +82,23 @@ __device__ __forceinline__ float abs_diff(float a, float b) { return fabsf(a - b
 
 } // namespace
 
-// This lane's share of an output row's content sum and of its sketch's eight sums, from one pass
-// over the row (its pieces four at a time, as row_sum_lane): one hash an element gives its eight
-// signs. The sketch's FP32 order is the lane's pieces in turn, then the warp's tree.
-__device__ uint64_t out_pass_lane(const uint16_t *y, int n, int type, int lane,
+// A share of an output row's content sum and of its sketch's eight sums, from one pass over its
+// pieces first, first + stride, ... (four at a time, as row_sum_part): one hash an element gives
+// its eight signs. The sketch's FP32 order is the share's pieces in turn.
+__device__ uint64_t out_pass_part(const uint16_t *y, int n, int type, int first, int stride,
                                   float s[MT_INSTR_SKETCH]) {
   for (int i = 0; i < MT_INSTR_SKETCH; i++)
     s[i] = 0.0f;
   uint64_t h = 0;
   const int pieces = (n + 7) / 8;
-  for (int i0 = lane; i0 < pieces; i0 += 128) {
+  for (int i0 = first; i0 < pieces; i0 += 4 * stride) {
     uint4 v[4];
 #pragma unroll
     for (int u = 0; u < 4; u++)
-      v[u] = i0 + 32 * u < pieces ? piece_at(y, n, i0 + 32 * u) : make_uint4(0, 0, 0, 0);
+      v[u] = i0 + stride * u < pieces ? piece_at(y, n, i0 + stride * u) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < 4; u++) {
-      const int i = i0 + 32 * u;
+      const int i = i0 + stride * u;
       if (i >= pieces)
         continue;
       h += piece_of(i, v[u]);
@@ -118,43 +118,84 @@ __device__ uint64_t out_pass_lane(const uint16_t *y, int n, int type, int lane,
   return h;
 }
 
-// One row of a digest: chosen by its lead hash (kernels/instr.h), then its row hash, its output's
-// hash and sketch into the next kept row of the block.
-__device__ void digest_row(const mt_instr_digest_args &a, const int32_t *offs, int r, int lane) {
+// A digest CTA's rows that its leads chose and that got a slot, in the order they got it: the
+// CTA's warps then share each one's row and output passes (Nsight Compute: one warp's pass over a
+// chosen row, ~3,000 instructions in series, was the whole kernel's time).
+struct chosen_rows {
+  int n;
+  int r[MT_INSTR_DIGEST_WARPS], seg[MT_INSTR_DIGEST_WARPS];
+  unsigned slot[MT_INSTR_DIGEST_WARPS];
+  uint64_t lead[MT_INSTR_DIGEST_WARPS];
+  // each row's sums by part: part p is warp p's share of the pieces (i % 256 / 32 == p), summed
+  // in part order at the end, so that a row's sketch has the same bits however many rows its CTA
+  // chose
+  uint64_t x_sum[MT_INSTR_DIGEST_WARPS][MT_INSTR_DIGEST_WARPS];
+  uint64_t y_sum[MT_INSTR_DIGEST_WARPS][MT_INSTR_DIGEST_WARPS];
+  float sketch[MT_INSTR_DIGEST_WARPS][MT_INSTR_DIGEST_WARPS][MT_INSTR_SKETCH];
+};
+
+// Row r's lead, by one warp: when the rate picks it and the block has room, the row joins the list.
+__device__ void choose_row(const mt_instr_digest_args &a, const int32_t *offs, int r, int lane,
+                           chosen_rows *c) {
   const int32_t seg = mt_instr_segment(offs, a.nseg, a.seg_rows, r);
   if (seg < 0)
     return; // past the last segment's end: never written
   const uint16_t *x = (const uint16_t *)a.x + mt_instr_digest_x(&a, seg, r);
-  const uint64_t tag = mt_instr_tag((uint64_t)a.k, a.xtype);
   const uint64_t lead =
-      mt_instr_mix64(warp_sum(row_sum_lane(x, min(a.k, MT_INSTR_LEAD), lane)) ^ tag);
-  if (!a.all && lead >= a.threshold)
+      mt_instr_mix64(warp_sum(row_sum_part(x, min(a.k, MT_INSTR_LEAD), lane, 32)) ^
+                     mt_instr_tag((uint64_t)a.k, a.xtype));
+  if ((!a.all && lead >= a.threshold) || lane != 0)
     return;
-  const uint64_t row_hash =
-      a.k > MT_INSTR_LEAD ? mt_instr_mix64(warp_sum(row_sum_lane(x, a.k, lane)) ^ tag) : lead;
-  unsigned slot = 0;
-  if (lane == 0)
-    slot = atomicAdd(&a.hdr->selected, 1u);
-  slot = __shfl_sync(0xffffffffu, slot, 0);
+  const unsigned slot = atomicAdd(&a.hdr->selected, 1u);
   if ((int)slot >= a.cap)
     return; // counted by `selected`; the host reports the excess as dropped
-  const uint16_t *y = (const uint16_t *)a.y + mt_instr_digest_y(&a, seg, r);
+  const int j = atomicAdd(&c->n, 1);
+  c->r[j] = r;
+  c->seg[j] = seg;
+  c->slot[j] = slot;
+  c->lead[j] = lead;
+}
+
+// Warp `part`'s share of chosen row j: its pieces of the x row (when longer than its lead) and
+// of the output row.
+__device__ void digest_part(const mt_instr_digest_args &a, chosen_rows *c, int j, int part,
+                            int lane) {
+  const int t = part * 32 + lane, stride = 32 * MT_INSTR_DIGEST_WARPS;
+  const uint16_t *x = (const uint16_t *)a.x + mt_instr_digest_x(&a, c->seg[j], c->r[j]);
+  const uint16_t *y = (const uint16_t *)a.y + mt_instr_digest_y(&a, c->seg[j], c->r[j]);
+  const uint64_t hx = a.k > MT_INSTR_LEAD ? warp_sum(row_sum_part(x, a.k, t, stride)) : 0;
   float s[MT_INSTR_SKETCH];
-  const uint64_t out_hash = mt_instr_mix64(warp_sum(out_pass_lane(y, a.n, a.ytype, lane, s)) ^
-                                           mt_instr_tag((uint64_t)a.n, a.ytype));
-  const float scale = 1.0f / sqrtf((float)a.n);
-  mt_instr_row *out = a.rows + slot;
+  const uint64_t hy = warp_sum(out_pass_part(y, a.n, a.ytype, t, stride, s));
   for (int i = 0; i < MT_INSTR_SKETCH; i++) {
-    float t = warp_sumf(s[i]);
+    const float v = warp_sumf(s[i]);
     if (lane == 0)
-      out->sketch[i] = t * scale;
+      c->sketch[j][part][i] = v;
   }
   if (lane == 0) {
-    out->row_hash = row_hash;
-    out->out_hash = out_hash;
-    out->wsum = 0;
-    out->seg = seg;
+    c->x_sum[j][part] = hx;
+    c->y_sum[j][part] = hy;
   }
+}
+
+// Chosen row j's record from its parts, into its slot of the block.
+__device__ void write_row(const mt_instr_digest_args &a, const chosen_rows *c, int j) {
+  uint64_t hx = 0, hy = 0;
+  float s[MT_INSTR_SKETCH] = {};
+  for (int p = 0; p < MT_INSTR_DIGEST_WARPS; p++) {
+    hx += c->x_sum[j][p];
+    hy += c->y_sum[j][p];
+    for (int i = 0; i < MT_INSTR_SKETCH; i++)
+      s[i] += c->sketch[j][p][i];
+  }
+  mt_instr_row *out = a.rows + c->slot[j];
+  const float scale = 1.0f / sqrtf((float)a.n);
+  for (int i = 0; i < MT_INSTR_SKETCH; i++)
+    out->sketch[i] = s[i] * scale;
+  out->row_hash =
+      a.k > MT_INSTR_LEAD ? mt_instr_mix64(hx ^ mt_instr_tag((uint64_t)a.k, a.xtype)) : c->lead[j];
+  out->out_hash = mt_instr_mix64(hy ^ mt_instr_tag((uint64_t)a.n, a.ytype));
+  out->wsum = 0;
+  out->seg = c->seg[j];
 }
 
 // Line `line` of the [n][k] matrix that w holds stored [in][out] (element (r, c) at c * ldw + r):
@@ -392,10 +433,12 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
 
 static_assert(32 * MT_INSTR_DIGEST_WARPS == 256, "kernels/instr.c launches 256 threads a CTA");
 
-// A warp a row. A grouped call's offsets (up to MT_INSTR_SMEM_SEGS) are read into shared memory
-// once: each row's binary search over them in global memory was a chain of dependent loads.
+// A warp a row's lead; then the CTA's chosen rows, each one's passes shared by all its warps. A
+// grouped call's offsets (up to MT_INSTR_SMEM_SEGS) are read into shared memory once: each row's
+// binary search over them in global memory was a chain of dependent loads.
 extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr_digest_args a) {
   __shared__ int32_t offs[MT_INSTR_SMEM_SEGS];
+  __shared__ chosen_rows c;
   // a captured call's replays digest one in `every`: the others choose nothing, and their finish
   // publishes nothing
   if (a.tick && *(volatile const uint32_t *)a.tick % a.every)
@@ -404,12 +447,24 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr
   if (o && a.nseg <= MT_INSTR_SMEM_SEGS) {
     for (int i = threadIdx.x; i < a.nseg; i += blockDim.x)
       offs[i] = a.offs[i];
-    __syncthreads();
     o = offs;
   }
-  const int r = blockIdx.x * MT_INSTR_DIGEST_WARPS + threadIdx.x / 32;
+  if (threadIdx.x == 0)
+    c.n = 0;
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r = blockIdx.x * MT_INSTR_DIGEST_WARPS + warp;
   if (r < a.m)
-    digest_row(a, o, r, threadIdx.x % 32);
+    choose_row(a, o, r, lane, &c);
+  __syncthreads();
+  const int chosen = c.n;
+  if (chosen == 0)
+    return;
+  for (int j = 0; j < chosen; j++)
+    digest_part(a, &c, j, warp, lane);
+  __syncthreads();
+  if (warp < chosen && lane == 0)
+    write_row(a, &c, warp);
 }
 
 extern "C" __global__ void __launch_bounds__(256) mt_instr_shadow(const mt_instr_shadow_args a) {
