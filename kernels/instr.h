@@ -54,7 +54,7 @@
 #define MT_INSTR_PROBE_ROWS 4   /* rows a probe recomputes alone: first, last, two between */
 #define MT_INSTR_LEAD 128       /* elements of a row the digests' choice reads (16 pieces) */
 #define MT_INSTR_SMEM_SEGS 1024 /* a grouped call's offsets the digest reads into shared memory */
-#define MT_INSTR_DIGEST_WARPS 8 /* rows a digest's CTA takes, a warp a row */
+#define MT_INSTR_DIGEST_WARPS 8 /* rows a digest's CTA takes, a warp a row's lead */
 /* The flag's bit of an empty publication: a call with only digests and no row chosen, for which
  * mt_instr_finish writes the flag alone (seq | MT_INSTR_EMPTY), not the block; sequences stay
  * below it. */
@@ -91,7 +91,7 @@ typedef struct {
   uint32_t replays;
 } mt_instr_header;
 
-/* mt_instr_digest: one warp per row of x (m rows). A grouped call's rows: with offs (device, nseg
+/* mt_instr_digest: a warp per row of x (m rows) for its lead. A grouped call's rows: with offs (device, nseg
  * cumulative ends) row r is in the first segment s with offs[s] > r (rows in none are skipped);
  * with seg_rows > 0, segment r / seg_rows, at x + s * stride_x + (r % seg_rows) * ldx (y alike);
  * with x_rows and y_rows, at x + x_rows[r] * ldx and y + y_rows[r] * ldy. */
