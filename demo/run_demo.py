@@ -8,7 +8,7 @@ one, the continuous-batching server without and under nvfp4-row, and four tables
         [--train-batch 8] [--train-seq 1024] [--train-steps 4] [--train-warmup 2]
         [--sampler-cache frozen-sampled] [--learner-cache requantize]
         [--profile-tokens 1,16,128,1024,8192 | --no-profile] [--breakdown 1,16,128]
-        [--server-requests 64] [--nondeterministic] [--overhead-spec SPEC]
+        [--server-requests 32] [--nondeterministic] [--overhead-spec SPEC]
 
 Without a GPU (no nvidia-smi, or torch sees no CUDA device) it prints one line saying so and
 exits 0. Otherwise a row is a spec and an experts path: "none" (no LD_PRELOAD: the baseline) and
@@ -139,10 +139,12 @@ def parse_args(argv=None):
     p.add_argument("--eager-layers", type=demo_model.positive_int, default=4,
                    help="layers of the eager rows, sampler and learner (default 4: HF's eager "
                         "experts run a Python loop of three GEMMs per expert hit)")
-    p.add_argument("--server-requests", type=demo_model.nonnegative_int, default=64,
+    # 64 took the server's two rows and their scorers ~250 s at 45 layers (H100), and make run
+    # past its 10 minutes
+    p.add_argument("--server-requests", type=demo_model.nonnegative_int, default=32,
                    help="requests of the continuous-batching server rows (demo/demo_server.py: "
                         "prompts of 32-256 tokens, 16-128 new), none and nvfp4-row; 0 for none "
-                        "(default 64)")
+                        "(default 32)")
     p.add_argument("--nondeterministic", action="store_true",
                    help="run the samplers and the scoring learners without PyTorch's "
                         "deterministic algorithms (by default on, so that bf16 can show its "
