@@ -1,11 +1,12 @@
-// test_instr_emu.cc — kernels/instr.cu's kernels run on the CPU (tests/cpu/cuda_emu.h:
-// a CTA as threads, barriers and warp shuffles emulated) against the host twin of kernels/instr.h,
-// which tests/cpu/test_shim_instr.c checks against tools/minite-compare's reference: each kept
-// row's row hash, output hash and segment bit for bit, its sketch within FP32 summation error, the
-// count of rows chosen, the rows past the block's room dropped; the finish's weight sums and its
-// publication (the block copied, the flag last; an empty call's flag alone); the shadow's sums
-// and the probe's counts; a captured call's replays, one in `every` digesting. What the GPU adds
-// (timing, its memory model) only tests/gpu/test_instruments.py sees.
+// test_instr_emu.cc — kernels/instr.cu's kernels run on the CPU (tests/cpu/cuda_emu.h: a CTA as
+// threads, barriers and warp shuffles emulated) against the host twin of kernels/instr.h, which
+// tests/cpu/test_shim_instr.c checks against tools/minite-compare's reference: each kept row's row
+// hash, output hash and segment bit for bit, its sketch within FP32 summation error, the count of
+// rows chosen, the rows past the block's room dropped, a row's whole record the same bits whichever
+// rows share its CTA; the finish's weight sums and its publication (the block copied, the flag
+// last; an empty call's flag alone); the shadow's sums and the probe's counts; a captured call's
+// replays, one in `every` digesting. What the GPU adds (timing, its memory model) only
+// tests/gpu/test_instruments.py sees.
 #include "tests/cpu/cuda_emu.h"
 
 #include "kernels/instr.cu"
@@ -152,6 +153,30 @@ void digest_past_the_block() {
   const int m = 300, n = 256, k = 512;
   auto x = matrix(rng, m, k, k), y = matrix(rng, m, n, n);
   check_digest("300 rows, every row", digest_args(x, y, m, n, k, k, n, 1));
+}
+
+// A row's record, its sketch included, has the same bits whichever rows share its CTA (the
+// learner's batches and the sampler's differ): each row alone against the 8 rows of one CTA, all
+// chosen, whose warps then split every row's passes among them.
+void digest_same_bits_in_any_cta() {
+  std::mt19937 rng(5);
+  const int m = MT_INSTR_DIGEST_WARPS, n = 1536, k = 2048;
+  auto x = matrix(rng, m, k, k), y = matrix(rng, m, n, n);
+  block all(kCap);
+  run_digest(digest_args(x, y, m, n, k, k, n, 1), all);
+  int same = 0;
+  for (int r = 0; r < m; r++) {
+    std::vector<uint16_t> xr(x.begin() + (size_t)r * k, x.begin() + (size_t)(r + 1) * k);
+    std::vector<uint16_t> yr(y.begin() + (size_t)r * n, y.begin() + (size_t)(r + 1) * n);
+    block one(kCap);
+    run_digest(digest_args(xr, yr, 1, n, k, k, n, 1), one);
+    for (int i = 0; i < m; i++)
+      same += one.hdr()->selected == 1 && all.rows()[i].row_hash == one.rows()[0].row_hash &&
+              std::memcmp(&all.rows()[i], &one.rows()[0], sizeof(mt_instr_row)) == 0;
+  }
+  CHECKF(all.hdr()->selected == (unsigned)m && same == m,
+         "%d of %d rows digested alone have the bits they have among %u chosen in one CTA", same, m,
+         all.hdr()->selected);
 }
 
 // The finish of an uncaptured call: a grouped call's frozen sums into the first row of each
@@ -350,6 +375,7 @@ int main() {
   RUN(digest_grouped_offsets);
   RUN(digest_strided_short_rows);
   RUN(digest_past_the_block);
+  RUN(digest_same_bits_in_any_cta);
   RUN(finish_publishes);
   RUN(finish_weight_sums);
   RUN(shadow_sums);
