@@ -31,6 +31,7 @@ file formats of the demos can be tested on a machine without them.
 """
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -103,14 +104,22 @@ def layers_arg(text):
     return text if text == "auto" else positive_int(text)
 
 
-def positive_float(text):
+def _float_where(text, ok, why):
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be positive")
+    if not ok(value):  # NaN fails both
+        raise argparse.ArgumentTypeError(f"{value} {why}")
     return value
+
+
+def positive_float(text):
+    return _float_where(text, lambda v: v > 0, "must be positive")
+
+
+def nonnegative_float(text):
+    return _float_where(text, lambda v: 0 <= v < math.inf, "must be a finite number, at least 0")
 
 
 GB = 1e9

@@ -40,6 +40,25 @@ def kernel_us(torch, prof, prefix=""):
                if e.device_type == cuda and e.name.startswith(prefix))
 
 
+def union_us(intervals):
+    """The length of the union of (start, end) intervals: time covered by at least one."""
+    total, end = 0.0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total, end = total + (b - a), b
+        elif b > end:
+            total, end = total + (b - end), b
+    return total
+
+
+def busy_us(torch, prof):
+    """µs during which the GPU ran at least one device event of a profile (kernels, copies, sets;
+    those that overlap counted once), unlike kernel_us's sum."""
+    cuda = torch.autograd.DeviceType.CUDA
+    return union_us([(e.time_range.start, e.time_range.end) for e in prof.events()
+                     if e.device_type == cuda])
+
+
 def block_profile(torch, block, hidden, iters=ITERS, warmup=WARMUP):
     """The profile of `iters` block forwards on `hidden` [1, T, H], after `warmup` more."""
     from torch.profiler import ProfilerActivity, profile

@@ -8,6 +8,7 @@ each one's tokens and per-token log-probs as it finishes; measures generated tok
         [--sampling sample|greedy] [--cuda-graph auto|on|off] [--attn sdpa]
         [--max-batch-tokens 4096] [--num-blocks N] [--block-size 256]
         [--experts grouped_mm|eager] [--layers auto] [--seed 0] [--sample-seed 1]
+        [--busy-window 2]
 
 How it differs from demo/demo_sampler.py: that one decodes one fixed batch in lockstep over a
 StaticCache, every sequence with the same prompt and output length, the decode step one captured
@@ -61,6 +62,14 @@ first token (the engine's own timestamps: first token minus submission) and the 
 steps per round. Block sharing (prefix caching) is off so that a repeated round recomputes what
 the first computed.
 
+Is the GPU what bounds it? After the timed rounds, one more round runs with the PyTorch profiler
+(CUDA activity only, process-wide: the engine's thread's kernels too) on for --busy-window
+seconds from its first second: "gpu_busy" gives the share of that window during which the GPU ran
+anything (kernel intervals merged, not summed) and the engine's steps a second in it beside the
+timed rounds' (the profiler's own host cost slows a host-bound loop, so the share is a lower
+bound where the two rates differ). A share well below 1 means the host bounds the server, and a
+faster GPU kernel cannot show in its throughput.
+
 Writes OUT in the minite-logprobs format (tools/logprobs.py, role "sampler"): one sequence per
 request of the first timed round, seq = the request's index, with its prompt: demo/demo_learner.py
 --logprobs scores it (requests of one shape batched together) and tools/gap-report compares the two.
@@ -82,6 +91,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "tools"))
 import demo_model  # noqa: E402
+import demo_profile  # noqa: E402
 import logprobs  # noqa: E402
 from demo_sampler import spread  # noqa: E402
 
@@ -149,6 +159,9 @@ def parse_args(argv=None):
                         "length, plus the scheduler's margin)")
     p.add_argument("--block-size", type=at_least_4, default=256,
                    help="tokens per KV cache block (default 256, the engine's)")
+    p.add_argument("--busy-window", type=demo_model.nonnegative_float, default=2.0,
+                   help="seconds of one more round profiled for the GPU's busy share, from its "
+                        "first second; 0 for none (default 2)")
     p.add_argument("--timeout", type=demo_model.positive_float, default=600.0,
                    help="seconds without a finished request before giving up (default 600)")
     demo_model.add_model_args(p)
@@ -186,9 +199,42 @@ def default_num_blocks(requests, block_size, flight):
     return math.ceil(sum(need[:flight]) / (1 - SAFETY_MARGIN)) + 1
 
 
-def serve_round(manager, requests, flight, tag, timeout):
-    """Submit every request from a thread, at most `flight` in flight; collect the results here.
-    {"outputs": [GenerationOutput by request index], "wall_s", "steps"}."""
+class BusyWindow:
+    """The profiler on for `length` s of a round from its `after`-th second (tick() is called from
+    the round's collecting loop, every 0.5 s at most): the GPU's busy share of that window and the
+    engine's steps in it."""
+
+    def __init__(self, torch, manager, after, length):
+        self.torch, self.manager, self.after, self.length = torch, manager, after, length
+        self.prof, self.result = None, None
+
+    def tick(self, elapsed):
+        if self.prof is None and self.result is None and elapsed >= self.after:
+            profiler = self.torch.profiler
+            self.prof = profiler.profile(activities=[profiler.ProfilerActivity.CUDA])
+            self.prof.start()
+            self.t0, self.steps0 = time.perf_counter(), getattr(self.manager, "current_batch", 0)
+        elif self.prof is not None and elapsed >= self.after + self.length:
+            self.stop()
+
+    def stop(self):
+        """End the window (the round's end ends it early); {"window_s", "busy_s", "share",
+        "steps", "steps_per_s"} into result."""
+        if self.prof is None:
+            return
+        wall = time.perf_counter() - self.t0
+        steps = getattr(self.manager, "current_batch", 0) - self.steps0
+        self.prof.stop()
+        busy = demo_profile.busy_us(self.torch, self.prof) / 1e6
+        self.prof = None
+        self.result = {"window_s": wall, "busy_s": busy, "share": busy / wall if wall > 0 else None,
+                       "steps": steps, "steps_per_s": steps / wall if wall > 0 else None}
+
+
+def serve_round(manager, requests, flight, tag, timeout, window=None):
+    """Submit every request from a thread, at most `flight` in flight; collect the results here
+    (ticking `window`, a BusyWindow, as they come). {"outputs": [GenerationOutput by request
+    index], "wall_s", "steps"}."""
     slots = threading.Semaphore(flight)
     submit_error = []
 
@@ -210,6 +256,8 @@ def serve_round(manager, requests, flight, tag, timeout):
     start = last = time.perf_counter()
     submitter.start()
     while done < len(requests):
+        if window:
+            window.tick(time.perf_counter() - start)
         out = manager.get_result(timeout=0.5)
         if out is None:
             if submit_error:
@@ -346,6 +394,25 @@ def write_file(path, model, args, env, engine, seqs):
             logprobs.write_seq(f, i, tokens, lps, prompt=prompt)
 
 
+def busy_round(torch, manager, requests, flight, args):
+    """One more round with the profiler on for --busy-window s of it (BusyWindow); its figures,
+    or None with no window."""
+    if args.busy_window <= 0:
+        return None
+    window = BusyWindow(torch, manager, 1.0, args.busy_window)
+    try:
+        serve_round(manager, requests, flight, "busy", args.timeout, window)
+    finally:
+        window.stop()
+    return window.result
+
+
+def steps_per_s(rounds):
+    """The timed rounds' engine steps a second (the median round's)."""
+    rates = [r["steps"] / r["wall_s"] for r in rounds if r["wall_s"] > 0]
+    return statistics.median(rates) if rates else None
+
+
 def run(args):
     torch, _ = demo_model.require_torch()
     if args.deterministic:
@@ -372,6 +439,7 @@ def run(args):
                 first, first_tokens = result["outputs"], tokens
             else:
                 identical = identical and tokens == first_tokens
+        busy = busy_round(torch, manager, requests, flight, args)
     finally:
         manager.stop(block=True, timeout=60)
         manager.destroy()
@@ -390,6 +458,7 @@ def run(args):
         "prompt_tokens": sum(len(r.prompt) for r in requests),
         "requests_finished": sum(1 for o in first if o.error is None),
         **timing, "warmup_rounds": args.warmup_rounds, "warmup_s": warmup_s,
+        "gpu_busy": busy and dict(busy, timed_steps_per_s=steps_per_s(rounds)),
         "repeats_identical": identical,
         "logprobs_missing": missing, "logprob_mean": statistics.fmean(lps) if lps else None,
         "logprobs_finite": all(math.isfinite(v) for v in lps),

@@ -435,6 +435,16 @@ def run_server(args, row):
             "stats": shim_summary(args, row, "server", child["pid"])}
 
 
+def busy_cell(busy):
+    """A server's GPU busy share in its profiled window, with its steps a second there against
+    the timed rounds' (demo/demo_server.py, BusyWindow)."""
+    if not isinstance(busy, dict) or busy.get("share") is None:
+        return "-"
+    rates = (busy.get("steps_per_s"), busy.get("timed_steps_per_s"))
+    tail = f" ({rates[0]:.1f} / {rates[1]:.1f})" if None not in rates else ""
+    return f"{100 * busy['share']:.0f}%{tail}"
+
+
 def server_table(servers):
     """Table 4: the server rows, tokens/s against the no-shim server."""
     if not servers:
@@ -445,7 +455,8 @@ def server_table(servers):
     base = next((s for s in servers if s["spec"] == BASELINE), None)
     head = ["spec", "layers", "generated tok/s median (min-max) vs none",
             "time to first token, ms (median of rounds)", "forward steps a round",
-            "experts path", "routed calls (fallbacks)", "abs(dlogp) mean / p99 / max",
+            "GPU busy (steps/s profiled / timed)", "experts path", "routed calls (fallbacks)",
+            "abs(dlogp) mean / p99 / max",
             "token_mult_prob_error (NeMo-RL) / k3_kl (verl)"]
     rows = []
     for srv in servers:
@@ -455,7 +466,7 @@ def server_table(servers):
                      rate_cell(rate(srv), rate(base) if base and srv is not base else None),
                      f"{ttft['median']:,.0f}" if isinstance(ttft, dict) else "-",
                      " / ".join(map(str, s.get("steps") or [])) or "-",
-                     str(s.get("experts", "-")),
+                     busy_cell(s.get("gpu_busy")), str(s.get("experts", "-")),
                      routed_of(srv["stats"]) if srv["spec"] != BASELINE else "-"] +
                     [gap_cells(srv)[i] for i in (0, 3)])
     return markdown(head, rows)
@@ -800,6 +811,10 @@ def server_notes(args):
             f"{args.server_requests} requests of 32-256 prompt and 16-128 new tokens submitted at "
             "once by a client thread, per-token log-probs back; generated tokens over the "
             f"round's wall time, median (min-max) of {args.repeats} rounds after one untimed; "
+            "GPU busy: the share of a profiled window of one more round (2 s from its first "
+            "second) in which the GPU ran anything, with the engine's steps a second in that "
+            "window and in the timed rounds (the profiler slows a host-bound loop: where they "
+            "differ, the share is a lower bound); "
             "the experts path and the routed calls say how its experts reached the shim; the "
             "learner scores the served tokens (requests of one shape batched together) and "
             "gap-report compares them, as for the sampler rows."]

@@ -12,9 +12,9 @@
 # 2048), then its VAR=VALUE pairs; a pair "-VAR" unsets VAR ("-MINITE_STATS": no statistics).
 # SERVER_ARGS is passed to every run (default "--requests 64 --layers 8 --new-tokens 16:128");
 # PROCS processes a setting (default 3). Prints a line a process (generated tok/s median of its
-# rounds, min-max, time to first token) and, at the end, a line a setting: the median of its
-# processes' medians and their range. Each process's output: $OUT/NAME-P.log (its summary the last
-# line) and NAME-P.err.
+# rounds, min-max, time to first token, the GPU's busy share in its profiled window) and, at the
+# end, a line a setting: the median of its processes' medians and their range. Each process's
+# output: $OUT/NAME-P.log (its summary the last line) and NAME-P.err.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-build/server-ab}
@@ -68,7 +68,9 @@ for line in sys.stdin:
         continue
     med, lo, hi, ttft = g["median"], g["min"], g["max"], d["ttft_mean_ms"]["median"]
     per.setdefault(name, []).append(med)
-    print(f"{name} #{p}: {med:.1f} tok/s ({lo:.1f}-{hi:.1f}), ttft {ttft:.0f} ms, {secs} s",
+    share = (d.get("gpu_busy") or {}).get("share")
+    busy = f", GPU busy {100 * share:.0f}%" if share is not None else ""
+    print(f"{name} #{p}: {med:.1f} tok/s ({lo:.1f}-{hi:.1f}), ttft {ttft:.0f} ms{busy}, {secs} s",
           flush=True)
 for name, v in per.items():
     print(f"{name}: {statistics.median(v):.1f} tok/s, processes {min(v):.1f}-{max(v):.1f} "

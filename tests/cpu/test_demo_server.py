@@ -1,6 +1,7 @@
 """test_demo_server.py — demo/demo_server.py where there is no GPU: it rejects bad arguments
 (exit 2) and says what to install without torch; the workload drawing, the cache sizing, the
-round figures, the spread over rounds and the failure verdict, on made-up engine results; the
+round figures, the spread over rounds and the failure verdict, on made-up engine results; the GPU
+busy window on a made-up profile (merged kernel intervals, its start and end, its table cell); the
 command line run_demo.py would give it parses. Where torch and transformers are installed (not in
 CI: build/venv has neither), transformers' continuous-batching engine runs for real on the CPU
 with a tiny geometry: requests of mixed lengths come back whole with a log-prob per token, and
@@ -11,11 +12,13 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 from demo_cpu import SCRIPTS, gap_within, have_torch, tiny_driver
 import demo_server  # tests/, demo/ and tools/ are on the path: demo_cpu put them there
 import harness
 import logprobs
+import run_demo
 
 TMP = harness.temp_dir("mt-server-")
 
@@ -125,6 +128,58 @@ def test_round_figures_and_spread_on_made_up_results():
                   words and "not finite" in words, words)
 
 
+class FakeProfile:
+    """torch.profiler.profile's part that BusyWindow uses: device events at fixed µs."""
+
+    def __init__(self, activities):
+        self.activities, self.state = activities, "new"
+
+    def start(self):
+        self.state = "started"
+
+    def stop(self):
+        self.state = "stopped"
+
+    def events(self):
+        ev = lambda kind, a, b: types.SimpleNamespace(  # noqa: E731
+            device_type=kind, time_range=types.SimpleNamespace(start=a, end=b))
+        # two overlapping kernels (500 µs covered), a host event, one more kernel (100 µs)
+        return [ev("cuda", 0, 300), ev("cuda", 200, 500), ev("cpu", 0, 10_000),
+                ev("cuda", 900, 1000)]
+
+
+def test_busy_window_on_a_made_up_profile():
+    import demo_profile
+    harness.check(demo_profile.union_us([(5, 6), (0, 2), (1, 3), (5.5, 5.7), (7, 7)]) == 4.0,
+                  "union of intervals")
+    torch = types.SimpleNamespace(
+        autograd=types.SimpleNamespace(DeviceType=types.SimpleNamespace(CUDA="cuda")),
+        profiler=types.SimpleNamespace(profile=FakeProfile,
+                                       ProfilerActivity=types.SimpleNamespace(CUDA="CUDA")))
+    manager = types.SimpleNamespace(current_batch=10)
+    w = demo_server.BusyWindow(torch, manager, after=1.0, length=2.0)
+    w.tick(0.5)
+    harness.check(w.prof is None and w.result is None, "nothing before its first second")
+    w.tick(1.0)
+    prof = w.prof
+    harness.check(prof is not None and prof.state == "started" and prof.activities == ["CUDA"],
+                  "the profiler on at 1 s, CUDA activity only")
+    manager.current_batch = 17
+    w.tick(2.5)
+    harness.check(w.prof is prof, "still on before 3 s")
+    w.tick(3.0)
+    r = w.result
+    harness.check(prof.state == "stopped" and r is not None and r["steps"] == 7 and
+                  abs(r["busy_s"] - 600e-6) < 1e-12 and r["share"] == r["busy_s"] / r["window_s"],
+                  f"off at 3 s: 600 µs of kernels merged, 7 steps: {r}")
+    w.tick(5.0)
+    w.stop()
+    harness.check(w.prof is None and w.result is r, "once only, and stop() after the end is idle")
+    cell = run_demo.busy_cell(dict(r, share=0.25, steps_per_s=10.0, timed_steps_per_s=12.5))
+    harness.check(cell == "25% (10.0 / 12.5)" and run_demo.busy_cell(None) == "-",
+                  f"the table's cell: {cell}")
+
+
 def test_without_torch_says_what_to_install():
     if have_torch():
         harness.skip("torch and transformers are installed here")
@@ -143,7 +198,7 @@ def test_tiny_model_through_the_engine_on_cpu():
         rc, out, err = server(*args, driver=driver)
         harness.check(rc == 0, f"{args[0]}: exit {rc}: {err[-3000:]}")
         return json.loads(out.strip().splitlines()[-1]) if rc == 0 else None
-    small = ["--block-size", 8, "--max-batch-tokens", 48]
+    small = ["--block-size", 8, "--max-batch-tokens", 48, "--busy-window", 0]  # no GPU to watch
     s = tiny("server", "--out", "mixed.jsonl", "--requests", 10, "--prompt-len", "2:17",
              "--new-tokens", "1:9", "--repeats", 2, "--concurrency", 4, *small)
     if s is None:
@@ -187,6 +242,6 @@ def test_tiny_model_through_the_engine_on_cpu():
 
 for t in (test_bad_arguments_exit_2, test_defaults_and_the_run_demo_command_line,
           test_workload_drawing_and_cache_size, test_round_figures_and_spread_on_made_up_results,
-          test_without_torch_says_what_to_install, test_tiny_model_through_the_engine_on_cpu):
+          test_busy_window_on_a_made_up_profile, test_without_torch_says_what_to_install, test_tiny_model_through_the_engine_on_cpu):
     harness.run(t)
 sys.exit(harness.done())
