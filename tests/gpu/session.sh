@@ -37,15 +37,16 @@
 #   instr      lab/instr_cost.py: the instruments' cost on a MoE block, eager and captured, each
 #              setting in its own process (INSTR_ARGS passed on, split at spaces, e.g. "--old
 #              build/old/libminite.so"; INSTR_ONLY its --only, whose names may hold a space:
-#              "nvfp4-row,nvfp4-row+stats old"); its 7 settings with --old took 155-220 s on an H100
+#              "nvfp4-row,nvfp4-row+stats old"); its 7 settings with --old took 155-250 s on an H100
 #   server     demo/demo_server.py (transformers' continuous batching) without the shim and under
 #              nvfp4-row, SERVER_ARGS passed on (default 32 requests, 2 layers), the census of
 #              the shim's run into the logs (SERVER_LIMIT each, default 240)
 #   serverab   lab/server_ab.sh: the server under the settings SERVERAB (default "none nvfp4-row"),
 #              each in PROCS processes (default 3) taken in turn, SERVER_ARGS passed on (default
 #              8 layers, 64 requests); SERVERAB_LIMIT, default 540 (~45 s a process on an H100)
-#   run        make run (RUN_LIMIT, default 540; RUN_ARGS passed on); the table, its JSON files, and
-#              each child's summary line (build/run/logs/*.out) even when the limit stops it
+#   run        make run (RUN_LIMIT, default 590: a call has 600 s; RUN_ARGS passed on); the table,
+#              its JSON files, and each child's summary line (build/run/logs/*.out) even when the
+#              limit stops it
 # TAG=-x appends -x to the log names: the same steps again under another setting, side by side.
 # A device call has at most 600 s, so pick the steps of each call: on the H200 build takes ~40 s,
 # kernels ~150 (test_kernels ~90, test_grouped ~60), sanitize ~100, bench ~10, probe ~20 to build,
@@ -175,7 +176,7 @@ store_refresh_modes store_refresh_rounds grouped_after_refresh grouped_many_segm
     step "serverab" "${SERVERAB_LIMIT:-540}" env OUT="$out/server-ab${TAG:-}" \
         lab/server_ab.sh ${SERVERAB:-none nvfp4-row} ;;
   run)
-    step run "${RUN_LIMIT:-540}" make run ${RUN_ARGS:+RUN_ARGS="$RUN_ARGS"}
+    step run "${RUN_LIMIT:-590}" make run ${RUN_ARGS:+RUN_ARGS="$RUN_ARGS"}
     mkdir -p "$out/run${TAG:-}"
     cp build/run/*.json build/run/*.md build/run/gap.png "$out/run${TAG:-}/" 2>/dev/null
     tail -qn 1 build/run/logs/*.out >"$out/run-summaries${TAG:-}.jsonl" 2>/dev/null ;;
