@@ -91,10 +91,10 @@ typedef struct {
   uint32_t replays;
 } mt_instr_header;
 
-/* mt_instr_digest: a warp per row of x (m rows) for its lead. A grouped call's rows: with offs (device, nseg
- * cumulative ends) row r is in the first segment s with offs[s] > r (rows in none are skipped);
- * with seg_rows > 0, segment r / seg_rows, at x + s * stride_x + (r % seg_rows) * ldx (y alike);
- * with x_rows and y_rows, at x + x_rows[r] * ldx and y + y_rows[r] * ldy. */
+/* mt_instr_digest: a warp per row of x (m rows) for its lead. A grouped call's rows: with offs
+ * (device, nseg cumulative ends) row r is in the first segment s with offs[s] > r (rows in none
+ * are skipped); with seg_rows > 0, segment r / seg_rows, at x + s * stride_x + (r % seg_rows) *
+ * ldx (y alike); with x_rows and y_rows, at x + x_rows[r] * ldx and y + y_rows[r] * ldy. */
 typedef struct {
   const void *x; /* [m][k] 2-byte elements, row stride ldx (elements) */
   const void *y; /* [m][n] 2-byte elements, row stride ldy */
