@@ -37,7 +37,7 @@ typedef struct {
   unsigned long long shadow, probe;
 } seen_count;
 
-static double rate_shadow, rate_probe, rate_digest, rate_replays;
+static double rate_digest;
 static uint64_t period_shadow, period_probe, digest_threshold;
 static uint32_t replay_every; /* a captured call digests one replay in this many; 0: none */
 static int digest_all, enabled;
@@ -69,10 +69,8 @@ static int asked(const mt_params *p, enum mt_param_id id, double rate) {
 
 void mt_instr_init(const mt_spec *s, const mt_params *p) {
   int stats_on = p->stats != NULL;
-  rate_shadow = p->shadow;
-  rate_probe = p->probe;
+  const double rate_shadow = p->shadow, rate_probe = p->probe, rate_replays = p->digest_replays;
   rate_digest = p->digest;
-  rate_replays = p->digest_replays;
   const uint64_t replay_period = period_of(rate_replays);
   replay_every = replay_period < UINT32_MAX ? (uint32_t)replay_period : UINT32_MAX;
   size_t scratch_limit = (size_t)p->instr_mb << 20;
