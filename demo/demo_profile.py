@@ -32,12 +32,17 @@ INSTRUMENTS = ("mt_instr_digest", "mt_instr_finish", "mt_instr_probe", "mt_instr
                "mt_instr_offs")  # the shim's instrument kernels (kernels/instr.cu)
 
 
-def kernel_us(torch, prof, prefix=""):
-    """Summed duration (µs) of the device events of a profile (kernels, copies, sets), of those
-    whose name starts with `prefix`."""
+def device_events(torch, prof):
+    """The device events of a profile: kernels, copies, sets."""
     cuda = torch.autograd.DeviceType.CUDA
-    return sum(e.time_range.elapsed_us() for e in prof.events()
-               if e.device_type == cuda and e.name.startswith(prefix))
+    return [e for e in prof.events() if e.device_type == cuda]
+
+
+def kernel_us(torch, prof, prefix=""):
+    """Summed duration (µs) of the device events of a profile, of those whose name starts with
+    `prefix`."""
+    return sum(e.time_range.elapsed_us() for e in device_events(torch, prof)
+               if e.name.startswith(prefix))
 
 
 def union_us(intervals):
@@ -54,9 +59,7 @@ def union_us(intervals):
 def busy_us(torch, prof):
     """µs during which the GPU ran at least one device event of a profile (kernels, copies, sets;
     those that overlap counted once), unlike kernel_us's sum."""
-    cuda = torch.autograd.DeviceType.CUDA
-    return union_us([(e.time_range.start, e.time_range.end) for e in prof.events()
-                     if e.device_type == cuda])
+    return union_us([(e.time_range.start, e.time_range.end) for e in device_events(torch, prof)])
 
 
 def block_profile(torch, block, hidden, iters=ITERS, warmup=WARMUP):
