@@ -13,7 +13,8 @@
 #                                        (the median of the repeats; of two, the lower); with
 #                                        AB_BENCH=moe bench_moe instead (AB_MOE_ARGS passed on, e.g.
 #                                        "--only qwen3"), per geometry and T the layer's µs (the
-#                                        grouped engine: activation quantization and GEMMs)
+#                                        grouped engine: activation quantization and GEMMs) alone,
+#                                        served under frozen-sampled and served after a weight sync
 #   lab/gpu_ab.sh table NAME...      the table again from $OUT's logs
 #
 # ab/ must travel to the device: it is untracked, so leave it out of .gitignore or name it in the
@@ -63,9 +64,14 @@ build_all() { # NAME...
 
 # the GEMM column (the routed call's second part) of one bench log: "name M us" per row
 gemm_rows() { awk -v max="${AB_MAX_M:-1024}" 'NF == 18 && $2 <= max { print $1, $2, $12 }' "$1"; }
-# the layer column ("ours us") of one bench_moe log: "geometry T us" per row, the geometry from the
-# line that opens its table ("qwen3: 128 experts, ...")
-moe_rows() { awk '/^[a-z0-9_]+: [0-9]+ experts/ { g = substr($1, 1, length($1) - 1) } g != "" && $2 == "|" && $1 ~ /^[0-9]+$/ { print g, $1, $3 }' "$1"; }
+# the layer's columns of one bench_moe log: "geometry T:column us" per row and column (alone: "ours
+# us"; served: the layer under frozen-sampled, nothing changed; srvsync: served after a weight sync),
+# the geometry from the line that opens its table ("qwen3: 128 experts, ...")
+moe_rows() {
+  awk '/^[a-z0-9_]+: [0-9]+ experts/ { g = substr($1, 1, length($1) - 1) }
+    g != "" && $2 == "|" && $1 ~ /^[0-9]+$/ {
+      print g, $1 ":alone", $3; print g, $1 ":served", $19; print g, $1 ":srvsync", $21 }' "$1"
+}
 moe() { [ "${AB_BENCH:-kernels}" = moe ]; }
 
 table() { # NAME... (main first): the median of the repeats, per row and variant
