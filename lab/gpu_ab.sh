@@ -65,12 +65,13 @@ build_all() { # NAME...
 # the GEMM column (the routed call's second part) of one bench log: "name M us" per row
 gemm_rows() { awk -v max="${AB_MAX_M:-1024}" 'NF == 18 && $2 <= max { print $1, $2, $12 }' "$1"; }
 # the layer's columns of one bench_moe log: "geometry T:column us" per row and column (alone: "ours
-# us"; served: the layer under frozen-sampled, nothing changed; srvsync: served after a weight sync),
-# the geometry from the line that opens its table ("qwen3: 128 experts, ...")
+# us"; served: the layer under frozen-sampled, nothing changed; srvsync: served after a weight sync;
+# the last two where the line has them), the geometry from the line that opens its table ("qwen3:
+# 128 experts, ...")
 moe_rows() {
   awk '/^[a-z0-9_]+: [0-9]+ experts/ { g = substr($1, 1, length($1) - 1) }
     g != "" && $2 == "|" && $1 ~ /^[0-9]+$/ {
-      print g, $1 ":alone", $3; print g, $1 ":served", $19; print g, $1 ":srvsync", $21 }' "$1"
+      print g, $1 ":alone", $3; if (NF >= 21) { print g, $1 ":served", $19; print g, $1 ":srvsync", $21 } }' "$1"
 }
 moe() { [ "${AB_BENCH:-kernels}" = moe ]; }
 

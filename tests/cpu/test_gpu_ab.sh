@@ -28,23 +28,24 @@ if [ "$got" = "$want" ]; then ok table_rows_up_to_ab_max_m
 else bad table_rows_up_to_ab_max_m "got: $got" "want: $want"; fi
 
 # AB_BENCH=moe: bench_moe's tables (a geometry's header line, then "T | ours cuBLAS ratio | ..."),
-# per geometry and T the layer's µs
-moe_log() { # qwen3's us at T = 1 and 1024, dsv3's at T = 1
+# per geometry and T the layer's µs alone, and served and served after a sync where a line has them
+moe_log() { # qwen3's us at T = 1 (alone, served, srv sync) and 1024, dsv3's at T = 1
   echo "qwen3: 128 experts, top-8, gate_up 1536x2048, down 2048x768; weights 1208 MB BF16, 340 MB in the store"
   echo "gate_up's whole check: frozen 254.9 us (3.16 TB/s of its BF16 bytes), frozen-sampled 11.51 us"
-  echo "     T |    ours us  cuBLAS us   ratio |     TF/s     TF/s |     wGB/s     wGB/s |  rel L2 | frozen us   sampled"
-  echo "     1 |      $1      47.13    2.91 |      4.7      1.6 |      1312      1602 |  0.1383 |     46.41     15.92"
+  echo "     T |    ours us  cuBLAS us   ratio |     TF/s     TF/s |     wGB/s     wGB/s |  rel L2 | frozen us   sampled    synced | served us  check  srv sync"
+  echo "     1 |      $1      47.13    2.91 |      4.7      1.6 |      1312      1602 |  0.1383 |     46.41     15.92    440.40 |     $4    38%    $5"
   echo "  1024 |     $2     423.70    1.47 |    267.5    182.5 |      1176      2851 |  0.1402 |    392.82     23.03"
   echo "dsv3: 256 experts, top-8, gate_up 4096x7168, down 7168x2048; weights 22549 MB BF16, 6342 MB in the store"
   echo "     1 |      $3     192.32    2.91 |     10.7      3.7 |      2999      3664 |  0.1401 |    243.78     21.31"
 }
-moe_log 16.19 288.98 66.09 >"$tmp/bench-main-1.log"
-moe_log 16.24 287.86 66.50 >"$tmp/bench-main-2.log"
-moe_log 16.50 285.25 66.01 >"$tmp/bench-rs-1.log"
-moe_log 16.15 297.18 66.20 >"$tmp/bench-rs-2.log"
+moe_log 16.19 288.98 66.09 25.02 566.52 >"$tmp/bench-main-1.log"
+moe_log 16.24 287.86 66.50 25.10 560.10 >"$tmp/bench-main-2.log"
+moe_log 16.50 285.25 66.01 24.70 1519.63 >"$tmp/bench-rs-1.log"
+moe_log 16.15 297.18 66.20 24.90 1525.00 >"$tmp/bench-rs-2.log"
 got=$(OUT=$tmp AB_BENCH=moe lab/gpu_ab.sh table rs)
-want=$(printf '%-22s %10s %10s\n%-22s %10s %10s\n%-22s %10s %10s\n%-22s %10s %10s' "layer us (median)" main rs \
-  "qwen3 1" 16.19 16.15 "qwen3 1024" 287.86 285.25 "dsv3 1" 66.09 66.01)
+want=$(printf '%-22s %10s %10s\n' "layer us (median)" main rs "qwen3 1:alone" 16.19 16.15 \
+  "qwen3 1:served" 25.02 24.70 "qwen3 1:srvsync" 560.10 1519.63 "qwen3 1024:alone" 287.86 285.25 \
+  "dsv3 1:alone" 66.09 66.01)
 if [ "$got" = "$want" ]; then ok moe_table_per_geometry_and_tokens
 else bad moe_table_per_geometry_and_tokens "got:" "$got" "want:" "$want"; fi
 
