@@ -6,7 +6,7 @@
 //   mt_instr_shadow  sum (y - ref)^2, sum ref^2 and max |y - ref| of the routed output against
 //                    the BF16 GEMM's
 //   mt_instr_probe   rows recomputed alone against their in-batch rows, bit for bit
-//   mt_instr_finish  the weight's weight_sum (1/64 of its lines, or the frozen-sampled cache's
+//   mt_instr_finish  the weight's weight_sum (1/512 of its lines, or the frozen-sampled cache's
 //                    stored hash) and the bias's content sum, only when a row was digested; then
 //                    the publication: the result block into mapped pinned host memory, the slot's
 //                    flag last (the host polls it; it never waits on the stream), or, for a call

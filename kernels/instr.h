@@ -1,6 +1,6 @@
 /* instr.h — the instruments' device side (kernels/instr.cu) and its host twin: the result block
  * one instrumented call fills, the kernels' by-value arguments, and the hash and sketch math of
- * the row digests (scheme 2 of tools/minite-compare), written once for both sides.
+ * the row digests (scheme MT_INSTR_SCHEME of tools/minite-compare), written once for both sides.
  *
  * Plain C, included by the .cu (the MT_HD functions are then __host__ __device__), by
  * kernels/instr.c and shim/instr.c, and by the fake libcuda of the CPU tests, which runs the same
@@ -15,9 +15,9 @@
  *                          pieces numbered row-major (i = row * K / 8 + piece of the row): W's rows
  *                          cut in 128-byte lines (the last of a row may be short), numbered
  *                          row-major, and of those the lines kernels/whash.h samples at
- *                          MT_SAMPLE_STEP, 1/64 of them in 1 KB runs. It is the hash the frozen
+ *                          MT_SAMPLE_STEP, 1/512 of them in 1 KB runs. It is the hash the frozen
  *                          cache keeps under frozen-sampled (kernels/whash.cuh), so there a
- *                          weight's identity costs nothing, and elsewhere it reads 1/64 of W. A
+ *                          weight's identity costs nothing, and elsewhere it reads 1/512 of W. A
  *                          weight stored [in][out] has the id of the same [out][in] matrix: its
  *                          sampled lines are gathered element by element (2-byte loads, each in
  *                          another stored row), whatever the cache keeps.
@@ -46,6 +46,10 @@
 #include "kernels/hostdev.h"
 #include "kernels/whash.h"
 
+/* The digest records' scheme (tools/minite-compare): a new number whenever a key, an output hash
+ * or a sketch would differ for the same row. 3: the weight's identity over 1/512 of its lines
+ * (MT_SAMPLE_STEP; scheme 2 sampled 1/64, so its keys never equal scheme 3's). */
+#define MT_INSTR_SCHEME 3
 #define MT_INSTR_SKETCH 8
 #define MT_INSTR_SKETCH_SEED 0x6D696E6974652D31ull /* "minite-1" */
 #define MT_INSTR_KEY_SEED 0x6D696E6974656B31ull    /* "minitek1" */

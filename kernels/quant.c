@@ -211,7 +211,9 @@ int mt_quantize_dependent(const mt_quant_params *p, mt_stream stream) {
  * stays one trip to memory, at most 8 (portable). Fewer CTAs leave more of the SMs to the call's
  * GEMM, which runs beside the refresh or starts once its lines are read: Qwen3's layer served at
  * 1 to 128 tokens 4-14% faster with clusters of 2 or 4 than of 8 (lab/NOTES.md, "The sampled
- * refresh's clusters"); a changed slice is requantized by its cluster alone, so slower. */
+ * refresh's clusters"). A changed slice is requantized by its cluster alone, so slower: Qwen3's
+ * slices take one CTA at MT_SAMPLE_STEP 512, and its first call after a weight sync at one token
+ * 2.7x as long as with the clusters of a 1/64 sample (lab/NOTES.md, "The sample at 1/512"). */
 static unsigned sampled_cluster(const mt_quant_params *p, const launch_shape *s, unsigned step) {
   const uint64_t lines = mt_whash_lines(mt_quant_stored_rows(p), mt_quant_stored_cols(p));
   const uint64_t runs = (mt_whash_items(lines, step) + 31) / 32,

@@ -21,10 +21,14 @@ MT_HD int mt_whash_lines_fit(int rows, int cols) {
   return mt_whash_lines(rows, cols) <= UINT32_MAX / 2;
 }
 
-/* The sampled check's step (MINITE_WEIGHT_CACHE=frozen-sampled): one run in 64, 1/64 of a
- * weight's lines. The digests' weight identity is the sum over the same sample (kernels/instr.h),
- * so that under frozen-sampled it is the cache's stored hash. */
-#define MT_SAMPLE_STEP 64
+/* The sampled check's step (MINITE_WEIGHT_CACHE=frozen-sampled): one run in 512, 1/512 of a
+ * weight's lines (12 KB of a Qwen3 gate_up expert's 6 MB). A weight sync or an optimizer step
+ * rewrites every line, so any sample sees it; a change confined to a few lines is missed by any
+ * sample but most. The check's bytes are what it costs at many tokens: at 1/64, a Qwen3 layer's
+ * check at 128 tokens read 19 MB beside its GEMMs' 340 MB (docs/performance.md, "Refresh costs of
+ * the frozen caches"). The digests' weight identity is the sum over the same sample
+ * (kernels/instr.h), so that under frozen-sampled it is the cache's stored hash. */
+#define MT_SAMPLE_STEP 512
 
 /* Lines (128 bytes) of a sampled run: 1 KB together, so that a sample of 1/step of a weight's
  * lines costs 1/8 of the random DRAM reads that single lines would. */

@@ -11,7 +11,7 @@
  *   MINITE_DIGEST=rate  output rows whose input row's lead hash (its first 128 elements) is below
  *                       rate * 2^64: a "digest" record; a call of m rows past 96 / rate below
  *                       96 / m * 2^64 (its block keeps 128 rows: the lowest lead hashes, nested)
- *                       (scheme 2 of tools/minite-compare; hashes in kernels/instr.h)
+ *                       (scheme MT_INSTR_SCHEME of tools/minite-compare; hashes in kernels/instr.h)
  *   MINITE_INSTR_MB     device scratch for the shadow's output and the probe's rows, per GPU
  * Rates are a number in [0, 1] ("0.015625") or a fraction ("1/64"); 0 turns an instrument off.
  * They need MINITE_STATS (the records go there).

@@ -278,9 +278,9 @@ static void slot_records(const mt_iw_slot *s, const unsigned char *block, text *
         wid = mt_instr_weight_id(grouped_wsum(s, rows, i), s->n, s->k, s->wtype);
       uint64_t key = mt_instr_key(rows[i].row_hash, wid, s->ytype, s->alpha, bid);
       put(t,
-          "{\"event\": \"digest\", \"scheme\": 2, \"route\": \"%s\", \"key\": \"%016" PRIx64
+          "{\"event\": \"digest\", \"scheme\": %d, \"route\": \"%s\", \"key\": \"%016" PRIx64
           "\", \"hash\": \"%016" PRIx64 "\", \"n\": %d, \"sketch\": [",
-          route, key, rows[i].out_hash, s->n);
+          MT_INSTR_SCHEME, route, key, rows[i].out_hash, s->n);
       for (int j = 0; j < MT_INSTR_SKETCH; j++) {
         put(t, j ? ", " : "");
         put_float(t, rows[i].sketch[j]);

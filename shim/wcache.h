@@ -9,7 +9,7 @@
  * frozen weight is never stale, whatever wrote it; the cost per call: one read of the BF16 weight
  * instead of a full requantization.
  * Under frozen-sampled the hash covers one 1 KB run of lines in MT_SAMPLE_STEP (kernels/whash.h):
- * a call costs 1/64 of that read, and a change that misses every sampled line goes unseen (the
+ * a call costs 1/512 of that read, and a change that misses every sampled line goes unseen (the
  * guarantee holds for weights changed as a whole, as an optimizer step changes them). A grouped
  * call's weights (all its experts, one tensor) make one entry: a store of slices
  * (kernels/wstore.h), refreshed slice by slice in one launch (mt_wstore_refresh), a call with

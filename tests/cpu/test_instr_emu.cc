@@ -227,7 +227,9 @@ void finish_publishes() {
 void finish_weight_sums() {
   std::mt19937 rng(6);
   const int k = 512, m = 16;
-  int n = 2304; // 18,432 lines of 128 bytes, 288 sampled: two CTAs of 256
+  // a row of 512 elements is one run of 8 lines: 33 groups of the sample's runs, 264 sampled lines,
+  // two CTAs of 256
+  int n = 32 * MT_SAMPLE_STEP + MT_SAMPLE_STEP / 2;
   auto w = matrix(rng, n, k, k), w_t = matrix(rng, k, n, n), bias = matrix(rng, 1, n, n);
   auto x = matrix(rng, m, k, k), y = matrix(rng, m, n, n);
   for (int in_out = 0; in_out < 2; in_out++) {

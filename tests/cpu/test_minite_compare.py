@@ -475,12 +475,12 @@ def test_unknown_scheme_names_the_tool_to_update():
 
 
 def test_older_scheme_says_the_files_do_not_join():
-    # scheme 1 keyed weights by all their bits: its keys never equal scheme 2's
+    # scheme 2 keyed weights by another sample of their lines: its keys never equal scheme 3's
     ys = rows(1, 19)
-    a = write("old-a.jsonl", [digest(1, 1, ys[0]), digest(2, 2, ys[0], scheme=1)])
+    a = write("old-a.jsonl", [digest(1, 1, ys[0]), digest(2, 2, ys[0], scheme=mc.SCHEME - 1)])
     rc, out, err = compare(a, a)
-    harness.check(rc == 0 and "scheme 1, an older shim's" in err and "one minite version" in err,
-                  f"exit {rc}: {err}")
+    harness.check(rc == 0 and f"scheme {mc.SCHEME - 1}, an older shim's" in err and
+                  "one minite version" in err, f"exit {rc}: {err}")
 
 
 for t in (test_identical_rows_are_all_equal, test_scaled_rows_are_estimated_exactly,

@@ -313,7 +313,8 @@ static void scenario_digest_frozen(void) {
   CHECK(wc >= 0 && w > wc);
   const mt_instr_finish_args *wa = w >= 0 ? (const mt_instr_finish_args *)event(w)->args : NULL;
   const mt_wcheck_args *ca = wc >= 0 ? (const mt_wcheck_args *)event(wc)->args : NULL;
-  CHECK(wa && (wa->frozen_sum != NULL) == sampled && ca && ca->step == (sampled ? 64u : 1u));
+  CHECK(wa && (wa->frozen_sum != NULL) == sampled && ca &&
+        ca->step == (sampled ? MT_SAMPLE_STEP : 1u));
   /* the stored hash of the weight's last quantization, not the running check's sum */
   CHECKF(!sampled || (ca && wa && wa->frozen_sum == &mt_wcheck_slices(ca->state)->hash),
          "the digest reads %p", wa ? (const void *)wa->frozen_sum : NULL);

@@ -270,9 +270,10 @@ static void store_refresh_modes(void) {
     /* a CTA a row in the store quantizer (224 threads); 16x16 tiles: 14 blocks of columns */
     store_refresh_case(128, 7168, &store_nums[v]);
   }
-  /* a sample of 16 runs of 32 lines a slice: frozen-sampled's clusters of two CTAs (quant.c,
-   * sampled_cluster; the shapes above take one) */
-  store_refresh_case(1024, 2048, &store_nums[0]);
+  /* a sample of 16 runs of 32 lines a slice (64 groups of MT_SAMPLE_STEP runs of 8 lines, a 1 KB
+   * run each): frozen-sampled's clusters of two CTAs (quant.c, sampled_cluster; the shapes above
+   * take one) */
+  store_refresh_case(16 * MT_SAMPLE_STEP, 2048, &store_nums[0]);
 }
 
 static void store_refresh_case(int N, int K, const mt_numerics *num) {
@@ -310,12 +311,17 @@ static void store_refresh_case(int N, int K, const mt_numerics *num) {
       const int first = changes[c].slice < 0 ? 0 : changes[c].slice;
       const int last = changes[c].slice < 0 ? E - 1 : changes[c].slice;
       long at = changes[c].at;
-      if (at < 0) { /* the first line from 37 * 8 + 1 in (+ 9: out of) the sample; frozen: that */
-        uint64_t line = 37 * 8 + (at == -1 ? 1 : 9);
-        while (sampled && line < lines && in_sample(line, lines, step) != (at == -1))
+      if (at < 0) { /* the first line from 37 * 8 + 1 in (+ 9: out of) the sample, on from the
+                     * slice's first where none is further (a small slice's sample may be its first
+                     * run alone); frozen: that line */
+        uint64_t line = 37 * 8 + (at == -1 ? 1 : 9), tried = 0;
+        while (sampled && tried++ < lines && in_sample(line % lines, lines, step) != (at == -1))
           line++;
-        CHECK(line < lines);
-        at = (long)line * 64 + 5;
+        if (tried > lines) {
+          CHECKF(0, "no line %s the sample", at == -1 ? "in" : "out of");
+          continue;
+        }
+        at = (long)(line % lines) * 64 + 5;
       }
       /* another finite value; one element becomes 65536, its slice's new amax, so that its
        * requantization changes every code (a small change of one element may quantize to the same

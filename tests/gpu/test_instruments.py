@@ -21,7 +21,7 @@ with the child's weight routed (256x512) and reads the statistics file:
   about sqrt(2) x 0.095 = 0.134; the CPU reference gives 0.130 .. 0.139 at M = 7 .. 300); under
   bf16 (routed calls are cuBLAS's, and the shadow reruns cuBLAS) exactly 0;
 - the digest records the GPU wrote are the definitions of kernels/instr.h and tools/minite-compare
-  (scheme 2), recomputed here in Python from the child's operands: every key, every output hash,
+  (its scheme), recomputed here in Python from the child's operands: every key, every output hash,
   and every sketch (against minite-compare's sketch(), within FP32 summation error), without and
   with a bias;
 - a CUDA graph capturing a routed call with every instrument on replays correctly; its digests are
@@ -125,7 +125,7 @@ def digests_of_two_batchings_join_equal():
 def shadow_error_in_nvfp4_range_and_zero_under_bf16():
     need_gpu()
     got, path, summary = child("shadow", "shadow_row", shadow=1, digest=1)
-    check_scheme("no bias", got, path)  # the same run's digests, against scheme 2
+    check_scheme("no bias", got, path)  # the same run's digests, against the scheme
     s = route_stats(summary, ROUTE, "shadow")
     x, w = got["x"].astype(np.float64), got["w"].astype(np.float64)
     exact = x @ w.T
@@ -146,7 +146,7 @@ def shadow_error_in_nvfp4_range_and_zero_under_bf16():
                   f"bf16: shadow {s}: cuBLAS against cuBLAS must be exactly 0")
 
 
-# ---- scheme 2 in Python (kernels/instr.h), to check what the GPU wrote -------------------------
+# ---- the scheme in Python (kernels/instr.h), to check what the GPU wrote ----------------------
 
 MASK = (1 << 64) - 1
 _loader = importlib.machinery.SourceFileLoader("minite_compare", COMPARE)
@@ -169,10 +169,20 @@ def content_sum(data):
     return total
 
 
+def sample_step():
+    """MT_SAMPLE_STEP, read from kernels/whash.h (the runs a group of the weight's sample spans)."""
+    with open(os.path.join(ROOT, "kernels", "whash.h")) as f:
+        for line in f:
+            if line.startswith("#define MT_SAMPLE_STEP "):
+                return int(line.split()[2])
+    raise RuntimeError("kernels/whash.h defines no MT_SAMPLE_STEP")
+
+
 def weight_sum(w_bytes, n, k):
     """weight_sum of an [n][k] 2-byte weight: the 16-byte pieces (numbered row-major) of the
-    128-byte lines whose run of 8 is the one its group of 64 runs samples (kernels/whash.h)."""
-    step, run_lines, per_row = 64, 8, k // 8
+    128-byte lines whose run of 8 is the one its group of MT_SAMPLE_STEP runs samples
+    (kernels/whash.h)."""
+    step, run_lines, per_row = sample_step(), 8, k // 8
     lines_per_row = (per_row + 7) // 8
     total = 0
     for line in range(n * lines_per_row):
@@ -200,7 +210,7 @@ def bf16_bytes(a):
 
 
 def expected_rows(x, w, y, b=None):
-    """{key: (hash, sketch)} of every row, as scheme 2 defines them (BF16 everywhere, alpha 1)."""
+    """{key: (hash, sketch)} of every row, as the scheme defines them (BF16 everywhere, alpha 1)."""
     n, k = w.shape
     wid = MC.mix64(weight_sum(bf16_bytes(w), n, k) ^ tag(n << 28 | k, 0))
     bid = 0 if b is None else MC.mix64(content_sum(bf16_bytes(b)) ^ tag(n, 0))
