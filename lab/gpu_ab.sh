@@ -71,7 +71,8 @@ gemm_rows() { awk -v max="${AB_MAX_M:-1024}" 'NF == 18 && $2 <= max { print $1, 
 moe_rows() {
   awk '/^[a-z0-9_]+: [0-9]+ experts/ { g = substr($1, 1, length($1) - 1) }
     g != "" && $2 == "|" && $1 ~ /^[0-9]+$/ {
-      print g, $1 ":alone", $3; if (NF >= 21) { print g, $1 ":served", $19; print g, $1 ":srvsync", $21 } }' "$1"
+      print g, $1 ":alone", $3
+      if (NF >= 21) { print g, $1 ":served", $19; print g, $1 ":srvsync", $21 } }' "$1"
 }
 moe() { [ "${AB_BENCH:-kernels}" = moe ]; }
 
