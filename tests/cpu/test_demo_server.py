@@ -242,6 +242,7 @@ def test_tiny_model_through_the_engine_on_cpu():
 
 for t in (test_bad_arguments_exit_2, test_defaults_and_the_run_demo_command_line,
           test_workload_drawing_and_cache_size, test_round_figures_and_spread_on_made_up_results,
-          test_busy_window_on_a_made_up_profile, test_without_torch_says_what_to_install, test_tiny_model_through_the_engine_on_cpu):
+          test_busy_window_on_a_made_up_profile, test_without_torch_says_what_to_install,
+          test_tiny_model_through_the_engine_on_cpu):
     harness.run(t)
 sys.exit(harness.done())
