@@ -37,35 +37,38 @@ const mt_instr_driver *mt_instr_driver_get(void) {
   return loaded;
 }
 
-static int launch(const char *fn, unsigned grid, void *args, mt_stream stream) {
+/* `dependent`: the kernel may start before the one before it ends (kernels/pdl.cuh), and waits on
+ * the device before it reads what that one wrote, and before it ends: its launch, not its work,
+ * overlaps the GEMM, and the stream's order holds for what comes after it. */
+static int launch(const char *fn, unsigned grid, void *args, int dependent, mt_stream stream) {
   CUfunction f;
   int st = mt_kernel_get("instr", fn, (CUstream)stream, &f);
   if (st != MT_OK)
     return st;
-  return mt_launch(f, grid ? grid : 1, 1, 256, 1, 0, 0, (CUstream)stream, args);
+  return mt_launch(f, grid ? grid : 1, 1, 256, 1, 0, dependent, (CUstream)stream, args);
 }
 
 int mt_instr_launch_digest(const mt_instr_digest_args *a, mt_stream stream) {
   mt_instr_digest_args copy = *a;
-  return launch("mt_instr_digest", mt_instr_digest_grid(a), &copy, stream);
+  return launch("mt_instr_digest", mt_instr_digest_grid(a), &copy, 1, stream);
 }
 
 int mt_instr_launch_finish(const mt_instr_finish_args *a, mt_stream stream) {
   mt_instr_finish_args copy = *a;
-  return launch("mt_instr_finish", mt_instr_finish_grid(a), &copy, stream);
+  return launch("mt_instr_finish", mt_instr_finish_grid(a), &copy, 1, stream);
 }
 
 int mt_instr_launch_shadow(const mt_instr_shadow_args *a, mt_stream stream) {
   mt_instr_shadow_args copy = *a;
-  return launch("mt_instr_shadow", mt_instr_shadow_grid(a), &copy, stream);
+  return launch("mt_instr_shadow", mt_instr_shadow_grid(a), &copy, 0, stream);
 }
 
 int mt_instr_launch_probe(const mt_instr_probe_args *a, mt_stream stream) {
   mt_instr_probe_args copy = *a;
-  return launch("mt_instr_probe", (unsigned)a->nrows, &copy, stream);
+  return launch("mt_instr_probe", (unsigned)a->nrows, &copy, 0, stream);
 }
 
 int mt_instr_launch_offs(const mt_instr_offs_args *a, mt_stream stream) {
   mt_instr_offs_args copy = *a;
-  return launch("mt_instr_offs", (unsigned)a->nrows, &copy, stream);
+  return launch("mt_instr_offs", (unsigned)a->nrows, &copy, 0, stream);
 }

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "kernels/instr.h"
+#include "kernels/pdl.cuh"
 #include "kernels/whash.cuh"
 
 namespace {
@@ -335,6 +336,7 @@ __device__ void publish_empty(const mt_instr_finish_args &a) {
 extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr_finish_args a) {
   __shared__ uint64_t warp_part[8];
   __shared__ bool last;
+  grid_dependency_wait(); // launched dependent: the digest's rows and counts, and the GEMM before it
   mt_instr_header *hdr = a.hdr;
   const bool digest = a.w && hdr->selected > 0; // the same for the whole grid
   // no row digested: nothing to sum, so CTA 0 publishes alone and the others have nothing to do
@@ -439,9 +441,15 @@ static_assert(32 * MT_INSTR_DIGEST_WARPS == 256, "kernels/instr.c launches 256 t
 extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr_digest_args a) {
   __shared__ int32_t offs[MT_INSTR_SMEM_SEGS];
   __shared__ chosen_rows c;
+  // launched dependent (kernels/instr.c): the finish may start now, and waits for this grid's end
+  allow_dependents();
   // a captured call's replays digest one in `every`: the others choose nothing, and their finish
-  // publishes nothing
-  if (a.tick && *(volatile const uint32_t *)a.tick % a.every)
+  // publishes nothing. The count is the last replay's finish's, long ended: read before the wait
+  const bool skip = a.tick && *(volatile const uint32_t *)a.tick % a.every;
+  // the GEMM's output and its inputs; and every CTA waits, skipping or not, so that this grid, and
+  // with it the finish, ends after the GEMM: the stream's order for the kernels after them
+  grid_dependency_wait();
+  if (skip)
     return;
   const int32_t *o = a.offs;
   if (o && a.nseg <= MT_INSTR_SMEM_SEGS) {

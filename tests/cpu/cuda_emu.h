@@ -7,6 +7,9 @@
 // that a barrier orders here by chance, or a read of memory the GPU could not see passes.
 #pragma once
 
+// kernels/pdl.cuh: no programmatic dependent launch here (grids run one after another)
+#define MT_CUDA_EMU 1
+
 #include <barrier>
 #include <cmath>
 #include <cstddef>
