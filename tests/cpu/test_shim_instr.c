@@ -265,6 +265,9 @@ static void scenario_digest(void) {
   CHECK(da && da->x == p.x && da->y == p.y && da->ldx == IN && da->ldy == OUT && da->m == 8 &&
         da->n == OUT && da->k == IN && da->all == 1 && da->cap > 0);
   CHECK(da && event(d)->grid[0] == 1 && event(d)->block[0] == 256 && event(d)->stream == S1);
+  /* both launched dependent: each waits on the device for the kernels before it
+   * (kernels/instr.cu) */
+  CHECK(d >= 0 && w >= 0 && event(d)->pdl && event(w)->pdl);
   CHECK(wa && wa->w == p.w && wa->ldw == IN && wa->n == OUT && wa->k == IN && !wa->frozen_sum &&
         !wa->bias && wa->hdr == da->hdr && wa->seq == 1 && wa->cap == da->cap);
   /* the weight's sample, 32 lines of its 2048, summed by one CTA (a line a thread) */
