@@ -43,9 +43,10 @@ static uint16_t rnd_bf16(void) {
   return (uint16_t)(((r >> 16) & 1) << 15 | exp << 7 | man);
 }
 
-/* Fill `elems` BF16 of device memory from the random pool at a random offset, on the bench's stream:
- * it does not wait for the legacy default stream, so work on it must be enqueued on it to be ordered
- * before the kernels that read it (a weight quantized before its fill landed gave garbage once). */
+/* Fill `elems` BF16 of device memory from the random pool at a random offset, on the bench's
+ * stream: it does not wait for the legacy default stream, so work on it must be enqueued on it to
+ * be ordered before the kernels that read it (a weight quantized before its fill landed gave
+ * garbage once). */
 static void fill(void *dst, size_t elems) {
   size_t done = 0;
   while (done < elems) {

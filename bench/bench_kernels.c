@@ -3,13 +3,14 @@
  * (cublasGemmEx TN) on MoE expert shapes, the quantization kernels in GB/s, and at 1-16 tokens
  * every GEMM path forced beside AUTO's choice (the table AUTO's thresholds come from).
  *
- * Method (bench/bench_common.h): random data; each measurement is a CUDA graph of many calls whose weights
- * rotate over the experts of a layer (128, so they stream from HBM rather than sit in L2), timed
- * with CUDA events around whole replays after one warm-up replay; the median of REPLAYS replays
- * divided by the calls per graph is the time per call. Both sides run in the same process on the
- * same buffers' shapes. Prints a table and writes JSON to argv[1] (default build/bench.json).
- * MT_BENCH_EXPERTS=E (1 to 128) rotates over E experts instead: with 1 the weights stay in L2, which
- * says what streaming them from HBM costs a call (an experiment, not the benchmark's method).
+ * Method (bench/bench_common.h): random data; each measurement is a CUDA graph of many calls whose
+ * weights rotate over the experts of a layer (128, so they stream from HBM rather than sit in L2),
+ * timed with CUDA events around whole replays after one warm-up replay; the median of REPLAYS
+ * replays divided by the calls per graph is the time per call. Both sides run in the same process
+ * on the same buffers' shapes. Prints a table and writes JSON to argv[1] (default
+ * build/bench.json). MT_BENCH_EXPERTS=E (1 to 128) rotates over E experts instead: with 1 the
+ * weights stay in L2, which says what streaming them from HBM costs a call (an experiment, not the
+ * benchmark's method).
  */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>

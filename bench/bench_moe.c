@@ -16,9 +16,9 @@
  * sync, every routed expert requantized), and the layer as served under frozen-sampled (each
  * weight's grouped call running its refresh, nothing changed: "served", and its time over the
  * layer's alone, "check"; and served after a weight sync, every routed expert requantized by the
- * call that uses it: "srv sync"). Writes JSON to argv[1] (default build/bench_moe.json); `--only NAME`
- * runs one geometry, `--tokens T` one T, any (a sweep, a profiler), `--bn BN` forces the grouped
- * kernel's token tile (an A/B of the launcher's choice). */
+ * call that uses it: "srv sync"). Writes JSON to argv[1] (default build/bench_moe.json);
+ * `--only NAME` runs one geometry, `--tokens T` one T, any (a sweep, a profiler), `--bn BN` forces
+ * the grouped kernel's token tile (an A/B of the launcher's choice). */
 #include <cublas_v2.h>
 #include <math.h>
 #include <string.h>

@@ -48,7 +48,8 @@ static CUfunction fake_kernel(void *lib, const char *name) {
   char *p = img[n++ % 4], text[64];
   const int len = snprintf(text, sizeof text, ".text.%s", name);
   fake_cuda_elf(p, sizeof img[0], text, (size_t)len + 1);
-  /* through the global scope, as Triton's helper's PLT binds them: the shim's hooks when preloaded */
+  /* through the global scope, as Triton's helper's PLT binds them: the shim's hooks when
+   * preloaded */
   __typeof__(&cuModuleLoadData) load = (__typeof__(load))dlsym(RTLD_DEFAULT, "cuModuleLoadData");
   __typeof__(&cuModuleGetFunction) get =
       (__typeof__(get))dlsym(RTLD_DEFAULT, "cuModuleGetFunction");

@@ -14,7 +14,8 @@ static const mt_numerics num = {MT_SCALE_ROW, MT_SCALE_TENSOR, MT_WBLOCK_1X16};
 
 MTB_EXPORT const char *mtb_status(int st) { return mt_status_name((enum mt_status)st); }
 
-/* Bytes of device memory the store of `count` experts of n x k takes (0: a shape it cannot hold). */
+/* Bytes of device memory the store of `count` experts of n x k takes (0: a shape it cannot
+ * hold). */
 MTB_EXPORT size_t mtb_store_bytes(int count, int n, int k) {
   return mt_wstore_bytes(count, n, k, &num);
 }

@@ -1,5 +1,5 @@
-/* driver.c — the CUDA driver table (libcuda.so.1 through dlopen), the registry of CUDA contexts, and
- * the kernel modules embedded in the library, loaded once per context and looked up without a
+/* driver.c — the CUDA driver table (libcuda.so.1 through dlopen), the registry of CUDA contexts,
+ * and the kernel modules embedded in the library, loaded once per context and looked up without a
  * driver call.
  *
  * Each context slot (driver.h) holds its modules and an append-only array of function slots

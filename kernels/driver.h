@@ -96,8 +96,8 @@ int mt_ctx_current(mt_ctx *out);
 void mt_ctx_fork_lock(void);
 void mt_ctx_fork_unlock(void);
 
-/* 1 when `stream` belongs to a context other than the current one: the engine's kernels, scratch and
- * weights are the current context's, and a launch on another context's stream is refused by the
+/* 1 when `stream` belongs to a context other than the current one: the engine's kernels, scratch
+ * and weights are the current context's, and a launch on another context's stream is refused by the
  * driver (cuBLAS requires the handle's device to be current, so a correct program never makes such
  * a call). 0 when the stream is the current context's (the legacy and per-thread default streams
  * always are) or the driver cannot say (no cuStreamGetCtx). */
@@ -129,7 +129,8 @@ void mt_capture_restore(int previous);
 /* The kernel `fn` of module `module` (kernels/<module>.cu) in the current context. The first use in
  * a context loads every kernel file at once, so that a CUDA graph captured after any routed call
  * in that context finds whatever kernel it needs. Returns MT_OK, MT_ERR_CAPTURE when the modules
- * are not yet loaded and `stream` is capturing (loading is not legal then), or another mt_status. */
+ * are not yet loaded and `stream` is capturing (loading is not legal then), or another
+ * mt_status. */
 int mt_kernel_get(const char *module, const char *fn, CUstream stream, CUfunction *out);
 
 /* Launch f with its one by-value argument struct `args` on `stream`: a grid of gx x gy CTAs of

@@ -46,11 +46,12 @@ typedef struct {
 void mt_numerics_from_spec(const mt_spec *s, mt_numerics *n);
 
 /* A weight quantized for the GEMM (device memory the caller owns, laid out by mt_qweight_bind or
- * mt_qweight_bind_kept): the packed NVFP4 codes and scales and the outer scale (4.5 bits an element:
- * the kept form, what the frozen cache keeps); the full form adds the exact BF16 dequantized weight
- * that the tensor cores read on the large path, and the small-M kernels' copy in fragment order
- * where AUTO may use it (what a call that requantizes writes, in one pass). A GEMM on the kept form
- * writes the dequantized copy from the codes into its workspace first (mt_gemm), the same bits. */
+ * mt_qweight_bind_kept): the packed NVFP4 codes and scales and the outer scale (4.5 bits an
+ * element: the kept form, what the frozen cache keeps); the full form adds the exact BF16
+ * dequantized weight that the tensor cores read on the large path, and the small-M kernels' copy in
+ * fragment order where AUTO may use it (what a call that requantizes writes, in one pass). A GEMM
+ * on the kept form writes the dequantized copy from the codes into its workspace first (mt_gemm),
+ * the same bits. */
 typedef struct {
   int n, k;
   mt_numerics num;
@@ -237,8 +238,8 @@ typedef struct {
   mt_moe_lists lists; /* lists.offs is the call's offs; lists.w set iff weights */
 } mt_moe_dispatch;
 
-/* A grouped GEMM: segments s = 0 .. nseg-1, y_s[m_s][n] = x_s[m_s][k] . W_s[n][k]^T with W_s slice s
- * of w, each output y = acc * ((1/S_a[i]) * (1/S_w[j])) * alpha + beta * c + bias, one RNE cast.
+/* A grouped GEMM: segments s = 0 .. nseg-1, y_s[m_s][n] = x_s[m_s][k] . W_s[n][k]^T with W_s slice
+ * s of w, each output y = acc * ((1/S_a[i]) * (1/S_w[j])) * alpha + beta * c + bias, one RNE cast.
  * Rows: with offs (device memory, nseg int32 cumulative ends, as torch._grouped_mm takes them),
  * segment s is rows offs[s-1] .. offs[s]-1 of x, y and c (offs[-1] = 0), m the rows of x (a bound
  * on offs); without, every segment has seg_rows rows (m = nseg * seg_rows), segment s's at

@@ -1,6 +1,6 @@
-/* gemm.c — host side of the GEMM kernels (kernels/gemm_small.cu, kernels/gemm_large.cu): choose the path and the tile, describe
- * the operands, launch on the caller's stream. No allocation, no synchronisation: legal inside a
- * CUDA graph capture once the module is loaded. */
+/* gemm.c — host side of the GEMM kernels (kernels/gemm_small.cu, kernels/gemm_large.cu): choose the
+ * path and the tile, describe the operands, launch on the caller's stream. No allocation, no
+ * synchronisation: legal inside a CUDA graph capture once the module is loaded. */
 #include "kernels/gemm.h"
 
 #include <pthread.h>
@@ -108,7 +108,8 @@ int mt_gemm_launch_fused(const mt_gemm_args *a, mt_stream stream) {
 /* A K-major BF16 matrix of rows x k as TMA sees it: boxes of 64 columns (128 bytes, the swizzle
  * span) by box_rows rows; reads past the matrix return zeros, which add nothing to a sum. pair
  * (k % 64 == 0): rank 3, the columns as k / 64 blocks of 64 (128 bytes apart), a box two blocks
- * deep (mt_gemm_large_m64p_nBN); a block past k is wholly past the third dimension, so zeros too. */
+ * deep (mt_gemm_large_m64p_nBN); a block past k is wholly past the third dimension, so zeros
+ * too. */
 int mt_gemm_tensor_map(CUtensorMap *map, const void *base, int rows, int k, int box_rows,
                        int pair) {
   const mt_driver *d = mt_driver_get();
@@ -150,9 +151,9 @@ static long long max2(long long a, long long b) { return a > b ? a : b; }
 /* Clocks one SM spends on a 64-wide K block of a bm x bn tile while `active` SMs work: the largest
  * of what the block needs (H200, lab/probe_feed.cu; lab/NOTES.md, "What feeds a tile" and "The
  * tile estimate"):
- *  - shared memory, 128 bytes a clock: TMA writes bm + bn rows of 128 bytes, and each of the bm / 64
- *    consumer warpgroups reads its 64 rows of A and all bn rows of B (128 x 64 tiles: 56 KB, 448
- *    clocks);
+ *  - shared memory, 128 bytes a clock: TMA writes bm + bn rows of 128 bytes, and each of the
+ *    bm / 64 consumer warpgroups reads its 64 rows of A and all bn rows of B (128 x 64 tiles:
+ *    56 KB, 448 clocks);
  *  - the tensor cores, 2048 multiply-adds a clock: bm * bn * 64 / 2048;
  *  - the feed from L2: ~76 bytes a clock into one SM, ~8000 shared by all the working SMs (8000
  *    puts gate_up M = 256 on 64 x 48 tiles, measured best: lab/NOTES.md, "Tiles of 64 tokens"). */
@@ -196,7 +197,8 @@ static int stores_by_tma(const mt_gemm_args *a, mt_gemm_tile t, CUtensorMap *ty)
          output_map(ty, a->y, a->ytype, a->m, a->n, a->ldy) == MT_OK;
 }
 
-/* The persistent grid: one CTA per SM (one fits: ~200 KB of shared memory), each walking its tiles. */
+/* The persistent grid: one CTA per SM (one fits: ~200 KB of shared memory), each walking its
+ * tiles. */
 static unsigned persistent_grid(const mt_gemm_args *a, mt_gemm_tile t, int sms) {
   long long count = tile_count(a->m, a->n, t);
   return (unsigned)(count < sms ? count : sms);

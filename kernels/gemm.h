@@ -1,5 +1,5 @@
-/* gemm.h — launchers of the W4A4 GEMM kernels (kernels/gemm_small.cu, kernels/gemm_large.cu), called by the engine after the
- * activations are quantized.
+/* gemm.h — launchers of the W4A4 GEMM kernels (kernels/gemm_small.cu, kernels/gemm_large.cu),
+ * called by the engine after the activations are quantized.
  *
  * Both paths multiply exact BF16 dequantized operands in k16 tensor-core steps (mma.sync
  * m16n8k16 for small M, wgmma m64nNk16 for large M: the same bits on NVFP4 operands,

@@ -1,6 +1,6 @@
 /* gemm_args.h — the by-value arguments of the GEMM kernels: kernels/gemm.c fills them, the kernels
- * of kernels/gemm_small.cu and kernels/gemm_large.cu read them (one struct per kernel, passed whole through cuLaunchKernelEx).
- * Plain C, included by both. */
+ * of kernels/gemm_small.cu and kernels/gemm_large.cu read them (one struct per kernel, passed whole
+ * through cuLaunchKernelEx). Plain C, included by both. */
 #ifndef MT_GEMM_ARGS_H
 #define MT_GEMM_ARGS_H
 
@@ -177,7 +177,8 @@ typedef struct {
   const uint32_t *acts;
   const int32_t
       *offs; /* device: cumulative row ends of the segments (segment g: offs[g-1] .. offs[g],
-                             offs[-1] = 0), or NULL: seg_rows rows each, segment g at row g * seg_rows */
+                             offs[-1] = 0), or NULL: seg_rows rows each, segment g at row
+                             g * seg_rows */
   int seg0, nseg, seg_rows;
   int m, n, k;        /* m: rows of xhat (bounds offs) */
   const float *sa;    /* S_a: per row of xhat, or one */

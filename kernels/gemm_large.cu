@@ -1,5 +1,6 @@
-// gemm_large.cu — the large-M path of the W4A4 GEMM (mt_gemm_large_nBN). y[m][n] = x[m][k] . W[n][k]^T
-// on NVFP4 operands, exactly, through BF16 wgmma with FP32 accumulation.
+// gemm_large.cu — the large-M path of the W4A4 GEMM (mt_gemm_large_nBN).
+// y[m][n] = x[m][k] . W[n][k]^T on NVFP4 operands, exactly, through BF16 wgmma with FP32
+// accumulation.
 //
 // Exactness (docs/numerics.md, "Why BF16 tensor cores compute NVFP4 exactly on Hopper"): every
 // dequantized element e2m1 * e4m3 is exact in BF16 and every product of two is exact in FP32, so
@@ -41,9 +42,10 @@ __device__ static inline void warpgroup_sync(int id) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
 }
 
-// TMA stores (the ts variant): a box from shared memory to global, grouped; the shared memory may be
-// written again once wait_read says the group has read it. Ordinary stores to shared memory that a
-// TMA store reads need fence_async_shared in each writing thread first (the PTX ISA's async proxy).
+// TMA stores (the ts variant): a box from shared memory to global, grouped; the shared memory may
+// be written again once wait_read says the group has read it. Ordinary stores to shared memory that
+// a TMA store reads need fence_async_shared in each writing thread first (the PTX ISA's async
+// proxy).
 __device__ static inline void tma_store_2d(const CUtensorMap *map, const void *src, int c0,
                                            int c1) {
   asm volatile(
@@ -134,10 +136,10 @@ __device__ static __forceinline__ float inv_w_one(const mt_epilogue_args &e) {
 }
 
 // The outputs of one consumer warpgroup: 64 tokens from row0 by BN channels from n0 (its part of
-// the tile); d[4c + 2i + j] is row 16w + g + 8i, column 8c + 2q + j (wgmma.cuh). Per element exactly epilogue() of
-// gemm_common.cuh: t = (acc * ((1/S_a) * (1/S_w))) * alpha, + beta * c, + bias, one rounding each.
-// SW_ROW: 1/S_w per column from shared memory, else one value; EXTRA: C or a bias exist; FULL:
-// all BN columns exist (no column checks).
+// the tile); d[4c + 2i + j] is row 16w + g + 8i, column 8c + 2q + j (wgmma.cuh). Per element
+// exactly epilogue() of gemm_common.cuh: t = (acc * ((1/S_a) * (1/S_w))) * alpha, + beta * c,
+// + bias, one rounding each. SW_ROW: 1/S_w per column from shared memory, else one value; EXTRA: C
+// or a bias exist; FULL: all BN columns exist (no column checks).
 // ROWS (the 64-token tiles): 1/S_a of the tile's rows comes from shared memory (inv_a_rows, filled
 // during the K loop by scale_helpers), not from a global load after it; the same value.
 // STAGED (the ts variant): the outputs go as BF16/FP16 pairs into `stage` instead, BN / 64 boxes
@@ -280,8 +282,8 @@ __device__ static __forceinline__ void k_loop(float *d, uint64_t *full, uint64_t
 }
 
 // The stage ring's barriers, by one thread: "full" completes on the producer's arrival and the
-// stage's bytes, "empty" on `consumers` arrivals (one per consumer warp: 8); the fence makes them visible
-// to the async proxy (TMA).
+// stage's bytes, "empty" on `consumers` arrivals (one per consumer warp: 8); the fence makes them
+// visible to the async proxy (TMA).
 template <int S>
 __device__ static __forceinline__ void init_ring(uint64_t *full, uint64_t *empty, int consumers) {
   for (int s = 0; s < S; s++) {
@@ -298,15 +300,16 @@ __device__ static __forceinline__ void init_ring(uint64_t *full, uint64_t *empty
 // (TM * 128 bytes), then the BN-row weight tile; of the last band's activation tile only
 // a.last_rows rows are loaded (ta_last, gemm_args.h): the zero fill of the other rows cost
 // DeepSeek's shapes up to half their time at M = 16 (lab/NOTES.md, "The last band's box").
-// KS = 2 (the 64-token tiles): a stage holds two 64-wide K blocks, A blocks then W blocks, so that a
-// consumer's wait and release per stage (lab/NOTES.md, "Two K blocks a stage") come once per 128
+// KS = 2 (the 64-token tiles): a stage holds two 64-wide K blocks, A blocks then W blocks, so that
+// a consumer's wait and release per stage (lab/NOTES.md, "Two K blocks a stage") come once per 128
 // columns. Where k / 64 is odd the last stage's second block lies wholly past k: TMA fills it with
 // zeros and its k16 steps add +0 to each accumulator, which changes no bits (an accumulator that
 // starts at +0 is never -0 in round-to-nearest, and NaN and Inf stay), as the zero columns of a
 // block past k always did. tests/gpu/test_kernels.c runs it at k = 2080 against the reference
 // (gemm_accuracy) and bitwise against the small kernels at k = 944 (gemm_paths_agree).
-// Stage kb's KS blocks of one operand from `row` into dst, blocks `step` bytes apart: a box a block,
-// or with KP (the maps of rank 3) one box for all, an activation box's blocks then its rows apart.
+// Stage kb's KS blocks of one operand from `row` into dst, blocks `step` bytes apart: a box a
+// block, or with KP (the maps of rank 3) one box for all, an activation box's blocks then its rows
+// apart.
 template <int KS, bool KP>
 __device__ static __forceinline__ void load_stage(uint8_t *dst, const CUtensorMap *map,
                                                   uint64_t *bar, int kb, int row, int step) {
@@ -364,8 +367,8 @@ __device__ static __forceinline__ void produce(const mt_large_args &a, uint8_t *
 
 // The 64-token tiles' epilogue scales, filled during the K loop: 1/S_a of the tile's 64 rows and
 // 1/S_w where it is one value (the columns' 1/S_w and bias go into `columns` as prepare_columns
-// does), by warps 1-3 of the producer warpgroup, idle otherwise, so that a few-token launch does not
-// wait for two dependent global loads (S_w, then S_a) after its K loop. full: the scales of the
+// does), by warps 1-3 of the producer warpgroup, idle otherwise, so that a few-token launch does
+// not wait for two dependent global loads (S_w, then S_a) after its K loop. full: the scales of the
 // CTA's j-th tile are there (phase j % 2, 96 arrivals); empty: the consumer has stored that tile
 // (4 arrivals, one a warp) and the next tile's may overwrite them. The loads below run one after
 // another (a shared store between each), which does not matter: the consumer barely waits for
@@ -494,10 +497,10 @@ template <int BN, int TM = BM, bool KP = false> __device__ static void run(const
   }
 }
 
-// The TMA-store kernel (mt_gemm_large_ts_nBN, the default where it applies): v6 with one stage fewer and
-// the epilogue writing its outputs into a staging tile in shared memory (64 x BN per consumer
-// warpgroup) that one thread then stores by TMA (boxes of 64 x 64, clipped at M and N): full
-// 128-byte lines instead of 16-byte pieces from 8 rows per store instruction, and the stores
+// The TMA-store kernel (mt_gemm_large_ts_nBN, the default where it applies): v6 with one stage
+// fewer and the epilogue writing its outputs into a staging tile in shared memory (64 x BN per
+// consumer warpgroup) that one thread then stores by TMA (boxes of 64 x 64, clipped at M and N):
+// full 128-byte lines instead of 16-byte pieces from 8 rows per store instruction, and the stores
 // overlap the next tile's K loop. Same arithmetic, same bits. The clip at N works in 16-byte
 // pieces: at N = 271 device call 3 saw column 271 (the caller's padding) written, so kernels/gemm.c
 // runs it only when N % 8 == 0.

@@ -5,10 +5,10 @@
 //
 // One CTA of two warps per 16 output channels (n / 16 CTAs: 96 for gate_up, so most SMs share the
 // work); each warp owns 8 channels. The MMA's M is the tokens (A: the activations, quantized by the
-// CTA into shared memory, rows past m zero) and its N the warp's 8 channels (B: the weight, streamed
-// at 5 bits per element in fragment order and decoded in registers, 4 elements a lane a step, no
-// zero operand). k16 steps over K in increasing order into one FP32 accumulator per output, from
-// zero, no split-K: the arithmetic of the large path (kernels/gemm_large.cu), which
+// CTA into shared memory, rows past m zero) and its N the warp's 8 channels (B: the weight,
+// streamed at 5 bits per element in fragment order and decoded in registers, 4 elements a lane a
+// step, no zero operand). k16 steps over K in increasing order into one FP32 accumulator per
+// output, from zero, no split-K: the arithmetic of the large path (kernels/gemm_large.cu), which
 // lab/probe_mma.cu showed gives the same bits (within a step every product is exact and the block
 // sum is exact in FP32, so which operand is A does not matter). The kernel runs in plain stream
 // order (nothing before it to overlap) and quantizes while its first weights arrive. The epilogue's

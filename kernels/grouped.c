@@ -15,7 +15,8 @@
 #include "kernels/whash.h"
 #include "kernels/wstore.h"
 
-/* mt_gemm_tensor_map's paired box is two K blocks deep: a stage of the grouped kernel's kpair mode. */
+/* mt_gemm_tensor_map's paired box is two K blocks deep: a stage of the grouped kernel's kpair
+ * mode. */
 _Static_assert(MT_LARGE_KS_64 == 2, "a paired activation box must be one grouped stage");
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
@@ -237,10 +238,10 @@ int mt_grouped_bn(int m, int nseg) {
 }
 
 /* Whether the call's GEMM runs beside its refresh (MT_REFRESH_BESIDE): at most BESIDE_ROWS rows,
- * per-row S (the activations' quantizer one kernel, launched dependent). Else the GEMM waits for the
- * refresh before its K loops: beside it above 64 rows, Qwen3's layer took 0.6-1.6% longer at 16-64
- * tokens (gained 2.6% at 128 alone) and DeepSeek's 3% at 16 and 128 (lab/NOTES.md, "The sampled
- * refresh's clusters"). */
+ * per-row S (the activations' quantizer one kernel, launched dependent). Else the GEMM waits for
+ * the refresh before its K loops: beside it above 64 rows, Qwen3's layer took 0.6-1.6% longer at
+ * 16-64 tokens (gained 2.6% at 128 alone) and DeepSeek's 3% at 16 and 128 (lab/NOTES.md, "The
+ * sampled refresh's clusters"). */
 #define BESIDE_ROWS 64
 static int gemm_beside_refresh(const mt_grouped_args *a) {
   return a->refresh && a->w->num.act_scale == MT_SCALE_ROW && a->m <= BESIDE_ROWS;
@@ -364,7 +365,8 @@ static int act_map(mt_grouped_kargs *k, uint16_t *xhat, const mt_grouped_args *a
 }
 
 /* A refresh the call can run: of the call's store, or of the one slice its segments share; with
- * offs, the call's own table, a segment a slice (the refresh reads an end for each of its slices). */
+ * offs, the call's own table, a segment a slice (the refresh reads an end for each of its
+ * slices). */
 static int refresh_fits(const mt_grouped_args *a) {
   const mt_wstore *r = a->refresh->ws, *w = a->w;
   const int32_t *offs = a->refresh->offs;

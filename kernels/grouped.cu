@@ -1,6 +1,7 @@
 // grouped.cu — the W4A4 GEMM of a whole grouped problem in one launch (mt_grouped_nBN): segments
-// s = 0 .. nseg-1 (the experts of a MoE layer, or one weight), y_s[m_s][n] = x_s[m_s][k] . W_s[n][k]^T
-// on NVFP4 operands, exactly, through BF16 tensor-core MMAs with FP32 accumulation.
+// s = 0 .. nseg-1 (the experts of a MoE layer, or one weight),
+// y_s[m_s][n] = x_s[m_s][k] . W_s[n][k]^T on NVFP4 operands, exactly, through BF16 tensor-core MMAs
+// with FP32 accumulation.
 //
 // The weight is A and comes from registers: each consumer warp decodes its 16 channels' codes and
 // block scales (kernels/wstore.h, 4.5 bits an element, streamed from HBM by bulk copies) into the
@@ -334,8 +335,9 @@ __device__ static void produce(const mt_grouped_kargs &a, table *t, uint32_t gen
   }
 }
 
-// One 64-wide K block of a consumer warpgroup: decode its A, four k16 wgmmas as one group, then wait
-// until the group before is complete (its A registers may be written again, its stage released).
+// One 64-wide K block of a consumer warpgroup: decode its A, four k16 wgmmas as one group, then
+// wait until the group before is complete (its A registers may be written again, its stage
+// released).
 template <int BN>
 __device__ static inline void block_step(float *d, uint32_t (&A)[4][4], const uint8_t *code,
                                          const uint8_t *scale, int b, uint64_t db) {
@@ -754,7 +756,8 @@ template <int BN> __device__ static __forceinline__ void run(const mt_grouped_ka
   const int hw = 8 * cw + 2 * ((threadIdx.x % 128) / 32); // the warp's first row group of the band
   scales_at sc = a.acts ? AFTER_ACTS : AFTER_WAIT;
   ring_pos at;
-  // narrower wgmmas for a tile's rows (tile_rows) on the common output alone: BF16, without C or bias
+  // narrower wgmmas for a tile's rows (tile_rows) on the common output alone: BF16, without C or
+  // bias
   const bool narrow = !has_extra(a) && a.ytype != DT_FP16;
   for (int round = 0;; round++) {
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {

@@ -40,7 +40,8 @@ static unsigned row_threads(unsigned blocks) {
  * with --sweep; K = 768, 2048, 7168): 2 or 4 blocks a thread (64 or 128 bytes in flight each) and
  * at most 128 threads a row reach 3.8-3.9 TB/s where one block a thread reaches 3.0-3.7; among
  * those the shape with the fewest idle threads wins, and on a tie 2 blocks a thread when that
- * still gives 64 threads a row. Few rows are latency-bound: one block a thread, as wide as the row. */
+ * still gives 64 threads a row. Few rows are latency-bound: one block a thread, as wide as the
+ * row. */
 static unsigned blocks_per_thread(unsigned nblk, unsigned rows) {
   if (rows <= MANY_ROWS)
     return 1;
@@ -149,7 +150,8 @@ static int params_ok(const mt_quant_params *p, int tile16) {
              : !p->batch_offs;
 }
 
-/* dependent: per-row S's one kernel launched with programmatic serialization (mt_quantize_dependent) */
+/* dependent: per-row S's one kernel launched with programmatic serialization
+ * (mt_quantize_dependent) */
 static int quantize(const mt_quant_params *p, int tile16, int dependent, mt_stream stream) {
   const mt_driver *d = mt_driver_get();
   if (!d)

@@ -123,7 +123,8 @@ __device__ __forceinline__ block_at slice_block_at(const mt_quant_params &p, int
   return {e, rl, r, by, ok, (const char *)p.x + batch_row_at(p, e, ok ? rl : 0) * 2};
 }
 
-/* The launch's CTA (bx, by): rows r = bx * TY + ty (in the store mode over the slices' padded rows). */
+/* The launch's CTA (bx, by): rows r = bx * TY + ty (in the store mode over the slices' padded
+ * rows). */
 template <bool STORE, bool PTRS>
 __device__ __forceinline__ block_at block_at_of(const mt_quant_params &p, int bx, int by) {
   const int r_all = bx * blockDim.y + threadIdx.y;
@@ -232,7 +233,8 @@ __device__ __forceinline__ void quantize_loaded(const mt_quant_params &p, const 
       outer[0] = S;
   }
 
-  if (TILE) { /* TY == 16: the 16 rows of a CTA are one row of tiles (a slice's rows are whole tiles) */
+  if (TILE) { /* TY == 16: the 16 rows of a CTA are one row of tiles (a slice's rows are whole
+                 tiles) */
     __shared__ uint32_t tile_max[kMaxThreads / 16 * 8];
     const int first = by * TX * NB;
 #pragma unroll
@@ -459,7 +461,8 @@ struct refresh_batch {
  * runs of 32 (a line a lane), slice after slice, dealt to the cluster's warps in turn (rank * warps
  * + warp, then a cluster's warps further on), so that a sample of a few runs a slice still keeps
  * every warp busy. A warp adds its sum of a slice to the slice's word once, when it moves past the
- * slice (a 64-bit add to shared memory is a compare-and-swap loop: one a warp, not one a thread). */
+ * slice (a 64-bit add to shared memory is a compare-and-swap loop: one a warp, not one a
+ * thread). */
 __device__ void hash_shares(const mt_refresh_args &a, const refresh_batch &bt, uint64_t *part,
                             const cluster_at &c) {
   const mt_quant_params &p = a.q;
@@ -728,13 +731,13 @@ MT_QUANT_STORE(fp16, true)
 /* ---- a kept weight's dequantized copy, from its codes and scales (kernels/engine.c: the large
  * path of a weight kept without one) -------------------------------------------------------------
  *
- * xhat = +-e2m1(code) * s_b with the code's sign: the product the quantizer formed (encode: r * s_b,
- * then v's sign, which the code carries), so the same bits, -0 and the zeros of a domain holding NaN
- * or Inf included (codes and scales 0). One thread a block of 16: its 8 code bytes and its scale in,
- * 32 bytes out (element 2i in the low nibble of code byte i, as the quantizer packs them). Launched
- * dependent: its launch overlaps the kernel before it, for which it waits before it reads; the
- * call's activations' quantizer, launched in order, starts once it has ended, and the GEMM after
- * that reads the copy before it waits (kernels/engine.c).
+ * xhat = +-e2m1(code) * s_b with the code's sign: the product the quantizer formed (encode:
+ * r * s_b, then v's sign, which the code carries), so the same bits, -0 and the zeros of a domain
+ * holding NaN or Inf included (codes and scales 0). One thread a block of 16: its 8 code bytes and
+ * its scale in, 32 bytes out (element 2i in the low nibble of code byte i, as the quantizer packs
+ * them). Launched dependent: its launch overlaps the kernel before it, for which it waits before it
+ * reads; the call's activations' quantizer, launched in order, starts once it has ended, and the
+ * GEMM after that reads the copy before it waits (kernels/engine.c).
  * Tested by tests/gpu/test_kernels.c (kept_weight_dequant: the quantizer's xhat bit for bit, every
  * numerics; the GEMM on the kept form against the full form, bit for bit). */
 

@@ -143,10 +143,11 @@ static __device__ __forceinline__ uint32_t block(const uint32_t (&w)[8], uint32_
 }
 
 /* ---- the weight store's encode (kernels/wstore.h), the store quantizer's (kernels/quant.cu): here
- * beside the per-block steps, so that any kernel that writes a store writes it bit for bit alike ---- */
+ * beside the per-block steps, so that any kernel that writes a store writes it bit for bit
+ * alike ---- */
 
-/* The record's four code words of row r from its blocks b (codes cd0) and b + 1 (cd1): lane 4g + q's
- * word holds the pairs of code bytes q and q + 4 of each block, in the store's bit order
+/* The record's four code words of row r from its blocks b (codes cd0) and b + 1 (cd1): lane
+ * 4g + q's word holds the pairs of code bytes q and q + 4 of each block, in the store's bit order
  * (kernels/wstore.h, mt_ws_word). */
 static __device__ __forceinline__ void
 record_words_of_codes(const uint32_t (&cd0)[2], const uint32_t (&cd1)[2], uint32_t (&word)[4]) {
@@ -197,9 +198,9 @@ static __device__ __forceinline__ uint32_t e2m1_mag_biased(float a) {
   return __vimin3_u32(__float_as_uint(t1), __float_as_uint(t2), __float_as_uint(t3));
 }
 
-/* The bias that record_words's biased magnitudes add at the store's code positions (mt_ws_pair_bits),
- * negated: the sum starting from it ends as the codes alone (at most 7 in a field of 3 bits, so
- * no carries: the biases cancel modulo 2^32). */
+/* The bias that record_words's biased magnitudes add at the store's code positions
+ * (mt_ws_pair_bits), negated: the sum starting from it ends as the codes alone (at most 7 in a
+ * field of 3 bits, so no carries: the biases cancel modulo 2^32). */
 static __host__ __device__ constexpr uint32_t word_bias_start() {
   uint32_t sum = 0;
   for (uint32_t p = 0; p < 4; p++)
@@ -280,8 +281,8 @@ static __device__ __forceinline__ uint4 load16(const char *at, bool loose) {
                     h[4] | (uint32_t)h[5] << 16, h[6] | (uint32_t)h[7] << 16);
 }
 
-/* max |x| of the row of `cols` elements at src, as FP32 bits, by a warp (lane `lane`), in every lane: four
- * 16-byte loads in flight a lane (LOOSE: src need not be 16-byte aligned, load16). */
+/* max |x| of the row of `cols` elements at src, as FP32 bits, by a warp (lane `lane`), in every
+ * lane: four 16-byte loads in flight a lane (LOOSE: src need not be 16-byte aligned, load16). */
 template <bool FP16, bool LOOSE>
 static __device__ __forceinline__ uint32_t row_amax_bits(const char *src, int cols, int lane) {
   const int chunks = cols >> 3;

@@ -1,7 +1,7 @@
-/* quant.h — NVFP4 quantization on the GPU (kernels in kernels/quant.cu, launched by kernels/quant.c):
- * BF16 or FP16 rows to the exact BF16 dequantized matrix the tensor cores read, and optionally the
- * packed codes and E4M3 scales, bit-identical to mt_ref_quantize (ref/nvfp4.c); or the same codes
- * and scales as the weight store of kernels/wstore.h (mt_quant_params.store).
+/* quant.h — NVFP4 quantization on the GPU (kernels in kernels/quant.cu, launched by
+ * kernels/quant.c): BF16 or FP16 rows to the exact BF16 dequantized matrix the tensor cores read,
+ * and optionally the packed codes and E4M3 scales, bit-identical to mt_ref_quantize (ref/nvfp4.c);
+ * or the same codes and scales as the weight store of kernels/wstore.h (mt_quant_params.store).
  *
  * mt_quant_params is the one by-value argument of every kernel: C and CUDA C++ both include this
  * header, so it holds only fixed-width types and pointers.

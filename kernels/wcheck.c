@@ -1,6 +1,7 @@
 /* wcheck.c — the frozen cache's refresh of a per-call weight (engine.h: mt_refresh_weight): the
  * change check of kernels/wcheck.cu, then the quantization if it found a change. A grouped store's
- * refresh is one launch of its own (kernels/grouped.c: mt_wstore_refresh, or inside the grouped call). */
+ * refresh is one launch of its own (kernels/grouped.c: mt_wstore_refresh, or inside the grouped
+ * call). */
 #include <stddef.h>
 #include <stdint.h>
 

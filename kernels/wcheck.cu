@@ -1,16 +1,16 @@
 // wcheck.cu — has a weight changed since it was last quantized? The frozen weight cache's check of
 // a per-call weight (a grouped store's refresh is its own kernel: kernels/quant.cu, refresh_store).
 //
-// The shim keeps quantized weights across calls (MINITE_WEIGHT_CACHE=frozen) but must never use a stale
-// one when the program overwrites a weight in place (an RL sampler does at every weight sync). At
-// each call this kernel hashes the weight on the device (kernels/whash.cuh) and lists the slices
-// whose hash differs from the one of their last quantization; the quantization kernels that follow
-// on the stream requantize only the listed ones. No host read-back, so a captured graph replays the
-// check too. Cost, nothing changed: one read of the weight (2 bytes an element), or of its sample
-// (frozen-sampled: one 1 KB run of lines in each `step` runs; see README, "Weight cache").
-// Tested on the GPU by tests/gpu/test_kernels.c (the conditional quantization it drives) and
-// through the shim by tests/gpu/test_routed.py; the launches and the state's handling on the CPU
-// by tests/cpu/test_shim_engine.c.
+// The shim keeps quantized weights across calls (MINITE_WEIGHT_CACHE=frozen) but must never use a
+// stale one when the program overwrites a weight in place (an RL sampler does at every weight
+// sync). At each call this kernel hashes the weight on the device (kernels/whash.cuh) and lists the
+// slices whose hash differs from the one of their last quantization; the quantization kernels that
+// follow on the stream requantize only the listed ones. No host read-back, so a captured graph
+// replays the check too. Cost, nothing changed: one read of the weight (2 bytes an element), or of
+// its sample (frozen-sampled: one 1 KB run of lines in each `step` runs; see README, "Weight
+// cache"). Tested on the GPU by tests/gpu/test_kernels.c (the conditional quantization it drives)
+// and through the shim by tests/gpu/test_routed.py; the launches and the state's handling on the
+// CPU by tests/cpu/test_shim_engine.c.
 #include <stdint.h>
 
 #include "kernels/pdl.cuh"

@@ -3,12 +3,12 @@
  * kernels/whash.h's. Plain C, included by both sides.
  *
  * The state of a weight of `slices` slices (a store's experts, or the one weight of a per-call
- * entry) is MT_WCHECK_STATE_BYTES(slices) (mt_refresh_state_bytes) of device memory, zeroed when the
- * weight is bound: a head, the slices' words, then the list of the slices the last per-call check
- * found changed (which the quantizers read as their only_if). A store's refresh (kernels/quant.cu,
- * refresh_store) keeps only the slices' hash and valid words (its verdicts never leave a cluster)
- * and the head's generation; the grouped call that runs it, the head's count of its activations'
- * quantizer's running CTAs. */
+ * entry) is MT_WCHECK_STATE_BYTES(slices) (mt_refresh_state_bytes) of device memory, zeroed when
+ * the weight is bound: a head, the slices' words, then the list of the slices the last per-call
+ * check found changed (which the quantizers read as their only_if). A store's refresh
+ * (kernels/quant.cu, refresh_store) keeps only the slices' hash and valid words (its verdicts never
+ * leave a cluster) and the head's generation; the grouped call that runs it, the head's count of
+ * its activations' quantizer's running CTAs. */
 #ifndef MT_WCHECK_H
 #define MT_WCHECK_H
 

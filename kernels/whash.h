@@ -24,9 +24,9 @@ MT_HD int mt_whash_lines_fit(int rows, int cols) {
 /* The sampled check's step (MINITE_WEIGHT_CACHE=frozen-sampled): one run in 512, 1/512 of a
  * weight's lines (12 KB of a Qwen3 gate_up expert's 6 MB). A weight sync or an optimizer step
  * rewrites every line, so any sample sees it; a change confined to a few lines is missed by any
- * sample short of every line. The check's bytes are what it costs at many tokens: at 1/64, a Qwen3 layer's
- * check at 128 tokens read 19 MB beside its GEMMs' 340 MB (docs/performance.md, "Refresh costs of
- * the frozen caches"). The digests' weight identity is the sum over the same sample
+ * sample short of every line. The check's bytes are what it costs at many tokens: at 1/64, a Qwen3
+ * layer's check at 128 tokens read 19 MB beside its GEMMs' 340 MB (docs/performance.md, "Refresh
+ * costs of the frozen caches"). The digests' weight identity is the sum over the same sample
  * (kernels/instr.h), so that under frozen-sampled it is the cache's stored hash. */
 #define MT_SAMPLE_STEP 512
 

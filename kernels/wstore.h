@@ -78,9 +78,9 @@ MT_HD uint32_t mt_ws_word(uint32_t pairs) {
  * with BF16 bits b * 16 + MT_WS_SCALE_BF16 = the scale * 2^119 (a normal BF16: 2^110 .. 1.75 *
  * 2^127), so one multiply-add turns it into the BF16 factor of the decode: v * 2^-126 times the
  * scale * 2^119 is the dequantized element * 2^-7, a normal BF16 (2^-17 .. 21), exact; the GEMM's
- * epilogue multiplies its accumulator by 2^7 (exact). b is an unsigned exponent (5 bits, bias 9) and
- * 3 mantissa bits: the FP32 bits of the scale >> 20, less 118 << 3. Scale 0 (its codes are all 0)
- * shares byte 0 with 2^-9; NaN is 148. `bits` are the FP32 bits of the scale's value. */
+ * epilogue multiplies its accumulator by 2^7 (exact). b is an unsigned exponent (5 bits, bias 9)
+ * and 3 mantissa bits: the FP32 bits of the scale >> 20, less 118 << 3. Scale 0 (its codes are all
+ * 0) shares byte 0 with 2^-9; NaN is 148. `bits` are the FP32 bits of the scale's value. */
 #define MT_WS_SCALE_BF16 (237u << 7) /* 2^110: the BF16 of 2^-9 * 2^119 */
 #define MT_WS_WEIGHT_SHIFT 7         /* the decoded weights are the dequantized ones * 2^-7 */
 MT_HD uint32_t mt_ws_scale_byte(uint32_t bits) {

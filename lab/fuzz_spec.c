@@ -1,7 +1,8 @@
 /* fuzz_spec.c — libFuzzer target of the spec parser (lab/fuzz.mk): any input must parse or fail
  * without a crash or a read past its end (ASan, UBSan), every message must be one printable line,
  * and a spec that parses must survive the round trip canonical -> parse with the same canonical
- * text and fingerprint. Any mismatch aborts, so libFuzzer keeps the input. Seeds: lab/fuzz-seeds/spec.
+ * text and fingerprint. Any mismatch aborts, so libFuzzer keeps the input. Seeds:
+ * lab/fuzz-seeds/spec.
  */
 #include <stdint.h>
 #include <stdlib.h>

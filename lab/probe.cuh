@@ -1,6 +1,6 @@
 // probe.cuh — what the experiments in lab/probe_*.cu share: the CUDA status check, medians, the
-// time per launch of a CUDA graph of many launches (lab/NOTES.md, "Measurement method and noise"), and
-// device buffers of BF16 values that do not matter for time.
+// time per launch of a CUDA graph of many launches (lab/NOTES.md, "Measurement method and noise"),
+// and device buffers of BF16 values that do not matter for time.
 #pragma once
 #include <algorithm>
 #include <cstdio>

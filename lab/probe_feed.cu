@@ -1,6 +1,6 @@
 // probe_feed.cu — what bounds the large path at a few hundred tokens (lab/NOTES.md, "Large-M
-// kernels and tiles"): how fast TMA fills one SM's shared memory, alone and under the MMAs, for tiles of
-// BM tokens x BN channels on as many SMs as the tiles allow.
+// kernels and tiles"): how fast TMA fills one SM's shared memory, alone and under the MMAs, for
+// tiles of BM tokens x BN channels on as many SMs as the tiles allow.
 //
 // The kernel is the large path's pipeline (kernels/gemm_large.cu: one producer thread, a ring of
 // 128B-swizzled stages, consumer warpgroups issuing wgmma m64nNk16 with one group in flight) with
@@ -18,7 +18,8 @@
 // the L2 feed costs the 64-token tiles at M = 128-512.
 //
 // Build and run on the H200 (tests/gpu/session.sh probe; PROBE_ARGS=mc for the second):
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_feed lab/probe_feed.cu -lcuda
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_feed
+//       lab/probe_feed.cu -lcuda
 #include <cuda.h>
 #include <cuda_runtime.h>
 

@@ -1,15 +1,16 @@
-// probe_floor.cu — the fastest a few-token call can be on this GPU under the spec's rules, measured:
-// what the decode target (3x faster than cuBLAS BF16 at M <= 16) is up against.
+// probe_floor.cu — the fastest a few-token call can be on this GPU under the spec's rules,
+// measured: what the decode target (3x faster than cuBLAS BF16 at M <= 16) is up against.
 //
-// Batch invariance (docs/numerics.md, "Batch invariance") forbids split-K, so every output of a call is one chain of
-// K / 16 dependent k16 MMAs into one FP32 accumulator, and every call is a kernel launch whose
-// activations come from the launch before it. An ideal kernel does nothing else: each CTA (one
-// warpgroup for 32 channels, as the 64-token tiles) requests its first weights from HBM as it
-// starts, waits for the grid before it (griddepcontrol.wait), fetches its activations (one box of
-// 8 token rows, from L2), runs the chain on them and stores. It streams no more weights (at M = 1
-// the NVFP4 bytes take less time than the chain on every shape but DeepSeek 7168x2048, whose
-// bytes floor the table prints beside), quantizes nothing and has no epilogue, so it is a lower
-// bound for the GEMM alone, and a routed call (quantization + GEMM) costs at least as much.
+// Batch invariance (docs/numerics.md, "Batch invariance") forbids split-K, so every output of a
+// call is one chain of K / 16 dependent k16 MMAs into one FP32 accumulator, and every call is a
+// kernel launch whose activations come from the launch before it. An ideal kernel does nothing
+// else: each CTA (one warpgroup for 32 channels, as the 64-token tiles) requests its first weights
+// from HBM as it starts, waits for the grid before it (griddepcontrol.wait), fetches its
+// activations (one box of 8 token rows, from L2), runs the chain on them and stores. It streams no
+// more weights (at M = 1 the NVFP4 bytes take less time than the chain on every shape but DeepSeek
+// 7168x2048, whose bytes floor the table prints beside), quantizes nothing and has no epilogue, so
+// it is a lower bound for the GEMM alone, and a routed call (quantization + GEMM) costs at least as
+// much.
 //
 // Rows, per launch in a CUDA graph of 128 launches with the weights rotated over 128 experts (the
 // method of make bench), each with and without programmatic dependent launch (PDL: every launch
@@ -21,18 +22,20 @@
 // (cublasGemmEx TN, as bench/bench_kernels.c) at M = 1 and 16 in the same run. A floor above
 // cuBLAS / 3 means no kernel that keeps the rules reaches the target on that shape.
 // Then, since the large path's first full stage comes ~1 µs after its weights are requested even
-// with them in L2 (probe_kloop's prologue line, lab/NOTES.md), the latency of a CTA's first weight load
-// by kind: a plain bulk copy (as above), a TMA box through a tensor map passed as a
+// with them in L2 (probe_kloop's prologue line, lab/NOTES.md), the latency of a CTA's first weight
+// load by kind: a plain bulk copy (as above), a TMA box through a tensor map passed as a
 // __grid_constant__ parameter (as the kernels do: its descriptor is new memory every launch), and
 // through a tensor map kept in global memory (one per expert, written once: L2-hot); globaltimer
 // around the request and its mbarrier wait in each CTA's first thread, medians over CTAs.
 //
-// Measured (lab/NOTES.md, "Floors and what bounds a few-token call"): floors of 3.2 / 2.3 / 7.9 / 5.7 µs at gate_up,
-// down and DeepSeek's two shapes, 1.2-1.9x the time 3x of cuBLAS allows at M <= 16; a first
-// load of 4 KB lands in ~0.26-0.6 µs by bulk copy and ~0.3 µs later through a tensor map.
+// Measured (lab/NOTES.md, "Floors and what bounds a few-token call"): floors of
+// 3.2 / 2.3 / 7.9 / 5.7 µs at gate_up, down and DeepSeek's two shapes, 1.2-1.9x the time 3x of
+// cuBLAS allows at M <= 16; a first load of 4 KB lands in ~0.26-0.6 µs by bulk copy and ~0.3 µs
+// later through a tensor map.
 //
 // Build and run on the H200 (tests/gpu/session.sh probe; PROBES=floor):
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_floor lab/probe_floor.cu -lcuda -lcublas
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_floor
+//       lab/probe_floor.cu -lcuda -lcublas
 #include <cublas_v2.h>
 #include <cuda.h>
 #include <cuda_runtime.h>

@@ -6,7 +6,8 @@
 // registers) give bitwise the same FP32 accumulators for the same K order? (2) how long is one step
 // of a dependent chain of each (the floor of a no-split-K small-M kernel)?
 //
-// Build and run on the H200: nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -o probe probe_mma.cu && ./probe
+// Build and run on the H200:
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -o probe probe_mma.cu && ./probe
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

@@ -1,5 +1,5 @@
-// probe_order.cu — what the order of a kept weight's calls costs (shim/wcache.c: every routed call on
-// a kept weight records the weight's event on its stream after its launches, and a call on
+// probe_order.cu — what the order of a kept weight's calls costs (shim/wcache.c: every routed call
+// on a kept weight records the weight's event on its stream after its launches, and a call on
 // another stream first waits for it).
 //
 // Host: ns per cuEventRecord of a timing-free event on a stream, per cuStreamWaitEvent on another
@@ -8,8 +8,8 @@
 // next start at once and waiting for the one before: griddepcontrol) launched with programmatic
 // dependent launch, as the engine's are, with and without an event recorded between each two:
 // whether the record keeps the next kernel's launch from overlapping the one before it (CUDA
-// events around the chain, medians of 5). A call pays the record once, and the wait only when its stream is not
-// the weight's last.
+// events around the chain, medians of 5). A call pays the record once, and the wait only when its
+// stream is not the weight's last.
 //
 // Run on the device machine: build/lab/probe_order (make lab). Nothing to check: it measures.
 #include <cuda.h>

@@ -24,7 +24,8 @@
 // wgmmas.
 //
 // Build and run on the H200 (tests/gpu/session.sh probe; PROBES=wgchain):
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_wgchain lab/probe_wgchain.cu
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I. -o build/probe_wgchain
+//       lab/probe_wgchain.cu
 #include <cuda.h>
 #include <cuda_runtime.h>
 

@@ -105,8 +105,8 @@ static enum mt_reason run_problem(const mt_spec *s, const mt_call *c, const oper
   return mt_engine_reason(st);
 }
 
-/* The sampled instruments of a grouped call (probe, digests, shadow), enqueued behind its GEMM under
- * the same lease: the probe reuses the call's workspace and weight store. */
+/* The sampled instruments of a grouped call (probe, digests, shadow), enqueued behind its GEMM
+ * under the same lease: the probe reuses the call's workspace and weight store. */
 static void instrument_grouped(const mt_spec *s, const mt_grouped_call *g, const mt_grouped_args *a,
                                int capturing) {
   mt_instr_call ic = {.spec = s,

@@ -47,7 +47,8 @@ static unsigned long long digest_written, digest_dropped;
 static atomic_ullong dropped_slots;
 static size_t device_bytes, host_bytes;
 static int in_flight, writer_started, stopping, stopped;
-/* captured calls' slots held; replays read; replays overwritten by the next before they were read */
+/* captured calls' slots held; replays read; replays overwritten by the next before they were
+ * read */
 static int captured_slots;
 static unsigned long long replays_read, replays_missed;
 static pthread_t writer;

@@ -129,7 +129,7 @@ static void forget_module(CUmodule m) {
   pthread_mutex_unlock(&table_lock);
 }
 
-/* --- the hooks ---------------------------------------------------------------------------------- */
+/* --- the hooks -------------------------------------------------------------------------------- */
 
 MT_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
   mt_fn_cuModuleLoadData real = MT_REAL_FN(cuModuleLoadData);
@@ -185,7 +185,8 @@ static CUlaunchConfig config_of(unsigned gx, unsigned gy, unsigned gz, unsigned 
 }
 
 /* The launch hooks: the fast path loads the real function and the count of recorded functions;
- * the rest lives in functions of its own, so that the common case holds no call but the real one. */
+ * the rest lives in functions of its own, so that the common case holds no call but the real
+ * one. */
 #define LAUNCH_EX(name, ptsz)                                                                      \
   __attribute__((noinline)) static CUresult slow_##name(                                           \
       const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {                   \

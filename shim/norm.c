@@ -200,7 +200,8 @@ static int layout_get(void *layout, cublasLtMatrixLayoutAttribute_t attr, void *
 /* An operand in row order is the same memory as the column-order transpose with the same leading
  * dimension (rows x cols row-major, ld >= cols == cols x rows column-major): fold the order into
  * the op, so that an XLA call (row-major A, op N: the weight [out][in] as PyTorch holds it) reads
- * as the TN call the routes name. Other orders (COL32, ...) stay, for the layout check to refuse. */
+ * as the TN call the routes name. Other orders (COL32, ...) stay, for the layout check to
+ * refuse. */
 static int fold_order(int32_t op, int32_t order, int *order_out) {
   if (order != CUBLASLT_ORDER_ROW) {
     *order_out = order;

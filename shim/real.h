@@ -38,7 +38,8 @@ enum mt_fn {
 extern void *_Atomic mt_real_ptr[MT_FN_COUNT];
 
 /* The dynamic loader's dlsym or dlvsym (id MT_FN_dlsym, MT_FN_dlvsym) for the shim's own to forward
- * to, found on first use and cached as every real function is; NULL when absent (MT_BEFORE_INIT). */
+ * to, found on first use and cached as every real function is; NULL when absent
+ * (MT_BEFORE_INIT). */
 void *mt_real_loader(enum mt_fn id);
 
 /* The slow path of mt_real: look the function up; NULL when it is nowhere. */

@@ -134,7 +134,8 @@ static int refuse(int strict) {
 }
 
 /* A set-user-ID, set-group-ID or file-capability program (AT_SECURE): its environment comes from
- * a less privileged user, so no path of it is opened, no file written, and the program not ended. */
+ * a less privileged user, so no path of it is opened, no file written, and the program not
+ * ended. */
 static int refuse_secure(void) {
   if (params.log_level != MT_LOG_NONE)
     MT_WARN("this program runs with secure execution (set-user-ID, set-group-ID or file "

@@ -3,24 +3,25 @@
  * The file (a path template, see base/proc.h) is resolved and checked when the shim starts, by the
  * rules of base/files.h, and opened then when it exists; one that does not is created at the first
  * GEMM call, by the same rules. The first GEMM call writes a "start" record (pid, host, rank,
- * local_rank, world_size: base/proc.h; device and pci_bus: the device current at that call, kernels/driver.h mt_device_current; role,
- * spec, fingerprint, repeated in the summary); a "summary" record follows at exit: calls, routed,
- * passed through, fallbacks by reason, the census and the suggested routes. A process that never
- * calls cuBLAS creates no file: in a job preloaded as a whole, shells, compilers and launcher
- * processes leave nothing behind. Counters are atomics; the census is a fixed-size table under
- * one mutex (bounded: shapes past its size are counted as census_overflow). A forked child
- * writes nothing: the file is its parent's.
+ * local_rank, world_size: base/proc.h; device and pci_bus: the device current at that call,
+ * kernels/driver.h mt_device_current; role, spec, fingerprint, repeated in the summary); a
+ * "summary" record follows at exit: calls, routed, passed through, fallbacks by reason, the census
+ * and the suggested routes. A process that never calls cuBLAS creates no file: in a job preloaded
+ * as a whole, shells, compilers and launcher processes leave nothing behind. Counters are atomics;
+ * the census is a fixed-size table under one mutex (bounded: shapes past its size are counted as
+ * census_overflow). A forked child writes nothing: the file is its parent's.
  *
  * Census rows: entry (the hook's name: "cublasGemmStridedBatchedEx", "torch grouped_mm", ...), ops,
- * m, n, k in cuBLAS's terms (call.h), types, "batch" (problems per call, shown when not 1: the batch
- * count, or the groups of a torch._grouped_mm, whose ragged dimension is given as the total over
- * its groups) and the count of calls.
+ * m, n, k in cuBLAS's terms (call.h), types, "batch" (problems per call, shown when not 1: the
+ * batch count, or the groups of a torch._grouped_mm, whose ragged dimension is given as the total
+ * over its groups) and the count of calls.
  *
  * Suggested routes: a TN shape with A and B both BF16 or both FP16 (the layout of F.linear) whose
  * weight m x k was seen with at least MT_SUGGEST_DISTINCT_N different token counts n (experts get
  * a different number of tokens at every step; a dense layer sees one n per batch shape), or in
  * at least MT_SUGGEST_CALLS calls, or as the weights of a torch._grouped_mm forward or of vLLM's
- * fused_moe_kernel (stacks of experts by construction). Printed as spec lines, "route MxK", most calls first.
+ * fused_moe_kernel (stacks of experts by construction). Printed as spec lines, "route MxK", most
+ * calls first.
  */
 #ifndef MT_STATS_H
 #define MT_STATS_H

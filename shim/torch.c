@@ -11,7 +11,8 @@
 
 #define MT_EXPORT __attribute__((visibility("default")))
 
-/* Exported under the symbol of hooks.def's MT_HAND line (tests/cpu/test_exports.sh compares them). */
+/* Exported under the symbol of hooks.def's MT_HAND line (tests/cpu/test_exports.sh compares
+ * them). */
 MT_EXPORT void
 mt_torch_grouped_mm(void *mat_a, void *mat_b, void *offs, void *bias, void *out) __asm__(
     "_ZN2at4cuda6detail19bf16bf16_grouped_mmENS_6TensorES2_St8optionalIS2_ES4_RS2_");

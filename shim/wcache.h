@@ -80,7 +80,8 @@ void mt_wcache_init(const mt_params *p);
 
 /* Device memory for a problem of m tokens on `stream`, with W quantized as the cache mode says.
  * A reason other than MT_R_ROUTED means the call goes to cuBLAS (nothing was written to its
- * output). Whatever it returns, mt_wcache_release(&out->hold) follows, after the call's launches. */
+ * output). Whatever it returns, mt_wcache_release(&out->hold) follows, after the call's
+ * launches. */
 enum mt_reason mt_wcache_prepare(const mt_weight_ref *w, int m, mt_stream stream, int capturing,
                                  mt_engine_mem *out);
 

@@ -1,4 +1,5 @@
-/* floatbits.h — an FP32 value's bits and back, for the CPU tests that check numerics bit for bit. */
+/* floatbits.h — an FP32 value's bits and back, for the CPU tests that check numerics bit for
+ * bit. */
 #ifndef MT_TESTS_FLOATBITS_H
 #define MT_TESTS_FLOATBITS_H
 #include <stdint.h>

@@ -1,6 +1,7 @@
 /* preload.h — what the tests that run programs under the preloaded shim share: reading a file
- * whole, a fallback count of a statistics summary, and the LD_PRELOAD value (build/libminite.so, after the sanitizer runtime that
- * tests/cpu/shim.mk names in preload_first.txt for SAN=1 builds, which must come first). */
+ * whole, a fallback count of a statistics summary, and the LD_PRELOAD value (build/libminite.so,
+ * after the sanitizer runtime that tests/cpu/shim.mk names in preload_first.txt for SAN=1 builds,
+ * which must come first). */
 #ifndef MT_TESTS_PRELOAD_H
 #define MT_TESTS_PRELOAD_H
 

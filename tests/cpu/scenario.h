@@ -343,7 +343,8 @@ MT_T_UNUSED static int mt_t_wait(pid_t pid, int limit) {
 
 /* Run scenario `name` in a child under the shim, its files named after `tag`, with `env`
  * ("K=V", NULL-terminated) applied after the defaults of mt_t_child_env, `input` on its stdin (a
- * pipe; NULL: empty), and, when `limit` > 0, killed after `limit` seconds (status 128 + SIGKILL). */
+ * pipe; NULL: empty), and, when `limit` > 0, killed after `limit` seconds (status
+ * 128 + SIGKILL). */
 MT_T_UNUSED static void mt_t_run_child_with(const char *name, const char *tag,
                                             const char *const env[], const char *input, int limit,
                                             mt_t_child *r) {

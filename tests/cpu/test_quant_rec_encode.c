@@ -1,8 +1,8 @@
 /* test_quant_rec_encode.c — a host twin of the record-mode encode of kernels/quant.cu (v2:
  * e2m1_mag_biased, record_words, e4m3_value), checked against the reference (ref/nvfp4.c) and
- * against the reference codes in the store's bit order (record_words_of_codes over mt_q's code words,
- * then kernels/wstore.h's mt_ws_word), and the decode of that order that kernels/grouped.cu does.
- * The twin does the same IEEE FP32 operations as the device code (fmaf = FFMA, one rounding;
+ * against the reference codes in the store's bit order (record_words_of_codes over mt_q's code
+ * words, then kernels/wstore.h's mt_ws_word), and the decode of that order that kernels/grouped.cu
+ * does. The twin does the same IEEE FP32 operations as the device code (fmaf = FFMA, one rounding;
  * fma.rn.sat = that rounding, then a clamp to [0, 1]; adds and multiplies rounded each on their
  * own: C11 on x86-64 does not contract); prmt is emulated with its sign-replicating selectors.
  * The GPU side (records bit for bit against mt_ref_quantize) is tests/gpu/test_kernels.c's.

@@ -6,8 +6,8 @@
  *
  *   log_file_appended_and_made_at_start MINITE_LOG_FILE: appended, made at start (also if empty)
  *   stats_file_shared_by_processes      MINITE_STATS: appended, whole records, every start kept
- *   stats_file_lost_before_first_call   its folder removed, or a link planted at its path, after the
- *                                       start: one warning, no file through the link, and no
+ *   stats_file_lost_before_first_call   its folder removed, or a link planted at its path, after
+ *                                       the start: one warning, no file through the link, and no
  *                                       instrument reruns calls whose records have nowhere to go
  *   graph_memory_outlives_scratch       a captured call never uses memory a later call frees
  *   capture_after_warmup_elsewhere      warm-up on one stream, capture on another: routed

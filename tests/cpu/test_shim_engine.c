@@ -370,10 +370,10 @@ static const uint16_t *check_weight_forms(int wq, int aq, const mt_quant_params 
   return w->xhat;
 }
 
-/* The weight quantization (per-tensor S: amax then quant), the packing or dequantization, the activations' and the
- * large path's GEMM of one call starting at `from`: operands, shapes and device memory. only_if:
- * the frozen entry's dirty word (its check's list, whose count is the word for one slice), or NULL
- * under requantize. */
+/* The weight quantization (per-tensor S: amax then quant), the packing or dequantization, the
+ * activations' and the large path's GEMM of one call starting at `from`: operands, shapes and
+ * device memory. only_if: the frozen entry's dirty word (its check's list, whose count is the word
+ * for one slice), or NULL under requantize. */
 static void check_call_args(int from, const problem *p, const void *c, const void *bias, float beta,
                             const uint32_t *only_if) {
   int amax = find_launch(from, "mt_quant_amax_bf16", 0);
@@ -825,9 +825,10 @@ static void scenario_weight_quant_fail(void) {
   unmake(&p);
 }
 
-/* Under frozen, the quantization after the check fails (FAKE_CUDA_FAIL_LAUNCH=mt_quant_tensor_bf16:1): cuBLAS
- * computes the call, and the state's hash is taken back (its valid word cleared after the failed
- * launch), so that the next call's check finds a change and quantizes again. */
+/* Under frozen, the quantization after the check fails
+ * (FAKE_CUDA_FAIL_LAUNCH=mt_quant_tensor_bf16:1): cuBLAS computes the call, and the state's hash is
+ * taken back (its valid word cleared after the failed launch), so that the next call's check finds
+ * a change and quantizes again. */
 static void scenario_frozen_quant_fail(void) {
   problem p = make(OUT, 8, OUT);
   int t = now();
@@ -1092,7 +1093,7 @@ static void scenario_frozen_batch(void) {
   free(w), free(x), free(y), free(x32), free(y32);
 }
 
-/* --- weights stored [in][out] ------------------------------------------------------------------ */
+/* --- weights stored [in][out] ----------------------------------------------------------------- */
 
 /* The quantizer launch `name` since `from` reads W stored [in][out] at w: transposed (in_out), OUT
  * rows of IN of the logical matrix, stored rows of OUT (ldx). */
@@ -1105,8 +1106,8 @@ static const mt_quant_params *check_in_out_quant(int from, const char *name, con
 
 /* Under frozen: x @ W with W stored [in][out] (NN, m = OUT, k = IN, lda = OUT) is routed, its
  * check hashes the stored rows (IN of OUT) and its quantizer reads W transposed; the same memory
- * read as an [out][in] weight (TN, lda = IN) is another entry; a strided batch of such weights (XLA's
- * capacity einsum) refreshes its store with the transposed read. */
+ * read as an [out][in] weight (TN, lda = IN) is another entry; a strided batch of such weights
+ * (XLA's capacity einsum) refreshes its store with the transposed read. */
 static void scenario_in_out(void) {
   const int tokens = 8;
   size_t sw = (size_t)OUT * IN, sx = (size_t)tokens * IN, sy = (size_t)OUT * tokens;

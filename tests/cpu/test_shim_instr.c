@@ -449,9 +449,9 @@ static void scenario_capture_off(void) {
   unmake(&p);
 }
 
-/* Bounded: with every publication held "in flight", calls past the pool's slots are not instrumented
- * (dropped and counted) and never wait; a call of more rows than a slot keeps drops the rest;
- * released events drain; held ones at exit are counted after the drain's time limit. */
+/* Bounded: with every publication held "in flight", calls past the pool's slots are not
+ * instrumented (dropped and counted) and never wait; a call of more rows than a slot keeps drops
+ * the rest; released events drain; held ones at exit are counted after the drain's time limit. */
 static void scenario_bounded(void) {
   problem p = make(OUT, 2), big = make(OUT, 200);
   CHECK(gemm(&big, &zero) == CUBLAS_STATUS_SUCCESS); /* 200 rows: 128 kept */
@@ -1023,7 +1023,8 @@ static void scratch_free_after_an_empty_publication(void) {
 static void fork_child_instruments_nothing(void) {
   /* No leak check under ASan: the forked child inherits the allocator's locks as the parent's
    * writer thread held them, and LeakSanitizer, locking them all at the child's exit, could wait
-   * forever for one (seen: a hang in about one run of twenty under load, in __lsan::LockAllocator). */
+   * forever for one (seen: a hang in about one run of twenty under load, in
+   * __lsan::LockAllocator). */
   const char *env[] = {"MINITE_DIGEST=1", "ASAN_OPTIONS=detect_leaks=0", NULL};
   mt_t_child r;
   mt_t_run_child("fork", "fork", env, &r);

@@ -15,10 +15,11 @@
  * "#info other_nodes_FORM N" (kernels that are not the engine's, such as cuBLAS's), "#info
  * status_FORM S" (the eager call's cublasStatus_t) and "#info calls N" (calls made through the
  * cuBLAS entry points). With a second argument "eager", no graphs (a run without the shim, whose
- * cuBLAS calls need not be capturable). Writes the reference's output (raw BF16) to OUT, for the parent to compare
- * with a run without the shim. Exit 0 when it ran (the parent judges the numbers), 2 on a setup
- * error. Loads libcuda, libcublas and libcublasLt with dlopen (RTLD_GLOBAL) and calls the cuBLAS
- * entry points through the global scope, where the shim's hooks come first when it is preloaded.
+ * cuBLAS calls need not be capturable). Writes the reference's output (raw BF16) to OUT, for the
+ * parent to compare with a run without the shim. Exit 0 when it ran (the parent judges the
+ * numbers), 2 on a setup error. Loads libcuda, libcublas and libcublasLt with dlopen (RTLD_GLOBAL)
+ * and calls the cuBLAS entry points through the global scope, where the shim's hooks come first
+ * when it is preloaded.
  */
 #include <cuda.h>
 #include <dlfcn.h>

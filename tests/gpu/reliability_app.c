@@ -479,7 +479,7 @@ static int mode_contexts(void) {
   return differ ? 1 : 0;
 }
 
-/* --- out of memory ------------------------------------------------------------------------------ */
+/* --- out of memory ---------------------------------------------------------------------------- */
 
 /* Under MINITE_WEIGHT_CACHE=frozen: a weight first seen while memory is exhausted gets no cache
  * entry (out of memory: cuBLAS computes); once memory is back it gets one and is routed. */

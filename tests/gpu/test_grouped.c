@@ -5,9 +5,10 @@
  * offsets, fixed rows with strides), every token tile, C, bias, FP16, NaN rows, more segments than
  * one launch takes; pointer arrays (weights, activations, outputs and C behind device arrays of
  * pointers at any 2-byte alignment, the segment table from mt_grouped_seg_ends) bit for bit
- * against the same data with strides or offsets; and bitwise: a row's output the same whatever its segment's position, the
- * other segments, the token tile, the launch's layout, and the per-expert large path of
- * kernels/gemm_large.cu (an independent kernel reading a BF16 copy of the same weight).
+ * against the same data with strides or offsets; and bitwise: a row's output the same whatever its
+ * segment's position, the other segments, the token tile, the launch's layout, and the per-expert
+ * large path of kernels/gemm_large.cu (an independent kernel reading a BF16 copy of the same
+ * weight).
  *
  * Fresh random inputs every run (the seed is printed; MT_TEST_SEED=N repeats one); outputs are
  * poisoned before each launch. Without an sm_90 GPU every test reports skipped. */
@@ -900,7 +901,7 @@ static void grouped_strided(void) {
   }
 }
 
-/* ---- pointer arrays ---------------------------------------------------------------------------- */
+/* ---- pointer arrays -------------------------------------------------------------------------- */
 
 /* Device memory handed out in pieces, each `skew` elements past a 256-byte boundary (skew 1 and 4:
  * 2 and 8 bytes, so that nothing may assume a 16-byte base behind a pointer array). */
@@ -1376,7 +1377,7 @@ static void grouped_back_to_back(void) {
     }
 }
 
-/* ---- vLLM's dispatch (kernels/engine.h, mt_moe_dispatch) -------------------------------------- */
+/* ---- vLLM's dispatch (kernels/engine.h, mt_moe_dispatch) ------------------------------------- */
 
 /* vLLM's moe_align_block_size on the host: the ids (token * top_k + j) of each expert in id order,
  * padded to whole blocks of bm with the pad id `valid`; blocks of experts the map sends to -1 keep

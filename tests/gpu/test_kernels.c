@@ -932,7 +932,8 @@ static long dev_diff(const void *a, const void *b, size_t bytes) {
   return bad;
 }
 
-/* BF16 outputs equal bit for bit, NaN taken as one value (the paths need not agree on its payload). */
+/* BF16 outputs equal bit for bit, NaN taken as one value (the paths need not agree on its
+ * payload). */
 static int same_bf16(const uint16_t *a, const uint16_t *b, size_t count) {
   for (size_t i = 0; i < count; i++) {
     int nan_a = (a[i] & 0x7fff) > 0x7f80, nan_b = (b[i] & 0x7fff) > 0x7f80;

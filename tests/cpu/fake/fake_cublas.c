@@ -62,7 +62,8 @@ EXPORT cublasStatus_t cublasGetPointerMode_v2(cublasHandle_t handle, cublasPoint
   return CUBLAS_STATUS_SUCCESS;
 }
 
-/* FP32 compute in every spelling the fakes take; the legacy CUDA_R_32F (0) is what PyTorch passes. */
+/* FP32 compute in every spelling the fakes take; the legacy CUDA_R_32F (0) is what PyTorch
+ * passes. */
 static int compute_ok(int compute) {
   return compute == CUBLAS_COMPUTE_32F || compute == CUDA_R_32F ||
          compute == CUBLAS_COMPUTE_32F_PEDANTIC || compute == CUBLAS_COMPUTE_32F_FAST_TF32 ||

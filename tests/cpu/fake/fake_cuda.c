@@ -1,7 +1,7 @@
 /* fake_cuda.c — a fake libcuda.so.1 for the CPU tests of the engine path of the shim: the driver
  * entry points of kernels/driver.h (MT_DRIVER_FUNCTIONS, under their exported names) over a
- * host-memory "GPU" (device pointers are host pointers, as in the fake cuBLAS): a primary context, an
- * sm_90 H200 (CC 9.0, 132 SMs). It computes nothing. It logs what the engine does (launches with
+ * host-memory "GPU" (device pointers are host pointers, as in the fake cuBLAS): a primary context,
+ * an sm_90 H200 (CC 9.0, 132 SMs). It computes nothing. It logs what the engine does (launches with
  * their configuration and by-value argument, allocations, memsets, read-backs, synchronisations)
  * and refuses what the real driver refuses (an unknown function or one the module does not hold,
  * more than 48 KiB of dynamic shared memory without the function's attribute, a memset outside an

@@ -20,16 +20,17 @@
 #define FAKE_CUDA_ARGS_MAX 1024 /* bytes of a kernel's by-value argument kept per launch */
 
 enum fake_cuda_kind {
-  FAKE_EV_LAUNCH,   /* cuLaunchKernelEx (also failed ones: result != 0) */
-  FAKE_EV_ALLOC,    /* cuMemAlloc_v2: ptr, bytes (failed ones: result != 0, ptr 0) */
-  FAKE_EV_FREE,     /* cuMemFree_v2: ptr, bytes */
-  FAKE_EV_MEMSET,   /* cuMemsetD8Async: ptr, bytes, value, stream */
-  FAKE_EV_DTOH,     /* cuMemcpyDtoH(Async): ptr (source), bytes, stream (async only) */
-  FAKE_EV_HTOD,     /* cuMemcpyHtoD: ptr (destination), bytes */
-  FAKE_EV_SYNC,     /* cuStreamSynchronize: stream */
-  FAKE_EV_CTX_SYNC, /* cuCtxSynchronize */
-  FAKE_EV_LOAD,     /* cuModuleLoadData: ptr (the image) */
-  FAKE_EV_TMAP, /* cuTensorMapEncodeTiled: ptr (the base), bytes (rows * row pitch), value (the rank) */
+  FAKE_EV_LAUNCH,      /* cuLaunchKernelEx (also failed ones: result != 0) */
+  FAKE_EV_ALLOC,       /* cuMemAlloc_v2: ptr, bytes (failed ones: result != 0, ptr 0) */
+  FAKE_EV_FREE,        /* cuMemFree_v2: ptr, bytes */
+  FAKE_EV_MEMSET,      /* cuMemsetD8Async: ptr, bytes, value, stream */
+  FAKE_EV_DTOH,        /* cuMemcpyDtoH(Async): ptr (source), bytes, stream (async only) */
+  FAKE_EV_HTOD,        /* cuMemcpyHtoD: ptr (destination), bytes */
+  FAKE_EV_SYNC,        /* cuStreamSynchronize: stream */
+  FAKE_EV_CTX_SYNC,    /* cuCtxSynchronize */
+  FAKE_EV_LOAD,        /* cuModuleLoadData: ptr (the image) */
+  FAKE_EV_TMAP,        /* cuTensorMapEncodeTiled: ptr (the base), bytes (rows * row pitch), value
+                          (the rank) */
   FAKE_EV_SETATTR,     /* cuFuncSetAttribute: name, value */
   FAKE_EV_RECORD,      /* cuEventRecord: ptr (the event), stream */
   FAKE_EV_HOSTALLOC,   /* cuMemHostAlloc: ptr, bytes */
@@ -111,7 +112,8 @@ typedef void (*fake_cuda_ctx_destroy_fn)(CUcontext ctx);
 #define FAKE_CUDA_DEVICES 3
 typedef CUcontext (*fake_cuda_ctx_create_on_fn)(int device);
 /* Give `stream` to context ctx (cuStreamGetCtx answers it; a launch on it from a function of
- * another context is refused and counted cross_context). Other streams are the current context's. */
+ * another context is refused and counted cross_context). Other streams are the current
+ * context's. */
 typedef void (*fake_cuda_stream_bind_fn)(CUstream stream, CUcontext ctx);
 /* cudaDeviceReset: the primary context destroyed and re-created at the same address, current. */
 typedef void (*fake_cuda_device_reset_fn)(void);
@@ -132,13 +134,13 @@ typedef int (*fake_cuda_launching_fn)(void);
  * kernels/instr.h: the fake computes their results so that records can be checked end to end. */
 
 /* Environment read at load: FAKE_CUDA_MEM_LIMIT=bytes, FAKE_CUDA_NO_CONTEXT=1,
- * FAKE_CUDA_CAPTURING=handle,handle (hex or decimal stream handles), FAKE_CUDA_FAIL_LAUNCH=[name:]n,
- * FAKE_CUDA_CC=major.minor (default 9.0), FAKE_CUDA_MAP_RANK=r (tensor maps of a higher rank are
- * refused with CUDA_ERROR_NOT_SUPPORTED; default 3), FAKE_CUDA_FAIL_ALLOC=n (the nth allocation
- * fails), FAKE_CUDA_LAUNCH_US=n (each launch takes n microseconds, outside the fake's lock),
- * FAKE_CUDA_NO_ASYNC=1 (cuMemAllocAsync answers CUDA_ERROR_NOT_SUPPORTED,
- * as on a device without memory pools), FAKE_CUDA_MAX_CLUSTER=n (the largest cluster the device
- * runs; default 16). */
+ * FAKE_CUDA_CAPTURING=handle,handle (hex or decimal stream handles),
+ * FAKE_CUDA_FAIL_LAUNCH=[name:]n, FAKE_CUDA_CC=major.minor (default 9.0), FAKE_CUDA_MAP_RANK=r
+ * (tensor maps of a higher rank are refused with CUDA_ERROR_NOT_SUPPORTED; default 3),
+ * FAKE_CUDA_FAIL_ALLOC=n (the nth allocation fails), FAKE_CUDA_LAUNCH_US=n (each launch takes n
+ * microseconds, outside the fake's lock), FAKE_CUDA_NO_ASYNC=1 (cuMemAllocAsync answers
+ * CUDA_ERROR_NOT_SUPPORTED, as on a device without memory pools), FAKE_CUDA_MAX_CLUSTER=n (the
+ * largest cluster the device runs; default 16). */
 
 /* A Triton module's image for the fake (fake_cuda.c, "Triton modules"): an ELF file of `size`
  * bytes whose section headers end it, `len` bytes of `text` after its header (the kernels' section

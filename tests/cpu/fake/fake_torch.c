@@ -102,7 +102,7 @@ EXPORT void fake_torch_grouped_mm_op(const fake_tensor *a, const fake_tensor *b,
   fake_bf16bf16_grouped_mm(&ta, &tb, &toffs, &tbias, out);
 }
 
-/* --- the AOTInductor C accessors --------------------------------------------------------------- */
+/* --- the AOTInductor C accessors -------------------------------------------------------------- */
 
 #define IMPL(t) (((fake_tensor *)(t))->impl)
 
