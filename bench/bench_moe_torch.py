@@ -13,10 +13,11 @@ weights resident in the 4.5-bit store, activation quantization included.
 Method (bench/bench_common.h's): one CUDA graph per side holding ROUTINGS layer calls, each with
 its own routing (16, or 4 from T = 1024), warmed up by two eager calls and one replay; then
 REPLAYS replays of each graph, the two sides alternating, all enqueued at once, each timed by CUDA
-events on the stream; the median per layer. Per row: µs, the ratio torch / ours, TFLOP/s (2 * 8T * (N1 K1 + N2 K2)), the
-bytes/s of the active experts' weights (4.5 bits an element for ours, 16 for torch's) and, as a
-sanity check, the relative L2 difference of our outputs against torch's on the last routing,
-gate_up's and the layer's (NVFP4 W4A4 against BF16: ~0.14 and ~0.19 on these data). Writes JSON.
+events on the stream; the median per layer. Per row: µs, the ratio torch / ours, TFLOP/s
+(2 * 8T * (N1 K1 + N2 K2)), the bytes/s of the active experts' weights (4.5 bits an element for
+ours, 16 for torch's) and, as a sanity check, the relative L2 difference of our outputs against
+torch's on the last routing, gate_up's and the layer's (NVFP4 W4A4 against BF16: ~0.14 and ~0.19 on
+these data). Writes JSON.
 
     python3 bench/bench_moe_torch.py [--only qwen3|dsv3] [--tokens T] [--lib PATH] [OUT.json]
 """
@@ -126,7 +127,8 @@ class Bench:
         with torch.cuda.stream(self.stream):
             for _ in range(REPLAYS):
                 for g in graphs:
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a, b = (torch.cuda.Event(enable_timing=True),
+                            torch.cuda.Event(enable_timing=True))
                     a.record(self.stream)
                     g.replay()
                     b.record(self.stream)
@@ -174,12 +176,14 @@ def bench_geometry(b, name, experts, hidden, width, only_tokens, rows_out):
             continue
         rows, calls = TOPK * t, (4 if t >= 1024 else 16)
         routings = [routing_rows(experts, t, rng) for _ in range(calls)]
-        offs = [torch.tensor(cumulative_ends(r), dtype=torch.int32, device="cuda") for r in routings]
+        offs = [torch.tensor(cumulative_ends(r), dtype=torch.int32, device="cuda")
+                for r in routings]
         active = sum(sum(1 for r in rt if r) for rt in routings) / calls
         x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
         h = torch.empty(rows, 2 * width, device="cuda", dtype=torch.bfloat16)
         y = torch.empty(rows, hidden, device="cuda", dtype=torch.bfloat16)
-        ws_bytes = max(b.lib.mtb_workspace_bytes(rows, hidden), b.lib.mtb_workspace_bytes(rows, width))
+        ws_bytes = max(b.lib.mtb_workspace_bytes(rows, hidden),
+                       b.lib.mtb_workspace_bytes(rows, width))
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device="cuda")
         out = {}
 
@@ -215,7 +219,8 @@ def bench_geometry(b, name, experts, hidden, width, only_tokens, rows_out):
               f"{wbytes / 2 * STORE_BYTES_PER_ELEM / t_ours * 1e-9:>9.0f} "
               f"{wbytes / t_torch * 1e-9:>9.0f} | {rel_h:>7.4f} {rel:>7.4f}", flush=True)
         rows_out.append({"kind": "moe_layer_torch", "geometry": name, "tokens": t,
-                         "ours_us": round(t_ours * 1e6, 3), "grouped_mm_us": round(t_torch * 1e6, 3),
+                         "ours_us": round(t_ours * 1e6, 3),
+                         "grouped_mm_us": round(t_torch * 1e6, 3),
                          "ratio": round(t_torch / t_ours, 4), "active_experts": round(active, 1),
                          "rel_l2_gate_up": round(rel_h, 5), "rel_l2_layer": round(rel, 5)})
 

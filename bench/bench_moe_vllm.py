@@ -51,14 +51,15 @@ def parse_args(argv):
 def with_dispatch(lib):
     c_int, c_size, ptr = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p
     lib.mtb_lists_bytes.restype, lib.mtb_lists_bytes.argtypes = c_size, [c_int, c_int, c_int]
-    lib.mtb_dispatched.argtypes = [c_int, c_int, c_int, ptr, ptr, ptr, ptr, ptr, c_int, c_int, c_int, c_int,
-                                   ptr, c_int, ptr, c_int, ptr, ptr, c_size, ptr]
+    lib.mtb_dispatched.argtypes = [c_int, c_int, c_int, ptr, ptr, ptr, ptr, ptr, c_int, c_int,
+                                   c_int, c_int, ptr, c_int, ptr, c_int, ptr, ptr, c_size, ptr]
     return lib
 
 
 def routing(torch, experts, tokens, rng):
     ids = torch.tensor([rng.sample(range(experts), TOPK) for _ in range(tokens)], dtype=torch.int32)
-    w = torch.rand(tokens, TOPK, generator=torch.Generator().manual_seed(rng.randrange(1 << 30))) + 0.0625
+    w = torch.rand(tokens, TOPK,
+                   generator=torch.Generator().manual_seed(rng.randrange(1 << 30))) + 0.0625
     return ids.cuda(), (w / w.sum(1, keepdim=True)).cuda()
 
 
@@ -66,11 +67,14 @@ def bench_geometry(b, fm, vs, name, experts, hidden, width, only_tokens, rows_ou
     torch = b.torch
     gen = torch.Generator(device="cuda").manual_seed(1)
     rng = random.Random(1)
-    w13 = torch.randn(experts, 2 * width, hidden, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
-    w2 = torch.randn(experts, hidden, width, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+    w13 = torch.randn(experts, 2 * width, hidden, device="cuda", dtype=torch.bfloat16,
+                      generator=gen) * 0.02
+    w2 = torch.randn(experts, hidden, width, device="cuda", dtype=torch.bfloat16,
+                     generator=gen) * 0.02
     q13, q2 = b.store(w13), b.store(w2)
     print(f"{name}: {experts} experts, top-{TOPK}, w13 {2 * width}x{hidden}, w2 {hidden}x{width}")
-    print(f"{'T':>6} {'block_m':>7} | {'ours us':>9} {'default':>9} {'ratio':>6} {'tuned':>9} {'ratio':>6} | {'rel L2':>7}")
+    print(f"{'T':>6} {'block_m':>7} | {'ours us':>9} {'default':>9} {'ratio':>6} {'tuned':>9} "
+          f"{'ratio':>6} | {'rel L2':>7}")
     for t in TOKENS:
         if only_tokens and t != only_tokens:
             continue
@@ -91,10 +95,13 @@ def bench_geometry(b, fm, vs, name, experts, hidden, width, only_tokens, rows_ou
                 disp[cname].append(vs.dispatch(ids, cfg["BLOCK_SIZE_M"], experts))
         naive = disp["ours"][0][0] is None  # vLLM's naive dispatch: no sorted token ids
         out = {k: (torch.empty(t, TOPK, 2 * width, device="cuda", dtype=torch.bfloat16),
-                   torch.empty(t, TOPK, hidden, device="cuda", dtype=torch.bfloat16)) for k in list(configs) + ["ours"]}
-        ws_bytes = max(b.lib.mtb_workspace_bytes(rows, hidden), b.lib.mtb_workspace_bytes(rows, width))
+                   torch.empty(t, TOPK, hidden, device="cuda", dtype=torch.bfloat16))
+               for k in list(configs) + ["ours"]}
+        ws_bytes = max(b.lib.mtb_workspace_bytes(rows, hidden),
+                       b.lib.mtb_workspace_bytes(rows, width))
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device="cuda")
-        lists = torch.empty(b.lib.mtb_lists_bytes(rows, experts, 1), dtype=torch.uint8, device="cuda")
+        lists = torch.empty(b.lib.mtb_lists_bytes(rows, experts, 1), dtype=torch.uint8,
+                            device="cuda")
 
         def vllm_layer(cname):
             cfg = configs[cname]
@@ -103,7 +110,8 @@ def bench_geometry(b, fm, vs, name, experts, hidden, width, only_tokens, rows_ou
                 sorted_ids, expert_ids, padded = disp[cname][i]
                 c1, c2 = out[cname]
                 for a, w, c, mul, top_k in ((x, w13, c1, False, TOPK), (a2, w2, c2, True, 1)):
-                    vs.invoke(fm, a, w, c, routes[i][1], sorted_ids, expert_ids, padded, mul, top_k, cfg)
+                    vs.invoke(fm, a, w, c, routes[i][1], sorted_ids, expert_ids, padded, mul,
+                              top_k, cfg)
             return run
 
         def ours(i):
@@ -114,11 +122,12 @@ def bench_geometry(b, fm, vs, name, experts, hidden, width, only_tokens, rows_ou
             s = b.stream.cuda_stream
             for q, n, k, a, c, top_k, wts in ((q13, 2 * width, hidden, x, c1, TOPK, None),
                                              (q2, hidden, width, a2, c2, 1, routes[i][1])):
-                b.ok(b.lib.mtb_dispatched(experts, n, k, q.data_ptr(), sorted_ids.data_ptr() if sorted_ids is not None
-                                          else None, expert_ids.data_ptr(), padded.data_ptr(),
-                                          wts.data_ptr() if wts is not None else None, blocks, bm, top_k, rows,
-                                          a.data_ptr(), k, c.data_ptr(), n, lists.data_ptr(), ws.data_ptr(),
-                                          ws_bytes, s), name)
+                b.ok(b.lib.mtb_dispatched(experts, n, k, q.data_ptr(),
+                                          sorted_ids.data_ptr() if sorted_ids is not None else None,
+                                          expert_ids.data_ptr(), padded.data_ptr(),
+                                          wts.data_ptr() if wts is not None else None, blocks, bm,
+                                          top_k, rows, a.data_ptr(), k, c.data_ptr(), n,
+                                          lists.data_ptr(), ws.data_ptr(), ws_bytes, s), name)
 
         graphs = [b.graph(ours, calls)] + [b.graph(vllm_layer(c), calls) for c in configs]
         times = b.time_pair(graphs, calls)
@@ -126,17 +135,23 @@ def bench_geometry(b, fm, vs, name, experts, hidden, width, only_tokens, rows_ou
             ours(calls - 1)
             vllm_layer("default")(calls - 1)
         b.stream.synchronize()
-        rel = compare(torch, f"{name} T={t} GEMM1", out["ours"][0].view(rows, -1), out["default"][0].view(rows, -1))
+        rel = compare(torch, f"{name} T={t} GEMM1", out["ours"][0].view(rows, -1),
+                      out["default"][0].view(rows, -1))
         t_ours = times[0]
         ratios = {c: times[1 + j] / t_ours for j, c in enumerate(configs)}
-        tuned_us = f"{times[2] * 1e6:>9.2f} {ratios['tuned']:>6.2f}" if "tuned" in configs else f"{'-':>9} {'-':>6}"
-        print(f"{t:>6} {bm:>7} | {t_ours * 1e6:>9.2f} {times[1] * 1e6:>9.2f} {ratios['default']:>6.2f} {tuned_us} | "
+        tuned_us = (f"{times[2] * 1e6:>9.2f} {ratios['tuned']:>6.2f}" if "tuned" in configs
+                    else f"{'-':>9} {'-':>6}")
+        print(f"{t:>6} {bm:>7} | {t_ours * 1e6:>9.2f} {times[1] * 1e6:>9.2f} "
+              f"{ratios['default']:>6.2f} {tuned_us} | "
               f"{rel:>7.4f}", flush=True)
-        rows_out.append({"kind": "moe_layer_vllm", "geometry": name, "tokens": t, "naive": naive, "block_m": bm,
+        rows_out.append({"kind": "moe_layer_vllm", "geometry": name, "tokens": t, "naive": naive,
+                         "block_m": bm,
                          "ours_us": round(t_ours * 1e6, 3),
-                         "vllm_us": {c: round(times[1 + j] * 1e6, 3) for j, c in enumerate(configs)},
+                         "vllm_us": {c: round(times[1 + j] * 1e6, 3)
+                                     for j, c in enumerate(configs)},
                          "ratio": {c: round(r, 4) for c, r in ratios.items()},
-                         "configs": {c: configs[c] for c in configs}, "rel_l2_gemm1": round(rel, 5)})
+                         "configs": {c: configs[c] for c in configs},
+                         "rel_l2_gemm1": round(rel, 5)})
 
 
 def main(argv):
@@ -157,7 +172,8 @@ def main(argv):
         return 1
     b = Bench(torch, with_dispatch(load_lib(args.lib)))
     rows = []
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, vLLM {vs.VLLM}'s fused_moe_kernel")
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, "
+          f"vLLM {vs.VLLM}'s fused_moe_kernel")
     for name, (experts, hidden, width) in GEOMETRIES.items():
         if not args.only or args.only == name:
             bench_geometry(b, fm, vs, name, experts, hidden, width, args.tokens, rows)

@@ -82,7 +82,8 @@ def rs(n):
     acc = n // 2
     a = ",".join(f"%{acc + i}" for i in range(4))
     return f"""
-__device__ static inline void mt_wgmma_rs_m64n{n}k16(float *d, const uint32_t (&a)[4], uint64_t db) {{
+__device__ static inline void mt_wgmma_rs_m64n{n}k16(float *d, const uint32_t (&a)[4],
+                                                     uint64_t db) {{
   asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"
                "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{"
                "{reg_list(0, acc)}"
@@ -114,15 +115,15 @@ def headers():
     s += dispatch("wgmma", SS_WIDTHS, "float *d, uint64_t da, uint64_t db", "d, da, db",
                   "both operands in shared memory")
     r = RS_HEAD + "".join(rs(n) for n in RS_WIDTHS)
-    r += dispatch("wgmma_rs", RS_WIDTHS, "float *d, const uint32_t (&a)[4], uint64_t db", "d, a, db",
-                  "A from registers")
+    r += dispatch("wgmma_rs", RS_WIDTHS, "float *d, const uint32_t (&a)[4], uint64_t db",
+                  "d, a, db", "A from registers")
     return {"wgmma.cuh": s, "wgmma_rs.cuh": r}
 
 
 def formatted(name, text):
     """The text as `make format` leaves it (the headers are checked by make format-check too)."""
-    res = subprocess.run(["clang-format", f"--assume-filename={os.path.join(HERE, name)}"], input=text,
-                         capture_output=True, text=True, check=True)
+    res = subprocess.run(["clang-format", f"--assume-filename={os.path.join(HERE, name)}"],
+                         input=text, capture_output=True, text=True, check=True)
     return res.stdout
 
 
@@ -139,7 +140,8 @@ def main(argv):
             except OSError:
                 same = False
             if not same:
-                print(f"{path}: differs from kernels/wgmma_gen.py's output (run it, then make format)")
+                print(f"{path}: differs from kernels/wgmma_gen.py's output "
+                      "(run it, then make format)")
                 bad = 1
         else:
             with open(path, "w") as f:

@@ -40,7 +40,8 @@ def read(path):
             if r["graph"] == "0":
                 continue
             graphs.setdefault(r["graph"], []).append(
-                (int(r["start_ns"]), int(r["end_ns"]), r["node"], r["grid"], r["cluster"], r["name"]))
+                (int(r["start_ns"]), int(r["end_ns"]), r["node"], r["grid"], r["cluster"],
+                 r["name"]))
     return graphs
 
 
@@ -57,8 +58,10 @@ def show(gid, recs, pick):
     spans = [(max(r[1] for r in rep) - rep[0][0]) / 1e3 for rep in reps]
     rep = reps[pick if pick is not None and pick < len(reps) else len(reps) // 2]
     t0 = rep[0][0]
-    print(f"graph {gid} ({kind([r[5] for r in rep])}): {nodes} kernels a replay, {len(reps)} replays, "
-          f"span median {statistics.median(spans):.2f} us (min {min(spans):.2f}, max {max(spans):.2f})")
+    print(f"graph {gid} ({kind([r[5] for r in rep])}): {nodes} kernels a replay, "
+          f"{len(reps)} replays, "
+          f"span median {statistics.median(spans):.2f} us "
+          f"(min {min(spans):.2f}, max {max(spans):.2f})")
     print(f"  {'kernel':48} {'grid':>9} {'cl':>2} {'start':>8} {'end':>8} {'ran':>7} {'gap':>7}")
     last_end = None
     for s, e, _, grid, cl, name in rep:
@@ -75,7 +78,8 @@ def main(argv):
     opts = dict(zip(argv[1::2], argv[2::2]))
     unknown = set(opts) - {"--graphs", "--replay"}
     if unknown or len(argv[1:]) % 2:
-        print(f"timeline.py: unknown or incomplete options {sorted(unknown) or argv[-1:]}", file=sys.stderr)
+        print(f"timeline.py: unknown or incomplete options {sorted(unknown) or argv[-1:]}",
+              file=sys.stderr)
         return 2
     graphs = read(argv[0])
     limit = int(opts.get("--graphs", len(graphs)))

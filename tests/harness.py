@@ -1,11 +1,11 @@
 """harness.py — the Python tests' harness, the twin of tests/harness.h.
 
 check() records a failure and goes on; a test that raises counts as failed with its traceback;
-skip() ends a test as skipped with a reason. Arguments on a test program's command line, or the words of
-MT_TEST_ONLY (as in tests/harness.h), pick its tests by a part of their name
-(`python3 tests/gpu/test_reliability.py sanitizers`); the others do not run and are not counted. done() prints "#mt-counts P F S" for tests/run and
-returns the exit status. temp_dir() gives a test program a temporary directory that is removed
-when the program exits.
+skip() ends a test as skipped with a reason. Arguments on a test program's command line, or the
+words of MT_TEST_ONLY (as in tests/harness.h), pick its tests by a part of their name
+(`python3 tests/gpu/test_reliability.py sanitizers`); the others do not run and are not counted.
+done() prints "#mt-counts P F S" for tests/run and returns the exit status. temp_dir() gives a test
+program a temporary directory that is removed when the program exits.
 """
 import atexit
 import os

@@ -37,7 +37,8 @@ def open_regular(path):
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _KINDS if test(mode)), "something other than a regular file")
+            kind = next((name for test, name in _KINDS if test(mode)),
+                        "something other than a regular file")
             raise OSError(errno.EINVAL, f"it is {kind}, not a statistics file: give the path of "
                           "the file the shim wrote (MINITE_STATS)", path)
         os.set_blocking(fd, True)

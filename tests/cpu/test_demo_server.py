@@ -6,7 +6,8 @@ command line run_demo.py would give it parses. Where torch and transformers are 
 CI: build/venv has neither), transformers' continuous-batching engine runs for real on the CPU
 with a tiny geometry: requests of mixed lengths come back whole with a log-prob per token, and
 demo/demo_learner.py scores the file (mixed lengths and equal) and tools/gap-report finds the
-engine's log-probs equal to a full forward's (a wrong position, cache block or mask moves them by O(1)).
+engine's log-probs equal to a full forward's (a wrong position, cache block or mask moves them by
+O(1)).
 """
 import json
 import os

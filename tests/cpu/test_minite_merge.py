@@ -228,7 +228,8 @@ def test_fifo_and_devices_are_refused_at_once():
     for other, kind in ((fifo, "a FIFO or pipe"), ("/dev/zero", "a character device"),
                         (TMP, "a directory")):
         rc, out, err = merge(r0, other)
-        harness.check(rc == 2 and "cannot read" in err and kind in err, f"{other}: exit {rc}: {err}")
+        harness.check(rc == 2 and "cannot read" in err and kind in err,
+                      f"{other}: exit {rc}: {err}")
 
 
 def test_values_are_escaped_and_shortened_in_the_table():
@@ -370,7 +371,8 @@ def test_the_same_file_twice_is_read_once():
 
 
 for t in (test_ranks_are_summed_with_a_breakdown, test_one_census_over_ranks,
-          test_census_role_is_carried, test_instruments_over_ranks, test_shared_file_missing_and_repeated_ranks,
+          test_census_role_is_carried, test_instruments_over_ranks,
+          test_shared_file_missing_and_repeated_ranks,
           test_refusals_and_usage, test_fifo_and_devices_are_refused_at_once,
           test_values_are_escaped_and_shortened_in_the_table, test_table,
           test_not_finite_shadow_figures_stay_not_finite,

@@ -1,7 +1,7 @@
 """jax_child.py OUT — an unmodified JAX MoE program, run in a process of its own by
 tests/gpu/test_jax_moe.py (which sets LD_PRELOAD, the MINITE_* variables and XLA_FLAGS). Writes
-OUT.npz with its results and inputs. Nothing here knows whether libminite.so is preloaded. Not a test by
-itself.
+OUT.npz with its results and inputs. Nothing here knows whether libminite.so is preloaded. Not a
+test by itself.
 
 Three expert layers of 8 experts, weight 256 x 512 each (out x in, as the routes name it), BF16:
   capacity   an einsum over the expert axis, x [E, C, 512] . W [E, 256, 512] -> [E, C, 256]

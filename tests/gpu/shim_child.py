@@ -68,7 +68,8 @@ def run_child(script, case, tag, tmp, minite=None, extra=None):
     """Run `script CASE OUT.npz` in its own process, in shim_env(tag, tmp, minite, extra).
     Returns (arrays, statistics files, the last file's summary record or None)."""
     out = os.path.join(tmp, tag + ".npz")
-    proc = subprocess.run([sys.executable, script, case, out], env=shim_env(tag, tmp, minite, extra),
+    proc = subprocess.run([sys.executable, script, case, out],
+                          env=shim_env(tag, tmp, minite, extra),
                           capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise RuntimeError(f"{tag}: exit {proc.returncode}\n{proc.stderr[-3000:]}")

@@ -34,7 +34,8 @@ def nvfp4_row_loss_within_2_percent_of_bf16(experts):
                       f"{name}: losses {s['losses']}, gradient norms {s['grad_norms']}")
         harness.check(all(x > 0 for x in s["grad_norms"]), f"{name}: zero gradient")
     rel = abs(shim["first_loss"] - base["first_loss"]) / base["first_loss"]
-    print(f"    {experts}: step-0 loss: bf16 {base['first_loss']:.6f}, nvfp4-row {shim['first_loss']:.6f} "
+    print(f"    {experts}: step-0 loss: bf16 {base['first_loss']:.6f}, "
+          f"nvfp4-row {shim['first_loss']:.6f} "
           f"(relative difference {rel:.3g}); gradient norm {base['grad_norms'][0]:.4g} vs "
           f"{shim['grad_norms'][0]:.4g}; train tokens/s {base['train_tokens_per_s']:.0f} vs "
           f"{shim['train_tokens_per_s']:.0f}")

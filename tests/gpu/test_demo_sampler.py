@@ -105,7 +105,8 @@ def test_bf16_under_the_shim_samples_what_plain_pytorch_samples():
     # under bf16 a routed call is counted as routed and computed by cuBLAS itself: the expert
     # shapes must have matched, and the log-probs above show cuBLAS's bits came back
     if stats is not None:
-        harness.check(stats.get("routed", 0) > 0 and not stats.get("fallbacks", {}).get("no engine"),
+        harness.check(stats.get("routed", 0) > 0
+                      and not stats.get("fallbacks", {}).get("no engine"),
                       f"bf16: routed {stats.get('routed')}, fallbacks {stats.get('fallbacks')}")
 
 

@@ -1,6 +1,6 @@
-"""test_grouped_mm.py — the MoE calls real PyTorch programs make reach the shim (issue "Grouped front
-doors"): torch._grouped_mm (HF transformers' default experts) through the hook of its sm90 kernel
-entry, and batched cuBLAS forms as one grouped call.
+"""test_grouped_mm.py — the MoE calls real PyTorch programs make reach the shim (issue "Grouped
+front doors"): torch._grouped_mm (HF transformers' default experts) through the hook of its sm90
+kernel entry, and batched cuBLAS forms as one grouped call.
 
     make && make build/tests/cpu/nvfp4_tool && python3 tests/gpu/test_grouped_mm.py      (H200)
 
@@ -38,8 +38,8 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from shim_child import (ROOT, compare, harness, need_gpu, reference_bound, reference_gemm,  # noqa: E402
-                        route_stats, run_child, run_tests)
+from shim_child import (ROOT, compare, harness, need_gpu, reference_bound,  # noqa: E402
+                        reference_gemm, route_stats, run_child, run_tests)
 
 CHILD = os.path.join(ROOT, "tests", "gpu", "grouped_child.py")
 TMP = tempfile.mkdtemp(prefix="mt_grouped_")
@@ -69,7 +69,8 @@ def info(arrays):
 def same(a, b, what, keys=None):
     keys = [k for k in a.files if k not in ("info", "launches")] if keys is None else keys
     differ = [k for k in keys if a[k].shape != b[k].shape or a[k].tobytes() != b[k].tobytes()]
-    harness.check(not differ, f"{what}: {len(differ)} of {len(keys)} arrays differ, e.g. {differ[:4]}")
+    harness.check(not differ,
+                  f"{what}: {len(differ)} of {len(keys)} arrays differ, e.g. {differ[:4]}")
     return not differ
 
 
@@ -163,7 +164,8 @@ def direct_bf16_bitwise():
 
 def direct_nvfp4_is_the_per_call_engine():
     need_gpu()
-    got, summary = child("direct", "direct_nvfp4", dict(MINITE_SPEC="nvfp4-row", MINITE_ROUTE=ROUTE))
+    got, summary = child("direct", "direct_nvfp4",
+                         dict(MINITE_SPEC="nvfp4-row", MINITE_ROUTE=ROUTE))
     print(f"    routed {summary.get('routed')}, fallbacks {summary.get('fallbacks')}")
     ends = got["offs"].tolist()
     x, w, y = got["x"], got["w"], got["y"].astype(np.float64)

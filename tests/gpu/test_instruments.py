@@ -77,7 +77,8 @@ def probe_row_is_batch_invariant_tensor_is_not():
                       f"(skipped: {summary.get('instruments', {}).get('probe')})")
         if want_zero:
             harness.check(p.get("differing") == 0 and p.get("max_abs") == 0,
-                          f"{spec}: {p.get('differing')} rows differ alone (max {p.get('max_abs')})")
+                          f"{spec}: {p.get('differing')} rows differ alone "
+                          f"(max {p.get('max_abs')})")
         else:
             harness.check((p.get("differing") or 0) > 0,
                           f"{spec}: no probed row differs alone: the per-tensor scale should")
@@ -108,11 +109,15 @@ def digests_of_two_batchings_join_equal():
                           "nvfp4-row: the two batchings' outputs differ (the digests said equal?)")
     # at rate 1/4, both processes digest the same rows: chosen by content, not by count
     got, fa, sa = child("batch", "rate_a", digest="1/4", extra={"MT_BATCHES": "64"})
-    _, fb, sb = child("batch", "rate_b", digest="1/4", extra={"MT_BATCHES": "7,1", "MT_REVERSE": "1"})
+    _, fb, sb = child("batch", "rate_b", digest="1/4",
+                      extra={"MT_BATCHES": "7,1", "MT_REVERSE": "1"})
     total = compare(fa, fb)["total"]
-    print(f"    rate 1/4: rows A {total['rows_a']}, B {total['rows_b']}, matched {total['matched']}")
-    harness.check(0 < total["matched"] < 64 and total["rows_a"] == total["rows_b"] == total["matched"],
-                  f"rate 1/4: rows A {total['rows_a']}, B {total['rows_b']}, matched {total['matched']}")
+    print(f"    rate 1/4: rows A {total['rows_a']}, B {total['rows_b']}, "
+          f"matched {total['matched']}")
+    harness.check(0 < total["matched"] < 64
+                  and total["rows_a"] == total["rows_b"] == total["matched"],
+                  f"rate 1/4: rows A {total['rows_a']}, B {total['rows_b']}, "
+                  f"matched {total['matched']}")
     if fa is not None and "x" in got:
         want = lead_chosen_keys(got, 1 / 4)
         keys = {json.loads(line)["key"] for line in open(fa) if '"event": "digest"' in line}
@@ -129,14 +134,16 @@ def shadow_error_in_nvfp4_range_and_zero_under_bf16():
     s = route_stats(summary, ROUTE, "shadow")
     x, w = got["x"].astype(np.float64), got["w"].astype(np.float64)
     exact = x @ w.T
-    expected = float(np.linalg.norm(reference_gemm(got["x"], got["w"]) - exact) / np.linalg.norm(exact))
+    expected = float(np.linalg.norm(reference_gemm(got["x"], got["w"]) - exact)
+                     / np.linalg.norm(exact))
     print(f"    nvfp4-row: shadow {s}; CPU reference {expected:.4f}")
     harness.check(s.get("calls") == 1, f"shadow calls {s.get('calls')} "
                   f"(skipped: {summary.get('instruments', {}).get('shadow')})")
     rel = s.get("rel_l2_mean")
     harness.check(rel is not None and abs(rel - expected) <= 0.01,
                   f"shadow rel-L2 {rel}, the CPU reference gives {expected:.4f}")
-    harness.check(rel is not None and 0.10 <= rel <= 0.17, f"shadow rel-L2 {rel} outside 0.10 .. 0.17")
+    harness.check(rel is not None and 0.10 <= rel <= 0.17,
+                  f"shadow rel-L2 {rel} outside 0.10 .. 0.17")
     records = [json.loads(line) for line in open(path) if '"event": "shadow"' in line]
     harness.check(len(records) == 1 and records[0]["m"] == 64, f"shadow records {records}")
     _, _, summary = child("shadow", "shadow_bf16", spec="bf16", shadow=1, probe=1)

@@ -93,10 +93,12 @@ def run_setting(lt):
     if not equal(base1, base2):
         harness.skip(f"{name}: XLA alone gives different bits twice; no bitwise comparison")
     bf16, summary = child(name + "_bf16", lt, dict(MINITE_SPEC="bf16", MINITE_ROUTE=ROUTE))
-    differ = [k for k in KEYS if not np.array_equal(base1[k].view(np.uint8), bf16[k].view(np.uint8))]
+    differ = [k for k in KEYS
+              if not np.array_equal(base1[k].view(np.uint8), bf16[k].view(np.uint8))]
     harness.check(not differ, f"{name}: bf16 under the shim differs in {differ}")
     entries = sorted({c["entry"] for c in summary.get("census", [])})
-    print(f"    {name} bf16: {summary.get('gemm_calls')} GEMM calls, routed {summary.get('routed')}, "
+    print(f"    {name} bf16: {summary.get('gemm_calls')} GEMM calls, "
+          f"routed {summary.get('routed')}, "
           f"entries {entries}, fallbacks {summary.get('fallbacks')}")
     for c in summary.get("census", []):
         print(f"      {c}")
@@ -123,7 +125,8 @@ def check_nvfp4(name, base, fp4):
             err = np.abs(fp4[k][e].astype(np.float64) - ref) / reference_bound(x[e], w[e], ref)
             worst = max(worst, float(err.max()))
         rel = np.linalg.norm(fp4[k] - base[k]) / max(np.linalg.norm(base[k]), 1e-30)
-        print(f"      {k}: error / reference bound at most {worst:.3f}; relative L2 to BF16 {rel:.4f}")
+        print(f"      {k}: error / reference bound at most {worst:.3f}; "
+              f"relative L2 to BF16 {rel:.4f}")
         harness.check(worst <= 1.0, f"{name} {k}: error {worst:.3f} times the reference bound")
     harness.check(np.array_equal(fp4["capacity"].view(np.uint8), fp4["per_expert"].view(np.uint8)),
                   f"{name}: the capacity batch's rows differ from the per-expert dots'")

@@ -179,7 +179,8 @@ def check_job(none, bf16, nvfp4, nproc, buses_of_rank, shared_gpu):
                       b["first_loss"] == base["first_loss"],
                       f"{label}: bf16 step 0 not bitwise the run without the shim "
                       f"(loss {b['first_loss']!r} vs {base['first_loss']!r})")
-        print(f"    {label}: bf16 later steps {'equal' if b['losses'] == base['losses'] else 'differ'}"
+        print(f"    {label}: bf16 later steps "
+              f"{'equal' if b['losses'] == base['losses'] else 'differ'}"
               " to the run without the shim")
         rel = abs(q["first_loss"] - base["first_loss"]) / base["first_loss"]
         harness.check(q["finite"] and base["finite"] and rel <= LOSS_RTOL,
@@ -196,7 +197,8 @@ def check_job(none, bf16, nvfp4, nproc, buses_of_rank, shared_gpu):
                           f"EP: expert rows {[r['expert_rows_step0'] for r in ep]}, want "
                           f"{nproc * per_rank} in all")
             harness.check([r["experts_held"] for r in ep] ==
-                          [[r * EXPERTS // nproc, (r + 1) * EXPERTS // nproc] for r in range(nproc)],
+                          [[r * EXPERTS // nproc, (r + 1) * EXPERTS // nproc]
+                           for r in range(nproc)],
                           f"EP: experts held {[r['experts_held'] for r in ep]}")
         ddp = [run["ranks"].get(("ddp", r)) for r in range(nproc)]
         if all(ddp):
@@ -299,7 +301,8 @@ def test_several_gpus():
     for size in sizes:
         for spec in (None, "nvfp4-row"):
             run = runs[spec] if size == n else launch(f"scale{size}-{spec or 'none'}", size, spec)
-            harness.check(run["rc"] == 0 and run["summary"], f"{size} GPUs {spec}: exit {run['rc']}")
+            harness.check(run["rc"] == 0 and run["summary"],
+                          f"{size} GPUs {spec}: exit {run['rc']}")
             if run["summary"]:
                 for mode, m in run["summary"]["modes"].items():
                     table[(mode, size, spec)] = m["job_tokens_per_s"]

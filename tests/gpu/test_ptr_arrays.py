@@ -54,7 +54,8 @@ def app(tag, shim=True, extra=None):
     output, summary, stderr)."""
     out = os.path.join(TMP, tag + ".bin")
     minite = dict(MINITE_SPEC="nvfp4-row", MINITE_ROUTE="512x1024") if shim else None
-    return run_app([APP, out] + ([] if shim else ["eager"]), out, tag, TMP, minite, extra, timeout=300)
+    return run_app([APP, out] + ([] if shim else ["eager"]), out, tag, TMP, minite, extra,
+                   timeout=300)
 
 
 def routed_forms(cache):
@@ -62,7 +63,8 @@ def routed_forms(cache):
                                                                "MINITE_LOG_LEVEL": "INFO"})
     harness.check(rc == 0, f"{cache}: exit {rc}: {err[-3000:]}")
     for f in FORMS:
-        harness.check(info.get(f"status_{f}") == 0, f"{cache}/{f}: status {info.get(f'status_{f}')}")
+        harness.check(info.get(f"status_{f}") == 0,
+                      f"{cache}/{f}: status {info.get(f'status_{f}')}")
         harness.check(info.get(f"differing_{f}") == 0,
                       f"{cache}/{f}: {info.get(f'differing_{f}')} outputs differ from the strided "
                       "call's")
@@ -85,7 +87,8 @@ def routed_forms(cache):
                   engine.get("pointer_array_calls") == 2 * len(FORMS),
                   f"{cache}: captured_calls and pointer_array_calls: {engine}")
     said = err.count("requantized at every call")
-    harness.check(said == (1 if cache == "frozen" else 0), f"{cache}: said {said} times: {err[-2000:]}")
+    harness.check(said == (1 if cache == "frozen" else 0),
+                  f"{cache}: said {said} times: {err[-2000:]}")
     return data
 
 

@@ -1,5 +1,5 @@
-"""test_reliability.py — the shim in real jobs on the GPU (issue "Reliability"): CUDA graphs in every
-way PyTorch makes them, threads, forks, context resets, two contexts, exhausted device memory.
+"""test_reliability.py — the shim in real jobs on the GPU (issue "Reliability"): CUDA graphs in
+every way PyTorch makes them, threads, forks, context resets, two contexts, exhausted device memory.
 
     make && make build/tests/cpu/nvfp4_tool build/tests/gpu/reliability_app
     python3 tests/gpu/test_reliability.py                         (H200; about 3 minutes)
@@ -174,7 +174,8 @@ def reset_and_recreated_contexts():
     rc, info, _, summary, err = app("reset", "reset")
     rc0, _, _, _, err0 = app("reset", "reset_plain", shim=False)
     harness.check(rc0 == 0, f"reset without the shim: exit {rc0}: {err0[-1500:]}")
-    harness.check(rc == 0 and info.get("differing") == 0, f"reset: exit {rc}, {info}: {err[-2000:]}")
+    harness.check(rc == 0 and info.get("differing") == 0,
+                  f"reset: exit {rc}, {info}: {err[-2000:]}")
     all_routed("reset", summary, 12 * 7)
 
 
@@ -209,7 +210,8 @@ def sanitizer_report(tool, log):
     memory, so a hazard inside one of cuBLAS's kernels (racecheck has reported one in an nvjet
     kernel, which the shadow instrument's cuBLAS rerun launches here) is cuBLAS's, whatever else
     runs: printed, not counted against the shim."""
-    text = "".join(open(f, errors="replace").read() for f in sorted(glob.glob(log.replace("%p", "*"))))
+    text = "".join(open(f, errors="replace").read()
+                   for f in sorted(glob.glob(log.replace("%p", "*"))))
     summaries = [line for line in text.splitlines() if "SUMMARY:" in line]
     if tool == "memcheck":
         ok = bool(summaries) and all("ERROR SUMMARY: 0 errors" in line for line in summaries)
@@ -232,8 +234,8 @@ def sanitizers_clean():
     for tool in ("memcheck", "racecheck"):
         def wrap(case):
             log = os.path.join(TMP, f"san_{tool}_{case}.%p.log")
-            return log, [sanitizer, "--tool", tool, "--error-exitcode", "99", "--target-processes", "all",
-                         "--print-limit", "20", "--log-file", log]
+            return log, [sanitizer, "--tool", tool, "--error-exitcode", "99",
+                         "--target-processes", "all", "--print-limit", "20", "--log-file", log]
         log, cmd = wrap("threads")
         rc, info, _, _, _ = app("threads", f"san_{tool}", extra=small, wrap=cmd, timeout=1800)
         ok, report = sanitizer_report(tool, log)
@@ -267,19 +269,24 @@ def fused_kernel_racecheck_clean():
         harness.skip(f"no compute-sanitizer or no {tests} (make {BUILD}/tests/gpu/test_kernels)")
     log = os.path.join(TMP, "san_racecheck_kernels.log")
     env = dict(os.environ, MT_TEST_ONLY="gemm_paths_agree")
-    proc = subprocess.run([sanitizer, "--tool", "racecheck", "--error-exitcode", "99", "--print-limit", "20",
-                           "--log-file", log, tests], env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sanitizer, "--tool", "racecheck", "--error-exitcode", "99",
+                           "--print-limit", "20", "--log-file", log, tests],
+                          env=env, capture_output=True, text=True, timeout=900)
     ok, report = sanitizer_report("racecheck", log)
     hazards = re.findall(r"RACECHECK SUMMARY: (\d+) hazard", report)
-    print(f"    racecheck on gemm_paths_agree: exit {proc.returncode}; " + " / ".join(report.splitlines()[:2]))
+    print(f"    racecheck on gemm_paths_agree: exit {proc.returncode}; "
+          + " / ".join(report.splitlines()[:2]))
     harness.check(proc.returncode == 0 and ok and hazards and all(h == "0" for h in hazards)
                   and "ok   gemm_paths_agree" in proc.stdout,
-                  f"racecheck on gemm_paths_agree: exit {proc.returncode}:\n{report}\n{proc.stdout[-800:]}")
+                  f"racecheck on gemm_paths_agree: exit {proc.returncode}:\n{report}\n"
+                  f"{proc.stdout[-800:]}")
 
 
-for t in (graph_outlives_scratch_growth, graph_without_stream_argument, make_graphed_callables_routes,
+for t in (graph_outlives_scratch_growth, graph_without_stream_argument,
+          make_graphed_callables_routes,
           torch_compile_reduce_overhead_routes, threads_bitwise_equal_to_one_thread,
           kept_weight_changed_under_threads, forks_come_back, reset_and_recreated_contexts,
-          two_contexts_on_one_gpu, out_of_memory_falls_back, sanitizers_clean, fused_kernel_racecheck_clean):
+          two_contexts_on_one_gpu, out_of_memory_falls_back, sanitizers_clean,
+          fused_kernel_racecheck_clean):
     harness.run(t)
 sys.exit(harness.done())

@@ -49,7 +49,8 @@ def routed_linear_matches_the_reference():
         bound = (K / 16 + 4) * 2.0 ** -23 * 2 * (np.abs(x) @ np.abs(w).T) + 2.0 ** -8 * np.abs(ref)
         worst = float(np.max(np.abs(y - ref) / np.maximum(bound, 1e-30)))
         print(f"    M={m}: worst error {worst:.3f} of the bound")
-        harness.check(np.all(np.abs(y - ref) <= bound), f"M={m}: error over the bound ({worst:.3f})")
+        harness.check(np.all(np.abs(y - ref) <= bound),
+                      f"M={m}: error over the bound ({worst:.3f})")
     if summary:
         harness.check(summary["routed"] == 4, f"routed {summary['routed']} of 4, "
                                                f"fallbacks {summary['fallbacks']}")

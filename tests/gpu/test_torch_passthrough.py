@@ -101,7 +101,8 @@ def bitwise_equal(a_path, b_path, what):
     return not differing
 
 
-# the entry point each workload must reach (docs/design.md, "Interposition facts measured on the H200")
+# the entry point each workload must reach (docs/design.md, "Interposition facts measured on the
+# H200")
 ENTRY = {
     ("linear", False): "cublasGemmEx",
     ("linear_bias", False): "cublasLtMatmul",

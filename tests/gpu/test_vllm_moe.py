@@ -1,7 +1,8 @@
 """test_vllm_moe.py — vLLM's Triton MoE kernel through the launch door (shim/launch.h, shim/vllm.h),
 on the real kernel, run by the device's Triton exactly as vLLM launches it.
 
-    make && make build/tests/cpu/nvfp4_tool && make vllm-sources && python3 tests/gpu/test_vllm_moe.py
+    make && make build/tests/cpu/nvfp4_tool && make vllm-sources &&
+        python3 tests/gpu/test_vllm_moe.py
 
 vLLM is not installed: `make vllm-sources` (on a machine that reaches the package registry) puts the
 kernel files of pinned releases into build/third_party, which travels to the device; the children
@@ -34,8 +35,8 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from shim_child import (ROOT, compare, harness, need_gpu, reference_bound, reference_gemm,  # noqa: E402
-                        run_child, run_tests)
+from shim_child import (ROOT, compare, harness, need_gpu, reference_bound,  # noqa: E402
+                        reference_gemm, run_child, run_tests)
 
 CHILD = os.path.join(ROOT, "tests", "gpu", "vllm_child.py")
 SOURCES = os.path.join(ROOT, os.environ.get("MT_BUILD", "build"), "third_party", ".stamp")
@@ -84,8 +85,10 @@ def bits(a):
 
 
 def same(a, b, keys, what):
-    differ = [k for k in keys if a[k].shape != b[k].shape or not np.array_equal(bits(a[k]), bits(b[k]))]
-    harness.check(not differ, f"{what}: {len(differ)} of {len(keys)} arrays differ, e.g. {differ[:4]}")
+    differ = [k for k in keys
+              if a[k].shape != b[k].shape or not np.array_equal(bits(a[k]), bits(b[k]))]
+    harness.check(not differ,
+                  f"{what}: {len(differ)} of {len(keys)} arrays differ, e.g. {differ[:4]}")
 
 
 def output_keys(arrays):
@@ -151,11 +154,14 @@ def decoded_constants_are_the_launchers():
     harness.check(lines, "the door logged no decoded function")
     for t in TOKENS:
         bm = int(got[f"block_m{t}"])
-        harness.check(any(f"BLOCK_SIZE_M {bm}," in line for line in lines), f"T={t}: no function of block_m {bm}")
-    harness.check(any("naive" in line for line in lines) and any("parameters sorted" in line for line in lines),
+        harness.check(any(f"BLOCK_SIZE_M {bm}," in line for line in lines),
+                      f"T={t}: no function of block_m {bm}")
+    harness.check(any("naive" in line for line in lines)
+                  and any("parameters sorted" in line for line in lines),
                   "not both dispatches decoded")
     harness.check(any("top_k 4, MUL_ROUTED_WEIGHT 0" in line for line in lines) and
-                  any("top_k 1, MUL_ROUTED_WEIGHT 1" in line for line in lines), "GEMM1's or GEMM2's constants")
+                  any("top_k 1, MUL_ROUTED_WEIGHT 1" in line for line in lines),
+                  "GEMM1's or GEMM2's constants")
 
 
 def sampler_rows_bitwise_the_learners():
@@ -181,7 +187,8 @@ def sampler_rows_bitwise_the_learners():
     # every row the sampler digested, the learner digested too (the learner also digests its GEMM2,
     # whose rows the sampler's kernel multiplies by the router weight: no expert's own rows there)
     harness.check(0 < total["matched"] == total["rows_b"] <= total["rows_a"],
-                  f"learner {total['rows_a']}, sampler {total['rows_b']}, matched {total['matched']}: "
+                  f"learner {total['rows_a']}, sampler {total['rows_b']}, "
+                  f"matched {total['matched']}: "
                   "rows picked by content must be picked on both sides")
     harness.check(total["equal_pct"] == 100.0, f"{total['equal_pct']}% of matched rows equal")
 

@@ -37,7 +37,8 @@ TOKENS = (1, 3, 40, 300)
 
 def routing(tokens, seed):
     g = torch.Generator(device="cpu").manual_seed(seed)
-    ids = torch.stack([torch.randperm(E, generator=g)[:TOPK] for _ in range(tokens)]).to(torch.int32)
+    ids = torch.stack([torch.randperm(E, generator=g)[:TOPK]
+                       for _ in range(tokens)]).to(torch.int32)
     w = torch.rand(tokens, TOPK, generator=g) + 0.0625
     return ids.cuda(), (w / w.sum(1, keepdim=True)).cuda()
 
@@ -55,10 +56,12 @@ def dispatch(fm, ids, tokens, w13, w2):
 def layer(fm, x, w13, w2, ids, topk_w, config, sorted_ids, expert_ids, padded, out):
     """GEMM1 (TritonExperts: no router weights), its activation, GEMM2 (router weights
     multiplied); the outputs into out's tensors."""
-    vllm_sources.invoke(fm, x, w13, out["c1"], None, sorted_ids, expert_ids, padded, False, TOPK, config)
+    vllm_sources.invoke(fm, x, w13, out["c1"], None, sorted_ids, expert_ids, padded, False, TOPK,
+                        config)
     gate, up = out["c1"].view(-1, 2 * I).chunk(2, dim=-1)
     out["a2"].copy_(F.silu(gate) * up)
-    vllm_sources.invoke(fm, out["a2"], w2, out["c2"], topk_w, sorted_ids, expert_ids, padded, True, 1, config)
+    vllm_sources.invoke(fm, out["a2"], w2, out["c2"], topk_w, sorted_ids, expert_ids, padded, True,
+                        1, config)
 
 
 def case_vllm():
@@ -68,12 +71,14 @@ def case_vllm():
     for t in TOKENS:
         x, (ids, topk_w) = rand(t, H, seed=50 + t), routing(t, 60 + t)
         config, sorted_ids, expert_ids, padded = dispatch(fm, ids, t, w13, w2)
-        out = {"c1": torch.full((t, TOPK, 2 * I), float("nan"), dtype=torch.bfloat16, device="cuda"),
+        out = {"c1": torch.full((t, TOPK, 2 * I), float("nan"), dtype=torch.bfloat16,
+                                device="cuda"),
                "a2": torch.empty(t * TOPK, I, dtype=torch.bfloat16, device="cuda"),
                "c2": torch.full((t, TOPK, H), float("nan"), dtype=torch.bfloat16, device="cuda")}
         layer(fm, x, w13, w2, ids, topk_w, config, sorted_ids, expert_ids, padded, out)
         c1w = torch.full_like(out["c1"], float("nan"))
-        vllm_sources.invoke(fm, x, w13, c1w, topk_w, sorted_ids, expert_ids, padded, False, TOPK, config)
+        vllm_sources.invoke(fm, x, w13, c1w, topk_w, sorted_ids, expert_ids, padded, False, TOPK,
+                            config)
         # the layer captured (warmed up eagerly just above), replayed on new activations
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -91,7 +96,8 @@ def case_vllm():
         eager = {k: torch.empty_like(v) for k, v in out.items()}
         layer(fm, x2, w13, w2, ids, topk_w, config, sorted_ids, expert_ids, padded, eager)
         torch.cuda.synchronize()
-        result.update({f"x{t}": f32(x), f"ids{t}": ids.cpu().numpy(), f"w{t}": topk_w.float().cpu().numpy(),
+        result.update({f"x{t}": f32(x), f"ids{t}": ids.cpu().numpy(),
+                       f"w{t}": topk_w.float().cpu().numpy(),
                        f"c1_{t}": f32(out["c1"]), f"c1w_{t}": f32(c1w), f"a2_{t}": f32(out["a2"]),
                        f"c2_{t}": f32(out["c2"]), f"replay_c2_{t}": f32(gout["c2"]),
                        f"eager_c2_{t}": f32(eager["c2"]), f"replay_c1_{t}": f32(gout["c1"]),
@@ -140,8 +146,9 @@ def launch_old(kernel, a, b, c, sorted_ids, expert_ids, padded, valid):
     em, n = sorted_ids.numel(), b.size(1)
     grid = (triton.cdiv(em, 16) * triton.cdiv(n, 64),)
     kernel[grid](a, b, c, None, None, None, sorted_ids, expert_ids, padded, n, b.size(2), em, valid,
-                 a.stride(0), a.stride(1), b.stride(0), b.stride(2), b.stride(1), c.stride(1), c.stride(2),
-                 0, 0, 0, 0, 0, 0, 0, BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=1,
+                 a.stride(0), a.stride(1), b.stride(0), b.stride(2), b.stride(1), c.stride(1),
+                 c.stride(2), 0, 0, 0, 0, 0, 0, 0, BLOCK_SIZE_M=16, BLOCK_SIZE_N=64,
+                 BLOCK_SIZE_K=64, GROUP_SIZE_M=1,
                  MUL_ROUTED_WEIGHT=False, top_k=TOPK, compute_type=tl.bfloat16, use_fp8_w8a8=False,
                  use_int8_w8a8=False, use_int8_w8a16=False, per_channel_quant=False)
 
@@ -151,13 +158,15 @@ def launch_sglang(kernel, a, b, c, sorted_ids, expert_ids, padded, valid):
     import triton.language as tl
     em, n = sorted_ids.numel(), b.size(1)
     grid = (triton.cdiv(em, 16) * triton.cdiv(n, 64),)
-    kernel[grid](a, None, b, None, None, c, None, None, None, sorted_ids, expert_ids, padded, None, n, b.size(2),
-                 em, valid, a.stride(0), a.stride(1), b.stride(0), b.stride(2), b.stride(1), 0, 0, c.stride(1),
-                 c.stride(2), 0, 0, 0, 0, 0, 0, 0, BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64,
+    kernel[grid](a, None, b, None, None, c, None, None, None, sorted_ids, expert_ids, padded, None,
+                 n, b.size(2), em, valid, a.stride(0), a.stride(1), b.stride(0), b.stride(2),
+                 b.stride(1), 0, 0, c.stride(1), c.stride(2), 0, 0, 0, 0, 0, 0, 0, BLOCK_SIZE_M=16,
+                 BLOCK_SIZE_N=64, BLOCK_SIZE_K=64,
                  GROUP_SIZE_M=1, MUL_ROUTED_WEIGHT=False, top_k=TOPK, compute_type=tl.bfloat16,
-                 use_fp8_w8a8=False, use_int8_w8a8=False, use_int8_w8a16=False, per_channel_quant=False,
-                 even_Ks=True, c_sorted=False, swap_ab=False, FUSE_ADD_TO_OUTPUT=False, MASK_OUTPUT=False,
-                 FUSE_SUM_ALL_REDUCE=False, ROUTER_TOPK=TOPK)
+                 use_fp8_w8a8=False, use_int8_w8a8=False, use_int8_w8a16=False,
+                 per_channel_quant=False, even_Ks=True, c_sorted=False, swap_ab=False,
+                 FUSE_ADD_TO_OUTPUT=False, MASK_OUTPUT=False, FUSE_SUM_ALL_REDUCE=False,
+                 ROUTER_TOPK=TOPK)
 
 
 def case_old():

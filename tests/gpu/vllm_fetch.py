@@ -32,11 +32,13 @@ RELEASES = [
 def wheel(project, version, cache):
     """The release's wheel in cache, downloaded once (pip's own cache is not assumed)."""
     os.makedirs(cache, exist_ok=True)
-    have = [f for f in os.listdir(cache) if f.startswith(f"{project}-{version}-") and f.endswith(".whl")]
+    have = [f for f in os.listdir(cache)
+            if f.startswith(f"{project}-{version}-") and f.endswith(".whl")]
     if not have:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                        f"{project}=={version}", "-d", cache], check=True)
-        have = [f for f in os.listdir(cache) if f.startswith(f"{project}-{version}-") and f.endswith(".whl")]
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                        "--only-binary=:all:", f"{project}=={version}", "-d", cache], check=True)
+        have = [f for f in os.listdir(cache)
+                if f.startswith(f"{project}-{version}-") and f.endswith(".whl")]
     return os.path.join(cache, have[0])
 
 

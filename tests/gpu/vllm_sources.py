@@ -80,9 +80,10 @@ def real_values(name):
         "vllm.triton_utils": {"triton": triton, "tl": tl},
         "vllm.utils.platform_utils": {"get_device_name_as_file_name": device_name},
         "vllm.envs": {"VLLM_BATCH_INVARIANT": False, "VLLM_TUNED_CONFIG_FOLDER": None},
-        "vllm.model_executor.layers.fused_moe.utils": {"resolve_moe_use_td": lambda: False,
-                                                       "warn_if_moe_use_td_ineffective": lambda *a, **k: None,
-                                                       "enable_swap_ab": lambda *a: False},
+        "vllm.model_executor.layers.fused_moe.utils": {
+            "resolve_moe_use_td": lambda: False,
+            "warn_if_moe_use_td_ineffective": lambda *a, **k: None,
+            "enable_swap_ab": lambda *a: False},
         "vllm.utils.math_utils": {"next_power_of_2": lambda n: 1 << (max(n, 1) - 1).bit_length()},
     }.get(name, {})
 
@@ -164,8 +165,8 @@ def dispatch(topk_ids, block_m, experts):
     num_tokens * top_k * 4 <= experts, else moe_align_block_size's (moe_align above)."""
     import torch
     if topk_ids.numel() * 4 <= experts:
-        return None, topk_ids.view(-1), torch.tensor([topk_ids.numel() * block_m], dtype=torch.int32,
-                                                     device=topk_ids.device)
+        return None, topk_ids.view(-1), torch.tensor([topk_ids.numel() * block_m],
+                                                     dtype=torch.int32, device=topk_ids.device)
     return moe_align(topk_ids, block_m, experts)
 
 
@@ -173,7 +174,8 @@ def invoke(fm, a, b, c, topk_w, sorted_ids, expert_ids, padded, mul, top_k, conf
     """One launch of fused_moe_kernel through vLLM's own launcher (fm: vllm()), BF16, unquantized,
     no bias."""
     import triton.language as tl
-    fm.invoke_fused_moe_triton_kernel(a, b, c, None, None, topk_w, sorted_ids, expert_ids, padded, mul,
-                                      top_k, config, compute_type=tl.bfloat16, use_fp8_w8a8=False,
-                                      use_int8_w8a8=False, use_int8_w8a16=False, use_int4_w4a16=False,
+    fm.invoke_fused_moe_triton_kernel(a, b, c, None, None, topk_w, sorted_ids, expert_ids, padded,
+                                      mul, top_k, config, compute_type=tl.bfloat16,
+                                      use_fp8_w8a8=False, use_int8_w8a8=False,
+                                      use_int8_w8a16=False, use_int4_w4a16=False,
                                       per_channel_quant=False, block_shape=None, B_bias=None)
