@@ -51,7 +51,8 @@ NVFLAGS := -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --Werror all-war
 
 # The library's parts, bottom up (each includes only those before it): base/ (log, environment,
 # process), spec/ (the execution spec), kernels/ (the NVFP4 engine), shim/ (interposition and
-# statistics). ref/ is the CPU reference of the numerics: tests and tools link it, the library never.
+# statistics). ref/ is the CPU reference of the numerics: tests and tools link it,
+# the library never.
 LIB_OBJ  := $(patsubst %.c,$(B)/%.o,$(wildcard base/*.c spec/*.c kernels/*.c shim/*.c))
 KERN_CU  := $(wildcard kernels/*.cu)
 FATBIN_OBJ := $(patsubst kernels/%.cu,$(B)/kernels/%.fatbin.o,$(KERN_CU))
@@ -161,7 +162,8 @@ format:
 
 format-check:
 	@command -v $(CLANG_FORMAT) >/dev/null || { echo "format-check: $(CLANG_FORMAT) not found:" \
-	    "install it (Debian/Ubuntu: apt-get install clang-format) or pass CLANG_FORMAT=/path"; exit 1; }
+	    "install it (Debian/Ubuntu: apt-get install clang-format) or pass" \
+	    "CLANG_FORMAT=/path"; exit 1; }
 	@$(CLANG_FORMAT) --dry-run --Werror $(FORMAT_SRC) && \
 	    echo "format-check: $(words $(FORMAT_SRC)) files follow .clang-format"
 

@@ -14,14 +14,17 @@
 FUZZ_SECONDS ?= 60
 FUZZ_RUNS    ?=
 FUZZ_TARGETS ?= spec env lt
-FUZZ_FLAGS   := -std=c11 -g -O1 -D_GNU_SOURCE -I. -I$(CUDA_HOME)/include -fsanitize=fuzzer,address,undefined \
-                -fno-sanitize-recover=all
+FUZZ_FLAGS   := -std=c11 -g -O1 -D_GNU_SOURCE -I. -I$(CUDA_HOME)/include \
+                -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 
 FUZZ_SRC_spec := spec/parse.c spec/spec.c
-FUZZ_SRC_env  := base/params.c base/proc.c base/log.c base/files.c base/json.c spec/parse.c spec/spec.c
-FUZZ_SRC_lt   := shim/norm.c shim/router.c shim/real.c base/log.c base/files.c base/proc.c spec/parse.c spec/spec.c
+FUZZ_SRC_env  := base/params.c base/proc.c base/log.c base/files.c base/json.c spec/parse.c \
+                 spec/spec.c
+FUZZ_SRC_lt   := shim/norm.c shim/router.c shim/real.c base/log.c base/files.c base/proc.c \
+                 spec/parse.c spec/spec.c
 
-$(B)/fuzz/fuzz_%: lab/fuzz_%.c $(wildcard base/*.c base/*.h spec/*.c spec/*.h shim/norm.c shim/router.c shim/real.c shim/*.h)
+$(B)/fuzz/fuzz_%: lab/fuzz_%.c $(wildcard base/*.c base/*.h spec/*.c spec/*.h shim/norm.c \
+                                          shim/router.c shim/real.c shim/*.h)
 	@mkdir -p $(dir $@)
 	$(CLANG) $(FUZZ_FLAGS) $< $(FUZZ_SRC_$*) -o $@ -ldl -lpthread
 
@@ -41,6 +44,6 @@ fuzz: $(foreach t,$(FUZZ_TARGETS),$(B)/fuzz/fuzz_$(t))
 	  mkdir -p $(B)/fuzz/corpus-$$t; \
 	  seeds=; [ -d lab/fuzz-seeds/$$t ] && seeds=lab/fuzz-seeds/$$t; \
 	  echo "fuzz_$$t:"; \
-	  $(B)/fuzz/fuzz_$$t $(FUZZ_LIMIT) -max_len=4096 -print_final_stats=1 $(B)/fuzz/corpus-$$t $$seeds \
-	    || exit 1; \
+	  $(B)/fuzz/fuzz_$$t $(FUZZ_LIMIT) -max_len=4096 -print_final_stats=1 \
+	    $(B)/fuzz/corpus-$$t $$seeds || exit 1; \
 	done

@@ -48,15 +48,17 @@ build_all() { # NAME...
   rm -rf "$work" && mkdir -p "$work"
   for v in "$@"; do
     # the tree without its builds and variants, then the variant's files over it
-    mkdir -p "$work/$v" && tar --exclude=./build --exclude=./build-san --exclude=./ab --exclude=./.git -cf - . |
+    mkdir -p "$work/$v" && tar --exclude=./build --exclude=./build-san --exclude=./ab \
+      --exclude=./.git -cf - . |
       tar -C "$work/$v" -xf - && cp -r "ab/$v/." "$work/$v/"
   done
   # main builds in place: on a machine kept warm between calls its build/ outputs can look newer
   # than the sources copied since, and make would skip what changed
-  find . \( -path ./build -o -path ./build-san -o -path ./ab -o -path ./.git \) -prune -o -type f -exec touch {} +
+  find . \( -path ./build -o -path ./build-san -o -path ./ab -o -path ./.git \) -prune \
+    -o -type f -exec touch {} +
   for v in main "$@"; do
-    (cd "$(tree_of "$v")" && make -j"$jobs" all build/tests/gpu/test_kernels build/tests/gpu/test_grouped \
-      build/bench/bench_kernels build/bench/bench_moe \
+    (cd "$(tree_of "$v")" && make -j"$jobs" all build/tests/gpu/test_kernels \
+      build/tests/gpu/test_grouped build/bench/bench_kernels build/bench/bench_moe \
       >"$out/build-$v.log" 2>&1; echo "build $v: exit $?") &
   done
   wait
@@ -80,20 +82,25 @@ table() { # NAME... (main first): the median of the repeats, per row and variant
   local v i
   for v in "$@"; do
     for i in $(seq "${AB_REPEATS:-2}"); do
-      if moe; then moe_rows "$out/bench-$v-$i.log"; else gemm_rows "$out/bench-$v-$i.log"; fi | sed "s/^/$v /"
+      if moe; then moe_rows "$out/bench-$v-$i.log"; else gemm_rows "$out/bench-$v-$i.log"; fi |
+        sed "s/^/$v /"
     done
-  done | awk -v order="$*" -v title="$(moe && echo "layer us (median)" || echo "GEMM us (median)")" '
-    { key = $2 " " $3; v[key, $1] = v[key, $1] " " $4; if (!(key in seen)) { seen[key] = 1; keys[++n] = key } }
+  done | awk -v order="$*" \
+    -v title="$(moe && echo "layer us (median)" || echo "GEMM us (median)")" '
+    { key = $2 " " $3; v[key, $1] = v[key, $1] " " $4
+      if (!(key in seen)) { seen[key] = 1; keys[++n] = key } }
     function med(s,   a, k, i, j, t) {
       k = split(s, a, " ")
-      for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+      for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++)
+        if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
       return k ? a[int((k + 1) / 2)] : "-"
     }
     END {
       m = split(order, names, " ")
       printf "%-22s", title; for (j = 1; j <= m; j++) printf " %10s", names[j]; print ""
       for (i = 1; i <= n; i++) {
-        printf "%-22s", keys[i]; for (j = 1; j <= m; j++) printf " %10s", med(v[keys[i], names[j]]); print ""
+        printf "%-22s", keys[i]
+        for (j = 1; j <= m; j++) printf " %10s", med(v[keys[i], names[j]]); print ""
       }
     }'
 }
@@ -101,7 +108,10 @@ table() { # NAME... (main first): the median of the repeats, per row and variant
 run() { # NAME...
   local v i
   for v in "$@"; do
-    [ -d "ab/$v" ] || { echo "gpu_ab: no ab/$v (run \"lab/gpu_ab.sh prepare $v REF\" first, and carry ab)"; return 1; }
+    [ -d "ab/$v" ] || {
+      echo "gpu_ab: no ab/$v (run \"lab/gpu_ab.sh prepare $v REF\" first, and carry ab)"
+      return 1
+    }
   done
   mkdir -p "$out"
   build_all "$@"
@@ -109,7 +119,8 @@ run() { # NAME...
     for v in main "$@"; do
       if moe; then
         # shellcheck disable=SC2086 # AB_MOE_ARGS: none or several words
-        (cd "$(tree_of "$v")" && timeout 120 build/bench/bench_moe ${AB_MOE_ARGS:-} "$work/bench-$v-$i.json")
+        (cd "$(tree_of "$v")" && timeout 120 build/bench/bench_moe ${AB_MOE_ARGS:-} \
+          "$work/bench-$v-$i.json")
       else
         (cd "$(tree_of "$v")" && timeout 120 build/bench/bench_kernels "$work/bench-$v-$i.json")
       fi >"$out/bench-$v-$i.log" 2>&1 || echo "bench $v ($i): exit $?"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # lab/ncu_pick.sh — one launch of a kernel, picked by its duration and grid among all of a run's
-# launches, under Nsight Compute: for kernels that run many times in a bench (graph replays, warm-up,
-# several columns) where the launch of interest is one kind among them (lab/NOTES.md, "The
+# launches, under Nsight Compute: for kernels that run many times in a bench (graph replays,
+# warm-up, several columns) where the launch of interest is one kind among them (lab/NOTES.md, "The
 # requantization after a sync": the refresh after a sync among the refreshes that find nothing).
 #
 #   lab/ncu_pick.sh REGEX MIN_US GRID -- COMMAND...     (device machine)
@@ -25,7 +25,8 @@ out=${OUT:-build/ncu-pick}
 mkdir -p "$out"
 
 ncu --csv --clock-control none --metrics gpu__time_duration.sum --kernel-name "regex:$regex" \
-  "$@" >"$out/launches.csv" 2>"$out/launches.err" || { echo "ncu_pick: listing failed (launches.err)" >&2; exit 1; }
+  "$@" >"$out/launches.csv" 2>"$out/launches.err" ||
+  { echo "ncu_pick: listing failed (launches.err)" >&2; exit 1; }
 
 # the CSV's rows start with a quote; ncu scales the unit per row
 python3 - "$out/launches.csv" "$min_us" "$grid" >"$out/pick.txt" <<'EOF' || exit 1
@@ -43,13 +44,15 @@ for r in rows:
         print(r[col["ID"]], "%.1f" % us, r[col["Grid Size"]])
         break
 else:
-    sys.exit("ncu_pick: no launch of at least %s us on grid %s among %d" % (sys.argv[2], sys.argv[3], len(rows)))
+    sys.exit("ncu_pick: no launch of at least %s us on grid %s among %d"
+             % (sys.argv[2], sys.argv[3], len(rows)))
 EOF
 read -r id us g <"$out/pick.txt"
 echo "ncu_pick: launch $id of the matches, $us us, grid $g"
 
-ncu --clock-control none --kernel-name "regex:$regex" --launch-skip "$id" --launch-count 1 --set full \
-  --import-source no -o "$out/report" -f "$@" >"$out/report.log" 2>&1 || { echo "ncu_pick: profile failed" >&2; exit 1; }
+ncu --clock-control none --kernel-name "regex:$regex" --launch-skip "$id" --launch-count 1 \
+  --set full --import-source no -o "$out/report" -f "$@" >"$out/report.log" 2>&1 ||
+  { echo "ncu_pick: profile failed" >&2; exit 1; }
 ncu -i "$out/report.ncu-rep" >"$out/report.txt" 2>&1
 ncu -i "$out/report.ncu-rep" --page source --csv --print-source sass >"$out/sass.csv" 2>&1
 echo "ncu_pick: $out/report.txt, $out/sass.csv"

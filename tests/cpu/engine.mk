@@ -7,8 +7,9 @@
 
 ENGINE_FAKE := $(B)/tests/cpu/fake
 
-$(ENGINE_FAKE)/driver/libcuda.so.1: tests/cpu/fake/fake_cuda.c tests/cpu/fake/fake_cuda.h tests/cpu/fake/fake.h \
-                                    kernels/gemm_args.h kernels/quant.h kernels/wcheck.h kernels/instr.h
+$(ENGINE_FAKE)/driver/libcuda.so.1: tests/cpu/fake/fake_cuda.c tests/cpu/fake/fake_cuda.h \
+                                    tests/cpu/fake/fake.h kernels/gemm_args.h kernels/quant.h \
+                                    kernels/wcheck.h kernels/instr.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -shared -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread -lm
 

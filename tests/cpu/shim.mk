@@ -14,7 +14,8 @@ $(FAKE)/libcublas.so.13: tests/cpu/fake/fake_cublas.c tests/cpu/fake/libcublas.m
 	$(CC) $(CFLAGS) -shared -Wl,-soname,libcublas.so.13 \
 	    -Wl,--version-script=tests/cpu/fake/libcublas.map -o $@ $<
 
-$(FAKE)/libcublasLt.so.13: tests/cpu/fake/fake_cublasLt.c tests/cpu/fake/libcublasLt.map $(FAKE_HDRS)
+$(FAKE)/libcublasLt.so.13: tests/cpu/fake/fake_cublasLt.c tests/cpu/fake/libcublasLt.map \
+                           $(FAKE_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -shared -Wl,-soname,libcublasLt.so.13 \
 	    -Wl,--version-script=tests/cpu/fake/libcublasLt.map -o $@ $<
@@ -25,19 +26,21 @@ $(FAKE)/libfakeapp.so: tests/cpu/fake/fake_app.c $(FAKE_LIBS) $(FAKE_HDRS)
 	$(CC) $(CFLAGS) -pthread -shared -o $@ $< $(FAKE_LDFLAGS) -l:libcublas.so.13 -l:libcublasLt.so.13
 
 $(FAKE)/app_direct: tests/cpu/fake/app_direct.c tests/cpu/fake/fake_app.c $(FAKE_LIBS) $(FAKE_HDRS)
-	$(CC) $(CFLAGS) -pthread -o $@ tests/cpu/fake/app_direct.c tests/cpu/fake/fake_app.c $(FAKE_LDFLAGS) \
-	    -l:libcublas.so.13 -l:libcublasLt.so.13
+	$(CC) $(CFLAGS) -pthread -o $@ tests/cpu/fake/app_direct.c tests/cpu/fake/fake_app.c \
+	    $(FAKE_LDFLAGS) -l:libcublas.so.13 -l:libcublasLt.so.13
 
 # The same fakes under the CUDA 12 sonames and version nodes, for the lookup's second choice.
 $(FAKE)/cuda12/%.map:
 	@mkdir -p $(dir $@)
 	printf '%s {\n  global: cublas*; fake_*;\n  local: *;\n};\n' $*.so.12 > $@
 
-$(FAKE)/cuda12/libcublas.so.12: tests/cpu/fake/fake_cublas.c $(FAKE)/cuda12/libcublas.map $(FAKE_HDRS)
+$(FAKE)/cuda12/libcublas.so.12: tests/cpu/fake/fake_cublas.c $(FAKE)/cuda12/libcublas.map \
+                                $(FAKE_HDRS)
 	$(CC) $(CFLAGS) -shared -Wl,-soname,libcublas.so.12 \
 	    -Wl,--version-script=$(FAKE)/cuda12/libcublas.map -o $@ $<
 
-$(FAKE)/cuda12/libcublasLt.so.12: tests/cpu/fake/fake_cublasLt.c $(FAKE)/cuda12/libcublasLt.map $(FAKE_HDRS)
+$(FAKE)/cuda12/libcublasLt.so.12: tests/cpu/fake/fake_cublasLt.c \
+                                  $(FAKE)/cuda12/libcublasLt.map $(FAKE_HDRS)
 	$(CC) $(CFLAGS) -shared -Wl,-soname,libcublasLt.so.12 \
 	    -Wl,--version-script=$(FAKE)/cuda12/libcublasLt.map -o $@ $<
 
@@ -56,5 +59,5 @@ $(FAKE)/preload_first.txt: FORCE_SHIM_FIXTURE
 	@cmp -s $@.tmp $@ || mv $@.tmp $@; rm -f $@.tmp
 
 .PHONY: FORCE_SHIM_FIXTURE
-TEST_FIXTURES += $(FAKE)/libfakeapp.so $(FAKE)/app_direct $(FAKE)/app_dlopen $(FAKE)/preload_first.txt \
-                 $(FAKE)/cuda12/libfakeapp.so
+TEST_FIXTURES += $(FAKE)/libfakeapp.so $(FAKE)/app_direct $(FAKE)/app_dlopen \
+                 $(FAKE)/preload_first.txt $(FAKE)/cuda12/libfakeapp.so

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2016,SC2034 # conditions are single-quoted strings that check() evaluates
 # test_cli.sh — build/minite spec list|show|check and env: outputs, exit codes, and where each
-# goes (results on stdout, errors on stderr). Runs $MT_BUILD/minite (default build/minite) on fixtures
-# written into a temporary directory.
+# goes (results on stdout, errors on stderr). Runs $MT_BUILD/minite (default build/minite) on
+# fixtures written into a temporary directory.
 set -u
 minite="${MT_BUILD:-build}/minite"
 dir=$(mktemp -d)

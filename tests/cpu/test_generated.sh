@@ -21,7 +21,8 @@ clean=$?
 sed -i '0,/wgmma.mma_async/s//wgmma.mma_async.edited/' "$tmp/kernels/wgmma_rs.cuh"
 out=$("$py" "$tmp/kernels/wgmma_gen.py" --check 2>&1)
 edited=$?
-if [ "$clean" = 0 ] && [ "$edited" = 1 ] && [[ $out == *wgmma_rs.cuh* ]]; then ok check_names_an_edited_header
+if [ "$clean" = 0 ] && [ "$edited" = 1 ] &&
+   [[ $out == *wgmma_rs.cuh* ]]; then ok check_names_an_edited_header
 else bad check_names_an_edited_header "copy: exit $clean, edited: exit $edited: $out"; fi
 
 echo "#mt-counts $pass $fail 0"

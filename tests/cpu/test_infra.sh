@@ -3,9 +3,9 @@
 # test_infra.sh — the test machinery itself. tests/run: sums the programs' "#mt-counts" lines,
 # counts a program without counts and one that fails without saying so as failed, kills a program
 # that outlives MT_TEST_TIMEOUT together with what it started and counts it failed, refuses a
-# limit that is not a number, and fails a run in which no test ran. make gputest: without a GPU it says so and fails before building
-# anything; with one it runs the tests. The GPU's presence is faked through GPU_CHECK, so the
-# result is the same on a machine that has one.
+# limit that is not a number, and fails a run in which no test ran. make gputest: without a GPU it
+# says so and fails before building anything; with one it runs the tests. The GPU's presence is
+# faked through GPU_CHECK, so the result is the same on a machine that has one.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 dir=$(mktemp -d)
@@ -54,7 +54,8 @@ gone() {
 }
 
 runner 'echo "#mt-counts 2 0 1"' 'echo "#mt-counts 3 0 0"'
-check "counts of two programs summed" '[ "$(last)" = "tests: 5 passed, 0 failed, 1 skipped" ] && [ $rc -eq 0 ]'
+check "counts of two programs summed" \
+  '[ "$(last)" = "tests: 5 passed, 0 failed, 1 skipped" ] && [ $rc -eq 0 ]'
 
 runner 'echo "#mt-counts 1 0 0"' 'exit 3'
 check "a program without counts fails" \
@@ -78,7 +79,8 @@ check "a run in which no test ran fails" \
    [ "$(last)" = "tests: 0 passed, 1 failed, 0 skipped" ] && [ $rc -ne 0 ]'
 
 runner
-check "a run of no program fails" '[ "$(last)" = "tests: 0 passed, 1 failed, 0 skipped" ] && [ $rc -ne 0 ]'
+check "a run of no program fails" \
+  '[ "$(last)" = "tests: 0 passed, 1 failed, 0 skipped" ] && [ $rc -ne 0 ]'
 
 MT_TEST_TIMEOUT=soon runner 'echo "#mt-counts 1 0 0"'
 check "a limit that is not a number is refused" \

@@ -35,10 +35,12 @@ chmod +x "$tmp/bin/ncu"
 pick() { OUT=$tmp/out PATH=$tmp/bin:$PATH lab/ncu_pick.sh "$@" >"$tmp/log" 2>&1; }
 
 rm -f "$tmp/profiled"
-if pick mt_refresh_tensor 100 32 -- bench --only qwen3 && [ "$(cat "$tmp/out/pick.txt")" = "3 216.0 (32, 1, 1)" ] &&
+if pick mt_refresh_tensor 100 32 -- bench --only qwen3 &&
+  [ "$(cat "$tmp/out/pick.txt")" = "3 216.0 (32, 1, 1)" ] &&
   grep -q -- "--launch-skip 3 --launch-count 1 .* bench --only qwen3" "$tmp/profiled"; then
   ok first_long_launch_on_the_grid_in_any_unit
-else bad first_long_launch_on_the_grid_in_any_unit "$(cat "$tmp/log")" "pick: $(cat "$tmp/out/pick.txt" 2>/dev/null)"; fi
+else bad first_long_launch_on_the_grid_in_any_unit "$(cat "$tmp/log")" \
+  "pick: $(cat "$tmp/out/pick.txt" 2>/dev/null)"; fi
 
 rm -f "$tmp/profiled"
 if pick mt_refresh_tensor 100 any -- bench && [ "$(cut -d' ' -f1 "$tmp/out/pick.txt")" = 0 ] &&
@@ -46,7 +48,8 @@ if pick mt_refresh_tensor 100 any -- bench && [ "$(cut -d' ' -f1 "$tmp/out/pick.
 else bad any_grid_takes_the_first_long_launch "$(cat "$tmp/log")"; fi
 
 rm -f "$tmp/profiled"
-if ! pick mt_refresh_tensor 300 32 -- bench && [ ! -e "$tmp/profiled" ] && grep -q "no launch of at least 300" "$tmp/log"; then
+if ! pick mt_refresh_tensor 300 32 -- bench && [ ! -e "$tmp/profiled" ] &&
+  grep -q "no launch of at least 300" "$tmp/log"; then
   ok no_match_profiles_nothing
 else bad no_match_profiles_nothing "$(cat "$tmp/log")"; fi
 

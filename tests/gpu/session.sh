@@ -100,27 +100,33 @@ for s in $steps; do
     step sanitize "${SANITIZE_LIMIT:-300}" compute-sanitizer --tool memcheck --error-exitcode 99 \
         build/tests/gpu/test_kernels
     step sanitize-grouped "${SANITIZE_LIMIT:-300}" env \
-        MT_TEST_ONLY="grouped_few_rows grouped_widths grouped_strided grouped_pointer_arrays grouped_nan \
-store_refresh_modes store_refresh_rounds grouped_after_refresh grouped_many_segments grouped_back_to_back" \
+        MT_TEST_ONLY="grouped_few_rows grouped_widths grouped_strided grouped_pointer_arrays \
+grouped_nan store_refresh_modes store_refresh_rounds grouped_after_refresh \
+grouped_many_segments grouped_back_to_back" \
         compute-sanitizer --tool memcheck --error-exitcode 99 build/tests/gpu/test_grouped ;;
-  bench) step bench 400 make bench && cp build/bench.json build/bench_moe.json build/bench_moe_torch.json "$out/" 2>/dev/null ;;
+  bench) step bench 400 make bench &&
+    cp build/bench.json build/bench_moe.json build/bench_moe_torch.json "$out/" 2>/dev/null ;;
   benchshim) step benchshim 120 make bench-shim ;;
   door) # the launch door on vLLM's real kernel (build/third_party: make vllm-sources, carried)
-    make -s -j16 build/tests/gpu/test_grouped build/tests/cpu/nvfp4_tool >"$out/door-build${TAG:-}.log" 2>&1 ||
+    make -s -j16 build/tests/gpu/test_grouped build/tests/cpu/nvfp4_tool \
+        >"$out/door-build${TAG:-}.log" 2>&1 ||
       { echo "== door: build failed (door-build${TAG:-}.log)"; continue; }
-    step door-dispatch 240 env MT_BUILD=build MT_TEST_ONLY="grouped_moe_dispatch" build/tests/gpu/test_grouped
+    step door-dispatch 240 env MT_BUILD=build MT_TEST_ONLY="grouped_moe_dispatch" \
+        build/tests/gpu/test_grouped
     step door-vllm "${DOOR_LIMIT:-420}" env PYTHONUNBUFFERED=1 python3 tests/gpu/test_vllm_moe.py ;;
-  benchvllm) step bench-vllm 400 make bench-vllm && cp build/bench_moe_vllm.json "$out/" 2>/dev/null ;;
+  benchvllm) step bench-vllm 400 make bench-vllm &&
+    cp build/bench_moe_vllm.json "$out/" 2>/dev/null ;;
   ncu) # the GEMM kernels of two rows of the benchmark under Nsight Compute (clocks left alone)
     for cfg in ${NCU_ROWS:-qwen3_gate_up:4096 qwen3_gate_up:1}; do
       step "ncu-${cfg/:/-}" 240 env MT_BENCH_ONLY="$cfg" ncu --clock-control none \
           --kernel-name 'regex:mt_gemm_(large|small)' --launch-count 1 --section SpeedOfLight \
-          --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
-          --section LaunchStats --section Occupancy --section SourceCounters \
-          build/bench/bench_kernels "$out/ncu.json"
-      [ -n "${NCU_BLAS:-}" ] && step "ncu-blas-${cfg/:/-}" 240 env MT_BENCH_ONLY="$cfg" ncu --clock-control none \
-          --kernel-name 'regex:nvjet|xmma|cutlass|gemm_kernel|splitK|gemv' --launch-count 2 --section SpeedOfLight \
-          --section MemoryWorkloadAnalysis --section LaunchStats build/bench/bench_kernels "$out/ncu.json"
+          --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+          --section WarpStateStats --section LaunchStats --section Occupancy \
+          --section SourceCounters build/bench/bench_kernels "$out/ncu.json"
+      [ -n "${NCU_BLAS:-}" ] && step "ncu-blas-${cfg/:/-}" 240 env MT_BENCH_ONLY="$cfg" ncu \
+          --clock-control none --kernel-name 'regex:nvjet|xmma|cutlass|gemm_kernel|splitK|gemv' \
+          --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+          --section LaunchStats build/bench/bench_kernels "$out/ncu.json"
     done ;;
   probe) # the experiments behind lab/NOTES.md (lab/probe_*.cu)
     step probe-build 300 make -j16 lab || continue
@@ -133,7 +139,8 @@ store_refresh_modes store_refresh_rounds grouped_after_refresh grouped_many_segm
     make -s build/bench/bench_kernels >/dev/null 2>&1
     for r in ${AB_ROWS:-}; do
       echo "== ab${TAG:-} $r"
-      MT_BENCH_ONLY=$r timeout 60 build/bench/bench_kernels "$out/ab.json" 2>&1 | grep -E "^${r%%:*} |rror"
+      MT_BENCH_ONLY=$r timeout 60 build/bench/bench_kernels "$out/ab.json" 2>&1 |
+        grep -E "^${r%%:*} |rror"
     done >"$out/ab${TAG:-}.log" 2>&1
     cat "$out/ab${TAG:-}.log" ;;
   instr)
@@ -153,7 +160,8 @@ store_refresh_modes store_refresh_rounds grouped_after_refresh grouped_many_segm
     make -s build/lab/libtrace.so build/bench/bench_moe >"$out/trace-build${TAG:-}.log" 2>&1 ||
       { echo "== trace: build failed (trace-build${TAG:-}.log)"; continue; }
     for t in ${TRACE_TOKENS:-1 16}; do
-      step "trace-$t" 120 env MT_TRACE="$out/trace-$t${TAG:-}.csv" LD_PRELOAD=build/lab/libtrace.so \
+      step "trace-$t" 120 env MT_TRACE="$out/trace-$t${TAG:-}.csv" \
+          LD_PRELOAD=build/lab/libtrace.so \
           build/bench/bench_moe --only qwen3 --tokens "$t" "$out/trace-$t.json" &&
         python3 lab/timeline.py "$out/trace-$t${TAG:-}.csv" >"$out/timeline-$t${TAG:-}.txt" &&
         grep -A30 "(served)" "$out/timeline-$t${TAG:-}.txt" | head -n 40
@@ -163,7 +171,8 @@ store_refresh_modes store_refresh_rounds grouped_after_refresh grouped_many_segm
       { echo "== server: build failed (server-build${TAG:-}.log)"; continue; }
     sargs=${SERVER_ARGS:---requests 32 --layers 2}
     # shellcheck disable=SC2086 # SERVER_ARGS: several words
-    step server-none "${SERVER_LIMIT:-240}" python3 demo/demo_server.py --out "$out/server-none.jsonl" $sargs
+    step server-none "${SERVER_LIMIT:-240}" python3 demo/demo_server.py \
+        --out "$out/server-none.jsonl" $sargs
     # shellcheck disable=SC2086
     step server-nvfp4-row "${SERVER_LIMIT:-240}" env LD_PRELOAD="$PWD/build/libminite.so" \
         MINITE_SPEC=nvfp4-row MINITE_ROUTE=1536x2048,2048x768 MINITE_ROLE=sampler \
