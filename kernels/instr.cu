@@ -336,8 +336,8 @@ __device__ void publish_empty(const mt_instr_finish_args &a) {
 extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr_finish_args a) {
   __shared__ uint64_t warp_part[8];
   __shared__ bool last;
-  grid_dependency_wait(); // launched dependent: the digest's rows and counts, and the GEMM
-                          // before it
+  // launched dependent: wait for the digest's rows and counts, and the GEMM before it
+  grid_dependency_wait();
   mt_instr_header *hdr = a.hdr;
   const bool digest = a.w && hdr->selected > 0; // the same for the whole grid
   // no row digested: nothing to sum, so CTA 0 publishes alone and the others have nothing to do

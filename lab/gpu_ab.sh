@@ -2,28 +2,29 @@
 # lab/gpu_ab.sh — compare kernel variants against the working tree in one device call: each built
 # beside the others, their benchmarks run interleaved, one table of the GEMM's or the layer's µs.
 #
-#   lab/gpu_ab.sh prepare NAME REF   (here, with git) ab/NAME/ gets the files REF changed since
-#                                        it left HEAD's history, as REF has them (rebase REF on HEAD
-#                                        first; deleted files are not supported)
+#   lab/gpu_ab.sh prepare NAME REF   (here, with git) ab/NAME/ gets the files REF changed
+#                                    since it left HEAD's history, as REF has them (rebase REF
+#                                    on HEAD first; deleted files are not supported)
 #   lab/gpu_ab.sh run NAME...        (device machine) builds the tree as "main" and each ab/NAME
-#                                        (the tree with ab/NAME's files over it) in build dirs of its
-#                                        own, then runs bench_kernels on each in turn, AB_REPEATS
-#                                        times (default 2), and prints per benchmark row (M <= AB_MAX_M,
-#                                        default 1024) the GEMM's µs for each, one column a variant
-#                                        (the median of the repeats; of two, the lower); with
-#                                        AB_BENCH=moe bench_moe instead (AB_MOE_ARGS passed on, e.g.
-#                                        "--only qwen3"), per geometry and T the layer's µs (the
-#                                        grouped engine: activation quantization and GEMMs) alone,
-#                                        served under frozen-sampled and served after a weight sync
+#                                    (the tree with ab/NAME's files over it) in build dirs of its
+#                                    own, then runs bench_kernels on each in turn, AB_REPEATS
+#                                    times (default 2), and prints per benchmark row (M <=
+#                                    AB_MAX_M, default 1024) the GEMM's µs for each, one column a
+#                                    variant (the median of the repeats; of two, the lower); with
+#                                    AB_BENCH=moe bench_moe instead (AB_MOE_ARGS passed on, e.g.
+#                                    "--only qwen3"), per geometry and T the layer's µs (the
+#                                    grouped engine: activation quantization and GEMMs) alone,
+#                                    served under frozen-sampled and served after a weight sync
 #   lab/gpu_ab.sh table NAME...      the table again from $OUT's logs
 #
 # ab/ must travel to the device: it is untracked, so leave it out of .gitignore or name it in the
 # device tool's carry. AB_PROBES="floor ..." builds lab/probe_P.cu in every tree, main's too
 # (the probes include the kernels, so each runs that tree's kernel: ~20 s to build, seconds to run).
 # AB_TESTS=1 then runs test_kernels on each variant (~80 s each; main's own run is make gputest's;
-# with AB_BENCH=moe test_grouped, ~60 s each), AB_TESTS=all on main too. Logs go to $OUT (or build/gpu-ab): build-NAME.log, bench-NAME-i.log,
-# probe-P-NAME.log, test_kernels-NAME.log (test_grouped-NAME.log), ab.txt. Repeats of A/B runs made this way agreed within
-# 0.05 µs (lab/NOTES.md, "Measurement method and noise").
+# with AB_BENCH=moe test_grouped, ~60 s each), AB_TESTS=all on main too. Logs go to $OUT (or
+# build/gpu-ab): build-NAME.log, bench-NAME-i.log, probe-P-NAME.log, test_kernels-NAME.log
+# (test_grouped-NAME.log), ab.txt. Repeats of A/B runs made this way agreed within 0.05 µs
+# (lab/NOTES.md, "Measurement method and noise").
 set -u
 cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-build/gpu-ab}
@@ -165,5 +166,5 @@ case ${1:-} in
 prepare) [ $# -eq 3 ] && prepare "$2" "$3" ;;
 run) shift && [ $# -ge 1 ] && run "$@" ;;
 table) shift && table main "$@" ;; # the table again from $OUT's logs
-*) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' && false ;;
+*) sed -n '2,/^set -u/{/^#/p}' "$0" | sed 's/^# \{0,1\}//' && false ;;
 esac
