@@ -1,18 +1,20 @@
 """demo_profile.py — GPU time of one MoE layer of the demo model: layer 0's Qwen3MoeSparseMoeBlock
 (router, expert dispatch, gate_up and down of every expert hit, combine) run forward on T random
 hidden states, for each experts implementation, under whatever the process runs (the shim's own
-kernels count: the profiler sums CUDA activity whoever launched it, kernels, copies and sets).
+kernels count: the profiler records CUDA activity whoever launched it, kernels, copies and sets).
 
 Two measures. The grouped_mm path is captured in a CUDA graph (as a GPU-bound sampler runs its
 decode step) and timed with CUDA events over REPLAYS replays, the median of REPEATS such runs with
 their minimum and maximum: wall time of the block on the GPU, kernels that overlap counted once.
-Both paths also get the profiler's sum of their kernels' durations: HF's eager experts loop asks
-the host which experts were hit (a synchronisation), so it cannot be captured, and event timing of
-an uncaptured eager loop measures its launch gaps, not the GPU. Summed kernel time treats both paths
-alike, but counts twice the kernels that run side by side (the engine's weight refresh beside its
-GEMM). Both measures count the shim's instruments (a captured call digests at one replay in
-1/MINITE_DIGEST_REPLAYS); the sums give each instrument kernel's share apart (INSTRUMENTS), so
-that a rate can be picked by its cost.
+Both paths also get the profiler's GPU busy time: HF's eager experts loop asks the host which
+experts were hit (a synchronisation), so it cannot be captured, and event timing of an uncaptured
+eager loop measures its launch gaps, not the GPU. Busy time is the union of the device events'
+spans: a kernel beside another (the engine's weight refresh beside its GEMM) or launched dependent
+and waiting resident for the one before it (the instruments' digest and finish) counts once, where
+a sum of durations counted it twice. Each event's share of it is its added time (added_us): its
+span past the end of every event that started before it. Both measures count the shim's
+instruments (a captured call digests at one replay in 1/MINITE_DIGEST_REPLAYS); their added times
+give each instrument kernel's cost apart (INSTRUMENTS), so that a rate can be picked by its cost.
 
 The demo sampler calls profile() after sampling (demo_sampler.py --moe-profile FILE), so each
 spec's numbers come from a process with the shim under that spec and its sampler's weight cache.
@@ -38,28 +40,30 @@ def device_events(torch, prof):
     return [e for e in prof.events() if e.device_type == cuda]
 
 
-def kernel_us(torch, prof, prefix=""):
-    """Summed duration (µs) of the device events of a profile, of those whose name starts with
-    `prefix`."""
-    return sum(e.time_range.elapsed_us() for e in device_events(torch, prof)
-               if e.name.startswith(prefix))
+def spans(torch, prof):
+    """[(start, end, name)] of the device events of a profile (kernels, copies, sets)."""
+    return [(e.time_range.start, e.time_range.end, e.name) for e in device_events(torch, prof)]
 
 
-def union_us(intervals):
-    """The length of the union of (start, end) intervals: time covered by at least one."""
-    total, end = 0.0, None
-    for a, b in sorted(intervals):
-        if end is None or a > end:
-            total, end = total + (b - a), b
-        elif b > end:
-            total, end = total + (b - end), b
+def added_us(events, prefix=""):
+    """The µs that the (start, end, name) events whose name starts with `prefix` add to the union
+    of all events' spans: in order of start, each event's span past the latest end of those
+    before it. Over all events (prefix "") it is the union's length, the time covered by at least
+    one; a kernel launched dependent, resident while the one before it ends, adds only what it
+    runs after that end."""
+    total, covered = 0.0, None
+    for a, b, name in sorted(events, key=lambda e: (e[0], e[1])):
+        added = b - a if covered is None else max(0.0, b - max(a, covered))
+        covered = b if covered is None else max(covered, b)
+        if name.startswith(prefix):
+            total += added
     return total
 
 
-def busy_us(torch, prof):
+def busy_us(torch, prof, prefix=""):
     """µs during which the GPU ran at least one device event of a profile (kernels, copies, sets;
-    those that overlap counted once), unlike kernel_us's sum."""
-    return union_us([(e.time_range.start, e.time_range.end) for e in device_events(torch, prof)])
+    those that overlap counted once), or the share of it added by the events named `prefix`."""
+    return added_us(spans(torch, prof), prefix)
 
 
 def block_profile(torch, block, hidden, iters=ITERS, warmup=WARMUP):
@@ -77,12 +81,13 @@ def block_profile(torch, block, hidden, iters=ITERS, warmup=WARMUP):
 
 
 def block_us(torch, block, hidden, iters=ITERS, warmup=WARMUP):
-    """(mean GPU time (µs) of one block forward on `hidden` [1, T, H] or None, {instrument kernel:
-    its µs of that}) from one profile."""
+    """(mean GPU busy time (µs) of one block forward on `hidden` [1, T, H] or None, {instrument
+    kernel: the µs it adds to that}) from one profile."""
     prof = block_profile(torch, block, hidden, iters, warmup)
-    total = kernel_us(torch, prof)
+    events = spans(torch, prof)
+    total = added_us(events)
     return (total / iters if total > 0 else None,
-            {k: kernel_us(torch, prof, k) / iters for k in INSTRUMENTS})
+            {k: added_us(events, k) / iters for k in INSTRUMENTS})
 
 
 def capture(torch, fn, warmup=WARMUP):
@@ -119,9 +124,9 @@ def timed(torch, graph, repeats=REPEATS, replays=REPLAYS, before=None):
 
 def replay_profile(torch, block, hidden, instruments=True):
     """([median, min, max] µs of one block forward captured in a CUDA graph (events over REPLAYS
-    replays, REPEATS times), or the capture's error as a string; {instrument kernel: its µs a
-    replay}, the profiler's sums over REPLAYS more replays, or {} without `instruments` or a
-    graph)."""
+    replays, REPEATS times), or the capture's error as a string; {instrument kernel: the µs it
+    adds to a replay's busy time}, profiled over REPLAYS more replays, or {} without `instruments`
+    or a graph)."""
     try:
         with torch.no_grad():
             graph = capture(torch, lambda: block(hidden))
@@ -137,7 +142,8 @@ def replay_profile(torch, block, hidden, instruments=True):
             for _ in range(REPLAYS):
                 graph.replay()
             torch.cuda.synchronize()
-        by_kernel = {k: kernel_us(torch, prof, k) / REPLAYS for k in INSTRUMENTS}
+        events = spans(torch, prof)
+        by_kernel = {k: added_us(events, k) / REPLAYS for k in INSTRUMENTS}
     del graph
     return wall, by_kernel
 

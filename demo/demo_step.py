@@ -1,7 +1,7 @@
 """demo_step.py — where the GPU time of the sampler's captured decode step goes, by component, at
 a few batch sizes: the whole step and each component captured in a CUDA graph of its own and timed
-with CUDA events over graph replays (what a GPU-bound server pays), the profiler's kernel sum of
-one step replay beside it as the cross-check.
+with CUDA events over graph replays (what a GPU-bound server pays), the profiler's GPU busy time
+of one step replay beside it as the cross-check.
 
 Components, each over all layers on fixed inputs of the step's shapes ([B, 1, hidden]):
   dense GEMMs      the attention projections q, k, v, o (cuBLAS, never routed)
@@ -9,8 +9,11 @@ Components, each over all layers on fixed inputs of the step's shapes ([B, 1, hi
   experts          each block's experts module: dispatch (sort, gather), gate_up and down
                    (torch._grouped_mm, or the shim's engine), the activation, combine; split by
                    the profiler into its GEMM kernels (the engine's quantizers included), the
-                   shim's instruments (mt_instr_*: a captured call's digests run at every
-                   replay) and the rest (dispatch and combine)
+                   shim's instruments (mt_instr_*: a captured call digests at one replay in
+                   1/MINITE_DIGEST_REPLAYS) and the rest (dispatch and combine), each by the
+                   time its kernels add to the GPU's busy time (demo_profile.added_us: a
+                   kernel launched dependent and resident while the one before it ends counts
+                   only what it runs after that end)
   LM head          the final norm and the vocabulary projection
   sampling         log-softmax, the Gumbel draw, the argmax and the bookkeeping (Decoder.pick)
   attention, rest  the step minus the above: attention itself over the static cache, RoPE,
@@ -43,21 +46,14 @@ def _profiled(torch, graph):
 
 
 def _split_us(torch, prof):
-    """(GEMM kernels' µs, the shim's instruments' (mt_instr_*), everything else's) of a
-    profile."""
-    cuda = torch.autograd.DeviceType.CUDA
-    gemm = instr = other = 0.0
-    for e in prof.events():
-        if e.device_type != cuda:
-            continue
-        us = e.time_range.elapsed_us()
-        if e.name.startswith("mt_instr"):
-            instr += us
-        elif any(k in e.name for k in GEMM_KERNELS):
-            gemm += us
-        else:
-            other += us
-    return gemm, instr, other
+    """(GEMM kernels' µs, the shim's instruments' (mt_instr_*), everything else's) of a profile:
+    the time each group's device events add to the GPU's busy time (demo_profile.added_us)."""
+    def group(name):
+        if name.startswith("mt_instr"):
+            return "i"
+        return "g" if any(k in name for k in GEMM_KERNELS) else "o"
+    events = [(a, b, group(name)) for a, b, name in demo_profile.spans(torch, prof)]
+    return tuple(demo_profile.added_us(events, g) for g in "gio")
 
 
 def _parts(torch, model, batch, gen):
@@ -108,7 +104,7 @@ def breakdown_one(torch, model, batch, new_tokens):
         out["step"] = demo_profile.timed(torch, dec.graph, REPEATS, REPLAYS,
                                          before=lambda: dec.prefill(prompts))
         dec.prefill(prompts)
-        out["step kernel sum"] = sum(_split_us(torch, _profiled(torch, dec.graph)))
+        out["step GPU busy"] = demo_profile.busy_us(torch, _profiled(torch, dec.graph))
         logits = torch.randn((batch, vocab), generator=gen, device=demo_model.DEVICE,
                              dtype=torch.bfloat16)
         parts = _parts(torch, model, batch, gen)

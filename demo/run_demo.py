@@ -48,8 +48,8 @@ of tools/minite-compare. Grouped calls get the probe and the digests but not the
 grouped_mm rows show "n/a (grouped)" for the shadow (no cuBLAS call to rerun).
 Table 2: one MoE layer (layer 0's sparse block forward, demo/demo_profile.py) at each T for each
 spec: the grouped_mm block's wall time as a CUDA-graph replay (CUDA events, median and spread), then
-the profiler's summed kernel time of both paths (labelled: it double-counts overlapping kernels),
-each with its speed against grouped_mm without the shim, and the instruments' share of it.
+the profiler's GPU busy time of both paths (labelled; overlapping kernels counted once), each with
+its speed against grouped_mm without the shim, and the time the instruments add to it.
 Table 3: the server rows. Table 4: the decode step by component (demo/demo_step.py).
 With --overhead-spec SPEC, the eager learner of SPEC runs once more with
 MINITE_SHADOW=MINITE_PROBE=MINITE_DIGEST=0: the instruments' cost in training tokens/s.
@@ -722,7 +722,7 @@ def replay_cell(v, base):
 
 def profile_table(runs):
     """Table 2: one MoE layer per T, each spec: the grouped_mm block's graph-replay wall µs, then
-    every path's profiler kernel sums, both against grouped_mm no shim."""
+    every path's profiler GPU busy µs, both against grouped_mm no shim."""
     profiles = [(r, read_profile(r)) for r in runs if r["experts"] == GROUPED]
     profiles = [(r, p) for r, p in profiles if p]
     if not profiles:
@@ -752,7 +752,7 @@ def profile_table(runs):
                     cells.append(f"{v:,.0f} ({base_us[i] / v:.2f}x)")
                 else:
                     cells.append(f"{v:,.0f}")
-            rows.append(["kernel sum, µs", path, label(r)] + cells)
+            rows.append(["GPU busy, µs", path, label(r)] + cells)
             instr = instrument_sums(p, path)
             if any(instr):
                 rows.append(["of which instruments, µs", path, label(r)] +
@@ -762,7 +762,8 @@ def profile_table(runs):
 
 
 def instrument_sums(profile, path):
-    """The shim's instrument kernels' µs in each T's kernel sum (0 where the profile has none)."""
+    """The µs the shim's instrument kernels add to each T's busy time (0 where the profile has
+    none)."""
     by_t = profile.get("instr_us", {}).get(path) or []
     return [sum((d or {}).values()) for d in by_t]
 
@@ -770,7 +771,7 @@ def instrument_sums(profile, path):
 BREAKDOWN_ROWS = ("step", "dense GEMMs", "router", "experts", "experts GEMMs",
                   "experts instruments", "experts dispatch, combine", "LM head", "sampling",
                   "attention, rest",
-                  "step kernel sum", "ceiling")
+                  "step GPU busy", "ceiling")
 
 
 def breakdown_cell(value):
@@ -827,12 +828,13 @@ def breakdown_notes():
             "3 timings of 20 replays. experts = dispatch, both expert GEMMs, activation and "
             "combine; its GEMM share (the engine's quantizers included) and the shim's "
             "instruments (mt_instr_*: captured calls digest at one replay in "
-            "1/MINITE_DIGEST_REPLAYS) are split off by "
-            "the profiler's kernel names. attention, rest = the step minus the components "
-            "(attention over the static cache, RoPE, norms, residuals, KV writes, embedding): an "
-            "estimate, "
-            "since a component alone runs with other caches. step kernel sum: the profiler's sum "
-            "of one step replay's kernels (the cross-check). ceiling: step / (step - experts "
+            "1/MINITE_DIGEST_REPLAYS) are split off by the profiler's kernel names, each by the "
+            "time its kernels add to the GPU's busy time (a kernel launched dependent, resident "
+            "while the one before it ends, counts what it runs after that end). attention, rest "
+            "= the step minus the components (attention over the static cache, RoPE, norms, "
+            "residuals, KV writes, embedding): an estimate, since a component alone runs with "
+            "other caches. step GPU busy: the profiler's busy time of one step replay, "
+            "overlapping kernels counted once (the cross-check). ceiling: step / (step - experts "
             "GEMMs), the speed-up if the expert GEMMs took no time."]
 
 
@@ -920,15 +922,16 @@ def profile_notes(args):
             f"{demo_profile.REPLAYS} replays, median (min-max) of {demo_profile.REPEATS} runs, "
             "µs per forward: the GPU's wall time, what a captured decode step pays (its "
             "instruments included: captured calls digest at one replay in "
-            "1/MINITE_DIGEST_REPLAYS while the pool has slots for them, README). Kernel sum: "
-            "the kernels of "
-            f"{demo_profile.ITERS} eager forwards (after {demo_profile.WARMUP}) summed by "
-            "torch.profiler, per forward, for both experts paths (HF's eager loop cannot be "
-            "captured); it counts twice kernels that overlap (the engine's weight refresh beside "
-            "its GEMM) and counts the instruments. x: speed against grouped_mm without the shim "
-            "(its time / this time), by the same measure. Of which instruments: the shim's "
-            "mt_instr_* kernels in that kernel sum, and their share of it (each kernel's µs: "
-            "OUT/moe-ROW.json, instr_us)."]
+            "1/MINITE_DIGEST_REPLAYS while the pool has slots for them, README). GPU busy: the "
+            f"time the kernels of {demo_profile.ITERS} eager forwards (after "
+            f"{demo_profile.WARMUP}) kept the GPU busy, by torch.profiler, per forward, for both "
+            "experts paths (HF's eager loop cannot be captured); kernels that overlap (the "
+            "engine's weight refresh beside its GEMM, a kernel launched dependent waiting for "
+            "the one before it) count once; the instruments count. x: speed against grouped_mm "
+            "without the shim (its time / this time), by the same measure. Of which "
+            "instruments: the time the shim's mt_instr_* kernels add to it (each kernel's span "
+            "past the end of those that started before it), and their share of it (each "
+            "kernel's µs: OUT/moe-ROW.json, instr_us)."]
 
 
 def failures(args, runs, servers, overhead, png):

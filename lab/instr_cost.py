@@ -2,8 +2,9 @@
 """instr_cost.py — what the shim and its instruments cost in a MoE block, eager and captured:
 layer 0's sparse MoE block of the demo model (Qwen3-30B-A3B geometry, demo/demo_model.py) run
 forward on T random hidden states, T = 1 .. 8192, on both experts paths (grouped_mm, eager), GPU
-time per forward summed by the PyTorch profiler (demo/demo_profile.py says why the profiler: the
-eager path synchronises and cannot be captured), the shim's mt_instr_* kernels also summed apart.
+busy time per forward from the PyTorch profiler (demo/demo_profile.py says why the profiler: the
+eager path synchronises and cannot be captured), and the time the shim's mt_instr_* kernels add
+to it apart (overlapping kernels counted once: demo_profile.added_us).
 
     python3 lab/instr_cost.py OUT.json [--lib build/libminite.so] [--old OLD_LIB]
         [--also NAME=LIB ...] [--tokens 1,16] [--only "nvfp4-row,nvfp4-row+stats old"]
@@ -122,16 +123,16 @@ def print_table(title, names, tokens, cell):
 def table(results, tokens):
     names = [n for n in results if results[n]]
     for path in ("grouped_mm", "eager"):
-        print_table(f"{path}: µs per forward (profiler sums)", names, tokens,
+        print_table(f"{path}: µs per forward (profiler busy time)", names, tokens,
                     lambda n, i: (results[n]["us"][path][i], results[n]["instr_us"][path][i]))
     print_table("grouped_mm captured: graph-replay wall µs per forward (median of demo_profile's "
                 "runs)", names, tokens,
                 lambda n, i: (replay_median(results[n], i), replay_instr(results[n], i)))
-    print("\n(in parentheses: µs of the mt_instr_* kernels, profiler sums)")
+    print("\n(in parentheses: µs the mt_instr_* kernels add to the profiler's busy time)")
 
 
 def replay_instr(result, i):
-    """µs of the instrument kernels in one replay (profiler sums), 0 where none were profiled."""
+    """µs the instrument kernels add to one replay's busy time, 0 where none were profiled."""
     return sum((result.get("replay_instr_us") or [{}] * (i + 1))[i].values())
 
 

@@ -1,11 +1,12 @@
 """test_demo_scripts.py — the demo programs and the `make run` driver where there is no GPU:
 run_demo.py says so in one line and exits 0; the demos reject bad arguments (exit 2) and bad
 input files (exit 1, before touching torch) with messages that say what to do; without torch they
-say to install it; the two tables of run_demo.py and the profiler sum of demo_profile.py, on
-made-up results. Where torch and transformers are installed (not in CI), the real HF code paths
-run too, on the CPU with a tiny geometry: the static-cache sampler (grouped_mm and eager experts)
--> learner --logprobs and --train -> gap-report, whose gap must be 0 (the decode loop computes what
-a full forward computes), and the make run driver with a pretend GPU.
+say to install it; the two tables of run_demo.py, the profiler's busy time of demo_profile.py and
+its split by demo_step.py, on made-up results. Where torch and transformers are installed (not in
+CI), the real HF code paths run too, on the CPU with a tiny geometry: the static-cache sampler
+(grouped_mm and eager experts) -> learner --logprobs and --train -> gap-report, whose gap must be
+0 (the decode loop computes what a full forward computes), and the make run driver with a pretend
+GPU.
 """
 import json
 import os
@@ -165,14 +166,14 @@ def test_tables_from_made_up_results():
     harness.check(len(moe) == 2 + 2 + 4 + 1,
                   f"2 specs replayed, then 2 specs x 2 paths, one with instruments:\n{moe}")
     harness.check(moe[-1] == "| of which instruments, µs | eager | nvfp4-row | 50 (10.0%) | "
-                  "0 (0.0%) |", f"the instruments' sum and share after their kernel sum: {moe[-1]}")
+                  "0 (0.0%) |", f"the instruments' time and share after their busy time: {moe[-1]}")
     harness.check(moe[2] == "| graph replay, wall µs | grouped_mm | none (no shim) | 80 (79-82) "
                   "1.00x | 300 (290-310) 1.00x |", f"replayed baseline: {moe[2]}")
     harness.check("| 40 (39-41) 2.00x | not captured: boom |" in moe[3], f"replayed: {moe[3]}")
-    harness.check("| kernel sum, µs | grouped_mm | none (no shim) | 100 | 400 |" in moe[4],
+    harness.check("| GPU busy, µs | grouped_mm | none (no shim) | 100 | 400 |" in moe[4],
                   f"baseline: {moe[4]}")
     harness.check("50 (2.00x)" in moe[5] and "200 (2.00x)" in moe[5], f"row: {moe[5]}")
-    harness.check(moe[6].startswith("| kernel sum, µs | eager | none") and
+    harness.check(moe[6].startswith("| GPU busy, µs | eager | none") and
                   "5,000 (0.08x)" in moe[6], moe[6])
 
 
@@ -238,13 +239,13 @@ def test_breakdown_table():
                "router": [20.0] * 3, "experts": [experts] * 3, "LM head": [50.0] * 3,
                "sampling": [30.0] * 3,
                "experts_split": (gemm_share, 0.1, 0.9 - gemm_share),
-               "step kernel sum": step * 0.9}
+               "step GPU busy": step * 0.9}
         return demo_step.summarise(out)
     none = part(1000.0, 600.0, 0.75)
     harness.check(none["attention, rest"] == 1000 - 800 and none["experts GEMMs"] == 450 and
                   abs(none["experts instruments"] - 60) < 1e-9 and
                   abs(none["experts dispatch, combine"] - 90) < 1e-9 and
-                  none["step kernel sum"] == 900,
+                  none["step GPU busy"] == 900,
                   f"the rest is the step minus the parts; experts split by the GEMM share: {none}")
     harness.check(abs(none["ceiling"] - 1000 / 550) < 1e-12, f"ceiling {none['ceiling']}")
     runs = [fake_run("none", "none", "grouped_mm", (1, 1, 1), (1, 1, 1), breakdown=[none]),
@@ -260,34 +261,49 @@ def test_breakdown_table():
     harness.check(run_demo.breakdown_table(runs[2:]) is None, "no table without breakdowns")
 
 
-def test_profile_sums_device_events_only():
+def test_profile_busy_time_and_what_each_kernel_adds():
     import demo_profile
+    import demo_step
 
     class Kind:
         CUDA, CPU = "cuda", "cpu"
 
     class Span:
-        def __init__(self, us):
-            self.us = us
-
-        def elapsed_us(self):
-            return self.us
+        def __init__(self, start, end):
+            self.start, self.end = start, end
 
     class Event:
-        def __init__(self, kind, us, name):
-            self.device_type, self.time_range, self.name = kind, Span(us), name
+        def __init__(self, kind, start, end, name):
+            self.device_type, self.time_range, self.name = kind, Span(start, end), name
 
     class Prof:
+        # a quantizer, a GEMM, the digest launched dependent (resident from 12 while the GEMM
+        # runs to 20, then 2 µs of its own), the finish likewise, a host op over all of it, and
+        # the refresh beside the GEMM (starting after it: adds nothing), then HF's gather
         def events(self):
-            return [Event(Kind.CUDA, 5.0, "mt_instr_digest"), Event(Kind.CPU, 100.0, "mt_instr_x"),
-                    Event(Kind.CUDA, 7.5, "gemm")]
+            return [Event(Kind.CUDA, 0.0, 4.0, "mt_quant_rows"),
+                    Event(Kind.CUDA, 5.0, 20.0, "mt_grouped_gemm"),
+                    Event(Kind.CUDA, 12.0, 22.0, "mt_instr_digest"),
+                    Event(Kind.CPU, 0.0, 100.0, "mt_instr_host"),
+                    Event(Kind.CUDA, 6.0, 9.0, "mt_wcheck_refresh"),
+                    Event(Kind.CUDA, 21.0, 25.0, "mt_instr_finish"),
+                    Event(Kind.CUDA, 30.0, 32.0, "indexSelectLargeIndex")]
 
     class Torch:
         class autograd:
             DeviceType = Kind
-    harness.check(demo_profile.kernel_us(Torch, Prof()) == 12.5, "kernels 5 + 7.5, CPU ops not")
-    harness.check(demo_profile.kernel_us(Torch, Prof(), "mt_instr_") == 5.0,
-                  "the kernels named mt_instr_*, CPU ops not")
+    harness.check(demo_profile.busy_us(Torch, Prof()) == 4 + 15 + 2 + 3 + 2,
+                  "the union of the device events' spans: the gaps not, the host op not")
+    harness.check(demo_profile.busy_us(Torch, Prof(), "mt_instr_") == 2 + 3,
+                  "the instruments add their time past the GEMM's end and each other's, not "
+                  "their 10 + 4 µs of durations")
+    harness.check(demo_profile.busy_us(Torch, Prof(), "mt_instr_digest") == 2 and
+                  demo_profile.busy_us(Torch, Prof(), "mt_wcheck") == 0,
+                  "a kernel inside another's span adds nothing")
+    gemm, instr, other = demo_step._split_us(Torch, Prof())
+    harness.check((gemm, instr, other) == (4.0 + 15.0, 5.0, 2.0),
+                  "the engine's kernels (its quantizer included), the instruments and the rest, "
+                  f"adding up to the busy time: {(gemm, instr, other)}")
 
 
 def write_sampler_file(name, role="sampler", layers=2):
@@ -430,7 +446,7 @@ for t in (test_run_demo_without_gpu_says_so_and_succeeds, test_bad_arguments_exi
           test_run_demo_rows_and_quick, test_tables_from_made_up_results,
           test_a_signal_stops_the_children_and_keeps_what_finished, test_fit_layers,
           test_breakdown_table,
-          test_profile_sums_device_events_only,
+          test_profile_busy_time_and_what_each_kernel_adds,
           test_tiny_model_through_the_real_hf_calls_on_cpu,
           test_make_run_driver_on_cpu_with_a_pretend_gpu):
     harness.run(t)

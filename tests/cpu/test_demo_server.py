@@ -143,7 +143,7 @@ class FakeProfile:
 
     def events(self):
         ev = lambda kind, a, b: types.SimpleNamespace(  # noqa: E731
-            device_type=kind, time_range=types.SimpleNamespace(start=a, end=b))
+            device_type=kind, name="k", time_range=types.SimpleNamespace(start=a, end=b))
         # two overlapping kernels (500 µs covered), a host event, one more kernel (100 µs)
         return [ev("cuda", 0, 300), ev("cuda", 200, 500), ev("cpu", 0, 10_000),
                 ev("cuda", 900, 1000)]
@@ -151,7 +151,8 @@ class FakeProfile:
 
 def test_busy_window_on_a_made_up_profile():
     import demo_profile
-    harness.check(demo_profile.union_us([(5, 6), (0, 2), (1, 3), (5.5, 5.7), (7, 7)]) == 4.0,
+    harness.check(demo_profile.added_us([(a, b, "k") for a, b in
+                                         ((5, 6), (0, 2), (1, 3), (5.5, 5.7), (7, 7))]) == 4.0,
                   "union of intervals")
     torch = types.SimpleNamespace(
         autograd=types.SimpleNamespace(DeviceType=types.SimpleNamespace(CUDA="cuda")),
