@@ -331,73 +331,29 @@ __device__ void publish_empty(const mt_instr_finish_args &a) {
     ++*a.tick;
 }
 
-// The weight's weight_sum (or each grouped row's own weight's); the bias in CTA 0; then the last
-// CTA to finish publishes the block.
-extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr_finish_args a) {
-  __shared__ uint64_t warp_part[8];
-  __shared__ bool last;
-  // launched dependent: wait for the digest's rows and counts, and the GEMM before it
-  grid_dependency_wait();
+// This thread's share of the bias's content sum (kernels/instr.h): its 16-byte pieces `threadIdx.x`,
+// + blockDim.x, ..., the last one zero-padded.
+__device__ uint64_t bias_sum_part(const mt_instr_finish_args &a) {
+  const unsigned char *p = (const unsigned char *)a.bias;
+  uint64_t b = 0;
+  for (int64_t off = 16 * (int64_t)threadIdx.x; off < a.bias_bytes; off += 16 * blockDim.x) {
+    uint64_t lo = 0, hi = 0;
+    for (int j = 7; j >= 0; j--) {
+      lo = lo << 8 | (off + j < a.bias_bytes ? p[off + j] : 0);
+      hi = hi << 8 | (off + 8 + j < a.bias_bytes ? p[off + 8 + j] : 0);
+    }
+    b += mt_instr_piece((uint64_t)(off / 16), lo, hi);
+  }
+  return b;
+}
+
+// The publication, by the last CTA to finish: every CTA's sums are in the header (fenced before
+// their count). A call that chose no row and has nothing else to report writes the flag alone;
+// otherwise the header and the kept rows are copied to the host block, the header is zeroed for
+// the slot's next use, then the flag is set. A captured call's (seq 0) flag is a seqlock: odd
+// while the block is written, the next even value once it is whole.
+__device__ void publish_block(const mt_instr_finish_args &a) {
   mt_instr_header *hdr = a.hdr;
-  const bool digest = a.w && hdr->selected > 0; // the same for the whole grid
-  // no row digested: nothing to sum, so CTA 0 publishes alone and the others have nothing to do
-  const bool alone = gridDim.x == 1 || !digest;
-  if (alone && blockIdx.x > 0)
-    return;
-  uint64_t h = 0, b = 0;
-  if (digest && a.grouped) {
-    grouped_sums(a, warp_part);
-  } else if (digest && !a.frozen_sum) {
-    h = weight_sum_part((const uint16_t *)a.w, a.ldw, mt_wlines_of(a.n, a.k, MT_SAMPLE_STEP),
-                        a.in_out, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
-  }
-  if (digest && blockIdx.x == 0 && a.bias) {
-    const unsigned char *p = (const unsigned char *)a.bias;
-    for (int64_t off = 16 * (int64_t)threadIdx.x; off < a.bias_bytes; off += 16 * blockDim.x) {
-      uint64_t lo = 0, hi = 0;
-      for (int j = 7; j >= 0; j--) {
-        lo = lo << 8 | (off + j < a.bias_bytes ? p[off + j] : 0);
-        hi = hi << 8 | (off + 8 + j < a.bias_bytes ? p[off + 8 + j] : 0);
-      }
-      b += mt_instr_piece((uint64_t)(off / 16), lo, hi);
-    }
-  }
-  h = warp_sum(h);
-  b = warp_sum(b);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  if (lane == 0)
-    warp_part[warp] = h;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    uint64_t s = 0;
-    for (int w = 0; w < warps; w++)
-      s += warp_part[w];
-    if (digest && a.frozen_sum) {
-      hdr->wsum = *a.frozen_sum;
-    } else if (digest && !a.grouped) {
-      atomicAdd((unsigned long long *)&hdr->wsum, (unsigned long long)s);
-    }
-  }
-  __syncthreads();
-  if (lane == 0)
-    warp_part[warp] = b;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    if (digest && blockIdx.x == 0 && a.bias) {
-      uint64_t s = 0;
-      for (int w = 0; w < warps; w++)
-        s += warp_part[w];
-      hdr->bsum = s;
-    }
-    last = alone; // no CTA waits on its sums: no count, no fence
-    if (!last) {
-      __threadfence();
-      last = atomicAdd(&hdr->finished, 1u) == gridDim.x - 1;
-    }
-  }
-  __syncthreads();
-  if (!last)
-    return;
   if (a.empty_ok && hdr->selected == 0) {
     publish_empty(a);
     return;
@@ -406,9 +362,6 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
   if (threadIdx.x == 0)
     count = *(volatile uint32_t *)&hdr->replays;
   __syncthreads();
-  // the publication: every CTA's sums are in the header (fenced before their count). A captured
-  // call's (seq 0) is the flag's seqlock: odd while the block is written, the next even value once
-  // it is whole
   __threadfence();
   if (a.seq == 0 && threadIdx.x == 0) {
     *(volatile uint32_t *)a.flag = 2 * count + 1;
@@ -432,6 +385,47 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr
     if (a.tick)
       ++*a.tick;
   }
+}
+
+// The weight's weight_sum (or each grouped row's own weight's); the bias in CTA 0; then the last
+// CTA to finish publishes the block.
+extern "C" __global__ void __launch_bounds__(256) mt_instr_finish(const mt_instr_finish_args a) {
+  __shared__ uint64_t warp_part[8];
+  __shared__ bool last;
+  // launched dependent: wait for the digest's rows and counts, and the GEMM before it
+  grid_dependency_wait();
+  mt_instr_header *hdr = a.hdr;
+  const bool digest = a.w && hdr->selected > 0; // the same for the whole grid
+  // no row digested: nothing to sum, so CTA 0 publishes alone and the others have nothing to do
+  const bool alone = gridDim.x == 1 || !digest;
+  if (alone && blockIdx.x > 0)
+    return;
+  if (digest) { // uniform across the grid: the sums' barriers only where a row was digested
+    uint64_t h = 0;
+    if (a.grouped)
+      grouped_sums(a, warp_part);
+    else if (!a.frozen_sum)
+      h = weight_sum_part((const uint16_t *)a.w, a.ldw, mt_wlines_of(a.n, a.k, MT_SAMPLE_STEP),
+                          a.in_out, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
+    h = cta_sum(h, warp_part);
+    const uint64_t b = cta_sum(blockIdx.x == 0 && a.bias ? bias_sum_part(a) : 0, warp_part);
+    if (threadIdx.x == 0 && a.frozen_sum)
+      hdr->wsum = *a.frozen_sum;
+    else if (threadIdx.x == 0 && !a.grouped)
+      atomicAdd((unsigned long long *)&hdr->wsum, (unsigned long long)h);
+    if (threadIdx.x == 0 && blockIdx.x == 0 && a.bias)
+      hdr->bsum = b;
+  }
+  if (threadIdx.x == 0) {
+    last = alone; // no CTA waits on its sums: no count, no fence
+    if (!last) {
+      __threadfence();
+      last = atomicAdd(&hdr->finished, 1u) == gridDim.x - 1;
+    }
+  }
+  __syncthreads();
+  if (last)
+    publish_block(a);
 }
 
 static_assert(32 * MT_INSTR_DIGEST_WARPS == 256, "kernels/instr.c launches 256 threads a CTA");
