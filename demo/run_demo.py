@@ -44,8 +44,8 @@ GEMM calls (the shim's summary record, the last line of each stats file); the lo
 (|dlogp| mean / p99 / max, KL, share of importance ratios above 2, and NeMo-RL's
 token_mult_prob_error and verl's k3_kl under those names); the instruments (shim/instr.c, at their
 default rates): the learner's shadow error, the invariance probe, the learner-sampler digest join
-of tools/minite-compare. Grouped calls get the probe and the digests but not the shadow, so
-grouped_mm rows show "n/a (grouped)" for the shadow (no cuBLAS call to rerun).
+of tools/minite-compare. A grouped call's shadow (torch._grouped_mm has no cuBLAS call to rerun)
+compares 8 of its rows with the product the instruments' kernel forms.
 Table 2: one MoE layer (layer 0's sparse block forward, demo/demo_profile.py) at each T for each
 spec: the grouped_mm block's wall time as a CUDA-graph replay (CUDA events, median and spread), then
 the profiler's GPU busy time of both paths (labelled; overlapping kernels counted once), each with
@@ -655,10 +655,8 @@ def instrument_cells(run):
         return ["-", "-", "-"]
     f = run.get("instruments") or {}
     j = run.get("join")
-    # grouped calls get the probe and the digests, not the shadow (no BF16 call to rerun)
     shadow = (f"{num(f['shadow_mean'])} / {num(f['shadow_max'])} ({f['shadow_calls']} calls)"
-              if f.get("shadow_mean") is not None
-              else "n/a (grouped)" if run["experts"] == GROUPED else "-")
+              if f.get("shadow_mean") is not None else "-")
     probe = f"{f['probe_differing']} / {f['probe_rows']}" if f.get("probe_rows") else "-"
     join = "-" if not j or not j.get("matched") else (
         f"{j['matched']} / " + ("-" if j["equal_pct"] is None else f"{j['equal_pct']:.1f}"))
@@ -898,8 +896,9 @@ def notes_for(args, runs, overhead, png, passthrough, argv):
                  "differ bitwise, learner and sampler (MINITE_PROBE 1/64); digest join: "
                  "tools/minite-compare learner vs sampler, rows digested by both (MINITE_DIGEST "
                  "1/64 of rows, picked by content) and the share bitwise equal; grouped calls "
-                 "are probed and digested too. n/a (grouped): the shadow has no cuBLAS call to "
-                 "rerun for a grouped call (README, Not done yet).")
+                 "are shadowed (8 rows a call, against the product the instruments' kernel "
+                 "forms: torch._grouped_mm has no cuBLAS call to rerun), probed and digested "
+                 "too.")
     if overhead:
         if overhead["overhead_pct"] is not None:
             notes.append(f"instruments' overhead ({overhead['spec']} eager learner, training "

@@ -63,6 +63,11 @@ int mt_instr_launch_shadow(const mt_instr_shadow_args *a, mt_stream stream) {
   return launch("mt_instr_shadow", mt_instr_shadow_grid(a), &copy, 0, stream);
 }
 
+int mt_instr_launch_shadow_rows(const mt_instr_shadow_rows_args *a, mt_stream stream) {
+  mt_instr_shadow_rows_args copy = *a;
+  return launch("mt_instr_shadow_rows", mt_instr_shadow_rows_grid(a), &copy, 0, stream);
+}
+
 int mt_instr_launch_probe(const mt_instr_probe_args *a, mt_stream stream) {
   mt_instr_probe_args copy = *a;
   return launch("mt_instr_probe", (unsigned)a->nrows, &copy, 0, stream);

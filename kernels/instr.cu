@@ -1,10 +1,12 @@
 // instr.cu — the instruments' kernels (shim/instr.c enqueues them after a routed GEMM, on the
 // call's stream, into a result block the host reads later without synchronizing the stream):
 //   mt_instr_digest  the lead hashes of the activations' rows, and for the rows the rate picks by
-//                    them, the row hash, the output row's hash and its 8-value sketch (scheme 2,
+//                    them, the row hash, the output row's hash and its 8-value sketch (scheme 3,
 //                    kernels/instr.h)
 //   mt_instr_shadow  sum (y - ref)^2, sum ref^2 and max |y - ref| of the routed output against
 //                    the BF16 GEMM's
+//   mt_instr_shadow_rows  the same on a few rows of a grouped call with no cuBLAS call to rerun,
+//                    against the FP32 product it forms itself
 //   mt_instr_probe   rows recomputed alone against their in-batch rows, bit for bit
 //   mt_instr_finish  the weight's weight_sum (1/512 of its lines, or the frozen-sampled cache's
 //                    stored hash) and the bias's content sum, only when a row was digested; then
@@ -15,7 +17,7 @@
 // Integer sums (hashes) are exact and order-free, so any grid gives the same bits; the sketch is
 // an FP32 sum whose order the format leaves free. Tested on the CPU through the host twin in
 // kernels/instr.h (tests/cpu/test_shim_instr.c: twin against tools/minite-compare's Python
-// reference); this file's digest and finish themselves on the CPU against that twin by
+// reference); this file's digest, finish and shadows themselves on the CPU against that twin by
 // tests/cpu/test_instr_emu.cc (tests/cpu/cuda_emu.h); and on the GPU by
 // tests/gpu/test_instruments.py (digests of two processes with different batchings join bitwise;
 // probe and shadow figures).
@@ -470,41 +472,73 @@ extern "C" __global__ void __launch_bounds__(256) mt_instr_digest(const mt_instr
     write_row(a, &c, warp);
 }
 
-extern "C" __global__ void __launch_bounds__(256) mt_instr_shadow(const mt_instr_shadow_args a) {
-  const uint64_t total = (uint64_t)a.m * a.n;
+// A thread's share of a shadow: squared differences and squared references over the finite
+// pairs, the largest |y - ref|, the pairs where either is NaN or Inf.
+struct shadow_part {
   double d2 = 0.0, r2 = 0.0;
   float mx = 0.0f;
   unsigned bad = 0;
+};
+
+__device__ void shadow_add(shadow_part &s, float y, float ref) {
+  if (!isfinite(y) || !isfinite(ref)) {
+    s.bad++;
+    return;
+  }
+  const double d = (double)y - (double)ref;
+  s.d2 += d * d;
+  s.r2 += (double)ref * ref;
+  s.mx = fmaxf(s.mx, abs_diff(y, ref));
+}
+
+// The warp's shares summed, then added to the header by its lane 0 (every thread calls it).
+__device__ void shadow_publish(shadow_part s, mt_instr_header *hdr) {
+  for (int o = 16; o > 0; o >>= 1) {
+    s.d2 += __shfl_xor_sync(0xffffffffu, s.d2, o);
+    s.r2 += __shfl_xor_sync(0xffffffffu, s.r2, o);
+    s.mx = fmaxf(s.mx, __shfl_xor_sync(0xffffffffu, s.mx, o));
+    s.bad += __shfl_xor_sync(0xffffffffu, s.bad, o);
+  }
+  if (threadIdx.x % 32)
+    return;
+  atomicAdd(&hdr->shadow_d2, s.d2);
+  atomicAdd(&hdr->shadow_r2, s.r2);
+  atomicMax(&hdr->shadow_max_bits, __float_as_uint(s.mx)); // non-negative: ordered as integers
+  if (s.bad)
+    atomicAdd(&hdr->shadow_nonfinite, s.bad);
+}
+
+extern "C" __global__ void __launch_bounds__(256) mt_instr_shadow(const mt_instr_shadow_args a) {
+  const uint64_t total = (uint64_t)a.m * a.n;
+  shadow_part s;
   for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
        i += (uint64_t)gridDim.x * blockDim.x) {
     uint64_t r = i / a.n, j = i % a.n;
     int64_t at = mt_instr_row_offset(a.seg_rows > 0 ? (int32_t)(r / a.seg_rows) : 0, a.seg_rows,
                                      a.stride, a.ld, (int64_t)r) +
                  j;
-    float y = mt_instr_half_to_float(((const uint16_t *)a.y)[at], a.type);
-    float ref = mt_instr_half_to_float(((const uint16_t *)a.ref)[at], a.type);
-    if (!isfinite(y) || !isfinite(ref)) {
-      bad++;
-      continue;
-    }
-    double d = (double)y - (double)ref;
-    d2 += d * d;
-    r2 += (double)ref * ref;
-    mx = fmaxf(mx, abs_diff(y, ref));
+    shadow_add(s, mt_instr_half_to_float(((const uint16_t *)a.y)[at], a.type),
+               mt_instr_half_to_float(((const uint16_t *)a.ref)[at], a.type));
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    d2 += __shfl_xor_sync(0xffffffffu, d2, o);
-    r2 += __shfl_xor_sync(0xffffffffu, r2, o);
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    bad += __shfl_xor_sync(0xffffffffu, bad, o);
+  shadow_publish(s, a.hdr);
+}
+
+// A CTA for each 256 columns of a sampled row: a thread a column, its reference a k-long chain of
+// FP32 fused multiply-adds (mt_instr_shadow_ref). Up to 8 rows a call, at 1/64 of its calls: the
+// weights' reads are not coalesced ([n][k]: a thread a row of W) and need not be.
+extern "C" __global__ void __launch_bounds__(256)
+    mt_instr_shadow_rows(const mt_instr_shadow_rows_args a) {
+  const int chunks = (a.n + 255) / 256;
+  const int i = blockIdx.x / chunks, j = blockIdx.x % chunks * 256 + threadIdx.x;
+  const int64_t r = i < a.nrows ? a.rows[i] : 0;
+  const int32_t seg = i < a.nrows ? mt_instr_segment(a.offs, a.nseg, a.seg_rows, r) : -1;
+  shadow_part s;
+  if (seg >= 0 && j < a.n) {
+    const uint16_t *y =
+        (const uint16_t *)a.y + mt_instr_row_offset(seg, a.seg_rows, a.stride_y, a.ldy, r);
+    shadow_add(s, mt_instr_half_to_float(y[j], a.ytype), mt_instr_shadow_ref(&a, seg, r, j));
   }
-  if (threadIdx.x % 32)
-    return;
-  atomicAdd(&a.hdr->shadow_d2, d2);
-  atomicAdd(&a.hdr->shadow_r2, r2);
-  atomicMax(&a.hdr->shadow_max_bits, __float_as_uint(mx)); // non-negative: ordered as integers
-  if (bad)
-    atomicAdd(&a.hdr->shadow_nonfinite, bad);
+  shadow_publish(s, a.hdr);
 }
 
 // One CTA per probed row.

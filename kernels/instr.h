@@ -40,6 +40,7 @@
 #ifndef MT_INSTR_H
 #define MT_INSTR_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -56,6 +57,7 @@
 #define MT_INSTR_MUL_G 0x9E3779B97F4A7C15ull
 #define MT_INSTR_MUL_H 0xD6E8FEB86659FD93ull
 #define MT_INSTR_PROBE_ROWS 4   /* rows a probe recomputes alone: first, last, two between */
+#define MT_INSTR_SHADOW_ROWS 8  /* rows of a grouped call its shadow recomputes (no cuBLAS call) */
 #define MT_INSTR_LEAD 128       /* elements of a row the digests' choice reads (16 pieces) */
 #define MT_INSTR_SMEM_SEGS 1024 /* a grouped call's offsets the digest reads into shared memory */
 #define MT_INSTR_DIGEST_WARPS 8 /* rows a digest's CTA takes, a warp a row's lead */
@@ -166,6 +168,23 @@ typedef struct {
   int32_t m, n, type, seg_rows;
   mt_instr_header *hdr;
 } mt_instr_shadow_args;
+
+/* mt_instr_shadow_rows: the shadow error of a grouped call that has no cuBLAS call to rerun
+ * (torch._grouped_mm) on rows[0 .. nrows) of its rows, against the FP32 product the kernel forms
+ * itself, ref = alpha * sum_k x[r][k] W_s[j][k] over the 2-byte operands in k order (what cuBLAS's
+ * BF16 GEMM rounds to its output). Row r is in segment s (with offs the first s with offs[s] > r,
+ * none past the last: skipped; else r / seg_rows), at x + mt_instr_row_offset(s, seg_rows,
+ * stride_x, ldx, r) and y likewise (stride_y, ldy); W_s at w + s * w_stride, [n][k] with row
+ * stride ldw, or [k][n] where in_out. A CTA for each 256 columns of a row. */
+typedef struct {
+  const void *x, *y, *w;
+  int64_t ldx, ldy, ldw, stride_x, stride_y, w_stride;
+  const int32_t *offs;
+  int32_t nseg, seg_rows, n, k, xtype, ytype, wtype, in_out, nrows;
+  float alpha;
+  int32_t rows[MT_INSTR_SHADOW_ROWS];
+  mt_instr_header *hdr;
+} mt_instr_shadow_rows_args;
 
 /* mt_instr_probe: the row at y + yoff[i] against row i of alone (n elements each, row stride
  * ld_alone). With offs (a grouped call's nseg cumulative ends), rows[i] >= offs[nseg - 1] is in no
@@ -278,9 +297,22 @@ MT_HD float mt_instr_half_to_float(uint16_t h, int type) {
   return f;
 }
 
+/* Output (r, j) of a shadow_rows call's reference, r in segment seg: FP32 fused multiply-adds in
+ * k order, then alpha (kernels/instr.cu and its host twin run this same code). */
+MT_HD float mt_instr_shadow_ref(const mt_instr_shadow_rows_args *a, int32_t seg, int64_t r, int j) {
+  const uint16_t *x =
+      (const uint16_t *)a->x + mt_instr_row_offset(seg, a->seg_rows, a->stride_x, a->ldx, r);
+  const uint16_t *w = (const uint16_t *)a->w + seg * a->w_stride;
+  float acc = 0.0f;
+  for (int kk = 0; kk < a->k; kk++) {
+    const uint16_t wv = a->in_out ? w[(int64_t)kk * a->ldw + j] : w[(int64_t)j * a->ldw + kk];
+    acc = fmaf(mt_instr_half_to_float(x[kk], a->xtype), mt_instr_half_to_float(wv, a->wtype), acc);
+  }
+  return a->alpha * acc;
+}
+
 /* --- host-only helpers: the whole-row forms the host twin and the shim use ---------------- */
 #ifndef __CUDACC__
-#include <math.h>
 #include <stddef.h>
 
 /* content_sum of `bytes` bytes at p (zero-padded to a multiple of 16), pieces numbered from
@@ -410,6 +442,18 @@ static inline void mt_instr_digest_host(const mt_instr_digest_args *a) {
 
 static inline float mt_instr_max_host(float a, float b) { return a > b ? a : b; }
 
+/* One element of a shadow into the header, on the host (*mx: the largest |y - ref| so far). */
+static inline void mt_instr_shadow_add_host(mt_instr_header *h, float y, float ref, float *mx) {
+  if (!isfinite(y) || !isfinite(ref)) {
+    h->shadow_nonfinite++;
+    return;
+  }
+  double d = (double)y - ref;
+  h->shadow_d2 += d * d;
+  h->shadow_r2 += (double)ref * ref;
+  *mx = mt_instr_max_host(*mx, fabsf(y - ref));
+}
+
 /* mt_instr_shadow on the host, row by row (the kernel's double sums add in another order). */
 static inline void mt_instr_shadow_host(const mt_instr_shadow_args *a) {
   float mx;
@@ -419,17 +463,28 @@ static inline void mt_instr_shadow_host(const mt_instr_shadow_args *a) {
       int64_t at = mt_instr_row_offset(a->seg_rows > 0 ? r / a->seg_rows : 0, a->seg_rows,
                                        a->stride, a->ld, r) +
                    j;
-      float y = mt_instr_half_to_float(((const uint16_t *)a->y)[at], a->type);
-      float ref = mt_instr_half_to_float(((const uint16_t *)a->ref)[at], a->type);
-      if (!isfinite(y) || !isfinite(ref)) {
-        a->hdr->shadow_nonfinite++;
-        continue;
-      }
-      double d = (double)y - ref;
-      a->hdr->shadow_d2 += d * d;
-      a->hdr->shadow_r2 += (double)ref * ref;
-      mx = mt_instr_max_host(mx, fabsf(y - ref));
+      mt_instr_shadow_add_host(
+          a->hdr, mt_instr_half_to_float(((const uint16_t *)a->y)[at], a->type),
+          mt_instr_half_to_float(((const uint16_t *)a->ref)[at], a->type), &mx);
     }
+  memcpy(&a->hdr->shadow_max_bits, &mx, 4);
+}
+
+/* mt_instr_shadow_rows on the host. */
+static inline void mt_instr_shadow_rows_host(const mt_instr_shadow_rows_args *a) {
+  float mx;
+  memcpy(&mx, &a->hdr->shadow_max_bits, 4);
+  for (int i = 0; i < a->nrows; i++) {
+    const int64_t r = a->rows[i];
+    const int32_t seg = mt_instr_segment(a->offs, a->nseg, a->seg_rows, r);
+    if (seg < 0)
+      continue;
+    const uint16_t *y =
+        (const uint16_t *)a->y + mt_instr_row_offset(seg, a->seg_rows, a->stride_y, a->ldy, r);
+    for (int j = 0; j < a->n; j++)
+      mt_instr_shadow_add_host(a->hdr, mt_instr_half_to_float(y[j], a->ytype),
+                               mt_instr_shadow_ref(a, seg, r, j), &mx);
+  }
   memcpy(&a->hdr->shadow_max_bits, &mx, 4);
 }
 
@@ -462,7 +517,8 @@ static inline void mt_instr_probe_host(const mt_instr_probe_args *a) {
  * CTA for each block of 256 sampled lines (a line a thread; a grouped call's for each of the
  * weights its digested rows may name), at most 264 (as kernels/wcheck.c); one where nothing is
  * read (a frozen-sampled weight's sums are stored; no digest: only the publication). The shadow:
- * a CTA for each 1,024 elements, at most 264. The probe and the offsets: a CTA a probed row. */
+ * a CTA for each 1,024 elements, at most 264; of rows, a CTA for each 256 columns of a row. The
+ * probe and the offsets: a CTA a probed row. */
 static inline unsigned mt_instr_digest_grid(const mt_instr_digest_args *a) {
   return a->m > 0 ? (unsigned)((a->m + MT_INSTR_DIGEST_WARPS - 1) / MT_INSTR_DIGEST_WARPS) : 1;
 }
@@ -476,6 +532,9 @@ static inline unsigned mt_instr_finish_grid(const mt_instr_finish_args *a) {
 static inline unsigned mt_instr_shadow_grid(const mt_instr_shadow_args *a) {
   const int64_t blocks = (int64_t)a->m * a->n / 1024 + 1;
   return blocks < 264 ? (unsigned)blocks : 264;
+}
+static inline unsigned mt_instr_shadow_rows_grid(const mt_instr_shadow_rows_args *a) {
+  return (unsigned)(a->nrows > 0 ? a->nrows : 1) * (unsigned)((a->n + 255) / 256);
 }
 
 /* --- the launchers (kernels/instr.c) and the driver calls only the instruments make ------- */
@@ -497,6 +556,7 @@ const mt_instr_driver *mt_instr_driver_get(void);
 int mt_instr_launch_digest(const mt_instr_digest_args *a, mt_stream stream);
 int mt_instr_launch_finish(const mt_instr_finish_args *a, mt_stream stream);
 int mt_instr_launch_shadow(const mt_instr_shadow_args *a, mt_stream stream);
+int mt_instr_launch_shadow_rows(const mt_instr_shadow_rows_args *a, mt_stream stream);
 int mt_instr_launch_probe(const mt_instr_probe_args *a, mt_stream stream);
 int mt_instr_launch_offs(const mt_instr_offs_args *a, mt_stream stream);
 

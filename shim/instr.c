@@ -157,8 +157,23 @@ static int batch_rerunnable(const mt_call *c) {
          c->batch > 1 && !c->pointer_arrays && c->group_count == 0 && !c->ragged;
 }
 
-static int shadow_possible(const mt_instr_call *ic) {
-  return ic->grouped ? !ic->grouped->offs && batch_rerunnable(ic->call) : single_problem(ic->call);
+/* The shadow a call can have: its cuBLAS call rerun into scratch (SHADOW_RERUN), or, for a grouped
+ * call with no cuBLAS call to rerun (torch._grouped_mm), a few rows' product formed on the device
+ * (SHADOW_ROWS: no scratch); SHADOW_NONE where a grouped call's bias differs by segment or its rows
+ * are vLLM's dispatch's (scattered, weighted). */
+enum { SHADOW_NONE, SHADOW_RERUN, SHADOW_ROWS };
+
+static int shadow_kind(const mt_instr_call *ic) {
+  if (!ic->grouped)
+    return single_problem(ic->call) ? SHADOW_RERUN : SHADOW_NONE;
+  if (!ic->grouped->offs && batch_rerunnable(ic->call))
+    return SHADOW_RERUN;
+  return ic->w && !ic->bias && !ic->grouped->dispatch ? SHADOW_ROWS : SHADOW_NONE;
+}
+
+/* The instruments that use the scratch (the probe, a rerun shadow), of `kinds`. */
+static int scratch_kinds(const mt_instr_call *ic, int kinds) {
+  return kinds & (MT_IW_PROBE | (shadow_kind(ic) == SHADOW_RERUN ? MT_IW_SHADOW : 0));
 }
 
 /* A strided batch again through the real cuBLAS, with beta = 0, its output into `out` in the
@@ -395,6 +410,39 @@ static void digest_args(const mt_instr_call *ic, mt_iw_slot *s, mt_instr_digest_
   }
 }
 
+/* A grouped call's shadow on MT_INSTR_SHADOW_ROWS rows spread evenly over its m (every row of a
+ * smaller call), each against the product the kernel forms from x and the row's own expert. */
+static int shadow_rows(const mt_instr_call *ic, mt_iw_slot *s, mt_instr_header *hdr) {
+  const mt_grouped_args *g = ic->grouped;
+  mt_instr_shadow_rows_args a = {.x = ic->x,
+                                 .y = ic->y,
+                                 .w = ic->w,
+                                 .ldx = (int64_t)ic->ldx,
+                                 .ldy = (int64_t)ic->ldy,
+                                 .ldw = (int64_t)ic->ldw,
+                                 .stride_x = g->stride_x,
+                                 .stride_y = g->stride_y,
+                                 .w_stride = ic->w_stride,
+                                 .offs = g->offs,
+                                 .nseg = g->nseg,
+                                 .seg_rows = g->seg_rows,
+                                 .n = ic->n,
+                                 .k = ic->k,
+                                 .xtype = ic->xtype,
+                                 .ytype = ic->ytype,
+                                 .wtype = ic->wtype,
+                                 .in_out = ic->in_out,
+                                 .alpha = ic->alpha,
+                                 .hdr = hdr};
+  const int rows = ic->m < MT_INSTR_SHADOW_ROWS ? ic->m : MT_INSTR_SHADOW_ROWS;
+  for (int i = 0; i < rows; i++)
+    a.rows[i] = rows < MT_INSTR_SHADOW_ROWS
+                    ? i
+                    : (int32_t)((2 * (int64_t)i + 1) * ic->m / (2 * MT_INSTR_SHADOW_ROWS));
+  a.nrows = s->shadow_rows = rows;
+  return mt_instr_launch_shadow_rows(&a, (mt_stream)ic->call->stream);
+}
+
 /* Enqueue the chosen probe and shadow into slot s on the call's stream (the digest goes last, with
  * the publication: publish()); returns the kinds still on (0 when the memset failed: nothing was
  * enqueued). The probe and shadow under scratch_lock. */
@@ -417,7 +465,12 @@ static int enqueue(const mt_instr_call *ic, mt_iw_context *c, mt_iw_slot *s, int
       s->probe_rows = pa.nrows;
     }
   }
-  if (kinds & MT_IW_SHADOW) {
+  if ((kinds & MT_IW_SHADOW) && shadow_kind(ic) == SHADOW_ROWS) {
+    if (shadow_rows(ic, s, hdr) != MT_OK) {
+      mt_iw_count_skips(MT_IW_SHADOW, MT_IW_ERROR);
+      kinds &= ~MT_IW_SHADOW;
+    }
+  } else if (kinds & MT_IW_SHADOW) {
     CUdeviceptr ref = scratch + (CUdeviceptr)probe_bytes_of(ic);
     mt_instr_shadow_args sa = {.y = ic->y,
                                .ref = (const void *)ref,
@@ -515,7 +568,7 @@ static int scratch_gate(const mt_instr_call *ic, mt_iw_context *c, int kinds, in
   size_t probe_bytes = probe_bytes_of(ic);
   size_t shadow_bytes = 2 * shadow_elems(ic);
   *held = 0;
-  if ((kinds & MT_IW_SHADOW) && probe_bytes + shadow_bytes > c->scratch_bytes) {
+  if ((scratch_kinds(ic, kinds) & MT_IW_SHADOW) && probe_bytes + shadow_bytes > c->scratch_bytes) {
     mt_iw_count_skips(MT_IW_SHADOW, MT_IW_SCRATCH);
     kinds &= ~MT_IW_SHADOW;
   }
@@ -523,7 +576,8 @@ static int scratch_gate(const mt_instr_call *ic, mt_iw_context *c, int kinds, in
     mt_iw_count_skips(MT_IW_PROBE, MT_IW_SCRATCH);
     kinds &= ~MT_IW_PROBE;
   }
-  if (!(kinds & (MT_IW_PROBE | MT_IW_SHADOW)))
+  const int needs = scratch_kinds(ic, kinds);
+  if (!needs)
     return kinds;
   /* another thread enqueueing its own probe or shadow: skip rather than wait for it */
   if (pthread_mutex_trylock(&c->scratch_lock) == 0) {
@@ -531,8 +585,8 @@ static int scratch_gate(const mt_instr_call *ic, mt_iw_context *c, int kinds, in
       return *held = 1, kinds;
     pthread_mutex_unlock(&c->scratch_lock);
   }
-  mt_iw_count_skips(kinds & (MT_IW_PROBE | MT_IW_SHADOW), MT_IW_BUSY);
-  return kinds & ~(MT_IW_PROBE | MT_IW_SHADOW);
+  mt_iw_count_skips(needs, MT_IW_BUSY);
+  return kinds & ~needs;
 }
 
 /* Under the writer's lock: 1 when the writer runs; a writer that cannot start turns the
@@ -568,7 +622,7 @@ static int choose(const mt_instr_call *ic, const mt_driver *d, const mt_instr_dr
     mt_iw_count_skips(kinds, MT_IW_ENTRY);
     kinds = 0;
   }
-  if ((kinds & MT_IW_SHADOW) && !shadow_possible(ic)) {
+  if ((kinds & MT_IW_SHADOW) && shadow_kind(ic) == SHADOW_NONE) {
     mt_iw_count_skips(MT_IW_SHADOW, MT_IW_ENTRY);
     kinds &= ~MT_IW_SHADOW;
   }
@@ -626,7 +680,7 @@ static void slot_fill(mt_iw_slot *s, const mt_instr_call *ic, int route, int kin
   s->xtype = ic->xtype, s->ytype = ic->ytype, s->wtype = ic->wtype;
   s->has_bias = ic->bias != NULL, s->biastype = ic->biastype;
   s->alpha = ic->alpha;
-  s->probe_rows = 0;
+  s->probe_rows = s->shadow_rows = 0;
   s->grouped = ic->grouped != NULL;
   s->shared_w = ic->grouped && !ic->w_stride;
 }
@@ -669,7 +723,7 @@ void mt_instr_after(const mt_instr_call *ic) {
   } else if (!got) {
     mt_iw_give_back(s, MT_IW_FREE);
   }
-  if (got && (got & (MT_IW_PROBE | MT_IW_SHADOW))) {
+  if (scratch_kinds(ic, got)) {
     c->scratch_used = 1;
     c->scratch_stream = mt_stream_key((CUstream)ic->call->stream);
     c->scratch_slot = s;

@@ -4,7 +4,8 @@
  *
  *   MINITE_SHADOW=rate  every ceil(1/rate)-th routed call of a route (the first included) also
  *                       runs the original BF16 GEMM (the real cuBLAS entry point) into scratch:
- *                       relative L2 and max |diff| of the routed output against it
+ *                       relative L2 and max |diff| of the routed output against it; a
+ *                       torch._grouped_mm call, 8 of its rows against their FP32 product
  *   MINITE_PROBE=rate   every ceil(1/rate)-th routed call with M > 1 of a route recomputes up to
  *                       4 rows (first, last, two between) alone (M = 1) and compares bit for bit;
  *                       in a grouped call, over its total rows, each with its own segment's weight
@@ -82,8 +83,9 @@ void mt_instr_from_call(const mt_spec *s, const mt_call *c, const float *alpha, 
                         mt_instr_call *out);
 
 /* Enqueue the sampled instruments of one routed problem (or grouped call) whose output is already
- * enqueued. A grouped call gets the probe and the digests; the shadow only when it is a strided
- * batch of cuBLAS (rerun as it came; torch._grouped_mm has no cuBLAS call to rerun). */
+ * enqueued. A grouped call gets the probe and the digests, and the shadow: a strided batch of
+ * cuBLAS rerun as it came; torch._grouped_mm, which has no cuBLAS call to rerun, on 8 rows against
+ * the product the instruments' kernel forms (kernels/instr.h, mt_instr_shadow_rows). */
 void mt_instr_after(const mt_instr_call *ic);
 
 /* Spec bf16: run a routed single-problem call through the real cuBLAS, then its instruments.

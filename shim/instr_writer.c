@@ -299,7 +299,10 @@ static void slot_records(const mt_iw_slot *s, const unsigned char *block, text *
                  : h->shadow_d2 > 0 ? INFINITY
                                     : 0;
     double mx = float_of_bits(h->shadow_max_bits);
-    put(t, "{\"event\": \"shadow\", \"route\": \"%s\", \"m\": %d, \"rel_l2\": ", route, s->m);
+    put(t, "{\"event\": \"shadow\", \"route\": \"%s\", \"m\": %d, ", route, s->m);
+    if (s->shadow_rows > 0) /* a grouped call's rows against the product formed on the device */
+      put(t, "\"rows\": %d, ", s->shadow_rows);
+    put(t, "\"rel_l2\": ");
     put_float(t, rel);
     put(t, ", \"max_abs\": ");
     put_float(t, mx);

@@ -64,6 +64,7 @@ typedef struct {
   unsigned char *host;
   /* what the writer needs to finish the records */
   int kinds, route, m, n, k, xtype, ytype, wtype, biastype, has_bias, probe_rows;
+  int shadow_rows;       /* the rows a grouped call's shadow compared (0: the whole output) */
   int grouped, shared_w; /* a grouped call: each row's weight sum is its own (shared_w: one W) */
   float alpha;
   int captured;  /* taken by a captured call (mt_iw_capture) */

@@ -154,8 +154,8 @@ def test_tables_from_made_up_results():
     harness.check(row[4] == "900 (850-950) **0.90x**" and row[5] == "30,000 (29,000-31,000) "
                   "**1.50x**", f"median (min-max) and ratio to none: {row}")
     harness.check(row[10] == "1.0123 / inf", f"NeMo-RL's and verl's (null: inf) {row}")
-    harness.check(row[11:14] == ["n/a (grouped)", "0 / 12", "-"],
-                  f"instruments on grouped_mm: probe, no shadow: {row}")
+    harness.check(row[11:14] == ["-", "0 / 12", "-"],
+                  f"instruments on grouped_mm: a probe, no shadow in that summary: {row}")
     eager = [c.strip() for c in lines[4].split("|")]
     harness.check(eager[4:6] == ["300 (290-310)", "2,000 (1,900-2,100)"],
                   f"no ratio without a no-shim eager row (another depth): {eager}")

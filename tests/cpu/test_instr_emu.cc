@@ -301,6 +301,40 @@ void shadow_sums() {
          "sums %.17g %.17g, twin %.17g %.17g", g.shadow_d2, g.shadow_r2, w.shadow_d2, w.shadow_r2);
 }
 
+// The shadow of a grouped call's rows against the product it forms: the kernel's FP32 references
+// are the twin's bit for bit (the same fused chain), so the max is too; rows of three segments of
+// a weight stored [n][k] and one stored [k][n], a row past the last offset skipped, a NaN counted.
+void shadow_rows() {
+  std::mt19937 rng(11);
+  const int nseg = 3, n = 300, k = 48, rows = 40, ldx = 56, ldy = 304;
+  auto x = matrix(rng, rows, k, ldx), y = matrix(rng, rows, n, ldy);
+  y[9 * ldy + 7] = 0x7fc0;                 // a NaN in row 9
+  const int32_t offs[nseg] = {10, 10, 36}; // rows 36..39 in no segment; segment 1 empty
+  for (int in_out = 0; in_out < 2; in_out++) {
+    auto w = in_out ? matrix(rng, nseg * k, n, n) : matrix(rng, nseg * n, k, k);
+    mt_instr_shadow_rows_args a{};
+    a.x = x.data(), a.y = y.data(), a.w = w.data(), a.ldx = ldx, a.ldy = ldy;
+    a.ldw = in_out ? n : k, a.w_stride = (int64_t)n * k, a.offs = offs, a.nseg = nseg;
+    a.n = n, a.k = k, a.in_out = in_out, a.alpha = 0.5f, a.nrows = 5;
+    const int32_t pick[5] = {0, 9, 17, 35, 38};
+    std::memcpy(a.rows, pick, sizeof pick);
+    block got(1), want(1);
+    a.hdr = got.hdr();
+    emu::launch(mt_instr_shadow_rows_grid(&a), kThreads, [&a] { mt_instr_shadow_rows(a); });
+    a.hdr = want.hdr();
+    mt_instr_shadow_rows_host(&a);
+    const mt_instr_header &g = *got.hdr(), &h = *want.hdr();
+    CHECKF(g.shadow_nonfinite == 1 && h.shadow_nonfinite == 1, "in_out %d: non-finite %u, twin %u",
+           in_out, g.shadow_nonfinite, h.shadow_nonfinite);
+    CHECKF(g.shadow_max_bits == h.shadow_max_bits && h.shadow_max_bits != 0,
+           "in_out %d: max %#x, twin %#x", in_out, g.shadow_max_bits, h.shadow_max_bits);
+    CHECKF(std::fabs(g.shadow_d2 - h.shadow_d2) <= 1e-12 * h.shadow_d2 &&
+               std::fabs(g.shadow_r2 - h.shadow_r2) <= 1e-12 * h.shadow_r2 && h.shadow_r2 > 0,
+           "in_out %d: sums %.17g %.17g, twin %.17g %.17g", in_out, g.shadow_d2, g.shadow_r2,
+           h.shadow_d2, h.shadow_r2);
+  }
+}
+
 // The probe: rows recomputed alone against their in-batch rows, one differing in one element, one
 // in a NaN (its difference Inf), one beyond the last segment's end (not compared, counted
 // outside).
@@ -381,6 +415,7 @@ int main() {
   RUN(finish_publishes);
   RUN(finish_weight_sums);
   RUN(shadow_sums);
+  RUN(shadow_rows);
   RUN(probe_rows);
   RUN(captured_replays_gated);
   return mt_test_done();

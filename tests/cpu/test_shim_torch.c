@@ -231,12 +231,30 @@ static void print_keys(const uint16_t *x, int rows, const int32_t *offs, const u
   }
 }
 
-/* The instruments of grouped calls (MT_INSTR=on: probe and digests at rate 1; off: none). The
- * forward's offsets end at 36 of its 40 rows: rows 36..39 are in no segment (never written),
- * neither probed nor digested. With the instruments on, each call gets behind its grouped GEMM:
- * the digest kernel (the segments found from the offsets on the device), for the offsets form the
- * kernel that builds the probed rows' one-row offsets, the 4 rows alone through the grouped
- * engine, the comparison, the finish; nothing read back. */
+/* The instruments of grouped calls (MT_INSTR=on: probe, digests and shadow at rate 1; off:
+ * none). The forward's offsets end at 36 of its 40 rows: rows 36..39 are in no segment (never
+ * written), neither probed, digested nor shadowed. With the instruments on, each call gets behind
+ * its grouped GEMM: the digest kernel (the segments found from the offsets on the device), for the
+ * offsets form the kernel that builds the probed rows' one-row offsets, the 4 rows alone through
+ * the grouped engine, the comparison, the shadow of 8 rows spread over the call (its own product,
+ * no cuBLAS call), the finish; nothing read back. */
+/* The shadow of a grouped call since event t: its 8 rows (`rows`), its segments from offs (or 5
+ * rows a segment), x, y and each row's own expert of w (stored [out][in] behind the [in, out]
+ * view: not in_out). */
+static void check_shadow_rows(int t, int on, const int32_t *offs, const void *x, const void *y,
+                              const void *w, const int32_t *rows) {
+  const int si = find_launch(t, "mt_instr_shadow_rows");
+  CHECKF(on == (si >= 0), "shadow launched %d, instruments on %d", si >= 0, on);
+  if (si < 0)
+    return;
+  const mt_instr_shadow_rows_args *a = (const mt_instr_shadow_rows_args *)event(si)->args;
+  CHECK(a->x == x && a->y == y && a->w == w && a->offs == offs && a->nseg == E &&
+        a->seg_rows == (offs ? 0 : 5) && a->n == OUT && a->k == IN && a->ldw == IN && !a->in_out &&
+        a->w_stride == OUT * IN && a->alpha == 1.0f && a->nrows == 8);
+  for (int i = 0; i < 8; i++)
+    CHECKF(a->rows[i] == rows[i], "shadow row %d: %d, want %d", i, a->rows[i], rows[i]);
+}
+
 static void scenario_instr(void) {
   static int32_t part[E] = {8, 8, 25, 36};
   int on = getenv("MT_INSTR") && !strcmp(getenv("MT_INSTR"), "on");
@@ -255,7 +273,9 @@ static void scenario_instr(void) {
   op(&x.t, &w_t.t, &o, &none, &y.t, passed);
   CHECKF(launches_of(t, "mt_grouped_") == (on ? 5 : 1), "forward: %d grouped launches",
          launches_of(t, "mt_grouped_"));
-  CHECK(launches_of(t, "mt_instr_") == (on ? 4 : 0));
+  CHECK(launches_of(t, "mt_instr_") == (on ? 5 : 0));
+  check_shadow_rows(t, on, part, xdata, y.impl.data, wdata,
+                    (int32_t[]){2, 7, 12, 17, 22, 27, 32, 37});
   int oi = find_launch(t, "mt_instr_offs"), pi = find_launch(t, "mt_instr_probe");
   CHECK(on == (oi >= 0) && on == (pi >= 0));
   if (on && oi >= 0 && pi >= 0) {
@@ -275,7 +295,9 @@ static void scenario_instr(void) {
   t = now();
   op(&x3.t, &w_t.t, &none, &none, &y3.t, passed);
   CHECK(launches_of(t, "mt_grouped_") == (on ? 5 : 1));
-  CHECK(launches_of(t, "mt_instr_") == (on ? 3 : 0) && find_launch(t, "mt_instr_offs") < 0);
+  CHECK(launches_of(t, "mt_instr_") == (on ? 4 : 0) && find_launch(t, "mt_instr_offs") < 0);
+  check_shadow_rows(t, on, NULL, x3data, y3.impl.data, wdata,
+                    (int32_t[]){1, 3, 6, 8, 11, 13, 16, 18});
   pi = find_launch(t, "mt_instr_probe");
   if (on && pi >= 0) { /* segment 1 row 1 of the batch: 5 rows a segment */
     const mt_instr_probe_args *pa = (const mt_instr_probe_args *)event(pi)->args;
@@ -419,7 +441,8 @@ static void an_optional_of_another_layout_is_torch_abi(void) {
 
 /* Grouped calls' instruments, on: the probe of both forms (3 rows of the forward in a segment,
  * 4 of the batch; none differing), the digests of the rows in a segment with the keys of their
- * own experts, the shadow not available ("entry"); off: nothing launched (the child checks). */
+ * own experts, the shadow of 8 rows of each (the forward's last past its offsets); off: nothing
+ * launched (the child checks). */
 static void grouped_calls_get_probe_and_digests(void) {
   const char *on[] = {"MINITE_SPEC=nvfp4-row", "FAKE_WITH_CUDA=1", "MT_INSTR=on", "MINITE_PROBE=1",
                       "MINITE_DIGEST=1",       "MINITE_SHADOW=1",  NULL};
@@ -427,9 +450,13 @@ static void grouped_calls_get_probe_and_digests(void) {
   mt_t_run_child("instr", "instr_on", on, &r);
   mt_t_check_child("instr on", &r);
   const char *route = "\"64x32\": {\"shadow\"";
-  CHECKF(mt_t_json_int_in(r.summary, route, "calls") == 0 &&
-             mt_t_json_int_in(r.summary, "\"shadow\": {\"rate\"", "entry") == 2,
+  CHECKF(mt_t_json_int_in(r.summary, route, "calls") == 2 &&
+             mt_t_json_int_in(r.summary, "\"shadow\": {\"rate\"", "entry") < 1,
          "%s", r.summary ? r.summary : "(no summary)");
+  CHECKF(mt_t_count_of(r.stats, "\"event\": \"shadow\", \"route\": \"64x32\", \"m\": 40, "
+                                "\"rows\": 8, \"rel_l2\": ") == 1 &&
+             mt_t_count_of(r.stats, "\"m\": 20, \"rows\": 8, \"rel_l2\": ") == 1,
+         "%s", r.stats ? r.stats : "(no statistics)");
   const char *probe = r.summary ? strstr(r.summary, "\"64x32\"") : NULL;
   probe = probe ? strstr(probe, "\"probe\": {") : NULL;
   CHECKF(mt_t_json_int_in(probe, NULL, "calls") == 2 &&

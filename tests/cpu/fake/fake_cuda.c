@@ -495,6 +495,7 @@ _Static_assert(sizeof(mt_large_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_wcheck_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_digest_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_shadow_args) <= FAKE_CUDA_ARGS_MAX &&
+                   sizeof(mt_instr_shadow_rows_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_probe_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_finish_args) <= FAKE_CUDA_ARGS_MAX &&
                    sizeof(mt_instr_offs_args) <= FAKE_CUDA_ARGS_MAX &&
@@ -516,6 +517,8 @@ static size_t args_size(const char *name) {
     return sizeof(mt_instr_digest_args);
   if (!strcmp(name, "mt_instr_shadow"))
     return sizeof(mt_instr_shadow_args);
+  if (!strcmp(name, "mt_instr_shadow_rows"))
+    return sizeof(mt_instr_shadow_rows_args);
   if (!strcmp(name, "mt_instr_probe"))
     return sizeof(mt_instr_probe_args);
   if (!strcmp(name, "mt_instr_finish"))
@@ -641,6 +644,8 @@ static void run_instr(const char *name, const void *args) {
     mt_instr_digest_host(args);
   else if (!strcmp(name, "mt_instr_shadow"))
     mt_instr_shadow_host(args);
+  else if (!strcmp(name, "mt_instr_shadow_rows"))
+    mt_instr_shadow_rows_host(args);
   else if (!strcmp(name, "mt_instr_probe"))
     mt_instr_probe_host(args);
   else if (!strcmp(name, "mt_instr_finish"))
