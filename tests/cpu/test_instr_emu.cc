@@ -276,8 +276,22 @@ void finish_weight_sums() {
          (unsigned long long)got[1], (unsigned long long)want[1]);
 }
 
-// The shadow's sums against the twin's (the kernel adds its doubles in another order), with
-// non-finite elements skipped and counted; strided segments.
+// A shadow's header against its twin's: `nonfinite` pairs counted by both, the same max, the
+// double sums within 1e-12 (the kernel adds them in another order), none of them zero.
+void same_shadow(const mt_instr_header &g, const mt_instr_header &w, unsigned nonfinite,
+                 const char *what) {
+  CHECKF(g.shadow_nonfinite == nonfinite && w.shadow_nonfinite == nonfinite,
+         "%s: non-finite %u, twin %u", what, g.shadow_nonfinite, w.shadow_nonfinite);
+  CHECKF(g.shadow_max_bits == w.shadow_max_bits && w.shadow_max_bits != 0, "%s: max %#x, twin %#x",
+         what, g.shadow_max_bits, w.shadow_max_bits);
+  CHECKF(std::fabs(g.shadow_d2 - w.shadow_d2) <= 1e-12 * w.shadow_d2 &&
+             std::fabs(g.shadow_r2 - w.shadow_r2) <= 1e-12 * w.shadow_r2 && w.shadow_r2 > 0,
+         "%s: sums %.17g %.17g, twin %.17g %.17g", what, g.shadow_d2, g.shadow_r2, w.shadow_d2,
+         w.shadow_r2);
+}
+
+// The shadow's sums against the twin's, with non-finite elements skipped and counted; strided
+// segments.
 void shadow_sums() {
   std::mt19937 rng(7);
   const int seg_rows = 7, nseg = 3, m = seg_rows * nseg, n = 600, ld = 608;
@@ -291,14 +305,7 @@ void shadow_sums() {
   emu::launch(mt_instr_shadow_grid(&a), kThreads, [&a] { mt_instr_shadow(a); });
   a.hdr = want.hdr();
   mt_instr_shadow_host(&a);
-  const mt_instr_header &g = *got.hdr(), &w = *want.hdr();
-  CHECKF(g.shadow_nonfinite == 2 && w.shadow_nonfinite == 2, "non-finite %u, twin %u",
-         g.shadow_nonfinite, w.shadow_nonfinite);
-  CHECKF(g.shadow_max_bits == w.shadow_max_bits, "max %#x, twin %#x", g.shadow_max_bits,
-         w.shadow_max_bits);
-  CHECKF(std::fabs(g.shadow_d2 - w.shadow_d2) <= 1e-12 * w.shadow_d2 &&
-             std::fabs(g.shadow_r2 - w.shadow_r2) <= 1e-12 * w.shadow_r2,
-         "sums %.17g %.17g, twin %.17g %.17g", g.shadow_d2, g.shadow_r2, w.shadow_d2, w.shadow_r2);
+  same_shadow(*got.hdr(), *want.hdr(), 2, "strided");
 }
 
 // The shadow of a grouped call's rows against the product it forms: the kernel's FP32 references
@@ -323,15 +330,7 @@ void shadow_rows() {
     emu::launch(mt_instr_shadow_rows_grid(&a), kThreads, [&a] { mt_instr_shadow_rows(a); });
     a.hdr = want.hdr();
     mt_instr_shadow_rows_host(&a);
-    const mt_instr_header &g = *got.hdr(), &h = *want.hdr();
-    CHECKF(g.shadow_nonfinite == 1 && h.shadow_nonfinite == 1, "in_out %d: non-finite %u, twin %u",
-           in_out, g.shadow_nonfinite, h.shadow_nonfinite);
-    CHECKF(g.shadow_max_bits == h.shadow_max_bits && h.shadow_max_bits != 0,
-           "in_out %d: max %#x, twin %#x", in_out, g.shadow_max_bits, h.shadow_max_bits);
-    CHECKF(std::fabs(g.shadow_d2 - h.shadow_d2) <= 1e-12 * h.shadow_d2 &&
-               std::fabs(g.shadow_r2 - h.shadow_r2) <= 1e-12 * h.shadow_r2 && h.shadow_r2 > 0,
-           "in_out %d: sums %.17g %.17g, twin %.17g %.17g", in_out, g.shadow_d2, g.shadow_r2,
-           h.shadow_d2, h.shadow_r2);
+    same_shadow(*got.hdr(), *want.hdr(), 1, in_out ? "rows, [k][n]" : "rows, [n][k]");
   }
 }
 
