@@ -51,19 +51,19 @@ def added_us(events, prefix=""):
     before it. Over all events (prefix "") it is the union's length, the time covered by at least
     one; a kernel launched dependent, resident while the one before it ends, adds only what it
     runs after that end."""
-    total, covered = 0.0, None
+    total, covered = 0.0, float("-inf")
     for a, b, name in sorted(events, key=lambda e: (e[0], e[1])):
-        added = b - a if covered is None else max(0.0, b - max(a, covered))
-        covered = b if covered is None else max(covered, b)
+        added = max(0.0, b - max(a, covered))
+        covered = max(covered, b)
         if name.startswith(prefix):
             total += added
     return total
 
 
-def busy_us(torch, prof, prefix=""):
+def busy_us(torch, prof):
     """µs during which the GPU ran at least one device event of a profile (kernels, copies, sets;
-    those that overlap counted once), or the share of it added by the events named `prefix`."""
-    return added_us(spans(torch, prof), prefix)
+    those that overlap counted once)."""
+    return added_us(spans(torch, prof))
 
 
 def block_profile(torch, block, hidden, iters=ITERS, warmup=WARMUP):

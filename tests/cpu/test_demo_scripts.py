@@ -294,11 +294,12 @@ def test_profile_busy_time_and_what_each_kernel_adds():
             DeviceType = Kind
     harness.check(demo_profile.busy_us(Torch, Prof()) == 4 + 15 + 2 + 3 + 2,
                   "the union of the device events' spans: the gaps not, the host op not")
-    harness.check(demo_profile.busy_us(Torch, Prof(), "mt_instr_") == 2 + 3,
+    events = demo_profile.spans(Torch, Prof())
+    harness.check(demo_profile.added_us(events, "mt_instr_") == 2 + 3,
                   "the instruments add their time past the GEMM's end and each other's, not "
                   "their 10 + 4 µs of durations")
-    harness.check(demo_profile.busy_us(Torch, Prof(), "mt_instr_digest") == 2 and
-                  demo_profile.busy_us(Torch, Prof(), "mt_wcheck") == 0,
+    harness.check(demo_profile.added_us(events, "mt_instr_digest") == 2 and
+                  demo_profile.added_us(events, "mt_wcheck") == 0,
                   "a kernel inside another's span adds nothing")
     gemm, instr, other = demo_step._split_us(Torch, Prof())
     harness.check((gemm, instr, other) == (4.0 + 15.0, 5.0, 2.0),
