@@ -14,6 +14,7 @@
 const char *const mt_wcache_names[] = {"requantize", "frozen", "frozen-sampled", NULL};
 const char *const mt_capture_names[] = {"off", "graph", NULL};
 const char *const mt_wlayout_names[] = {"auto", "out-in", "in-out", NULL};
+const char *const mt_digest_calls_names[] = {"sampled", "all", NULL};
 
 /* A boolean's words, false then true: a word's index modulo 2 is its value. */
 static const char *const bool_words[] = {"0", "1", "false", "true", "no", "yes", "off", "on", NULL};

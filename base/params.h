@@ -25,6 +25,10 @@ extern const char *const mt_capture_names[];
  * call's shapes alone cannot tell (shim/router.h). */
 enum mt_wlayout { MT_WLAYOUT_AUTO, MT_WLAYOUT_OUT_IN, MT_WLAYOUT_IN_OUT };
 extern const char *const mt_wlayout_names[];
+/* The choices of MINITE_DIGEST_CALLS: which uncaptured calls the row digests look at
+ * (shim/instr.h). */
+enum mt_digest_calls { MT_DIGEST_CALLS_SAMPLED, MT_DIGEST_CALLS_ALL };
+extern const char *const mt_digest_calls_names[];
 
 enum mt_param_kind {
   MT_PARAM_KIND_STR,

@@ -33,14 +33,20 @@
 #include "shim/instr_writer.h"
 #include "shim/real.h"
 
+/* The most rows an uncaptured call needs to be digested at every call (MINITE_DIGEST_CALLS
+ * sampled): the default rate's period. A lower rate (a smaller file) then samples no more calls,
+ * so the rows of calls this large stay joinable by content at any rate. */
+#define DIGEST_CALL_ROWS 64
+
 typedef struct {
-  unsigned long long shadow, probe;
+  unsigned long long shadow, probe; /* the route's calls */
+  uint64_t rows;                    /* the rows of its uncaptured calls */
 } seen_count;
 
 static double rate_digest;
-static uint64_t period_shadow, period_probe, digest_threshold;
+static uint64_t period_shadow, period_probe, period_digest, digest_threshold;
 static uint32_t replay_every; /* a captured call digests one replay in this many; 0: none */
-static int digest_all, enabled;
+static int digest_all, digest_every_call, enabled;
 static seen_count seen[MT_SPEC_MAX_ROUTES]; /* the sampling counters, under mt_iw_lock */
 
 /* The child of a fork has no writer thread and no usable CUDA: it instruments nothing, whether
@@ -76,6 +82,10 @@ void mt_instr_init(const mt_spec *s, const mt_params *p) {
   size_t scratch_limit = (size_t)p->instr_mb << 20;
   period_shadow = period_of(rate_shadow);
   period_probe = period_of(rate_probe);
+  period_digest = period_of(rate_digest);
+  if (period_digest > DIGEST_CALL_ROWS)
+    period_digest = DIGEST_CALL_ROWS;
+  digest_every_call = p->digest_calls == MT_DIGEST_CALLS_ALL;
   if (!period_shadow && !period_probe)
     scratch_limit = 0; /* only the digests: no scratch */
   mt_iw_configure(&(mt_iw_config){.spec = s,
@@ -343,19 +353,36 @@ static int scratch_free(mt_iw_context *c, CUstream stream) {
 }
 
 typedef struct {
-  int route, shadow, probe;
+  int route, captured, shadow, probe, digest;
 } sampled;
 
-/* Which instruments this call gets (the per-route counters advance here). Under lock. */
-static sampled sample(const mt_instr_call *ic) {
-  sampled p = {route_index(ic->spec, ic->n, ic->k), 0, 0};
+/* Whether an uncaptured call of m rows is digested: when its route's rows, counted over its
+ * uncaptured calls, reach a multiple of the period (ceil(1 / rate), at most DIGEST_CALL_ROWS)
+ * within this call. A call of at least a period's rows always is; a smaller one, which chooses no
+ * row most of the time and would still pay the digest's two kernels (a few µs of round trips:
+ * lab/NOTES.md, "What 3% of an eager block allows a call"), about once in period / m of its
+ * calls. Which rows a digested call keeps is still its rows' content alone. */
+static int digest_due(seen_count *r, int m) {
+  const uint64_t before = r->rows;
+  const uint64_t next = (before + period_digest - 1) / period_digest * period_digest;
+  r->rows += (uint64_t)m;
+  return digest_every_call || next < before + (uint64_t)m;
+}
+
+/* Which instruments this call gets (the per-route counters advance here; captured calls do not
+ * count rows: their replays are sampled on the device). Under lock. */
+static sampled sample(const mt_instr_call *ic, const mt_driver *d) {
+  sampled p = {route_index(ic->spec, ic->n, ic->k), 0, 0, 0, 0};
   if (p.route < 0)
     return p;
+  p.captured = ic->capturing || (d && stream_capturing(d, (mt_stream)ic->call->stream));
   seen_count *r = &seen[p.route];
   if (period_shadow)
     p.shadow = r->shadow++ % period_shadow == 0;
   if (period_probe && ic->m > 1)
     p.probe = r->probe++ % period_probe == 0;
+  if (period_digest)
+    p.digest = p.captured || digest_due(r, ic->m);
   return p;
 }
 
@@ -603,9 +630,13 @@ static int writer_running(void) {
 static int choose(const mt_instr_call *ic, const mt_driver *d, const mt_instr_driver *e, sampled *p,
                   mt_iw_context **c, int *capturing) {
   mt_iw_lock();
-  *p = sample(ic);
+  *p = sample(ic, d);
   int kinds = (p->shadow ? MT_IW_SHADOW : 0) | (p->probe ? MT_IW_PROBE : 0) |
-              (rate_digest > 0 ? MT_IW_DIGEST : 0);
+              (p->digest ? MT_IW_DIGEST : 0);
+  if (p->route >= 0)
+    mt_iw_count_passed(((period_shadow ? MT_IW_SHADOW : 0) | (period_probe ? MT_IW_PROBE : 0) |
+                        (period_digest ? MT_IW_DIGEST : 0)) &
+                       ~kinds);
   if (p->route < 0 || !kinds || !d || !e || mt_iw_stopped()) {
     mt_iw_unlock();
     return 0;
@@ -648,7 +679,7 @@ static int choose(const mt_instr_call *ic, const mt_driver *d, const mt_instr_dr
     mt_iw_count_skips(MT_IW_PROBE, MT_IW_ENTRY);
     kinds &= ~MT_IW_PROBE;
   }
-  *capturing = kinds && (ic->capturing || stream_capturing(d, (mt_stream)ic->call->stream));
+  *capturing = kinds && p->captured;
   /* captured: the digests run in the graph (at one replay in replay_every; none when it is 0);
    * the probe and the shadow rerun the call from the host's side, and the pool is set up
    * (allocated) by an uncaptured call only */

@@ -13,6 +13,9 @@
  *                       rate * 2^64: a "digest" record; a call of m rows past 96 / rate below
  *                       96 / m * 2^64 (its block keeps 128 rows: the lowest lead hashes, nested)
  *                       (scheme MT_INSTR_SCHEME of tools/minite-compare; hashes in kernels/instr.h)
+ *   MINITE_DIGEST_CALLS sampled: an uncaptured call is digested when its route's rows, counted,
+ *                       reach a multiple of ceil(1 / rate) within it (every call of that many
+ *                       rows; about one in ceil(1 / rate) / m of smaller ones); all: every call
  *   MINITE_INSTR_MB     device scratch for the shadow's output and the probe's rows, per GPU
  * Rates are a number in [0, 1] ("0.015625") or a fraction ("1/64"); 0 turns an instrument off.
  * They need MINITE_STATS (the records go there).

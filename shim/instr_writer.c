@@ -27,7 +27,7 @@ static const char *const skip_names[MT_IW_SKIP_COUNT] = {
     "capture", "no slot", "beta", "entry", "scratch size", "busy", "error", "exit"};
 
 typedef struct {
-  atomic_ullong calls, skipped[MT_IW_SKIP_COUNT];
+  atomic_ullong calls, passed, skipped[MT_IW_SKIP_COUNT];
 } instrument;
 
 typedef struct {
@@ -71,22 +71,34 @@ size_t mt_iw_round256(size_t v) { return (v + 255) / 256 * 256; }
 
 /* --- counters --------------------------------------------------------------------------------- */
 
-void mt_iw_count_calls(int kinds) {
+/* The instruments of `kinds`, into `in`; returns how many. */
+static int instruments_of(int kinds, instrument *in[3]) {
+  int n = 0;
   if (kinds & MT_IW_SHADOW)
-    shadow.calls++;
+    in[n++] = &shadow;
   if (kinds & MT_IW_PROBE)
-    probe.calls++;
+    in[n++] = &probe;
   if (kinds & MT_IW_DIGEST)
-    digest.calls++;
+    in[n++] = &digest;
+  return n;
+}
+
+void mt_iw_count_calls(int kinds) {
+  instrument *in[3];
+  for (int i = 0, n = instruments_of(kinds, in); i < n; i++)
+    in[i]->calls++;
+}
+
+void mt_iw_count_passed(int kinds) {
+  instrument *in[3];
+  for (int i = 0, n = instruments_of(kinds, in); i < n; i++)
+    in[i]->passed++;
 }
 
 void mt_iw_count_skips(int kinds, enum mt_iw_skip why) {
-  if (kinds & MT_IW_SHADOW)
-    shadow.skipped[why]++;
-  if (kinds & MT_IW_PROBE)
-    probe.skipped[why]++;
-  if (kinds & MT_IW_DIGEST)
-    digest.skipped[why]++;
+  instrument *in[3];
+  for (int i = 0, n = instruments_of(kinds, in); i < n; i++)
+    in[i]->skipped[why]++;
 }
 
 void mt_iw_count_dropped_call(void) { dropped_slots++; }
@@ -557,8 +569,8 @@ void mt_iw_summary(void (*emit)(void *ctx, const char *text), void *ctx) {
               {"digest", cfg.rates[2], &digest}};
   emit(ctx, ", \"instruments\": {");
   for (int i = 0; i < 3; i++) {
-    snprintf(b, sizeof b, "\"%s\": {\"rate\": %.9g, \"calls\": %llu, ", ins[i].name, ins[i].rate,
-             ins[i].in->calls);
+    snprintf(b, sizeof b, "\"%s\": {\"rate\": %.9g, \"calls\": %llu, \"passed\": %llu, ",
+             ins[i].name, ins[i].rate, ins[i].in->calls, ins[i].in->passed);
     emit(ctx, b);
     emit_skips(emit, ctx, ins[i].in);
     emit(ctx, "}, ");

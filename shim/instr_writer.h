@@ -147,9 +147,10 @@ CUdeviceptr mt_iw_scratch(const mt_iw_context *c);
 
 size_t mt_iw_round256(size_t v);
 
-/* Counters: calls that got each of `kinds`; calls whose `kinds` were skipped for `why`; a call
- * that found no free slot. */
+/* Counters: calls that got each of `kinds`; calls of a route that its sampling passed over for
+ * `kinds`; calls whose `kinds` were skipped for `why`; a call that found no free slot. */
 void mt_iw_count_calls(int kinds);
+void mt_iw_count_passed(int kinds);
 void mt_iw_count_skips(int kinds, enum mt_iw_skip why);
 void mt_iw_count_dropped_call(void);
 

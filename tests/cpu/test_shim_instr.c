@@ -6,11 +6,12 @@
  * In-process: the rate parser; the host twin of the digest math (mix64, signs, sketch) against
  * the Python reference in tools/minite-compare.
  * Children (`test_shim_instr child SCENARIO BUILD`, each under LD_PRELOAD): the launch sequence
- * after a routed GEMM, the per-route sampling, capture (digests at each replay or one in R, or
- * none; the rest skipped, nothing allocated or read back), the bounded slots (drops counted, never
- * a wait), event queries only on the writer thread and no synchronisation, spec bf16 (shadow
- * exactly 0, probe 0 differing), and records that tools/minite-compare reads and joins across two
- * processes with different batchings.
+ * after a routed GEMM, the per-route sampling (small calls' digests by their route's count of
+ * rows, MINITE_DIGEST_CALLS), capture (digests at each replay or one in R, or none; the rest
+ * skipped, nothing allocated or read back), the bounded slots (drops counted, never a wait), event
+ * queries only on the writer thread and no synchronisation, spec bf16 (shadow exactly 0, probe 0
+ * differing), and records that tools/minite-compare reads and joins across two processes with
+ * different batchings.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -605,12 +606,13 @@ static void scenario_strided(void) {
   free(w), free(x), free(y);
 }
 
-/* MINITE_DIGEST=1/4, one slot: the rows whose lead hash (their first MT_INSTR_LEAD elements) is
- * below 2^62 are digested, keyed by the whole row's hash. Rows come in pairs equal in their lead
- * and unequal after it: a pair is chosen together, and some rows' whole-row hashes would choose
- * otherwise. The 64 rows in one call, then each alone in turn: a call with no row chosen publishes
- * its flag alone, and the writer must not read the rows its slot's block kept from an earlier use
- * (each chosen row is written twice, no more). */
+/* MINITE_DIGEST=1/4, every call looked at (MINITE_DIGEST_CALLS=all), one slot: the rows whose
+ * lead hash (their first MT_INSTR_LEAD elements) is below 2^62 are digested, keyed by the whole
+ * row's hash. Rows come in pairs equal in their lead and unequal after it: a pair is chosen
+ * together, and some rows' whole-row hashes would choose otherwise. The 64 rows in one call, then
+ * each alone in turn: a call with no row chosen publishes its flag alone, and the writer must not
+ * read the rows its slot's block kept from an earlier use (each chosen row is written twice, no
+ * more). */
 static void scenario_lead(void) {
   problem p = make(OUT, 64);
   for (int i = 1; i < p.tokens; i += 2)
@@ -632,6 +634,51 @@ static void scenario_lead(void) {
       printf("#info key %016" PRIx64 "\n", mt_instr_key(row, wid, 0, 1.0f, 0)), chosen++;
   }
   printf("#info chosen %d\n#info otherwise %d\n", chosen, otherwise);
+  check_clean();
+  unmake(&p);
+}
+
+/* Uncaptured calls of rows[i] rows of the route, each digested or not as due[i] says (every one
+ * under MINITE_DIGEST_CALLS=all). */
+static void digest_calls_due(const problem *p, const int *rows, const int *due, int n) {
+  const int all = getenv("MINITE_DIGEST_CALLS") != NULL;
+  for (int i = 0; i < n; i++) {
+    int t = now();
+    CHECK(gemm_rows(p, 0, rows[i], &zero) == CUBLAS_STATUS_SUCCESS);
+    CHECKF((find_launch(t, "mt_instr_digest", 0) >= 0) == (all || due[i]), "call %d of %d rows", i,
+           rows[i]);
+  }
+}
+
+/* MINITE_DIGEST=1/4 (a period of 4 rows): uncaptured calls of 1, 1, 1, 1, 1, 3, 3, 3, 4, 8 and 2
+ * rows are digested where their route's count of rows reaches a multiple of 4 within them (rows
+ * 0, 4, 8, 12, 16 and 20 to 25: calls 1, 5, 7, 8, 9 and 10); a captured call of 1 row is digested
+ * and adds no row, so the uncaptured call after it starts at row 28 and is digested. */
+static void scenario_small_calls(void) {
+  static const int rows[] = {1, 1, 1, 1, 1, 3, 3, 3, 4, 8, 2};
+  static const int due[] = {1, 0, 0, 0, 1, 0, 1, 1, 1, 1, 0};
+  problem p = make(OUT, 8);
+  digest_calls_due(&p, rows, due, (int)(sizeof rows / sizeof rows[0]));
+  set_capturing(S1, 1);
+  int t = now();
+  CHECK(gemm_rows(&p, 0, 1, &zero) == CUBLAS_STATUS_SUCCESS);
+  CHECK(find_launch(t, "mt_instr_digest", 0) >= 0);
+  set_capturing(S1, 0);
+  t = now();
+  CHECK(gemm_rows(&p, 0, 1, &zero) == CUBLAS_STATUS_SUCCESS);
+  CHECK(find_launch(t, "mt_instr_digest", 0) >= 0);
+  check_clean();
+  unmake(&p);
+}
+
+/* MINITE_DIGEST=1/4096: the period is capped at 64 rows, so calls of 64 rows are all digested and
+ * calls of 32 at every other (rows 128, 192; not 160); with a period of 4096 only the first would
+ * be. */
+static void scenario_small_calls_low_rate(void) {
+  static const int rows[] = {64, 64, 32, 32, 32, 100};
+  static const int due[] = {1, 1, 1, 0, 1, 1};
+  problem p = make(OUT, 100);
+  digest_calls_due(&p, rows, due, (int)(sizeof rows / sizeof rows[0]));
   check_clean();
   unmake(&p);
 }
@@ -702,6 +749,8 @@ static const mt_t_scenario scenarios[] = {
     {"digest_in_out", scenario_digest_in_out},
     {"sampling", scenario_sampling},
     {"lead", scenario_lead},
+    {"small_calls", scenario_small_calls},
+    {"small_calls_low_rate", scenario_small_calls_low_rate},
     {"nested", scenario_nested},
     {"capture", scenario_capture},
     {"capture_off", scenario_capture_off},
@@ -824,7 +873,8 @@ static void digest_launches_and_records(void) {
 }
 
 static void digest_chooses_rows_by_their_lead(void) {
-  const char *env[] = {"MINITE_DIGEST=1/4", "MINITE_INSTR_SLOTS=1", NULL};
+  const char *env[] = {"MINITE_DIGEST=1/4", "MINITE_DIGEST_CALLS=all", "MINITE_INSTR_SLOTS=1",
+                       NULL};
   mt_t_child r;
   mt_t_run_child("lead", "lead", env, &r);
   mt_t_check_child("lead", &r);
@@ -838,6 +888,30 @@ static void digest_chooses_rows_by_their_lead(void) {
   CHECK(mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "calls") == 65 &&
         mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "no slot") < 1);
   check_keys_in_file(&r, chosen);
+  mt_t_child_free(&r);
+}
+
+/* Small uncaptured calls are digested by their route's count of rows (scenario_small_calls): 8 of
+ * the 13 calls (the captured one among them), 5 passed over; all 13 under MINITE_DIGEST_CALLS=all.
+ * The captured call's replays are not run, so it writes its rows once, at capture. At 1/4096 the
+ * period stops at 64 rows (scenario_small_calls_low_rate): 5 of 6 calls. */
+static void small_calls_digested_by_their_rows(void) {
+  for (int all = 0; all < 2; all++) {
+    const char *env[] = {"MINITE_DIGEST=1/4", all ? "MINITE_DIGEST_CALLS=all" : NULL, NULL};
+    mt_t_child r;
+    mt_t_run_child("small_calls", all ? "small_calls_all" : "small_calls", env, &r);
+    mt_t_check_child("small_calls", &r);
+    CHECKF(mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "calls") == (all ? 13 : 8) &&
+               mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "passed") == (all ? 0 : 5),
+           "%s: %s", all ? "all" : "sampled", r.summary ? r.summary : "(no summary)");
+    mt_t_child_free(&r);
+  }
+  const char *env[] = {"MINITE_DIGEST=1/4096", NULL};
+  mt_t_child r;
+  mt_t_run_child("small_calls_low_rate", "small_calls_low_rate", env, &r);
+  mt_t_check_child("small_calls_low_rate", &r);
+  CHECK(mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "calls") == 5 &&
+        mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "passed") == 1);
   mt_t_child_free(&r);
 }
 
@@ -966,7 +1040,8 @@ static void captured_calls_without_replay_digests(void) {
 /* A captured call's replay that chose no row publishes nothing (the flag is not touched: no round
  * trip over the bus), so the writer reads none and misses none. */
 static void captured_replays_without_rows_publish_nothing(void) {
-  const char *env[] = {"MINITE_DIGEST=1e-18", "MINITE_PROBE=1", NULL}; /* no row passes */
+  /* no row passes; every call is looked at */
+  const char *env[] = {"MINITE_DIGEST=1e-18", "MINITE_DIGEST_CALLS=all", "MINITE_PROBE=1", NULL};
   mt_t_child r;
   mt_t_run_child("capture", "capture-none", env, &r);
   mt_t_check_child("capture", &r);
@@ -1096,6 +1171,7 @@ static void tests(void) {
   RUN(twin_matches_python_reference);
   RUN(digest_launches_and_records);
   RUN(digest_chooses_rows_by_their_lead);
+  RUN(small_calls_digested_by_their_rows);
   RUN(large_calls_keep_nested_rows);
   RUN(digest_frozen_uses_the_cache_sum);
   RUN(digest_in_out_keys_as_out_in);
