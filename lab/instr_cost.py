@@ -13,8 +13,9 @@ Each setting runs in its own process (the grouped_mm block also as a CUDA-graph 
 captured calls digest at one replay in ceil(1 / MINITE_DIGEST_REPLAYS), which the environment
 may set, 1 for every replay: CUDA events for its wall time, the profiler for its
 instrument kernels): no shim; the shim under bf16 and under nvfp4-row, each
-without a statistics file and with one at the default rates (MINITE_STATS), frozen-sampled
-weights; with --old, nvfp4-row and bf16 with statistics again under OLD_LIB (an earlier build, the
+without a statistics file, with one at the default rates (MINITE_STATS), and with one where every
+uncaptured call is digested ("+stats all": MINITE_DIGEST_CALLS=all, where by default calls of
+fewer rows than 1 / MINITE_DIGEST are sampled), frozen-sampled weights; with --old, nvfp4-row and bf16 with statistics again under OLD_LIB (an earlier build, the
 same run and card); each --also NAME=LIB (a variant for an A/B), the same two again under
 LIB, labelled NAME; --only runs just the settings it names (a process each costs ~30 s of
 device time). Prints, per path and T, µs per forward of each setting and the instruments'
@@ -38,16 +39,18 @@ CHILD_LIMIT = 240
 def settings(lib, old, also=()):
     """(name, environment) of each process; lib None: no shim."""
     base = {"MINITE_ROUTE": "1536x2048,2048x768", "MINITE_WEIGHT_CACHE": "frozen-sampled"}
-    rows = [("none", None, None, False)]
+    every_call = {"MINITE_DIGEST_CALLS": "all"}
+    rows = [("none", None, None, False, {})]
     for spec in ("bf16", "nvfp4-row"):
-        rows += [(spec, lib, spec, False), (f"{spec}+stats", lib, spec, True)]
+        rows += [(spec, lib, spec, False, {}), (f"{spec}+stats", lib, spec, True, {}),
+                 (f"{spec}+stats all", lib, spec, True, every_call)]
     for label, path in ([("old", old)] if old else []) + list(also):
-        rows += [(f"{spec}+stats {label}", path, spec, True) for spec in ("bf16", "nvfp4-row")]
+        rows += [(f"{spec}+stats {label}", path, spec, True, {}) for spec in ("bf16", "nvfp4-row")]
     out = []
-    for name, path, spec, stats in rows:
+    for name, path, spec, stats, extra in rows:
         env = {}
         if path:
-            env = dict(base, LD_PRELOAD=os.path.abspath(path), MINITE_SPEC=spec)
+            env = dict(base, LD_PRELOAD=os.path.abspath(path), MINITE_SPEC=spec, **extra)
             if stats:
                 env["MINITE_STATS"] = os.path.join(tempfile.mkdtemp(prefix="mt_cost_"), "s.jsonl")
         out.append((name, env))

@@ -37,7 +37,7 @@
 #   instr      lab/instr_cost.py: the instruments' cost on a MoE block, eager and captured, each
 #              setting in its own process (INSTR_ARGS passed on, split at spaces, e.g. "--old
 #              build/old/libminite.so"; INSTR_ONLY its --only, whose names may hold a space:
-#              "nvfp4-row,nvfp4-row+stats old"); its 7 settings with --old took 155-250 s on an H100
+#              "nvfp4-row,nvfp4-row+stats old"); 7 settings took 155-250 s on an H100 (~30 s each)
 #   server     demo/demo_server.py (transformers' continuous batching) without the shim and under
 #              nvfp4-row, SERVER_ARGS passed on (default 32 requests, 2 layers), the census of
 #              the shim's run into the logs (SERVER_LIMIT each, default 240)

@@ -13,7 +13,9 @@ with the child's weight routed (256x512) and reads the statistics file:
   nvfp4-tensor) join in tools/minite-compare with every row matched and 100% bitwise equal under
   nvfp4-row (the weight's identity is the same whether summed per call or read from the
   frozen-sampled cache's stored hash); at rate 1/4 both pick the same rows, those whose lead hash
-  (of the first 128 elements, kernels/instr.h) is below 2^62;
+  (of the first 128 elements, kernels/instr.h) is below 2^62, where every call is looked at
+  (MINITE_DIGEST_CALLS=all); by default 64 calls of 1 row each are digested at every 4th (16
+  calls, 48 passed over), keeping the rows among them that the rate picks;
 - shadow error: under nvfp4-row the relative L2 of the routed output against cuBLAS's BF16 GEMM
   is what the CPU reference (ref/nvfp4.c via nvfp4_tool) gives for the same operands, within
   0.01, and in the range NVFP4 W4A4 implies for Gaussian operands: 0.10 .. 0.17 (each operand's
@@ -107,10 +109,11 @@ def digests_of_two_batchings_join_equal():
                           f"nvfp4-row: {total['equal_pct']}% of matched rows bitwise equal")
             harness.check(np.array_equal(ya["y"], yb["y"]),
                           "nvfp4-row: the two batchings' outputs differ (the digests said equal?)")
-    # at rate 1/4, both processes digest the same rows: chosen by content, not by count
+    # at rate 1/4, both processes digest the same rows: chosen by content, not by count, where
+    # every call is looked at (B's calls of 1 row would otherwise be sampled: below)
     got, fa, sa = child("batch", "rate_a", digest="1/4", extra={"MT_BATCHES": "64"})
     _, fb, sb = child("batch", "rate_b", digest="1/4",
-                      extra={"MT_BATCHES": "7,1", "MT_REVERSE": "1"})
+                      extra={"MT_BATCHES": "7,1", "MT_REVERSE": "1", "MINITE_DIGEST_CALLS": "all"})
     total = compare(fa, fb)["total"]
     print(f"    rate 1/4: rows A {total['rows_a']}, B {total['rows_b']}, "
           f"matched {total['matched']}")
@@ -125,6 +128,18 @@ def digests_of_two_batchings_join_equal():
               f"{len(keys)} digested among them")
         harness.check(keys == want, f"rate 1/4: digested {len(keys)} rows, {len(keys & want)} of "
                                     f"the {len(want)} whose lead hash is below the rate")
+    # by default, calls of 1 row at 1/4 are digested where the route's rows reach a multiple of 4:
+    # rows 0, 4, ..., 60, 16 calls of 64, keeping those of their rows that the rate picks
+    _, fc, sc = child("batch", "rate_sampled", digest="1/4", extra={"MT_BATCHES": "1"})
+    dig = sc.get("instruments", {}).get("digest", {})
+    print(f"    calls of 1 row: digest {dig}")
+    harness.check(dig.get("calls") == 16 and dig.get("passed") == 48,
+                  f"calls of 1 row at 1/4: digest {dig}, want 16 calls and 48 passed over")
+    if fc is not None and "x" in got:
+        want = lead_chosen_keys(got, 1 / 4, rows=range(0, 64, 4))
+        keys = {json.loads(line)["key"] for line in open(fc) if '"event": "digest"' in line}
+        harness.check(keys == want, f"calls of 1 row: digested {len(keys)} rows, "
+                                    f"{len(keys & want)} of the {len(want)} wanted")
 
 
 def shadow_error_in_nvfp4_range_and_zero_under_bf16():
@@ -232,14 +247,16 @@ def expected_rows(x, w, y, b=None):
     return rows
 
 
-def lead_chosen_keys(got, rate):
-    """The keys of the rows a digest at `rate` picks: their lead hash, of the first 128 elements
-    and the row's length, below rate * 2^64 (the whole row's hash keys them)."""
+def lead_chosen_keys(got, rate, rows=None):
+    """The keys of the rows (of `rows`, default all) a digest at `rate` picks: their lead hash, of
+    the first 128 elements and the row's length, below rate * 2^64 (the whole row's hash keys
+    them)."""
     x, w = got["x"], got["w"]
     keys = list(expected_rows(x, w, got["y"]))  # row order
     k = w.shape[1]
-    return {key for i, key in enumerate(keys)
-            if MC.mix64(content_sum(bf16_bytes(x[i][:128])) ^ tag(k, 0)) < rate * 2**64}
+    rows = set(range(len(keys)) if rows is None else rows)
+    lead = [MC.mix64(content_sum(bf16_bytes(x[i][:128])) ^ tag(k, 0)) for i in range(len(keys))]
+    return {key for i, key in enumerate(keys) if i in rows and lead[i] < rate * 2**64}
 
 
 def check_scheme(case, got, path):

@@ -48,7 +48,9 @@ NVFP4 = dict(MINITE_SPEC="nvfp4-row", MINITE_ROUTE=ROUTES, MINITE_LOG_LEVEL="INF
 # A call keeps at most 128 digested rows (shim/instr_writer.h, MT_IW_ROWS), each side the first to
 # claim a place, so at rate 1 the 1,200 rows of T = 300 keep different subsets in the two
 # processes; at 1/16 about 75 are picked (by content: the same rows on both sides), under the cap.
-DIGEST_RATE = "1/16"
+# Every call is looked at (MINITE_DIGEST_CALLS=all): by default the calls of 4 and 12 rows, fewer
+# than 16, would be sampled by each process's count of rows, and the two processes' calls differ.
+DIGEST = dict(MINITE_DIGEST="1/16", MINITE_DIGEST_CALLS="all")
 
 
 def need_sources():
@@ -114,8 +116,7 @@ def vllm_bf16_bitwise_and_counted():
 
 
 def sampler():
-    return child("vllm", "nvfp4", dict(NVFP4, MINITE_WEIGHT_CACHE="frozen-sampled",
-                                       MINITE_DIGEST=DIGEST_RATE))
+    return child("vllm", "nvfp4", dict(NVFP4, MINITE_WEIGHT_CACHE="frozen-sampled", **DIGEST))
 
 
 def pairs_by_expert(arr, t):
@@ -167,7 +168,7 @@ def decoded_constants_are_the_launchers():
 def sampler_rows_bitwise_the_learners():
     need_sources()
     got, sfiles, _ = sampler()
-    learner, lfiles, lsummary = child("learner", "learner", dict(NVFP4, MINITE_DIGEST=DIGEST_RATE),
+    learner, lfiles, lsummary = child("learner", "learner", dict(NVFP4, **DIGEST),
                                       {"MT_GEMM2_FROM": os.path.join(TMP, "nvfp4.npz")})
     print(f"    learner routed {lsummary.get('routed')}, fallbacks {fallbacks(lsummary)}")
     for t in TOKENS:
