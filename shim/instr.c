@@ -625,6 +625,41 @@ static int writer_running(void) {
   return w > 0;
 }
 
+/* Drop the instruments `which` from *kinds, counting those it held as skipped for `why`. */
+static void skip(int *kinds, int which, enum mt_iw_skip why) {
+  which &= *kinds;
+  if (which) {
+    mt_iw_count_skips(which, why);
+    *kinds &= ~which;
+  }
+}
+
+/* The instruments of `kinds` this call's form can take; the others counted as skipped. */
+static int supported(const mt_instr_call *ic, int kinds) {
+  /* beta != 0: y is beta C + ..., and C may be y itself, already overwritten */
+  if (ic->beta != 0.0f)
+    skip(&kinds, kinds, MT_IW_BETA);
+  /* behind pointer arrays the rows' addresses are on the device only: nothing to digest, probe
+   * or rerun from the host's side (and nothing read back to find them) */
+  if (ic->call->pointer_arrays)
+    skip(&kinds, kinds, MT_IW_ENTRY);
+  if ((kinds & MT_IW_SHADOW) && shadow_kind(ic) == SHADOW_NONE)
+    skip(&kinds, MT_IW_SHADOW, MT_IW_ENTRY);
+  /* a grouped call's bias differs by segment: its digests' keys would need one sum a row; rows
+   * times a router weight (vLLM's dispatch) are no expert's own rows to compare */
+  const mt_moe_dispatch *moe = ic->grouped ? ic->grouped->dispatch : NULL;
+  if (ic->grouped && (ic->bias || (moe && moe->weights)))
+    skip(&kinds, MT_IW_DIGEST, MT_IW_ENTRY);
+  /* a weight whose lines the sample cannot number in 32 bits (kernels/whash.h) has no id */
+  if (!mt_whash_lines_fit(ic->n, ic->k))
+    skip(&kinds, MT_IW_DIGEST, MT_IW_ENTRY);
+  /* vLLM's dispatch: a row alone would need a dispatch of its own; an Lt call under bf16 fixes
+   * its token count in its layouts */
+  if (moe || (!ic->engine && !ic->grouped && ic->call->entry == MT_FN_cublasLtMatmul))
+    skip(&kinds, MT_IW_PROBE, MT_IW_ENTRY);
+  return kinds;
+}
+
 /* Which instruments this call gets, and its slot's context; 0 when none. Takes the writer's
  * lock briefly. */
 static int choose(const mt_instr_call *ic, const mt_driver *d, const mt_instr_driver *e, sampled *p,
@@ -642,63 +677,19 @@ static int choose(const mt_instr_call *ic, const mt_driver *d, const mt_instr_dr
     return 0;
   }
   mt_iw_count_calls(kinds);
-  /* beta != 0: y is beta C + ..., and C may be y itself, already overwritten */
-  if (ic->beta != 0.0f) {
-    mt_iw_count_skips(kinds, MT_IW_BETA);
-    kinds = 0;
-  }
-  /* behind pointer arrays the rows' addresses are on the device only: nothing to digest, probe
-   * or rerun from the host's side (and nothing read back to find them) */
-  if (kinds && ic->call->pointer_arrays) {
-    mt_iw_count_skips(kinds, MT_IW_ENTRY);
-    kinds = 0;
-  }
-  if ((kinds & MT_IW_SHADOW) && shadow_kind(ic) == SHADOW_NONE) {
-    mt_iw_count_skips(MT_IW_SHADOW, MT_IW_ENTRY);
-    kinds &= ~MT_IW_SHADOW;
-  }
-  /* a grouped call's bias differs by segment: its digests' keys would need one sum a row; rows
-   * times a router weight (vLLM's dispatch) are no expert's own rows to compare */
-  const mt_moe_dispatch *moe = ic->grouped ? ic->grouped->dispatch : NULL;
-  if ((kinds & MT_IW_DIGEST) && ic->grouped && (ic->bias || (moe && moe->weights))) {
-    mt_iw_count_skips(MT_IW_DIGEST, MT_IW_ENTRY);
-    kinds &= ~MT_IW_DIGEST;
-  }
-  /* a weight whose lines the sample cannot number in 32 bits (kernels/whash.h) has no id */
-  if ((kinds & MT_IW_DIGEST) && !mt_whash_lines_fit(ic->n, ic->k)) {
-    mt_iw_count_skips(MT_IW_DIGEST, MT_IW_ENTRY);
-    kinds &= ~MT_IW_DIGEST;
-  }
-  /* vLLM's dispatch: a row alone would need a dispatch of its own */
-  if ((kinds & MT_IW_PROBE) && moe) {
-    mt_iw_count_skips(MT_IW_PROBE, MT_IW_ENTRY);
-    kinds &= ~MT_IW_PROBE;
-  }
-  if ((kinds & MT_IW_PROBE) && !ic->engine && !ic->grouped &&
-      ic->call->entry == MT_FN_cublasLtMatmul) {
-    mt_iw_count_skips(MT_IW_PROBE, MT_IW_ENTRY);
-    kinds &= ~MT_IW_PROBE;
-  }
+  kinds = supported(ic, kinds);
   *capturing = kinds && p->captured;
   /* captured: the digests run in the graph (at one replay in replay_every; none when it is 0);
    * the probe and the shadow rerun the call from the host's side, and the pool is set up
    * (allocated) by an uncaptured call only */
-  const int uncapturable = *capturing ? kinds & ~(replay_every ? MT_IW_DIGEST : 0) : 0;
-  if (uncapturable) {
-    mt_iw_count_skips(uncapturable, MT_IW_CAPTURE);
-    kinds &= ~uncapturable;
-  }
-  if (kinds && *capturing && !(*c = mt_iw_context_ready())) {
-    mt_iw_count_skips(kinds, MT_IW_CAPTURE);
-    kinds = 0;
-  } else if (kinds && !*capturing && !(*c = mt_iw_context_get(d, e))) {
-    mt_iw_count_skips(kinds, MT_IW_ERROR);
-    kinds = 0;
-  }
-  if (kinds && !writer_running()) {
-    mt_iw_count_skips(kinds, MT_IW_ERROR);
-    kinds = 0;
-  }
+  if (*capturing)
+    skip(&kinds, kinds & ~(replay_every ? MT_IW_DIGEST : 0), MT_IW_CAPTURE);
+  if (kinds && *capturing && !(*c = mt_iw_context_ready()))
+    skip(&kinds, kinds, MT_IW_CAPTURE);
+  else if (kinds && !*capturing && !(*c = mt_iw_context_get(d, e)))
+    skip(&kinds, kinds, MT_IW_ERROR);
+  if (kinds && !writer_running())
+    skip(&kinds, kinds, MT_IW_ERROR);
   mt_iw_unlock();
   return kinds;
 }
