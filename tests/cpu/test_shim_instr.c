@@ -988,6 +988,10 @@ static void sampling_is_per_route_and_deterministic(void) {
   CHECK(mt_t_json_int_in(r.summary, "\"256x512\": {\"shadow\"", "rows") == 16);
   CHECK(mt_t_json_int_in(r.summary, "\"256x512\": {\"shadow\"", "differing") == 0);
   CHECK(mt_t_json_int_in(r.summary, "\"1024x512\": {\"shadow\"", "calls") == 1);
+  /* the 16 calls of both routes: 6 shadowed, 10 passed over */
+  CHECKF(mt_t_json_int_in(r.summary, "\"shadow\": {\"rate\"", "calls") == 6 &&
+             mt_t_json_int_in(r.summary, "\"shadow\": {\"rate\"", "passed") == 10,
+         "%s", r.summary ? r.summary : "(no summary)");
   CHECK(mt_t_count_of(r.stats, "\"event\": \"shadow\"") == 6 &&
         mt_t_count_of(r.stats, "\"event\": \"probe\"") == 5);
   /* the fake GEMM's mark against cuBLAS's product: a finite, non-zero error */
