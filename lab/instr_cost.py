@@ -112,15 +112,18 @@ def share(a, b):
 def print_table(title, names, tokens, cell):
     """A row per T, a column per setting: cell(name, i) gives (µs or None, the instrument kernels'
     µs), printed as "µs (instruments)"; then each spec's instruments' share."""
-    print(f"\n{title}; instruments' share = +stats vs the same spec without")
-    print("T".rjust(6) + "".join(n.rjust(20) for n in names) + "  bf16 share  nvfp4 share")
+    print(f"\n{title}; instruments' share = +stats (+stats all) vs the same spec without")
+    print("T".rjust(6) + "".join(n.rjust(20) for n in names) +
+          "  bf16 share (all)  nvfp4 share (all)")
     for i, t in enumerate(tokens):
         cells = {n: cell(n, i) for n in names}
         us = {n: c[0] for n, c in cells.items()}
         text = "".join((f"{u:.1f} ({instr:.0f})" if u else "-").rjust(20)
                        for u, instr in cells.values())
-        print(f"{t:6d}{text}  {share(us.get('bf16+stats'), us.get('bf16')):>10}"
-              f"  {share(us.get('nvfp4-row+stats'), us.get('nvfp4-row')):>11}")
+        shares = [f"{share(us.get(spec + '+stats'), us.get(spec))} "
+                  f"({share(us.get(spec + '+stats all'), us.get(spec))})"
+                  for spec in ("bf16", "nvfp4-row")]
+        print(f"{t:6d}{text}  {shares[0]:>17}  {shares[1]:>17}")
 
 
 def table(results, tokens):
