@@ -253,7 +253,7 @@ def child_env(args, spec, role, tag, instruments=True):
     if not instruments:  # the overhead run: every instrument off (their defaults are on)
         env.update(MINITE_SHADOW="0", MINITE_PROBE="0", MINITE_DIGEST="0")
     else:  # the defaults, whatever the caller's environment says
-        for key in ("MINITE_SHADOW", "MINITE_PROBE", "MINITE_DIGEST"):
+        for key in ("MINITE_SHADOW", "MINITE_PROBE", "MINITE_DIGEST", "MINITE_DIGEST_CALLS"):
             env.pop(key, None)
     return env
 
