@@ -7,20 +7,23 @@ eager path synchronises and cannot be captured), and the time the shim's mt_inst
 to it apart (overlapping kernels counted once: demo_profile.added_us).
 
     python3 lab/instr_cost.py OUT.json [--lib build/libminite.so] [--old OLD_LIB]
-        [--also NAME=LIB ...] [--tokens 1,16] [--only "nvfp4-row,nvfp4-row+stats old"]
+        [--also NAME=LIB ...] [--tokens 1,16] [--only "nvfp4-row,nvfp4-row+digest old"]
 
 Each setting runs in its own process (the grouped_mm block also as a CUDA-graph replay, whose
 captured calls digest at one replay in ceil(1 / MINITE_DIGEST_REPLAYS), which the environment
-may set, 1 for every replay: CUDA events for its wall time, the profiler for its
-instrument kernels): no shim; the shim under bf16 and under nvfp4-row, each
-without a statistics file, with one at the default rates (MINITE_STATS), and with one where every
-uncaptured call is digested ("+stats all": MINITE_DIGEST_CALLS=all, where by default calls of
-fewer rows than 1 / MINITE_DIGEST are sampled), frozen-sampled weights; with --old, nvfp4-row and bf16 with statistics again under OLD_LIB (an earlier build, the
-same run and card); each --also NAME=LIB (a variant for an A/B), the same two again under
-LIB, labelled NAME; --only runs just the settings it names (a process each costs ~30 s of
-device time). Prints, per path and T, µs per forward of each setting and the instruments'
-share of the block, (with statistics - without) / without, and writes OUT.json with each
-instrument kernel's µs per forward (by_kernel), so that a rate can be picked by its cost.
+may set, 1 for every replay: CUDA events for its wall time, the profiler for its instrument
+kernels), frozen-sampled weights: no shim; then under bf16 and under nvfp4-row each, the shim
+without a statistics file, and with one and a single instrument: "+digest" (the digests at their
+default rate, small calls sampled), "+digest all" (every call looked at: MINITE_DIGEST_CALLS=all),
+"+shadow 1" and "+probe 1" (the shadow, the probe on every call). A 1/64 instrument falls on no
+call or one in a few profiled forwards, so its cost is measured on every call and scaled: the
+share at the default rates is that of "+digest" plus 1/64 of those of "+shadow 1" and "+probe 1".
+With --old, "+digest" under both specs again ("+digest old") with OLD_LIB (an earlier build, the
+same run and card); each --also NAME=LIB (a variant for an A/B) the same with LIB, labelled NAME;
+--only runs just the settings it names (a process each costs ~30 s of device time). Prints, per
+path and T, µs per forward of each setting, and each instrument's share of the block, (with it -
+without) / without, and writes OUT.json with each instrument kernel's µs per forward (by_kernel),
+so that a rate can be picked by its cost.
 """
 import argparse
 import json
@@ -36,23 +39,30 @@ WARMUP, ITERS = 2, 5
 CHILD_LIMIT = 240
 
 
+RATE = 1 / 64  # MINITE_SHADOW's and MINITE_PROBE's default
+ONE = {"+digest": {"MINITE_SHADOW": "0", "MINITE_PROBE": "0"},
+       "+digest all": {"MINITE_SHADOW": "0", "MINITE_PROBE": "0", "MINITE_DIGEST_CALLS": "all"},
+       "+shadow 1": {"MINITE_SHADOW": "1", "MINITE_PROBE": "0", "MINITE_DIGEST": "0"},
+       "+probe 1": {"MINITE_SHADOW": "0", "MINITE_PROBE": "1", "MINITE_DIGEST": "0"}}
+
+
 def settings(lib, old, also=()):
     """(name, environment) of each process; lib None: no shim."""
     base = {"MINITE_ROUTE": "1536x2048,2048x768", "MINITE_WEIGHT_CACHE": "frozen-sampled"}
-    every_call = {"MINITE_DIGEST_CALLS": "all"}
-    rows = [("none", None, None, False, {})]
+    rows = [("none", None, None, None)]  # name, library, spec, instruments' settings (None: off)
     for spec in ("bf16", "nvfp4-row"):
-        rows += [(spec, lib, spec, False, {}), (f"{spec}+stats", lib, spec, True, {}),
-                 (f"{spec}+stats all", lib, spec, True, every_call)]
+        rows += [(spec, lib, spec, None)] + [(spec + k, lib, spec, v) for k, v in ONE.items()]
     for label, path in ([("old", old)] if old else []) + list(also):
-        rows += [(f"{spec}+stats {label}", path, spec, True, {}) for spec in ("bf16", "nvfp4-row")]
+        rows += [(f"{spec}+digest {label}", path, spec, ONE["+digest"])
+                 for spec in ("bf16", "nvfp4-row")]
     out = []
-    for name, path, spec, stats, extra in rows:
+    for name, path, spec, instruments in rows:
         env = {}
         if path:
-            env = dict(base, LD_PRELOAD=os.path.abspath(path), MINITE_SPEC=spec, **extra)
-            if stats:
-                env["MINITE_STATS"] = os.path.join(tempfile.mkdtemp(prefix="mt_cost_"), "s.jsonl")
+            env = dict(base, LD_PRELOAD=os.path.abspath(path), MINITE_SPEC=spec)
+            if instruments is not None:
+                env.update(instruments, MINITE_STATS=os.path.join(
+                    tempfile.mkdtemp(prefix="mt_cost_"), "s.jsonl"))
         out.append((name, env))
     return out
 
@@ -106,35 +116,55 @@ def run_setting(name, env, tokens):
 
 
 def share(a, b):
-    return f"{100.0 * (a - b) / b:+.1f}%" if a is not None and b else "-"
+    """(a - b) / b, None where either is missing."""
+    return (a - b) / b if a is not None and b else None
+
+
+def pct(v):
+    return f"{100.0 * v:+.1f}%" if v is not None else "-"
 
 
 def print_table(title, names, tokens, cell):
     """A row per T, a column per setting: cell(name, i) gives (µs or None, the instrument kernels'
-    µs), printed as "µs (instruments)"; then each spec's instruments' share."""
-    print(f"\n{title}; instruments' share = +stats (+stats all) vs the same spec without")
-    print("T".rjust(6) + "".join(n.rjust(20) for n in names) +
-          "  bf16 share (all)  nvfp4 share (all)")
+    µs), printed as "µs (instruments)"."""
+    print(f"\n{title}")
+    print("T".rjust(6) + "".join(n.rjust(22) for n in names))
     for i, t in enumerate(tokens):
-        cells = {n: cell(n, i) for n in names}
-        us = {n: c[0] for n, c in cells.items()}
-        text = "".join((f"{u:.1f} ({instr:.0f})" if u else "-").rjust(20)
-                       for u, instr in cells.values())
-        shares = [f"{share(us.get(spec + '+stats'), us.get(spec))} "
-                  f"({share(us.get(spec + '+stats all'), us.get(spec))})"
-                  for spec in ("bf16", "nvfp4-row")]
-        print(f"{t:6d}{text}  {shares[0]:>17}  {shares[1]:>17}")
+        text = "".join((f"{u:.1f} ({instr:.0f})" if u else "-").rjust(22)
+                       for u, instr in (cell(n, i) for n in names))
+        print(f"{t:6d}{text}")
+
+
+def print_shares(title, tokens, us):
+    """Each instrument's share of the block per spec and T (us(name, i): µs or None), and the
+    share at the default rates: the digests' plus RATE of the shadow's and the probe's."""
+    print(f"\n{title}: the instruments' share of the block without them")
+    print("spec".ljust(10) + "T".rjust(6) + "".join(k.rjust(13) for k in ONE) +
+          "defaults".rjust(13))
+    for spec in ("bf16", "nvfp4-row"):
+        for i, t in enumerate(tokens):
+            one = {k: share(us(spec + k, i), us(spec, i)) for k in ONE}
+            parts = (one["+digest"], one["+shadow 1"], one["+probe 1"])
+            total = None if None in parts else parts[0] + RATE * (parts[1] + parts[2])
+            print(spec.ljust(10) + f"{t:6d}" + "".join(pct(v).rjust(13) for v in one.values()) +
+                  pct(total).rjust(13))
 
 
 def table(results, tokens):
     names = [n for n in results if results[n]]
     for path in ("grouped_mm", "eager"):
-        print_table(f"{path}: µs per forward (profiler busy time)", names, tokens,
+        title = f"{path}: µs per forward (profiler busy time)"
+        print_table(title, names, tokens,
                     lambda n, i: (results[n]["us"][path][i], results[n]["instr_us"][path][i]))
-    print_table("grouped_mm captured: graph-replay wall µs per forward (median of demo_profile's "
-                "runs)", names, tokens,
+        print_shares(title, tokens,
+                     lambda n, i: results[n]["us"][path][i] if results.get(n) else None)
+    title = "grouped_mm captured: graph-replay wall µs per forward (median of demo_profile's runs)"
+    print_table(title, names, tokens,
                 lambda n, i: (replay_median(results[n], i), replay_instr(results[n], i)))
-    print("\n(in parentheses: µs the mt_instr_* kernels add to the profiler's busy time)")
+    print_shares(title, tokens,
+                 lambda n, i: replay_median(results[n], i) if results.get(n) else None)
+    print("\n(in parentheses: µs the mt_instr_* kernels add to the profiler's busy time; a "
+          "captured call skips the shadow and the probe)")
 
 
 def replay_instr(result, i):

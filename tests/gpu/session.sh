@@ -37,7 +37,7 @@
 #   instr      lab/instr_cost.py: the instruments' cost on a MoE block, eager and captured, each
 #              setting in its own process (INSTR_ARGS passed on, split at spaces, e.g. "--old
 #              build/old/libminite.so"; INSTR_ONLY its --only, whose names may hold a space:
-#              "nvfp4-row,nvfp4-row+stats old"); 7 settings took 155-250 s on an H100 (~30 s each)
+#              "nvfp4-row,nvfp4-row+digest old"); ~30 s a setting on an H100 (11, 13 with --old)
 #   server     demo/demo_server.py (transformers' continuous batching) without the shim and under
 #              nvfp4-row, SERVER_ARGS passed on (default 32 requests, 2 layers), the census of
 #              the shim's run into the logs (SERVER_LIMIT each, default 240)
@@ -145,7 +145,7 @@ grouped_many_segments grouped_back_to_back" \
     cat "$out/ab${TAG:-}.log" ;;
   instr)
     # shellcheck disable=SC2086 # INSTR_ARGS: several words
-    step instr "${INSTR_LIMIT:-420}" python3 lab/instr_cost.py "$out/instr_cost${TAG:-}.json" \
+    step instr "${INSTR_LIMIT:-560}" python3 lab/instr_cost.py "$out/instr_cost${TAG:-}.json" \
         ${INSTR_ONLY:+--only "$INSTR_ONLY"} ${INSTR_ARGS:-} ;;
   instrncu) # one replayed MoE block's instrument kernel under Nsight Compute: lab/ncu_pick.sh's
     # first launch of >= 5 µs (a warm-up's or a replay's: the same grid and arguments)
