@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,10 +102,16 @@ void mt_instr_init(const mt_spec *s, const mt_params *p) {
        asked(p, MT_P_MINITE_DIGEST, rate_digest)))
     MT_WARN("MINITE_SHADOW, MINITE_PROBE and MINITE_DIGEST write to the statistics file: set "
             "MINITE_STATS=PATH to get them");
-  if (enabled)
+  if (enabled) {
+    char calls[128] = "every call";
+    if (!digest_every_call && period_digest > 1)
+      snprintf(calls, sizeof calls,
+               "every call of %llu rows or more, one in about %llu / m of others",
+               (unsigned long long)period_digest, (unsigned long long)period_digest);
     MT_INFO("instruments: shadow %g of calls, probe %g of calls with M > 1, digests %g of rows "
-            "(%g of a captured call's replays); scratch %zu MiB per GPU",
-            rate_shadow, rate_probe, rate_digest, rate_replays, scratch_limit >> 20);
+            "(of %s; %g of a captured call's replays); scratch %zu MiB per GPU",
+            rate_shadow, rate_probe, rate_digest, calls, rate_replays, scratch_limit >> 20);
+  }
 }
 
 int mt_instr_enabled(void) { return enabled; }

@@ -897,10 +897,15 @@ static void digest_chooses_rows_by_their_lead(void) {
  * period stops at 64 rows (scenario_small_calls_low_rate): 5 of 6 calls. */
 static void small_calls_digested_by_their_rows(void) {
   for (int all = 0; all < 2; all++) {
-    const char *env[] = {"MINITE_DIGEST=1/4", all ? "MINITE_DIGEST_CALLS=all" : NULL, NULL};
+    const char *env[] = {"MINITE_DIGEST=1/4", "MINITE_LOG_LEVEL=INFO",
+                         all ? "MINITE_DIGEST_CALLS=all" : NULL, NULL};
     mt_t_child r;
     mt_t_run_child("small_calls", all ? "small_calls_all" : "small_calls", env, &r);
     mt_t_check_child("small_calls", &r);
+    CHECKF(r.err && strstr(r.err, all ? "digests 0.25 of rows (of every call;"
+                                      : "digests 0.25 of rows (of every call of 4 rows or more, "
+                                        "one in about 4 / m of others;"),
+           "%s", r.err ? r.err : "(no stderr)");
     CHECKF(mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "calls") == (all ? 13 : 8) &&
                mt_t_json_int_in(r.summary, "\"digest\": {\"rate\"", "passed") == (all ? 0 : 5),
            "%s: %s", all ? "all" : "sampled", r.summary ? r.summary : "(no summary)");
