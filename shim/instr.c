@@ -376,20 +376,27 @@ static int digest_due(seen_count *r, int m) {
   return digest_every_call || next < before + (uint64_t)m;
 }
 
+static int call_captured(const mt_instr_call *ic, const mt_driver *d) {
+  return ic->capturing || (d && stream_capturing(d, (mt_stream)ic->call->stream));
+}
+
 /* Which instruments this call gets (the per-route counters advance here; captured calls do not
- * count rows: their replays are sampled on the device). Under lock. */
+ * count rows: their replays are sampled on the device). `captured` is asked of the driver here
+ * only when the digests need it; choose() asks it otherwise, for a call that gets an instrument.
+ * Under lock. */
 static sampled sample(const mt_instr_call *ic, const mt_driver *d) {
   sampled p = {route_index(ic->spec, ic->n, ic->k), 0, 0, 0, 0};
   if (p.route < 0)
     return p;
-  p.captured = ic->capturing || (d && stream_capturing(d, (mt_stream)ic->call->stream));
   seen_count *r = &seen[p.route];
   if (period_shadow)
     p.shadow = r->shadow++ % period_shadow == 0;
   if (period_probe && ic->m > 1)
     p.probe = r->probe++ % period_probe == 0;
-  if (period_digest)
+  if (period_digest) {
+    p.captured = call_captured(ic, d);
     p.digest = p.captured || digest_due(r, ic->m);
+  }
   return p;
 }
 
@@ -685,6 +692,8 @@ static int choose(const mt_instr_call *ic, const mt_driver *d, const mt_instr_dr
   }
   mt_iw_count_calls(kinds);
   kinds = supported(ic, kinds);
+  if (kinds && !period_digest)
+    p->captured = call_captured(ic, d);
   *capturing = kinds && p->captured;
   /* captured: the digests run in the graph (at one replay in replay_every; none when it is 0);
    * the probe and the shadow rerun the call from the host's side, and the pool is set up

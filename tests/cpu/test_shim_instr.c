@@ -450,6 +450,24 @@ static void scenario_capture_off(void) {
   unmake(&p);
 }
 
+/* MINITE_DIGEST=0, the shadow and the probe on every call: a call being captured is still known
+ * as captured (no digest asked the driver), so both are skipped and nothing runs in the graph;
+ * the uncaptured call after it gets both. */
+static void scenario_capture_no_digest(void) {
+  problem p = make(OUT, 8);
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  set_capturing(S1, 1);
+  int t = now();
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  CHECK_TRACE(t, "alloc_async gemm free_async");
+  set_capturing(S1, 0);
+  t = now();
+  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  CHECK(find_launch(t, "mt_instr_shadow", 0) >= 0 && find_launch(t, "mt_instr_probe", 0) >= 0);
+  check_clean();
+  unmake(&p);
+}
+
 /* Bounded: with every publication held "in flight", calls past the pool's slots are not
  * instrumented (dropped and counted) and never wait; a call of more rows than a slot keeps drops
  * the rest; released events drain; held ones at exit are counted after the drain's time limit. */
@@ -754,6 +772,7 @@ static const mt_t_scenario scenarios[] = {
     {"nested", scenario_nested},
     {"capture", scenario_capture},
     {"capture_off", scenario_capture_off},
+    {"capture_no_digest", scenario_capture_no_digest},
     {"bounded", scenario_bounded},
     {"join", scenario_join},
 };
@@ -1046,6 +1065,21 @@ static void captured_calls_without_replay_digests(void) {
   mt_t_child_free(&r);
 }
 
+/* MINITE_DIGEST=0: a captured call's shadow and probe are skipped as `capture`
+ * (scenario_capture_no_digest). */
+static void captured_calls_without_digests(void) {
+  const char *env[] = {"MINITE_DIGEST=0", "MINITE_SHADOW=1", "MINITE_PROBE=1", NULL};
+  mt_t_child r;
+  mt_t_run_child("capture_no_digest", "capture-no-digest", env, &r);
+  mt_t_check_child("capture_no_digest", &r);
+  CHECKF(mt_t_json_int_in(r.summary, "\"shadow\": {\"rate\"", "capture") == 1 &&
+             mt_t_json_int_in(r.summary, "\"probe\": {\"rate\"", "capture") == 1 &&
+             mt_t_json_int_in(r.summary, "\"captured\": {", "calls") == 0,
+         "%s", r.summary ? r.summary : "(no summary)");
+  CHECK(mt_t_count_of(r.stats, "\"event\": \"digest\"") == 0);
+  mt_t_child_free(&r);
+}
+
 /* A captured call's replay that chose no row publishes nothing (the flag is not touched: no round
  * trip over the bus), so the writer reads none and misses none. */
 static void captured_replays_without_rows_publish_nothing(void) {
@@ -1188,6 +1222,7 @@ static void tests(void) {
   RUN(probe_on_a_kept_weight);
   RUN(captured_calls_digest_one_replay_in_r);
   RUN(captured_calls_without_replay_digests);
+  RUN(captured_calls_without_digests);
   RUN(captured_replays_without_rows_publish_nothing);
   RUN(bounded_slots_drop_and_count);
   RUN(scratch_busy_on_another_stream);
