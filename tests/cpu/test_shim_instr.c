@@ -433,18 +433,25 @@ static void scenario_capture(void) {
   unmake(&p);
 }
 
+/* A call of p before a capture, while its stream captures (nothing of the instruments in the
+ * graph: no slot, no launch) and after it; returns the event count before the last call. */
+static int call_captured_bare(const problem *p) {
+  CHECK(gemm(p, &zero) == CUBLAS_STATUS_SUCCESS);
+  set_capturing(S1, 1);
+  int t = now();
+  CHECK(gemm(p, &zero) == CUBLAS_STATUS_SUCCESS);
+  CHECK_TRACE(t, "alloc_async gemm free_async");
+  set_capturing(S1, 0);
+  t = now();
+  CHECK(gemm(p, &zero) == CUBLAS_STATUS_SUCCESS);
+  return t;
+}
+
 /* MINITE_DIGEST_REPLAYS=0: a call being captured gets no digest (nor anything else): no slot, no
  * launch of the instruments in the graph; the uncaptured call after it digests as before. */
 static void scenario_capture_off(void) {
   problem p = make(OUT, 8);
-  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
-  set_capturing(S1, 1);
-  int t = now();
-  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
-  CHECK_TRACE(t, "alloc_async gemm free_async");
-  set_capturing(S1, 0);
-  t = now();
-  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  int t = call_captured_bare(&p);
   CHECK(find_launch(t, "mt_instr_digest", 0) >= 0);
   check_clean();
   unmake(&p);
@@ -455,14 +462,7 @@ static void scenario_capture_off(void) {
  * the uncaptured call after it gets both. */
 static void scenario_capture_no_digest(void) {
   problem p = make(OUT, 8);
-  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
-  set_capturing(S1, 1);
-  int t = now();
-  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
-  CHECK_TRACE(t, "alloc_async gemm free_async");
-  set_capturing(S1, 0);
-  t = now();
-  CHECK(gemm(&p, &zero) == CUBLAS_STATUS_SUCCESS);
+  int t = call_captured_bare(&p);
   CHECK(find_launch(t, "mt_instr_shadow", 0) >= 0 && find_launch(t, "mt_instr_probe", 0) >= 0);
   check_clean();
   unmake(&p);
